@@ -1,0 +1,41 @@
+# Two commands for a fresh machine: `make run` and `make test`. Both set everything up first and
+# are idempotent: the venv, the editable install and the downloads are redone only when stale.
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.sie-installed
+WHEELS := .cache/wheels
+PUBLIC_CATALOG_WHEEL := $(WHEELS)/sie_server-0.10.1-py3-none-any.whl
+PYTEST_ARGS ?=
+
+.PHONY: setup run test test-fast lint clean
+
+setup: $(INSTALLED) $(PUBLIC_CATALOG_WHEEL)
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(INSTALLED): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[cpu,test]'
+	touch $@
+
+# The public SIE 0.10.1 catalogue, read by the contract tests (never imported or installed).
+$(PUBLIC_CATALOG_WHEEL): | $(BIN)/python
+	$(BIN)/python -m pip download --quiet --no-deps --ignore-requires-python -d $(WHEELS) sie-server==0.10.1
+
+run: setup
+	$(BIN)/sie run --role all
+
+test: setup lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: $(INSTALLED)
+	$(BIN)/ruff check src tests scripts
+	$(BIN)/lint-imports
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

@@ -1,0 +1,1 @@
+"""SIE in Python: an inference engine for embeddings, reranking and entity extraction."""

@@ -1,0 +1,1 @@
+"""The `sie` command line (typer): `sie run`, `sie catalog …` and the commands later roles add."""

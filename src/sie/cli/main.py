@@ -1,0 +1,45 @@
+"""The `sie` entrypoint: builds the typer app from the command groups and runs it."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import typer
+
+from sie.cli import catalog, run
+
+app = typer.Typer(
+    name="sie",
+    help="SIE: embeddings, reranking and entity extraction served from ONNX models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(catalog.app, name="catalog")
+app.command(name="run")(run.run)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("sie")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree without install
+        return "0+unknown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"sie {_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", help="Print the version and exit.", callback=_print_version, is_eager=True
+    ),
+) -> None:
+    """SIE: embeddings, reranking and entity extraction served from ONNX models."""
+
+
+def main() -> None:
+    app()

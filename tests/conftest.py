@@ -1,0 +1,52 @@
+"""Shared pytest fixtures: repository paths and the public SIE catalogue from the sie-server wheel."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CACHE_DIR = REPO_ROOT / ".cache"
+PUBLIC_SIE_SERVER = "sie-server==0.10.1"
+PUBLIC_WHEEL = CACHE_DIR / "wheels" / "sie_server-0.10.1-py3-none-any.whl"
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def baseline_catalog_dir() -> Path:
+    return REPO_ROOT / "config"
+
+
+def fetch_public_wheel() -> Path:
+    """Download the public sie-server wheel once (PyPI); `make test` does this before pytest runs."""
+    if not PUBLIC_WHEEL.exists():
+        PUBLIC_WHEEL.parent.mkdir(parents=True, exist_ok=True)
+        command = [
+            sys.executable, "-m", "pip", "download", "--no-deps", "--ignore-requires-python",
+            "--quiet", "-d", str(PUBLIC_WHEEL.parent), PUBLIC_SIE_SERVER,
+        ]  # fmt: skip
+        subprocess.run(command, check=True, timeout=300)
+    return PUBLIC_WHEEL
+
+
+@pytest.fixture(scope="session")
+def public_catalog_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`bundles/` and `models/` of the public SIE 0.10.1 catalogue, read from the wheel's zip."""
+    target = tmp_path_factory.mktemp("public-catalog")
+    with zipfile.ZipFile(fetch_public_wheel()) as wheel:
+        for name in wheel.namelist():
+            for kind in ("bundles", "models"):
+                prefix = f"sie_server/{kind}/"
+                if name.startswith(prefix) and name.endswith(".yaml"):
+                    destination = target / kind / name[len(prefix) :]
+                    destination.parent.mkdir(parents=True, exist_ok=True)
+                    destination.write_bytes(wheel.read(name))
+    return target
