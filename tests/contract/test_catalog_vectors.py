@@ -85,12 +85,17 @@ def test_bundle_without_matching_models_hashes_empty(stock_minilm) -> None:
 
 def test_pool_scope_keeps_only_the_models_of_that_pool(stock_minilm) -> None:
     default = _bundle("default", 10, ["sie_server.adapters.sentence_transformer"])
-    other = parse_model_config(load_yaml(STOCK_MINILM_YAML.replace("all-MiniLM-L6-v2\n", "x-L6\n", 1) + "pool: GPU-A\n"))
+    other = parse_model_config(
+        load_yaml(STOCK_MINILM_YAML.replace("all-MiniLM-L6-v2\n", "x-L6\n", 1) + "pool: GPU-A\n")
+    )
     catalog = Catalog([default], [stock_minilm, other])
     assert catalog.bundle_config_hash("default", "default") == (
         "b34bdac36fb2882c67587534f9ba43f68278654b1513b5d5d820b979cf902ac4"
     )
-    assert catalog.bundle_config_hash("default", "gpu-a") not in ("", catalog.bundle_config_hash("default", "default"))
+    assert catalog.bundle_config_hash("default", "gpu-a") not in (
+        "",
+        catalog.bundle_config_hash("default", "default"),
+    )
     assert catalog.bundle_pool_config_hashes["default"].keys() == {"default", "gpu-a"}
 
 

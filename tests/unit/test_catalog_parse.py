@@ -10,7 +10,9 @@ from sie.catalog.ids import validate_model_id
 VALID = {
     "sie_id": "org/model",
     "hf_id": "org/model",
-    "profiles": {"default": {"adapter_path": "sie.adapters.dense:OnnxDenseAdapter", "max_batch_tokens": 8192}},
+    "profiles": {
+        "default": {"adapter_path": "sie.adapters.dense:OnnxDenseAdapter", "max_batch_tokens": 8192}
+    },
 }
 
 
@@ -63,7 +65,9 @@ def test_extends_chain_is_rejected() -> None:
 
 
 def test_extends_cycle_is_rejected() -> None:
-    data = _with_profiles(default={"adapter_path": "a.b:C", "max_batch_tokens": 1}, a={"extends": "b"}, b={"extends": "a"})
+    data = _with_profiles(
+        default={"adapter_path": "a.b:C", "max_batch_tokens": 1}, a={"extends": "b"}, b={"extends": "a"}
+    )
     assert {e.field for e in _errors(data)} == {"profiles.a.extends", "profiles.b.extends"}
 
 
@@ -82,9 +86,18 @@ def test_profile_without_extends_needs_adapter_and_budget() -> None:
     ("profile", "field"),
     [
         ({"adapter_path": "not a path", "max_batch_tokens": 1}, "profiles.default.adapter_path"),
-        ({"adapter_path": "a.b:C", "max_batch_tokens": 1, "compute_precision": "int4"}, "profiles.default.compute_precision"),
-        ({"adapter_path": "a.b:C", "max_batch_tokens": 1, "adapter_options": []}, "profiles.default.adapter_options"),
-        ({"adapter_path": "a.b:C", "max_batch_tokens": 1, "adapter_options": {"runtime": 3}}, "profiles.default.adapter_options.runtime"),
+        (
+            {"adapter_path": "a.b:C", "max_batch_tokens": 1, "compute_precision": "int4"},
+            "profiles.default.compute_precision",
+        ),
+        (
+            {"adapter_path": "a.b:C", "max_batch_tokens": 1, "adapter_options": []},
+            "profiles.default.adapter_options",
+        ),
+        (
+            {"adapter_path": "a.b:C", "max_batch_tokens": 1, "adapter_options": {"runtime": 3}},
+            "profiles.default.adapter_options.runtime",
+        ),
     ],
 )
 def test_profile_field_types(profile, field) -> None:
@@ -116,7 +129,10 @@ def test_package_source_shape() -> None:
         ("../etc", "Model ID contains invalid characters."),
         ("a\\b", "Model ID contains invalid characters."),
         ("-lead", "Model ID contains invalid characters."),
-        ("org/model/status", "Model ID must not end with '/status' (reserved for the gateway status endpoint)."),
+        (
+            "org/model/status",
+            "Model ID must not end with '/status' (reserved for the gateway status endpoint).",
+        ),
         ("status", "Model ID must not end with '/status' (reserved for the gateway status endpoint)."),
     ],
 )
@@ -159,12 +175,16 @@ def test_bundle_errors() -> None:
 def test_directory_check_reports_unknown_adapter_module_and_bad_files(tmp_path) -> None:
     (tmp_path / "bundles").mkdir()
     (tmp_path / "models").mkdir()
-    (tmp_path / "bundles" / "default.yaml").write_text("name: default\npriority: 10\nadapters: [sie.adapters.dense]\n")
+    (tmp_path / "bundles" / "default.yaml").write_text(
+        "name: default\npriority: 10\nadapters: [sie.adapters.dense]\n"
+    )
     (tmp_path / "models" / "good.yaml").write_text(
-        "sie_id: org/good\nhf_id: org/good\nprofiles:\n  default: {adapter_path: 'sie.adapters.dense:A', max_batch_tokens: 1}\n"
+        "sie_id: org/good\nhf_id: org/good\nprofiles:\n"
+        "  default: {adapter_path: 'sie.adapters.dense:A', max_batch_tokens: 1}\n"
     )
     (tmp_path / "models" / "alien.yaml").write_text(
-        "sie_id: org/alien\nhf_id: org/alien\nprofiles:\n  default: {adapter_path: 'other.pkg:A', max_batch_tokens: 1}\n"
+        "sie_id: org/alien\nhf_id: org/alien\nprofiles:\n"
+        "  default: {adapter_path: 'other.pkg:A', max_batch_tokens: 1}\n"
     )
     (tmp_path / "models" / "broken.yaml").write_text("sie_id: [\n")
     catalog, errors = read_catalog(tmp_path / "bundles", tmp_path / "models")

@@ -22,7 +22,11 @@ def _model(sie_id: str, **profiles) -> object:
 MODELS = [
     _model(
         "BAAI/bge-m3",
-        default={"adapter_path": "st.dense:D", "max_batch_tokens": 16384, "adapter_options": {"runtime": {"pooling": "cls"}}},
+        default={
+            "adapter_path": "st.dense:D",
+            "max_batch_tokens": 16384,
+            "adapter_options": {"runtime": {"pooling": "cls"}},
+        },
         candle={"extends": "default", "adapter_path": "rust.candle:C"},
     ),
     _model("org/reranker", default={"adapter_path": "st.cross:X", "max_batch_tokens": 4096}),
@@ -99,6 +103,8 @@ def test_spec_parsing() -> None:
 
 
 def test_with_models_builds_a_new_snapshot(catalog: Catalog) -> None:
-    added = catalog.with_models([_model("org/new", default={"adapter_path": "st.dense:D", "max_batch_tokens": 1})])
+    added = catalog.with_models(
+        [_model("org/new", default={"adapter_path": "st.dense:D", "max_batch_tokens": 1})]
+    )
     assert "org/new" in added.models and "org/new" not in catalog.models
     assert added.bundle_config_hash("default") != catalog.bundle_config_hash("default")

@@ -1,11 +1,11 @@
 """Errors the catalog raises; it never knows HTTP status codes, the surfaces map these.
 
-    CatalogError
-    ├── ConfigError             one bad value in one file: source, model, field
-    │   └── InvalidModelIdError an id that breaks the id rules
-    ├── CatalogErrors           several ConfigErrors found in one pass
-    ├── ModelNotFoundError      no such model, or no bundle can serve it
-    └── BundleConflictError     a bundle override the model cannot run on
+CatalogError
+├── ConfigError             one bad value in one file: source, model, field
+│   └── InvalidModelIdError an id that breaks the id rules
+├── CatalogErrors           several ConfigErrors found in one pass
+├── ModelNotFoundError      no such model, or no bundle can serve it
+└── BundleConflictError     a bundle override the model cannot run on
 """
 
 from __future__ import annotations

@@ -55,7 +55,9 @@ def bundle_config_canonical_json(
             continue
         profiles = _hashed_profiles(model, bundle)
         if profiles:
-            items.append({"sie_id": model.sie_id, "revision": model.hf_revision or None, "profiles": profiles})
+            items.append(
+                {"sie_id": model.sie_id, "revision": model.hf_revision or None, "profiles": profiles}
+            )
     return orjson.dumps(items, option=orjson.OPT_SORT_KEYS) if items else None
 
 

@@ -40,7 +40,9 @@ def work_worker_subject(pool: str, machine_profile: str, bundle: str, model_id: 
 
 def lane_filter_subject(pool: str, machine_profile: str, bundle: str) -> str:
     """The durable consumer filter of one lane: `sie.work.{pool}.{mp}.{bundle}.*`."""
-    return f"{WORK_SUBJECT_PREFIX}.{pool}.{normalize_model_id(machine_profile)}.{normalize_model_id(bundle)}.*"
+    return (
+        f"{WORK_SUBJECT_PREFIX}.{pool}.{normalize_model_id(machine_profile)}.{normalize_model_id(bundle)}.*"
+    )
 
 
 def work_pool_stream_name(pool: str) -> str:

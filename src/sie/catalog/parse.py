@@ -236,7 +236,9 @@ def _check_extends(issues: _Issues, config: ModelConfig) -> None:
         if profile.extends is None:
             for required in ("adapter_path", "max_batch_tokens"):
                 if getattr(profile, required) is None and not issues.has(f"{field}.{required}"):
-                    issues.add(f"{field}.{required}", f"Missing required field: {required} (profile has no extends)")
+                    issues.add(
+                        f"{field}.{required}", f"Missing required field: {required} (profile has no extends)"
+                    )
             continue
         parent = config.profiles.get(profile.extends)
         if parent is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -12,6 +13,10 @@ from sie.settings import SettingsError, load_settings
 app = typer.Typer(help="Check and inspect a model/bundle catalogue.", no_args_is_help=True)
 
 DIR_HELP = "Catalogue directory holding bundles/ and models/ (default: SIE_BUNDLES_DIR and SIE_MODELS_DIR)."
+CatalogDir = Annotated[Path | None, typer.Argument(help=DIR_HELP)]
+PoolOption = Annotated[str | None, typer.Option("--pool", help="Hash only the models assigned to this pool.")]
+BundleOption = Annotated[str | None, typer.Option("--bundle", help="Require this bundle.")]
+Spec = Annotated[str, typer.Argument(help="Model spec: [bundle:/]org/model[:profile].")]
 
 
 def _dirs(directory: Path | None) -> tuple[Path, Path]:
@@ -35,17 +40,14 @@ def _load(directory: Path | None) -> Catalog:
 
 
 @app.command()
-def validate(directory: Path | None = typer.Argument(None, help=DIR_HELP)) -> None:
+def validate(directory: CatalogDir = None) -> None:
     """Check every bundle and model file; print each problem with its file and field."""
     catalog = _load(directory)
     typer.echo(f"ok: {len(catalog.bundles)} bundles, {len(catalog.models)} models, {len(catalog.entries)} ids")
 
 
 @app.command()
-def hashes(
-    directory: Path | None = typer.Argument(None, help=DIR_HELP),
-    pool: str | None = typer.Option(None, "--pool", help="Hash only the models assigned to this pool."),
-) -> None:
+def hashes(directory: CatalogDir = None, pool: PoolOption = None) -> None:
     """Print each bundle's bundle_config_hash and the control-plane fingerprints."""
     catalog = _load(directory)
     for name in sorted(catalog.bundles):
@@ -56,11 +58,7 @@ def hashes(
 
 
 @app.command()
-def resolve(
-    spec: str = typer.Argument(..., help="Model spec: [bundle:/]org/model[:profile]."),
-    directory: Path | None = typer.Argument(None, help=DIR_HELP),
-    bundle: str | None = typer.Option(None, "--bundle", help="Require this bundle."),
-) -> None:
+def resolve(spec: Spec, directory: CatalogDir = None, bundle: BundleOption = None) -> None:
     """Show which bundle and profile a model spec resolves to."""
     catalog = _load(directory)
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from sie.cli.checks import EnvironmentProblem, check_onnxruntime_builds
@@ -13,13 +15,13 @@ def _available() -> str:
     return ", ".join(sorted(AVAILABLE_ROLES)) or "none yet"
 
 
-def run(
-    role: str = typer.Option(
-        ...,
-        "--role",
-        help=f"Which role to run: one of {', '.join(PLANNED_ROLES)} (only those built in this version start).",
-    ),
-) -> None:
+RoleOption = Annotated[
+    str,
+    typer.Option("--role", help=f"Which role to run: one of {', '.join(PLANNED_ROLES)} (only those built here start)."),
+]
+
+
+def run(role: RoleOption) -> None:
     """Run one SIE role."""
     try:
         check_onnxruntime_builds()
@@ -29,6 +31,9 @@ def run(
         raise typer.Exit(2) from exc
     entry = AVAILABLE_ROLES.get(role)
     if entry is None:
-        typer.echo(f"error: role '{role}' is not available in this version; available roles: {_available()}", err=True)
+        typer.echo(
+            f"error: role '{role}' is not available in this version; available roles: {_available()}",
+            err=True,
+        )
         raise typer.Exit(2)
     raise typer.Exit(entry(settings))

@@ -1,0 +1,57 @@
+"""Every SIE_* environment variable and CLI flag, parsed once into frozen attrs objects.
+
+This package is the only code that reads `os.environ`; everything else receives `Settings` or one of
+its groups. It imports nothing else from `sie`.
+"""
+
+from sie.settings._docs import (
+    GroupDoc,
+    SettingDoc,
+    describe_groups,
+    describe_settings,
+    render_settings_markdown,
+)
+from sie.settings._load import (
+    Settings,
+    SettingsError,
+    format_settings_error,
+    load_settings,
+    setting_paths,
+    unrecognised_variables,
+)
+from sie.settings.control import CatalogSettings, ConfigServiceSettings, ConfigSyncSettings
+from sie.settings.gateway import AuthSettings, GatewaySettings
+from sie.settings.identity import LaneSettings, ProcessSettings
+from sie.settings.messaging import NatsSettings, StreamSettings
+from sie.settings.placement import PlacementSettings
+from sie.settings.sidecar import BatchingSettings, SidecarSettings
+from sie.settings.telemetry import TelemetrySettings
+from sie.settings.worker import WorkerSettings
+
+__all__ = [
+    "AuthSettings",
+    "BatchingSettings",
+    "CatalogSettings",
+    "ConfigServiceSettings",
+    "ConfigSyncSettings",
+    "GatewaySettings",
+    "GroupDoc",
+    "LaneSettings",
+    "NatsSettings",
+    "PlacementSettings",
+    "ProcessSettings",
+    "SettingDoc",
+    "Settings",
+    "SettingsError",
+    "SidecarSettings",
+    "StreamSettings",
+    "TelemetrySettings",
+    "WorkerSettings",
+    "describe_groups",
+    "describe_settings",
+    "format_settings_error",
+    "load_settings",
+    "render_settings_markdown",
+    "setting_paths",
+    "unrecognised_variables",
+]

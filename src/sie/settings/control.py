@@ -1,0 +1,117 @@
+"""The config control plane: the config service itself, how gateways and sidecars follow it
+(seed 000 §4, §13; seed 001 "Live Config"), and where the baseline catalogue is read from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import attrs
+
+from sie.settings._parsers import boolean, http_url, integer, path, seconds, string_list, text
+from sie.settings._spec import Env, setting
+
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _catalogue_dir(name: str) -> Path:
+    # Package data first (a wheel that ships `sie/config/`), then the source tree's top-level `config/`.
+    packaged = _PACKAGE_DIR / "config" / name
+    if packaged.is_dir():
+        return packaged
+    return _PACKAGE_DIR.parent.parent / "config" / name
+
+
+def _bundles_dir(_environ: Mapping[str, str]) -> Path:
+    return _catalogue_dir("bundles")
+
+
+def _models_dir(_environ: Mapping[str, str]) -> Path:
+    return _catalogue_dir("models")
+
+
+@attrs.frozen
+class ConfigServiceSettings:
+    """The config role (`sie run --role config`): its HTTP server and its persistent store."""
+
+    host: str = setting(Env("SIE_CONFIG_HOST", text(), "Interface the config service binds."), "0.0.0.0")
+    port: int = setting(
+        Env("SIE_CONFIG_PORT", integer(0, 65535), "Port of the config service (0 picks a free port)."),
+        8081,
+    )
+    store_dir: str | None = setting(
+        Env(
+            "SIE_CONFIG_STORE_DIR",
+            text(),
+            "Config store: local path, `s3://` or `gs://` URL holding `models/*.yaml` and `epoch`. "
+            "Unset: nothing persists and the epoch restarts at 0.",
+        ),
+        None,
+    )
+    restore: bool = setting(
+        Env("SIE_CONFIG_RESTORE", boolean(), "Replay the stored models into the registry at start-up."),
+        False,
+    )
+
+
+@attrs.frozen
+class ConfigSyncSettings:
+    """How gateways and sidecars follow the config service: bootstrap, epoch poll and live deltas."""
+
+    service_url: str | None = setting(
+        Env(
+            "SIE_CONFIG_SERVICE_URL",
+            http_url(),
+            "Base URL of the config service. Unset: no bootstrap, poll or export reconcile.",
+        ),
+        None,
+    )
+    poll_interval_s: float = setting(
+        Env(
+            "SIE_CONFIG_POLL_INTERVAL_S",
+            seconds(positive=True),
+            "Epoch poll period; bounds how stale a gateway gets after a lost delta.",
+        ),
+        30.0,
+    )
+    trusted_producers: tuple[str, ...] = setting(
+        Env(
+            "SIE_NATS_CONFIG_TRUSTED_PRODUCERS",
+            string_list(),
+            "Producer ids whose config deltas are applied: exact match or pod-name prefix (`name-...`).",
+        ),
+        ("sie-config",),
+    )
+    trust_any_producer: bool = setting(
+        Env(
+            "SIE_NATS_CONFIG_TRUST_ANY_PRODUCER",
+            boolean(),
+            "Apply config deltas from any producer (dev only; logged as a warning at start-up).",
+        ),
+        False,
+    )
+
+
+@attrs.frozen
+class CatalogSettings:
+    """The baseline bundles and model configs on disk (the filesystem seed)."""
+
+    bundles_dir: Path = setting(
+        Env(
+            "SIE_BUNDLES_DIR",
+            path(),
+            "Directory of bundle YAMLs.",
+            shown_default="the package's `config/bundles`",
+        ),
+        factory=_bundles_dir,
+    )
+    models_dir: Path = setting(
+        Env(
+            "SIE_MODELS_DIR",
+            path(),
+            "Directory of model config YAMLs.",
+            shown_default="the package's `config/models`",
+        ),
+        factory=_models_dir,
+    )

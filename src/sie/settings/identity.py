@@ -1,0 +1,93 @@
+"""Who this process is: its role, the ids it shows on the bus, and the physical lane it serves.
+
+Lane names follow seed 000 §16.3 (trimmed, lowercased, [A-Za-z0-9_-]); ids follow contracts A §2.1 and §2.4.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+
+import attrs
+
+from sie.settings._parsers import choice, name_token, seconds, text
+from sie.settings._spec import Env, setting
+
+
+def _router_id(environ: Mapping[str, str]) -> str:
+    # sie-config and the gateway both use "{hostname}-{pid}", the host taken from POD_NAME or HOSTNAME.
+    host = (environ.get("POD_NAME") or "").strip() or (environ.get("HOSTNAME") or "").strip()
+    return f"{host or socket.gethostname()}-{os.getpid()}"
+
+
+@attrs.frozen
+class ProcessSettings:
+    """What this process runs and how it names itself to the other processes."""
+
+    role: str = setting(
+        Env(
+            "SIE_ROLE",
+            choice("all", "gateway", "config", "sidecar", "worker"),
+            "Which role this process runs; `all` runs every role in one process with no NATS.",
+        ),
+        "all",
+    )
+    worker_id: str = setting(
+        Env(
+            "SIE_WORKER_ID",
+            text(),
+            "Worker identity in heartbeats, Ping and results (`sie.health.{worker_id}`).",
+            aliases=("HOSTNAME",),
+        ),
+        "worker-unknown",
+    )
+    router_id: str = setting(
+        Env(
+            "SIE_ROUTER_ID",
+            text(),
+            "Id of a gateway (`_INBOX.{router_id}.>`) or config service (the producer id gateways trust).",
+            shown_default="`{POD_NAME or HOSTNAME}-{pid}`",
+        ),
+        factory=_router_id,
+    )
+    deployment_env: str = setting(
+        Env(
+            "SIE_DEPLOYMENT_ENV",
+            text(),
+            "Deployment environment: the telemetry resource's `deployment.environment`; `prod` with no "
+            "tokens makes the config service refuse writes.",
+            aliases=("SIE_ENV",),
+        ),
+        "unknown",
+    )
+    shutdown_grace_s: float = setting(
+        Env(
+            "SIE_SHUTDOWN_GRACE_S",
+            seconds(),
+            "On SIGTERM, how long in-flight work may finish before the process exits.",
+        ),
+        20.0,
+    )
+
+
+@attrs.frozen
+class LaneSettings:
+    """The lane `sie.work.{pool}.{machine_profile}.{bundle}.*` that a sidecar consumes and a worker serves."""
+
+    pool: str = setting(
+        Env("SIE_POOL", name_token(), "Physical queue pool; selects the stream `WORK_POOL_{pool}`."),
+        "default",
+    )
+    machine_profile: str = setting(
+        Env("SIE_MACHINE_PROFILE", name_token(), "Machine profile (GPU type) of this worker's lane."),
+        "default",
+    )
+    bundle: str = setting(
+        Env(
+            "SIE_BUNDLE",
+            name_token(),
+            "Bundle this worker serves; scopes its `bundle_config_hash` and config deltas.",
+        ),
+        "default",
+    )

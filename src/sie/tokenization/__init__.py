@@ -1,0 +1,16 @@
+"""Text tokenization shared by the sidecar (preparation) and the worker (re-tokenization, offsets).
+
+Wraps `tokenizers` with truncation and padding always set explicitly, batch encoding in one call,
+padding to the batch's longest item, and a stable `tokenizer_id`. It imports no other sie package.
+"""
+
+from sie.tokenization.tokenizer import (
+    PaddedBatch,
+    TextTokenizer,
+    TokenizedText,
+    TokenizerError,
+    pad_batch,
+    tokenizer_id_for,
+)
+
+__all__ = ["PaddedBatch", "TextTokenizer", "TokenizedText", "TokenizerError", "pad_batch", "tokenizer_id_for"]

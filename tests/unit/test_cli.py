@@ -1,0 +1,114 @@
+"""The `sie` command line through its public surface: exit codes and what it prints."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sie.cli.checks import EnvironmentProblem, check_onnxruntime_builds
+from sie.cli.main import app
+
+runner = CliRunner()
+
+
+def test_version() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.startswith("sie ")
+
+
+def test_validate_baseline_catalogue(baseline_catalog_dir: Path) -> None:
+    result = runner.invoke(app, ["catalog", "validate", str(baseline_catalog_dir)])
+    assert result.exit_code == 0, result.output
+    assert "1 bundles, 4 models" in result.output
+
+
+def test_validate_defaults_to_the_settings_dirs(baseline_catalog_dir: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SIE_BUNDLES_DIR", str(baseline_catalog_dir / "bundles"))
+    monkeypatch.setenv("SIE_MODELS_DIR", str(baseline_catalog_dir / "models"))
+    assert runner.invoke(app, ["catalog", "validate"]).exit_code == 0
+
+
+def test_validate_reports_each_error_with_file_and_field(tmp_path: Path) -> None:
+    (tmp_path / "bundles").mkdir()
+    (tmp_path / "models").mkdir()
+    (tmp_path / "bundles" / "b.yaml").write_text("name: b\nadapters: [a.mod]\n")
+    (tmp_path / "models" / "x.yaml").write_text(
+        "sie_id: org/x\nhf_id: org/x\nprofiles:\n  default: {adapter_path: 'z.mod:A'}\n"
+    )
+    result = runner.invoke(app, ["catalog", "validate", str(tmp_path)])
+    assert result.exit_code == 1
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert any("x.yaml: model 'org/x': profiles.default.max_batch_tokens" in line for line in lines)
+    assert len(lines) == 1  # the unknown module is only reported for files that parse
+
+
+def test_hashes_are_stable(baseline_catalog_dir: Path) -> None:
+    first = runner.invoke(app, ["catalog", "hashes", str(baseline_catalog_dir)])
+    second = runner.invoke(app, ["catalog", "hashes", str(baseline_catalog_dir)])
+    assert first.exit_code == 0 and first.output == second.output
+    assert "bundle default: " in first.output and "bundles_hash: " in first.output
+
+
+def test_hashes_of_the_public_catalogue(public_catalog_dir: Path) -> None:
+    result = runner.invoke(app, ["catalog", "hashes", str(public_catalog_dir)])
+    assert "bundle default: 9729ccf4045feee1d8d7bb888bb42499091dbf52d9e2a409fa4a92d1162896de" in result.output
+    assert "bundles_hash: 7d444c66818e44aa3ba47af7074c717222241eb565fa4b7a863c1046a8ceedd7" in result.output
+
+
+def test_resolve(baseline_catalog_dir: Path) -> None:
+    result = runner.invoke(
+        app, ["catalog", "resolve", "sentence-transformers/all-minilm-l6-v2:int8", str(baseline_catalog_dir)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "model: sentence-transformers/all-MiniLM-L6-v2:int8" in result.output
+    assert "profile: int8" in result.output
+    assert "bundle: default" in result.output
+
+
+def test_resolve_unknown_and_conflict(baseline_catalog_dir: Path) -> None:
+    unknown = runner.invoke(app, ["catalog", "resolve", "acme/missing", str(baseline_catalog_dir)])
+    assert unknown.exit_code == 1 and "Model 'acme/missing' not found" in unknown.output
+    conflict = runner.invoke(
+        app, ["catalog", "resolve", "candle:/rasyosef/splade-tiny", str(baseline_catalog_dir)]
+    )
+    assert conflict.exit_code == 1 and "compatible bundles: ['default']" in conflict.output
+
+
+def test_run_names_the_available_roles() -> None:
+    result = runner.invoke(app, ["run", "--role", "nope"])
+    assert result.exit_code == 2
+    assert "role 'nope' is not available" in result.output
+
+
+def test_run_refuses_a_bad_setting(monkeypatch) -> None:
+    monkeypatch.setenv("SIE_STREAM_REPLICAS", "three")
+    result = runner.invoke(app, ["run", "--role", "all"])
+    assert result.exit_code == 2
+    assert "SIE_STREAM_REPLICAS" in result.output and "Traceback" not in result.output
+
+
+def test_both_onnxruntime_builds_are_refused() -> None:
+    with pytest.raises(EnvironmentProblem, match="pip uninstall -y onnxruntime onnxruntime-gpu"):
+        check_onnxruntime_builds(lambda name: True)
+    check_onnxruntime_builds(lambda name: name == "onnxruntime")
+
+
+def test_sie_refuses_to_start_with_both_builds_installed(tmp_path: Path) -> None:
+    """A real second distribution on the path, as `pip install onnxruntime-gpu` would leave it."""
+    dist_info = tmp_path / "onnxruntime_gpu-1.31.1.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: onnxruntime-gpu\nVersion: 1.31.1\n")
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from sie.cli.main import main; "
+        "sys.argv=['sie','run','--role','all']; main()"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert "Both onnxruntime and onnxruntime-gpu are installed" in result.stderr

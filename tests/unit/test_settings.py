@@ -1,0 +1,301 @@
+"""Unit tests for sie.settings: seed defaults, parsing, precedence, error collection and the docs table."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import attrs
+import pytest
+
+from sie.settings import (
+    Settings,
+    SettingsError,
+    StreamSettings,
+    describe_groups,
+    describe_settings,
+    format_settings_error,
+    load_settings,
+    render_settings_markdown,
+    setting_paths,
+    unrecognised_variables,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_defaults_match_the_seeds() -> None:
+    s = load_settings({})
+    # seed 000 §8.2, §2, §4.2-4.3, §13; seed 001 "Readiness"; contracts A §2.1, B §4.3
+    assert s.stream.storage == "memory"
+    assert s.stream.replicas == 1
+    assert s.stream.max_age_s == 1800.0
+    assert s.stream.max_msgs == 100_000
+    assert s.stream.max_deliver == 20
+    assert s.stream.ack_wait_s == 30.0
+    assert s.stream.nak_delay_s == 5.0
+    assert s.gateway.request_timeout_s == 30.0
+    assert s.gateway.max_stream_pending == 50_000
+    assert s.gateway.lane_backpressure_enforce is False
+    assert s.config_sync.poll_interval_s == 30.0
+    assert s.config_sync.trusted_producers == ("sie-config",)
+    assert s.config_sync.trust_any_producer is False
+    assert s.config_sync.service_url is None
+    assert s.sidecar.probe_port == 9095
+    assert s.worker.socket_path == Path("/tmp/sie-ipc.sock")
+    assert (s.lane.pool, s.lane.machine_profile, s.lane.bundle) == ("default", "default", "default")
+    assert s.auth.mode == "none"
+    assert s.auth.exempt_operational is False
+    assert s.nats.url is None
+    assert s.process.worker_id == "worker-unknown"
+    # seed 002 "Scheduling modes"
+    assert s.placement.mode == "round_robin"
+    assert s.placement.work_basis == "compute"
+    assert s.placement.routing_policy == "fill_least"
+    assert s.placement.fill_mode == "run"
+    assert s.placement.default_replicas == 1
+    assert s.placement.rebalance_compute_s == 300.0
+    assert s.placement.first_rebalance_compute_s == 60.0
+    assert s.placement.forbid_memory_oversubscription is True
+    # contracts B §5.1, §8.3
+    assert s.batching.max_batch_items == 64
+    assert s.batching.max_batch_wait_s == pytest.approx(0.010, abs=1e-12)
+    assert s.batching.max_pending_items == 512
+
+
+def test_direct_construction_equals_loading_an_empty_environment() -> None:
+    loaded = load_settings({"POD_NAME": "p"})
+    built = Settings()
+    assert attrs.evolve(built, process=loaded.process, catalog=loaded.catalog, worker=loaded.worker) == loaded
+
+
+def test_catalogue_defaults_point_at_the_repository_config() -> None:
+    s = load_settings({})
+    assert s.catalog.bundles_dir == REPO / "config" / "bundles"
+    assert s.catalog.models_dir == REPO / "config" / "models"
+
+
+def test_environment_values_are_parsed() -> None:
+    s = load_settings(
+        {
+            "SIE_NATS_URL": "nats://127.0.0.1:4222",
+            "SIE_STREAM_STORAGE": "FILE",
+            "SIE_STREAM_REPLICAS": "3",
+            "SIE_STREAM_MAX_AGE_S": "90.5",
+            "SIE_GATEWAY_PORT": "9000",
+            "SIE_POOL": " GPU-Pool ",
+            "SIE_AUTH_MODE": "static",
+            "SIE_LOG_LEVEL": "WARN",
+            "SIE_MAX_BATCH_WAIT_MS": "25",
+            "SIE_WORKER_MEMORY_BUDGET_BYTES": "2GiB",
+            "SIE_GATEWAY_MAX_BODY_BYTES": "1000",
+            "SIE_PLACEMENT_MODE": "lpt_packing",
+            "SIE_PLACEMENT_DEFAULT_REPLICAS": "all",
+            "SIE_WORKER_DEVICES": "cuda:0, cuda:1",
+            "SIE_CONFIG_SERVICE_URL": "http://config:8081/",
+            "SIE_IPC_SOCKET_PATH": "/run/sie/ipc.sock",
+        }
+    )
+    assert s.nats.url == "nats://127.0.0.1:4222"
+    assert s.stream.storage == "file"
+    assert s.stream.replicas == 3
+    assert s.stream.max_age_s == pytest.approx(90.5, abs=1e-12)
+    assert s.gateway.port == 9000
+    assert s.lane.pool == "gpu-pool"
+    assert s.auth.mode == "token"
+    assert s.telemetry.log_level == "warning"
+    assert s.batching.max_batch_wait_s == pytest.approx(0.025, abs=1e-12)
+    assert s.worker.memory_budget_bytes == 2 * 2**30
+    assert s.gateway.max_body_bytes == 1000
+    assert s.placement.mode == "lpt_packing"
+    assert s.placement.default_replicas == "all"
+    assert s.worker.devices == "cuda:0,cuda:1"
+    assert s.config_sync.service_url == "http://config:8081"
+    assert s.worker.socket_path == Path("/run/sie/ipc.sock")
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("true", True), ("TRUE", True), ("1", True), ("yes", True), ("Yes", True)]
+    + [("false", False), ("False", False), ("0", False), ("no", False), ("NO", False)],
+)
+def test_booleans(raw: str, expected: bool) -> None:
+    s = load_settings({"SIE_NATS_CONFIG_TRUST_ANY_PRODUCER": raw})
+    assert s.config_sync.trust_any_producer is expected
+
+
+def test_lists_are_comma_separated_and_trimmed() -> None:
+    s = load_settings(
+        {
+            "SIE_NATS_CONFIG_TRUSTED_PRODUCERS": " sie-config , sie-sie-cluster-config,, ",
+            "SIE_PRELOAD_MODELS": "BAAI/bge-m3,  sentence-transformers/all-MiniLM-L6-v2",
+            "SIE_GATEWAY_CONFIGURED_GPUS": "L4, a100-80gb",
+        }
+    )
+    assert s.config_sync.trusted_producers == ("sie-config", "sie-sie-cluster-config")
+    assert s.worker.preload_models == ("BAAI/bge-m3", "sentence-transformers/all-MiniLM-L6-v2")
+    assert s.gateway.configured_gpus == ("l4", "a100-80gb")
+
+
+def test_blank_values_count_as_unset() -> None:
+    s = load_settings(
+        {"SIE_NATS_URL": "  ", "SIE_STREAM_REPLICAS": "", "SIE_NATS_CONFIG_TRUSTED_PRODUCERS": ""}
+    )
+    assert s.nats.url is None
+    assert s.stream.replicas == 1
+    assert s.config_sync.trusted_producers == ("sie-config",)
+
+
+def test_aliases_are_read_when_the_primary_name_is_unset() -> None:
+    s = load_settings({"SIE_AUTH_TOKEN": "t1", "HOSTNAME": "pod-7", "SIE_LOCAL_CACHE": "/cache"})
+    assert s.auth.tokens == ("t1",)
+    assert s.process.worker_id == "pod-7"
+    assert s.worker.model_cache == Path("/cache")
+    both = load_settings(
+        {"SIE_AUTH_TOKENS": "a,b", "SIE_AUTH_TOKEN": "t1", "SIE_WORKER_ID": "w", "HOSTNAME": "h"}
+    )
+    assert both.auth.tokens == ("a", "b")
+    assert both.process.worker_id == "w"
+
+
+def test_router_id_is_host_and_pid_unless_set() -> None:
+    pod = load_settings({"POD_NAME": "sie-config-abc", "HOSTNAME": "ignored"})
+    assert re.fullmatch(r"sie-config-abc-\d+", pod.process.router_id)
+    assert re.fullmatch(r"host-1-\d+", load_settings({"HOSTNAME": "host-1"}).process.router_id)
+    assert load_settings({"SIE_ROUTER_ID": "gw-1", "POD_NAME": "x"}).process.router_id == "gw-1"
+
+
+def test_model_cache_follows_xdg_cache_home() -> None:
+    s = load_settings({"XDG_CACHE_HOME": "/var/cache"})
+    assert s.worker.model_cache == Path("/var/cache/sie/models")
+
+
+def test_overrides_win_over_the_environment() -> None:
+    env = {"SIE_GATEWAY_PORT": "9000", "SIE_STREAM_REPLICAS": "2", "SIE_LOG_JSON": "false"}
+    s = load_settings(
+        env,
+        {
+            "gateway.port": 9100,
+            "stream.replicas": None,  # a flag the user did not give
+            "telemetry.log_json": True,
+            "worker.preload_models": ["a", " b "],
+            "batching.max_batch_wait_s": 5,  # the flag mirrors SIE_MAX_BATCH_WAIT_MS, so milliseconds
+        },
+    )
+    assert s.gateway.port == 9100
+    assert s.stream.replicas == 2
+    assert s.telemetry.log_json is True
+    assert s.worker.preload_models == ("a", "b")
+    assert s.batching.max_batch_wait_s == pytest.approx(0.005, abs=1e-12)
+
+
+def test_bad_override_names_the_flag() -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings({}, {"gateway.port": "eighty", "auth.admin_token": "", "nope.field": 1})
+    assert caught.value.problems == (
+        "unknown setting 'nope.field'; expected a field path such as 'gateway.port'",
+        "--port='eighty' is not an integer; expected a whole number between 0 and 65535",
+    )
+
+
+def test_every_bad_variable_is_reported_together() -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings(
+            {
+                "SIE_STREAM_REPLICAS": "three",
+                "SIE_STREAM_STORAGE": "disk",
+                "SIE_AUTH_MODE": "tokn",
+                "SIE_GATEWAY_REQUEST_TIMEOUT": "-1",
+                "SIE_TRACING_ENABLED": "maybe",
+                "SIE_POOL": "bad.pool",
+                "SIE_PLACEMENT_MODE": "random",
+            }
+        )
+    problems = caught.value.problems
+    assert "SIE_STREAM_REPLICAS='three' is not an integer; expected a whole number >= 1" in problems
+    assert "SIE_STREAM_STORAGE='disk' is not allowed; expected one of: memory, file" in problems
+    assert "SIE_AUTH_MODE='tokn' is not allowed; expected one of: none, token, static" in problems
+    assert "SIE_GATEWAY_REQUEST_TIMEOUT='-1' is out of range; expected seconds > 0" in problems
+    assert "SIE_TRACING_ENABLED='maybe' is not a boolean; expected true/false, 1/0 or yes/no" in problems
+    assert any(p.startswith("SIE_POOL='bad.pool' is not a valid name") for p in problems)
+    assert any(p.startswith("SIE_PLACEMENT_MODE='random' is not allowed") for p in problems)
+    assert len(problems) == 7
+    message = format_settings_error(caught.value)
+    for name in ("SIE_STREAM_REPLICAS", "SIE_STREAM_STORAGE", "SIE_AUTH_MODE", "SIE_PLACEMENT_MODE"):
+        assert name in message
+    assert "Traceback" not in message
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "fragment"),
+    [
+        ("SIE_GATEWAY_PORT", "70000", "is out of range; expected a whole number between 0 and 65535"),
+        ("SIE_STREAM_MAX_AGE_S", "nan", "is not a finite number; expected seconds > 0"),
+        ("SIE_STREAM_MAX_AGE_S", "30s", "is not a number; expected seconds > 0"),
+        ("SIE_MAX_DELIVER", "0", "is out of range; expected a whole number >= 1"),
+        ("SIE_WORKER_MEMORY_BUDGET_BYTES", "lots", "is not a size"),
+        ("SIE_WORKER_DEVICES", "gpu0", "is not a device list"),
+        ("SIE_PLACEMENT_DEFAULT_REPLICAS", "0", "is not a replica count"),
+        ("SIE_PLACEMENT_DEFAULT_REPLICAS", "²", "is not a replica count"),
+        ("SIE_CONFIG_SERVICE_URL", "localhost:8081", "is not an http(s) URL"),
+        ("SIE_MEMORY_PRESSURE_THRESHOLD_PERCENT", "120", "expected a number between 1 and 100"),
+        ("SIE_GATEWAY_STATIC_QUEUE_POOLS", "ok,no!", "has an item 'no!' that is not a valid name"),
+        ("SIE_IDLE_EVICT_S", "86401", "expected seconds between 0 and 86400"),
+    ],
+)
+def test_invalid_values_name_variable_value_and_what_is_allowed(name: str, raw: str, fragment: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings({name: raw})
+    (problem,) = caught.value.problems
+    assert problem.startswith(f"{name}={raw!r} ")
+    assert fragment in problem
+
+
+def test_secrets_are_masked_in_errors_and_repr() -> None:
+    s = load_settings({"SIE_ADMIN_TOKEN": "hunter2", "SIE_AUTH_TOKENS": "tok-a", "SIE_NATS_PASSWORD": "pw"})
+    assert s.auth.admin_token == "hunter2"
+    for secret in ("hunter2", "tok-a", "pw'"):
+        assert secret not in repr(s)
+
+
+def test_settings_are_frozen() -> None:
+    s = load_settings({})
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        s.gateway.port = 1  # type: ignore[misc]
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        s.stream = StreamSettings()  # type: ignore[misc]
+    assert hash(s) == hash(load_settings({}))  # every value is immutable, so settings can key caches
+
+
+def test_unrecognised_variables_flags_likely_typos() -> None:
+    env = {"SIE_STREAM_REPLICA": "3", "SIE_AUTH_TOKEN": "x", "SIE_POOL": "a", "PATH": "/bin"}
+    assert unrecognised_variables(env) == ["SIE_STREAM_REPLICA"]
+
+
+def test_every_field_is_documented_once() -> None:
+    docs = describe_settings()
+    assert [doc.path for doc in docs] == setting_paths()
+    names = [name for doc in docs for name in (doc.env, *doc.aliases)]
+    assert len(names) == len(set(names)), "an environment variable is declared twice"
+    flags = [doc.flag for doc in docs if doc.flag]
+    assert len(flags) == len(set(flags)), "a CLI flag is declared twice"
+    assert all(doc.doc.endswith(".") and doc.type for doc in docs)
+    assert [group.name for group in describe_groups()] == [field.name for field in attrs.fields(Settings)]
+
+
+def test_docs_table_is_current_and_lists_each_variable_once() -> None:
+    committed = (REPO / "docs" / "settings.md").read_text(encoding="utf-8")
+    assert committed == render_settings_markdown(), "run: python scripts/gen_settings_doc.py --write"
+    rows = re.findall(r"^\| `([A-Z0-9_]+)` \|", committed, flags=re.MULTILINE)
+    assert len(rows) == len(describe_settings())
+    assert len(rows) == len(set(rows))
+
+
+def test_only_the_settings_package_reads_the_environment() -> None:
+    offenders = [
+        str(path.relative_to(REPO))
+        for path in (REPO / "src" / "sie").rglob("*.py")
+        if "settings" not in path.relative_to(REPO / "src" / "sie").parts[:1]
+        and re.search(r"os\.environ|getenv\(", path.read_text(encoding="utf-8"))
+    ]
+    assert offenders == []

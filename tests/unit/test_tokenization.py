@@ -1,0 +1,75 @@
+"""Tokenizer wrapper: explicit truncation, baked-in padding cleared, pairs, padding and tokenizer_id."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
+from sie.tokenization import TextTokenizer, TokenizerError, pad_batch, tokenizer_id_for
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello", "world", "the", "cat", "sat", "on", "mat", "##s"]
+
+
+@pytest.fixture()
+def tokenizer_file(tmp_path: Path) -> Path:
+    """A real WordPiece tokenizer.json that, like the MiniLM files, pads every input to 16."""
+    vocab = {token: index for index, token in enumerate(VOCAB)}
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 2), ("[SEP]", 3)],
+    )
+    tokenizer.enable_padding(pad_id=0, pad_token="[PAD]", length=16)
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    return path
+
+
+def test_baked_in_padding_is_cleared(tokenizer_file: Path) -> None:
+    tokenizer = TextTokenizer.from_file(tokenizer_file, max_length=8)
+    (encoded,) = tokenizer.encode_batch(["Hello world"])
+    assert encoded.input_ids == [2, 4, 5, 3]
+    assert encoded.special_tokens_mask == [1, 0, 0, 1]
+    assert encoded.offsets[1:3] == [(0, 5), (6, 11)]
+    assert not encoded.truncated
+
+
+def test_truncation_is_reported(tokenizer_file: Path) -> None:
+    tokenizer = TextTokenizer.from_file(tokenizer_file, max_length=5)
+    long, short = tokenizer.encode_batch(["the cat sat on the mat", "cats"])
+    assert len(long) == 5 and long.truncated and long.input_ids[-1] == 3
+    assert short.input_ids == [2, 7, 11, 3] and not short.truncated
+
+
+def test_pairs_carry_type_ids(tokenizer_file: Path) -> None:
+    tokenizer = TextTokenizer.from_file(tokenizer_file, max_length=16)
+    (pair,) = tokenizer.encode_batch([("hello", "the cat")])
+    assert pair.input_ids == [2, 4, 3, 6, 7, 3]
+    assert pair.token_type_ids == [0, 0, 0, 1, 1, 1]
+
+
+def test_pad_batch_pads_to_longest_only() -> None:
+    batch = pad_batch([[2, 4, 3], [2, 3]], [[0, 0, 0], [0, 0]], pad_id=0)
+    assert batch.input_ids.tolist() == [[2, 4, 3], [2, 3, 0]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert batch.input_ids.dtype == np.int64
+
+
+def test_tokenizer_id_is_stable_content_hash(tokenizer_file: Path) -> None:
+    data = tokenizer_file.read_bytes()
+    tokenizer = TextTokenizer.from_file(tokenizer_file, max_length=8)
+    assert tokenizer.tokenizer_id == tokenizer_id_for(data)
+    assert len(tokenizer.tokenizer_id) == 32
+    assert tokenizer_id_for(data + b" ") != tokenizer.tokenizer_id
+    assert tokenizer.pad_id == 0 and tokenizer.vocab_size == len(VOCAB)
+
+
+def test_missing_file_names_the_path(tmp_path: Path) -> None:
+    with pytest.raises(TokenizerError, match="missing.json"):
+        TextTokenizer.from_file(tmp_path / "missing.json", max_length=8)
