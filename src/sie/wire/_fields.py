@@ -1,0 +1,66 @@
+"""Field helpers shared by the message modules: omitted-when-None fields, array fields, validators.
+
+The converter reads the metadata written here; message modules never (un)structure anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import numpy as np
+
+# Field metadata key: the writer leaves the field out while its value is None.
+OMIT_IF_NONE = "sie.wire.omit_if_none"
+
+
+class FieldValueError(ValueError):
+    """A well-typed value that breaks a rule of its field (the converter reports it at the field's path)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+def omittable() -> Any:
+    """An optional field, None by default, that the writer leaves out while it is None."""
+    return attrs.field(default=None, metadata={OMIT_IF_NONE: True})
+
+
+def _array_eq(left: Any, right: Any) -> bool:
+    return bool(np.array_equal(left, right))
+
+
+def _as_array(value: Any) -> Any:
+    return value if value is None or isinstance(value, np.ndarray) else np.asarray(value)
+
+
+def _as_float32(value: Any) -> Any:
+    return value if value is None else np.asarray(value, dtype=np.float32)
+
+
+def _as_int32(value: Any) -> Any:
+    return value if value is None else np.asarray(value, dtype=np.int32)
+
+
+_CONVERTERS = {None: _as_array, "float32": _as_float32, "int32": _as_int32}
+
+
+def array(dtype: str | None = None, *, default: Any = attrs.NOTHING, omit: bool = False) -> Any:
+    """An ndarray field: lists (the JSON form) become arrays, cast to `dtype` when given; compared by value.
+
+    With `omit`, the writer leaves the field out while it is None, like `omittable`.
+    """
+    return attrs.field(
+        default=default,
+        converter=_CONVERTERS[dtype],
+        eq=attrs.cmp_using(eq=_array_eq),
+        metadata={OMIT_IF_NONE: True} if omit else {},
+    )
+
+
+def non_empty(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """Validator: the list must hold at least one element (msgspec's min_length=1 message)."""
+    if len(value) == 0:
+        raise FieldValueError("Expected `array` of length >= 1", attribute.name)

@@ -1,0 +1,180 @@
+"""IPC method bodies for worker control: health, model readiness, capabilities, live config and drain.
+
+Field names and defaults follow contracts Part A §2.1; a field with no listed default is required
+unless it is nullable, in which case it defaults to None. Batch bodies live in ipc_batch.py.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import attrs
+
+MODEL_STATE_READY: Final = "ready"
+MODEL_STATE_LOADING_STARTED: Final = "loading_started"
+MODEL_STATE_LOADING_IN_PROGRESS: Final = "loading_in_progress"
+MODEL_STATE_RETRY_LATER: Final = "retry_later"
+MODEL_STATE_FAILED: Final = "failed"
+
+
+@attrs.frozen(kw_only=True)
+class PingRequest:
+    """Heartbeat from the sidecar."""
+
+    timestamp_ms: float
+
+
+@attrs.frozen(kw_only=True)
+class PingResponse:
+    """Worker liveness: `ready` is readiness and device health; the hash is "" without a bundle."""
+
+    timestamp_ms: float
+    worker_id: str
+    ready: bool = False
+    bundle_config_hash: str = ""
+    loaded_models: list[str] = attrs.Factory(list)
+    loading_models: list[str] = attrs.Factory(list)
+
+
+@attrs.frozen(kw_only=True)
+class EnsureModelReadyRequest:
+    """Ask the worker to have a model loaded (or start loading it)."""
+
+    model_id: str
+
+
+@attrs.frozen(kw_only=True)
+class ModelDescriptor:
+    """What the sidecar needs to prepare work for a ready model; `tokenizer_id` is BLAKE3 of tokenizer.json."""
+
+    tokenizer_path: str | None = None
+    tokenizer_id: str | None = None
+    max_seq_len: int | None = None
+    output_types: list[str] = attrs.Factory(list)
+    supports_run_batch: bool = False
+    default_query_template: str | None = None
+    default_doc_template: str | None = None
+    max_concurrent_dispatch: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class EnsureModelReadyResponse:
+    """A `MODEL_STATE_*` value; `batch_budget` and `descriptor` are set only when the state is ready."""
+
+    state: str
+    batch_budget: int | None = None
+    descriptor: ModelDescriptor | None = None
+
+
+@attrs.frozen(kw_only=True)
+class WorkerCapabilitiesRequest:
+    """An empty body."""
+
+
+@attrs.frozen(kw_only=True)
+class WorkerCapabilitiesResponse:
+    """Optional protocol features and the models this worker can serve."""
+
+    supports_execution_authority_v1: bool
+    supports_numerical_admission_v1: bool
+    has_generation_models: bool
+    generation_models: list[str]
+    supported_models: list[str]
+    loaded_models: list[str]
+
+
+@attrs.frozen(kw_only=True)
+class ApplyModelConfigRequest:
+    """One config delta forwarded to the worker; `model_config` is the merged model YAML."""
+
+    bundle_id: str
+    model_id: str
+    epoch: int
+    bundle_config_hash: str
+    model_config: str
+    profiles_added: list[str] = attrs.Factory(list)
+    bundle_adapters: list[str] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ApplyModelConfigResponse:
+    """The hash the worker computed after applying; the sidecar trusts it only if it matches."""
+
+    applied: bool
+    bundle_config_hash: str
+    config_version: int = 0
+    unsupported_models: list[str] = attrs.Factory(list)
+
+
+@attrs.frozen(kw_only=True)
+class ModelConfigEntry:
+    """One model of a full replacement: its id and merged YAML."""
+
+    model_id: str
+    model_config: str
+
+
+@attrs.frozen(kw_only=True)
+class ReplaceModelConfigsRequest:
+    """A full export for the worker's bundle, replacing its model configs."""
+
+    bundle_id: str
+    epoch: int
+    bundle_config_hash: str
+    models: list[ModelConfigEntry]
+    bundle_adapters: list[str] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ReplaceModelConfigsResponse:
+    """What a full replacement changed."""
+
+    applied: bool
+    bundle_config_hash: str
+    config_version: int
+    applied_models: list[str]
+    applied_profiles: list[str]
+    unsupported_models: list[str]
+
+
+@attrs.frozen(kw_only=True)
+class SetPinnedModelsRequest:
+    """Models the worker must keep loaded."""
+
+    models: list[str]
+
+
+@attrs.frozen(kw_only=True)
+class SetPinnedModelsResponse:
+    """How many models are now pinned."""
+
+    applied: bool
+    pinned_count: int
+
+
+@attrs.frozen(kw_only=True)
+class DrainRequest:
+    """Stop accepting batches; a deadline can only tighten an earlier one (a bool is rejected)."""
+
+    deadline_ms: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class DrainResponse:
+    """Drain accepted."""
+
+    acknowledged: bool = True
+
+
+@attrs.frozen(kw_only=True)
+class SignalGenerateCancelRequest:
+    """Cancel the generation started by `request_id`."""
+
+    request_id: str
+
+
+@attrs.frozen(kw_only=True)
+class SignalGenerateCancelResponse:
+    """Whether a running generation matched."""
+
+    matched: bool
