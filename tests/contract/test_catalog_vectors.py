@@ -65,17 +65,13 @@ def test_default_bundle_canonical_bytes_and_hash(stock_minilm) -> None:
     canonical = bundle_config_canonical_json(default, [stock_minilm])
     assert canonical == STOCK_MINILM_CANONICAL
     catalog = Catalog([default], [stock_minilm])
-    assert catalog.bundle_config_hash("default") == (
-        "b34bdac36fb2882c67587534f9ba43f68278654b1513b5d5d820b979cf902ac4"
-    )
+    assert catalog.bundle_config_hash("default") == ("b34bdac36fb2882c67587534f9ba43f68278654b1513b5d5d820b979cf902ac4")
 
 
 def test_candle_profile_inherits_through_extends(stock_minilm) -> None:
     candle = _bundle("candle", 30, ["sie_server_rust.adapters.candle"], engine="candle")
     catalog = Catalog([candle], [stock_minilm])
-    assert catalog.bundle_config_hash("candle") == (
-        "e16da9ead150827b02262f36c485da5d35af4e09568a61b291e18939c10c51ed"
-    )
+    assert catalog.bundle_config_hash("candle") == ("e16da9ead150827b02262f36c485da5d35af4e09568a61b291e18939c10c51ed")
 
 
 def test_bundle_without_matching_models_hashes_empty(stock_minilm) -> None:

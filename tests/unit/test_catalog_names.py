@@ -14,10 +14,7 @@ def test_work_subject_has_six_tokens_for_dotted_ids() -> None:
 
 
 def test_pool_token_is_not_normalised() -> None:
-    assert (
-        names.work_subject("gpu-a", "l4", "default", "BAAI/bge-m3")
-        == "sie.work.gpu-a.l4.default.BAAI__bge-m3"
-    )
+    assert names.work_subject("gpu-a", "l4", "default", "BAAI/bge-m3") == "sie.work.gpu-a.l4.default.BAAI__bge-m3"
 
 
 def test_lane_names() -> None:
@@ -43,6 +40,4 @@ def test_reply_config_health_and_dlq() -> None:
     assert names.CONFIG_ALL_SUBJECT == "sie.config.models._all"
     assert names.health_subject("worker-1") == "sie.health.worker-1"
     assert names.work_cancel_subject("gw-1", "r1") == "work_cancel.gw-1.r1"
-    assert (
-        names.dead_letter_subject("sie.work.default.default.default.BAAI__bge-m3") == "sie.dlq.BAAI__bge-m3"
-    )
+    assert names.dead_letter_subject("sie.work.default.default.default.BAAI__bge-m3") == "sie.dlq.BAAI__bge-m3"

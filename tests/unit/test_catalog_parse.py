@@ -10,9 +10,7 @@ from sie.catalog.ids import validate_model_id
 VALID = {
     "sie_id": "org/model",
     "hf_id": "org/model",
-    "profiles": {
-        "default": {"adapter_path": "sie.adapters.dense:OnnxDenseAdapter", "max_batch_tokens": 8192}
-    },
+    "profiles": {"default": {"adapter_path": "sie.adapters.dense:OnnxDenseAdapter", "max_batch_tokens": 8192}},
 }
 
 
@@ -175,9 +173,7 @@ def test_bundle_errors() -> None:
 def test_directory_check_reports_unknown_adapter_module_and_bad_files(tmp_path) -> None:
     (tmp_path / "bundles").mkdir()
     (tmp_path / "models").mkdir()
-    (tmp_path / "bundles" / "default.yaml").write_text(
-        "name: default\npriority: 10\nadapters: [sie.adapters.dense]\n"
-    )
+    (tmp_path / "bundles" / "default.yaml").write_text("name: default\npriority: 10\nadapters: [sie.adapters.dense]\n")
     (tmp_path / "models" / "good.yaml").write_text(
         "sie_id: org/good\nhf_id: org/good\nprofiles:\n"
         "  default: {adapter_path: 'sie.adapters.dense:A', max_batch_tokens: 1}\n"

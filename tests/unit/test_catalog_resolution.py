@@ -103,8 +103,6 @@ def test_spec_parsing() -> None:
 
 
 def test_with_models_builds_a_new_snapshot(catalog: Catalog) -> None:
-    added = catalog.with_models(
-        [_model("org/new", default={"adapter_path": "st.dense:D", "max_batch_tokens": 1})]
-    )
+    added = catalog.with_models([_model("org/new", default={"adapter_path": "st.dense:D", "max_batch_tokens": 1})])
     assert "org/new" in added.models and "org/new" not in catalog.models
     assert added.bundle_config_hash("default") != catalog.bundle_config_hash("default")

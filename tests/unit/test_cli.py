@@ -73,9 +73,7 @@ def test_resolve(baseline_catalog_dir: Path) -> None:
 def test_resolve_unknown_and_conflict(baseline_catalog_dir: Path) -> None:
     unknown = runner.invoke(app, ["catalog", "resolve", "acme/missing", str(baseline_catalog_dir)])
     assert unknown.exit_code == 1 and "Model 'acme/missing' not found" in unknown.output
-    conflict = runner.invoke(
-        app, ["catalog", "resolve", "candle:/rasyosef/splade-tiny", str(baseline_catalog_dir)]
-    )
+    conflict = runner.invoke(app, ["catalog", "resolve", "candle:/rasyosef/splade-tiny", str(baseline_catalog_dir)])
     assert conflict.exit_code == 1 and "compatible bundles: ['default']" in conflict.output
 
 
@@ -107,8 +105,6 @@ def test_sie_refuses_to_start_with_both_builds_installed(tmp_path: Path) -> None
         "import sys; sys.path.insert(0, sys.argv[1]); from sie.cli.main import main; "
         "sys.argv=['sie','run','--role','all']; main()"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60
-    )
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "Both onnxruntime and onnxruntime-gpu are installed" in result.stderr

@@ -138,9 +138,7 @@ def test_lists_are_comma_separated_and_trimmed() -> None:
 
 
 def test_blank_values_count_as_unset() -> None:
-    s = load_settings(
-        {"SIE_NATS_URL": "  ", "SIE_STREAM_REPLICAS": "", "SIE_NATS_CONFIG_TRUSTED_PRODUCERS": ""}
-    )
+    s = load_settings({"SIE_NATS_URL": "  ", "SIE_STREAM_REPLICAS": "", "SIE_NATS_CONFIG_TRUSTED_PRODUCERS": ""})
     assert s.nats.url is None
     assert s.stream.replicas == 1
     assert s.config_sync.trusted_producers == ("sie-config",)
@@ -151,9 +149,7 @@ def test_aliases_are_read_when_the_primary_name_is_unset() -> None:
     assert s.auth.tokens == ("t1",)
     assert s.process.worker_id == "pod-7"
     assert s.worker.model_cache == Path("/cache")
-    both = load_settings(
-        {"SIE_AUTH_TOKENS": "a,b", "SIE_AUTH_TOKEN": "t1", "SIE_WORKER_ID": "w", "HOSTNAME": "h"}
-    )
+    both = load_settings({"SIE_AUTH_TOKENS": "a,b", "SIE_AUTH_TOKEN": "t1", "SIE_WORKER_ID": "w", "HOSTNAME": "h"})
     assert both.auth.tokens == ("a", "b")
     assert both.process.worker_id == "w"
 

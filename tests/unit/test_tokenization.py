@@ -70,6 +70,14 @@ def test_tokenizer_id_is_stable_content_hash(tokenizer_file: Path) -> None:
     assert tokenizer.pad_id == 0 and tokenizer.vocab_size == len(VOCAB)
 
 
+def test_special_ids(tmp_path: Path) -> None:
+    vocab = {token: index for index, token in enumerate(VOCAB)}
+    raw = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    raw.add_special_tokens(["[PAD]", "[CLS]", "[SEP]"])
+    raw.save(str(tmp_path / "t.json"))
+    assert TextTokenizer.from_file(tmp_path / "t.json", 8).special_ids == {0, 2, 3}
+
+
 def test_missing_file_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(TokenizerError, match="missing.json"):
         TextTokenizer.from_file(tmp_path / "missing.json", max_length=8)

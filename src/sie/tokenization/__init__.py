@@ -10,7 +10,16 @@ from sie.tokenization.tokenizer import (
     TokenizedText,
     TokenizerError,
     pad_batch,
+    prepare_text,
     tokenizer_id_for,
 )
 
-__all__ = ["PaddedBatch", "TextTokenizer", "TokenizedText", "TokenizerError", "pad_batch", "tokenizer_id_for"]
+__all__ = [
+    "PaddedBatch",
+    "TextTokenizer",
+    "TokenizedText",
+    "TokenizerError",
+    "pad_batch",
+    "prepare_text",
+    "tokenizer_id_for",
+]

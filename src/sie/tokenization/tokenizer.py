@@ -52,9 +52,7 @@ class PaddedBatch:
 class TextTokenizer:
     """A tokenizer configured for one model; thread-safe for encoding (`tokenizers` releases the GIL)."""
 
-    def __init__(
-        self, tokenizer: tokenizers.Tokenizer, tokenizer_id: str, max_length: int, pad_id: int
-    ) -> None:
+    def __init__(self, tokenizer: tokenizers.Tokenizer, tokenizer_id: str, max_length: int, pad_id: int) -> None:
         tokenizer.enable_truncation(max_length=max_length)
         tokenizer.no_padding()
         self._tokenizer = tokenizer
@@ -70,14 +68,18 @@ class TextTokenizer:
             tokenizer = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
         except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception on bad files
             raise TokenizerError(f"cannot load tokenizer {path}: {exc}") from exc
-        pad_id = next(
-            (tid for token in ("[PAD]", "<pad>") if (tid := tokenizer.token_to_id(token)) is not None), 0
-        )
+        pad_id = next((tid for token in ("[PAD]", "<pad>") if (tid := tokenizer.token_to_id(token)) is not None), 0)
         return cls(tokenizer, tokenizer_id_for(data), max_length, pad_id)
 
     @property
     def vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of the special tokens ([CLS], [SEP], [PAD], ...), excluded from token-level outputs."""
+        decoder = self._tokenizer.get_added_tokens_decoder()
+        return frozenset(token_id for token_id, token in decoder.items() if token.special)
 
     def id_to_token(self, token_id: int) -> str | None:
         return self._tokenizer.id_to_token(token_id)
@@ -97,9 +99,7 @@ class TextTokenizer:
         ]
 
 
-def pad_batch(
-    items: Sequence[Sequence[int]], type_ids: Sequence[Sequence[int]] | None, pad_id: int
-) -> PaddedBatch:
+def pad_batch(items: Sequence[Sequence[int]], type_ids: Sequence[Sequence[int]] | None, pad_id: int) -> PaddedBatch:
     """Right-pad ragged id lists to the longest one; the mask marks real tokens."""
     longest = max((len(ids) for ids in items), default=0)
     input_ids = np.full((len(items), longest), pad_id, dtype=np.int64)
@@ -111,3 +111,23 @@ def pad_batch(
         if type_ids is not None:
             token_type_ids[row, : len(ids)] = type_ids[row]
     return PaddedBatch(input_ids, attention_mask, token_type_ids)
+
+
+def prepare_text(
+    text: str,
+    *,
+    is_query: bool = False,
+    instruction: str | None = None,
+    query_template: str | None = None,
+    doc_template: str | None = None,
+) -> str:
+    """The exact text a model sees: the query/doc template (with `{text}`), then the instruction prefix.
+
+    The sidecar and the worker both call this, so prepared tokens match a worker-side re-tokenization.
+    """
+    template = query_template if is_query else doc_template
+    if template:
+        text = template.replace("{text}", text)
+    if instruction:
+        text = f"{instruction} {text}"
+    return text

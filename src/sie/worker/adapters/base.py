@@ -1,0 +1,126 @@
+"""The adapter interface: one loaded model profile that turns a batch of work items into results.
+
+An adapter gets the wire batch items of one operation, validates each item on its own (a bad item
+never fails its batch-mates), runs one `session.run` for the whole batch and post-processes with
+numpy. Results are public result objects (dicts holding ndarrays); framing happens elsewhere.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import attrs
+import numpy as np
+
+from sie.catalog.model import ModelConfig, Profile
+from sie.tokenization import TextTokenizer
+from sie.wire import codes
+
+ENCODE_OUTPUTS = ("dense", "sparse", "multivector")
+
+
+@attrs.frozen
+class ItemResult:
+    """One item's outcome: a public result, or an error with its wire code."""
+
+    result: Any = None
+    error: str | None = None
+    error_code: str | None = None
+    input_tokens: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def invalid(message: str, code: str = codes.INVALID_INPUT) -> ItemResult:
+    return ItemResult(error=message, error_code=code)
+
+
+@attrs.define
+class BatchResult:
+    """Per-item results in input order, plus the batch's stage timings in milliseconds."""
+
+    items: list[ItemResult]
+    tokenization_ms: float = 0.0
+    inference_ms: float = 0.0
+    postprocessing_ms: float = 0.0
+
+
+class Stopwatch:
+    """Accumulates stage durations in milliseconds (`with watch.stage("inference"): ...`)."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = {}
+        self._stage = ""
+        self._start = 0.0
+
+    def stage(self, name: str) -> Stopwatch:
+        self._stage = name
+        return self
+
+    def __enter__(self) -> None:
+        self._start = time.perf_counter()
+
+    def __exit__(self, *exc_info: object) -> None:
+        elapsed = (time.perf_counter() - self._start) * 1000.0
+        self.ms[self._stage] = self.ms.get(self._stage, 0.0) + elapsed
+
+    def finish(self, items: list[ItemResult]) -> BatchResult:
+        return BatchResult(
+            items=items,
+            tokenization_ms=self.ms.get("tokenization", 0.0),
+            inference_ms=self.ms.get("inference", 0.0),
+            postprocessing_ms=self.ms.get("postprocessing", 0.0),
+        )
+
+
+@attrs.frozen
+class AdapterContext:
+    """Everything an adapter needs, built by the loader."""
+
+    model: ModelConfig
+    profile: Profile
+    session: Any
+    tokenizer: TextTokenizer
+    model_config_json: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+class Adapter:
+    """Base class: subclasses declare what they produce and implement the operations they support."""
+
+    encode_outputs: ClassVar[tuple[str, ...]] = ()
+    supports_score: ClassVar[bool] = False
+    supports_extract: ClassVar[bool] = False
+
+    def __init__(self, context: AdapterContext) -> None:
+        self.context = context
+        self.model = context.model
+        self.profile = context.profile
+        self.session = context.session
+        self.tokenizer = context.tokenizer
+        self.runtime_options: dict[str, Any] = dict(context.profile.runtime_options)
+        self._input_names = [node.name for node in self.session.get_inputs()]
+
+    @property
+    def default_output(self) -> str:
+        return self.encode_outputs[0] if self.encode_outputs else ""
+
+    def options_for(self, request_options: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Profile runtime options overlaid by the request's options (request wins)."""
+        return {**self.runtime_options, **dict(request_options or {})}
+
+    def run_session(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> list[np.ndarray]:
+        """One session.run, feeding only the inputs the graph declares."""
+        return self.session.run(outputs, {name: feeds[name] for name in self._input_names})
+
+    def encode(self, items: Sequence[Any]) -> BatchResult:
+        return BatchResult([invalid(f"Model '{self.model.sie_id}' does not support encode") for _ in items])
+
+    def score(self, items: Sequence[Any]) -> BatchResult:
+        return BatchResult([invalid(f"Model '{self.model.sie_id}' does not support scoring") for _ in items])
+
+    def extract(self, items: Sequence[Any]) -> BatchResult:
+        return BatchResult([invalid(f"Model '{self.model.sie_id}' does not support extraction") for _ in items])

@@ -1,0 +1,58 @@
+"""Dense sentence embeddings: pooled token states (mean, cls or last), optional L2 normalisation."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from sie.tokenization import PaddedBatch
+from sie.worker.adapters.base import AdapterContext
+from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, first_output
+from sie.worker.adapters.feeds import bert_feeds
+from sie.worker.outputs import l2_normalize, pool, quantize
+
+
+class DenseAdapter(TextEncoderAdapter):
+    """`sie.adapters.dense`: one vector per text; score is cosine similarity."""
+
+    encode_outputs: ClassVar[tuple[str, ...]] = ("dense",)
+
+    def __init__(self, context: AdapterContext) -> None:
+        super().__init__(context)
+        self._token_states = first_output(self.session, rank=3, preferred=("last_hidden_state", "token_embeddings"))
+
+    def forward(self, batch: PaddedBatch) -> list[np.ndarray]:
+        return self.run_session(bert_feeds(batch), [self._token_states])
+
+    def _vectors(self, hidden: np.ndarray, mask: np.ndarray, options: dict) -> np.ndarray:
+        vectors = pool(hidden, mask, str(options.get("pooling") or "mean"))
+        return l2_normalize(vectors) if options.get("normalize", True) else vectors
+
+    def represent(self, outputs: list[np.ndarray], batch: PaddedBatch, specs: list[EncodeSpec]) -> list[dict]:
+        hidden = outputs[0]
+        groups: dict[tuple, list[int]] = {}
+        for row, spec in enumerate(specs):
+            key = (spec.options.get("pooling"), spec.options.get("normalize", True))
+            groups.setdefault(key, []).append(row)
+        vectors = np.empty((len(specs), hidden.shape[-1]), dtype=np.float32)
+        for rows in groups.values():
+            options = specs[rows[0]].options
+            vectors[rows] = self._vectors(hidden[rows], batch.attention_mask[rows], options)
+        return [
+            {
+                "dense": {
+                    "dims": int(vectors.shape[1]),
+                    "dtype": spec.output_dtype,
+                    "values": quantize(vector, spec.output_dtype),
+                }
+            }
+            for vector, spec in zip(vectors, specs, strict=True)
+        ]
+
+    def similarities(self, outputs: list[np.ndarray], batch: PaddedBatch, query: int, docs: range) -> np.ndarray:
+        rows = [query, *docs]
+        vectors = l2_normalize(
+            pool(outputs[0][rows], batch.attention_mask[rows], str(self.runtime_options.get("pooling") or "mean"))
+        )
+        return vectors[1:] @ vectors[0]

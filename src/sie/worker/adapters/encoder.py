@@ -1,0 +1,188 @@
+"""Bi-encoder adapters share this: per-item checks, text preparation, one forward pass per batch,
+and query/document scoring by comparing their representations (dense cosine, sparse dot, MaxSim).
+"""
+
+from __future__ import annotations
+
+from abc import ABCMeta, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import attrs
+import numpy as np
+
+from sie.tokenization import PaddedBatch, TokenizedText, pad_batch, prepare_text
+from sie.wire import codes
+from sie.worker.adapters.base import Adapter, BatchResult, ItemResult, Stopwatch, invalid
+from sie.worker.outputs import OUTPUT_DTYPES
+
+
+@attrs.frozen
+class EncodeSpec:
+    """What one encode item asks for, after validation."""
+
+    text: str
+    output_types: tuple[str, ...]
+    output_dtype: str
+    options: dict[str, Any]
+    is_query: bool = False
+    prepared: TokenizedText | None = None
+
+
+def item_text(item: dict[str, Any] | None) -> str | None:
+    text = (item or {}).get("text")
+    return text if isinstance(text, str) else None
+
+
+def ranked_scores(scores: Sequence[float], items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`[{item_id, score, rank}]` sorted by score descending; ids default to `item-{i}` (contracts §1.3)."""
+    rows = [
+        {"item_id": (item or {}).get("id") or f"item-{index}", "score": float(score)}
+        for index, (score, item) in enumerate(zip(scores, items, strict=True))
+    ]
+    rows.sort(key=lambda row: row["score"], reverse=True)
+    for rank, row in enumerate(rows):
+        row["rank"] = rank
+    return rows
+
+
+class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
+    """Encodes texts with one forward pass; subclasses turn model outputs into their representation."""
+
+    supports_score: ClassVar[bool] = True
+
+    def encode(self, items: Sequence[Any]) -> BatchResult:
+        watch = Stopwatch()
+        specs = [self._encode_spec(item) for item in items]
+        valid = [index for index, spec in enumerate(specs) if isinstance(spec, EncodeSpec)]
+        results: list[ItemResult] = [spec if isinstance(spec, ItemResult) else ItemResult() for spec in specs]
+        if valid:
+            chosen = [specs[index] for index in valid]
+            with watch.stage("tokenization"):
+                tokens = self._tokens(chosen)
+            for index, spec, tokenized in zip(valid, chosen, tokens, strict=True):
+                if tokenized.truncated and spec.options.get("truncate") is False:
+                    results[index] = invalid(
+                        f"Input is longer than {self.tokenizer.max_length} tokens and truncate is false",
+                        codes.INPUT_TOO_LONG,
+                    )
+            runnable = [(i, s, t) for i, s, t in zip(valid, chosen, tokens, strict=True) if results[i].ok]
+            if runnable:
+                self._encode_runnable(runnable, results, watch)
+        return watch.finish(results)
+
+    def _encode_runnable(self, runnable: list, results: list[ItemResult], watch: Stopwatch) -> None:
+        indices, specs, tokens = zip(*runnable, strict=True)
+        batch = pad_batch([t.input_ids for t in tokens], [t.token_type_ids for t in tokens], self.tokenizer.pad_id)
+        with watch.stage("inference"):
+            outputs = self.forward(batch)
+        with watch.stage("postprocessing"):
+            encoded = self.represent(outputs, batch, list(specs))
+        for index, token_list, result in zip(indices, tokens, encoded, strict=True):
+            results[index] = ItemResult(result=result, input_tokens=len(token_list))
+
+    def _encode_spec(self, item: Any) -> EncodeSpec | ItemResult:
+        text = item_text(item.item)
+        if text is None:
+            return invalid("Item has no text; this model accepts text input only")
+        options = self.options_for(item.options)
+        output_types = tuple(item.output_types or options.get("output_types") or (self.default_output,))
+        unsupported = sorted(set(output_types) - set(self.encode_outputs))
+        if unsupported:
+            return invalid(
+                f"Model '{self.model.sie_id}' does not support output types: {set(unsupported)}. "
+                f"Supported: {set(self.encode_outputs)}"
+            )
+        output_dtype = options.get("output_dtype") or "float32"
+        if output_dtype not in OUTPUT_DTYPES:
+            return invalid(f"Unknown output_dtype {output_dtype!r}; expected one of {list(OUTPUT_DTYPES)}")
+        prepared = self._prepared(item)
+        text = prepare_text(
+            text,
+            is_query=item.is_query,
+            instruction=item.instruction or options.get("instruction"),
+            query_template=options.get("query_template"),
+            doc_template=options.get("doc_template"),
+        )
+        return EncodeSpec(text, output_types, output_dtype, options, item.is_query, prepared)
+
+    def _prepared(self, item: Any) -> TokenizedText | None:
+        """Sidecar tokens are reused only when they come from this exact tokenizer."""
+        tokens = getattr(item, "prepared_tokens", None)
+        if tokens is None or tokens.tokenizer_id != self.tokenizer.tokenizer_id or not tokens.input_ids:
+            return None
+        ids = tokens.input_ids[0]
+        type_ids = tokens.token_type_ids[0] if tokens.token_type_ids else [0] * len(ids)
+        special = self.tokenizer.special_ids
+        return TokenizedText(ids, type_ids, [int(i in special) for i in ids], [], False)
+
+    def _tokens(self, specs: Sequence[EncodeSpec]) -> list[TokenizedText]:
+        missing = [index for index, spec in enumerate(specs) if spec.prepared is None]
+        encoded = self.tokenizer.encode_batch([specs[index].text for index in missing]) if missing else []
+        tokens: list[TokenizedText | None] = [spec.prepared for spec in specs]
+        for index, tokenized in zip(missing, encoded, strict=True):
+            tokens[index] = tokenized
+        return tokens  # type: ignore[return-value]
+
+    @abstractmethod
+    def forward(self, batch: PaddedBatch) -> list[np.ndarray]:
+        """Run the graph once for the padded batch and return the outputs this adapter reads."""
+
+    @abstractmethod
+    def represent(self, outputs: list[np.ndarray], batch: PaddedBatch, specs: list[EncodeSpec]) -> list[dict]:
+        """Public encode results (`{"dense": …}` etc.), one per spec, in order."""
+
+    @abstractmethod
+    def similarities(self, outputs: list[np.ndarray], batch: PaddedBatch, query: int, docs: range) -> np.ndarray:
+        """Scores of rows `docs` against row `query` of the batch."""
+
+    def score(self, items: Sequence[Any]) -> BatchResult:
+        """Bi-encoder scoring: the query and every document of every item in one forward pass."""
+        watch = Stopwatch()
+        results: list[ItemResult] = []
+        texts: list[str] = []
+        spans: list[tuple[int, range] | None] = []
+        for item in items:
+            span = self._score_texts(item, texts)
+            spans.append(span)
+            results.append(ItemResult() if span else invalid("Score needs a text query and text items"))
+        if texts:
+            with watch.stage("tokenization"):
+                tokens = self.tokenizer.encode_batch(texts)
+            batch = pad_batch([t.input_ids for t in tokens], [t.token_type_ids for t in tokens], self.tokenizer.pad_id)
+            with watch.stage("inference"):
+                outputs = self.forward(batch)
+            with watch.stage("postprocessing"):
+                for index, (item, span) in enumerate(zip(items, spans, strict=True)):
+                    if span is not None:
+                        scores = self.similarities(outputs, batch, span[0], span[1])
+                        n_tokens = sum(len(tokens[i]) for i in (span[0], *span[1]))
+                        results[index] = ItemResult(ranked_scores(scores, item.score_items), input_tokens=n_tokens)
+        return watch.finish(results)
+
+    def _score_texts(self, item: Any, texts: list[str]) -> tuple[int, range] | None:
+        query = item_text(item.query_item)
+        docs = [item_text(doc) for doc in item.score_items]
+        if query is None or not docs or any(doc is None for doc in docs):
+            return None
+        options = self.options_for(item.options)
+        instruction = item.instruction or options.get("instruction")
+        query_index = len(texts)
+        texts.append(
+            prepare_text(query, is_query=True, instruction=instruction, query_template=options.get("query_template"))
+        )
+        texts.extend(prepare_text(doc, doc_template=options.get("doc_template")) for doc in docs)
+        return query_index, range(query_index + 1, len(texts))
+
+
+def first_output(session: Any, rank: int, preferred: Sequence[str] = ()) -> str:
+    """The graph output to read: a preferred name if present, else the first float output of `rank` dims."""
+    outputs = session.get_outputs()
+    names = {node.name for node in outputs}
+    for name in preferred:
+        if name in names:
+            return name
+    for node in outputs:
+        if node.type == "tensor(float)" and len(node.shape) == rank:
+            return node.name
+    raise ValueError(f"the ONNX graph has no float output of rank {rank}: {sorted(names)}")

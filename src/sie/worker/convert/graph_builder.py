@@ -1,0 +1,78 @@
+"""`GraphBuilder`: a thin layer over `onnx.helper` that names nodes, stores initializers and emits a model.
+
+It knows ONNX, not BERT. Small constants (shapes, axes, scalars) are shared by value, so a graph
+holds one copy of each however many layers use it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+# IR 8 is the oldest IR that opset 17 allows; it keeps the file loadable by older onnxruntime builds.
+IR_VERSION = 8
+PRODUCER = "sie.worker.convert"
+
+
+class GraphBuilder:
+    """Collects nodes and initializers for one graph; every method returns the name of a tensor."""
+
+    def __init__(self) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[TensorProto] = []
+        self._used: Counter[str] = Counter()
+        self._constants: dict[tuple[str, tuple[int, ...], bytes], str] = {}
+
+    def unique(self, hint: str) -> str:
+        self._used[hint] += 1
+        count = self._used[hint]
+        return hint if count == 1 else f"{hint}_{count}"
+
+    def weight(self, name: str, array: np.ndarray) -> str:
+        """Store a float32 parameter under `name` (made unique) and return its name."""
+        return self._store(name, np.asarray(array, dtype=np.float32))
+
+    def const(self, values: Any, dtype: type[np.generic] = np.int64) -> str:
+        """A small constant (shape, axes or scalar), stored once per distinct value."""
+        array = np.asarray(values, dtype=dtype)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self._constants:
+            self._constants[key] = self._store(f"const_{len(self._constants)}", array)
+        return self._constants[key]
+
+    def _store(self, name: str, array: np.ndarray) -> str:
+        # from_array serialises with tobytes(), which is C order whatever the array's layout;
+        # np.ascontiguousarray would be wrong here, it turns 0-d scalars into shape [1].
+        tensor_name = self.unique(name)
+        self.initializers.append(numpy_helper.from_array(array, tensor_name))
+        return tensor_name
+
+    def op(self, op_type: str, inputs: Sequence[str], name: str, **attrs: Any) -> str:
+        """Add one single-output node; its output tensor is called `name` (made unique)."""
+        output = self.unique(name)
+        self.nodes.append(helper.make_node(op_type, list(inputs), [output], name=output, **attrs))
+        return output
+
+    def op_multi(self, op_type: str, inputs: Sequence[str], names: Sequence[str], **attrs: Any) -> list[str]:
+        outputs = [self.unique(name) for name in names]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outputs, name=outputs[0], **attrs))
+        return outputs
+
+    def model(
+        self, graph_name: str, inputs: Sequence[onnx.ValueInfoProto], outputs: Sequence[onnx.ValueInfoProto]
+    ) -> onnx.ModelProto:
+        graph = helper.make_graph(self.nodes, graph_name, list(inputs), list(outputs), self.initializers)
+        return helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name=PRODUCER, ir_version=IR_VERSION
+        )
+
+
+def tensor_info(name: str, elem_type: int, shape: Sequence[int | str]) -> onnx.ValueInfoProto:
+    """A graph input/output declaration; string dims are symbolic (`batch`, `sequence`)."""
+    return helper.make_tensor_value_info(name, elem_type, list(shape))

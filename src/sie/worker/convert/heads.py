@@ -1,0 +1,176 @@
+"""Output heads added on top of the encoder: pooled sentence embeddings, classifiers and SPLADE.
+
+`HEADS` maps each head name to the outputs it declares and the function that builds it; every
+head reads its own weights (`pooler.*`, `classifier.*`, `cls.predictions.*`) through `BertWeights`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+import attrs
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from sie.worker.convert.bert_config import BertConfig
+from sie.worker.convert.bert_graph import BATCH, SEQUENCE, EncoderOutput, gelu, layer_norm, linear
+from sie.worker.convert.bert_weights import BertWeights
+from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.graph_builder import GraphBuilder, tensor_info
+
+# sentence-transformers clamps the token count at 1e-9 and F.normalize clamps the norm at 1e-12.
+MIN_TOKEN_COUNT = 1e-9
+MIN_NORM = 1e-12
+_FLOAT = TensorProto.FLOAT
+
+
+@attrs.frozen
+class HeadContext:
+    """Everything a head builder needs: the graph so far, the checkpoint and the encoder's tensors."""
+
+    builder: GraphBuilder
+    config: BertConfig
+    weights: BertWeights
+    encoder: EncoderOutput
+
+
+HeadBuild = Callable[[HeadContext], list[onnx.ValueInfoProto]]
+
+
+@attrs.frozen
+class Head:
+    """One conversion target: its graph outputs, in order, and its builder."""
+
+    name: str
+    outputs: tuple[str, ...]
+    build: HeadBuild = attrs.field(repr=False)
+
+
+def _hidden_output(ctx: HeadContext) -> onnx.ValueInfoProto:
+    return tensor_info(ctx.encoder.hidden, _FLOAT, [BATCH, SEQUENCE, ctx.config.hidden_size])
+
+
+def _l2_normalize(builder: GraphBuilder, x: str, output: str) -> str:
+    norm = builder.op("ReduceL2", [x], f"{output}.norm", axes=[1], keepdims=1)
+    norm = builder.op("Max", [norm, builder.const(MIN_NORM, np.float32)], f"{output}.norm_clamped")
+    return builder.op("Div", [x, norm], output)
+
+
+def _build_none(ctx: HeadContext) -> list[onnx.ValueInfoProto]:
+    return [_hidden_output(ctx)]
+
+
+def _build_mean(ctx: HeadContext) -> list[onnx.ValueInfoProto]:
+    """Attention-mask mean pool, then L2 normalisation (sentence-transformers Pooling + Normalize)."""
+    b, mask = ctx.builder, ctx.encoder.mask
+    # A [B,1,S] x [B,S,H] MatMul sums the real tokens in one op, without a [B,S,H] masked copy.
+    row_mask = b.op("Unsqueeze", [mask, b.const([1])], "pool.row_mask")
+    summed = b.op("MatMul", [row_mask, ctx.encoder.hidden], "pool.sum3d")
+    summed = b.op("Squeeze", [summed, b.const([1])], "pool.sum")
+    count = b.op("ReduceSum", [mask, b.const([1])], "pool.count", keepdims=1)
+    count = b.op("Max", [count, b.const(MIN_TOKEN_COUNT, np.float32)], "pool.count_clamped")
+    mean = b.op("Div", [summed, count], "pool.mean")
+    _l2_normalize(b, mean, "sentence_embedding")
+    return [_hidden_output(ctx), tensor_info("sentence_embedding", _FLOAT, [BATCH, ctx.config.hidden_size])]
+
+
+def _build_cls(ctx: HeadContext) -> list[onnx.ValueInfoProto]:
+    """The first token's hidden state ([CLS]), L2-normalised."""
+    b = ctx.builder
+    first = b.op("Gather", [ctx.encoder.hidden, b.const(0)], "pool.cls", axis=1)
+    _l2_normalize(b, first, "sentence_embedding")
+    return [_hidden_output(ctx), tensor_info("sentence_embedding", _FLOAT, [BATCH, ctx.config.hidden_size])]
+
+
+def _num_labels(ctx: HeadContext) -> int:
+    """Label count from `id2label`, or from the classifier's rows when the config has none."""
+    if ctx.config.labels:
+        return len(ctx.config.labels)
+    entry = ctx.weights.tensors.entries.get("classifier.weight")
+    if entry is None or len(entry.shape) != 2:
+        raise ConversionError(
+            "required 2-D classifier weight is missing", source=ctx.weights.source, tensor="classifier.weight"
+        )
+    return entry.shape[0]
+
+
+def _build_seq_cls(ctx: HeadContext) -> list[onnx.ValueInfoProto]:
+    """BERT pooler (dense + tanh on [CLS]) then the classifier: one logit row per sequence."""
+    b, width, labels = ctx.builder, ctx.config.hidden_size, _num_labels(ctx)
+    first = b.op("Gather", [ctx.encoder.hidden, b.const(0)], "pooler.cls", axis=1)
+    pooled = linear(b, first, ctx.weights.base_linear("pooler.dense", width, width), "pooler.dense")
+    pooled = b.op("Tanh", [pooled], "pooler.tanh")
+    linear(b, pooled, ctx.weights.linear("classifier", width, labels), "classifier", output="logits")
+    return [tensor_info("logits", _FLOAT, [BATCH, labels])]
+
+
+def _build_token_cls(ctx: HeadContext) -> list[onnx.ValueInfoProto]:
+    """The classifier on every token: one logit row per position."""
+    b, width, labels = ctx.builder, ctx.config.hidden_size, _num_labels(ctx)
+    linear(b, ctx.encoder.hidden, ctx.weights.linear("classifier", width, labels), "classifier", output="logits")
+    return [tensor_info("logits", _FLOAT, [BATCH, SEQUENCE, labels])]
+
+
+def _decoder_table(ctx: HeadContext) -> str:
+    """The MLM decoder matrix: the shared word-embedding initializer unless the checkpoint unties it."""
+    name, shape = "cls.predictions.decoder.weight", (ctx.config.vocab_size, ctx.config.hidden_size)
+    if not ctx.weights.has(name):
+        return ctx.encoder.word_embeddings
+    decoder = ctx.weights.get(name, shape)
+    if np.array_equal(decoder, ctx.weights.base("embeddings.word_embeddings.weight", shape)):
+        return ctx.encoder.word_embeddings
+    return ctx.builder.weight(name, decoder)
+
+
+def _decoder_bias(ctx: HeadContext) -> np.ndarray:
+    for name in ("cls.predictions.bias", "cls.predictions.decoder.bias"):
+        if ctx.weights.has(name):
+            return ctx.weights.get(name, (ctx.config.vocab_size,))
+    raise ConversionError("required MLM bias is missing", source=ctx.weights.source, tensor="cls.predictions.bias")
+
+
+def _mlm_logits(ctx: HeadContext) -> str:
+    """BertForMaskedLM's prediction head as [B*S, V] logits (dense, GELU, LayerNorm, tied decoder)."""
+    b, cfg, prefix = ctx.builder, ctx.config, "cls.predictions.transform"
+    width = cfg.hidden_size
+    x = linear(b, ctx.encoder.tokens, ctx.weights.linear(f"{prefix}.dense", width, width), f"{prefix}.dense")
+    x = gelu(b, x, f"{prefix}.gelu")
+    norm = ctx.weights.layer_norm(f"{prefix}.LayerNorm", width)
+    x = layer_norm(b, x, norm, f"{prefix}.LayerNorm", cfg.layer_norm_eps)
+    bias = b.weight("cls.predictions.bias", _decoder_bias(ctx))
+    # Gemm with transB reads the [V, H] embedding table as stored, so the tie costs no second copy.
+    return b.op("Gemm", [x, _decoder_table(ctx), bias], "mlm.logits", transB=1)
+
+
+def _build_mlm_splade(ctx: HeadContext) -> list[onnx.ValueInfoProto]:
+    """SPLADE: max over real positions of log(1 + relu(MLM logits)), one vocab-wide row per sequence."""
+    b = ctx.builder
+    batch_sequence = b.op("Shape", ["input_ids"], "mlm.batch_sequence")
+    shape = b.op("Concat", [batch_sequence, b.const([ctx.config.vocab_size])], "mlm.shape", axis=0)
+    logits = b.op("Reshape", [_mlm_logits(ctx), shape], "mlm.logits3d")
+    # log(1 + relu(x)) never decreases as x grows, so it commutes with the max: take the max of the
+    # raw logits first (padding pushed to MASK_NEGATIVE) and apply it to [B, V] instead of [B, S, V].
+    position_bias = b.op("Unsqueeze", [ctx.encoder.padding_bias, b.const([2])], "splade.position_bias")
+    logits = b.op("Add", [logits, position_bias], "splade.masked_logits")
+    peak = b.op("ReduceMax", [logits], "splade.max_logits", axes=[1], keepdims=0)
+    positive = b.op("Relu", [peak], "splade.relu")
+    shifted = b.op("Add", [positive, b.const(1.0, np.float32)], "splade.plus1")
+    b.op("Log", [shifted], "sparse_embedding")
+    return [tensor_info("sparse_embedding", _FLOAT, [BATCH, ctx.config.vocab_size])]
+
+
+HEADS: Mapping[str, Head] = MappingProxyType(
+    {
+        head.name: head
+        for head in (
+            Head("none", ("last_hidden_state",), _build_none),
+            Head("mean", ("last_hidden_state", "sentence_embedding"), _build_mean),
+            Head("cls", ("last_hidden_state", "sentence_embedding"), _build_cls),
+            Head("seq-cls", ("logits",), _build_seq_cls),
+            Head("token-cls", ("logits",), _build_token_cls),
+            Head("mlm-splade", ("sparse_embedding",), _build_mlm_splade),
+        )
+    }
+)

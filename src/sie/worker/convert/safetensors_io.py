@@ -1,0 +1,125 @@
+"""A minimal safetensors reader: the JSON header plus raw little-endian buffers, read per tensor.
+
+Floating tensors (F32, F16, BF16) come back as float32 numpy arrays. It owns no model knowledge and
+must not import torch or the `safetensors` package.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from sie.worker.convert.errors import ConversionError
+
+# The format caps the header at 100 MB; anything larger is a corrupt length prefix.
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+FLOAT_DTYPES = {"F32": 4, "F16": 2, "BF16": 2}
+_OTHER_DTYPES = {"F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+_ITEM_SIZES = FLOAT_DTYPES | _OTHER_DTYPES
+
+
+@attrs.frozen
+class TensorEntry:
+    """Where one tensor's bytes sit in the file (absolute offsets) and how to read them."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+
+class SafetensorsFile:
+    """A parsed header; tensor data is read from disk only when `load` asks for it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.entries = _read_header(self.path)
+
+    def names(self) -> list[str]:
+        return sorted(self.entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries
+
+    def load(self, name: str) -> np.ndarray:
+        """The tensor `name` as a C-contiguous float32 array of its stored shape."""
+        entry = self.entries.get(name)
+        if entry is None:
+            raise ConversionError("tensor not found", source=str(self.path), tensor=name)
+        if entry.dtype not in FLOAT_DTYPES:
+            raise ConversionError(
+                f"dtype {entry.dtype} is not a float type (F32, F16, BF16)", source=str(self.path), tensor=name
+            )
+        with self.path.open("rb") as handle:
+            handle.seek(entry.start)
+            raw = handle.read(entry.end - entry.start)
+        if len(raw) != entry.end - entry.start:
+            raise ConversionError("file is truncated inside the tensor data", source=str(self.path), tensor=name)
+        return decode_float(raw, entry.dtype).reshape(entry.shape)
+
+
+def decode_float(raw: bytes, dtype: str) -> np.ndarray:
+    """Little-endian F32/F16/BF16 bytes to a flat float32 array (BF16 is the top half of an F32)."""
+    if dtype == "F32":
+        return np.frombuffer(raw, dtype="<f4").astype(np.float32)
+    if dtype == "F16":
+        return np.frombuffer(raw, dtype="<f2").astype(np.float32)
+    if dtype == "BF16":
+        widened = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+        return widened.view(np.float32)
+    raise ValueError(f"not a float dtype: {dtype}")
+
+
+def _read_header(path: Path) -> dict[str, TensorEntry]:
+    try:
+        with path.open("rb") as handle:
+            prefix = handle.read(8)
+            if len(prefix) != 8:
+                raise ConversionError("file is shorter than the 8-byte header length", source=str(path))
+            (header_len,) = struct.unpack("<Q", prefix)
+            if header_len > MAX_HEADER_BYTES:
+                raise ConversionError(f"header length {header_len} is not plausible", source=str(path))
+            header_bytes = handle.read(header_len)
+    except OSError as exc:
+        raise ConversionError(f"cannot read file: {exc}", source=str(path)) from exc
+    try:
+        header = json.loads(header_bytes)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConversionError(f"header is not valid JSON: {exc}", source=str(path)) from exc
+    if not isinstance(header, dict):
+        raise ConversionError("header is not a JSON object", source=str(path))
+    data_start = 8 + header_len
+    data_size = path.stat().st_size - data_start
+    return {
+        name: _parse_entry(path, name, spec, data_start, data_size)
+        for name, spec in header.items()
+        if name != "__metadata__"
+    }
+
+
+def _parse_entry(path: Path, name: str, spec: Any, data_start: int, data_size: int) -> TensorEntry:
+    def fail(message: str) -> ConversionError:
+        return ConversionError(message, source=str(path), tensor=name)
+
+    if not isinstance(spec, dict):
+        raise fail("header entry is not an object")
+    dtype, shape, offsets = spec.get("dtype"), spec.get("shape"), spec.get("data_offsets")
+    if dtype not in _ITEM_SIZES:
+        raise fail(f"unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(isinstance(dim, int) and dim >= 0 for dim in shape):
+        raise fail(f"shape {shape!r} is not a list of non-negative integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+        raise fail(f"data_offsets {offsets!r} is not a [begin, end] pair")
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_size:
+        raise fail(f"data_offsets {offsets} fall outside the {data_size}-byte data section")
+    expected = math.prod(shape) * _ITEM_SIZES[dtype]
+    if end - begin != expected:
+        raise fail(f"holds {end - begin} bytes but {dtype} {shape} needs {expected}")
+    return TensorEntry(dtype=dtype, shape=tuple(shape), start=data_start + begin, end=data_start + end)

@@ -1,0 +1,133 @@
+"""Load one model profile end to end: fetch its files, convert safetensors to ONNX when the checkpoint
+has no graph, open the onnxruntime session, load the tokenizer and build the adapter.
+
+Blocking by design (downloads, conversion, session creation): the model manager runs it in an
+executor. Every failure leaves as a ModelLoadError with a class and a message naming the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from sie.catalog.errors import ConfigError
+from sie.catalog.model import ModelConfig
+from sie.tokenization import TextTokenizer, TokenizerError
+from sie.worker.adapters import CONVERSION_HEADS, Adapter, AdapterContext, adapter_class
+from sie.worker.artifacts import ArtifactError, ArtifactResolver, ProgressCallback, profile_artifacts
+from sie.worker.convert import ConversionError, conversion_cache_key, convert_bert
+from sie.worker.errors import ModelLoadError
+from sie.worker.session import SessionOptions, create_session
+
+DEFAULT_MAX_SEQUENCE_LENGTH = 512
+GRAPH_NAMES = ("model.onnx", "onnx/model.onnx")
+
+
+@attrs.frozen
+class LoadedModel:
+    """A ready model profile: its adapter and what the manager needs to account for it."""
+
+    model_id: str
+    profile: str
+    adapter: Adapter
+    tokenizer: TextTokenizer
+    memory_bytes: int
+
+
+class ModelLoader:
+    """Builds LoadedModels; owns the artifact resolver and the converted-graph cache."""
+
+    def __init__(self, resolver: ArtifactResolver, converted_dir: Path, session_options: SessionOptions) -> None:
+        self.resolver = resolver
+        self.converted_dir = Path(converted_dir)
+        self.session_options = session_options
+
+    def load(
+        self, model: ModelConfig, profile: str, model_id: str, on_progress: ProgressCallback | None = None
+    ) -> LoadedModel:
+        """Load `profile` of `model` as the servable id `model_id`."""
+        try:
+            resolved = model.resolve_profile(profile)
+            artifacts = profile_artifacts(model, profile)
+        except ConfigError as exc:
+            raise ModelLoadError("UNKNOWN", f"Model '{model_id}': {exc.describe()}") from exc
+        adapter_type = adapter_class(resolved.adapter_path)
+        model_dir = self._fetch(artifacts.model, on_progress)
+        tokenizer_dir = self._fetch(artifacts.tokenizer, on_progress) if artifacts.tokenizer else model_dir
+        head = resolved.loadtime_options.get("onnx_head") or CONVERSION_HEADS[adapter_type]
+        graph = self._graph(model_id, model_dir, artifacts.onnx_file, str(head))
+        config_json = _read_json(model_dir / "config.json")
+        tokenizer = self._tokenizer(model_id, tokenizer_dir, model, config_json)
+        session = create_session(graph, self.session_options)
+        context = AdapterContext(model, resolved, session, tokenizer, config_json)
+        try:
+            adapter = adapter_type(context)
+        except ValueError as exc:
+            raise ModelLoadError("UNKNOWN", f"Model '{model_id}': {exc}") from exc
+        memory = graph.stat().st_size + (tokenizer_dir / "tokenizer.json").stat().st_size
+        return LoadedModel(model_id, profile, adapter, tokenizer, memory)
+
+    def _fetch(self, spec: Any, on_progress: ProgressCallback | None) -> Path:
+        try:
+            return self.resolver.resolve(spec, on_progress)
+        except ArtifactError as exc:
+            raise ModelLoadError(str(exc.error_class), str(exc)) from exc
+
+    def _graph(self, model_id: str, model_dir: Path, onnx_file: str | None, head: str) -> Path:
+        """The ONNX graph: the named file, a shipped `model.onnx`, or a cached conversion of the safetensors."""
+        if onnx_file:
+            path = model_dir / onnx_file
+            if not path.is_file():
+                raise ModelLoadError("NOT_FOUND", f"Model '{model_id}': ONNX file {onnx_file!r} not in {model_dir}")
+            return path
+        for name in GRAPH_NAMES:
+            if (model_dir / name).is_file():
+                return model_dir / name
+        if not (model_dir / "model.safetensors").is_file():
+            raise ModelLoadError(
+                "NOT_FOUND", f"Model '{model_id}': no ONNX graph and no model.safetensors in {model_dir}"
+            )
+        return self._convert(model_id, model_dir, head)
+
+    def _convert(self, model_id: str, model_dir: Path, head: str) -> Path:
+        try:
+            target = self.converted_dir / f"{conversion_cache_key(model_dir, head)}.onnx"
+            if target.is_file():
+                return target
+            self.converted_dir.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=self.converted_dir) as scratch:
+                staged = Path(scratch) / target.name
+                convert_bert(model_dir, staged, head)
+                os.replace(staged, target)  # atomic: a reader sees no graph or the whole graph
+            return target
+        except ConversionError as exc:
+            raise ModelLoadError("UNKNOWN", f"Model '{model_id}': cannot convert to ONNX: {exc}") from exc
+
+    def _tokenizer(self, model_id: str, directory: Path, model: ModelConfig, config_json: dict) -> TextTokenizer:
+        max_length = model.max_sequence_length or DEFAULT_MAX_SEQUENCE_LENGTH
+        try:
+            tokenizer = TextTokenizer.from_file(directory / "tokenizer.json", max_length=max_length)
+        except TokenizerError as exc:
+            raise ModelLoadError("NOT_FOUND", f"Model '{model_id}': {exc}") from exc
+        vocab_size = config_json.get("vocab_size")
+        if isinstance(vocab_size, int) and tokenizer.vocab_size > vocab_size:
+            raise ModelLoadError(
+                "UNKNOWN",
+                f"Model '{model_id}': tokenizer mismatch: the tokenizer has {tokenizer.vocab_size} tokens "
+                f"but the model's vocabulary has {vocab_size}",
+            )
+        return tokenizer
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}

@@ -1,0 +1,234 @@
+"""Model lifecycle on one worker: lazy background loads, classified failures with cooldowns, and LRU
+eviction under a memory budget and a loaded-model cap. Pinned models are never evicted.
+
+`ensure_ready` never blocks: it answers with the model's readiness and, when needed, starts one
+background load (contracts Part A §2.1 EnsureModelReady; Part B §5.2). Loads run in an executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
+from enum import StrEnum
+
+import attrs
+
+from sie.catalog import Catalog, ModelConfig
+from sie.worker.errors import LOAD_FAILURE_COOLDOWN_S, ModelLoadError
+from sie.worker.loading import LoadedModel
+
+logger = logging.getLogger(__name__)
+
+LoadFunction = Callable[[ModelConfig, str, str], LoadedModel]
+
+
+class ModelState(StrEnum):
+    AVAILABLE = "available"
+    LOADING = "loading"
+    LOADED = "loaded"
+    UNLOADING = "unloading"
+    FAILED = "failed"
+
+
+class Readiness(StrEnum):
+    """EnsureModelReady states: `loading_*` mean this worker is loading it; `retry_later` is a NAK path."""
+
+    READY = "ready"
+    LOADING_STARTED = "loading_started"
+    LOADING_IN_PROGRESS = "loading_in_progress"
+    RETRY_LATER = "retry_later"
+    FAILED = "failed"
+
+
+@attrs.frozen
+class LoadFailure:
+    """The last failed load of a model: class, message, how many attempts so far, and when."""
+
+    error_class: str
+    message: str
+    attempts: int
+    failed_at: float
+
+    @property
+    def permanent(self) -> bool:
+        return self.error_class not in LOAD_FAILURE_COOLDOWN_S
+
+    def cooling_down(self, now: float) -> bool:
+        return now - self.failed_at < LOAD_FAILURE_COOLDOWN_S.get(self.error_class, 0.0)
+
+
+@attrs.frozen
+class ModelStatus:
+    """What `/v1/models` shows for one servable id."""
+
+    model_id: str
+    state: ModelState
+    last_error: LoadFailure | None = None
+    memory_bytes: int = 0
+
+
+class ModelManager:
+    """Owns the loaded models of one worker. Use as an async context manager; call from one event loop."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        load: LoadFunction,
+        executor: Executor | None = None,
+        memory_budget_bytes: int | None = None,
+        max_loaded_models: int | None = None,
+    ) -> None:
+        self.catalog = catalog
+        self._load = load
+        self._executor = executor
+        self._budget = memory_budget_bytes
+        self._max_loaded = max_loaded_models
+        self._loaded: OrderedDict[str, LoadedModel] = OrderedDict()
+        self._loading: dict[str, asyncio.Task[None]] = {}
+        self._failures: dict[str, LoadFailure] = {}
+        self._pinned: set[str] = set()
+        self.clock: Callable[[], float] = time.monotonic
+
+    async def __aenter__(self) -> ModelManager:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        for task in self._loading.values():
+            task.cancel()
+        await asyncio.gather(*self._loading.values(), return_exceptions=True)
+        self._loading.clear()
+
+    def ensure_ready(self, model_id: str) -> Readiness:
+        """The model's readiness now; starts a background load when it is neither loaded nor blocked."""
+        entry = self.catalog.find(model_id)
+        if entry is None:
+            return Readiness.RETRY_LATER
+        model_id = entry.model_id
+        if model_id in self._loaded:
+            self._loaded.move_to_end(model_id)
+            return Readiness.READY
+        if model_id in self._loading:
+            return Readiness.LOADING_IN_PROGRESS
+        failure = self._failures.get(model_id)
+        if failure is not None and failure.permanent:
+            return Readiness.FAILED
+        if failure is not None and failure.cooling_down(self.clock()):
+            return Readiness.RETRY_LATER
+        self._loading[model_id] = asyncio.get_running_loop().create_task(self._run_load(model_id))
+        return Readiness.LOADING_STARTED
+
+    async def wait_ready(self, model_id: str) -> LoadedModel:
+        """Start (or join) the load and wait for it; raises ModelLoadError when it fails."""
+        readiness = self.ensure_ready(model_id)
+        entry = self.catalog.get(model_id)
+        if entry.model_id in self._loading:
+            await asyncio.shield(self._loading[entry.model_id])
+        loaded = self._loaded.get(entry.model_id)
+        if loaded is None:
+            failure = self._failures.get(entry.model_id)
+            message = failure.message if failure else f"Model '{model_id}' is not ready ({readiness})"
+            raise ModelLoadError(failure.error_class if failure else "UNKNOWN", message)
+        return loaded
+
+    def get(self, model_id: str) -> LoadedModel | None:
+        """The loaded model for an id (marking it recently used), or None."""
+        entry = self.catalog.find(model_id)
+        loaded = self._loaded.get(entry.model_id) if entry else None
+        if loaded is not None:
+            self._loaded.move_to_end(loaded.model_id)
+        return loaded
+
+    def failure(self, model_id: str) -> LoadFailure | None:
+        entry = self.catalog.find(model_id)
+        return self._failures.get(entry.model_id) if entry else None
+
+    async def _run_load(self, model_id: str) -> None:
+        entry = self.catalog.get(model_id)
+        loop = asyncio.get_running_loop()
+        try:
+            loaded = await loop.run_in_executor(self._executor, self._load, entry.model, entry.profile, model_id)
+            self._admit(loaded)
+        except ModelLoadError as exc:
+            self._record_failure(model_id, exc.error_class, exc.message)
+        except Exception as exc:  # noqa: BLE001 - any other loader bug still becomes a visible failed state
+            logger.exception("loading %s failed", model_id)
+            self._record_failure(model_id, "UNKNOWN", f"Model '{model_id}': {type(exc).__name__}: {exc}")
+        finally:
+            self._loading.pop(model_id, None)
+
+    def _record_failure(self, model_id: str, error_class: str, message: str) -> None:
+        previous = self._failures.get(model_id)
+        attempts = previous.attempts + 1 if previous else 1
+        self._failures[model_id] = LoadFailure(error_class, message, attempts, self.clock())
+        logger.warning("model %s failed to load (%s, attempt %d): %s", model_id, error_class, attempts, message)
+
+    def _admit(self, loaded: LoadedModel) -> None:
+        self._make_room(loaded.memory_bytes)
+        if self._budget is not None and self.memory_bytes + loaded.memory_bytes > self._budget:
+            raise ModelLoadError(
+                "OOM",
+                f"Model '{loaded.model_id}' needs {loaded.memory_bytes} bytes; the memory budget "
+                f"SIE_WORKER_MEMORY_BUDGET_BYTES={self._budget} is held by pinned models",
+            )
+        self._failures.pop(loaded.model_id, None)
+        self._loaded[loaded.model_id] = loaded
+
+    def _make_room(self, needed: int) -> None:
+        def over() -> bool:
+            too_many = self._max_loaded is not None and len(self._loaded) >= self._max_loaded
+            too_big = self._budget is not None and self.memory_bytes + needed > self._budget
+            return too_many or too_big
+
+        for model_id in list(self._loaded):  # least recently used first
+            if not over():
+                return
+            if model_id not in self._pinned:
+                self.unload(model_id)
+
+    @property
+    def memory_bytes(self) -> int:
+        return sum(model.memory_bytes for model in self._loaded.values())
+
+    def unload(self, model_id: str) -> bool:
+        removed = self._loaded.pop(model_id, None)
+        if removed is not None:
+            logger.info("unloaded %s (%d bytes)", model_id, removed.memory_bytes)
+        return removed is not None
+
+    def pin(self, model_ids: Iterable[str]) -> None:
+        """Replace the pinned set: these ids are never evicted."""
+        self._pinned = {entry.model_id for m in model_ids if (entry := self.catalog.find(m))}
+
+    def set_catalog(self, catalog: Catalog) -> None:
+        """Swap in a new catalogue; a model whose config changed forgets its failure and reloads on next use."""
+        old, self.catalog = self.catalog, catalog
+        for model_id in list(self._failures) + list(self._loaded):
+            before, after = old.find(model_id), catalog.find(model_id)
+            if after is None or before is None or before.model != after.model:
+                self._failures.pop(model_id, None)
+                self.unload(model_id)
+
+    def status(self, model_id: str) -> ModelStatus:
+        """State by precedence loading > unloading > loaded > failed > available (contracts Part B §1.6)."""
+        entry = self.catalog.get(model_id)
+        model_id = entry.model_id
+        failure = self._failures.get(model_id)
+        if model_id in self._loading:
+            return ModelStatus(model_id, ModelState.LOADING, failure)
+        if model_id in self._loaded:
+            return ModelStatus(model_id, ModelState.LOADED, None, self._loaded[model_id].memory_bytes)
+        if failure is not None:
+            return ModelStatus(model_id, ModelState.FAILED, failure)
+        return ModelStatus(model_id, ModelState.AVAILABLE)
+
+    @property
+    def loaded_models(self) -> list[str]:
+        return list(self._loaded)
+
+    @property
+    def loading_models(self) -> list[str]:
+        return list(self._loading)

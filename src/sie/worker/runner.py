@@ -1,0 +1,124 @@
+"""The batch execution API: one RunBatch (one model, one operation) through the model's adapter,
+off the event loop, answered with one outcome per item.
+
+`execute` returns Python results for in-process callers (no msgpack round-trip in `--role all`);
+`to_batch_outcome` frames the same results as the IPC BatchOutcome the sidecar expects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import Executor
+from typing import Any
+
+import attrs
+
+from sie.wire import codes, packb
+from sie.wire.ipc_batch import (
+    DISPOSITION_NAK_RETRY,
+    DISPOSITION_PUBLISH_AND_ACK,
+    DISPOSITION_PUBLISH_ERROR_AND_ACK,
+    OP_ENCODE,
+    OP_EXTRACT,
+    OP_SCORE,
+    BatchOutcome,
+    ItemOutcome,
+    RunBatchRequest,
+)
+from sie.wire.queue import UnitCounts
+from sie.worker.adapters import BatchResult, ItemResult
+from sie.worker.manager import ModelManager
+
+logger = logging.getLogger(__name__)
+
+NOT_LOADED_NAK_DELAY_MS = 1000
+_OPERATIONS = (OP_ENCODE, OP_SCORE, OP_EXTRACT)
+
+
+@attrs.frozen
+class ExecutedBatch:
+    """A batch's per-item results in request order, or one reason every item is NAKed for retry."""
+
+    results: BatchResult | None = None
+    nak_reason: str | None = None
+    error: str | None = None
+    error_code: str | None = None
+
+
+class BatchRunner:
+    """Runs batches on the manager's loaded models; the adapter call happens in `executor`."""
+
+    def __init__(self, manager: ModelManager, executor: Executor | None = None) -> None:
+        self.manager = manager
+        self.executor = executor
+
+    async def execute(self, request: RunBatchRequest) -> ExecutedBatch:
+        ops = {item.op for item in request.items}
+        if len(ops) > 1:
+            return ExecutedBatch(error="run_batch_mixed_op", error_code=codes.QUEUE_INFERENCE_ERROR)
+        op = ops.pop() if ops else OP_ENCODE
+        if op not in _OPERATIONS:
+            return ExecutedBatch(error="run_batch_unknown_op", error_code=codes.QUEUE_INFERENCE_ERROR)
+        loaded = self.manager.get(request.model_id)
+        if loaded is None:
+            return ExecutedBatch(nak_reason=f"Model '{request.model_id}' is not loaded on this worker")
+        method = getattr(loaded.adapter, op)
+        items = [getattr(item, op) for item in request.items]
+        if any(item is None for item in items):
+            return ExecutedBatch(error=f"RunBatch item without its {op} body", error_code=codes.QUEUE_INFERENCE_ERROR)
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(self.executor, method, items)
+        except Exception as exc:  # noqa: BLE001 - an adapter failure becomes per-item errors, never a crash
+            logger.exception("batch %s of %s failed", request.batch_id, request.model_id)
+            return ExecutedBatch(error=f"{type(exc).__name__}: {exc}", error_code=codes.QUEUE_INFERENCE_ERROR)
+        return ExecutedBatch(results=results)
+
+
+def _outcome(item: Any, result: ItemResult, batch: BatchResult) -> ItemOutcome:
+    timings = {
+        "inference_ms": batch.inference_ms,
+        "tokenization_ms": batch.tokenization_ms,
+        "postprocessing_ms": batch.postprocessing_ms,
+        "units": UnitCounts(input_tokens=result.input_tokens),
+    }
+    if result.ok:
+        return ItemOutcome(
+            work_item_id=item.work_item_id,
+            request_id=item.request_id,
+            item_index=item.item_index,
+            disposition=DISPOSITION_PUBLISH_AND_ACK,
+            result_msgpack=packb(result.result),
+            **timings,
+        )
+    return ItemOutcome(
+        work_item_id=item.work_item_id,
+        request_id=item.request_id,
+        item_index=item.item_index,
+        disposition=DISPOSITION_PUBLISH_ERROR_AND_ACK,
+        error=result.error,
+        error_code=result.error_code,
+        **timings,
+    )
+
+
+def to_batch_outcome(request: RunBatchRequest, executed: ExecutedBatch) -> BatchOutcome:
+    """Frame an executed batch as the IPC response: public result bytes per item."""
+    outcomes = []
+    for index, item in enumerate(request.items):
+        if executed.results is not None:
+            outcomes.append(_outcome(item, executed.results.items[index], executed.results))
+            continue
+        nak = executed.nak_reason is not None
+        outcomes.append(
+            ItemOutcome(
+                work_item_id=item.work_item_id,
+                request_id=item.request_id,
+                item_index=item.item_index,
+                disposition=DISPOSITION_NAK_RETRY if nak else DISPOSITION_PUBLISH_ERROR_AND_ACK,
+                nak_delay_ms=NOT_LOADED_NAK_DELAY_MS if nak else 0,
+                error=executed.nak_reason or executed.error,
+                error_code=None if nak else executed.error_code,
+            )
+        )
+    return BatchOutcome(outcomes=outcomes)

@@ -1,0 +1,183 @@
+"""The baseline models from their offline sources, through the adapters, checked for real behaviour."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sie.wire import codes
+from sie.wire.ipc_batch import EncodeBatchItem, ExtractBatchItem, PreparedTokens, ScoreBatchItem
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+L3 = "sentence-transformers/paraphrase-MiniLM-L3-v2"
+SPLADE = "rasyosef/splade-tiny"
+RAMPART = "nationaldesignstudio/rampart"
+HELLO_WORLD_PREFIX = [-0.034477, 0.031023, 0.006735, 0.026109]  # the public SIE server, same weights
+
+PAIRS = [
+    ("A man is playing a guitar.", "Someone is playing an instrument.", "The stock market fell sharply today."),
+    ("How do I reset my password?", "Steps to recover access to your account.", "The recipe needs two eggs."),
+    ("A cat sits on the mat.", "A kitten is resting on a rug.", "Quarterly revenue grew by ten percent."),
+]
+FRANCE_DOCS = [
+    {"id": "paris", "text": "Paris is the capital and most populous city of France."},
+    {"text": "Berlin is the capital of Germany."},
+    {"text": "Mitochondria are the powerhouse of the cell."},
+]
+
+
+def encode_items(texts, **fields):
+    return [
+        EncodeBatchItem(
+            work_item_id=f"r.{i}", request_id="r", item_index=i, total_items=len(texts), timestamp=0.0,
+            item={"text": text}, **fields,
+        )
+        for i, text in enumerate(texts)
+    ]  # fmt: skip
+
+
+def score_item(query, docs, **fields):
+    return ScoreBatchItem(
+        work_item_id="s.0", request_id="s", item_index=0, total_items=1, timestamp=0.0,
+        query_item={"text": query}, score_items=docs, **fields,
+    )  # fmt: skip
+
+
+def extract_item(text, labels=None):
+    return ExtractBatchItem(
+        work_item_id="x.0",
+        request_id="x",
+        item_index=0,
+        total_items=1,
+        timestamp=0.0,
+        item={"text": text},
+        labels=labels,
+    )
+
+
+def dense(load_model, model_id, texts):
+    batch = load_model(model_id).adapter.encode(encode_items(texts))
+    return np.stack([item.result["dense"]["values"] for item in batch.items])
+
+
+def test_minilm_matches_the_public_server(load_model) -> None:
+    (vector,) = dense(load_model, MINILM, ["Hello world"])
+    assert np.allclose(vector[:4], HELLO_WORLD_PREFIX, atol=1e-5)
+    assert np.isclose(np.linalg.norm(vector), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_id", [MINILM, f"{MINILM}:int8", L3])
+def test_related_sentences_score_higher_dense(load_model, model_id) -> None:
+    for anchor, related, unrelated in PAIRS:
+        a, r, u = dense(load_model, model_id, [anchor, related, unrelated])
+        cos = lambda x, y: float(x @ y / np.linalg.norm(x) / np.linalg.norm(y))  # noqa: E731
+        assert cos(a, r) > cos(a, u) + 0.2
+
+
+@pytest.mark.parametrize("model_id", [MINILM, f"{MINILM}:multivector", L3, SPLADE])
+def test_bi_encoder_score_ranks_the_relevant_document_first(load_model, model_id) -> None:
+    batch = load_model(model_id).adapter.score([score_item("What is the capital of France?", FRANCE_DOCS)])
+    ranked = batch.items[0].result
+    assert [row["item_id"] for row in ranked][0] == "paris"
+    assert [row["rank"] for row in ranked] == [0, 1, 2]
+    assert {row["item_id"] for row in ranked} == {"paris", "item-1", "item-2"}
+
+
+def test_splade_expands_the_query(load_model) -> None:
+    loaded = load_model(SPLADE)
+    (item,) = loaded.adapter.encode(encode_items(["capital of France"])).items
+    sparse = item.result["sparse"]
+    assert sparse["dims"] == 30522
+    terms = {
+        loaded.tokenizer.id_to_token(int(i)): float(v) for i, v in zip(sparse["indices"], sparse["values"], strict=True)
+    }
+    assert {"capital", "france"} <= terms.keys()
+    assert {"french", "paris", "city"} & terms.keys(), "expansion adds related terms not in the input"
+    assert not {"[CLS]", "[SEP]", "[PAD]"} & terms.keys()
+
+
+def test_sparse_and_dense_related_pairs(load_model) -> None:
+    batch = load_model(SPLADE).adapter.score(
+        [score_item("A man is playing a guitar.", [{"text": "A man plays guitar on stage."}, {"text": PAIRS[0][2]}])]
+    )
+    assert batch.items[0].result[0]["item_id"] == "item-0"
+
+
+def test_ner_finds_the_name_with_offsets(load_model) -> None:
+    text = "My name is Tim Cook and I live at 1 Infinite Loop, Cupertino, CA 95014."
+    (item,) = load_model(RAMPART).adapter.extract([extract_item(text)]).items
+    entities = {(e["label"], e["text"]) for e in item.result["entities"]}
+    assert {
+        ("GIVEN_NAME", "Tim"),
+        ("SURNAME", "Cook"),
+        ("STREET_NAME", "Infinite Loop"),
+        ("CITY", "Cupertino"),
+    } <= entities
+    for entity in item.result["entities"]:
+        assert text[entity["start"] : entity["end"]] == entity["text"]
+    assert item.result["relations"] == [] and item.result["data"] == {}
+
+
+def test_ner_filters_by_requested_labels(load_model) -> None:
+    text = "Please contact Maria Garcia at maria.garcia@example.com or +1 415 555 0132."
+    (item,) = load_model(RAMPART).adapter.extract([extract_item(text, labels=["given name", "Email"])]).items
+    assert {e["label"] for e in item.result["entities"]} == {"GIVEN_NAME", "EMAIL"}
+
+
+def test_padding_does_not_leak_into_vectors(load_model) -> None:
+    rng = np.random.default_rng(7)
+    words = np.array(
+        ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "music", "plays", "softly"]
+    )
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(1, 40)))) for _ in range(32)]
+    for model_id in (MINILM, SPLADE):
+        adapter = load_model(model_id).adapter
+        batched = adapter.encode(encode_items(texts)).items
+        for text, item in zip(texts, batched, strict=True):
+            (single,) = adapter.encode(encode_items([text])).items
+            kind = adapter.default_output
+            assert np.allclose(item.result[kind]["values"], single.result[kind]["values"], atol=1e-5)
+
+
+def test_multivector_drops_special_tokens(load_model) -> None:
+    (item,) = load_model(f"{MINILM}:multivector").adapter.encode(encode_items(["Hello world"])).items
+    multivector = item.result["multivector"]
+    assert (multivector["num_tokens"], multivector["token_dims"]) == (2, 384)
+    assert np.allclose(np.linalg.norm(multivector["values"], axis=1), 1.0, atol=1e-5)
+
+
+def test_output_dtypes_and_bad_items_do_not_fail_batch_mates(load_model) -> None:
+    items = encode_items(["one", "two", "three"], options={"output_dtype": "binary"})
+    items[1] = encode_items(["x"], output_types=["sparse"])[0]
+    items.append(
+        EncodeBatchItem(work_item_id="r.9", request_id="r", item_index=9, total_items=4, timestamp=0.0, item={})
+    )
+    results = load_model(MINILM).adapter.encode(items).items
+    assert results[0].result["dense"]["dtype"] == "binary" and results[0].result["dense"]["values"].shape == (48,)
+    assert results[1].error_code == codes.INVALID_INPUT and "sparse" in results[1].error
+    assert results[2].ok and results[3].error_code == codes.INVALID_INPUT
+
+
+def test_long_input_is_truncated_or_rejected(load_model) -> None:
+    long_text = "word " * 2000
+    adapter = load_model(MINILM).adapter
+    (truncated,) = adapter.encode(encode_items([long_text])).items
+    assert truncated.ok and truncated.input_tokens == 256
+    (rejected,) = adapter.encode(encode_items([long_text], options={"truncate": False})).items
+    assert rejected.error_code == codes.INPUT_TOO_LONG
+
+
+def test_prepared_tokens_are_reused_only_from_the_same_tokenizer(load_model) -> None:
+    loaded = load_model(MINILM)
+    (tokens,) = loaded.tokenizer.encode_batch(["Hello world"])
+    good = PreparedTokens(input_ids=[tokens.input_ids], tokenizer_id=loaded.tokenizer.tokenizer_id)
+    stale = PreparedTokens(input_ids=[[101, 102]], tokenizer_id="0" * 32)
+    results = loaded.adapter.encode(
+        encode_items(["Hello world"], prepared_tokens=good) + encode_items(["Hello world"], prepared_tokens=stale)
+    ).items
+    assert np.allclose(results[0].result["dense"]["values"], results[1].result["dense"]["values"], atol=1e-6)
+
+
+def test_operations_the_model_lacks_are_invalid_input(load_model) -> None:
+    (item,) = load_model(RAMPART).adapter.encode(encode_items(["Hello"])).items
+    assert item.error_code == codes.INVALID_INPUT and "does not support encode" in item.error
