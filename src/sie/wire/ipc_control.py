@@ -55,6 +55,8 @@ class ModelDescriptor:
     default_query_template: str | None = None
     default_doc_template: str | None = None
     max_concurrent_dispatch: int | None = None
+    # Our addition: the profile's token budget per batch, for the sidecar's batch former.
+    max_batch_tokens: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -64,6 +66,12 @@ class EnsureModelReadyResponse:
     state: str
     batch_budget: int | None = None
     descriptor: ModelDescriptor | None = None
+    # Our additions (readers of the public contract ignore them): why a load failed, for the
+    # MODEL_LOAD_FAILED / retry answers the gateway gives without asking the worker again.
+    error: str | None = None
+    error_class: str | None = None
+    attempts: int | None = None
+    retry_after_s: float | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -47,6 +47,7 @@ class LoadedModel:
     adapter: Adapter
     tokenizer: TextTokenizer
     memory_bytes: int
+    tokenizer_path: Path | None = None
 
 
 class ModelLoader:
@@ -92,7 +93,7 @@ class ModelLoader:
         except ValueError as exc:
             raise ModelLoadError("UNKNOWN", f"Model '{model_id}': {exc}") from exc
         memory = files.graph.stat().st_size + (files.tokenizer_dir / "tokenizer.json").stat().st_size
-        return LoadedModel(model_id, profile, adapter, tokenizer, memory)
+        return LoadedModel(model_id, profile, adapter, tokenizer, memory, files.tokenizer_dir / "tokenizer.json")
 
     @staticmethod
     def _resolve(model: ModelConfig, profile: str, model_id: str) -> Profile:

@@ -58,7 +58,11 @@ class LoadFailure:
         return self.error_class not in LOAD_FAILURE_COOLDOWN_S
 
     def cooling_down(self, now: float) -> bool:
-        return now - self.failed_at < LOAD_FAILURE_COOLDOWN_S.get(self.error_class, 0.0)
+        return self.cooldown_left(now) > 0
+
+    def cooldown_left(self, now: float) -> float:
+        """Seconds until a transient failure may be retried (0 when it may be now)."""
+        return max(0.0, LOAD_FAILURE_COOLDOWN_S.get(self.error_class, 0.0) - (now - self.failed_at))
 
 
 @attrs.frozen

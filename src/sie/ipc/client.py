@@ -1,0 +1,43 @@
+"""The WorkerClient protocol: the IPC methods the sidecar calls (contracts Part A §2.1), typed.
+
+Over a Unix socket they become framed msgpack; in `--role all` the worker's service object satisfies
+this protocol itself and the sidecar awaits it directly (DESIGN.md §4).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from sie.wire.ipc_batch import BatchOutcome, RunBatchRequest
+from sie.wire.ipc_control import (
+    ApplyModelConfigRequest,
+    ApplyModelConfigResponse,
+    DrainRequest,
+    DrainResponse,
+    EnsureModelReadyRequest,
+    EnsureModelReadyResponse,
+    PingRequest,
+    PingResponse,
+    ReplaceModelConfigsRequest,
+    ReplaceModelConfigsResponse,
+    WorkerCapabilitiesRequest,
+    WorkerCapabilitiesResponse,
+)
+
+
+class WorkerClient(Protocol):
+    """One worker (one device) as the sidecar sees it."""
+
+    async def ping(self, request: PingRequest) -> PingResponse: ...
+
+    async def ensure_model_ready(self, request: EnsureModelReadyRequest) -> EnsureModelReadyResponse: ...
+
+    async def run_batch(self, request: RunBatchRequest) -> BatchOutcome: ...
+
+    async def worker_capabilities(self, request: WorkerCapabilitiesRequest) -> WorkerCapabilitiesResponse: ...
+
+    async def apply_model_config(self, request: ApplyModelConfigRequest) -> ApplyModelConfigResponse: ...
+
+    async def replace_model_configs(self, request: ReplaceModelConfigsRequest) -> ReplaceModelConfigsResponse: ...
+
+    async def drain(self, request: DrainRequest) -> DrainResponse: ...

@@ -1,0 +1,141 @@
+"""The Transport protocol every role talks to instead of NATS: JetStream-like work queues per pool
+with lane-filtered consumers, and core pub/sub for results, health, config deltas and cancels.
+
+Semantics (seed 000 §8, DESIGN.md §4) every implementation keeps: at-least-once delivery; a delivery
+is settled exactly once by ack / nak(delay) / term, and `in_progress` may be called any number of
+times before that; an unsettled delivery is redelivered after `ack_wait_s`; after `max_deliver`
+deliveries it is not delivered again; a full pool stream (`max_msgs`) rejects new work (discard new).
+Messages are typed objects: the loopback passes them by reference, NATS encodes them at its edge.
+
+    TransportError
+    ├── TransportUnavailable   no usable broker connection (gateway answers 503)
+    ├── BackpressureError      the pool stream is full or over its pending limit (503, Retry-After: 5)
+    ├── NoConsumerError        no consumer serves the lane (503 PROVISIONING)
+    └── AlreadySettledError    a delivery was settled twice (a bug in the caller)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import attrs
+
+from sie.wire.queue import WorkItem, WorkResult
+
+
+class TransportError(Exception):
+    """Base class of transport failures."""
+
+
+class TransportUnavailable(TransportError):
+    """The broker cannot be reached or the transport is closed."""
+
+
+class BackpressureError(TransportError):
+    """The pool stream rejected the publish: it holds `max_msgs`, or pending work is over the limit."""
+
+
+class NoConsumerError(TransportError):
+    """No consumer is attached to the lane the work was published for."""
+
+
+class AlreadySettledError(TransportError, RuntimeError):
+    """ack/nak/term after the delivery was already settled."""
+
+
+@attrs.frozen
+class StreamSettings:
+    """How pool streams and lane consumers are created; from settings (SIE_STREAM_*, SIE_MAX_DELIVER, ...)."""
+
+    max_msgs: int = 100_000
+    max_age_s: float = 1800.0
+    ack_wait_s: float = 30.0
+    max_deliver: int = 20
+    storage: str = "memory"
+    replicas: int = 1
+
+
+@attrs.frozen
+class Lane:
+    """One physical queue lane: a pool stream filtered to one machine profile and bundle."""
+
+    pool: str
+    machine_profile: str
+    bundle: str
+
+
+class Delivery(Protocol):
+    """One delivered work item and its settlement verbs (nats.py Msg semantics)."""
+
+    item: WorkItem
+    subject: str
+    num_delivered: int
+
+    async def ack(self) -> None:
+        """Done: remove the work item from the stream."""
+
+    async def nak(self, delay_s: float = 0.0) -> None:
+        """Not done: redeliver after `delay_s` (counts toward max_deliver)."""
+
+    async def in_progress(self) -> None:
+        """Still working: restart the ack-wait timer; may be called many times."""
+
+    async def term(self) -> None:
+        """Never redeliver this work item."""
+
+
+class LaneConsumer(Protocol):
+    """A durable consumer of one lane; several processes may pull from the same lane."""
+
+    async def fetch(self, max_items: int, timeout_s: float) -> list[Delivery]:
+        """Up to `max_items` deliveries; waits at most `timeout_s` for the first one, returns [] on timeout."""
+
+
+ResultHandler = Callable[[WorkResult], Awaitable[None] | None]
+MessageHandler = Callable[[str, Any], Awaitable[None] | None]
+
+
+class Subscription(Protocol):
+    async def unsubscribe(self) -> None:
+        """Stop delivering to the handler."""
+
+
+class WorkQueue(Protocol):
+    """JetStream-like work queues: one stream per pool, one durable consumer per lane."""
+
+    async def publish_work(self, subject: str, item: WorkItem) -> None:
+        """Queue one work item on its lane subject; raises BackpressureError, NoConsumerError or
+        TransportUnavailable. Returns once the broker has accepted it."""
+
+    async def consumer(self, lane: Lane) -> LaneConsumer:
+        """Attach to (creating if needed) the durable consumer of `lane`."""
+
+    async def pending(self, pool: str) -> int:
+        """Work items queued or in flight on a pool's stream (for backpressure)."""
+
+    async def has_consumer(self, lane: Lane) -> bool:
+        """Whether any consumer is attached to the lane (else the gateway answers PROVISIONING)."""
+
+
+class MessageBus(Protocol):
+    """Core pub/sub: fire and forget, no persistence (results, health, config deltas, cancels)."""
+
+    async def publish_result(self, subject: str, result: WorkResult) -> None:
+        """Send one result to a reply subject (core pub/sub, fire and forget)."""
+
+    async def subscribe_results(self, subject: str, handler: ResultHandler) -> Subscription:
+        """Receive results published under `subject` (a wildcard such as `_INBOX.gw-1.>`)."""
+
+    async def publish(self, subject: str, message: Any) -> None:
+        """Core pub/sub for control messages (health, config deltas, cancels)."""
+
+    async def subscribe(self, subject: str, handler: MessageHandler) -> Subscription:
+        """Receive control messages; `handler(subject, message)`."""
+
+    async def flush(self) -> None:
+        """Return once everything published so far has reached the broker."""
+
+
+class Transport(WorkQueue, MessageBus, Protocol):
+    """Both halves, as one broker connection provides them; implementations are async context managers."""

@@ -1,0 +1,153 @@
+"""The worker as an IPC service: each WorkerClient method (contracts Part A §2.1) answered from the
+model manager and the batch runner. The Unix-socket server and `--role all` both call this object.
+"""
+
+from __future__ import annotations
+
+import time
+
+from sie.catalog import Catalog, load_yaml, parse_model_config
+from sie.catalog.errors import CatalogError
+from sie.settings import BatchingSettings
+from sie.wire import codes
+from sie.wire.ipc_batch import BatchOutcome, RunBatchRequest
+from sie.wire.ipc_control import (
+    MODEL_STATE_FAILED,
+    MODEL_STATE_READY,
+    ApplyModelConfigRequest,
+    ApplyModelConfigResponse,
+    DrainRequest,
+    DrainResponse,
+    EnsureModelReadyRequest,
+    EnsureModelReadyResponse,
+    ModelDescriptor,
+    PingRequest,
+    PingResponse,
+    ReplaceModelConfigsRequest,
+    ReplaceModelConfigsResponse,
+    WorkerCapabilitiesRequest,
+    WorkerCapabilitiesResponse,
+)
+from sie.worker.loading import LoadedModel
+from sie.worker.manager import ModelManager, Readiness
+from sie.worker.runner import BatchRunner, ExecutedBatch, to_batch_outcome
+
+DRAINING = "draining"
+
+
+class WorkerService:
+    """One worker's answers to the sidecar. Satisfies `sie.ipc.client.WorkerClient` structurally."""
+
+    def __init__(
+        self, manager: ModelManager, runner: BatchRunner, worker_id: str, bundle: str, batching: BatchingSettings
+    ) -> None:
+        self.manager = manager
+        self.runner = runner
+        self.worker_id = worker_id
+        self.bundle = bundle
+        self.batching = batching
+        self.draining = False
+        self.last_ping = 0.0
+
+    @property
+    def catalog(self) -> Catalog:
+        return self.manager.catalog
+
+    def bundle_config_hash(self) -> str:
+        return self.catalog.bundle_config_hash(self.bundle) if self.bundle in self.catalog.bundles else ""
+
+    async def ping(self, request: PingRequest) -> PingResponse:
+        self.last_ping = time.monotonic()
+        return PingResponse(
+            timestamp_ms=request.timestamp_ms,
+            worker_id=self.worker_id,
+            ready=not self.draining,
+            bundle_config_hash=self.bundle_config_hash(),
+            loaded_models=self.manager.loaded_models,
+            loading_models=self.manager.loading_models,
+        )
+
+    async def ensure_model_ready(self, request: EnsureModelReadyRequest) -> EnsureModelReadyResponse:
+        readiness = self.manager.ensure_ready(request.model_id)
+        if readiness == Readiness.READY:
+            loaded = self.manager.get(request.model_id)
+            return EnsureModelReadyResponse(
+                state=MODEL_STATE_READY, batch_budget=self.batching.max_batch_items, descriptor=describe(loaded)
+            )
+        failure = self.manager.failure(request.model_id)
+        if failure is None:
+            return EnsureModelReadyResponse(state=str(readiness))
+        retry_after = None if readiness == Readiness.FAILED else failure.cooldown_left(self.manager.clock())
+        return EnsureModelReadyResponse(
+            state=MODEL_STATE_FAILED if readiness == Readiness.FAILED else str(readiness),
+            error=failure.message,
+            error_class=failure.error_class,
+            attempts=failure.attempts,
+            retry_after_s=retry_after,
+        )
+
+    async def run_batch(self, request: RunBatchRequest) -> BatchOutcome:
+        if self.draining:
+            return to_batch_outcome(request, ExecutedBatch(error=DRAINING, error_code=codes.QUEUE_INFERENCE_ERROR))
+        return to_batch_outcome(request, await self.runner.execute(request))
+
+    async def worker_capabilities(self, request: WorkerCapabilitiesRequest) -> WorkerCapabilitiesResponse:
+        return WorkerCapabilitiesResponse(
+            supports_execution_authority_v1=False,
+            supports_numerical_admission_v1=False,
+            has_generation_models=False,
+            generation_models=[],
+            supported_models=sorted(self.catalog.entries),
+            loaded_models=self.manager.loaded_models,
+        )
+
+    async def apply_model_config(self, request: ApplyModelConfigRequest) -> ApplyModelConfigResponse:
+        """Add or replace one model config in this worker's catalogue and report the resulting hash."""
+        try:
+            model = parse_model_config(load_yaml(request.model_config, request.model_id), request.model_id)
+        except CatalogError:
+            return ApplyModelConfigResponse(applied=False, bundle_config_hash=self.bundle_config_hash(),
+                                            unsupported_models=[request.model_id])  # fmt: skip
+        self.manager.set_catalog(self.catalog.with_models([model]))
+        return ApplyModelConfigResponse(applied=True, bundle_config_hash=self.bundle_config_hash())
+
+    async def replace_model_configs(self, request: ReplaceModelConfigsRequest) -> ReplaceModelConfigsResponse:
+        """Replace every model of the catalogue with the exported set; unparsable entries are reported."""
+        models, unsupported = [], []
+        for entry in request.models:
+            try:
+                models.append(parse_model_config(load_yaml(entry.model_config, entry.model_id), entry.model_id))
+            except CatalogError:
+                unsupported.append(entry.model_id)
+        self.manager.set_catalog(Catalog(self.catalog.bundles.values(), models))
+        return ReplaceModelConfigsResponse(
+            applied=not unsupported,
+            bundle_config_hash=self.bundle_config_hash(),
+            config_version=request.epoch,
+            applied_models=[model.sie_id for model in models],
+            applied_profiles=sorted(f"{model.sie_id}:{name}" for model in models for name in model.profiles),
+            unsupported_models=unsupported,
+        )
+
+    async def drain(self, request: DrainRequest) -> DrainResponse:
+        self.draining = True
+        return DrainResponse(acknowledged=True)
+
+
+def describe(loaded: LoadedModel | None) -> ModelDescriptor | None:
+    """The ModelDescriptor of a loaded model profile."""
+    if loaded is None:
+        return None
+    adapter, tokenizer = loaded.adapter, loaded.tokenizer
+    options = adapter.runtime_options
+    return ModelDescriptor(
+        tokenizer_path=str(loaded.tokenizer_path) if loaded.tokenizer_path else None,
+        tokenizer_id=tokenizer.tokenizer_id,
+        max_seq_len=tokenizer.max_length,
+        output_types=list(adapter.model.outputs),
+        supports_run_batch=True,
+        default_query_template=options.get("query_template"),
+        default_doc_template=options.get("doc_template"),
+        max_concurrent_dispatch=1,
+        max_batch_tokens=adapter.profile.max_batch_tokens,
+    )
