@@ -10,6 +10,8 @@ from typing import Final
 
 import attrs
 
+from sie.wire._fields import omittable
+
 MODEL_STATE_READY: Final = "ready"
 MODEL_STATE_LOADING_STARTED: Final = "loading_started"
 MODEL_STATE_LOADING_IN_PROGRESS: Final = "loading_in_progress"
@@ -56,7 +58,7 @@ class ModelDescriptor:
     default_doc_template: str | None = None
     max_concurrent_dispatch: int | None = None
     # Our addition: the profile's token budget per batch, for the sidecar's batch former.
-    max_batch_tokens: int | None = None
+    max_batch_tokens: int | None = omittable()
 
 
 @attrs.frozen(kw_only=True)
@@ -68,10 +70,10 @@ class EnsureModelReadyResponse:
     descriptor: ModelDescriptor | None = None
     # Our additions (readers of the public contract ignore them): why a load failed, for the
     # MODEL_LOAD_FAILED / retry answers the gateway gives without asking the worker again.
-    error: str | None = None
-    error_class: str | None = None
-    attempts: int | None = None
-    retry_after_s: float | None = None
+    error: str | None = omittable()
+    error_class: str | None = omittable()
+    attempts: int | None = omittable()
+    retry_after_s: float | None = omittable()
 
 
 @attrs.frozen(kw_only=True)
