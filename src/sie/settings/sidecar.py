@@ -47,6 +47,14 @@ class SidecarSettings:
         Env("SIE_POOL_POLL_INTERVAL_S", seconds(positive=True), "Period of the pool-status poll."),
         10.0,
     )
+    load_hold_s: float = setting(
+        Env(
+            "SIE_SIDECAR_LOAD_HOLD_S",
+            seconds(positive=True),
+            "How long work waits (progress-acked) for a model to load before it is answered MODEL_LOADING.",
+        ),
+        20.0,
+    )
     fetch_budget: int = setting(
         Env("SIE_NATS_FETCH_BUDGET", integer(minimum=1), "Most messages one JetStream fetch asks for."),
         64,
