@@ -77,10 +77,29 @@ def test_resolve_unknown_and_conflict(baseline_catalog_dir: Path) -> None:
     assert conflict.exit_code == 1 and "compatible bundles: ['default']" in conflict.output
 
 
-def test_run_names_the_available_roles() -> None:
+def test_run_refuses_an_unknown_role() -> None:
     result = runner.invoke(app, ["run", "--role", "nope"])
     assert result.exit_code == 2
-    assert "role 'nope' is not available" in result.output
+    assert "--role='nope' is not allowed; expected one of: all, gateway" in result.output
+
+
+def test_run_refuses_an_unknown_flag() -> None:
+    result = runner.invoke(app, ["run", "--role", "all", "--bogus", "1"])
+    assert result.exit_code == 2 and "unknown option '--bogus'" in result.output
+
+
+def test_flags_map_to_setting_paths() -> None:
+    from sie.cli.run import FlagError, parse_flags
+
+    assert parse_flags(["--role", "all", "--port=9000", "--json-logs", "--preload", "a,b"]) == {
+        "process.role": "all",
+        "gateway.port": "9000",
+        "telemetry.log_json": "true",
+        "worker.preload_models": "a,b",
+    }
+    assert parse_flags(["--tracing", "--port", "1"])["telemetry.tracing_enabled"] == "true"
+    with pytest.raises(FlagError, match="needs a value"):
+        parse_flags(["--port"])
 
 
 def test_run_refuses_a_bad_setting(monkeypatch) -> None:

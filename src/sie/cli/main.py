@@ -17,7 +17,11 @@ app = typer.Typer(
 )
 app.add_typer(catalog.app, name="catalog")
 app.add_typer(models.app, name="models")
-app.command(name="run")(run.run)
+app.command(
+    name="run",
+    help=run.RUN_HELP,
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)(run.run)
 
 
 def _version() -> str:
@@ -44,3 +48,7 @@ def _root(
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()
