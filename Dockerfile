@@ -1,0 +1,23 @@
+# One image for every role: `docker run IMAGE run --role gateway|config|sidecar|worker|all`.
+# Build the GPU variant with `--build-arg ORT_EXTRA=gpu-cuda` (onnxruntime-gpu + CUDA wheels).
+FROM python:3.11-slim
+
+ARG ORT_EXTRA=cpu
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PIP_NO_CACHE_DIR=1 \
+    SIE_BUNDLES_DIR=/app/config/bundles \
+    SIE_MODELS_DIR=/app/config/models \
+    SIE_MODEL_CACHE=/var/cache/sie/models
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY src ./src
+COPY config ./config
+RUN pip install ".[${ORT_EXTRA}]" && useradd --system --home /app sie && mkdir -p /var/cache/sie \
+    && chown -R sie /var/cache/sie
+USER sie
+
+EXPOSE 8080
+HEALTHCHECK --interval=10s --timeout=3s CMD python -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2)" || exit 1
+ENTRYPOINT ["sie"]
+CMD ["run", "--role", "all"]
