@@ -55,9 +55,7 @@ def bundle_config_canonical_json(
             continue
         profiles = _hashed_profiles(model, bundle)
         if profiles:
-            items.append(
-                {"sie_id": model.sie_id, "revision": model.hf_revision or None, "profiles": profiles}
-            )
+            items.append({"sie_id": model.sie_id, "revision": model.hf_revision or None, "profiles": profiles})
     return orjson.dumps(items, option=orjson.OPT_SORT_KEYS) if items else None
 
 
@@ -80,9 +78,7 @@ def bundles_hash(bundles: Iterable[Bundle]) -> str:
     return hashlib.sha256(_compact_json(rows)).hexdigest() if rows else ""
 
 
-def bundle_config_hashes_hash(
-    bundle_hashes: Mapping[str, str], model_pools: Mapping[str, Mapping[str, str]]
-) -> str:
+def bundle_config_hashes_hash(bundle_hashes: Mapping[str, str], model_pools: Mapping[str, Mapping[str, str]]) -> str:
     """Fingerprint of every bundle's config hash plus which models (and pools) each bundle serves."""
     body = {
         bundle: {"bundle_config_hash": digest, "model_pools": dict(model_pools.get(bundle, {}))}

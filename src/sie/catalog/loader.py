@@ -39,9 +39,7 @@ def _check_duplicates(items: list, key: str, kind: str, errors: list[ConfigError
         name = getattr(item, key)
         folded = name.casefold()
         if folded in seen:
-            errors.append(
-                ConfigError(f"duplicate {kind} id (also '{seen[folded]}')", model_id=name, field=key)
-            )
+            errors.append(ConfigError(f"duplicate {kind} id (also '{seen[folded]}')", model_id=name, field=key))
         seen[folded] = name
 
 

@@ -40,9 +40,7 @@ def work_worker_subject(pool: str, machine_profile: str, bundle: str, model_id: 
 
 def lane_filter_subject(pool: str, machine_profile: str, bundle: str) -> str:
     """The durable consumer filter of one lane: `sie.work.{pool}.{mp}.{bundle}.*`."""
-    return (
-        f"{WORK_SUBJECT_PREFIX}.{pool}.{normalize_model_id(machine_profile)}.{normalize_model_id(bundle)}.*"
-    )
+    return f"{WORK_SUBJECT_PREFIX}.{pool}.{normalize_model_id(machine_profile)}.{normalize_model_id(bundle)}.*"
 
 
 def work_pool_stream_name(pool: str) -> str:
@@ -74,6 +72,11 @@ def work_worker_stream_subjects(pool: str, machine_profile: str, bundle: str, wo
 def work_worker_consumer_name(worker_id: str) -> str:
     """`gen-{worker}`."""
     return f"gen-{normalize_worker_id(worker_id)}"
+
+
+def max_deliveries_advisory_subject(stream: str, consumer: str) -> str:
+    """The advisory JetStream publishes when a message of `consumer` on `stream` hits max_deliver."""
+    return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{consumer}"
 
 
 def reply_subject(router_id: str, request_id: str) -> str:

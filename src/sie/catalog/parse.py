@@ -29,9 +29,7 @@ _MODEL_FIELDS = frozenset(
         "inputs", "tasks", "max_sequence_length", "pool",
     }
 )  # fmt: skip
-_PROFILE_FIELDS = frozenset(
-    {"extends", "adapter_path", "max_batch_tokens", "compute_precision", "adapter_options"}
-)
+_PROFILE_FIELDS = frozenset({"extends", "adapter_path", "max_batch_tokens", "compute_precision", "adapter_options"})
 _BUNDLE_FIELDS = frozenset({"name", "priority", "adapters", "engine"})
 DEFAULT_BUNDLE_PRIORITY = 100
 DEFAULT_ENGINE = "pytorch"
@@ -236,9 +234,7 @@ def _check_extends(issues: _Issues, config: ModelConfig) -> None:
         if profile.extends is None:
             for required in ("adapter_path", "max_batch_tokens"):
                 if getattr(profile, required) is None and not issues.has(f"{field}.{required}"):
-                    issues.add(
-                        f"{field}.{required}", f"Missing required field: {required} (profile has no extends)"
-                    )
+                    issues.add(f"{field}.{required}", f"Missing required field: {required} (profile has no extends)")
             continue
         parent = config.profiles.get(profile.extends)
         if parent is None:

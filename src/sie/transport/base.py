@@ -66,7 +66,10 @@ class Lane:
 
 
 class Delivery(Protocol):
-    """One delivered work item and its settlement verbs (nats.py Msg semantics)."""
+    """One delivered work item and its settlement verbs (nats.py Msg semantics).
+
+    A delivery that was already redelivered may still ack/term its message (by stream sequence, as
+    JetStream does); its nak and in_progress then do nothing."""
 
     item: WorkItem
     subject: str
@@ -105,8 +108,11 @@ class WorkQueue(Protocol):
     """JetStream-like work queues: one stream per pool, one durable consumer per lane."""
 
     async def publish_work(self, subject: str, item: WorkItem) -> None:
-        """Queue one work item on its lane subject; raises BackpressureError, NoConsumerError or
-        TransportUnavailable. Returns once the broker has accepted it."""
+        """Queue one work item on its lane subject; returns once the stream has accepted it.
+
+        Work for a lane without a consumer stays queued (WorkQueue retention): callers check
+        `has_consumer` first. Raises BackpressureError (stream full), TransportUnavailable, or
+        TransportError for a subject no pool stream captures."""
 
     async def consumer(self, lane: Lane) -> LaneConsumer:
         """Attach to (creating if needed) the durable consumer of `lane`."""

@@ -1,0 +1,166 @@
+"""LoopbackTransport: the in-process Transport for `sie run --role all` and tests (DESIGN.md §4).
+
+Composes one PoolStream per pool with one LoopbackBus and owns their lifecycle: timers and tasks are
+created inside the running loop and cancelled on exit. Objects travel by reference, never serialised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+from typing import Any, Self
+
+from sie.catalog.names import WORK_SUBJECT_PREFIX, lane_filter_subject, work_consumer_name
+from sie.transport.base import (
+    Lane,
+    MessageHandler,
+    ResultHandler,
+    StreamSettings,
+    TransportError,
+    TransportUnavailable,
+)
+from sie.transport.loopback.bus import BusSubscription, LoopbackBus
+from sie.transport.loopback.consumer import LoopbackLaneConsumer
+from sie.transport.loopback.stream import PoolStream
+from sie.wire.queue import WorkItem, WorkResult
+
+# `sie.work.{pool}.…`: the pool is the token right after the prefix.
+_POOL_TOKEN = len(WORK_SUBJECT_PREFIX.split("."))
+
+
+class LoopbackTransport:
+    """Work queues and pub/sub in one process, with JetStream WorkQueue semantics.
+
+    Use as `async with LoopbackTransport(StreamSettings(...)) as transport:`; every call after exit
+    raises TransportUnavailable.
+    """
+
+    def __init__(self, settings: StreamSettings | None = None) -> None:
+        self.settings = settings if settings is not None else StreamSettings()
+        self._bus = LoopbackBus()
+        self._streams: dict[str, PoolStream] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        if self._closed:
+            raise TransportUnavailable("this loopback transport was closed; create a new one")
+        self._loop = asyncio.get_running_loop()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop every timer, wake blocked fetchers (they raise TransportUnavailable), await pending advisories."""
+        if self._closed:
+            return
+        self._closed = True
+        for stream in self._streams.values():
+            stream.close()
+        self._bus.clear()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # WorkQueue
+
+    async def publish_work(self, subject: str, item: WorkItem) -> None:
+        """Queue `item` on its pool stream; raises BackpressureError at `max_msgs` (discard new)."""
+        loop = self._running_loop()
+        tokens = subject.split(".")
+        if len(tokens) <= _POOL_TOKEN or not subject.startswith(WORK_SUBJECT_PREFIX + "."):
+            raise TransportError(f"no stream captures subject {subject!r}")
+        pool = tokens[_POOL_TOKEN]
+        stream = self._streams.get(pool)
+        if stream is None:
+            stream = PoolStream(pool, self.settings, loop, self._publish_advisory)
+            stream.publish(subject, tokens, item)  # registered only once a publish shows the subject is its own
+            self._streams[pool] = stream
+        else:
+            stream.publish(subject, tokens, item)
+
+    async def consumer(self, lane: Lane) -> LoopbackLaneConsumer:
+        """Attach to the lane's durable consumer (created on first use); handles share its messages."""
+        stream = self._stream(lane.pool)
+        lane_filter = lane_filter_subject(lane.pool, lane.machine_profile, lane.bundle)
+        queue = stream.attach(lane_filter, work_consumer_name(lane.pool, lane.machine_profile, lane.bundle))
+        return LoopbackLaneConsumer(stream, queue)
+
+    async def pending(self, pool: str) -> int:
+        """Messages in the pool's stream: queued, delayed, or delivered and not yet settled."""
+        self._running_loop()
+        stream = self._streams.get(pool)
+        return 0 if stream is None else len(stream)
+
+    async def has_consumer(self, lane: Lane) -> bool:
+        """Whether a consumer was attached to `lane` on this transport."""
+        self._running_loop()
+        stream = self._streams.get(lane.pool)
+        lane_filter = lane_filter_subject(lane.pool, lane.machine_profile, lane.bundle)
+        return stream is not None and stream.has_consumer(lane_filter)
+
+    # MessageBus
+
+    async def publish_result(self, subject: str, result: WorkResult) -> None:
+        """Hand `result` to every matching result subscription before returning."""
+        self._running_loop()
+        await self._bus.dispatch(subject, result)
+
+    async def subscribe_results(self, subject: str, handler: ResultHandler) -> BusSubscription:
+        """Call `handler(result)` for results published under `subject` (NATS wildcards)."""
+        self._running_loop()
+        return self._bus.add(subject, _ResultCallback(handler))
+
+    async def publish(self, subject: str, message: Any) -> None:
+        """Hand `message` to every matching subscription before returning."""
+        self._running_loop()
+        await self._bus.dispatch(subject, message)
+
+    async def subscribe(self, subject: str, handler: MessageHandler) -> BusSubscription:
+        """Call `handler(subject, message)` for messages published under `subject` (NATS wildcards)."""
+        self._running_loop()
+        return self._bus.add(subject, handler)
+
+    async def flush(self) -> None:
+        """Nothing is buffered: a publish has reached its subscribers when it returns."""
+        self._running_loop()
+
+    # internals
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        if self._closed or self._loop is None:
+            state = "closed" if self._closed else "not started (use `async with`)"
+            raise TransportUnavailable(f"loopback transport is {state}")
+        return self._loop
+
+    def _stream(self, pool: str) -> PoolStream:
+        loop = self._running_loop()
+        stream = self._streams.get(pool)
+        if stream is None:
+            stream = self._streams[pool] = PoolStream(pool, self.settings, loop, self._publish_advisory)
+        return stream
+
+    def _publish_advisory(self, subject: str, advisory: dict[str, Any]) -> None:
+        # Called from timer callbacks, so the bus dispatch needs a task; kept until done, cancelled on close.
+        if self._loop is None or self._closed:
+            return
+        task = self._loop.create_task(self._bus.dispatch(subject, advisory))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+class _ResultCallback:
+    """Adapts a one-argument result handler to the bus's (subject, message) calls."""
+
+    __slots__ = ("_handler",)
+
+    def __init__(self, handler: ResultHandler) -> None:
+        self._handler = handler
+
+    def __call__(self, subject: str, message: Any) -> Any:
+        return self._handler(message)

@@ -1,0 +1,235 @@
+"""Loopback-only behaviour beyond the shared settlement suite: by-reference passing, dead work leaving the
+stream, max_age, stale deliveries, fetcher wake-ups and shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from sie.catalog.names import work_subject, work_worker_subject
+from sie.transport.base import (
+    BackpressureError,
+    Lane,
+    StreamSettings,
+    TransportError,
+    TransportUnavailable,
+)
+from sie.transport.loopback import LoopbackTransport
+from sie.transport.loopback.consumer import LoopbackLaneConsumer
+from sie.transport.loopback.lane import REMOVED, LaneQueue, StoredMessage
+from sie.wire.queue import WorkItem, WorkResult
+
+LANE = Lane(pool="default", machine_profile="l4", bundle="default")
+SUBJECT = work_subject("default", "l4", "default", "BAAI/bge-m3")
+
+
+def make_item(index: int = 0) -> WorkItem:
+    return WorkItem(
+        work_item_id=f"r.{index}",
+        request_id="r",
+        item_index=index,
+        total_items=1,
+        operation="encode",
+        model_id="BAAI/bge-m3",
+        profile_id="default",
+        pool_name="default",
+        machine_profile="l4",
+        router_id="gw-1",
+        reply_subject="_INBOX.gw-1.r",
+        timestamp=0.0,
+    )
+
+
+@pytest.fixture
+async def transport() -> AsyncIterator[LoopbackTransport]:
+    async with LoopbackTransport(StreamSettings(ack_wait_s=0.2, max_deliver=2, max_msgs=4)) as opened:
+        yield opened
+
+
+async def wait_for_pending(transport: LoopbackTransport, expected: int, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while await transport.pending(LANE.pool) != expected:
+        assert time.monotonic() < deadline, f"pending never reached {expected}"
+        await asyncio.sleep(0.005)
+
+
+async def until_waiting(consumer: LoopbackLaneConsumer, count: int, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(consumer._lane._waiters) < count:
+        assert time.monotonic() < deadline, f"{count} fetchers never started waiting"
+        await asyncio.sleep(0.001)
+
+
+async def test_items_and_results_travel_by_reference(transport: LoopbackTransport) -> None:
+    item = make_item()
+    await transport.publish_work(SUBJECT, item)
+    (delivery,) = await (await transport.consumer(LANE)).fetch(1, 1.0)
+    assert delivery.item is item
+    received: list[WorkResult] = []
+    await transport.subscribe_results("_INBOX.gw-1.>", received.append)
+    result = WorkResult(work_item_id="r.0", request_id="r", item_index=0, success=True)
+    await transport.publish_result("_INBOX.gw-1.r", result)
+    assert received[0] is result  # delivered before publish_result returns
+
+
+async def test_dead_work_leaves_the_stream_and_frees_capacity(transport: LoopbackTransport) -> None:
+    consumer = await transport.consumer(LANE)
+    for index in range(4):
+        await transport.publish_work(SUBJECT, make_item(index))
+    with pytest.raises(BackpressureError):
+        await transport.publish_work(SUBJECT, make_item(9))
+    for _ in range(2):  # max_deliver=2
+        for delivery in await consumer.fetch(4, 1.0):
+            await delivery.nak()
+    assert await transport.pending(LANE.pool) == 0
+    await transport.publish_work(SUBJECT, make_item(9))
+
+
+async def test_messages_older_than_max_age_are_dropped() -> None:
+    async with LoopbackTransport(StreamSettings(max_age_s=0.05, ack_wait_s=5.0)) as transport:
+        consumer = await transport.consumer(LANE)
+        await transport.publish_work(SUBJECT, make_item(0))
+        (delivered,) = await consumer.fetch(1, 1.0)
+        await transport.publish_work(SUBJECT, make_item(1))
+        await wait_for_pending(transport, 0)
+        assert await consumer.fetch(1, 0.05) == []
+        await delivered.ack()  # acking expired work is harmless, as on JetStream
+        await transport.publish_work(SUBJECT, make_item(2))
+        (fresh,) = await consumer.fetch(1, 1.0)
+        assert fresh.item.item_index == 2
+
+
+async def test_a_stale_delivery_acks_by_sequence_and_its_nak_is_ignored(transport: LoopbackTransport) -> None:
+    consumer = await transport.consumer(LANE)
+    await transport.publish_work(SUBJECT, make_item())
+    (stale,) = await consumer.fetch(1, 1.0)
+    (current,) = await consumer.fetch(1, 1.0)  # redelivered after ack_wait
+    assert current.num_delivered == 2
+    await stale.in_progress()  # does not extend someone else's delivery
+    await stale.ack()
+    assert await transport.pending(LANE.pool) == 0
+    await current.nak()  # the message is gone; nothing to redeliver
+    assert await consumer.fetch(1, 0.05) == []
+
+
+async def test_a_nak_on_a_redelivered_message_from_the_old_delivery_is_ignored(transport: LoopbackTransport) -> None:
+    consumer = await transport.consumer(LANE)
+    await transport.publish_work(SUBJECT, make_item())
+    (stale,) = await consumer.fetch(1, 1.0)
+    (current,) = await consumer.fetch(1, 1.0)
+    await stale.nak()
+    assert await consumer.fetch(1, 0.05) == []
+    await current.ack()
+    assert await transport.pending(LANE.pool) == 0
+
+
+async def test_timed_out_fetches_leave_no_waiters(transport: LoopbackTransport) -> None:
+    consumer = await transport.consumer(LANE)
+    for _ in range(3):
+        assert await consumer.fetch(1, 0.01) == []
+    assert not consumer._lane._waiters
+
+
+async def test_a_cancelled_fetcher_hands_its_wake_up_on(transport: LoopbackTransport) -> None:
+    first, second = await transport.consumer(LANE), await transport.consumer(LANE)
+    cancelled = asyncio.ensure_future(first.fetch(1, 5.0))
+    await until_waiting(first, 1)
+    survivor = asyncio.ensure_future(second.fetch(1, 5.0))
+    await until_waiting(first, 2)  # both wait on the one lane, `cancelled` first in line
+    item = make_item()
+    await transport.publish_work(SUBJECT, item)  # wakes `cancelled` ...
+    cancelled.cancel()  # ... which is cancelled before it runs
+    (delivery,) = await asyncio.wait_for(survivor, 1.0)
+    assert delivery.item is item
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+
+
+async def test_closing_wakes_a_waiting_fetcher() -> None:
+    transport = LoopbackTransport()
+    async with transport:
+        consumer = await transport.consumer(LANE)
+        fetching = asyncio.ensure_future(consumer.fetch(1, 30.0))
+        await until_waiting(consumer, 1)
+    with pytest.raises(TransportUnavailable):
+        await asyncio.wait_for(fetching, 1.0)
+
+
+async def test_closing_with_timers_and_advisories_pending_is_clean() -> None:
+    async with LoopbackTransport(StreamSettings(max_deliver=1)) as transport:
+        await transport.subscribe("$JS.EVENT.>", lambda subject, message: None)
+        consumer = await transport.consumer(LANE)
+        for index in range(3):
+            await transport.publish_work(SUBJECT, make_item(index))
+        first, second, third = await consumer.fetch(3, 1.0)
+        await first.nak(30.0)  # max_deliver=1: dead, its advisory task is still pending at exit
+        await second.in_progress()
+    assert not transport._tasks
+
+
+async def test_unusable_outside_async_with() -> None:
+    transport = LoopbackTransport()
+    with pytest.raises(TransportUnavailable, match="not started"):
+        await transport.publish_work(SUBJECT, make_item())
+    async with transport:
+        pass
+    with pytest.raises(TransportUnavailable):
+        async with transport:
+            pass
+
+
+async def test_a_subject_no_pool_stream_captures_is_rejected(transport: LoopbackTransport) -> None:
+    with pytest.raises(TransportError, match="no stream captures"):
+        await transport.publish_work(work_worker_subject("default", "l4", "default", "m", "w1"), make_item())
+    with pytest.raises(TransportError, match="no stream captures"):
+        await transport.publish_work("sie.health.w1", make_item())
+    assert await transport.pending("default") == 0
+
+
+async def test_fetch_needs_a_positive_max_items(transport: LoopbackTransport) -> None:
+    with pytest.raises(ValueError, match="max_items"):
+        await (await transport.consumer(LANE)).fetch(0, 0.1)
+
+
+async def test_a_raising_handler_is_logged(transport: LoopbackTransport, caplog: pytest.LogCaptureFixture) -> None:
+    def broken(subject: str, message: object) -> None:
+        raise RuntimeError("handler bug")
+
+    await transport.subscribe("sie.health.>", broken)
+    with caplog.at_level(logging.ERROR, logger="sie.transport.loopback.bus"):
+        await transport.publish("sie.health.w1", {})
+    assert "sie.health.>" in caplog.text
+    assert "handler bug" in caplog.text
+
+
+async def test_a_handler_may_unsubscribe_itself_during_dispatch(transport: LoopbackTransport) -> None:
+    calls: list[str] = []
+
+    async def once(subject: str, message: object) -> None:
+        calls.append(subject)
+        await subscription.unsubscribe()
+
+    subscription = await transport.subscribe("a.>", once)
+    await transport.publish("a.b", None)
+    await transport.publish("a.c", None)
+    assert calls == ["a.b"]
+
+
+def test_removed_ready_messages_are_compacted_away() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        lane = LaneQueue("sie.work.default.l4.default", loop)
+        messages = [StoredMessage(seq, SUBJECT, make_item(seq), lane, 0.0) for seq in range(200)]
+        for message in messages:
+            lane.push(message, redelivery=False)
+        for message in messages[:150]:
+            message.state = REMOVED
+            lane.forget_ready()
+        assert len(lane._fresh) < 100
+        assert [message.seq for message in lane.pop(100)] == list(range(150, 200))
+    finally:
+        loop.close()
