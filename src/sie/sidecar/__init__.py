@@ -1,1 +1,5 @@
 """The sidecar: consumes one lane, tokenizes, forms cost-bounded batches, dispatches them to workers, settles."""
+
+from sie.sidecar.sidecar import Sidecar, SidecarConfig
+
+__all__ = ["Sidecar", "SidecarConfig"]

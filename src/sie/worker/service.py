@@ -9,7 +9,6 @@ import time
 from sie.catalog import Catalog, load_yaml, parse_model_config
 from sie.catalog.errors import CatalogError
 from sie.settings import BatchingSettings
-from sie.wire import codes
 from sie.wire.ipc_batch import BatchOutcome, RunBatchRequest
 from sie.wire.ipc_control import (
     MODEL_STATE_FAILED,
@@ -88,7 +87,7 @@ class WorkerService:
 
     async def run_batch(self, request: RunBatchRequest) -> BatchOutcome:
         if self.draining:
-            return to_batch_outcome(request, ExecutedBatch(error=DRAINING, error_code=codes.QUEUE_INFERENCE_ERROR))
+            return to_batch_outcome(request, ExecutedBatch(nak_reason=DRAINING))  # another worker takes it
         return to_batch_outcome(request, await self.runner.execute(request))
 
     async def worker_capabilities(self, request: WorkerCapabilitiesRequest) -> WorkerCapabilitiesResponse:

@@ -107,9 +107,12 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
         return EncodeSpec(text, output_types, output_dtype, options, item.is_query, prepared)
 
     def _prepared(self, item: Any) -> TokenizedText | None:
-        """Sidecar tokens are reused only when they come from this exact tokenizer."""
+        """Sidecar tokens are reused only when they come from this exact tokenizer and text preparation
+        (the descriptor carries no default instruction, so a profile with one re-tokenizes here)."""
         tokens = getattr(item, "prepared_tokens", None)
         if tokens is None or tokens.tokenizer_id != self.tokenizer.tokenizer_id or not tokens.input_ids:
+            return None
+        if self.runtime_options.get("instruction") and not item.instruction:
             return None
         ids = tokens.input_ids[0]
         type_ids = tokens.token_type_ids[0] if tokens.token_type_ids else [0] * len(ids)

@@ -1,0 +1,143 @@
+"""The lane consumer: fetches deliveries in a loop (as many as admission has room for, with a fetch
+timeout that is short while work flows and grows when idle), gives each its verdict, groups the rest by
+model and hands each group to readiness. It never tokenizes and never waits on a batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+import attrs
+
+from sie.sidecar.admission import ADMISSION_NAK_DELAY_S, Admission
+from sie.sidecar.results import unknown_operation_result
+from sie.sidecar.settlement import Settler, Verdict, verdict
+from sie.sidecar.work import Work
+from sie.transport.base import Delivery, LaneConsumer
+from sie.wire.ipc_batch import OP_ENCODE, OP_EXTRACT, OP_SCORE
+
+logger = logging.getLogger(__name__)
+
+MIN_FETCH_TIMEOUT_S: Final = 0.001
+MAX_FETCH_TIMEOUT_S: Final = 0.1
+FETCH_ERROR_BACKOFF_S: Final = 0.5
+OPERATIONS: Final = frozenset({OP_ENCODE, OP_SCORE, OP_EXTRACT})
+
+Admit = Callable[[str, list[Work]], Awaitable[None]]
+
+
+class FetchTimeout:
+    """Adaptive fetch wait: the minimum after a non-empty fetch, doubling on each empty one up to the maximum."""
+
+    def __init__(self, minimum: float = MIN_FETCH_TIMEOUT_S, maximum: float = MAX_FETCH_TIMEOUT_S) -> None:
+        self.minimum = minimum
+        self.maximum = maximum
+        self.value = minimum
+
+    def update(self, fetched: int) -> float:
+        self.value = self.minimum if fetched else min(self.maximum, self.value * 2.0)
+        return self.value
+
+
+class Sorted:
+    """One fetch sorted by verdict: work per model, and what is settled at once."""
+
+    def __init__(self) -> None:
+        self.by_model: dict[str, list[Work]] = {}
+        self.drop: list[Work] = []
+        self.nak: list[Work] = []
+        self.unknown_op: list[Work] = []
+
+
+def sort_deliveries(deliveries: list[Delivery], now: float) -> Sorted:
+    """Verdicts first (unsafe reply: ACK-drop; malformed subject: NAK), then unknown operations, then models."""
+    result = Sorted()
+    for delivery in deliveries:
+        work = Work(delivery, now)
+        decision = verdict(delivery.subject, work.item.reply_subject)
+        if decision is Verdict.ACK_DROP:
+            result.drop.append(work)
+        elif decision is Verdict.NAK:
+            result.nak.append(work)
+        elif work.item.operation not in OPERATIONS:
+            result.unknown_op.append(work)
+        else:
+            result.by_model.setdefault(work.model_id, []).append(work)
+    return result
+
+
+@attrs.frozen
+class ConsumerOptions:
+    """Fetch size, the NAK delay of malformed deliveries, and the worker id stamped on direct replies."""
+
+    fetch_budget: int
+    nak_delay_s: float
+    worker_id: str
+
+
+class Consumer:
+    """The fetch loop of one lane consumer."""
+
+    def __init__(
+        self, lane: LaneConsumer, admission: Admission, settler: Settler, admit: Admit, options: ConsumerOptions
+    ) -> None:
+        self._lane = lane
+        self._admission = admission
+        self._settler = settler
+        self._admit = admit
+        self._fetch_budget = max(1, options.fetch_budget)
+        self._worker_id = options.worker_id
+        self.nak_delay_s = options.nak_delay_s
+        self._timeout = FetchTimeout()
+        self._stopping = False
+        self.fetched = 0
+
+    def stop(self) -> None:
+        """Fetch no more; the loop ends after the fetch in progress."""
+        self._stopping = True
+
+    async def run(self) -> None:
+        while not self._stopping:
+            room = min(self._fetch_budget, self._admission.free())
+            if room <= 0:
+                await self._admission.wait_capacity()
+                continue
+            try:
+                deliveries = await self._lane.fetch(room, self._timeout.value)
+            except Exception:  # noqa: BLE001 - a broker hiccup must not end the lane; back off and retry
+                logger.warning("fetch failed; retrying in %.1f s", FETCH_ERROR_BACKOFF_S, exc_info=True)
+                await asyncio.sleep(FETCH_ERROR_BACKOFF_S)
+                continue
+            self._timeout.update(len(deliveries))
+            if deliveries:
+                self.fetched += len(deliveries)
+                await self.accept(deliveries)
+
+    async def accept(self, deliveries: list[Delivery]) -> None:
+        """Settle what needs no work, admit the rest per model and pass it to readiness."""
+        batch = sort_deliveries(deliveries, time.monotonic())
+        if batch.drop:
+            await self._settler.ack_drop(batch.drop)
+        if batch.nak:
+            await self._settler.nak(batch.nak, self.nak_delay_s)
+        if batch.unknown_op:
+            await self._settler.reply(
+                [(w, unknown_operation_result(w.item, self._worker_id)) for w in batch.unknown_op]
+            )
+        for model_id, works in batch.by_model.items():
+            admitted, refused = self._admission.admit(model_id, works)
+            if refused:
+                await self._settler.nak(refused, ADMISSION_NAK_DELAY_S)
+            if admitted:
+                await self._guarded_admit(model_id, admitted)
+
+    async def _guarded_admit(self, model_id: str, works: list[Work]) -> None:
+        try:
+            await self._admit(model_id, works)
+        except Exception:  # noqa: BLE001 - a stage bug must not stop the lane; the group goes back
+            logger.exception("admitting %d items of %s failed", len(works), model_id)
+            await self._settler.nak(works, self.nak_delay_s)

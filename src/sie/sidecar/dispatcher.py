@@ -1,0 +1,135 @@
+"""Dispatch: one formed batch becomes one RunBatch on the worker; its per-item outcomes become WorkResults
+that settlement publishes (one flush per batch) before the ACKs. A failed IPC call NAKs the whole batch
+for redelivery. Finishing (framing, publishing, settling) overlaps the next batch on the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable
+
+import attrs
+
+from sie.ipc.client import WorkerClient
+from sie.sidecar.results import BatchTimings, outcome_result
+from sie.sidecar.scheduler import Batch
+from sie.sidecar.settlement import Settler, outcome_nak_delay
+from sie.sidecar.work import Work
+from sie.wire.ipc_batch import BatchOutcome, ItemOutcome, RunBatchRequest
+from sie.wire.queue import WorkResult
+
+logger = logging.getLogger(__name__)
+
+_FINISH_QUEUE_BATCHES = 8
+_CLOSE_TIMEOUT_S = 5.0
+
+
+@attrs.define
+class _Finished:
+    batch: Batch
+    outcome: BatchOutcome | None
+    timings: BatchTimings
+
+
+class Dispatcher:
+    """Runs batches on one worker and hands their outcomes to settlement through a bounded queue."""
+
+    def __init__(self, worker: WorkerClient, settler: Settler, worker_id: str, nak_delay_s: float) -> None:
+        self._worker = worker
+        self._settler = settler
+        self._worker_id = worker_id
+        self._nak_delay_s = nak_delay_s
+        self._batch_ids = itertools.count(1)
+        self._finished: asyncio.Queue[_Finished] = asyncio.Queue(maxsize=_FINISH_QUEUE_BATCHES)
+        self._task: asyncio.Task[None] | None = None
+        # Told when the worker answered "not loaded" (or failed), so readiness asks again next time.
+        self.on_model_unready: Callable[[str], None] | None = None
+        self.batches = 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._finish_loop(), name="sie-sidecar-finish")
+
+    async def close(self) -> None:
+        """Finish what is queued (for a bounded time), then stop."""
+        if self._task is None:
+            return
+        try:
+            async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                await self._finished.join()
+        except TimeoutError:
+            logger.warning("results of %d batches were not settled before shutdown", self._finished.qsize())
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        self._task = None
+
+    async def dispatch(self, batch: Batch) -> None:
+        """Send one batch and wait for the worker's answer (not for its publication)."""
+        request = RunBatchRequest(
+            model_id=batch.model.model_id,
+            batch_id=next(self._batch_ids),
+            lora_key=batch.lora_key,
+            total_cost=batch.cost,
+            items=[work.run_item for work in batch.works],
+        )
+        queue_start = time.time()
+        started = time.perf_counter()
+        outcome: BatchOutcome | None
+        try:
+            outcome = await self._worker.run_batch(request)
+        except Exception:  # noqa: BLE001 - any IPC failure is transient for the items: they are NAKed
+            logger.warning("RunBatch %d of %s failed; NAKing %d items", request.batch_id, request.model_id,
+                           len(batch.works), exc_info=True)  # fmt: skip
+            outcome = None
+        self.batches += 1
+        timings = BatchTimings(queue_start=queue_start, processing_ms=(time.perf_counter() - started) * 1000.0)
+        await self._finished.put(_Finished(batch, outcome, timings))
+
+    async def _finish_loop(self) -> None:
+        while True:
+            finished = await self._finished.get()
+            try:
+                await self._finish(finished)
+            except Exception:  # noqa: BLE001 - a framing bug must not stop settlement of later batches
+                logger.exception("finishing a batch of %s failed", finished.batch.model.model_id)
+                await self._settler.nak(finished.batch.works, self._nak_delay_s)
+            finally:
+                self._finished.task_done()
+
+    async def _finish(self, finished: _Finished) -> None:
+        batch, outcome = finished.batch, finished.outcome
+        if outcome is None:
+            self._unready(batch.model.model_id)
+            await self._settler.nak(batch.works, self._nak_delay_s)
+            return
+        replies: list[tuple[Work, WorkResult]] = []
+        naks: dict[float, list[Work]] = {}
+        for work, item_outcome in _pair(batch.works, outcome.outcomes):
+            delay = self._nak_delay_s if item_outcome is None else outcome_nak_delay(item_outcome)
+            if delay is not None:
+                naks.setdefault(delay, []).append(work)
+                continue
+            result = outcome_result(work.item, item_outcome, finished.timings, self._worker_id, work.prep_ms)
+            replies.append((work, result))
+        if replies:
+            await self._settler.reply(replies)
+        if naks:
+            self._unready(batch.model.model_id)
+            for delay, works in naks.items():
+                await self._settler.nak(works, delay)
+
+    def _unready(self, model_id: str) -> None:
+        if self.on_model_unready is not None:
+            self.on_model_unready(model_id)
+
+
+def _pair(works: list[Work], outcomes: list[ItemOutcome]) -> list[tuple[Work, ItemOutcome | None]]:
+    """Outcomes in item order (the contract); matched by work_item_id when the worker reordered or lost some."""
+    if len(outcomes) == len(works) and all(
+        work.item.work_item_id == outcome.work_item_id for work, outcome in zip(works, outcomes, strict=True)
+    ):
+        return list(zip(works, outcomes, strict=True))
+    by_id = {outcome.work_item_id: outcome for outcome in outcomes}
+    return [(work, by_id.get(work.item.work_item_id)) for work in works]

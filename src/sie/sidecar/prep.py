@@ -1,0 +1,271 @@
+"""Preparation: each admitted work item becomes an IPC batch item with a batch cost. Encode text is
+tokenized with the model's own tokenizer, one `encode_batch` call per group, in a shared thread pool
+(never on the event loop); score and extract are not tokenized here (seed 001 "Preparation And Framing").
+
+Costs: encode = prepared-token count; score = the seed's character proxy; extract = 1 ("Scheduling").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any, Final
+
+from sie.sidecar.work import ReadyModel, Work
+from sie.tokenization import TextTokenizer, TokenizerError, prepare_text
+from sie.wire.ipc_batch import (
+    OP_ENCODE,
+    OP_EXTRACT,
+    OP_SCORE,
+    EncodeBatchItem,
+    ExtractBatchItem,
+    PreparedTokens,
+    RunBatchItem,
+    ScoreBatchItem,
+)
+from sie.wire.ipc_control import ModelDescriptor
+from sie.wire.queue import WorkItem
+
+logger = logging.getLogger(__name__)
+
+MEDIA_INPUT_COST: Final = 1024
+_MEDIA_KEYS: Final = ("images", "image", "audio", "video", "documents", "document")
+
+Submit = Callable[[ReadyModel, list[Work]], None]
+Fail = Callable[[list[Work]], Awaitable[None]]
+
+
+# --- costs -----------------------------------------------------------------------------------------
+
+
+def _media_count(item: dict[str, Any]) -> int:
+    count = 0
+    for key in _MEDIA_KEYS:
+        value = item.get(key)
+        if isinstance(value, list | tuple):
+            count += len(value)
+        elif value is not None:
+            count += 1
+    return count
+
+
+def input_cost(item: dict[str, Any] | None) -> int:
+    """Unicode characters of the text plus 1024 per media input (the seed's model-independent proxy)."""
+    if not item:
+        return 0
+    text = item.get("text")
+    chars = len(text) if isinstance(text, str) else 0
+    return chars + MEDIA_INPUT_COST * _media_count(item)
+
+
+def score_cost(query: dict[str, Any] | None, documents: Sequence[dict[str, Any]] | None) -> int:
+    """The proxy summed once per query/document pair; at least 1."""
+    query_cost = input_cost(query)
+    docs = documents or ()
+    return max(1, sum(query_cost + input_cost(doc) for doc in docs) if docs else query_cost)
+
+
+def extract_cost() -> int:
+    return 1
+
+
+# --- text preparation (identical to the worker's) ----------------------------------------------------
+
+
+def encode_text(item: WorkItem, descriptor: ModelDescriptor) -> str | None:
+    """The exact text the worker would tokenize: the descriptor's templates overlaid by the item's options."""
+    text = (item.item or {}).get("text")
+    if not isinstance(text, str):
+        return None
+    options = item.options or {}
+    return prepare_text(
+        text,
+        is_query=item.is_query,
+        instruction=item.instruction or options.get("instruction"),
+        query_template=options.get("query_template", descriptor.default_query_template),
+        doc_template=options.get("doc_template", descriptor.default_doc_template),
+    )
+
+
+def _reusable(item: WorkItem) -> bool:
+    # With `truncate: false` the worker must see the full text to refuse it, so no prepared tokens.
+    return (item.options or {}).get("truncate") is not False
+
+
+# --- IPC items -------------------------------------------------------------------------------------
+
+
+def encode_item(item: WorkItem, prepared: PreparedTokens | None) -> RunBatchItem:
+    body = EncodeBatchItem(
+        work_item_id=item.work_item_id, request_id=item.request_id, item_index=item.item_index,
+        total_items=item.total_items, timestamp=item.timestamp, item=item.item or {},
+        output_types=item.output_types, instruction=item.instruction, is_query=item.is_query,
+        options=item.options, profile_id=item.profile_id, bundle_config_hash=item.bundle_config_hash,
+        prepared_tokens=prepared,
+    )  # fmt: skip
+    return _run_item(item, OP_ENCODE, encode=body)
+
+
+def score_item(item: WorkItem) -> RunBatchItem:
+    body = ScoreBatchItem(
+        work_item_id=item.work_item_id, request_id=item.request_id, item_index=item.item_index,
+        total_items=item.total_items, timestamp=item.timestamp, query_item=item.query_item or {},
+        score_items=item.score_items or [], instruction=item.instruction, options=item.options,
+        profile_id=item.profile_id, bundle_config_hash=item.bundle_config_hash,
+    )  # fmt: skip
+    return _run_item(item, OP_SCORE, score=body)
+
+
+def extract_item(item: WorkItem) -> RunBatchItem:
+    body = ExtractBatchItem(
+        work_item_id=item.work_item_id, request_id=item.request_id, item_index=item.item_index,
+        total_items=item.total_items, timestamp=item.timestamp, item=item.item or {}, labels=item.labels,
+        output_schema=item.output_schema, instruction=item.instruction, options=item.options,
+        profile_id=item.profile_id, bundle_config_hash=item.bundle_config_hash,
+    )  # fmt: skip
+    return _run_item(item, OP_EXTRACT, extract=body)
+
+
+def _run_item(item: WorkItem, op: str, **body: Any) -> RunBatchItem:
+    return RunBatchItem(
+        op=op, work_item_id=item.work_item_id, request_id=item.request_id, item_index=item.item_index,
+        traceparent=item.traceparent, tracestate=item.tracestate, **body,
+    )  # fmt: skip
+
+
+def prepare_unencoded(works: Sequence[Work]) -> None:
+    """Score and extract items: no tokenization, a cost proxy, the IPC item."""
+    for work in works:
+        item = work.item
+        if item.operation == OP_SCORE:
+            work.cost = score_cost(item.query_item, item.score_items)
+            work.run_item = score_item(item)
+        else:
+            work.cost = extract_cost()
+            work.run_item = extract_item(item)
+
+
+# --- the stage -------------------------------------------------------------------------------------
+
+
+class TokenizerCache:
+    """One TextTokenizer per `tokenizer_id`, loaded once from the descriptor's path in the executor."""
+
+    def __init__(self, executor: Executor) -> None:
+        self._executor = executor
+        self._loaded: dict[str, asyncio.Future[TextTokenizer | None]] = {}
+
+    async def get(self, descriptor: ModelDescriptor) -> TextTokenizer | None:
+        """The model's tokenizer, or None when it has none or it cannot be read (the worker tokenizes)."""
+        key, path = descriptor.tokenizer_id, descriptor.tokenizer_path
+        if not key or not path:
+            return None
+        future = self._loaded.get(key)
+        if future is None:
+            loop = asyncio.get_running_loop()
+            future = loop.run_in_executor(self._executor, _load_tokenizer, path, descriptor.max_seq_len, key)
+            self._loaded[key] = future
+        return await asyncio.shield(future)
+
+
+def _load_tokenizer(path: str, max_seq_len: int | None, expected_id: str) -> TextTokenizer | None:
+    file = Path(path)
+    if file.is_dir():
+        file = file / "tokenizer.json"
+    try:
+        tokenizer = TextTokenizer.from_file(file, max_length=max_seq_len or 512)
+    except TokenizerError:
+        logger.warning("cannot load tokenizer %s; the worker will tokenize", file, exc_info=True)
+        return None
+    if tokenizer.tokenizer_id != expected_id:
+        logger.warning("tokenizer %s has id %s, the worker said %s; the worker will tokenize",
+                       file, tokenizer.tokenizer_id, expected_id)  # fmt: skip
+        return None
+    return tokenizer
+
+
+class Preparer:
+    """The preparation stage: a bounded queue of (model, works) groups served by a few tasks."""
+
+    def __init__(self, executor: Executor, submit: Submit, fail: Fail, workers: int = 2) -> None:
+        self._executor = executor
+        self._submit = submit
+        self._fail = fail
+        self._tokenizers = TokenizerCache(executor)
+        self._queue: asyncio.Queue[tuple[ReadyModel, list[Work]]] = asyncio.Queue(maxsize=max(2, 2 * workers))
+        self._workers = max(1, workers)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._run(), name=f"sie-sidecar-prep-{i}") for i in range(self._workers)]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    async def put(self, model: ReadyModel, works: list[Work]) -> None:
+        """Queue a group for preparation; waits while the stage is full (backpressure to the consumer)."""
+        await self._queue.put((model, works))
+
+    async def _run(self) -> None:
+        while True:
+            model, works = await self._queue.get()
+            try:
+                await self.prepare(model, works)
+            except Exception:  # noqa: BLE001 - a preparation bug must not kill the stage; the group is NAKed
+                logger.exception("preparing %d items of %s failed", len(works), model.model_id)
+                await self._fail(works)
+                continue
+            self._submit(model, works)
+
+    async def prepare(self, model: ReadyModel, works: list[Work]) -> None:
+        """Fill in cost and IPC item of every work item of one model."""
+        encode = [work for work in works if work.item.operation == OP_ENCODE]
+        if len(encode) != len(works):
+            prepare_unencoded([work for work in works if work.item.operation != OP_ENCODE])
+        if encode:
+            await self._prepare_encode(model.descriptor, encode)
+
+    async def _prepare_encode(self, descriptor: ModelDescriptor, works: list[Work]) -> None:
+        texts = [encode_text(work.item, descriptor) for work in works]
+        tokenizer = await self._tokenizers.get(descriptor)
+        indices = [index for index, text in enumerate(texts) if text is not None]
+        if tokenizer is None or not indices:
+            for work, text in zip(works, texts, strict=True):
+                work.cost = len(text) if text is not None else max(1, input_cost(work.item.item))
+                work.run_item = encode_item(work.item, None)
+            return
+        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        encoded = await loop.run_in_executor(self._executor, tokenizer.encode_batch, [texts[i] for i in indices])
+        prep_ms = (time.perf_counter() - started) * 1000.0
+        tokens: list[Any] = [None] * len(works)
+        for index, tokenized in zip(indices, encoded, strict=True):
+            tokens[index] = tokenized
+        for work, tokenized in zip(works, tokens, strict=True):
+            work.prep_ms = prep_ms
+            _attach(work, tokenized, tokenizer, descriptor)
+
+
+def _attach(work: Work, tokenized: Any, tokenizer: TextTokenizer, descriptor: ModelDescriptor) -> None:
+    if tokenized is None:  # no text: media input, the worker decides
+        work.cost = max(1, input_cost(work.item.item))
+        work.run_item = encode_item(work.item, None)
+        return
+    work.cost = max(1, len(tokenized.input_ids))
+    prepared = None
+    if _reusable(work.item):
+        prepared = PreparedTokens(
+            input_ids=[tokenized.input_ids],
+            tokenizer_id=tokenizer.tokenizer_id,
+            token_type_ids=[tokenized.token_type_ids],
+            max_seq_len=descriptor.max_seq_len or tokenizer.max_length,
+        )
+    work.run_item = encode_item(work.item, prepared)

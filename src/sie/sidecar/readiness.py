@@ -1,0 +1,227 @@
+"""Model readiness (contracts Part A §2.1 EnsureModelReady; seed 001 "Request Flow"): ready work goes on
+to preparation; work for a model this worker is loading is held with progress ACKs while one poller per
+model re-checks; failed and retry-later answers are settled here. It never blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
+
+import attrs
+
+from sie.ipc.client import WorkerClient
+from sie.settings import BatchingSettings, SidecarSettings, StreamSettings
+from sie.sidecar.results import load_failed_result, model_loading_result, resource_exhausted_result
+from sie.sidecar.scheduler import batch_limits
+from sie.sidecar.settlement import Settler
+from sie.sidecar.work import ReadyModel, Work
+from sie.wire.ipc_control import (
+    MODEL_STATE_FAILED,
+    MODEL_STATE_LOADING_IN_PROGRESS,
+    MODEL_STATE_LOADING_STARTED,
+    MODEL_STATE_READY,
+    MODEL_STATE_RETRY_LATER,
+    EnsureModelReadyRequest,
+    EnsureModelReadyResponse,
+    ModelDescriptor,
+)
+from sie.wire.queue import WorkResult
+
+logger = logging.getLogger(__name__)
+
+POLL_INTERVAL_S: Final = 0.1
+# A ready answer is reused this long; a "not loaded" batch outcome forgets it sooner.
+READY_TTL_S: Final = 1.0
+OOM_ERROR_CLASS: Final = "OOM"
+LOADING_STATES: Final = frozenset({MODEL_STATE_LOADING_STARTED, MODEL_STATE_LOADING_IN_PROGRESS})
+
+Proceed = Callable[[ReadyModel, list[Work]], Awaitable[None]]
+
+
+def progress_interval(ack_wait_s: float, nak_delay_s: float) -> float:
+    """How often held work is progress-ACKed: the retry delay, clamped below ack-wait (seed 001)."""
+    ceiling = ack_wait_s / 2.0
+    interval = min(nak_delay_s, ceiling) if nak_delay_s > 0 else ceiling
+    return max(min(POLL_INTERVAL_S, ceiling), interval)
+
+
+@attrs.frozen
+class ReadinessTimings:
+    """The readiness stage's clocks, from the stream and sidecar settings."""
+
+    poll_s: float
+    progress_s: float
+    hold_s: float
+    nak_delay_s: float
+
+    @classmethod
+    def from_settings(cls, stream: StreamSettings, sidecar: SidecarSettings) -> ReadinessTimings:
+        return cls(
+            poll_s=min(POLL_INTERVAL_S, stream.ack_wait_s / 4.0),
+            progress_s=progress_interval(stream.ack_wait_s, stream.nak_delay_s),
+            hold_s=sidecar.load_hold_s,
+            nak_delay_s=stream.nak_delay_s,
+        )
+
+
+class _Hold:
+    """Work waiting for one model's load, and the poller task watching it."""
+
+    def __init__(self) -> None:
+        self.works: list[Work] = []
+        self.progressed = time.monotonic()
+        self.task: asyncio.Task[None] | None = None
+
+
+class Readiness:
+    """Answers "may this model's work run now?" per model; one poller per loading model."""
+
+    def __init__(self, worker: WorkerClient, settler: Settler, batching: BatchingSettings,
+                 timings: ReadinessTimings, worker_id: str, proceed: Proceed) -> None:  # fmt: skip
+        self._worker = worker
+        self._settler = settler
+        self._batching = batching
+        self._timings = timings
+        self._worker_id = worker_id
+        self._ready: dict[str, tuple[ReadyModel, float]] = {}
+        self._holds: dict[str, _Hold] = {}
+        self._proceed_to = proceed
+        self.clock: Callable[[], float] = time.monotonic
+
+    async def admit(self, model_id: str, works: list[Work]) -> None:
+        """Route one model's admitted work by the worker's readiness answer."""
+        hold = self._holds.get(model_id)
+        if hold is not None:
+            self._hold(hold, works)
+            return
+        cached = self._ready.get(model_id)
+        if cached is not None and cached[1] > self.clock():
+            await self._proceed(cached[0], works)
+            return
+        response = await self._ask(model_id)
+        if response is None:
+            await self._settler.nak(works, self._timings.nak_delay_s)
+        elif response.state == MODEL_STATE_READY:
+            await self._proceed(self._remember(model_id, response), works)
+        elif response.state in LOADING_STATES:
+            self._start_hold(model_id, works)
+        else:
+            await self._answer(response, works)
+
+    def forget(self, model_id: str) -> None:
+        """Ask the worker again before the next work of this model (it said the model is not loaded)."""
+        self._ready.pop(model_id, None)
+
+    def held(self) -> int:
+        return sum(len(hold.works) for hold in self._holds.values())
+
+    async def release_holds(self) -> None:
+        """Give every held item back (drain): NAK without delay, so another worker may take it."""
+        holds, self._holds = list(self._holds.values()), {}
+        for hold in holds:
+            if hold.task is not None:
+                hold.task.cancel()
+        await asyncio.gather(*(hold.task for hold in holds if hold.task), return_exceptions=True)
+        for hold in holds:
+            await self._settler.nak(hold.works, 0.0)
+
+    async def close(self) -> None:
+        holds, self._holds = list(self._holds.values()), {}
+        for hold in holds:
+            if hold.task is not None:
+                hold.task.cancel()
+        await asyncio.gather(*(hold.task for hold in holds if hold.task), return_exceptions=True)
+
+    async def _ask(self, model_id: str) -> EnsureModelReadyResponse | None:
+        try:
+            return await self._worker.ensure_model_ready(EnsureModelReadyRequest(model_id=model_id))
+        except Exception:  # noqa: BLE001 - an IPC failure is transient: the work is NAKed
+            logger.warning("EnsureModelReady(%s) failed", model_id, exc_info=True)
+            return None
+
+    def _remember(self, model_id: str, response: EnsureModelReadyResponse) -> ReadyModel:
+        limits = batch_limits(response.descriptor, response.batch_budget, self._batching)
+        ready = ReadyModel(model_id=model_id, descriptor=response.descriptor or ModelDescriptor(), limits=limits)
+        self._ready[model_id] = (ready, self.clock() + READY_TTL_S)
+        return ready
+
+    async def _proceed(self, model: ReadyModel, works: list[Work]) -> None:
+        if works:
+            await self._proceed_to(model, works)
+
+    def _hold(self, hold: _Hold, works: Sequence[Work]) -> None:
+        now = self.clock()
+        for work in works:
+            work.held_since = now
+        hold.works.extend(works)
+
+    def _start_hold(self, model_id: str, works: list[Work]) -> None:
+        hold = _Hold()
+        hold.progressed = self.clock()
+        self._hold(hold, works)
+        self._holds[model_id] = hold
+        hold.task = asyncio.get_running_loop().create_task(
+            self._poll(model_id, hold), name=f"sie-sidecar-load-{model_id}"
+        )
+
+    async def _poll(self, model_id: str, hold: _Hold) -> None:
+        try:
+            await self._poll_until_settled(model_id, hold)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a bug here must not strand held work: give it back
+            logger.exception("watching the load of %s failed", model_id)
+            if self._holds.get(model_id) is hold:
+                del self._holds[model_id]
+            await self._settler.nak(hold.works, self._timings.nak_delay_s)
+
+    async def _poll_until_settled(self, model_id: str, hold: _Hold) -> None:
+        """Re-check readiness until the model is ready or the answer settles the held work."""
+        while True:
+            await asyncio.sleep(self._timings.poll_s)  # the load's pace, not the request path
+            response = await self._ask(model_id)
+            state = response.state if response is not None else MODEL_STATE_LOADING_IN_PROGRESS
+            if state in LOADING_STATES:
+                await self._keep_holding(hold)
+                continue
+            if self._holds.get(model_id) is hold:
+                del self._holds[model_id]
+            if response is not None and state == MODEL_STATE_READY:
+                await self._proceed(self._remember(model_id, response), hold.works)
+            elif response is not None:
+                await self._answer(response, hold.works)
+            return
+
+    async def _keep_holding(self, hold: _Hold) -> None:
+        now = self.clock()
+        expired = [work for work in hold.works if now - work.held_since >= self._timings.hold_s]
+        if expired:
+            hold.works = [work for work in hold.works if now - work.held_since < self._timings.hold_s]
+            await self._settler.reply([(work, model_loading_result(work.item, self._worker_id)) for work in expired])
+        if now - hold.progressed >= self._timings.progress_s:
+            hold.progressed = now
+            await self._settler.in_progress(hold.works, now)
+
+    async def _answer(self, response: EnsureModelReadyResponse, works: list[Work]) -> None:
+        """Settle work the model cannot serve: failed, cooling down, or unknown to this worker."""
+        if not works:
+            return
+        reply = self._reply_for(response)
+        if reply is None:
+            await self._settler.nak(works, self._timings.nak_delay_s)
+            return
+        await self._settler.reply([(work, reply(work)) for work in works])
+
+    def _reply_for(self, response: EnsureModelReadyResponse) -> Callable[[Work], WorkResult] | None:
+        worker_id = self._worker_id
+        if response.state == MODEL_STATE_FAILED:
+            return lambda work: load_failed_result(work.item, response, worker_id, permanent=True)
+        if response.state != MODEL_STATE_RETRY_LATER or (response.error is None and response.error_class is None):
+            return None  # unknown to this worker (or an unknown state): another worker may serve it
+        if response.error_class == OOM_ERROR_CLASS:
+            return lambda work: resource_exhausted_result(work.item, response, worker_id)
+        return lambda work: load_failed_result(work.item, response, worker_id, permanent=False)

@@ -1,0 +1,252 @@
+"""The batch former: per model, pending work grouped by (operation, LoRA key) and cut into batches under
+a padded-cost budget (longest × count, as TEI queue.rs) and an item cap; continuous batching with at
+most `max_inflight` batches per model running (DESIGN §7; contracts Part B §5.1; seed 001 "Scheduling").
+
+A batch is cut from the cost-sorted pending list as a window that always holds the oldest item, so
+padding stays small and nothing starves; an item over the budget goes alone. The former is pure (it
+takes `now`); `Scheduler` drives one loop task per model slot and never sleeps on the hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
+
+import attrs
+
+from sie.settings import BatchingSettings
+from sie.sidecar.work import BatchLimits, ReadyModel, Work
+from sie.wire.ipc_control import ModelDescriptor
+
+logger = logging.getLogger(__name__)
+
+# A profile without `max_batch_tokens` gets the catalogue's usual budget.
+DEFAULT_MAX_BATCH_COST: Final = 16384
+# Coalescing: wait for more only while arrivals come faster than this (and never past max_batch_wait_s).
+MAX_COALESCE_GAP_S: Final = 0.002
+_GAP_EMA_WEIGHT: Final = 0.2
+_SIZE_EMA_WEIGHT: Final = 0.2
+# Coalesce only when batches have recently held at least this many items (concurrent callers).
+_MIN_CONCURRENCY: Final = 2.0
+
+
+def batch_limits(
+    descriptor: ModelDescriptor | None, batch_budget: int | None, batching: BatchingSettings
+) -> BatchLimits:
+    """The profile's `max_batch_tokens` (capped by SIE_MAX_BATCH_TOKENS) and the worker's batch budget."""
+    max_cost = (descriptor.max_batch_tokens if descriptor else None) or DEFAULT_MAX_BATCH_COST
+    if batching.max_batch_tokens:
+        max_cost = min(max_cost, batching.max_batch_tokens)
+    max_items = batch_budget if batch_budget and batch_budget > 0 else batching.max_batch_items
+    return BatchLimits(max_cost=max(1, max_cost), max_items=max(1, max_items))
+
+
+def choose_window(costs: Sequence[int], anchor: int, limits: BatchLimits) -> list[int]:
+    """Indices of one batch: a run of the cost-sorted items that holds `anchor`, with padded cost
+    (longest × count) within budget and at most `max_items` items; `anchor` alone when it is oversize.
+
+    It grows first towards cheaper items (the longest, hence the padding, stays put), then costlier ones.
+    """
+    order = sorted(range(len(costs)), key=costs.__getitem__)
+    position = order.index(anchor)
+    low = high = position
+    longest = costs[order[position]]
+    while low > 0 and high - low + 2 <= limits.max_items and (high - low + 2) * longest <= limits.max_cost:
+        low -= 1
+    while high + 1 < len(order) and high - low + 2 <= limits.max_items:
+        wider = max(longest, costs[order[high + 1]])
+        if (high - low + 2) * wider > limits.max_cost:
+            break
+        high, longest = high + 1, wider
+    return order[low : high + 1]
+
+
+@attrs.define
+class Batch:
+    """Work of one model, one operation and one LoRA key, sent in one RunBatch."""
+
+    model: ReadyModel
+    op: str
+    lora_key: str
+    works: list[Work]
+    cost: int
+
+
+class BatchFormer:
+    """Pending work of one model and the decision which batch goes next; pure, no I/O, no clock of its own."""
+
+    def __init__(self, model: ReadyModel, max_wait_s: float) -> None:
+        self.model = model
+        self.max_wait_s = max(0.0, max_wait_s)
+        self.coalesce_gap_s = min(MAX_COALESCE_GAP_S, 0.2 * self.max_wait_s)
+        self._pending: dict[tuple[str, str], list[Work]] = {}
+        self.count = 0
+        self._last_arrival: float | None = None
+        self._gap_ema: float | None = None
+        # Items per batch, smoothed: 1 means one caller at a time, for whom waiting only adds latency.
+        self._size_ema = 1.0
+
+    def add(self, works: Sequence[Work], now: float) -> None:
+        """Queue prepared work; arrivals also feed the inter-arrival estimate behind coalescing."""
+        for work in works:
+            self._pending.setdefault((work.operation, work.lora_key), []).append(work)
+        self.count += len(works)
+        if self._last_arrival is not None:
+            # A long idle gap is clamped so a burst after it shows up as dense within a few arrivals.
+            gap = min(now - self._last_arrival, max(self.max_wait_s, 5 * self.coalesce_gap_s))
+            self._gap_ema = gap if self._gap_ema is None else self._gap_ema + _GAP_EMA_WEIGHT * (gap - self._gap_ema)
+        self._last_arrival = now
+
+    def take(self, now: float) -> Batch | None:
+        """The next batch to run now, or None (nothing pending, or worth waiting a moment for more)."""
+        key = self._oldest_key()
+        if key is None:
+            return None
+        works = self._pending[key]
+        if self._wait_until(works, now) is not None:
+            return None
+        chosen = choose_window([work.cost for work in works], 0, self.model.limits)
+        picked = set(chosen)
+        batch_works = [works[index] for index in chosen]
+        rest = [work for index, work in enumerate(works) if index not in picked]
+        if rest:
+            self._pending[key] = rest
+        else:
+            del self._pending[key]
+        self.count -= len(batch_works)
+        self._size_ema += _SIZE_EMA_WEIGHT * (len(batch_works) - self._size_ema)
+        longest = max(work.cost for work in batch_works)
+        return Batch(self.model, key[0], key[1], batch_works, longest * len(batch_works))
+
+    def wake_at(self, now: float) -> float | None:
+        """When a coalescing wait ends (None: no wait is running, wake on the next arrival)."""
+        key = self._oldest_key()
+        return None if key is None else self._wait_until(self._pending[key], now)
+
+    def drain(self) -> list[Work]:
+        """Remove and return everything pending."""
+        works = [work for group in self._pending.values() for work in group]
+        self._pending.clear()
+        self.count = 0
+        return works
+
+    def pending(self) -> list[Work]:
+        return [work for group in self._pending.values() for work in group]
+
+    def _oldest_key(self) -> tuple[str, str] | None:
+        if not self._pending:
+            return None
+        return min(self._pending, key=lambda key: self._pending[key][0].received)
+
+    def _wait_until(self, works: list[Work], now: float) -> float | None:
+        """Adaptive coalescing: wait only while several callers send densely and the batch is not yet full."""
+        if not self.coalesce_gap_s or self._size_ema < _MIN_CONCURRENCY:
+            return None
+        if self._gap_ema is None or self._gap_ema >= self.coalesce_gap_s:
+            return None
+        limits = self.model.limits
+        longest = max(work.cost for work in works)
+        if len(works) >= limits.max_items or longest * (len(works) + 1) > limits.max_cost:
+            return None
+        deadline = min(works[0].received + self.max_wait_s, (self._last_arrival or now) + self.coalesce_gap_s)
+        return deadline if deadline > now else None
+
+
+Dispatch = Callable[[Batch], Awaitable[None]]
+
+
+class _ModelSlot:
+    """The scheduler's state for one model: its former, the wake-up event and its loop tasks."""
+
+    def __init__(self, former: BatchFormer) -> None:
+        self.former = former
+        self.wakeup = asyncio.Event()
+        self.tasks: list[asyncio.Task[None]] = []
+        self.running: list[Batch] = []
+
+
+class Scheduler:
+    """Drives the formers: `submit` queues prepared work; per model, `max_inflight` loops each take the
+    next batch the moment they are free and await the dispatch (continuous batching)."""
+
+    def __init__(self, dispatch: Dispatch, max_wait_s: float, max_inflight: int = 1) -> None:
+        self._dispatch = dispatch
+        self._max_wait_s = max_wait_s
+        self._max_inflight = max(1, max_inflight)
+        self._models: dict[str, _ModelSlot] = {}
+        self.clock: Callable[[], float] = time.monotonic
+
+    def submit(self, model: ReadyModel, works: list[Work]) -> None:
+        """Queue prepared work of a ready model and wake its loops; never blocks."""
+        slot = self._models.get(model.model_id)
+        if slot is None:
+            slot = self._start(model)
+        slot.former.model = model  # limits follow the latest readiness answer
+        slot.former.add(works, self.clock())
+        slot.wakeup.set()
+
+    def pending_count(self) -> int:
+        return sum(slot.former.count for slot in self._models.values())
+
+    def waiting(self) -> list[Work]:
+        """Work queued or running (for progress ACKs of long waits)."""
+        works = []
+        for slot in self._models.values():
+            works.extend(slot.former.pending())
+            for batch in slot.running:
+                works.extend(batch.works)
+        return works
+
+    def drain_pending(self) -> list[Work]:
+        """Remove all queued (not running) work, to be given back."""
+        works = []
+        for slot in self._models.values():
+            works.extend(slot.former.drain())
+        return works
+
+    async def close(self) -> None:
+        tasks = [task for slot in self._models.values() for task in slot.tasks]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._models.clear()
+
+    def _start(self, model: ReadyModel) -> _ModelSlot:
+        slot = _ModelSlot(BatchFormer(model, self._max_wait_s))
+        self._models[model.model_id] = slot
+        loop = asyncio.get_running_loop()
+        slot.tasks = [
+            loop.create_task(self._run(slot), name=f"sie-sidecar-batch-{model.model_id}-{index}")
+            for index in range(self._max_inflight)
+        ]
+        return slot
+
+    async def _run(self, slot: _ModelSlot) -> None:
+        while True:
+            now = self.clock()
+            batch = slot.former.take(now)
+            if batch is None:
+                await self._sleep_until_work(slot, now)
+                continue
+            slot.running.append(batch)
+            try:
+                await self._dispatch(batch)
+            except Exception:  # noqa: BLE001 - the dispatcher settles its own failures; this is a bug guard
+                logger.exception("dispatching a batch of %s failed", batch.model.model_id)
+            finally:
+                slot.running.remove(batch)
+
+    @staticmethod
+    async def _sleep_until_work(slot: _ModelSlot, now: float) -> None:
+        slot.wakeup.clear()
+        wake_at = slot.former.wake_at(now)
+        if wake_at is None:
+            await slot.wakeup.wait()
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wake_at - now):
+                await slot.wakeup.wait()

@@ -1,0 +1,75 @@
+"""The records that travel through the sidecar's stages: one `Work` per delivery, filled in as it moves
+(admitted, prepared, batched), and the `ReadyModel` a ready worker described. No behaviour lives here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from sie.transport.base import Delivery
+from sie.wire.ipc_control import ModelDescriptor
+from sie.wire.queue import WorkItem
+
+
+class Work:
+    """One delivered work item on its way through the sidecar (one object per delivery, no copies)."""
+
+    __slots__ = (
+        "admitted",
+        "cost",
+        "delivery",
+        "held_since",
+        "item",
+        "lora_key",
+        "model_id",
+        "prep_ms",
+        "progressed",
+        "received",
+        "run_item",
+    )
+
+    def __init__(self, delivery: Delivery, received: float) -> None:
+        self.delivery = delivery
+        self.item: WorkItem = delivery.item
+        self.model_id: str = self.item.model_id
+        # Monotonic times: when it was fetched, last progress-ACKed, and (while its model loads) held.
+        self.received = received
+        self.progressed = received
+        self.held_since = received
+        self.admitted = False
+        # Set by preparation: the batch cost, the IPC item, the sidecar's tokenization time.
+        self.cost = 1
+        self.lora_key = lora_key_of(self.item.options)
+        self.run_item: Any = None
+        self.prep_ms = 0.0
+
+    @property
+    def operation(self) -> str:
+        return self.item.operation
+
+
+def lora_key_of(options: dict[str, Any] | None) -> str:
+    """The batching key of a LoRA adapter: `options.lora_id`, "" for the base model."""
+    if not options:
+        return ""
+    lora = options.get("lora_id")
+    return lora if isinstance(lora, str) else ""
+
+
+@attrs.frozen
+class BatchLimits:
+    """How big one batch of a model may be: padded cost (longest × count) and item count."""
+
+    max_cost: int
+    max_items: int
+
+
+@attrs.frozen
+class ReadyModel:
+    """A model the worker reported ready: its descriptor and the batch limits derived from it."""
+
+    model_id: str
+    descriptor: ModelDescriptor
+    limits: BatchLimits

@@ -1,0 +1,180 @@
+"""Preparation: cost functions, text preparation identical to the worker's, and the stage that
+tokenizes a group in one call and attaches PreparedTokens only when they can be reused."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import tokenizers
+from tokenizers import models, pre_tokenizers, processors
+
+from sie.sidecar.prep import (
+    MEDIA_INPUT_COST,
+    Preparer,
+    encode_text,
+    input_cost,
+    score_cost,
+)
+from sie.sidecar.work import BatchLimits, ReadyModel, Work
+from sie.tokenization import TextTokenizer, prepare_text
+from sie.wire.ipc_control import ModelDescriptor
+from sie.wire.queue import WorkItem
+
+VOCAB = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "hello": 4, "world": 5, "query:": 6, "find": 7}
+
+
+class _Delivery:
+    def __init__(self, item: WorkItem) -> None:
+        self.item = item
+        self.subject = "sie.work.default.default.default.m"
+        self.num_delivered = 1
+
+
+def item(index: int = 0, operation: str = "encode", **fields) -> WorkItem:
+    return WorkItem(
+        work_item_id=f"r{index}.0", request_id=f"r{index}", item_index=0, total_items=1, operation=operation,
+        model_id="m", profile_id="default", pool_name="default", machine_profile="default", router_id="gw",
+        reply_subject=f"_INBOX.gw.r{index}", timestamp=0.0, **fields,
+    )  # fmt: skip
+
+
+@pytest.fixture()
+def tokenizer_file(tmp_path: Path) -> Path:
+    tok = tokenizers.Tokenizer(models.WordLevel(VOCAB, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+def ready(tokenizer_file: Path | None, **descriptor) -> ReadyModel:
+    if tokenizer_file is not None:
+        tokenizer = TextTokenizer.from_file(tokenizer_file, max_length=6)
+        descriptor.setdefault("tokenizer_path", str(tokenizer_file))
+        descriptor.setdefault("tokenizer_id", tokenizer.tokenizer_id)
+        descriptor.setdefault("max_seq_len", 6)
+    return ReadyModel("m", ModelDescriptor(**descriptor), BatchLimits(100, 8))
+
+
+# --- costs ----------------------------------------------------------------------------------------
+
+
+def test_input_cost_counts_unicode_characters_and_media() -> None:
+    assert input_cost({"text": "héllo"}) == 5
+    assert input_cost({"text": "ab", "images": [{"data": b""}, {"data": b""}]}) == 2 + 2 * MEDIA_INPUT_COST
+    assert input_cost(None) == 0
+
+
+def test_score_cost_sums_each_query_document_pair() -> None:
+    assert score_cost({"text": "abc"}, [{"text": "d"}, {"text": "efgh"}]) == (3 + 1) + (3 + 4)
+    assert score_cost({"text": ""}, []) == 1
+
+
+# --- text -----------------------------------------------------------------------------------------
+
+
+def test_encode_text_matches_the_worker_overlay() -> None:
+    descriptor = ModelDescriptor(default_query_template="query: {text}", default_doc_template="passage: {text}")
+    query = item(item={"text": "find"}, is_query=True, instruction="Retrieve:")
+    assert encode_text(query, descriptor) == prepare_text(
+        "find", is_query=True, instruction="Retrieve:", query_template="query: {text}"
+    )
+    # The item's options override the profile's templates, even with None (as the worker's dict overlay).
+    doc = item(item={"text": "hello"}, options={"doc_template": None})
+    assert encode_text(doc, descriptor) == "hello"
+    assert encode_text(item(item={"text": "hello"}), descriptor) == "passage: hello"
+    assert encode_text(item(item={"images": []}), descriptor) is None
+
+
+# --- the stage ------------------------------------------------------------------------------------
+
+
+async def prepare(model: ReadyModel, works: list[Work]) -> None:
+    with ThreadPoolExecutor(2) as executor:
+        calls: list[int] = []
+
+        async def fail(works: list[Work]) -> None:
+            raise AssertionError("preparation failed")
+
+        preparer = Preparer(executor, lambda m, w: calls.append(len(w)), fail)
+        await preparer.prepare(model, works)
+
+
+async def test_encode_group_gets_prepared_tokens_and_token_costs(tokenizer_file: Path) -> None:
+    works = [Work(_Delivery(item(0, item={"text": "hello world"})), 0.0),
+             Work(_Delivery(item(1, item={"text": "hello"})), 0.0)]  # fmt: skip
+    model = ready(tokenizer_file)
+    await prepare(model, works)
+    first = works[0].run_item.encode.prepared_tokens
+    assert first.input_ids == [[2, 4, 5, 3]] and first.token_type_ids == [[0, 0, 0, 0]]
+    assert first.tokenizer_id == model.descriptor.tokenizer_id and first.max_seq_len == 6
+    assert [w.cost for w in works] == [4, 3]
+    assert works[0].run_item.op == "encode" and works[0].run_item.work_item_id == "r0.0"
+
+
+async def test_truncate_false_leaves_tokenization_to_the_worker(tokenizer_file: Path) -> None:
+    works = [Work(_Delivery(item(0, item={"text": "hello " * 20}, options={"truncate": False})), 0.0)]
+    await prepare(ready(tokenizer_file), works)
+    assert works[0].run_item.encode.prepared_tokens is None
+    assert works[0].cost == 6  # still costed by the (truncated) token count
+
+
+async def test_without_a_tokenizer_the_cost_is_the_character_proxy() -> None:
+    works = [Work(_Delivery(item(0, item={"text": "hello world"})), 0.0)]
+    await prepare(ready(None), works)
+    assert works[0].run_item.encode.prepared_tokens is None and works[0].cost == len("hello world")
+
+
+async def test_a_tokenizer_with_another_id_is_not_used(tokenizer_file: Path) -> None:
+    works = [Work(_Delivery(item(0, item={"text": "hello"})), 0.0)]
+    await prepare(ready(tokenizer_file, tokenizer_id="0" * 32), works)
+    assert works[0].run_item.encode.prepared_tokens is None
+
+
+async def test_score_and_extract_are_costed_without_tokenizing(tokenizer_file: Path) -> None:
+    score = item(0, "score", query_item={"text": "ab"}, score_items=[{"text": "c"}, {"text": "de"}])
+    extract = item(1, "extract", item={"text": "hello"}, labels=["person"])
+    works = [Work(_Delivery(score), 0.0), Work(_Delivery(extract), 0.0)]
+    await prepare(ready(tokenizer_file), works)
+    assert works[0].cost == 3 + 4 and works[0].run_item.score.score_items == [{"text": "c"}, {"text": "de"}]
+    assert works[1].cost == 1 and works[1].run_item.extract.labels == ["person"]
+
+
+async def test_group_is_tokenized_in_one_call(tokenizer_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    original = TextTokenizer.encode_batch
+
+    def counting(self, texts):
+        calls.append(len(texts))
+        return original(self, texts)
+
+    monkeypatch.setattr(TextTokenizer, "encode_batch", counting)
+    works = [Work(_Delivery(item(i, item={"text": "hello"})), 0.0) for i in range(5)]
+    await prepare(ready(tokenizer_file), works)
+    assert calls == [5]
+
+
+async def test_stage_hands_prepared_groups_to_the_scheduler(tokenizer_file: Path) -> None:
+    submitted: list[tuple[str, int]] = []
+    with ThreadPoolExecutor(2) as executor:
+
+        async def fail(works: list[Work]) -> None:
+            raise AssertionError("preparation failed")
+
+        preparer = Preparer(executor, lambda m, w: submitted.append((m.model_id, len(w))), fail)
+        preparer.start()
+        try:
+            await preparer.put(ready(tokenizer_file), [Work(_Delivery(item(0, item={"text": "hello"})), 0.0)])
+            for _ in range(1000):
+                if submitted:
+                    break
+                await asyncio.sleep(0.001)
+        finally:
+            await preparer.close()
+    assert submitted == [("m", 1)]

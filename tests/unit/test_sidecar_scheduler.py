@@ -1,0 +1,215 @@
+"""The batch former: padded-cost budget, item cap, cost sort, oversize alone, oldest-first fairness,
+adaptive coalescing, and the continuous-batching driver."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from sie.settings import BatchingSettings
+from sie.sidecar.scheduler import (
+    DEFAULT_MAX_BATCH_COST,
+    Batch,
+    BatchFormer,
+    Scheduler,
+    batch_limits,
+    choose_window,
+)
+from sie.sidecar.work import BatchLimits, ReadyModel, Work
+from sie.wire.ipc_control import ModelDescriptor
+from sie.wire.queue import WorkItem
+
+
+class _Delivery:
+    def __init__(self, item: WorkItem) -> None:
+        self.item = item
+        self.subject = "sie.work.default.default.default.m"
+        self.num_delivered = 1
+
+
+def work(index: int, cost: int, received: float = 0.0, op: str = "encode", lora: str | None = None) -> Work:
+    item = WorkItem(
+        work_item_id=f"r{index}.0", request_id=f"r{index}", item_index=0, total_items=1, operation=op,
+        model_id="m", profile_id="default", pool_name="default", machine_profile="default", router_id="gw",
+        reply_subject=f"_INBOX.gw.r{index}", timestamp=0.0, options={"lora_id": lora} if lora else None,
+    )  # fmt: skip
+    result = Work(_Delivery(item), received)
+    result.cost = cost
+    return result
+
+
+def model(max_cost: int = 100, max_items: int = 8) -> ReadyModel:
+    return ReadyModel("m", ModelDescriptor(), BatchLimits(max_cost=max_cost, max_items=max_items))
+
+
+def ids(batch: Batch) -> list[str]:
+    return [w.item.request_id for w in batch.works]
+
+
+# --- limits ---------------------------------------------------------------------------------------
+
+
+def test_limits_come_from_the_profile_capped_by_the_setting() -> None:
+    descriptor = ModelDescriptor(max_batch_tokens=8192)
+    assert batch_limits(descriptor, 32, BatchingSettings()) == BatchLimits(8192, 32)
+    assert batch_limits(descriptor, 32, BatchingSettings(max_batch_tokens=1000)) == BatchLimits(1000, 32)
+    assert batch_limits(descriptor, None, BatchingSettings(max_batch_items=7)) == BatchLimits(8192, 7)
+    assert batch_limits(None, None, BatchingSettings()).max_cost == DEFAULT_MAX_BATCH_COST
+
+
+# --- the window -----------------------------------------------------------------------------------
+
+
+def test_window_respects_the_padded_cost_budget() -> None:
+    # longest × count <= 100: with costs 10, 20, 30, 40 from the anchor (cost 10) ...
+    chosen = choose_window([10, 20, 30, 40], 0, BatchLimits(max_cost=100, max_items=8))
+    assert chosen == [0, 1, 2]  # 3 × 30 = 90; adding 40 makes 4 × 40 = 160
+
+
+def test_window_caps_item_count() -> None:
+    assert len(choose_window([1] * 20, 0, BatchLimits(max_cost=1000, max_items=5))) == 5
+
+
+def test_window_groups_similar_costs_around_the_anchor() -> None:
+    # The anchor (index 0, cost 50) takes the dearest cheaper items first, so padding stays small.
+    chosen = choose_window([50, 1, 48, 2, 49, 3], 0, BatchLimits(max_cost=1000, max_items=3))
+    assert sorted(chosen) == [0, 2, 4]
+
+
+def test_oversize_anchor_goes_alone() -> None:
+    assert choose_window([500, 1, 2], 0, BatchLimits(max_cost=100, max_items=8)) == [0]
+
+
+def test_oversize_item_never_joins_others() -> None:
+    chosen = choose_window([5, 500, 6], 0, BatchLimits(max_cost=100, max_items=8))
+    assert sorted(chosen) == [0, 2]
+
+
+# --- the former -----------------------------------------------------------------------------------
+
+
+def test_take_sorts_by_cost_and_charges_the_padded_cost() -> None:
+    former = BatchFormer(model(max_cost=1000), max_wait_s=0.0)
+    former.add([work(0, 7), work(1, 30), work(2, 3), work(3, 12)], now=0.0)
+    batch = former.take(now=0.0)
+    assert batch is not None
+    assert [w.cost for w in batch.works] == [3, 7, 12, 30]
+    assert batch.cost == 30 * 4
+    assert former.count == 0 and former.take(0.0) is None
+
+
+def test_oldest_item_always_goes_next() -> None:
+    former = BatchFormer(model(max_cost=100, max_items=2), max_wait_s=0.0)
+    former.add([work(0, 90, received=0.0)], now=0.0)
+    former.add([work(i, 1, received=1.0) for i in range(1, 6)], now=1.0)
+    first = former.take(now=1.0)
+    assert ids(first) == ["r0"]  # oversize for two, so alone, but first: no starvation
+    assert [w.cost for w in former.take(now=1.0).works] == [1, 1]
+
+
+def test_operations_and_lora_keys_never_mix() -> None:
+    former = BatchFormer(model(max_cost=1000), max_wait_s=0.0)
+    former.add([work(0, 1, 0.0), work(1, 1, 0.1, op="score"), work(2, 1, 0.2, lora="a"), work(3, 1, 0.3)], now=0.3)
+    batches = [former.take(0.3) for _ in range(3)]
+    assert [(b.op, b.lora_key, ids(b)) for b in batches] == [
+        ("encode", "", ["r0", "r3"]),
+        ("score", "", ["r1"]),
+        ("encode", "a", ["r2"]),
+    ]
+
+
+def test_a_lone_caller_never_waits() -> None:
+    former = BatchFormer(model(), max_wait_s=0.010)
+    for step in range(10):  # one item at a time, 1 ms apart: dense, but nobody else is waiting
+        now = step * 0.001
+        former.add([work(step, 1, received=now)], now=now)
+        assert former.take(now) is not None
+
+
+def test_concurrent_callers_coalesce_briefly_then_go() -> None:
+    former = BatchFormer(model(max_items=16), max_wait_s=0.010)
+    now = 0.0
+    for step in range(20):  # bursts of 4 items 0.1 ms apart: batches of several items, dense arrivals
+        now = step * 0.0001
+        former.add([work(step * 4 + k, 1, received=now) for k in range(4)], now=now)
+        if step % 4 == 3:
+            former.take(now + 0.01)
+    former.add([work(999, 1, received=now)], now=now)
+    assert former.take(now) is None  # more are expected within the coalescing gap
+    wake = former.wake_at(now)
+    assert wake is not None and now < wake <= now + 0.002 + 1e-9
+    assert former.take(wake) is not None  # the gap passed with nothing new: go
+
+
+def test_a_full_batch_never_waits() -> None:
+    former = BatchFormer(model(max_items=4), max_wait_s=0.010)
+    for step in range(10):
+        former.add([work(step * 4 + k, 1) for k in range(4)], now=step * 0.0001)
+        assert former.take(step * 0.0001) is not None
+
+
+# --- the driver -----------------------------------------------------------------------------------
+
+
+class _SlowWorker:
+    """Dispatch that blocks until released, recording batch sizes."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+        self.release = asyncio.Event()
+        self.running = 0
+        self.max_running = 0
+
+    async def dispatch(self, batch: Batch) -> None:
+        self.sizes.append(len(batch.works))
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        await self.release.wait()
+        self.release.clear()
+        self.running -= 1
+
+
+async def wait_for(condition, timeout_s: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        await asyncio.sleep(0)
+
+
+async def test_idle_model_dispatches_at_once_and_accumulates_while_busy() -> None:
+    worker = _SlowWorker()
+    scheduler = Scheduler(worker.dispatch, max_wait_s=0.010)
+    try:
+        scheduler.submit(model(max_cost=1000, max_items=64), [work(0, 1, time.monotonic())])
+        await wait_for(lambda: worker.sizes == [1])  # no fixed wait when idle
+        for index in range(1, 11):  # arrive while batch 1 runs
+            scheduler.submit(model(max_cost=1000, max_items=64), [work(index, 1, time.monotonic())])
+        await asyncio.sleep(0)
+        assert worker.sizes == [1] and scheduler.pending_count() == 10
+        worker.release.set()
+        await wait_for(lambda: worker.sizes == [1, 10])  # the next batch forms the moment batch 1 returns
+        assert worker.max_running == 1
+        worker.release.set()
+        await wait_for(lambda: worker.running == 0)
+    finally:
+        await scheduler.close()
+
+
+@pytest.mark.parametrize("inflight", [1, 2])
+async def test_inflight_batches_per_model_are_bounded(inflight: int) -> None:
+    worker = _SlowWorker()
+    scheduler = Scheduler(worker.dispatch, max_wait_s=0.0, max_inflight=inflight)
+    try:
+        for index in range(6):
+            scheduler.submit(model(max_cost=1000, max_items=1), [work(index, 1)])
+        await wait_for(lambda: worker.running == inflight)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert worker.max_running == inflight
+        assert len(scheduler.waiting()) == 6
+        assert len(scheduler.drain_pending()) == 6 - inflight
+    finally:
+        await scheduler.close()
