@@ -11,5 +11,12 @@ from sie.settings import Settings
 
 RoleMain = Callable[[Settings], int]
 
-AVAILABLE_ROLES: dict[str, RoleMain] = {}
+
+def _all(settings: Settings) -> int:
+    from sie.roles import all as role_all  # imported on use: each role pulls in only its own stack
+
+    return role_all.run(settings)
+
+
+AVAILABLE_ROLES: dict[str, RoleMain] = {"all": _all}
 PLANNED_ROLES = ("gateway", "config", "sidecar", "worker", "all")

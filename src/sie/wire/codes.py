@@ -25,6 +25,11 @@ PROVISIONING: Final = "PROVISIONING"
 GATEWAY_TIMEOUT: Final = "GATEWAY_TIMEOUT"
 # Sidecar → gateway: a result too large for one message and no result_chunk_v1 (seed 001).
 PAYLOAD_TOO_LARGE: Final = "PAYLOAD_TOO_LARGE"
+# Gateway-only codes: broker unreachable, draining on shutdown, bundle override conflict, client gone.
+QUEUE_UNAVAILABLE: Final = "QUEUE_UNAVAILABLE"
+SHUTTING_DOWN: Final = "SHUTTING_DOWN"
+BUNDLE_CONFLICT: Final = "BUNDLE_CONFLICT"
+CLIENT_CLOSED_REQUEST: Final = "CLIENT_CLOSED_REQUEST"
 # Gateway → client: a chunked result failed validation; static message, never the worker's detail (seed 000).
 TRANSPORT_FAILURE: Final = "transport_failure"
 

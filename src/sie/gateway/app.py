@@ -1,0 +1,110 @@
+"""`build_gateway_app`: the gateway's starlette application, composed from a catalog getter, a transport, a
+model status source and settings. The lifespan runs the result collector; serving it (hypercorn, HTTP/1.1
+and h2c) and the SIGTERM drain are the role file's job, through `serving_state(app)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from sie.gateway.collector import Collector
+from sie.gateway.dispatcher import Dispatcher
+from sie.gateway.edge import reply_response
+from sie.gateway.errors import error_reply, route_error_reply, surface_for_path
+from sie.gateway.handlers import InferenceHandlers, ReadHandlers
+from sie.gateway.router import CatalogSource, Router
+from sie.gateway.service import InferenceService
+from sie.gateway.shutdown import ServingState, ShutdownMiddleware
+from sie.gateway.status import ModelStatusSource
+from sie.settings import GatewaySettings, LaneSettings
+from sie.transport.base import Transport
+
+
+def _routes(inference: InferenceHandlers, read: ReadHandlers) -> list[Route]:
+    return [
+        Route("/v1/encode/{model:path}", inference.encode, methods=["POST"]),
+        Route("/v1/score/{model:path}", inference.score, methods=["POST"]),
+        Route("/v1/extract/{model:path}", inference.extract, methods=["POST"]),
+        Route("/v1/embeddings", inference.embeddings, methods=["POST"]),
+        Route("/v1/models", read.list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", read.get_model, methods=["GET"]),
+        Route("/healthz", read.healthz, methods=["GET"]),
+        Route("/readyz", read.readyz, methods=["GET"]),
+        Route("/health", read.health, methods=["GET"]),
+    ]
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    # Unknown routes and methods: `{"detail": "Not Found"}`, as sie-server (FastAPI) answers.
+    if not isinstance(exc, HTTPException):
+        return await _unexpected(request, exc)
+    response = reply_response(route_error_reply(exc.status_code, exc.detail))
+    response.headers.update(exc.headers or {})
+    return response
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    # Last resort for a failure outside the handlers' wrapper: an envelope, never a traceback.
+    return reply_response(error_reply(exc, surface_for_path(request.url.path)))
+
+
+def build_gateway_app(
+    catalog: CatalogSource,
+    transport: Transport,
+    status: ModelStatusSource,
+    settings: GatewaySettings,
+    *,
+    router_id: str,
+    lane: LaneSettings | None = None,
+) -> Starlette:
+    """The gateway ASGI app; `lane` gives the default pool and machine profile when headers name none.
+
+    `transport` must be entered (started) before the app's lifespan starts, and outlive it.
+    """
+    serving = ServingState()
+    collector = Collector(transport, router_id)
+    service = InferenceService(
+        Router(catalog, lane if lane is not None else LaneSettings()),
+        Dispatcher(transport, settings, router_id),
+        collector,
+        settings.request_timeout_s,
+    )
+    inference = InferenceHandlers(service, settings.max_body_bytes)
+    read = ReadHandlers(catalog, status, serving, settings.configured_gpus)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with collector:
+            serving.started = True
+            try:
+                yield
+            finally:
+                serving.started = False
+
+    app = Starlette(
+        routes=_routes(inference, read),
+        middleware=[Middleware(ShutdownMiddleware, serving=serving)],
+        exception_handlers={HTTPException: _http_error, Exception: _unexpected},
+        lifespan=lifespan,
+    )
+    app.state.serving = serving
+    app.state.collector = collector
+    return app
+
+
+def serving_state(app: Starlette) -> ServingState:
+    """The app's serving state: `begin_shutdown()` on SIGTERM, then `await drain(timeout_s)`."""
+    return app.state.serving
+
+
+def collector_of(app: Starlette) -> Collector:
+    """The app's result collector (`len()` is the number of requests waiting for results)."""
+    return app.state.collector

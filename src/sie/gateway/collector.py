@@ -1,0 +1,103 @@
+"""Result collection: one app-wide subscription on `_INBOX.{router_id}.>` fills the slots of pending requests.
+
+A request registers N slots under its request id and waits until all are filled or its timeout passes.
+Results for unknown ids, out-of-range slots or already-filled slots are dropped (delivery is at-least-once).
+The entry leaves the table on completion, timeout, publish failure or client disconnect: `expect` owns it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Self
+
+from sie.catalog.names import inbox_wildcard
+from sie.gateway.exceptions import GatewayTimeoutError, QueueUnavailableError
+from sie.transport.base import MessageBus, Subscription
+from sie.wire.queue import WorkResult
+
+
+class PendingRequest:
+    """The result slots of one request, in item order."""
+
+    __slots__ = ("request_id", "results", "missing", "_done")
+
+    def __init__(self, request_id: str, size: int, done: asyncio.Future[None]) -> None:
+        self.request_id = request_id
+        self.results: list[WorkResult | None] = [None] * size
+        self.missing = size
+        self._done = done
+
+    def fill(self, result: WorkResult) -> None:
+        """Store a result in its slot; a duplicate or out-of-range index is ignored."""
+        index = result.item_index
+        if not 0 <= index < len(self.results) or self.results[index] is not None:
+            return
+        self.results[index] = result
+        self.missing -= 1
+        if self.missing == 0 and not self._done.done():
+            self._done.set_result(None)
+
+    def fail(self, error: BaseException) -> None:
+        """End the wait with `error` (the collector is stopping)."""
+        if not self._done.done():
+            self._done.set_exception(error)
+
+    async def wait(self, timeout_s: float) -> list[WorkResult]:
+        """Every slot's result; GatewayTimeoutError when they do not all arrive within `timeout_s`."""
+        if self.missing:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await self._done
+            except TimeoutError:
+                received = len(self.results) - self.missing
+                raise GatewayTimeoutError(
+                    f"No worker result within {timeout_s:g}s ({received} of {len(self.results)} items answered)"
+                ) from None
+        return self.results  # type: ignore[return-value]  # every slot is filled once missing == 0
+
+
+class Collector:
+    """The gateway's inbox: an async context manager holding the one result subscription."""
+
+    def __init__(self, bus: MessageBus, router_id: str) -> None:
+        self._bus = bus
+        self._subject = inbox_wildcard(router_id)
+        self._pending: dict[str, PendingRequest] = {}
+        self._subscription: Subscription | None = None
+
+    async def __aenter__(self) -> Self:
+        self._subscription = await self._bus.subscribe_results(self._subject, self._on_result)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            await subscription.unsubscribe()
+        for pending in list(self._pending.values()):
+            pending.fail(QueueUnavailableError("The gateway stopped before the results arrived"))
+
+    def __len__(self) -> int:
+        """Requests waiting for results (tests check it returns to zero: no leaks)."""
+        return len(self._pending)
+
+    @contextlib.contextmanager
+    def expect(self, request_id: str, size: int) -> Iterator[PendingRequest]:
+        """Register `size` slots for `request_id` for the duration of the `with` block."""
+        if self._subscription is None:
+            raise QueueUnavailableError("The gateway's result subscription is not running")
+        pending = PendingRequest(request_id, size, asyncio.get_running_loop().create_future())
+        self._pending[request_id] = pending
+        try:
+            yield pending
+        finally:
+            del self._pending[request_id]
+
+    def _on_result(self, result: WorkResult) -> None:
+        pending = self._pending.get(result.request_id)
+        if pending is not None:
+            pending.fill(result)

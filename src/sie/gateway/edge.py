@@ -1,0 +1,117 @@
+"""Starlette glue every gateway route shares: reading a body under the cap, the routing headers, the error
+wrapper that answers each failure through errors.py, abandoning work when the client leaves, and rendering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Concatenate, TypeVar
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from sie.gateway.errors import ErrorReply, Surface, error_reply
+from sie.gateway.exceptions import ClientDisconnectedError, PayloadTooLargeError
+from sie.gateway.headers import VERSION_HEADERS, response_headers
+from sie.gateway.negotiation import JSON_MEDIA_TYPE, render, wants_msgpack
+from sie.gateway.router import LaneHints
+from sie.gateway.service import Served
+from sie.wire import dumps_json
+
+T = TypeVar("T")
+S = TypeVar("S")
+Handler = Callable[Concatenate[S, Request, ...], Awaitable[Response]]
+
+
+def lane_hints(request: Request) -> LaneHints:
+    """`X-SIE-Pool` and `X-SIE-MACHINE-PROFILE` as sent (the router validates them)."""
+    headers = request.headers
+    return LaneHints(headers.get("x-sie-pool"), headers.get("x-sie-machine-profile"))
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body; over `limit` bytes (declared or streamed) raises PayloadTooLargeError."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLargeError(f"Request body of {declared} bytes exceeds the {limit} byte limit")
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLargeError(f"Request body exceeds the {limit} byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def reply_response(reply: ErrorReply) -> Response:
+    return Response(reply.content(), status_code=reply.status, headers=reply.headers, media_type=JSON_MEDIA_TYPE)
+
+
+def endpoint(surface: Surface) -> Callable[[Handler[S]], Handler[S]]:
+    """Wrap a handler method so every exception it raises is answered with `surface`'s envelope."""
+
+    def wrap(handler: Handler[S]) -> Handler[S]:
+        @functools.wraps(handler)
+        async def run(self: S, request: Request, *args: Any) -> Response:
+            try:
+                return await handler(self, request, *args)
+            except Exception as exc:  # noqa: BLE001 - errors.py answers every failure; it logs the unexpected ones
+                return reply_response(error_reply(exc, surface))
+
+        return run
+
+    return wrap
+
+
+class _Watch:
+    """Cancels the handler's task when the client disconnects, and remembers that it did."""
+
+    __slots__ = ("task", "fired")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.fired = False
+
+    async def __call__(self, request: Request) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        self.fired = True
+        self.task.cancel()
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await `work` (after the body was read); if the client disconnects first, cancel it.
+
+    Cancellation unwinds the collector's `with` block, so the abandoned request leaves no entry behind.
+    The work runs in the handler's own task and one watcher task waits on `receive()` (cheaper than
+    racing two tasks); hypercorn itself never cancels a handler whose client went away.
+    """
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("until_disconnect must run inside a task; this is a bug")
+    watch = _Watch(task)
+    watcher = asyncio.ensure_future(watch(request))
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if watch.fired and task.uncancel() == 0:
+            raise ClientDisconnectedError("The client disconnected before the results arrived") from None
+        raise
+    finally:
+        watcher.cancel()
+
+
+def served_response(served: Served, accept: str | None, started: float) -> Response:
+    """Render a result in the format `accept` negotiates, with timing headers (X-Total-Time from `started`)."""
+    content, media_type = render(served.body, wants_msgpack(accept))
+    headers = response_headers(served.meta, (time.perf_counter() - started) * 1e3)
+    return Response(content, media_type=media_type, headers=headers)
+
+
+def json_response(body: Any) -> Response:
+    """A JSON body with the version headers (operator endpoints)."""
+    return Response(dumps_json(body), media_type=JSON_MEDIA_TYPE, headers=VERSION_HEADERS)

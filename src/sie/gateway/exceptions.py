@@ -1,0 +1,126 @@
+"""Failures the gateway's domain code raises; each carries its wire code and fields, never a status or envelope.
+
+errors.py maps these (and the catalog, wire and transport errors that reach a handler) onto HTTP. Tree:
+
+    GatewayError
+    ├── InvalidRequestError      the request cannot be served as sent (INVALID_INPUT / INPUT_TOO_LONG)
+    ├── PayloadTooLargeError     the request body, or a compatibility reply, is over its cap
+    ├── RetryableError           try again later: Retry-After and X-SIE-Error-Code
+    │   ├── ProvisioningError    no consumer serves the lane (scale from zero)
+    │   ├── QueueFullError       the pool stream is over its pending limit or full
+    │   ├── QueueUnavailableError  the transport cannot be reached
+    │   ├── WorkerRetryableError every item failed with one retryable worker code
+    │   ├── ShuttingDownError    the gateway is draining
+    │   └── GatewayTimeoutError  published, but no result before the request timeout (also a TimeoutError)
+    ├── ModelLoadFailedError     every item failed with MODEL_LOAD_FAILED (terminal)
+    ├── AllItemsFailedError      every item failed, with mixed or non-retryable codes
+    └── ClientDisconnectedError  the caller left before the answer; its work was abandoned
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from sie.wire import codes
+
+# Retry-After defaults in seconds (seed 000 §2): provisioning 60, everything else 5.
+PROVISIONING_RETRY_AFTER_S: Final = 60
+DEFAULT_RETRY_AFTER_S: Final = 5
+
+
+class GatewayError(Exception):
+    """Base class: a wire `code`, a caller-facing `message`, and diagnostic `extra` fields for the envelope."""
+
+    code: str = codes.INTERNAL_ERROR
+
+    def __init__(self, message: str, *, code: str | None = None, **extra: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.extra = extra
+
+
+class InvalidRequestError(GatewayError):
+    """The request names something the model or gateway cannot do; the message names the field or item."""
+
+    code = codes.INVALID_INPUT
+
+
+class PayloadTooLargeError(GatewayError):
+    """A body over `max_body_bytes`, or an OpenAI reply over its 16 MiB buffer."""
+
+    code = codes.PAYLOAD_TOO_LARGE
+
+
+class RetryableError(GatewayError):
+    """A condition that passes: the caller should retry after `retry_after_s` seconds."""
+
+    retry_after_s: int = DEFAULT_RETRY_AFTER_S
+
+    def __init__(
+        self, message: str, *, code: str | None = None, retry_after_s: int | None = None, **extra: Any
+    ) -> None:
+        super().__init__(message, code=code, **extra)
+        if retry_after_s is not None:
+            self.retry_after_s = retry_after_s
+
+
+class ProvisioningError(RetryableError):
+    """No worker consumes the lane yet; demand is recorded and capacity may be on its way."""
+
+    code = codes.PROVISIONING
+    retry_after_s = PROVISIONING_RETRY_AFTER_S
+
+
+class QueueFullError(RetryableError):
+    """Admission refused: the pool stream holds too much pending work (seed 000 §2 backpressure)."""
+
+    code = codes.QUEUE_FULL
+
+
+class QueueUnavailableError(RetryableError):
+    """The queue transport is down; the gateway never falls back to direct dispatch."""
+
+    code = codes.QUEUE_UNAVAILABLE
+
+
+class WorkerRetryableError(RetryableError):
+    """Every item failed with the same retryable worker code (RESOURCE_EXHAUSTED, MODEL_LOADING, LORA_LOADING)."""
+
+
+class ShuttingDownError(RetryableError):
+    """The gateway stopped accepting requests while in-flight ones finish."""
+
+    code = codes.SHUTTING_DOWN
+
+
+class GatewayTimeoutError(RetryableError, TimeoutError):
+    """Work was published but not every result arrived before `request_timeout_s`."""
+
+    code = codes.GATEWAY_TIMEOUT
+
+
+class ModelLoadFailedError(GatewayError):
+    """The model cannot be loaded; terminal, so no Retry-After (the SDK must not retry it)."""
+
+    code = codes.MODEL_LOAD_FAILED
+
+    def __init__(self, message: str, *, error_class: str, attempts: int, permanent: bool) -> None:
+        super().__init__(message, error_class=error_class, attempts=attempts, permanent=permanent)
+
+
+class AllItemsFailedError(GatewayError):
+    """Every item failed and no single retryable code explains it; `details` lists each item's failure."""
+
+    code = codes.INFERENCE_ERROR
+
+    def __init__(self, message: str, details: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+class ClientDisconnectedError(GatewayError):
+    """The client closed the connection while its request waited; nobody reads the answer."""
+
+    code = codes.CLIENT_CLOSED_REQUEST

@@ -1,0 +1,107 @@
+"""HTTP handlers of the gateway: each decodes the request, makes one domain call and renders the answer.
+
+Inference: `POST /v1/encode|score|extract/{model:path}` and the OpenAI `POST /v1/embeddings`. Read surface:
+`GET /v1/models[/{model:path}]`, `/health`, and the plain-text probes `/healthz` and `/readyz` (seed 000 §4, §14).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TypeVar
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+
+from sie.gateway import models, openai
+from sie.gateway.edge import (
+    endpoint,
+    json_response,
+    lane_hints,
+    read_body,
+    served_response,
+    until_disconnect,
+)
+from sie.gateway.errors import Surface
+from sie.gateway.headers import VERSION_HEADERS
+from sie.gateway.negotiation import decode_data, decode_request
+from sie.gateway.router import CatalogSource
+from sie.gateway.service import InferenceService
+from sie.gateway.shutdown import ServingState
+from sie.gateway.status import ModelStatusSource
+from sie.wire.http import EncodeRequest, ExtractRequest, ScoreRequest
+
+T = TypeVar("T")
+
+
+class InferenceHandlers:
+    """The queue-backed inference routes."""
+
+    def __init__(self, service: InferenceService, max_body_bytes: int) -> None:
+        self._service = service
+        self._max_body_bytes = max_body_bytes
+
+    async def _decode(self, request: Request, cls: type[T]) -> T:
+        body = await read_body(request, self._max_body_bytes)
+        return decode_request(body, request.headers.get("content-type"), cls)
+
+    @endpoint(Surface.NATIVE)
+    async def encode(self, request: Request) -> Response:
+        started = time.perf_counter()
+        body = await self._decode(request, EncodeRequest)
+        work = self._service.encode(request.path_params["model"], body, lane_hints(request))
+        return served_response(await until_disconnect(request, work), request.headers.get("accept"), started)
+
+    @endpoint(Surface.NATIVE)
+    async def score(self, request: Request) -> Response:
+        started = time.perf_counter()
+        body = await self._decode(request, ScoreRequest)
+        work = self._service.score(request.path_params["model"], body, lane_hints(request))
+        return served_response(await until_disconnect(request, work), request.headers.get("accept"), started)
+
+    @endpoint(Surface.NATIVE)
+    async def extract(self, request: Request) -> Response:
+        started = time.perf_counter()
+        body = await self._decode(request, ExtractRequest)
+        work = self._service.extract(request.path_params["model"], body, lane_hints(request))
+        return served_response(await until_disconnect(request, work), request.headers.get("accept"), started)
+
+    @endpoint(Surface.OPENAI)
+    async def embeddings(self, request: Request) -> Response:
+        started = time.perf_counter()
+        raw = await read_body(request, self._max_body_bytes)
+        call = openai.parse_embeddings(decode_data(raw, request.headers.get("content-type")))
+        served = await until_disconnect(request, self._service.embeddings(call, lane_hints(request)))
+        # OpenAI clients speak JSON: Accept is not consulted.
+        return served_response(served, None, started)
+
+
+class ReadHandlers:
+    """Model catalogue, health and probes."""
+
+    def __init__(
+        self, catalog: CatalogSource, status: ModelStatusSource, serving: ServingState, configured_gpus: tuple[str, ...]
+    ) -> None:
+        self._catalog = catalog
+        self._status = status
+        self._serving = serving
+        self._configured_gpus = configured_gpus
+
+    @endpoint(Surface.NATIVE)
+    async def list_models(self, request: Request) -> Response:
+        return json_response(models.models_body(self._catalog(), self._status))
+
+    @endpoint(Surface.NATIVE)
+    async def get_model(self, request: Request) -> Response:
+        return json_response(models.model_body(self._catalog(), request.path_params["model"], self._status))
+
+    @endpoint(Surface.NATIVE)
+    async def health(self, request: Request) -> Response:
+        return json_response(models.health_body(self._catalog(), self._status, self._configured_gpus))
+
+    async def healthz(self, request: Request) -> Response:
+        return PlainTextResponse("ok", headers=VERSION_HEADERS)
+
+    async def readyz(self, request: Request) -> Response:
+        if self._serving.ready:
+            return PlainTextResponse("ok", headers=VERSION_HEADERS)
+        return PlainTextResponse("not ready", status_code=503, headers=VERSION_HEADERS)

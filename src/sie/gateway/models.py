@@ -1,0 +1,71 @@
+"""Operator read surface bodies: ModelInfo for `/v1/models` (contracts Part B §1.6, seed 000 §14) and the
+gateway `/health` summary (contracts Part B §1.10). Built from a catalog snapshot and a ModelStatusSource. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from sie.catalog import Catalog, ModelEntry
+from sie.gateway.status import STATE_LOADED, ModelStatusSource, WorkerSummary
+
+INPUT_KINDS: Final = ("text", "image", "audio", "video", "document")
+
+
+def model_info(catalog: Catalog, entry: ModelEntry, status: ModelStatusSource) -> dict[str, Any]:
+    """One ModelInfo: catalogue facts plus the state the workers report."""
+    model = entry.model
+    state, last_error = status.status(entry.model_id)
+    return {
+        "name": entry.model_id,
+        "inputs": [kind for kind in INPUT_KINDS if model.inputs.get(kind)],
+        "outputs": model.outputs,
+        "dims": model.dims,
+        "loaded": state == STATE_LOADED,
+        "state": state,
+        "last_error": last_error.to_dict() if last_error is not None else None,
+        "max_sequence_length": model.max_sequence_length,
+        "profiles": {name: {"is_default": name == entry.profile} for name in model.profiles},
+        "bundles": [bundle.name for bundle in catalog.entry_bundles(entry)],
+    }
+
+
+def models_body(catalog: Catalog, status: ModelStatusSource) -> dict[str, Any]:
+    """`{"models": [ModelInfo]}` for every servable id, profile variants included."""
+    return {"models": [model_info(catalog, entry, status) for entry in catalog.entries.values()]}
+
+
+def model_body(catalog: Catalog, model_id: str, status: ModelStatusSource) -> dict[str, Any]:
+    """One model's ModelInfo; an unknown id raises ModelNotFoundError."""
+    return model_info(catalog, catalog.get(model_id), status)
+
+
+def health_body(catalog: Catalog, status: ModelStatusSource, configured_gpus: Sequence[str]) -> dict[str, Any]:
+    """Gateway health: `type: "gateway"` (how the SDK tells a gateway from a worker), workers and models."""
+    workers = list(status.workers())
+    loaded = {model for worker in workers for model in worker.loaded_models}
+    return {
+        "status": "healthy" if any(worker.healthy for worker in workers) else "degraded",
+        "type": "gateway",
+        "configured_gpu_types": list(configured_gpus),
+        "live_gpu_types": sorted({worker.machine_profile for worker in workers}),
+        "cluster": _cluster(workers, loaded),
+        "workers": [worker.to_dict() for worker in workers],
+        "models": [_model_summary(entry, status, workers) for entry in catalog.entries.values()],
+    }
+
+
+def _cluster(workers: Sequence[WorkerSummary], loaded: set[str]) -> dict[str, Any]:
+    return {
+        "worker_count": len(workers),
+        "gpu_count": sum(worker.gpu_count for worker in workers),
+        "models_loaded": len(loaded),
+        "total_qps": 0.0,
+    }
+
+
+def _model_summary(entry: ModelEntry, status: ModelStatusSource, workers: Sequence[WorkerSummary]) -> dict[str, Any]:
+    state, _ = status.status(entry.model_id)
+    count = sum(1 for worker in workers if entry.model_id in worker.loaded_models)
+    return {"name": entry.model_id, "state": state, "worker_count": count}

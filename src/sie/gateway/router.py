@@ -1,0 +1,166 @@
+"""Routing: a model spec, the request's profile and lane headers → the entry, bundle, lane and work subject,
+plus every check that can refuse a request before anything is published (seed 000 §2, §16.1–16.3).
+
+Reads a catalog snapshot through a getter and caches routes per snapshot, so a request costs dict lookups.
+Pure: no I/O, no web framework.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import attrs
+
+from sie.catalog import Catalog, ModelConfig, parse_model_spec
+from sie.catalog.ids import is_valid_pool_name
+from sie.catalog.model import DEFAULT_PROFILE, ENCODE_OUTPUTS
+from sie.catalog.names import work_subject
+from sie.gateway.exceptions import InvalidRequestError
+from sie.settings import LaneSettings
+from sie.transport.base import Lane
+
+CatalogSource = Callable[[], Catalog]
+
+OUTPUT_DTYPES: Final = ("float32", "float16", "bfloat16", "int8", "uint8", "binary", "ubinary")
+UNSEEDED_BUNDLE: Final = "default"
+# Routes are cached per catalog snapshot; header values are caller-chosen, so the cache is bounded.
+_MAX_CACHED_ROUTES: Final = 4096
+
+
+@attrs.frozen
+class LaneHints:
+    """The routing headers as sent: `X-SIE-Pool` and `X-SIE-MACHINE-PROFILE` (which may be `pool/gpu`)."""
+
+    pool: str | None = None
+    machine_profile: str | None = None
+
+
+@attrs.frozen
+class Route:
+    """Where one request's work goes and what the model behind it can do."""
+
+    model: str  # the id the response names: the path's catalogue entry
+    model_id: str  # the entry the work is for (a `model:profile` variant when options.profile chose one)
+    profile: str
+    bundle: str
+    lane: Lane
+    subject: str
+    config: ModelConfig | None  # None only for the unseeded fallback (empty catalogue)
+    default_outputs: tuple[str, ...] = ("dense",)
+
+
+class Router:
+    """Resolves requests against the current catalog snapshot; the snapshot is read once per request."""
+
+    def __init__(self, catalog: CatalogSource, defaults: LaneSettings) -> None:
+        self._catalog = catalog
+        self._defaults = defaults
+        self._snapshot: Catalog | None = None
+        self._routes: dict[tuple[str, str | None, str | None, str | None], Route] = {}
+
+    def route(self, spec: str, profile: Any, hints: LaneHints) -> Route:
+        """The route for `spec` with `options.profile`; raises ModelNotFoundError, BundleConflictError or
+        InvalidRequestError (unknown profile, bad lane header)."""
+        if profile is not None and not isinstance(profile, str):
+            raise InvalidRequestError("Field 'options.profile' must be a string")
+        catalog = self._catalog()
+        if catalog is not self._snapshot:
+            self._snapshot, self._routes = catalog, {}
+        key = (spec, profile, hints.pool, hints.machine_profile)
+        route = self._routes.get(key)
+        if route is None:
+            route = self._resolve(catalog, spec, profile, hints)
+            if len(self._routes) >= _MAX_CACHED_ROUTES:
+                self._routes.clear()
+            self._routes[key] = route
+        return route
+
+    def _resolve(self, catalog: Catalog, spec: str, profile: str | None, hints: LaneHints) -> Route:
+        parsed = parse_model_spec(spec)
+        if not catalog.models:
+            # Seed 000 §2: an unseeded gateway still publishes to the caller's bundle (or `default`).
+            bundle = parsed.bundle or UNSEEDED_BUNDLE
+            return self._route(parsed.model_id, parsed.model_id, DEFAULT_PROFILE, bundle, None, hints)
+        resolution = catalog.resolve(spec)
+        named, model = resolution.entry.model_id, resolution.entry.model
+        if profile is not None and profile != resolution.entry.profile:
+            if profile not in model.profiles:
+                raise InvalidRequestError(f"Profile '{profile}' not found. Available: {sorted(model.profiles)}")
+            target = model.sie_id if profile == DEFAULT_PROFILE else f"{model.sie_id}:{profile}"
+            resolution = catalog.resolve(target, parsed.bundle)
+        entry = resolution.entry
+        route = self._route(named, entry.model_id, entry.profile, resolution.bundle.name, model, hints)
+        return attrs.evolve(route, default_outputs=_default_outputs(model, entry.profile))
+
+    def _route(
+        self, model: str, model_id: str, profile: str, bundle: str, config: ModelConfig | None, hints: LaneHints
+    ) -> Route:
+        pool, machine_profile = self._lane_tokens(config, hints)
+        lane = Lane(pool, machine_profile, bundle)
+        subject = work_subject(pool, machine_profile, bundle, model_id)
+        return Route(model, model_id, profile, bundle, lane, subject, config)
+
+    def _lane_tokens(self, config: ModelConfig | None, hints: LaneHints) -> tuple[str, str]:
+        header_pool, machine_profile = None, hints.machine_profile
+        if machine_profile and "/" in machine_profile:
+            header_pool, machine_profile = machine_profile.split("/", 1)
+        pool = hints.pool or header_pool or (config.pool if config is not None else None) or self._defaults.pool
+        machine_profile = machine_profile or self._defaults.machine_profile
+        return _lane_token("pool", pool), _lane_token("machine profile", machine_profile)
+
+
+def _lane_token(kind: str, value: str) -> str:
+    # Seed 000 §16.3: lane tokens are trimmed, lower-cased and limited to [A-Za-z0-9_-].
+    token = value.strip().lower()
+    if not is_valid_pool_name(token):
+        raise InvalidRequestError(f"Invalid {kind} '{value}': expected 1-128 characters of [A-Za-z0-9_-]")
+    return token
+
+
+def _default_outputs(model: ModelConfig, profile: str) -> tuple[str, ...]:
+    """A profile's `output_types` runtime option, else dense, else the model's first encode output."""
+    configured = model.resolve_profile(profile).runtime_options.get("output_types")
+    if isinstance(configured, list) and configured and all(isinstance(kind, str) for kind in configured):
+        return tuple(configured)
+    encode = [kind for kind in ENCODE_OUTPUTS if kind in model.tasks.encode]
+    return ("dense",) if not encode or "dense" in encode else (encode[0],)
+
+
+def _set_text(names: Sequence[str]) -> str:
+    return "{" + ", ".join(repr(name) for name in sorted(names)) + "}"
+
+
+def encode_outputs(route: Route, requested: list[str] | None) -> list[str]:
+    """The output types to compute: the request's, else the route's default; each must be a model output."""
+    wanted = list(requested) if requested else list(route.default_outputs)
+    if route.config is None:
+        return wanted
+    supported = route.config.tasks.encode
+    if not supported:
+        raise InvalidRequestError(f"Model '{route.model}' does not support encoding")
+    unsupported = [kind for kind in wanted if kind not in supported]
+    if unsupported:
+        raise InvalidRequestError(
+            f"Model '{route.model}' does not support output types: {_set_text(unsupported)}. "
+            f"Supported: {_set_text(list(supported))}"
+        )
+    return wanted
+
+
+def check_output_dtype(output_dtype: str | None) -> None:
+    """`params.output_dtype` must be one of the SDK's DType values."""
+    if output_dtype is not None and output_dtype not in OUTPUT_DTYPES:
+        raise InvalidRequestError(f"Unsupported output_dtype '{output_dtype}'. Supported: {list(OUTPUT_DTYPES)}")
+
+
+def check_score(route: Route) -> None:
+    """Scoring needs `tasks.score` (checked before anything is published)."""
+    if route.config is not None and not route.config.tasks.score:
+        raise InvalidRequestError(f"Model '{route.model}' does not support scoring")
+
+
+def check_extract(route: Route) -> None:
+    """Extraction needs `tasks.extract`."""
+    if route.config is not None and not route.config.tasks.extract:
+        raise InvalidRequestError(f"Model '{route.model}' does not support extraction")

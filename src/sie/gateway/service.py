@@ -1,0 +1,104 @@
+"""The inference path of one request, start to end: route, admit, build work items, register the collector
+slots, publish, wait, assemble (seed 000 §2, §16.2). One method per operation; each is the single domain
+call a handler makes. No web framework, no status codes: failures are the typed exceptions in exceptions.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from sie.gateway import assembly, openai, router, workitems
+from sie.gateway.collector import Collector
+from sie.gateway.dispatcher import Dispatcher
+from sie.gateway.headers import ResponseMetadata, collect_metadata
+from sie.gateway.router import LaneHints, Route, Router
+from sie.gateway.workitems import Ticket
+from sie.wire.http import EncodeRequest, ExtractRequest, ScoreRequest
+from sie.wire.queue import WorkItem, WorkResult
+
+
+@attrs.frozen
+class Served:
+    """A successful answer: the body to render and the timings for its headers."""
+
+    body: dict[str, Any]
+    meta: ResponseMetadata
+
+
+@attrs.frozen
+class Collected:
+    """Every result of one request, in item order, with the route it took and its timings."""
+
+    route: Route
+    results: list[WorkResult]
+    meta: ResponseMetadata
+
+
+def _profile(options: dict[str, Any] | None) -> Any:
+    return options.get("profile") if options else None
+
+
+class InferenceService:
+    """Encode, score and extract over the work queue."""
+
+    def __init__(self, router: Router, dispatcher: Dispatcher, collector: Collector, timeout_s: float) -> None:
+        self._router = router
+        self._dispatcher = dispatcher
+        self._collector = collector
+        self._timeout_s = timeout_s
+
+    async def encode(self, spec: str, request: EncodeRequest, hints: LaneHints) -> Served:
+        collected = await self.encode_results(spec, request, hints)
+        failed = assembly.check_failures(collected.results)
+        body = assembly.encode_body(collected.route.model, request.items, collected.results, failed)
+        return Served(body, collected.meta)
+
+    async def encode_results(self, spec: str, request: EncodeRequest, hints: LaneHints) -> Collected:
+        """The raw results of an encode (the OpenAI surface reshapes them itself)."""
+        params = request.params
+        route = self._router.route(spec, _profile(params.options if params else None), hints)
+        outputs = router.encode_outputs(route, params.output_types if params else None)
+        router.check_output_dtype(params.output_dtype if params else None)
+        return await self._run(route, lambda ticket: workitems.encode_work(route, ticket, request, outputs))
+
+    async def embeddings(self, call: openai.EmbeddingsCall, hints: LaneHints) -> Served:
+        """OpenAI embeddings: an encode whose every item must succeed, reshaped under the 16 MiB reply cap."""
+        collected = await self.encode_results(call.model, call.encode_request(), hints)
+        assembly.check_failures(collected.results, strict=True)
+        openai.check_reply_size(collected.results)
+        return Served(openai.embeddings_body(call, collected.results), collected.meta)
+
+    async def score(self, spec: str, request: ScoreRequest, hints: LaneHints) -> Served:
+        route = self._router.route(spec, _profile(request.options), hints)
+        router.check_score(route)
+        collected = await self._run(route, lambda ticket: workitems.score_work(route, ticket, request))
+        assembly.check_failures(collected.results, per_item=False)
+        body = assembly.score_body(route.model, request.query.id, collected.results[0])
+        return Served(body, collected.meta)
+
+    async def extract(self, spec: str, request: ExtractRequest, hints: LaneHints) -> Served:
+        params = request.params
+        route = self._router.route(spec, _profile(params.options if params else None), hints)
+        router.check_extract(route)
+        collected = await self._run(route, lambda ticket: workitems.extract_work(route, ticket, request))
+        failed = assembly.check_failures(collected.results)
+        body = assembly.extract_body(route.model, request.items, collected.results, failed)
+        return Served(body, collected.meta)
+
+    async def _run(self, route: Route, build: Callable[[Ticket], list[WorkItem]]) -> Collected:
+        await self._dispatcher.admit(route.lane)
+        request_id, reply = self._dispatcher.new_request()
+        now = time.time()
+        items = build(Ticket(request_id, reply, self._dispatcher.router_id, now, now + self._timeout_s))
+        with self._collector.expect(request_id, len(items)) as pending:
+            started = time.perf_counter()
+            await self._dispatcher.publish(route.subject, items)
+            published = time.perf_counter()
+            results = await pending.wait(self._timeout_s)
+            waited = time.perf_counter()
+        meta = collect_metadata(request_id, results, (published - started) * 1e3, (waited - published) * 1e3)
+        return Collected(route, results, meta)

@@ -1,0 +1,168 @@
+"""Admission, publishing and work-item building (seed 000 §2, §16.2; contracts Part B §4.1)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sie.catalog import load_catalog
+from sie.gateway.dispatcher import Dispatcher, RefreshingCache
+from sie.gateway.exceptions import ProvisioningError, QueueFullError, QueueUnavailableError
+from sie.gateway.router import LaneHints, Router
+from sie.gateway.workitems import Ticket, encode_work, extract_work, score_work
+from sie.settings import GatewaySettings, LaneSettings
+from sie.transport.base import Lane, NoConsumerError, StreamSettings
+from sie.transport.loopback import LoopbackTransport
+from sie.wire.http import EncodeParams, EncodeRequest, ExtractParams, ExtractRequest, Item, ScoreRequest
+
+LANE = Lane("default", "default", "default")
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_refreshing_cache_reuses_values_until_the_ttl_passes() -> None:
+    clock, calls = Clock(), []
+
+    async def fetch(key: str) -> int:
+        calls.append(key)
+        return len(calls)
+
+    cache: RefreshingCache[str, int] = RefreshingCache(0.05, clock)
+    assert await cache.get("a", fetch) == 1
+    clock.now = 0.049
+    assert await cache.get("a", fetch) == 1
+    clock.now = 0.051
+    assert await cache.get("a", fetch) == 2
+
+
+async def test_refreshing_cache_shares_one_fetch_between_concurrent_misses() -> None:
+    release, calls = asyncio.Event(), []
+
+    async def fetch(key: str) -> str:
+        calls.append(key)
+        await release.wait()
+        return key.upper()
+
+    cache: RefreshingCache[str, str] = RefreshingCache(1.0)
+    waiters = [asyncio.ensure_future(cache.get("k", fetch)) for _ in range(5)]
+    await asyncio.sleep(0)
+    release.set()
+    assert await asyncio.gather(*waiters) == ["K"] * 5
+    assert calls == ["k"]
+
+
+async def test_refreshing_cache_propagates_fetch_errors_and_retries_next_time() -> None:
+    async def broken(key: str) -> int:
+        raise NoConsumerError(key)
+
+    async def working(key: str) -> int:
+        return 7
+
+    cache: RefreshingCache[str, int] = RefreshingCache(1.0)
+    with pytest.raises(NoConsumerError):
+        await cache.get("k", broken)
+    assert await cache.get("k", working) == 7
+
+
+async def test_no_consumer_is_provisioning() -> None:
+    async with LoopbackTransport() as transport:
+        with pytest.raises(ProvisioningError, match="pool 'default'"):
+            await Dispatcher(transport, GatewaySettings(), "gw").admit(LANE)
+        await transport.consumer(LANE)
+        await Dispatcher(transport, GatewaySettings(), "gw").admit(LANE)
+
+
+async def test_pool_over_its_pending_limit_is_queue_full(catalog_route) -> None:
+    async with LoopbackTransport() as transport:
+        await transport.consumer(LANE)
+        dispatcher = Dispatcher(transport, GatewaySettings(max_stream_pending=1), "gw")
+        items = encode_work(catalog_route, ticket(), EncodeRequest(items=[Item(text="a"), Item(text="b")]), ["dense"])
+        await dispatcher.publish(catalog_route.subject, items)
+        with pytest.raises(QueueFullError, match="2 pending"):
+            await Dispatcher(transport, GatewaySettings(max_stream_pending=1), "gw").admit(LANE)
+
+
+async def test_full_stream_is_queue_full_and_closed_transport_is_unavailable(catalog_route) -> None:
+    transport = LoopbackTransport(StreamSettings(max_msgs=1))
+    async with transport:
+        dispatcher = Dispatcher(transport, GatewaySettings(), "gw")
+        items = encode_work(catalog_route, ticket(), EncodeRequest(items=[Item(text="a"), Item(text="b")]), ["dense"])
+        with pytest.raises(QueueFullError):
+            await dispatcher.publish(catalog_route.subject, items)
+    with pytest.raises(QueueUnavailableError):
+        await dispatcher.publish(catalog_route.subject, items)
+    with pytest.raises(QueueUnavailableError):
+        await Dispatcher(transport, GatewaySettings(), "gw").admit(LANE)
+
+
+async def test_no_consumer_at_publish_is_provisioning(catalog_route) -> None:
+    class NoConsumerQueue:
+        async def publish_work(self, subject: str, item: object) -> None:
+            raise NoConsumerError(subject)
+
+    dispatcher = Dispatcher(NoConsumerQueue(), GatewaySettings(), "gw")  # type: ignore[arg-type]
+    items = encode_work(catalog_route, ticket(), EncodeRequest(items=[Item(text="a")]), ["dense"])
+    with pytest.raises(ProvisioningError):
+        await dispatcher.publish(catalog_route.subject, items)
+
+
+def test_request_ids_and_reply_subjects() -> None:
+    dispatcher = Dispatcher(None, GatewaySettings(), "gw-1")  # type: ignore[arg-type]
+    assert dispatcher.new_request() == ("gw-1-1", "_INBOX.gw-1.gw-1-1")
+    assert dispatcher.new_request() == ("gw-1-2", "_INBOX.gw-1.gw-1-2")
+
+
+@pytest.fixture(scope="module")
+def catalog_route(baseline_catalog_dir):
+    catalog = load_catalog(baseline_catalog_dir / "bundles", baseline_catalog_dir / "models")
+    return Router(lambda: catalog, LaneSettings()).route(MINILM, "int8", LaneHints())
+
+
+def ticket() -> Ticket:
+    return Ticket("gw-7", "_INBOX.gw.gw-7", "gw", 100.0, 130.0)
+
+
+def test_encode_work_items_carry_params_and_ids(catalog_route) -> None:
+    params = EncodeParams(
+        output_types=["dense"], output_dtype="float16", instruction="q:", options={"profile": "int8", "is_query": True}
+    )
+    request = EncodeRequest(items=[Item(id="a", text="x"), Item(text="y")], params=params)
+    first, second = encode_work(catalog_route, ticket(), request, ["dense"])
+    assert (first.work_item_id, first.item_index, first.total_items) == ("gw-7.0", 0, 2)
+    assert (second.work_item_id, second.item) == ("gw-7.1", {"text": "y"})
+    assert first.item == {"id": "a", "text": "x"}
+    assert (first.model_id, first.profile_id, first.operation) == (f"{MINILM}:int8", "int8", "encode")
+    assert (first.pool_name, first.admission_pool, first.machine_profile) == ("default", "default", "default")
+    assert (first.reply_subject, first.router_id, first.timestamp, first.deadline) == (
+        "_INBOX.gw.gw-7",
+        "gw",
+        100.0,
+        130.0,
+    )
+    assert (first.output_types, first.instruction, first.is_query) == (["dense"], "q:", True)
+    assert first.options == {"profile": "int8", "is_query": True, "output_dtype": "float16"}
+
+
+def test_score_is_one_work_item_with_query_and_candidates(catalog_route) -> None:
+    request = ScoreRequest(query=Item(id="q", text="?"), items=[Item(text="a"), Item(id="b", text="b")],
+                           instruction="i", options={"k": 1})  # fmt: skip
+    (item,) = score_work(catalog_route, ticket(), request)
+    assert (item.work_item_id, item.item_index, item.total_items, item.operation) == ("gw-7.0", 0, 1, "score")
+    assert (item.item, item.query_item) == (None, {"id": "q", "text": "?"})
+    assert item.score_items == [{"text": "a"}, {"id": "b", "text": "b"}]
+    assert (item.instruction, item.options, item.is_query) == ("i", {"k": 1}, False)
+
+
+def test_extract_work_items_carry_labels_and_schema(catalog_route) -> None:
+    params = ExtractParams(labels=["person"], output_schema={"type": "object"}, instruction="find", options={"t": 0.3})
+    (item,) = extract_work(catalog_route, ticket(), ExtractRequest(items=[Item(text="Tim")], params=params))
+    assert (item.operation, item.labels, item.output_schema) == ("extract", ["person"], {"type": "object"})
+    assert (item.instruction, item.options) == ("find", {"t": 0.3})

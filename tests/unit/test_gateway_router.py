@@ -1,0 +1,152 @@
+"""Gateway routing: spec → entry, profile variant, lane and subject, and the pre-publish checks (seed 000 §2, §16)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sie.catalog import BundleConflictError, Catalog, ModelNotFoundError, load_catalog, parse_bundle
+from sie.gateway.exceptions import InvalidRequestError
+from sie.gateway.router import (
+    LaneHints,
+    Router,
+    check_extract,
+    check_output_dtype,
+    check_score,
+    encode_outputs,
+)
+from sie.settings import LaneSettings
+from sie.transport.base import Lane
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+NO_HINTS = LaneHints()
+
+
+@pytest.fixture(scope="module")
+def catalog(baseline_catalog_dir) -> Catalog:
+    return load_catalog(baseline_catalog_dir / "bundles", baseline_catalog_dir / "models")
+
+
+@pytest.fixture()
+def router(catalog: Catalog) -> Router:
+    return Router(lambda: catalog, LaneSettings())
+
+
+def test_default_route_matches_the_seed_walkthrough(router: Router) -> None:
+    route = router.route(MINILM, None, NO_HINTS)
+    assert (route.model, route.model_id, route.profile, route.bundle) == (MINILM, MINILM, "default", "default")
+    assert route.lane == Lane("default", "default", "default")
+    assert route.subject == "sie.work.default.default.default.sentence-transformers__all-MiniLM-L6-v2"
+
+
+def test_lookup_is_case_insensitive_and_names_the_canonical_id(router: Router) -> None:
+    assert router.route(MINILM.upper(), None, NO_HINTS).model == MINILM
+
+
+def test_options_profile_selects_the_variant(router: Router) -> None:
+    route = router.route(MINILM, "int8", NO_HINTS)
+    assert (route.model, route.model_id, route.profile) == (MINILM, f"{MINILM}:int8", "int8")
+    assert route.subject.endswith("sentence-transformers__all-MiniLM-L6-v2:int8")
+
+
+def test_profile_default_on_a_variant_path_goes_back_to_the_base(router: Router) -> None:
+    route = router.route(f"{MINILM}:int8", "default", NO_HINTS)
+    assert (route.model_id, route.profile) == (MINILM, "default")
+
+
+def test_unknown_profile_lists_the_available_ones(router: Router) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        router.route(MINILM, "nope", NO_HINTS)
+    assert caught.value.message == "Profile 'nope' not found. Available: ['default', 'int8', 'multivector']"
+
+
+def test_non_string_profile_is_refused(router: Router) -> None:
+    for profile in (3, ["int8"], {"name": "int8"}):
+        with pytest.raises(InvalidRequestError, match="options.profile"):
+            router.route(MINILM, profile, NO_HINTS)
+
+
+def test_unknown_model_and_bundle_conflict(router: Router) -> None:
+    with pytest.raises(ModelNotFoundError, match="Model 'acme/missing' not found"):
+        router.route("acme/missing", None, NO_HINTS)
+    with pytest.raises(BundleConflictError) as caught:
+        router.route(f"gpu-only:/{MINILM}", None, NO_HINTS)
+    assert caught.value.compatible_bundles == ["default"]
+
+
+def test_bundle_override_that_fits_is_accepted(router: Router) -> None:
+    assert router.route(f"default:/{MINILM}", None, NO_HINTS).bundle == "default"
+
+
+def test_machine_profile_header_may_carry_the_pool(router: Router) -> None:
+    route = router.route(MINILM, None, LaneHints(machine_profile="Team-A/L4"))
+    assert route.lane == Lane("team-a", "l4", "default")
+    assert route.subject.startswith("sie.work.team-a.l4.default.")
+
+
+def test_explicit_pool_header_wins_over_the_machine_profile_prefix(router: Router) -> None:
+    route = router.route(MINILM, None, LaneHints(pool="pinned", machine_profile="other/l4"))
+    assert route.lane == Lane("pinned", "l4", "default")
+
+
+def test_lane_defaults_come_from_settings(catalog: Catalog) -> None:
+    router = Router(lambda: catalog, LaneSettings(pool="cpu-pool", machine_profile="cpu"))
+    assert router.route(MINILM, None, NO_HINTS).lane == Lane("cpu-pool", "cpu", "default")
+
+
+def test_invalid_lane_header_is_a_400(router: Router) -> None:
+    with pytest.raises(InvalidRequestError, match="Invalid pool 'bad.pool'"):
+        router.route(MINILM, None, LaneHints(pool="bad.pool"))
+
+
+def test_routes_are_cached_per_catalog_snapshot(catalog: Catalog) -> None:
+    current = {"catalog": catalog}
+    router = Router(lambda: current["catalog"], LaneSettings())
+    first = router.route(MINILM, None, NO_HINTS)
+    assert router.route(MINILM, None, NO_HINTS) is first
+    current["catalog"] = catalog.with_models([])
+    assert router.route(MINILM, None, NO_HINTS) is not first
+
+
+def test_unseeded_catalogue_falls_back_to_the_callers_bundle() -> None:
+    router = Router(
+        lambda: Catalog([parse_bundle({"name": "default", "priority": 1, "adapters": ["x"]})]), LaneSettings()
+    )
+    route = router.route("gpu:/org/anything", None, NO_HINTS)
+    assert (route.model_id, route.bundle, route.config) == ("org/anything", "gpu", None)
+    assert router.route("org/anything", None, NO_HINTS).bundle == "default"
+    assert encode_outputs(route, ["sparse"]) == ["sparse"]
+
+
+def test_encode_outputs_default_and_validation(router: Router) -> None:
+    minilm = router.route(MINILM, None, NO_HINTS)
+    assert encode_outputs(minilm, None) == ["dense"]
+    assert encode_outputs(minilm, ["multivector", "dense"]) == ["multivector", "dense"]
+    with pytest.raises(InvalidRequestError) as caught:
+        encode_outputs(minilm, ["dense", "sparse"])
+    assert caught.value.message == (
+        f"Model '{MINILM}' does not support output types: {{'sparse'}}. Supported: {{'dense', 'multivector'}}"
+    )
+
+
+def test_sparse_only_model_defaults_to_sparse(router: Router) -> None:
+    assert encode_outputs(router.route("rasyosef/splade-tiny", None, NO_HINTS), None) == ["sparse"]
+
+
+def test_operation_checks_before_publishing(router: Router) -> None:
+    rampart = router.route("nationaldesignstudio/rampart", None, NO_HINTS)
+    with pytest.raises(InvalidRequestError, match="does not support encoding"):
+        encode_outputs(rampart, None)
+    with pytest.raises(InvalidRequestError, match="does not support scoring"):
+        check_score(rampart)
+    check_extract(rampart)
+    minilm = router.route(MINILM, None, NO_HINTS)
+    check_score(minilm)
+    with pytest.raises(InvalidRequestError, match="does not support extraction"):
+        check_extract(minilm)
+
+
+def test_output_dtype_must_be_known() -> None:
+    check_output_dtype(None)
+    check_output_dtype("binary")
+    with pytest.raises(InvalidRequestError, match="Unsupported output_dtype 'float64'"):
+        check_output_dtype("float64")
