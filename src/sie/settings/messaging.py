@@ -25,9 +25,7 @@ class NatsSettings:
         None,
     )
     user: str | None = setting(Env("SIE_NATS_USER", text(), "NATS user name."), None)
-    password: str | None = setting(
-        Env("SIE_NATS_PASSWORD", text(), "NATS password.", flag=None, secret=True), None
-    )
+    password: str | None = setting(Env("SIE_NATS_PASSWORD", text(), "NATS password.", flag=None, secret=True), None)
 
 
 @attrs.frozen
