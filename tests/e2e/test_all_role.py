@@ -1,0 +1,162 @@
+"""`sie run --role all` as a new user meets it: curl-style JSON, our SDK, the public sie-sdk, the OpenAI
+client, model listing, and errors from the real stack. Marked slow: it starts a real server process."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+import zipfile
+
+import httpx
+import numpy as np
+import pytest
+
+from sie.client import ModelLoadFailedError, SIEClient
+from support.servers import REPO
+
+pytestmark = pytest.mark.slow
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+HELLO_WORLD_PREFIX = [-0.034477, 0.031023, 0.006735, 0.026109]
+SDK_WHEEL = REPO / ".cache" / "wheels" / "sie_sdk-0.10.1-py3-none-any.whl"
+
+
+def test_curl_encode_returns_the_384_dim_vector(all_server: str) -> None:
+    response = httpx.post(f"{all_server}/v1/encode/{MINILM}", json={"items": [{"text": "Hello world"}]}, timeout=30)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("application/json")
+    dense = response.json()["items"][0]["dense"]
+    assert dense["dims"] == 384 and len(dense["values"]) == 384
+    assert np.allclose(dense["values"][:4], HELLO_WORLD_PREFIX, atol=1e-5)
+    for header in ("x-sie-request-id", "x-inference-time", "x-queue-time", "x-sie-server-version"):
+        assert header in response.headers
+
+
+def test_our_client_encode_score_extract(all_server: str) -> None:
+    with SIEClient(all_server) as client:
+        result = client.encode(MINILM, {"id": "a", "text": "Hello world"}, output_dtype="int8")
+        assert result["dense"].dtype == np.int8 and result["dense"].shape == (384,)
+        ranked = client.score(
+            "rasyosef/splade-tiny",
+            {"text": "What is the capital of France?"},
+            [{"text": "Berlin is the capital of Germany."}, {"id": "paris", "text": "Paris is the capital of France."}],
+        )
+        assert ranked["scores"][0]["item_id"] == "paris"
+        (extracted,) = client.extract("nationaldesignstudio/rampart", [{"text": "Contact Maria Garcia today."}])
+        assert {(e["label"], e["text"]) for e in extracted["entities"]} >= {
+            ("GIVEN_NAME", "Maria"),
+            ("SURNAME", "Garcia"),
+        }
+
+
+@pytest.fixture(scope="session")
+def public_sdk(tmp_path_factory: pytest.TempPathFactory):
+    """The public sie-sdk 0.10.1 read from its wheel (downloaded once, like `make test` does)."""
+    if not SDK_WHEEL.exists():
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--ignore-requires-python", "--quiet"]
+        subprocess.run([*command, "-d", str(SDK_WHEEL.parent), "sie-sdk==0.10.1"], check=True, timeout=300)
+    target = tmp_path_factory.mktemp("sie-sdk")
+    with zipfile.ZipFile(SDK_WHEEL) as wheel:
+        wheel.extractall(target)
+    sys.path.insert(0, str(target))
+    import sie_sdk
+
+    return sie_sdk
+
+
+def test_public_sdk_works_unchanged(all_server: str, public_sdk) -> None:
+    client = public_sdk.SIEClient(all_server)
+    try:
+        result = client.encode(MINILM, {"text": "Hello world"})
+        assert np.allclose(np.asarray(result["dense"])[:4], HELLO_WORLD_PREFIX, atol=1e-5)
+        sparse = client.encode("rasyosef/splade-tiny", {"text": "capital of France"}, output_types=["sparse"])
+        assert len(sparse["sparse"]["indices"]) == len(sparse["sparse"]["values"]) > 5
+        scored = client.score(MINILM, {"text": "a cat"}, [{"text": "stocks fell"}, {"text": "a kitten"}])
+        assert scored["scores"][0]["item_id"] == "item-1"
+        extracted = client.extract("nationaldesignstudio/rampart", {"text": "My name is Tim Cook."})
+        assert any(entity["label"] == "GIVEN_NAME" for entity in extracted["entities"])
+        with pytest.raises(public_sdk.ModelLoadFailedError):
+            client.encode("acme/ghost", {"text": "x"})
+    finally:
+        client.close()
+
+
+def test_openai_client_embeddings(all_server: str) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{all_server}/v1", api_key="unused", max_retries=0)
+    response = client.embeddings.create(model=MINILM, input=["Hello world", "Bye"])
+    assert [item.index for item in response.data] == [0, 1]
+    assert np.allclose(response.data[0].embedding[:4], HELLO_WORLD_PREFIX, atol=1e-5)
+    encoded = client.embeddings.create(model=MINILM, input="Hello world", encoding_format="base64")
+    vector = encoded.data[0].embedding
+    if isinstance(vector, str):
+        vector = np.frombuffer(base64.b64decode(vector), dtype="<f4")
+    assert np.allclose(np.asarray(vector)[:4], HELLO_WORLD_PREFIX, atol=1e-5)
+
+
+def test_models_list_shows_states(all_server: str) -> None:
+    models = httpx.get(f"{all_server}/v1/models", timeout=10).json()["models"]
+    by_name = {model["name"]: model for model in models}
+    assert by_name[MINILM]["state"] == "loaded" and by_name[MINILM]["dims"]["dense"] == 384
+    one = httpx.get(f"{all_server}/v1/models/{MINILM}", timeout=10)
+    assert one.status_code == 200 and one.json()["name"] == MINILM
+    health = httpx.get(f"{all_server}/health", timeout=10).json()
+    assert health["type"] == "gateway"
+
+
+def test_errors_from_the_real_stack(all_server: str) -> None:
+    unknown = httpx.post(f"{all_server}/v1/encode/acme/missing", json={"items": [{"text": "x"}]}, timeout=10)
+    assert unknown.status_code == 404 and unknown.json()["detail"]["code"] == "MODEL_NOT_FOUND"
+    bad = httpx.post(f"{all_server}/v1/encode/{MINILM}", json={"items": ["just a string"]}, timeout=10)
+    assert (
+        bad.status_code == 400 and bad.json()["detail"]["message"] == "Expected `object`, got `str` - at `$.items[0]`"
+    )
+    sparse = httpx.post(
+        f"{all_server}/v1/encode/{MINILM}", json={"items": [{"text": "x"}], "params": {"output_types": ["sparse"]}}
+    )
+    assert sparse.status_code == 400 and "sparse" in sparse.json()["detail"]["message"]
+    too_long = httpx.post(
+        f"{all_server}/v1/encode/{MINILM}",
+        json={"items": [{"text": "word " * 1000}], "params": {"options": {"truncate": False}}},
+        timeout=30,
+    )
+    assert too_long.status_code == 400 and too_long.json()["detail"]["code"] == "INPUT_TOO_LONG"
+    failed = httpx.post(f"{all_server}/v1/encode/acme/ghost", json={"items": [{"text": "x"}]}, timeout=30)
+    assert failed.status_code == 502 and "retry-after" not in failed.headers
+    error = failed.json()["error"]
+    assert error["code"] == "MODEL_LOAD_FAILED" and error["error_class"] == "NOT_FOUND" and error["permanent"]
+    models = {m["name"]: m for m in httpx.get(f"{all_server}/v1/models", timeout=10).json()["models"]}
+    assert models["acme/ghost"]["state"] == "failed"
+    assert models["acme/ghost"]["last_error"]["code"] == "NOT_FOUND"
+
+
+def test_our_client_raises_model_load_failed_without_retrying(all_server: str) -> None:
+    with SIEClient(all_server) as client:
+        with pytest.raises(ModelLoadFailedError) as info:
+            client.encode("acme/ghost", {"text": "x"})
+        assert info.value.error_class == "NOT_FOUND" and client.last_retry_count == 0
+
+
+def test_cold_model_is_served_after_loading(all_server: str) -> None:
+    response = httpx.post(
+        f"{all_server}/v1/encode/sentence-transformers/paraphrase-MiniLM-L3-v2",
+        json={"items": [{"text": "first request loads the model"}]},
+        timeout=60,
+    )
+    assert response.status_code == 200 and response.json()["items"][0]["dense"]["dims"] == 384
+
+
+def test_msgpack_round_trip(all_server: str) -> None:
+    from sie.wire import packb, unpackb
+
+    response = httpx.post(
+        f"{all_server}/v1/encode/{MINILM}",
+        content=packb({"items": [{"text": "Hello world"}]}),
+        headers={"content-type": "application/msgpack", "accept": "application/msgpack"},
+        timeout=30,
+    )
+    assert response.headers["content-type"].startswith("application/msgpack")
+    values = unpackb(response.content)["items"][0]["dense"]["values"]
+    assert isinstance(values, np.ndarray) and values.dtype == np.float32

@@ -1,0 +1,62 @@
+"""Start `sie run` roles as real subprocesses on free loopback ports, and stop them gracefully."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RoleProcess:
+    """One `sie run --role ROLE` subprocess; its stderr goes to a log file kept for failure reports."""
+
+    def __init__(self, role: str, args: list[str], env: Mapping[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        command = [sys.executable, "-m", "sie.cli.main", "run", "--role", role, *args]
+        environment = {**os.environ, "SIE_MODEL_CACHE": str(REPO / ".cache" / "models"), **env}
+        self._log = log_path.open("wb")
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=environment)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def wait_http_ready(self, url: str, timeout_s: float = 120.0) -> None:
+        """Poll `url` until it answers 200, the process dies, or the deadline passes."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"process exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(url, timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)  # the deadline-poll helper: the only sleep the tests use
+        raise TimeoutError(f"{url} not ready after {timeout_s} s:\n{self.log()}")
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM, then wait; returns the exit code (kills after the timeout)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode
