@@ -137,10 +137,22 @@ def test_concurrent_callers_coalesce_briefly_then_go() -> None:
         if step % 4 == 3:
             former.take(now + 0.01)
     former.add([work(999, 1, received=now)], now=now)
-    assert former.take(now) is None  # more are expected within the coalescing gap
-    wake = former.wake_at(now)
+    assert former.take(now, busy=True) is None  # the worker is busy and more are expected: wait a moment
+    wake = former.wake_at(now, busy=True)
     assert wake is not None and now < wake <= now + 0.002 + 1e-9
-    assert former.take(wake) is not None  # the gap passed with nothing new: go
+    assert former.take(wake, busy=True) is not None  # the gap passed with nothing new: go
+
+
+def test_an_idle_worker_never_waits_for_more() -> None:
+    former = BatchFormer(model(max_items=16), max_wait_s=0.010)
+    for step in range(20):  # the same dense bursts as above
+        now = step * 0.0001
+        former.add([work(step * 4 + k, 1, received=now) for k in range(4)], now=now)
+        if step % 4 == 3:
+            former.take(now + 0.01)
+    former.add([work(999, 1, received=now)], now=now)
+    assert former.wake_at(now, busy=False) is None
+    assert former.take(now, busy=False) is not None
 
 
 def test_a_full_batch_never_waits() -> None:

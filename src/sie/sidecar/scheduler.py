@@ -101,13 +101,17 @@ class BatchFormer:
             self._gap_ema = gap if self._gap_ema is None else self._gap_ema + _GAP_EMA_WEIGHT * (gap - self._gap_ema)
         self._last_arrival = now
 
-    def take(self, now: float) -> Batch | None:
-        """The next batch to run now, or None (nothing pending, or worth waiting a moment for more)."""
+    def take(self, now: float, busy: bool = False) -> Batch | None:
+        """The next batch to run now, or None (nothing pending, or worth waiting a moment for more).
+
+        `busy`: another batch of this model is running. Only then is waiting free; an idle worker
+        gets what is pending at once (waiting would leave it idle and serialise closed-loop callers).
+        """
         key = self._oldest_key()
         if key is None:
             return None
         works = self._pending[key]
-        if self._wait_until(works, now) is not None:
+        if busy and self._wait_until(works, now) is not None:
             return None
         chosen = choose_window([work.cost for work in works], 0, self.model.limits)
         picked = set(chosen)
@@ -122,10 +126,10 @@ class BatchFormer:
         longest = max(work.cost for work in batch_works)
         return Batch(self.model, key[0], key[1], batch_works, longest * len(batch_works))
 
-    def wake_at(self, now: float) -> float | None:
+    def wake_at(self, now: float, busy: bool = False) -> float | None:
         """When a coalescing wait ends (None: no wait is running, wake on the next arrival)."""
         key = self._oldest_key()
-        return None if key is None else self._wait_until(self._pending[key], now)
+        return None if key is None or not busy else self._wait_until(self._pending[key], now)
 
     def drain(self) -> list[Work]:
         """Remove and return everything pending."""
@@ -228,7 +232,7 @@ class Scheduler:
     async def _run(self, slot: _ModelSlot) -> None:
         while True:
             now = self.clock()
-            batch = slot.former.take(now)
+            batch = slot.former.take(now, busy=bool(slot.running))
             if batch is None:
                 await self._sleep_until_work(slot, now)
                 continue
@@ -243,7 +247,7 @@ class Scheduler:
     @staticmethod
     async def _sleep_until_work(slot: _ModelSlot, now: float) -> None:
         slot.wakeup.clear()
-        wake_at = slot.former.wake_at(now)
+        wake_at = slot.former.wake_at(now, busy=bool(slot.running))
         if wake_at is None:
             await slot.wakeup.wait()
             return

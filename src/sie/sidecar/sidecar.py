@@ -38,7 +38,7 @@ class SidecarConfig:
     batching: BatchingSettings = attrs.Factory(BatchingSettings)
     stream: StreamSettings = attrs.Factory(StreamSettings)
     worker_id: str = "worker-unknown"
-    max_inflight_batches: int = 1
+    max_inflight_batches: int = 2
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SidecarConfig:

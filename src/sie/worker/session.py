@@ -70,6 +70,8 @@ def create_session(path: Path, options: SessionOptions):  # noqa: ANN201 - onnxr
         )
     session_options = ort.SessionOptions()
     session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # Spinning intra-op threads would burn the cores the event loop and tokenizer share with them.
+    session_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session_options.log_severity_level = 3  # provider fall-back warnings are handled below, not logged twice
     if options.intra_op_threads:
         session_options.intra_op_num_threads = options.intra_op_threads
