@@ -134,10 +134,13 @@ class MessageBus(Protocol):
         """Receive results published under `subject` (a wildcard such as `_INBOX.gw-1.>`)."""
 
     async def publish(self, subject: str, message: Any) -> None:
-        """Core pub/sub for control messages (health, config deltas, cancels)."""
+        """Core pub/sub for control messages (health, config deltas, cancels): an attrs message from
+        `sie.wire` or plain JSON-able data. On a broker they travel as JSON (low rate, human-readable)."""
 
-    async def subscribe(self, subject: str, handler: MessageHandler) -> Subscription:
-        """Receive control messages; `handler(subject, message)`."""
+    async def subscribe(self, subject: str, handler: MessageHandler, message_type: type | None = None) -> Subscription:
+        """Receive control messages; `handler(subject, message)`. With `message_type` a broker
+        transport decodes into that wire type (bad payloads are logged and dropped); the loopback
+        passes the published object itself."""
 
     async def flush(self) -> None:
         """Return once everything published so far has reached the broker."""

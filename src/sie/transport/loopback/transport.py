@@ -121,8 +121,11 @@ class LoopbackTransport:
         self._running_loop()
         await self._bus.dispatch(subject, message)
 
-    async def subscribe(self, subject: str, handler: MessageHandler) -> BusSubscription:
-        """Call `handler(subject, message)` for messages published under `subject` (NATS wildcards)."""
+    async def subscribe(
+        self, subject: str, handler: MessageHandler, message_type: type | None = None
+    ) -> BusSubscription:
+        """Call `handler(subject, message)` for messages published under `subject` (NATS wildcards);
+        objects pass by reference, so `message_type` needs no decoding here."""
         self._running_loop()
         return self._bus.add(subject, handler)
 
