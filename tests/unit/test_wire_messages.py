@@ -246,3 +246,14 @@ def test_every_message_class_has_a_sample():
         if attrs.has(cls) and cls.__module__ == module.__name__
     }
     assert classes - {type(sample) for sample in SAMPLES} == set()
+
+
+def test_worker_heartbeat_round_trips_as_json() -> None:
+    from sie.wire import from_json, to_json
+    from sie.wire.health import ModelFailure, WorkerHeartbeat
+
+    heartbeat = WorkerHeartbeat(
+        worker_id="w-1", pool="default", machine_profile="l4", bundle="default", ready=True, timestamp=12.5,
+        loaded_models=["org/a"], failed_models={"org/b": ModelFailure(error_class="NOT_FOUND", message="gone")},
+    )  # fmt: skip
+    assert from_json(to_json(heartbeat), WorkerHeartbeat) == heartbeat
