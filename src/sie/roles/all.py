@@ -25,6 +25,7 @@ from sie.transport.loopback import LoopbackTransport
 from sie.worker.errors import ModelLoadError
 from sie.worker.loading import ModelLoader
 from sie.worker.manager import ModelManager
+from sie.worker.null_backend import NullWorkerService
 from sie.worker.runner import BatchRunner
 from sie.worker.service import WorkerService
 
@@ -79,9 +80,13 @@ async def serve_all(settings: Settings) -> None:
                 )
             )
             manager.pin(worker_settings.preload_models)
-            worker = WorkerService(
-                manager, BatchRunner(manager, infer_pool), settings.process.worker_id, settings.lane.bundle,
-                settings.batching,
+            worker = (
+                NullWorkerService(catalog, settings.process.worker_id, settings.batching.max_batch_items)
+                if worker_settings.backend == "null"
+                else WorkerService(
+                    manager, BatchRunner(manager, infer_pool), settings.process.worker_id, settings.lane.bundle,
+                    settings.batching,
+                )
             )  # fmt: skip
             transport = await stack.enter_async_context(LoopbackTransport(stream_settings(settings)))
             sidecar = await stack.enter_async_context(Sidecar.from_settings(transport, worker, settings))

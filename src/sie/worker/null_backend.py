@@ -1,0 +1,91 @@
+"""`SIE_WORKER_BACKEND=null`: a worker that answers every batch at once without running a model, so a
+benchmark measures what the gateway → queue → sidecar → IPC path carries on its own.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from sie.catalog import Catalog
+from sie.wire import packb
+from sie.wire.ipc_batch import DISPOSITION_PUBLISH_AND_ACK, BatchOutcome, ItemOutcome, RunBatchRequest
+from sie.wire.ipc_control import (
+    MODEL_STATE_READY,
+    MODEL_STATE_RETRY_LATER,
+    ApplyModelConfigRequest,
+    ApplyModelConfigResponse,
+    DrainRequest,
+    DrainResponse,
+    EnsureModelReadyRequest,
+    EnsureModelReadyResponse,
+    ModelDescriptor,
+    PingRequest,
+    PingResponse,
+    ReplaceModelConfigsRequest,
+    ReplaceModelConfigsResponse,
+    WorkerCapabilitiesRequest,
+    WorkerCapabilitiesResponse,
+)
+
+_RESULTS = {
+    "encode": packb({"dense": {"dims": 1, "dtype": "float32", "values": np.zeros(1, dtype=np.float32)}}),
+    "score": packb([]),
+    "extract": packb({"entities": [], "relations": [], "classifications": [], "objects": [], "data": {}}),
+}
+
+
+class NullWorkerService:
+    """Every catalogue model is always ready; RunBatch returns a one-float result per item immediately."""
+
+    def __init__(self, catalog: Catalog, worker_id: str, batch_budget: int) -> None:
+        self.catalog = catalog
+        self.worker_id = worker_id
+        self.batch_budget = batch_budget
+
+    async def ping(self, request: PingRequest) -> PingResponse:
+        return PingResponse(timestamp_ms=request.timestamp_ms, worker_id=self.worker_id, ready=True)
+
+    async def ensure_model_ready(self, request: EnsureModelReadyRequest) -> EnsureModelReadyResponse:
+        if self.catalog.find(request.model_id) is None:
+            return EnsureModelReadyResponse(state=MODEL_STATE_RETRY_LATER)
+        descriptor = ModelDescriptor(supports_run_batch=True, max_concurrent_dispatch=1)
+        return EnsureModelReadyResponse(state=MODEL_STATE_READY, batch_budget=self.batch_budget, descriptor=descriptor)
+
+    async def run_batch(self, request: RunBatchRequest) -> BatchOutcome:
+        started = time.perf_counter()
+        outcomes = [
+            ItemOutcome(
+                work_item_id=item.work_item_id,
+                request_id=item.request_id,
+                item_index=item.item_index,
+                disposition=DISPOSITION_PUBLISH_AND_ACK,
+                result_msgpack=_RESULTS.get(item.op, _RESULTS["encode"]),
+                inference_ms=(time.perf_counter() - started) * 1e3,
+            )
+            for item in request.items
+        ]
+        return BatchOutcome(outcomes=outcomes)
+
+    async def worker_capabilities(self, request: WorkerCapabilitiesRequest) -> WorkerCapabilitiesResponse:
+        return WorkerCapabilitiesResponse(
+            supports_execution_authority_v1=False,
+            supports_numerical_admission_v1=False,
+            has_generation_models=False,
+            generation_models=[],
+            supported_models=sorted(self.catalog.entries),
+            loaded_models=[],
+        )
+
+    async def apply_model_config(self, request: ApplyModelConfigRequest) -> ApplyModelConfigResponse:
+        return ApplyModelConfigResponse(applied=False, bundle_config_hash="", unsupported_models=[request.model_id])
+
+    async def replace_model_configs(self, request: ReplaceModelConfigsRequest) -> ReplaceModelConfigsResponse:
+        return ReplaceModelConfigsResponse(
+            applied=False, bundle_config_hash="", config_version=request.epoch, applied_models=[],
+            applied_profiles=[], unsupported_models=[entry.model_id for entry in request.models],
+        )  # fmt: skip
+
+    async def drain(self, request: DrainRequest) -> DrainResponse:
+        return DrainResponse(acknowledged=True)
