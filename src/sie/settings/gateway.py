@@ -91,7 +91,7 @@ class GatewaySettings:
         Env(
             "SIE_GATEWAY_WORKER_STALE_S",
             seconds(positive=True),
-            "A worker with no heartbeat for this long is dropped from the gateway's registry.",
+            "A worker with no heartbeat for this long counts as unhealthy (forgotten after 6x this).",
         ),
         10.0,
     )

@@ -91,6 +91,8 @@ class Readiness:
         self._holds: dict[str, _Hold] = {}
         self._proceed_to = proceed
         self.clock: Callable[[], float] = time.monotonic
+        # Told every EnsureModelReady answer (the health publisher reports load failures from them).
+        self.on_answer: Callable[[str, EnsureModelReadyResponse], None] | None = None
 
     async def admit(self, model_id: str, works: list[Work]) -> None:
         """Route one model's admitted work by the worker's readiness answer."""
@@ -138,10 +140,13 @@ class Readiness:
 
     async def _ask(self, model_id: str) -> EnsureModelReadyResponse | None:
         try:
-            return await self._worker.ensure_model_ready(EnsureModelReadyRequest(model_id=model_id))
+            response = await self._worker.ensure_model_ready(EnsureModelReadyRequest(model_id=model_id))
         except Exception:  # noqa: BLE001 - an IPC failure is transient: the work is NAKed
             logger.warning("EnsureModelReady(%s) failed", model_id, exc_info=True)
             return None
+        if self.on_answer is not None:
+            self.on_answer(model_id, response)
+        return response
 
     def _remember(self, model_id: str, response: EnsureModelReadyResponse) -> ReadyModel:
         limits = batch_limits(response.descriptor, response.batch_budget, self._batching)

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Final
 
@@ -24,6 +25,7 @@ from sie.sidecar.readiness import Readiness, ReadinessTimings
 from sie.sidecar.scheduler import Scheduler
 from sie.sidecar.settlement import Settler
 from sie.transport.base import Lane, LaneConsumer, Transport
+from sie.wire.ipc_control import EnsureModelReadyResponse
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,8 @@ class Sidecar:
         self.dispatcher: Dispatcher | None = None
         self.settler: Settler | None = None
         self._preparer: Preparer | None = None
+        # Set before entering to be told every EnsureModelReady answer (the health publisher's `observe`).
+        self.on_readiness_answer: Callable[[str, EnsureModelReadyResponse], None] | None = None
 
     @classmethod
     def from_settings(cls, transport: Transport, worker: WorkerClient, settings: Settings) -> Sidecar:
@@ -136,6 +140,7 @@ class Sidecar:
         timings = ReadinessTimings.from_settings(stream, config.sidecar)
         readiness = Readiness(self.worker, settler, config.batching, timings, config.worker_id, preparer.put)
         dispatcher.on_model_unready = readiness.forget
+        readiness.on_answer = self.on_readiness_answer
         options = ConsumerOptions(config.sidecar.fetch_budget, stream.nak_delay_s, config.worker_id)
         self._consumer = Consumer(lane_consumer, admission, settler, readiness.admit, options)
         self.admission, self.settler, self.readiness = admission, settler, readiness

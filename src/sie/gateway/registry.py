@@ -1,0 +1,212 @@
+"""The gateway's worker registry (seed 000 §6, §8.1 "Worker health"): the latest `sie.health.>` heartbeat per
+worker, last-heartbeat-wins, and the ModelStatusSource that `/v1/models` and `/health` read from it.
+Healthy means ready, not draining and heard from within `worker_stale_s`. Reads never block or do I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, Self
+
+import attrs
+
+from sie.catalog.names import HEALTH_WILDCARD
+from sie.gateway.status import (
+    STATE_AVAILABLE,
+    STATE_FAILED,
+    STATE_LOADED,
+    STATE_LOADING,
+    LastError,
+    WorkerSummary,
+)
+from sie.settings import Settings
+from sie.transport.base import Lane, MessageBus, Subscription
+from sie.wire.health import ModelFailure, WorkerHeartbeat
+
+logger = logging.getLogger(__name__)
+
+# A worker silent for this many stale periods is forgotten (until then `/health` lists it as unhealthy).
+PRUNE_AFTER_STALE_PERIODS: Final = 6.0
+
+
+@attrs.frozen
+class RegisteredWorker:
+    """One worker's latest heartbeat, when this gateway received it, and its model sets for O(1) lookups."""
+
+    heartbeat: WorkerHeartbeat
+    received_at: float
+    loaded: frozenset[str]
+    loading: frozenset[str]
+    # model id -> when this gateway first saw the failure as it is now (ModelFailure carries no time).
+    failures_seen: Mapping[str, float]
+
+
+class WorkerRegistry:
+    """Subscribes to `sie.health.>` inside `async with`; every query is O(workers) over the last heartbeats."""
+
+    def __init__(
+        self,
+        bus: MessageBus,
+        stale_s: float,
+        prune_after_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if stale_s <= 0:
+            raise ValueError(f"worker stale time must be positive, got {stale_s!r} (SIE_GATEWAY_WORKER_STALE_S)")
+        self.bus = bus
+        self.stale_s = stale_s
+        self.prune_after_s = prune_after_s if prune_after_s is not None else PRUNE_AFTER_STALE_PERIODS * stale_s
+        self.clock = clock
+        self._workers: dict[str, RegisteredWorker] = {}
+        self._subscription: Subscription | None = None
+        self._last_prune = -math.inf
+
+    @classmethod
+    def from_settings(cls, bus: MessageBus, settings: Settings) -> WorkerRegistry:
+        return cls(bus, settings.gateway.worker_stale_s)
+
+    async def __aenter__(self) -> Self:
+        self._subscription = await self.bus.subscribe(HEALTH_WILDCARD, self._on_message, message_type=WorkerHeartbeat)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            await subscription.unsubscribe()
+
+    # Updates
+
+    def observe(self, heartbeat: WorkerHeartbeat) -> bool:
+        """Record one heartbeat; False when an older-stamped one arrives while the newer is still fresh."""
+        now = self.clock()
+        previous = self._workers.get(heartbeat.worker_id)
+        if previous is not None and self._out_of_order(previous, heartbeat, now):
+            return False
+        self._workers[heartbeat.worker_id] = _register(heartbeat, now, previous)
+        if now - self._last_prune >= self.stale_s:
+            self.prune()
+        return True
+
+    def _out_of_order(self, previous: RegisteredWorker, heartbeat: WorkerHeartbeat, now: float) -> bool:
+        """Last heartbeat wins: an older-stamped one loses while the newer is fresh (a restarted worker
+        whose clock went back is accepted once its old record went stale)."""
+        older = heartbeat.timestamp < previous.heartbeat.timestamp
+        return older and now - previous.received_at <= self.stale_s
+
+    def prune(self) -> int:
+        """Forget workers silent for longer than `prune_after_s`; returns how many went."""
+        now = self._last_prune = self.clock()
+        dead = [key for key, record in self._workers.items() if now - record.received_at > self.prune_after_s]
+        for key in dead:
+            del self._workers[key]
+        return len(dead)
+
+    def _on_message(self, subject: str, message: Any) -> None:
+        if isinstance(message, WorkerHeartbeat):
+            self.observe(message)
+        else:
+            logger.debug("ignoring a non-heartbeat message on %s: %r", subject, type(message))
+
+    # Queries
+
+    def is_healthy(self, record: RegisteredWorker, now: float | None = None) -> bool:
+        """Ready, not draining, and heard from within `stale_s`."""
+        now = self.clock() if now is None else now
+        heartbeat = record.heartbeat
+        return heartbeat.ready and not heartbeat.draining and now - record.received_at <= self.stale_s
+
+    def status(self, model_id: str) -> tuple[str, LastError | None]:
+        """State over healthy workers by precedence loading > unloading > loaded > failed > available
+        (contracts Part B §1.6); `last_error` is the newest failure any healthy worker reports."""
+        loading = loaded = False
+        newest: tuple[float, ModelFailure] | None = None
+        for record in self._healthy():
+            loading = loading or model_id in record.loading
+            loaded = loaded or model_id in record.loaded
+            failure = record.heartbeat.failed_models.get(model_id)
+            seen = record.failures_seen.get(model_id, -math.inf)
+            if failure is not None and (newest is None or seen > newest[0]):
+                newest = (seen, failure)
+        last_error = _last_error(newest[1]) if newest is not None else None
+        if loading:
+            return STATE_LOADING, last_error
+        if loaded:
+            return STATE_LOADED, None
+        if last_error is not None:
+            return STATE_FAILED, last_error
+        return STATE_AVAILABLE, None
+
+    def workers(self) -> Sequence[WorkerSummary]:
+        """Every worker heard from within `prune_after_s`, healthy or not, by name."""
+        now = self.clock()
+        records = sorted(self._workers.values(), key=lambda record: record.heartbeat.worker_id)
+        return [
+            _summary(record, self.is_healthy(record, now))
+            for record in records
+            if now - record.received_at <= self.prune_after_s
+        ]
+
+    def healthy_workers(
+        self, pool: str | None = None, machine_profile: str | None = None, bundle: str | None = None
+    ) -> list[WorkerHeartbeat]:
+        """Healthy workers' heartbeats, filtered by pool and bundle (exact) and machine profile (any case);
+        None matches anything."""
+        profile = machine_profile.casefold() if machine_profile is not None else None
+        return [
+            record.heartbeat
+            for record in self._healthy()
+            if (pool is None or record.heartbeat.pool == pool)
+            and (bundle is None or record.heartbeat.bundle == bundle)
+            and (profile is None or record.heartbeat.machine_profile.casefold() == profile)
+        ]
+
+    def lanes_with_healthy_workers(self) -> frozenset[Lane]:
+        """The (pool, machine profile, bundle) lanes at least one healthy worker serves."""
+        return frozenset(
+            Lane(record.heartbeat.pool, record.heartbeat.machine_profile, record.heartbeat.bundle)
+            for record in self._healthy()
+        )
+
+    def _healthy(self) -> list[RegisteredWorker]:
+        now = self.clock()
+        return [record for record in self._workers.values() if self.is_healthy(record, now)]
+
+
+def _register(heartbeat: WorkerHeartbeat, now: float, previous: RegisteredWorker | None) -> RegisteredWorker:
+    """The new record; a failure unchanged since the previous heartbeat keeps the time it was first seen."""
+    before = previous.heartbeat.failed_models if previous is not None else {}
+    seen_before = previous.failures_seen if previous is not None else {}
+    failures_seen = {
+        model_id: seen_before.get(model_id, now) if before.get(model_id) == failure else now
+        for model_id, failure in heartbeat.failed_models.items()
+    }
+    return RegisteredWorker(
+        heartbeat=heartbeat,
+        received_at=now,
+        loaded=frozenset(heartbeat.loaded_models),
+        loading=frozenset(heartbeat.loading_models),
+        failures_seen=failures_seen,
+    )
+
+
+def _last_error(failure: ModelFailure) -> LastError:
+    return LastError(failure.error_class, failure.message, failure.attempts, failure.permanent)
+
+
+def _summary(record: RegisteredWorker, healthy: bool) -> WorkerSummary:
+    heartbeat = record.heartbeat
+    return WorkerSummary(
+        name=heartbeat.worker_id,
+        pool=heartbeat.pool,
+        machine_profile=heartbeat.machine_profile,
+        bundle=heartbeat.bundle,
+        healthy=healthy,
+        gpu_count=heartbeat.device_count or 0,
+        loaded_models=tuple(heartbeat.loaded_models),
+    )
+
+
+__all__ = ["RegisteredWorker", "WorkerRegistry"]
