@@ -1,0 +1,98 @@
+"""The IPC methods the worker's server answers: each name's body type, the service call it makes, and whether it
+runs in the background (contracts Part A §2.1 "Concurrency").
+
+The service is anything with the WorkerClient methods; the per-op Process*Batch methods become one RunBatch.
+Names in `sie.wire.ipc.METHODS` that are not here are answered "unknown method X".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final
+
+from sie.ipc.client import WorkerClient
+from sie.wire import ipc
+from sie.wire.ipc_batch import (
+    OP_ENCODE,
+    OP_EXTRACT,
+    OP_SCORE,
+    BatchOutcome,
+    ProcessEncodeBatchRequest,
+    ProcessExtractBatchRequest,
+    ProcessScoreBatchRequest,
+    RunBatchItem,
+    RunBatchRequest,
+)
+from sie.wire.ipc_control import (
+    ApplyModelConfigRequest,
+    DrainRequest,
+    EnsureModelReadyRequest,
+    PingRequest,
+    ReplaceModelConfigsRequest,
+    SignalGenerateCancelRequest,
+    SignalGenerateCancelResponse,
+    WorkerCapabilitiesRequest,
+)
+
+Call = Callable[[WorkerClient, Any], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    """One served method: structure the body as `request_type`, then await `call(service, request)`."""
+
+    request_type: type
+    call: Call
+    background: bool = False
+
+
+def _as_run_batch(op: str, request: Any) -> RunBatchRequest:
+    """A per-op batch as the equivalent single-op RunBatch (the worker has one batch path)."""
+    items = [
+        RunBatchItem(op=op, work_item_id=item.work_item_id, request_id=item.request_id, item_index=item.item_index,
+                     **{op: item})
+        for item in request.items
+    ]  # fmt: skip
+    return RunBatchRequest(
+        model_id=request.model_id, batch_id=0, lora_key="", total_cost=len(items), items=items,
+        accepts_batched_f16_multivectors=getattr(request, "accepts_batched_f16_multivectors", False),
+    )  # fmt: skip
+
+
+def _process_batch(op: str) -> Call:
+    async def call(service: WorkerClient, request: Any) -> BatchOutcome:
+        return await service.run_batch(_as_run_batch(op, request))
+
+    return call
+
+
+async def _no_generation(service: WorkerClient, request: SignalGenerateCancelRequest) -> SignalGenerateCancelResponse:
+    # This worker runs no generation, so no cancel can match.
+    return SignalGenerateCancelResponse(matched=False)
+
+
+METHODS: Final[Mapping[str, Method]] = MappingProxyType(
+    {
+        ipc.PING: Method(PingRequest, lambda service, request: service.ping(request)),
+        ipc.ENSURE_MODEL_READY: Method(
+            EnsureModelReadyRequest, lambda service, request: service.ensure_model_ready(request)
+        ),
+        ipc.WORKER_CAPABILITIES: Method(
+            WorkerCapabilitiesRequest, lambda service, request: service.worker_capabilities(request)
+        ),
+        ipc.APPLY_MODEL_CONFIG: Method(
+            ApplyModelConfigRequest, lambda service, request: service.apply_model_config(request)
+        ),
+        ipc.REPLACE_MODEL_CONFIGS: Method(
+            ReplaceModelConfigsRequest, lambda service, request: service.replace_model_configs(request)
+        ),
+        ipc.DRAIN: Method(DrainRequest, lambda service, request: service.drain(request)),
+        ipc.SIGNAL_GENERATE_CANCEL: Method(SignalGenerateCancelRequest, _no_generation),
+        ipc.RUN_BATCH: Method(RunBatchRequest, lambda service, request: service.run_batch(request), background=True),
+        ipc.PROCESS_ENCODE_BATCH: Method(ProcessEncodeBatchRequest, _process_batch(OP_ENCODE), background=True),
+        ipc.PROCESS_SCORE_BATCH: Method(ProcessScoreBatchRequest, _process_batch(OP_SCORE), background=True),
+        ipc.PROCESS_EXTRACT_BATCH: Method(ProcessExtractBatchRequest, _process_batch(OP_EXTRACT), background=True),
+    }
+)

@@ -1,0 +1,150 @@
+"""A real WorkerService over the baseline models behind IpcServer, called through UdsWorkerClient: the worker role's
+IPC path end to end, plus round-trip rates for Ping and a 32-item encode RunBatch (printed, not asserted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sie.ipc.server import IpcServer
+from sie.ipc.uds_client import UdsWorkerClient
+from sie.settings import BatchingSettings
+from sie.wire import unpackb
+from sie.wire.ipc_batch import DISPOSITION_PUBLISH_AND_ACK, EncodeBatchItem, RunBatchItem, RunBatchRequest
+from sie.wire.ipc_control import (
+    MODEL_STATE_LOADING_IN_PROGRESS,
+    MODEL_STATE_LOADING_STARTED,
+    MODEL_STATE_READY,
+    DrainRequest,
+    EnsureModelReadyRequest,
+    EnsureModelReadyResponse,
+    PingRequest,
+    WorkerCapabilitiesRequest,
+)
+from sie.worker.manager import ModelManager
+from sie.worker.null_backend import NullWorkerService
+from sie.worker.runner import BatchRunner
+from sie.worker.service import WorkerService
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+HELLO_WORLD_HEAD = [-0.034477, 0.031023, 0.006735, 0.026109]
+
+
+def encode_batch(batch_id: int, texts: list[str]) -> RunBatchRequest:
+    items = []
+    for index, text in enumerate(texts):
+        body = EncodeBatchItem(
+            work_item_id=f"r{batch_id}.{index}", request_id=f"r{batch_id}", item_index=index,
+            total_items=len(texts), timestamp=0.0, item={"text": text},
+        )  # fmt: skip
+        items.append(RunBatchItem(op="encode", work_item_id=body.work_item_id, request_id=body.request_id,
+                                  item_index=index, encode=body))  # fmt: skip
+    return RunBatchRequest(model_id=MINILM, batch_id=batch_id, lora_key="", total_cost=len(texts), items=items)
+
+
+@pytest.fixture()
+def socket_path():
+    directory = tempfile.mkdtemp(prefix="sie-ipc-", dir="/tmp")
+    yield Path(directory) / "worker.sock"
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture()
+async def service(baseline_catalog, load_model):
+    async with ModelManager(baseline_catalog, lambda model, profile, model_id: load_model(model_id)) as manager:
+        yield WorkerService(manager, BatchRunner(manager), "worker-ipc", "default", BatchingSettings())
+
+
+async def wait_ready(client: UdsWorkerClient, model_id: str, timeout_s: float = 120.0) -> list[str]:
+    """Poll EnsureModelReady against a deadline; the states seen, in order, deduplicated."""
+    deadline = time.monotonic() + timeout_s
+    states: list[str] = []
+    while True:
+        answer: EnsureModelReadyResponse = await client.ensure_model_ready(EnsureModelReadyRequest(model_id=model_id))
+        if not states or states[-1] != answer.state:
+            states.append(answer.state)
+        if answer.state == MODEL_STATE_READY:
+            assert answer.descriptor is not None and answer.descriptor.supports_run_batch
+            return states
+        assert answer.state in (MODEL_STATE_LOADING_STARTED, MODEL_STATE_LOADING_IN_PROGRESS), answer
+        assert time.monotonic() < deadline, f"{model_id} not ready before the deadline: {states}"
+        await asyncio.sleep(0.02)
+
+
+async def rate(call: Callable[[], Awaitable[object]], seconds: float = 1.0, concurrency: int = 1) -> float:
+    """Completed calls per second over about `seconds`, with `concurrency` callers."""
+    done = 0
+    stop = time.perf_counter() + seconds
+
+    async def caller() -> None:
+        nonlocal done
+        while time.perf_counter() < stop:
+            await call()
+            done += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    return done / (time.perf_counter() - started)
+
+
+async def test_the_worker_over_ipc(service: WorkerService, socket_path: Path):
+    async with IpcServer(service, socket_path, worker_id="worker-ipc"), UdsWorkerClient(socket_path) as client:
+        ping = await client.ping(PingRequest(timestamp_ms=123.0))
+        assert (ping.worker_id, ping.timestamp_ms, ping.ready) == ("worker-ipc", 123.0, True)
+
+        states = await wait_ready(client, MINILM)
+        assert states[0] == MODEL_STATE_LOADING_STARTED and states[-1] == MODEL_STATE_READY
+
+        outcome = await client.run_batch(encode_batch(1, ["Hello world", "Bye"]))
+        first = outcome.outcomes[0]
+        assert (first.disposition, first.work_item_id) == (DISPOSITION_PUBLISH_AND_ACK, "r1.0")
+        dense = unpackb(first.result_msgpack)["dense"]
+        assert np.allclose(dense["values"][:4], HELLO_WORLD_HEAD, atol=1e-5)
+
+        capabilities = await client.worker_capabilities(WorkerCapabilitiesRequest())
+        assert MINILM in capabilities.supported_models and MINILM in capabilities.loaded_models
+        assert (await client.ping(PingRequest(timestamp_ms=1.0))).loaded_models == [MINILM]
+
+        assert (await client.drain(DrainRequest(deadline_ms=1000))).acknowledged is True
+        assert service.draining is True
+
+
+async def test_round_trip_rates(service: WorkerService, socket_path: Path):
+    texts = [f"sentence number {i} about the weather" for i in range(32)]
+    request = encode_batch(7, texts)
+    async with IpcServer(service, socket_path), UdsWorkerClient(socket_path) as client:
+        await wait_ready(client, MINILM)
+        await client.run_batch(request)  # warm-up
+        ping = PingRequest(timestamp_ms=1.0)
+        ping_serial = await rate(lambda: client.ping(ping))
+        ping_parallel = await rate(lambda: client.ping(ping), concurrency=16)
+        batch_ipc = await rate(lambda: client.run_batch(request), seconds=2.0)
+        batch_direct = await rate(lambda: service.run_batch(request), seconds=2.0)
+    print(
+        f"\nIPC Ping: {ping_serial:,.0f}/s serial, {ping_parallel:,.0f}/s with 16 callers"
+        f"\n32-item encode RunBatch: {batch_ipc:,.1f}/s over IPC, {batch_direct:,.1f}/s direct "
+        f"({batch_ipc * 32:,.0f} vs {batch_direct * 32:,.0f} items/s)"
+    )
+
+
+async def test_null_backend_round_trip_rate(baseline_catalog, socket_path: Path):
+    """What the IPC path carries on its own: the null backend answers without a model."""
+    request = encode_batch(9, [f"sentence number {i}" for i in range(32)])
+    service = NullWorkerService(baseline_catalog, "worker-null", 64)
+    async with IpcServer(service, socket_path), UdsWorkerClient(socket_path) as client:
+        outcome = await client.run_batch(request)
+        assert [o.work_item_id for o in outcome.outcomes] == [f"r9.{i}" for i in range(32)]
+        serial = await rate(lambda: client.run_batch(request))
+        parallel = await rate(lambda: client.run_batch(request), concurrency=4)
+    print(
+        f"\nnull-backend 32-item RunBatch over IPC: {serial * 32:,.0f} items/s serial, "
+        f"{parallel * 32:,.0f} with 4 callers"
+    )
