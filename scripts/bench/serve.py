@@ -1,61 +1,31 @@
-"""Serving overhead, measured side by side in one run: raw onnxruntime (the ceiling) against
-`sie run --role all` over HTTP, interleaved for `--rounds` rounds, medians printed with ratios.
+"""Serving overhead, measured side by side in one run: raw onnxruntime (the ceiling) against the
+`all` and `distributed` topologies over HTTP, interleaved for `--rounds` rounds, medians with ratios.
 
-    .venv/bin/python scripts/bench/serve.py [--rounds 3] [--model ID] [--clients 32]
+    .venv/bin/python scripts/bench/serve.py [--rounds 3] [--mode all|distributed|both] [--backend onnx|null]
 
-Scenarios per round: the raw in-process ceiling at batch 32 (best of 1 and 2 intra-op threads) and
-at batch 1; 32 concurrent clients × 1 sentence per request; 1 client × batches of 32; sequential
-single sentences (p50/p95). The server runs in its own process, the load generator in this one.
+Per round: the raw in-process ceiling at batch 32 (best of 1 and 2 intra-op threads) and at batch 1;
+then per topology: 32 concurrent clients × 1 sentence per request, 1 client × batches of 32,
+sequential single sentences (p50/p95). With `--backend null` the worker runs no model and the table
+shows the items/s the gateway → queue → sidecar → IPC path carries (32 clients × 32 items).
+The servers run in their own processes, the load generator in this one.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import socket
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
-
-import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import RunStats, build_request, run_load  # noqa: E402
 from raw_ort import SENTENCES, feeds_for, load_graphs, make_session, sentences_per_second  # noqa: E402
-
-HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
+from topology import HOST, Topology  # noqa: E402
 
 
-def start_server(port: int, model: str, extra: list[str]) -> subprocess.Popen:
-    command = [sys.executable, "-m", "sie.cli.main", "run", "--role", "all", "--host", HOST, "--port", str(port)]
-    command += ["--preload", model, *extra]
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ))
-
-
-def wait_ready(port: int, model: str, timeout_s: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    body = {"items": [{"text": "warm up"}]}
-    while time.monotonic() < deadline:
-        try:
-            response = httpx.post(f"http://{HOST}:{port}/v1/encode/{model}", json=body, timeout=30)
-            if response.status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)  # polling the server's readiness with a deadline
-    raise SystemExit("server did not become ready")
-
-
-def encode_requests(port: int, model: str, count: int, per_request: int) -> list[bytes]:
+def encode_requests(url: str, model: str, count: int, per_request: int) -> list[bytes]:
+    port = int(url.rsplit(":", 1)[1])
     path = f"/v1/encode/{model}"
     return [
         build_request(
@@ -65,14 +35,24 @@ def encode_requests(port: int, model: str, count: int, per_request: int) -> list
     ]
 
 
-def http_scenarios(port: int, model: str, clients: int, requests_per_client: int) -> dict[str, RunStats]:
-    concurrent = [encode_requests(port, model, requests_per_client, 1) for _ in range(clients)]
-    batched = [encode_requests(port, model, max(8, requests_per_client // 2), 32)]
-    sequential = [encode_requests(port, model, 4 * requests_per_client, 1)]
+def model_scenarios(url: str, model: str, clients: int, per_client: int) -> dict[str, RunStats]:
+    concurrent = [encode_requests(url, model, per_client, 1) for _ in range(clients)]
+    batched = [encode_requests(url, model, max(8, per_client // 2), 32)]
+    sequential = [encode_requests(url, model, 4 * per_client, 1)]
     return {
-        f"{clients} clients x 1 sentence": asyncio.run(run_load(HOST, port, concurrent, 1, 60)),
-        "1 client x batch of 32": asyncio.run(run_load(HOST, port, batched, 32, 60)),
-        "sequential single sentences": asyncio.run(run_load(HOST, port, sequential, 1, 60)),
+        f"{clients} clients x 1 sentence": asyncio.run(run_load(HOST, int(url.rsplit(":", 1)[1]), concurrent, 1, 60)),
+        "1 client x batch of 32": asyncio.run(run_load(HOST, int(url.rsplit(":", 1)[1]), batched, 32, 60)),
+        "sequential single sentences": asyncio.run(run_load(HOST, int(url.rsplit(":", 1)[1]), sequential, 1, 60)),
+    }
+
+
+def null_scenarios(url: str, model: str, clients: int, per_client: int) -> dict[str, RunStats]:
+    port = int(url.rsplit(":", 1)[1])
+    wide = [encode_requests(url, model, per_client, 32) for _ in range(clients)]
+    single = [encode_requests(url, model, per_client * 4, 1) for _ in range(clients)]
+    return {
+        f"{clients} clients x 32 items (null backend)": asyncio.run(run_load(HOST, port, wide, 32, 60)),
+        f"{clients} clients x 1 item (null backend)": asyncio.run(run_load(HOST, port, single, 1, 60)),
     }
 
 
@@ -96,7 +76,7 @@ def report(rounds: list[dict]) -> None:
     model_ms = 1000.0 / statistics.median(r["raw ORT batch 1"] for r in rounds)
     print(f"medians of {len(rounds)} interleaved rounds; ceiling = raw onnxruntime batch 32 = {ceiling:,.0f} sent/s")
     print(f"model's own single-sentence time (raw ORT batch 1): {model_ms:.2f} ms")
-    print("| scenario | sentences/s | ratio to ceiling | p50 ms | p95 ms | failures |")
+    print("| scenario | items/s | ratio to ceiling | p50 ms | p95 ms | failures |")
     print("|---|---|---|---|---|---|")
     for name in rounds[0]:
         if name.startswith("raw"):
@@ -115,26 +95,32 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2")
+    parser.add_argument("--mode", choices=("all", "distributed", "both"), default="both")
+    parser.add_argument("--backend", choices=("onnx", "null"), default="onnx")
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--requests-per-client", type=int, default=25)
     parser.add_argument("--seconds", type=float, default=2.0, help="time per raw onnxruntime measurement")
     parser.add_argument("--server-arg", action="append", default=[], help="extra `sie run` argument (repeatable)")
     args = parser.parse_args(argv)
     ((graph, tokenizer),) = load_graphs([args.model]).values()
-    port = free_port()
-    server = start_server(port, args.model, args.server_arg)
+    kinds = ("all", "distributed") if args.mode == "both" else (args.mode,)
+    topologies = [Topology(kind, args.model, args.backend, args.server_arg) for kind in kinds]
+    scenarios = null_scenarios if args.backend == "null" else model_scenarios
     try:
-        wait_ready(port, args.model)
+        for topology in topologies:
+            topology.wait_serving(args.model)
         rounds = []
         for index in range(args.rounds):
             print(f"round {index + 1}/{args.rounds}", file=sys.stderr)
             measured: dict = dict(ceilings(graph, tokenizer, args.seconds))
-            measured.update(http_scenarios(port, args.model, args.clients, args.requests_per_client))
+            for topology in topologies:
+                runs = scenarios(topology.url, args.model, args.clients, args.requests_per_client)
+                measured.update({f"{topology.kind}: {name}": stats for name, stats in runs.items()})
             rounds.append(measured)
         report(rounds)
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        for topology in topologies:
+            topology.stop()
     return 0
 
 

@@ -25,6 +25,7 @@ from sie.catalog.names import (
     work_pool_stream_name,
     work_subject,
 )
+from sie.settings.messaging import NatsSettings
 from sie.transport.base import (
     AlreadySettledError,
     BackpressureError,
@@ -36,7 +37,9 @@ from sie.transport.base import (
     TransportUnavailable,
 )
 from sie.transport.loopback import LoopbackTransport
+from sie.transport.nats import NatsTransport
 from sie.wire.queue import WorkItem, WorkResult
+from support.nats_server import nats_server_fixture  # noqa: F401 - the fixture the "nats" factory asks for
 
 TransportFactory = Callable[[pytest.FixtureRequest, StreamSettings], AbstractAsyncContextManager[Transport]]
 OpenTransport = Callable[..., AbstractAsyncContextManager[Transport]]
@@ -46,7 +49,12 @@ def _loopback(request: pytest.FixtureRequest, settings: StreamSettings) -> Abstr
     return LoopbackTransport(settings)
 
 
-TRANSPORT_FACTORIES: dict[str, TransportFactory] = {"loopback": _loopback}
+def _nats(request: pytest.FixtureRequest, settings: StreamSettings) -> AbstractAsyncContextManager[Transport]:
+    server = request.getfixturevalue("nats_server")
+    return NatsTransport(NatsSettings(url=server.url), settings)
+
+
+TRANSPORT_FACTORIES: dict[str, TransportFactory] = {"loopback": _loopback, "nats": _nats}
 
 # Short enough to keep the suite fast, long enough that a loaded CI machine does not see early redelivery.
 ACK_WAIT_S = 0.5
@@ -55,7 +63,7 @@ LONG_WAIT_S = 5.0
 MODEL = "BAAI/bge-m3"
 
 
-@pytest.fixture(params=["loopback"])
+@pytest.fixture(params=["loopback", "nats"])
 def open_transport(request: pytest.FixtureRequest) -> OpenTransport:
     """`async with open_transport(max_msgs=3, ...) as transport:`, keyword arguments are StreamSettings fields."""
     factory = TRANSPORT_FACTORIES[request.param]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from sie.cli.checks import EnvironmentProblem, check_onnxruntime_builds
-from sie.roles import AVAILABLE_ROLES, PLANNED_ROLES
+from sie.roles import AVAILABLE_ROLES, PLANNED_ROLES, run_role
 from sie.settings import SettingsError, describe_settings, load_settings
 
 _FLAG_PATHS = {doc.flag: doc.path for doc in describe_settings() if doc.flag}
@@ -55,12 +55,11 @@ def run(ctx: typer.Context) -> None:
     except (EnvironmentProblem, SettingsError, FlagError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    entry = AVAILABLE_ROLES.get(settings.process.role)
-    if entry is None:
+    if settings.process.role not in AVAILABLE_ROLES:
         available = ", ".join(sorted(AVAILABLE_ROLES)) or "none yet"
         typer.echo(
             f"error: role '{settings.process.role}' is not available in this version; available roles: {available}",
             err=True,
         )
         raise typer.Exit(2)
-    raise typer.Exit(entry(settings))
+    raise typer.Exit(run_role(settings.process.role, settings))

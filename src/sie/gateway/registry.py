@@ -210,3 +210,22 @@ def _summary(record: RegisteredWorker, healthy: bool) -> WorkerSummary:
 
 
 __all__ = ["RegisteredWorker", "WorkerRegistry"]
+
+
+class RegistryGatedQueue:
+    """A work queue whose `has_consumer` asks the registry for a healthy worker on the lane.
+
+    A JetStream durable consumer outlives the sidecars that pulled from it, so in distributed mode "is
+    this lane served?" is a question about live workers (seed 000 §2, scale-from-zero → PROVISIONING).
+    Every other attribute is the wrapped transport's.
+    """
+
+    def __init__(self, transport: Any, registry: WorkerRegistry) -> None:
+        self._transport = transport
+        self._registry = registry
+
+    async def has_consumer(self, lane: Lane) -> bool:
+        return bool(self._registry.healthy_workers(lane.pool, lane.machine_profile, lane.bundle))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)

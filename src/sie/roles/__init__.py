@@ -1,22 +1,23 @@
-"""Role wiring: each role module builds its components from Settings and runs them.
+"""Role wiring: each role module builds its components from Settings and runs them (`run(settings)`).
 
-`AVAILABLE_ROLES` maps a role name to its entry function; a role appears here once it is built.
+`AVAILABLE_ROLES` maps a role name to its module, imported on use so each role loads only its stack.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
 
 from sie.settings import Settings
 
-RoleMain = Callable[[Settings], int]
-
-
-def _all(settings: Settings) -> int:
-    from sie.roles import all as role_all  # imported on use: each role pulls in only its own stack
-
-    return role_all.run(settings)
-
-
-AVAILABLE_ROLES: dict[str, RoleMain] = {"all": _all}
+AVAILABLE_ROLES: dict[str, str] = {
+    "all": "sie.roles.all",
+    "gateway": "sie.roles.gateway",
+    "sidecar": "sie.roles.sidecar",
+    "worker": "sie.roles.worker",
+}
 PLANNED_ROLES = ("gateway", "config", "sidecar", "worker", "all")
+
+
+def run_role(role: str, settings: Settings) -> int:
+    """Run a built role to completion; returns the process exit code."""
+    return importlib.import_module(AVAILABLE_ROLES[role]).run(settings)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 
@@ -15,14 +14,13 @@ import attrs
 
 from sie.catalog import load_catalog
 from sie.gateway.app import build_gateway_app, serving_state
+from sie.roles.common import default_intra_op_threads, preload, stream_settings
 from sie.roles.local_status import LocalModelStatus
 from sie.roles.serving import hypercorn_config, serve_until_signalled
 from sie.settings import Settings
 from sie.sidecar import Sidecar
 from sie.telemetry.logs import configure_logging
-from sie.transport import base
 from sie.transport.loopback import LoopbackTransport
-from sie.worker.errors import ModelLoadError
 from sie.worker.loading import ModelLoader
 from sie.worker.manager import ModelManager
 from sie.worker.null_backend import NullWorkerService
@@ -30,33 +28,6 @@ from sie.worker.runner import BatchRunner
 from sie.worker.service import WorkerService
 
 logger = logging.getLogger(__name__)
-
-
-def default_intra_op_threads() -> int:
-    """Every core: measured on 2 cores, onnxruntime with 2 threads beats 1 even next to the event loop
-    (scripts/bench/serve.py: 32 clients 613 vs 536 sentences/s), because the loop idles while ORT runs."""
-    return os.cpu_count() or 1
-
-
-def stream_settings(settings: Settings) -> base.StreamSettings:
-    stream = settings.stream
-    return base.StreamSettings(
-        max_msgs=stream.max_msgs,
-        max_age_s=stream.max_age_s,
-        ack_wait_s=stream.ack_wait_s,
-        max_deliver=stream.max_deliver,
-        storage=stream.storage,
-        replicas=stream.replicas,
-    )
-
-
-async def preload(manager: ModelManager, model_ids: tuple[str, ...]) -> None:
-    for model_id in model_ids:
-        try:
-            await manager.wait_ready(model_id)
-            logger.info("preloaded %s", model_id)
-        except ModelLoadError as exc:
-            logger.error("preloading %s failed (%s): %s", model_id, exc.error_class, exc.message)
 
 
 async def serve_all(settings: Settings) -> None:

@@ -1,0 +1,100 @@
+"""Start and stop the serving topologies the benchmarks compare, as real processes on loopback:
+`all` (one `sie run --role all`) and `distributed` (nats-server + worker + sidecar + gateway)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def _sie(role: str, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "sie.cli.main", "run", "--role", role, *args]
+    return subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, **env})
+
+
+def _nats(directory: Path) -> tuple[subprocess.Popen, str]:
+    binary = Path(sys.executable).parent / "nats-server"
+    command = [
+        str(binary),
+        "-a",
+        HOST,
+        "-p",
+        "-1",
+        "-js",
+        "-sd",
+        str(directory / "js"),
+        "--ports_file_dir",
+        str(directory),
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ports = directory / f"nats-server_{process.pid}.ports"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if ports.exists():
+            try:
+                return process, json.loads(ports.read_text())["nats"][0]
+            except (ValueError, KeyError, IndexError):
+                pass
+        time.sleep(0.01)  # polling the ports file with a deadline
+    process.kill()
+    raise SystemExit("nats-server did not start")
+
+
+class Topology:
+    """One running topology: `url` serves the HTTP API; `stop()` ends every process."""
+
+    def __init__(self, kind: str, model: str, backend: str, extra: list[str]) -> None:
+        self.kind = kind
+        self.directory = Path(tempfile.mkdtemp(prefix=f"sie-bench-{kind}-"))
+        self.processes: list[subprocess.Popen] = []
+        port = free_port()
+        self.url = f"http://{HOST}:{port}"
+        http = ["--host", HOST, "--port", str(port)]
+        common = ["--preload", model, "--backend", backend]
+        if kind == "all":
+            self.processes.append(_sie("all", http + common + extra, {}, self.directory / "all.log"))
+            return
+        nats, nats_url = _nats(self.directory)
+        self.processes.append(nats)
+        env = {"SIE_NATS_URL": nats_url, "SIE_IPC_SOCKET_PATH": str(self.directory / "worker.sock")}
+        self.processes.append(_sie("worker", common + extra, env, self.directory / "worker.log"))
+        sidecar_args = ["--probe-port", str(free_port())]
+        self.processes.append(_sie("sidecar", sidecar_args, env, self.directory / "sidecar.log"))
+        self.processes.append(_sie("gateway", http, env, self.directory / "gateway.log"))
+
+    def wait_serving(self, model: str, timeout_s: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        body = {"items": [{"text": "warm up"}]}
+        while time.monotonic() < deadline:
+            try:
+                if httpx.post(f"{self.url}/v1/encode/{model}", json=body, timeout=30).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)  # polling readiness with a deadline
+        raise SystemExit(f"{self.kind} topology did not start; logs in {self.directory}")
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()

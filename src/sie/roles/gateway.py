@@ -1,0 +1,43 @@
+"""`sie run --role gateway`: the HTTP inference API publishing to NATS JetStream lanes and collecting
+results on `_INBOX.{router_id}.>`; workers known from `sie.health.>` heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+
+from sie.catalog import load_catalog
+from sie.gateway.app import build_gateway_app, serving_state
+from sie.gateway.registry import RegistryGatedQueue, WorkerRegistry
+from sie.roles.common import stream_settings
+from sie.roles.serving import hypercorn_config, serve_until_signalled
+from sie.settings import Settings
+from sie.telemetry.logs import configure_logging
+from sie.transport.nats import NatsTransport
+
+
+async def serve_gateway(settings: Settings) -> None:
+    catalog = load_catalog(settings.catalog.bundles_dir, settings.catalog.models_dir)
+    router_id = settings.process.router_id
+    async with AsyncExitStack() as stack:
+        transport = await stack.enter_async_context(
+            NatsTransport(settings.nats, stream_settings(settings), name=f"sie-gateway-{router_id}")
+        )
+        registry = await stack.enter_async_context(WorkerRegistry.from_settings(transport, settings))
+        app = build_gateway_app(
+            lambda: catalog, RegistryGatedQueue(transport, registry), registry, settings.gateway,
+            router_id=router_id, lane=settings.lane,
+        )  # fmt: skip
+        grace = settings.process.shutdown_grace_s
+
+        async def drain() -> None:
+            await serving_state(app).drain(grace)
+
+        await serve_until_signalled(app, hypercorn_config(settings.gateway.host, settings.gateway.port, grace), drain)
+
+
+def run(settings: Settings) -> int:
+    configure_logging(settings.telemetry)
+    asyncio.run(serve_gateway(settings))
+    return 0

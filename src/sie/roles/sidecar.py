@@ -1,0 +1,45 @@
+"""`sie run --role sidecar`: consume one lane from NATS JetStream and serve it with the worker on the
+Unix socket; heartbeats on `sie.health.{worker_id}`, probes on `SIE_WORKER_PROBE_PORT`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import AsyncExitStack
+
+from sie.ipc.uds_client import UdsWorkerClient
+from sie.roles.common import stream_settings, wait_for_signal
+from sie.settings import Settings
+from sie.sidecar import Sidecar
+from sie.sidecar.health import HealthPublisher
+from sie.sidecar.probes import ProbeServer
+from sie.telemetry.logs import configure_logging
+from sie.transport.nats import NatsTransport
+
+logger = logging.getLogger(__name__)
+
+
+async def serve_sidecar(settings: Settings) -> None:
+    worker_id = settings.process.worker_id
+    async with AsyncExitStack() as stack:
+        transport = await stack.enter_async_context(
+            NatsTransport(settings.nats, stream_settings(settings), name=f"sie-sidecar-{worker_id}")
+        )
+        worker = await stack.enter_async_context(UdsWorkerClient(settings.worker.socket_path))
+        health = await stack.enter_async_context(HealthPublisher.from_settings(transport, worker, settings))
+        probes = await stack.enter_async_context(ProbeServer(lambda: health.ready, settings.sidecar.probe_port))
+        sidecar = Sidecar.from_settings(transport, worker, settings)
+        sidecar.on_readiness_answer = health.observe
+        await stack.enter_async_context(sidecar)
+        logger.info("sidecar %s consuming %s; probes on port %d", worker_id, sidecar.lane, probes.port)
+        await wait_for_signal()
+        logger.info("sidecar %s draining", worker_id)
+        health.begin_drain()
+        await sidecar.drain(settings.process.shutdown_grace_s)
+
+
+def run(settings: Settings) -> int:
+    configure_logging(settings.telemetry)
+    asyncio.run(serve_sidecar(settings))
+    return 0

@@ -1,0 +1,12 @@
+"""The NATS Transport (distributed mode): JetStream WorkQueue streams `WORK_POOL_{pool}` with durable lane
+consumers, and core pub/sub for results and control messages; the only package that imports nats-py.
+
+Modules: transport (lifecycle, the Transport methods), connection, streams (ensure + reconcile), work
+(publish_work, pending), consumer (pull fetch), delivery (settlement verbs), advisory (max-deliver),
+bus (pub/sub), scan (fast request-id scan), errors (nats-py -> TransportError), cache.
+"""
+
+from sie.transport.nats.scan import peek_request_id
+from sie.transport.nats.transport import NatsTransport
+
+__all__ = ["NatsTransport", "peek_request_id"]

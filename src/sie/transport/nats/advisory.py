@@ -1,0 +1,52 @@
+"""The max-deliveries advisory this transport publishes itself, in the loopback's shape (loopback/stream.py).
+
+Why ours and not only the server's: JetStream keeps a message that reached max_deliver in a WorkQueue stream
+(reference/dependencies.md §2), where it counts toward max_msgs until max_age. So a delivery NAKed on its
+last allowed attempt is terminated instead (which removes it) and this advisory, carrying the work item,
+takes the server's place on the same subject. The server still publishes its own advisory (without
+`subject` or `item`) when the last attempt is never settled and ack_wait runs out; that message stays in
+the stream for the dead-letter path to read with get_msg and delete.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from sie.catalog.names import MAX_DELIVERIES_ADVISORY
+from sie.wire import DecodeError, structure, unstructure
+from sie.wire.queue import WorkItem
+
+MAX_DELIVER_ADVISORY_TYPE = "io.nats.jetstream.advisory.v1.max_deliver"
+_ADVISORY_PREFIX = MAX_DELIVERIES_ADVISORY.removesuffix(">")
+
+
+def max_deliver_advisory(
+    stream: str, consumer: str, stream_seq: int, deliveries: int, subject: str, item: WorkItem | None
+) -> dict[str, Any]:
+    """The advisory as JSON-able data; `item` is None when the payload could not be decoded."""
+    advisory: dict[str, Any] = {
+        "type": MAX_DELIVER_ADVISORY_TYPE,
+        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(),
+        "stream": stream,
+        "consumer": consumer,
+        "stream_seq": stream_seq,
+        "deliveries": deliveries,
+        "subject": subject,
+    }
+    if item is not None:
+        advisory["item"] = unstructure(item)
+    return advisory
+
+
+def restore_item(subject: str, message: Any) -> Any:
+    """A received advisory with its `item` back as a WorkItem, as the loopback hands it out; else `message`."""
+    if not subject.startswith(_ADVISORY_PREFIX) or not isinstance(message, dict):
+        return message
+    item = message.get("item")
+    if not isinstance(item, dict):
+        return message
+    try:
+        return {**message, "item": structure(item, WorkItem)}
+    except DecodeError:
+        return message

@@ -1,0 +1,170 @@
+"""NatsTransport: the Transport protocol over one NATS connection (JetStream work queues, core pub/sub), with
+the loopback's semantics (DESIGN.md §4). Composes the connection, stream registry, publisher, lane fetchers
+and bus, and owns their lifecycle; every call after exit raises TransportUnavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from types import TracebackType
+from typing import Any, Self
+
+import attrs
+
+from sie.settings.messaging import NatsSettings
+from sie.transport.base import Lane, MessageHandler, ResultHandler, StreamSettings, TransportUnavailable
+from sie.transport.nats.bus import NatsBus, NatsSubscription, WantsRequest
+from sie.transport.nats.cache import TtlCache
+from sie.transport.nats.connection import Connection
+from sie.transport.nats.consumer import LaneFetcher
+from sie.transport.nats.streams import StreamRegistry
+from sie.transport.nats.work import WorkPublisher
+from sie.wire.queue import WorkItem, WorkResult
+
+logger = logging.getLogger(__name__)
+
+# has_consumer is asked per request; a sidecar's new consumer shows up within this.
+HAS_CONSUMER_TTL_S = 1.0
+
+
+@attrs.frozen
+class _Parts:
+    """What an entered transport is made of; exists only between enter and exit."""
+
+    connection: Connection
+    streams: StreamRegistry
+    work: WorkPublisher
+    bus: NatsBus
+
+
+class NatsTransport:
+    """Work queues and pub/sub on a NATS server with JetStream.
+
+    Use as `async with NatsTransport(nats_settings, stream_settings) as transport:`. Connecting retries a
+    few times, then raises TransportUnavailable; once connected the client reconnects on its own, and
+    calls made while it is away raise TransportUnavailable (core publishes are buffered meanwhile).
+    """
+
+    def __init__(self, nats: NatsSettings, streams: StreamSettings | None = None, *, name: str | None = None) -> None:
+        self.nats_settings = nats
+        self.settings = streams if streams is not None else StreamSettings()
+        self._name = name
+        self._parts: _Parts | None = None
+        self._lanes: TtlCache[Lane, LaneFetcher] = TtlCache(math.inf)
+        self._has_consumer: TtlCache[Lane, bool] = TtlCache(HAS_CONSUMER_TTL_S)
+        self._entered = False
+        self._exited = False
+
+    async def __aenter__(self) -> Self:
+        if self._entered:
+            raise TransportUnavailable("a NatsTransport is entered once; create a new one")
+        self._entered = True
+        connection = await Connection.open(self.nats_settings, self._name)
+        streams = StreamRegistry(connection, self.settings)
+        work = WorkPublisher(connection, streams)
+        try:
+            await work.start()
+        except BaseException:
+            await connection.close()
+            raise
+        self._parts = _Parts(connection, streams, work, NatsBus(connection))
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Wake blocked fetchers (they raise TransportUnavailable), hand unfetched work back, drain, close."""
+        if self._exited:
+            return
+        self._exited = True
+        parts, self._parts = self._parts, None
+        if parts is None:
+            return
+        parts.connection.closed = True
+        parts.work.close()
+        for fetcher in self._lanes.cached_values():
+            await _close_quietly(fetcher)
+        await parts.connection.close()
+
+    # WorkQueue
+
+    async def publish_work(self, subject: str, item: WorkItem) -> None:
+        """Queue `item` on its pool stream (created or reconciled on first use); returns once JetStream stored it."""
+        await self._open("publish_work").work.publish(subject, item)
+
+    async def submit_work(self, subject: str, item: WorkItem) -> asyncio.Future[None]:
+        """publish_work without the wait: returns once sent; the future completes when JetStream stored it.
+
+        Not in the protocol yet: for a gateway that sends a request's items, then awaits their ACKs together
+        (seed 000 §8.2's one detached drain). The future fails as publish_work would raise."""
+        return await self._open("submit_work").work.submit(subject, item)
+
+    async def consumer(self, lane: Lane) -> LaneFetcher:
+        """Attach to the lane's durable consumer (created or updated on first use); every call shares one fetcher."""
+        parts = self._open("consumer")
+        fetcher = await self._lanes.get(lane, lambda: self._open_lane(parts, lane))
+        self._has_consumer.put(lane, True)
+        return fetcher
+
+    async def pending(self, pool: str) -> int:
+        """Messages on the pool's stream: queued, delayed, or delivered and not yet settled (cached 50 ms)."""
+        return await self._open("pending").work.pending(pool)
+
+    async def has_consumer(self, lane: Lane) -> bool:
+        """Whether the lane's durable consumer exists on the broker (cached 1 s)."""
+        streams = self._open("has_consumer").streams
+        return await self._has_consumer.get(lane, lambda: streams.consumer_exists(lane))
+
+    # MessageBus
+
+    async def publish_result(self, subject: str, result: WorkResult) -> None:
+        """Send `result` as msgpack to its reply subject (core NATS)."""
+        await self._open("publish_result").bus.publish_result(subject, result)
+
+    async def subscribe_results(
+        self, subject: str, handler: ResultHandler, *, wants: WantsRequest | None = None
+    ) -> NatsSubscription:
+        """Call `handler(result)` for results under `subject`; `wants(request_id)` False drops one undecoded."""
+        return await self._open("subscribe_results").bus.subscribe_results(subject, handler, wants=wants)
+
+    async def publish(self, subject: str, message: Any) -> None:
+        """Send a control message as JSON (core NATS)."""
+        await self._open("publish").bus.publish(subject, message)
+
+    async def subscribe(
+        self, subject: str, handler: MessageHandler, message_type: type | None = None
+    ) -> NatsSubscription:
+        """Call `handler(subject, message)` for JSON messages under `subject`, decoded into `message_type` if given."""
+        return await self._open("subscribe").bus.subscribe(subject, handler, message_type)
+
+    async def flush(self) -> None:
+        """Return once everything published so far has reached the broker."""
+        await self._open("flush").bus.flush()
+
+    # internals
+
+    def _open(self, action: str) -> _Parts:
+        parts = self._parts
+        if parts is None:
+            state = "closed" if self._exited else "not started (use `async with`)"
+            raise TransportUnavailable(f"{action}: NATS transport is {state}")
+        parts.connection.check(action)
+        return parts
+
+    async def _open_lane(self, parts: _Parts, lane: Lane) -> LaneFetcher:
+        await parts.streams.ensure_consumer(lane)
+        fetcher = LaneFetcher(parts.connection, parts.streams, lane, self.settings, parts.bus.publish)
+        await fetcher.start()
+        return fetcher
+
+
+async def _close_quietly(fetcher: LaneFetcher) -> None:
+    try:
+        await fetcher.close()
+    except Exception as exc:  # noqa: BLE001 - closing must go on to the other lanes and the connection
+        logger.warning("closing lane %s: %s", fetcher.consumer, exc)

@@ -1,0 +1,143 @@
+"""Distributed mode with real processes: nats-server, `sie run --role gateway|sidecar|worker`. Covers the
+whole path, PROVISIONING for a lane without workers, redelivery after a worker crash, and 503 when the
+gateway loses NATS (last test: it stops the broker). Marked slow."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from support.nats_server import NatsServer
+from support.servers import RoleProcess, free_port
+
+pytestmark = pytest.mark.slow
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+HELLO_WORLD_PREFIX = [-0.034477, 0.031023, 0.006735, 0.026109]
+
+
+class Cluster:
+    """The four processes of one distributed deployment on loopback."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.nats = NatsServer(root)
+        self.socket = root / "worker.sock"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {"SIE_NATS_URL": self.nats.url, "SIE_IPC_SOCKET_PATH": str(self.socket), "SIE_WORKER_ID": "w-1"}
+        self.worker = self.start_worker()
+        self.sidecar = RoleProcess(
+            "sidecar", ["--probe-port", str(free_port()), "--health-interval-s", "0.2"], self.env,
+            root / "sidecar.log",
+        )  # fmt: skip
+        self.gateway = RoleProcess(
+            "gateway", ["--host", "127.0.0.1", "--port", str(self.port), "--gateway-request-timeout", "60"],
+            self.env, root / "gateway.log",
+        )  # fmt: skip
+
+    def start_worker(self) -> RoleProcess:
+        return RoleProcess("worker", ["--preload", MINILM], self.env, self.root / f"worker-{time.monotonic()}.log")
+
+    def wait_serving(self, timeout_s: float = 120.0) -> None:
+        self.gateway.wait_http_ready(f"{self.url}/readyz")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            response = httpx.post(f"{self.url}/v1/encode/{MINILM}", json={"items": [{"text": "ping"}]}, timeout=60)
+            if response.status_code == 200:
+                return
+            time.sleep(0.2)  # deadline poll: the worker registers through its first heartbeats
+        raise TimeoutError(f"cluster not serving:\n{self.gateway.log()}\n{self.sidecar.log()}\n{self.worker.log()}")
+
+    def stop(self) -> None:
+        for process in (self.gateway, self.sidecar, self.worker):
+            process.stop()
+        self.nats.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    deployment = Cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        deployment.wait_serving()
+        yield deployment
+    finally:
+        deployment.stop()
+
+
+def test_encode_score_extract_through_the_whole_path(cluster: Cluster) -> None:
+    encoded = httpx.post(f"{cluster.url}/v1/encode/{MINILM}", json={"items": [{"text": "Hello world"}]}, timeout=60)
+    assert encoded.status_code == 200
+    assert np.allclose(encoded.json()["items"][0]["dense"]["values"][:4], HELLO_WORLD_PREFIX, atol=1e-5)
+    scored = httpx.post(
+        f"{cluster.url}/v1/score/rasyosef/splade-tiny",
+        json={
+            "query": {"text": "capital of France"},
+            "items": [{"text": "Berlin"}, {"id": "p", "text": "Paris, France"}],
+        },
+        timeout=60,
+    )
+    assert scored.status_code == 200 and scored.json()["scores"][0]["item_id"] == "p"
+    extracted = httpx.post(
+        f"{cluster.url}/v1/extract/nationaldesignstudio/rampart",
+        json={"items": [{"text": "My name is Tim Cook."}]},
+        timeout=60,
+    )
+    assert extracted.status_code == 200
+    assert ("GIVEN_NAME", "Tim") in {(e["label"], e["text"]) for e in extracted.json()["items"][0]["entities"]}
+    health = httpx.get(f"{cluster.url}/health", timeout=10).json()
+    assert health["type"] == "gateway" and any(w["name"] == "w-1" for w in health["workers"])
+
+
+def test_a_lane_without_workers_is_provisioning(cluster: Cluster) -> None:
+    response = httpx.post(
+        f"{cluster.url}/v1/encode/{MINILM}",
+        json={"items": [{"text": "x"}]},
+        headers={"X-SIE-MACHINE-PROFILE": "h100"},
+        timeout=30,
+    )
+    assert response.status_code == 503
+    assert response.headers["x-sie-error-code"] == "PROVISIONING" and response.headers["retry-after"] == "60"
+
+
+async def _encode_all(url: str, count: int) -> list[httpx.Response]:
+    async with httpx.AsyncClient(timeout=120) as client:
+        requests = [
+            client.post(
+                f"{url}/v1/encode/{MINILM}",
+                json={"items": [{"id": f"r{i}-{j}", "text": f"s {i} {j}"} for j in range(3)]},
+            )
+            for i in range(count)
+        ]
+        return await asyncio.gather(*requests)
+
+
+def test_killing_the_worker_loses_no_accepted_request(cluster: Cluster) -> None:
+    async def scenario() -> list[httpx.Response]:
+        pending = asyncio.ensure_future(_encode_all(cluster.url, 40))
+        await asyncio.sleep(0.05)  # let requests get accepted and reach the worker
+        cluster.worker.process.kill()
+        cluster.worker.stop()  # reaps the killed process and closes its log
+        cluster.worker = cluster.start_worker()
+        return await pending
+
+    started = time.monotonic()
+    responses = asyncio.run(scenario())
+    # Not vacuous: some work was waiting for the new worker (its start-up and model load take > 0.5 s).
+    assert time.monotonic() - started > 0.5
+    assert [r.status_code for r in responses] == [200] * 40, responses[0].text
+    for index, response in enumerate(responses):
+        ids = [item["id"] for item in response.json()["items"]]
+        assert ids == [f"r{index}-{j}" for j in range(3)]  # each item answered once, in place
+
+
+def test_losing_nats_answers_503(cluster: Cluster) -> None:
+    cluster.nats.stop()
+    response = httpx.post(f"{cluster.url}/v1/encode/{MINILM}", json={"items": [{"text": "x"}]}, timeout=30)
+    assert response.status_code == 503
