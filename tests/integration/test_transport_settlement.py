@@ -492,3 +492,17 @@ async def _drain(consumer: LaneConsumer, count: int, max_items: int = 10) -> lis
 
 def _result(request_id: str) -> WorkResult:
     return WorkResult(work_item_id=f"{request_id}.0", request_id=request_id, item_index=0, success=True)
+
+
+
+async def test_publish_work_batch_queues_every_item_in_order(transport: Transport, lane: Lane) -> None:
+    consumer = await transport.consumer(lane)
+    items = [make_item(lane) for _ in range(5)]
+    await transport.publish_work_batch(work_subject(lane.pool, lane.machine_profile, lane.bundle, MODEL), items)
+    assert await transport.pending(lane.pool) == 5
+    deliveries = []
+    while len(deliveries) < 5:
+        deliveries.extend(await consumer.fetch(5 - len(deliveries), LONG_WAIT_S))
+    assert [d.item.work_item_id for d in deliveries] == [item.work_item_id for item in items]
+    for delivery in deliveries:
+        await delivery.ack()

@@ -95,8 +95,7 @@ class Dispatcher:
     async def publish(self, subject: str, items: Sequence[WorkItem]) -> None:
         """Queue every item on `subject`, in order; the first refusal ends the request."""
         try:
-            for item in items:
-                await self._queue.publish_work(subject, item)
+            await self._queue.publish_work_batch(subject, items)
         except BackpressureError as exc:
             raise QueueFullError(f"The work queue is full: {exc}") from exc
         except NoConsumerError as exc:

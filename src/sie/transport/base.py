@@ -16,7 +16,7 @@ Messages are typed objects: the loopback passes them by reference, NATS encodes 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -113,6 +113,10 @@ class WorkQueue(Protocol):
         Work for a lane without a consumer stays queued (WorkQueue retention): callers check
         `has_consumer` first. Raises BackpressureError (stream full), TransportUnavailable, or
         TransportError for a subject no pool stream captures."""
+
+    async def publish_work_batch(self, subject: str, items: Sequence[WorkItem]) -> None:
+        """Queue one request's items on one subject, pipelined: returns once all are stored, raising as
+        publish_work does on the first refusal (earlier items may already be queued)."""
 
     async def consumer(self, lane: Lane) -> LaneConsumer:
         """Attach to (creating if needed) the durable consumer of `lane`."""

@@ -7,6 +7,7 @@ created inside the running loop and cancelled on exit. Objects travel by referen
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -83,6 +84,11 @@ class LoopbackTransport:
             self._streams[pool] = stream
         else:
             stream.publish(subject, tokens, item)
+
+    async def publish_work_batch(self, subject: str, items: Sequence[WorkItem]) -> None:
+        """Queue the items in order; in memory there is no round trip to pipeline."""
+        for item in items:
+            await self.publish_work(subject, item)
 
     async def consumer(self, lane: Lane) -> LoopbackLaneConsumer:
         """Attach to the lane's durable consumer (created on first use); handles share its messages."""

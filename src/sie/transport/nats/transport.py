@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -22,6 +23,8 @@ from sie.transport.nats.consumer import LaneFetcher
 from sie.transport.nats.streams import StreamRegistry
 from sie.transport.nats.work import WorkPublisher
 from sie.wire.queue import WorkItem, WorkResult
+
+ACK_DRAIN_TIMEOUT_S = 6.0  # seed 000 §8.2: one request's ACKs drain within six seconds
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +106,19 @@ class NatsTransport:
         Not in the protocol yet: for a gateway that sends a request's items, then awaits their ACKs together
         (seed 000 §8.2's one detached drain). The future fails as publish_work would raise."""
         return await self._open("submit_work").work.submit(subject, item)
+
+    async def publish_work_batch(self, subject: str, items: Sequence[WorkItem]) -> None:
+        """Send every item, then await their ACKs together: one broker round trip, not one per item."""
+        futures = [await self.submit_work(subject, item) for item in items]
+        try:
+            async with asyncio.timeout(ACK_DRAIN_TIMEOUT_S):
+                await asyncio.gather(*futures)
+        except TimeoutError as exc:
+            raise TransportUnavailable(f"JetStream did not acknowledge {len(items)} items in time") from exc
+        finally:
+            for future in futures:
+                if not future.done():
+                    future.cancel()
 
     async def consumer(self, lane: Lane) -> LaneFetcher:
         """Attach to the lane's durable consumer (created or updated on first use); every call shares one fetcher."""
