@@ -494,7 +494,6 @@ def _result(request_id: str) -> WorkResult:
     return WorkResult(work_item_id=f"{request_id}.0", request_id=request_id, item_index=0, success=True)
 
 
-
 async def test_publish_work_batch_queues_every_item_in_order(transport: Transport, lane: Lane) -> None:
     consumer = await transport.consumer(lane)
     items = [make_item(lane) for _ in range(5)]
