@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from sie.settings import BatchingSettings
+from sie.settings import BatchingSettings, LaneSettings
 from sie.sidecar.health import HealthPublisher, WorkerIdentity
 from sie.sidecar.probes import ProbeServer
 from sie.transport.loopback import LoopbackTransport
@@ -61,7 +61,7 @@ async def client():
 @pytest.fixture()
 async def worker(baseline_catalog, load_model):
     async with ModelManager(baseline_catalog, lambda model, profile, model_id: load_model(model_id)) as manager:
-        yield FlakyWorker(WorkerService(manager, BatchRunner(manager), IDENTITY.worker_id, "default",
+        yield FlakyWorker(WorkerService(manager, BatchRunner(manager), IDENTITY.worker_id, LaneSettings(),
                                         BatchingSettings()))  # fmt: skip
 
 

@@ -13,7 +13,7 @@ from sie.catalog import parse_model_config
 from sie.gateway.models import health_body, models_body
 from sie.gateway.registry import WorkerRegistry
 from sie.gateway.status import STATE_AVAILABLE, STATE_FAILED, STATE_LOADED
-from sie.settings import BatchingSettings
+from sie.settings import BatchingSettings, LaneSettings
 from sie.sidecar.health import HealthPublisher, WorkerIdentity
 from sie.transport.base import Lane
 from sie.transport.loopback import LoopbackTransport
@@ -58,7 +58,9 @@ async def service(catalog, load_model, model_loader):
         return model_loader.load(model, profile, model_id) if model_id == BROKEN else load_model(model_id)
 
     async with ModelManager(catalog, load) as manager:
-        yield WorkerService(manager, BatchRunner(manager), IDENTITY.worker_id, IDENTITY.bundle, BatchingSettings())
+        yield WorkerService(
+            manager, BatchRunner(manager), IDENTITY.worker_id, LaneSettings(bundle=IDENTITY.bundle), BatchingSettings()
+        )
 
 
 @pytest.fixture()

@@ -16,7 +16,7 @@ import pytest
 
 from sie.ipc.server import IpcServer
 from sie.ipc.uds_client import UdsWorkerClient
-from sie.settings import BatchingSettings
+from sie.settings import BatchingSettings, LaneSettings
 from sie.wire import unpackb
 from sie.wire.ipc_batch import DISPOSITION_PUBLISH_AND_ACK, EncodeBatchItem, RunBatchItem, RunBatchRequest
 from sie.wire.ipc_control import (
@@ -60,7 +60,7 @@ def socket_path():
 @pytest.fixture()
 async def service(baseline_catalog, load_model):
     async with ModelManager(baseline_catalog, lambda model, profile, model_id: load_model(model_id)) as manager:
-        yield WorkerService(manager, BatchRunner(manager), "worker-ipc", "default", BatchingSettings())
+        yield WorkerService(manager, BatchRunner(manager), "worker-ipc", LaneSettings(), BatchingSettings())
 
 
 async def wait_ready(client: UdsWorkerClient, model_id: str, timeout_s: float = 120.0) -> list[str]:

@@ -14,7 +14,7 @@ import pytest
 
 from sie.catalog import parse_model_config
 from sie.catalog.names import work_subject
-from sie.settings import BatchingSettings, SidecarSettings
+from sie.settings import BatchingSettings, LaneSettings, SidecarSettings
 from sie.settings import StreamSettings as SidecarStreamSettings
 from sie.sidecar.sidecar import Sidecar, SidecarConfig
 from sie.transport.base import Lane, StreamSettings
@@ -207,7 +207,9 @@ async def manager(catalog, load_model, model_loader, load_gate: threading.Event)
 
 @pytest.fixture()
 def worker(manager) -> CountingWorker:
-    return CountingWorker(WorkerService(manager, BatchRunner(manager), "worker-test", "default", BatchingSettings()))
+    return CountingWorker(
+        WorkerService(manager, BatchRunner(manager), "worker-test", LaneSettings(), BatchingSettings())
+    )
 
 
 async def start(transport, worker, config: SidecarConfig | None = None) -> tuple[Results, Sidecar]:

@@ -55,7 +55,7 @@ async def serve_all(settings: Settings) -> None:
                 NullWorkerService(catalog, settings.process.worker_id, settings.batching.max_batch_items)
                 if worker_settings.backend == "null"
                 else WorkerService(
-                    manager, BatchRunner(manager, infer_pool), settings.process.worker_id, settings.lane.bundle,
+                    manager, BatchRunner(manager, infer_pool), settings.process.worker_id, settings.lane,
                     settings.batching,
                 )
             )  # fmt: skip

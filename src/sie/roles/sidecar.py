@@ -1,5 +1,6 @@
 """`sie run --role sidecar`: consume one lane from NATS JetStream and serve it with the worker on the
-Unix socket; heartbeats on `sie.health.{worker_id}`, probes on `SIE_WORKER_PROBE_PORT`.
+Unix socket; heartbeats on `sie.health.{worker_id}`, probes on `SIE_WORKER_PROBE_PORT`, live config
+deltas from `sie.config.models.{bundle}` forwarded to the worker.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from sie.ipc.uds_client import UdsWorkerClient
 from sie.roles.common import stream_settings, wait_for_signal
 from sie.settings import Settings
 from sie.sidecar import Sidecar
+from sie.sidecar.config_apply import ConfigApplier
 from sie.sidecar.health import HealthPublisher
 from sie.sidecar.probes import ProbeServer
 from sie.telemetry.logs import configure_logging
@@ -29,6 +31,7 @@ async def serve_sidecar(settings: Settings) -> None:
         worker = await stack.enter_async_context(UdsWorkerClient(settings.worker.socket_path))
         health = await stack.enter_async_context(HealthPublisher.from_settings(transport, worker, settings))
         probes = await stack.enter_async_context(ProbeServer(lambda: health.ready, settings.sidecar.probe_port))
+        await stack.enter_async_context(ConfigApplier(transport, worker, settings))
         sidecar = Sidecar.from_settings(transport, worker, settings)
         sidecar.on_readiness_answer = health.observe
         await stack.enter_async_context(sidecar)

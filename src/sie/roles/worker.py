@@ -51,7 +51,7 @@ async def serve_worker(settings: Settings) -> None:
                 )
                 manager.pin(worker_settings.preload_models)
                 runner = BatchRunner(manager, infer_pool)
-                service = WorkerService(manager, runner, worker_id, settings.lane.bundle, settings.batching)
+                service = WorkerService(manager, runner, worker_id, settings.lane, settings.batching)
                 await preload(manager, worker_settings.preload_models)
             await stack.enter_async_context(IpcServer(service, worker_settings.socket_path, worker_id=worker_id))
             logger.info("worker %s serving IPC on %s", worker_id, worker_settings.socket_path)

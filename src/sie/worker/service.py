@@ -8,7 +8,7 @@ import time
 
 from sie.catalog import Catalog, load_yaml, parse_model_config
 from sie.catalog.errors import CatalogError
-from sie.settings import BatchingSettings
+from sie.settings import BatchingSettings, LaneSettings
 from sie.wire.ipc_batch import BatchOutcome, RunBatchRequest
 from sie.wire.ipc_control import (
     MODEL_STATE_FAILED,
@@ -38,12 +38,13 @@ class WorkerService:
     """One worker's answers to the sidecar. Satisfies `sie.ipc.client.WorkerClient` structurally."""
 
     def __init__(
-        self, manager: ModelManager, runner: BatchRunner, worker_id: str, bundle: str, batching: BatchingSettings
+        self, manager: ModelManager, runner: BatchRunner, worker_id: str, lane: LaneSettings, batching: BatchingSettings
     ) -> None:
         self.manager = manager
         self.runner = runner
         self.worker_id = worker_id
-        self.bundle = bundle
+        self.bundle = lane.bundle
+        self.pool = lane.pool
         self.batching = batching
         self.draining = False
         self.last_ping = 0.0
@@ -53,7 +54,10 @@ class WorkerService:
         return self.manager.catalog
 
     def bundle_config_hash(self) -> str:
-        return self.catalog.bundle_config_hash(self.bundle) if self.bundle in self.catalog.bundles else ""
+        """The hash of the models this worker serves: its bundle, scoped to its pool (seed 000 §7)."""
+        if self.bundle not in self.catalog.bundles:
+            return ""
+        return self.catalog.bundle_config_hash(self.bundle, self.pool)
 
     async def ping(self, request: PingRequest) -> PingResponse:
         self.last_ping = time.monotonic()
@@ -107,7 +111,8 @@ class WorkerService:
         except CatalogError:
             return ApplyModelConfigResponse(applied=False, bundle_config_hash=self.bundle_config_hash(),
                                             unsupported_models=[request.model_id])  # fmt: skip
-        self.manager.set_catalog(self.catalog.with_models([model]))
+        if model.effective_pool == self.pool:  # a model assigned to another pool is not this worker's to serve
+            self.manager.set_catalog(self.catalog.with_models([model]))
         return ApplyModelConfigResponse(applied=True, bundle_config_hash=self.bundle_config_hash())
 
     async def replace_model_configs(self, request: ReplaceModelConfigsRequest) -> ReplaceModelConfigsResponse:
