@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+
+# gcsfs reads this once at import; left at its default every call to the GCS emulator hangs for 60 s
+# (shared/reference/dependencies.md §3). Set before anything can import gcsfs.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CACHE_DIR = REPO_ROOT / ".cache"
