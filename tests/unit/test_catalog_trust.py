@@ -14,7 +14,8 @@ from sie.catalog.trust import is_trusted_producer
         ("sie-config-5f7b6d8c-kxwvr", True),
         ("sie-config-0", True),
         ("sie-configuration", False),
-        ("sie-config-evil", False),
+        ("sie-config-Evil", False),
+        ("sie-config-", False),
         ("mallory", False),
     ],
 )

@@ -16,6 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from sie.gateway.collector import Collector
+from sie.gateway.config_routes import config_routes
 from sie.gateway.dispatcher import Dispatcher
 from sie.gateway.edge import reply_response
 from sie.gateway.errors import error_reply, route_error_reply, surface_for_path
@@ -90,7 +91,7 @@ def build_gateway_app(
                 serving.started = False
 
     app = Starlette(
-        routes=_routes(inference, read),
+        routes=[*_routes(inference, read), *config_routes(catalog, status)],
         middleware=[Middleware(ShutdownMiddleware, serving=serving)],
         exception_handlers={HTTPException: _http_error, Exception: _unexpected},
         lifespan=lifespan,

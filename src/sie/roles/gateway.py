@@ -1,5 +1,6 @@
 """`sie run --role gateway`: the HTTP inference API publishing to NATS JetStream lanes and collecting
-results on `_INBOX.{router_id}.>`; workers known from `sie.health.>` heartbeats.
+results on `_INBOX.{router_id}.>`; workers known from `sie.health.>` heartbeats; model config from the
+filesystem seed, then kept in step with the config service (bootstrap, epoch poll, live deltas).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from contextlib import AsyncExitStack
 
 from sie.catalog import load_catalog
 from sie.gateway.app import build_gateway_app, serving_state
+from sie.gateway.config_sync import ConfigState, ConfigSync
 from sie.gateway.registry import RegistryGatedQueue, WorkerRegistry
 from sie.roles.common import stream_settings
 from sie.roles.serving import hypercorn_config, serve_until_signalled
@@ -18,15 +20,18 @@ from sie.transport.nats import NatsTransport
 
 
 async def serve_gateway(settings: Settings) -> None:
-    catalog = load_catalog(settings.catalog.bundles_dir, settings.catalog.models_dir)
+    state = ConfigState(load_catalog(settings.catalog.bundles_dir, settings.catalog.models_dir))
     router_id = settings.process.router_id
     async with AsyncExitStack() as stack:
         transport = await stack.enter_async_context(
             NatsTransport(settings.nats, stream_settings(settings), name=f"sie-gateway-{router_id}")
         )
         registry = await stack.enter_async_context(WorkerRegistry.from_settings(transport, settings))
+        await stack.enter_async_context(
+            ConfigSync(state, transport, settings.config_sync, settings.gateway.admin_token)
+        )
         app = build_gateway_app(
-            lambda: catalog, RegistryGatedQueue(transport, registry), registry, settings.gateway,
+            state, RegistryGatedQueue(transport, registry), registry, settings.gateway,
             router_id=router_id, lane=settings.lane,
         )  # fmt: skip
         grace = settings.process.shutdown_grace_s
