@@ -11,6 +11,7 @@ from sie.settings import Settings
 
 AVAILABLE_ROLES: dict[str, str] = {
     "all": "sie.roles.all",
+    "config": "sie.roles.config",
     "gateway": "sie.roles.gateway",
     "sidecar": "sie.roles.sidecar",
     "worker": "sie.roles.worker",

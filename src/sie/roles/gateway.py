@@ -27,9 +27,7 @@ async def serve_gateway(settings: Settings) -> None:
             NatsTransport(settings.nats, stream_settings(settings), name=f"sie-gateway-{router_id}")
         )
         registry = await stack.enter_async_context(WorkerRegistry.from_settings(transport, settings))
-        await stack.enter_async_context(
-            ConfigSync(state, transport, settings.config_sync, settings.gateway.admin_token)
-        )
+        await stack.enter_async_context(ConfigSync(state, transport, settings.config_sync, settings.auth.admin_token))
         app = build_gateway_app(
             state, RegistryGatedQueue(transport, registry), registry, settings.gateway,
             router_id=router_id, lane=settings.lane,

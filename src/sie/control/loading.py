@@ -1,0 +1,49 @@
+"""Start-up state of the config service: bundles and baseline models from the catalogue directories, stored
+models replayed from the config store (SIE_CONFIG_RESTORE), and the stored epoch. Blocking file I/O: the
+role runs these in a thread. A bundle directory that fails to load leaves the registry unavailable
+(seed 000 §11.8) instead of stopping the process; bad model files are logged and left out.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from sie.catalog import CatalogErrors, ConfigError, load_yaml, parse_model_config, read_catalog
+from sie.control.registry import ModelRegistry, RegistryState
+from sie.stores.config_store import ConfigStore
+
+logger = logging.getLogger(__name__)
+
+
+def _is_under(source: str, directory: Path) -> bool:
+    return source == str(directory) or source.startswith(str(directory).rstrip("/") + "/")
+
+
+def load_registry(bundles_dir: Path, models_dir: Path) -> ModelRegistry:
+    """The filesystem baseline; unavailable (with the reason) when any bundle file failed to load."""
+    catalog, errors = read_catalog(Path(bundles_dir), Path(models_dir))
+    bundle_errors = [error for error in errors if _is_under(error.source, Path(bundles_dir))]
+    if bundle_errors:
+        reason = "; ".join(error.describe() for error in bundle_errors)
+        logger.error("bundles failed to load, the config registry is unavailable: %s", reason)
+        return ModelRegistry.unavailable(reason)
+    for error in errors:
+        logger.warning("model config problem (model left out or unroutable): %s", error.describe())
+    return ModelRegistry(RegistryState.from_filesystem(catalog))
+
+
+def restore_models(registry: ModelRegistry, store: ConfigStore) -> int:
+    """Replay every stored model into the registry as an API model; returns how many were restored."""
+    state = registry.state
+    restored = 0
+    for model_id, text in sorted(store.list_models().items()):
+        try:
+            model = parse_model_config(load_yaml(text, model_id), source=f"store:{model_id}")
+        except (CatalogErrors, ConfigError) as exc:
+            logger.error("stored model %s is invalid and was not restored: %s", model_id, exc)
+            continue
+        state = state.with_api_model(model, text)
+        restored += 1
+    registry.swap(state)
+    return restored

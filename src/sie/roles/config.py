@@ -1,0 +1,99 @@
+"""`sie run --role config`: the config service. Settings → config store → registry (filesystem baseline,
+optional restore) → stored epoch → optional NATS publisher → app → hypercorn (seed 000 §3, §13).
+
+Router id: gateways trust producers named `sie-config` exactly or as a pod-name prefix, so the service
+uses SIE_ROUTER_ID only when it starts with `sie-config`, else `sie-config`. Without SIE_NATS_URL there is
+no publisher and writes answer `router_id: "standalone"`. Without SIE_CONFIG_STORE_DIR the store is in
+memory: writes and the epoch work but do not survive a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from contextlib import AsyncExitStack
+
+from sie.control.app import build_control_app
+from sie.control.auth import AccessPolicy
+from sie.control.loading import load_registry, restore_models
+from sie.control.publisher import DeltaPublisher
+from sie.control.registry import ModelRegistry
+from sie.control.writes import ConfigWriter
+from sie.roles.common import stream_settings
+from sie.roles.serving import hypercorn_config, serve_until_signalled
+from sie.settings import Settings
+from sie.stores.config_store import ConfigStore, ConfigStoreError, CorruptEpochError
+from sie.stores.fsspec_store import open_config_store
+from sie.telemetry.logs import configure_logging
+from sie.transport.base import TransportUnavailable
+from sie.transport.nats import NatsTransport
+
+logger = logging.getLogger(__name__)
+TRUSTED_PRODUCER = "sie-config"
+
+
+def config_router_id(settings: Settings) -> str:
+    """The producer id on config deltas: SIE_ROUTER_ID when gateways would trust it, else `sie-config`."""
+    router_id = settings.process.router_id
+    return router_id if router_id.startswith(TRUSTED_PRODUCER) else TRUSTED_PRODUCER
+
+
+def access_policy(settings: Settings) -> AccessPolicy:
+    auth = settings.auth
+    return AccessPolicy(
+        admin_token=auth.admin_token,
+        read_tokens=auth.config_read_tokens,
+        auth_tokens=auth.tokens,
+        production=settings.process.deployment_env.strip().lower() == "prod",
+    )
+
+
+async def open_state(settings: Settings) -> tuple[ConfigStore, ModelRegistry, int]:
+    """The store, the loaded registry and the stored epoch (CorruptEpochError stops start-up)."""
+    store = await asyncio.to_thread(open_config_store, settings.config_service.store_dir)
+    catalog = settings.catalog
+    registry = await asyncio.to_thread(load_registry, catalog.bundles_dir, catalog.models_dir)
+    epoch = await asyncio.to_thread(store.read_epoch)
+    if settings.config_service.restore and registry.available:
+        restored = await asyncio.to_thread(restore_models, registry, store)
+        logger.info("restored %d models from the config store", restored)
+    return store, registry, epoch
+
+
+async def open_publisher(settings: Settings, stack: AsyncExitStack) -> DeltaPublisher | None:
+    if not settings.nats.url:
+        logger.info("SIE_NATS_URL is unset: config deltas are not published (router_id 'standalone')")
+        return None
+    transport = NatsTransport(settings.nats, stream_settings(settings), name=f"sie-config-{config_router_id(settings)}")
+    return DeltaPublisher(await stack.enter_async_context(transport))
+
+
+async def serve_config(settings: Settings) -> None:
+    store, registry, epoch = await open_state(settings)
+    async with AsyncExitStack() as stack:
+        publisher = await open_publisher(settings, stack)
+        writer = ConfigWriter(registry, store, publisher, router_id=config_router_id(settings), epoch=epoch)
+        app = build_control_app(writer, registry, access_policy(settings))
+        service = settings.config_service
+        config = hypercorn_config(service.host, service.port, settings.process.shutdown_grace_s)
+        await serve_until_signalled(app, config, _nothing_to_drain)
+
+
+async def _nothing_to_drain() -> None:
+    """Writes finish under hypercorn's graceful timeout; there is no background work to drain."""
+
+
+def run(settings: Settings) -> int:
+    configure_logging(settings.telemetry)
+    try:
+        asyncio.run(serve_config(settings))
+    except CorruptEpochError as exc:
+        print(
+            f"sie: the config store's epoch file is unreadable: {exc}. Fix or remove it, then restart.", file=sys.stderr
+        )
+        return 1
+    except (ConfigStoreError, TransportUnavailable) as exc:
+        print(f"sie: the config service cannot start: {exc}", file=sys.stderr)
+        return 1
+    return 0
