@@ -1,5 +1,5 @@
-"""Wiring helpers the role files share: thread defaults, stream settings for a transport, preloading,
-and waiting for a stop signal."""
+"""Wiring helpers the role files share: the local worker (manager + service), thread defaults, stream
+settings for a transport, preloading, and waiting for a stop signal."""
 
 from __future__ import annotations
 
@@ -7,11 +7,21 @@ import asyncio
 import logging
 import os
 import signal
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AsyncExitStack, contextmanager
 
+import attrs
+
+from sie.catalog import Catalog
 from sie.settings import Settings
 from sie.transport import base
 from sie.worker.errors import ModelLoadError
+from sie.worker.loading import ModelLoader
 from sie.worker.manager import ModelManager
+from sie.worker.null_backend import NullWorkerService
+from sie.worker.runner import BatchRunner
+from sie.worker.service import WorkerService
 
 logger = logging.getLogger(__name__)
 
@@ -56,3 +66,41 @@ async def wait_for_signal() -> None:
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
+
+
+@attrs.frozen
+class LocalWorker:
+    """The worker of this process: the service the sidecar calls and the manager behind it."""
+
+    service: WorkerService | NullWorkerService
+    manager: ModelManager
+
+
+@contextmanager
+def worker_pools() -> Iterator[tuple[ThreadPoolExecutor, ThreadPoolExecutor]]:
+    """One thread that loads models and one that runs them (onnxruntime parallelises inside a run)."""
+    with (
+        ThreadPoolExecutor(1, thread_name_prefix="sie-load") as load_pool,
+        ThreadPoolExecutor(1, thread_name_prefix="sie-infer") as infer_pool,
+    ):
+        yield load_pool, infer_pool
+
+
+async def open_local_worker(
+    stack: AsyncExitStack, settings: Settings, catalog: Catalog, pools: tuple[ThreadPoolExecutor, ThreadPoolExecutor]
+) -> LocalWorker:
+    """Build the model manager (entered on `stack`) and the worker service (ONNX or null backend)."""
+    worker = settings.worker
+    if worker.intra_op_threads is None:
+        worker = attrs.evolve(worker, intra_op_threads=default_intra_op_threads())
+    load_pool, infer_pool = pools
+    loader = ModelLoader.from_settings(worker)
+    manager = await stack.enter_async_context(
+        ModelManager(catalog, loader.load, load_pool, worker.memory_budget_bytes, worker.max_loaded_models)
+    )
+    manager.pin(worker.preload_models)
+    worker_id = settings.process.worker_id
+    if worker.backend == "null":
+        return LocalWorker(NullWorkerService(catalog, worker_id, settings.batching.max_batch_items), manager)
+    runner = BatchRunner(manager, infer_pool)
+    return LocalWorker(WorkerService(manager, runner, worker_id, settings.lane, settings.batching), manager)
