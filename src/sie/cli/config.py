@@ -10,13 +10,13 @@ import json
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import httpx
 import typer
 from rich.console import Console
 
-from sie.settings import SettingsError, load_settings
+from sie.settings import Settings, SettingsError, load_settings
 
 app = typer.Typer(help="Write and read model configuration on the config service.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -27,11 +27,15 @@ ModelArg = Annotated[str, typer.Argument(help="Model id, e.g. org/model.")]
 FileArg = Annotated[Path, typer.Argument(help="Model config YAML file.", exists=True, dir_okay=False)]
 
 
-def _client(url: str | None, token: str | None) -> httpx.Client:
+def _settings() -> Settings:
     try:
-        settings = load_settings()
+        return load_settings()
     except SettingsError as exc:
         _usage(str(exc))
+
+
+def _client(url: str | None, token: str | None) -> httpx.Client:
+    settings = _settings()
     base = url or settings.config_sync.service_url
     if not base:
         _usage("no config service URL: pass --url or set SIE_CONFIG_SERVICE_URL")
@@ -40,7 +44,7 @@ def _client(url: str | None, token: str | None) -> httpx.Client:
     return httpx.Client(base_url=base.rstrip("/"), headers=headers, timeout=30.0)
 
 
-def _usage(message: str) -> None:
+def _usage(message: str) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
 
@@ -145,13 +149,14 @@ def status(
     token: TokenOption = None,
 ) -> None:
     """Worker-ack status of a model on each gateway; with --wait, poll until all bundles are acked."""
+    token = token or _settings().auth.admin_token
     deadline = time.monotonic() + timeout
     with console.status(f"waiting for workers to ack {model_id}…", spinner="dots") if wait else nullcontext():
         while True:
             answers = [_acked(url, model_id, token) for url in gateway]
             if all(ok for ok, _ in answers) or not wait or time.monotonic() > deadline:
                 break
-            time.sleep(1.0)  # poll interval of the admin tool
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))  # poll interval, never past the deadline
     for _, summary in answers:
         typer.echo(summary)
     raise typer.Exit(0 if all(ok for ok, _ in answers) else 1)
