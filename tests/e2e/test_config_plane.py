@@ -111,6 +111,10 @@ def test_apply_propagates_to_gateway_and_worker_and_serves(plane: ControlPlane) 
     )
     assert response.status_code == 200, response.text
     assert np.allclose(response.json()["items"][0]["dense"]["values"][:4], HELLO_WORLD_PREFIX, atol=1e-5)
+    ack = httpx.get(f"{plane.gateway_url}/v1/configs/models/acme/minilm-live/status", timeout=5).json()
+    expected = ack["bundles"][0]["expected_bundle_config_hash"]
+    assert len(expected) == 64
+    assert response.headers["x-sie-model-revision"] == expected
 
 
 def test_a_lost_delta_is_caught_up_by_the_poller(plane: ControlPlane) -> None:

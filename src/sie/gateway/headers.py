@@ -25,6 +25,7 @@ SIE_VERSION: Final = _version()
 REQUEST_ID: Final = "x-sie-request-id"
 ERROR_CODE: Final = "x-sie-error-code"
 RETRY_AFTER: Final = "retry-after"
+MODEL_REVISION: Final = "x-sie-model-revision"
 VERSION_HEADERS: Final = {"x-sie-version": SIE_VERSION, "x-sie-server-version": SIE_VERSION}
 
 
@@ -41,6 +42,20 @@ class ResponseMetadata:
     postprocessing_ms: float = 0.0
     payload_fetch_ms: float = 0.0
     worker_id: str | None = None
+    model_revision: str | None = None
+
+
+def model_revision(expected: str, results: Iterable[WorkResult]) -> str | None:
+    """The `X-SIE-Model-Revision` value (seed 000 §2): the hash captured at routing time, only when it is
+    non-empty and every item succeeded having executed exactly that hash; None (no header) otherwise."""
+    if not expected:
+        return None
+    seen = False
+    for result in results:
+        if not result.success or result.executed_bundle_config_hash != expected:
+            return None
+        seen = True
+    return expected if seen else None
 
 
 def collect_metadata(
@@ -77,4 +92,6 @@ def response_headers(meta: ResponseMetadata, total_ms: float) -> dict[str, str]:
         headers["x-payload-fetch-time"] = f"{meta.payload_fetch_ms:.2f}"
     if meta.worker_id:
         headers["x-sie-worker"] = meta.worker_id
+    if meta.model_revision:
+        headers[MODEL_REVISION] = meta.model_revision
     return headers

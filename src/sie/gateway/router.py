@@ -48,6 +48,9 @@ class Route:
     subject: str
     config: ModelConfig | None  # None only for the unseeded fallback (empty catalogue)
     default_outputs: tuple[str, ...] = ("dense",)
+    # The expected bundle_config_hash of (bundle, lane pool) in the snapshot this route was resolved from;
+    # "" when that scope has no routable models (legacy: workers accept unhashed work).
+    bundle_config_hash: str = ""
 
 
 class Router:
@@ -58,6 +61,7 @@ class Router:
         self._defaults = defaults
         self._snapshot: Catalog | None = None
         self._routes: dict[tuple[str, str | None, str | None, str | None], Route] = {}
+        self._hashes: dict[tuple[str, str], str] = {}
 
     def route(self, spec: str, profile: Any, hints: LaneHints) -> Route:
         """The route for `spec` with `options.profile`; raises ModelNotFoundError, BundleConflictError or
@@ -66,15 +70,25 @@ class Router:
             raise InvalidRequestError("Field 'options.profile' must be a string")
         catalog = self._catalog()
         if catalog is not self._snapshot:
-            self._snapshot, self._routes = catalog, {}
+            self._snapshot, self._routes, self._hashes = catalog, {}, {}
         key = (spec, profile, hints.pool, hints.machine_profile)
         route = self._routes.get(key)
         if route is None:
             route = self._resolve(catalog, spec, profile, hints)
+            route = attrs.evolve(route, bundle_config_hash=self._expected_hash(catalog, route))
             if len(self._routes) >= _MAX_CACHED_ROUTES:
                 self._routes.clear()
             self._routes[key] = route
         return route
+
+    def _expected_hash(self, catalog: Catalog, route: Route) -> str:
+        """The pool-scoped hash a worker of the route's lane must hold (seed 000 §2, §7); cached per snapshot."""
+        key = (route.bundle, route.lane.pool)
+        digest = self._hashes.get(key)
+        if digest is None:
+            digest = expected_bundle_config_hash(catalog, route.bundle, route.lane.pool)
+            self._hashes[key] = digest
+        return digest
 
     def _resolve(self, catalog: Catalog, spec: str, profile: str | None, hints: LaneHints) -> Route:
         parsed = parse_model_spec(spec)
@@ -108,6 +122,13 @@ class Router:
         pool = hints.pool or header_pool or (config.pool if config is not None else None) or self._defaults.pool
         machine_profile = machine_profile or self._defaults.machine_profile
         return _lane_token("pool", pool), _lane_token("machine profile", machine_profile)
+
+
+def expected_bundle_config_hash(catalog: Catalog, bundle: str, pool: str) -> str:
+    """`bundle_config_hash(bundle, pool)` of `catalog`; "" for a bundle the catalogue does not know."""
+    if bundle not in catalog.bundles:
+        return ""
+    return catalog.bundle_config_hash(bundle, pool)
 
 
 def _lane_token(kind: str, value: str) -> str:

@@ -14,7 +14,7 @@ import attrs
 from sie.gateway import assembly, openai, router, workitems
 from sie.gateway.collector import Collector
 from sie.gateway.dispatcher import Dispatcher
-from sie.gateway.headers import ResponseMetadata, collect_metadata
+from sie.gateway.headers import ResponseMetadata, collect_metadata, model_revision
 from sie.gateway.router import LaneHints, Route, Router
 from sie.gateway.workitems import Ticket
 from sie.wire.http import EncodeRequest, ExtractRequest, ScoreRequest
@@ -101,4 +101,5 @@ class InferenceService:
             results = await pending.wait(self._timeout_s)
             waited = time.perf_counter()
         meta = collect_metadata(request_id, results, (published - started) * 1e3, (waited - published) * 1e3)
+        meta.model_revision = model_revision(route.bundle_config_hash, results)
         return Collected(route, results, meta)

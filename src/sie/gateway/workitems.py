@@ -40,6 +40,8 @@ def _common(route: Route, ticket: Ticket, operation: str, total: int) -> dict[st
         "reply_subject": ticket.reply_subject,
         "timestamp": ticket.timestamp,
         "deadline": ticket.deadline,
+        # Captured with the route from one catalogue snapshot; "" (legacy) is sent as absent.
+        "bundle_config_hash": route.bundle_config_hash or None,
     }
 
 

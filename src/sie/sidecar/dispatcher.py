@@ -111,7 +111,8 @@ class Dispatcher:
             if delay is not None:
                 naks.setdefault(delay, []).append(work)
                 continue
-            result = outcome_result(work.item, item_outcome, finished.timings, self._worker_id, work.prep_ms)
+            result = outcome_result(work.item, item_outcome, finished.timings, self._worker_id, work.prep_ms,
+                                    work.verified_hash)  # fmt: skip
             replies.append((work, result))
         if replies:
             await self._settler.reply(replies)

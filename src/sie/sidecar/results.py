@@ -72,8 +72,12 @@ def unknown_operation_result(item: WorkItem, worker_id: str) -> WorkResult:
 
 
 def outcome_result(item: WorkItem, outcome: ItemOutcome, timings: BatchTimings, worker_id: str,
-                   prep_ms: float) -> WorkResult:  # fmt: skip
-    """The WorkResult of one item the worker answered (publish_and_ack or publish_error_and_ack)."""
+                   prep_ms: float, verified_hash: str | None = None) -> WorkResult:  # fmt: skip
+    """The WorkResult of one item the worker answered (publish_and_ack or publish_error_and_ack).
+
+    A successful item echoes `verified_hash` (the hash the gate matched to the worker's) as
+    `executed_bundle_config_hash`; the IPC ItemOutcome carries no hash of its own.
+    """
     success = outcome.disposition == DISPOSITION_PUBLISH_AND_ACK and outcome.result_msgpack is not None
     error, error_code = None, None
     if not success:
@@ -94,6 +98,7 @@ def outcome_result(item: WorkItem, outcome: ItemOutcome, timings: BatchTimings, 
         tokenization_ms=prep_ms + outcome.tokenization_ms,
         postprocessing_ms=outcome.postprocessing_ms,
         units=outcome.units,
+        executed_bundle_config_hash=verified_hash if success else None,
         retry_after_s=outcome.retry_after_s,
     )
 

@@ -20,6 +20,7 @@ from sie.settings import BatchingSettings, Settings, SidecarSettings, StreamSett
 from sie.sidecar.admission import Admission
 from sie.sidecar.consumer import Consumer, ConsumerOptions
 from sie.sidecar.dispatcher import Dispatcher
+from sie.sidecar.hashgate import HashGatedAdmit, WorkerHash
 from sie.sidecar.prep import Preparer
 from sie.sidecar.readiness import Readiness, ReadinessTimings
 from sie.sidecar.scheduler import Scheduler
@@ -69,6 +70,7 @@ class Sidecar:
         self.dispatcher: Dispatcher | None = None
         self.settler: Settler | None = None
         self._preparer: Preparer | None = None
+        self.hash_gate: HashGatedAdmit | None = None
         # Set before entering to be told every EnsureModelReady answer (the health publisher's `observe`).
         self.on_readiness_answer: Callable[[str, EnsureModelReadyResponse], None] | None = None
 
@@ -142,7 +144,9 @@ class Sidecar:
         dispatcher.on_model_unready = readiness.forget
         readiness.on_answer = self.on_readiness_answer
         options = ConsumerOptions(config.sidecar.fetch_budget, stream.nak_delay_s, config.worker_id)
-        self._consumer = Consumer(lane_consumer, admission, settler, readiness.admit, options)
+        # Deliveries for another config are NAKed before any IPC for them (seed 000 §2).
+        self.hash_gate = HashGatedAdmit(WorkerHash(self.worker), readiness.admit, settler.nak, stream.nak_delay_s)
+        self._consumer = Consumer(lane_consumer, admission, settler, self.hash_gate, options)
         self.admission, self.settler, self.readiness = admission, settler, readiness
         self.scheduler, self.dispatcher, self._preparer = scheduler, dispatcher, preparer
 

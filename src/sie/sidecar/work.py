@@ -28,6 +28,7 @@ class Work:
         "progressed",
         "received",
         "run_item",
+        "verified_hash",
     )
 
     def __init__(self, delivery: Delivery, received: float) -> None:
@@ -44,6 +45,8 @@ class Work:
         self.lora_key = lora_key_of(self.item.options)
         self.run_item: Any = None
         self.prep_ms = 0.0
+        # Set by the hash gate: the item's bundle_config_hash once it matched the worker's (else None).
+        self.verified_hash: str | None = None
 
     @property
     def operation(self) -> str:

@@ -33,6 +33,8 @@ from sie.worker.manager import ModelManager
 logger = logging.getLogger(__name__)
 
 NOT_LOADED_NAK_DELAY_MS = 1000
+# Contracts Part A §2.1 "Hash gate": work for another config comes back for redelivery after 5 s.
+HASH_GATE_NAK_DELAY_MS = 5000
 _OPERATIONS = (OP_ENCODE, OP_SCORE, OP_EXTRACT)
 
 
@@ -44,6 +46,30 @@ class ExecutedBatch:
     nak_reason: str | None = None
     error: str | None = None
     error_code: str | None = None
+    nak_delay_ms: int = NOT_LOADED_NAK_DELAY_MS
+
+
+def item_hashes(request: RunBatchRequest) -> list[str]:
+    """The non-empty `bundle_config_hash` of every item body (encode, score or extract) of a batch."""
+    hashes = []
+    for item in request.items:
+        body = item.encode or item.score or item.extract
+        digest = getattr(body, "bundle_config_hash", None)
+        if digest:
+            hashes.append(digest)
+    return hashes
+
+
+def hash_gate(request: RunBatchRequest, current: str) -> ExecutedBatch | None:
+    """The whole batch NAKed (5 s, no error code) when any item names a hash other than `current`; else None.
+
+    Empty or missing hashes are accepted (legacy traffic).
+    """
+    stale = [digest for digest in item_hashes(request) if digest != current]
+    if not stale:
+        return None
+    reason = f"bundle_config_hash {stale[0]!r} is not this worker's current {current!r}"
+    return ExecutedBatch(nak_reason=reason, nak_delay_ms=HASH_GATE_NAK_DELAY_MS)
 
 
 class BatchRunner:
@@ -116,7 +142,7 @@ def to_batch_outcome(request: RunBatchRequest, executed: ExecutedBatch) -> Batch
                 request_id=item.request_id,
                 item_index=item.item_index,
                 disposition=DISPOSITION_NAK_RETRY if nak else DISPOSITION_PUBLISH_ERROR_AND_ACK,
-                nak_delay_ms=NOT_LOADED_NAK_DELAY_MS if nak else 0,
+                nak_delay_ms=executed.nak_delay_ms if nak else 0,
                 error=executed.nak_reason or executed.error,
                 error_code=None if nak else executed.error_code,
             )

@@ -4,7 +4,11 @@ model manager and the batch runner. The Unix-socket server and `--role all` both
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 from sie.catalog import Catalog, load_yaml, parse_model_config
 from sie.catalog.errors import CatalogError
@@ -29,9 +33,82 @@ from sie.wire.ipc_control import (
 )
 from sie.worker.loading import LoadedModel
 from sie.worker.manager import ModelManager, Readiness
-from sie.worker.runner import BatchRunner, ExecutedBatch, to_batch_outcome
+from sie.worker.runner import BatchRunner, ExecutedBatch, hash_gate, to_batch_outcome
 
 DRAINING = "draining"
+
+
+class ExecutionBarrier:
+    """A first-come readers-writer barrier on the running event loop: inference batches share it, config
+    apply/replace holds it alone. A waiting writer holds back later readers, so config changes are not starved;
+    a writer waits for running batches to finish and batches queued behind it run on the new config."""
+
+    def __init__(self) -> None:
+        self.readers = 0
+        self.writer = False
+        self._waiters: collections.deque[tuple[bool, asyncio.Future[None]]] = collections.deque()
+
+    @contextlib.asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        """Held while a batch runs (any number at once)."""
+        await self._acquire(exclusive=False)
+        try:
+            yield
+        finally:
+            self._release(exclusive=False)
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """Held while the catalogue changes (alone)."""
+        await self._acquire(exclusive=True)
+        try:
+            yield
+        finally:
+            self._release(exclusive=True)
+
+    def _free_for(self, exclusive: bool) -> bool:
+        return not self.writer and (not exclusive or self.readers == 0)
+
+    def _enter(self, exclusive: bool) -> None:
+        if exclusive:
+            self.writer = True
+        else:
+            self.readers += 1
+
+    async def _acquire(self, exclusive: bool) -> None:
+        if not self._waiters and self._free_for(exclusive):
+            self._enter(exclusive)
+            return
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((exclusive, granted))
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self._release(exclusive)  # granted just before the cancellation arrived: give it back
+            else:
+                self._wake()
+            raise
+
+    def _release(self, exclusive: bool) -> None:
+        if exclusive:
+            self.writer = False
+        else:
+            self.readers -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        """Grant waiters in arrival order while they fit (cancelled ones are skipped)."""
+        while self._waiters:
+            exclusive, granted = self._waiters[0]
+            if granted.done():
+                self._waiters.popleft()
+                continue
+            if not self._free_for(exclusive):
+                return
+            self._waiters.popleft()
+            self._enter(exclusive)
+            granted.set_result(None)
 
 
 class WorkerService:
@@ -48,6 +125,8 @@ class WorkerService:
         self.batching = batching
         self.draining = False
         self.last_ping = 0.0
+        self.barrier = ExecutionBarrier()
+        self._hash_of: tuple[Catalog, str] | None = None
 
     @property
     def catalog(self) -> Catalog:
@@ -55,9 +134,12 @@ class WorkerService:
 
     def bundle_config_hash(self) -> str:
         """The hash of the models this worker serves: its bundle, scoped to its pool (seed 000 §7)."""
-        if self.bundle not in self.catalog.bundles:
-            return ""
-        return self.catalog.bundle_config_hash(self.bundle, self.pool)
+        catalog = self.catalog
+        if self._hash_of is not None and self._hash_of[0] is catalog:
+            return self._hash_of[1]
+        digest = catalog.bundle_config_hash(self.bundle, self.pool) if self.bundle in catalog.bundles else ""
+        self._hash_of = (catalog, digest)  # catalogues are immutable: one digest per snapshot
+        return digest
 
     async def ping(self, request: PingRequest) -> PingResponse:
         self.last_ping = time.monotonic()
@@ -92,7 +174,9 @@ class WorkerService:
     async def run_batch(self, request: RunBatchRequest) -> BatchOutcome:
         if self.draining:
             return to_batch_outcome(request, ExecutedBatch(nak_reason=DRAINING))  # another worker takes it
-        return to_batch_outcome(request, await self.runner.execute(request))
+        async with self.barrier.shared():  # the config cannot change between the gate and the execution
+            refused = hash_gate(request, self.bundle_config_hash())
+            return to_batch_outcome(request, refused or await self.runner.execute(request))
 
     async def worker_capabilities(self, request: WorkerCapabilitiesRequest) -> WorkerCapabilitiesResponse:
         return WorkerCapabilitiesResponse(
@@ -106,6 +190,10 @@ class WorkerService:
 
     async def apply_model_config(self, request: ApplyModelConfigRequest) -> ApplyModelConfigResponse:
         """Add or replace one model config in this worker's catalogue and report the resulting hash."""
+        async with self.barrier.exclusive():
+            return self._apply_model_config(request)
+
+    def _apply_model_config(self, request: ApplyModelConfigRequest) -> ApplyModelConfigResponse:
         try:
             model = parse_model_config(load_yaml(request.model_config, request.model_id), request.model_id)
         except CatalogError:
@@ -117,6 +205,10 @@ class WorkerService:
 
     async def replace_model_configs(self, request: ReplaceModelConfigsRequest) -> ReplaceModelConfigsResponse:
         """Replace every model of the catalogue with the exported set; unparsable entries are reported."""
+        async with self.barrier.exclusive():
+            return self._replace_model_configs(request)
+
+    def _replace_model_configs(self, request: ReplaceModelConfigsRequest) -> ReplaceModelConfigsResponse:
         models, unsupported = [], []
         for entry in request.models:
             try:
