@@ -118,10 +118,13 @@ async def _encode_all(url: str, count: int) -> list[httpx.Response]:
         return await asyncio.gather(*requests)
 
 
+REQUESTS = 200
+
+
 def test_killing_the_worker_loses_no_accepted_request(cluster: Cluster) -> None:
     async def scenario() -> list[httpx.Response]:
-        pending = asyncio.ensure_future(_encode_all(cluster.url, 40))
-        await asyncio.sleep(0.05)  # let requests get accepted and reach the worker
+        pending = asyncio.ensure_future(_encode_all(cluster.url, REQUESTS))
+        await asyncio.sleep(0.15)  # ~600 items take ~0.7 s of model time: the kill lands mid-flight
         cluster.worker.process.kill()
         cluster.worker.stop()  # reaps the killed process and closes its log
         cluster.worker = cluster.start_worker()
@@ -131,7 +134,7 @@ def test_killing_the_worker_loses_no_accepted_request(cluster: Cluster) -> None:
     responses = asyncio.run(scenario())
     # Not vacuous: some work was waiting for the new worker (its start-up and model load take > 0.5 s).
     assert time.monotonic() - started > 0.5
-    assert [r.status_code for r in responses] == [200] * 40, responses[0].text
+    assert [r.status_code for r in responses] == [200] * REQUESTS, responses[0].text
     for index, response in enumerate(responses):
         ids = [item["id"] for item in response.json()["items"]]
         assert ids == [f"r{index}-{j}" for j in range(3)]  # each item answered once, in place

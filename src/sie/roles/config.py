@@ -3,8 +3,9 @@ optional restore) → stored epoch → optional NATS publisher → app → hyper
 
 Router id: gateways trust producers named `sie-config` exactly or as a pod-name prefix, so the service
 uses SIE_ROUTER_ID only when it starts with `sie-config`, else `sie-config`. Without SIE_NATS_URL there is
-no publisher and writes answer `router_id: "standalone"`. Without SIE_CONFIG_STORE_DIR the store is in
-memory: writes and the epoch work but do not survive a restart.
+no publisher and writes answer `router_id: "standalone"`. With it, the service starts even while NATS is
+unreachable: it connects in the background and refuses writes with 503 until connected. Without
+SIE_CONFIG_STORE_DIR the store is in memory: writes and the epoch work but do not survive a restart.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from sie.control.app import build_control_app
 from sie.control.auth import AccessPolicy
 from sie.control.loading import load_registry, restore_models
 from sie.control.publisher import DeltaPublisher
+from sie.control.reconnecting import ReconnectingBus
 from sie.control.registry import ModelRegistry
 from sie.control.writes import ConfigWriter
 from sie.roles.common import stream_settings
@@ -65,8 +67,10 @@ async def open_publisher(settings: Settings, stack: AsyncExitStack) -> DeltaPubl
     if not settings.nats.url:
         logger.info("SIE_NATS_URL is unset: config deltas are not published (router_id 'standalone')")
         return None
-    transport = NatsTransport(settings.nats, stream_settings(settings), name=f"sie-config-{config_router_id(settings)}")
-    return DeltaPublisher(await stack.enter_async_context(transport))
+    nats, streams, name = settings.nats, stream_settings(settings), f"sie-config-{config_router_id(settings)}"
+    # Connects in the background: an unreachable broker blocks writes with 503, never start-up (seed 000 §13).
+    bus = ReconnectingBus(lambda: NatsTransport(nats, streams, name=name), description=f"NATS at {nats.url}")
+    return DeltaPublisher(await stack.enter_async_context(bus))
 
 
 async def serve_config(settings: Settings) -> None:

@@ -1,6 +1,7 @@
 """`sie run --role sidecar`: consume one lane from NATS JetStream and serve it with the worker on the
 Unix socket; heartbeats on `sie.health.{worker_id}`, probes on `SIE_WORKER_PROBE_PORT`, live config
-deltas from `sie.config.models.{bundle}` forwarded to the worker.
+deltas from `sie.config.models.{bundle}` forwarded to the worker, and the config export reconciled
+when `SIE_CONFIG_SERVICE_URL` is set.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from sie.ipc.uds_client import UdsWorkerClient
 from sie.roles.common import stream_settings, wait_for_signal
 from sie.settings import Settings
 from sie.sidecar import Sidecar
-from sie.sidecar.config_apply import ConfigApplier
+from sie.sidecar.config_apply import AppliedConfig, ConfigApplier
+from sie.sidecar.config_export import ExportReconciler
 from sie.sidecar.health import HealthPublisher
 from sie.sidecar.probes import ProbeServer
 from sie.telemetry.logs import configure_logging
@@ -31,7 +33,9 @@ async def serve_sidecar(settings: Settings) -> None:
         worker = await stack.enter_async_context(UdsWorkerClient(settings.worker.socket_path))
         health = await stack.enter_async_context(HealthPublisher.from_settings(transport, worker, settings))
         probes = await stack.enter_async_context(ProbeServer(lambda: health.ready, settings.sidecar.probe_port))
-        await stack.enter_async_context(ConfigApplier(transport, worker, settings))
+        applied = AppliedConfig()  # shared: deltas and export reconciliation advance one acknowledged state
+        await stack.enter_async_context(ConfigApplier(transport, worker, settings, applied))
+        await stack.enter_async_context(ExportReconciler(worker, settings, applied))
         sidecar = Sidecar.from_settings(transport, worker, settings)
         sidecar.on_readiness_answer = health.observe
         await stack.enter_async_context(sidecar)

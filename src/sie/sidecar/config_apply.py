@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 from typing import Final
 
+import attrs
+
 from sie.catalog.names import config_subject
 from sie.catalog.trust import is_trusted_producer
 from sie.ipc.client import WorkerClient
@@ -21,20 +23,38 @@ logger = logging.getLogger(__name__)
 MAX_MODEL_CONFIG_BYTES: Final = 1 << 20  # the config service refuses bigger bodies too
 
 
+@attrs.define
+class AppliedConfig:
+    """The epoch and bundle hash this worker last acknowledged, shared by the delta path and the export
+    reconciler (`sie.sidecar.config_export`); `""` = nothing acknowledged yet."""
+
+    epoch: int = 0
+    bundle_config_hash: str = ""
+
+
 class ConfigApplier:
     """Subscribes to its bundle's deltas and applies the accepted ones through the worker."""
 
-    def __init__(self, bus: MessageBus, worker: WorkerClient, settings: Settings) -> None:
+    def __init__(
+        self, bus: MessageBus, worker: WorkerClient, settings: Settings, state: AppliedConfig | None = None
+    ) -> None:
         self.bus = bus
         self.worker = worker
         self.bundle = settings.lane.bundle
         self.pool = settings.lane.pool
         self.trusted = settings.config_sync.trusted_producers
         self.trust_any = settings.config_sync.trust_any_producer
-        self.epoch = 0
-        self.bundle_config_hash = ""
+        self.state = state if state is not None else AppliedConfig()
         self.rejected = 0
         self._subscription: Subscription | None = None
+
+    @property
+    def epoch(self) -> int:
+        return self.state.epoch
+
+    @property
+    def bundle_config_hash(self) -> str:
+        return self.state.bundle_config_hash
 
     async def __aenter__(self) -> ConfigApplier:
         self._subscription = await self.bus.subscribe(
@@ -83,5 +103,5 @@ class ConfigApplier:
                 note.epoch, note.model_id, response.bundle_config_hash, expected, response.applied,
             )  # fmt: skip
             return
-        self.epoch, self.bundle_config_hash = note.epoch, expected
+        self.state.epoch, self.state.bundle_config_hash = note.epoch, expected
         logger.info("applied config epoch %d (%s); bundle hash %s", note.epoch, note.model_id, expected)

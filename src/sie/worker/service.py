@@ -215,6 +215,7 @@ class WorkerService:
                 models.append(parse_model_config(load_yaml(entry.model_config, entry.model_id), entry.model_id))
             except CatalogError:
                 unsupported.append(entry.model_id)
+        models = [model for model in models if model.effective_pool == self.pool]  # other pools are not ours
         self.manager.set_catalog(Catalog(self.catalog.bundles.values(), models))
         return ReplaceModelConfigsResponse(
             applied=not unsupported,

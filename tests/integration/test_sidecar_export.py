@@ -1,0 +1,141 @@
+"""Export reconciliation on a worker: the real config service app (MemoryConfigStore) over httpx's ASGI
+transport, a real WorkerService, and the reconciler between them. The acknowledged epoch/hash advance only
+when the worker's hash equals the control plane's pool-scoped one; unchanged exports are not resent; an
+epoch rewind is accepted."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import attrs
+import httpx
+import pytest
+
+from sie.catalog import load_catalog
+from sie.control.app import build_control_app
+from sie.control.auth import AccessPolicy
+from sie.control.loading import load_registry
+from sie.control.writes import ConfigWriter
+from sie.settings import BatchingSettings, LaneSettings, load_settings
+from sie.sidecar.config_apply import AppliedConfig
+from sie.sidecar.config_export import ExportReconciler
+from sie.stores.config_store import MemoryConfigStore
+from sie.wire.ipc_control import ReplaceModelConfigsRequest, ReplaceModelConfigsResponse
+from sie.worker.manager import ModelManager
+from sie.worker.runner import BatchRunner
+from sie.worker.service import WorkerService
+
+REPO = Path(__file__).resolve().parents[2]
+BUNDLES, MODELS = REPO / "config" / "bundles", REPO / "config" / "models"
+NEW_MODEL = "acme/new-model"
+OTHER_POOL_MODEL = "acme/other-pool"
+ADAPTER = "sie.adapters.dense:OnnxDenseAdapter"
+
+
+def model_yaml(model_id: str, extra: str = "") -> str:
+    return (
+        f"sie_id: {model_id}\nhf_id: {model_id}\n{extra}"
+        f"profiles:\n  default:\n    adapter_path: {ADAPTER}\n    max_batch_tokens: 8192\n"
+    )
+
+
+def config_client() -> httpx.AsyncClient:
+    """A fresh config service (epoch 0, in-memory store) served through ASGI."""
+    registry = load_registry(BUNDLES, MODELS)
+    writer = ConfigWriter(registry, MemoryConfigStore(), router_id="sie-config-0")
+    app = build_control_app(writer, registry, AccessPolicy())
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://config")
+
+
+class CountingWorker:
+    """A thin wrapper over the real WorkerService: counts replacements, optionally corrupts the hash."""
+
+    def __init__(self, service: WorkerService, *, corrupt_hash: bool = False) -> None:
+        self.service = service
+        self.corrupt_hash = corrupt_hash
+        self.replace_calls = 0
+
+    def __getattr__(self, name: str):  # noqa: ANN204 - delegate every other IPC method
+        return getattr(self.service, name)
+
+    async def replace_model_configs(self, request: ReplaceModelConfigsRequest) -> ReplaceModelConfigsResponse:
+        self.replace_calls += 1
+        response = await self.service.replace_model_configs(request)
+        return attrs.evolve(response, bundle_config_hash="0" * 64) if self.corrupt_hash else response
+
+
+@pytest.fixture
+async def manager() -> AsyncIterator[ModelManager]:
+    async with ModelManager(load_catalog(BUNDLES, MODELS), lambda *args: None) as loaded:
+        yield loaded
+
+
+@pytest.fixture
+def service(manager: ModelManager) -> WorkerService:
+    return WorkerService(manager, BatchRunner(manager), "w-1", LaneSettings(), BatchingSettings())
+
+
+async def post_models(http: httpx.AsyncClient) -> None:
+    assert (await http.post("/v1/configs/models", content=model_yaml(NEW_MODEL))).status_code == 201
+    other = model_yaml(OTHER_POOL_MODEL, extra="pool: GPU-Big\n")
+    assert (await http.post("/v1/configs/models", content=other)).status_code == 201
+
+
+async def pool_hash(http: httpx.AsyncClient) -> tuple[int, str]:
+    export = (await http.get("/v1/configs/export")).json()
+    return export["epoch"], export["bundle_pool_config_hashes"]["default"]["default"]
+
+
+async def test_tick_replaces_catalogue_and_records_state(service: WorkerService, manager: ModelManager) -> None:
+    settings = load_settings(environ={})
+    state = AppliedConfig()
+    worker = CountingWorker(service)
+    async with config_client() as http:
+        await post_models(http)
+        epoch, expected = await pool_hash(http)
+        async with ExportReconciler(worker, settings, state, http=http, interval_s=0.01) as reconciler:
+            for _ in range(500):  # the first tick runs at start
+                if state.epoch == epoch:
+                    break
+                await asyncio.sleep(0.01)
+            assert (state.epoch, state.bundle_config_hash) == (2, expected)
+            assert manager.catalog.find(NEW_MODEL) is not None
+            assert manager.catalog.find(OTHER_POOL_MODEL) is None  # assigned to another pool
+            assert service.bundle_config_hash() == expected
+            await asyncio.sleep(0.1)  # several more ticks on an unchanged export
+            assert worker.replace_calls == 1 and reconciler.replacements == 1
+            assert await reconciler.reconcile_once() is False and worker.replace_calls == 1
+
+
+async def test_no_service_url_is_a_no_op(service: WorkerService) -> None:
+    async with ExportReconciler(service, load_settings(environ={}), AppliedConfig()) as reconciler:
+        assert not reconciler.enabled
+
+
+async def test_hash_mismatch_is_not_recorded_and_retried(service: WorkerService) -> None:
+    state = AppliedConfig()
+    worker = CountingWorker(service, corrupt_hash=True)
+    async with config_client() as http:
+        await post_models(http)
+        reconciler = ExportReconciler(worker, load_settings(environ={}), state, http=http)
+        assert await reconciler.reconcile_once() is False
+        assert (state.epoch, state.bundle_config_hash) == (0, "")
+        assert await reconciler.reconcile_once() is False
+        assert worker.replace_calls == 2  # the snapshot stays eligible for retry
+
+
+async def test_epoch_rewind_is_accepted(service: WorkerService, manager: ModelManager) -> None:
+    settings = load_settings(environ={})
+    state = AppliedConfig()
+    async with config_client() as http:
+        await post_models(http)
+        assert await ExportReconciler(service, settings, state, http=http).reconcile_once() is True
+    assert state.epoch == 2 and manager.catalog.find(NEW_MODEL) is not None
+    async with config_client() as rewound:  # a fresh config service: epoch 0, baseline only
+        epoch, expected = await pool_hash(rewound)
+        assert epoch == 0
+        assert await ExportReconciler(service, settings, state, http=rewound).reconcile_once() is True
+    assert (state.epoch, state.bundle_config_hash) == (0, expected)
+    assert manager.catalog.find(NEW_MODEL) is None
