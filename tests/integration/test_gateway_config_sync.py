@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -135,6 +136,19 @@ async def syncer(service: ConfigService, state: ConfigState):
         yield ConfigSyncer(client, state)
 
 
+def metric(state: ConfigState, name: str, **labels: str) -> float | None:
+    """One sample of the state's telemetry, read back from its Prometheus exposition; None when absent."""
+    for family in text_string_to_metric_families(state.telemetry.prometheus_text().decode()):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return None
+
+
+def operations(state: ConfigState, operation: str, outcome: str) -> float | None:
+    return metric(state, "sie_gateway_config_operations_total", operation=operation, outcome=outcome)
+
+
 class FakeTime:
     """An injected clock whose sleep advances it; records every sleep."""
 
@@ -247,6 +261,53 @@ async def test_backoff_doubles_to_the_cap_and_degraded_after_ten_failures_then_c
     assert bootstrap.attempts == 13
 
 
+async def test_bootstrap_metrics_degraded_gauge_after_ten_failures_cleared_on_success(
+    service: ConfigService, state: ConfigState, syncer: ConfigSyncer
+) -> None:
+    time = FakeTime()
+    service.failing = {"/v1/configs/epoch"}
+    gauge_at: list[float | None] = []
+
+    async def sleep(seconds: float) -> None:
+        gauge_at.append(metric(state, "sie_gateway_config_bootstrap_degraded"))
+        if len(time.sleeps) == 9:
+            service.failing = set()
+        await time.sleep(seconds)
+
+    assert metric(state, "sie_gateway_config_bootstrap_degraded") == 0.0
+    assert metric(state, "sie_gateway_config_applied_epoch") == 0.0
+    await Bootstrap(syncer, BackoffPolicy(degraded_after_s=1e9), clock=time.clock, sleep=sleep).run()
+    assert gauge_at == [0.0] * 9 + [1.0]
+    assert metric(state, "sie_gateway_config_bootstrap_degraded") == 0.0
+    assert operations(state, "bootstrap", "failure") == 10.0
+    assert operations(state, "bootstrap", "success") == 1.0
+    assert operations(state, "export", "success") == 1.0
+    assert metric(state, "sie_gateway_config_applied_epoch") == 3.0
+
+
+async def test_partial_bootstrap_and_export_are_recorded_as_partial(
+    service: ConfigService, state: ConfigState, syncer: ConfigSyncer
+) -> None:
+    service.extra_rows = ["not an object"]
+
+    async def sleep(seconds: float) -> None:
+        service.extra_rows = []
+
+    await Bootstrap(syncer, sleep=sleep).run()
+    assert operations(state, "bootstrap", "partial") == 1.0
+    assert operations(state, "export", "partial") == 1.0
+    assert operations(state, "bootstrap", "success") == 1.0
+
+
+async def test_applied_epoch_follows_set_max_and_force_set(state: ConfigState) -> None:
+    state.epoch.set_max(7)
+    assert metric(state, "sie_gateway_config_applied_epoch") == 7.0
+    state.epoch.set_max(4)
+    assert metric(state, "sie_gateway_config_applied_epoch") == 7.0
+    state.epoch.force_set(2)
+    assert metric(state, "sie_gateway_config_applied_epoch") == 2.0
+
+
 async def test_degraded_after_five_minutes_of_failure(service: ConfigService, state: ConfigState, syncer):
     time = FakeTime()
     service.failing = {"/v1/configs/export"}
@@ -345,6 +406,9 @@ async def test_poll_rewind_with_failed_export_keeps_local_and_retries(service, s
     service.failing = set()
     assert await Poller(syncer, 30).tick() is PollOutcome.RECOVERED
     assert state.epoch.get() == 3
+    assert (operations(state, "poll", "failure"), operations(state, "poll", "success")) == (1.0, 1.0)
+    assert (operations(state, "export", "failure"), operations(state, "export", "success")) == (1.0, 2.0)
+    assert metric(state, "sie_gateway_config_applied_epoch") == 3.0
 
 
 async def test_poll_failures_are_swallowed_and_keep_state(service, state, syncer) -> None:

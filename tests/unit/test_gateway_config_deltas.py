@@ -161,3 +161,19 @@ async def test_readers_keep_their_snapshot_across_a_swap(state: ConfigState, del
     await deltas.handle(note(model_data("org/new"), 1))
     assert "org/new" not in held.models
     assert "org/new" in state().models
+
+
+# --- telemetry --------------------------------------------------------------------------------------------
+
+
+async def test_deltas_are_recorded_and_the_applied_epoch_follows_set_max(
+    state: ConfigState, deltas: DeltaSubscriber
+) -> None:
+    await deltas.handle(note(model_data("org/m"), epoch=1, producer="evil"))
+    await deltas.handle(note(None, epoch=4))
+    await deltas.handle(note(model_data("org/m"), epoch=6))
+    await deltas.handle(note("sie_id: [unclosed", epoch=9))
+    text = state.telemetry.prometheus_text().decode()
+    for outcome, count in (("untrusted", 1), ("success", 2), ("rejected", 1)):
+        assert f'sie_gateway_config_operations_total{{operation="delta",outcome="{outcome}"}} {count}.0' in text
+    assert "sie_gateway_config_applied_epoch 6.0" in text

@@ -16,11 +16,13 @@ from sie.roles.common import stream_settings
 from sie.roles.serving import hypercorn_config, serve_until_signalled
 from sie.settings import Settings
 from sie.telemetry.logs import configure_logging
+from sie.telemetry.metrics import Telemetry
 from sie.transport.nats import NatsTransport
 
 
 async def serve_gateway(settings: Settings) -> None:
-    state = ConfigState(load_catalog(settings.catalog.bundles_dir, settings.catalog.models_dir))
+    catalog = load_catalog(settings.catalog.bundles_dir, settings.catalog.models_dir)
+    state = ConfigState(catalog, telemetry=Telemetry(service_name="sie-gateway"))
     router_id = settings.process.router_id
     async with AsyncExitStack() as stack:
         transport = await stack.enter_async_context(

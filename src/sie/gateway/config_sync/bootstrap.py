@@ -14,7 +14,8 @@ import attrs
 
 from sie.gateway.config_sync.client import ConfigServiceError
 from sie.gateway.config_sync.state import ConfigState
-from sie.gateway.config_sync.sync import BootstrapOutcome, ConfigSyncer
+from sie.gateway.config_sync.sync import BootstrapOutcome, ConfigSyncer, operation_outcome
+from sie.telemetry.metrics import ConfigOperation, ConfigOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -70,11 +71,13 @@ class Bootstrap:
                 self._failed(self.syncer.state, exc, failures, self.clock() - started)
                 await self.sleep(self.policy.delay(failures))
                 continue
+            self.syncer.state.telemetry.config_operation(ConfigOperation.BOOTSTRAP, ConfigOutcome.SUCCESS)
             self.syncer.state.degraded = False
             logger.info("config bootstrap applied %d models at epoch %d", outcome.applied, outcome.epoch)
             return outcome
 
     def _failed(self, state: ConfigState, exc: ConfigServiceError, failures: int, failing_for_s: float) -> None:
+        state.telemetry.config_operation(ConfigOperation.BOOTSTRAP, operation_outcome(exc))
         degraded = self.policy.degraded(failures, failing_for_s)
         state.degraded = degraded
         level = logging.ERROR if degraded else logging.WARNING

@@ -14,6 +14,7 @@ from sie.catalog import CatalogError, ModelConfig, load_yaml, parse_model_config
 from sie.catalog.names import CONFIG_ALL_SUBJECT
 from sie.catalog.trust import is_trusted_producer
 from sie.gateway.config_sync.state import ConfigState, DeltaRejectedError
+from sie.telemetry.metrics import ConfigOperation, ConfigOutcome
 from sie.transport.base import MessageBus, Subscription
 from sie.wire.config import ConfigNotification
 
@@ -29,6 +30,19 @@ class DeltaOutcome(enum.Enum):
     EPOCH_ONLY = "epoch_only"
     APPLIED = "applied"
     REJECTED = "rejected"
+
+    @property
+    def metric_outcome(self) -> ConfigOutcome:
+        """Its sie.gateway.config.operations{operation="delta"} outcome."""
+        return _METRIC_OUTCOMES[self]
+
+
+_METRIC_OUTCOMES = {
+    DeltaOutcome.UNTRUSTED: ConfigOutcome.UNTRUSTED,
+    DeltaOutcome.EPOCH_ONLY: ConfigOutcome.SUCCESS,
+    DeltaOutcome.APPLIED: ConfigOutcome.SUCCESS,
+    DeltaOutcome.REJECTED: ConfigOutcome.REJECTED,
+}
 
 
 class DeltaSubscriber:
@@ -63,6 +77,12 @@ class DeltaSubscriber:
             logger.debug("ignoring a non-config message on %s: %r", subject, type(message))
 
     async def handle(self, note: ConfigNotification) -> DeltaOutcome:
+        """Decide one notification and record it as one `delta` operation."""
+        outcome = await self._decide(note)
+        self.state.telemetry.config_operation(ConfigOperation.DELTA, outcome.metric_outcome)
+        return outcome
+
+    async def _decide(self, note: ConfigNotification) -> DeltaOutcome:
         if not is_trusted_producer(note.router_id, self.trusted_producers, self.trust_any):
             logger.warning("dropping a config delta from untrusted producer %r", note.router_id)
             return DeltaOutcome.UNTRUSTED

@@ -11,7 +11,8 @@ import logging
 from sie.gateway.config_sync.bootstrap import Sleep
 from sie.gateway.config_sync.client import ConfigServiceError, RemoteEpoch
 from sie.gateway.config_sync.state import ConfigState
-from sie.gateway.config_sync.sync import ConfigSyncer
+from sie.gateway.config_sync.sync import ConfigSyncer, operation_outcome
+from sie.telemetry.metrics import ConfigOperation, ConfigOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -50,16 +51,24 @@ class Poller:
             await self.tick()
 
     async def tick(self) -> PollOutcome:
-        state = self.syncer.state
+        """One comparison and realignment, recorded as one `poll` operation."""
+        telemetry = self.syncer.state.telemetry
         try:
-            remote = await self.syncer.client.epoch()
-            if remote.epoch < state.epoch.get():
-                await self.syncer.recover(remote)
-                return PollOutcome.RECOVERED
-            if not drifted(remote, state):
-                return PollOutcome.IN_SYNC
-            await self.syncer.bootstrap_once()
+            outcome = await self._tick()
         except ConfigServiceError as exc:
+            telemetry.config_operation(ConfigOperation.POLL, operation_outcome(exc))
             logger.warning("config poll failed (will retry next tick): %s", exc)
             return PollOutcome.FAILED
+        telemetry.config_operation(ConfigOperation.POLL, ConfigOutcome.SUCCESS)
+        return outcome
+
+    async def _tick(self) -> PollOutcome:
+        state = self.syncer.state
+        remote = await self.syncer.client.epoch()
+        if remote.epoch < state.epoch.get():
+            await self.syncer.recover(remote)
+            return PollOutcome.RECOVERED
+        if not drifted(remote, state):
+            return PollOutcome.IN_SYNC
+        await self.syncer.bootstrap_once()
         return PollOutcome.RESYNCED

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import attrs
 
 from sie.catalog import Bundle, Catalog, ConfigError, ModelConfig
+from sie.telemetry.metrics import Telemetry
 
 
 class ModelSource(enum.StrEnum):
@@ -27,11 +28,18 @@ class ModelSource(enum.StrEnum):
 class ConfigEpoch:
     """The local, monotonic count of model writes seen (seed 000 §4.3): `set_max` never moves it back.
 
-    One event loop owns it, so a plain compare-and-assign is the CAS loop of the seed.
+    One event loop owns it, so a plain compare-and-assign is the CAS loop of the seed. `on_change` (the
+    sie.gateway.config.applied_epoch gauge) hears every value it moves to.
     """
 
-    def __init__(self, value: int = 0) -> None:
+    def __init__(self, value: int = 0, on_change: Callable[[int], None] | None = None) -> None:
         self._value = value
+        self._on_change = on_change
+        self._publish()
+
+    def _publish(self) -> None:
+        if self._on_change is not None:
+            self._on_change(self._value)
 
     def get(self) -> int:
         return self._value
@@ -40,12 +48,14 @@ class ConfigEpoch:
         """Advance to `value` if it is higher; True when the epoch moved."""
         if value > self._value:
             self._value = value
+            self._publish()
             return True
         return False
 
     def force_set(self, value: int) -> None:
         """Move to `value` even backwards: only rewind recovery after a successful export calls this (§4.2)."""
         self._value = value
+        self._publish()
 
 
 @attrs.frozen
@@ -61,16 +71,33 @@ class DeltaRejectedError(Exception):
 
 
 class ConfigState:
-    """The registry the gateway app reads through `state()` (a CatalogSource) and the sync tasks write."""
+    """The registry the gateway app reads through `state()` (a CatalogSource) and the sync tasks write.
 
-    def __init__(self, catalog: Catalog, source: ModelSource = ModelSource.FILESYSTEM) -> None:
+    `telemetry` is the process's facade (the role passes its own; a fresh one otherwise): the sync tasks record
+    through it, and the epoch and degraded flag publish their gauges on every change.
+    """
+
+    def __init__(
+        self, catalog: Catalog, source: ModelSource = ModelSource.FILESYSTEM, telemetry: Telemetry | None = None
+    ) -> None:
         self._snapshot = Snapshot(catalog, {model_id: source for model_id in catalog.models})
-        self.epoch = ConfigEpoch()
+        self.telemetry = telemetry if telemetry is not None else Telemetry()
+        self.epoch = ConfigEpoch(on_change=self.telemetry.set_applied_epoch)
         self.bundles_hash = ""
         self.bundle_config_hashes_hash = ""
-        # sie.gateway.config.bootstrap.degraded: set after sustained bootstrap failure, cleared on success.
-        self.degraded = False
+        self._degraded = False
+        self.telemetry.set_bootstrap_degraded(False)
         self.write_lock = asyncio.Lock()
+
+    @property
+    def degraded(self) -> bool:
+        """sie.gateway.config.bootstrap.degraded: set after sustained bootstrap failure, cleared on success."""
+        return self._degraded
+
+    @degraded.setter
+    def degraded(self, value: bool) -> None:
+        self._degraded = value
+        self.telemetry.set_bootstrap_degraded(value)
 
     def __call__(self) -> Catalog:
         return self._snapshot.catalog

@@ -12,6 +12,7 @@ import attrs
 from sie.gateway.config_sync.client import ConfigServiceClient, ConfigServiceError, RemoteEpoch
 from sie.gateway.config_sync.export import ExportModels, parse_export
 from sie.gateway.config_sync.state import ConfigState
+from sie.telemetry.metrics import ConfigOperation, ConfigOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,11 @@ class BootstrapOutcome:
     bundle_config_hashes_hash: str
     applied: int
     total: int
+
+
+def operation_outcome(exc: ConfigServiceError) -> ConfigOutcome:
+    """The sie.gateway.config.operations outcome of a failed fetch: `partial` for a partial apply."""
+    return ConfigOutcome.PARTIAL if isinstance(exc, PartialApplyError) else ConfigOutcome.FAILURE
 
 
 class ConfigSyncer:
@@ -67,10 +73,16 @@ class ConfigSyncer:
         self.state.epoch.force_set(remote.epoch)
 
     async def _apply_export(self) -> ExportModels:
-        body = await self.client.export()
-        async with self.state.write_lock:
-            export = await asyncio.to_thread(parse_export, body, self.state.catalog)
-            if export.failed:
-                raise PartialApplyError(export.failed, export.total)
-            self.state.replace_models(export.models)
+        telemetry = self.state.telemetry
+        try:
+            body = await self.client.export()
+            async with self.state.write_lock:
+                export = await asyncio.to_thread(parse_export, body, self.state.catalog)
+                if export.failed:
+                    raise PartialApplyError(export.failed, export.total)
+                self.state.replace_models(export.models)
+        except ConfigServiceError as exc:
+            telemetry.config_operation(ConfigOperation.EXPORT, operation_outcome(exc))
+            raise
+        telemetry.config_operation(ConfigOperation.EXPORT, ConfigOutcome.SUCCESS)
         return export
