@@ -106,6 +106,14 @@ async def test_beat_publishes_identity_and_worker_state(publisher, bus, worker) 
     assert publisher.ready
 
 
+async def test_an_acknowledged_config_hash_is_advertised_over_the_workers_own(publisher) -> None:
+    acknowledged = [""]
+    publisher.acknowledged_hash = lambda: acknowledged[0]
+    assert (await publisher.beat()).bundle_config_hash == "h1"  # nothing acknowledged yet: the worker's
+    acknowledged[0] = "h-acked"
+    assert (await publisher.beat()).bundle_config_hash == "h-acked"
+
+
 async def test_failed_ping_still_publishes_a_not_ready_heartbeat(publisher, bus, worker) -> None:
     await publisher.beat()
     worker.error = ConnectionResetError("worker gone")

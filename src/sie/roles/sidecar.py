@@ -31,9 +31,11 @@ async def serve_sidecar(settings: Settings) -> None:
             NatsTransport(settings.nats, stream_settings(settings), name=f"sie-sidecar-{worker_id}")
         )
         worker = await stack.enter_async_context(UdsWorkerClient(settings.worker.socket_path))
-        health = await stack.enter_async_context(HealthPublisher.from_settings(transport, worker, settings))
-        probes = await stack.enter_async_context(ProbeServer(lambda: health.ready, settings.sidecar.probe_port))
         applied = AppliedConfig()  # shared: deltas and export reconciliation advance one acknowledged state
+        health = HealthPublisher.from_settings(transport, worker, settings)
+        health.acknowledged_hash = lambda: applied.bundle_config_hash
+        await stack.enter_async_context(health)
+        probes = await stack.enter_async_context(ProbeServer(lambda: health.ready, settings.sidecar.probe_port))
         await stack.enter_async_context(ConfigApplier(transport, worker, settings, applied))
         await stack.enter_async_context(ExportReconciler(worker, settings, applied))
         sidecar = Sidecar.from_settings(transport, worker, settings)

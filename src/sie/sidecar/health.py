@@ -96,6 +96,9 @@ class HealthPublisher:
         self._draining = False
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        # The hash the sidecar acknowledged after a config apply (seed 001 "Live Config"); when set and
+        # non-empty it is advertised instead of the worker's own, so a mismatched apply stays quarantined.
+        self.acknowledged_hash: Callable[[], str] | None = None
 
     @classmethod
     def from_settings(cls, bus: MessageBus, worker: WorkerClient, settings: Settings) -> HealthPublisher:
@@ -199,6 +202,10 @@ class HealthPublisher:
             logger.warning("Ping to worker %s failed", self.identity.worker_id, exc_info=True)
         return None
 
+    def _advertised_hash(self) -> str:
+        acknowledged = self.acknowledged_hash() if self.acknowledged_hash is not None else ""
+        return acknowledged or (self._ping.bundle_config_hash if self._ping else "")
+
     def _heartbeat(self, ready: bool) -> WorkerHeartbeat:
         identity, ping = self.identity, self._ping
         return WorkerHeartbeat(
@@ -208,7 +215,7 @@ class HealthPublisher:
             bundle=identity.bundle,
             ready=ready,
             timestamp=self.wall_clock(),
-            bundle_config_hash=ping.bundle_config_hash if ping else "",
+            bundle_config_hash=self._advertised_hash(),
             loaded_models=list(ping.loaded_models) if ping else [],
             loading_models=list(ping.loading_models) if ping else [],
             failed_models=dict(self._failures),
