@@ -498,3 +498,12 @@ async def test_owner_cancelled_before_commit_gives_duplicate_503(
     assert await epoch(client) == 0
     retried = await client.post("/v1/configs/models", content=model_yaml(), headers=headers)
     assert retried.status_code == 201 and await epoch(client) == 1
+
+
+async def test_a_replay_is_checked_against_a_drifted_store(client: httpx.AsyncClient, store: MemoryConfigStore) -> None:
+    assert (await client.post("/v1/configs/models", content=model_yaml("acme/drift"))).status_code == 201
+    drifted = model_yaml("acme/drift").replace("max_batch_tokens: 8192", "max_batch_tokens: 1024")
+    store.write_model("acme/drift", drifted)  # someone edited the stored file behind the registry's back
+    replay = await client.post("/v1/configs/models", content=model_yaml("acme/drift"))
+    assert replay.status_code == 409
+    assert replay.json()["detail"]["error"] == "content_conflict"

@@ -16,7 +16,7 @@ from typing import Any, Final, TypeVar
 
 import attrs
 
-from sie.catalog import InvalidModelIdError, ModelConfig, dump_yaml
+from sie.catalog import InvalidModelIdError, ModelConfig, dump_yaml, load_yaml
 from sie.control import merge, views
 from sie.control.errors import ConfigStoreRequiredError, ContentConflictError
 from sie.control.publisher import Delta, DeltaPublisher, build_notifications
@@ -133,6 +133,7 @@ class ConfigWriter:
             plan, model, routable = self._plan_add(state, document)
             outcome = AddOutcome(model.sie_id, plan.created, plan.skipped, [], routable, self.router_id)
             if not plan.created:
+                await self._check_disk_drift(document)
                 return outcome
             await self._check_publisher()
             _enter_commit(on_commit)
@@ -140,6 +141,17 @@ class ConfigWriter:
             bundles = views.model_bundle_names(state.catalog, model)
             warnings = await run_to_completion(self._commit(state, model, yaml_text, plan.created, bundles))
             return attrs.evolve(outcome, warnings=warnings)
+
+    async def _check_disk_drift(self, document: dict[str, Any]) -> None:
+        """A replay that creates nothing is also checked against the stored file (seed 000 §3.3.2): a store
+        that drifted from the in-memory registry answers 409 content_conflict instead of a silent skip."""
+        if self._store is None:
+            return
+        stored = (await asyncio.to_thread(self._store.list_models)).get(document["sie_id"])
+        if stored is None:
+            return
+        existing = merge.parse_checked(await asyncio.to_thread(load_yaml, stored))
+        merge.plan_append(existing, document)  # raises ContentConflictError when the disk disagrees
 
     def _plan_add(
         self, state: RegistryState, document: dict[str, Any]
