@@ -22,68 +22,9 @@ import pytest
 from sie.ipc.chunking import NOT_NEGOTIATED, OVER_BOUNDS, ChunkLimits
 from sie.ipc.framing import encode_frame
 from sie.ipc.server import IpcServer
-from sie.wire.ipc_batch import BatchOutcome, ItemOutcome, RunBatchRequest
-from sie.wire.ipc_control import (
-    DrainRequest,
-    DrainResponse,
-    EnsureModelReadyRequest,
-    EnsureModelReadyResponse,
-    PingRequest,
-    PingResponse,
-    WorkerCapabilitiesRequest,
-    WorkerCapabilitiesResponse,
-)
+from support.ipc_fakes import FakeService
 
 SMALL = ChunkLimits(max_frame_bytes=4096, max_payload_bytes=1024, max_chunks=8, max_total_bytes=8192)
-
-
-class FakeService:
-    """WorkerClient methods with seams: `gates` hold a batch back by batch_id; `blob` sizes the outcomes."""
-
-    def __init__(self) -> None:
-        self.gates: dict[int, asyncio.Event] = {}
-        self.blob = b"\x00\x01"
-        self.batches: list[RunBatchRequest] = []
-        self.cancelled: list[int] = []
-
-    async def ping(self, request: PingRequest) -> PingResponse:
-        return PingResponse(timestamp_ms=request.timestamp_ms, worker_id="fake", ready=True)
-
-    async def ensure_model_ready(self, request: EnsureModelReadyRequest) -> EnsureModelReadyResponse:
-        if request.model_id == "boom":
-            raise RuntimeError("boom")
-        return EnsureModelReadyResponse(state="loading_started")
-
-    async def run_batch(self, request: RunBatchRequest) -> BatchOutcome:
-        self.batches.append(request)
-        gate = self.gates.get(request.batch_id)
-        try:
-            if gate is not None:
-                await gate.wait()
-        except asyncio.CancelledError:
-            self.cancelled.append(request.batch_id)
-            raise
-        outcomes = [
-            ItemOutcome(work_item_id=item.work_item_id, request_id=item.request_id, item_index=item.item_index,
-                        disposition="publish_and_ack", result_msgpack=self.blob)
-            for item in request.items
-        ]  # fmt: skip
-        return BatchOutcome(outcomes=outcomes)
-
-    async def worker_capabilities(self, request: WorkerCapabilitiesRequest) -> WorkerCapabilitiesResponse:
-        return WorkerCapabilitiesResponse(
-            supports_execution_authority_v1=False, supports_numerical_admission_v1=False, has_generation_models=False,
-            generation_models=[], supported_models=["m"], loaded_models=[],
-        )  # fmt: skip
-
-    async def apply_model_config(self, request):
-        raise NotImplementedError
-
-    async def replace_model_configs(self, request):
-        raise NotImplementedError
-
-    async def drain(self, request: DrainRequest) -> DrainResponse:
-        return DrainResponse()
 
 
 class RawClient:
@@ -230,7 +171,7 @@ async def test_ping_answer_is_the_plain_response_envelope(service, socket_path: 
          "RuntimeError: boom"),
         ({"version": 1, "request_id": "ipc-7", "method": "ApplyModelConfig",
           "body": {"bundle_id": "b", "model_id": "m", "epoch": 1, "bundle_config_hash": "h", "model_config": ""}},
-         "ipc-7", "NotImplementedError: "),
+         "ipc-7", "RuntimeError: apply is not scripted"),
     ],
 )  # fmt: skip
 async def test_error_responses(service, socket_path: Path, message: dict, request_id: str, error: str):

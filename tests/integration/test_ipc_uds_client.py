@@ -24,72 +24,20 @@ from sie.ipc.errors import IpcConnectionError, IpcProtocolError, IpcRemoteError,
 from sie.ipc.framing import encode_frame, read_frame
 from sie.ipc.server import IpcServer
 from sie.ipc.uds_client import UdsWorkerClient
-from sie.wire.ipc_batch import BatchOutcome, ItemOutcome, RunBatchItem, RunBatchRequest
+from sie.wire.ipc_batch import RunBatchItem, RunBatchRequest
 from sie.wire.ipc_control import (
     ApplyModelConfigRequest,
     DrainRequest,
-    DrainResponse,
     EnsureModelReadyRequest,
-    EnsureModelReadyResponse,
     PingRequest,
-    PingResponse,
     WorkerCapabilitiesRequest,
-    WorkerCapabilitiesResponse,
 )
+from support.ipc_fakes import FakeService
 
 SMALL = ChunkLimits(max_frame_bytes=4096, max_payload_bytes=1024, max_chunks=8, max_total_bytes=8192)
 
 
 # The same seams as the fake in test_ipc_server.py (test modules do not import each other).
-class FakeService:
-    """WorkerClient methods with seams: `gates` hold a batch back by batch_id; `blob` sizes the outcomes."""
-
-    def __init__(self) -> None:
-        self.gates: dict[int, asyncio.Event] = {}
-        self.blob = b"\x00\x01"
-        self.batches: list[RunBatchRequest] = []
-        self.cancelled: list[int] = []
-
-    async def ping(self, request: PingRequest) -> PingResponse:
-        return PingResponse(timestamp_ms=request.timestamp_ms, worker_id="fake", ready=True)
-
-    async def ensure_model_ready(self, request: EnsureModelReadyRequest) -> EnsureModelReadyResponse:
-        if request.model_id == "boom":
-            raise RuntimeError("boom")
-        return EnsureModelReadyResponse(state="loading_started")
-
-    async def run_batch(self, request: RunBatchRequest) -> BatchOutcome:
-        self.batches.append(request)
-        gate = self.gates.get(request.batch_id)
-        try:
-            if gate is not None:
-                await gate.wait()
-        except asyncio.CancelledError:
-            self.cancelled.append(request.batch_id)
-            raise
-        outcomes = [
-            ItemOutcome(work_item_id=item.work_item_id, request_id=item.request_id, item_index=item.item_index,
-                        disposition="publish_and_ack", result_msgpack=self.blob)
-            for item in request.items
-        ]  # fmt: skip
-        return BatchOutcome(outcomes=outcomes)
-
-    async def worker_capabilities(self, request: WorkerCapabilitiesRequest) -> WorkerCapabilitiesResponse:
-        return WorkerCapabilitiesResponse(
-            supports_execution_authority_v1=False, supports_numerical_admission_v1=False, has_generation_models=False,
-            generation_models=[], supported_models=["m"], loaded_models=[],
-        )  # fmt: skip
-
-    async def apply_model_config(self, request):
-        raise NotImplementedError
-
-    async def replace_model_configs(self, request):
-        raise NotImplementedError
-
-    async def drain(self, request: DrainRequest) -> DrainResponse:
-        return DrainResponse()
-
-
 def batch(batch_id: int, items: int = 1) -> RunBatchRequest:
     return RunBatchRequest(
         model_id="m", batch_id=batch_id, lora_key="", total_cost=items,
@@ -196,7 +144,7 @@ async def test_every_method_round_trips(service, socket_path: Path):
     assert [o.work_item_id for o in outcome.outcomes] == ["w1.0", "w1.1", "w1.2"]
     assert outcome.outcomes[0].result_msgpack == b"\x00\x01"
     assert capabilities.supported_models == ["m"] and drained.acknowledged is True
-    assert caught.value.message == "NotImplementedError: "
+    assert caught.value.message == "RuntimeError: apply is not scripted"
 
 
 async def test_a_handler_failure_is_a_remote_error(service, socket_path: Path):
