@@ -12,28 +12,7 @@ from sie.sidecar.settlement import Settler
 from sie.sidecar.work import Work
 from sie.wire import codes
 from sie.wire.queue import WorkItem, WorkResult
-
-SUBJECT = "sie.work.default.default.default.m"
-
-
-class FakeDelivery:
-    def __init__(self, item: WorkItem, log: list, subject: str = SUBJECT) -> None:
-        self.item = item
-        self.subject = subject
-        self.num_delivered = 1
-        self._log = log
-
-    async def ack(self) -> None:
-        self._log.append(("ack", self.item.work_item_id))
-
-    async def nak(self, delay_s: float = 0.0) -> None:
-        self._log.append(("nak", self.item.work_item_id, delay_s))
-
-    async def in_progress(self) -> None:
-        self._log.append(("in_progress", self.item.work_item_id))
-
-    async def term(self) -> None:
-        self._log.append(("term", self.item.work_item_id))
+from support.sidecar_fakes import RecordingDelivery as FakeDelivery
 
 
 class FakeBus:

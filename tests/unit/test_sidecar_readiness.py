@@ -17,26 +17,7 @@ from sie.sidecar.work import ReadyModel, Work
 from sie.wire import codes, unpackb
 from sie.wire.ipc_control import EnsureModelReadyResponse, ModelDescriptor
 from sie.wire.queue import WorkItem, WorkResult
-
-
-class FakeDelivery:
-    def __init__(self, item: WorkItem, log: list) -> None:
-        self.item = item
-        self.subject = "sie.work.default.default.default.m"
-        self.num_delivered = 1
-        self._log = log
-
-    async def ack(self) -> None:
-        self._log.append(("ack", self.item.work_item_id))
-
-    async def nak(self, delay_s: float = 0.0) -> None:
-        self._log.append(("nak", self.item.work_item_id, delay_s))
-
-    async def in_progress(self) -> None:
-        self._log.append(("in_progress", self.item.work_item_id))
-
-    async def term(self) -> None:
-        self._log.append(("term", self.item.work_item_id))
+from support.sidecar_fakes import RecordingDelivery as FakeDelivery
 
 
 class FakeBus:

@@ -17,32 +17,13 @@ from sie.sidecar.work import Work
 from sie.transport.base import TransportUnavailable
 from sie.wire.ipc_batch import ItemOutcome
 from sie.wire.queue import WorkItem, WorkResult
+from support.sidecar_fakes import RecordingDelivery as FakeDelivery
 
 WORK_SUBJECT = "sie.work.default.default.default.sentence-transformers__all-MiniLM-L6-v2"
 
 
 class Log(list):
     """Every publish, flush and settlement, in order."""
-
-
-class FakeDelivery:
-    def __init__(self, item: WorkItem, log: Log) -> None:
-        self.item = item
-        self.subject = WORK_SUBJECT
-        self.num_delivered = 1
-        self._log = log
-
-    async def ack(self) -> None:
-        self._log.append(("ack", self.item.work_item_id))
-
-    async def nak(self, delay_s: float = 0.0) -> None:
-        self._log.append(("nak", self.item.work_item_id, delay_s))
-
-    async def in_progress(self) -> None:
-        self._log.append(("in_progress", self.item.work_item_id))
-
-    async def term(self) -> None:
-        self._log.append(("term", self.item.work_item_id))
 
 
 class FakeBus:
@@ -71,7 +52,7 @@ def item(index: int, reply: str | None = None) -> WorkItem:
 
 
 def admitted(log: Log, admission: Admission, count: int) -> list[Work]:
-    works = [Work(FakeDelivery(item(i), log), 0.0) for i in range(count)]
+    works = [Work(FakeDelivery(item(i), log, WORK_SUBJECT), 0.0) for i in range(count)]
     admission.admit("m", works)
     return works
 

@@ -77,8 +77,9 @@ class _Watch:
         self.fired = False
 
     async def __call__(self, request: Request) -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
+        message = await request.receive()
+        while message["type"] != "http.disconnect":  # body chunks were read by the handler already
+            message = await request.receive()
         self.fired = True
         self.task.cancel()
 

@@ -61,7 +61,10 @@ def dumps_json(obj: Any) -> bytes:
         return orjson.dumps(obj, default=_json_default, option=_JSON_OPTIONS)
     except orjson.JSONEncodeError:
         # orjson refuses some arrays (non-native byte order) before asking default=; lists always work.
-        pass
+        return _dumps_converted(obj)
+
+
+def _dumps_converted(obj: Any) -> bytes:
     try:
         return orjson.dumps(to_jsonable(obj), option=_JSON_OPTIONS)
     except (orjson.JSONEncodeError, DecodeError) as exc:
