@@ -5,13 +5,12 @@ the distributed roles (DESIGN.md §4).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from contextlib import AsyncExitStack
 
 from sie.catalog import load_catalog
 from sie.gateway.app import build_gateway_app, serving_state
-from sie.roles.common import open_local_worker, preload, stream_settings, worker_pools
+from sie.roles.common import open_local_worker, preload, run_event_loop, stream_settings, worker_pools
 from sie.roles.local_status import LocalModelStatus
 from sie.roles.serving import hypercorn_config, serve_until_signalled
 from sie.settings import Settings
@@ -48,5 +47,5 @@ async def serve_all(settings: Settings) -> None:
 
 def run(settings: Settings) -> int:
     configure_logging(settings.telemetry)
-    asyncio.run(serve_all(settings))
+    run_event_loop(serve_all(settings), settings)
     return 0

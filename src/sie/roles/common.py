@@ -4,12 +4,14 @@ settings for a transport, preloading, and waiting for a stop signal."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack, contextmanager
+from typing import Any
 
 import attrs
 
@@ -30,6 +32,25 @@ def default_intra_op_threads() -> int:
     """Every core: measured on 2 cores, onnxruntime with 2 threads beats 1 even next to the event loop
     (scripts/bench/serve.py: 32 clients 613 vs 536 sentences/s), because the loop idles while ORT runs."""
     return os.cpu_count() or 1
+
+
+def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The loop factory SIE_EVENT_LOOP names: uvloop's (`auto` when it is installed) or the standard one."""
+    if choice == "asyncio":
+        return asyncio.new_event_loop
+    try:
+        uvloop = importlib.import_module("uvloop")
+    except ImportError:
+        if choice == "uvloop":
+            raise SystemExit("SIE_EVENT_LOOP=uvloop, but uvloop is not installed (pip install uvloop)") from None
+        return asyncio.new_event_loop
+    return uvloop.new_event_loop
+
+
+def run_event_loop(main: Coroutine[Any, Any, None], settings: Settings) -> None:
+    """Run a role's main coroutine to completion on the event loop SIE_EVENT_LOOP chooses."""
+    with asyncio.Runner(loop_factory=event_loop_factory(settings.process.event_loop)) as runner:
+        runner.run(main)
 
 
 def stream_settings(settings: Settings) -> base.StreamSettings:

@@ -22,7 +22,7 @@ from sie.control.publisher import DeltaPublisher
 from sie.control.reconnecting import ReconnectingBus
 from sie.control.registry import ModelRegistry
 from sie.control.writes import ConfigWriter
-from sie.roles.common import stream_settings
+from sie.roles.common import run_event_loop, stream_settings
 from sie.roles.serving import hypercorn_config, serve_until_signalled
 from sie.settings import Settings
 from sie.stores.config_store import ConfigStore, ConfigStoreError, CorruptEpochError
@@ -91,7 +91,7 @@ async def _nothing_to_drain() -> None:
 def run(settings: Settings) -> int:
     configure_logging(settings.telemetry)
     try:
-        asyncio.run(serve_config(settings))
+        run_event_loop(serve_config(settings), settings)
     except CorruptEpochError as exc:
         print(
             f"sie: the config store's epoch file is unreadable: {exc}. Fix or remove it, then restart.", file=sys.stderr

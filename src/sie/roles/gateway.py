@@ -5,14 +5,13 @@ filesystem seed, then kept in step with the config service (bootstrap, epoch pol
 
 from __future__ import annotations
 
-import asyncio
 from contextlib import AsyncExitStack
 
 from sie.catalog import load_catalog
 from sie.gateway.app import build_gateway_app, serving_state
 from sie.gateway.config_sync import ConfigState, ConfigSync
 from sie.gateway.registry import RegistryGatedQueue, WorkerRegistry
-from sie.roles.common import stream_settings
+from sie.roles.common import run_event_loop, stream_settings
 from sie.roles.serving import hypercorn_config, serve_until_signalled
 from sie.settings import Settings
 from sie.telemetry.logs import configure_logging
@@ -44,5 +43,5 @@ async def serve_gateway(settings: Settings) -> None:
 
 def run(settings: Settings) -> int:
     configure_logging(settings.telemetry)
-    asyncio.run(serve_gateway(settings))
+    run_event_loop(serve_gateway(settings), settings)
     return 0

@@ -6,12 +6,11 @@ when `SIE_CONFIG_SERVICE_URL` is set.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from contextlib import AsyncExitStack
 
 from sie.ipc.uds_client import UdsWorkerClient
-from sie.roles.common import stream_settings, wait_for_signal
+from sie.roles.common import run_event_loop, stream_settings, wait_for_signal
 from sie.settings import Settings
 from sie.sidecar import Sidecar
 from sie.sidecar.config_apply import AppliedConfig, ConfigApplier
@@ -50,5 +49,5 @@ async def serve_sidecar(settings: Settings) -> None:
 
 def run(settings: Settings) -> int:
     configure_logging(settings.telemetry)
-    asyncio.run(serve_sidecar(settings))
+    run_event_loop(serve_sidecar(settings), settings)
     return 0

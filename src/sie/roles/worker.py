@@ -4,13 +4,12 @@ touches NATS. The sidecar in the same pod dials the socket.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from contextlib import AsyncExitStack
 
 from sie.catalog import load_catalog
 from sie.ipc.server import IpcServer
-from sie.roles.common import open_local_worker, preload, wait_for_signal, worker_pools
+from sie.roles.common import open_local_worker, preload, run_event_loop, wait_for_signal, worker_pools
 from sie.settings import Settings
 from sie.telemetry.logs import configure_logging
 
@@ -32,5 +31,5 @@ async def serve_worker(settings: Settings) -> None:
 
 def run(settings: Settings) -> int:
     configure_logging(settings.telemetry)
-    asyncio.run(serve_worker(settings))
+    run_event_loop(serve_worker(settings), settings)
     return 0

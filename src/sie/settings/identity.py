@@ -61,6 +61,15 @@ class ProcessSettings:
         ),
         "unknown",
     )
+    event_loop: str = setting(
+        Env(
+            "SIE_EVENT_LOOP",
+            choice("auto", "uvloop", "asyncio"),
+            "The process's event loop: `uvloop` (libuv, less CPU per request), `asyncio` (the standard "
+            "library's), or `auto`: uvloop when it is installed, else asyncio.",
+        ),
+        "auto",
+    )
     shutdown_grace_s: float = setting(
         Env(
             "SIE_SHUTDOWN_GRACE_S",

@@ -1,0 +1,48 @@
+"""SIE_EVENT_LOOP: which event loop a role runs on."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+
+import pytest
+import uvloop
+
+from sie.roles.common import event_loop_factory, run_event_loop
+from sie.settings import SettingsError, load_settings
+
+
+def test_auto_and_uvloop_choose_uvloop_when_it_is_installed() -> None:
+    assert event_loop_factory("auto") is uvloop.new_event_loop
+    assert event_loop_factory("uvloop") is uvloop.new_event_loop
+    assert event_loop_factory("asyncio") is asyncio.new_event_loop
+
+
+def test_without_uvloop_auto_falls_back_and_uvloop_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_import = importlib.import_module
+
+    def no_uvloop(name: str, *args: object) -> object:
+        if name == "uvloop":
+            raise ImportError("No module named 'uvloop'")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", no_uvloop)
+    assert event_loop_factory("auto") is asyncio.new_event_loop
+    with pytest.raises(SystemExit, match="SIE_EVENT_LOOP=uvloop, but uvloop is not installed"):
+        event_loop_factory("uvloop")
+
+
+@pytest.mark.parametrize(("choice", "loop_type"), [("asyncio", asyncio.BaseEventLoop), ("uvloop", uvloop.Loop)])
+def test_a_role_runs_on_the_chosen_loop(choice: str, loop_type: type) -> None:
+    seen: list[asyncio.AbstractEventLoop] = []
+
+    async def main() -> None:
+        seen.append(asyncio.get_running_loop())
+
+    run_event_loop(main(), load_settings({"SIE_EVENT_LOOP": choice}))
+    assert isinstance(seen[0], loop_type)
+
+
+def test_a_bad_choice_is_a_settings_error() -> None:
+    with pytest.raises(SettingsError, match="SIE_EVENT_LOOP"):
+        load_settings({"SIE_EVENT_LOOP": "trio"})
