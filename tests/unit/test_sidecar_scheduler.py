@@ -1,5 +1,5 @@
 """The batch former: padded-cost budget, item cap, cost sort, oversize alone, oldest-first fairness,
-adaptive coalescing, and the continuous-batching driver."""
+adaptive coalescing, the late cut while the worker is busy, and the continuous-batching driver."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ import pytest
 from sie.settings import BatchingSettings
 from sie.sidecar.scheduler import (
     DEFAULT_MAX_BATCH_COST,
+    HANDOFF_LEAD_S,
+    MAX_LATE_CUT_WAIT_S,
     Batch,
     BatchFormer,
     Scheduler,
+    WorkerPace,
     batch_limits,
     choose_window,
 )
@@ -162,6 +165,60 @@ def test_a_full_batch_never_waits() -> None:
         assert former.take(step * 0.0001) is not None
 
 
+# --- the late cut ---------------------------------------------------------------------------------
+
+
+def batch_of(cost: int, sent_at: float) -> Batch:
+    return Batch(model(), "encode", "", [work(0, cost)], cost, sent_at=sent_at)
+
+
+def test_pace_learns_the_time_per_unit_of_cost() -> None:
+    pace = WorkerPace()
+    assert pace.cut_at([batch_of(100, 0.0)]) is None  # nothing finished yet: no estimate
+    pace.finished(batch_of(100, 0.0), now=0.010)  # 100 units in 10 ms
+    assert pace.seconds_per_cost == pytest.approx(0.0001)
+    running = batch_of(200, sent_at=0.020)  # 200 units: expected to end at 40 ms
+    cut = pace.cut_at([running])
+    assert cut is not None and cut < 0.040 - HANDOFF_LEAD_S
+    assert cut > 0.040 - HANDOFF_LEAD_S - 0.25 * 0.020
+
+
+def test_a_batch_queued_behind_another_starts_when_that_one_ends() -> None:
+    pace = WorkerPace()
+    pace.finished(batch_of(100, 0.0), now=0.010)
+    queued = batch_of(100, sent_at=0.005)  # sent while the first ran: it started at 10 ms, not 5 ms
+    pace.finished(queued, now=0.020)
+    assert pace.seconds_per_cost == pytest.approx(0.0001)
+    first, second = batch_of(100, sent_at=0.021), batch_of(100, sent_at=0.022)  # two running, one after the other
+    cut = pace.cut_at([second, first])
+    assert cut is not None and 0.030 < cut < 0.041 - HANDOFF_LEAD_S
+
+
+def test_a_busy_worker_fills_the_next_batch_until_the_late_cut() -> None:
+    former = BatchFormer(model(max_items=16), max_wait_s=0.010)
+    former.add([work(0, 1, received=0.0)], now=0.0)
+    assert former.take(0.0, busy=True, cut_at=0.030) is None  # past max_wait: the worker is busy anyway
+    assert former.wake_at(0.0, busy=True, cut_at=0.030) == 0.030
+    former.add([work(k, 1, received=0.02) for k in range(1, 8)], now=0.02)
+    batch = former.take(0.030, busy=True, cut_at=0.030)
+    assert batch is not None and len(batch.works) == 8
+
+
+def test_the_late_cut_never_holds_a_full_batch_or_waits_without_bound() -> None:
+    former = BatchFormer(model(max_items=4), max_wait_s=0.010)
+    former.add([work(k, 1) for k in range(4)], now=0.0)
+    assert former.take(0.0, busy=True, cut_at=5.0) is not None  # full: goes at once
+    former.add([work(9, 1, received=0.0)], now=0.0)
+    assert former.wake_at(0.0, busy=True, cut_at=5.0) == MAX_LATE_CUT_WAIT_S  # a wild estimate is bounded
+    assert former.take(MAX_LATE_CUT_WAIT_S, busy=True, cut_at=5.0) is not None
+
+
+def test_no_wait_setting_disables_the_late_cut() -> None:
+    former = BatchFormer(model(max_items=16), max_wait_s=0.0)
+    former.add([work(0, 1)], now=0.0)
+    assert former.take(0.0, busy=True, cut_at=1.0) is not None
+
+
 # --- the driver -----------------------------------------------------------------------------------
 
 
@@ -223,5 +280,31 @@ async def test_inflight_batches_per_model_are_bounded(inflight: int) -> None:
         assert worker.max_running == inflight
         assert len(scheduler.waiting()) == 6
         assert len(scheduler.drain_pending()) == 6 - inflight
+    finally:
+        await scheduler.close()
+
+
+async def test_a_batch_waiting_for_the_late_cut_goes_when_the_running_one_returns() -> None:
+    worker = _SlowWorker()
+    scheduler = Scheduler(worker.dispatch, max_wait_s=0.010, max_inflight=2)
+    try:
+        ready = model(max_cost=1000, max_items=64)
+        scheduler.submit(ready, [work(0, 1, time.monotonic())])
+        await wait_for(lambda: worker.sizes == [1])
+        worker.release.set()  # the first batch teaches the pace: about no time per unit of cost
+        await wait_for(lambda: worker.running == 0)
+        scheduler.submit(ready, [work(1, 100, time.monotonic())])
+        await wait_for(lambda: worker.sizes == [1, 1])
+        slot = scheduler._models["m"]
+        slot.pace.seconds_per_cost = 10.0  # the running batch looks long: the next one keeps filling
+        for index in range(2, 6):
+            scheduler.submit(ready, [work(index, 100, time.monotonic())])
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert worker.sizes == [1, 1] and scheduler.pending_count() == 4
+        worker.release.set()  # it returns early: the waiting batch goes at once, whole
+        await wait_for(lambda: worker.sizes == [1, 1, 4])
+        worker.release.set()
+        await wait_for(lambda: worker.running == 0)
     finally:
         await scheduler.close()

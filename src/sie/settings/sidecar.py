@@ -81,7 +81,9 @@ class BatchingSettings:
         Env(
             "SIE_MAX_BATCH_WAIT_MS",
             milliseconds(),
-            "Longest a filling batch waits for more items; an idle worker gets a lone item at once.",
+            "Longest a filling batch waits for more callers; while the worker runs a batch of the model, the "
+            "next one fills until just before that batch should end. An idle worker gets a lone item at once; "
+            "0 never waits.",
         ),
         0.010,
     )

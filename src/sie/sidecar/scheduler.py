@@ -5,6 +5,11 @@ most `max_inflight` batches per model running (DESIGN §7; contracts Part B §5.
 A batch is cut from the cost-sorted pending list as a window that always holds the oldest item, so
 padding stays small and nothing starves; an item over the budget goes alone. The former is pure (it
 takes `now`); `Scheduler` drives one loop task per model slot and never sleeps on the hot path.
+
+While a batch runs, requests accumulate for the next one (DESIGN §7): the next batch is cut shortly
+before the running one is expected to end (`WorkerPace`), not the moment a slot is free. The worker
+runs one batch at a time, so an item gains nothing from being cut earlier: it would only wait in the
+worker's queue while later arrivals wait for the batch after.
 """
 
 from __future__ import annotations
@@ -32,6 +37,13 @@ _GAP_EMA_WEIGHT: Final = 0.2
 _SIZE_EMA_WEIGHT: Final = 0.2
 # Coalesce only when batches have recently held at least this many items (concurrent callers).
 _MIN_CONCURRENCY: Final = 2.0
+# Late cut: the next batch is cut this long before the running one should end (dispatch and hand-off
+# to the worker), plus a share of the running batch's expected time for the estimate's error.
+HANDOFF_LEAD_S: Final = 0.003
+_LEAD_SHARE: Final = 0.2
+_PACE_EMA_WEIGHT: Final = 0.2
+# A late cut never waits longer than this: a bad estimate cannot hold work back for long.
+MAX_LATE_CUT_WAIT_S: Final = 0.5
 
 
 def batch_limits(
@@ -74,6 +86,36 @@ class Batch:
     lora_key: str
     works: list[Work]
     cost: int
+    sent_at: float = 0.0
+
+
+class WorkerPace:
+    """When the worker will be free: its seconds per unit of batch cost (an EMA over finished batches),
+    applied to the running batches in the order they were sent, since the worker runs them one by one.
+    A batch's run time is measured from when it was sent, or from the end of the batch before it."""
+
+    def __init__(self) -> None:
+        self.seconds_per_cost: float | None = None
+        self._last_end = 0.0
+
+    def finished(self, batch: Batch, now: float) -> None:
+        started = max(batch.sent_at, self._last_end)
+        if batch.cost > 0 and now > started:
+            sample = (now - started) / batch.cost
+            old = self.seconds_per_cost
+            self.seconds_per_cost = sample if old is None else old + _PACE_EMA_WEIGHT * (sample - old)
+        self._last_end = max(self._last_end, now)
+
+    def cut_at(self, running: Sequence[Batch]) -> float | None:
+        """When to cut the next batch so it reaches the worker just as the running ones end (None: no
+        estimate yet, or nothing running)."""
+        if not running or self.seconds_per_cost is None:
+            return None
+        free_at, duration = self._last_end, 0.0
+        for batch in sorted(running, key=lambda batch: batch.sent_at):
+            duration = self.seconds_per_cost * batch.cost
+            free_at = max(free_at, batch.sent_at) + duration
+        return free_at - HANDOFF_LEAD_S - _LEAD_SHARE * duration
 
 
 class BatchFormer:
@@ -101,17 +143,19 @@ class BatchFormer:
             self._gap_ema = gap if self._gap_ema is None else self._gap_ema + _GAP_EMA_WEIGHT * (gap - self._gap_ema)
         self._last_arrival = now
 
-    def take(self, now: float, busy: bool = False) -> Batch | None:
+    def take(self, now: float, busy: bool = False, cut_at: float | None = None) -> Batch | None:
         """The next batch to run now, or None (nothing pending, or worth waiting a moment for more).
 
         `busy`: another batch of this model is running. Only then is waiting free; an idle worker
         gets what is pending at once (waiting would leave it idle and serialise closed-loop callers).
+        `cut_at`: when the running work is expected to be nearly done (`WorkerPace.cut_at`); until
+        then a batch that is not full keeps filling.
         """
         key = self._oldest_key()
         if key is None:
             return None
         works = self._pending[key]
-        if busy and self._wait_until(works, now) is not None:
+        if busy and self._wait_until(works, now, cut_at) is not None:
             return None
         chosen = choose_window([work.cost for work in works], 0, self.model.limits)
         picked = set(chosen)
@@ -126,10 +170,10 @@ class BatchFormer:
         longest = max(work.cost for work in batch_works)
         return Batch(self.model, key[0], key[1], batch_works, longest * len(batch_works))
 
-    def wake_at(self, now: float, busy: bool = False) -> float | None:
+    def wake_at(self, now: float, busy: bool = False, cut_at: float | None = None) -> float | None:
         """When a coalescing wait ends (None: no wait is running, wake on the next arrival)."""
         key = self._oldest_key()
-        return None if key is None or not busy else self._wait_until(self._pending[key], now)
+        return None if key is None or not busy else self._wait_until(self._pending[key], now, cut_at)
 
     def drain(self) -> list[Work]:
         """Remove and return everything pending."""
@@ -141,20 +185,27 @@ class BatchFormer:
     def pending(self) -> list[Work]:
         return [work for group in self._pending.values() for work in group]
 
+    def _full(self, works: list[Work]) -> bool:
+        limits = self.model.limits
+        longest = max(work.cost for work in works)
+        return len(works) >= limits.max_items or longest * (len(works) + 1) > limits.max_cost
+
     def _oldest_key(self) -> tuple[str, str] | None:
         if not self._pending:
             return None
         return min(self._pending, key=lambda key: self._pending[key][0].received)
 
-    def _wait_until(self, works: list[Work], now: float) -> float | None:
-        """Adaptive coalescing: wait only while several callers send densely and the batch is not yet full."""
+    def _wait_until(self, works: list[Work], now: float, cut_at: float | None) -> float | None:
+        """While the worker is busy: fill until the late cut, or (no estimate yet) coalesce while several
+        callers send densely; never once the batch is full or waiting is switched off."""
+        if not self.max_wait_s or self._full(works):
+            return None
+        if cut_at is not None:
+            deadline = min(cut_at, works[0].received + MAX_LATE_CUT_WAIT_S)
+            return deadline if deadline > now else None
         if not self.coalesce_gap_s or self._size_ema < _MIN_CONCURRENCY:
             return None
         if self._gap_ema is None or self._gap_ema >= self.coalesce_gap_s:
-            return None
-        limits = self.model.limits
-        longest = max(work.cost for work in works)
-        if len(works) >= limits.max_items or longest * (len(works) + 1) > limits.max_cost:
             return None
         deadline = min(works[0].received + self.max_wait_s, (self._last_arrival or now) + self.coalesce_gap_s)
         return deadline if deadline > now else None
@@ -168,6 +219,7 @@ class _ModelSlot:
 
     def __init__(self, former: BatchFormer) -> None:
         self.former = former
+        self.pace = WorkerPace()
         self.wakeup = asyncio.Event()
         self.tasks: list[asyncio.Task[None]] = []
         self.running: list[Batch] = []
@@ -232,10 +284,11 @@ class Scheduler:
     async def _run(self, slot: _ModelSlot) -> None:
         while True:
             now = self.clock()
-            batch = slot.former.take(now, busy=bool(slot.running))
+            batch = slot.former.take(now, busy=bool(slot.running), cut_at=slot.pace.cut_at(slot.running))
             if batch is None:
                 await self._sleep_until_work(slot, now)
                 continue
+            batch.sent_at = now
             slot.running.append(batch)
             try:
                 await self._dispatch(batch)
@@ -243,11 +296,13 @@ class Scheduler:
                 logger.exception("dispatching a batch of %s failed", batch.model.model_id)
             finally:
                 slot.running.remove(batch)
+                slot.pace.finished(batch, self.clock())
+                slot.wakeup.set()  # a loop filling the next batch cuts it now: the worker is free
 
     @staticmethod
     async def _sleep_until_work(slot: _ModelSlot, now: float) -> None:
         slot.wakeup.clear()
-        wake_at = slot.former.wake_at(now, busy=bool(slot.running))
+        wake_at = slot.former.wake_at(now, busy=bool(slot.running), cut_at=slot.pace.cut_at(slot.running))
         if wake_at is None:
             await slot.wakeup.wait()
             return
