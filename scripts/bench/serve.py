@@ -5,8 +5,10 @@
 
 Per round: the raw in-process ceiling at batch 32 (best of 1 and 2 intra-op threads) and at batch 1;
 then per topology: 32 concurrent clients × 1 sentence per request, 1 client × batches of 32,
-sequential single sentences (p50/p95). With `--backend null` the worker runs no model and the table
-shows the items/s the gateway → queue → sidecar → IPC path carries (32 clients × 32 items).
+sequential single sentences (p50/p95). Each scenario is a steady state: after a short warm-up every
+client keeps sending until `--load-seconds` have passed, so all of them are active the whole time.
+With `--backend null` the worker runs no model and the table shows the items/s the gateway → queue →
+sidecar → IPC path carries (32 clients × 32 items).
 The servers run in their own processes, the load generator in this one.
 """
 
@@ -25,34 +27,49 @@ from topology import HOST, Topology  # noqa: E402
 
 
 def encode_requests(url: str, model: str, count: int, per_request: int) -> list[bytes]:
+    """`count` requests rotating through the benchmark sentences (each distinct request built once)."""
     port = int(url.rsplit(":", 1)[1])
     path = f"/v1/encode/{model}"
-    return [
+    distinct = [
         build_request(
             HOST, port, path, {"items": [{"text": SENTENCES[(i + j) % len(SENTENCES)]} for j in range(per_request)]}
         )
-        for i in range(count)
+        for i in range(min(count, len(SENTENCES)))
     ]
+    return [distinct[i % len(distinct)] for i in range(count)]
 
 
-def model_scenarios(url: str, model: str, clients: int, per_client: int) -> dict[str, RunStats]:
-    concurrent = [encode_requests(url, model, per_client, 1) for _ in range(clients)]
-    batched = [encode_requests(url, model, max(8, per_client // 2), 32)]
-    sequential = [encode_requests(url, model, 4 * per_client, 1)]
+WARM_UP_S = 0.5
+# Requests built per connection: more than any client sends in a scenario (they stop at the deadline).
+_REQUESTS_PER_SECOND_BOUND = 400
+
+
+def _steady(url: str, connections: list[list[bytes]], per_request: int, seconds: float) -> RunStats:
+    """Warm up, then every connection sends until `seconds` have passed; the stats of the second part."""
+    port = int(url.rsplit(":", 1)[1])
+    asyncio.run(run_load(HOST, port, connections, per_request, WARM_UP_S))
+    return asyncio.run(run_load(HOST, port, connections, per_request, seconds))
+
+
+def model_scenarios(url: str, model: str, clients: int, seconds: float) -> dict[str, RunStats]:
+    count = int(seconds * _REQUESTS_PER_SECOND_BOUND)
+    concurrent = [encode_requests(url, model, count, 1) for _ in range(clients)]
+    batched = [encode_requests(url, model, count, 32)]
+    sequential = [encode_requests(url, model, count, 1)]
     return {
-        f"{clients} clients x 1 sentence": asyncio.run(run_load(HOST, int(url.rsplit(":", 1)[1]), concurrent, 1, 60)),
-        "1 client x batch of 32": asyncio.run(run_load(HOST, int(url.rsplit(":", 1)[1]), batched, 32, 60)),
-        "sequential single sentences": asyncio.run(run_load(HOST, int(url.rsplit(":", 1)[1]), sequential, 1, 60)),
+        f"{clients} clients x 1 sentence": _steady(url, concurrent, 1, seconds),
+        "1 client x batch of 32": _steady(url, batched, 32, seconds),
+        "sequential single sentences": _steady(url, sequential, 1, seconds),
     }
 
 
-def null_scenarios(url: str, model: str, clients: int, per_client: int) -> dict[str, RunStats]:
-    port = int(url.rsplit(":", 1)[1])
-    wide = [encode_requests(url, model, per_client, 32) for _ in range(clients)]
-    single = [encode_requests(url, model, per_client * 4, 1) for _ in range(clients)]
+def null_scenarios(url: str, model: str, clients: int, seconds: float) -> dict[str, RunStats]:
+    count = int(seconds * _REQUESTS_PER_SECOND_BOUND)
+    wide = [encode_requests(url, model, count, 32) for _ in range(clients)]
+    single = [encode_requests(url, model, count, 1) for _ in range(clients)]
     return {
-        f"{clients} clients x 32 items (null backend)": asyncio.run(run_load(HOST, port, wide, 32, 60)),
-        f"{clients} clients x 1 item (null backend)": asyncio.run(run_load(HOST, port, single, 1, 60)),
+        f"{clients} clients x 32 items (null backend)": _steady(url, wide, 32, seconds),
+        f"{clients} clients x 1 item (null backend)": _steady(url, single, 1, seconds),
     }
 
 
@@ -98,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("all", "distributed", "both"), default="both")
     parser.add_argument("--backend", choices=("onnx", "null"), default="onnx")
     parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--requests-per-client", type=int, default=25)
+    parser.add_argument("--load-seconds", type=float, default=3.0, help="steady-state time per HTTP scenario")
     parser.add_argument("--seconds", type=float, default=2.0, help="time per raw onnxruntime measurement")
     parser.add_argument("--server-arg", action="append", default=[], help="extra `sie run` argument (repeatable)")
     args = parser.parse_args(argv)
@@ -114,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {index + 1}/{args.rounds}", file=sys.stderr)
             measured: dict = dict(ceilings(graph, tokenizer, args.seconds))
             for topology in topologies:
-                runs = scenarios(topology.url, args.model, args.clients, args.requests_per_client)
+                runs = scenarios(topology.url, args.model, args.clients, args.load_seconds)
                 measured.update({f"{topology.kind}: {name}": stats for name, stats in runs.items()})
             rounds.append(measured)
         report(rounds)
