@@ -4,7 +4,6 @@ settings for a transport, preloading, and waiting for a stop signal."""
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import os
 import signal
@@ -39,7 +38,7 @@ def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop]:
     if choice == "asyncio":
         return asyncio.new_event_loop
     try:
-        uvloop = importlib.import_module("uvloop")
+        import uvloop  # optional: imported only where it is wanted
     except ImportError:
         if choice == "uvloop":
             raise SystemExit("SIE_EVENT_LOOP=uvloop, but uvloop is not installed (pip install uvloop)") from None

@@ -284,9 +284,10 @@ class Scheduler:
     async def _run(self, slot: _ModelSlot) -> None:
         while True:
             now = self.clock()
-            batch = slot.former.take(now, busy=bool(slot.running), cut_at=slot.pace.cut_at(slot.running))
+            busy, cut_at = bool(slot.running), slot.pace.cut_at(slot.running)
+            batch = slot.former.take(now, busy, cut_at)
             if batch is None:
-                await self._sleep_until_work(slot, now)
+                await self._sleep_until_work(slot, slot.former.wake_at(now, busy, cut_at), now)
                 continue
             batch.sent_at = now
             slot.running.append(batch)
@@ -300,9 +301,8 @@ class Scheduler:
                 slot.wakeup.set()  # a loop filling the next batch cuts it now: the worker is free
 
     @staticmethod
-    async def _sleep_until_work(slot: _ModelSlot, now: float) -> None:
+    async def _sleep_until_work(slot: _ModelSlot, wake_at: float | None, now: float) -> None:
         slot.wakeup.clear()
-        wake_at = slot.former.wake_at(now, busy=bool(slot.running), cut_at=slot.pace.cut_at(slot.running))
         if wake_at is None:
             await slot.wakeup.wait()
             return
