@@ -112,7 +112,8 @@ REQUESTS = 200
 
 def test_killing_the_worker_loses_no_accepted_request(cluster: Cluster) -> None:
     async def scenario() -> tuple[list[httpx.Response], int]:
-        async with httpx.AsyncClient(timeout=120) as client:
+        # One connection per request: every request is sent (and accepted) before the first answer is back.
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=REQUESTS)) as client:
             calls = [
                 asyncio.ensure_future(
                     client.post(
