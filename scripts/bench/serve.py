@@ -2,6 +2,7 @@
 `all` and `distributed` topologies over HTTP, interleaved for `--rounds` rounds, medians with ratios.
 
     .venv/bin/python scripts/bench/serve.py [--rounds 3] [--mode all|distributed|both] [--backend onnx|null]
+        [--http-server hypercorn|uvicorn|hypercorn,uvicorn]
 
 Per round: the raw in-process ceiling at batch 32 (best of 1 and 2 intra-op threads) and at batch 1;
 then per topology: 32 concurrent clients × 1 sentence per request, 1 client × batches of 32,
@@ -9,6 +10,7 @@ sequential single sentences (p50/p95). Each scenario is a steady state: after a 
 client keeps sending until `--load-seconds` have passed, so all of them are active the whole time.
 With `--backend null` the worker runs no model and the table shows the items/s the gateway → queue →
 sidecar → IPC path carries (32 clients × 32 items).
+With several `--http-server` names each topology runs once per HTTP server (rows `all/uvicorn: …`).
 The servers run in their own processes, the load generator in this one.
 """
 
@@ -118,10 +120,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-seconds", type=float, default=3.0, help="steady-state time per HTTP scenario")
     parser.add_argument("--seconds", type=float, default=2.0, help="time per raw onnxruntime measurement")
     parser.add_argument("--server-arg", action="append", default=[], help="extra `sie run` argument (repeatable)")
+    parser.add_argument(
+        "--http-server", default="hypercorn", help="SIE_HTTP_SERVER: hypercorn, uvicorn, or both comma-separated"
+    )
     args = parser.parse_args(argv)
+    servers = [name.strip() for name in args.http_server.split(",") if name.strip()]
+    if not servers or not set(servers) <= {"hypercorn", "uvicorn"}:
+        parser.error("--http-server takes hypercorn, uvicorn or both, comma-separated")
     ((graph, tokenizer),) = load_graphs([args.model]).values()
     kinds = ("all", "distributed") if args.mode == "both" else (args.mode,)
-    topologies = [Topology(kind, args.model, args.backend, args.server_arg) for kind in kinds]
+    topologies = [
+        Topology(kind, args.model, args.backend, args.server_arg, server) for kind in kinds for server in servers
+    ]
     scenarios = null_scenarios if args.backend == "null" else model_scenarios
     try:
         for topology in topologies:
@@ -132,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             measured: dict = dict(ceilings(graph, tokenizer, args.seconds))
             for topology in topologies:
                 runs = scenarios(topology.url, args.model, args.clients, args.load_seconds)
-                measured.update({f"{topology.kind}: {name}": stats for name, stats in runs.items()})
+                label = topology.kind if len(servers) == 1 else f"{topology.kind}/{topology.http_server}"
+                measured.update({f"{label}: {name}": stats for name, stats in runs.items()})
             rounds.append(measured)
         report(rounds)
     finally:

@@ -59,16 +59,18 @@ def _nats(directory: Path) -> tuple[subprocess.Popen, str]:
 class Topology:
     """One running topology: `url` serves the HTTP API; `stop()` ends every process."""
 
-    def __init__(self, kind: str, model: str, backend: str, extra: list[str]) -> None:
+    def __init__(self, kind: str, model: str, backend: str, extra: list[str], http_server: str = "hypercorn") -> None:
         self.kind = kind
+        self.http_server = http_server
         self.directory = Path(tempfile.mkdtemp(prefix=f"sie-bench-{kind}-"))
         self.processes: list[subprocess.Popen] = []
         port = free_port()
         self.url = f"http://{HOST}:{port}"
         http = ["--host", HOST, "--port", str(port)]
         common = ["--preload", model, "--backend", backend]
+        server = {"SIE_HTTP_SERVER": http_server}
         if kind == "all":
-            self.processes.append(_sie("all", http + common + extra, {}, self.directory / "all.log"))
+            self.processes.append(_sie("all", http + common + extra, server, self.directory / "all.log"))
             return
         nats, nats_url = _nats(self.directory)
         self.processes.append(nats)
@@ -76,7 +78,7 @@ class Topology:
         self.processes.append(_sie("worker", common + extra, env, self.directory / "worker.log"))
         sidecar_args = ["--probe-port", str(free_port())]
         self.processes.append(_sie("sidecar", sidecar_args, env, self.directory / "sidecar.log"))
-        self.processes.append(_sie("gateway", http, env, self.directory / "gateway.log"))
+        self.processes.append(_sie("gateway", http, env | server, self.directory / "gateway.log"))
 
     def wait_serving(self, model: str, timeout_s: float = 180.0) -> None:
         deadline = time.monotonic() + timeout_s

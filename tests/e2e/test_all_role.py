@@ -7,13 +7,14 @@ import base64
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
 from sie.client import ModelLoadFailedError, SIEClient
-from support.servers import REPO
+from support.servers import REPO, RoleProcess, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -160,3 +161,20 @@ def test_msgpack_round_trip(all_server: str) -> None:
     assert response.headers["content-type"].startswith("application/msgpack")
     values = unpackb(response.content)["items"][0]["dense"]["values"]
     assert isinstance(values, np.ndarray) and values.dtype == np.float32
+
+
+def test_uvicorn_serves_the_same_api_and_stops_cleanly(tmp_path: Path) -> None:
+    port = free_port()
+    args = ["--host", "127.0.0.1", "--port", str(port), "--http-server", "uvicorn", "--preload", MINILM]
+    server = RoleProcess("all", args, {}, tmp_path / "server.log")
+    try:
+        server.wait_http_ready(f"http://127.0.0.1:{port}/readyz")
+        with SIEClient(f"http://127.0.0.1:{port}") as client:
+            vector = client.encode(MINILM, {"text": "Hello world"})["dense"]
+        assert vector.shape == (384,) and np.allclose(vector[:4], HELLO_WORLD_PREFIX, atol=1e-5)
+        response = httpx.post(f"http://127.0.0.1:{port}/v1/encode/{MINILM}", json={"items": []}, timeout=30)
+        assert response.status_code == 400 and response.headers["server"] == "uvicorn"
+        assert response.json()["detail"]["code"] == "INVALID_INPUT"
+    finally:
+        code = server.stop()
+    assert code == 0, server.log()

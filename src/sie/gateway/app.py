@@ -1,6 +1,6 @@
 """`build_gateway_app`: the gateway's starlette application, composed from a catalog getter, a transport, a
-model status source and settings. The lifespan runs the result collector; serving it (hypercorn, HTTP/1.1
-and h2c) and the SIGTERM drain are the role file's job, through `serving_state(app)`.
+model status source and settings. The lifespan runs the result collector; serving it (hypercorn or uvicorn,
+SIE_HTTP_SERVER) and the SIGTERM drain are the role file's job, through `serving_state(app)`.
 """
 
 from __future__ import annotations

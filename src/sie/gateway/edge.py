@@ -103,7 +103,7 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
 
     Cancellation unwinds the collector's `with` block, so the abandoned request leaves no entry behind.
     The work runs in the handler's own task; a watcher task waiting on `receive()` starts only once the
-    request has waited DISCONNECT_WATCH_AFTER_S (hypercorn itself never cancels a handler whose client left).
+    request has waited DISCONNECT_WATCH_AFTER_S (neither hypercorn nor uvicorn cancels a handler whose client left).
     """
     task = asyncio.current_task()
     if task is None:

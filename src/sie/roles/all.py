@@ -12,7 +12,7 @@ from sie.catalog import load_catalog
 from sie.gateway.app import build_gateway_app, serving_state
 from sie.roles.common import open_local_worker, preload, run_event_loop, stream_settings, worker_pools
 from sie.roles.local_status import LocalModelStatus
-from sie.roles.serving import hypercorn_config, serve_until_signalled
+from sie.roles.serving import HttpListener, serve_until_signalled
 from sie.settings import Settings
 from sie.sidecar import Sidecar
 from sie.telemetry.logs import configure_logging
@@ -41,8 +41,8 @@ async def serve_all(settings: Settings) -> None:
                 await serving_state(app).drain(grace)
                 await sidecar.drain(grace)
 
-            config = hypercorn_config(settings.gateway.host, settings.gateway.port, grace)
-            await serve_until_signalled(app, config, drain)
+            listener = HttpListener(settings.gateway.host, settings.gateway.port, grace, settings.process.http_server)
+            await serve_until_signalled(app, listener, drain)
 
 
 def run(settings: Settings) -> int:

@@ -1,5 +1,5 @@
 """`sie run --role config`: the config service. Settings → config store → registry (filesystem baseline,
-optional restore) → stored epoch → optional NATS publisher → app → hypercorn (seed 000 §3, §13).
+optional restore) → stored epoch → optional NATS publisher → app → HTTP server (seed 000 §3, §13).
 
 Router id: gateways trust producers named `sie-config` exactly or as a pod-name prefix, so the service
 uses SIE_ROUTER_ID only when it starts with `sie-config`, else `sie-config`. Without SIE_NATS_URL there is
@@ -23,7 +23,7 @@ from sie.control.reconnecting import ReconnectingBus
 from sie.control.registry import ModelRegistry
 from sie.control.writes import ConfigWriter
 from sie.roles.common import run_event_loop, stream_settings
-from sie.roles.serving import hypercorn_config, serve_until_signalled
+from sie.roles.serving import HttpListener, serve_until_signalled
 from sie.settings import Settings
 from sie.stores.config_store import ConfigStore, ConfigStoreError, CorruptEpochError
 from sie.stores.fsspec_store import open_config_store
@@ -80,12 +80,13 @@ async def serve_config(settings: Settings) -> None:
         writer = ConfigWriter(registry, store, publisher, router_id=config_router_id(settings), epoch=epoch)
         app = build_control_app(writer, registry, access_policy(settings))
         service = settings.config_service
-        config = hypercorn_config(service.host, service.port, settings.process.shutdown_grace_s)
-        await serve_until_signalled(app, config, _nothing_to_drain)
+        grace = settings.process.shutdown_grace_s
+        listener = HttpListener(service.host, service.port, grace, settings.process.http_server)
+        await serve_until_signalled(app, listener, _nothing_to_drain)
 
 
 async def _nothing_to_drain() -> None:
-    """Writes finish under hypercorn's graceful timeout; there is no background work to drain."""
+    """Writes finish under the HTTP server's graceful timeout; there is no background work to drain."""
 
 
 def run(settings: Settings) -> int:

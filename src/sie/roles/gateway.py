@@ -12,7 +12,7 @@ from sie.gateway.app import build_gateway_app, serving_state
 from sie.gateway.config_sync import ConfigState, ConfigSync
 from sie.gateway.registry import RegistryGatedQueue, WorkerRegistry
 from sie.roles.common import run_event_loop, stream_settings
-from sie.roles.serving import hypercorn_config, serve_until_signalled
+from sie.roles.serving import HttpListener, serve_until_signalled
 from sie.settings import Settings
 from sie.telemetry.logs import configure_logging
 from sie.telemetry.metrics import Telemetry
@@ -38,7 +38,8 @@ async def serve_gateway(settings: Settings) -> None:
         async def drain() -> None:
             await serving_state(app).drain(grace)
 
-        await serve_until_signalled(app, hypercorn_config(settings.gateway.host, settings.gateway.port, grace), drain)
+        listener = HttpListener(settings.gateway.host, settings.gateway.port, grace, settings.process.http_server)
+        await serve_until_signalled(app, listener, drain)
 
 
 def run(settings: Settings) -> int:

@@ -1,32 +1,56 @@
-"""Serve an ASGI app with hypercorn (HTTP/1.1 and h2c) until SIGTERM/SIGINT, then shut down gracefully:
-refuse new requests, let in-flight ones finish up to the grace period, then stop the listener.
+"""Serve an ASGI app over HTTP until SIGTERM/SIGINT, then shut down gracefully: refuse new requests, let
+in-flight ones finish up to the grace period, then stop the listener.
+
+Two servers, picked by SIE_HTTP_SERVER: hypercorn (HTTP/1.1 and h2c on one bind, the default) and
+uvicorn with the httptools parser (HTTP/1.1 only, far less CPU per request). Both run on the role's
+own event loop; the role, not the server, owns the signals.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
-from hypercorn.asyncio import serve
-from hypercorn.config import Config
+import attrs
+import hypercorn.asyncio
+import hypercorn.config
+import uvicorn
 
 logger = logging.getLogger(__name__)
 
+# Idle keep-alive connections stay open this long (the public SIE server's uvicorn setting).
+KEEP_ALIVE_S = 120
 
-def hypercorn_config(host: str, port: int, grace_s: float) -> Config:
-    config = Config()
-    config.bind = [f"{host}:{port}"]
-    config.graceful_timeout = grace_s
-    config.keep_alive_timeout = 120
-    config.accesslog = None
-    config.errorlog = logging.getLogger("hypercorn.error")
-    return config
+App = Callable[..., Awaitable[None]]
 
 
-async def serve_until_signalled(app: Callable, config: Config, on_shutdown: Callable[[], Awaitable[None]]) -> None:
-    """Run hypercorn; on SIGTERM or SIGINT await `on_shutdown()` (drain), then stop the server."""
+@attrs.frozen
+class HttpListener:
+    """Where and how to serve: the bind, the drain deadline and which server (SIE_HTTP_SERVER)."""
+
+    host: str
+    port: int
+    grace_s: float
+    server: str = "hypercorn"
+
+
+async def serve_http(app: App, listener: HttpListener, stop: asyncio.Event) -> None:
+    """Serve `app` until `stop` is set; then close the listener and let open requests finish for up to
+    `grace_s`. Raises ValueError for an unknown server name."""
+    try:
+        serve = _SERVERS[listener.server]
+    except KeyError:
+        raise ValueError(f"unknown HTTP server {listener.server!r}; expected one of {sorted(_SERVERS)}") from None
+    logger.info("listening on http://%s:%d (%s)", listener.host, listener.port, listener.server)
+    await serve(app, listener, stop)
+
+
+async def serve_until_signalled(app: App, listener: HttpListener, on_shutdown: Callable[[], Awaitable[None]]) -> None:
+    """Serve; on SIGTERM or SIGINT await `on_shutdown()` (drain), then stop the server."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     shutdown_task: asyncio.Task[None] | None = None
@@ -46,10 +70,67 @@ async def serve_until_signalled(app: Callable, config: Config, on_shutdown: Call
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal)
     try:
-        logger.info("listening on http://%s", config.bind[0])
-        await serve(app, config, shutdown_trigger=stop.wait)
+        await serve_http(app, listener, stop)
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
         if shutdown_task is not None:
             await shutdown_task
+
+
+def hypercorn_config(listener: HttpListener) -> hypercorn.config.Config:
+    config = hypercorn.config.Config()
+    config.bind = [f"{listener.host}:{listener.port}"]
+    config.graceful_timeout = listener.grace_s
+    config.keep_alive_timeout = KEEP_ALIVE_S
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    return config
+
+
+async def _serve_hypercorn(app: App, listener: HttpListener, stop: asyncio.Event) -> None:
+    await hypercorn.asyncio.serve(app, hypercorn_config(listener), shutdown_trigger=stop.wait)
+
+
+class _EmbeddedUvicorn(uvicorn.Server):
+    """uvicorn on a loop it does not own: the role handles SIGTERM/SIGINT (uvicorn would replace the
+    loop's handlers and re-raise the signal after shutdown)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def uvicorn_config(app: App, listener: HttpListener) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=listener.host,
+        port=listener.port,
+        loop="none",  # already running: the role's loop (SIE_EVENT_LOOP)
+        http="httptools",
+        ws="none",
+        lifespan="on",
+        timeout_keep_alive=KEEP_ALIVE_S,
+        timeout_graceful_shutdown=max(1, round(listener.grace_s)),
+        access_log=False,
+        proxy_headers=False,
+        log_config=None,
+    )
+
+
+async def _serve_uvicorn(app: App, listener: HttpListener, stop: asyncio.Event) -> None:
+    server = _EmbeddedUvicorn(uvicorn_config(app, listener))
+    serving = asyncio.ensure_future(server.serve())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        server.should_exit = True  # uvicorn checks it every 0.1 s, then closes and drains
+        await serving
+
+
+_SERVERS: dict[str, Callable[[App, HttpListener, asyncio.Event], Awaitable[Any]]] = {
+    "hypercorn": _serve_hypercorn,
+    "uvicorn": _serve_uvicorn,
+}

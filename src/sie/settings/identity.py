@@ -70,6 +70,16 @@ class ProcessSettings:
         ),
         "auto",
     )
+    http_server: str = setting(
+        Env(
+            "SIE_HTTP_SERVER",
+            choice("hypercorn", "uvicorn"),
+            "The HTTP server of the gateway and config roles: `hypercorn` serves HTTP/1.1 and h2c (HTTP/2 "
+            "without TLS) on one bind; `uvicorn` (httptools parser) serves HTTP/1.1 only, with about a fifth "
+            "of hypercorn's CPU per request, which leaves more of a small machine to the model.",
+        ),
+        "hypercorn",
+    )
     shutdown_grace_s: float = setting(
         Env(
             "SIE_SHUTDOWN_GRACE_S",

@@ -1,24 +1,26 @@
-"""The gateway app served by hypercorn on a real socket, over HTTP/1.1 and h2c (HTTP/2 prior knowledge)."""
+"""The gateway app served on a real socket by each SIE_HTTP_SERVER: hypercorn over HTTP/1.1 and h2c (HTTP/2
+prior knowledge), uvicorn over HTTP/1.1; stopping the server lets an in-flight request finish."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from hypercorn.asyncio import serve
-from hypercorn.config import Config
 
 from sie.catalog import load_catalog
 from sie.gateway.app import build_gateway_app
+from sie.roles.serving import HttpListener, serve_http
 from sie.settings import GatewaySettings
 from sie.transport.base import Lane
 from sie.transport.loopback import LoopbackTransport
 from sie.wire import packb
 from sie.wire.queue import WorkResult
+from support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 ENCODE = "/v1/encode/sentence-transformers/all-MiniLM-L6-v2"
@@ -32,12 +34,13 @@ class NoWorkers:
         return []
 
 
-async def answer_forever(transport: LoopbackTransport) -> None:
+async def answer_forever(transport: LoopbackTransport, delay_s: float = 0.0) -> None:
     consumer = await transport.consumer(Lane("default", "default", "default"))
     values = np.array([0.5, -1.0, 2.0], dtype=np.float32)
     payload = packb({"dense": {"dims": 3, "dtype": "float32", "values": values}})
     while True:
         for delivery in await consumer.fetch(64, 10.0):
+            await asyncio.sleep(delay_s)
             item = delivery.item
             result = WorkResult(work_item_id=item.work_item_id, request_id=item.request_id,
                                 item_index=item.item_index, success=True, result_msgpack=payload)  # fmt: skip
@@ -45,24 +48,24 @@ async def answer_forever(transport: LoopbackTransport) -> None:
             await delivery.ack()
 
 
-@pytest.fixture()
-async def served_url():
+class Served:
+    """A gateway app behind a real HTTP server; `stop` starts the server's graceful shutdown."""
+
+    def __init__(self, url: str, stop: asyncio.Event, server: asyncio.Future) -> None:
+        self.url, self.stop, self.server = url, stop, server
+
+
+@contextlib.asynccontextmanager
+async def serving(server_name: str, answer_delay_s: float = 0.0) -> AsyncIterator[Served]:
     catalog = load_catalog(REPO / "config" / "bundles", REPO / "config" / "models")
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    port = listener.getsockname()[1]
-    config = Config()
-    # hypercorn adopts the descriptor (and closes it), so hand it over rather than share it.
-    config.bind = [f"fd://{listener.detach()}"]
-    config.accesslog = None
+    listener = HttpListener("127.0.0.1", free_port(), grace_s=5.0, server=server_name)
     stop = asyncio.Event()
     async with LoopbackTransport() as transport:
         app = build_gateway_app(lambda: catalog, transport, NoWorkers(), GatewaySettings(), router_id="gw-h")
-        worker = asyncio.ensure_future(answer_forever(transport))
-        server = asyncio.ensure_future(serve(app, config, shutdown_trigger=stop.wait))
+        worker = asyncio.ensure_future(answer_forever(transport, answer_delay_s))
+        server = asyncio.ensure_future(serve_http(app, listener, stop))
         try:
-            yield f"http://127.0.0.1:{port}"
+            yield Served(f"http://127.0.0.1:{listener.port}", stop, server)
         finally:
             stop.set()
             await server
@@ -70,9 +73,19 @@ async def served_url():
             await asyncio.gather(worker, return_exceptions=True)
 
 
-@pytest.mark.parametrize(("http1", "http2", "version"), [(True, False, "HTTP/1.1"), (False, True, "HTTP/2")])
-async def test_encode_over_http1_and_h2c(served_url: str, http1: bool, http2: bool, version: str) -> None:
-    async with httpx.AsyncClient(base_url=served_url, http1=http1, http2=http2) as client:
+@pytest.mark.parametrize(
+    ("server_name", "http1", "http2", "version"),
+    [
+        ("hypercorn", True, False, "HTTP/1.1"),
+        ("hypercorn", False, True, "HTTP/2"),
+        ("uvicorn", True, False, "HTTP/1.1"),
+    ],
+)
+async def test_encode_over_each_server_and_protocol(server_name: str, http1: bool, http2: bool, version: str) -> None:
+    async with (
+        serving(server_name) as served,
+        httpx.AsyncClient(base_url=served.url, http1=http1, http2=http2) as client,
+    ):
         await wait_ready(client)
         response = await client.post(ENCODE, json={"items": [{"text": "Hello world"}]})
         assert response.http_version == version
@@ -80,6 +93,26 @@ async def test_encode_over_http1_and_h2c(served_url: str, http1: bool, http2: bo
         assert response.json()["items"][0]["dense"]["values"] == [0.5, -1.0, 2.0]
         requests = [client.post(ENCODE, json={"items": [{"text": str(i)}]}) for i in range(20)]
         assert {r.status_code for r in await asyncio.gather(*requests)} == {200}
+
+
+@pytest.mark.parametrize("server_name", ["hypercorn", "uvicorn"])
+async def test_stopping_the_server_finishes_the_request_in_flight(server_name: str) -> None:
+    async with serving(server_name, answer_delay_s=0.5) as served, httpx.AsyncClient(base_url=served.url) as client:
+        await wait_ready(client)
+        in_flight = asyncio.ensure_future(client.post(ENCODE, json={"items": [{"text": "slow"}]}))
+        await asyncio.sleep(0.2)
+        served.stop.set()
+        response = await in_flight
+        assert response.status_code == 200
+        assert response.json()["items"][0]["dense"]["values"] == [0.5, -1.0, 2.0]
+        await asyncio.wait_for(served.server, 10.0)
+        with pytest.raises(httpx.TransportError):
+            await client.get("/healthz")
+
+
+def test_an_unknown_server_name_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown HTTP server 'gunicorn'"):
+        asyncio.run(serve_http(lambda *args: None, HttpListener("127.0.0.1", 0, 1.0, "gunicorn"), asyncio.Event()))
 
 
 async def wait_ready(client: httpx.AsyncClient, timeout_s: float = 10.0) -> None:
