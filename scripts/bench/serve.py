@@ -10,7 +10,7 @@ sequential single sentences (p50/p95). Each scenario is a steady state: after a 
 client keeps sending until `--load-seconds` have passed, so all of them are active the whole time.
 With `--backend null` the worker runs no model and the table shows the items/s the gateway → queue →
 sidecar → IPC path carries (32 clients × 32 items).
-With several `--http-server` names each topology runs once per HTTP server (rows `all/uvicorn: …`).
+Each topology runs once per `--http-server` (default both: rows `all/hypercorn: …`, `all/uvicorn: …`).
 The servers run in their own processes, the load generator in this one.
 """
 
@@ -121,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=2.0, help="time per raw onnxruntime measurement")
     parser.add_argument("--server-arg", action="append", default=[], help="extra `sie run` argument (repeatable)")
     parser.add_argument(
-        "--http-server", default="hypercorn", help="SIE_HTTP_SERVER: hypercorn, uvicorn, or both comma-separated"
+        "--http-server",
+        default="hypercorn,uvicorn",
+        help="SIE_HTTP_SERVER of the topologies: hypercorn, uvicorn, or both comma-separated (default both)",
     )
     args = parser.parse_args(argv)
     servers = [name.strip() for name in args.http_server.split(",") if name.strip()]
