@@ -10,7 +10,14 @@ from contextlib import AsyncExitStack
 
 from sie.catalog import load_catalog
 from sie.gateway.app import build_gateway_app, serving_state
-from sie.roles.common import open_local_worker, preload, run_event_loop, stream_settings, worker_pools
+from sie.roles.common import (
+    freeze_startup_heap,
+    open_local_worker,
+    preload,
+    run_event_loop,
+    stream_settings,
+    worker_pools,
+)
 from sie.roles.local_status import LocalModelStatus
 from sie.roles.serving import HttpListener, serve_until_signalled
 from sie.settings import Settings
@@ -42,6 +49,7 @@ async def serve_all(settings: Settings) -> None:
                 await sidecar.drain(grace)
 
             listener = HttpListener(settings.gateway.host, settings.gateway.port, grace, settings.process.http_server)
+            freeze_startup_heap()
             await serve_until_signalled(app, listener, drain)
 
 

@@ -1,9 +1,10 @@
 """Wiring helpers the role files share: the local worker (manager + service), thread defaults, stream
-settings for a transport, preloading, and waiting for a stop signal."""
+settings for a transport, preloading, freezing the start-up heap, and waiting for a stop signal."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -73,6 +74,19 @@ async def preload(manager: ModelManager, model_ids: tuple[str, ...]) -> None:
             logger.info("preloaded %s", model_id)
         except ModelLoadError as exc:
             logger.error("preloading %s failed (%s): %s", model_id, exc.error_class, exc.message)
+
+
+def freeze_startup_heap() -> None:
+    """Call once start-up is done, right before serving: collect, then move every object alive now
+    (modules, catalogue, tokenizers, sessions, the app) into the collector's permanent generation.
+
+    Under load a role promotes request objects into the oldest generation fast enough that a full
+    collection runs every few seconds, and each rescans the whole start-up heap: 60-100 ms pauses of the
+    event loop, every ~2 s, at 600 requests/s on 2 cores (measured in the gateway and in `all`). Frozen
+    objects are never scanned again; what is allocated later is collected as before."""
+    gc.collect()
+    gc.freeze()
+    logger.debug("froze %d start-up objects out of garbage collection", gc.get_freeze_count())
 
 
 async def wait_for_signal() -> None:

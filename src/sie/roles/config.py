@@ -22,7 +22,7 @@ from sie.control.publisher import DeltaPublisher
 from sie.control.reconnecting import ReconnectingBus
 from sie.control.registry import ModelRegistry
 from sie.control.writes import ConfigWriter
-from sie.roles.common import run_event_loop, stream_settings
+from sie.roles.common import freeze_startup_heap, run_event_loop, stream_settings
 from sie.roles.serving import HttpListener, serve_until_signalled
 from sie.settings import Settings
 from sie.stores.config_store import ConfigStore, ConfigStoreError, CorruptEpochError
@@ -82,6 +82,7 @@ async def serve_config(settings: Settings) -> None:
         service = settings.config_service
         grace = settings.process.shutdown_grace_s
         listener = HttpListener(service.host, service.port, grace, settings.process.http_server)
+        freeze_startup_heap()
         await serve_until_signalled(app, listener, _nothing_to_drain)
 
 

@@ -11,7 +11,7 @@ from sie.catalog import load_catalog
 from sie.gateway.app import build_gateway_app, serving_state
 from sie.gateway.config_sync import ConfigState, ConfigSync
 from sie.gateway.registry import RegistryGatedQueue, WorkerRegistry
-from sie.roles.common import run_event_loop, stream_settings
+from sie.roles.common import freeze_startup_heap, run_event_loop, stream_settings
 from sie.roles.serving import HttpListener, serve_until_signalled
 from sie.settings import Settings
 from sie.telemetry.logs import configure_logging
@@ -39,6 +39,7 @@ async def serve_gateway(settings: Settings) -> None:
             await serving_state(app).drain(grace)
 
         listener = HttpListener(settings.gateway.host, settings.gateway.port, grace, settings.process.http_server)
+        freeze_startup_heap()
         await serve_until_signalled(app, listener, drain)
 
 

@@ -10,7 +10,7 @@ import logging
 from contextlib import AsyncExitStack
 
 from sie.ipc.uds_client import UdsWorkerClient
-from sie.roles.common import run_event_loop, stream_settings, wait_for_signal
+from sie.roles.common import freeze_startup_heap, run_event_loop, stream_settings, wait_for_signal
 from sie.settings import Settings
 from sie.sidecar import Sidecar
 from sie.sidecar.config_apply import AppliedConfig, ConfigApplier
@@ -41,6 +41,7 @@ async def serve_sidecar(settings: Settings) -> None:
         sidecar.on_readiness_answer = health.observe
         await stack.enter_async_context(sidecar)
         logger.info("sidecar %s consuming %s; probes on port %d", worker_id, sidecar.lane, probes.port)
+        freeze_startup_heap()
         await wait_for_signal()
         logger.info("sidecar %s draining", worker_id)
         health.begin_drain()

@@ -9,7 +9,14 @@ from contextlib import AsyncExitStack
 
 from sie.catalog import load_catalog
 from sie.ipc.server import IpcServer
-from sie.roles.common import open_local_worker, preload, run_event_loop, wait_for_signal, worker_pools
+from sie.roles.common import (
+    freeze_startup_heap,
+    open_local_worker,
+    preload,
+    run_event_loop,
+    wait_for_signal,
+    worker_pools,
+)
 from sie.settings import Settings
 from sie.telemetry.logs import configure_logging
 
@@ -25,6 +32,7 @@ async def serve_worker(settings: Settings) -> None:
             await preload(local.manager, settings.worker.preload_models)
             await stack.enter_async_context(IpcServer(local.service, socket_path, worker_id=worker_id))
             logger.info("worker %s serving IPC on %s", worker_id, socket_path)
+            freeze_startup_heap()
             await wait_for_signal()
             logger.info("worker %s shutting down", worker_id)
 
