@@ -10,9 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import nats
 import numpy as np
 import pytest
 
+from sie.catalog.names import work_pool_stream_name
 from support.nats_server import NatsServer
 from support.servers import RoleProcess, free_port
 
@@ -108,23 +110,38 @@ def test_a_lane_without_workers_is_provisioning(cluster: Cluster) -> None:
 
 FILLER = "the quick brown fox jumps over the lazy dog while the band plays on the corner of the street"
 REQUESTS = 200
+ITEMS = 3
+
+
+async def published_work_items(cluster: Cluster) -> int:
+    """The pool stream's last sequence number: how many work items the gateway has published so far."""
+    connection = await nats.connect(cluster.nats.url)
+    try:
+        info = await connection.jetstream().stream_info(work_pool_stream_name("default"))
+        return info.state.last_seq
+    finally:
+        await connection.close()
 
 
 def test_killing_the_worker_loses_no_accepted_request(cluster: Cluster) -> None:
     async def scenario() -> tuple[list[httpx.Response], int]:
-        # One connection per request: every request is sent (and accepted) before the first answer is back.
+        before = await published_work_items(cluster)
+        # One connection per request, so all of them are sent at once.
         async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=REQUESTS)) as client:
             calls = [
                 asyncio.ensure_future(
                     client.post(
                         f"{cluster.url}/v1/encode/{MINILM}",
-                        json={"items": [{"id": f"r{i}-{j}", "text": f"{i} {j} {FILLER}"} for j in range(3)]},
+                        json={"items": [{"id": f"r{i}-{j}", "text": f"{i} {j} {FILLER}"} for j in range(ITEMS)]},
                     )
                 )
                 for i in range(REQUESTS)
             ]
-            # Kill the worker once work is flowing: the first answer is back, most are still in flight.
-            await asyncio.wait(calls, return_when=asyncio.FIRST_COMPLETED)
+            # Kill the worker once every request is accepted (all its work items are in the stream).
+            deadline = time.monotonic() + 30
+            while await published_work_items(cluster) - before < REQUESTS * ITEMS:
+                assert time.monotonic() < deadline, "the gateway did not accept every request"
+                await asyncio.sleep(0.005)  # deadline poll on the broker's count
             cluster.worker.process.kill()
             answered_before_kill = sum(call.done() for call in calls)
             cluster.worker.stop()  # reaps the killed process and closes its log
@@ -134,10 +151,11 @@ def test_killing_the_worker_loses_no_accepted_request(cluster: Cluster) -> None:
     responses, answered_before_kill = asyncio.run(scenario())
     # Not vacuous: most requests were still unanswered when the worker died.
     assert answered_before_kill < REQUESTS // 2
-    assert [r.status_code for r in responses] == [200] * REQUESTS, responses[0].text
+    refused = [(index, r.status_code, r.text) for index, r in enumerate(responses) if r.status_code != 200]
+    assert not refused, refused[:3]
     for index, response in enumerate(responses):
         ids = [item["id"] for item in response.json()["items"]]
-        assert ids == [f"r{index}-{j}" for j in range(3)]  # each item answered once, in place
+        assert ids == [f"r{index}-{j}" for j in range(ITEMS)]  # each item answered once, in place
 
 
 def test_losing_nats_answers_503(cluster: Cluster) -> None:
