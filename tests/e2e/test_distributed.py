@@ -113,40 +113,40 @@ REQUESTS = 200
 ITEMS = 3
 
 
-async def published_work_items(cluster: Cluster) -> int:
+async def published_work_items(broker: nats.NATS) -> int:
     """The pool stream's last sequence number: how many work items the gateway has published so far."""
-    connection = await nats.connect(cluster.nats.url)
-    try:
-        info = await connection.jetstream().stream_info(work_pool_stream_name("default"))
-        return info.state.last_seq
-    finally:
-        await connection.close()
+    info = await broker.jetstream().stream_info(work_pool_stream_name("default"))
+    return info.state.last_seq
 
 
 def test_killing_the_worker_loses_no_accepted_request(cluster: Cluster) -> None:
     async def scenario() -> tuple[list[httpx.Response], int]:
-        before = await published_work_items(cluster)
-        # One connection per request, so all of them are sent at once.
-        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=REQUESTS)) as client:
-            calls = [
-                asyncio.ensure_future(
-                    client.post(
-                        f"{cluster.url}/v1/encode/{MINILM}",
-                        json={"items": [{"id": f"r{i}-{j}", "text": f"{i} {j} {FILLER}"} for j in range(ITEMS)]},
+        broker = await nats.connect(cluster.nats.url)
+        try:
+            before = await published_work_items(broker)
+            # One connection per request, so all of them are sent at once.
+            async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=REQUESTS)) as client:
+                calls = [
+                    asyncio.ensure_future(
+                        client.post(
+                            f"{cluster.url}/v1/encode/{MINILM}",
+                            json={"items": [{"id": f"r{i}-{j}", "text": f"{i} {j} {FILLER}"} for j in range(ITEMS)]},
+                        )
                     )
-                )
-                for i in range(REQUESTS)
-            ]
-            # Kill the worker once every request is accepted (all its work items are in the stream).
-            deadline = time.monotonic() + 30
-            while await published_work_items(cluster) - before < REQUESTS * ITEMS:
-                assert time.monotonic() < deadline, "the gateway did not accept every request"
-                await asyncio.sleep(0.005)  # deadline poll on the broker's count
-            cluster.worker.process.kill()
-            answered_before_kill = sum(call.done() for call in calls)
-            cluster.worker.stop()  # reaps the killed process and closes its log
-            cluster.worker = cluster.start_worker()
-            return list(await asyncio.gather(*calls)), answered_before_kill
+                    for i in range(REQUESTS)
+                ]
+                # Kill the worker once every request is accepted (all its work items are in the stream).
+                deadline = time.monotonic() + 30
+                while await published_work_items(broker) - before < REQUESTS * ITEMS:
+                    assert time.monotonic() < deadline, "the gateway did not accept every request"
+                    await asyncio.sleep(0.005)  # deadline poll on the broker's count
+                cluster.worker.process.kill()
+                answered_before_kill = sum(call.done() for call in calls)
+                cluster.worker.stop()  # reaps the killed process and closes its log
+                cluster.worker = cluster.start_worker()
+                return list(await asyncio.gather(*calls)), answered_before_kill
+        finally:
+            await broker.close()
 
     responses, answered_before_kill = asyncio.run(scenario())
     # Not vacuous: most requests were still unanswered when the worker died.

@@ -39,9 +39,9 @@ async def serve_sidecar(settings: Settings) -> None:
         await stack.enter_async_context(ExportReconciler(worker, settings, applied))
         sidecar = Sidecar.from_settings(transport, worker, settings)
         sidecar.on_readiness_answer = health.observe
+        freeze_startup_heap()  # before consuming: its full collection must not pause live work
         await stack.enter_async_context(sidecar)
         logger.info("sidecar %s consuming %s; probes on port %d", worker_id, sidecar.lane, probes.port)
-        freeze_startup_heap()
         await wait_for_signal()
         logger.info("sidecar %s draining", worker_id)
         health.begin_drain()

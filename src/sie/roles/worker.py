@@ -30,9 +30,9 @@ async def serve_worker(settings: Settings) -> None:
         async with AsyncExitStack() as stack:
             local = await open_local_worker(stack, settings, catalog, pools)
             await preload(local.manager, settings.worker.preload_models)
+            freeze_startup_heap()
             await stack.enter_async_context(IpcServer(local.service, socket_path, worker_id=worker_id))
             logger.info("worker %s serving IPC on %s", worker_id, socket_path)
-            freeze_startup_heap()
             await wait_for_signal()
             logger.info("worker %s shutting down", worker_id)
 
