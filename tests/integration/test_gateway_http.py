@@ -19,8 +19,8 @@ import pytest
 from sie.catalog import Catalog, load_catalog, parse_bundle
 from sie.gateway.app import build_gateway_app, collector_of, serving_state
 from sie.gateway.status import LastError, WorkerSummary
-from sie.settings import GatewaySettings
-from sie.transport.base import Lane, StreamSettings
+from sie.settings import GatewaySettings, StreamSettings
+from sie.transport.base import Lane
 from sie.transport.loopback import LoopbackTransport
 from sie.wire import packb, unpackb
 from sie.wire.queue import WorkItem, WorkResult

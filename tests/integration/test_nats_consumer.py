@@ -14,8 +14,9 @@ import pytest
 from nats.aio.client import Client
 
 from sie.catalog.names import MAX_DELIVERIES_ADVISORY, work_subject
+from sie.settings import StreamSettings
 from sie.settings.messaging import NatsSettings
-from sie.transport.base import Lane, StreamSettings, TransportUnavailable
+from sie.transport.base import Lane, TransportUnavailable
 from sie.transport.nats import NatsTransport
 from sie.wire.queue import WorkItem
 from support.nats_server import NatsServer, nats_client_fixture, nats_server_fixture  # noqa: F401 - fixtures

@@ -11,8 +11,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 from sie.catalog.names import reply_subject, work_subject
+from sie.settings import StreamSettings
 from sie.settings.messaging import NatsSettings
-from sie.transport.base import Delivery, Lane, StreamSettings
+from sie.transport.base import Delivery, Lane
 from sie.transport.nats import NatsTransport
 from sie.wire import to_msgpack
 from sie.wire.queue import WorkItem, WorkResult

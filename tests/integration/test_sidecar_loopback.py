@@ -14,10 +14,9 @@ import pytest
 
 from sie.catalog import parse_model_config
 from sie.catalog.names import work_subject
-from sie.settings import BatchingSettings, LaneSettings, SidecarSettings
-from sie.settings import StreamSettings as SidecarStreamSettings
+from sie.settings import BatchingSettings, LaneSettings, SidecarSettings, StreamSettings
 from sie.sidecar.sidecar import Sidecar, SidecarConfig
-from sie.transport.base import Lane, StreamSettings
+from sie.transport.base import Lane
 from sie.transport.loopback import LoopbackTransport
 from sie.wire import codes, unpackb
 from sie.wire.ipc_batch import RunBatchRequest
@@ -171,7 +170,7 @@ def sidecar_config(ack_wait_s: float = 30.0, load_hold_s: float = 20.0, **batchi
     return SidecarConfig(
         sidecar=SidecarSettings(load_hold_s=load_hold_s),
         batching=BatchingSettings(**batching),
-        stream=SidecarStreamSettings(ack_wait_s=ack_wait_s, nak_delay_s=1.0),
+        stream=StreamSettings(ack_wait_s=ack_wait_s, nak_delay_s=1.0),
         worker_id="worker-test",
     )
 

@@ -25,6 +25,7 @@ from sie.catalog.names import (
     work_pool_stream_name,
     work_subject,
 )
+from sie.settings import StreamSettings
 from sie.settings.messaging import NatsSettings
 from sie.transport.base import (
     AlreadySettledError,
@@ -32,7 +33,6 @@ from sie.transport.base import (
     Delivery,
     Lane,
     LaneConsumer,
-    StreamSettings,
     Transport,
     TransportUnavailable,
 )

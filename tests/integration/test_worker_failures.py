@@ -9,8 +9,12 @@ from pathlib import Path
 import pytest
 
 from sie.catalog import Catalog, parse_bundle, parse_model_config
+from sie.wire.ipc_control import (
+    MODEL_STATE_FAILED,
+    MODEL_STATE_LOADING_STARTED,
+)
 from sie.worker.errors import ModelLoadError
-from sie.worker.manager import ModelManager, ModelState, Readiness
+from sie.worker.manager import ModelManager, ModelState
 
 BUNDLE = parse_bundle({"name": "default", "priority": 10, "adapters": ["sie.adapters.dense", "acme.adapters.magic"]})
 
@@ -65,13 +69,13 @@ def test_tokenizer_mismatch(model_loader, load_model, tmp_path: Path) -> None:
 async def test_manager_reports_the_classified_failure(model_loader, tmp_path: Path) -> None:
     model = _model("acme/missing", tmp_path / "nope")
     async with ModelManager(Catalog([BUNDLE], [model]), model_loader.load) as manager:
-        assert manager.ensure_ready("acme/missing") == Readiness.LOADING_STARTED
+        assert manager.ensure_ready("acme/missing") == MODEL_STATE_LOADING_STARTED
         with pytest.raises(ModelLoadError):
             await manager.wait_ready("acme/missing")
         status = manager.status("acme/missing")
         assert status.state == ModelState.FAILED
         assert status.last_error.error_class == "NOT_FOUND" and status.last_error.permanent
-        assert manager.ensure_ready("acme/missing") == Readiness.FAILED
+        assert manager.ensure_ready("acme/missing") == MODEL_STATE_FAILED
 
 
 def _copy_tokenizer(model_loader, target: Path) -> None:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sie.gateway import assembly
-from sie.gateway.exceptions import (
+from sie.gateway.errors import (
     AllItemsFailedError,
     InvalidRequestError,
     ModelLoadFailedError,

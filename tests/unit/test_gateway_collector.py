@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from sie.gateway.collector import Collector
-from sie.gateway.exceptions import GatewayTimeoutError, QueueUnavailableError
+from sie.gateway.errors import GatewayTimeoutError, QueueUnavailableError
 from sie.transport.loopback import LoopbackTransport
 from sie.wire.queue import WorkResult
 

@@ -8,11 +8,11 @@ import pytest
 
 from sie.catalog import load_catalog
 from sie.gateway.dispatcher import Dispatcher, RefreshingCache
-from sie.gateway.exceptions import ProvisioningError, QueueFullError, QueueUnavailableError
+from sie.gateway.errors import ProvisioningError, QueueFullError, QueueUnavailableError
 from sie.gateway.router import LaneHints, Router
 from sie.gateway.workitems import Ticket, encode_work, extract_work, score_work
-from sie.settings import GatewaySettings, LaneSettings
-from sie.transport.base import Lane, NoConsumerError, StreamSettings
+from sie.settings import GatewaySettings, LaneSettings, StreamSettings
+from sie.transport.base import Lane, NoConsumerError
 from sie.transport.loopback import LoopbackTransport
 from sie.wire.http import EncodeParams, EncodeRequest, ExtractParams, ExtractRequest, Item, ScoreRequest
 

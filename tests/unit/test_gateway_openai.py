@@ -7,7 +7,7 @@ import base64
 import numpy as np
 import pytest
 
-from sie.gateway.exceptions import InvalidRequestError, PayloadTooLargeError
+from sie.gateway.errors import InvalidRequestError, PayloadTooLargeError
 from sie.gateway.openai import (
     MAX_COMPAT_RESPONSE_BODY,
     EmbeddingsCall,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sie.catalog import BundleConflictError, Catalog, ModelNotFoundError, load_catalog, parse_bundle
-from sie.gateway.exceptions import InvalidRequestError
+from sie.gateway.errors import InvalidRequestError
 from sie.gateway.router import (
     LaneHints,
     Router,

@@ -11,13 +11,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from sie.catalog.names import work_subject, work_worker_subject
-from sie.transport.base import (
-    BackpressureError,
-    Lane,
-    StreamSettings,
-    TransportError,
-    TransportUnavailable,
-)
+from sie.settings import StreamSettings
+from sie.transport.base import BackpressureError, Lane, TransportError, TransportUnavailable
 from sie.transport.loopback import LoopbackTransport
 from sie.transport.loopback.consumer import LoopbackLaneConsumer
 from sie.transport.loopback.lane import REMOVED, LaneQueue, StoredMessage

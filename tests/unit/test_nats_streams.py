@@ -8,7 +8,8 @@ import logging
 import pytest
 from nats.js import api
 
-from sie.transport.base import Lane, StreamSettings
+from sie.settings import StreamSettings
+from sie.transport.base import Lane
 from sie.transport.nats.streams import MAX_ACK_PENDING, consumer_config, reconciled, stream_config
 
 

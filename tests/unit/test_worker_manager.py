@@ -11,9 +11,16 @@ import threading
 import pytest
 
 from sie.catalog import Catalog, parse_bundle, parse_model_config
+from sie.wire.ipc_control import (
+    MODEL_STATE_FAILED,
+    MODEL_STATE_LOADING_IN_PROGRESS,
+    MODEL_STATE_LOADING_STARTED,
+    MODEL_STATE_READY,
+    MODEL_STATE_RETRY_LATER,
+)
 from sie.worker.errors import ModelLoadError
 from sie.worker.loading import LoadedModel
-from sie.worker.manager import ModelManager, ModelState, Readiness
+from sie.worker.manager import ModelManager, ModelState
 
 BUNDLE = parse_bundle({"name": "default", "priority": 10, "adapters": ["sie.adapters.dense"]})
 
@@ -52,19 +59,19 @@ async def test_first_use_loads_once_in_the_background() -> None:
     gate = threading.Event()
     loads = Loads(gate=gate)
     async with ModelManager(CATALOG, loads) as manager:
-        assert manager.ensure_ready("org/a") == Readiness.LOADING_STARTED
-        assert manager.ensure_ready("ORG/A") == Readiness.LOADING_IN_PROGRESS
+        assert manager.ensure_ready("org/a") == MODEL_STATE_LOADING_STARTED
+        assert manager.ensure_ready("ORG/A") == MODEL_STATE_LOADING_IN_PROGRESS
         assert manager.status("org/a").state == ModelState.LOADING
         gate.set()
         await manager.wait_ready("org/a")
-        assert manager.ensure_ready("org/a") == Readiness.READY
+        assert manager.ensure_ready("org/a") == MODEL_STATE_READY
         assert loads.calls == ["org/a"]
         assert manager.status("org/a").state == ModelState.LOADED
 
 
 async def test_unknown_model_is_retry_later() -> None:
     async with ModelManager(CATALOG, Loads()) as manager:
-        assert manager.ensure_ready("org/zzz") == Readiness.RETRY_LATER
+        assert manager.ensure_ready("org/zzz") == MODEL_STATE_RETRY_LATER
 
 
 async def test_permanent_failure_sticks_until_the_config_changes() -> None:
@@ -72,14 +79,14 @@ async def test_permanent_failure_sticks_until_the_config_changes() -> None:
     async with ModelManager(CATALOG, loads) as manager:
         with pytest.raises(ModelLoadError, match="no such file"):
             await manager.wait_ready("org/a")
-        assert manager.ensure_ready("org/a") == Readiness.FAILED
+        assert manager.ensure_ready("org/a") == MODEL_STATE_FAILED
         status = manager.status("org/a")
         assert status.state == ModelState.FAILED and status.last_error.error_class == "NOT_FOUND"
         assert status.last_error.attempts == 1 and status.last_error.permanent
         assert loads.calls == ["org/a"]
         loads.errors.clear()
         manager.set_catalog(CATALOG.with_models([_model("org/a", batch=2)]))
-        assert manager.ensure_ready("org/a") == Readiness.LOADING_STARTED
+        assert manager.ensure_ready("org/a") == MODEL_STATE_LOADING_STARTED
 
 
 async def test_transient_failure_waits_for_its_cooldown() -> None:
@@ -89,7 +96,7 @@ async def test_transient_failure_waits_for_its_cooldown() -> None:
         manager.clock = lambda: now[0]
         with pytest.raises(ModelLoadError):
             await manager.wait_ready("org/a")
-        assert manager.ensure_ready("org/a") == Readiness.RETRY_LATER
+        assert manager.ensure_ready("org/a") == MODEL_STATE_RETRY_LATER
         now[0] += 61.0
         with pytest.raises(ModelLoadError):
             await manager.wait_ready("org/a")

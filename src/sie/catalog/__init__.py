@@ -4,6 +4,7 @@ Pure: no network, no event loop; the only I/O is reading YAML files in `loader`.
 """
 
 from sie.catalog.bundle import Bundle
+from sie.catalog.catalog import Catalog, ModelEntry, Resolution
 from sie.catalog.errors import (
     BundleConflictError,
     CatalogError,
@@ -17,7 +18,6 @@ from sie.catalog.ids import normalize_model_id, parse_model_spec, validate_model
 from sie.catalog.loader import load_catalog, read_catalog
 from sie.catalog.model import ModelConfig, Profile
 from sie.catalog.parse import parse_bundle, parse_model_config
-from sie.catalog.registry import Catalog, ModelEntry, Resolution
 from sie.catalog.yamlio import dump_yaml, load_yaml
 
 __all__ = [

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sie.catalog.catalog import Catalog
 from sie.catalog.errors import CatalogErrors, ConfigError
 from sie.catalog.parse import parse_bundle, parse_model_config
-from sie.catalog.registry import Catalog
 from sie.catalog.yamlio import load_yaml
 
 

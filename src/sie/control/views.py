@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from sie.catalog import Catalog, ModelConfig, dump_yaml, validate_model_id
-from sie.catalog.registry import bundle_adapters
+from sie.catalog.catalog import bundle_adapters
 from sie.control.errors import UnknownBundleError, UnknownModelError
 from sie.control.registry import SOURCE_FILESYSTEM, RegistryState
 

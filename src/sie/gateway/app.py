@@ -19,8 +19,8 @@ from sie.gateway.collector import Collector
 from sie.gateway.config_routes import config_routes
 from sie.gateway.dispatcher import Dispatcher
 from sie.gateway.edge import reply_response
-from sie.gateway.errors import error_reply, route_error_reply, surface_for_path
 from sie.gateway.handlers import InferenceHandlers, ReadHandlers
+from sie.gateway.replies import error_reply, route_error_reply, surface_for_path
 from sie.gateway.router import CatalogSource, Router
 from sie.gateway.service import InferenceService
 from sie.gateway.shutdown import ServingState, ShutdownMiddleware

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
-from sie.gateway.exceptions import (
+from sie.gateway.errors import (
     AllItemsFailedError,
     GatewayError,
     InvalidRequestError,

@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Self
 
 from sie.catalog.names import inbox_wildcard
-from sie.gateway.exceptions import GatewayTimeoutError, QueueUnavailableError
+from sie.gateway.errors import GatewayTimeoutError, QueueUnavailableError
 from sie.transport.base import MessageBus, Subscription
 from sie.wire.queue import WorkResult
 

@@ -1,6 +1,6 @@
 """The gateway's config read surface (seed 000 §5, §6; contracts Part B §1.10): `GET /v1/configs/models[/{id}]`
 (YAML, or JSON worker-ack status for `…/status`), `GET /v1/configs/bundles[/{id}]`, `POST /v1/configs/resolve`.
-Writes are not registered, so `POST /v1/configs/models` answers 405. Errors go through errors.py.
+Writes are not registered, so `POST /v1/configs/models` answers 405. Errors go through replies.py.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from sie.gateway.config_sync.views import (
     status_target,
 )
 from sie.gateway.edge import endpoint, json_response, read_body
-from sie.gateway.errors import Surface
-from sie.gateway.exceptions import InvalidRequestError
+from sie.gateway.errors import InvalidRequestError
 from sie.gateway.headers import VERSION_HEADERS
+from sie.gateway.replies import Surface
 from sie.gateway.router import CatalogSource
 from sie.wire import DecodeError, loads_json
 

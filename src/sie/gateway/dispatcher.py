@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Final, Generic, TypeVar
 
 from sie.catalog.names import reply_subject
-from sie.gateway.exceptions import ProvisioningError, QueueFullError, QueueUnavailableError
+from sie.gateway.errors import ProvisioningError, QueueFullError, QueueUnavailableError
 from sie.settings import GatewaySettings
 from sie.transport.base import BackpressureError, Lane, NoConsumerError, TransportError, WorkQueue
 from sie.wire.queue import WorkItem

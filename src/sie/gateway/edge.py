@@ -1,5 +1,5 @@
 """Starlette glue every gateway route shares: reading a body under the cap, the routing headers, the error
-wrapper that answers each failure through errors.py, abandoning work when the client leaves, and rendering.
+wrapper that answers each failure through replies.py, abandoning work when the client leaves, and rendering.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any, Concatenate, Final, TypeVar
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sie.gateway.errors import ErrorReply, Surface, error_reply
-from sie.gateway.exceptions import ClientDisconnectedError, PayloadTooLargeError
+from sie.gateway.errors import ClientDisconnectedError, PayloadTooLargeError
 from sie.gateway.headers import VERSION_HEADERS, response_headers
 from sie.gateway.negotiation import JSON_MEDIA_TYPE, render, wants_msgpack
+from sie.gateway.replies import ErrorReply, Surface, error_reply
 from sie.gateway.router import LaneHints
 from sie.gateway.service import Served
 from sie.wire import dumps_json
@@ -59,7 +59,7 @@ def endpoint(surface: Surface) -> Callable[[Handler[S]], Handler[S]]:
         async def run(self: S, request: Request, *args: Any) -> Response:
             try:
                 return await handler(self, request, *args)
-            except Exception as exc:  # noqa: BLE001 - errors.py answers every failure; it logs the unexpected ones
+            except Exception as exc:  # noqa: BLE001 - replies.py answers every failure; it logs the unexpected ones
                 return reply_response(error_reply(exc, surface))
 
         return run

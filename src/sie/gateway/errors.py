@@ -1,159 +1,126 @@
-"""The one mapping from exceptions to the gateway's HTTP error answers: status, envelope and headers per surface.
+"""Failures the gateway's domain code raises; each carries its wire code and fields, never a status or envelope.
 
-SIE-native answers use `{"detail": {...}}` for 4xx, the SDK retry envelope `{"error": {"code", "message"}}`
-for 503/504/502, and `{"error": "all_items_failed", "details": [...]}` for mixed failures (seed 000 §2);
-the OpenAI surface uses the OpenAI envelope for every status. Rules are looked up along the exception's MRO.
-Pure: builds plain data, imports no web framework.
+replies.py maps these (and the catalog, wire and transport errors that reach a handler) onto HTTP. Tree:
+
+    GatewayError
+    ├── InvalidRequestError      the request cannot be served as sent (INVALID_INPUT / INPUT_TOO_LONG)
+    ├── PayloadTooLargeError     the request body, or a compatibility reply, is over its cap
+    ├── RetryableError           try again later: Retry-After and X-SIE-Error-Code
+    │   ├── ProvisioningError    no consumer serves the lane (scale from zero)
+    │   ├── QueueFullError       the pool stream is over its pending limit or full
+    │   ├── QueueUnavailableError  the transport cannot be reached
+    │   ├── WorkerRetryableError every item failed with one retryable worker code
+    │   ├── ShuttingDownError    the gateway is draining
+    │   └── GatewayTimeoutError  published, but no result before the request timeout (also a TimeoutError)
+    ├── ModelLoadFailedError     every item failed with MODEL_LOAD_FAILED (terminal)
+    ├── AllItemsFailedError      every item failed, with mixed or non-retryable codes
+    └── ClientDisconnectedError  the caller left before the answer; its work was abandoned
 """
 
 from __future__ import annotations
 
-import enum
-import logging
 from typing import Any, Final
 
-import attrs
+from sie.wire import codes
 
-from sie.catalog.errors import BundleConflictError, ModelNotFoundError
-from sie.gateway.exceptions import (
-    AllItemsFailedError,
-    ClientDisconnectedError,
-    GatewayError,
-    GatewayTimeoutError,
-    InvalidRequestError,
-    ModelLoadFailedError,
-    PayloadTooLargeError,
-    RetryableError,
-)
-from sie.gateway.headers import ERROR_CODE, RETRY_AFTER, VERSION_HEADERS
-from sie.wire import DecodeError, codes, dumps_json
-from sie.wire.envelopes import all_items_failed_body, detail_body, openai_body, retry_body
-
-logger = logging.getLogger(__name__)
-
-OPENAI_PATHS: Final = frozenset({"/v1/embeddings"})
-OPENAI_SERVER_ERROR: Final = "server_error"
-INTERNAL_MESSAGE: Final = "Internal server error"
+# Retry-After defaults in seconds (seed 000 §2): provisioning 60, everything else 5.
+PROVISIONING_RETRY_AFTER_S: Final = 60
+DEFAULT_RETRY_AFTER_S: Final = 5
 
 
-class Surface(enum.Enum):
-    """Which error envelope family a route answers with."""
+class GatewayError(Exception):
+    """Base class: a wire `code`, a caller-facing `message`, and diagnostic `extra` fields for the envelope."""
 
-    NATIVE = "native"
-    OPENAI = "openai"
+    code: str = codes.INTERNAL_ERROR
 
-
-class Envelope(enum.Enum):
-    """The native envelope a rule selects."""
-
-    DETAIL = "detail"
-    RETRY = "retry"
-    ITEMS = "items"
+    def __init__(self, message: str, *, code: str | None = None, **extra: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.extra = extra
 
 
-@attrs.frozen
-class Rule:
-    """How one exception class answers: its status and its native envelope."""
+class InvalidRequestError(GatewayError):
+    """The request names something the model or gateway cannot do; the message names the field or item."""
 
-    status: int
-    envelope: Envelope
+    code = codes.INVALID_INPUT
 
 
-@attrs.frozen
-class ErrorReply:
-    """A rendered-to-data error answer: status, JSON-ready body and headers."""
+class PayloadTooLargeError(GatewayError):
+    """A body over `max_body_bytes`, or an OpenAI reply over its 16 MiB buffer."""
 
-    status: int
-    body: Any
-    headers: dict[str, str]
-
-    def content(self) -> bytes:
-        return dumps_json(self.body)
+    code = codes.PAYLOAD_TOO_LARGE
 
 
-RULES: Final[dict[type[BaseException], Rule]] = {
-    DecodeError: Rule(400, Envelope.DETAIL),
-    InvalidRequestError: Rule(400, Envelope.DETAIL),
-    ModelNotFoundError: Rule(404, Envelope.DETAIL),
-    BundleConflictError: Rule(409, Envelope.DETAIL),
-    PayloadTooLargeError: Rule(413, Envelope.DETAIL),
-    # nginx's "client closed request": recorded in access logs, never read by the caller.
-    ClientDisconnectedError: Rule(499, Envelope.DETAIL),
-    AllItemsFailedError: Rule(500, Envelope.ITEMS),
-    ModelLoadFailedError: Rule(502, Envelope.RETRY),
-    RetryableError: Rule(503, Envelope.RETRY),
-    GatewayTimeoutError: Rule(504, Envelope.RETRY),
-}
-_INTERNAL: Final = Rule(500, Envelope.DETAIL)
+class RetryableError(GatewayError):
+    """A condition that passes: the caller should retry after `retry_after_s` seconds."""
 
-# OpenAI `error.code` for the client errors OpenAI clients know; server errors keep the SIE code.
-_OPENAI_CODES: Final = {400: codes.OPENAI_INVALID_REQUEST, 404: codes.OPENAI_MODEL_NOT_FOUND, 413: "payload_too_large"}
-_OPENAI_PARAMS: Final[dict[type[BaseException], str]] = {ModelNotFoundError: "model"}
+    retry_after_s: int = DEFAULT_RETRY_AFTER_S
+
+    def __init__(
+        self, message: str, *, code: str | None = None, retry_after_s: int | None = None, **extra: Any
+    ) -> None:
+        super().__init__(message, code=code, **extra)
+        if retry_after_s is not None:
+            self.retry_after_s = retry_after_s
 
 
-def rule_for(exc: BaseException) -> Rule | None:
-    """The rule of the nearest class in the exception's MRO; None for an exception no rule covers."""
-    for cls in type(exc).__mro__:
-        rule = RULES.get(cls)
-        if rule is not None:
-            return rule
-    return None
+class ProvisioningError(RetryableError):
+    """No worker consumes the lane yet; demand is recorded and capacity may be on its way."""
+
+    code = codes.PROVISIONING
+    retry_after_s = PROVISIONING_RETRY_AFTER_S
 
 
-def describe(exc: BaseException) -> tuple[str, str, dict[str, Any]]:
-    """The wire code, message and extra envelope fields of a known exception."""
-    if isinstance(exc, GatewayError):
-        return exc.code, exc.message, exc.extra
-    if isinstance(exc, DecodeError):
-        return codes.INVALID_INPUT, str(exc), {}
-    if isinstance(exc, BundleConflictError):
-        return codes.BUNDLE_CONFLICT, str(exc), {"compatible_bundles": exc.compatible_bundles}
-    if isinstance(exc, ModelNotFoundError):
-        return codes.MODEL_NOT_FOUND, str(exc), {}
-    return codes.INTERNAL_ERROR, INTERNAL_MESSAGE, {}
+class QueueFullError(RetryableError):
+    """Admission refused: the pool stream holds too much pending work (seed 000 §2 backpressure)."""
+
+    code = codes.QUEUE_FULL
 
 
-def error_reply(exc: BaseException, surface: Surface = Surface.NATIVE) -> ErrorReply:
-    """The answer to `exc` on `surface`; an exception no rule covers is logged and becomes a 500."""
-    rule = rule_for(exc)
-    if rule is None:
-        logger.error("unhandled error while serving a request", exc_info=exc)
-        rule, (code, message, extra) = _INTERNAL, (codes.INTERNAL_ERROR, INTERNAL_MESSAGE, {})
-    else:
-        code, message, extra = describe(exc)
-    headers = dict(VERSION_HEADERS)
-    if isinstance(exc, RetryableError):
-        headers[RETRY_AFTER] = str(exc.retry_after_s)
-    if rule.envelope is Envelope.RETRY:
-        headers[ERROR_CODE] = code
-    if surface is Surface.OPENAI:
-        return ErrorReply(rule.status, _openai(exc, rule.status, code, message), headers)
-    return ErrorReply(rule.status, _native(exc, rule.envelope, code, message, extra), headers)
+class QueueUnavailableError(RetryableError):
+    """The queue transport is down; the gateway never falls back to direct dispatch."""
+
+    code = codes.QUEUE_UNAVAILABLE
 
 
-def _native(exc: BaseException, envelope: Envelope, code: str, message: str, extra: dict[str, Any]) -> Any:
-    if envelope is Envelope.RETRY:
-        return retry_body(code, message, **extra)
-    if envelope is Envelope.ITEMS and isinstance(exc, AllItemsFailedError):
-        return all_items_failed_body(exc.details)
-    return detail_body(code, message, **extra)
+class WorkerRetryableError(RetryableError):
+    """Every item failed with the same retryable worker code (RESOURCE_EXHAUSTED, MODEL_LOADING, LORA_LOADING)."""
 
 
-def _openai(exc: BaseException, status: int, code: str, message: str) -> Any:
-    error_type = codes.OPENAI_INVALID_REQUEST_ERROR if status < 500 else OPENAI_SERVER_ERROR
-    param = _OPENAI_PARAMS.get(type(exc))
-    if isinstance(exc, GatewayError):
-        param = exc.extra.get("param", param)
-    if isinstance(exc, AllItemsFailedError):
-        code = "all_items_failed"
-    return openai_body(message, error_type, param, _OPENAI_CODES.get(status, code))
+class ShuttingDownError(RetryableError):
+    """The gateway stopped accepting requests while in-flight ones finish."""
+
+    code = codes.SHUTTING_DOWN
 
 
-def surface_for_path(path: str) -> Surface:
-    """The envelope family of a request path (used where no route has been matched yet)."""
-    return Surface.OPENAI if path in OPENAI_PATHS else Surface.NATIVE
+class GatewayTimeoutError(RetryableError, TimeoutError):
+    """Work was published but not every result arrived before `request_timeout_s`."""
+
+    code = codes.GATEWAY_TIMEOUT
 
 
-def route_error_reply(status: int, detail: str) -> ErrorReply:
-    """Unknown route or method: FastAPI's `{"detail": "Not Found"}` shape, as sie-server answers."""
-    return ErrorReply(status, {"detail": detail}, dict(VERSION_HEADERS))
+class ModelLoadFailedError(GatewayError):
+    """The model cannot be loaded; terminal, so no Retry-After (the SDK must not retry it)."""
+
+    code = codes.MODEL_LOAD_FAILED
+
+    def __init__(self, message: str, *, error_class: str, attempts: int, permanent: bool) -> None:
+        super().__init__(message, error_class=error_class, attempts=attempts, permanent=permanent)
+
+
+class AllItemsFailedError(GatewayError):
+    """Every item failed and no single retryable code explains it; `details` lists each item's failure."""
+
+    code = codes.INFERENCE_ERROR
+
+    def __init__(self, message: str, details: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+class ClientDisconnectedError(GatewayError):
+    """The client closed the connection while its request waited; nobody reads the answer."""
+
+    code = codes.CLIENT_CLOSED_REQUEST

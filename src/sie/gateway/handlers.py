@@ -21,9 +21,9 @@ from sie.gateway.edge import (
     served_response,
     until_disconnect,
 )
-from sie.gateway.errors import Surface
 from sie.gateway.headers import VERSION_HEADERS
 from sie.gateway.negotiation import decode_data, decode_request
+from sie.gateway.replies import Surface
 from sie.gateway.router import CatalogSource
 from sie.gateway.service import InferenceService
 from sie.gateway.shutdown import ServingState

@@ -13,7 +13,7 @@ import attrs
 import numpy as np
 
 from sie.gateway import assembly
-from sie.gateway.exceptions import InvalidRequestError, PayloadTooLargeError
+from sie.gateway.errors import InvalidRequestError, PayloadTooLargeError
 from sie.wire.http import EncodeParams, EncodeRequest, Item
 from sie.wire.queue import WorkResult
 

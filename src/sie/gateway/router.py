@@ -16,7 +16,7 @@ from sie.catalog import Catalog, ModelConfig, parse_model_spec
 from sie.catalog.ids import is_valid_pool_name
 from sie.catalog.model import DEFAULT_PROFILE, ENCODE_OUTPUTS
 from sie.catalog.names import work_subject
-from sie.gateway.exceptions import InvalidRequestError
+from sie.gateway.errors import InvalidRequestError
 from sie.settings import LaneSettings
 from sie.transport.base import Lane
 

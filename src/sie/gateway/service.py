@@ -1,6 +1,6 @@
 """The inference path of one request, start to end: route, admit, build work items, register the collector
 slots, publish, wait, assemble (seed 000 §2, §16.2). One method per operation; each is the single domain
-call a handler makes. No web framework, no status codes: failures are the typed exceptions in exceptions.py.
+call a handler makes. No web framework, no status codes: failures are the typed exceptions in errors.py.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
-from sie.gateway.errors import error_reply, surface_for_path
-from sie.gateway.exceptions import ShuttingDownError
+from sie.gateway.errors import ShuttingDownError
+from sie.gateway.replies import error_reply, surface_for_path
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -15,7 +15,6 @@ from sie.roles.common import (
     open_local_worker,
     preload,
     run_event_loop,
-    stream_settings,
     worker_pools,
 )
 from sie.roles.local_status import LocalModelStatus
@@ -35,7 +34,7 @@ async def serve_all(settings: Settings) -> None:
             local = await open_local_worker(stack, settings, catalog, pools)
             manager = local.manager
             worker = local.service
-            transport = await stack.enter_async_context(LoopbackTransport(stream_settings(settings)))
+            transport = await stack.enter_async_context(LoopbackTransport(settings.stream))
             sidecar = await stack.enter_async_context(Sidecar.from_settings(transport, worker, settings))
             await preload(manager, settings.worker.preload_models)
             app = build_gateway_app(

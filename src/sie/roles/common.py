@@ -17,7 +17,6 @@ import attrs
 
 from sie.catalog import Catalog
 from sie.settings import Settings
-from sie.transport import base
 from sie.worker.errors import ModelLoadError
 from sie.worker.loading import ModelLoader
 from sie.worker.manager import ModelManager
@@ -51,19 +50,6 @@ def run_event_loop(main: Coroutine[Any, Any, None], settings: Settings) -> None:
     """Run a role's main coroutine to completion on the event loop SIE_EVENT_LOOP chooses."""
     with asyncio.Runner(loop_factory=event_loop_factory(settings.process.event_loop)) as runner:
         runner.run(main)
-
-
-def stream_settings(settings: Settings) -> base.StreamSettings:
-    """The transport's view of SIE_STREAM_* / SIE_MAX_DELIVER / SIE_ACK_WAIT_S."""
-    stream = settings.stream
-    return base.StreamSettings(
-        max_msgs=stream.max_msgs,
-        max_age_s=stream.max_age_s,
-        ack_wait_s=stream.ack_wait_s,
-        max_deliver=stream.max_deliver,
-        storage=stream.storage,
-        replicas=stream.replicas,
-    )
 
 
 async def preload(manager: ModelManager, model_ids: tuple[str, ...]) -> None:

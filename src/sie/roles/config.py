@@ -22,7 +22,7 @@ from sie.control.publisher import DeltaPublisher
 from sie.control.reconnecting import ReconnectingBus
 from sie.control.registry import ModelRegistry
 from sie.control.writes import ConfigWriter
-from sie.roles.common import freeze_startup_heap, run_event_loop, stream_settings
+from sie.roles.common import freeze_startup_heap, run_event_loop
 from sie.roles.serving import HttpListener, serve_until_signalled
 from sie.settings import Settings
 from sie.stores.config_store import ConfigStore, ConfigStoreError, CorruptEpochError
@@ -67,7 +67,7 @@ async def open_publisher(settings: Settings, stack: AsyncExitStack) -> DeltaPubl
     if not settings.nats.url:
         logger.info("SIE_NATS_URL is unset: config deltas are not published (router_id 'standalone')")
         return None
-    nats, streams, name = settings.nats, stream_settings(settings), f"sie-config-{config_router_id(settings)}"
+    nats, streams, name = settings.nats, settings.stream, f"sie-config-{config_router_id(settings)}"
     # Connects in the background: an unreachable broker blocks writes with 503, never start-up (seed 000 §13).
     bus = ReconnectingBus(lambda: NatsTransport(nats, streams, name=name), description=f"NATS at {nats.url}")
     return DeltaPublisher(await stack.enter_async_context(bus))

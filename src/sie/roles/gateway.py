@@ -11,7 +11,7 @@ from sie.catalog import load_catalog
 from sie.gateway.app import build_gateway_app, serving_state
 from sie.gateway.config_sync import ConfigState, ConfigSync
 from sie.gateway.registry import RegistryGatedQueue, WorkerRegistry
-from sie.roles.common import freeze_startup_heap, run_event_loop, stream_settings
+from sie.roles.common import freeze_startup_heap, run_event_loop
 from sie.roles.serving import HttpListener, serve_until_signalled
 from sie.settings import Settings
 from sie.telemetry.logs import configure_logging
@@ -25,7 +25,7 @@ async def serve_gateway(settings: Settings) -> None:
     router_id = settings.process.router_id
     async with AsyncExitStack() as stack:
         transport = await stack.enter_async_context(
-            NatsTransport(settings.nats, stream_settings(settings), name=f"sie-gateway-{router_id}")
+            NatsTransport(settings.nats, settings.stream, name=f"sie-gateway-{router_id}")
         )
         registry = await stack.enter_async_context(WorkerRegistry.from_settings(transport, settings))
         await stack.enter_async_context(ConfigSync(state, transport, settings.config_sync, settings.auth.admin_token))

@@ -10,7 +10,7 @@ import logging
 from contextlib import AsyncExitStack
 
 from sie.ipc.uds_client import UdsWorkerClient
-from sie.roles.common import freeze_startup_heap, run_event_loop, stream_settings, wait_for_signal
+from sie.roles.common import freeze_startup_heap, run_event_loop, wait_for_signal
 from sie.settings import Settings
 from sie.sidecar import Sidecar
 from sie.sidecar.config_apply import AppliedConfig, ConfigApplier
@@ -27,7 +27,7 @@ async def serve_sidecar(settings: Settings) -> None:
     worker_id = settings.process.worker_id
     async with AsyncExitStack() as stack:
         transport = await stack.enter_async_context(
-            NatsTransport(settings.nats, stream_settings(settings), name=f"sie-sidecar-{worker_id}")
+            NatsTransport(settings.nats, settings.stream, name=f"sie-sidecar-{worker_id}")
         )
         worker = await stack.enter_async_context(UdsWorkerClient(settings.worker.socket_path))
         applied = AppliedConfig()  # shared: deltas and export reconciliation advance one acknowledged state

@@ -45,18 +45,6 @@ class AlreadySettledError(TransportError, RuntimeError):
 
 
 @attrs.frozen
-class StreamSettings:
-    """How pool streams and lane consumers are created; from settings (SIE_STREAM_*, SIE_MAX_DELIVER, ...)."""
-
-    max_msgs: int = 100_000
-    max_age_s: float = 1800.0
-    ack_wait_s: float = 30.0
-    max_deliver: int = 20
-    storage: str = "memory"
-    replicas: int = 1
-
-
-@attrs.frozen
 class Lane:
     """One physical queue lane: a pool stream filtered to one machine profile and bundle."""
 

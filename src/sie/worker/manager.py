@@ -18,6 +18,13 @@ from enum import StrEnum
 import attrs
 
 from sie.catalog import Catalog, ModelConfig
+from sie.wire.ipc_control import (
+    MODEL_STATE_FAILED,
+    MODEL_STATE_LOADING_IN_PROGRESS,
+    MODEL_STATE_LOADING_STARTED,
+    MODEL_STATE_READY,
+    MODEL_STATE_RETRY_LATER,
+)
 from sie.worker.errors import LOAD_FAILURE_COOLDOWN_S, ModelLoadError
 from sie.worker.loading import LoadedModel
 
@@ -31,16 +38,6 @@ class ModelState(StrEnum):
     LOADING = "loading"
     LOADED = "loaded"
     UNLOADING = "unloading"
-    FAILED = "failed"
-
-
-class Readiness(StrEnum):
-    """EnsureModelReady states: `loading_*` mean this worker is loading it; `retry_later` is a NAK path."""
-
-    READY = "ready"
-    LOADING_STARTED = "loading_started"
-    LOADING_IN_PROGRESS = "loading_in_progress"
-    RETRY_LATER = "retry_later"
     FAILED = "failed"
 
 
@@ -106,24 +103,25 @@ class ModelManager:
         await asyncio.gather(*self._loading.values(), return_exceptions=True)
         self._loading.clear()
 
-    def ensure_ready(self, model_id: str) -> Readiness:
-        """The model's readiness now; starts a background load when it is neither loaded nor blocked."""
+    def ensure_ready(self, model_id: str) -> str:
+        """The model's EnsureModelReady state now (a `MODEL_STATE_*` value); starts a background load when it
+        is neither loaded nor blocked."""
         entry = self.catalog.find(model_id)
         if entry is None:
-            return Readiness.RETRY_LATER
+            return MODEL_STATE_RETRY_LATER
         model_id = entry.model_id
         if model_id in self._loaded:
             self._loaded.move_to_end(model_id)
-            return Readiness.READY
+            return MODEL_STATE_READY
         if model_id in self._loading:
-            return Readiness.LOADING_IN_PROGRESS
+            return MODEL_STATE_LOADING_IN_PROGRESS
         failure = self._failures.get(model_id)
         if failure is not None and failure.permanent:
-            return Readiness.FAILED
+            return MODEL_STATE_FAILED
         if failure is not None and failure.cooling_down(self.clock()):
-            return Readiness.RETRY_LATER
+            return MODEL_STATE_RETRY_LATER
         self._loading[model_id] = asyncio.get_running_loop().create_task(self._run_load(model_id))
-        return Readiness.LOADING_STARTED
+        return MODEL_STATE_LOADING_STARTED
 
     async def wait_ready(self, model_id: str) -> LoadedModel:
         """Start (or join) the load and wait for it; raises ModelLoadError when it fails."""

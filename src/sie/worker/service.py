@@ -32,7 +32,7 @@ from sie.wire.ipc_control import (
     WorkerCapabilitiesResponse,
 )
 from sie.worker.loading import LoadedModel
-from sie.worker.manager import ModelManager, Readiness
+from sie.worker.manager import ModelManager
 from sie.worker.runner import BatchRunner, ExecutedBatch, hash_gate, to_batch_outcome
 
 DRAINING = "draining"
@@ -153,18 +153,18 @@ class WorkerService:
         )
 
     async def ensure_model_ready(self, request: EnsureModelReadyRequest) -> EnsureModelReadyResponse:
-        readiness = self.manager.ensure_ready(request.model_id)
-        if readiness == Readiness.READY:
+        state = self.manager.ensure_ready(request.model_id)
+        if state == MODEL_STATE_READY:
             loaded = self.manager.get(request.model_id)
             return EnsureModelReadyResponse(
                 state=MODEL_STATE_READY, batch_budget=self.batching.max_batch_items, descriptor=describe(loaded)
             )
         failure = self.manager.failure(request.model_id)
         if failure is None:
-            return EnsureModelReadyResponse(state=str(readiness))
-        retry_after = None if readiness == Readiness.FAILED else failure.cooldown_left(self.manager.clock())
+            return EnsureModelReadyResponse(state=state)
+        retry_after = None if state == MODEL_STATE_FAILED else failure.cooldown_left(self.manager.clock())
         return EnsureModelReadyResponse(
-            state=MODEL_STATE_FAILED if readiness == Readiness.FAILED else str(readiness),
+            state=state,
             error=failure.message,
             error_class=failure.error_class,
             attempts=failure.attempts,

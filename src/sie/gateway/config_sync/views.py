@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 from sie.catalog import Catalog, dump_yaml
 from sie.catalog.errors import ModelNotFoundError
 from sie.gateway.config_sync.state import ConfigEpoch, ModelSource
-from sie.gateway.exceptions import GatewayError, InvalidRequestError
+from sie.gateway.errors import GatewayError, InvalidRequestError
 from sie.wire.health import WorkerHeartbeat
 
 STATUS_SUFFIX = "/status"

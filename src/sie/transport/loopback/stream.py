@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from sie.catalog.names import max_deliveries_advisory_subject, work_pool_stream_name, work_pool_stream_subjects
-from sie.transport.base import BackpressureError, Delivery, StreamSettings, TransportError
+from sie.settings import StreamSettings
+from sie.transport.base import BackpressureError, Delivery, TransportError
 from sie.transport.loopback.delivery import LoopbackDelivery
 from sie.transport.loopback.lane import DELAYED, DELIVERED, READY, REMOVED, LaneQueue, StoredMessage
 from sie.transport.loopback.subjects import SubjectPattern

@@ -12,14 +12,8 @@ from types import TracebackType
 from typing import Any, Self
 
 from sie.catalog.names import WORK_SUBJECT_PREFIX, lane_filter_subject, work_consumer_name
-from sie.transport.base import (
-    Lane,
-    MessageHandler,
-    ResultHandler,
-    StreamSettings,
-    TransportError,
-    TransportUnavailable,
-)
+from sie.settings import StreamSettings
+from sie.transport.base import Lane, MessageHandler, ResultHandler, TransportError, TransportUnavailable
 from sie.transport.loopback.bus import BusSubscription, LoopbackBus
 from sie.transport.loopback.consumer import LoopbackLaneConsumer
 from sie.transport.loopback.stream import PoolStream

@@ -20,7 +20,8 @@ from nats.aio.subscription import Subscription
 from nats.js import api
 
 from sie.catalog.names import max_deliveries_advisory_subject, work_consumer_name, work_pool_stream_name
-from sie.transport.base import Delivery, Lane, StreamSettings, TransportError
+from sie.settings import StreamSettings
+from sie.transport.base import Delivery, Lane, TransportError
 from sie.transport.nats.advisory import max_deliver_advisory
 from sie.transport.nats.delivery import NatsDelivery
 from sie.transport.nats.errors import translated

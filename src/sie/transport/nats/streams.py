@@ -14,7 +14,8 @@ import nats.js.errors
 from nats.js import api
 
 from sie.catalog.names import lane_filter_subject, work_consumer_name, work_pool_stream_name, work_pool_stream_subjects
-from sie.transport.base import Lane, StreamSettings, TransportError, TransportUnavailable
+from sie.settings import StreamSettings
+from sie.transport.base import Lane, TransportError, TransportUnavailable
 from sie.transport.nats.cache import FOREVER, TtlCache
 from sie.transport.nats.connection import Connection
 from sie.transport.nats.errors import translated

@@ -14,8 +14,9 @@ from typing import Any, Self
 
 import attrs
 
+from sie.settings import StreamSettings
 from sie.settings.messaging import NatsSettings
-from sie.transport.base import Lane, MessageHandler, ResultHandler, StreamSettings, TransportUnavailable
+from sie.transport.base import Lane, MessageHandler, ResultHandler, TransportUnavailable
 from sie.transport.nats.bus import NatsBus, NatsSubscription, WantsRequest
 from sie.transport.nats.cache import TtlCache
 from sie.transport.nats.connection import Connection

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sie.catalog import BundleConflictError, ModelNotFoundError
-from sie.gateway import exceptions as gx
-from sie.gateway.errors import RULES, Surface, error_reply, route_error_reply, rule_for, surface_for_path
+from sie.gateway import errors as gx
+from sie.gateway.replies import RULES, Surface, error_reply, route_error_reply, rule_for, surface_for_path
 from sie.wire import DecodeError, loads_json
 
 # (exception, status, code, native envelope key, Retry-After or None, X-SIE-Error-Code or None)

@@ -1,0 +1,159 @@
+"""The one mapping from exceptions to the gateway's HTTP error answers: status, envelope and headers per surface.
+
+SIE-native answers use `{"detail": {...}}` for 4xx, the SDK retry envelope `{"error": {"code", "message"}}`
+for 503/504/502, and `{"error": "all_items_failed", "details": [...]}` for mixed failures (seed 000 §2);
+the OpenAI surface uses the OpenAI envelope for every status. Rules are looked up along the exception's MRO.
+Pure: builds plain data, imports no web framework.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from typing import Any, Final
+
+import attrs
+
+from sie.catalog.errors import BundleConflictError, ModelNotFoundError
+from sie.gateway.errors import (
+    AllItemsFailedError,
+    ClientDisconnectedError,
+    GatewayError,
+    GatewayTimeoutError,
+    InvalidRequestError,
+    ModelLoadFailedError,
+    PayloadTooLargeError,
+    RetryableError,
+)
+from sie.gateway.headers import ERROR_CODE, RETRY_AFTER, VERSION_HEADERS
+from sie.wire import DecodeError, codes, dumps_json
+from sie.wire.envelopes import all_items_failed_body, detail_body, openai_body, retry_body
+
+logger = logging.getLogger(__name__)
+
+OPENAI_PATHS: Final = frozenset({"/v1/embeddings"})
+OPENAI_SERVER_ERROR: Final = "server_error"
+INTERNAL_MESSAGE: Final = "Internal server error"
+
+
+class Surface(enum.Enum):
+    """Which error envelope family a route answers with."""
+
+    NATIVE = "native"
+    OPENAI = "openai"
+
+
+class Envelope(enum.Enum):
+    """The native envelope a rule selects."""
+
+    DETAIL = "detail"
+    RETRY = "retry"
+    ITEMS = "items"
+
+
+@attrs.frozen
+class Rule:
+    """How one exception class answers: its status and its native envelope."""
+
+    status: int
+    envelope: Envelope
+
+
+@attrs.frozen
+class ErrorReply:
+    """A rendered-to-data error answer: status, JSON-ready body and headers."""
+
+    status: int
+    body: Any
+    headers: dict[str, str]
+
+    def content(self) -> bytes:
+        return dumps_json(self.body)
+
+
+RULES: Final[dict[type[BaseException], Rule]] = {
+    DecodeError: Rule(400, Envelope.DETAIL),
+    InvalidRequestError: Rule(400, Envelope.DETAIL),
+    ModelNotFoundError: Rule(404, Envelope.DETAIL),
+    BundleConflictError: Rule(409, Envelope.DETAIL),
+    PayloadTooLargeError: Rule(413, Envelope.DETAIL),
+    # nginx's "client closed request": recorded in access logs, never read by the caller.
+    ClientDisconnectedError: Rule(499, Envelope.DETAIL),
+    AllItemsFailedError: Rule(500, Envelope.ITEMS),
+    ModelLoadFailedError: Rule(502, Envelope.RETRY),
+    RetryableError: Rule(503, Envelope.RETRY),
+    GatewayTimeoutError: Rule(504, Envelope.RETRY),
+}
+_INTERNAL: Final = Rule(500, Envelope.DETAIL)
+
+# OpenAI `error.code` for the client errors OpenAI clients know; server errors keep the SIE code.
+_OPENAI_CODES: Final = {400: codes.OPENAI_INVALID_REQUEST, 404: codes.OPENAI_MODEL_NOT_FOUND, 413: "payload_too_large"}
+_OPENAI_PARAMS: Final[dict[type[BaseException], str]] = {ModelNotFoundError: "model"}
+
+
+def rule_for(exc: BaseException) -> Rule | None:
+    """The rule of the nearest class in the exception's MRO; None for an exception no rule covers."""
+    for cls in type(exc).__mro__:
+        rule = RULES.get(cls)
+        if rule is not None:
+            return rule
+    return None
+
+
+def describe(exc: BaseException) -> tuple[str, str, dict[str, Any]]:
+    """The wire code, message and extra envelope fields of a known exception."""
+    if isinstance(exc, GatewayError):
+        return exc.code, exc.message, exc.extra
+    if isinstance(exc, DecodeError):
+        return codes.INVALID_INPUT, str(exc), {}
+    if isinstance(exc, BundleConflictError):
+        return codes.BUNDLE_CONFLICT, str(exc), {"compatible_bundles": exc.compatible_bundles}
+    if isinstance(exc, ModelNotFoundError):
+        return codes.MODEL_NOT_FOUND, str(exc), {}
+    return codes.INTERNAL_ERROR, INTERNAL_MESSAGE, {}
+
+
+def error_reply(exc: BaseException, surface: Surface = Surface.NATIVE) -> ErrorReply:
+    """The answer to `exc` on `surface`; an exception no rule covers is logged and becomes a 500."""
+    rule = rule_for(exc)
+    if rule is None:
+        logger.error("unhandled error while serving a request", exc_info=exc)
+        rule, (code, message, extra) = _INTERNAL, (codes.INTERNAL_ERROR, INTERNAL_MESSAGE, {})
+    else:
+        code, message, extra = describe(exc)
+    headers = dict(VERSION_HEADERS)
+    if isinstance(exc, RetryableError):
+        headers[RETRY_AFTER] = str(exc.retry_after_s)
+    if rule.envelope is Envelope.RETRY:
+        headers[ERROR_CODE] = code
+    if surface is Surface.OPENAI:
+        return ErrorReply(rule.status, _openai(exc, rule.status, code, message), headers)
+    return ErrorReply(rule.status, _native(exc, rule.envelope, code, message, extra), headers)
+
+
+def _native(exc: BaseException, envelope: Envelope, code: str, message: str, extra: dict[str, Any]) -> Any:
+    if envelope is Envelope.RETRY:
+        return retry_body(code, message, **extra)
+    if envelope is Envelope.ITEMS and isinstance(exc, AllItemsFailedError):
+        return all_items_failed_body(exc.details)
+    return detail_body(code, message, **extra)
+
+
+def _openai(exc: BaseException, status: int, code: str, message: str) -> Any:
+    error_type = codes.OPENAI_INVALID_REQUEST_ERROR if status < 500 else OPENAI_SERVER_ERROR
+    param = _OPENAI_PARAMS.get(type(exc))
+    if isinstance(exc, GatewayError):
+        param = exc.extra.get("param", param)
+    if isinstance(exc, AllItemsFailedError):
+        code = "all_items_failed"
+    return openai_body(message, error_type, param, _OPENAI_CODES.get(status, code))
+
+
+def surface_for_path(path: str) -> Surface:
+    """The envelope family of a request path (used where no route has been matched yet)."""
+    return Surface.OPENAI if path in OPENAI_PATHS else Surface.NATIVE
+
+
+def route_error_reply(status: int, detail: str) -> ErrorReply:
+    """Unknown route or method: FastAPI's `{"detail": "Not Found"}` shape, as sie-server answers."""
+    return ErrorReply(status, {"detail": detail}, dict(VERSION_HEADERS))
