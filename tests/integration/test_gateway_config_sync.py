@@ -22,11 +22,11 @@ from sie.gateway.config_sync import (
     ConfigServiceClient,
     ConfigServiceError,
     ConfigState,
-    ConfigSyncer,
     ModelSource,
     PartialApplyError,
     Poller,
     PollOutcome,
+    StateRealigner,
 )
 
 ADAPTER = "sie.adapters.dense:DenseAdapter"
@@ -130,10 +130,10 @@ def state() -> ConfigState:
 
 
 @pytest.fixture()
-async def syncer(service: ConfigService, state: ConfigState):
+async def realigner(service: ConfigService, state: ConfigState):
     client = ConfigServiceClient.create("http://config/", "s3cret", transport=httpx.ASGITransport(app=service.app))
     async with client:
-        yield ConfigSyncer(client, state)
+        yield StateRealigner(client, state)
 
 
 def metric(state: ConfigState, name: str, **labels: str) -> float | None:
@@ -168,9 +168,9 @@ class FakeTime:
 
 
 async def test_bootstrap_reads_epoch_before_bundles_then_export_with_the_admin_bearer(
-    service: ConfigService, state: ConfigState, syncer: ConfigSyncer
+    service: ConfigService, state: ConfigState, realigner: StateRealigner
 ) -> None:
-    outcome = await syncer.bootstrap_once()
+    outcome = await realigner.bootstrap_once()
     assert service.calls == [
         "/v1/configs/epoch", "/v1/configs/bundles", "/v1/configs/bundles/fast", "/v1/configs/bundles/default",
         "/v1/configs/export",
@@ -203,11 +203,11 @@ async def test_no_token_sends_no_authorization_header(service: ConfigService) ->
     ],
 )  # fmt: skip
 async def test_partial_apply_advances_nothing_and_keeps_the_model_set(
-    service: ConfigService, state: ConfigState, syncer: ConfigSyncer, bad_row: Any
+    service: ConfigService, state: ConfigState, realigner: StateRealigner, bad_row: Any
 ) -> None:
     service.extra_rows = [bad_row]
     with pytest.raises(PartialApplyError) as raised:
-        await syncer.bootstrap_once()
+        await realigner.bootstrap_once()
     assert (raised.value.failed, raised.value.total) == (1, 3)
     assert list(state().models) == ["seed/model"]
     assert state.epoch.get() == 0
@@ -215,17 +215,17 @@ async def test_partial_apply_advances_nothing_and_keeps_the_model_set(
 
 
 async def test_export_rows_without_a_body_are_skipped_not_failed(
-    service: ConfigService, state: ConfigState, syncer: ConfigSyncer
+    service: ConfigService, state: ConfigState, realigner: StateRealigner
 ) -> None:
     service.extra_rows = [{"model_id": "x/empty", "model_config": None, "raw_yaml": ""}]
-    outcome = await syncer.bootstrap_once()
+    outcome = await realigner.bootstrap_once()
     assert (outcome.applied, outcome.total) == (2, 3)
     assert "x/empty" not in state().models
 
 
-async def test_raw_yaml_string_bodies_are_parsed(service: ConfigService, state: ConfigState, syncer: ConfigSyncer):
+async def test_raw_yaml_string_bodies_are_parsed(service: ConfigService, state: ConfigState, realigner: StateRealigner):
     service.extra_rows = [{"model_id": "y/yaml", "raw_yaml": dump_yaml(model_data("y/yaml")), "source": "filesystem"}]
-    await syncer.bootstrap_once()
+    await realigner.bootstrap_once()
     assert "y/yaml" in state().models
     assert state.source("y/yaml") is ModelSource.FILESYSTEM
 
@@ -240,7 +240,7 @@ async def test_no_service_url_returns_at_once() -> None:
 
 
 async def test_backoff_doubles_to_the_cap_and_degraded_after_ten_failures_then_clears(
-    service: ConfigService, state: ConfigState, syncer: ConfigSyncer
+    service: ConfigService, state: ConfigState, realigner: StateRealigner
 ) -> None:
     time = FakeTime()
     service.failing = {"/v1/configs/epoch"}
@@ -252,7 +252,7 @@ async def test_backoff_doubles_to_the_cap_and_degraded_after_ten_failures_then_c
             service.failing = set()
         await time.sleep(seconds)
 
-    bootstrap = Bootstrap(syncer, BackoffPolicy(degraded_after_s=1e9), clock=time.clock, sleep=sleep)
+    bootstrap = Bootstrap(realigner, BackoffPolicy(degraded_after_s=1e9), clock=time.clock, sleep=sleep)
     outcome = await bootstrap.run()
     assert outcome is not None and outcome.epoch == 3
     assert time.sleeps == [1, 2, 4, 8, 16, 32, 60, 60, 60, 60, 60, 60]
@@ -262,7 +262,7 @@ async def test_backoff_doubles_to_the_cap_and_degraded_after_ten_failures_then_c
 
 
 async def test_bootstrap_metrics_degraded_gauge_after_ten_failures_cleared_on_success(
-    service: ConfigService, state: ConfigState, syncer: ConfigSyncer
+    service: ConfigService, state: ConfigState, realigner: StateRealigner
 ) -> None:
     time = FakeTime()
     service.failing = {"/v1/configs/epoch"}
@@ -276,7 +276,7 @@ async def test_bootstrap_metrics_degraded_gauge_after_ten_failures_cleared_on_su
 
     assert metric(state, "sie_gateway_config_bootstrap_degraded") == 0.0
     assert metric(state, "sie_gateway_config_applied_epoch") == 0.0
-    await Bootstrap(syncer, BackoffPolicy(degraded_after_s=1e9), clock=time.clock, sleep=sleep).run()
+    await Bootstrap(realigner, BackoffPolicy(degraded_after_s=1e9), clock=time.clock, sleep=sleep).run()
     assert gauge_at == [0.0] * 9 + [1.0]
     assert metric(state, "sie_gateway_config_bootstrap_degraded") == 0.0
     assert operations(state, "bootstrap", "failure") == 10.0
@@ -286,14 +286,14 @@ async def test_bootstrap_metrics_degraded_gauge_after_ten_failures_cleared_on_su
 
 
 async def test_partial_bootstrap_and_export_are_recorded_as_partial(
-    service: ConfigService, state: ConfigState, syncer: ConfigSyncer
+    service: ConfigService, state: ConfigState, realigner: StateRealigner
 ) -> None:
     service.extra_rows = ["not an object"]
 
     async def sleep(seconds: float) -> None:
         service.extra_rows = []
 
-    await Bootstrap(syncer, sleep=sleep).run()
+    await Bootstrap(realigner, sleep=sleep).run()
     assert operations(state, "bootstrap", "partial") == 1.0
     assert operations(state, "export", "partial") == 1.0
     assert operations(state, "bootstrap", "success") == 1.0
@@ -308,7 +308,7 @@ async def test_applied_epoch_follows_set_max_and_force_set(state: ConfigState) -
     assert metric(state, "sie_gateway_config_applied_epoch") == 2.0
 
 
-async def test_degraded_after_five_minutes_of_failure(service: ConfigService, state: ConfigState, syncer):
+async def test_degraded_after_five_minutes_of_failure(service: ConfigService, state: ConfigState, realigner):
     time = FakeTime()
     service.failing = {"/v1/configs/export"}
     policy = BackoffPolicy(initial_s=100.0, cap_s=100.0)
@@ -319,14 +319,14 @@ async def test_degraded_after_five_minutes_of_failure(service: ConfigService, st
         await time.sleep(seconds)
 
     seen: list[bool] = []
-    original = syncer.bootstrap_once
+    original = realigner.bootstrap_once
 
     async def observed() -> Any:
         seen.append(state.degraded)
         return await original()
 
-    syncer.bootstrap_once = observed  # type: ignore[method-assign]
-    await Bootstrap(syncer, policy, clock=time.clock, sleep=sleep).run()
+    realigner.bootstrap_once = observed  # type: ignore[method-assign]
+    await Bootstrap(realigner, policy, clock=time.clock, sleep=sleep).run()
     # failures at t=0, 100, 200, 300: the fourth is 300 s into failing → degraded before attempt 5 succeeds.
     assert seen == [False, False, False, False, True]
     assert state.degraded is False
@@ -335,92 +335,92 @@ async def test_degraded_after_five_minutes_of_failure(service: ConfigService, st
 # --- the poller -------------------------------------------------------------------------------------------
 
 
-async def synced(syncer: ConfigSyncer, service: ConfigService) -> None:
-    await syncer.bootstrap_once()
+async def synced(realigner: StateRealigner, service: ConfigService) -> None:
+    await realigner.bootstrap_once()
     service.calls.clear()
 
 
-async def test_poll_in_sync_only_reads_epoch(service: ConfigService, syncer: ConfigSyncer) -> None:
-    await synced(syncer, service)
-    assert await Poller(syncer, 30).tick() is PollOutcome.IN_SYNC
+async def test_poll_in_sync_only_reads_epoch(service: ConfigService, realigner: StateRealigner) -> None:
+    await synced(realigner, service)
+    assert await Poller(realigner, 30).tick() is PollOutcome.IN_SYNC
     assert service.calls == ["/v1/configs/epoch"]
 
 
-async def test_poll_remote_epoch_ahead_resyncs(service: ConfigService, state: ConfigState, syncer) -> None:
-    await synced(syncer, service)
+async def test_poll_remote_epoch_ahead_resyncs(service: ConfigService, state: ConfigState, realigner) -> None:
+    await synced(realigner, service)
     service.epoch = 7
     service.catalog = service.catalog.with_models([model("org/c")])
-    assert await Poller(syncer, 30).tick() is PollOutcome.RESYNCED
+    assert await Poller(realigner, 30).tick() is PollOutcome.RESYNCED
     assert state.epoch.get() == 7 and "org/c" in state().models
 
 
-async def test_poll_epoch_zero_still_catches_a_first_write(state: ConfigState, syncer, service) -> None:
+async def test_poll_epoch_zero_still_catches_a_first_write(state: ConfigState, realigner, service) -> None:
     service.epoch = 1
     assert state.epoch.get() == 0
-    assert await Poller(syncer, 30).tick() is PollOutcome.RESYNCED
+    assert await Poller(realigner, 30).tick() is PollOutcome.RESYNCED
     assert state.epoch.get() == 1
 
 
-async def test_poll_bundles_hash_drift_resyncs_at_same_epoch(service: ConfigService, state: ConfigState, syncer):
-    await synced(syncer, service)
+async def test_poll_bundles_hash_drift_resyncs_at_same_epoch(service: ConfigService, state: ConfigState, realigner):
+    await synced(realigner, service)
     service.catalog = service.catalog.with_bundles([*service.catalog.bundles.values(), bundle("extra", 50)])
-    assert await Poller(syncer, 30).tick() is PollOutcome.RESYNCED
+    assert await Poller(realigner, 30).tick() is PollOutcome.RESYNCED
     assert "extra" in state().bundles
     assert state.bundles_hash == service.catalog.bundles_hash
 
 
-async def test_poll_bundle_config_hashes_drift_resyncs_at_same_epoch(service: ConfigService, state, syncer):
-    await synced(syncer, service)
+async def test_poll_bundle_config_hashes_drift_resyncs_at_same_epoch(service: ConfigService, state, realigner):
+    await synced(realigner, service)
     # A baseline redeploy: same epoch, same bundles, a model moved pool.
     service.catalog = service.catalog.with_models([model("org/a", pool="gpu-a")])
     assert service.catalog.bundles_hash == state.bundles_hash
-    assert await Poller(syncer, 30).tick() is PollOutcome.RESYNCED
+    assert await Poller(realigner, 30).tick() is PollOutcome.RESYNCED
     assert state().models["org/a"].effective_pool == "gpu-a"
     assert state.bundle_config_hashes_hash == service.catalog.bundle_config_hashes_hash
 
 
 @pytest.mark.parametrize("field", ["bundles_hash", "bundle_config_hashes_hash"])
-async def test_poll_skips_empty_sentinels(service: ConfigService, syncer: ConfigSyncer, field: str) -> None:
-    await synced(syncer, service)
+async def test_poll_skips_empty_sentinels(service: ConfigService, realigner: StateRealigner, field: str) -> None:
+    await synced(realigner, service)
     service.hash_overrides = {field: ""}
-    assert await Poller(syncer, 30).tick() is PollOutcome.IN_SYNC
+    assert await Poller(realigner, 30).tick() is PollOutcome.IN_SYNC
     assert service.calls == ["/v1/configs/epoch"]
 
 
-async def test_poll_rewind_exports_first_then_forces_the_epoch_with_removals(service, state, syncer) -> None:
-    await synced(syncer, service)
+async def test_poll_rewind_exports_first_then_forces_the_epoch_with_removals(service, state, realigner) -> None:
+    await synced(realigner, service)
     state.epoch.set_max(9)
     service.catalog = Catalog(service.catalog.bundles.values(), [model("org/a")])
-    assert await Poller(syncer, 30).tick() is PollOutcome.RECOVERED
+    assert await Poller(realigner, 30).tick() is PollOutcome.RECOVERED
     assert service.calls == ["/v1/configs/epoch", "/v1/configs/export"]
     assert state.epoch.get() == 3
     assert sorted(state().models) == ["org/a"]
 
 
-async def test_poll_rewind_with_failed_export_keeps_local_and_retries(service, state, syncer) -> None:
-    await synced(syncer, service)
+async def test_poll_rewind_with_failed_export_keeps_local_and_retries(service, state, realigner) -> None:
+    await synced(realigner, service)
     state.epoch.set_max(9)
     service.failing = {"/v1/configs/export"}
-    assert await Poller(syncer, 30).tick() is PollOutcome.FAILED
+    assert await Poller(realigner, 30).tick() is PollOutcome.FAILED
     assert state.epoch.get() == 9
     service.failing = set()
-    assert await Poller(syncer, 30).tick() is PollOutcome.RECOVERED
+    assert await Poller(realigner, 30).tick() is PollOutcome.RECOVERED
     assert state.epoch.get() == 3
     assert (operations(state, "poll", "failure"), operations(state, "poll", "success")) == (1.0, 1.0)
     assert (operations(state, "export", "failure"), operations(state, "export", "success")) == (1.0, 2.0)
     assert metric(state, "sie_gateway_config_applied_epoch") == 3.0
 
 
-async def test_poll_failures_are_swallowed_and_keep_state(service, state, syncer) -> None:
-    await synced(syncer, service)
+async def test_poll_failures_are_swallowed_and_keep_state(service, state, realigner) -> None:
+    await synced(realigner, service)
     before = (state.epoch.get(), state.bundles_hash, state.bundle_config_hashes_hash)
     service.failing = {"/v1/configs/epoch"}
-    assert await Poller(syncer, 30).tick() is PollOutcome.FAILED
+    assert await Poller(realigner, 30).tick() is PollOutcome.FAILED
     assert (state.epoch.get(), state.bundles_hash, state.bundle_config_hashes_hash) == before
 
 
-async def test_poller_skips_the_first_tick(service: ConfigService, syncer: ConfigSyncer) -> None:
-    await synced(syncer, service)
+async def test_poller_skips_the_first_tick(service: ConfigService, realigner: StateRealigner) -> None:
+    await synced(realigner, service)
     time = FakeTime()
 
     async def sleep(seconds: float) -> None:
@@ -430,7 +430,7 @@ async def test_poller_skips_the_first_tick(service: ConfigService, syncer: Confi
         await time.sleep(seconds)
 
     with pytest.raises(RuntimeError, match="stop"):
-        await Poller(syncer, 30, sleep=sleep).run()
+        await Poller(realigner, 30, sleep=sleep).run()
     assert time.sleeps == [30, 30]
 
 

@@ -11,9 +11,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from sie.gateway.config_sync import HeartbeatSource, worker_ack_status
 from sie.gateway.config_sync.views import (
     ConfigView,
+    HeartbeatSource,
     StaticConfigView,
     bundle_yaml,
     bundles_body,
@@ -21,6 +21,7 @@ from sie.gateway.config_sync.views import (
     models_body,
     resolve_body,
     status_target,
+    worker_ack_status,
 )
 from sie.gateway.edge import endpoint, json_response, read_body
 from sie.gateway.errors import InvalidRequestError

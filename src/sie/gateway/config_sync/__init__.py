@@ -1,16 +1,25 @@
-"""Gateway config sync (seed 000 §4–§6): the registry the gateway reads, bootstrap, the epoch poller, live
-deltas, and the pure bodies of the config read routes. No web framework here; `gateway.config_routes` serves it.
+"""Gateway config sync (seed 000 §4–§6), in four modules: `state` (the registry the gateway reads), `remote` (the
+config service's read API), `sync` (bootstrap, the epoch poller, live deltas and the `ConfigSync` component that runs
+them) and `views` (the pure bodies of the config read routes). No web framework here; `gateway.config_routes` serves it.
 """
 
-from sie.gateway.config_sync.ack import HeartbeatSource, worker_ack_status
-from sie.gateway.config_sync.bootstrap import BackoffPolicy, Bootstrap
-from sie.gateway.config_sync.client import ConfigServiceClient, ConfigServiceError, RemoteEpoch
-from sie.gateway.config_sync.component import ConfigSync
-from sie.gateway.config_sync.deltas import DeltaOutcome, DeltaSubscriber, is_trusted_producer
-from sie.gateway.config_sync.poller import Poller, PollOutcome, drifted
+from sie.catalog.trust import is_trusted_producer
+from sie.gateway.config_sync.remote import ConfigServiceClient, ConfigServiceError, RemoteEpoch
 from sie.gateway.config_sync.state import ConfigEpoch, ConfigState, DeltaRejectedError, ModelSource
-from sie.gateway.config_sync.sync import BootstrapOutcome, ConfigSyncer, PartialApplyError
-from sie.gateway.config_sync.views import ConfigView, StaticConfigView
+from sie.gateway.config_sync.sync import (
+    BackoffPolicy,
+    Bootstrap,
+    BootstrapOutcome,
+    ConfigSync,
+    DeltaOutcome,
+    DeltaSubscriber,
+    PartialApplyError,
+    Poller,
+    PollOutcome,
+    StateRealigner,
+    drifted,
+)
+from sie.gateway.config_sync.views import ConfigView, HeartbeatSource, StaticConfigView, worker_ack_status
 
 __all__ = [
     "BackoffPolicy",
@@ -21,7 +30,6 @@ __all__ = [
     "ConfigServiceError",
     "ConfigState",
     "ConfigSync",
-    "ConfigSyncer",
     "ConfigView",
     "DeltaOutcome",
     "DeltaRejectedError",
@@ -32,6 +40,7 @@ __all__ = [
     "PollOutcome",
     "Poller",
     "RemoteEpoch",
+    "StateRealigner",
     "StaticConfigView",
     "drifted",
     "is_trusted_producer",

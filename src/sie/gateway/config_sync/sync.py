@@ -1,20 +1,41 @@
-"""`bootstrap_once` and rewind recovery (seed 000 §4.1, §4.2): the two ways the gateway realigns with the
-config service. Both fetch, then swap the registry under its write lock; neither retries (Bootstrap and Poller do).
+"""How the gateway follows the config service (seed 000 §4): `StateRealigner` fetches and swaps the registry
+(bootstrap_once, rewind recovery); `Bootstrap` retries it with backoff until the first success; `Poller` compares
+epochs and fingerprints and realigns; `DeltaSubscriber` merges live deltas from the bus; `ConfigSync` is the
+lifecycle component that runs them all. Reads the config service only through `remote`; no web framework here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import enum
 import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Self
 
 import attrs
+import httpx
 
-from sie.gateway.config_sync.client import ConfigServiceClient, ConfigServiceError, RemoteEpoch
-from sie.gateway.config_sync.export import ExportModels, parse_export
-from sie.gateway.config_sync.state import ConfigState
+from sie.catalog import CatalogError, ModelConfig, load_yaml, parse_model_config
+from sie.catalog.names import CONFIG_ALL_SUBJECT
+from sie.catalog.trust import is_trusted_producer
+from sie.gateway.config_sync.remote import (
+    ConfigServiceClient,
+    ConfigServiceError,
+    ExportModels,
+    RemoteEpoch,
+    parse_export,
+)
+from sie.gateway.config_sync.state import ConfigState, DeltaRejectedError
+from sie.settings import ConfigSyncSettings
 from sie.telemetry.metrics import ConfigOperation, ConfigOutcome
+from sie.transport.base import MessageBus, Subscription
+from sie.wire.config import ConfigNotification
 
 logger = logging.getLogger(__name__)
+
+Sleep = Callable[[float], Awaitable[None]]
 
 
 class PartialApplyError(ConfigServiceError):
@@ -42,8 +63,11 @@ def operation_outcome(exc: ConfigServiceError) -> ConfigOutcome:
     return ConfigOutcome.PARTIAL if isinstance(exc, PartialApplyError) else ConfigOutcome.FAILURE
 
 
-class ConfigSyncer:
-    """Fetches from the config service and writes the gateway's ConfigState."""
+class StateRealigner:
+    """Realigns the gateway's ConfigState with the config service: `bootstrap_once` (§4.1) and rewind recovery (§4.2).
+
+    Both fetch, then swap the registry under its write lock; neither retries (Bootstrap and Poller do).
+    """
 
     def __init__(self, client: ConfigServiceClient, state: ConfigState) -> None:
         self.client = client
@@ -86,3 +110,261 @@ class ConfigSyncer:
             raise
         telemetry.config_operation(ConfigOperation.EXPORT, ConfigOutcome.SUCCESS)
         return export
+
+
+@attrs.frozen
+class BackoffPolicy:
+    """How the retry loop waits (1 s doubling to 60 s) and when it calls itself degraded (10 failures or 5 minutes)."""
+
+    initial_s: float = 1.0
+    cap_s: float = 60.0
+    degraded_after_failures: int = 10
+    degraded_after_s: float = 300.0
+
+    def delay(self, failures: int) -> float:
+        """The sleep after the `failures`-th consecutive failure (1-based)."""
+        return min(self.cap_s, self.initial_s * 2 ** min(failures - 1, 32))
+
+    def degraded(self, failures: int, failing_for_s: float) -> bool:
+        return failures >= self.degraded_after_failures or failing_for_s >= self.degraded_after_s
+
+
+class Bootstrap:
+    """The bootstrap retry loop (§4.1): `bootstrap_once` until it succeeds once; the poller owns reconciliation after.
+
+    Never blocks start-up (ConfigSync runs it as a background task); clock and sleep are injectable for tests.
+    """
+
+    def __init__(
+        self,
+        realigner: StateRealigner | None,
+        policy: BackoffPolicy = BackoffPolicy(),
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self.realigner = realigner
+        self.policy = policy
+        self.clock = clock
+        self.sleep = sleep
+        self.attempts = 0
+
+    async def run(self) -> BootstrapOutcome | None:
+        """The first successful outcome; None at once when no config service is configured."""
+        if self.realigner is None:
+            logger.info("SIE_CONFIG_SERVICE_URL is unset: serving the filesystem seed only")
+            return None
+        started = self.clock()
+        failures = 0
+        while True:
+            self.attempts += 1
+            try:
+                outcome = await self.realigner.bootstrap_once()
+            except ConfigServiceError as exc:
+                failures += 1
+                self._failed(self.realigner.state, exc, failures, self.clock() - started)
+                await self.sleep(self.policy.delay(failures))
+                continue
+            self.realigner.state.telemetry.config_operation(ConfigOperation.BOOTSTRAP, ConfigOutcome.SUCCESS)
+            self.realigner.state.degraded = False
+            logger.info("config bootstrap applied %d models at epoch %d", outcome.applied, outcome.epoch)
+            return outcome
+
+    def _failed(self, state: ConfigState, exc: ConfigServiceError, failures: int, failing_for_s: float) -> None:
+        state.telemetry.config_operation(ConfigOperation.BOOTSTRAP, operation_outcome(exc))
+        degraded = self.policy.degraded(failures, failing_for_s)
+        state.degraded = degraded
+        level = logging.ERROR if degraded else logging.WARNING
+        logger.log(level, "config bootstrap attempt %d failed (%s); retrying", failures, exc)
+
+
+class PollOutcome(enum.Enum):
+    """What one tick did."""
+
+    IN_SYNC = "in_sync"
+    RESYNCED = "resynced"
+    RECOVERED = "recovered"
+    FAILED = "failed"
+
+
+def drifted(remote: RemoteEpoch, state: ConfigState) -> bool:
+    """Remote epoch ahead, or a fingerprint changed; a remote `""` fingerprint is skipped, never compared."""
+    if remote.epoch > state.epoch.get():
+        return True
+    if remote.bundles_hash and remote.bundles_hash != state.bundles_hash:
+        return True
+    return bool(remote.bundle_config_hashes_hash) and (
+        remote.bundle_config_hashes_hash != state.bundle_config_hashes_hash
+    )
+
+
+class Poller:
+    """The epoch poller (§4.2): each tick compares `/epoch` with local state and realigns; failures are swallowed.
+
+    One tick per `interval_s`; the first is skipped so the bootstrap attempt runs uncontended.
+    """
+
+    def __init__(self, realigner: StateRealigner, interval_s: float, sleep: Sleep = asyncio.sleep) -> None:
+        self.realigner = realigner
+        self.interval_s = interval_s
+        self.sleep = sleep
+
+    async def run(self) -> None:
+        while True:
+            await self.sleep(self.interval_s)
+            await self.tick()
+
+    async def tick(self) -> PollOutcome:
+        """One comparison and realignment, recorded as one `poll` operation."""
+        telemetry = self.realigner.state.telemetry
+        try:
+            outcome = await self._tick()
+        except ConfigServiceError as exc:
+            telemetry.config_operation(ConfigOperation.POLL, operation_outcome(exc))
+            logger.warning("config poll failed (will retry next tick): %s", exc)
+            return PollOutcome.FAILED
+        telemetry.config_operation(ConfigOperation.POLL, ConfigOutcome.SUCCESS)
+        return outcome
+
+    async def _tick(self) -> PollOutcome:
+        state = self.realigner.state
+        remote = await self.realigner.client.epoch()
+        if remote.epoch < state.epoch.get():
+            await self.realigner.recover(remote)
+            return PollOutcome.RECOVERED
+        if not drifted(remote, state):
+            return PollOutcome.IN_SYNC
+        await self.realigner.bootstrap_once()
+        return PollOutcome.RESYNCED
+
+
+class DeltaOutcome(enum.Enum):
+    """What became of one notification."""
+
+    UNTRUSTED = "untrusted"
+    EPOCH_ONLY = "epoch_only"
+    APPLIED = "applied"
+    REJECTED = "rejected"
+
+    @property
+    def metric_outcome(self) -> ConfigOutcome:
+        """Its sie.gateway.config.operations{operation="delta"} outcome."""
+        return _METRIC_OUTCOMES[self]
+
+
+_METRIC_OUTCOMES = {
+    DeltaOutcome.UNTRUSTED: ConfigOutcome.UNTRUSTED,
+    DeltaOutcome.EPOCH_ONLY: ConfigOutcome.SUCCESS,
+    DeltaOutcome.APPLIED: ConfigOutcome.SUCCESS,
+    DeltaOutcome.REJECTED: ConfigOutcome.REJECTED,
+}
+
+
+class DeltaSubscriber:
+    """Live deltas on `sie.config.models._all` (§4.3): producer allowlist first, then an epoch-only bump or an
+    append-only merge; the epoch advances (set_max) only when the delta applied.
+
+    Subscribes inside `async with`; `handle` is the whole decision and is callable directly.
+    """
+
+    def __init__(
+        self, bus: MessageBus, state: ConfigState, trusted_producers: Sequence[str], trust_any: bool = False
+    ) -> None:
+        self.bus = bus
+        self.state = state
+        self.trusted_producers = tuple(trusted_producers)
+        self.trust_any = trust_any
+        self._subscription: Subscription | None = None
+
+    async def __aenter__(self) -> Self:
+        if self.trust_any:
+            logger.warning("SIE_NATS_CONFIG_TRUST_ANY_PRODUCER is on: config deltas from any producer are applied")
+        self._subscription = await self.bus.subscribe(
+            CONFIG_ALL_SUBJECT, self._on_message, message_type=ConfigNotification
+        )
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            await subscription.unsubscribe()
+
+    async def _on_message(self, subject: str, message: Any) -> None:
+        if isinstance(message, ConfigNotification):
+            await self.handle(message)
+        else:
+            logger.debug("ignoring a non-config message on %s: %r", subject, type(message))
+
+    async def handle(self, note: ConfigNotification) -> DeltaOutcome:
+        """Decide one notification and record it as one `delta` operation."""
+        outcome = await self._decide(note)
+        self.state.telemetry.config_operation(ConfigOperation.DELTA, outcome.metric_outcome)
+        return outcome
+
+    async def _decide(self, note: ConfigNotification) -> DeltaOutcome:
+        if not is_trusted_producer(note.router_id, self.trusted_producers, self.trust_any):
+            logger.warning("dropping a config delta from untrusted producer %r", note.router_id)
+            return DeltaOutcome.UNTRUSTED
+        if not note.model_config.strip():
+            self.state.epoch.set_max(note.epoch)
+            return DeltaOutcome.EPOCH_ONLY
+        try:
+            model = await asyncio.to_thread(_parse, note)
+            async with self.state.write_lock:
+                self.state.add_model_config(model)
+        except (CatalogError, DeltaRejectedError) as exc:
+            logger.warning("config delta for %r (epoch %d) not applied: %s", note.model_id, note.epoch, exc)
+            return DeltaOutcome.REJECTED
+        self.state.epoch.set_max(note.epoch)
+        return DeltaOutcome.APPLIED
+
+
+def _parse(note: ConfigNotification) -> ModelConfig:
+    source = f"delta:{note.model_id}"
+    return parse_model_config(load_yaml(note.model_config, source), source)
+
+
+class ConfigSync:
+    """The gateway's config-sync lifecycle: the delta subscription and, when `SIE_CONFIG_SERVICE_URL` is set, the
+    bootstrap retry task and the epoch poller.
+
+    Starts the sync tasks on enter without waiting for the config service; cancels and awaits them (and closes the
+    HTTP client) on exit.
+    """
+
+    def __init__(
+        self,
+        state: ConfigState,
+        bus: MessageBus,
+        settings: ConfigSyncSettings,
+        admin_token: str | None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.state = state
+        self.deltas = DeltaSubscriber(bus, state, settings.trusted_producers, settings.trust_any_producer)
+        self.client = (
+            ConfigServiceClient.create(settings.service_url, admin_token, transport=transport)
+            if settings.service_url
+            else None
+        )
+        realigner = StateRealigner(self.client, state) if self.client is not None else None
+        self.bootstrap = Bootstrap(realigner)
+        self.poller = Poller(realigner, settings.poll_interval_s) if realigner is not None else None
+        self._tasks: list[asyncio.Task[object]] = []
+
+    async def __aenter__(self) -> Self:
+        await self.deltas.__aenter__()
+        self._tasks.append(asyncio.create_task(self.bootstrap.run(), name="sie-config-bootstrap"))
+        if self.poller is not None:
+            self._tasks.append(asyncio.create_task(self.poller.run(), name="sie-config-poller"))
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        await self.deltas.__aexit__(*exc_info)
+        if self.client is not None:
+            await self.client.__aexit__(*exc_info)

@@ -1,4 +1,6 @@
-"""Bodies of the gateway's config read routes (seed 000 §5), built from the registry view; pure, no HTTP.
+"""Bodies of the gateway's config read routes (seed 000 §5, §6), built from the registry view: the model and
+bundle listings and YAML, resolve, and the worker-ack status of one model. Pure: no HTTP, no I/O;
+`gateway.config_routes` serves them.
 
 `ConfigView` is what the routes read: ConfigState in the gateway role, `StaticConfigView` over a plain
 catalog getter where nothing syncs (`--role all`).
@@ -7,15 +9,20 @@ catalog getter where nothing syncs (`--role all`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 from sie.catalog import Catalog, dump_yaml
 from sie.catalog.errors import ModelNotFoundError
+from sie.catalog.model import DEFAULT_POOL
 from sie.gateway.config_sync.state import ConfigEpoch, ModelSource
 from sie.gateway.errors import GatewayError, InvalidRequestError
 from sie.wire.health import WorkerHeartbeat
 
 STATUS_SUFFIX = "/status"
+STATUS_SOURCE: Final = "gateway-registry"
+
+# The latest heartbeat of every *healthy* worker this gateway knows (WorkerRegistry.healthy_workers).
+HeartbeatSource = Callable[[], Sequence[WorkerHeartbeat]]
 
 
 class BundleNotFoundError(GatewayError, ModelNotFoundError):
@@ -139,3 +146,63 @@ def resolve_body(catalog: Catalog, request: Any) -> dict[str, Any]:
 def _bundle_source(extra: Mapping[str, Any]) -> str:
     source = extra.get("source")
     return source if isinstance(source, str) and source else ModelSource.FILESYSTEM.value
+
+
+def pool_scope(pool: str | None) -> str:
+    """The materialised pool a worker serves: its pool lower-cased, `default` when empty."""
+    return (pool or "").strip().lower() or DEFAULT_POOL
+
+
+class _ExpectedHashes:
+    """`bundle_config_hash(bundle, pool)`, each computed once per status answer."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+        self._cache: dict[tuple[str, str], str] = {}
+
+    def __call__(self, bundle: str, pool: str) -> str:
+        key = (bundle, pool)
+        if key not in self._cache:
+            self._cache[key] = self._catalog.bundle_config_hash(bundle, pool)
+        return self._cache[key]
+
+
+def worker_ack_status(
+    catalog: Catalog, model_id: str, config_epoch: int, healthy: Sequence[WorkerHeartbeat]
+) -> dict[str, Any]:
+    """The `/v1/configs/models/{id}/status` body; raises ModelNotFoundError for an unknown id.
+
+    Per affected bundle, which healthy workers of exactly that bundle advertise the expected `bundle_config_hash`
+    for their pool scope (seed 000 §7). A bundle is acked when it has at least one eligible worker and none
+    pending; a model with no routable bundle is never "all acked" (`no_bundles: true`).
+    """
+    entry = catalog.get(model_id)
+    pool = entry.model.effective_pool
+    expected = _ExpectedHashes(catalog)
+    bundles = [_bundle_status(bundle.name, pool, expected, healthy) for bundle in catalog.model_bundles(entry.model)]
+    return {
+        "model_id": entry.model_id,
+        "config_epoch": config_epoch,
+        "all_bundles_acked": bool(bundles) and all(row["acked"] for row in bundles),
+        "no_bundles": not bundles,
+        "bundles": bundles,
+        "source": STATUS_SOURCE,
+    }
+
+
+def _bundle_status(
+    bundle: str, pool: str, expected: _ExpectedHashes, healthy: Sequence[WorkerHeartbeat]
+) -> dict[str, Any]:
+    # Case-sensitive on purpose (§6): a worker whose bundle differs in case is not this bundle's worker.
+    eligible = [heartbeat for heartbeat in healthy if heartbeat.bundle == bundle]
+    acked = {hb.worker_id for hb in eligible if hb.bundle_config_hash == expected(bundle, pool_scope(hb.pool))}
+    pending = {hb.worker_id for hb in eligible} - acked
+    return {
+        "bundle_id": bundle,
+        "pool": pool,
+        "expected_bundle_config_hash": expected(bundle, pool),
+        "total_eligible_workers": len(eligible),
+        "acked_workers": sorted(acked),
+        "pending_workers": sorted(pending),
+        "acked": bool(eligible) and not pending,
+    }
