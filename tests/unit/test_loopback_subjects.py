@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sie.transport.loopback.subjects import SubjectPattern, subject_matches
+from sie.transport.loopback.bus import SubjectPattern, subject_matches
 
 
 @pytest.mark.parametrize(

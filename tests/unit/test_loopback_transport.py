@@ -14,8 +14,7 @@ from sie.catalog.names import work_subject, work_worker_subject
 from sie.settings import StreamSettings
 from sie.transport.base import BackpressureError, Lane, TransportError, TransportUnavailable
 from sie.transport.loopback import LoopbackTransport
-from sie.transport.loopback.consumer import LoopbackLaneConsumer
-from sie.transport.loopback.lane import REMOVED, LaneQueue, StoredMessage
+from sie.transport.loopback.stream import REMOVED, LaneQueue, LoopbackLaneConsumer, StoredMessage
 from sie.wire.queue import WorkItem, WorkResult
 
 LANE = Lane(pool="default", machine_profile="l4", bundle="default")

@@ -1,7 +1,7 @@
 """The in-process Transport (`--role all`, tests): JetStream-like pool streams and pub/sub without a broker.
 
-Modules: transport (lifecycle, the Transport methods), stream (messages, timers, settlement), lane (ready
-queues and waiting fetchers), consumer (fetch), delivery (settlement verbs), bus (pub/sub), subjects.
+Modules: transport (LoopbackTransport, its lifecycle and the Transport methods), stream (a pool stream: stored
+messages, lane queues, the lane consumer's fetch, deliveries), bus (pub/sub and subject patterns).
 """
 
 from sie.transport.loopback.transport import LoopbackTransport

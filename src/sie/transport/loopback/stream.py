@@ -1,28 +1,146 @@
-"""A loopback pool stream (`WORK_POOL_{pool}`): WorkQueue retention, discard-new at `max_msgs`, `max_age`,
-ack-wait redelivery, nak delays and max-deliver, all on `loop.call_at` timers (no polling, no tasks).
+"""A loopback pool stream (`WORK_POOL_{pool}`): its stored messages, each lane's ready queue and waiting fetchers,
+the lane consumer's fetch and the deliveries it hands out, with WorkQueue retention, discard-new at `max_msgs`,
+`max_age`, ack-wait redelivery, nak delays and max-deliver on `loop.call_at` timers (no polling, no tasks).
 
-Owns every message of one pool and its state changes; lanes only queue, deliveries only forward verbs.
+PoolStream makes every state change; a LaneQueue only orders messages and wakes fetchers, a delivery only
+checks the settle-once rule (transport/delivery.py) and forwards its verb.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from sie.catalog.names import max_deliveries_advisory_subject, work_pool_stream_name, work_pool_stream_subjects
 from sie.settings import StreamSettings
-from sie.transport.base import BackpressureError, Delivery, TransportError
-from sie.transport.loopback.delivery import LoopbackDelivery
-from sie.transport.loopback.lane import DELAYED, DELIVERED, READY, REMOVED, LaneQueue, StoredMessage
-from sie.transport.loopback.subjects import SubjectPattern
+from sie.transport.base import BackpressureError, Delivery, TransportError, TransportUnavailable
+from sie.transport.delivery import BaseDelivery
+from sie.transport.loopback.bus import SubjectPattern
 from sie.wire.queue import WorkItem
 
 MAX_DELIVER_ADVISORY_TYPE = "io.nats.jetstream.advisory.v1.max_deliver"
 
 # (advisory subject, advisory) -> None; the transport publishes it on the bus.
 AdvisorySink = Callable[[str, dict[str, Any]], None]
+
+# Message states: READY sits in a lane deque, DELIVERED waits for settlement or ack-wait,
+# DELAYED waits for its nak delay, REMOVED is gone from the stream (acked, termed, expired, dead).
+READY, DELIVERED, DELAYED, REMOVED = range(4)
+
+# Removed messages stay in a deque until popped; compact once they are most of it (amortised O(1)).
+_COMPACT_MIN_TOMBSTONES = 64
+
+
+class StoredMessage:
+    """One work item held by a pool stream, with its delivery bookkeeping."""
+
+    __slots__ = (
+        "seq", "subject", "item", "lane", "published_at", "deliveries", "state", "timer", "deadline", "delivery",
+    )  # fmt: skip
+
+    def __init__(self, seq: int, subject: str, item: WorkItem, lane: LaneQueue, published_at: float) -> None:
+        self.seq = seq
+        self.subject = subject
+        self.item = item
+        self.lane = lane
+        self.published_at = published_at
+        self.deliveries = 0
+        self.state = READY
+        self.timer: asyncio.TimerHandle | None = None
+        self.deadline = 0.0
+        self.delivery: LoopbackDelivery | None = None
+
+
+class LaneQueue:
+    """Ready messages of one lane (redeliveries first, as JetStream does) and the fetchers waiting on them."""
+
+    def __init__(self, key: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.key = key
+        self.consumer_name: str | None = None
+        self._loop = loop
+        self._fresh: deque[StoredMessage] = deque()
+        self._redeliver: deque[StoredMessage] = deque()
+        self._waiters: deque[asyncio.Future[bool]] = deque()
+        self._tombstones = 0
+
+    def push(self, message: StoredMessage, *, redelivery: bool) -> None:
+        """Make `message` ready and wake one waiting fetcher."""
+        message.state = READY
+        (self._redeliver if redelivery else self._fresh).append(message)
+        self._wake_one()
+
+    def pop(self, max_items: int) -> list[StoredMessage]:
+        """Take up to `max_items` ready messages, skipping ones removed while they waited."""
+        taken: list[StoredMessage] = []
+        for queue in (self._redeliver, self._fresh):
+            while queue and len(taken) < max_items:
+                message = queue.popleft()
+                if message.state == REMOVED:
+                    self._tombstones -= 1
+                else:
+                    taken.append(message)
+        return taken
+
+    def forget_ready(self) -> None:
+        """A READY message was removed from the stream; it is skipped when popped."""
+        self._tombstones += 1
+        if self._tombstones >= _COMPACT_MIN_TOMBSTONES and 2 * self._tombstones > len(self._fresh) + len(
+            self._redeliver
+        ):
+            self._fresh = deque(message for message in self._fresh if message.state != REMOVED)
+            self._redeliver = deque(message for message in self._redeliver if message.state != REMOVED)
+            self._tombstones = 0
+
+    async def wait(self, deadline: float) -> bool:
+        """Sleep until a message is pushed (True) or the loop time reaches `deadline` (False)."""
+        waiter: asyncio.Future[bool] = self._loop.create_future()
+        self._waiters.append(waiter)
+        timer = self._loop.call_at(deadline, _expire, waiter)
+        try:
+            woken = await waiter
+        except asyncio.CancelledError:
+            self._abandon(waiter)
+            raise
+        finally:
+            timer.cancel()
+        if not woken:
+            self._discard(waiter)
+        return woken
+
+    def close(self) -> None:
+        """Drop every ready message and wake every waiter (the transport closed)."""
+        self._fresh.clear()
+        self._redeliver.clear()
+        self._tombstones = 0
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(True)
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(True)
+                return
+
+    def _abandon(self, waiter: asyncio.Future[bool]) -> None:
+        # A fetcher cancelled after its wake-up must hand the wake-up on, or a ready message could
+        # sit unseen while another fetcher sleeps.
+        if waiter.done() and not waiter.cancelled() and waiter.result():
+            if self._fresh or self._redeliver:
+                self._wake_one()
+        else:
+            self._discard(waiter)
+
+    def _discard(self, waiter: asyncio.Future[bool]) -> None:
+        # ValueError: already popped by a wake-up that found it expired.
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(waiter)
 
 
 class PoolStream:
@@ -190,6 +308,71 @@ class PoolStream:
             self._drop(message)
 
 
+class LoopbackLaneConsumer:
+    """One fetcher handle on a lane's durable consumer; several handles split the lane's work."""
+
+    def __init__(self, stream: PoolStream, lane: LaneQueue) -> None:
+        self._stream = stream
+        self._lane = lane
+
+    async def fetch(self, max_items: int, timeout_s: float) -> list[Delivery]:
+        """Up to `max_items` deliveries; waits at most `timeout_s` for the first one, returns [] on timeout."""
+        if max_items < 1:
+            raise ValueError(f"max_items must be at least 1, got {max_items}")
+        self._check_open()
+        deliveries = self._stream.deliver(self._lane, max_items)
+        if deliveries or timeout_s <= 0:
+            return deliveries
+        deadline = self._stream.loop.time() + timeout_s
+        # Another fetcher may take the message that woke us; then wait again until the same deadline.
+        while await self._lane.wait(deadline):
+            self._check_open()
+            deliveries = self._stream.deliver(self._lane, max_items)
+            if deliveries:
+                return deliveries
+        return []
+
+    def _check_open(self) -> None:
+        if self._stream.closed:
+            raise TransportUnavailable("fetch on a closed loopback transport")
+
+
+class LoopbackDelivery(BaseDelivery):
+    """A work item handed to one fetcher; `num_delivered` is 1 on the first delivery."""
+
+    __slots__ = ("_stream", "_message")
+
+    transport_name = "loopback"
+
+    def __init__(self, stream: PoolStream, message: StoredMessage) -> None:
+        BaseDelivery.__init__(self, message.item, message.subject, message.deliveries)
+        self._stream = stream
+        self._message = message
+
+    def __repr__(self) -> str:
+        return f"LoopbackDelivery({self.subject!r}, seq={self._message.seq}, num_delivered={self.num_delivered})"
+
+    def _closed(self) -> bool:
+        return self._stream.closed
+
+    async def _ack(self) -> None:
+        self._stream.remove(self._message)
+
+    async def _nak(self, delay_s: float) -> None:
+        self._stream.nak(self._message, self, delay_s)
+
+    async def _in_progress(self) -> None:
+        self._stream.extend(self._message, self)
+
+    async def _term(self) -> None:
+        self._stream.remove(self._message)
+
+
 def _lane_key(subject: str) -> str:
     """Lane subjects share everything up to the model token; a lane filter ends in `.*` there."""
     return subject.rpartition(".")[0]
+
+
+def _expire(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)

@@ -15,8 +15,7 @@ from sie.catalog.names import WORK_SUBJECT_PREFIX, lane_filter_subject, work_con
 from sie.settings import StreamSettings
 from sie.transport.base import Lane, MessageHandler, ResultHandler, TransportError, TransportUnavailable
 from sie.transport.loopback.bus import BusSubscription, LoopbackBus
-from sie.transport.loopback.consumer import LoopbackLaneConsumer
-from sie.transport.loopback.stream import PoolStream
+from sie.transport.loopback.stream import LoopbackLaneConsumer, PoolStream
 from sie.wire.queue import WorkItem, WorkResult
 
 # `sie.work.{pool}.…`: the pool is the token right after the prefix.

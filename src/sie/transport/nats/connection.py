@@ -75,9 +75,14 @@ class Connection:
         """Call `listener()` whenever the connection drops (before nats-py starts reconnecting)."""
         self._events.listeners.append(listener)
 
+    @property
+    def is_closed(self) -> bool:
+        """Whether the transport was closed or the connection is gone for good."""
+        return self.closed or self.client.is_closed
+
     def check(self, action: str) -> None:
         """Raise TransportUnavailable when the transport was closed or the connection is gone for good."""
-        if self.closed or self.client.is_closed:
+        if self.is_closed:
             raise TransportUnavailable(f"{action} on a closed NATS transport")
 
     def check_connected(self, action: str) -> None:
