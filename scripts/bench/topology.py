@@ -23,9 +23,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+MODEL_ROLES = ("worker", "all")
+
+
 def _sie(role: str, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    # A role refuses SIE_* variables it does not read: each gets this environment's SIE_MODEL_CACHE only if it
+    # loads models, then its own variables.
+    clean = {name: value for name, value in os.environ.items() if not name.startswith("SIE_")}
+    if role in MODEL_ROLES and "SIE_MODEL_CACHE" in os.environ:
+        clean["SIE_MODEL_CACHE"] = os.environ["SIE_MODEL_CACHE"]
     command = [sys.executable, "-m", "sie.cli.main", "run", "--role", role, *args]
-    return subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, **env})
+    return subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**clean, **env})
 
 
 def _nats(directory: Path) -> tuple[subprocess.Popen, str]:
@@ -74,11 +82,12 @@ class Topology:
             return
         nats, nats_url = _nats(self.directory)
         self.processes.append(nats)
-        env = {"SIE_NATS_URL": nats_url, "SIE_IPC_SOCKET_PATH": str(self.directory / "worker.sock")}
-        self.processes.append(_sie("worker", common + extra, env, self.directory / "worker.log"))
-        sidecar_args = ["--probe-port", str(free_port())]
-        self.processes.append(_sie("sidecar", sidecar_args, env, self.directory / "sidecar.log"))
-        self.processes.append(_sie("gateway", http, env | server, self.directory / "gateway.log"))
+        socket_env = {"SIE_IPC_SOCKET_PATH": str(self.directory / "worker.sock")}
+        nats_env = {"SIE_NATS_URL": nats_url}
+        self.processes.append(_sie("worker", common + extra, socket_env, self.directory / "worker.log"))
+        sidecar_args = ["--port", str(free_port())]
+        self.processes.append(_sie("sidecar", sidecar_args, socket_env | nats_env, self.directory / "sidecar.log"))
+        self.processes.append(_sie("gateway", http, nats_env | server, self.directory / "gateway.log"))
 
     def wait_serving(self, model: str, timeout_s: float = 180.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -48,11 +48,14 @@ class ControlPlane:
         self.gateway_url = f"http://127.0.0.1:{self.gateway_port}"
         self.store = root / "store"
         self.config = self.start_config(with_nats=True, with_store=True)
-        env = {"SIE_NATS_URL": self.nats.url, "SIE_IPC_SOCKET_PATH": str(root / "w.sock"), "SIE_WORKER_ID": "w-1"}
-        self.worker = RoleProcess("worker", [], env, root / "worker.log")
-        self.sidecar = RoleProcess("sidecar", ["--probe-port", str(free_port()), "--health-interval-s", "0.2"], env,
-                                   root / "sidecar.log")  # fmt: skip
-        gateway_env = {**env, "SIE_CONFIG_SERVICE_URL": self.config_url, "SIE_CONFIG_POLL_INTERVAL_S": "1"}
+        # Each role gets only the variables it reads (a role refuses the others).
+        worker_env = {"SIE_IPC_SOCKET_PATH": str(root / "w.sock"), "SIE_WORKER_ID": "w-1"}
+        self.worker = RoleProcess("worker", [], worker_env, root / "worker.log")
+        self.sidecar = RoleProcess("sidecar", ["--port", str(free_port()), "--health-interval-s", "0.2"],
+                                   {**worker_env, "SIE_NATS_URL": self.nats.url}, root / "sidecar.log")  # fmt: skip
+        gateway_env = {
+            "SIE_NATS_URL": self.nats.url, "SIE_CONFIG_SERVICE_URL": self.config_url, "SIE_CONFIG_POLL_INTERVAL_S": "1"
+        }  # fmt: skip
         self.gateway = RoleProcess("gateway", ["--host", "127.0.0.1", "--port", str(self.gateway_port)],
                                    gateway_env, root / "gateway.log")  # fmt: skip
 
@@ -62,7 +65,7 @@ class ControlPlane:
             env["SIE_NATS_URL"] = self.nats.url
         if with_store:
             env["SIE_CONFIG_STORE_DIR"] = str(self.store)
-        args = ["--config-host", "127.0.0.1", "--config-port", str(self.config_port)]
+        args = ["--host", "127.0.0.1", "--port", str(self.config_port)]
         process = RoleProcess("config", args, env, self.root / f"config-{time.monotonic()}.log")
         process.wait_http_ready(f"{self.config_url}/readyz")
         return process

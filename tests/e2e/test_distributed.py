@@ -33,19 +33,21 @@ class Cluster:
         self.socket = root / "worker.sock"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {"SIE_NATS_URL": self.nats.url, "SIE_IPC_SOCKET_PATH": str(self.socket), "SIE_WORKER_ID": "w-1"}
+        # Each role gets only the variables it reads (a role refuses the others).
+        self.worker_env = {"SIE_IPC_SOCKET_PATH": str(self.socket), "SIE_WORKER_ID": "w-1"}
         self.worker = self.start_worker()
         self.sidecar = RoleProcess(
-            "sidecar", ["--probe-port", str(free_port()), "--health-interval-s", "0.2"], self.env,
-            root / "sidecar.log",
+            "sidecar", ["--port", str(free_port()), "--health-interval-s", "0.2"],
+            {**self.worker_env, "SIE_NATS_URL": self.nats.url}, root / "sidecar.log",
         )  # fmt: skip
         self.gateway = RoleProcess(
             "gateway", ["--host", "127.0.0.1", "--port", str(self.port), "--gateway-request-timeout", "60"],
-            self.env, root / "gateway.log",
+            {"SIE_NATS_URL": self.nats.url}, root / "gateway.log",
         )  # fmt: skip
 
     def start_worker(self) -> RoleProcess:
-        return RoleProcess("worker", ["--preload", MINILM], self.env, self.root / f"worker-{time.monotonic()}.log")
+        log = self.root / f"worker-{time.monotonic()}.log"
+        return RoleProcess("worker", ["--preload", MINILM], self.worker_env, log)
 
     def wait_serving(self, timeout_s: float = 120.0) -> None:
         self.gateway.wait_http_ready(f"{self.url}/readyz")

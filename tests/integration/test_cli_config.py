@@ -29,7 +29,7 @@ class ConfigService:
         self.url = f"http://127.0.0.1:{free_port()}"
         port = self.url.rsplit(":", 1)[1]
         env = {"SIE_CONFIG_STORE_DIR": str(root / "store"), "SIE_ADMIN_TOKEN": TOKEN}
-        self.process = RoleProcess("config", ["--config-host", "127.0.0.1", "--config-port", port], env,
+        self.process = RoleProcess("config", ["--host", "127.0.0.1", "--port", port], env,
                                    root / "config.log")  # fmt: skip
         self.process.wait_http_ready(f"{self.url}/readyz")
 

@@ -128,7 +128,7 @@ def test_config_role_starts_while_nats_is_unreachable(nats_url: str, tmp_path: P
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     process = RoleProcess(
-        "config", ["--config-host", "127.0.0.1", "--config-port", str(port)], {"SIE_NATS_URL": nats_url},
+        "config", ["--host", "127.0.0.1", "--port", str(port)], {"SIE_NATS_URL": nats_url},
         tmp_path / "config.log",
     )  # fmt: skip
     try:

@@ -12,13 +12,14 @@ import pytest
 
 from sie.catalog import Catalog, load_yaml, parse_bundle, parse_model_config
 from sie.catalog.names import CONFIG_ALL_SUBJECT
-from sie.gateway.app import build_gateway_app
+from sie.gateway.app import GatewaySources, build_gateway_app
 from sie.gateway.config_sync import ConfigState, ConfigSync
 from sie.gateway.registry import WorkerRegistry
-from sie.settings import ConfigSyncSettings, GatewaySettings
+from sie.settings import ConfigSyncSettings, GatewaySettings, LaneSettings
 from sie.transport.loopback import LoopbackTransport
 from sie.wire.config import ConfigNotification
 from sie.wire.health import WorkerHeartbeat
+from support.gateway_fakes import NoWorkers
 
 DENSE = "sie.adapters.dense:DenseAdapter"
 SPARSE = "sie.adapters.sparse:SparseAdapter"
@@ -71,7 +72,8 @@ def state() -> ConfigState:
 @pytest.fixture()
 async def client(state: ConfigState, registry: WorkerRegistry):
     async with LoopbackTransport() as transport:
-        app = build_gateway_app(state, transport, registry, GatewaySettings(), router_id="gw-c")
+        sources = GatewaySources(state, transport, registry, registry, registry.healthy_workers)
+        app = build_gateway_app(sources, GatewaySettings(), LaneSettings(), "gw-c")
         async with (
             app.router.lifespan_context(app),
             httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http,
@@ -207,7 +209,8 @@ async def test_status_suffix_on_an_unknown_model_is_a_plain_lookup(client: httpx
 async def test_plain_catalog_getter_has_no_workers_and_epoch_zero() -> None:
     fixed = catalog()
     async with LoopbackTransport() as transport:
-        app = build_gateway_app(lambda: fixed, transport, object(), GatewaySettings(), router_id="gw-all")  # type: ignore[arg-type]
+        sources = GatewaySources(lambda: fixed, transport, transport, NoWorkers())
+        app = build_gateway_app(sources, GatewaySettings(), LaneSettings(), "gw-all")
         async with (
             app.router.lifespan_context(app),
             httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http,

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from sie.catalog import Catalog, load_catalog, parse_bundle
-from sie.gateway.app import build_gateway_app, collector_of, serving_state
+from sie.gateway.app import GatewaySources, build_gateway_app, collector_of, serving_state
 from sie.gateway.status import LastError, WorkerSummary
-from sie.settings import GatewaySettings, StreamSettings
+from sie.settings import GatewaySettings, LaneSettings, StreamSettings
 from sie.transport.base import Lane
 from sie.transport.loopback import LoopbackTransport
 from sie.wire import packb, unpackb
@@ -124,7 +124,8 @@ class Gateway:
     async def __aenter__(self) -> Gateway:
         self._stack = AsyncExitStack()
         self.transport = await self._stack.enter_async_context(LoopbackTransport(self.stream))
-        self.app = build_gateway_app(lambda: self.catalog, self.transport, self.status, self.settings, router_id="gw-t")
+        sources = GatewaySources(lambda: self.catalog, self.transport, self.transport, self.status)
+        self.app = build_gateway_app(sources, self.settings, LaneSettings(), "gw-t")
         if self.with_worker:
             self.worker = await self._stack.enter_async_context(ScriptedWorker(self.transport))
         await self._stack.enter_async_context(self.app.router.lifespan_context(self.app))
@@ -218,6 +219,20 @@ async def test_work_items_carry_the_request_params_and_base64_media(gw: Gateway)
     assert (item.model_id, item.profile_id, item.is_query, item.instruction) == (f"{MINILM}:int8", "int8", True, "q:")
     assert item.options["output_dtype"] == "float16" and item.item["images"][0]["data"] == b"\x89PNG"
     assert item.reply_subject == f"_INBOX.gw-t.{item.request_id}" and item.deadline > item.timestamp
+
+
+async def test_a_machine_profile_the_cluster_lacks_is_refused_before_publishing(catalog: Catalog) -> None:
+    async with Gateway(catalog, configured_gpus=("l4",)) as gw:
+        body = {"items": [{"text": "a"}]}
+        refused = await gw.client.post(ENCODE, json=body, headers={"x-sie-machine-profile": "h100"})
+        assert refused.status_code == 503
+        assert refused.json() == {
+            "status": "gpu_not_configured", "gpu": "h100", "configured_gpu_types": ["l4"],
+            "message": "Machine profile 'h100' is not configured in this cluster; configured: l4",
+        }  # fmt: skip
+        assert gw.worker.items == []
+        health = (await gw.client.get("/health")).json()
+        assert health["configured_gpu_types"] == ["l4"]
 
 
 async def test_score_sorts_ranks_and_defaults_ids(gw: Gateway) -> None:

@@ -13,25 +13,18 @@ import numpy as np
 import pytest
 
 from sie.catalog import load_catalog
-from sie.gateway.app import build_gateway_app
-from sie.roles.serving import HttpListener, serve_http
-from sie.settings import GatewaySettings
+from sie.gateway.app import GatewaySources, build_gateway_app
+from sie.http.serving import HttpListener, serve_http
+from sie.settings import GatewaySettings, LaneSettings
 from sie.transport.base import Lane
 from sie.transport.loopback import LoopbackTransport
 from sie.wire import packb
 from sie.wire.queue import WorkResult
+from support.gateway_fakes import NoWorkers
 from support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 ENCODE = "/v1/encode/sentence-transformers/all-MiniLM-L6-v2"
-
-
-class NoWorkers:
-    def status(self, model_id: str) -> tuple[str, None]:
-        return "available", None
-
-    def workers(self) -> list:
-        return []
 
 
 async def answer_forever(transport: LoopbackTransport, delay_s: float = 0.0) -> None:
@@ -61,7 +54,8 @@ async def serving(server_name: str, answer_delay_s: float = 0.0) -> AsyncIterato
     listener = HttpListener("127.0.0.1", free_port(), grace_s=5.0, server=server_name)
     stop = asyncio.Event()
     async with LoopbackTransport() as transport:
-        app = build_gateway_app(lambda: catalog, transport, NoWorkers(), GatewaySettings(), router_id="gw-h")
+        sources = GatewaySources(lambda: catalog, transport, transport, NoWorkers())
+        app = build_gateway_app(sources, GatewaySettings(), LaneSettings(), "gw-h")
         worker = asyncio.ensure_future(answer_forever(transport, answer_delay_s))
         server = asyncio.ensure_future(serve_http(app, listener, stop))
         try:

@@ -22,13 +22,25 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+MODEL_ROLES = ("worker", "all")
+
+
+def role_environment(role: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a role subprocess: this one's without any SIE_* variable (a role refuses those it
+    does not read), the repository's model cache for the roles that load models, then `env`."""
+    clean = {name: value for name, value in os.environ.items() if not name.startswith("SIE_")}
+    if role in MODEL_ROLES:
+        clean["SIE_MODEL_CACHE"] = str(REPO / ".cache" / "models")
+    return {**clean, **env}
+
+
 class RoleProcess:
     """One `sie run --role ROLE` subprocess; its stderr goes to a log file kept for failure reports."""
 
     def __init__(self, role: str, args: list[str], env: Mapping[str, str], log_path: Path) -> None:
         self.log_path = log_path
         command = [sys.executable, "-m", "sie.cli.main", "run", "--role", role, *args]
-        environment = {**os.environ, "SIE_MODEL_CACHE": str(REPO / ".cache" / "models"), **env}
+        environment = role_environment(role, env)
         self._log = log_path.open("wb")
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=environment)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,13 @@ from sie.cli.checks import EnvironmentProblem, check_onnxruntime_builds
 from sie.cli.main import app
 
 runner = CliRunner()
+
+
+@pytest.fixture
+def no_sie_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sie run` refuses SIE_* variables its role does not read: start from none (make exports SIE_MODEL_CACHE)."""
+    for name in [name for name in os.environ if name.startswith("SIE_")]:
+        monkeypatch.delenv(name)
 
 
 def test_version() -> None:
@@ -77,32 +85,38 @@ def test_resolve_unknown_and_conflict(baseline_catalog_dir: Path) -> None:
     assert conflict.exit_code == 1 and "compatible bundles: ['default']" in conflict.output
 
 
-def test_run_refuses_an_unknown_role() -> None:
+def test_run_refuses_an_unknown_role(no_sie_variables: None) -> None:
     result = runner.invoke(app, ["run", "--role", "nope"])
     assert result.exit_code == 2
-    assert "--role='nope' is not allowed; expected one of: all, gateway" in result.output
+    assert "--role='nope' is not allowed; expected one of: gateway, config, sidecar, worker, all" in result.output
 
 
-def test_run_refuses_an_unknown_flag() -> None:
+def test_run_refuses_an_unknown_flag(no_sie_variables: None) -> None:
     result = runner.invoke(app, ["run", "--role", "all", "--bogus", "1"])
     assert result.exit_code == 2 and "unknown option '--bogus'" in result.output
 
 
-def test_flags_map_to_setting_paths() -> None:
-    from sie.cli.run import FlagError, parse_flags
+@pytest.mark.parametrize("role", ["gateway", "all"])
+@pytest.mark.parametrize(
+    ("variable", "value"), [("SIE_AUTH_MODE", "token"), ("SIE_AUTH_MODE", "static"), ("SIE_AUTH_TOKENS", "t1")]
+)
+def test_gateway_roles_refuse_to_serve_unauthenticated_when_auth_is_asked_for(
+    monkeypatch, no_sie_variables: None, role: str, variable: str, value: str
+) -> None:
+    """Gateway auth is not built: asking for it fails closed (exit 2, the variable named), never open."""
+    monkeypatch.setenv(variable, value)
+    result = runner.invoke(app, ["run", "--role", role])
+    assert result.exit_code == 2
+    assert variable in result.output and "Gateway auth is not built" in result.output
 
-    assert parse_flags(["--role", "all", "--port=9000", "--json-logs", "--preload", "a,b"]) == {
-        "process.role": "all",
-        "gateway.port": "9000",
-        "telemetry.log_json": "true",
-        "worker.preload_models": "a,b",
-    }
-    assert parse_flags(["--tracing", "--port", "1"])["telemetry.tracing_enabled"] == "true"
-    with pytest.raises(FlagError, match="needs a value"):
-        parse_flags(["--port"])
+
+def test_run_refuses_a_flag_of_another_role(no_sie_variables: None) -> None:
+    result = runner.invoke(app, ["run", "--role", "config", "--preload", "m"])
+    assert result.exit_code == 2
+    assert "option --preload does not apply to role 'config'; it is read by role worker, all" in result.output
 
 
-def test_run_refuses_a_bad_setting(monkeypatch) -> None:
+def test_run_refuses_a_bad_setting(monkeypatch, no_sie_variables: None) -> None:
     monkeypatch.setenv("SIE_STREAM_REPLICAS", "three")
     result = runner.invoke(app, ["run", "--role", "all"])
     assert result.exit_code == 2

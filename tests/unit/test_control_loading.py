@@ -12,7 +12,7 @@ import pytest
 from sie.control.loading import load_registry, restore_models
 from sie.control.registry import SOURCE_API
 from sie.control.writes import ConfigWriter
-from sie.roles import AVAILABLE_ROLES
+from sie.roles import ROLE_MODULES
 from sie.roles.config import config_router_id, open_state
 from sie.settings import load_settings
 from sie.stores.config_store import CorruptEpochError, MemoryConfigStore
@@ -41,7 +41,7 @@ def test_restore_replays_stored_models_and_skips_bad_ones() -> None:
 
 
 def test_role_is_registered_and_router_id_is_trusted() -> None:
-    assert AVAILABLE_ROLES["config"] == "sie.roles.config"
+    assert ROLE_MODULES["config"] == "sie.roles.config"
     assert config_router_id(load_settings(environ={"SIE_ROUTER_ID": "gw-1"})) == "sie-config"
     assert config_router_id(load_settings(environ={"SIE_ROUTER_ID": "sie-config-7f9c"})) == "sie-config-7f9c"
 

@@ -24,6 +24,7 @@ TABLE = [
         gx.ModelLoadFailedError("gated", error_class="GATED", attempts=1, permanent=True),
         502, "MODEL_LOAD_FAILED", "error", None, "MODEL_LOAD_FAILED",
     ),
+    (gx.MachineProfileNotConfiguredError("h100", ("l4",)), 503, None, "status", None, None),
     (gx.ProvisioningError("no worker"), 503, "PROVISIONING", "error", "60", "PROVISIONING"),
     (gx.QueueFullError("full"), 503, "QUEUE_FULL", "error", "5", "QUEUE_FULL"),
     (gx.QueueUnavailableError("down"), 503, "QUEUE_UNAVAILABLE", "error", "5", "QUEUE_UNAVAILABLE"),
@@ -94,6 +95,17 @@ def test_model_load_failed_is_the_sdk_error_object_without_retry_after() -> None
         }
     }
     assert "retry-after" not in reply.headers
+
+
+def test_an_unconfigured_machine_profile_answers_the_public_gateways_status_body() -> None:
+    reply = error_reply(gx.MachineProfileNotConfiguredError("h100", ("l4", "a100-80gb")))
+    assert reply.status == 503 and "retry-after" not in reply.headers
+    assert loads_json(reply.content()) == {
+        "status": "gpu_not_configured",
+        "gpu": "h100",
+        "configured_gpu_types": ["l4", "a100-80gb"],
+        "message": "Machine profile 'h100' is not configured in this cluster; configured: l4, a100-80gb",
+    }
 
 
 def test_all_items_failed_body_lists_details() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sie.catalog import BundleConflictError, Catalog, ModelNotFoundError, load_catalog, parse_bundle
-from sie.gateway.errors import InvalidRequestError
+from sie.gateway.errors import InvalidRequestError, MachineProfileNotConfiguredError
 from sie.gateway.router import (
     LaneHints,
     Router,
@@ -91,6 +91,16 @@ def test_explicit_pool_header_wins_over_the_machine_profile_prefix(router: Route
 def test_lane_defaults_come_from_settings(catalog: Catalog) -> None:
     router = Router(lambda: catalog, LaneSettings(pool="cpu-pool", machine_profile="cpu"))
     assert router.route(MINILM, None, NO_HINTS).lane == Lane("cpu-pool", "cpu", "default")
+
+
+def test_only_configured_machine_profiles_may_be_named(catalog: Catalog) -> None:
+    router = Router(lambda: catalog, LaneSettings(), configured_machine_profiles=("l4", "a100-80gb"))
+    assert router.route(MINILM, None, LaneHints(machine_profile="L4")).lane.machine_profile == "l4"
+    assert router.route(MINILM, None, LaneHints(machine_profile="pool-b/a100-80gb")).lane.pool == "pool-b"
+    assert router.route(MINILM, None, LaneHints()).lane.machine_profile == "default"  # no header: no check
+    with pytest.raises(MachineProfileNotConfiguredError) as caught:
+        router.route(MINILM, None, LaneHints(machine_profile="h100"))
+    assert caught.value.extra == {"gpu": "h100", "configured_gpu_types": ["l4", "a100-80gb"]}
 
 
 def test_invalid_lane_header_is_a_400(router: Router) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
 import re
 from pathlib import Path
 
@@ -14,12 +17,16 @@ from sie.settings import (
     StreamSettings,
     describe_groups,
     describe_settings,
+    flag_paths,
     format_settings_error,
+    load_role_settings,
     load_settings,
+    parse_flags,
     render_settings_markdown,
     setting_paths,
     unrecognised_variables,
 )
+from sie.settings._spec import ROLES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,7 +43,6 @@ def test_defaults_match_the_seeds() -> None:
     assert s.stream.nak_delay_s == 5.0
     assert s.gateway.request_timeout_s == 30.0
     assert s.gateway.max_stream_pending == 50_000
-    assert s.gateway.lane_backpressure_enforce is False
     assert s.config_sync.poll_interval_s == 30.0
     assert s.config_sync.trusted_producers == ("sie-config",)
     assert s.config_sync.trust_any_producer is False
@@ -45,18 +51,8 @@ def test_defaults_match_the_seeds() -> None:
     assert s.worker.socket_path == Path("/tmp/sie-ipc.sock")
     assert (s.lane.pool, s.lane.machine_profile, s.lane.bundle) == ("default", "default", "default")
     assert s.auth.mode == "none"
-    assert s.auth.exempt_operational is False
     assert s.nats.url is None
     assert s.process.worker_id == "worker-unknown"
-    # seed 002 "Scheduling modes"
-    assert s.placement.mode == "round_robin"
-    assert s.placement.work_basis == "compute"
-    assert s.placement.routing_policy == "fill_least"
-    assert s.placement.fill_mode == "run"
-    assert s.placement.default_replicas == 1
-    assert s.placement.rebalance_compute_s == 300.0
-    assert s.placement.first_rebalance_compute_s == 60.0
-    assert s.placement.forbid_memory_oversubscription is True
     # contracts B §5.1, §8.3
     assert s.batching.max_batch_items == 64
     assert s.batching.max_batch_wait_s == pytest.approx(0.010, abs=1e-12)
@@ -89,9 +85,6 @@ def test_environment_values_are_parsed() -> None:
             "SIE_MAX_BATCH_WAIT_MS": "25",
             "SIE_WORKER_MEMORY_BUDGET_BYTES": "2GiB",
             "SIE_GATEWAY_MAX_BODY_BYTES": "1000",
-            "SIE_PLACEMENT_MODE": "lpt_packing",
-            "SIE_PLACEMENT_DEFAULT_REPLICAS": "all",
-            "SIE_WORKER_DEVICES": "cuda:0, cuda:1",
             "SIE_CONFIG_SERVICE_URL": "http://config:8081/",
             "SIE_IPC_SOCKET_PATH": "/run/sie/ipc.sock",
         }
@@ -107,9 +100,6 @@ def test_environment_values_are_parsed() -> None:
     assert s.batching.max_batch_wait_s == pytest.approx(0.025, abs=1e-12)
     assert s.worker.memory_budget_bytes == 2 * 2**30
     assert s.gateway.max_body_bytes == 1000
-    assert s.placement.mode == "lpt_packing"
-    assert s.placement.default_replicas == "all"
-    assert s.worker.devices == "cuda:0,cuda:1"
     assert s.config_sync.service_url == "http://config:8081"
     assert s.worker.socket_path == Path("/run/sie/ipc.sock")
 
@@ -202,9 +192,9 @@ def test_every_bad_variable_is_reported_together() -> None:
                 "SIE_STREAM_STORAGE": "disk",
                 "SIE_AUTH_MODE": "tokn",
                 "SIE_GATEWAY_REQUEST_TIMEOUT": "-1",
-                "SIE_TRACING_ENABLED": "maybe",
+                "SIE_LOG_JSON": "maybe",
                 "SIE_POOL": "bad.pool",
-                "SIE_PLACEMENT_MODE": "random",
+                "SIE_WORKER_BACKEND": "random",
             }
         )
     problems = caught.value.problems
@@ -212,12 +202,12 @@ def test_every_bad_variable_is_reported_together() -> None:
     assert "SIE_STREAM_STORAGE='disk' is not allowed; expected one of: memory, file" in problems
     assert "SIE_AUTH_MODE='tokn' is not allowed; expected one of: none, token, static" in problems
     assert "SIE_GATEWAY_REQUEST_TIMEOUT='-1' is out of range; expected seconds > 0" in problems
-    assert "SIE_TRACING_ENABLED='maybe' is not a boolean; expected true/false, 1/0 or yes/no" in problems
+    assert "SIE_LOG_JSON='maybe' is not a boolean; expected true/false, 1/0 or yes/no" in problems
     assert any(p.startswith("SIE_POOL='bad.pool' is not a valid name") for p in problems)
-    assert any(p.startswith("SIE_PLACEMENT_MODE='random' is not allowed") for p in problems)
+    assert any(p.startswith("SIE_WORKER_BACKEND='random' is not allowed") for p in problems)
     assert len(problems) == 7
     message = format_settings_error(caught.value)
-    for name in ("SIE_STREAM_REPLICAS", "SIE_STREAM_STORAGE", "SIE_AUTH_MODE", "SIE_PLACEMENT_MODE"):
+    for name in ("SIE_STREAM_REPLICAS", "SIE_STREAM_STORAGE", "SIE_AUTH_MODE", "SIE_WORKER_BACKEND"):
         assert name in message
     assert "Traceback" not in message
 
@@ -230,13 +220,9 @@ def test_every_bad_variable_is_reported_together() -> None:
         ("SIE_STREAM_MAX_AGE_S", "30s", "is not a number; expected seconds > 0"),
         ("SIE_MAX_DELIVER", "0", "is out of range; expected a whole number >= 1"),
         ("SIE_WORKER_MEMORY_BUDGET_BYTES", "lots", "is not a size"),
-        ("SIE_WORKER_DEVICES", "gpu0", "is not a device list"),
-        ("SIE_PLACEMENT_DEFAULT_REPLICAS", "0", "is not a replica count"),
-        ("SIE_PLACEMENT_DEFAULT_REPLICAS", "²", "is not a replica count"),
         ("SIE_CONFIG_SERVICE_URL", "localhost:8081", "is not an http(s) URL"),
-        ("SIE_MEMORY_PRESSURE_THRESHOLD_PERCENT", "120", "expected a number between 1 and 100"),
-        ("SIE_GATEWAY_STATIC_QUEUE_POOLS", "ok,no!", "has an item 'no!' that is not a valid name"),
-        ("SIE_IDLE_EVICT_S", "86401", "expected seconds between 0 and 86400"),
+        ("SIE_GATEWAY_CONFIGURED_GPUS", "ok,no!", "has an item 'no!' that is not a valid name"),
+        ("SIE_MAX_BATCH_WAIT_MS", "-1", "is out of range; expected milliseconds >= 0"),
     ],
 )
 def test_invalid_values_name_variable_value_and_what_is_allowed(name: str, raw: str, fragment: str) -> None:
@@ -273,8 +259,9 @@ def test_every_field_is_documented_once() -> None:
     assert [doc.path for doc in docs] == setting_paths()
     names = [name for doc in docs for name in (doc.env, *doc.aliases)]
     assert len(names) == len(set(names)), "an environment variable is declared twice"
-    flags = [doc.flag for doc in docs if doc.flag]
-    assert len(flags) == len(set(flags)), "a CLI flag is declared twice"
+    for role in ROLES:
+        flags = [doc.flag for doc in docs if doc.flag and role in doc.roles]
+        assert len(flags) == len(set(flags)), f"two settings of role {role} share a CLI flag"
     assert all(doc.doc.endswith(".") and doc.type for doc in docs)
     assert [group.name for group in describe_groups()] == [field.name for field in attrs.fields(Settings)]
 
@@ -295,3 +282,78 @@ def test_only_the_settings_package_reads_the_environment() -> None:
         and re.search(r"os\.environ|getenv\(", path.read_text(encoding="utf-8"))
     ]
     assert offenders == []
+
+
+def _attributes_read(module_name: str) -> set[str]:
+    """Every attribute name the module's code reads (`x.field`), from its syntax tree."""
+    tree = ast.parse(inspect.getsource(importlib.import_module(module_name)))
+    return {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+
+
+def test_every_setting_is_read_by_the_modules_it_names() -> None:
+    """No declared setting is inert: each names the modules that read it, and each of them does."""
+    inert = []
+    for doc in describe_settings():
+        field = doc.path.split(".")[1]
+        assert doc.roles, f"{doc.env} names no role"
+        for module_name in doc.read_by:
+            assert not module_name.startswith("sie.settings"), f"{doc.env}: the settings package reads nothing"
+            if field not in _attributes_read(module_name):
+                inert.append(f"{doc.env}: {module_name} never reads `.{field}`")
+    assert inert == []
+
+
+def test_a_role_refuses_flags_and_variables_it_does_not_read() -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_role_settings(
+            ["--role", "gateway", "--max-batch-requests", "3", "--bogus", "1"],
+            {"SIE_MODEL_CACHE": "/models", "SIE_PLACEMENT_MODE": "lpt_packing", "HOSTNAME": "pod-1"},
+        )
+    assert caught.value.problems == (
+        "option --max-batch-requests does not apply to role 'gateway'; it is read by role sidecar, worker, all",
+        "unknown option '--bogus'; docs/settings.md lists every option and the roles that read it",
+        "SIE_MODEL_CACHE does not apply to role 'gateway' (it is read by role worker, all); unset it",
+        "SIE_PLACEMENT_MODE is not a setting of this version (a typo, or a feature not built yet); unset it",
+    )
+
+
+@pytest.mark.parametrize(
+    ("role", "path"),
+    [
+        ("gateway", "gateway.port"),
+        ("all", "gateway.port"),
+        ("config", "config_service.port"),
+        ("sidecar", "sidecar.probe_port"),
+    ],
+)
+def test_host_and_port_bind_each_roles_own_listener(role: str, path: str) -> None:
+    assert flag_paths(role)["--port"] == path
+    assert flag_paths(role)["--host"] == path.replace("port", "host")
+    settings = load_role_settings(["--role", role, "--host", "127.0.0.1", "--port", "9000"], {})
+    group, field = path.split(".")
+    assert getattr(getattr(settings, group), field) == 9000
+    assert getattr(getattr(settings, group), field.replace("port", "host")) == "127.0.0.1"
+
+
+def test_the_worker_has_no_listener_to_bind() -> None:
+    with pytest.raises(SettingsError, match="option --port does not apply to role 'worker'"):
+        load_role_settings(["--role", "worker", "--port", "9000"], {})
+
+
+def test_the_role_comes_from_the_flag_then_the_variable_then_all() -> None:
+    assert load_role_settings(["--role=worker"], {"SIE_ROLE": "config"}).process.role == "worker"
+    assert load_role_settings([], {"SIE_ROLE": "config"}).process.role == "config"
+    assert load_role_settings([], {}).process.role == "all"
+    with pytest.raises(SettingsError, match="SIE_ROLE='nope' is not allowed"):
+        load_role_settings([], {"SIE_ROLE": "nope"})
+
+
+def test_flags_map_to_setting_paths() -> None:
+    assert parse_flags(["--role", "all", "--port=9000", "--json-logs", "--preload", "a,b"], "all") == {
+        "process.role": "all",
+        "gateway.port": "9000",
+        "telemetry.log_json": "true",
+        "worker.preload_models": "a,b",
+    }
+    with pytest.raises(SettingsError, match="needs a value"):
+        parse_flags(["--port"], "all")

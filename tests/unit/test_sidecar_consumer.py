@@ -8,9 +8,11 @@ import asyncio
 
 from sie.sidecar.admission import ADMISSION_NAK_DELAY_S, Admission
 from sie.sidecar.consumer import Consumer, ConsumerOptions, FetchTimeout
+from sie.sidecar.hashgate import WorkerHash
 from sie.sidecar.settlement import Settler
 from sie.sidecar.work import Work
 from sie.wire import codes
+from sie.wire.ipc_control import PingRequest, PingResponse
 from sie.wire.queue import WorkItem, WorkResult
 from support.sidecar_fakes import RecordingDelivery as FakeDelivery
 
@@ -43,31 +45,45 @@ class FakeLane:
         return []
 
 
-def item(index: int, model_id: str = "m", operation: str = "encode", reply: str | None = None) -> WorkItem:
+def item(
+    index: int, model_id: str = "m", operation: str = "encode", reply: str | None = None, digest: str | None = None
+) -> WorkItem:
     return WorkItem(
         work_item_id=f"r{index}.0", request_id=f"r{index}", item_index=0, total_items=1, operation=operation,
         model_id=model_id, profile_id="default", pool_name="default", machine_profile="default", router_id="gw",
-        reply_subject=reply or f"_INBOX.gw.r{index}", timestamp=0.0,
+        reply_subject=reply or f"_INBOX.gw.r{index}", timestamp=0.0, bundle_config_hash=digest,
     )  # fmt: skip
 
 
 class Admitted(list):
-    """(model, works) groups handed to readiness; `event` is set on each."""
+    """(model, works) groups passed on to readiness; `event` is set on each."""
 
     def __init__(self) -> None:
         super().__init__()
         self.event = asyncio.Event()
 
+    async def put(self, group: tuple[str, list[Work]]) -> None:
+        self.append(group)
+        self.event.set()
 
-def build(log: list, admission: Admission, lane: FakeLane | None = None, fetch_budget: int = 64):
+
+class PingWorker:
+    """A worker whose Ping reports `digest` as its bundle_config_hash."""
+
+    def __init__(self, digest: str = "") -> None:
+        self.digest = digest
+        self.pings = 0
+
+    async def ping(self, request: PingRequest) -> PingResponse:
+        self.pings += 1
+        return PingResponse(timestamp_ms=request.timestamp_ms, worker_id="w", bundle_config_hash=self.digest)
+
+
+def build(log: list, admission: Admission, lane: FakeLane | None = None, fetch_budget: int = 64, worker_hash: str = ""):
     admitted = Admitted()
-
-    async def admit(model_id: str, works: list[Work]) -> None:
-        admitted.append((model_id, works))
-        admitted.event.set()
-
     bus = FakeBus(log)
-    consumer = Consumer(lane or FakeLane([]), admission, Settler(bus, admission), admit,
+    gate = WorkerHash(PingWorker(worker_hash))
+    consumer = Consumer(lane or FakeLane([]), admission, Settler(bus, admission), gate, admitted,
                         ConsumerOptions(fetch_budget, nak_delay_s=5.0, worker_id="w1"))  # fmt: skip
     return consumer, bus, admitted
 
@@ -120,3 +136,19 @@ def test_fetch_timeout_is_short_when_busy_and_grows_when_idle() -> None:
     values = [timeout.update(0) for _ in range(10)]
     assert values[0] == 0.002 and values[-1] == 0.1
     assert timeout.update(5) == 0.001
+
+
+async def test_work_for_another_config_is_naked_with_the_stream_delay_before_readiness() -> None:
+    old, new = "0" * 64, "1" * 64
+    log: list = []
+    admission = Admission(10)
+    consumer, _, admitted = build(log, admission, worker_hash=new)
+    deliveries = [FakeDelivery(item(0, digest=new), log), FakeDelivery(item(1, digest=old), log),
+                  FakeDelivery(item(2), log)]  # fmt: skip
+    await consumer.accept(deliveries)
+    assert ("nak", "r1.0", 5.0) in log and consumer.refused == 1
+    assert [[w.item.work_item_id for w in works] for _, works in admitted] == [["r0.0", "r2.0"]]
+    assert admission.total == 2  # the refused item's slot is free again
+    log.clear()
+    await consumer.accept([FakeDelivery(item(3, digest=old), log)])
+    assert log == [("nak", "r3.0", 5.0)] and len(admitted) == 1  # nothing reaches readiness (no IPC)

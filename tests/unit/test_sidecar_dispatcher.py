@@ -9,7 +9,7 @@ import time
 import pytest
 
 from sie.sidecar.admission import Admission
-from sie.sidecar.dispatcher import Dispatcher
+from sie.sidecar.dispatcher import BatchDispatcher
 from sie.sidecar.prep import encode_item
 from sie.sidecar.scheduler import Batch
 from sie.sidecar.settlement import Settler
@@ -70,8 +70,7 @@ async def run(worker: FakeWorker, the_batch: Batch, log: list) -> tuple[FakeBus,
     bus, forgotten = FakeBus(log), []
     admission = Admission(100)
     admission.admit("m", the_batch.works)
-    dispatcher = Dispatcher(worker, Settler(bus, admission), "w1", nak_delay_s=5.0)
-    dispatcher.on_model_unready = forgotten.append
+    dispatcher = BatchDispatcher(worker, Settler(bus, admission), forgotten.append, "w1", nak_delay_s=5.0)
     dispatcher.start()
     try:
         await dispatcher.dispatch(the_batch)
@@ -155,8 +154,8 @@ async def test_finishing_overlaps_the_next_batch() -> None:
     admission = Admission(100)
     the_batch = batch(log, 1)
     admission.admit("m", the_batch.works)
-    dispatcher = Dispatcher(FakeWorker(lambda r: BatchOutcome(outcomes=[outcome("r0.0", result_msgpack=b"\x80")])),
-                            Settler(SlowBus(log), admission), "w1", 5.0)  # fmt: skip
+    dispatcher = BatchDispatcher(FakeWorker(lambda r: BatchOutcome(outcomes=[outcome("r0.0", result_msgpack=b"\x80")])),
+                                 Settler(SlowBus(log), admission), lambda model_id: None, "w1", 5.0)  # fmt: skip
     dispatcher.start()
     await asyncio.wait_for(dispatcher.dispatch(the_batch), 1.0)
     assert ("ack", "r0.0") not in log

@@ -1,10 +1,10 @@
-"""The sidecar's hash gate: deliveries for another bundle_config_hash are NAKed (stream delay) before any
-IPC for them; equal or empty hashes proceed; the worker's hash comes from Ping, refreshed on disagreement
-at most once per interval; only verified items echo the executed hash."""
+"""The sidecar's hash gate: deliveries for another bundle_config_hash are refused (the consumer NAKs them,
+test_sidecar_consumer.py); equal or empty hashes proceed; the worker's hash comes from Ping, refreshed on
+disagreement at most once per interval; only verified items echo the executed hash."""
 
 from __future__ import annotations
 
-from sie.sidecar.hashgate import HashGatedAdmit, WorkerHash, split_by_hash
+from sie.sidecar.hashgate import WorkerHash, split_by_hash
 from sie.sidecar.results import BatchTimings, outcome_result
 from sie.sidecar.work import Work
 from sie.wire.ipc_batch import DISPOSITION_PUBLISH_AND_ACK, DISPOSITION_PUBLISH_ERROR_AND_ACK, ItemOutcome
@@ -89,24 +89,6 @@ async def test_a_failed_ping_keeps_the_old_hash() -> None:
     clock.now += 5.0
     await gate.refresh()
     assert gate.current == OLD
-
-
-async def test_gated_admit_naks_with_the_stream_delay_before_admitting() -> None:
-    events: list = []
-
-    async def admit(model_id: str, works: list[Work]) -> None:
-        events.append(("admit", model_id, ids(works)))
-
-    async def nak(works: list[Work], delay_s: float) -> None:
-        events.append(("nak", ids(works), delay_s))
-
-    gated = HashGatedAdmit(WorkerHash(PingWorker(NEW)), admit, nak, nak_delay_s=2.5)
-    await gated("m", [work(0, NEW), work(1, OLD), work(2, None)])
-    assert events == [("nak", ["r1.0"], 2.5), ("admit", "m", ["r0.0", "r2.0"])]
-    assert gated.refused == 1
-    events.clear()
-    await gated("m", [work(3, OLD)])
-    assert events == [("nak", ["r3.0"], 2.5)]  # nothing reaches readiness (no IPC)
 
 
 def test_only_successful_verified_results_echo_the_executed_hash() -> None:

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from sie.catalog.names import health_subject
+from sie.sidecar.config_apply import AppliedConfig
 from sie.sidecar.health import FRESH_INTERVALS, MAX_FAILED_MODELS, HealthPublisher, WorkerIdentity, model_failure
 from sie.wire.health import ModelFailure, WorkerHeartbeat
 from sie.wire.ipc_control import (
@@ -81,9 +82,7 @@ def bus() -> FakeBus:
 
 @pytest.fixture()
 def publisher(bus: FakeBus, worker: FakeWorker, clock: Clock) -> HealthPublisher:
-    publisher = HealthPublisher(bus, worker, IDENTITY, INTERVAL, clock=clock)
-    publisher.wall_clock = lambda: 1_700_000_000.5
-    return publisher
+    return HealthPublisher(bus, worker, IDENTITY, INTERVAL, clock=clock)
 
 
 async def until(condition, timeout_s: float = 5.0) -> None:
@@ -95,22 +94,26 @@ async def until(condition, timeout_s: float = 5.0) -> None:
 
 
 async def test_beat_publishes_identity_and_worker_state(publisher, bus, worker) -> None:
+    before = time.time()
     heartbeat = await publisher.beat()
+    after = time.time()
     assert bus.published == [(health_subject("worker-1"), heartbeat)]
-    assert worker.requests == [PingRequest(timestamp_ms=1_700_000_000_500.0)]
+    (ping,) = worker.requests
+    assert before * 1000 <= ping.timestamp_ms <= after * 1000
+    assert before <= heartbeat.timestamp <= after
     assert heartbeat == WorkerHeartbeat(
         worker_id="worker-1", pool="pool-a", machine_profile="L4", bundle="default", ready=True,
-        timestamp=1_700_000_000.5, bundle_config_hash="h1", loaded_models=["m/loaded"],
+        timestamp=heartbeat.timestamp, bundle_config_hash="h1", loaded_models=["m/loaded"],
         loading_models=["m/loading"], failed_models={}, draining=False, interval_s=INTERVAL, device_count=2,
     )  # fmt: skip
     assert publisher.ready
 
 
-async def test_an_acknowledged_config_hash_is_advertised_over_the_workers_own(publisher) -> None:
-    acknowledged = [""]
-    publisher.acknowledged_hash = lambda: acknowledged[0]
+async def test_an_acknowledged_config_hash_is_advertised_over_the_workers_own(bus, worker, clock) -> None:
+    acknowledged = AppliedConfig()
+    publisher = HealthPublisher(bus, worker, IDENTITY, INTERVAL, acknowledged, clock=clock)
     assert (await publisher.beat()).bundle_config_hash == "h1"  # nothing acknowledged yet: the worker's
-    acknowledged[0] = "h-acked"
+    acknowledged.bundle_config_hash = "h-acked"
     assert (await publisher.beat()).bundle_config_hash == "h-acked"
 
 

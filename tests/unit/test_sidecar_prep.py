@@ -18,7 +18,7 @@ from sie.sidecar.prep import (
     input_cost,
     score_cost,
 )
-from sie.sidecar.work import BatchLimits, ReadyModel, Work
+from sie.sidecar.work import BatchLimits, Channel, ReadyGroup, ReadyModel, Work
 from sie.tokenization import TextTokenizer, prepare_text
 from sie.wire.ipc_control import ModelDescriptor
 from sie.wire.queue import WorkItem
@@ -97,12 +97,11 @@ def test_encode_text_matches_the_worker_overlay() -> None:
 
 async def prepare(model: ReadyModel, works: list[Work]) -> None:
     with ThreadPoolExecutor(2) as executor:
-        calls: list[int] = []
 
         async def fail(works: list[Work]) -> None:
             raise AssertionError("preparation failed")
 
-        preparer = Preparer(executor, lambda m, w: calls.append(len(w)), fail)
+        preparer = Preparer(executor, Channel(1), fail)
         await preparer.prepare(model, works)
 
 
@@ -161,20 +160,18 @@ async def test_group_is_tokenized_in_one_call(tokenizer_file: Path, monkeypatch:
 
 
 async def test_stage_hands_prepared_groups_to_the_scheduler(tokenizer_file: Path) -> None:
-    submitted: list[tuple[str, int]] = []
+    inbox: Channel[ReadyGroup] = Channel(2)
+    out: Channel[ReadyGroup] = Channel(2)
     with ThreadPoolExecutor(2) as executor:
 
         async def fail(works: list[Work]) -> None:
             raise AssertionError("preparation failed")
 
-        preparer = Preparer(executor, lambda m, w: submitted.append((m.model_id, len(w))), fail)
-        preparer.start()
+        serving = asyncio.ensure_future(Preparer(executor, out, fail).serve(inbox))
         try:
-            await preparer.put(ready(tokenizer_file), [Work(_Delivery(item(0, item={"text": "hello"})), 0.0)])
-            for _ in range(1000):
-                if submitted:
-                    break
-                await asyncio.sleep(0.001)
+            await inbox.put((ready(tokenizer_file), [Work(_Delivery(item(0, item={"text": "hello"})), 0.0)]))
+            model, works = await asyncio.wait_for(out.get(), 5.0)
         finally:
-            await preparer.close()
-    assert submitted == [("m", 1)]
+            serving.cancel()
+            await asyncio.gather(serving, return_exceptions=True)
+    assert (model.model_id, len(works)) == ("m", 1) and works[0].run_item is not None

@@ -11,7 +11,7 @@ import pytest
 
 from sie.settings import BatchingSettings
 from sie.sidecar.admission import Admission
-from sie.sidecar.readiness import Readiness, ReadinessTimings, progress_interval
+from sie.sidecar.readiness import Readiness, ReadinessTimings, ReadyModels, progress_interval
 from sie.sidecar.settlement import Settler
 from sie.sidecar.work import ReadyModel, Work
 from sie.wire import codes, unpackb
@@ -62,15 +62,19 @@ def works(log: list, count: int = 2) -> list[Work]:
     ]  # fmt: skip
 
 
-def build(worker: ScriptedWorker, timings: ReadinessTimings = TIMINGS):
+class Proceeded(list):
+    """The (ready model, works) groups readiness passed on to preparation."""
+
+    async def put(self, group: tuple[ReadyModel, list[Work]]) -> None:
+        self.append(group)
+
+
+def build(worker: ScriptedWorker, timings: ReadinessTimings = TIMINGS, observe=None):
     bus = FakeBus()
-    proceeded: list[tuple[ReadyModel, list[Work]]] = []
-
-    async def proceed(model: ReadyModel, group: list[Work]) -> None:
-        proceeded.append((model, group))
-
-    readiness = Readiness(worker, Settler(bus, Admission(100)), BatchingSettings(), timings, "w1", proceed)
-    return readiness, bus, proceeded
+    proceeded = Proceeded()
+    models = ReadyModels(BatchingSettings(), observe)
+    readiness = Readiness(worker, Settler(bus, Admission(100)), models, proceeded, timings)
+    return readiness, bus, proceeded, models
 
 
 async def until(condition, timeout_s: float = 2.0) -> None:
@@ -90,13 +94,13 @@ def test_progress_interval_stays_below_ack_wait() -> None:
 async def test_ready_proceeds_with_limits_and_is_cached() -> None:
     log: list = []
     worker = ScriptedWorker(READY)
-    readiness, _, proceeded = build(worker)
+    readiness, _, proceeded, models = build(worker)
     await readiness.admit("m", works(log))
     await readiness.admit("m", works(log))
     assert worker.calls == 1 and len(proceeded) == 2
     model = proceeded[0][0]
     assert (model.limits.max_cost, model.limits.max_items) == (999, 16)
-    readiness.forget("m")
+    models.forget("m")  # the dispatcher's answer to a batch the worker could not run
     await readiness.admit("m", works(log))
     assert worker.calls == 2
 
@@ -106,7 +110,7 @@ async def test_loading_holds_with_progress_acks_then_proceeds() -> None:
     worker = ScriptedWorker(
         EnsureModelReadyResponse(state="loading_started"), LOADING, LOADING, LOADING, LOADING, LOADING, READY
     )
-    readiness, bus, proceeded = build(worker)
+    readiness, bus, proceeded, _ = build(worker)
     await readiness.admit("m", works(log, 1))
     await readiness.admit("m", works(log, 2))  # joins the hold: no second poller, no extra IPC call
     assert readiness.held() == 3 and worker.calls == 1
@@ -119,7 +123,7 @@ async def test_loading_holds_with_progress_acks_then_proceeds() -> None:
 
 async def test_a_hold_past_load_hold_s_answers_model_loading() -> None:
     log: list = []
-    readiness, bus, proceeded = build(ScriptedWorker(LOADING), ReadinessTimings(0.005, 0.01, 0.02, 5.0))
+    readiness, bus, proceeded, _ = build(ScriptedWorker(LOADING), ReadinessTimings(0.005, 0.01, 0.02, 5.0))
     await readiness.admit("m", works(log))
     await until(lambda: len(bus.results) == 2)
     assert {r.error_code for r in bus.results} == {codes.MODEL_LOADING}
@@ -132,7 +136,7 @@ async def test_a_hold_past_load_hold_s_answers_model_loading() -> None:
 async def test_permanent_failure_answers_model_load_failed_with_metadata() -> None:
     log: list = []
     failed = EnsureModelReadyResponse(state="failed", error="no weights", error_class="NOT_FOUND", attempts=1)
-    readiness, bus, _ = build(ScriptedWorker(failed))
+    readiness, bus, _, _ = build(ScriptedWorker(failed))
     await readiness.admit("m", works(log))
     assert {r.error_code for r in bus.results} == {codes.MODEL_LOAD_FAILED}
     assert bus.results[0].error == "no weights"
@@ -143,7 +147,7 @@ async def test_permanent_failure_answers_model_load_failed_with_metadata() -> No
 async def test_load_failure_during_the_hold_is_answered() -> None:
     log: list = []
     failed = EnsureModelReadyResponse(state="failed", error="boom", error_class="UNKNOWN", attempts=2)
-    readiness, bus, _ = build(ScriptedWorker(EnsureModelReadyResponse(state="loading_started"), LOADING, failed))
+    readiness, bus, _, _ = build(ScriptedWorker(EnsureModelReadyResponse(state="loading_started"), LOADING, failed))
     await readiness.admit("m", works(log))
     await until(lambda: len(bus.results) == 2)
     assert unpackb(bus.results[0].result_msgpack)["attempts"] == 2
@@ -154,7 +158,7 @@ async def test_oom_cooldown_answers_resource_exhausted(retry_after: float | None
     log: list = []
     oom = EnsureModelReadyResponse(state="retry_later", error="no memory", error_class="OOM", attempts=1,
                                    retry_after_s=retry_after)  # fmt: skip
-    readiness, bus, _ = build(ScriptedWorker(oom))
+    readiness, bus, _, _ = build(ScriptedWorker(oom))
     await readiness.admit("m", works(log, 1))
     assert bus.results[0].error_code == codes.RESOURCE_EXHAUSTED and bus.results[0].retry_after_s == expected
     assert log == [("ack", "r0.0")]
@@ -164,7 +168,7 @@ async def test_other_cooldown_answers_transient_model_load_failed() -> None:
     log: list = []
     network = EnsureModelReadyResponse(state="retry_later", error="down", error_class="NETWORK", attempts=3,
                                        retry_after_s=12.0)  # fmt: skip
-    readiness, bus, _ = build(ScriptedWorker(network))
+    readiness, bus, _, _ = build(ScriptedWorker(network))
     await readiness.admit("m", works(log, 1))
     assert bus.results[0].error_code == codes.MODEL_LOAD_FAILED
     assert unpackb(bus.results[0].result_msgpack) == {"error_class": "NETWORK", "attempts": 3, "permanent": False}
@@ -172,21 +176,32 @@ async def test_other_cooldown_answers_transient_model_load_failed() -> None:
 
 async def test_a_model_unknown_to_this_worker_is_naked() -> None:
     log: list = []
-    readiness, bus, _ = build(ScriptedWorker(EnsureModelReadyResponse(state="retry_later")))
+    readiness, bus, _, _ = build(ScriptedWorker(EnsureModelReadyResponse(state="retry_later")))
     await readiness.admit("m", works(log, 1))
     assert log == [("nak", "r0.0", 5.0)] and not bus.results
 
 
 async def test_an_ipc_failure_is_naked() -> None:
     log: list = []
-    readiness, _, _ = build(ScriptedWorker(ConnectionError("socket closed")))
+    readiness, _, _, _ = build(ScriptedWorker(ConnectionError("socket closed")))
     await readiness.admit("m", works(log, 1))
     assert log == [("nak", "r0.0", 5.0)]
 
 
 async def test_release_holds_gives_work_back_at_once() -> None:
     log: list = []
-    readiness, _, proceeded = build(ScriptedWorker(LOADING))
+    readiness, _, proceeded, _ = build(ScriptedWorker(LOADING))
     await readiness.admit("m", works(log, 2))
     await readiness.release_holds()
     assert log == [("nak", "r0.0", 0.0), ("nak", "r1.0", 0.0)] and not proceeded
+
+
+async def test_every_answer_is_told_to_the_observer() -> None:
+    log: list = []
+    heard: list[tuple[str, str]] = []
+    failed = EnsureModelReadyResponse(state="failed", error="no weights", error_class="NOT_FOUND", attempts=1)
+    readiness, _, _, _ = build(
+        ScriptedWorker(failed), observe=lambda model_id, answer: heard.append((model_id, answer.state))
+    )
+    await readiness.admit("m", works(log, 1))
+    assert heard == [("m", "failed")]

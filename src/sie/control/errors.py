@@ -9,7 +9,6 @@ ControlError
 ├── UnknownModelError          no such model in the registry
 ├── UnknownBundleError         no such bundle
 ├── ConfigStoreRequiredError   the operation needs SIE_CONFIG_STORE_DIR
-├── PayloadTooLargeError       the body is over the limit
 ├── RegistryUnavailableError   the bundles failed to load at start-up
 ├── PublisherUnavailableError  a NATS publisher is configured but not connected
 ├── IdempotencyMismatchError   an Idempotency-Key reused with another payload
@@ -84,10 +83,6 @@ class UnknownBundleError(ControlError):
 
 class ConfigStoreRequiredError(ControlError):
     """Deleting needs a persistent store: without one the baseline would come back on restart."""
-
-
-class PayloadTooLargeError(ControlError):
-    """The request body exceeds the limit."""
 
 
 class RegistryUnavailableError(ControlError):

@@ -17,11 +17,12 @@ from sie.catalog import CatalogError, validate_model_id
 from sie.control import views
 from sie.control.auth import Access, AccessPolicy
 from sie.control.documents import parse_put_document, parse_resolve_request, parse_yaml_document
-from sie.control.errors import ControlError, PayloadTooLargeError, RegistryUnavailableError
+from sie.control.errors import ControlError, RegistryUnavailableError
 from sie.control.idempotency import IdempotencyCache, post_fingerprint, put_fingerprint
 from sie.control.registry import ModelRegistry
 from sie.control.replies import error_reply
 from sie.control.writes import ConfigWriter
+from sie.http.bodies import BodyTooLargeError, read_body
 from sie.stores.config_store import ConfigStoreError
 from sie.wire import dumps_json
 
@@ -52,27 +53,13 @@ def guarded(access: Access) -> Callable[[Handler], Handler]:
             try:
                 self.policy.check(request.headers.get("authorization"), access)
                 return await handler(self, request)
-            except (ControlError, CatalogError, ConfigStoreError) as exc:
+            except (ControlError, CatalogError, ConfigStoreError, BodyTooLargeError) as exc:
                 reply = error_reply(exc)
                 return json_response(reply.body, reply.status)
 
         return wrapper
 
     return decorate
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it passes `limit` bytes."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLargeError(f"Request body exceeds {limit} bytes.")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLargeError(f"Request body exceeds {limit} bytes.")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _answer(status: int, outcome: Any) -> Answer:

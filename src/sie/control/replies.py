@@ -12,6 +12,7 @@ import attrs
 
 from sie.catalog.errors import BundleConflictError, InvalidModelIdError, ModelNotFoundError
 from sie.control import errors
+from sie.http.bodies import BodyTooLargeError
 
 INTERNAL_ERROR: Final = "internal_error"
 
@@ -35,7 +36,7 @@ RULES: Final[dict[type[BaseException], tuple[int, str]]] = {
     BundleConflictError: (409, "bundle_conflict"),
     errors.ContentConflictError: (409, "content_conflict"),
     errors.ConfigStoreRequiredError: (409, "config_store_required"),
-    errors.PayloadTooLargeError: (413, "payload_too_large"),
+    BodyTooLargeError: (413, "payload_too_large"),
     errors.ValidationFailedError: (422, "validation_error"),
     errors.IdempotencyMismatchError: (422, "idempotency_mismatch"),
     errors.PublisherUnavailableError: (503, "nats_unavailable"),
@@ -71,7 +72,7 @@ def _fields(exc: BaseException) -> dict[str, Any]:
 
 
 def _message(exc: BaseException) -> str:
-    if isinstance(exc, errors.ControlError | InvalidModelIdError):
+    if isinstance(exc, errors.ControlError | InvalidModelIdError | BodyTooLargeError):
         return exc.message
     return str(exc)
 

@@ -1,6 +1,6 @@
-"""`build_gateway_app`: the gateway's starlette application, composed from a catalog getter, a transport, a
-model status source and settings. The lifespan runs the result collector; serving it (hypercorn or uvicorn,
-SIE_HTTP_SERVER) and the SIGTERM drain are the role file's job, through `serving_state(app)`.
+"""`build_gateway_app`: the gateway's starlette application, composed from what it reads and where it sends
+work (`GatewaySources`) and its settings. The lifespan runs the result collector; serving it (hypercorn or
+uvicorn, SIE_HTTP_SERVER) and the SIGTERM drain are the role file's job, through `serving_state(app)`.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import attrs
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -17,9 +18,10 @@ from starlette.routing import Route
 
 from sie.gateway.collector import Collector
 from sie.gateway.config_routes import config_routes
-from sie.gateway.dispatcher import Dispatcher
+from sie.gateway.config_sync import HeartbeatSource
 from sie.gateway.edge import reply_response
 from sie.gateway.handlers import InferenceHandlers, ReadHandlers
+from sie.gateway.publisher import LaneConsumers, WorkPublisher
 from sie.gateway.replies import error_reply, route_error_reply, surface_for_path
 from sie.gateway.router import CatalogSource, Router
 from sie.gateway.service import InferenceService
@@ -57,29 +59,32 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return reply_response(error_reply(exc, surface_for_path(request.url.path)))
 
 
-def build_gateway_app(
-    catalog: CatalogSource,
-    transport: Transport,
-    status: ModelStatusSource,
-    settings: GatewaySettings,
-    *,
-    router_id: str,
-    lane: LaneSettings | None = None,
-) -> Starlette:
-    """The gateway ASGI app; `lane` gives the default pool and machine profile when headers name none.
+@attrs.frozen
+class GatewaySources:
+    """What the gateway reads and where it sends work; `transport` must be entered (started) before the app's
+    lifespan starts, and outlive it."""
 
-    `transport` must be entered (started) before the app's lifespan starts, and outlive it.
-    """
+    catalog: CatalogSource  # the current model catalogue
+    transport: Transport  # publishes work items, carries results back
+    consumers: LaneConsumers  # whether a lane is served now (PROVISIONING otherwise)
+    status: ModelStatusSource  # model and worker state for `/v1/models` and `/health`
+    heartbeats: HeartbeatSource | None = None  # healthy workers' heartbeats, where the gateway hears them
+
+
+def build_gateway_app(
+    sources: GatewaySources, settings: GatewaySettings, lane: LaneSettings, router_id: str
+) -> Starlette:
+    """The gateway ASGI app; `lane` is where requests go whose headers name none."""
     serving = ServingState()
-    collector = Collector(transport, router_id)
+    collector = Collector(sources.transport, router_id)
     service = InferenceService(
-        Router(catalog, lane if lane is not None else LaneSettings()),
-        Dispatcher(transport, settings, router_id),
+        Router(sources.catalog, lane, settings.configured_gpus),
+        WorkPublisher(sources.transport, sources.consumers, settings.max_stream_pending, router_id),
         collector,
         settings.request_timeout_s,
     )
     inference = InferenceHandlers(service, settings.max_body_bytes)
-    read = ReadHandlers(catalog, status, serving, settings.configured_gpus)
+    read = ReadHandlers(sources.catalog, sources.status, serving, settings.configured_gpus)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -91,7 +96,7 @@ def build_gateway_app(
                 serving.started = False
 
     app = Starlette(
-        routes=[*_routes(inference, read), *config_routes(catalog, status)],
+        routes=[*_routes(inference, read), *config_routes(sources.catalog, sources.heartbeats)],
         middleware=[Middleware(ShutdownMiddleware, serving=serving)],
         exception_handlers={HTTPException: _http_error, Exception: _unexpected},
         lifespan=lifespan,

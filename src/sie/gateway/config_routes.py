@@ -5,7 +5,7 @@ Writes are not registered, so `POST /v1/configs/models` answers 405. Errors go t
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -23,22 +23,16 @@ from sie.gateway.config_sync.views import (
     status_target,
     worker_ack_status,
 )
-from sie.gateway.edge import endpoint, json_response, read_body
+from sie.gateway.edge import endpoint, json_response
 from sie.gateway.errors import InvalidRequestError
 from sie.gateway.headers import VERSION_HEADERS
 from sie.gateway.replies import Surface
 from sie.gateway.router import CatalogSource
+from sie.http.bodies import read_body
 from sie.wire import DecodeError, loads_json
 
 YAML_MEDIA_TYPE = "application/x-yaml"
 MAX_RESOLVE_BODY_BYTES = 64 * 1024
-
-
-@runtime_checkable
-class HealthyWorkers(Protocol):
-    """A status source that can list healthy workers' heartbeats (the gateway's WorkerRegistry)."""
-
-    def healthy_workers(self) -> Any: ...
 
 
 def yaml_response(text: str) -> Response:
@@ -86,10 +80,10 @@ class ConfigReadHandlers:
         return json_response(resolve_body(self._view(), data))
 
 
-def config_routes(catalog: CatalogSource, status: object) -> list[Route]:
-    """Routes over `catalog` (a ConfigView when config sync runs) and the workers `status` knows, if any."""
+def config_routes(catalog: CatalogSource, heartbeats: HeartbeatSource | None) -> list[Route]:
+    """Routes over `catalog` (a ConfigView when config sync runs) and the healthy workers' heartbeats, if the
+    gateway hears any."""
     view = catalog if isinstance(catalog, ConfigView) else StaticConfigView(catalog)
-    heartbeats = status.healthy_workers if isinstance(status, HealthyWorkers) else None
     handlers = ConfigReadHandlers(view, heartbeats)
     return [
         Route("/v1/configs/models", handlers.list_models, methods=["GET"]),

@@ -1,5 +1,5 @@
-"""Starlette glue every gateway route shares: reading a body under the cap, the routing headers, the error
-wrapper that answers each failure through replies.py, abandoning work when the client leaves, and rendering.
+"""Starlette glue every gateway route shares: the routing headers, the error wrapper that answers each
+failure through replies.py, abandoning work when the client leaves, and rendering.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Concatenate, Final, TypeVar
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sie.gateway.errors import ClientDisconnectedError, PayloadTooLargeError
+from sie.gateway.errors import ClientDisconnectedError
 from sie.gateway.headers import VERSION_HEADERS, response_headers
 from sie.gateway.negotiation import JSON_MEDIA_TYPE, render, wants_msgpack
 from sie.gateway.replies import ErrorReply, Surface, error_reply
@@ -30,21 +30,6 @@ def lane_hints(request: Request) -> LaneHints:
     """`X-SIE-Pool` and `X-SIE-MACHINE-PROFILE` as sent (the router validates them)."""
     headers = request.headers
     return LaneHints(headers.get("x-sie-pool"), headers.get("x-sie-machine-profile"))
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body; over `limit` bytes (declared or streamed) raises PayloadTooLargeError."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLargeError(f"Request body of {declared} bytes exceeds the {limit} byte limit")
-    chunks = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLargeError(f"Request body exceeds the {limit} byte limit")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def reply_response(reply: ErrorReply) -> Response:

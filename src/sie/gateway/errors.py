@@ -12,6 +12,7 @@ replies.py maps these (and the catalog, wire and transport errors that reach a h
     │   ├── WorkerRetryableError every item failed with one retryable worker code
     │   ├── ShuttingDownError    the gateway is draining
     │   └── GatewayTimeoutError  published, but no result before the request timeout (also a TimeoutError)
+    ├── MachineProfileNotConfiguredError  the request names a machine profile the cluster does not have
     ├── ModelLoadFailedError     every item failed with MODEL_LOAD_FAILED (terminal)
     ├── AllItemsFailedError      every item failed, with mixed or non-retryable codes
     └── ClientDisconnectedError  the caller left before the answer; its work was abandoned
@@ -99,6 +100,20 @@ class GatewayTimeoutError(RetryableError, TimeoutError):
     """Work was published but not every result arrived before `request_timeout_s`."""
 
     code = codes.GATEWAY_TIMEOUT
+
+
+class MachineProfileNotConfiguredError(GatewayError):
+    """`X-SIE-MACHINE-PROFILE` names a profile outside SIE_GATEWAY_CONFIGURED_GPUS (contracts Part B §1.10)."""
+
+    code = codes.GPU_NOT_CONFIGURED
+
+    def __init__(self, machine_profile: str, configured: tuple[str, ...]) -> None:
+        super().__init__(
+            f"Machine profile '{machine_profile}' is not configured in this cluster; "
+            f"configured: {', '.join(configured)}",
+            gpu=machine_profile,
+            configured_gpu_types=list(configured),
+        )
 
 
 class ModelLoadFailedError(GatewayError):

@@ -17,7 +17,6 @@ from sie.gateway.edge import (
     endpoint,
     json_response,
     lane_hints,
-    read_body,
     served_response,
     until_disconnect,
 )
@@ -28,6 +27,7 @@ from sie.gateway.router import CatalogSource
 from sie.gateway.service import InferenceService
 from sie.gateway.shutdown import ServingState
 from sie.gateway.status import ModelStatusSource
+from sie.http.bodies import read_body
 from sie.wire.http import EncodeRequest, ExtractRequest, ScoreRequest
 
 T = TypeVar("T")

@@ -22,7 +22,6 @@ from sie.gateway.status import (
     LastError,
     WorkerSummary,
 )
-from sie.settings import Settings
 from sie.transport.base import Lane, MessageBus, Subscription
 from sie.wire.health import ModelFailure, WorkerHeartbeat
 
@@ -63,10 +62,6 @@ class WorkerRegistry:
         self._workers: dict[str, RegisteredWorker] = {}
         self._subscription: Subscription | None = None
         self._last_prune = -math.inf
-
-    @classmethod
-    def from_settings(cls, bus: MessageBus, settings: Settings) -> WorkerRegistry:
-        return cls(bus, settings.gateway.worker_stale_s)
 
     async def __aenter__(self) -> Self:
         self._subscription = await self.bus.subscribe(HEALTH_WILDCARD, self._on_message, message_type=WorkerHeartbeat)
@@ -163,6 +158,12 @@ class WorkerRegistry:
             and (profile is None or record.heartbeat.machine_profile.casefold() == profile)
         ]
 
+    async def has_consumer(self, lane: Lane) -> bool:
+        """Whether a healthy worker serves `lane` now. A JetStream durable consumer outlives the sidecars that
+        pulled from it, so "is this lane served?" is a question about live workers (seed 000 §2,
+        scale-from-zero answers PROVISIONING)."""
+        return bool(self.healthy_workers(lane.pool, lane.machine_profile, lane.bundle))
+
     def lanes_with_healthy_workers(self) -> frozenset[Lane]:
         """The (pool, machine profile, bundle) lanes at least one healthy worker serves."""
         return frozenset(
@@ -207,25 +208,3 @@ def _summary(record: RegisteredWorker, healthy: bool) -> WorkerSummary:
         gpu_count=heartbeat.device_count or 0,
         loaded_models=tuple(heartbeat.loaded_models),
     )
-
-
-__all__ = ["RegisteredWorker", "WorkerRegistry"]
-
-
-class RegistryGatedQueue:
-    """A work queue whose `has_consumer` asks the registry for a healthy worker on the lane.
-
-    A JetStream durable consumer outlives the sidecars that pulled from it, so in distributed mode "is
-    this lane served?" is a question about live workers (seed 000 §2, scale-from-zero → PROVISIONING).
-    Every other attribute is the wrapped transport's.
-    """
-
-    def __init__(self, transport: Any, registry: WorkerRegistry) -> None:
-        self._transport = transport
-        self._registry = registry
-
-    async def has_consumer(self, lane: Lane) -> bool:
-        return bool(self._registry.healthy_workers(lane.pool, lane.machine_profile, lane.bundle))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)

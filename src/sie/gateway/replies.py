@@ -21,13 +21,15 @@ from sie.gateway.errors import (
     GatewayError,
     GatewayTimeoutError,
     InvalidRequestError,
+    MachineProfileNotConfiguredError,
     ModelLoadFailedError,
     PayloadTooLargeError,
     RetryableError,
 )
 from sie.gateway.headers import ERROR_CODE, RETRY_AFTER, VERSION_HEADERS
+from sie.http.bodies import BodyTooLargeError
 from sie.wire import DecodeError, codes, dumps_json
-from sie.wire.envelopes import all_items_failed_body, detail_body, openai_body, retry_body
+from sie.wire.envelopes import all_items_failed_body, detail_body, openai_body, retry_body, status_body
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ class Envelope(enum.Enum):
     DETAIL = "detail"
     RETRY = "retry"
     ITEMS = "items"
+    STATUS = "status"
 
 
 @attrs.frozen
@@ -77,10 +80,12 @@ RULES: Final[dict[type[BaseException], Rule]] = {
     ModelNotFoundError: Rule(404, Envelope.DETAIL),
     BundleConflictError: Rule(409, Envelope.DETAIL),
     PayloadTooLargeError: Rule(413, Envelope.DETAIL),
+    BodyTooLargeError: Rule(413, Envelope.DETAIL),
     # nginx's "client closed request": recorded in access logs, never read by the caller.
     ClientDisconnectedError: Rule(499, Envelope.DETAIL),
     AllItemsFailedError: Rule(500, Envelope.ITEMS),
     ModelLoadFailedError: Rule(502, Envelope.RETRY),
+    MachineProfileNotConfiguredError: Rule(503, Envelope.STATUS),
     RetryableError: Rule(503, Envelope.RETRY),
     GatewayTimeoutError: Rule(504, Envelope.RETRY),
 }
@@ -106,6 +111,8 @@ def describe(exc: BaseException) -> tuple[str, str, dict[str, Any]]:
         return exc.code, exc.message, exc.extra
     if isinstance(exc, DecodeError):
         return codes.INVALID_INPUT, str(exc), {}
+    if isinstance(exc, BodyTooLargeError):
+        return codes.PAYLOAD_TOO_LARGE, exc.message, {}
     if isinstance(exc, BundleConflictError):
         return codes.BUNDLE_CONFLICT, str(exc), {"compatible_bundles": exc.compatible_bundles}
     if isinstance(exc, ModelNotFoundError):
@@ -136,6 +143,8 @@ def _native(exc: BaseException, envelope: Envelope, code: str, message: str, ext
         return retry_body(code, message, **extra)
     if envelope is Envelope.ITEMS and isinstance(exc, AllItemsFailedError):
         return all_items_failed_body(exc.details)
+    if envelope is Envelope.STATUS:
+        return status_body(code, message, **extra)
     return detail_body(code, message, **extra)
 
 

@@ -16,7 +16,7 @@ from sie.catalog import Catalog, ModelConfig, parse_model_spec
 from sie.catalog.ids import is_valid_pool_name
 from sie.catalog.model import DEFAULT_PROFILE, ENCODE_OUTPUTS
 from sie.catalog.names import work_subject
-from sie.gateway.errors import InvalidRequestError
+from sie.gateway.errors import InvalidRequestError, MachineProfileNotConfiguredError
 from sie.settings import LaneSettings
 from sie.transport.base import Lane
 
@@ -54,11 +54,18 @@ class Route:
 
 
 class Router:
-    """Resolves requests against the current catalog snapshot; the snapshot is read once per request."""
+    """Resolves requests against the current catalog snapshot; the snapshot is read once per request.
 
-    def __init__(self, catalog: CatalogSource, defaults: LaneSettings) -> None:
+    `defaults` is the lane of requests that name none; `configured_machine_profiles` (SIE_GATEWAY_CONFIGURED_GPUS),
+    when not empty, are the only machine profiles a request may name.
+    """
+
+    def __init__(
+        self, catalog: CatalogSource, defaults: LaneSettings, configured_machine_profiles: tuple[str, ...] = ()
+    ) -> None:
         self._catalog = catalog
         self._defaults = defaults
+        self._configured = configured_machine_profiles
         self._snapshot: Catalog | None = None
         self._routes: dict[tuple[str, str | None, str | None, str | None], Route] = {}
         self._hashes: dict[tuple[str, str], str] = {}
@@ -120,8 +127,12 @@ class Router:
         if machine_profile and "/" in machine_profile:
             header_pool, machine_profile = machine_profile.split("/", 1)
         pool = hints.pool or header_pool or (config.pool if config is not None else None) or self._defaults.pool
-        machine_profile = machine_profile or self._defaults.machine_profile
-        return _lane_token("pool", pool), _lane_token("machine profile", machine_profile)
+        if not machine_profile:
+            return _lane_token("pool", pool), _lane_token("machine profile", self._defaults.machine_profile)
+        token = _lane_token("machine profile", machine_profile)
+        if self._configured and token not in self._configured:
+            raise MachineProfileNotConfiguredError(token, self._configured)
+        return _lane_token("pool", pool), token
 
 
 def expected_bundle_config_hash(catalog: Catalog, bundle: str, pool: str) -> str:

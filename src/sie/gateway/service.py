@@ -13,8 +13,8 @@ import attrs
 
 from sie.gateway import assembly, openai, router, workitems
 from sie.gateway.collector import Collector
-from sie.gateway.dispatcher import Dispatcher
 from sie.gateway.headers import ResponseMetadata, collect_metadata, model_revision
+from sie.gateway.publisher import WorkPublisher
 from sie.gateway.router import LaneHints, Route, Router
 from sie.gateway.workitems import Ticket
 from sie.wire.http import EncodeRequest, ExtractRequest, ScoreRequest
@@ -45,9 +45,9 @@ def _profile(options: dict[str, Any] | None) -> Any:
 class InferenceService:
     """Encode, score and extract over the work queue."""
 
-    def __init__(self, router: Router, dispatcher: Dispatcher, collector: Collector, timeout_s: float) -> None:
+    def __init__(self, router: Router, publisher: WorkPublisher, collector: Collector, timeout_s: float) -> None:
         self._router = router
-        self._dispatcher = dispatcher
+        self._publisher = publisher
         self._collector = collector
         self._timeout_s = timeout_s
 
@@ -90,13 +90,13 @@ class InferenceService:
         return Served(body, collected.meta)
 
     async def _run(self, route: Route, build: Callable[[Ticket], list[WorkItem]]) -> Collected:
-        await self._dispatcher.admit(route.lane)
-        request_id, reply = self._dispatcher.new_request()
+        await self._publisher.admit(route.lane)
+        request_id, reply = self._publisher.new_request()
         now = time.time()
-        items = build(Ticket(request_id, reply, self._dispatcher.router_id, now, now + self._timeout_s))
+        items = build(Ticket(request_id, reply, self._publisher.router_id, now, now + self._timeout_s))
         with self._collector.expect(request_id, len(items)) as pending:
             started = time.perf_counter()
-            await self._dispatcher.publish(route.subject, items)
+            await self._publisher.publish(route.subject, items)
             published = time.perf_counter()
             results = await pending.wait(self._timeout_s)
             waited = time.perf_counter()

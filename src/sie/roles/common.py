@@ -1,13 +1,10 @@
-"""Wiring helpers the role files share: the local worker (manager + service), thread defaults, stream
-settings for a transport, preloading, freezing the start-up heap, and waiting for a stop signal."""
+"""Wiring the role files share: running a role's main coroutine, the baseline catalogue, each role's HTTP
+listener, and the local worker (model manager + worker service) with its threads and preloaded models."""
 
 from __future__ import annotations
 
-import asyncio
-import gc
 import logging
-import os
-import signal
+import sys
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack, contextmanager
@@ -15,8 +12,12 @@ from typing import Any
 
 import attrs
 
-from sie.catalog import Catalog
+from sie.catalog import Catalog, load_catalog
+from sie.gateway.auth import GatewayAuthUnavailable, refuse_unbuilt_auth
+from sie.http.serving import HttpListener
+from sie.runtime import default_intra_op_threads, run_event_loop
 from sie.settings import Settings
+from sie.telemetry.logs import configure_logging
 from sie.worker.errors import ModelLoadError
 from sie.worker.loading import ModelLoader
 from sie.worker.manager import ModelManager
@@ -26,30 +27,35 @@ from sie.worker.service import WorkerService
 
 logger = logging.getLogger(__name__)
 
-
-def default_intra_op_threads() -> int:
-    """Every core: measured on 2 cores, onnxruntime with 2 threads beats 1 even next to the event loop
-    (scripts/bench/serve.py: 32 clients 613 vs 536 sentences/s), because the loop idles while ORT runs."""
-    return os.cpu_count() or 1
+RoleMain = Callable[[Settings], Coroutine[Any, Any, None]]
 
 
-def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop]:
-    """The loop factory SIE_EVENT_LOOP names: uvloop's (`auto` when it is installed) or the standard one."""
-    if choice == "asyncio":
-        return asyncio.new_event_loop
+def run_main(main: RoleMain, settings: Settings) -> int:
+    """Log as configured and run `main(settings)` on the event loop SIE_EVENT_LOOP names; exit status 0."""
+    configure_logging(settings.telemetry)
+    run_event_loop(main(settings), settings.process.event_loop)
+    return 0
+
+
+def run_gateway_main(main: RoleMain, settings: Settings) -> int:
+    """`run_main` for the roles that serve the gateway; exit status 2 while the settings ask for gateway
+    auth, which this version cannot enforce (fail closed, never open)."""
     try:
-        import uvloop  # optional: imported only where it is wanted
-    except ImportError:
-        if choice == "uvloop":
-            raise SystemExit("SIE_EVENT_LOOP=uvloop, but uvloop is not installed (pip install uvloop)") from None
-        return asyncio.new_event_loop
-    return uvloop.new_event_loop
+        refuse_unbuilt_auth(settings.auth)
+    except GatewayAuthUnavailable as exc:
+        print(f"sie: {exc}", file=sys.stderr)
+        return 2
+    return run_main(main, settings)
 
 
-def run_event_loop(main: Coroutine[Any, Any, None], settings: Settings) -> None:
-    """Run a role's main coroutine to completion on the event loop SIE_EVENT_LOOP chooses."""
-    with asyncio.Runner(loop_factory=event_loop_factory(settings.process.event_loop)) as runner:
-        runner.run(main)
+def baseline_catalog(settings: Settings) -> Catalog:
+    """The filesystem catalogue (SIE_BUNDLES_DIR, SIE_MODELS_DIR) a role starts from."""
+    return load_catalog(settings.catalog.bundles_dir, settings.catalog.models_dir)
+
+
+def http_listener(host: str, port: int, settings: Settings) -> HttpListener:
+    """Where and how a role serves HTTP: its bind, SIE_SHUTDOWN_GRACE_S to drain, SIE_HTTP_SERVER."""
+    return HttpListener(host, port, settings.process.shutdown_grace_s, settings.process.http_server)
 
 
 async def preload(manager: ModelManager, model_ids: tuple[str, ...]) -> None:
@@ -60,32 +66,6 @@ async def preload(manager: ModelManager, model_ids: tuple[str, ...]) -> None:
             logger.info("preloaded %s", model_id)
         except ModelLoadError as exc:
             logger.error("preloading %s failed (%s): %s", model_id, exc.error_class, exc.message)
-
-
-def freeze_startup_heap() -> None:
-    """Call once start-up is done, right before serving: collect, then move every object alive now
-    (modules, catalogue, tokenizers, sessions, the app) into the collector's permanent generation.
-
-    Under load a role promotes request objects into the oldest generation fast enough that a full
-    collection runs every few seconds, and each rescans the whole start-up heap: 60-100 ms pauses of the
-    event loop, every ~2 s, at 600 requests/s on 2 cores (measured in the gateway and in `all`). Frozen
-    objects are never scanned again; what is allocated later is collected as before."""
-    gc.collect()
-    gc.freeze()
-    logger.debug("froze %d start-up objects out of garbage collection", gc.get_freeze_count())
-
-
-async def wait_for_signal() -> None:
-    """Return on the first SIGTERM or SIGINT."""
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signum)
 
 
 @attrs.frozen
@@ -109,7 +89,8 @@ def worker_pools() -> Iterator[tuple[ThreadPoolExecutor, ThreadPoolExecutor]]:
 async def open_local_worker(
     stack: AsyncExitStack, settings: Settings, catalog: Catalog, pools: tuple[ThreadPoolExecutor, ThreadPoolExecutor]
 ) -> LocalWorker:
-    """Build the model manager (entered on `stack`) and the worker service (ONNX or null backend)."""
+    """Build the model manager (entered on `stack`), pin and preload SIE_PRELOAD_MODELS, and the worker
+    service (ONNX or null backend, SIE_WORKER_BACKEND)."""
     worker = settings.worker
     if worker.intra_op_threads is None:
         worker = attrs.evolve(worker, intra_op_threads=default_intra_op_threads())
@@ -119,6 +100,7 @@ async def open_local_worker(
         ModelManager(catalog, loader.load, load_pool, worker.memory_budget_bytes, worker.max_loaded_models)
     )
     manager.pin(worker.preload_models)
+    await preload(manager, worker.preload_models)
     worker_id = settings.process.worker_id
     if worker.backend == "null":
         return LocalWorker(NullWorkerService(catalog, worker_id, settings.batching.max_batch_items), manager)

@@ -22,12 +22,12 @@ from sie.control.publisher import DeltaPublisher
 from sie.control.reconnecting import ReconnectingBus
 from sie.control.registry import ModelRegistry
 from sie.control.writes import ConfigWriter
-from sie.roles.common import freeze_startup_heap, run_event_loop
-from sie.roles.serving import HttpListener, serve_until_signalled
+from sie.http.serving import serve_until_signalled
+from sie.roles.common import http_listener, run_main
+from sie.runtime import freeze_startup_heap
 from sie.settings import Settings
 from sie.stores.config_store import ConfigStore, ConfigStoreError, CorruptEpochError
 from sie.stores.fsspec_store import open_config_store
-from sie.telemetry.logs import configure_logging
 from sie.transport.base import TransportUnavailable
 from sie.transport.nats import NatsTransport
 
@@ -80,8 +80,7 @@ async def serve_config(settings: Settings) -> None:
         writer = ConfigWriter(registry, store, publisher, router_id=config_router_id(settings), epoch=epoch)
         app = build_control_app(writer, registry, access_policy(settings))
         service = settings.config_service
-        grace = settings.process.shutdown_grace_s
-        listener = HttpListener(service.host, service.port, grace, settings.process.http_server)
+        listener = http_listener(service.host, service.port, settings)
         freeze_startup_heap()
         await serve_until_signalled(app, listener, _nothing_to_drain)
 
@@ -91,9 +90,8 @@ async def _nothing_to_drain() -> None:
 
 
 def run(settings: Settings) -> int:
-    configure_logging(settings.telemetry)
     try:
-        run_event_loop(serve_config(settings), settings)
+        return run_main(serve_config, settings)
     except CorruptEpochError as exc:
         print(
             f"sie: the config store's epoch file is unreadable: {exc}. Fix or remove it, then restart.", file=sys.stderr
@@ -102,4 +100,3 @@ def run(settings: Settings) -> int:
     except (ConfigStoreError, TransportUnavailable) as exc:
         print(f"sie: the config service cannot start: {exc}", file=sys.stderr)
         return 1
-    return 0

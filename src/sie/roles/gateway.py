@@ -7,43 +7,37 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
-from sie.catalog import load_catalog
-from sie.gateway.app import build_gateway_app, serving_state
+from sie.gateway.app import GatewaySources, build_gateway_app, serving_state
 from sie.gateway.config_sync import ConfigState, ConfigSync
-from sie.gateway.registry import RegistryGatedQueue, WorkerRegistry
-from sie.roles.common import freeze_startup_heap, run_event_loop
-from sie.roles.serving import HttpListener, serve_until_signalled
+from sie.gateway.registry import WorkerRegistry
+from sie.http.serving import serve_until_signalled
+from sie.roles.common import baseline_catalog, http_listener, run_gateway_main
+from sie.runtime import freeze_startup_heap
 from sie.settings import Settings
-from sie.telemetry.logs import configure_logging
 from sie.telemetry.metrics import Telemetry
 from sie.transport.nats import NatsTransport
 
 
 async def serve_gateway(settings: Settings) -> None:
-    catalog = load_catalog(settings.catalog.bundles_dir, settings.catalog.models_dir)
-    state = ConfigState(catalog, telemetry=Telemetry(service_name="sie-gateway"))
+    state = ConfigState(baseline_catalog(settings), telemetry=Telemetry(service_name="sie-gateway"))
     router_id = settings.process.router_id
     async with AsyncExitStack() as stack:
         transport = await stack.enter_async_context(
             NatsTransport(settings.nats, settings.stream, name=f"sie-gateway-{router_id}")
         )
-        registry = await stack.enter_async_context(WorkerRegistry.from_settings(transport, settings))
+        registry = await stack.enter_async_context(WorkerRegistry(transport, settings.gateway.worker_stale_s))
         await stack.enter_async_context(ConfigSync(state, transport, settings.config_sync, settings.auth.admin_token))
-        app = build_gateway_app(
-            state, RegistryGatedQueue(transport, registry), registry, settings.gateway,
-            router_id=router_id, lane=settings.lane,
-        )  # fmt: skip
+        sources = GatewaySources(state, transport, registry, registry, registry.healthy_workers)
+        app = build_gateway_app(sources, settings.gateway, settings.lane, router_id)
         grace = settings.process.shutdown_grace_s
 
         async def drain() -> None:
             await serving_state(app).drain(grace)
 
-        listener = HttpListener(settings.gateway.host, settings.gateway.port, grace, settings.process.http_server)
+        listener = http_listener(settings.gateway.host, settings.gateway.port, settings)
         freeze_startup_heap()
         await serve_until_signalled(app, listener, drain)
 
 
 def run(settings: Settings) -> int:
-    configure_logging(settings.telemetry)
-    run_event_loop(serve_gateway(settings), settings)
-    return 0
+    return run_gateway_main(serve_gateway, settings)

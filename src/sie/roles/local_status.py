@@ -5,16 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sie.gateway.status import LastError, WorkerSummary
-from sie.settings import Settings
+from sie.settings import LaneSettings
 from sie.worker.manager import ModelManager
 
 
 class LocalModelStatus:
     """Model states straight from the manager; the one local worker as the only worker."""
 
-    def __init__(self, manager: ModelManager, settings: Settings) -> None:
+    def __init__(self, manager: ModelManager, worker_id: str, lane: LaneSettings) -> None:
         self.manager = manager
-        self.settings = settings
+        self.worker_id = worker_id
+        self.lane = lane
 
     def status(self, model_id: str) -> tuple[str, LastError | None]:
         status = self.manager.status(model_id)
@@ -25,10 +26,10 @@ class LocalModelStatus:
         return str(status.state), last_error
 
     def workers(self) -> Sequence[WorkerSummary]:
-        lane = self.settings.lane
+        lane = self.lane
         return [
             WorkerSummary(
-                name=self.settings.process.worker_id,
+                name=self.worker_id,
                 pool=lane.pool,
                 machine_profile=lane.machine_profile,
                 bundle=lane.bundle,

@@ -1,4 +1,4 @@
-"""`sie run --role worker`: the model backend behind the IPC server on `SIE_IPC_SOCKET_PATH`; it never
+"""`sie run --role worker`: the model backend behind the IPC server on SIE_IPC_SOCKET_PATH; it never
 touches NATS. The sidecar in the same pod dials the socket.
 """
 
@@ -7,29 +7,20 @@ from __future__ import annotations
 import logging
 from contextlib import AsyncExitStack
 
-from sie.catalog import load_catalog
 from sie.ipc.server import IpcServer
-from sie.roles.common import (
-    freeze_startup_heap,
-    open_local_worker,
-    preload,
-    run_event_loop,
-    wait_for_signal,
-    worker_pools,
-)
+from sie.roles.common import baseline_catalog, open_local_worker, run_main, worker_pools
+from sie.runtime import freeze_startup_heap, wait_for_signal
 from sie.settings import Settings
-from sie.telemetry.logs import configure_logging
 
 logger = logging.getLogger(__name__)
 
 
 async def serve_worker(settings: Settings) -> None:
-    catalog = load_catalog(settings.catalog.bundles_dir, settings.catalog.models_dir)
+    catalog = baseline_catalog(settings)
     worker_id, socket_path = settings.process.worker_id, settings.worker.socket_path
     with worker_pools() as pools:
         async with AsyncExitStack() as stack:
             local = await open_local_worker(stack, settings, catalog, pools)
-            await preload(local.manager, settings.worker.preload_models)
             freeze_startup_heap()
             await stack.enter_async_context(IpcServer(local.service, socket_path, worker_id=worker_id))
             logger.info("worker %s serving IPC on %s", worker_id, socket_path)
@@ -38,6 +29,4 @@ async def serve_worker(settings: Settings) -> None:
 
 
 def run(settings: Settings) -> int:
-    configure_logging(settings.telemetry)
-    run_event_loop(serve_worker(settings), settings)
-    return 0
+    return run_main(serve_worker, settings)

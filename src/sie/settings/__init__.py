@@ -19,11 +19,12 @@ from sie.settings._load import (
     setting_paths,
     unrecognised_variables,
 )
+from sie.settings._roles import flag_paths, load_role_settings, parse_flags, requested_role
+from sie.settings._spec import ROLES
 from sie.settings.control import CatalogSettings, ConfigServiceSettings, ConfigSyncSettings
 from sie.settings.gateway import AuthSettings, GatewaySettings
 from sie.settings.identity import LaneSettings, ProcessSettings
 from sie.settings.messaging import NatsSettings, StreamSettings
-from sie.settings.placement import PlacementSettings
 from sie.settings.sidecar import BatchingSettings, SidecarSettings
 from sie.settings.telemetry import TelemetrySettings
 from sie.settings.worker import WorkerSettings
@@ -38,7 +39,6 @@ __all__ = [
     "GroupDoc",
     "LaneSettings",
     "NatsSettings",
-    "PlacementSettings",
     "ProcessSettings",
     "SettingDoc",
     "Settings",
@@ -51,7 +51,12 @@ __all__ = [
     "describe_settings",
     "format_settings_error",
     "load_settings",
+    "ROLES",
+    "flag_paths",
+    "load_role_settings",
+    "parse_flags",
     "render_settings_markdown",
+    "requested_role",
     "setting_paths",
     "unrecognised_variables",
 ]

@@ -114,12 +114,6 @@ def _float_parser(kind: str, bounds: _Bounds, scale: float = 1.0) -> Parser:
     return Parser(f"{kind}{bounds.describe()}", convert, render)
 
 
-def number(minimum: float | None = None, maximum: float | None = None, *, positive: bool = False) -> Parser:
-    """A finite decimal number; `positive` makes the minimum (default 0) exclusive."""
-    low = 0.0 if positive and minimum is None else minimum
-    return _float_parser("number", _Bounds(low, maximum, low_open=positive))
-
-
 def seconds(*, positive: bool = False, maximum: float | None = None) -> Parser:
     """A duration in float seconds, >= 0 (or > 0 when `positive`)."""
     return _float_parser("seconds", _Bounds(0.0, maximum, low_open=positive))
@@ -207,7 +201,6 @@ _UNITS = {
     "tib": 2**40,
 }
 _SIZE = re.compile(r"([0-9][0-9_]*)\s*([a-z]*)")
-_DIGITS = re.compile(r"[0-9]+")
 
 
 def _render_size(value: Any) -> str:
@@ -230,33 +223,3 @@ def byte_size() -> Parser:
         return int(match.group(1)) * _UNITS[match.group(2)]
 
     return Parser("bytes", convert, _render_size)
-
-
-def replica_count() -> Parser:
-    """A positive replica count, or `all` (every ready worker), as in seed 002's `default_replicas`."""
-
-    def convert(raw: str) -> int | str:
-        if raw.lower() == "all":
-            return "all"
-        if _DIGITS.fullmatch(raw) and int(raw) >= 1:
-            return int(raw)
-        raise ValueError("is not a replica count; expected a whole number >= 1 or all")
-
-    return Parser("integer >= 1 | all", convert)
-
-
-_DEVICE = re.compile(r"cpu|cuda:\d+")
-
-
-def device_spec() -> Parser:
-    """`auto`, a child count, or an explicit comma list of devices (`cpu`, `cuda:N`)."""
-
-    def convert(raw: str) -> str:
-        value = raw.lower().replace(" ", "")
-        if value == "auto" or (_DIGITS.fullmatch(value) and int(value) >= 1):
-            return value
-        if all(_DEVICE.fullmatch(part) for part in value.split(",")):
-            return value
-        raise ValueError("is not a device list; expected auto, a count such as 2, or cpu / cuda:0,cuda:1")
-
-    return Parser("auto | count | devices", convert)

@@ -1,7 +1,8 @@
-"""How a settings field is declared: its environment variable, parser, CLI flag and one-line doc.
+"""How a settings field is declared: its environment variable, parser, CLI flag, one-line doc, the roles
+that read it and the modules that read it.
 
-Group classes declare every field once with `setting(Env(...), default)`; the loader and the docs
-generator read the same attrs metadata back, so there is no second list to keep in step.
+Group classes declare every field once with `setting(Env(...), default)`; the loader, the flag parser and
+the docs generator read the same attrs metadata back, so there is no second list to keep in step.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import attrs
 
 from sie.settings._parsers import Parser
 
+# Every role `sie run --role` starts (`all` runs gateway, sidecar and worker in one process).
+ROLES = ("gateway", "config", "sidecar", "worker", "all")
 SPEC_KEY = "sie.settings.spec"
 FACTORY_KEY = "sie.settings.factory"
 TITLE_KEY = "sie.settings.title"
@@ -28,10 +31,13 @@ def _derive_flag(env: str) -> str:
 
 @attrs.frozen
 class Env:
-    """Where one setting comes from and how it is documented.
+    """Where one setting comes from, who reads it and how it is documented.
 
     `flag` defaults to the variable without `SIE_`, lowercased and dashed; `None` means no flag (secrets).
-    `aliases` are older or compatible names read, in order, when `name` is unset.
+    Settings of different roles may share a flag (`--port` is the gateway's, the config service's or the
+    sidecar's probe port, by role). `aliases` are older or compatible names read, in order, when `name` is
+    unset. `roles` are the roles whose code reads the setting: any other role refuses it. `read_by` names
+    the modules that read it, so a test can prove that no declared setting is inert.
     """
 
     name: str
@@ -41,6 +47,9 @@ class Env:
     aliases: tuple[str, ...] = ()
     shown_default: str | None = None
     secret: bool = False
+    roles: tuple[str, ...] = attrs.field(kw_only=True, validator=attrs.validators.deep_iterable(
+        attrs.validators.in_(ROLES)))
+    read_by: tuple[str, ...] = attrs.field(kw_only=True, validator=attrs.validators.min_len(1))
 
     @flag.default
     def _flag_from_name(self) -> str:

@@ -12,6 +12,10 @@ import attrs
 from sie.settings._parsers import boolean, http_url, integer, path, seconds, string_list, text
 from sie.settings._spec import Env, setting
 
+# Processes that hold a catalogue: they route by it, serve it, or load its models.
+_CATALOGUE_ROLES = ("gateway", "config", "worker", "all")
+_FOLLOWER_ROLES = ("gateway", "sidecar")
+
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -35,9 +39,26 @@ def _models_dir(_environ: Mapping[str, str]) -> Path:
 class ConfigServiceSettings:
     """The config role (`sie run --role config`): its HTTP server and its persistent store."""
 
-    host: str = setting(Env("SIE_CONFIG_HOST", text(), "Interface the config service binds."), "0.0.0.0")
+    host: str = setting(
+        Env(
+            "SIE_CONFIG_HOST",
+            text(),
+            "Interface the config service binds.",
+            flag="--host",
+            roles=("config",),
+            read_by=("sie.roles.config",),
+        ),
+        "0.0.0.0",
+    )
     port: int = setting(
-        Env("SIE_CONFIG_PORT", integer(0, 65535), "Port of the config service (0 picks a free port)."),
+        Env(
+            "SIE_CONFIG_PORT",
+            integer(0, 65535),
+            "Port of the config service (0 picks a free port).",
+            flag="--port",
+            roles=("config",),
+            read_by=("sie.roles.config",),
+        ),
         8081,
     )
     store_dir: str | None = setting(
@@ -46,11 +67,19 @@ class ConfigServiceSettings:
             text(),
             "Config store: local path, `s3://` or `gs://` URL holding `models/*.yaml` and `epoch`. "
             "Unset: nothing persists and the epoch restarts at 0.",
+            roles=("config",),
+            read_by=("sie.roles.config",),
         ),
         None,
     )
     restore: bool = setting(
-        Env("SIE_CONFIG_RESTORE", boolean(), "Replay the stored models into the registry at start-up."),
+        Env(
+            "SIE_CONFIG_RESTORE",
+            boolean(),
+            "Replay the stored models into the registry at start-up.",
+            roles=("config",),
+            read_by=("sie.roles.config",),
+        ),
         False,
     )
 
@@ -64,6 +93,8 @@ class ConfigSyncSettings:
             "SIE_CONFIG_SERVICE_URL",
             http_url(),
             "Base URL of the config service. Unset: no bootstrap, poll or export reconcile.",
+            roles=_FOLLOWER_ROLES,
+            read_by=("sie.gateway.config_sync.sync", "sie.sidecar.config_export"),
         ),
         None,
     )
@@ -71,7 +102,9 @@ class ConfigSyncSettings:
         Env(
             "SIE_CONFIG_POLL_INTERVAL_S",
             seconds(positive=True),
-            "Epoch poll period; bounds how stale a gateway gets after a lost delta.",
+            "Epoch poll period; bounds how stale a gateway or sidecar gets after a lost delta.",
+            roles=_FOLLOWER_ROLES,
+            read_by=("sie.gateway.config_sync.sync", "sie.sidecar.config_export"),
         ),
         30.0,
     )
@@ -80,6 +113,8 @@ class ConfigSyncSettings:
             "SIE_NATS_CONFIG_TRUSTED_PRODUCERS",
             string_list(),
             "Producer ids whose config deltas are applied: exact match or pod-name prefix (`name-...`).",
+            roles=_FOLLOWER_ROLES,
+            read_by=("sie.gateway.config_sync.sync", "sie.sidecar.config_apply"),
         ),
         ("sie-config",),
     )
@@ -88,6 +123,8 @@ class ConfigSyncSettings:
             "SIE_NATS_CONFIG_TRUST_ANY_PRODUCER",
             boolean(),
             "Apply config deltas from any producer (dev only; logged as a warning at start-up).",
+            roles=_FOLLOWER_ROLES,
+            read_by=("sie.gateway.config_sync.sync", "sie.sidecar.config_apply"),
         ),
         False,
     )
@@ -103,6 +140,8 @@ class CatalogSettings:
             path(),
             "Directory of bundle YAMLs.",
             shown_default="the package's `config/bundles`",
+            roles=_CATALOGUE_ROLES,
+            read_by=("sie.roles.common", "sie.roles.config"),
         ),
         factory=_bundles_dir,
     )
@@ -112,6 +151,8 @@ class CatalogSettings:
             path(),
             "Directory of model config YAMLs.",
             shown_default="the package's `config/models`",
+            roles=_CATALOGUE_ROLES,
+            read_by=("sie.roles.common", "sie.roles.config"),
         ),
         factory=_models_dir,
     )

@@ -1,21 +1,31 @@
-"""The gateway's HTTP surface and queue admission (seed 000 §2, §16.3) and the token auth shared by the
-gateway and the config service (seed 000 §3, §13; contracts A §2.4, B §1.10).
+"""The gateway's HTTP surface and queue admission (seed 000 §2, §16.3) and the bearer tokens of the config
+service (seed 000 §3, §13; contracts A §2.4, B §1.10). Gateway auth is not built yet: the gateway refuses to
+start when it is asked for, rather than serve unauthenticated.
 """
 
 from __future__ import annotations
 
 import attrs
 
-from sie.settings._parsers import boolean, byte_size, choice, integer, name_token, seconds, string_list, text
+from sie.settings._parsers import byte_size, choice, integer, name_token, seconds, string_list, text
 from sie.settings._spec import Env, setting
+
+_GATEWAY_ROLES = ("gateway", "all")
 
 
 @attrs.frozen
 class GatewaySettings:
-    """The inference HTTP server, backpressure limits, and where pools are stored."""
+    """The inference HTTP server, its limits and backpressure, and how workers are judged alive."""
 
     host: str = setting(
-        Env("SIE_GATEWAY_HOST", text(), "Interface the gateway's HTTP server binds.", flag="--host"),
+        Env(
+            "SIE_GATEWAY_HOST",
+            text(),
+            "Interface the gateway's HTTP server binds.",
+            flag="--host",
+            roles=_GATEWAY_ROLES,
+            read_by=("sie.roles.gateway", "sie.roles.all"),
+        ),
         "0.0.0.0",
     )
     port: int = setting(
@@ -24,6 +34,8 @@ class GatewaySettings:
             integer(0, 65535),
             "Port of the gateway's HTTP server (0 picks a free port).",
             flag="--port",
+            roles=_GATEWAY_ROLES,
+            read_by=("sie.roles.gateway", "sie.roles.all"),
         ),
         8080,
     )
@@ -32,6 +44,8 @@ class GatewaySettings:
             "SIE_GATEWAY_REQUEST_TIMEOUT",
             seconds(positive=True),
             "How long a request waits for all its results before 504 GATEWAY_TIMEOUT.",
+            roles=_GATEWAY_ROLES,
+            read_by=("sie.gateway.app",),
         ),
         30.0,
     )
@@ -39,59 +53,41 @@ class GatewaySettings:
         Env(
             "SIE_GATEWAY_MAX_STREAM_PENDING",
             integer(minimum=1),
-            "Pool-wide backpressure: pending messages in `WORK_POOL_{pool}` above which publishes get 503.",
+            "Pool-wide backpressure: pending messages in `WORK_POOL_{pool}` above which requests get 503 "
+            "QUEUE_FULL.",
+            roles=_GATEWAY_ROLES,
+            read_by=("sie.gateway.app",),
         ),
         50_000,
     )
-    max_lane_in_flight_items: int = setting(
-        Env(
-            "SIE_GATEWAY_MAX_LANE_IN_FLIGHT_ITEMS",
-            integer(minimum=1),
-            "Per-lane backpressure: in-flight work items per pool/profile/bundle lane on this gateway.",
-        ),
-        10_000,
-    )
-    lane_backpressure_enforce: bool = setting(
-        Env(
-            "SIE_GATEWAY_LANE_BACKPRESSURE_ENFORCE",
-            boolean(),
-            "Shed on the per-lane limit too; off: the decision is only recorded.",
-        ),
-        False,
-    )
     max_body_bytes: int = setting(
-        Env("SIE_GATEWAY_MAX_BODY_BYTES", byte_size(), "Largest request body accepted; larger gets 413."),
+        Env(
+            "SIE_GATEWAY_MAX_BODY_BYTES",
+            byte_size(),
+            "Largest request body accepted; larger gets 413.",
+            roles=_GATEWAY_ROLES,
+            read_by=("sie.gateway.app",),
+        ),
         256 * 2**20,
     )
     configured_gpus: tuple[str, ...] = setting(
         Env(
             "SIE_GATEWAY_CONFIGURED_GPUS",
             string_list(name_token()),
-            "Machine profiles this cluster has; others get 503 gpu_not_configured. Empty: any.",
+            "Machine profiles this cluster has: a request whose `X-SIE-MACHINE-PROFILE` names another gets 503 "
+            "`gpu_not_configured`; `/health` lists them. Empty: any.",
+            roles=_GATEWAY_ROLES,
+            read_by=("sie.gateway.app",),
         ),
         (),
-    )
-    static_queue_pools: tuple[str, ...] = setting(
-        Env(
-            "SIE_GATEWAY_STATIC_QUEUE_POOLS",
-            string_list(name_token()),
-            "Deploy-owned queue pools that API pools may name as a non-default `queue_pool`.",
-        ),
-        (),
-    )
-    pool_store: str = setting(
-        Env(
-            "SIE_POOL_STORE",
-            choice("nats", "memory", "kubernetes"),
-            "Where pool specs and leases live; `--role all` always uses memory.",
-        ),
-        "nats",
     )
     worker_stale_s: float = setting(
         Env(
             "SIE_GATEWAY_WORKER_STALE_S",
             seconds(positive=True),
             "A worker with no heartbeat for this long counts as unhealthy (forgotten after 6x this).",
+            roles=("gateway",),
+            read_by=("sie.roles.gateway",),
         ),
         10.0,
     )
@@ -99,13 +95,16 @@ class GatewaySettings:
 
 @attrs.frozen
 class AuthSettings:
-    """Bearer tokens: inference/read tokens, the admin (write) token, and config read tokens."""
+    """Bearer tokens: the admin (write) token, config read tokens, and gateway auth (refused until built)."""
 
     mode: str = setting(
         Env(
             "SIE_AUTH_MODE",
             choice("none", "token", aliases={"static": "token"}),
-            "Gateway auth: `token` (alias `static`) requires a bearer token; `none` disables auth.",
+            "Gateway auth. Only `none` works in this version: `token` (alias `static`) makes the gateway refuse "
+            "to start rather than serve unauthenticated.",
+            roles=_GATEWAY_ROLES,
+            read_by=("sie.gateway.auth",),
         ),
         "none",
     )
@@ -113,10 +112,13 @@ class AuthSettings:
         Env(
             "SIE_AUTH_TOKENS",
             string_list(),
-            "Tokens accepted for inference and read routes; never grant writes.",
+            "Tokens the config service accepts for reads (never writes). Set for the gateway, it refuses to "
+            "start: gateway auth is not built yet.",
             flag=None,
             aliases=("SIE_AUTH_TOKEN",),
             secret=True,
+            roles=("gateway", "config", "all"),
+            read_by=("sie.gateway.auth", "sie.roles.config"),
         ),
         (),
     )
@@ -124,9 +126,12 @@ class AuthSettings:
         Env(
             "SIE_ADMIN_TOKEN",
             text(),
-            "Token for config, pool and admin writes; gateways and sidecars send it to the config service.",
+            "Token for config writes; gateways and sidecars send it when they read the config service, and "
+            "`sie config` sends it.",
             flag=None,
             secret=True,
+            roles=("gateway", "config", "sidecar"),
+            read_by=("sie.roles.config", "sie.roles.gateway", "sie.sidecar.config_export"),
         ),
         None,
     )
@@ -137,14 +142,8 @@ class AuthSettings:
             "Tokens that may read the config service (including export) but not write.",
             flag=None,
             secret=True,
+            roles=("config",),
+            read_by=("sie.roles.config",),
         ),
         (),
-    )
-    exempt_operational: bool = setting(
-        Env(
-            "SIE_AUTH_EXEMPT_OPERATIONAL",
-            boolean(),
-            "Exempt `/`, `/health`, `/metrics` and `/ws/*` from auth (`/healthz`, `/readyz` always are).",
-        ),
-        False,
     )

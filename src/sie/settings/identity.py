@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import attrs
 
 from sie.settings._parsers import choice, name_token, seconds, text
-from sie.settings._spec import Env, setting
+from sie.settings._spec import ROLES, Env, setting
 
 
 def _router_id(environ: Mapping[str, str]) -> str:
@@ -28,8 +28,10 @@ class ProcessSettings:
     role: str = setting(
         Env(
             "SIE_ROLE",
-            choice("all", "gateway", "config", "sidecar", "worker"),
-            "Which role this process runs; `all` runs every role in one process with no NATS.",
+            choice(*ROLES),
+            "Which role this process runs; `all` runs gateway, sidecar and worker in one process with no NATS.",
+            roles=ROLES,
+            read_by=("sie.cli.run",),
         ),
         "all",
     )
@@ -39,6 +41,8 @@ class ProcessSettings:
             text(),
             "Worker identity in heartbeats, Ping and results (`sie.health.{worker_id}`).",
             aliases=("HOSTNAME",),
+            roles=("sidecar", "worker", "all"),
+            read_by=("sie.roles.sidecar", "sie.roles.worker", "sie.roles.common"),
         ),
         "worker-unknown",
     )
@@ -48,6 +52,8 @@ class ProcessSettings:
             text(),
             "Id of a gateway (`_INBOX.{router_id}.>`) or config service (the producer id gateways trust).",
             shown_default="`{POD_NAME or HOSTNAME}-{pid}`",
+            roles=("gateway", "config", "all"),
+            read_by=("sie.roles.gateway", "sie.roles.config", "sie.roles.all"),
         ),
         factory=_router_id,
     )
@@ -55,9 +61,10 @@ class ProcessSettings:
         Env(
             "SIE_DEPLOYMENT_ENV",
             text(),
-            "Deployment environment: the telemetry resource's `deployment.environment`; `prod` with no "
-            "tokens makes the config service refuse writes.",
+            "Deployment environment; `prod` with no tokens makes the config service refuse every request.",
             aliases=("SIE_ENV",),
+            roles=("config",),
+            read_by=("sie.roles.config",),
         ),
         "unknown",
     )
@@ -67,6 +74,8 @@ class ProcessSettings:
             choice("auto", "uvloop", "asyncio"),
             "The process's event loop: `uvloop` (libuv, less CPU per request), `asyncio` (the standard "
             "library's), or `auto`: uvloop when it is installed, else asyncio.",
+            roles=ROLES,
+            read_by=("sie.roles.common",),
         ),
         "auto",
     )
@@ -77,6 +86,8 @@ class ProcessSettings:
             "The HTTP server of the gateway and config roles: `hypercorn` serves HTTP/1.1 and h2c (HTTP/2 "
             "without TLS) on one bind; `uvicorn` (httptools parser) serves HTTP/1.1 only, with about a fifth "
             "of hypercorn's CPU per request, which leaves more of a small machine to the model.",
+            roles=("gateway", "config", "all"),
+            read_by=("sie.roles.common",),
         ),
         "hypercorn",
     )
@@ -85,21 +96,41 @@ class ProcessSettings:
             "SIE_SHUTDOWN_GRACE_S",
             seconds(),
             "On SIGTERM, how long in-flight work may finish before the process exits.",
+            roles=("gateway", "config", "sidecar", "all"),
+            read_by=("sie.roles.common", "sie.roles.sidecar", "sie.roles.all", "sie.roles.gateway"),
         ),
         20.0,
     )
 
 
+# Every role but the config service serves or routes to one lane.
+_LANE_ROLES = ("gateway", "sidecar", "worker", "all")
+_LANE_READERS = ("sie.gateway.router", "sie.sidecar.sidecar", "sie.sidecar.health")
+
+
 @attrs.frozen
 class LaneSettings:
-    """The lane `sie.work.{pool}.{machine_profile}.{bundle}.*` that a sidecar consumes and a worker serves."""
+    """The lane `sie.work.{pool}.{machine_profile}.{bundle}.*` that a sidecar consumes and a worker serves;
+    a gateway routes requests that name no lane to it."""
 
     pool: str = setting(
-        Env("SIE_POOL", name_token(), "Physical queue pool; selects the stream `WORK_POOL_{pool}`."),
+        Env(
+            "SIE_POOL",
+            name_token(),
+            "Physical queue pool; selects the stream `WORK_POOL_{pool}`.",
+            roles=_LANE_ROLES,
+            read_by=(*_LANE_READERS, "sie.worker.service"),
+        ),
         "default",
     )
     machine_profile: str = setting(
-        Env("SIE_MACHINE_PROFILE", name_token(), "Machine profile (GPU type) of this worker's lane."),
+        Env(
+            "SIE_MACHINE_PROFILE",
+            name_token(),
+            "Machine profile (GPU type) of this worker's lane.",
+            roles=_LANE_ROLES,
+            read_by=_LANE_READERS,
+        ),
         "default",
     )
     bundle: str = setting(
@@ -107,6 +138,8 @@ class LaneSettings:
             "SIE_BUNDLE",
             name_token(),
             "Bundle this worker serves; scopes its `bundle_config_hash` and config deltas.",
+            roles=_LANE_ROLES,
+            read_by=("sie.sidecar.sidecar", "sie.sidecar.health", "sie.worker.service"),
         ),
         "default",
     )

@@ -1,4 +1,4 @@
-"""The worker: its IPC socket, devices, model cache, memory budget and onnxruntime threads
+"""The worker: its IPC socket, backend, model cache, memory limits and onnxruntime threads
 (DESIGN §6-7, contracts A §2.1 and B §5.2).
 """
 
@@ -9,18 +9,10 @@ from pathlib import Path
 
 import attrs
 
-from sie.settings._parsers import (
-    boolean,
-    byte_size,
-    choice,
-    device_spec,
-    integer,
-    number,
-    path,
-    seconds,
-    string_list,
-)
+from sie.settings._parsers import boolean, byte_size, choice, integer, path, string_list
 from sie.settings._spec import Env, setting
+
+_MODEL_ROLES = ("worker", "all")
 
 
 def _model_cache(environ: Mapping[str, str]) -> Path:
@@ -31,25 +23,18 @@ def _model_cache(environ: Mapping[str, str]) -> Path:
 
 @attrs.frozen
 class WorkerSettings:
-    """One worker process (or N children, one per device) that loads and runs models."""
+    """One worker process that loads and runs models, and the socket its sidecar dials."""
 
     socket_path: Path = setting(
         Env(
             "SIE_IPC_SOCKET_PATH",
             path(),
-            "Unix socket the worker serves and the sidecar dials; children add `.{index}`.",
+            "Unix socket the worker serves and the sidecar dials.",
             flag="--socket",
+            roles=("sidecar", "worker"),
+            read_by=("sie.roles.sidecar", "sie.roles.worker"),
         ),
         Path("/tmp/sie-ipc.sock"),
-    )
-    devices: str = setting(
-        Env(
-            "SIE_WORKER_DEVICES",
-            device_spec(),
-            "Worker children: `auto` (one per visible GPU, else one CPU child), a count, or `cuda:0,cuda:1`.",
-            flag="--devices",
-        ),
-        "auto",
     )
     backend: str = setting(
         Env(
@@ -57,6 +42,8 @@ class WorkerSettings:
             choice("onnx", "null"),
             "`null` answers every batch without running a model (transport benchmarks).",
             flag="--backend",
+            roles=_MODEL_ROLES,
+            read_by=("sie.roles.common",),
         ),
         "onnx",
     )
@@ -64,22 +51,33 @@ class WorkerSettings:
         Env(
             "SIE_MODEL_CACHE",
             path(),
-            "Directory of downloaded and converted model artifacts, keyed by content hash.",
+            "Directory of downloaded and converted model artifacts, keyed by content hash (`sie models pull` "
+            "fills it too).",
             aliases=("SIE_LOCAL_CACHE",),
             shown_default="`$XDG_CACHE_HOME/sie/models` or `~/.cache/sie/models`",
+            roles=_MODEL_ROLES,
+            read_by=("sie.worker.loading",),
         ),
         factory=_model_cache,
     )
     hf_fallback: bool = setting(
-        Env("SIE_HF_FALLBACK", boolean(), "Use the Hugging Face Hub when no offline source has the model."),
+        Env(
+            "SIE_HF_FALLBACK",
+            boolean(),
+            "Use the Hugging Face Hub when no offline source has the model.",
+            roles=_MODEL_ROLES,
+            read_by=("sie.worker.loading",),
+        ),
         True,
     )
     preload_models: tuple[str, ...] = setting(
         Env(
             "SIE_PRELOAD_MODELS",
             string_list(),
-            "Models loaded at start-up, before readiness; others load on first use.",
+            "Models loaded at start-up, before readiness, and never evicted; others load on first use.",
             flag="--preload",
+            roles=_MODEL_ROLES,
+            read_by=("sie.roles.common",),
         ),
         (),
     )
@@ -87,27 +85,20 @@ class WorkerSettings:
         Env(
             "SIE_WORKER_MEMORY_BUDGET_BYTES",
             byte_size(),
-            "Memory for loaded models per child; LRU eviction keeps under it. Unset: from device memory.",
+            "Memory for loaded models (their weight files' size); least-recently-used models are unloaded to "
+            "stay under it. Unset: no budget.",
+            roles=_MODEL_ROLES,
+            read_by=("sie.roles.common",),
         ),
         None,
-    )
-    memory_pressure_percent: float = setting(
-        Env(
-            "SIE_MEMORY_PRESSURE_THRESHOLD_PERCENT",
-            number(1, 100),
-            "Device memory use above which least-recently-used models are evicted before a load.",
-        ),
-        85.0,
     )
     max_loaded_models: int | None = setting(
-        Env("SIE_MAX_LOADED_MODELS", integer(minimum=1), "Most models loaded at once. Unset: no limit."),
-        None,
-    )
-    idle_evict_s: float | None = setting(
         Env(
-            "SIE_IDLE_EVICT_S",
-            seconds(maximum=86400),
-            "Unload a model unused for this long. Unset: never for idleness.",
+            "SIE_MAX_LOADED_MODELS",
+            integer(minimum=1),
+            "Most models loaded at once. Unset: no limit.",
+            roles=_MODEL_ROLES,
+            read_by=("sie.roles.common",),
         ),
         None,
     )
@@ -115,8 +106,10 @@ class WorkerSettings:
         Env(
             "SIE_ORT_INTRA_OP_THREADS",
             integer(minimum=1),
-            "onnxruntime intra-op threads per session. Unset: the cores left after tokenization.",
+            "onnxruntime intra-op threads per session. Unset: one per core.",
             flag="--intra-op-threads",
+            roles=_MODEL_ROLES,
+            read_by=("sie.worker.loading", "sie.roles.common"),
         ),
         None,
     )
@@ -126,6 +119,8 @@ class WorkerSettings:
             integer(minimum=1),
             "onnxruntime inter-op threads per session. Unset: onnxruntime's default.",
             flag="--inter-op-threads",
+            roles=_MODEL_ROLES,
+            read_by=("sie.worker.loading",),
         ),
         None,
     )

@@ -1,6 +1,7 @@
-"""The lane consumer: fetches deliveries in a loop (as many as admission has room for, with a fetch
-timeout that is short while work flows and grows when idle), gives each its verdict, groups the rest by
-model and hands each group to readiness. It never tokenizes and never waits on a batch.
+"""The lane consumer, the first stage: fetches deliveries in a loop (as many as admission has room for, with
+a fetch timeout that is short while work flows and grows when idle), gives each its verdict, groups the rest
+by model, admits them, NAKs work for another config (the hash gate, seed 000 §2) and passes each group on to
+readiness. It never tokenizes and never waits on a batch.
 """
 
 from __future__ import annotations
@@ -8,15 +9,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Final
 
 import attrs
 
 from sie.sidecar.admission import ADMISSION_NAK_DELAY_S, Admission
+from sie.sidecar.hashgate import WorkerHash
 from sie.sidecar.results import unknown_operation_result
 from sie.sidecar.settlement import Settler, Verdict, verdict
-from sie.sidecar.work import Work
+from sie.sidecar.work import AdmittedGroup, Outbox, Work
 from sie.transport.base import Delivery, LaneConsumer
 from sie.wire.ipc_batch import OP_ENCODE, OP_EXTRACT, OP_SCORE
 
@@ -26,8 +27,6 @@ MIN_FETCH_TIMEOUT_S: Final = 0.001
 MAX_FETCH_TIMEOUT_S: Final = 0.1
 FETCH_ERROR_BACKOFF_S: Final = 0.5
 OPERATIONS: Final = frozenset({OP_ENCODE, OP_SCORE, OP_EXTRACT})
-
-Admit = Callable[[str, list[Work]], Awaitable[None]]
 
 
 class FetchTimeout:
@@ -80,21 +79,29 @@ class ConsumerOptions:
 
 
 class Consumer:
-    """The fetch loop of one lane consumer."""
+    """The fetch loop of one lane consumer; admitted work of the worker's config goes to `out` (readiness)."""
 
     def __init__(
-        self, lane: LaneConsumer, admission: Admission, settler: Settler, admit: Admit, options: ConsumerOptions
+        self,
+        lane: LaneConsumer,
+        admission: Admission,
+        settler: Settler,
+        gate: WorkerHash,
+        out: Outbox[AdmittedGroup],
+        options: ConsumerOptions,
     ) -> None:
         self._lane = lane
         self._admission = admission
         self._settler = settler
-        self._admit = admit
+        self._gate = gate
+        self._out = out
         self._fetch_budget = max(1, options.fetch_budget)
         self._worker_id = options.worker_id
         self.nak_delay_s = options.nak_delay_s
         self._timeout = FetchTimeout()
         self._stopping = False
         self.fetched = 0
+        self.refused = 0
 
     def stop(self) -> None:
         """Fetch no more; the loop ends after the fetch in progress."""
@@ -118,7 +125,7 @@ class Consumer:
                 await self.accept(deliveries)
 
     async def accept(self, deliveries: list[Delivery]) -> None:
-        """Settle what needs no work, admit the rest per model and pass it to readiness."""
+        """Settle what needs no work, admit the rest per model and pass it on to readiness."""
         batch = sort_deliveries(deliveries, time.monotonic())
         if batch.drop:
             await self._settler.ack_drop(batch.drop)
@@ -133,11 +140,15 @@ class Consumer:
             if refused:
                 await self._settler.nak(refused, ADMISSION_NAK_DELAY_S)
             if admitted:
-                await self._guarded_admit(model_id, admitted)
+                await self._pass_on(model_id, admitted)
 
-    async def _guarded_admit(self, model_id: str, works: list[Work]) -> None:
-        try:
-            await self._admit(model_id, works)
-        except Exception:  # noqa: BLE001 - a stage bug must not stop the lane; the group goes back
-            logger.exception("admitting %d items of %s failed", len(works), model_id)
-            await self._settler.nak(works, self.nak_delay_s)
+    async def _pass_on(self, model_id: str, works: list[Work]) -> None:
+        """Deliveries for another config are NAKed before any IPC for them; the rest go to readiness."""
+        proceed, refuse = await self._gate.split(works)
+        if refuse:
+            self.refused += len(refuse)
+            logger.info("NAKing %d items of %s for a bundle_config_hash other than the worker's %r",
+                        len(refuse), model_id, self._gate.current)  # fmt: skip
+            await self._settler.nak(refuse, self.nak_delay_s)
+        if proceed:
+            await self._out.put((model_id, proceed))

@@ -34,19 +34,29 @@ class _Finished:
     timings: BatchTimings
 
 
-class Dispatcher:
-    """Runs batches on one worker and hands their outcomes to settlement through a bounded queue."""
+class BatchDispatcher:
+    """Runs batches on one worker and hands their outcomes to settlement through a bounded queue.
 
-    def __init__(self, worker: WorkerClient, settler: Settler, worker_id: str, nak_delay_s: float) -> None:
+    `on_unready(model_id)` hears of a model the worker could not run (not loaded, or the call failed), so
+    readiness asks the worker again before its next work.
+    """
+
+    def __init__(
+        self,
+        worker: WorkerClient,
+        settler: Settler,
+        on_unready: Callable[[str], None],
+        worker_id: str,
+        nak_delay_s: float,
+    ) -> None:
         self._worker = worker
         self._settler = settler
+        self._on_unready = on_unready
         self._worker_id = worker_id
         self._nak_delay_s = nak_delay_s
         self._batch_ids = itertools.count(1)
         self._finished: asyncio.Queue[_Finished] = asyncio.Queue(maxsize=_FINISH_QUEUE_BATCHES)
         self._task: asyncio.Task[None] | None = None
-        # Told when the worker answered "not loaded" (or failed), so readiness asks again next time.
-        self.on_model_unready: Callable[[str], None] | None = None
         self.batches = 0
 
     def start(self) -> None:
@@ -122,8 +132,7 @@ class Dispatcher:
                 await self._settler.nak(works, delay)
 
     def _unready(self, model_id: str) -> None:
-        if self.on_model_unready is not None:
-            self.on_model_unready(model_id)
+        self._on_unready(model_id)
 
 
 def _pair(works: list[Work], outcomes: list[ItemOutcome]) -> list[tuple[Work, ItemOutcome | None]]:

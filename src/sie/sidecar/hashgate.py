@@ -1,6 +1,6 @@
-"""The sidecar's hash gate (seed 000 §2, seed 001 "Live Config"): a delivery whose non-empty
-`bundle_config_hash` is not the worker's current hash is NAKed before any backend IPC for it; equal or
-empty (legacy) hashes proceed.
+"""The sidecar's hash gate (seed 000 §2, seed 001 "Live Config"): which deliveries carry a non-empty
+`bundle_config_hash` other than the worker's current hash (the consumer NAKs those before any backend IPC
+for them); equal or empty (legacy) hashes proceed.
 
 Source of "the worker's current hash": the `bundle_config_hash` of the sidecar's own Ping to the worker.
 It is refreshed on demand, not on a timer: while deliveries carry the cached hash no Ping is made; the
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Final
 
 from sie.ipc.client import WorkerClient
@@ -27,9 +27,6 @@ from sie.wire.ipc_control import PingRequest
 logger = logging.getLogger(__name__)
 
 REFRESH_INTERVAL_S: Final = 1.0
-
-Admit = Callable[[str, list[Work]], Awaitable[None]]
-Nak = Callable[[list[Work], float], Awaitable[None]]
 
 
 def split_by_hash(works: list[Work], current: str | None) -> tuple[list[Work], list[Work]]:
@@ -89,24 +86,3 @@ class WorkerHash:
             await self.refresh()
             proceed, refuse = split_by_hash(works, self.current)
         return proceed, refuse
-
-
-class HashGatedAdmit:
-    """Wraps the readiness stage's admit: refused works are NAKed with the stream's delay, the rest go on."""
-
-    def __init__(self, gate: WorkerHash, admit: Admit, nak: Nak, nak_delay_s: float) -> None:
-        self.gate = gate
-        self.admit = admit
-        self.nak = nak
-        self.nak_delay_s = nak_delay_s
-        self.refused = 0
-
-    async def __call__(self, model_id: str, works: list[Work]) -> None:
-        proceed, refuse = await self.gate.split(works)
-        if refuse:
-            self.refused += len(refuse)
-            logger.info("NAKing %d items of %s for a bundle_config_hash other than the worker's %r",
-                        len(refuse), model_id, self.gate.current)  # fmt: skip
-            await self.nak(refuse, self.nak_delay_s)
-        if proceed:
-            await self.admit(model_id, proceed)

@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Final, Self
+from typing import Final, Protocol, Self
 
 import attrs
 
@@ -35,6 +35,12 @@ FRESH_INTERVALS: Final = 3.0
 PING_TIMEOUT_INTERVALS: Final = 2.0
 MAX_FAILED_MODELS: Final = 64
 UNKNOWN_ERROR_CLASS: Final = "UNKNOWN"
+
+
+class AcknowledgedConfig(Protocol):
+    """The config the sidecar acknowledged after an apply (seed 001 "Live Config"); `""` before any."""
+
+    bundle_config_hash: str
 
 
 @attrs.frozen
@@ -70,7 +76,11 @@ def model_failure(response: EnsureModelReadyResponse) -> ModelFailure | None:
 
 
 class HealthPublisher:
-    """Heartbeats for one worker. `async with` starts the loop (first beat at once) and stops it on exit."""
+    """Heartbeats for one worker. `async with` starts the loop (first beat at once) and stops it on exit.
+
+    Once `acknowledged` holds a non-empty hash it is advertised instead of the worker's own, so a mismatched
+    apply stays quarantined. `clock` times freshness; heartbeats carry wall-clock time.
+    """
 
     def __init__(
         self,
@@ -78,6 +88,8 @@ class HealthPublisher:
         worker: WorkerClient,
         identity: WorkerIdentity,
         interval_s: float,
+        acknowledged: AcknowledgedConfig | None = None,
+        *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if interval_s <= 0:
@@ -86,8 +98,8 @@ class HealthPublisher:
         self.worker = worker
         self.identity = identity
         self.interval_s = interval_s
+        self.acknowledged = acknowledged
         self.clock = clock
-        self.wall_clock: Callable[[], float] = time.time
         self.subject = health_subject(identity.worker_id)
         self._ping: PingResponse | None = None
         self._ping_ok_at: float | None = None
@@ -96,13 +108,13 @@ class HealthPublisher:
         self._draining = False
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
-        # The hash the sidecar acknowledged after a config apply (seed 001 "Live Config"); when set and
-        # non-empty it is advertised instead of the worker's own, so a mismatched apply stays quarantined.
-        self.acknowledged_hash: Callable[[], str] | None = None
 
     @classmethod
-    def from_settings(cls, bus: MessageBus, worker: WorkerClient, settings: Settings) -> HealthPublisher:
-        return cls(bus, worker, WorkerIdentity.from_settings(settings), settings.sidecar.heartbeat_interval_s)
+    def from_settings(
+        cls, bus: MessageBus, worker: WorkerClient, settings: Settings, acknowledged: AcknowledgedConfig | None = None
+    ) -> HealthPublisher:
+        interval = settings.sidecar.heartbeat_interval_s
+        return cls(bus, worker, WorkerIdentity.from_settings(settings), interval, acknowledged)
 
     async def __aenter__(self) -> Self:
         self._wake = asyncio.Event()
@@ -192,7 +204,7 @@ class HealthPublisher:
         wake.clear()
 
     async def _ping_worker(self) -> PingResponse | None:
-        request = PingRequest(timestamp_ms=self.wall_clock() * 1000.0)
+        request = PingRequest(timestamp_ms=time.time() * 1000.0)
         try:
             async with asyncio.timeout(PING_TIMEOUT_INTERVALS * self.interval_s):
                 return await self.worker.ping(request)
@@ -203,7 +215,7 @@ class HealthPublisher:
         return None
 
     def _advertised_hash(self) -> str:
-        acknowledged = self.acknowledged_hash() if self.acknowledged_hash is not None else ""
+        acknowledged = self.acknowledged.bundle_config_hash if self.acknowledged is not None else ""
         return acknowledged or (self._ping.bundle_config_hash if self._ping else "")
 
     def _heartbeat(self, ready: bool) -> WorkerHeartbeat:
@@ -214,7 +226,7 @@ class HealthPublisher:
             machine_profile=identity.machine_profile,
             bundle=identity.bundle,
             ready=ready,
-            timestamp=self.wall_clock(),
+            timestamp=time.time(),
             bundle_config_hash=self._advertised_hash(),
             loaded_models=list(ping.loaded_models) if ping else [],
             loading_models=list(ping.loading_models) if ping else [],

@@ -15,7 +15,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Final
 
-from sie.sidecar.work import ReadyModel, Work
+from sie.sidecar.work import Channel, Outbox, ReadyGroup, ReadyModel, Work
 from sie.tokenization import TextTokenizer, TokenizerError, prepare_text
 from sie.wire.ipc_batch import (
     OP_ENCODE,
@@ -35,7 +35,6 @@ logger = logging.getLogger(__name__)
 MEDIA_INPUT_COST: Final = 1024
 _MEDIA_KEYS: Final = ("images", "image", "audio", "video", "documents", "document")
 
-Submit = Callable[[ReadyModel, list[Work]], None]
 Fail = Callable[[list[Work]], Awaitable[None]]
 
 
@@ -189,41 +188,26 @@ def _load_tokenizer(path: str, max_seq_len: int | None, expected_id: str) -> Tex
 
 
 class Preparer:
-    """The preparation stage: a bounded queue of (model, works) groups served by a few tasks."""
+    """The preparation stage: prepares each ready group and passes it to `out` (the scheduler); a group whose
+    preparation fails goes to `fail` (NAKed). Several `serve` loops may share one inbox."""
 
-    def __init__(self, executor: Executor, submit: Submit, fail: Fail, workers: int = 2) -> None:
+    def __init__(self, executor: Executor, out: Outbox[ReadyGroup], fail: Fail) -> None:
         self._executor = executor
-        self._submit = submit
+        self._out = out
         self._fail = fail
         self._tokenizers = TokenizerCache(executor)
-        self._queue: asyncio.Queue[tuple[ReadyModel, list[Work]]] = asyncio.Queue(maxsize=max(2, 2 * workers))
-        self._workers = max(1, workers)
-        self._tasks: list[asyncio.Task[None]] = []
 
-    def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._run(), name=f"sie-sidecar-prep-{i}") for i in range(self._workers)]
-
-    async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
-
-    async def put(self, model: ReadyModel, works: list[Work]) -> None:
-        """Queue a group for preparation; waits while the stage is full (backpressure to the consumer)."""
-        await self._queue.put((model, works))
-
-    async def _run(self) -> None:
+    async def serve(self, inbox: Channel[ReadyGroup]) -> None:
+        """One of the stage's loops: prepare each group as it arrives."""
         while True:
-            model, works = await self._queue.get()
+            model, works = await inbox.get()
             try:
                 await self.prepare(model, works)
             except Exception:  # noqa: BLE001 - a preparation bug must not kill the stage; the group is NAKed
                 logger.exception("preparing %d items of %s failed", len(works), model.model_id)
                 await self._fail(works)
                 continue
-            self._submit(model, works)
+            await self._out.put((model, works))
 
     async def prepare(self, model: ReadyModel, works: list[Work]) -> None:
         """Fill in cost and IPC item of every work item of one model."""

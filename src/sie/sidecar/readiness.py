@@ -1,6 +1,9 @@
 """Model readiness (contracts Part A §2.1 EnsureModelReady; seed 001 "Request Flow"): ready work goes on
 to preparation; work for a model this worker is loading is held with progress ACKs while one poller per
 model re-checks; failed and retry-later answers are settled here. It never blocks the event loop.
+
+`ReadyModels` remembers the worker's ready answers (and tells an observer every answer); the readiness
+stage fills it and the dispatcher forgets a model the worker could not run.
 """
 
 from __future__ import annotations
@@ -8,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import attrs
@@ -18,7 +21,7 @@ from sie.settings import BatchingSettings, SidecarSettings, StreamSettings
 from sie.sidecar.results import load_failed_result, model_loading_result, resource_exhausted_result
 from sie.sidecar.scheduler import batch_limits
 from sie.sidecar.settlement import Settler
-from sie.sidecar.work import ReadyModel, Work
+from sie.sidecar.work import AdmittedGroup, Channel, Outbox, ReadyGroup, ReadyModel, Work
 from sie.wire.ipc_control import (
     MODEL_STATE_FAILED,
     MODEL_STATE_LOADING_IN_PROGRESS,
@@ -39,7 +42,7 @@ READY_TTL_S: Final = 1.0
 OOM_ERROR_CLASS: Final = "OOM"
 LOADING_STATES: Final = frozenset({MODEL_STATE_LOADING_STARTED, MODEL_STATE_LOADING_IN_PROGRESS})
 
-Proceed = Callable[[ReadyModel, list[Work]], Awaitable[None]]
+Observe = Callable[[str, EnsureModelReadyResponse], None]
 
 
 def progress_interval(ack_wait_s: float, nak_delay_s: float) -> float:
@@ -51,21 +54,56 @@ def progress_interval(ack_wait_s: float, nak_delay_s: float) -> float:
 
 @attrs.frozen
 class ReadinessTimings:
-    """The readiness stage's clocks, from the stream and sidecar settings."""
+    """The readiness stage's clocks, from the stream and sidecar settings, and the worker id its replies carry."""
 
     poll_s: float
     progress_s: float
     hold_s: float
     nak_delay_s: float
+    worker_id: str = "worker-unknown"
 
     @classmethod
-    def from_settings(cls, stream: StreamSettings, sidecar: SidecarSettings) -> ReadinessTimings:
+    def from_settings(cls, stream: StreamSettings, sidecar: SidecarSettings, worker_id: str) -> ReadinessTimings:
         return cls(
             poll_s=min(POLL_INTERVAL_S, stream.ack_wait_s / 4.0),
             progress_s=progress_interval(stream.ack_wait_s, stream.nak_delay_s),
             hold_s=sidecar.load_hold_s,
             nak_delay_s=stream.nak_delay_s,
+            worker_id=worker_id,
         )
+
+
+class ReadyModels:
+    """The models the worker last answered ready, each reused for READY_TTL_S; every answer is also told to
+    `observe` (the health publisher reports load failures from them)."""
+
+    def __init__(
+        self, batching: BatchingSettings, observe: Observe | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._batching = batching
+        self._observe = observe
+        self._clock = clock
+        self._ready: dict[str, tuple[ReadyModel, float]] = {}
+
+    def get(self, model_id: str) -> ReadyModel | None:
+        """The ready model, while its answer is fresh."""
+        cached = self._ready.get(model_id)
+        return cached[0] if cached is not None and cached[1] > self._clock() else None
+
+    def record(self, model_id: str, response: EnsureModelReadyResponse) -> ReadyModel | None:
+        """Take one EnsureModelReady answer; the ready model with its batch limits when it says ready."""
+        if self._observe is not None:
+            self._observe(model_id, response)
+        if response.state != MODEL_STATE_READY:
+            return None
+        limits = batch_limits(response.descriptor, response.batch_budget, self._batching)
+        ready = ReadyModel(model_id=model_id, descriptor=response.descriptor or ModelDescriptor(), limits=limits)
+        self._ready[model_id] = (ready, self._clock() + READY_TTL_S)
+        return ready
+
+    def forget(self, model_id: str) -> None:
+        """Ask the worker again before the next work of this model (it said the model is not loaded)."""
+        self._ready.pop(model_id, None)
 
 
 class _Hold:
@@ -78,21 +116,36 @@ class _Hold:
 
 
 class Readiness:
-    """Answers "may this model's work run now?" per model; one poller per loading model."""
+    """Answers "may this model's work run now?" per model; one poller per loading model. Ready work goes to
+    `out` (preparation)."""
 
-    def __init__(self, worker: WorkerClient, settler: Settler, batching: BatchingSettings,
-                 timings: ReadinessTimings, worker_id: str, proceed: Proceed) -> None:  # fmt: skip
+    def __init__(
+        self,
+        worker: WorkerClient,
+        settler: Settler,
+        models: ReadyModels,
+        out: Outbox[ReadyGroup],
+        timings: ReadinessTimings,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._worker = worker
         self._settler = settler
-        self._batching = batching
+        self._models = models
+        self._out = out
         self._timings = timings
-        self._worker_id = worker_id
-        self._ready: dict[str, tuple[ReadyModel, float]] = {}
+        self._worker_id = timings.worker_id
         self._holds: dict[str, _Hold] = {}
-        self._proceed_to = proceed
-        self.clock: Callable[[], float] = time.monotonic
-        # Told every EnsureModelReady answer (the health publisher reports load failures from them).
-        self.on_answer: Callable[[str, EnsureModelReadyResponse], None] | None = None
+        self._clock = clock
+
+    async def serve(self, inbox: Channel[AdmittedGroup]) -> None:
+        """The stage's loop: route each admitted group as it arrives."""
+        while True:
+            model_id, works = await inbox.get()
+            try:
+                await self.admit(model_id, works)
+            except Exception:  # noqa: BLE001 - a stage bug must not stop the lane; the group goes back
+                logger.exception("admitting %d items of %s failed", len(works), model_id)
+                await self._settler.nak(works, self._timings.nak_delay_s)
 
     async def admit(self, model_id: str, works: list[Work]) -> None:
         """Route one model's admitted work by the worker's readiness answer."""
@@ -100,23 +153,19 @@ class Readiness:
         if hold is not None:
             self._hold(hold, works)
             return
-        cached = self._ready.get(model_id)
-        if cached is not None and cached[1] > self.clock():
-            await self._proceed(cached[0], works)
+        ready = self._models.get(model_id)
+        if ready is not None:
+            await self._proceed(ready, works)
             return
         response = await self._ask(model_id)
         if response is None:
             await self._settler.nak(works, self._timings.nak_delay_s)
         elif response.state == MODEL_STATE_READY:
-            await self._proceed(self._remember(model_id, response), works)
+            await self._proceed(self._models.get(model_id), works)
         elif response.state in LOADING_STATES:
             self._start_hold(model_id, works)
         else:
             await self._answer(response, works)
-
-    def forget(self, model_id: str) -> None:
-        """Ask the worker again before the next work of this model (it said the model is not loaded)."""
-        self._ready.pop(model_id, None)
 
     def held(self) -> int:
         return sum(len(hold.works) for hold in self._holds.values())
@@ -139,34 +188,30 @@ class Readiness:
         await asyncio.gather(*(hold.task for hold in holds if hold.task), return_exceptions=True)
 
     async def _ask(self, model_id: str) -> EnsureModelReadyResponse | None:
+        """The worker's answer, recorded in `ReadyModels`; None when the IPC call failed."""
         try:
             response = await self._worker.ensure_model_ready(EnsureModelReadyRequest(model_id=model_id))
         except Exception:  # noqa: BLE001 - an IPC failure is transient: the work is NAKed
             logger.warning("EnsureModelReady(%s) failed", model_id, exc_info=True)
             return None
-        if self.on_answer is not None:
-            self.on_answer(model_id, response)
+        self._models.record(model_id, response)
         return response
 
-    def _remember(self, model_id: str, response: EnsureModelReadyResponse) -> ReadyModel:
-        limits = batch_limits(response.descriptor, response.batch_budget, self._batching)
-        ready = ReadyModel(model_id=model_id, descriptor=response.descriptor or ModelDescriptor(), limits=limits)
-        self._ready[model_id] = (ready, self.clock() + READY_TTL_S)
-        return ready
-
-    async def _proceed(self, model: ReadyModel, works: list[Work]) -> None:
+    async def _proceed(self, model: ReadyModel | None, works: list[Work]) -> None:
+        if model is None:
+            raise RuntimeError("a ready answer recorded no ready model; this is a bug")
         if works:
-            await self._proceed_to(model, works)
+            await self._out.put((model, works))
 
     def _hold(self, hold: _Hold, works: Sequence[Work]) -> None:
-        now = self.clock()
+        now = self._clock()
         for work in works:
             work.held_since = now
         hold.works.extend(works)
 
     def _start_hold(self, model_id: str, works: list[Work]) -> None:
         hold = _Hold()
-        hold.progressed = self.clock()
+        hold.progressed = self._clock()
         self._hold(hold, works)
         self._holds[model_id] = hold
         hold.task = asyncio.get_running_loop().create_task(
@@ -196,13 +241,13 @@ class Readiness:
             if self._holds.get(model_id) is hold:
                 del self._holds[model_id]
             if response is not None and state == MODEL_STATE_READY:
-                await self._proceed(self._remember(model_id, response), hold.works)
+                await self._proceed(self._models.get(model_id), hold.works)
             elif response is not None:
                 await self._answer(response, hold.works)
             return
 
     async def _keep_holding(self, hold: _Hold) -> None:
-        now = self.clock()
+        now = self._clock()
         expired = [work for work in hold.works if now - work.held_since >= self._timings.hold_s]
         if expired:
             hold.works = [work for work in hold.works if now - work.held_since < self._timings.hold_s]

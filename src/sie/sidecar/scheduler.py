@@ -24,7 +24,7 @@ from typing import Final
 import attrs
 
 from sie.settings import BatchingSettings
-from sie.sidecar.work import BatchLimits, ReadyModel, Work
+from sie.sidecar.work import BatchLimits, Channel, ReadyGroup, ReadyModel, Work
 from sie.wire.ipc_control import ModelDescriptor
 
 logger = logging.getLogger(__name__)
@@ -229,12 +229,20 @@ class Scheduler:
     """Drives the formers: `submit` queues prepared work; per model, `max_inflight` loops each take the
     next batch the moment they are free and await the dispatch (continuous batching)."""
 
-    def __init__(self, dispatch: Dispatch, max_wait_s: float, max_inflight: int = 1) -> None:
+    def __init__(
+        self, dispatch: Dispatch, max_wait_s: float, max_inflight: int = 1, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._dispatch = dispatch
         self._max_wait_s = max_wait_s
         self._max_inflight = max(1, max_inflight)
         self._models: dict[str, _ModelSlot] = {}
-        self.clock: Callable[[], float] = time.monotonic
+        self.clock = clock
+
+    async def serve(self, inbox: Channel[ReadyGroup]) -> None:
+        """The stage's intake: submit each prepared group as it arrives."""
+        while True:
+            model, works = await inbox.get()
+            self.submit(model, works)
 
     def submit(self, model: ReadyModel, works: list[Work]) -> None:
         """Queue prepared work of a ready model and wake its loops; never blocks."""

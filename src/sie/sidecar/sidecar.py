@@ -1,6 +1,6 @@
-"""The sidecar component: wires the stages (consumer → admission → readiness → prep → scheduler →
-dispatcher → settlement) for one lane and one worker, and runs their tasks as an async context manager.
-It owns lifecycles only; every decision lives in the stage modules.
+"""The sidecar component: builds the pipeline of one lane and one worker in the order work flows through it
+(consumer → readiness → preparation → scheduler → dispatcher → settlement), runs its loops as an async
+context manager, drains it on shutdown. It owns lifecycles only; every decision lives in the stage modules.
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Final
+from collections.abc import Coroutine
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any, Final
 
 import attrs
 
@@ -19,18 +19,22 @@ from sie.ipc.client import WorkerClient
 from sie.settings import BatchingSettings, Settings, SidecarSettings, StreamSettings
 from sie.sidecar.admission import Admission
 from sie.sidecar.consumer import Consumer, ConsumerOptions
-from sie.sidecar.dispatcher import Dispatcher
-from sie.sidecar.hashgate import HashGatedAdmit, WorkerHash
+from sie.sidecar.dispatcher import BatchDispatcher
+from sie.sidecar.hashgate import WorkerHash
 from sie.sidecar.prep import Preparer
-from sie.sidecar.readiness import Readiness, ReadinessTimings
+from sie.sidecar.readiness import Observe, Readiness, ReadinessTimings, ReadyModels
 from sie.sidecar.scheduler import Scheduler
 from sie.sidecar.settlement import Settler
-from sie.transport.base import Lane, LaneConsumer, Transport
-from sie.wire.ipc_control import EnsureModelReadyResponse
+from sie.sidecar.work import AdmittedGroup, Channel, ReadyGroup, Work
+from sie.transport.base import Lane, LaneConsumer, MessageBus, Transport
 
 logger = logging.getLogger(__name__)
 
 _STOP_FETCH_TIMEOUT_S: Final = 1.0
+# Groups a channel between two stages holds before the stage upstream waits (backpressure).
+CHANNEL_GROUPS: Final = 8
+# Preparation loops sharing one channel: one tokenizes while another hands its group on.
+PREPARATION_LOOPS: Final = 2
 
 
 @attrs.frozen
@@ -48,42 +52,106 @@ class SidecarConfig:
         return cls(settings.sidecar, settings.batching, settings.stream, settings.process.worker_id)
 
 
+@attrs.frozen
+class Pipeline:
+    """One lane's stages, the channels between them, and the state every stage settles through."""
+
+    admission: Admission
+    settler: Settler
+    dispatcher: BatchDispatcher
+    consumer: Consumer
+    readiness: Readiness
+    preparer: Preparer
+    scheduler: Scheduler
+    admitted: Channel[AdmittedGroup]  # consumer → readiness
+    ready: Channel[ReadyGroup]  # readiness → preparation
+    prepared: Channel[ReadyGroup]  # preparation → scheduler
+
+    def loops(self) -> list[Coroutine[Any, Any, None]]:
+        """The stages' loops, in data-flow order (the dispatcher runs its own)."""
+        return [
+            self.consumer.run(),
+            self.readiness.serve(self.admitted),
+            *(self.preparer.serve(self.ready) for _ in range(PREPARATION_LOOPS)),
+            self.scheduler.serve(self.prepared),
+        ]
+
+    def queued(self) -> list[Work]:
+        """Work waiting in the channels and the scheduler (not running), removed so it can be given back."""
+        groups = [*self.admitted.drain(), *self.ready.drain(), *self.prepared.drain()]
+        return [work for _, works in groups for work in works] + self.scheduler.drain_pending()
+
+
+def build_pipeline(
+    lane: LaneConsumer,
+    bus: MessageBus,
+    worker: WorkerClient,
+    config: SidecarConfig,
+    executor: Executor,
+    observe: Observe | None = None,
+) -> Pipeline:
+    """The stages of one lane, built in the order work flows through them; `observe` hears every
+    EnsureModelReady answer (the health publisher reports load failures from them)."""
+    stream, batching = config.stream, config.batching
+    # The two ends every stage settles through: the broker (results, ACKs, NAKs) and the worker (RunBatch).
+    admission = Admission(batching.max_pending_items)
+    settler = Settler(bus, admission)
+    models = ReadyModels(batching, observe)
+    dispatcher = BatchDispatcher(worker, settler, models.forget, config.worker_id, stream.nak_delay_s)
+    # The stages, joined by bounded channels.
+    admitted: Channel[AdmittedGroup] = Channel(CHANNEL_GROUPS)
+    ready: Channel[ReadyGroup] = Channel(CHANNEL_GROUPS)
+    prepared: Channel[ReadyGroup] = Channel(CHANNEL_GROUPS)
+    options = ConsumerOptions(config.sidecar.fetch_budget, stream.nak_delay_s, config.worker_id)
+    consumer = Consumer(lane, admission, settler, WorkerHash(worker), admitted, options)
+    timings = ReadinessTimings.from_settings(stream, config.sidecar, config.worker_id)
+    readiness = Readiness(worker, settler, models, ready, timings)
+    preparer = Preparer(executor, prepared, lambda works: settler.nak(works, stream.nak_delay_s))
+    scheduler = Scheduler(dispatcher.dispatch, batching.max_batch_wait_s, config.max_inflight_batches)
+    return Pipeline(admission, settler, dispatcher, consumer, readiness, preparer, scheduler, admitted, ready, prepared)
+
+
 class Sidecar:
     """Consumes one lane and serves it with one worker. `async with Sidecar(...)` starts it; leaving
     the block stops fetching, gives back queued work and cancels the tasks; `drain()` first finishes
-    in-flight work up to a deadline."""
+    in-flight work up to a deadline. `observe` hears every EnsureModelReady answer."""
 
     def __init__(
-        self, transport: Transport, worker: WorkerClient, lane: Lane, config: SidecarConfig | None = None
+        self,
+        transport: Transport,
+        worker: WorkerClient,
+        lane: Lane,
+        config: SidecarConfig | None = None,
+        observe: Observe | None = None,
     ) -> None:
         self.transport = transport
         self.worker = worker
         self.lane = lane
         self.config = config or SidecarConfig()
+        self._observe = observe
         self._stack: contextlib.AsyncExitStack | None = None
-        self._consumer: Consumer | None = None
+        self._pipeline: Pipeline | None = None
         self._consumer_task: asyncio.Task[None] | None = None
-        self._keepalive_task: asyncio.Task[None] | None = None
-        self.admission: Admission | None = None
-        self.readiness: Readiness | None = None
-        self.scheduler: Scheduler | None = None
-        self.dispatcher: Dispatcher | None = None
-        self.settler: Settler | None = None
-        self._preparer: Preparer | None = None
-        self.hash_gate: HashGatedAdmit | None = None
-        # Set before entering to be told every EnsureModelReady answer (the health publisher's `observe`).
-        self.on_readiness_answer: Callable[[str, EnsureModelReadyResponse], None] | None = None
+        self._loops: list[asyncio.Task[None]] = []
 
     @classmethod
-    def from_settings(cls, transport: Transport, worker: WorkerClient, settings: Settings) -> Sidecar:
+    def from_settings(
+        cls, transport: Transport, worker: WorkerClient, settings: Settings, observe: Observe | None = None
+    ) -> Sidecar:
         """The sidecar of the lane named by SIE_POOL / SIE_MACHINE_PROFILE / SIE_BUNDLE."""
         lane = Lane(settings.lane.pool, settings.lane.machine_profile, settings.lane.bundle)
-        return cls(transport, worker, lane, SidecarConfig.from_settings(settings))
+        return cls(transport, worker, lane, SidecarConfig.from_settings(settings), observe)
+
+    @property
+    def pipeline(self) -> Pipeline:
+        if self._pipeline is None:
+            raise RuntimeError("the sidecar is not running; enter it with `async with`")
+        return self._pipeline
 
     @property
     def pending(self) -> int:
         """Work items admitted and not yet settled."""
-        return self.admission.total if self.admission else 0
+        return self._pipeline.admission.total if self._pipeline else 0
 
     @property
     def fetching(self) -> bool:
@@ -93,21 +161,21 @@ class Sidecar:
     @property
     def batches(self) -> int:
         """RunBatch calls made so far."""
-        return self.dispatcher.batches if self.dispatcher else 0
+        return self._pipeline.dispatcher.batches if self._pipeline else 0
 
     async def __aenter__(self) -> Sidecar:
-        config = self.config
         stack = contextlib.AsyncExitStack()
         try:
             lane_consumer = await self.transport.consumer(self.lane)
-            executor = ThreadPoolExecutor(config.batching.tokenizer_threads, thread_name_prefix="sie-tokenize")
+            threads = self.config.batching.tokenizer_threads
+            executor = ThreadPoolExecutor(threads, thread_name_prefix="sie-tokenize")
             stack.callback(executor.shutdown, wait=False, cancel_futures=True)
-            self._build(lane_consumer, executor)
-            self._start(stack)
+            pipeline = build_pipeline(lane_consumer, self.transport, self.worker, self.config, executor, self._observe)
+            self._start(pipeline, stack)
         except BaseException:
             await stack.aclose()
             raise
-        self._stack = stack
+        self._stack, self._pipeline = stack, pipeline
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -115,59 +183,41 @@ class Sidecar:
         if stack is None:
             return
         await self._stop_fetching()
+        for task in self._loops:  # nothing moves between stages while queued work is given back
+            await _cancel(task)
         await self._give_back()
         await stack.aclose()
 
     async def drain(self, deadline_s: float) -> bool:
         """Stop fetching, give held work back, and wait up to `deadline_s` for everything admitted to be
         settled; what is still queued then is NAKed. True when all work finished in time."""
-        if self.admission is None or self.readiness is None:
+        if self._pipeline is None:
             return True
         await self._stop_fetching()
-        await self.readiness.release_holds()
-        finished = await self.admission.wait_idle(deadline_s)
+        await self._pipeline.readiness.release_holds()
+        finished = await self._pipeline.admission.wait_idle(deadline_s)
         if not finished:
             await self._give_back()
         return finished
 
-    def _build(self, lane_consumer: LaneConsumer, executor: ThreadPoolExecutor) -> None:
-        config = self.config
-        stream = config.stream
-        admission = Admission(config.batching.max_pending_items)
-        settler = Settler(self.transport, admission)
-        dispatcher = Dispatcher(self.worker, settler, config.worker_id, stream.nak_delay_s)
-        scheduler = Scheduler(dispatcher.dispatch, config.batching.max_batch_wait_s, config.max_inflight_batches)
-        preparer = Preparer(executor, scheduler.submit, lambda works: settler.nak(works, stream.nak_delay_s),
-                            workers=min(2, config.batching.tokenizer_threads))  # fmt: skip
-        timings = ReadinessTimings.from_settings(stream, config.sidecar)
-        readiness = Readiness(self.worker, settler, config.batching, timings, config.worker_id, preparer.put)
-        dispatcher.on_model_unready = readiness.forget
-        readiness.on_answer = self.on_readiness_answer
-        options = ConsumerOptions(config.sidecar.fetch_budget, stream.nak_delay_s, config.worker_id)
-        # Deliveries for another config are NAKed before any IPC for them (seed 000 §2).
-        self.hash_gate = HashGatedAdmit(WorkerHash(self.worker), readiness.admit, settler.nak, stream.nak_delay_s)
-        self._consumer = Consumer(lane_consumer, admission, settler, self.hash_gate, options)
-        self.admission, self.settler, self.readiness = admission, settler, readiness
-        self.scheduler, self.dispatcher, self._preparer = scheduler, dispatcher, preparer
-
-    def _start(self, stack: contextlib.AsyncExitStack) -> None:
-        # Closed in reverse: consumer first (no new work), then readiness, prep, scheduler, dispatcher.
-        self.dispatcher.start()
-        stack.push_async_callback(self.dispatcher.close)
-        stack.push_async_callback(self.scheduler.close)
-        self._preparer.start()
-        stack.push_async_callback(self._preparer.close)
-        stack.push_async_callback(self.readiness.close)
+    def _start(self, pipeline: Pipeline, stack: contextlib.AsyncExitStack) -> None:
+        # Closed in reverse: the loops first (no new work), then readiness, the scheduler, the dispatcher.
+        pipeline.dispatcher.start()
+        stack.push_async_callback(pipeline.dispatcher.close)
+        stack.push_async_callback(pipeline.scheduler.close)
+        stack.push_async_callback(pipeline.readiness.close)
         loop = asyncio.get_running_loop()
-        self._keepalive_task = loop.create_task(self._keepalive(), name="sie-sidecar-keepalive")
-        stack.push_async_callback(_cancel, self._keepalive_task)
-        self._consumer_task = loop.create_task(self._consumer.run(), name=f"sie-sidecar-consumer-{self.lane.pool}")
-        stack.push_async_callback(_cancel, self._consumer_task)
+        keepalive = loop.create_task(self._keepalive(pipeline), name="sie-sidecar-keepalive")
+        stack.push_async_callback(_cancel, keepalive)
+        self._loops = [loop.create_task(work, name=f"sie-sidecar-{self.lane.pool}") for work in pipeline.loops()]
+        for task in self._loops:
+            stack.push_async_callback(_cancel, task)
+        self._consumer_task = self._loops[0]
 
     async def _stop_fetching(self) -> None:
-        if self._consumer is None or self._consumer_task is None:
+        if self._pipeline is None or self._consumer_task is None:
             return
-        self._consumer.stop()
+        self._pipeline.consumer.stop()
         try:
             async with asyncio.timeout(_STOP_FETCH_TIMEOUT_S):
                 await asyncio.shield(self._consumer_task)
@@ -178,22 +228,22 @@ class Sidecar:
 
     async def _give_back(self) -> None:
         """NAK (no delay) work that is held or queued but not running, so another worker can take it."""
-        if self.readiness is not None:
-            await self.readiness.release_holds()
-        if self.scheduler is not None and self.settler is not None:
-            queued = self.scheduler.drain_pending()
-            if queued:
-                await self.settler.nak(queued, 0.0)
+        if self._pipeline is None:
+            return
+        await self._pipeline.readiness.release_holds()
+        queued = self._pipeline.queued()
+        if queued:
+            await self._pipeline.settler.nak(queued, 0.0)
 
-    async def _keepalive(self) -> None:
+    async def _keepalive(self, pipeline: Pipeline) -> None:
         """Progress-ACK work that waits in the scheduler or runs longer than half the ack-wait."""
         interval = self.config.stream.ack_wait_s / 4.0
         while True:
             await asyncio.sleep(interval)  # a housekeeping tick, far off the request path
             now = time.monotonic()
-            stale = [w for w in self.scheduler.waiting() if now - w.progressed >= 2 * interval]
+            stale = [work for work in pipeline.scheduler.waiting() if now - work.progressed >= 2 * interval]
             if stale:
-                await self.settler.in_progress(stale, now)
+                await pipeline.settler.in_progress(stale, now)
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:
@@ -201,4 +251,4 @@ async def _cancel(task: asyncio.Task[None]) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
-__all__ = ["Sidecar", "SidecarConfig"]
+__all__ = ["Pipeline", "Sidecar", "SidecarConfig", "build_pipeline"]

@@ -1,10 +1,12 @@
-"""The records that travel through the sidecar's stages: one `Work` per delivery, filled in as it moves
-(admitted, prepared, batched), and the `ReadyModel` a ready worker described. No behaviour lives here.
+"""What travels through the sidecar's stages and what carries it: one `Work` per delivery, filled in as it
+moves (admitted, prepared, batched), the `ReadyModel` a ready worker described, and the bounded `Channel`
+that hands groups of work from one stage to the next. No stage logic lives here.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 
@@ -76,3 +78,38 @@ class ReadyModel:
     model_id: str
     descriptor: ModelDescriptor
     limits: BatchLimits
+
+
+T = TypeVar("T")
+T_contra = TypeVar("T_contra", contravariant=True)
+
+# One model's work, as stages hand it on: by model id before readiness, with the ready model after it.
+AdmittedGroup = tuple[str, list[Work]]
+ReadyGroup = tuple[ReadyModel, list[Work]]
+
+
+class Outbox(Protocol[T_contra]):
+    """Where a stage puts what it passes on; waits while the next stage is full (backpressure)."""
+
+    async def put(self, item: T_contra) -> None: ...
+
+
+class Channel(Generic[T]):
+    """A bounded hand-off between two stages. What is still in it when the sidecar stops is drained and
+    given back, so nothing waits in a channel for its ack-wait to run out."""
+
+    def __init__(self, maxsize: int) -> None:
+        self._queue: asyncio.Queue[T] = asyncio.Queue(maxsize=maxsize)
+
+    async def put(self, item: T) -> None:
+        await self._queue.put(item)
+
+    async def get(self) -> T:
+        return await self._queue.get()
+
+    def drain(self) -> list[T]:
+        """Everything queued now, removed."""
+        items = []
+        while not self._queue.empty():
+            items.append(self._queue.get_nowait())
+        return items

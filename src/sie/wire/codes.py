@@ -30,6 +30,8 @@ QUEUE_UNAVAILABLE: Final = "QUEUE_UNAVAILABLE"
 SHUTTING_DOWN: Final = "SHUTTING_DOWN"
 BUNDLE_CONFLICT: Final = "BUNDLE_CONFLICT"
 CLIENT_CLOSED_REQUEST: Final = "CLIENT_CLOSED_REQUEST"
+# A machine profile outside SIE_GATEWAY_CONFIGURED_GPUS: `{"status": "gpu_not_configured", ...}` (contracts B §1.10).
+GPU_NOT_CONFIGURED: Final = "gpu_not_configured"
 # Gateway → client: a chunked result failed validation; static message, never the worker's detail (seed 000).
 TRANSPORT_FAILURE: Final = "transport_failure"
 

@@ -30,3 +30,8 @@ def all_items_failed_body(details: list[dict[str, Any]]) -> dict[str, Any]:
     Each detail is `{"item_index", "error", "code"?}` (contracts Part B §1.10).
     """
     return {"error": "all_items_failed", "details": details}
+
+
+def status_body(status: str, message: str, **extra: Any) -> dict[str, Any]:
+    """Gateway routing refusal: `{"status", ...extra, "message"}` (contracts Part B §1.10, `gpu_not_configured`)."""
+    return {"status": status, **extra, "message": message}

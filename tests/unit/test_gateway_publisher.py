@@ -1,17 +1,15 @@
-"""Admission, publishing and work-item building (seed 000 §2, §16.2; contracts Part B §4.1)."""
+"""The gateway's work publisher (admission, publishing) and work items (seed 000 §2, §16.2; contracts B §4.1)."""
 
 from __future__ import annotations
-
-import asyncio
 
 import pytest
 
 from sie.catalog import load_catalog
-from sie.gateway.dispatcher import Dispatcher, RefreshingCache
 from sie.gateway.errors import ProvisioningError, QueueFullError, QueueUnavailableError
+from sie.gateway.publisher import WorkPublisher
 from sie.gateway.router import LaneHints, Router
 from sie.gateway.workitems import Ticket, encode_work, extract_work, score_work
-from sie.settings import GatewaySettings, LaneSettings, StreamSettings
+from sie.settings import LaneSettings, StreamSettings
 from sie.transport.base import Lane, NoConsumerError
 from sie.transport.loopback import LoopbackTransport
 from sie.wire.http import EncodeParams, EncodeRequest, ExtractParams, ExtractRequest, Item, ScoreRequest
@@ -20,87 +18,53 @@ LANE = Lane("default", "default", "default")
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
+class Consumers:
+    """A lane directory that answers from a set (the worker registry in a distributed gateway)."""
 
-    def __call__(self) -> float:
-        return self.now
+    def __init__(self, *served: Lane) -> None:
+        self.served = set(served)
 
-
-async def test_refreshing_cache_reuses_values_until_the_ttl_passes() -> None:
-    clock, calls = Clock(), []
-
-    async def fetch(key: str) -> int:
-        calls.append(key)
-        return len(calls)
-
-    cache: RefreshingCache[str, int] = RefreshingCache(0.05, clock)
-    assert await cache.get("a", fetch) == 1
-    clock.now = 0.049
-    assert await cache.get("a", fetch) == 1
-    clock.now = 0.051
-    assert await cache.get("a", fetch) == 2
+    async def has_consumer(self, lane: Lane) -> bool:
+        return lane in self.served
 
 
-async def test_refreshing_cache_shares_one_fetch_between_concurrent_misses() -> None:
-    release, calls = asyncio.Event(), []
-
-    async def fetch(key: str) -> str:
-        calls.append(key)
-        await release.wait()
-        return key.upper()
-
-    cache: RefreshingCache[str, str] = RefreshingCache(1.0)
-    waiters = [asyncio.ensure_future(cache.get("k", fetch)) for _ in range(5)]
-    await asyncio.sleep(0)
-    release.set()
-    assert await asyncio.gather(*waiters) == ["K"] * 5
-    assert calls == ["k"]
-
-
-async def test_refreshing_cache_propagates_fetch_errors_and_retries_next_time() -> None:
-    async def broken(key: str) -> int:
-        raise NoConsumerError(key)
-
-    async def working(key: str) -> int:
-        return 7
-
-    cache: RefreshingCache[str, int] = RefreshingCache(1.0)
-    with pytest.raises(NoConsumerError):
-        await cache.get("k", broken)
-    assert await cache.get("k", working) == 7
+async def test_whether_a_lane_is_served_is_the_consumers_answer_not_the_queues() -> None:
+    async with LoopbackTransport() as transport:
+        await transport.consumer(LANE)  # a durable consumer exists, but no live worker serves the lane
+        with pytest.raises(ProvisioningError, match="pool 'default'"):
+            await WorkPublisher(transport, Consumers(), 50_000, "gw").admit(LANE)
+        await WorkPublisher(transport, Consumers(LANE), 50_000, "gw").admit(LANE)
 
 
 async def test_no_consumer_is_provisioning() -> None:
     async with LoopbackTransport() as transport:
         with pytest.raises(ProvisioningError, match="pool 'default'"):
-            await Dispatcher(transport, GatewaySettings(), "gw").admit(LANE)
+            await WorkPublisher(transport, transport, 50_000, "gw").admit(LANE)
         await transport.consumer(LANE)
-        await Dispatcher(transport, GatewaySettings(), "gw").admit(LANE)
+        await WorkPublisher(transport, transport, 50_000, "gw").admit(LANE)
 
 
 async def test_pool_over_its_pending_limit_is_queue_full(catalog_route) -> None:
     async with LoopbackTransport() as transport:
         await transport.consumer(LANE)
-        dispatcher = Dispatcher(transport, GatewaySettings(max_stream_pending=1), "gw")
+        publisher = WorkPublisher(transport, transport, 1, "gw")
         items = encode_work(catalog_route, ticket(), EncodeRequest(items=[Item(text="a"), Item(text="b")]), ["dense"])
-        await dispatcher.publish(catalog_route.subject, items)
+        await publisher.publish(catalog_route.subject, items)
         with pytest.raises(QueueFullError, match="2 pending"):
-            await Dispatcher(transport, GatewaySettings(max_stream_pending=1), "gw").admit(LANE)
+            await WorkPublisher(transport, transport, 1, "gw").admit(LANE)
 
 
 async def test_full_stream_is_queue_full_and_closed_transport_is_unavailable(catalog_route) -> None:
     transport = LoopbackTransport(StreamSettings(max_msgs=1))
     async with transport:
-        dispatcher = Dispatcher(transport, GatewaySettings(), "gw")
+        publisher = WorkPublisher(transport, transport, 50_000, "gw")
         items = encode_work(catalog_route, ticket(), EncodeRequest(items=[Item(text="a"), Item(text="b")]), ["dense"])
         with pytest.raises(QueueFullError):
-            await dispatcher.publish(catalog_route.subject, items)
+            await publisher.publish(catalog_route.subject, items)
     with pytest.raises(QueueUnavailableError):
-        await dispatcher.publish(catalog_route.subject, items)
+        await publisher.publish(catalog_route.subject, items)
     with pytest.raises(QueueUnavailableError):
-        await Dispatcher(transport, GatewaySettings(), "gw").admit(LANE)
+        await WorkPublisher(transport, transport, 50_000, "gw").admit(LANE)
 
 
 async def test_no_consumer_at_publish_is_provisioning(catalog_route) -> None:
@@ -108,16 +72,16 @@ async def test_no_consumer_at_publish_is_provisioning(catalog_route) -> None:
         async def publish_work_batch(self, subject: str, items: object) -> None:
             raise NoConsumerError(subject)
 
-    dispatcher = Dispatcher(NoConsumerQueue(), GatewaySettings(), "gw")  # type: ignore[arg-type]
+    publisher = WorkPublisher(NoConsumerQueue(), NoConsumerQueue(), 50_000, "gw")  # type: ignore[arg-type]
     items = encode_work(catalog_route, ticket(), EncodeRequest(items=[Item(text="a")]), ["dense"])
     with pytest.raises(ProvisioningError):
-        await dispatcher.publish(catalog_route.subject, items)
+        await publisher.publish(catalog_route.subject, items)
 
 
 def test_request_ids_and_reply_subjects() -> None:
-    dispatcher = Dispatcher(None, GatewaySettings(), "gw-1")  # type: ignore[arg-type]
-    assert dispatcher.new_request() == ("gw-1-1", "_INBOX.gw-1.gw-1-1")
-    assert dispatcher.new_request() == ("gw-1-2", "_INBOX.gw-1.gw-1-2")
+    publisher = WorkPublisher(None, None, 50_000, "gw-1")  # type: ignore[arg-type]
+    assert publisher.new_request() == ("gw-1-1", "_INBOX.gw-1.gw-1-1")
+    assert publisher.new_request() == ("gw-1-2", "_INBOX.gw-1.gw-1-2")
 
 
 @pytest.fixture(scope="module")
