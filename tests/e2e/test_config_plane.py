@@ -17,6 +17,7 @@ import pytest
 
 from sie.catalog import dump_yaml, load_yaml
 from support.nats_server import NatsServer
+from support.polling import holds_within
 from support.servers import REPO, RoleProcess, free_port
 
 pytestmark = pytest.mark.slow
@@ -75,12 +76,8 @@ class ControlPlane:
         self.config = self.start_config(with_nats=with_nats, with_store=with_store)
 
     def gateway_knows(self, model_id: str, timeout_s: float = 30.0) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if httpx.get(f"{self.gateway_url}/v1/configs/models/{model_id}", timeout=5).status_code == 200:
-                return True
-            time.sleep(0.1)  # deadline poll
-        return False
+        url = f"{self.gateway_url}/v1/configs/models/{model_id}"
+        return holds_within(lambda: httpx.get(url, timeout=5).status_code == 200, timeout_s, interval_s=0.1)
 
     def gateway_epoch(self, model_id: str) -> int:
         return httpx.get(f"{self.gateway_url}/v1/configs/models/{model_id}/status", timeout=5).json()["config_epoch"]
@@ -135,8 +132,7 @@ def test_restart_keeps_the_epoch_with_a_store_and_rewinds_without(plane: Control
     assert httpx.get(f"{plane.config_url}/v1/configs/models/acme/minilm-live", timeout=5).status_code == 200
     plane.restart_config(with_nats=True, with_store=False)
     assert httpx.get(f"{plane.config_url}/v1/configs/epoch", timeout=5).json()["epoch"] == 0
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and plane.gateway_knows("acme/minilm-live", timeout_s=0.5):
-        time.sleep(0.2)  # deadline poll: the gateway force-resets to the rewound control plane
+    # The gateway force-resets to the rewound control plane.
+    holds_within(lambda: not plane.gateway_knows("acme/minilm-live", timeout_s=0.5), 30, interval_s=0.2)
     assert not plane.gateway_knows("acme/minilm-live", timeout_s=0.5)
     assert plane.gateway_epoch("sentence-transformers/all-MiniLM-L6-v2") == 0

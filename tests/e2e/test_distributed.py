@@ -16,6 +16,7 @@ import pytest
 
 from sie.catalog.names import work_pool_stream_name
 from support.nats_server import NatsServer
+from support.polling import eventually, holds_within
 from support.servers import RoleProcess, free_port
 
 pytestmark = pytest.mark.slow
@@ -51,13 +52,13 @@ class Cluster:
 
     def wait_serving(self, timeout_s: float = 120.0) -> None:
         self.gateway.wait_http_ready(f"{self.url}/readyz")
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        def encodes() -> bool:  # once the worker has registered through its first heartbeats
             response = httpx.post(f"{self.url}/v1/encode/{MINILM}", json={"items": [{"text": "ping"}]}, timeout=60)
-            if response.status_code == 200:
-                return
-            time.sleep(0.2)  # deadline poll: the worker registers through its first heartbeats
-        raise TimeoutError(f"cluster not serving:\n{self.gateway.log()}\n{self.sidecar.log()}\n{self.worker.log()}")
+            return response.status_code == 200
+
+        if not holds_within(encodes, timeout_s, interval_s=0.2):
+            raise TimeoutError(f"cluster not serving:\n{self.gateway.log()}\n{self.sidecar.log()}\n{self.worker.log()}")
 
     def stop(self) -> None:
         for process in (self.gateway, self.sidecar, self.worker):
@@ -137,11 +138,12 @@ def test_killing_the_worker_loses_no_accepted_request(cluster: Cluster) -> None:
                     )
                     for i in range(REQUESTS)
                 ]
+
                 # Kill the worker once every request is accepted (all its work items are in the stream).
-                deadline = time.monotonic() + 30
-                while await published_work_items(broker) - before < REQUESTS * ITEMS:
-                    assert time.monotonic() < deadline, "the gateway did not accept every request"
-                    await asyncio.sleep(0.005)  # deadline poll on the broker's count
+                async def all_accepted() -> bool:
+                    return await published_work_items(broker) - before >= REQUESTS * ITEMS
+
+                await eventually(all_accepted, timeout_s=30, what="the gateway to accept every request")
                 cluster.worker.process.kill()
                 answered_before_kill = sum(call.done() for call in calls)
                 cluster.worker.stop()  # reaps the killed process and closes its log

@@ -4,9 +4,7 @@ nats-server comes up on the configured port, without a restart."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from sie.stores.config_store import MemoryConfigStore
 from sie.transport.base import TransportUnavailable
 from sie.transport.nats import NatsTransport
 from support.nats_server import NatsServer
+from support.polling import eventually
 from support.servers import RoleProcess, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,20 +101,18 @@ async def test_publishes_once_nats_comes_up_without_restart(
             await subscriber.subscribe(CONFIG_ALL_SUBJECT, cb=on_delta)
             await subscriber.flush()
 
-            deadline = time.monotonic() + CONNECT_DEADLINE_S
-            while True:
-                response = await client.post("/v1/configs/models", content=model_yaml("acme/late"))
-                if response.status_code != 503:
-                    break
-                assert time.monotonic() < deadline, f"still 503 after {CONNECT_DEADLINE_S} s: {response.text}"
-                await asyncio.sleep(0.05)
+            responses: list[httpx.Response] = []
 
+            async def accepted() -> bool:
+                responses.append(await client.post("/v1/configs/models", content=model_yaml("acme/late")))
+                return responses[-1].status_code != 503
+
+            await eventually(accepted, timeout_s=CONNECT_DEADLINE_S, interval_s=0.05, what="a write not refused")
+            response = responses[-1]
             assert response.status_code == 201, response.text
             assert bus.connected
             assert await epoch(client) == 1
-            while not received:
-                assert time.monotonic() < deadline, "no delta received on the _all subject"
-                await asyncio.sleep(0.01)
+            await eventually(lambda: bool(received), timeout_s=CONNECT_DEADLINE_S, what="a delta on the _all subject")
             delta = json.loads(received[0].data)
             assert (delta["model_id"], delta["epoch"], delta["router_id"]) == ("acme/late", 1, "sie-config-0")
         finally:

@@ -4,7 +4,6 @@ listings and YAML, resolve, 405 on writes, the worker-ack status rules, and delt
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import httpx
@@ -20,6 +19,7 @@ from sie.transport.loopback import LoopbackTransport
 from sie.wire.config import ConfigNotification
 from sie.wire.health import WorkerHeartbeat
 from support.gateway_fakes import NoWorkers
+from support.polling import eventually
 
 DENSE = "sie.adapters.dense:DenseAdapter"
 SPARSE = "sie.adapters.sparse:SparseAdapter"
@@ -223,14 +223,6 @@ async def test_plain_catalog_getter_has_no_workers_and_epoch_zero() -> None:
 # --- ConfigSync over the loopback bus ---------------------------------------------------------------------
 
 
-async def wait_for(predicate: Any, timeout_s: float = 2.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(0.01)
-
-
 async def test_config_sync_applies_trusted_deltas_from_the_bus(state: ConfigState) -> None:
     yaml = "sie_id: org/new\nhf_id: org/new\nprofiles:\n  default:\n    adapter_path: " + DENSE
     yaml += "\n    max_batch_tokens: 64\n"
@@ -243,5 +235,5 @@ async def test_config_sync_applies_trusted_deltas_from_the_bus(state: ConfigStat
                 ConfigNotification(router_id=producer, bundle_id="default", epoch=epoch, bundle_config_hash="",
                                    model_id="org/new", model_config=yaml),
             )  # fmt: skip
-        await wait_for(lambda: state.epoch.get() == 50)
+        await eventually(lambda: state.epoch.get() == 50, timeout_s=2.0)
     assert "org/new" in state().models

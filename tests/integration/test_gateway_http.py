@@ -24,6 +24,7 @@ from sie.transport.base import Lane
 from sie.transport.loopback import LoopbackTransport
 from sie.wire import packb, unpackb
 from sie.wire.queue import WorkItem, WorkResult
+from support.polling import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 LANE = Lane("default", "default", "default")
@@ -500,7 +501,7 @@ async def test_client_disconnect_abandons_the_request(gw: Gateway) -> None:
              "path": ENCODE, "raw_path": ENCODE.encode(), "query_string": b"", "root_path": "",
              "headers": [(b"content-type", b"application/json")], "server": ("gw", 80), "client": ("c", 1)}  # fmt: skip
     call = asyncio.ensure_future(gw.app(scope, receive, send))
-    await wait_for(lambda: gw.waiting == 1)
+    await eventually(lambda: gw.waiting == 1)
     disconnect.set()
     await call
     assert gw.waiting == 0 and sent[0]["status"] == 499
@@ -548,7 +549,7 @@ async def test_health_endpoints(gw: Gateway) -> None:
 async def test_shutdown_answers_503_while_in_flight_requests_finish(gw: Gateway) -> None:
     gw.worker.gate = asyncio.Event()
     in_flight = asyncio.ensure_future(gw.client.post(ENCODE, json=TEXT))
-    await wait_for(lambda: len(gw.worker.items) == 1)
+    await eventually(lambda: len(gw.worker.items) == 1)
     serving = serving_state(gw.app)
     serving.begin_shutdown()
     refused = await gw.client.post(ENCODE, json=TEXT)
@@ -559,11 +560,3 @@ async def test_shutdown_answers_503_while_in_flight_requests_finish(gw: Gateway)
     gw.worker.gate.set()
     assert await drained is True
     assert (await in_flight).status_code == 200
-
-
-async def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Poll `condition` against a deadline (never a fixed sleep)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met before the deadline"
-        await asyncio.sleep(0.001)

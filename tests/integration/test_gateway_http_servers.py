@@ -21,6 +21,7 @@ from sie.transport.loopback import LoopbackTransport
 from sie.wire import packb
 from sie.wire.queue import WorkResult
 from support.gateway_fakes import NoWorkers
+from support.polling import eventually
 from support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,14 +110,13 @@ def test_an_unknown_server_name_is_refused() -> None:
         asyncio.run(serve_http(lambda *args: None, HttpListener("127.0.0.1", 0, 1.0, "gunicorn"), asyncio.Event()))
 
 
-async def wait_ready(client: httpx.AsyncClient, timeout_s: float = 10.0) -> None:
-    """Poll /readyz against a deadline until hypercorn has run the lifespan."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
+async def wait_ready(client: httpx.AsyncClient) -> None:
+    """Poll /readyz until hypercorn has run the lifespan."""
+
+    async def ready() -> bool:
         try:
-            if (await client.get("/readyz")).status_code == 200:
-                return
+            return (await client.get("/readyz")).status_code == 200
         except httpx.TransportError:
-            pass
-        assert asyncio.get_running_loop().time() < deadline, "gateway did not become ready"
-        await asyncio.sleep(0.01)
+            return False
+
+    await eventually(ready, timeout_s=10.0, interval_s=0.01, what="the gateway to become ready")

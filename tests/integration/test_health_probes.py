@@ -4,7 +4,6 @@ a HealthPublisher pinging the real WorkerService, and a server that closes on ex
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import pytest
@@ -16,19 +15,12 @@ from sie.transport.loopback import LoopbackTransport
 from sie.worker.manager import ModelManager
 from sie.worker.runner import BatchRunner
 from sie.worker.service import WorkerService
+from support.polling import eventually
 
 HOST = "127.0.0.1"
 IDENTITY = WorkerIdentity("worker-probes", "default", "cpu", "default")
 INTERVAL_S = 0.05
-
-
-async def until(condition, timeout_s: float = 10.0) -> None:
-    """Poll the async `condition` until true, against a deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(0.005)
+WAIT_S = 10.0
 
 
 class Flag:
@@ -118,11 +110,11 @@ async def test_readyz_follows_the_health_publisher(client: httpx.AsyncClient, wo
         async def status_is(code: int) -> bool:
             return (await client.get(readyz)).status_code == code
 
-        await until(lambda: status_is(200))
+        await eventually(lambda: status_is(200), timeout_s=WAIT_S)
         worker.broken = True  # IPC Ping fails: not ready at the next beat
-        await until(lambda: status_is(503))
+        await eventually(lambda: status_is(503), timeout_s=WAIT_S)
         worker.broken = False
-        await until(lambda: status_is(200))
+        await eventually(lambda: status_is(200), timeout_s=WAIT_S)
         health.begin_drain()
         assert await status_is(503)
         assert (await client.get(f"http://{HOST}:{probes.port}/healthz")).status_code == 200  # still alive

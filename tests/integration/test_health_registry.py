@@ -3,8 +3,6 @@ LoopbackTransport, and the gateway's WorkerRegistry (what `/health` and `/v1/mod
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
 import pytest
@@ -21,26 +19,14 @@ from sie.wire.ipc_control import MODEL_STATE_FAILED, EnsureModelReadyRequest
 from sie.worker.manager import ModelManager
 from sie.worker.runner import BatchRunner
 from sie.worker.service import WorkerService
+from support.polling import eventually
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 BROKEN = "acme/broken"
 INTERVAL_S = 0.05
 STALE_S = 0.3
 IDENTITY = WorkerIdentity("worker-health", "default", "cpu", "default")
-
-
-async def until(condition, timeout_s: float = 30.0) -> None:
-    """Poll `condition` (sync or async) until true, against a deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(0.005)
+WAIT_S = 30.0
 
 
 @pytest.fixture()
@@ -82,7 +68,7 @@ def healthy(registry: WorkerRegistry) -> list[str]:
 async def test_registry_sees_the_worker_and_its_loaded_model(transport, registry, service, catalog) -> None:
     await service.manager.wait_ready(MINILM)
     async with HealthPublisher(transport, service, IDENTITY, INTERVAL_S) as publisher:
-        await until(lambda: registry.status(MINILM)[0] == STATE_LOADED)
+        await eventually(lambda: registry.status(MINILM)[0] == STATE_LOADED, timeout_s=WAIT_S)
         assert publisher.ready
         (heartbeat,) = registry.healthy_workers(pool="default", machine_profile="CPU", bundle="default")
         assert heartbeat.worker_id == "worker-health"
@@ -99,25 +85,25 @@ async def test_registry_sees_the_worker_and_its_loaded_model(transport, registry
 
 async def test_draining_publisher_turns_unhealthy(transport, registry, service) -> None:
     async with HealthPublisher(transport, service, IDENTITY, INTERVAL_S) as publisher:
-        await until(lambda: healthy(registry) == ["worker-health"])
+        await eventually(lambda: healthy(registry) == ["worker-health"], timeout_s=WAIT_S)
         publisher.begin_drain()
-        await until(lambda: healthy(registry) == [])
+        await eventually(lambda: healthy(registry) == [], timeout_s=WAIT_S)
         assert [(worker.name, worker.healthy) for worker in registry.workers()] == [("worker-health", False)]
         assert not publisher.ready
 
 
 async def test_draining_worker_turns_unhealthy(transport, registry, service) -> None:
     async with HealthPublisher(transport, service, IDENTITY, INTERVAL_S) as publisher:
-        await until(lambda: healthy(registry) == ["worker-health"] and publisher.ready)
+        await eventually(lambda: healthy(registry) == ["worker-health"] and publisher.ready, timeout_s=WAIT_S)
         service.draining = True  # the worker's Ping now answers ready=False
-        await until(lambda: healthy(registry) == [] and not publisher.ready)
+        await eventually(lambda: healthy(registry) == [] and not publisher.ready, timeout_s=WAIT_S)
 
 
 async def test_stopped_publisher_goes_stale(transport, registry, service, catalog) -> None:
     await service.manager.wait_ready(MINILM)
     async with HealthPublisher(transport, service, IDENTITY, INTERVAL_S):
-        await until(lambda: registry.status(MINILM)[0] == STATE_LOADED)
-    await until(lambda: healthy(registry) == [], timeout_s=5.0)
+        await eventually(lambda: registry.status(MINILM)[0] == STATE_LOADED, timeout_s=WAIT_S)
+    await eventually(lambda: healthy(registry) == [], timeout_s=5.0)
     assert registry.status(MINILM) == (STATE_AVAILABLE, None)
     assert health_body(catalog, registry, ())["status"] == "degraded"
 
@@ -130,8 +116,8 @@ async def test_a_failed_load_reaches_v1_models(transport, registry, service, cat
             publisher.observe(BROKEN, response)  # the hook the sidecar's readiness stage would call
             return response.state == MODEL_STATE_FAILED
 
-        await until(load_failed)
-        await until(lambda: registry.status(BROKEN)[0] == STATE_FAILED)
+        await eventually(load_failed, timeout_s=WAIT_S)
+        await eventually(lambda: registry.status(BROKEN)[0] == STATE_FAILED, timeout_s=WAIT_S)
         _, last_error = registry.status(BROKEN)
         assert last_error is not None and last_error.code == "NOT_FOUND" and last_error.permanent
         assert "is not a directory" in last_error.message

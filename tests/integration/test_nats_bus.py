@@ -3,9 +3,7 @@ JSON decoded into wire types, and payloads that do not decode dropped without st
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from typing import Any
 
 from nats.aio.client import Client
@@ -16,20 +14,11 @@ from sie.transport.nats import NatsTransport
 from sie.wire.health import WorkerHeartbeat
 from sie.wire.queue import WorkResult
 from support.nats_server import NatsServer, nats_client_fixture, nats_server_fixture  # noqa: F401 - fixtures
-
-LONG_WAIT_S = 5.0
+from support.polling import eventually
 
 
 def _result(request_id: str) -> WorkResult:
     return WorkResult(work_item_id=f"{request_id}.0", request_id=request_id, item_index=0, success=True)
-
-
-async def _wait_for(condition: Any) -> None:
-    deadline = time.monotonic() + LONG_WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {LONG_WAIT_S} s")
-        await asyncio.sleep(0.005)
 
 
 async def test_results_for_unwanted_requests_are_dropped_before_decoding(
@@ -45,7 +34,7 @@ async def test_results_for_unwanted_requests_are_dropped_before_decoding(
         await nats_client.publish(reply_subject("gw-1", "live-2"), b"\xc1 broken")
         await transport.publish_result(reply_subject("gw-1", "live-2"), _result("live-2"))
         # The unwanted one and the undecodable one are dropped; neither stops the subscription.
-        await _wait_for(lambda: len(received) == 2 and subscription.dropped == 2)
+        await eventually(lambda: len(received) == 2 and subscription.dropped == 2)
         assert received == [_result("live-1"), _result("live-2")]
 
 
@@ -68,7 +57,7 @@ async def test_control_messages_travel_as_json_and_decode_into_their_type(
         await nats_client.publish(health_subject("w1"), b"{not json")
         await nats_client.publish(health_subject("w1"), b'{"worker_id": "w1"}')  # misses required fields
         await transport.publish(health_subject("w1"), beat)
-        await _wait_for(lambda: bool(heartbeats) and subscription.dropped == 2 and len(raw) == 3)
+        await eventually(lambda: bool(heartbeats) and subscription.dropped == 2 and len(raw) == 3)
     assert heartbeats == [("sie.health.w1", beat)]
     assert any(data.startswith(b"{") and b'"loaded_models":["BAAI/bge-m3"]' in data for data in raw)
 
@@ -78,7 +67,7 @@ async def test_plain_data_round_trips_as_json(nats_server: NatsServer) -> None:
     async with NatsTransport(NatsSettings(url=nats_server.url)) as transport:
         subscription = await transport.subscribe("work_cancel.gw-1.*", lambda subject, message: seen.append(message))
         await transport.publish("work_cancel.gw-1.r1", {"request_id": "r1", "reason": "client left"})
-        await _wait_for(lambda: bool(seen))
+        await eventually(lambda: bool(seen))
         await subscription.unsubscribe()
         await subscription.unsubscribe()  # a second call does nothing
     assert seen == [{"request_id": "r1", "reason": "client left"}]
@@ -96,7 +85,7 @@ async def test_flush_returns_after_earlier_publishes_reached_the_server(
             await transport.publish("sie.flush.check", {"before": index})
             await transport.flush()
             await nats_client.publish("sie.flush.check", b'{"after": %d}' % index)
-        await _wait_for(lambda: len(raw) == 400)
+        await eventually(lambda: len(raw) == 400)
     arrival = {tuple(json.loads(data).items())[0]: position for position, data in enumerate(raw)}
     assert all(arrival["before", index] < arrival["after", index] for index in range(200))
 

@@ -4,7 +4,6 @@ never returned, unsettled work outlives the process that fetched it, and a lost 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
 import uuid
 from pathlib import Path
@@ -20,6 +19,7 @@ from sie.transport.base import Lane, TransportUnavailable
 from sie.transport.nats import NatsTransport
 from sie.wire.queue import WorkItem
 from support.nats_server import NatsServer, nats_client_fixture, nats_server_fixture  # noqa: F401 - fixtures
+from support.polling import eventually
 
 MODEL = "BAAI/bge-m3"
 LONG_WAIT_S = 5.0
@@ -46,14 +46,6 @@ def _subject(lane: Lane) -> str:
     return work_subject(lane.pool, lane.machine_profile, lane.bundle, MODEL)
 
 
-async def _wait_until(condition: Any, timeout_s: float = LONG_WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await _holds(condition):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s} s")
-        await asyncio.sleep(0.01)
-
-
 async def test_a_malformed_payload_is_naked_never_returned_and_dead_lettered(
     nats_server: NatsServer, nats_client: Client, lane: Lane
 ) -> None:
@@ -67,11 +59,16 @@ async def test_a_malformed_payload_is_naked_never_returned_and_dead_lettered(
         deliveries = await consumer.fetch(10, LONG_WAIT_S)
         assert [delivery.item for delivery in deliveries] == [good]
         await deliveries[0].ack()
+
         # Fetching goes on NAKing it (redelivered at once); the third delivery is terminated and advised instead.
-        deadline = time.monotonic() + LONG_WAIT_S
-        while not advisories and time.monotonic() < deadline:
+        async def advised() -> bool:
+            if advisories:
+                return True
             assert await consumer.fetch(10, 0.1) == []
-        await _wait_until(lambda: _pending_is(transport, lane.pool, 0))
+            return False
+
+        await eventually(advised, timeout_s=LONG_WAIT_S, interval_s=0, what="the max-deliveries advisory")
+        await eventually(lambda: _pending_is(transport, lane.pool, 0), timeout_s=LONG_WAIT_S)
     assert advisories[0]["deliveries"] == 3
     assert advisories[0]["subject"] == _subject(lane)
     assert "item" not in advisories[0]
@@ -152,16 +149,11 @@ async def test_a_lost_broker_is_unavailable_until_it_comes_back(tmp_path: Path, 
         async with _transport(server.url) as transport:
             await transport.publish_work(_subject(lane), _item(lane))
             server.stop()
-            await _wait_until(lambda: _publish_fails(transport, lane))
+            await eventually(lambda: _publish_fails(transport, lane), timeout_s=LONG_WAIT_S)
             server = NatsServer(tmp_path, port=server.port)  # same port, same file store directory
-            await _wait_until(lambda: _publish_works(transport, lane), timeout_s=15.0)
+            await eventually(lambda: _publish_works(transport, lane), timeout_s=15.0)
     finally:
         server.stop()
-
-
-async def _holds(condition: Any) -> bool:
-    outcome = condition()
-    return bool(await outcome if inspect.isawaitable(outcome) else outcome)
 
 
 async def _pending_is(transport: NatsTransport, pool: str, expected: int) -> bool:

@@ -26,6 +26,7 @@ from sie.wire.ipc_control import ReplaceModelConfigsRequest, ReplaceModelConfigs
 from sie.worker.manager import ModelManager
 from sie.worker.runner import BatchRunner
 from sie.worker.service import WorkerService
+from support.polling import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLES, MODELS = REPO / "config" / "bundles", REPO / "config" / "models"
@@ -96,10 +97,7 @@ async def test_tick_replaces_catalogue_and_records_state(service: WorkerService,
         await post_models(http)
         epoch, expected = await pool_hash(http)
         async with ExportReconciler(worker, settings, state, http=http, interval_s=0.01) as reconciler:
-            for _ in range(500):  # the first tick runs at start
-                if state.epoch == epoch:
-                    break
-                await asyncio.sleep(0.01)
+            await eventually(lambda: state.epoch == epoch, what=f"epoch {epoch}")  # the first tick runs at start
             assert (state.epoch, state.bundle_config_hash) == (2, expected)
             assert manager.catalog.find(NEW_MODEL) is not None
             assert manager.catalog.find(OTHER_POOL_MODEL) is None  # assigned to another pool

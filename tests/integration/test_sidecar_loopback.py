@@ -24,6 +24,7 @@ from sie.wire.queue import WorkItem, WorkResult
 from sie.worker.manager import ModelManager
 from sie.worker.runner import BatchRunner
 from sie.worker.service import WorkerService
+from support.polling import eventually
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 SPLADE = "rasyosef/splade-tiny"
@@ -31,6 +32,7 @@ RAMPART = "nationaldesignstudio/rampart"
 BROKEN = "acme/broken"
 LANE = Lane("default", "default", "default")
 POOL = LANE.pool
+WAIT_S = 30.0
 
 
 # --- helpers --------------------------------------------------------------------------------------
@@ -55,45 +57,19 @@ class Results:
 
     def __init__(self) -> None:
         self.items: list[WorkResult] = []
-        self._arrived = asyncio.Event()
         self.on_result = None
 
     async def handler(self, result: WorkResult) -> None:
         if self.on_result is not None:
             await self.on_result(result)
         self.items.append(result)
-        self._arrived.set()
 
     async def wait(self, count: int, timeout_s: float = 60.0) -> list[WorkResult]:
-        deadline = time.monotonic() + timeout_s
-        while len(self.items) < count:
-            self._arrived.clear()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"{len(self.items)} of {count} results before the deadline")
-            try:
-                async with asyncio.timeout(left):
-                    await self._arrived.wait()
-            except TimeoutError:
-                continue
+        await eventually(lambda: len(self.items) >= count, timeout_s=timeout_s, what=f"{count} results")
         return self.items
 
     def by_request(self) -> dict[str, WorkResult]:
         return {result.request_id: result for result in self.items}
-
-
-async def until(condition, timeout_s: float = 30.0) -> None:
-    """Poll `condition` (sync or async) until true, against a deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(0.005)
 
 
 class CountingWorker:
@@ -274,7 +250,7 @@ async def test_a_cold_model_is_held_with_progress_acks_until_it_loads(worker: Co
         async with sidecar:
             await publish(transport, work_item(0, item={"text": "Hello world"}))
             # Held past several ack-waits: progress ACKs keep the single delivery alive.
-            await until(lambda: transport.progress["req-0.0"] >= 3)
+            await eventually(lambda: transport.progress["req-0.0"] >= 3, timeout_s=WAIT_S)
             assert not results.items and transport.deliveries["req-0.0"] == 1
             load_gate.set()
             await results.wait(1)
@@ -319,7 +295,7 @@ async def test_an_unsafe_reply_subject_is_ack_dropped(worker: CountingWorker) ->
         await transport.subscribe_results("sie.>", stray.append)
         async with sidecar:
             await publish(transport, work_item(0, item={"text": "x"}, reply_subject="sie.health.attack"))
-            await until(_is_empty(transport))
+            await eventually(_is_empty(transport), timeout_s=WAIT_S)
         assert not results.items and not stray and not worker.requests
 
 
@@ -342,7 +318,7 @@ async def test_results_are_published_before_the_ack(worker: CountingWorker) -> N
         async with sidecar:
             await publish(transport, work_item(0, item={"text": "Hello world"}))
             await results.wait(1)
-            await until(_is_empty(transport))
+            await eventually(_is_empty(transport), timeout_s=WAIT_S)
         assert seen_pending == [1]  # still unacked while its reply was being delivered
 
 
@@ -353,7 +329,7 @@ async def test_concurrent_single_items_are_answered_once_and_batched(worker: Cou
             texts = [f"sentence number {i} about {'cats' if i % 2 else 'the weather today'}" for i in range(100)]
             await asyncio.gather(*(publish(transport, work_item(i, item={"text": t})) for i, t in enumerate(texts)))
             await results.wait(100)
-            await until(_is_empty(transport))
+            await eventually(_is_empty(transport), timeout_s=WAIT_S)
         counts = Counter(result.request_id for result in results.items)
         assert len(counts) == 100 and set(counts.values()) == {1}
         assert all(result.success for result in results.items)
@@ -370,9 +346,9 @@ async def test_drain_finishes_in_flight_work_and_stops_fetching(worker: Counting
             worker.gate = asyncio.Event()
             for index in range(1, 6):
                 await publish(transport, work_item(index, item={"text": f"item {index}"}))
-            await until(lambda: len(worker.requests) >= 2)  # a batch is in flight on the worker
+            await eventually(lambda: len(worker.requests) >= 2, timeout_s=WAIT_S)  # a batch is in flight on the worker
             drained = asyncio.ensure_future(sidecar.drain(deadline_s=30.0))
-            await until(lambda: not sidecar.fetching)
+            await eventually(lambda: not sidecar.fetching, timeout_s=WAIT_S)
             worker.gate.set()
             assert await drained is True
             await publish(transport, work_item(99, item={"text": "after drain"}))

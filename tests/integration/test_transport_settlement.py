@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
@@ -40,6 +40,7 @@ from sie.transport.loopback import LoopbackTransport
 from sie.transport.nats import NatsTransport
 from sie.wire.queue import WorkItem, WorkResult
 from support.nats_server import nats_server_fixture  # noqa: F401 - the fixture the "nats" factory asks for
+from support.polling import eventually
 
 TransportFactory = Callable[[pytest.FixtureRequest, StreamSettings], AbstractAsyncContextManager[Transport]]
 OpenTransport = Callable[..., AbstractAsyncContextManager[Transport]]
@@ -132,18 +133,6 @@ async def assert_nothing(consumer: LaneConsumer, timeout_s: float = SHORT_WAIT_S
     assert await consumer.fetch(10, timeout_s) == []
 
 
-async def wait_until(condition: Callable[[], Awaitable[bool] | bool], timeout_s: float = LONG_WAIT_S) -> None:
-    """Poll `condition` until it holds; the one place this suite waits on a clock."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        outcome = condition()
-        if outcome if isinstance(outcome, bool) else await outcome:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s} s")
-        await asyncio.sleep(0.005)
-
-
 # Settlement
 
 
@@ -155,7 +144,7 @@ async def test_ack_removes_the_message(transport: Transport, lane: Lane) -> None
     assert delivery.num_delivered == 1
     assert delivery.subject == work_subject(lane.pool, lane.machine_profile, lane.bundle, MODEL)
     await delivery.ack()
-    await wait_until(lambda: _pending_is(transport, lane.pool, 0))
+    await eventually(lambda: _pending_is(transport, lane.pool, 0), timeout_s=LONG_WAIT_S)
     await assert_nothing(consumer, ACK_WAIT_S + SHORT_WAIT_S)
 
 
@@ -227,7 +216,7 @@ async def test_max_deliver_stops_redelivery_and_publishes_the_advisory(
             assert delivery.num_delivered == attempt
             await delivery.nak()
         await assert_nothing(consumer, ACK_WAIT_S + SHORT_WAIT_S)
-        await wait_until(lambda: bool(advisories))
+        await eventually(lambda: bool(advisories), timeout_s=LONG_WAIT_S)
 
     stream, consumer_name = work_pool_stream_name(lane.pool), work_consumer_name(lane.pool, "l4", "default")
     advisory_subject, advisory = advisories[0]
@@ -243,7 +232,7 @@ async def test_term_removes_without_redelivery(transport: Transport, lane: Lane)
     consumer = await transport.consumer(lane)
     await publish(transport, lane)
     await (await fetch_one(consumer)).term()
-    await wait_until(lambda: _pending_is(transport, lane.pool, 0))
+    await eventually(lambda: _pending_is(transport, lane.pool, 0), timeout_s=LONG_WAIT_S)
     await assert_nothing(consumer, ACK_WAIT_S + SHORT_WAIT_S)
 
 
@@ -327,7 +316,7 @@ async def test_fetch_wakes_when_work_arrives(transport: Transport, lane: Lane) -
 async def test_fetch_returns_what_is_there_up_to_max_items(transport: Transport, lane: Lane) -> None:
     consumer = await transport.consumer(lane)
     items = [await publish(transport, lane) for _ in range(5)]
-    await wait_until(lambda: _pending_is(transport, lane.pool, 5))
+    await eventually(lambda: _pending_is(transport, lane.pool, 5), timeout_s=LONG_WAIT_S)
     batch = await _drain(consumer, 3, max_items=3)
     rest = await _drain(consumer, 2, max_items=10)
     assert [delivery.item for delivery in batch + rest] == items
@@ -351,7 +340,7 @@ async def test_backpressure_at_max_msgs_recovers_after_an_ack(open_transport: Op
         with pytest.raises(BackpressureError):  # delivered but unacked still counts
             await publish(transport, lane)
         await delivery.ack()
-        await wait_until(lambda: _pending_is(transport, lane.pool, 2))
+        await eventually(lambda: _pending_is(transport, lane.pool, 2), timeout_s=LONG_WAIT_S)
         await publish(transport, lane)
         assert await transport.pending(lane.pool) == 3
 
@@ -365,7 +354,7 @@ async def test_pending_counts_queued_and_in_flight(transport: Transport, lane: L
     first = await fetch_one(consumer)
     assert await transport.pending(lane.pool) == 3
     await first.ack()
-    await wait_until(lambda: _pending_is(transport, lane.pool, 2))
+    await eventually(lambda: _pending_is(transport, lane.pool, 2), timeout_s=LONG_WAIT_S)
 
 
 async def test_has_consumer_once_a_consumer_attaches(transport: Transport, lane: Lane) -> None:
@@ -416,7 +405,7 @@ async def test_result_wildcard_matches_one_router_only(transport: Transport) -> 
     await transport.publish_result("_INBOX.gw-1", theirs)  # `>` needs at least one more token
     await transport.publish_result(reply_subject("gw-1", "r3"), last)
     await transport.flush()
-    await wait_until(lambda: len(received) >= 2)
+    await eventually(lambda: len(received) >= 2, timeout_s=LONG_WAIT_S)
     assert received == [mine, last]
 
 
@@ -432,7 +421,7 @@ async def test_sync_and_async_handlers_both_receive(transport: Transport) -> Non
     await transport.subscribe("sie.health.>", on_message)
     await transport.publish("sie.health.worker-1", {"worker_id": "worker-1"})
     await transport.flush()
-    await wait_until(lambda: bool(sync_seen) and bool(async_seen))
+    await eventually(lambda: bool(sync_seen) and bool(async_seen), timeout_s=LONG_WAIT_S)
     assert sync_seen == async_seen == [("sie.health.worker-1", {"worker_id": "worker-1"})]
 
 
@@ -442,11 +431,11 @@ async def test_unsubscribe_stops_delivery(transport: Transport) -> None:
     subscription = await transport.subscribe("sie.config.models.default", lambda subject, message: stopped.append(1))
     await transport.subscribe("sie.config.models._all", lambda subject, message: sentinel.append(1))
     await transport.publish("sie.config.models.default", {"epoch": 1})
-    await wait_until(lambda: stopped == [1])
+    await eventually(lambda: stopped == [1], timeout_s=LONG_WAIT_S)
     await subscription.unsubscribe()
     await transport.publish("sie.config.models.default", {"epoch": 2})
     await transport.publish("sie.config.models._all", {"epoch": 2})
-    await wait_until(lambda: sentinel == [1])
+    await eventually(lambda: sentinel == [1], timeout_s=LONG_WAIT_S)
     assert stopped == [1]
 
 
@@ -465,7 +454,7 @@ async def test_a_raising_handler_does_not_stop_the_others(transport: Transport) 
     first, second = _result("r1"), _result("r2")
     await transport.publish_result(reply_subject("gw-1", "r1"), first)
     await transport.publish_result(reply_subject("gw-1", "r2"), second)
-    await wait_until(lambda: len(received) == 2)
+    await eventually(lambda: len(received) == 2, timeout_s=LONG_WAIT_S)
     assert received == [first, second]
 
 
@@ -483,9 +472,13 @@ async def _settle(delivery: Delivery, verb: str) -> None:
 async def _drain(consumer: LaneConsumer, count: int, max_items: int = 10) -> list[Delivery]:
     """Fetch until `count` deliveries arrived (a broker may hand them out over several fetches)."""
     deliveries: list[Delivery] = []
-    deadline = time.monotonic() + LONG_WAIT_S
-    while len(deliveries) < count and time.monotonic() < deadline:
-        deliveries += await consumer.fetch(min(max_items, count - len(deliveries)), LONG_WAIT_S)
+
+    async def fetched_all() -> bool:
+        if len(deliveries) < count:
+            deliveries.extend(await consumer.fetch(min(max_items, count - len(deliveries)), LONG_WAIT_S))
+        return len(deliveries) >= count
+
+    await eventually(fetched_all, timeout_s=LONG_WAIT_S, interval_s=0, what=f"{count} deliveries")
     assert len(deliveries) == count
     return deliveries
 

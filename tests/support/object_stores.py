@@ -30,6 +30,7 @@ import fsspec  # noqa: E402
 import httpx  # noqa: E402
 import pytest  # noqa: E402
 
+from support.polling import holds_within  # noqa: E402
 from support.servers import free_port  # noqa: E402
 
 STARTUP_TIMEOUT_S = 20.0
@@ -81,16 +82,17 @@ class ServerProcess:
 
     def wait_until(self, ready: Callable[[], bool]) -> float:
         """Poll `ready` until it holds (returns the seconds taken), the process dies, or the deadline passes."""
-        started = time.monotonic()
-        deadline = started + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
+
+        def ready_while_running() -> bool:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
-            if ready():
-                return time.monotonic() - started
-            time.sleep(0.02)  # the deadline-poll helper: the only sleep here
-        self.stop()
-        raise TimeoutError(f"{self.name} not ready after {STARTUP_TIMEOUT_S} s:\n{self.log()}")
+            return ready()
+
+        started = time.monotonic()
+        if not holds_within(ready_while_running, STARTUP_TIMEOUT_S, interval_s=0.02):
+            self.stop()
+            raise TimeoutError(f"{self.name} not ready after {STARTUP_TIMEOUT_S} s:\n{self.log()}")
+        return time.monotonic() - started
 
     def stop(self) -> None:
         """SIGKILL: the data lives in a temporary directory, and weed takes 2 s to stop gracefully."""

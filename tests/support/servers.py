@@ -7,11 +7,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
+
+from support.polling import holds_within
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,17 +50,17 @@ class RoleProcess:
 
     def wait_http_ready(self, url: str, timeout_s: float = 120.0) -> None:
         """Poll `url` until it answers 200, the process dies, or the deadline passes."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        def answers_ok() -> bool:
             if self.process.poll() is not None:
                 raise RuntimeError(f"process exited with {self.process.returncode}:\n{self.log()}")
             try:
-                if httpx.get(url, timeout=2.0).status_code == 200:
-                    return
+                return httpx.get(url, timeout=2.0).status_code == 200
             except httpx.HTTPError:
-                pass
-            time.sleep(0.1)  # the deadline-poll helper: the only sleep the tests use
-        raise TimeoutError(f"{url} not ready after {timeout_s} s:\n{self.log()}")
+                return False
+
+        if not holds_within(answers_ok, timeout_s, interval_s=0.1):
+            raise TimeoutError(f"{url} not ready after {timeout_s} s:\n{self.log()}")
 
     def stop(self, timeout_s: float = 30.0) -> int:
         """SIGTERM, then wait; returns the exit code (kills after the timeout)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -16,6 +15,7 @@ from sie.transport.base import BackpressureError, Lane, TransportError, Transpor
 from sie.transport.loopback import LoopbackTransport
 from sie.transport.loopback.stream import REMOVED, LaneQueue, LoopbackLaneConsumer, StoredMessage
 from sie.wire.queue import WorkItem, WorkResult
+from support.polling import eventually
 
 LANE = Lane(pool="default", machine_profile="l4", bundle="default")
 SUBJECT = work_subject("default", "l4", "default", "BAAI/bge-m3")
@@ -44,18 +44,15 @@ async def transport() -> AsyncIterator[LoopbackTransport]:
         yield opened
 
 
-async def wait_for_pending(transport: LoopbackTransport, expected: int, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while await transport.pending(LANE.pool) != expected:
-        assert time.monotonic() < deadline, f"pending never reached {expected}"
-        await asyncio.sleep(0.005)
+async def wait_for_pending(transport: LoopbackTransport, expected: int) -> None:
+    async def reached() -> bool:
+        return await transport.pending(LANE.pool) == expected
+
+    await eventually(reached, what=f"pending to reach {expected}")
 
 
-async def until_waiting(consumer: LoopbackLaneConsumer, count: int, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while len(consumer._lane._waiters) < count:
-        assert time.monotonic() < deadline, f"{count} fetchers never started waiting"
-        await asyncio.sleep(0.001)
+async def until_waiting(consumer: LoopbackLaneConsumer, count: int) -> None:
+    await eventually(lambda: len(consumer._lane._waiters) >= count, what=f"{count} fetchers waiting")
 
 
 async def test_items_and_results_travel_by_reference(transport: LoopbackTransport) -> None:

@@ -20,6 +20,7 @@ from sie.wire.ipc_control import (
     PingRequest,
     PingResponse,
 )
+from support.polling import eventually
 
 IDENTITY = WorkerIdentity("worker-1", "pool-a", "L4", "default", device_count=2)
 INTERVAL = 1.0
@@ -83,14 +84,6 @@ def bus() -> FakeBus:
 @pytest.fixture()
 def publisher(bus: FakeBus, worker: FakeWorker, clock: Clock) -> HealthPublisher:
     return HealthPublisher(bus, worker, IDENTITY, INTERVAL, clock=clock)
-
-
-async def until(condition, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(0.001)
 
 
 async def test_beat_publishes_identity_and_worker_state(publisher, bus, worker) -> None:
@@ -217,7 +210,7 @@ def test_interval_must_be_positive(bus, worker) -> None:
 
 async def test_loop_beats_every_interval_and_stops_on_exit(bus, worker) -> None:
     async with HealthPublisher(bus, worker, IDENTITY, 0.01) as publisher:
-        await until(lambda: len(bus.published) >= 3)
+        await eventually(lambda: len(bus.published) >= 3)
         assert publisher.ready
     count = len(bus.published)
     await asyncio.sleep(0.05)  # not waiting for a condition: checking that nothing more happens
@@ -226,9 +219,9 @@ async def test_loop_beats_every_interval_and_stops_on_exit(bus, worker) -> None:
 
 async def test_drain_sends_a_heartbeat_at_once(bus, worker) -> None:
     async with HealthPublisher(bus, worker, IDENTITY, 60.0) as publisher:
-        await until(lambda: len(bus.published) == 1)
+        await eventually(lambda: len(bus.published) == 1)
         publisher.begin_drain()
-        await until(lambda: len(bus.published) == 2)
+        await eventually(lambda: len(bus.published) == 2)
         assert bus.published[-1][1].draining
 
 
@@ -246,5 +239,5 @@ async def test_loop_survives_a_failing_round(bus, worker, caplog) -> None:
 
     publisher._heartbeat = flaky
     async with publisher:
-        await until(lambda: len(bus.published) >= 2)
+        await eventually(lambda: len(bus.published) >= 2)
     assert "health heartbeat round failed" in caplog.text

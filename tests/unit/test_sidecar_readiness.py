@@ -4,9 +4,6 @@ NAK for a model this worker does not know."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import pytest
 
 from sie.settings import BatchingSettings
@@ -17,6 +14,7 @@ from sie.sidecar.work import ReadyModel, Work
 from sie.wire import codes, unpackb
 from sie.wire.ipc_control import EnsureModelReadyResponse, ModelDescriptor
 from sie.wire.queue import WorkItem, WorkResult
+from support.polling import eventually
 from support.sidecar_fakes import RecordingDelivery as FakeDelivery
 
 
@@ -77,14 +75,6 @@ def build(worker: ScriptedWorker, timings: ReadinessTimings = TIMINGS, observe=N
     return readiness, bus, proceeded, models
 
 
-async def until(condition, timeout_s: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(0.001)
-
-
 def test_progress_interval_stays_below_ack_wait() -> None:
     assert progress_interval(ack_wait_s=30.0, nak_delay_s=5.0) == 5.0
     assert progress_interval(ack_wait_s=30.0, nak_delay_s=60.0) == 15.0  # clamped below ack-wait
@@ -114,7 +104,7 @@ async def test_loading_holds_with_progress_acks_then_proceeds() -> None:
     await readiness.admit("m", works(log, 1))
     await readiness.admit("m", works(log, 2))  # joins the hold: no second poller, no extra IPC call
     assert readiness.held() == 3 and worker.calls == 1
-    await until(lambda: proceeded)
+    await eventually(lambda: proceeded, timeout_s=2.0)
     assert sum(len(group) for _, group in proceeded) == 3
     assert any(entry[0] == "in_progress" for entry in log)
     assert not any(entry[0] in ("ack", "nak") for entry in log) and not bus.results
@@ -125,10 +115,10 @@ async def test_a_hold_past_load_hold_s_answers_model_loading() -> None:
     log: list = []
     readiness, bus, proceeded, _ = build(ScriptedWorker(LOADING), ReadinessTimings(0.005, 0.01, 0.02, 5.0))
     await readiness.admit("m", works(log))
-    await until(lambda: len(bus.results) == 2)
+    await eventually(lambda: len(bus.results) == 2, timeout_s=2.0)
     assert {r.error_code for r in bus.results} == {codes.MODEL_LOADING}
     assert {r.retry_after_s for r in bus.results} == {5} and not any(r.success for r in bus.results)
-    await until(lambda: ("ack", "r1.0") in log)
+    await eventually(lambda: ("ack", "r1.0") in log, timeout_s=2.0)
     assert not proceeded
     await readiness.close()
 
@@ -149,7 +139,7 @@ async def test_load_failure_during_the_hold_is_answered() -> None:
     failed = EnsureModelReadyResponse(state="failed", error="boom", error_class="UNKNOWN", attempts=2)
     readiness, bus, _, _ = build(ScriptedWorker(EnsureModelReadyResponse(state="loading_started"), LOADING, failed))
     await readiness.admit("m", works(log))
-    await until(lambda: len(bus.results) == 2)
+    await eventually(lambda: len(bus.results) == 2, timeout_s=2.0)
     assert unpackb(bus.results[0].result_msgpack)["attempts"] == 2
 
 

@@ -23,6 +23,7 @@ from sie.sidecar.scheduler import (
 from sie.sidecar.work import BatchLimits, ReadyModel, Work
 from sie.wire.ipc_control import ModelDescriptor
 from sie.wire.queue import WorkItem
+from support.polling import eventually
 
 
 class _Delivery:
@@ -240,29 +241,22 @@ class _SlowWorker:
         self.running -= 1
 
 
-async def wait_for(condition, timeout_s: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(0)
-
-
 async def test_idle_model_dispatches_at_once_and_accumulates_while_busy() -> None:
     worker = _SlowWorker()
     scheduler = Scheduler(worker.dispatch, max_wait_s=0.010)
     try:
         scheduler.submit(model(max_cost=1000, max_items=64), [work(0, 1, time.monotonic())])
-        await wait_for(lambda: worker.sizes == [1])  # no fixed wait when idle
+        await eventually(lambda: worker.sizes == [1], timeout_s=2.0, interval_s=0)  # no fixed wait when idle
         for index in range(1, 11):  # arrive while batch 1 runs
             scheduler.submit(model(max_cost=1000, max_items=64), [work(index, 1, time.monotonic())])
         await asyncio.sleep(0)
         assert worker.sizes == [1] and scheduler.pending_count() == 10
         worker.release.set()
-        await wait_for(lambda: worker.sizes == [1, 10])  # the next batch forms the moment batch 1 returns
+        # The next batch forms the moment batch 1 returns.
+        await eventually(lambda: worker.sizes == [1, 10], timeout_s=2.0, interval_s=0)
         assert worker.max_running == 1
         worker.release.set()
-        await wait_for(lambda: worker.running == 0)
+        await eventually(lambda: worker.running == 0, timeout_s=2.0, interval_s=0)
     finally:
         await scheduler.close()
 
@@ -274,7 +268,7 @@ async def test_inflight_batches_per_model_are_bounded(inflight: int) -> None:
     try:
         for index in range(6):
             scheduler.submit(model(max_cost=1000, max_items=1), [work(index, 1)])
-        await wait_for(lambda: worker.running == inflight)
+        await eventually(lambda: worker.running == inflight, timeout_s=2.0, interval_s=0)
         for _ in range(20):
             await asyncio.sleep(0)
         assert worker.max_running == inflight
@@ -290,11 +284,11 @@ async def test_a_batch_waiting_for_the_late_cut_goes_when_the_running_one_return
     try:
         ready = model(max_cost=1000, max_items=64)
         scheduler.submit(ready, [work(0, 1, time.monotonic())])
-        await wait_for(lambda: worker.sizes == [1])
+        await eventually(lambda: worker.sizes == [1], timeout_s=2.0, interval_s=0)
         worker.release.set()  # the first batch teaches the pace: about no time per unit of cost
-        await wait_for(lambda: worker.running == 0)
+        await eventually(lambda: worker.running == 0, timeout_s=2.0, interval_s=0)
         scheduler.submit(ready, [work(1, 100, time.monotonic())])
-        await wait_for(lambda: worker.sizes == [1, 1])
+        await eventually(lambda: worker.sizes == [1, 1], timeout_s=2.0, interval_s=0)
         slot = scheduler._models["m"]
         slot.pace.seconds_per_cost = 10.0  # the running batch looks long: the next one keeps filling
         for index in range(2, 6):
@@ -303,8 +297,8 @@ async def test_a_batch_waiting_for_the_late_cut_goes_when_the_running_one_return
             await asyncio.sleep(0)
         assert worker.sizes == [1, 1] and scheduler.pending_count() == 4
         worker.release.set()  # it returns early: the waiting batch goes at once, whole
-        await wait_for(lambda: worker.sizes == [1, 1, 4])
+        await eventually(lambda: worker.sizes == [1, 1, 4], timeout_s=2.0, interval_s=0)
         worker.release.set()
-        await wait_for(lambda: worker.running == 0)
+        await eventually(lambda: worker.running == 0, timeout_s=2.0, interval_s=0)
     finally:
         await scheduler.close()
