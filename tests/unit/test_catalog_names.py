@@ -41,3 +41,9 @@ def test_reply_config_health_and_dlq() -> None:
     assert names.health_subject("worker-1") == "sie.health.worker-1"
     assert names.work_cancel_subject("gw-1", "r1") == "work_cancel.gw-1.r1"
     assert names.dead_letter_subject("sie.work.default.default.default.BAAI__bge-m3") == "sie.dlq.BAAI__bge-m3"
+
+
+def test_the_pool_of_a_work_subject() -> None:
+    assert names.work_subject_pool("sie.work.gpu-a.l4.default.BAAI__bge-m3") == "gpu-a"
+    for other in ("sie.work", "sie.work.", "sie.work..l4", "sie.workers.p", "sie.health.w", "_INBOX.gw.r"):
+        assert names.work_subject_pool(other) is None, other

@@ -33,6 +33,14 @@ def work_subject(pool: str, machine_profile: str, bundle: str, model_id: str) ->
     )
 
 
+def work_subject_pool(subject: str) -> str | None:
+    """The pool token of a work subject `sie.work.{pool}.…`; None for any other subject."""
+    if not subject.startswith(f"{WORK_SUBJECT_PREFIX}."):
+        return None
+    pool = subject[len(WORK_SUBJECT_PREFIX) + 1 :].split(".", 1)[0]
+    return pool or None
+
+
 def work_worker_subject(pool: str, machine_profile: str, bundle: str, model_id: str, worker_id: str) -> str:
     """The seven-token direct-dispatch subject for one worker."""
     return f"{work_subject(pool, machine_profile, bundle, model_id)}.{normalize_worker_id(worker_id)}"

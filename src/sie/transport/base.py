@@ -16,11 +16,13 @@ Messages are typed objects: the loopback passes them by reference, NATS encodes 
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import attrs
 
+from sie.catalog.names import work_subject_pool
 from sie.wire.queue import WorkItem, WorkResult
 
 
@@ -140,3 +142,33 @@ class MessageBus(Protocol):
 
 class Transport(WorkQueue, MessageBus, Protocol):
     """Both halves, as one broker connection provides them; implementations are async context managers."""
+
+
+MAX_DELIVER_ADVISORY_TYPE = "io.nats.jetstream.advisory.v1.max_deliver"
+
+
+def pool_of(subject: str) -> str:
+    """The pool whose stream captures a work subject; TransportError for any other subject."""
+    pool = work_subject_pool(subject)
+    if pool is None:
+        raise TransportError(f"no stream captures subject {subject!r}")
+    return pool
+
+
+def max_deliver_advisory(
+    stream: str, consumer: str, stream_seq: int, deliveries: int, subject: str, item: Any
+) -> dict[str, Any]:
+    """The max-deliveries advisory both transports publish for a work item that used its last delivery
+    (JetStream's shape, plus `subject` and the `item`, as a WorkItem in process or as wire data on NATS)."""
+    advisory: dict[str, Any] = {
+        "type": MAX_DELIVER_ADVISORY_TYPE,
+        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(),
+        "stream": stream,
+        "consumer": consumer,
+        "stream_seq": stream_seq,
+        "deliveries": deliveries,
+        "subject": subject,
+    }
+    if item is not None:
+        advisory["item"] = item
+    return advisory

@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from sie.catalog.names import max_deliveries_advisory_subject, work_pool_stream_name, work_pool_stream_subjects
 from sie.settings import StreamSettings
-from sie.transport.base import BackpressureError, Delivery, TransportError, TransportUnavailable
+from sie.transport.base import (
+    BackpressureError,
+    Delivery,
+    TransportError,
+    TransportUnavailable,
+    max_deliver_advisory,
+)
 from sie.transport.delivery import BaseDelivery
 from sie.transport.loopback.bus import SubjectPattern
 from sie.wire.queue import WorkItem
-
-MAX_DELIVER_ADVISORY_TYPE = "io.nats.jetstream.advisory.v1.max_deliver"
 
 # (advisory subject, advisory) -> None; the transport publishes it on the bus.
 AdvisorySink = Callable[[str, dict[str, Any]], None]
@@ -275,19 +278,10 @@ class PoolStream:
         # deletes it. The loopback removes it here so dead work cannot fill the stream.
         self._drop(message)
         consumer = message.lane.consumer_name or ""
-        self._advisories(
-            max_deliveries_advisory_subject(self.name, consumer),
-            {
-                "type": MAX_DELIVER_ADVISORY_TYPE,
-                "timestamp": datetime.datetime.now(datetime.UTC).isoformat(),
-                "stream": self.name,
-                "consumer": consumer,
-                "stream_seq": message.seq,
-                "deliveries": message.deliveries,
-                "subject": message.subject,
-                "item": message.item,
-            },
+        advisory = max_deliver_advisory(
+            self.name, consumer, message.seq, message.deliveries, message.subject, message.item
         )
+        self._advisories(max_deliveries_advisory_subject(self.name, consumer), advisory)
 
     def _arm_expiry(self, oldest_published_at: float) -> None:
         if self._settings.max_age_s > 0:

@@ -11,15 +11,12 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self
 
-from sie.catalog.names import WORK_SUBJECT_PREFIX, lane_filter_subject, work_consumer_name
+from sie.catalog.names import lane_filter_subject, work_consumer_name
 from sie.settings import StreamSettings
-from sie.transport.base import Lane, MessageHandler, ResultHandler, TransportError, TransportUnavailable
+from sie.transport.base import Lane, MessageHandler, ResultHandler, TransportUnavailable, pool_of
 from sie.transport.loopback.bus import BusSubscription, LoopbackBus
 from sie.transport.loopback.stream import LoopbackLaneConsumer, PoolStream
 from sie.wire.queue import WorkItem, WorkResult
-
-# `sie.work.{pool}.…`: the pool is the token right after the prefix.
-_POOL_TOKEN = len(WORK_SUBJECT_PREFIX.split("."))
 
 
 class LoopbackTransport:
@@ -66,10 +63,8 @@ class LoopbackTransport:
     async def publish_work(self, subject: str, item: WorkItem) -> None:
         """Queue `item` on its pool stream; raises BackpressureError at `max_msgs` (discard new)."""
         loop = self._running_loop()
+        pool = pool_of(subject)
         tokens = subject.split(".")
-        if len(tokens) <= _POOL_TOKEN or not subject.startswith(WORK_SUBJECT_PREFIX + "."):
-            raise TransportError(f"no stream captures subject {subject!r}")
-        pool = tokens[_POOL_TOKEN]
         stream = self._streams.get(pool)
         if stream is None:
             stream = PoolStream(pool, self.settings, loop, self._publish_advisory)

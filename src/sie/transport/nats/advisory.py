@@ -10,14 +10,13 @@ the stream for the dead-letter path to read with get_msg and delete.
 
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
 from sie.catalog.names import MAX_DELIVERIES_ADVISORY
+from sie.transport import base
 from sie.wire import DecodeError, structure, unstructure
 from sie.wire.queue import WorkItem
 
-MAX_DELIVER_ADVISORY_TYPE = "io.nats.jetstream.advisory.v1.max_deliver"
 _ADVISORY_PREFIX = MAX_DELIVERIES_ADVISORY.removesuffix(">")
 
 
@@ -25,18 +24,8 @@ def max_deliver_advisory(
     stream: str, consumer: str, stream_seq: int, deliveries: int, subject: str, item: WorkItem | None
 ) -> dict[str, Any]:
     """The advisory as JSON-able data; `item` is None when the payload could not be decoded."""
-    advisory: dict[str, Any] = {
-        "type": MAX_DELIVER_ADVISORY_TYPE,
-        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(),
-        "stream": stream,
-        "consumer": consumer,
-        "stream_seq": stream_seq,
-        "deliveries": deliveries,
-        "subject": subject,
-    }
-    if item is not None:
-        advisory["item"] = unstructure(item)
-    return advisory
+    wire_item = unstructure(item) if item is not None else None
+    return base.max_deliver_advisory(stream, consumer, stream_seq, deliveries, subject, wire_item)
 
 
 def restore_item(subject: str, message: Any) -> Any:

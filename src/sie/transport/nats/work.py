@@ -13,8 +13,8 @@ import asyncio
 
 import nats.js.errors
 
-from sie.catalog.names import WORK_SUBJECT_PREFIX, work_pool_stream_name
-from sie.transport.base import BackpressureError, TransportError
+from sie.catalog.names import work_pool_stream_name
+from sie.transport.base import BackpressureError, TransportError, pool_of
 from sie.transport.nats.acks import AckInbox
 from sie.transport.nats.cache import TtlCache
 from sie.transport.nats.connection import Connection
@@ -25,15 +25,6 @@ from sie.wire.queue import WorkItem
 
 # `pending` is read per request by a gateway; the stream depth may be this stale.
 PENDING_TTL_S = 0.05
-_POOL_TOKEN = len(WORK_SUBJECT_PREFIX.split("."))
-
-
-def pool_of(subject: str) -> str:
-    """The pool token of a work subject `sie.work.{pool}.…`; TransportError for any other subject."""
-    tokens = subject.split(".")
-    if len(tokens) <= _POOL_TOKEN or not subject.startswith(WORK_SUBJECT_PREFIX + "."):
-        raise TransportError(f"no stream captures subject {subject!r}")
-    return tokens[_POOL_TOKEN]
 
 
 class WorkPublisher:
