@@ -222,6 +222,17 @@ async def test_work_items_carry_the_request_params_and_base64_media(gw: Gateway)
     assert item.reply_subject == f"_INBOX.gw-t.{item.request_id}" and item.deadline > item.timestamp
 
 
+@pytest.mark.parametrize(
+    "params", [{"output_dtype": "bfloat16"}, {"options": {"output_dtype": "bfloat16"}}, {"output_dtype": "float64"}]
+)
+async def test_an_output_dtype_sie_does_not_serve_is_a_400_before_anything_is_queued(gw: Gateway, params) -> None:
+    response = await gw.client.post(ENCODE, json={"items": [{"text": "a"}], "params": params})
+    assert response.status_code == 400
+    detail = response.json()["detail"]
+    assert detail["code"] == "INVALID_INPUT" and "Supported: ['float32', 'float16', 'int8'" in detail["message"]
+    assert gw.worker.items == [] and await gw.transport.pending("default") == 0
+
+
 async def test_a_machine_profile_the_cluster_lacks_is_refused_before_publishing(catalog: Catalog) -> None:
     async with Gateway(catalog, configured_gpus=("l4",)) as gw:
         body = {"items": [{"text": "a"}]}

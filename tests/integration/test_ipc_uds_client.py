@@ -142,7 +142,7 @@ async def test_every_method_round_trips(service, socket_path: Path):
             await client.run_batch(batch(2))
     assert (ping.worker_id, ping.timestamp_ms, ready.state) == ("fake", 5.0, "loading_started")
     assert [o.work_item_id for o in outcome.outcomes] == ["w1.0", "w1.1", "w1.2"]
-    assert outcome.outcomes[0].result_msgpack == b"\x00\x01"
+    assert outcome.outcomes[0].result_msgpack.packed() == b"\x00\x01"
     assert capabilities.supported_models == ["m"] and drained.acknowledged is True
     assert caught.value.message == "RuntimeError: apply is not scripted"
 
@@ -174,7 +174,7 @@ async def test_chunked_response_round_trip_with_small_limits(service, socket_pat
         UdsWorkerClient(socket_path, limits=SMALL, budget=budget) as client,
     ):
         outcome = await client.run_batch(batch(1))
-    assert outcome.outcomes[0].result_msgpack == service.blob
+    assert outcome.outcomes[0].result_msgpack.packed() == service.blob
     assert budget.used_bytes == 0  # released once the response was decoded
 
 
@@ -184,7 +184,7 @@ async def test_chunked_response_at_the_real_limits(service, socket_path: Path):
         started = time.perf_counter()
         outcome = await client.run_batch(batch(1, items=2))  # two 20 MiB blobs: a ~40 MiB response, 10 chunks
         elapsed = time.perf_counter() - started
-    assert [o.result_msgpack == service.blob for o in outcome.outcomes] == [True, True]
+    assert [o.result_msgpack.packed() == service.blob for o in outcome.outcomes] == [True, True]
     print(f"\n40 MiB chunked RunBatch response: {elapsed * 1000:.0f} ms")
 
 

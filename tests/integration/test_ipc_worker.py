@@ -17,7 +17,6 @@ import pytest
 from sie.ipc.server import IpcServer
 from sie.ipc.uds_client import UdsWorkerClient
 from sie.settings import BatchingSettings, LaneSettings
-from sie.wire import unpackb
 from sie.wire.ipc_batch import DISPOSITION_PUBLISH_AND_ACK, EncodeBatchItem, RunBatchItem, RunBatchRequest
 from sie.wire.ipc_control import (
     MODEL_STATE_LOADING_IN_PROGRESS,
@@ -33,6 +32,7 @@ from sie.worker.manager import ModelManager
 from sie.worker.null_backend import NullWorkerService
 from sie.worker.runner import BatchRunner
 from sie.worker.service import WorkerService
+from support.polling import eventually
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 HELLO_WORLD_HEAD = [-0.034477, 0.031023, 0.006735, 0.026109]
@@ -63,20 +63,22 @@ async def service(baseline_catalog, load_model):
         yield WorkerService(manager, BatchRunner(manager), "worker-ipc", LaneSettings(), BatchingSettings())
 
 
-async def wait_ready(client: UdsWorkerClient, model_id: str, timeout_s: float = 120.0) -> list[str]:
-    """Poll EnsureModelReady against a deadline; the states seen, in order, deduplicated."""
-    deadline = time.monotonic() + timeout_s
+async def wait_ready(client: UdsWorkerClient, model_id: str) -> list[str]:
+    """Poll EnsureModelReady until the model is ready; the states seen, in order, deduplicated."""
     states: list[str] = []
-    while True:
+
+    async def ready() -> bool:
         answer: EnsureModelReadyResponse = await client.ensure_model_ready(EnsureModelReadyRequest(model_id=model_id))
         if not states or states[-1] != answer.state:
             states.append(answer.state)
         if answer.state == MODEL_STATE_READY:
             assert answer.descriptor is not None and answer.descriptor.supports_run_batch
-            return states
+            return True
         assert answer.state in (MODEL_STATE_LOADING_STARTED, MODEL_STATE_LOADING_IN_PROGRESS), answer
-        assert time.monotonic() < deadline, f"{model_id} not ready before the deadline: {states}"
-        await asyncio.sleep(0.02)
+        return False
+
+    await eventually(ready, timeout_s=120.0, interval_s=0.02, what=f"{model_id} to be ready")
+    return states
 
 
 async def rate(call: Callable[[], Awaitable[object]], seconds: float = 1.0, concurrency: int = 1) -> float:
@@ -106,7 +108,7 @@ async def test_the_worker_over_ipc(service: WorkerService, socket_path: Path):
         outcome = await client.run_batch(encode_batch(1, ["Hello world", "Bye"]))
         first = outcome.outcomes[0]
         assert (first.disposition, first.work_item_id) == (DISPOSITION_PUBLISH_AND_ACK, "r1.0")
-        dense = unpackb(first.result_msgpack)["dense"]
+        dense = first.result_msgpack.value["dense"]
         assert np.allclose(dense["values"][:4], HELLO_WORLD_HEAD, atol=1e-5)
 
         capabilities = await client.worker_capabilities(WorkerCapabilitiesRequest())

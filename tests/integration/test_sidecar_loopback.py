@@ -18,7 +18,7 @@ from sie.settings import BatchingSettings, LaneSettings, SidecarSettings, Stream
 from sie.sidecar.sidecar import Sidecar, SidecarConfig
 from sie.transport.base import Lane
 from sie.transport.loopback import LoopbackTransport
-from sie.wire import codes, unpackb
+from sie.wire import codes
 from sie.wire.ipc_batch import RunBatchRequest
 from sie.wire.queue import WorkItem, WorkResult
 from sie.worker.manager import ModelManager
@@ -208,18 +208,18 @@ async def test_encode_score_and_extract_through_the_sidecar(worker: CountingWork
             await results.wait(3)
         got = results.by_request()
         assert all(result.success for result in got.values()), [r.error for r in got.values()]
-        dense = unpackb(got["req-0"].result_msgpack)["dense"]
+        dense = got["req-0"].result_msgpack.value["dense"]
         assert np.allclose(dense["values"][:2], [-0.034477, 0.031023], atol=1e-5)
-        ranked = unpackb(got["req-1"].result_msgpack)
+        ranked = got["req-1"].result_msgpack.value
         assert [row["item_id"] for row in ranked] == ["item-1", "item-0"] and ranked[0]["rank"] == 0
-        assert "entities" in unpackb(got["req-2"].result_msgpack)
+        assert "entities" in got["req-2"].result_msgpack.value
         encode = got["req-0"]
         assert encode.worker_id == "worker-test" and encode.inference_ms > 0 and encode.queue_ms >= 0
         assert encode.tokenization_ms > 0 and encode.processing_ms > 0 and encode.units.input_tokens == 4
         # The sidecar's tokens were sent with the worker's tokenizer id, so the worker reused them.
         encode_batch = next(r for r in worker.requests if r.items[0].op == "encode")
         prepared = encode_batch.items[0].encode.prepared_tokens
-        assert prepared is not None and prepared.input_ids == [[101, 7592, 2088, 102]]
+        assert prepared is not None and [row.tolist() for row in prepared.input_ids] == [[101, 7592, 2088, 102]]
         assert prepared.tokenizer_id == worker.service.manager.get(MINILM).tokenizer.tokenizer_id
         assert await transport.pending(POOL) == 0
 
@@ -281,7 +281,7 @@ async def test_a_model_that_fails_to_load_answers_model_load_failed(worker: Coun
         for result in results.items:
             assert result.error_code == codes.MODEL_LOAD_FAILED and not result.success
             assert BROKEN in result.error
-            assert unpackb(result.result_msgpack) == {"error_class": "NOT_FOUND", "attempts": 1, "permanent": True}
+            assert result.result_msgpack.value == {"error_class": "NOT_FOUND", "attempts": 1, "permanent": True}
         assert not worker.requests and await transport.pending(POOL) == 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sie.wire import codes, unpackb
+from sie.wire import codes
 from sie.wire.ipc_batch import (
     DISPOSITION_NAK_RETRY,
     DISPOSITION_PUBLISH_AND_ACK,
@@ -48,7 +48,8 @@ async def test_encode_batch_outcomes(runner: BatchRunner) -> None:
     outcome = to_batch_outcome(batch, executed)
     first, second, third = outcome.outcomes
     assert first.disposition == DISPOSITION_PUBLISH_AND_ACK and first.work_item_id == "r.0"
-    decoded = unpackb(first.result_msgpack)
+    decoded = first.result_msgpack.value
+    assert decoded is executed.results.items[0].result  # the adapter's own object: nothing was packed
     assert np.allclose(decoded["dense"]["values"][:2], [-0.034477, 0.031023], atol=1e-5)
     assert first.units.input_tokens == 4 and first.inference_ms > 0
     assert second.disposition == DISPOSITION_PUBLISH_ERROR_AND_ACK and second.error_code == codes.INVALID_INPUT

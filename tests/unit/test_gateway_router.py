@@ -16,6 +16,7 @@ from sie.gateway.router import (
 )
 from sie.settings import LaneSettings
 from sie.transport.base import Lane
+from sie.wire.http import EncodeParams
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 NO_HINTS = LaneHints()
@@ -155,8 +156,13 @@ def test_operation_checks_before_publishing(router: Router) -> None:
         check_extract(minilm)
 
 
-def test_output_dtype_must_be_known() -> None:
+def test_output_dtype_must_be_one_sie_serves() -> None:
     check_output_dtype(None)
-    check_output_dtype("binary")
+    check_output_dtype(EncodeParams(output_dtype="binary", options={"output_dtype": "int8"}))
     with pytest.raises(InvalidRequestError, match="Unsupported output_dtype 'float64'"):
-        check_output_dtype("float64")
+        check_output_dtype(EncodeParams(output_dtype="float64"))
+    # The SDK's DType lists bfloat16; no numpy vector can carry it, so it is refused before queueing.
+    with pytest.raises(InvalidRequestError, match="Unsupported output_dtype 'bfloat16'"):
+        check_output_dtype(EncodeParams(output_dtype="bfloat16"))
+    with pytest.raises(InvalidRequestError, match="Unsupported options.output_dtype 'bfloat16'"):
+        check_output_dtype(EncodeParams(options={"output_dtype": "bfloat16"}))

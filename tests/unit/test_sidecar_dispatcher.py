@@ -96,7 +96,7 @@ async def test_outcomes_become_results_published_before_acks() -> None:
     assert (request.model_id, request.lora_key, request.total_cost, len(request.items)) == ("m", "a", 12, 3)
     assert [entry[0] for entry in log] == ["publish"] * 3 + ["flush"] + ["ack"] * 3  # one flush per batch
     result = bus.results["r0.0"]
-    assert result.success and result.result_msgpack == b"\x81\xa1a\x01" and result.worker_id == "w1"
+    assert result.success and result.result_msgpack.packed() == b"\x81\xa1a\x01" and result.worker_id == "w1"
     assert result.tokenization_ms == pytest.approx(0.75) and result.inference_ms == 3.0
     assert result.postprocessing_ms == 0.1 and result.units.input_tokens == 4
     assert 400.0 < result.queue_ms < 5000.0 and result.processing_ms >= 0.0

@@ -7,6 +7,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tokenizers
 from tokenizers import models, pre_tokenizers, processors
@@ -111,7 +112,9 @@ async def test_encode_group_gets_prepared_tokens_and_token_costs(tokenizer_file:
     model = ready(tokenizer_file)
     await prepare(model, works)
     first = works[0].run_item.encode.prepared_tokens
-    assert first.input_ids == [[2, 4, 5, 3]] and first.token_type_ids == [[0, 0, 0, 0]]
+    assert [row.tolist() for row in first.input_ids] == [[2, 4, 5, 3]]
+    assert [row.tolist() for row in first.token_type_ids] == [[0, 0, 0, 0]]
+    assert first.input_ids[0].dtype == np.int64  # arrays from the tokenizer to the worker, never lists
     assert first.tokenizer_id == model.descriptor.tokenizer_id and first.max_seq_len == 6
     assert [w.cost for w in works] == [4, 3]
     assert works[0].run_item.op == "encode" and works[0].run_item.work_item_id == "r0.0"

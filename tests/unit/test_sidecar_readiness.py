@@ -11,7 +11,7 @@ from sie.sidecar.admission import Admission
 from sie.sidecar.readiness import Readiness, ReadinessTimings, ReadyModels, progress_interval
 from sie.sidecar.settlement import Settler
 from sie.sidecar.work import ReadyModel, Work
-from sie.wire import codes, unpackb
+from sie.wire import codes
 from sie.wire.ipc_control import EnsureModelReadyResponse, ModelDescriptor
 from sie.wire.queue import WorkItem, WorkResult
 from support.polling import eventually
@@ -130,7 +130,7 @@ async def test_permanent_failure_answers_model_load_failed_with_metadata() -> No
     await readiness.admit("m", works(log))
     assert {r.error_code for r in bus.results} == {codes.MODEL_LOAD_FAILED}
     assert bus.results[0].error == "no weights"
-    assert unpackb(bus.results[0].result_msgpack) == {"error_class": "NOT_FOUND", "attempts": 1, "permanent": True}
+    assert bus.results[0].result_msgpack.value == {"error_class": "NOT_FOUND", "attempts": 1, "permanent": True}
     assert ("ack", "r0.0") in log and ("ack", "r1.0") in log
 
 
@@ -140,7 +140,7 @@ async def test_load_failure_during_the_hold_is_answered() -> None:
     readiness, bus, _, _ = build(ScriptedWorker(EnsureModelReadyResponse(state="loading_started"), LOADING, failed))
     await readiness.admit("m", works(log))
     await eventually(lambda: len(bus.results) == 2, timeout_s=2.0)
-    assert unpackb(bus.results[0].result_msgpack)["attempts"] == 2
+    assert bus.results[0].result_msgpack.value["attempts"] == 2
 
 
 @pytest.mark.parametrize(("retry_after", "expected"), [(42.3, 43), (0.2, 1), (None, 1)])
@@ -161,7 +161,7 @@ async def test_other_cooldown_answers_transient_model_load_failed() -> None:
     readiness, bus, _, _ = build(ScriptedWorker(network))
     await readiness.admit("m", works(log, 1))
     assert bus.results[0].error_code == codes.MODEL_LOAD_FAILED
-    assert unpackb(bus.results[0].result_msgpack) == {"error_class": "NETWORK", "attempts": 3, "permanent": False}
+    assert bus.results[0].result_msgpack.value == {"error_class": "NETWORK", "attempts": 3, "permanent": False}
 
 
 async def test_a_model_unknown_to_this_worker_is_naked() -> None:

@@ -34,8 +34,8 @@ def tokenizer_file(tmp_path: Path) -> Path:
 def test_baked_in_padding_is_cleared(tokenizer_file: Path) -> None:
     tokenizer = TextTokenizer.from_file(tokenizer_file, max_length=8)
     (encoded,) = tokenizer.encode_batch(["Hello world"])
-    assert encoded.input_ids == [2, 4, 5, 3]
-    assert encoded.special_tokens_mask == [1, 0, 0, 1]
+    assert encoded.input_ids.tolist() == [2, 4, 5, 3] and encoded.input_ids.dtype == np.int64
+    assert encoded.special_tokens_mask.tolist() == [1, 0, 0, 1]
     assert encoded.offsets[1:3] == [(0, 5), (6, 11)]
     assert not encoded.truncated
 
@@ -44,14 +44,14 @@ def test_truncation_is_reported(tokenizer_file: Path) -> None:
     tokenizer = TextTokenizer.from_file(tokenizer_file, max_length=5)
     long, short = tokenizer.encode_batch(["the cat sat on the mat", "cats"])
     assert len(long) == 5 and long.truncated and long.input_ids[-1] == 3
-    assert short.input_ids == [2, 7, 11, 3] and not short.truncated
+    assert short.input_ids.tolist() == [2, 7, 11, 3] and not short.truncated
 
 
 def test_pairs_carry_type_ids(tokenizer_file: Path) -> None:
     tokenizer = TextTokenizer.from_file(tokenizer_file, max_length=16)
     (pair,) = tokenizer.encode_batch([("hello", "the cat")])
-    assert pair.input_ids == [2, 4, 3, 6, 7, 3]
-    assert pair.token_type_ids == [0, 0, 0, 1, 1, 1]
+    assert pair.input_ids.tolist() == [2, 4, 3, 6, 7, 3]
+    assert pair.token_type_ids.tolist() == [0, 0, 0, 1, 1, 1]
 
 
 def test_pad_batch_pads_to_longest_only() -> None:

@@ -167,8 +167,11 @@ def test_run_batch_round_trip_with_prepared_tokens():
         ],
     }
     request = from_msgpack(msgpack.packb(body), RunBatchRequest)
-    assert request.items[0].encode.prepared_tokens.input_ids == [[101, 7592, 102]]
+    (ids,) = request.items[0].encode.prepared_tokens.input_ids
+    assert ids.dtype == np.int64 and ids.tolist() == [101, 7592, 102]  # an array in Python
     assert request.accepts_batched_f16_multivectors is False
+    wire = msgpack.unpackb(to_msgpack(request))
+    assert wire["items"][0]["encode"]["prepared_tokens"]["input_ids"] == [[101, 7592, 102]]  # `[[int]]` on the wire
     assert from_msgpack(to_msgpack(request), RunBatchRequest) == request
 
 

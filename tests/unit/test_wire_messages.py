@@ -8,6 +8,7 @@ import pytest
 
 from sie.wire import config, http, ipc, ipc_batch, ipc_control, queue
 from sie.wire.converter import from_json, from_msgpack, to_json, to_msgpack
+from sie.wire.payload import ResultBody
 
 F32 = np.array([0.5, -1.0, 2.0], dtype=np.float32)
 
@@ -214,7 +215,7 @@ SAMPLES = [
 
 
 def _has_bytes(value) -> bool:
-    if isinstance(value, bytes):
+    if isinstance(value, bytes | ResultBody):
         return True
     if attrs.has(type(value)):
         return any(_has_bytes(getattr(value, field.name)) for field in attrs.fields(type(value)))

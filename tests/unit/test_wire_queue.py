@@ -87,7 +87,7 @@ def test_work_result_minimal_and_full():
         WorkResult,
     )
     assert full.units == UnitCounts(input_tokens=4)
-    assert full.result_msgpack == b"\x80"
+    assert full.result_msgpack.packed() == b"\x80"
 
 
 def test_result_chunk_carries_its_kind_and_binary_digest():
@@ -110,7 +110,7 @@ def test_result_chunk_carries_its_kind_and_binary_digest():
     assert len(decoded_map["transfer_digest"]) == 32
     assert is_result_chunk(decoded_map)
     rebuilt = from_msgpack(structure(decoded_map, ResultChunkV1).payload, WorkResult)
-    assert rebuilt.result_msgpack == b"x" * 10
+    assert rebuilt.result_msgpack.packed() == b"x" * 10
 
 
 def test_work_results_are_not_chunks_even_with_extra_fields():

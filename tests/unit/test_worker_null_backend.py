@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from sie.catalog import load_catalog
-from sie.wire import unpackb
 from sie.wire.ipc_batch import DISPOSITION_PUBLISH_AND_ACK, EncodeBatchItem, RunBatchItem, RunBatchRequest
 from sie.wire.ipc_control import EnsureModelReadyRequest, PingRequest
 from sie.worker.null_backend import NullWorkerService
@@ -26,5 +25,5 @@ async def test_null_backend_answers_without_a_model() -> None:
     )
     (outcome,) = (await service.run_batch(request)).outcomes
     assert outcome.disposition == DISPOSITION_PUBLISH_AND_ACK
-    assert unpackb(outcome.result_msgpack)["dense"]["dims"] == 1
+    assert outcome.result_msgpack.value["dense"]["dims"] == 1
     assert (await service.ping(PingRequest(timestamp_ms=1.0))).ready

@@ -3,7 +3,8 @@
 Bodies follow contracts Part B §1.2–1.4: encode `{"model", "items"}` with `id` echoed only when sent; score
 `{"model", "query_id", "scores"}` best first with ranks from 0; extract items always carry `id` and the five
 fields. Partial failures keep positional alignment: a failed position holds `{"id"?, "error": {...}}` and the
-body lists `errors: [{"item_index", "error", "code"}]`. Each result_msgpack is decoded exactly once. Pure.
+body lists `errors: [{"item_index", "error", "code"}]`. A result body is read as a value: in `--role all` it
+is the worker's own object, across NATS it is unpacked here, once. Pure.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from sie.gateway.errors import (
     ModelLoadFailedError,
     WorkerRetryableError,
 )
-from sie.wire import DecodeError, codes, unpackb
+from sie.wire import DecodeError, codes
 from sie.wire.http import Item
 from sie.wire.queue import WorkResult
 
@@ -74,9 +75,9 @@ def _retry_after(results: Sequence[WorkResult], failed: Sequence[int]) -> int:
 def _load_failed(result: WorkResult) -> ModelLoadFailedError:
     # The worker may send registry-shaped metadata; otherwise synthesise conservative fields.
     metadata: Any = {}
-    if result.result_msgpack:
+    if result.result_msgpack is not None:
         try:
-            metadata = unpackb(result.result_msgpack)
+            metadata = result.result_msgpack.value
         except DecodeError:
             metadata = {}
     if not isinstance(metadata, dict):
@@ -100,11 +101,11 @@ def _failure(index: int, result: WorkResult) -> dict[str, Any]:
 
 
 def decode_result(result: WorkResult) -> Any:
-    """The public result a worker packed into `result_msgpack` (decoded once, arrays as ndarrays)."""
+    """The public result object of a successful item (arrays as ndarrays)."""
     if result.result_msgpack is None:
         raise RuntimeError(f"successful work result {result.work_item_id} has no result_msgpack; this is a bug")
     try:
-        return unpackb(result.result_msgpack)
+        return result.result_msgpack.value
     except DecodeError as exc:
         # A worker's bytes are not the caller's input: this must not become a 400.
         raise RuntimeError(f"work result {result.work_item_id} is not valid msgpack ({exc}); this is a bug") from None

@@ -71,7 +71,7 @@ def _texts(value: Any) -> list[str]:
 
 def check_reply_size(results: Sequence[WorkResult]) -> None:
     """Refuse a reply larger than the buffer: a terminal 413 naming the one remedy that works."""
-    size = sum(len(result.result_msgpack or b"") for result in results)
+    size = sum(result.result_msgpack.size_hint() for result in results if result.result_msgpack is not None)
     if size > MAX_COMPAT_RESPONSE_BODY:
         raise PayloadTooLargeError(
             f"The embeddings reply ({size} bytes) exceeds the {MAX_COMPAT_RESPONSE_BODY} byte limit of this "

@@ -19,10 +19,10 @@ from sie.catalog.names import work_subject
 from sie.gateway.errors import InvalidRequestError, MachineProfileNotConfiguredError
 from sie.settings import LaneSettings
 from sie.transport.base import Lane
+from sie.wire.http import OUTPUT_DTYPES, EncodeParams
 
 CatalogSource = Callable[[], Catalog]
 
-OUTPUT_DTYPES: Final = ("float32", "float16", "bfloat16", "int8", "uint8", "binary", "ubinary")
 UNSEEDED_BUNDLE: Final = "default"
 # Routes are cached per catalog snapshot; header values are caller-chosen, so the cache is bounded.
 _MAX_CACHED_ROUTES: Final = 4096
@@ -180,10 +180,18 @@ def encode_outputs(route: Route, requested: list[str] | None) -> list[str]:
     return wanted
 
 
-def check_output_dtype(output_dtype: str | None) -> None:
-    """`params.output_dtype` must be one of the SDK's DType values."""
-    if output_dtype is not None and output_dtype not in OUTPUT_DTYPES:
-        raise InvalidRequestError(f"Unsupported output_dtype '{output_dtype}'. Supported: {list(OUTPUT_DTYPES)}")
+def check_output_dtype(params: EncodeParams | None) -> None:
+    """`params.output_dtype` and the `output_dtype` option must be dtypes SIE serves (wire.http.OUTPUT_DTYPES),
+    refused here, before anything is queued."""
+    if params is None:
+        return
+    for field, value in (("output_dtype", params.output_dtype), ("options.output_dtype", _option_dtype(params))):
+        if value is not None and value not in OUTPUT_DTYPES:
+            raise InvalidRequestError(f"Unsupported {field} {value!r}. Supported: {list(OUTPUT_DTYPES)}")
+
+
+def _option_dtype(params: EncodeParams) -> Any:
+    return (params.options or {}).get("output_dtype")
 
 
 def check_score(route: Route) -> None:

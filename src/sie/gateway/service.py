@@ -62,7 +62,7 @@ class InferenceService:
         params = request.params
         route = self._router.route(spec, _profile(params.options if params else None), hints)
         outputs = router.encode_outputs(route, params.output_types if params else None)
-        router.check_output_dtype(params.output_dtype if params else None)
+        router.check_output_dtype(params)
         return await self._run(route, lambda ticket: workitems.encode_work(route, ticket, request, outputs))
 
     async def embeddings(self, call: openai.EmbeddingsCall, hints: LaneHints) -> Served:

@@ -9,9 +9,10 @@ from typing import Final
 
 import attrs
 
-from sie.wire import codes, packb
+from sie.wire import codes
 from sie.wire.ipc_batch import DISPOSITION_PUBLISH_AND_ACK, ItemOutcome
 from sie.wire.ipc_control import EnsureModelReadyResponse
+from sie.wire.payload import ResultBody
 from sie.wire.queue import WorkItem, WorkResult
 
 # Retry-After of a MODEL_LOADING answer once a hold expires (seed 000 §2: the SDK retries it).
@@ -56,7 +57,7 @@ def load_failed_result(
                 "permanent": permanent}  # fmt: skip
     message = response.error or f"Model '{item.model_id}' failed to load"
     result = error_result(item, codes.MODEL_LOAD_FAILED, message, worker_id)
-    return attrs.evolve(result, result_msgpack=packb(metadata))
+    return attrs.evolve(result, result_msgpack=ResultBody.of(metadata))
 
 
 def resource_exhausted_result(item: WorkItem, response: EnsureModelReadyResponse, worker_id: str) -> WorkResult:

@@ -1,13 +1,16 @@
 """One model's tokenizer: explicit truncation, no implicit padding, batched encoding, numpy padding.
 
 The MiniLM tokenizer.json files carry a fixed pad-to-128; every tokenizer loaded here has that
-cleared, so a batch pads only to its own longest item (seed 001 "Preparation And Framing").
+cleared, so a batch pads only to its own longest item (seed 001 "Preparation And Framing"). Token ids
+leave the tokenizer as int64 arrays, one per text, and stay arrays until a graph is fed: no Python
+list is rebuilt per token on the way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 import blake3
@@ -26,13 +29,22 @@ def tokenizer_id_for(tokenizer_json: bytes) -> str:
     return blake3.blake3(tokenizer_json).hexdigest()[:TOKENIZER_ID_HEX_CHARS]
 
 
+def _arrays_equal(left: np.ndarray, right: np.ndarray) -> bool:
+    return bool(np.array_equal(left, right))
+
+
+def _ids() -> Any:
+    return attrs.field(eq=attrs.cmp_using(eq=_arrays_equal))
+
+
 @attrs.frozen
 class TokenizedText:
-    """One encoded input, unpadded. `truncated` says the text was longer than `max_length` tokens."""
+    """One encoded input, unpadded: int64 id arrays, a 0/1 special-token mask and character offsets.
+    `truncated` says the text was longer than `max_length` tokens."""
 
-    input_ids: list[int]
-    token_type_ids: list[int]
-    special_tokens_mask: list[int]
+    input_ids: np.ndarray = _ids()
+    token_type_ids: np.ndarray = _ids()
+    special_tokens_mask: np.ndarray = _ids()
     offsets: list[tuple[int, int]]
     truncated: bool
 
@@ -59,6 +71,10 @@ class TextTokenizer:
         self.tokenizer_id = tokenizer_id
         self.max_length = max_length
         self.pad_id = pad_id
+        decoder = tokenizer.get_added_tokens_decoder()
+        # Ids of the special tokens ([CLS], [SEP], [PAD], ...), excluded from token-level outputs.
+        self.special_ids = frozenset(token_id for token_id, token in decoder.items() if token.special)
+        self.special_id_array = np.fromiter(sorted(self.special_ids), dtype=np.int64)
 
     @classmethod
     def from_file(cls, path: Path, max_length: int) -> TextTokenizer:
@@ -75,12 +91,6 @@ class TextTokenizer:
     def vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
 
-    @property
-    def special_ids(self) -> frozenset[int]:
-        """Ids of the special tokens ([CLS], [SEP], [PAD], ...), excluded from token-level outputs."""
-        decoder = self._tokenizer.get_added_tokens_decoder()
-        return frozenset(token_id for token_id, token in decoder.items() if token.special)
-
     def id_to_token(self, token_id: int) -> str | None:
         return self._tokenizer.id_to_token(token_id)
 
@@ -89,18 +99,26 @@ class TextTokenizer:
         encodings = self._tokenizer.encode_batch(list(texts))
         return [
             TokenizedText(
-                input_ids=encoding.ids,
-                token_type_ids=encoding.type_ids,
-                special_tokens_mask=encoding.special_tokens_mask,
+                input_ids=np.array(encoding.ids, dtype=np.int64),
+                token_type_ids=np.array(encoding.type_ids, dtype=np.int64),
+                special_tokens_mask=np.array(encoding.special_tokens_mask, dtype=np.int8),
                 offsets=encoding.offsets,
                 truncated=bool(encoding.overflowing),
             )
             for encoding in encodings
         ]
 
+    def prepared(self, input_ids: np.ndarray, token_type_ids: np.ndarray | None = None) -> TokenizedText:
+        """A TokenizedText for ids this tokenizer made elsewhere (the sidecar's prepared tokens); no offsets."""
+        type_ids = token_type_ids if token_type_ids is not None else np.zeros_like(input_ids)
+        special = np.isin(input_ids, self.special_id_array).astype(np.int8)
+        return TokenizedText(input_ids, type_ids, special, [], False)
 
-def pad_batch(items: Sequence[Sequence[int]], type_ids: Sequence[Sequence[int]] | None, pad_id: int) -> PaddedBatch:
-    """Right-pad ragged id lists to the longest one; the mask marks real tokens."""
+
+def pad_batch(
+    items: Sequence[np.ndarray | Sequence[int]], type_ids: Sequence[np.ndarray | Sequence[int]] | None, pad_id: int
+) -> PaddedBatch:
+    """Right-pad ragged id rows (arrays or lists) to the longest one; the mask marks real tokens."""
     longest = max((len(ids) for ids in items), default=0)
     input_ids = np.full((len(items), longest), pad_id, dtype=np.int64)
     attention_mask = np.zeros((len(items), longest), dtype=np.int64)

@@ -5,10 +5,13 @@ The converter reads the metadata written here; message modules never (un)structu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NewType
 
 import attrs
 import numpy as np
+
+# Ragged token id rows: int64 arrays in Python, `[[int]]` on the wire (contracts Part A §2.1 PreparedTokens).
+TokenRows = NewType("TokenRows", list)
 
 # Field metadata key: the writer leaves the field out while its value is None.
 OMIT_IF_NONE = "sie.wire.omit_if_none"
@@ -23,9 +26,9 @@ class FieldValueError(ValueError):
         self.field = field
 
 
-def omittable() -> Any:
+def omittable(converter: Any = None) -> Any:
     """An optional field, None by default, that the writer leaves out while it is None."""
-    return attrs.field(default=None, metadata={OMIT_IF_NONE: True})
+    return attrs.field(default=None, converter=converter, metadata={OMIT_IF_NONE: True})
 
 
 def _array_eq(left: Any, right: Any) -> bool:
@@ -58,6 +61,24 @@ def array(dtype: str | None = None, *, default: Any = attrs.NOTHING, omit: bool 
         eq=attrs.cmp_using(eq=_array_eq),
         metadata={OMIT_IF_NONE: True} if omit else {},
     )
+
+
+def _as_int64(row: Any) -> np.ndarray:
+    return row if isinstance(row, np.ndarray) and row.dtype == np.int64 else np.asarray(row, dtype=np.int64)
+
+
+def _as_token_rows(value: Any) -> list[np.ndarray]:
+    return [_as_int64(row) for row in value]
+
+
+def _token_rows_equal(left: list[np.ndarray], right: list[np.ndarray]) -> bool:
+    return len(left) == len(right) and all(np.array_equal(a, b) for a, b in zip(left, right, strict=True))
+
+
+def token_rows() -> Any:
+    """A TokenRows field (empty by default): rows become int64 arrays as the message is built, and the
+    converter writes them as lists of ints, so only the IPC edge pays for the list form."""
+    return attrs.field(factory=list, converter=_as_token_rows, eq=attrs.cmp_using(eq=_token_rows_equal))
 
 
 def non_empty(instance: Any, attribute: attrs.Attribute, value: Any) -> None:

@@ -20,11 +20,12 @@ from cattrs.errors import AttributeValidationNote, BaseValidationError, Iterable
 from cattrs.fns import identity
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
 
-from sie.wire._fields import OMIT_IF_NONE, FieldValueError
+from sie.wire._fields import OMIT_IF_NONE, FieldValueError, TokenRows
 from sie.wire.codec import dumps_json, loads_json, packb, unpackb
 from sie.wire.config import ConfigNotification
 from sie.wire.errors import DecodeError
 from sie.wire.http import MediaBytes
+from sie.wire.payload import ResultBody
 
 T = TypeVar("T")
 
@@ -101,6 +102,14 @@ converter.register_structure_hook(bool, _structure_bool)
 converter.register_structure_hook(bytes, _structure_bytes)
 converter.register_structure_hook(MediaBytes, _structure_media_bytes)
 converter.register_structure_hook(np.ndarray, _structure_ndarray)
+# A result body is bytes on the wire: packed here (at most once) and unpacked only when its value is read.
+converter.register_structure_hook(ResultBody, lambda value, _: ResultBody.from_packed(_structure_bytes(value, bytes)))
+converter.register_unstructure_hook(ResultBody, ResultBody.packed)
+
+
+# Token rows are `[[int]]` on the wire, read as such; the field's attrs converter makes each row an int64 array.
+converter.register_structure_hook(TokenRows, lambda value, _: converter.structure(value, list[list[int]]))
+converter.register_unstructure_hook(TokenRows, lambda rows: [row.tolist() for row in rows])
 
 # --- containers ----------------------------------------------------------------------------------
 
@@ -261,6 +270,7 @@ _EXPECTED_NAMES: dict[Any, str] = {
     bytes: "bytes",
     type(None): "null",
     np.ndarray: "array",
+    ResultBody: "bytes",
     Any: "any",
 }
 

@@ -6,7 +6,7 @@ are omitted on the wire; readers ignore unknown fields.
 
 from __future__ import annotations
 
-from typing import Any, NewType
+from typing import Any, Final, NewType
 
 import attrs
 import numpy as np
@@ -56,6 +56,12 @@ class Item:
     metadata: dict[str, Any] | None = omittable()
     # A precomputed [tokens, dims] multi-vector, carried as an ndarray map.
     multivector: np.ndarray | None = array(default=None, omit=True)
+
+
+# The encode output dtypes SIE serves (contracts Part B §1.2): what `params.output_dtype` and the
+# `output_dtype` option may name. The SDK's DType also lists bfloat16, which the public server refuses too:
+# numpy has no bfloat16, so no vector could carry it.
+OUTPUT_DTYPES: Final = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
 
 
 @attrs.frozen(kw_only=True)

@@ -11,7 +11,8 @@ from typing import Any, Final
 import attrs
 import numpy as np
 
-from sie.wire._fields import array
+from sie.wire._fields import TokenRows, array, token_rows
+from sie.wire.payload import ResultBody, result_body
 from sie.wire.queue import UnitCounts
 
 OP_ENCODE: Final = "encode"
@@ -25,12 +26,13 @@ DISPOSITION_NAK_RETRY: Final = "nak_retry"
 
 @attrs.frozen(kw_only=True)
 class PreparedTokens:
-    """Sidecar tokenization of one item: ragged, truncated, unpadded ids (for score, row 0 is the query)."""
+    """Sidecar tokenization of one item: ragged, truncated, unpadded id rows (for score, row 0 is the query),
+    int64 arrays in Python and lists of ints on the IPC wire."""
 
-    input_ids: list[list[int]]
+    input_ids: TokenRows = token_rows()
     tokenizer_id: str
-    attention_mask: list[list[int]] = attrs.Factory(list)
-    token_type_ids: list[list[int]] = attrs.Factory(list)
+    attention_mask: TokenRows = token_rows()
+    token_type_ids: TokenRows = token_rows()
     max_seq_len: int = 0
 
 
@@ -202,14 +204,15 @@ class RawOutput:
 
 @attrs.frozen(kw_only=True)
 class ItemOutcome:
-    """What the sidecar does with one item; with `raw_output` set, `result_msgpack` stays empty."""
+    """What the sidecar does with one item; with `raw_output` set, `result_msgpack` stays empty. The result
+    body is packed only when the outcome crosses the IPC socket (wire.payload)."""
 
     work_item_id: str
     request_id: str
     item_index: int
     disposition: str
     nak_delay_ms: int = 0
-    result_msgpack: bytes | None = None
+    result_msgpack: ResultBody | None = attrs.field(default=None, converter=result_body)
     error: str | None = None
     error_code: str | None = None
     inference_ms: float = 0.0

@@ -11,6 +11,7 @@ from typing import Any, Final
 import attrs
 
 from sie.wire._fields import omittable
+from sie.wire.payload import ResultBody, result_body
 
 OPERATION_ENCODE: Final = "encode"
 OPERATION_SCORE: Final = "score"
@@ -88,13 +89,14 @@ class UnitCounts:
 
 @attrs.frozen(kw_only=True)
 class WorkResult:
-    """The outcome of one work item; `result_msgpack` holds the public result bytes, opaque to the gateway."""
+    """The outcome of one work item; `result_msgpack` holds the public result body, packed only when the
+    result crosses NATS (wire.payload)."""
 
     work_item_id: str
     request_id: str
     item_index: int
     success: bool
-    result_msgpack: bytes | None = omittable()
+    result_msgpack: ResultBody | None = omittable(converter=result_body)
     error: str | None = omittable()
     error_code: str | None = omittable()
     inference_ms: float | None = omittable()

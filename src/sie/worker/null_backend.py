@@ -9,7 +9,6 @@ import time
 import numpy as np
 
 from sie.catalog import Catalog
-from sie.wire import packb
 from sie.wire.ipc_batch import DISPOSITION_PUBLISH_AND_ACK, BatchOutcome, ItemOutcome, RunBatchRequest
 from sie.wire.ipc_control import (
     MODEL_STATE_READY,
@@ -28,11 +27,13 @@ from sie.wire.ipc_control import (
     WorkerCapabilitiesRequest,
     WorkerCapabilitiesResponse,
 )
+from sie.wire.payload import ResultBody
 
+# One result body per operation, shared by every item: read-only values, packed at most once.
 _RESULTS = {
-    "encode": packb({"dense": {"dims": 1, "dtype": "float32", "values": np.zeros(1, dtype=np.float32)}}),
-    "score": packb([]),
-    "extract": packb({"entities": [], "relations": [], "classifications": [], "objects": [], "data": {}}),
+    "encode": ResultBody.of({"dense": {"dims": 1, "dtype": "float32", "values": np.zeros(1, dtype=np.float32)}}),
+    "score": ResultBody.of([]),
+    "extract": ResultBody.of({"entities": [], "relations": [], "classifications": [], "objects": [], "data": {}}),
 }
 
 

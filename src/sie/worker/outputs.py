@@ -9,7 +9,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-OUTPUT_DTYPES = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
+from sie.wire.http import OUTPUT_DTYPES
+
 POOLING_MODES = ("mean", "cls", "last")
 _SPARSE_ALLOWED = ("float32", "float16")
 

@@ -1,8 +1,9 @@
 """The batch execution API: one RunBatch (one model, one operation) through the model's adapter,
 off the event loop, answered with one outcome per item.
 
-`execute` returns Python results for in-process callers (no msgpack round-trip in `--role all`);
-`to_batch_outcome` frames the same results as the IPC BatchOutcome the sidecar expects.
+`execute` returns Python results; `to_batch_outcome` frames them as the IPC BatchOutcome the sidecar
+expects, each item's result as a ResultBody value that is packed only if it crosses the IPC socket (in
+`--role all` it never is).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from sie.wire import codes, packb
+from sie.wire import codes
 from sie.wire.ipc_batch import (
     DISPOSITION_NAK_RETRY,
     DISPOSITION_PUBLISH_AND_ACK,
@@ -26,6 +27,7 @@ from sie.wire.ipc_batch import (
     ItemOutcome,
     RunBatchRequest,
 )
+from sie.wire.payload import ResultBody
 from sie.wire.queue import UnitCounts
 from sie.worker.adapters import BatchResult, ItemResult
 from sie.worker.manager import ModelManager
@@ -114,7 +116,7 @@ def _outcome(item: Any, result: ItemResult, batch: BatchResult) -> ItemOutcome:
             request_id=item.request_id,
             item_index=item.item_index,
             disposition=DISPOSITION_PUBLISH_AND_ACK,
-            result_msgpack=packb(result.result),
+            result_msgpack=ResultBody.of(result.result),
             **timings,
         )
     return ItemOutcome(

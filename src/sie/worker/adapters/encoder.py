@@ -13,8 +13,8 @@ import numpy as np
 
 from sie.tokenization import PaddedBatch, TokenizedText, pad_batch, prepare_text
 from sie.wire import codes
+from sie.wire.http import OUTPUT_DTYPES
 from sie.worker.adapters.base import Adapter, BatchResult, ItemResult, Stopwatch, invalid
-from sie.worker.outputs import OUTPUT_DTYPES
 
 
 @attrs.frozen
@@ -114,10 +114,7 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
             return None
         if self.runtime_options.get("instruction") and not item.instruction:
             return None
-        ids = tokens.input_ids[0]
-        type_ids = tokens.token_type_ids[0] if tokens.token_type_ids else [0] * len(ids)
-        special = self.tokenizer.special_ids
-        return TokenizedText(ids, type_ids, [int(i in special) for i in ids], [], False)
+        return self.tokenizer.prepared(tokens.input_ids[0], tokens.token_type_ids[0] if tokens.token_type_ids else None)
 
     def _tokens(self, specs: Sequence[EncodeSpec]) -> list[TokenizedText]:
         missing = [index for index, spec in enumerate(specs) if spec.prepared is None]

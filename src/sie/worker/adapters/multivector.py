@@ -21,7 +21,7 @@ class MultivectorAdapter(TextEncoderAdapter):
     def __init__(self, context: AdapterContext) -> None:
         super().__init__(context)
         self._token_states = first_output(self.session, rank=3, preferred=("last_hidden_state", "token_embeddings"))
-        self._special = np.fromiter(self.tokenizer.special_ids, dtype=np.int64)
+        self._special = self.tokenizer.special_id_array
 
     def forward(self, batch: PaddedBatch) -> list[np.ndarray]:
         return self.run_session(bert_feeds(batch), [self._token_states])
