@@ -2,7 +2,7 @@
 `all` and `distributed` topologies over HTTP, interleaved for `--rounds` rounds, medians with ratios.
 
     .venv/bin/python scripts/bench/serve.py [--rounds 3] [--mode all|distributed|both] [--backend onnx|null]
-        [--http-server hypercorn|uvicorn|hypercorn,uvicorn]
+        [--http-server hypercorn|uvicorn|hypercorn,uvicorn] [--compare-src OTHER_CHECKOUT/src]
 
 Per round: the raw in-process ceiling at batch 32 (best of 1 and 2 intra-op threads) and at batch 1;
 then per topology: 32 concurrent clients × 1 sentence per request, 1 client × batches of 32,
@@ -11,6 +11,8 @@ client keeps sending until `--load-seconds` have passed, so all of them are acti
 With `--backend null` the worker runs no model and the table shows the items/s the gateway → queue →
 sidecar → IPC path carries (32 clients × 32 items).
 Each topology runs once per `--http-server` (default both: rows `all/hypercorn: …`, `all/uvicorn: …`).
+`--compare-src` adds the `all` topology of another checkout (rows `before/all/…`), interleaved with this
+one's in the same rounds: a before/after comparison on one machine at one time.
 The servers run in their own processes, the load generator in this one.
 """
 
@@ -121,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=2.0, help="time per raw onnxruntime measurement")
     parser.add_argument("--server-arg", action="append", default=[], help="extra `sie run` argument (repeatable)")
     parser.add_argument(
+        "--compare-src",
+        type=Path,
+        help="`src/` of another checkout whose `all` topology runs beside this one's (rows `before/…`)",
+    )
+    parser.add_argument(
         "--http-server",
         default="hypercorn,uvicorn",
         help="SIE_HTTP_SERVER of the topologies: hypercorn, uvicorn, or both comma-separated (default both)",
@@ -134,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     topologies = [
         Topology(kind, args.model, args.backend, args.server_arg, server) for kind in kinds for server in servers
     ]
+    if args.compare_src is not None:
+        source = args.compare_src.resolve()
+        topologies += [Topology("all", args.model, args.backend, args.server_arg, server, source) for server in servers]
     scenarios = null_scenarios if args.backend == "null" else model_scenarios
     try:
         for topology in topologies:
@@ -145,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
             for topology in topologies:
                 runs = scenarios(topology.url, args.model, args.clients, args.load_seconds)
                 label = topology.kind if len(servers) == 1 else f"{topology.kind}/{topology.http_server}"
+                if topology.source is not None:
+                    label = f"before/{label}"
                 measured.update({f"{label}: {name}": stats for name, stats in runs.items()})
             rounds.append(measured)
         report(rounds)

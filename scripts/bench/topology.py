@@ -65,11 +65,24 @@ def _nats(directory: Path) -> tuple[subprocess.Popen, str]:
 
 
 class Topology:
-    """One running topology: `url` serves the HTTP API; `stop()` ends every process."""
+    """One running topology: `url` serves the HTTP API; `stop()` ends every process.
 
-    def __init__(self, kind: str, model: str, backend: str, extra: list[str], http_server: str = "hypercorn") -> None:
+    `source` is another checkout's `src/` directory to run instead of this one (an `all` topology only, for
+    before/after comparisons in one run; its catalogue is that checkout's `config/`).
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        model: str,
+        backend: str,
+        extra: list[str],
+        http_server: str = "hypercorn",
+        source: Path | None = None,
+    ) -> None:
         self.kind = kind
         self.http_server = http_server
+        self.source = source
         self.directory = Path(tempfile.mkdtemp(prefix=f"sie-bench-{kind}-"))
         self.processes: list[subprocess.Popen] = []
         port = free_port()
@@ -77,9 +90,13 @@ class Topology:
         http = ["--host", HOST, "--port", str(port)]
         common = ["--preload", model, "--backend", backend]
         server = {"SIE_HTTP_SERVER": http_server}
+        if source is not None:
+            server["PYTHONPATH"] = str(source)
         if kind == "all":
             self.processes.append(_sie("all", http + common + extra, server, self.directory / "all.log"))
             return
+        if source is not None:
+            raise SystemExit("--compare-src runs the `all` topology only")
         nats, nats_url = _nats(self.directory)
         self.processes.append(nats)
         socket_env = {"SIE_IPC_SOCKET_PATH": str(self.directory / "worker.sock")}
