@@ -152,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         for index in range(args.rounds):
             print(f"round {index + 1}/{args.rounds}", file=sys.stderr)
             measured: dict = dict(ceilings(graph, tokenizer, args.seconds))
-            for topology in topologies:
+            # Each round starts with another topology, so a slow spell on the shared machine hits them alike.
+            shift = index % len(topologies)
+            for topology in topologies[shift:] + topologies[:shift]:
                 runs = scenarios(topology.url, args.model, args.clients, args.load_seconds)
                 label = topology.kind if len(servers) == 1 else f"{topology.kind}/{topology.http_server}"
                 if topology.source is not None:

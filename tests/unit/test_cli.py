@@ -98,7 +98,8 @@ def test_run_refuses_an_unknown_flag(no_sie_variables: None) -> None:
 
 @pytest.mark.parametrize("role", ["gateway", "all"])
 @pytest.mark.parametrize(
-    ("variable", "value"), [("SIE_AUTH_MODE", "token"), ("SIE_AUTH_MODE", "static"), ("SIE_AUTH_TOKENS", "t1")]
+    ("variable", "value"),
+    [("SIE_AUTH_MODE", "token"), ("SIE_AUTH_MODE", "static"), ("SIE_AUTH_TOKENS", "t1"), ("SIE_AUTH_TOKEN", "t1")],
 )
 def test_gateway_roles_refuse_to_serve_unauthenticated_when_auth_is_asked_for(
     monkeypatch, no_sie_variables: None, role: str, variable: str, value: str

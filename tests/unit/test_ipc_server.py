@@ -5,7 +5,7 @@ import pytest
 
 from sie.ipc.errors import IpcProtocolError
 from sie.ipc.methods import METHODS
-from sie.ipc.server import Envelope, error_payload, parse_envelope, response_payload
+from sie.ipc.server import RequestEnvelope, error_payload, parse_envelope, response_payload
 from sie.wire import ipc
 
 
@@ -14,7 +14,7 @@ def frame(**fields) -> bytes:
 
 
 def test_a_valid_envelope():
-    assert parse_envelope(frame(accepts_ipc_response_chunks_v1=True)) == Envelope("ipc-7", "Ping", {}, True)
+    assert parse_envelope(frame(accepts_ipc_response_chunks_v1=True)) == RequestEnvelope("ipc-7", "Ping", {}, True)
 
 
 @pytest.mark.parametrize("value", [1, "true", None, False])
@@ -37,12 +37,12 @@ def test_only_exactly_true_negotiates_chunking(value):
     ],
 )
 def test_envelope_errors(fields: dict, request_id: str, error: str):
-    assert parse_envelope(frame(**fields)) == Envelope(request_id, error=error)
+    assert parse_envelope(frame(**fields)) == RequestEnvelope(request_id, error=error)
 
 
 def test_a_missing_request_id_and_a_null_body_are_tolerated():
     raw = msgpack.packb({"version": 1, "method": "Ping", "body": None})
-    assert parse_envelope(raw) == Envelope("", "Ping", {}, False)
+    assert parse_envelope(raw) == RequestEnvelope("", "Ping", {}, False)
 
 
 @pytest.mark.parametrize("data", [msgpack.packb([1, 2]), msgpack.packb("Ping"), b"", b"\xc1", b"\x81\xa1"])

@@ -8,7 +8,7 @@ import pytest
 
 from sie.settings import BatchingSettings
 from sie.sidecar.admission import Admission
-from sie.sidecar.readiness import Readiness, ReadinessTimings, ReadyModels, progress_interval
+from sie.sidecar.readiness import Readiness, ReadinessOptions, ReadyModels, progress_interval
 from sie.sidecar.settlement import Settler
 from sie.sidecar.work import ReadyModel, Work
 from sie.wire import codes
@@ -46,7 +46,7 @@ class ScriptedWorker:
 
 READY = EnsureModelReadyResponse(state="ready", batch_budget=16, descriptor=ModelDescriptor(max_batch_tokens=999))
 LOADING = EnsureModelReadyResponse(state="loading_in_progress")
-TIMINGS = ReadinessTimings(poll_s=0.005, progress_s=0.01, hold_s=10.0, nak_delay_s=5.0)
+TIMINGS = ReadinessOptions(poll_s=0.005, progress_s=0.01, hold_s=10.0, nak_delay_s=5.0)
 
 
 def works(log: list, count: int = 2) -> list[Work]:
@@ -67,7 +67,7 @@ class Proceeded(list):
         self.append(group)
 
 
-def build(worker: ScriptedWorker, timings: ReadinessTimings = TIMINGS, observe=None):
+def build(worker: ScriptedWorker, timings: ReadinessOptions = TIMINGS, observe=None):
     bus = FakeBus()
     proceeded = Proceeded()
     models = ReadyModels(BatchingSettings(), observe)
@@ -113,7 +113,7 @@ async def test_loading_holds_with_progress_acks_then_proceeds() -> None:
 
 async def test_a_hold_past_load_hold_s_answers_model_loading() -> None:
     log: list = []
-    readiness, bus, proceeded, _ = build(ScriptedWorker(LOADING), ReadinessTimings(0.005, 0.01, 0.02, 5.0))
+    readiness, bus, proceeded, _ = build(ScriptedWorker(LOADING), ReadinessOptions(0.005, 0.01, 0.02, 5.0))
     await readiness.admit("m", works(log))
     await eventually(lambda: len(bus.results) == 2, timeout_s=2.0)
     assert {r.error_code for r in bus.results} == {codes.MODEL_LOADING}

@@ -78,6 +78,17 @@ def test_special_ids(tmp_path: Path) -> None:
     assert TextTokenizer.from_file(tmp_path / "t.json", 8).special_ids == {0, 2, 3}
 
 
+def test_prepared_ids_get_their_special_mask_by_id_and_no_offsets(tmp_path: Path) -> None:
+    vocab = {token: index for index, token in enumerate(VOCAB)}
+    raw = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    raw.add_special_tokens(["[PAD]", "[CLS]", "[SEP]"])
+    raw.save(str(tmp_path / "t.json"))
+    tokenizer = TextTokenizer.from_file(tmp_path / "t.json", 8)
+    prepared = tokenizer.prepared(np.array([2, 4, 5, 3], dtype=np.int64))
+    assert prepared.special_tokens_mask.tolist() == [1, 0, 0, 1]
+    assert prepared.token_type_ids.tolist() == [0, 0, 0, 0] and prepared.offsets == [] and len(prepared) == 4
+
+
 def test_missing_file_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(TokenizerError, match="missing.json"):
         TextTokenizer.from_file(tmp_path / "missing.json", max_length=8)

@@ -23,4 +23,4 @@ def refuse_unbuilt_auth(auth: AuthSettings) -> None:
     if auth.mode != "none":
         raise GatewayAuthUnavailable(f"SIE_AUTH_MODE={auth.mode} asks for gateway auth. {_REMEDY}")
     if auth.tokens:
-        raise GatewayAuthUnavailable(f"SIE_AUTH_TOKENS is set, which asks for gateway auth. {_REMEDY}")
+        raise GatewayAuthUnavailable(f"SIE_AUTH_TOKENS (or SIE_AUTH_TOKEN) asks for gateway auth. {_REMEDY}")

@@ -35,7 +35,7 @@ DRAINING: Final = "draining"
 
 
 @dataclass(frozen=True, slots=True)
-class Envelope:
+class RequestEnvelope:
     """A request envelope that passed framing; `error` is set when it is answered without dispatch."""
 
     request_id: str
@@ -45,7 +45,7 @@ class Envelope:
     error: str | None = None
 
 
-def parse_envelope(frame: bytes) -> Envelope:
+def parse_envelope(frame: bytes) -> RequestEnvelope:
     """Read a request frame; IpcProtocolError (close the connection) when it is not a msgpack map.
 
     A missing request_id reads as "" and a missing or null body as {}, as the reference server does.
@@ -60,13 +60,13 @@ def parse_envelope(frame: bytes) -> Envelope:
     reply_to = request_id if type(request_id) is str else ""
     version = raw.get("version")
     if type(version) is not int or version != IPC_VERSION:
-        return Envelope(reply_to, error=f"unsupported version {version}")
+        return RequestEnvelope(reply_to, error=f"unsupported version {version}")
     method, body = raw.get("method"), raw.get("body")
     body = {} if body is None else body
     if type(method) is not str or type(request_id) is not str or type(body) is not dict:
-        return Envelope(reply_to, error="envelope missing fields")
+        return RequestEnvelope(reply_to, error="envelope missing fields")
     # Exactly `true` negotiates chunking; anything else keeps the legacy one-frame contract.
-    return Envelope(request_id, method, body, raw.get("accepts_ipc_response_chunks_v1") is True)
+    return RequestEnvelope(request_id, method, body, raw.get("accepts_ipc_response_chunks_v1") is True)
 
 
 def response_payload(request_id: str, body: Any) -> bytes:
@@ -221,14 +221,14 @@ class IpcServer:
             return DRAINING
         return None
 
-    async def _answer_in_background(self, connection: _Connection, envelope: Envelope, method: Method) -> None:
+    async def _answer_in_background(self, connection: _Connection, envelope: RequestEnvelope, method: Method) -> None:
         payload = await self._call(envelope, method)
         try:
             await self._send(connection, envelope, payload)
         except OSError as exc:
             logger.info("IPC peer left before the answer to %s %s: %s", envelope.method, envelope.request_id, exc)
 
-    async def _call(self, envelope: Envelope, method: Method) -> bytes:
+    async def _call(self, envelope: RequestEnvelope, method: Method) -> bytes:
         """The serialized answer to one call; a handler failure becomes an error response, never a crash."""
         try:
             request = structure(envelope.body, method.request_type)
@@ -243,7 +243,7 @@ class IpcServer:
             logger.exception("IPC method %s failed", envelope.method)
             return error_payload(envelope.request_id, f"{type(exc).__name__}: {exc}")
 
-    async def _send(self, connection: _Connection, envelope: Envelope, payload: bytes) -> None:
+    async def _send(self, connection: _Connection, envelope: RequestEnvelope, payload: bytes) -> None:
         """Write one response: one frame, or v1 chunks when it is over the frame limit and the caller accepts them."""
         frames: Iterable[bytes] = (payload,)
         if len(payload) > self.limits.max_frame_bytes:

@@ -47,8 +47,9 @@ class Env:
     aliases: tuple[str, ...] = ()
     shown_default: str | None = None
     secret: bool = False
-    roles: tuple[str, ...] = attrs.field(kw_only=True, validator=attrs.validators.deep_iterable(
-        attrs.validators.in_(ROLES)))
+    roles: tuple[str, ...] = attrs.field(
+        kw_only=True, validator=attrs.validators.deep_iterable(attrs.validators.in_(ROLES))
+    )
     read_by: tuple[str, ...] = attrs.field(kw_only=True, validator=attrs.validators.min_len(1))
 
     @flag.default

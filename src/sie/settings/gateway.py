@@ -53,8 +53,7 @@ class GatewaySettings:
         Env(
             "SIE_GATEWAY_MAX_STREAM_PENDING",
             integer(minimum=1),
-            "Pool-wide backpressure: pending messages in `WORK_POOL_{pool}` above which requests get 503 "
-            "QUEUE_FULL.",
+            "Pool-wide backpressure: pending messages in `WORK_POOL_{pool}` above which requests get 503 QUEUE_FULL.",
             roles=_GATEWAY_ROLES,
             read_by=("sie.gateway.app",),
         ),

@@ -53,8 +53,9 @@ def progress_interval(ack_wait_s: float, nak_delay_s: float) -> float:
 
 
 @attrs.frozen
-class ReadinessTimings:
-    """The readiness stage's clocks, from the stream and sidecar settings, and the worker id its replies carry."""
+class ReadinessOptions:
+    """How the readiness stage paces itself (from the stream and sidecar settings) and the worker id its
+    replies carry."""
 
     poll_s: float
     progress_s: float
@@ -63,7 +64,7 @@ class ReadinessTimings:
     worker_id: str = "worker-unknown"
 
     @classmethod
-    def from_settings(cls, stream: StreamSettings, sidecar: SidecarSettings, worker_id: str) -> ReadinessTimings:
+    def from_settings(cls, stream: StreamSettings, sidecar: SidecarSettings, worker_id: str) -> ReadinessOptions:
         return cls(
             poll_s=min(POLL_INTERVAL_S, stream.ack_wait_s / 4.0),
             progress_s=progress_interval(stream.ack_wait_s, stream.nak_delay_s),
@@ -125,15 +126,15 @@ class Readiness:
         settler: Settler,
         models: ReadyModels,
         out: Outbox[ReadyGroup],
-        timings: ReadinessTimings,
+        options: ReadinessOptions,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._worker = worker
         self._settler = settler
         self._models = models
         self._out = out
-        self._timings = timings
-        self._worker_id = timings.worker_id
+        self._options = options
+        self._worker_id = options.worker_id
         self._holds: dict[str, _Hold] = {}
         self._clock = clock
 
@@ -145,7 +146,7 @@ class Readiness:
                 await self.admit(model_id, works)
             except Exception:  # noqa: BLE001 - a stage bug must not stop the lane; the group goes back
                 logger.exception("admitting %d items of %s failed", len(works), model_id)
-                await self._settler.nak(works, self._timings.nak_delay_s)
+                await self._settler.nak(works, self._options.nak_delay_s)
 
     async def admit(self, model_id: str, works: list[Work]) -> None:
         """Route one model's admitted work by the worker's readiness answer."""
@@ -159,7 +160,7 @@ class Readiness:
             return
         response = await self._ask(model_id)
         if response is None:
-            await self._settler.nak(works, self._timings.nak_delay_s)
+            await self._settler.nak(works, self._options.nak_delay_s)
         elif response.state == MODEL_STATE_READY:
             await self._proceed(self._models.get(model_id), works)
         elif response.state in LOADING_STATES:
@@ -172,20 +173,17 @@ class Readiness:
 
     async def release_holds(self) -> None:
         """Give every held item back (drain): NAK without delay, so another worker may take it."""
-        holds, self._holds = list(self._holds.values()), {}
-        for hold in holds:
-            if hold.task is not None:
-                hold.task.cancel()
-        await asyncio.gather(*(hold.task for hold in holds if hold.task), return_exceptions=True)
-        for hold in holds:
+        for hold in await self.close():
             await self._settler.nak(hold.works, 0.0)
 
-    async def close(self) -> None:
+    async def close(self) -> list[_Hold]:
+        """Stop watching every loading model; returns the holds, whose work is still unsettled."""
         holds, self._holds = list(self._holds.values()), {}
         for hold in holds:
             if hold.task is not None:
                 hold.task.cancel()
         await asyncio.gather(*(hold.task for hold in holds if hold.task), return_exceptions=True)
+        return holds
 
     async def _ask(self, model_id: str) -> EnsureModelReadyResponse | None:
         """The worker's answer, recorded in `ReadyModels`; None when the IPC call failed."""
@@ -227,12 +225,12 @@ class Readiness:
             logger.exception("watching the load of %s failed", model_id)
             if self._holds.get(model_id) is hold:
                 del self._holds[model_id]
-            await self._settler.nak(hold.works, self._timings.nak_delay_s)
+            await self._settler.nak(hold.works, self._options.nak_delay_s)
 
     async def _poll_until_settled(self, model_id: str, hold: _Hold) -> None:
         """Re-check readiness until the model is ready or the answer settles the held work."""
         while True:
-            await asyncio.sleep(self._timings.poll_s)  # the load's pace, not the request path
+            await asyncio.sleep(self._options.poll_s)  # the load's pace, not the request path
             response = await self._ask(model_id)
             state = response.state if response is not None else MODEL_STATE_LOADING_IN_PROGRESS
             if state in LOADING_STATES:
@@ -248,11 +246,11 @@ class Readiness:
 
     async def _keep_holding(self, hold: _Hold) -> None:
         now = self._clock()
-        expired = [work for work in hold.works if now - work.held_since >= self._timings.hold_s]
+        expired = [work for work in hold.works if now - work.held_since >= self._options.hold_s]
         if expired:
-            hold.works = [work for work in hold.works if now - work.held_since < self._timings.hold_s]
+            hold.works = [work for work in hold.works if now - work.held_since < self._options.hold_s]
             await self._settler.reply([(work, model_loading_result(work.item, self._worker_id)) for work in expired])
-        if now - hold.progressed >= self._timings.progress_s:
+        if now - hold.progressed >= self._options.progress_s:
             hold.progressed = now
             await self._settler.in_progress(hold.works, now)
 
@@ -262,7 +260,7 @@ class Readiness:
             return
         reply = self._reply_for(response)
         if reply is None:
-            await self._settler.nak(works, self._timings.nak_delay_s)
+            await self._settler.nak(works, self._options.nak_delay_s)
             return
         await self._settler.reply([(work, reply(work)) for work in works])
 

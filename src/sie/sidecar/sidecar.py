@@ -22,7 +22,7 @@ from sie.sidecar.consumer import Consumer, ConsumerOptions
 from sie.sidecar.dispatcher import BatchDispatcher
 from sie.sidecar.hashgate import WorkerHash
 from sie.sidecar.prep import Preparer
-from sie.sidecar.readiness import Observe, Readiness, ReadinessTimings, ReadyModels
+from sie.sidecar.readiness import Observe, Readiness, ReadinessOptions, ReadyModels
 from sie.sidecar.scheduler import Scheduler
 from sie.sidecar.settlement import Settler
 from sie.sidecar.work import AdmittedGroup, Channel, ReadyGroup, Work
@@ -104,8 +104,8 @@ def build_pipeline(
     prepared: Channel[ReadyGroup] = Channel(CHANNEL_GROUPS)
     options = ConsumerOptions(config.sidecar.fetch_budget, stream.nak_delay_s, config.worker_id)
     consumer = Consumer(lane, admission, settler, WorkerHash(worker), admitted, options)
-    timings = ReadinessTimings.from_settings(stream, config.sidecar, config.worker_id)
-    readiness = Readiness(worker, settler, models, ready, timings)
+    readiness_options = ReadinessOptions.from_settings(stream, config.sidecar, config.worker_id)
+    readiness = Readiness(worker, settler, models, ready, readiness_options)
     preparer = Preparer(executor, prepared, lambda works: settler.nak(works, stream.nak_delay_s))
     scheduler = Scheduler(dispatcher.dispatch, batching.max_batch_wait_s, config.max_inflight_batches)
     return Pipeline(admission, settler, dispatcher, consumer, readiness, preparer, scheduler, admitted, ready, prepared)

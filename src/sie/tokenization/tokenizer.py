@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import attrs
 import blake3
@@ -29,27 +28,43 @@ def tokenizer_id_for(tokenizer_json: bytes) -> str:
     return blake3.blake3(tokenizer_json).hexdigest()[:TOKENIZER_ID_HEX_CHARS]
 
 
-def _arrays_equal(left: np.ndarray, right: np.ndarray) -> bool:
-    return bool(np.array_equal(left, right))
-
-
-def _ids() -> Any:
-    return attrs.field(eq=attrs.cmp_using(eq=_arrays_equal))
-
-
-@attrs.frozen
 class TokenizedText:
-    """One encoded input, unpadded: int64 id arrays, a 0/1 special-token mask and character offsets.
-    `truncated` says the text was longer than `max_length` tokens."""
+    """One encoded input, unpadded: int64 id arrays; `truncated` says the text was longer than `max_length`
+    tokens. The special-token mask and the character offsets are derived only for the adapters that read
+    them (token-level outputs), from the tokenizer's table and its own encoding."""
 
-    input_ids: np.ndarray = _ids()
-    token_type_ids: np.ndarray = _ids()
-    special_tokens_mask: np.ndarray = _ids()
-    offsets: list[tuple[int, int]]
-    truncated: bool
+    __slots__ = ("_encoding", "_special_table", "input_ids", "token_type_ids", "truncated")
+
+    def __init__(
+        self,
+        input_ids: np.ndarray,
+        token_type_ids: np.ndarray,
+        special_table: np.ndarray,
+        truncated: bool = False,
+        encoding: tokenizers.Encoding | None = None,
+    ) -> None:
+        self.input_ids = input_ids
+        self.token_type_ids = token_type_ids
+        self.truncated = truncated
+        self._special_table = special_table
+        self._encoding = encoding
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+    @property
+    def special_tokens_mask(self) -> np.ndarray:
+        """1 where the token is a special one ([CLS], [SEP], ...): as the tokenizer marked it, or by id for
+        ids made elsewhere."""
+        if self._encoding is not None:
+            return np.array(self._encoding.special_tokens_mask, dtype=np.int8)
+        # `clip`: an id past the vocabulary (from a broken peer) fails in the graph, not here.
+        return np.take(self._special_table, self.input_ids, mode="clip")
+
+    @property
+    def offsets(self) -> list[tuple[int, int]]:
+        """Character offsets of each token in its text; `[]` for ids made elsewhere (no text at hand)."""
+        return self._encoding.offsets if self._encoding is not None else []
 
 
 @attrs.frozen
@@ -75,6 +90,10 @@ class TextTokenizer:
         # Ids of the special tokens ([CLS], [SEP], [PAD], ...), excluded from token-level outputs.
         self.special_ids = frozenset(token_id for token_id, token in decoder.items() if token.special)
         self.special_id_array = np.fromiter(sorted(self.special_ids), dtype=np.int64)
+        # 1 at every special id: a text's special-token mask is one lookup, with no Python per token.
+        size = max(tokenizer.get_vocab_size(with_added_tokens=True), max(self.special_ids, default=0) + 1)
+        self._special_table = np.zeros(size, dtype=np.int8)
+        self._special_table[self.special_id_array] = 1
 
     @classmethod
     def from_file(cls, path: Path, max_length: int) -> TextTokenizer:
@@ -96,23 +115,17 @@ class TextTokenizer:
 
     def encode_batch(self, texts: Sequence[str | tuple[str, str]]) -> list[TokenizedText]:
         """Encode texts (or `(query, document)` pairs) in one call, truncated to `max_length`."""
-        encodings = self._tokenizer.encode_batch(list(texts))
-        return [
-            TokenizedText(
-                input_ids=np.array(encoding.ids, dtype=np.int64),
-                token_type_ids=np.array(encoding.type_ids, dtype=np.int64),
-                special_tokens_mask=np.array(encoding.special_tokens_mask, dtype=np.int8),
-                offsets=encoding.offsets,
-                truncated=bool(encoding.overflowing),
-            )
-            for encoding in encodings
-        ]
+        return [self._tokenized(encoding) for encoding in self._tokenizer.encode_batch(list(texts))]
 
     def prepared(self, input_ids: np.ndarray, token_type_ids: np.ndarray | None = None) -> TokenizedText:
-        """A TokenizedText for ids this tokenizer made elsewhere (the sidecar's prepared tokens); no offsets."""
+        """A TokenizedText for ids this tokenizer made elsewhere (the sidecar's prepared tokens)."""
         type_ids = token_type_ids if token_type_ids is not None else np.zeros_like(input_ids)
-        special = np.isin(input_ids, self.special_id_array).astype(np.int8)
-        return TokenizedText(input_ids, type_ids, special, [], False)
+        return TokenizedText(input_ids, type_ids, self._special_table)
+
+    def _tokenized(self, encoding: tokenizers.Encoding) -> TokenizedText:
+        ids = np.array(encoding.ids, dtype=np.int64)
+        type_ids = np.array(encoding.type_ids, dtype=np.int64)
+        return TokenizedText(ids, type_ids, self._special_table, bool(encoding.overflowing), encoding)
 
 
 def pad_batch(

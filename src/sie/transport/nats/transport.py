@@ -22,7 +22,7 @@ from sie.transport.nats.cache import TtlCache
 from sie.transport.nats.connection import Connection
 from sie.transport.nats.consumer import LaneFetcher
 from sie.transport.nats.streams import StreamRegistry
-from sie.transport.nats.work import WorkPublisher
+from sie.transport.nats.work import StreamPublisher
 from sie.wire.queue import WorkItem, WorkResult
 
 ACK_DRAIN_TIMEOUT_S = 6.0  # seed 000 §8.2: one request's ACKs drain within six seconds
@@ -39,7 +39,7 @@ class _Parts:
 
     connection: Connection
     streams: StreamRegistry
-    work: WorkPublisher
+    work: StreamPublisher
     bus: NatsBus
 
 
@@ -67,7 +67,7 @@ class NatsTransport:
         self._entered = True
         connection = await Connection.open(self.nats_settings, self._name)
         streams = StreamRegistry(connection, self.settings)
-        work = WorkPublisher(connection, streams)
+        work = StreamPublisher(connection, streams)
         try:
             await work.start()
         except BaseException:

@@ -27,7 +27,7 @@ from sie.wire.queue import WorkItem
 PENDING_TTL_S = 0.05
 
 
-class WorkPublisher:
+class StreamPublisher:
     """publish_work and pending for every pool on one connection."""
 
     def __init__(self, connection: Connection, streams: StreamRegistry) -> None:
