@@ -9,44 +9,29 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-import attrs
-
+from sie.settings._docs import describe_settings
 from sie.settings._load import Settings, SettingsError, load_settings, unrecognised_variables
-from sie.settings._spec import ROLES, SPEC_KEY, Env
+from sie.settings._spec import ROLES
 
 ROLE_FLAG = "--role"
 ROLE_VARIABLE = "SIE_ROLE"
 DEFAULT_ROLE = "all"
 
 
-@attrs.frozen
-class _Declared:
-    path: str
-    spec: Env
-
-
-def _declared() -> list[_Declared]:
-    return [
-        _Declared(f"{group_field.name}.{field.name}", field.metadata[SPEC_KEY])
-        for group_field in attrs.fields(Settings)
-        for field in attrs.fields(group_field.type)
-    ]
-
-
-_DECLARED = _declared()
+_DECLARED = describe_settings()
 
 
 def flag_paths(role: str) -> dict[str, str]:
     """`{flag: setting path}` of every flag `sie run --role ROLE` accepts."""
-    return {item.spec.flag: item.path for item in _DECLARED if item.spec.flag and role in item.spec.roles}
+    return {doc.flag: doc.path for doc in _DECLARED if doc.flag and role in doc.roles}
 
 
 def _roles_of_flag(flag: str) -> list[str]:
-    return [role for role in ROLES if any(item.spec.flag == flag and role in item.spec.roles for item in _DECLARED)]
+    return [role for role in ROLES if any(doc.flag == flag and role in doc.roles for doc in _DECLARED)]
 
 
 def _is_boolean(flag: str) -> bool:
-    return any(item.spec.flag == flag and item.spec.parse.kind == "boolean" for item in _DECLARED)
+    return any(doc.flag == flag and doc.type == "boolean" for doc in _DECLARED)
 
 
 def _role_flag(arguments: list[str]) -> str | None:
@@ -115,12 +100,12 @@ def inapplicable_variables(role: str, environ: Mapping[str, str]) -> list[str]:
     Names outside `SIE_*` (HOSTNAME, POD_NAME) belong to the platform and are never refused.
     """
     problems = []
-    for item in _DECLARED:
-        if role in item.spec.roles:
+    for doc in _DECLARED:
+        if role in doc.roles:
             continue
-        for name in (item.spec.name, *item.spec.aliases):
+        for name in (doc.env, *doc.aliases):
             if name.startswith("SIE_") and (environ.get(name) or "").strip():
-                roles = ", ".join(item.spec.roles)
+                roles = ", ".join(doc.roles)
                 problems.append(f"{name} does not apply to role {role!r} (it is read by role {roles}); unset it")
     return problems
 
