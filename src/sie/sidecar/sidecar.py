@@ -143,12 +143,6 @@ class Sidecar:
         return cls(transport, worker, lane, SidecarConfig.from_settings(settings), observe)
 
     @property
-    def pipeline(self) -> Pipeline:
-        if self._pipeline is None:
-            raise RuntimeError("the sidecar is not running; enter it with `async with`")
-        return self._pipeline
-
-    @property
     def pending(self) -> int:
         """Work items admitted and not yet settled."""
         return self._pipeline.admission.total if self._pipeline else 0
@@ -212,7 +206,7 @@ class Sidecar:
         self._loops = [loop.create_task(work, name=f"sie-sidecar-{self.lane.pool}") for work in pipeline.loops()]
         for task in self._loops:
             stack.push_async_callback(_cancel, task)
-        self._consumer_task = self._loops[0]
+        self._consumer_task = self._loops[0]  # `loops()` lists the consumer first
 
     async def _stop_fetching(self) -> None:
         if self._pipeline is None or self._consumer_task is None:
