@@ -25,6 +25,7 @@ from sie.settings.control import CatalogSettings, ConfigServiceSettings, ConfigS
 from sie.settings.gateway import AuthSettings, GatewaySettings
 from sie.settings.identity import LaneSettings, ProcessSettings
 from sie.settings.messaging import NatsSettings, StreamSettings
+from sie.settings.placement import PlacementSettings
 from sie.settings.sidecar import BatchingSettings, SidecarSettings
 from sie.settings.telemetry import TelemetrySettings
 from sie.settings.worker import WorkerSettings
@@ -39,6 +40,7 @@ __all__ = [
     "GroupDoc",
     "LaneSettings",
     "NatsSettings",
+    "PlacementSettings",
     "ProcessSettings",
     "SettingDoc",
     "Settings",

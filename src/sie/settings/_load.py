@@ -17,6 +17,7 @@ from sie.settings.control import CatalogSettings, ConfigServiceSettings, ConfigS
 from sie.settings.gateway import AuthSettings, GatewaySettings
 from sie.settings.identity import LaneSettings, ProcessSettings
 from sie.settings.messaging import NatsSettings, StreamSettings
+from sie.settings.placement import PlacementSettings
 from sie.settings.sidecar import BatchingSettings, SidecarSettings
 from sie.settings.telemetry import TelemetrySettings
 from sie.settings.worker import WorkerSettings
@@ -38,6 +39,7 @@ class Settings:
     sidecar: SidecarSettings = group(SidecarSettings, "Sidecar")
     batching: BatchingSettings = group(BatchingSettings, "Batching")
     worker: WorkerSettings = group(WorkerSettings, "Worker")
+    placement: PlacementSettings = group(PlacementSettings, "Placement")
     telemetry: TelemetrySettings = group(TelemetrySettings, "Telemetry")
 
 

@@ -114,6 +114,11 @@ def _float_parser(kind: str, bounds: _Bounds, scale: float = 1.0) -> Parser:
     return Parser(f"{kind}{bounds.describe()}", convert, render)
 
 
+def number(*, positive: bool = False, maximum: float | None = None) -> Parser:
+    """A finite float >= 0 (or > 0 when `positive`)."""
+    return _float_parser("number", _Bounds(0.0, maximum, low_open=positive))
+
+
 def seconds(*, positive: bool = False, maximum: float | None = None) -> Parser:
     """A duration in float seconds, >= 0 (or > 0 when `positive`)."""
     return _float_parser("seconds", _Bounds(0.0, maximum, low_open=positive))
