@@ -302,3 +302,27 @@ async def test_a_batch_waiting_for_the_late_cut_goes_when_the_running_one_return
         await eventually(lambda: worker.running == 0, timeout_s=2.0, interval_s=0)
     finally:
         await scheduler.close()
+
+
+async def test_a_model_on_two_replicas_sends_a_second_batch_while_the_first_runs() -> None:
+    worker = _SlowWorker()
+    replicas = {"m": 2}
+    scheduler = Scheduler(worker.dispatch, max_wait_s=0.5, max_inflight=1, replicas=replicas.__getitem__)
+    try:
+        ready = model(max_cost=1000, max_items=64)
+        scheduler.submit(ready, [work(0, 1, time.monotonic())])
+        await eventually(lambda: worker.sizes == [1], timeout_s=2.0, interval_s=0)
+        # One replica is busy, the other idle: the next arrival goes at once instead of filling a batch.
+        scheduler.submit(ready, [work(1, 1, time.monotonic())])
+        await eventually(lambda: worker.sizes == [1, 1], timeout_s=0.4, interval_s=0)
+        # Both busy: arrivals wait for a free replica (at most max_inflight per replica run).
+        scheduler.submit(ready, [work(2, 1, time.monotonic())])
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert worker.max_running == 2 and scheduler.pending_count() == 1
+        replicas["m"] = 3  # a third replica appears: the model may run one more batch at once
+        scheduler.submit(ready, [work(3, 1, time.monotonic())])
+        await eventually(lambda: worker.running == 3, timeout_s=2.0, interval_s=0)
+    finally:
+        worker.release.set()
+        await scheduler.close()

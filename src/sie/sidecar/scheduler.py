@@ -226,15 +226,26 @@ class _ModelSlot:
 
 
 class Scheduler:
-    """Drives the formers: `submit` queues prepared work; per model, `max_inflight` loops each take the
-    next batch the moment they are free and await the dispatch (continuous batching)."""
+    """Drives the formers: `submit` queues prepared work; per model, `max_inflight` loops per replica each
+    take the next batch the moment they are free and await the dispatch (continuous batching).
+
+    `replicas(model_id)` says how many worker children run the model at once (1 without placement): the
+    model counts as busy only while every replica has a batch, and the late cut (`WorkerPace`), which
+    assumes one worker running batches one by one, applies only to a single replica.
+    """
 
     def __init__(
-        self, dispatch: Dispatch, max_wait_s: float, max_inflight: int = 1, clock: Callable[[], float] = time.monotonic
+        self,
+        dispatch: Dispatch,
+        max_wait_s: float,
+        max_inflight: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+        replicas: Callable[[str], int] | None = None,
     ) -> None:
         self._dispatch = dispatch
         self._max_wait_s = max_wait_s
         self._max_inflight = max(1, max_inflight)
+        self._replicas = replicas or _one_replica
         self._models: dict[str, _ModelSlot] = {}
         self.clock = clock
 
@@ -248,7 +259,8 @@ class Scheduler:
         """Queue prepared work of a ready model and wake its loops; never blocks."""
         slot = self._models.get(model.model_id)
         if slot is None:
-            slot = self._start(model)
+            slot = self._models[model.model_id] = _ModelSlot(BatchFormer(model, self._max_wait_s))
+        self._grow(slot, model.model_id)
         slot.former.model = model  # limits follow the latest readiness answer
         slot.former.add(works, self.clock())
         slot.wakeup.set()
@@ -279,20 +291,26 @@ class Scheduler:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._models.clear()
 
-    def _start(self, model: ReadyModel) -> _ModelSlot:
-        slot = _ModelSlot(BatchFormer(model, self._max_wait_s))
-        self._models[model.model_id] = slot
+    def _grow(self, slot: _ModelSlot, model_id: str) -> None:
+        """Start loops until the model has `max_inflight` per replica (loops beyond a shrunk limit idle)."""
         loop = asyncio.get_running_loop()
-        slot.tasks = [
-            loop.create_task(self._run(slot), name=f"sie-sidecar-batch-{model.model_id}-{index}")
-            for index in range(self._max_inflight)
-        ]
-        return slot
+        while len(slot.tasks) < self._limit(model_id):
+            index = len(slot.tasks)
+            slot.tasks.append(loop.create_task(self._run(slot), name=f"sie-sidecar-batch-{model_id}-{index}"))
+
+    def _limit(self, model_id: str) -> int:
+        return self._max_inflight * max(1, self._replicas(model_id))
 
     async def _run(self, slot: _ModelSlot) -> None:
         while True:
             now = self.clock()
-            busy, cut_at = bool(slot.running), slot.pace.cut_at(slot.running)
+            model_id = slot.former.model.model_id
+            if len(slot.running) >= self._limit(model_id):
+                await self._sleep_until_work(slot, None, now)  # replicas went away: this loop idles
+                continue
+            replicas = max(1, self._replicas(model_id))
+            busy = len(slot.running) >= replicas
+            cut_at = slot.pace.cut_at(slot.running) if replicas == 1 else None
             batch = slot.former.take(now, busy, cut_at)
             if batch is None:
                 await self._sleep_until_work(slot, slot.former.wake_at(now, busy, cut_at), now)
@@ -317,3 +335,7 @@ class Scheduler:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wake_at - now):
                 await slot.wakeup.wait()
+
+
+def _one_replica(model_id: str) -> int:
+    return 1

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, Final
 
@@ -53,6 +53,14 @@ class SidecarConfig:
 
 
 @attrs.frozen
+class WorkerHooks:
+    """What the stages hear from, and ask about, the worker side besides its IPC calls."""
+
+    observe: Observe | None = None  # hears every EnsureModelReady answer (health reports load failures)
+    replicas: Callable[[str], int] | None = None  # worker children running a model at once (1 when None)
+
+
+@attrs.frozen
 class Pipeline:
     """One lane's stages, the channels between them, and the state every stage settles through."""
 
@@ -88,15 +96,15 @@ def build_pipeline(
     worker: WorkerClient,
     config: SidecarConfig,
     executor: Executor,
-    observe: Observe | None = None,
+    hooks: WorkerHooks | None = None,
 ) -> Pipeline:
-    """The stages of one lane, built in the order work flows through them; `observe` hears every
-    EnsureModelReady answer (the health publisher reports load failures from them)."""
+    """The stages of one lane, built in the order work flows through them."""
+    hooks = hooks or WorkerHooks()
     stream, batching = config.stream, config.batching
     # The two ends every stage settles through: the broker (results, ACKs, NAKs) and the worker (RunBatch).
     admission = Admission(batching.max_pending_items)
     settler = Settler(bus, admission)
-    models = ReadyModels(batching, observe)
+    models = ReadyModels(batching, hooks.observe)
     dispatcher = BatchDispatcher(worker, settler, models.forget, config.worker_id, stream.nak_delay_s)
     # The stages, joined by bounded channels.
     admitted: Channel[AdmittedGroup] = Channel(CHANNEL_GROUPS)
@@ -107,14 +115,17 @@ def build_pipeline(
     readiness_options = ReadinessOptions.from_settings(stream, config.sidecar, config.worker_id)
     readiness = Readiness(worker, settler, models, ready, readiness_options)
     preparer = Preparer(executor, prepared, lambda works: settler.nak(works, stream.nak_delay_s))
-    scheduler = Scheduler(dispatcher.dispatch, batching.max_batch_wait_s, config.max_inflight_batches)
+    scheduler = Scheduler(
+        dispatcher.dispatch, batching.max_batch_wait_s, config.max_inflight_batches, replicas=hooks.replicas
+    )
     return Pipeline(admission, settler, dispatcher, consumer, readiness, preparer, scheduler, admitted, ready, prepared)
 
 
 class Sidecar:
-    """Consumes one lane and serves it with one worker. `async with Sidecar(...)` starts it; leaving
-    the block stops fetching, gives back queued work and cancels the tasks; `drain()` first finishes
-    in-flight work up to a deadline. `observe` hears every EnsureModelReady answer."""
+    """Consumes one lane and serves it with one worker, or a pod's worker children behind a `WorkerFleet`
+    (`replicas` is then the fleet's). `async with Sidecar(...)` starts it; leaving the block stops fetching,
+    gives back queued work and cancels the tasks; `drain()` first finishes in-flight work up to a deadline.
+    `observe` hears every EnsureModelReady answer."""
 
     def __init__(
         self,
@@ -123,12 +134,13 @@ class Sidecar:
         lane: Lane,
         config: SidecarConfig | None = None,
         observe: Observe | None = None,
+        replicas: Callable[[str], int] | None = None,
     ) -> None:
         self.transport = transport
         self.worker = worker
         self.lane = lane
         self.config = config or SidecarConfig()
-        self._observe = observe
+        self._hooks = WorkerHooks(observe, replicas)
         self._stack: contextlib.AsyncExitStack | None = None
         self._pipeline: Pipeline | None = None
         self._consumer_task: asyncio.Task[None] | None = None
@@ -136,11 +148,16 @@ class Sidecar:
 
     @classmethod
     def from_settings(
-        cls, transport: Transport, worker: WorkerClient, settings: Settings, observe: Observe | None = None
+        cls,
+        transport: Transport,
+        worker: WorkerClient,
+        settings: Settings,
+        observe: Observe | None = None,
+        replicas: Callable[[str], int] | None = None,
     ) -> Sidecar:
         """The sidecar of the lane named by SIE_POOL / SIE_MACHINE_PROFILE / SIE_BUNDLE."""
         lane = Lane(settings.lane.pool, settings.lane.machine_profile, settings.lane.bundle)
-        return cls(transport, worker, lane, SidecarConfig.from_settings(settings), observe)
+        return cls(transport, worker, lane, SidecarConfig.from_settings(settings), observe, replicas)
 
     @property
     def pending(self) -> int:
@@ -164,7 +181,7 @@ class Sidecar:
             threads = self.config.batching.tokenizer_threads
             executor = ThreadPoolExecutor(threads, thread_name_prefix="sie-tokenize")
             stack.callback(executor.shutdown, wait=False, cancel_futures=True)
-            pipeline = build_pipeline(lane_consumer, self.transport, self.worker, self.config, executor, self._observe)
+            pipeline = build_pipeline(lane_consumer, self.transport, self.worker, self.config, executor, self._hooks)
             self._start(pipeline, stack)
         except BaseException:
             await stack.aclose()
@@ -245,4 +262,4 @@ async def _cancel(task: asyncio.Task[None]) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
-__all__ = ["Pipeline", "Sidecar", "SidecarConfig", "build_pipeline"]
+__all__ = ["Pipeline", "Sidecar", "SidecarConfig", "WorkerHooks", "build_pipeline"]
