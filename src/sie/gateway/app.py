@@ -5,7 +5,7 @@ uvicorn, SIE_HTTP_SERVER) and the SIGTERM drain are the role file's job, through
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import attrs
@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from sie.gateway.collector import Collector
 from sie.gateway.config_routes import config_routes
@@ -72,9 +72,14 @@ class GatewaySources:
 
 
 def build_gateway_app(
-    sources: GatewaySources, settings: GatewaySettings, lane: LaneSettings, router_id: str
+    sources: GatewaySources,
+    settings: GatewaySettings,
+    lane: LaneSettings,
+    router_id: str,
+    extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
-    """The gateway ASGI app; `lane` is where requests go whose headers name none."""
+    """The gateway ASGI app; `lane` is where requests go whose headers name none. `extra_routes` are served
+    beside the API (in `--role all`, the placement control surface and `/metrics` of the worker children)."""
     serving = ServingState()
     collector = Collector(sources.transport, router_id)
     service = InferenceService(
@@ -96,7 +101,7 @@ def build_gateway_app(
                 serving.started = False
 
     app = Starlette(
-        routes=[*_routes(inference, read), *config_routes(sources.catalog, sources.heartbeats)],
+        routes=[*_routes(inference, read), *config_routes(sources.catalog, sources.heartbeats), *extra_routes],
         middleware=[Middleware(ShutdownMiddleware, serving=serving)],
         exception_handlers={HTTPException: _http_error, Exception: _unexpected},
         lifespan=lifespan,
