@@ -123,9 +123,7 @@ def test_model_overrides_fall_back_to_the_fleet_defaults() -> None:
     assert policy.fill_mode_for("other") == "run"
 
 
-@pytest.mark.parametrize(
-    "change", [{"replicas": 0}, {"fill_mode": "burst"}, {"fill_factor": "0"}, {"replicas": "two"}]
-)
+@pytest.mark.parametrize("change", [{"replicas": 0}, {"fill_mode": "burst"}, {"fill_factor": "0"}, {"replicas": "two"}])
 def test_bad_model_overrides_are_refused(change: dict[str, object]) -> None:
     with pytest.raises(PolicyError):
         PlacementPolicy().with_model("m", **change)
