@@ -6,7 +6,7 @@ import importlib.metadata
 
 import typer
 
-from sie.cli import catalog, config, models, run
+from sie.cli import catalog, config, models, placement, run
 
 app = typer.Typer(
     name="sie",
@@ -18,6 +18,7 @@ app = typer.Typer(
 app.add_typer(catalog.app, name="catalog")
 app.add_typer(models.app, name="models")
 app.add_typer(config.app, name="config")
+app.add_typer(placement.app, name="placement")
 app.command(
     name="run",
     help=run.RUN_HELP,
