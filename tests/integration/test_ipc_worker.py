@@ -25,6 +25,7 @@ from sie.wire.ipc_control import (
     DrainRequest,
     EnsureModelReadyRequest,
     EnsureModelReadyResponse,
+    ModelControlStatusRequest,
     PingRequest,
     WorkerCapabilitiesRequest,
 )
@@ -117,6 +118,48 @@ async def test_the_worker_over_ipc(service: WorkerService, socket_path: Path):
 
         assert (await client.drain(DrainRequest(deadline_ms=1000))).acknowledged is True
         assert service.draining is True
+
+
+async def test_model_control_status_reports_each_models_memory_and_measured_cost(
+    service: WorkerService, socket_path: Path
+):
+    async with IpcServer(service, socket_path), UdsWorkerClient(socket_path) as client:
+        before = await client.model_control_status(ModelControlStatusRequest())
+        assert (before.worker_id, before.device, before.ready) == ("worker-ipc", "cpu", True)
+        assert (before.models, before.memory_used_bytes, before.compute_seconds_total) == ([], 0, 0.0)
+
+        await wait_ready(client, MINILM)
+        (loaded,) = (await client.model_control_status(ModelControlStatusRequest())).models
+        assert (loaded.model_id, loaded.state, loaded.batches, loaded.cost_per_item_s) == (
+            MINILM, MODEL_STATE_READY, 0, None
+        )  # fmt: skip
+        assert loaded.memory_bytes > 0 and loaded.batched is True
+        assert loaded.max_batch_items == BatchingSettings().max_batch_items
+
+        await client.run_batch(encode_batch(1, ["Hello world", "Bye"]))
+        await client.run_batch(encode_batch(2, ["one", "two", "three", "four"]))
+        status = await client.model_control_status(ModelControlStatusRequest())
+        (entry,) = status.models
+        assert (entry.batches, entry.items) == (2, 6)
+        assert entry.compute_seconds > 0 and entry.cost_per_item_s is not None and entry.cost_per_item_s > 0
+        assert status.compute_seconds_total == entry.compute_seconds
+        assert status.memory_used_bytes == entry.memory_bytes == loaded.memory_bytes
+        assert status.memory_budget_bytes is None  # this manager was given none
+
+        await client.drain(DrainRequest())
+        assert (await client.model_control_status(ModelControlStatusRequest())).ready is False
+
+
+async def test_null_backend_model_control_status_counts_batches(baseline_catalog, socket_path: Path):
+    service = NullWorkerService(baseline_catalog, "worker-null", 64, device="cuda:3")
+    async with IpcServer(service, socket_path), UdsWorkerClient(socket_path) as client:
+        await client.run_batch(encode_batch(3, ["a", "b", "c"]))
+        status = await client.model_control_status(ModelControlStatusRequest())
+    assert (status.worker_id, status.device, status.ready) == ("worker-null", "cuda:3", True)
+    entries = {entry.model_id: entry for entry in status.models}
+    assert set(entries) == set(baseline_catalog.entries)
+    assert (entries[MINILM].state, entries[MINILM].batches, entries[MINILM].items) == (MODEL_STATE_READY, 1, 3)
+    assert entries[MINILM].max_batch_items == 64
 
 
 async def test_round_trip_rates(service: WorkerService, socket_path: Path):

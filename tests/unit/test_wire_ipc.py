@@ -29,8 +29,9 @@ from sie.wire.ipc_control import (
 )
 
 
-def test_there_are_seventeen_method_names():
-    assert len(ipc.METHODS) == 17
+def test_there_are_seventeen_contract_method_names_and_our_model_control_status():
+    assert len(ipc.METHODS) == 18
+    assert ipc.MODEL_CONTROL_STATUS == "ModelControlStatus" and ipc.MODEL_CONTROL_STATUS in ipc.METHODS
     assert {ipc.RUN_BATCH, ipc.SET_PINNED_MODELS, ipc.NUMERICAL_PROFILE_SNAPSHOT} <= ipc.METHODS
 
 

@@ -187,6 +187,29 @@ SAMPLES = [
     ipc_control.DrainResponse(),
     ipc_control.SignalGenerateCancelRequest(request_id="r"),
     ipc_control.SignalGenerateCancelResponse(matched=False),
+    ipc_control.ModelControlStatusRequest(),
+    ipc_control.ModelControlStatusResponse(
+        worker_id="w-1",
+        device="cuda:1",
+        ready=True,
+        memory_budget_bytes=2**30,
+        memory_used_bytes=90_000_000,
+        compute_seconds_total=12.5,
+        models=[
+            ipc_control.ModelControlEntry(
+                model_id="m",
+                state=ipc_control.MODEL_STATE_READY,
+                memory_bytes=90_000_000,
+                cost_per_item_s=0.002,
+                max_batch_items=64,
+                batches=3,
+                items=96,
+                compute_seconds=0.19,
+            ),
+            ipc_control.ModelControlEntry(model_id="n", state=ipc_control.MODEL_STATE_LOADING_IN_PROGRESS),
+        ],
+    ),
+    ipc_control.ModelControlEntry(model_id="f", state=ipc_control.MODEL_STATE_FAILED),
     ipc_batch.PreparedTokens(
         input_ids=[[101, 102], [101, 7, 102]], tokenizer_id="t", attention_mask=[[1, 1], [1, 1, 1]], max_seq_len=8
     ),

@@ -16,6 +16,8 @@ from sie.wire.ipc_control import (
     DrainResponse,
     EnsureModelReadyRequest,
     EnsureModelReadyResponse,
+    ModelControlStatusRequest,
+    ModelControlStatusResponse,
     PingRequest,
     PingResponse,
     ReplaceModelConfigsRequest,
@@ -41,3 +43,5 @@ class WorkerClient(Protocol):
     async def replace_model_configs(self, request: ReplaceModelConfigsRequest) -> ReplaceModelConfigsResponse: ...
 
     async def drain(self, request: DrainRequest) -> DrainResponse: ...
+
+    async def model_control_status(self, request: ModelControlStatusRequest) -> ModelControlStatusResponse: ...

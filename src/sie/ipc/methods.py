@@ -29,6 +29,7 @@ from sie.wire.ipc_control import (
     ApplyModelConfigRequest,
     DrainRequest,
     EnsureModelReadyRequest,
+    ModelControlStatusRequest,
     PingRequest,
     ReplaceModelConfigsRequest,
     SignalGenerateCancelRequest,
@@ -89,6 +90,9 @@ METHODS: Final[Mapping[str, Method]] = MappingProxyType(
             ReplaceModelConfigsRequest, lambda service, request: service.replace_model_configs(request)
         ),
         ipc.DRAIN: Method(DrainRequest, lambda service, request: service.drain(request)),
+        ipc.MODEL_CONTROL_STATUS: Method(
+            ModelControlStatusRequest, lambda service, request: service.model_control_status(request)
+        ),
         ipc.SIGNAL_GENERATE_CANCEL: Method(SignalGenerateCancelRequest, _no_generation),
         ipc.RUN_BATCH: Method(RunBatchRequest, lambda service, request: service.run_batch(request), background=True),
         ipc.PROCESS_ENCODE_BATCH: Method(ProcessEncodeBatchRequest, _process_batch(OP_ENCODE), background=True),

@@ -27,6 +27,8 @@ from sie.wire.ipc_control import (
     DrainResponse,
     EnsureModelReadyRequest,
     EnsureModelReadyResponse,
+    ModelControlStatusRequest,
+    ModelControlStatusResponse,
     PingRequest,
     PingResponse,
     ReplaceModelConfigsRequest,
@@ -239,6 +241,9 @@ class UdsWorkerClient:
 
     async def drain(self, request: DrainRequest) -> DrainResponse:
         return await self.call(methods.DRAIN, request, DrainResponse)
+
+    async def model_control_status(self, request: ModelControlStatusRequest) -> ModelControlStatusResponse:
+        return await self.call(methods.MODEL_CONTROL_STATUS, request, ModelControlStatusResponse)
 
     # --- the call ------------------------------------------------------------------------------
 

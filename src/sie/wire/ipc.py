@@ -35,6 +35,8 @@ APPLY_MODEL_CONFIG: Final = "ApplyModelConfig"
 REPLACE_MODEL_CONFIGS: Final = "ReplaceModelConfigs"
 SET_PINNED_MODELS: Final = "SetPinnedModels"
 DRAIN: Final = "Drain"
+# Our addition (not in the contract): what the sidecar's placement polls from each worker child.
+MODEL_CONTROL_STATUS: Final = "ModelControlStatus"
 
 METHODS: Final = frozenset(
     {
@@ -55,6 +57,7 @@ METHODS: Final = frozenset(
         REPLACE_MODEL_CONFIGS,
         SET_PINNED_MODELS,
         DRAIN,
+        MODEL_CONTROL_STATUS,
     }
 )
 

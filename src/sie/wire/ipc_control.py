@@ -188,3 +188,43 @@ class SignalGenerateCancelResponse:
     """Whether a running generation matched."""
 
     matched: bool
+
+
+@attrs.frozen(kw_only=True)
+class ModelControlStatusRequest:
+    """An empty body."""
+
+
+@attrs.frozen(kw_only=True)
+class ModelControlEntry:
+    """One model a worker has loaded, is loading or failed to load, with what its batches cost there.
+
+    `state` is MODEL_STATE_READY, MODEL_STATE_LOADING_IN_PROGRESS or MODEL_STATE_FAILED; `memory_bytes` its
+    resident weight bytes; `cost_per_item_s` the measured compute seconds per item (an average over batches,
+    None until it ran); `max_batch_items` the batch budget the worker gives it (0 or 1: unbatched);
+    `compute_seconds` the device-seconds of its batches so far.
+    """
+
+    model_id: str
+    state: str
+    memory_bytes: int = 0
+    cost_per_item_s: float | None = None
+    max_batch_items: int = 0
+    batched: bool = True
+    batches: int = 0
+    items: int = 0
+    compute_seconds: float = 0.0
+
+
+@attrs.frozen(kw_only=True)
+class ModelControlStatusResponse:
+    """Our addition: one worker child's device, readiness, memory and measured compute, which the sidecar's
+    placement polls each probe round (seed 002); `models` holds loaded, loading and failed models only."""
+
+    worker_id: str
+    device: str
+    ready: bool
+    memory_budget_bytes: int | None = None
+    memory_used_bytes: int = 0
+    compute_seconds_total: float = 0.0
+    models: list[ModelControlEntry] = attrs.Factory(list)

@@ -195,6 +195,11 @@ class ModelManager:
     def memory_bytes(self) -> int:
         return sum(model.memory_bytes for model in self._loaded.values())
 
+    @property
+    def memory_budget_bytes(self) -> int | None:
+        """The bytes loaded models may hold (None: no budget)."""
+        return self._budget
+
     def unload(self, model_id: str) -> bool:
         removed = self._loaded.pop(model_id, None)
         if removed is not None:

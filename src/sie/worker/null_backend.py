@@ -19,6 +19,9 @@ from sie.wire.ipc_control import (
     DrainResponse,
     EnsureModelReadyRequest,
     EnsureModelReadyResponse,
+    ModelControlEntry,
+    ModelControlStatusRequest,
+    ModelControlStatusResponse,
     ModelDescriptor,
     PingRequest,
     PingResponse,
@@ -40,10 +43,12 @@ _RESULTS = {
 class NullWorkerService:
     """Every catalogue model is always ready; RunBatch returns a one-float result per item immediately."""
 
-    def __init__(self, catalog: Catalog, worker_id: str, batch_budget: int) -> None:
+    def __init__(self, catalog: Catalog, worker_id: str, batch_budget: int, device: str = "cpu") -> None:
         self.catalog = catalog
         self.worker_id = worker_id
         self.batch_budget = batch_budget
+        self.device = device
+        self.counts: dict[str, tuple[int, int]] = {}  # model id → (batches, items) answered
 
     async def ping(self, request: PingRequest) -> PingResponse:
         return PingResponse(timestamp_ms=request.timestamp_ms, worker_id=self.worker_id, ready=True)
@@ -67,6 +72,8 @@ class NullWorkerService:
             )
             for item in request.items
         ]
+        batches, items = self.counts.get(request.model_id, (0, 0))
+        self.counts[request.model_id] = (batches + 1, items + len(outcomes))
         return BatchOutcome(outcomes=outcomes)
 
     async def worker_capabilities(self, request: WorkerCapabilitiesRequest) -> WorkerCapabilitiesResponse:
@@ -90,3 +97,15 @@ class NullWorkerService:
 
     async def drain(self, request: DrainRequest) -> DrainResponse:
         return DrainResponse(acknowledged=True)
+
+    async def model_control_status(self, request: ModelControlStatusRequest) -> ModelControlStatusResponse:
+        """Every catalogue model ready, holding no memory and costing no compute."""
+        models = []
+        for model_id in sorted(self.catalog.entries):
+            batches, items = self.counts.get(model_id, (0, 0))
+            budget = self.batch_budget
+            entry = ModelControlEntry(
+                model_id=model_id, state=MODEL_STATE_READY, max_batch_items=budget, batches=batches, items=items
+            )
+            models.append(entry)
+        return ModelControlStatusResponse(worker_id=self.worker_id, device=self.device, ready=True, models=models)

@@ -3,13 +3,16 @@ off the event loop, answered with one outcome per item.
 
 `execute` returns Python results; `to_batch_outcome` frames them as the IPC BatchOutcome the sidecar
 expects, each item's result as a ResultBody value that is packed only if it crosses the IPC socket (in
-`--role all` it never is).
+`--role all` it never is). The runner also measures what each model's batches cost (ModelUsage), which the
+sidecar's placement reads through ModelControlStatus.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
@@ -38,6 +41,8 @@ NOT_LOADED_NAK_DELAY_MS = 1000
 # Contracts Part A §2.1 "Hash gate": work for another config comes back for redelivery after 5 s.
 HASH_GATE_NAK_DELAY_MS = 5000
 _OPERATIONS = (OP_ENCODE, OP_SCORE, OP_EXTRACT)
+# Weight of the newest batch in a model's cost-per-item average: a few batches follow a change of load.
+COST_EMA_WEIGHT = 0.2
 
 
 @attrs.frozen
@@ -74,12 +79,45 @@ def hash_gate(request: RunBatchRequest, current: str) -> ExecutedBatch | None:
     return ExecutedBatch(nak_reason=reason, nak_delay_ms=HASH_GATE_NAK_DELAY_MS)
 
 
+@attrs.define
+class ModelUsage:
+    """What one model's batches have cost on this worker since it started: counts, device-seconds, and the
+    seconds per item as an exponential moving average (None until a batch has run)."""
+
+    batches: int = 0
+    items: int = 0
+    compute_seconds: float = 0.0
+    cost_per_item_s: float | None = None
+
+    def record(self, items: int, seconds: float) -> None:
+        self.batches += 1
+        self.items += items
+        self.compute_seconds += seconds
+        sample = seconds / max(1, items)
+        previous = self.cost_per_item_s
+        self.cost_per_item_s = sample if previous is None else previous + COST_EMA_WEIGHT * (sample - previous)
+
+
+def _timed(method: Callable[[list[Any]], BatchResult], items: list[Any]) -> tuple[BatchResult, float]:
+    """Run on the executor's thread, so the time excludes waiting for it behind another batch."""
+    started = time.perf_counter()
+    results = method(items)
+    return results, time.perf_counter() - started
+
+
 class BatchRunner:
-    """Runs batches on the manager's loaded models; the adapter call happens in `executor`."""
+    """Runs batches on the manager's loaded models; the adapter call happens in `executor`. `usage` holds each
+    model's measured cost by model id."""
 
     def __init__(self, manager: ModelManager, executor: Executor | None = None) -> None:
         self.manager = manager
         self.executor = executor
+        self.usage: dict[str, ModelUsage] = {}
+
+    @property
+    def compute_seconds_total(self) -> float:
+        """Device-seconds spent running batches since this worker started."""
+        return sum(usage.compute_seconds for usage in self.usage.values())
 
     async def execute(self, request: RunBatchRequest) -> ExecutedBatch:
         ops = {item.op for item in request.items}
@@ -96,10 +134,11 @@ class BatchRunner:
         if any(item is None for item in items):
             return ExecutedBatch(error=f"RunBatch item without its {op} body", error_code=codes.QUEUE_INFERENCE_ERROR)
         try:
-            results = await asyncio.get_running_loop().run_in_executor(self.executor, method, items)
+            results, seconds = await asyncio.get_running_loop().run_in_executor(self.executor, _timed, method, items)
         except Exception as exc:  # noqa: BLE001 - an adapter failure becomes per-item errors, never a crash
             logger.exception("batch %s of %s failed", request.batch_id, request.model_id)
             return ExecutedBatch(error=f"{type(exc).__name__}: {exc}", error_code=codes.QUEUE_INFERENCE_ERROR)
+        self.usage.setdefault(loaded.model_id, ModelUsage()).record(len(items), seconds)
         return ExecutedBatch(results=results)
 
 

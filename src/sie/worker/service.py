@@ -1,5 +1,6 @@
-"""The worker as an IPC service: each WorkerClient method (contracts Part A §2.1) answered from the
-model manager and the batch runner. The Unix-socket server and `--role all` both call this object.
+"""The worker as an IPC service: each WorkerClient method (contracts Part A §2.1, plus our ModelControlStatus)
+answered from the model manager and the batch runner. The Unix-socket server and `--role all` both call this
+object.
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
+import attrs
+
 from sie.catalog import Catalog, load_yaml, parse_model_config
 from sie.catalog.errors import CatalogError
 from sie.settings import BatchingSettings, LaneSettings
 from sie.wire.ipc_batch import BatchOutcome, RunBatchRequest
 from sie.wire.ipc_control import (
     MODEL_STATE_FAILED,
+    MODEL_STATE_LOADING_IN_PROGRESS,
     MODEL_STATE_READY,
     ApplyModelConfigRequest,
     ApplyModelConfigResponse,
@@ -23,6 +27,9 @@ from sie.wire.ipc_control import (
     DrainResponse,
     EnsureModelReadyRequest,
     EnsureModelReadyResponse,
+    ModelControlEntry,
+    ModelControlStatusRequest,
+    ModelControlStatusResponse,
     ModelDescriptor,
     PingRequest,
     PingResponse,
@@ -32,10 +39,16 @@ from sie.wire.ipc_control import (
     WorkerCapabilitiesResponse,
 )
 from sie.worker.loading import LoadedModel
-from sie.worker.manager import ModelManager
+from sie.worker.manager import ModelManager, ModelState
 from sie.worker.runner import BatchRunner, ExecutedBatch, hash_gate, to_batch_outcome
 
 DRAINING = "draining"
+# ModelControlStatus reports these manager states, as the EnsureModelReady state each one answers.
+_CONTROL_STATES = {
+    ModelState.LOADED: MODEL_STATE_READY,
+    ModelState.LOADING: MODEL_STATE_LOADING_IN_PROGRESS,
+    ModelState.FAILED: MODEL_STATE_FAILED,
+}
 
 
 class ExecutionBarrier:
@@ -115,11 +128,18 @@ class WorkerService:
     """One worker's answers to the sidecar. Satisfies `sie.ipc.client.WorkerClient` structurally."""
 
     def __init__(
-        self, manager: ModelManager, runner: BatchRunner, worker_id: str, lane: LaneSettings, batching: BatchingSettings
+        self,
+        manager: ModelManager,
+        runner: BatchRunner,
+        worker_id: str,
+        lane: LaneSettings,
+        batching: BatchingSettings,
+        device: str = "cpu",
     ) -> None:
         self.manager = manager
         self.runner = runner
         self.worker_id = worker_id
+        self.device = device
         self.bundle = lane.bundle
         self.pool = lane.pool
         self.batching = batching
@@ -229,6 +249,36 @@ class WorkerService:
     async def drain(self, request: DrainRequest) -> DrainResponse:
         self.draining = True
         return DrainResponse(acknowledged=True)
+
+    async def model_control_status(self, request: ModelControlStatusRequest) -> ModelControlStatusResponse:
+        """This worker's device, memory and measured compute, and each model it has loaded, is loading or
+        failed to load, for the sidecar's placement."""
+        return ModelControlStatusResponse(
+            worker_id=self.worker_id,
+            device=self.device,
+            ready=not self.draining,
+            memory_budget_bytes=self.manager.memory_budget_bytes,
+            memory_used_bytes=self.manager.memory_bytes,
+            compute_seconds_total=self.runner.compute_seconds_total,
+            models=self._control_entries(),
+        )
+
+    def _control_entries(self) -> list[ModelControlEntry]:
+        entries: dict[str, ModelControlEntry] = {}
+        for model_id in self.catalog.entries:
+            status = self.manager.status(model_id)
+            if status.state not in _CONTROL_STATES or status.model_id in entries:
+                continue
+            usage = self.runner.usage.get(status.model_id)
+            counters = attrs.asdict(usage) if usage is not None else {}
+            entries[status.model_id] = ModelControlEntry(
+                model_id=status.model_id,
+                state=_CONTROL_STATES[status.state],
+                memory_bytes=status.memory_bytes,
+                max_batch_items=self.batching.max_batch_items,
+                **counters,
+            )
+        return list(entries.values())
 
 
 def describe(loaded: LoadedModel | None) -> ModelDescriptor | None:
