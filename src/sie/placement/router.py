@@ -178,7 +178,7 @@ class Placement:
         record = RepackRecord(
             at=self._wall_clock(),
             trigger=trigger,
-            models_placed=len(result.placement),
+            models_placed=sum(1 for children in result.placement.values() if children),
             moved=result.moved,
             held_by_hysteresis=result.held_by_hysteresis,
             compute_seconds=self._table.fleet_compute - self._compute_at_repack,
