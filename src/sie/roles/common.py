@@ -1,13 +1,15 @@
 """Wiring the role files share: running a role's main coroutine, the baseline catalogue, each role's HTTP
-listener, and the local worker (model manager + worker service) with its threads and preloaded models."""
+listener, and the local workers (one model manager + worker service per device) with their threads and
+preloaded models."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AsyncExitStack, contextmanager
+from contextlib import AsyncExitStack
 from typing import Any
 
 import attrs
@@ -15,9 +17,10 @@ import attrs
 from sie.catalog import Catalog, load_catalog
 from sie.gateway.auth import GatewayAuthUnavailable, refuse_unbuilt_auth
 from sie.http.serving import HttpListener
-from sie.runtime import default_intra_op_threads, run_event_loop
+from sie.runtime import run_event_loop
 from sie.settings import Settings
 from sie.telemetry.logs import configure_logging
+from sie.worker.devices import CPU, Device, DeviceError, load_cuda_libraries, memory_budget, resolve_devices
 from sie.worker.errors import ModelLoadError
 from sie.worker.loading import ModelLoader
 from sie.worker.manager import ModelManager
@@ -31,9 +34,14 @@ RoleMain = Callable[[Settings], Coroutine[Any, Any, None]]
 
 
 def run_main(main: RoleMain, settings: Settings) -> int:
-    """Log as configured and run `main(settings)` on the event loop SIE_EVENT_LOOP names; exit status 0."""
+    """Log as configured and run `main(settings)` on the event loop SIE_EVENT_LOOP names; exit status 0, or 2
+    with one line on stderr when the host lacks the devices SIE_WORKER_DEVICES asks for."""
     configure_logging(settings.telemetry)
-    run_event_loop(main(settings), settings.process.event_loop)
+    try:
+        run_event_loop(main(settings), settings.process.event_loop)
+    except DeviceError as exc:
+        print(f"sie: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -70,39 +78,72 @@ async def preload(manager: ModelManager, model_ids: tuple[str, ...]) -> None:
 
 @attrs.frozen
 class LocalWorker:
-    """The worker of this process: the service the sidecar calls and the manager behind it."""
+    """One worker child of this process: its name (`worker-{i}`), its device (`cpu`, `cuda:N`), the service the
+    sidecar calls and the manager behind it."""
 
     service: WorkerService | NullWorkerService
     manager: ModelManager
+    name: str = "worker-0"
+    device: str = CPU
 
 
-@contextmanager
-def worker_pools() -> Iterator[tuple[ThreadPoolExecutor, ThreadPoolExecutor]]:
-    """One thread that loads models and one that runs them (onnxruntime parallelises inside a run)."""
-    with (
-        ThreadPoolExecutor(1, thread_name_prefix="sie-load") as load_pool,
-        ThreadPoolExecutor(1, thread_name_prefix="sie-infer") as infer_pool,
-    ):
-        yield load_pool, infer_pool
+async def open_local_workers(
+    stack: AsyncExitStack, settings: Settings, catalog: Catalog, devices: list[Device] | None = None
+) -> list[LocalWorker]:
+    """One worker per device of SIE_WORKER_DEVICES (or `devices`, already resolved), each with its own model
+    manager, load thread and inference thread (entered on `stack`), its share of the cores and of the memory,
+    and SIE_PRELOAD_MODELS loaded. Raises DeviceError when the host lacks the devices asked for."""
+    devices = resolve_devices(settings.worker.devices) if devices is None else devices
+    cpu_children = sum(1 for device in devices if device.kind == CPU)
+    if cpu_children < len(devices):
+        load_cuda_libraries()
+    workers = []
+    for index, device in enumerate(devices):
+        worker_id = settings.process.worker_id if len(devices) == 1 else f"{settings.process.worker_id}-{index}"
+        budget = memory_budget(device, settings.worker.memory_budget_bytes, cpu_children=cpu_children)
+        child = attrs.evolve(
+            settings,
+            process=attrs.evolve(settings.process, worker_id=worker_id),
+            worker=attrs.evolve(
+                settings.worker,
+                devices=device.name,
+                intra_op_threads=settings.worker.intra_op_threads or device.intra_op_threads,
+                memory_budget_bytes=budget,
+            ),
+        )
+        workers.append(await _open_local_worker(stack, child, catalog, device.name, f"worker-{index}"))
+    preloads = settings.worker.preload_models
+    await asyncio.gather(*(preload(worker.manager, preloads) for worker in workers))
+    return workers
 
 
-async def open_local_worker(
-    stack: AsyncExitStack, settings: Settings, catalog: Catalog, pools: tuple[ThreadPoolExecutor, ThreadPoolExecutor]
+async def _open_local_worker(
+    stack: AsyncExitStack, settings: Settings, catalog: Catalog, device: str, name: str
 ) -> LocalWorker:
-    """Build the model manager (entered on `stack`), pin and preload SIE_PRELOAD_MODELS, and the worker
-    service (ONNX or null backend, SIE_WORKER_BACKEND)."""
+    """The model manager (entered on `stack`) with SIE_PRELOAD_MODELS pinned, and the worker service (ONNX or
+    null backend, SIE_WORKER_BACKEND) of one device; `settings` are this child's own."""
     worker = settings.worker
-    if worker.intra_op_threads is None:
-        worker = attrs.evolve(worker, intra_op_threads=default_intra_op_threads())
-    load_pool, infer_pool = pools
-    loader = ModelLoader.from_settings(worker)
+    # One thread loads models and one runs them (onnxruntime parallelises inside a run); shut down after
+    # the manager, which `stack` closes first.
+    load_pool = _one_thread(stack, f"sie-load-{name}")
+    infer_pool = _one_thread(stack, f"sie-infer-{name}")
+    loader = ModelLoader.from_settings(worker, device)
     manager = await stack.enter_async_context(
         ModelManager(catalog, loader.load, load_pool, worker.memory_budget_bytes, worker.max_loaded_models)
     )
     manager.pin(worker.preload_models)
-    await preload(manager, worker.preload_models)
-    worker_id = settings.process.worker_id
+    worker_id, batching = settings.process.worker_id, settings.batching
+    logger.info("%s (%s) on %s: %s intra-op threads, memory budget %s bytes", name, worker_id, device,
+                worker.intra_op_threads, worker.memory_budget_bytes)  # fmt: skip
     if worker.backend == "null":
-        return LocalWorker(NullWorkerService(catalog, worker_id, settings.batching.max_batch_items), manager)
-    runner = BatchRunner(manager, infer_pool)
-    return LocalWorker(WorkerService(manager, runner, worker_id, settings.lane, settings.batching), manager)
+        service = NullWorkerService(catalog, worker_id, batching.max_batch_items, device)
+        return LocalWorker(service, manager, name, device)
+    service = WorkerService(manager, BatchRunner(manager, infer_pool), worker_id, settings.lane, batching, device)
+    return LocalWorker(service, manager, name, device)
+
+
+def _one_thread(stack: AsyncExitStack, name: str) -> ThreadPoolExecutor:
+    """A one-thread executor, shut down (after its running call ends) when `stack` closes."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix=name)
+    stack.push_async_callback(asyncio.to_thread, pool.shutdown)
+    return pool

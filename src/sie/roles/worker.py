@@ -1,32 +1,80 @@
 """`sie run --role worker`: the model backend behind the IPC server on SIE_IPC_SOCKET_PATH; it never
 touches NATS. The sidecar in the same pod dials the socket.
+
+On one device the worker serves in this process. On several (SIE_WORKER_DEVICES) this process supervises one
+`sie run --role worker` child per device, child i serving `{SIE_IPC_SOCKET_PATH}.{i}` as `{SIE_WORKER_ID}-{i}`;
+the sidecar finds the children by those socket names.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import sys
 from contextlib import AsyncExitStack
 
 from sie.ipc.server import IpcServer
-from sie.roles.common import baseline_catalog, open_local_worker, run_main, worker_pools
+from sie.roles.common import baseline_catalog, open_local_workers, run_main
 from sie.runtime import freeze_startup_heap, wait_for_signal
-from sie.settings import Settings
+from sie.runtime.children import ChildSpec, ChildSupervisor
+from sie.settings import Settings, child_environment
+from sie.worker.devices import CPU, Device, DeviceError, memory_budget, resolve_devices
 
 logger = logging.getLogger(__name__)
 
 
-async def serve_worker(settings: Settings) -> None:
+async def serve_worker(settings: Settings, device: Device) -> None:
     catalog = baseline_catalog(settings)
     worker_id, socket_path = settings.process.worker_id, settings.worker.socket_path
-    with worker_pools() as pools:
-        async with AsyncExitStack() as stack:
-            local = await open_local_worker(stack, settings, catalog, pools)
-            freeze_startup_heap()
-            await stack.enter_async_context(IpcServer(local.service, socket_path, worker_id=worker_id))
-            logger.info("worker %s serving IPC on %s", worker_id, socket_path)
-            await wait_for_signal()
-            logger.info("worker %s shutting down", worker_id)
+    async with AsyncExitStack() as stack:
+        (local,) = await open_local_workers(stack, settings, catalog, [device])
+        freeze_startup_heap()
+        await stack.enter_async_context(IpcServer(local.service, socket_path, worker_id=worker_id))
+        logger.info("worker %s serving IPC on %s (%s)", worker_id, socket_path, device.name)
+        await wait_for_signal()
+        logger.info("worker %s shutting down", worker_id)
+
+
+def worker_children(settings: Settings, devices: list[Device]) -> list[ChildSpec]:
+    """One `sie run --role worker` child per device, with this process's settings and its own device, socket,
+    worker id, share of the cores and (on CPU, or when configured) memory budget."""
+    worker, worker_id = settings.worker, settings.process.worker_id
+    command = (sys.executable, "-m", "sie.cli.main", "run", "--role", "worker")
+    cpu_children = sum(1 for device in devices if device.kind == CPU)
+    children = []
+    for index, device in enumerate(devices):
+        overrides: dict[str, object] = {
+            "worker.devices": device.name,
+            "worker.socket_path": f"{worker.socket_path}.{index}",
+            "process.worker_id": f"{worker_id}-{index}",
+            "worker.intra_op_threads": worker.intra_op_threads or device.intra_op_threads,
+        }
+        if device.kind == CPU or worker.memory_budget_bytes is not None:
+            # A CUDA child measures its own GPU's free memory when it starts.
+            overrides["worker.memory_budget_bytes"] = memory_budget(
+                device, worker.memory_budget_bytes, cpu_children=cpu_children
+            )
+        env = child_environment(settings, "worker", overrides)
+        children.append(ChildSpec(f"worker-{index}", command, env))
+    return children
+
+
+async def supervise_workers(settings: Settings, devices: list[Device]) -> None:
+    children = worker_children(settings, devices)
+    async with ChildSupervisor(children, settings.process.shutdown_grace_s):
+        logger.info("supervising %d worker children on %s, serving %s.0 to .%d", len(children),
+                    ", ".join(device.name for device in devices), settings.worker.socket_path,
+                    len(children) - 1)  # fmt: skip
+        await wait_for_signal()
+        logger.info("stopping %d worker children", len(children))
 
 
 def run(settings: Settings) -> int:
-    return run_main(serve_worker, settings)
+    try:
+        devices = resolve_devices(settings.worker.devices)
+    except DeviceError as exc:
+        print(f"sie: {exc}", file=sys.stderr)
+        return 2
+    if len(devices) == 1:
+        return run_main(functools.partial(serve_worker, device=devices[0]), settings)
+    return run_main(functools.partial(supervise_workers, devices=devices), settings)

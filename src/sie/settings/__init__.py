@@ -11,6 +11,7 @@ from sie.settings._docs import (
     describe_settings,
     render_settings_markdown,
 )
+from sie.settings._environment import child_environment
 from sie.settings._load import (
     Settings,
     SettingsError,
@@ -49,6 +50,7 @@ __all__ = [
     "StreamSettings",
     "TelemetrySettings",
     "WorkerSettings",
+    "child_environment",
     "describe_groups",
     "describe_settings",
     "format_settings_error",

@@ -228,3 +228,26 @@ def byte_size() -> Parser:
         return int(match.group(1)) * _UNITS[match.group(2)]
 
     return Parser("bytes", convert, _render_size)
+
+
+_DEVICES = re.compile(r"auto|cpu(:[1-9][0-9]*)?|cuda(:[0-9]+(,[0-9]+)*)?")
+
+
+def device_spec() -> Parser:
+    """Which devices a worker runs on: `auto`, `cpu`, `cpu:N` (N CPU children), `cuda` (every visible GPU) or
+    `cuda:I[,J…]` (those GPUs, each once). Held as the normalised text; `sie.worker.devices` resolves it."""
+    expected = "expected auto, cpu, cpu:N (N >= 1), cuda or cuda:I[,J...] such as cuda:0,2"
+
+    def convert(raw: str) -> str:
+        value = re.sub(r"\s+", "", raw.lower())
+        if not _DEVICES.fullmatch(value):
+            raise ValueError(f"is not a device list; {expected}")
+        kind, _, indices = value.partition(":")
+        if kind == "cuda" and indices:
+            ordinals = [int(index) for index in indices.split(",")]
+            if len(set(ordinals)) != len(ordinals):
+                raise ValueError(f"names a GPU twice; {expected}")
+            return "cuda:" + ",".join(str(ordinal) for ordinal in ordinals)
+        return value
+
+    return Parser("devices", convert)

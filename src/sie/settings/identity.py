@@ -95,9 +95,10 @@ class ProcessSettings:
         Env(
             "SIE_SHUTDOWN_GRACE_S",
             seconds(),
-            "On SIGTERM, how long in-flight work may finish before the process exits.",
-            roles=("gateway", "config", "sidecar", "all"),
-            read_by=("sie.roles.common", "sie.roles.sidecar", "sie.roles.all", "sie.roles.gateway"),
+            "On SIGTERM, how long in-flight work may finish before the process exits (a multi-device worker: how "
+            "long its children may take to stop before they are killed).",
+            roles=("gateway", "config", "sidecar", "worker", "all"),
+            read_by=("sie.roles.common", "sie.roles.sidecar", "sie.roles.all", "sie.roles.gateway", "sie.roles.worker"),
         ),
         20.0,
     )

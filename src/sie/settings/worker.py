@@ -9,7 +9,7 @@ from pathlib import Path
 
 import attrs
 
-from sie.settings._parsers import boolean, byte_size, choice, integer, path, string_list
+from sie.settings._parsers import boolean, byte_size, choice, device_spec, integer, path, string_list
 from sie.settings._spec import Env, setting
 
 _MODEL_ROLES = ("worker", "all")
@@ -46,6 +46,19 @@ class WorkerSettings:
             read_by=("sie.roles.common",),
         ),
         "onnx",
+    )
+    devices: str = setting(
+        Env(
+            "SIE_WORKER_DEVICES",
+            device_spec(),
+            "Devices to run models on, one worker child each: `auto` (every visible CUDA device, else one CPU "
+            "child), `cpu`, `cpu:N` (N CPU children sharing the cores), `cuda` (every visible GPU) or `cuda:0,2`. "
+            "Asking for CUDA needs onnxruntime's CUDA provider (`pip install 'sie[gpu-cuda]'`).",
+            flag="--devices",
+            roles=_MODEL_ROLES,
+            read_by=("sie.roles.common", "sie.roles.worker"),
+        ),
+        "auto",
     )
     model_cache: Path = setting(
         Env(
@@ -85,10 +98,11 @@ class WorkerSettings:
         Env(
             "SIE_WORKER_MEMORY_BUDGET_BYTES",
             byte_size(),
-            "Memory for loaded models (their weight files' size); least-recently-used models are unloaded to "
-            "stay under it. Unset: no budget.",
+            "Memory for each worker child's loaded models (their weight files' size); least-recently-used "
+            "models are unloaded to stay under it. Unset: from the device, 60% of a GPU's free memory at start, "
+            "or 50% of the host's available memory shared among the CPU children.",
             roles=_MODEL_ROLES,
-            read_by=("sie.roles.common",),
+            read_by=("sie.roles.common", "sie.roles.worker"),
         ),
         None,
     )
@@ -106,10 +120,10 @@ class WorkerSettings:
         Env(
             "SIE_ORT_INTRA_OP_THREADS",
             integer(minimum=1),
-            "onnxruntime intra-op threads per session. Unset: one per core.",
+            "onnxruntime intra-op threads per session. Unset: the cores shared evenly among the worker children.",
             flag="--intra-op-threads",
             roles=_MODEL_ROLES,
-            read_by=("sie.worker.loading", "sie.roles.common"),
+            read_by=("sie.worker.loading", "sie.roles.common", "sie.roles.worker"),
         ),
         None,
     )

@@ -1,0 +1,46 @@
+"""The environment of a child `sie run --role ROLE` that must run with this process's settings: the flags this
+process was given reach the child as the variables they stand for, so the child needs no command line of its own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from sie.settings._load import Settings, SettingsError
+from sie.settings._spec import SPEC_KEY, Env
+
+
+def child_environment(
+    settings: Settings,
+    role: str,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """`environ` (default: this process's) with every setting `role` reads written as its variable, the value
+    taken from `overrides` (keyed by field path, e.g. `worker.devices`) where given, else from `settings`.
+
+    Aliases are dropped; a None or empty value removes the variable, which the child reads as the default.
+    """
+    given = dict(overrides or {})
+    child = dict(os.environ if environ is None else environ)
+    for group_field in attrs.fields(Settings):
+        values = getattr(settings, group_field.name)
+        for field in attrs.fields(group_field.type):
+            spec: Env = field.metadata[SPEC_KEY]
+            path = f"{group_field.name}.{field.name}"
+            if role not in spec.roles:
+                if path in given:
+                    raise SettingsError([f"{path} is not read by role {role!r}; a child of that role ignores it"])
+                continue
+            for name in (spec.name, *spec.aliases):
+                child.pop(name, None)
+            value = given.pop(path) if path in given else getattr(values, field.name)
+            if value is not None and value != ():
+                child[spec.name] = spec.parse.render(value)
+    if given:
+        raise SettingsError([f"unknown setting {path!r} in a child's overrides" for path in sorted(given)])
+    return child
