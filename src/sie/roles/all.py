@@ -1,6 +1,7 @@
-"""`sie run --role all`: gateway, sidecar and worker in one process. The loopback transport replaces
-NATS and the sidecar calls the worker service directly; the code above those seams is the same as in
-the distributed roles (DESIGN.md §4).
+"""`sie run --role all`: gateway, sidecar and worker children in one process. The loopback transport replaces
+NATS and the sidecar calls the worker children's services directly, one per device of SIE_WORKER_DEVICES,
+through the fleet that places each batch (SIE_PLACEMENT_*); the code above those seams is the same as in the
+distributed roles (DESIGN.md §4). The placement surface and `/metrics` are served beside the API.
 """
 
 from __future__ import annotations
@@ -8,25 +9,36 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 
 from sie.gateway.app import GatewaySources, build_gateway_app, serving_state
+from sie.http.handlers import plain_handler_routes
 from sie.http.serving import serve_until_signalled
+from sie.placement.api import PATH_PREFIXES, PlacementApi
 from sie.roles.common import baseline_catalog, http_listener, open_local_workers, run_gateway_main
 from sie.roles.local_status import LocalModelStatus
 from sie.runtime import freeze_startup_heap
 from sie.settings import Settings
 from sie.sidecar import Sidecar
+from sie.sidecar.children import LocalChildren
+from sie.sidecar.fleet import WorkerFleet
 from sie.transport.loopback import LoopbackTransport
 
 
 async def serve_all(settings: Settings) -> None:
     catalog = baseline_catalog(settings)
     async with AsyncExitStack() as stack:
-        local = (await open_local_workers(stack, settings, catalog))[0]  # the fleet fronts them all next
+        workers = await open_local_workers(stack, settings, catalog)
+        children = LocalChildren({worker.name: worker.service for worker in workers})
+        fleet = await stack.enter_async_context(WorkerFleet.from_settings(children, settings.placement))
         transport = await stack.enter_async_context(LoopbackTransport(settings.stream))
-        sidecar = await stack.enter_async_context(Sidecar.from_settings(transport, local.service, settings))
-        manager = local.manager
-        status = LocalModelStatus(manager, settings.process.worker_id, settings.lane)
+        sidecar = await stack.enter_async_context(
+            Sidecar.from_settings(transport, fleet, settings, replicas=fleet.replicas)
+        )
+        manager = workers[0].manager  # every child serves the same catalogue
+        status = LocalModelStatus(workers, settings.lane)
         sources = GatewaySources(lambda: manager.catalog, transport, transport, status)
-        app = build_gateway_app(sources, settings.gateway, settings.lane, settings.process.router_id)
+        placement_routes = plain_handler_routes(PlacementApi(fleet).handle, PATH_PREFIXES)
+        app = build_gateway_app(
+            sources, settings.gateway, settings.lane, settings.process.router_id, extra_routes=placement_routes
+        )
         grace = settings.process.shutdown_grace_s
 
         async def drain() -> None:

@@ -1,7 +1,8 @@
-"""`sie run --role sidecar`: consume one lane from NATS JetStream and serve it with the worker on the
-Unix socket; heartbeats on `sie.health.{worker_id}`, probes on SIE_WORKER_PROBE_HOST:PORT, live config
-deltas from `sie.config.models.{bundle}` forwarded to the worker, and the config export reconciled
-when SIE_CONFIG_SERVICE_URL is set.
+"""`sie run --role sidecar`: consume one lane from NATS JetStream and serve it with the pod's worker children
+on their Unix sockets (`SIE_IPC_SOCKET_PATH` for one worker, `SIE_IPC_SOCKET_PATH.{i}` for several), each batch
+placed by the fleet (SIE_PLACEMENT_*); heartbeats on `sie.health.{worker_id}`; probes, the placement surface
+and `/metrics` on SIE_WORKER_PROBE_HOST:PORT; live config deltas from `sie.config.models.{bundle}` forwarded to
+every child, and the config export reconciled when SIE_CONFIG_SERVICE_URL is set.
 """
 
 from __future__ import annotations
@@ -9,13 +10,15 @@ from __future__ import annotations
 import logging
 from contextlib import AsyncExitStack
 
-from sie.ipc.uds_client import UdsWorkerClient
+from sie.placement.api import PlacementApi
 from sie.roles.common import run_main
 from sie.runtime import freeze_startup_heap, wait_for_signal
 from sie.settings import Settings
 from sie.sidecar import Sidecar
+from sie.sidecar.children import SocketChildren
 from sie.sidecar.config_apply import AppliedConfig, ConfigApplier
 from sie.sidecar.config_export import ExportReconciler
+from sie.sidecar.fleet import WorkerFleet
 from sie.sidecar.health import HealthPublisher
 from sie.sidecar.probes import ProbeServer
 from sie.transport.nats import NatsTransport
@@ -29,16 +32,19 @@ async def serve_sidecar(settings: Settings) -> None:
         transport = await stack.enter_async_context(
             NatsTransport(settings.nats, settings.stream, name=f"sie-sidecar-{worker_id}")
         )
-        worker = await stack.enter_async_context(UdsWorkerClient(settings.worker.socket_path))
+        children = SocketChildren(settings.worker.socket_path)
+        worker = await stack.enter_async_context(WorkerFleet.from_settings(children, settings.placement))
         # One acknowledged state: deltas and export reconciliation advance it, heartbeats advertise it.
         applied = AppliedConfig()
         await stack.enter_async_context(ConfigApplier(transport, worker, settings, applied))
         await stack.enter_async_context(ExportReconciler(worker, settings, applied))
         health = await stack.enter_async_context(HealthPublisher.from_settings(transport, worker, settings, applied))
         server = await stack.enter_async_context(
-            ProbeServer(lambda: health.ready, probes.probe_port, host=probes.probe_host)
+            ProbeServer(
+                lambda: health.ready, probes.probe_port, host=probes.probe_host, routes=PlacementApi(worker).handle
+            )
         )
-        sidecar = Sidecar.from_settings(transport, worker, settings, observe=health.observe)
+        sidecar = Sidecar.from_settings(transport, worker, settings, observe=health.observe, replicas=worker.replicas)
         freeze_startup_heap()  # before consuming: its full collection must not pause live work
         await stack.enter_async_context(sidecar)
         logger.info("sidecar %s consuming %s; probes on port %d", worker_id, sidecar.lane, server.port)

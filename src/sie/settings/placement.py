@@ -53,7 +53,7 @@ class PlacementSettings:
         Env(
             "SIE_PLACEMENT_WORK_BASIS",
             choice("compute", "items", "requests"),
-            "What \"busy\" counts for least_outstanding and fill_least: in-flight compute-seconds, items, or "
+            'What "busy" counts for least_outstanding and fill_least: in-flight compute-seconds, items, or '
             "batches (per-request cost under fill_least).",
             roles=_ROLES,
             read_by=_POLICY,

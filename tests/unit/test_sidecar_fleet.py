@@ -1,0 +1,251 @@
+"""The worker fleet: probe rounds feed placement, readiness is "any child ready", models load where placement
+assigns them, batches go to a child that has the model and fail over when it fails, config goes to every
+child, a hung probe recreates that child's connection. The children are fakes: the WorkerClient seam is the
+subject here (tests/integration/test_fleet_children.py runs real ones)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sie.placement.policy import PlacementPolicy
+from sie.placement.router import Placement
+from sie.sidecar.children import LocalChildren
+from sie.sidecar.fleet import NoWorkerChild, WorkerFleet
+from sie.wire.ipc_batch import BatchOutcome, ItemOutcome, RunBatchItem, RunBatchRequest
+from sie.wire.ipc_control import (
+    MODEL_STATE_FAILED,
+    MODEL_STATE_LOADING_IN_PROGRESS,
+    MODEL_STATE_READY,
+    ApplyModelConfigRequest,
+    ApplyModelConfigResponse,
+    DrainRequest,
+    DrainResponse,
+    EnsureModelReadyRequest,
+    EnsureModelReadyResponse,
+    ModelControlEntry,
+    ModelControlStatusRequest,
+    ModelControlStatusResponse,
+    PingRequest,
+    PingResponse,
+)
+from support.polling import eventually
+
+
+class FakeChild:
+    """A worker child: loads a model after `load_rounds` EnsureModelReady calls, runs batches, can fail."""
+
+    def __init__(self, name: str, *, ready: bool = True, load_rounds: int = 0, hash_: str = "h1") -> None:
+        self.name = name
+        self.ready = ready
+        self.load_rounds = load_rounds
+        self.hash = hash_
+        self.loaded: set[str] = set()
+        self.ensure_calls: dict[str, int] = {}
+        self.batches: list[RunBatchRequest] = []
+        self.fail_batches: Exception | None = None
+        self.give_back = False
+        self.hang_probe = False
+        self.drained = False
+
+    async def ping(self, request: PingRequest) -> PingResponse:
+        return PingResponse(timestamp_ms=request.timestamp_ms, worker_id=self.name, ready=self.ready,
+                            bundle_config_hash=self.hash, loaded_models=sorted(self.loaded))  # fmt: skip
+
+    async def ensure_model_ready(self, request: EnsureModelReadyRequest) -> EnsureModelReadyResponse:
+        calls = self.ensure_calls[request.model_id] = self.ensure_calls.get(request.model_id, 0) + 1
+        if request.model_id == "broken":
+            return EnsureModelReadyResponse(state=MODEL_STATE_FAILED, error="no weights", error_class="NOT_FOUND")
+        if calls > self.load_rounds:
+            self.loaded.add(request.model_id)
+            return EnsureModelReadyResponse(state=MODEL_STATE_READY, batch_budget=32)
+        return EnsureModelReadyResponse(state=MODEL_STATE_LOADING_IN_PROGRESS)
+
+    async def run_batch(self, request: RunBatchRequest) -> BatchOutcome:
+        self.batches.append(request)
+        if self.fail_batches is not None:
+            raise self.fail_batches
+        disposition = "nak_retry" if self.give_back else "publish_and_ack"
+        return BatchOutcome(outcomes=[
+            ItemOutcome(work_item_id=item.work_item_id, request_id=item.request_id, item_index=0,
+                        disposition=disposition, inference_ms=2.0)
+            for item in request.items
+        ])  # fmt: skip
+
+    async def model_control_status(self, request: ModelControlStatusRequest) -> ModelControlStatusResponse:
+        if self.hang_probe:
+            await asyncio.Event().wait()
+        models = [
+            ModelControlEntry(model_id=model, state=MODEL_STATE_READY, max_batch_items=32) for model in self.loaded
+        ]
+        return ModelControlStatusResponse(worker_id=self.name, device="cpu", ready=self.ready, models=models)
+
+    async def apply_model_config(self, request: ApplyModelConfigRequest) -> ApplyModelConfigResponse:
+        self.hash = request.bundle_config_hash
+        return ApplyModelConfigResponse(applied=True, bundle_config_hash=self.hash)
+
+    async def drain(self, request: DrainRequest) -> DrainResponse:
+        self.drained = True
+        return DrainResponse()
+
+
+class RecordingChildren(LocalChildren):
+    def __init__(self, children: dict[str, FakeChild]) -> None:
+        super().__init__(children)
+        self.reconnects: list[str] = []
+
+    async def reconnect(self, name: str) -> None:
+        self.reconnects.append(name)
+
+
+def batch(model_id: str = "m", items: int = 2, batch_id: int = 1) -> RunBatchRequest:
+    return RunBatchRequest(
+        model_id=model_id, batch_id=batch_id, lora_key="", total_cost=items,
+        items=[RunBatchItem(op="encode", work_item_id=f"w{batch_id}.{index}", request_id=f"w{batch_id}")
+               for index in range(items)],
+    )  # fmt: skip
+
+
+def fleet_of(*children: FakeChild, policy: PlacementPolicy | None = None, probe_s: float = 60.0) -> WorkerFleet:
+    directory = RecordingChildren({child.name: child for child in children})
+    return WorkerFleet(directory, Placement(policy or PlacementPolicy()), probe_s)
+
+
+async def test_ready_when_any_child_is_and_each_child_reports_its_device() -> None:
+    async with fleet_of(FakeChild("worker-0", ready=False), FakeChild("worker-1")) as fleet:
+        assert fleet.ready and fleet.size == 2
+        children = {child.name: child for child in fleet.snapshot().children}
+        assert children["worker-1"].ready and not children["worker-0"].ready
+        ping = await fleet.ping(PingRequest(timestamp_ms=1.0))
+        assert ping.ready and ping.bundle_config_hash == "h1"
+    async with fleet_of(FakeChild("worker-0", ready=False)) as fleet:
+        assert not fleet.ready
+        assert not (await fleet.ping(PingRequest(timestamp_ms=1.0))).ready
+
+
+async def test_round_robin_loads_everywhere_and_alternates_batches() -> None:
+    first, second = FakeChild("worker-0"), FakeChild("worker-1")
+    async with fleet_of(first, second) as fleet:
+        answer = await fleet.ensure_model_ready(EnsureModelReadyRequest(model_id="m"))
+        assert answer.state == MODEL_STATE_READY
+        assert first.loaded == second.loaded == {"m"}
+        assert fleet.replicas("m") == 2
+        for batch_id in range(4):
+            await fleet.run_batch(batch(batch_id=batch_id))
+        assert len(first.batches) == len(second.batches) == 2
+
+
+async def test_ready_as_soon_as_one_replica_is_and_the_other_warms_in_the_background() -> None:
+    fast, slow = FakeChild("worker-0"), FakeChild("worker-1", load_rounds=2)
+    async with fleet_of(fast, slow, probe_s=0.05) as fleet:
+        assert (await fleet.ensure_model_ready(EnsureModelReadyRequest(model_id="m"))).state == MODEL_STATE_READY
+        assert fleet.replicas("m") == 1
+        await eventually(lambda: fleet.replicas("m") == 2, timeout_s=5.0)
+        assert slow.loaded == {"m"}
+
+
+async def test_a_failed_child_hands_the_batch_to_another_replica() -> None:
+    first, second = FakeChild("worker-0"), FakeChild("worker-1")
+    async with fleet_of(first, second) as fleet:
+        await fleet.ensure_model_ready(EnsureModelReadyRequest(model_id="m"))
+        first.fail_batches = ConnectionResetError("worker-0 died")
+        for batch_id in range(3):
+            outcome = await fleet.run_batch(batch(batch_id=batch_id))
+            assert all(item.disposition == "publish_and_ack" for item in outcome.outcomes)
+        assert len(second.batches) == 3
+        assert len(first.batches) == 1  # tried once, then no longer a candidate until it has the model again
+        assert fleet.replicas("m") == 1
+
+
+async def test_a_batch_given_back_whole_runs_on_another_replica() -> None:
+    first, second = FakeChild("worker-0"), FakeChild("worker-1")
+    async with fleet_of(first, second) as fleet:
+        await fleet.ensure_model_ready(EnsureModelReadyRequest(model_id="m"))
+        first.give_back = second.give_back = False
+        first.give_back = True  # e.g. it evicted the model
+        outcomes = [await fleet.run_batch(batch(batch_id=batch_id)) for batch_id in range(2)]
+        assert all(item.disposition == "publish_and_ack" for outcome in outcomes for item in outcome.outcomes)
+        second.give_back = True
+        first.loaded.add("m")
+        await fleet.probe()
+        given_back = await fleet.run_batch(batch(batch_id=9))  # every replica gives it back: its answer stands
+        assert all(item.disposition == "nak_retry" for item in given_back.outcomes)
+
+
+async def test_no_replica_with_the_model_fails_the_batch_for_redelivery() -> None:
+    async with fleet_of(FakeChild("worker-0")) as fleet:
+        with pytest.raises(NoWorkerChild):
+            await fleet.run_batch(batch("never-loaded"))
+    async with fleet_of(FakeChild("worker-0", ready=False)) as fleet:
+        with pytest.raises(NoWorkerChild):
+            await fleet.ensure_model_ready(EnsureModelReadyRequest(model_id="m"))
+
+
+async def test_a_model_failing_on_every_child_is_failed_and_loading_wins_over_failed() -> None:
+    async with fleet_of(FakeChild("worker-0"), FakeChild("worker-1")) as fleet:
+        answer = await fleet.ensure_model_ready(EnsureModelReadyRequest(model_id="broken"))
+        assert answer.state == MODEL_STATE_FAILED and answer.error_class == "NOT_FOUND"
+    async with fleet_of(FakeChild("worker-0", load_rounds=5), FakeChild("worker-1")) as fleet:
+        assert (await fleet.ensure_model_ready(EnsureModelReadyRequest(model_id="m"))).state == MODEL_STATE_READY
+
+
+async def test_lpt_packing_loads_a_single_replica_model_on_one_child_only() -> None:
+    first, second = FakeChild("worker-0"), FakeChild("worker-1")
+    policy = PlacementPolicy(mode="lpt_packing")
+    async with fleet_of(first, second, policy=policy) as fleet:
+        assert (await fleet.ensure_model_ready(EnsureModelReadyRequest(model_id="m"))).state == MODEL_STATE_READY
+        hosts = [child for child in (first, second) if "m" in child.loaded]
+        assert len(hosts) == 1
+        for batch_id in range(4):
+            await fleet.run_batch(batch(batch_id=batch_id))
+        assert len(hosts[0].batches) == 4
+        fleet.set_model("m", replicas=2)
+        record = await fleet.repack(wait_s=5.0)
+        assert record is not None and record.trigger == "manual"
+        assert first.loaded == second.loaded == {"m"}  # the wait returned once the new replica was ready
+
+
+async def test_repack_outside_lpt_packing_is_none() -> None:
+    async with fleet_of(FakeChild("worker-0")) as fleet:
+        assert await fleet.repack(wait_s=0.0) is None
+
+
+async def test_a_hung_probe_recreates_that_childs_connection() -> None:
+    stuck, healthy = FakeChild("worker-0"), FakeChild("worker-1")
+    directory = RecordingChildren({"worker-0": stuck, "worker-1": healthy})
+    fleet = WorkerFleet(directory, Placement(PlacementPolicy()), probe_interval_s=0.05)
+    async with fleet:
+        stuck.hang_probe = True
+
+        def stuck_is_unready() -> bool:
+            return not {child.name: child for child in fleet.snapshot().children}["worker-0"].ready
+
+        await eventually(lambda: "worker-0" in directory.reconnects and stuck_is_unready(), timeout_s=5.0)
+        assert fleet.ready  # worker-1 still is
+
+
+async def test_config_goes_to_every_child_and_a_split_hash_is_not_advertised() -> None:
+    first, second = FakeChild("worker-0"), FakeChild("worker-1")
+    async with fleet_of(first, second) as fleet:
+        request = ApplyModelConfigRequest(bundle_id="b", model_id="m", epoch=2, bundle_config_hash="h2",
+                                          model_config="sie_id: m")  # fmt: skip
+        applied = await fleet.apply_model_config(request)
+        assert applied.applied and applied.bundle_config_hash == "h2" and first.hash == second.hash == "h2"
+        second.hash = "h3"
+        assert (await fleet.ping(PingRequest(timestamp_ms=1.0))).bundle_config_hash == ""
+        await fleet.drain(DrainRequest())
+        assert first.drained and second.drained
+
+
+async def test_a_child_that_joins_later_gets_the_config_before_it_serves() -> None:
+    first, late = FakeChild("worker-0"), FakeChild("worker-1", ready=False)
+    async with fleet_of(first, late) as fleet:
+        request = ApplyModelConfigRequest(bundle_id="b", model_id="m", epoch=2, bundle_config_hash="h2",
+                                          model_config="sie_id: m")  # fmt: skip
+        assert (await fleet.apply_model_config(request)).bundle_config_hash == "h2"
+        assert late.hash == "h1"  # it was not ready: nothing was sent to it
+        late.ready = True  # e.g. a restarted child with the baseline config
+        await fleet.probe()
+        assert late.hash == "h2"
+        assert (await fleet.ping(PingRequest(timestamp_ms=1.0))).bundle_config_hash == "h2"
