@@ -362,7 +362,8 @@ class Placement:
         total = sum(demand.values())
         return ModelPlacement(
             model_id=model_id,
-            replicas_setting=self._policy.replicas_for(model_id),
+            # Outside lpt_packing every ready child serves every model: the setting in force is `all`.
+            replicas_setting=self._policy.replicas_for(model_id) if self._policy.mode == LPT_PACKING else ALL_REPLICAS,
             fill_mode=self._policy.fill_mode_for(model_id),
             fill_factor=self._policy.fill_factor_for(model_id),
             fill_quantum=self._quantum(model_id),
