@@ -198,6 +198,22 @@ def test_repack_puts_the_two_heaviest_models_apart() -> None:
     assert router.assigned("a") != router.assigned("d")
 
 
+def test_a_repack_evens_out_what_heaviest_first_leaves_uneven() -> None:
+    # Measured 3, 3, 2, 2, 2: heaviest first alone puts 7 against 5 on two children; the packer's refinement
+    # swaps a 3 for a 2.
+    router = placement([model(name) for name in "abcde"], names=W[:2], mode="lpt_packing")
+    demand = {"a": 3.0, "b": 3.0, "c": 2.0, "d": 2.0, "e": 2.0}
+    for name, compute in demand.items():
+        ticket = router.started(router.assigned(name)[0], name, 1)
+        router.finished(ticket, compute)
+    router.repack()
+    per_child = {child: 0.0 for child in W[:2]}
+    for name, compute in demand.items():
+        (child,) = router.assigned(name)
+        per_child[child] += compute
+    assert per_child == {"worker-0": 6.0, "worker-1": 6.0}
+
+
 # --- repack triggers -----------------------------------------------------------------------------------
 
 
