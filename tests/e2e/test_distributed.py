@@ -28,8 +28,9 @@ HELLO_WORLD_PREFIX = [-0.034477, 0.031023, 0.006735, 0.026109]
 class Cluster:
     """The four processes of one distributed deployment on loopback."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, worker_args: tuple[str, ...] = ()) -> None:
         self.root = root
+        self.worker_args = list(worker_args)
         self.nats = NatsServer(root)
         self.socket = root / "worker.sock"
         self.port = free_port()
@@ -37,8 +38,9 @@ class Cluster:
         # Each role gets only the variables it reads (a role refuses the others).
         self.worker_env = {"SIE_IPC_SOCKET_PATH": str(self.socket), "SIE_WORKER_ID": "w-1"}
         self.worker = self.start_worker()
+        self.probe_url = f"http://127.0.0.1:{free_port()}"
         self.sidecar = RoleProcess(
-            "sidecar", ["--port", str(free_port()), "--health-interval-s", "0.2"],
+            "sidecar", ["--port", self.probe_url.rsplit(":", 1)[1], "--health-interval-s", "0.2"],
             {**self.worker_env, "SIE_NATS_URL": self.nats.url}, root / "sidecar.log",
         )  # fmt: skip
         self.gateway = RoleProcess(
@@ -48,7 +50,7 @@ class Cluster:
 
     def start_worker(self) -> RoleProcess:
         log = self.root / f"worker-{time.monotonic()}.log"
-        return RoleProcess("worker", ["--preload", MINILM], self.worker_env, log)
+        return RoleProcess("worker", ["--preload", MINILM, *self.worker_args], self.worker_env, log)
 
     def wait_serving(self, timeout_s: float = 120.0) -> None:
         self.gateway.wait_http_ready(f"{self.url}/readyz")
@@ -74,6 +76,41 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield deployment
     finally:
         deployment.stop()
+
+
+@pytest.fixture(scope="module")
+def two_device_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A worker pod with two CPU children (`--devices cpu:2`) behind its sidecar."""
+    deployment = Cluster(tmp_path_factory.mktemp("two-devices"), worker_args=("--devices", "cpu:2"))
+    try:
+        deployment.wait_serving()
+        yield deployment
+    finally:
+        deployment.stop()
+
+
+def test_a_two_device_pod_serves_from_both_children_and_shows_it_on_its_probe_port(
+    two_device_cluster: Cluster,
+) -> None:
+    cluster = two_device_cluster
+    with httpx.Client(timeout=60) as client:
+
+        def both_ready() -> bool:
+            children = client.get(f"{cluster.probe_url}/v1/placement").json()["children"]
+            return [child["ready"] for child in children] == [True, True]
+
+        assert holds_within(both_ready, 60.0, interval_s=0.2), cluster.sidecar.log()
+        for index in range(12):
+            body = {"items": [{"text": f"sentence {index}"}]}
+            assert client.post(f"{cluster.url}/v1/encode/{MINILM}", json=body).status_code == 200
+        state = client.get(f"{cluster.probe_url}/v1/placement").json()
+        assert [child["name"] for child in state["children"]] == ["worker-0", "worker-1"]
+        (model,) = [entry for entry in state["models"] if entry["model"] == MINILM]
+        routed = {replica["worker"]: replica["routed_batches"] for replica in model["replicas"]}
+        assert routed.get("worker-0", 0) > 0 and routed.get("worker-1", 0) > 0, routed
+        metrics = client.get(f"{cluster.probe_url}/metrics").text
+        assert 'sie_placement_worker_ready{device="cpu",worker="worker-1"} 1.0' in metrics
+        assert client.get(f"{cluster.probe_url}/readyz").status_code == 200
 
 
 def test_encode_score_extract_through_the_whole_path(cluster: Cluster) -> None:
