@@ -156,7 +156,7 @@ class PlacementSettings:
             "SIE_PLACEMENT_FILE",
             path(),
             "YAML with a `scheduling:` block (seed 002): any knob above plus `models: {MODEL: {replicas, "
-            "fill_mode, fill_factor}}`; these variables override its knobs.",
+            "fill_mode, fill_factor}}`; a variable set to other than its default overrides the file's knob.",
             roles=_ROLES,
             read_by=_POLICY,
         ),
