@@ -27,14 +27,11 @@ devices idle.
 
 Rows: mean batch fill (items per batch ÷ max batch), compute spread (max − min over mean of each device's
 busy seconds), p50/p99 queueing delay, utilisation, model switches per batch, repacks. For lpt_packing
-columns two planning rows, both from each model's measured device-seconds and counted as the packer
-counts them (`packer.replica_loads`): under fill_least a replicated model's seconds are water-filled over
-its replicas (its runs open on the least loaded replica, so its traffic is assumed to flow toward the less
-loaded of its devices as far as its demand allows), under fill_rr they are split evenly. `plan spread` is
-the spread the final placement implies, `best plan spread` the lowest any placement with the same replica
-counts and fitting weights could imply (exhaustive search). Where the best plan cannot reach 10 %, no
-static placement meets the spread goal for that column under that model; where it can but the measured
-`compute spread` does not, the routing did not move the traffic the way the model assumes.
+columns two planning rows, both from each model's measured device-seconds: `plan spread` is the spread
+the final placement implies (replicas share a model evenly), `best plan spread` the lowest any placement
+with the same replica counts and fitting weights could imply (exhaustive search). Where the best plan
+cannot reach 10 %, no static placement meets the spread goal for that column: the demand shares are too
+coarse for the replica counts.
 `compute spread` is over the whole measured run, the goal's measure; `per 5 s window` is the mean spread of
 windows about one repack interval long, which shows a run evened out only by models moving between repacks.
 `--refine-steps 0` shows the packer without its refinement pass (the greedy LPT of seed 002 alone).
@@ -180,7 +177,6 @@ class Stats:
     repacks: int = 0
     span: float = 0.0
     placement: dict[str, tuple[str, ...]] = attrs.Factory(dict)  # lpt_packing's final placement
-    fluid: dict[str, bool] = attrs.Factory(dict)  # lpt_packing: models whose routing follows the least loaded
 
 
 class Simulation:
@@ -217,11 +213,6 @@ class Simulation:
         if snapshot.policy.mode == "lpt_packing":
             self.stats.placement = {
                 model.model_id: tuple(replica.child for replica in model.replicas) for model in snapshot.models
-            }
-            policy = snapshot.policy
-            self.stats.fluid = {
-                model_id: policy.routing_policy == "fill_least" and policy.fill_mode_for(model_id) != "spread"
-                for model_id in self.trace.costs
             }
         return self.stats
 
@@ -304,57 +295,39 @@ def spread(loads: Mapping[str, float] | list[float]) -> float:
     return (max(values) - min(values)) / statistics.fmean(values)
 
 
-def plan_loads(
-    seconds: Mapping[str, float], placement: Mapping[str, tuple[str, ...]], fluid: Mapping[str, bool]
-) -> dict[str, float]:
-    """Each device's compute a placement implies for the models' measured seconds, as the packer counts it
-    (`packer.replica_loads`): a fluid replicated model water-filled over its replicas, the others evenly."""
-    demands = [
-        packer.ModelDemand(model_id, seconds.get(model_id, 0.0), 0, len(children), fluid.get(model_id, False))
-        for model_id, children in placement.items()
-    ]
+def plan_spread(seconds: Mapping[str, float], placement: Mapping[str, tuple[str, ...]]) -> float:
+    """The compute spread a placement implies for the models' measured seconds (replicas share evenly)."""
     loads = dict.fromkeys(DEVICES, 0.0)
-    for shares in packer.replica_loads(demands, placement).values():
-        for child, load in shares.items():
-            loads[child] += load
-    return loads
+    for model_id, children in placement.items():
+        for child in children:
+            loads[child] += seconds.get(model_id, 0.0) / len(children)
+    return spread(loads)
 
 
-def plan_spread(
-    seconds: Mapping[str, float], placement: Mapping[str, tuple[str, ...]], fluid: Mapping[str, bool]
-) -> float:
-    """The compute spread a placement implies for the models' measured seconds (`plan_loads`)."""
-    return spread(plan_loads(seconds, placement, fluid))
-
-
-def best_plan_spread(
-    seconds: Mapping[str, float], replicas: Mapping[str, int], memory: Mapping[str, int], fluid: Mapping[str, bool]
-) -> float:
-    """The lowest compute spread any placement with these replica counts and fitting weights implies, loads
-    as `plan_loads` counts them (exhaustive; the devices are alike, so the heaviest model's children are
-    fixed). inf: none fits."""
+def best_plan_spread(seconds: Mapping[str, float], replicas: Mapping[str, int], memory: Mapping[str, int]) -> float:
+    """The lowest compute spread any placement with these replica counts and fitting weights implies
+    (exhaustive; the devices are alike, so the heaviest model's children are fixed). inf: none fits."""
     models = sorted(seconds, key=lambda model_id: (-seconds[model_id], model_id))
-    placement: dict[str, tuple[str, ...]] = {}
-    used = [0] * len(DEVICES)
+    loads, used = [0.0] * len(DEVICES), [0] * len(DEVICES)
     best = math.inf
 
     def place(index: int) -> None:
         nonlocal best
         if index == len(models):
-            best = min(best, plan_spread(seconds, placement, fluid))
+            best = min(best, spread(loads))
             return
         model_id = models[index]
-        count = replicas[model_id]
+        count, share = replicas[model_id], seconds[model_id] / replicas[model_id]
         choices = [tuple(range(count))] if index == 0 else itertools.combinations(range(len(DEVICES)), count)
         for children in choices:
             if any(used[child] + memory[model_id] > MEMORY_BUDGET for child in children):
                 continue
             for child in children:
+                loads[child] += share
                 used[child] += memory[model_id]
-            placement[model_id] = tuple(DEVICES[child] for child in children)
             place(index + 1)
-            del placement[model_id]
             for child in children:
+                loads[child] -= share
                 used[child] -= memory[model_id]
 
     place(0)
@@ -382,8 +355,8 @@ def summarise(stats: Stats, trace: Trace) -> dict[str, float]:
     }
     if stats.placement:
         replicas = {model_id: len(children) for model_id, children in stats.placement.items()}
-        result["plan"] = plan_spread(stats.model_compute, stats.placement, stats.fluid)
-        result["best"] = best_plan_spread(stats.model_compute, replicas, trace.memory, stats.fluid)
+        result["plan"] = plan_spread(stats.model_compute, stats.placement)
+        result["best"] = best_plan_spread(stats.model_compute, replicas, trace.memory)
     return result
 
 

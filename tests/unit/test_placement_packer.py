@@ -1,7 +1,6 @@
 """LPT packing: heaviest first onto the least pressured child, distinct replicas, memory fit (forbidden
-oversubscription when feasible, a fallback when not), hysteresis, the incremental single placement, the
-refinement after the greedy pass (moves and swaps that lower the children's pressures), and the pressure
-model that follows fill_least routing (a fluid replicated model water-filled over its replicas)."""
+oversubscription when feasible, a fallback when not), hysteresis, the incremental single placement, and the
+refinement after the greedy pass (moves and swaps that lower the larger pressure of the two children)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import random
 
 import pytest
 
-from sie.placement.packer import ChildCapacity, ModelDemand, pack, place_one, replica_loads, water_fill
+from sie.placement.packer import ChildCapacity, ModelDemand, pack, place_one
 
 GB = 1 << 30
 
@@ -18,16 +17,16 @@ def children(*names: str, budget: int | None = None) -> list[ChildCapacity]:
     return [ChildCapacity(name, budget) for name in names]
 
 
-def demand(model_id: str, compute: float, memory: int = 0, replicas: int = 1, fluid: bool = True) -> ModelDemand:
-    return ModelDemand(model_id, compute, memory, replicas, fluid)
+def demand(model_id: str, compute: float, memory: int = 0, replicas: int = 1) -> ModelDemand:
+    return ModelDemand(model_id, compute, memory, replicas)
 
 
 def loads(placement: dict[str, tuple[str, ...]], models: list[ModelDemand]) -> dict[str, float]:
-    """Each child's compute as the packer counts it (fluid replicated models water-filled)."""
+    by_id = {model.model_id: model for model in models}
     totals: dict[str, float] = {}
-    for shares in replica_loads(models, placement).values():
-        for host, load in shares.items():
-            totals[host] = totals.get(host, 0.0) + load
+    for model_id, hosts in placement.items():
+        for host in hosts:
+            totals[host] = totals.get(host, 0.0) + by_id[model_id].compute / len(hosts)
     return totals
 
 
@@ -47,18 +46,9 @@ def test_replicas_land_on_distinct_children_and_are_capped() -> None:
 
 
 def test_a_replicated_model_spreads_its_compute_over_its_replicas() -> None:
-    # Load-blind routing (fill_rr) splits "hot" evenly: 4 and 4, and the best is 4, 4, 8.
-    models = [demand("hot", 8, replicas=2, fluid=False), demand("x", 4), demand("y", 4)]
-    result = pack(models, children("w0", "w1", "w2"), previous={})
-    assert sorted(loads(dict(result.placement), models).values()) == [4.0, 4.0, 8.0]
-    assert len(result.placement["hot"]) == 2
-
-
-def test_a_fluid_replicated_model_flows_to_its_less_loaded_replica() -> None:
-    # fill_least routing: "y" beside "hot" on w0 pushes hot's traffic to w1 (2 and 6), children at 6, 6, 4.
     models = [demand("hot", 8, replicas=2), demand("x", 4), demand("y", 4)]
     result = pack(models, children("w0", "w1", "w2"), previous={})
-    assert sorted(loads(dict(result.placement), models).values()) == [4.0, 6.0, 6.0]
+    assert sorted(loads(dict(result.placement), models).values()) == [4.0, 4.0, 8.0]
     assert len(result.placement["hot"]) == 2
 
 
@@ -268,7 +258,7 @@ def test_the_refinement_never_raises_the_highest_pressure_or_breaks_a_fit(seed: 
     greedy = pack(models, fleet, {}, refine_steps=0)
     refined = pack(models, fleet, {})
 
-    def highest(placement: dict[str, tuple[str, ...]]) -> float:  # water-filled, as the packer counts
+    def highest(placement: dict[str, tuple[str, ...]]) -> float:
         fair = sum(model.compute for model in models) / len(fleet)
         used = memory_used(placement, models)
         return max(max(load / fair, used.get(child, 0) / budget) for child, load in loads(placement, models).items())
@@ -283,109 +273,3 @@ def test_the_refinement_never_raises_the_highest_pressure_or_breaks_a_fit(seed: 
     )
     for child in refined_used:
         assert refined_used[child] <= budget or refined_used[child] <= greedy_used.get(child, 0)
-
-
-# --- water-filling: the pressure model of fill_least routing ---------------------------------------------
-
-
-def test_water_filling_evens_the_children_when_the_demand_suffices() -> None:
-    child_loads, splits = water_fill({"w0": 5.0, "w1": 1.0, "w2": 0.0}, {"m": (7.0, ("w0", "w1"))})
-    assert child_loads == pytest.approx({"w0": 6.5, "w1": 6.5, "w2": 0.0})
-    assert splits == {"m": pytest.approx({"w0": 1.5, "w1": 5.5})}
-
-
-def test_a_model_with_little_demand_lifts_a_low_child_only_partway() -> None:
-    child_loads, splits = water_fill({"w0": 5.0, "w1": 1.0}, {"m": (1.0, ("w0", "w1"))})
-    assert child_loads == pytest.approx({"w0": 5.0, "w1": 2.0})
-    assert splits == {"m": pytest.approx({"w0": 0.0, "w1": 1.0})}
-
-
-def test_overlapping_fluid_models_settle_to_even_loads() -> None:
-    # m1 on w0, w1 and m2 on w1, w2 chain through w1: everything evens out at 2 (to rounding).
-    base = {"w0": 0.0, "w1": 0.0, "w2": 0.0}
-    child_loads, splits = water_fill(base, {"m1": (3.0, ("w0", "w1")), "m2": (3.0, ("w1", "w2"))})
-    assert child_loads == pytest.approx({"w0": 2.0, "w1": 2.0, "w2": 2.0})
-    assert sum(splits["m1"].values()) == pytest.approx(3.0)
-    assert sum(splits["m2"].values()) == pytest.approx(3.0)
-
-
-def test_water_filling_is_deterministic() -> None:
-    base = {"w0": 2.0, "w1": 1.0, "w2": 0.5, "w3": 0.0}
-    fluid = {"m1": (2.0, ("w0", "w1", "w2")), "m2": (1.5, ("w2", "w3")), "m3": (0.25, ("w1", "w3"))}
-    first = water_fill(base, fluid)
-    again = water_fill(
-        dict(reversed(base.items())), {k: (d, tuple(reversed(c))) for k, (d, c) in reversed(fluid.items())}
-    )
-    assert again == first
-    assert sum(first[0].values()) == pytest.approx(sum(base.values()) + 3.75)
-
-
-def test_a_model_on_one_child_or_with_load_blind_routing_is_split_evenly() -> None:
-    models = [demand("blind", 4, replicas=2, fluid=False), demand("pinned", 3), demand("one", 2, replicas=1)]
-    shares = replica_loads(models, {"blind": ("w0", "w1"), "pinned": ("w0",), "one": ("w1",)})
-    assert shares == {"blind": {"w0": 2.0, "w1": 2.0}, "pinned": {"w0": 3.0}, "one": {"w1": 2.0}}
-
-
-# A hot model on 2 replicas beside three single-replica models: split evenly (4, 4) nothing evens the
-# children out (the best is 9, 5, 7, 7); water-filled (fill_least) it tops up the child beside the 4 to 7.
-FLUID_CASE = {"hot": (10.0, 2), "x": (7.0, 1), "y": (7.0, 1), "z": (4.0, 1)}
-
-
-def spread_of(child_loads: dict[str, float]) -> float:
-    values = list(child_loads.values())
-    return (max(values) - min(values)) / (sum(values) / len(values))
-
-
-def test_water_filled_packing_reaches_an_even_spread_where_even_split_packing_cannot() -> None:
-    fleet = children("w0", "w1", "w2", "w3")
-    even = [demand(model_id, compute, replicas=count, fluid=False) for model_id, (compute, count) in FLUID_CASE.items()]
-    fluid = [demand(model_id, compute, replicas=count) for model_id, (compute, count) in FLUID_CASE.items()]
-    even_result = pack(even, fleet, previous={})
-    fluid_result = pack(fluid, fleet, previous={})
-    assert spread_of(loads(dict(even_result.placement), even)) > 0.10
-    assert spread_of(loads(dict(fluid_result.placement), fluid)) <= 0.10
-    assert sorted(loads(dict(fluid_result.placement), fluid).values()) == pytest.approx([7.0] * 4)
-    assert set(fluid_result.placement["z"]) <= set(fluid_result.placement["hot"])
-
-
-def test_the_refinement_steps_count_the_fluid_model_water_filled() -> None:
-    # Fair 7. Greedy: hot on w0, w1; b 7 on w2; d 5 on w3; a 4 on w0 (hot levels w0 and w1 at 6.5); c 3 on
-    # w3 (8). Swapping a and d gives w3 7 and lets hot lift w0 and w1 to 7: the step touches w1 as well.
-    fleet = children("w0", "w1", "w2", "w3")
-    models = [demand("hot", 9.0, replicas=2), demand("a", 4.0), demand("b", 7.0), demand("c", 3.0), demand("d", 5.0)]
-    greedy = pack(models, fleet, previous={}, refine_steps=0)
-    refined = pack(models, fleet, previous={})
-    assert sorted(loads(dict(greedy.placement), models).values()) == pytest.approx([6.5, 6.5, 7.0, 8.0])
-    assert sorted(loads(dict(refined.placement), models).values()) == pytest.approx([7.0] * 4)
-    assert refined.refine_steps == 1
-    assert refined.placement["hot"] == greedy.placement["hot"]
-
-
-def test_a_fluid_model_never_lets_a_step_put_weights_where_they_do_not_fit() -> None:
-    # z (4 GB) would even the loads beside hot, but hot's children hold 8 GB of a 10 GB budget each.
-    fleet = children("w0", "w1", "w2", "w3", budget=10 * GB)
-    models = [
-        demand("hot", 10.0, memory=8 * GB, replicas=2),
-        demand("x", 7.0, memory=1 * GB),
-        demand("y", 7.0, memory=1 * GB),
-        demand("z", 4.0, memory=4 * GB),
-    ]
-    result = pack(models, fleet, previous={})
-    assert max(memory_used(dict(result.placement), models).values()) <= 10 * GB
-    assert result.oversubscribed == ()
-    assert not set(result.placement["z"]) & set(result.placement["hot"])
-
-
-def test_hysteresis_holds_a_model_a_water_filled_step_would_move() -> None:
-    # Last time z sat beside x (loads 5, 5, 7, 11 against a fair 7); beside hot all four reach 7, a gain of
-    # 11/7 - 1 = 4/7 for the highest child z leaves.
-    fleet = children("w0", "w1", "w2", "w3")
-    models = [demand(model_id, compute, replicas=count) for model_id, (compute, count) in FLUID_CASE.items()]
-    previous = {"hot": ("w0", "w1"), "x": ("w2",), "y": ("w3",), "z": ("w3",)}
-    held = pack(models, fleet, previous, hysteresis=1.0)
-    assert held.placement == previous
-    assert "z" in held.held_by_hysteresis
-    assert held.max_improvement == pytest.approx(4 / 7)
-    moved = pack(models, fleet, previous, hysteresis=0.5)
-    assert moved.placement["z"] in (("w0",), ("w1",))
-    assert sorted(loads(dict(moved.placement), models).values()) == pytest.approx([7.0] * 4)

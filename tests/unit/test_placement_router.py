@@ -214,28 +214,6 @@ def test_a_repack_evens_out_what_heaviest_first_leaves_uneven() -> None:
     assert per_child == {"worker-0": 6.0, "worker-1": 6.0}
 
 
-def _replicated_beside_a_single(**knobs: object) -> dict[str, float]:
-    """A replicated model measured at 4 and a single-replica one at 2 on two children: its weights."""
-    router = placement([model("hot"), model("x")], names=W[:2], mode="lpt_packing", **knobs)
-    router.set_model("hot", replicas=2)
-    for name, compute in (("hot", 4.0), ("x", 2.0)):
-        router.finished(router.started(router.assigned(name)[0], name, 1), compute)
-    router.repack()
-    (x_child,) = router.assigned("x")
-    (hot,) = [entry for entry in router.snapshot().models if entry.model_id == "hot"]
-    return {"beside x" if replica.child == x_child else "alone": replica.weight for replica in hot.replicas}
-
-
-def test_a_replicated_models_weights_are_its_water_filled_split_under_fill_least() -> None:
-    # fill_least sends its runs to the less loaded replica: 1 beside x's 2, 3 alone, both children at 3.
-    assert _replicated_beside_a_single() == pytest.approx({"beside x": 0.25, "alone": 0.75})
-
-
-@pytest.mark.parametrize("knobs", [{"routing_policy": "fill_rr"}, {"routing_fill_mode": "spread"}])
-def test_a_replicated_models_weights_are_even_where_its_routing_is_load_blind(knobs: dict[str, object]) -> None:
-    assert _replicated_beside_a_single(**knobs) == pytest.approx({"beside x": 0.5, "alone": 0.5})
-
-
 # --- repack triggers -----------------------------------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from sie.placement.fill import FillRouter, FillView, least, next_after
 from sie.placement.ledger import BATCH_SIZE_BOUNDS, Ledger, Ticket
-from sie.placement.packer import ChildCapacity, ModelDemand, pack, place_one, replica_loads
+from sie.placement.packer import ChildCapacity, ModelDemand, pack, place_one
 from sie.placement.policy import ALL_REPLICAS, LEAST_OUTSTANDING, LPT_PACKING, ModelOverride, PlacementPolicy
 from sie.placement.reports import ChildReport
 from sie.placement.snapshot import (
@@ -138,9 +138,7 @@ class Placement:
 
     def _demands(self, model_ids: Sequence[str], children: int) -> dict[str, ModelDemand]:
         """Each model's compute demand (its decayed measured compute; unmeasured ones weigh the mean of the
-        measured), resident bytes, replica count capped by the ready children, and whether its routing is
-        fluid: fill_least opens each run on the least loaded replica (the packer water-fills its compute over
-        its replicas), while fill_rr and the `spread` fill mode share it out evenly."""
+        measured), resident bytes and replica count capped by the ready children."""
         measured = self._ledger.demand()
         known = [measured[model_id] for model_id in model_ids if measured.get(model_id, 0.0) > 0]
         mean = statistics.fmean(known) if known else 1.0
@@ -154,12 +152,8 @@ class Placement:
                 compute=measured.get(model_id, 0.0) or mean,
                 memory_bytes=facts.memory_bytes if facts is not None else 0,
                 replicas=count,
-                fluid=self._fluid(model_id),
             )
         return demands
-
-    def _fluid(self, model_id: str) -> bool:
-        return self._policy.routing_policy == "fill_least" and self._policy.fill_mode_for(model_id) != "spread"
 
     def repack(self, trigger: str = "manual") -> RepackRecord | None:
         """Re-place every model heaviest-first on the ready children (lpt_packing only; None otherwise)."""
@@ -333,12 +327,10 @@ class Placement:
 
     def snapshot(self) -> PlacementSnapshot:
         """Everything `GET /v1/placement` and `/metrics` show, read from the live counters."""
-        known = self._known_models()
-        weights = self._weights(known)
         return PlacementSnapshot(
             policy=self._policy,
             children=tuple(self._child_state(child) for child in self._table.children),
-            models=tuple(self._model_placement(model_id, weights.get(model_id, {})) for model_id in known),
+            models=tuple(self._model_placement(model_id) for model_id in self._known_models()),
             repacks_total=tuple(sorted(self._repacks.items())),
             last_repack=self._last_repack,
             batch_sizes=self._batch_sizes(),
@@ -361,22 +353,7 @@ class Placement:
     def _known_models(self) -> list[str]:
         return sorted({*self._table.models(), *self._ledger.models(), *self._placement, *self._wanted})
 
-    def _weights(self, model_ids: Sequence[str]) -> dict[str, dict[str, float]]:
-        """Under lpt_packing each placed model's share of its demand on each of its children as the packer
-        counts it (fluid replicated models water-filled over their replicas, the others evenly); empty
-        otherwise (every ready child serves every model evenly)."""
-        if self._policy.mode != LPT_PACKING:
-            return {}
-        placed = {model_id: self._placement[model_id] for model_id in model_ids if self._placement.get(model_id)}
-        demands = self._demands(sorted(placed), max(1, len(self._capacities())))
-        weights: dict[str, dict[str, float]] = {}
-        for model_id, loads in replica_loads(list(demands.values()), placed).items():
-            total = sum(loads.values())
-            if total > 0:
-                weights[model_id] = {child: load / total for child, load in loads.items()}
-        return weights
-
-    def _model_placement(self, model_id: str, weights: Mapping[str, float]) -> ModelPlacement:
+    def _model_placement(self, model_id: str) -> ModelPlacement:
         if self._policy.mode == LPT_PACKING:
             children = self._placement.get(model_id, ())
         else:
@@ -391,9 +368,7 @@ class Placement:
             fill_factor=self._policy.fill_factor_for(model_id),
             fill_quantum=self._quantum(model_id),
             demand=demand.get(model_id, 0.0) / total if total > 0 else 0.0,
-            replicas=tuple(
-                self._replica_state(model_id, name, weights.get(name, 1.0 / len(children))) for name in children
-            ),
+            replicas=tuple(self._replica_state(model_id, name, 1.0 / len(children)) for name in children),
         )
 
     def _replica_state(self, model_id: str, child: str, weight: float) -> ReplicaState:
