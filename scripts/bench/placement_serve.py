@@ -1,0 +1,163 @@
+"""Placement on real worker children, side by side: `sie run --role all --devices cpu:2` serving two models
+under concurrent load, once per placement mode, interleaved for `--rounds` rounds (the mode order rotates
+each round); medians per mode.
+
+    .venv/bin/python scripts/bench/placement_serve.py [--rounds 3] [--load-seconds 8] [--clients 16]
+        [--modes round_robin,least_outstanding,lpt_packing]
+
+Per mode and round: a fresh server with both models preloaded (on every child for round_robin and
+least_outstanding; lpt_packing places each on one child), `--clients` keep-alive connections per model each
+sending single-sentence requests for `--load-seconds`; then `GET /v1/placement` says where each model's
+batches ran. Printed: items/s, mean batch size (items per RunBatch) per model, and per model the share of
+its batches each child ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loadgen import RunStats, build_request, run_load  # noqa: E402
+from raw_ort import SENTENCES  # noqa: E402
+from topology import HOST, _sie, free_port  # noqa: E402
+
+MODELS = ("sentence-transformers/all-MiniLM-L6-v2", "sentence-transformers/paraphrase-MiniLM-L3-v2")
+MODES = ("round_robin", "least_outstanding", "lpt_packing")
+WARM_UP_S = 1.0
+
+
+def start_server(mode: str, directory: Path) -> tuple[object, str]:
+    port = free_port()
+    args = ["--host", HOST, "--port", str(port), "--devices", "cpu:2", "--preload", ",".join(MODELS)]
+    process = _sie("all", args, {"SIE_PLACEMENT_MODE": mode}, directory / f"all-{mode}.log")
+    url = f"http://{HOST}:{port}"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        try:
+            if all(
+                httpx.post(f"{url}/v1/encode/{model}", json={"items": [{"text": "warm"}]}, timeout=30).status_code
+                == 200
+                for model in MODELS
+            ):
+                return process, url
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None:
+            raise SystemExit(f"the {mode} server exited; log in {directory}")
+        time.sleep(0.25)  # polling readiness with a deadline
+    process.kill()
+    raise SystemExit(f"the {mode} server did not start; log in {directory}")
+
+
+def requests_for(url: str, model: str, count: int) -> list[bytes]:
+    port = int(url.rsplit(":", 1)[1])
+    path = f"/v1/encode/{model}"
+    distinct = [build_request(HOST, port, path, {"items": [{"text": sentence}]}) for sentence in SENTENCES]
+    return [distinct[index % len(distinct)] for index in range(count)]
+
+
+def load(url: str, clients: int, seconds: float) -> RunStats:
+    port = int(url.rsplit(":", 1)[1])
+    count = int(seconds * 400)
+    connections = [requests_for(url, model, count) for model in MODELS for _ in range(clients)]
+    asyncio.run(run_load(HOST, port, connections, 1, WARM_UP_S))
+    return asyncio.run(run_load(HOST, port, connections, 1, seconds))
+
+
+def placement_counts(url: str) -> dict[str, dict[str, tuple[int, int]]]:
+    """model → child → (routed batches, routed items) since the server started."""
+    state = httpx.get(f"{url}/v1/placement", timeout=10).json()
+    counts: dict[str, dict[str, tuple[int, int]]] = {}
+    for model in state["models"]:
+        counts[model["model"]] = {
+            replica["worker"]: (replica["routed_batches"], replica["routed_items"]) for replica in model["replicas"]
+        }
+    return counts
+
+
+def delta(after: dict, before: dict) -> dict[str, dict[str, tuple[int, int]]]:
+    result: dict[str, dict[str, tuple[int, int]]] = {}
+    for model, children in after.items():
+        for child, (batches, items) in children.items():
+            old_batches, old_items = before.get(model, {}).get(child, (0, 0))
+            result.setdefault(model, {})[child] = (batches - old_batches, items - old_items)
+    return result
+
+
+def run_mode(mode: str, clients: int, seconds: float, directory: Path) -> dict:
+    process, url = start_server(mode, directory)
+    try:
+        load(url, clients, WARM_UP_S)  # warm both models on every replica they have
+        before = placement_counts(url)
+        stats = load(url, clients, seconds)
+        routed = delta(placement_counts(url), before)
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    return {"items_per_s": stats.sentences / stats.wall_s if stats.wall_s else 0.0, "failures": stats.failures,
+            "routed": routed}  # fmt: skip
+
+
+def mean_batch(routed: dict[str, tuple[int, int]]) -> float:
+    batches = sum(batches for batches, _ in routed.values())
+    items = sum(items for _, items in routed.values())
+    return items / batches if batches else 0.0
+
+
+def shares(routed: dict[str, tuple[int, int]]) -> str:
+    total = sum(batches for batches, _ in routed.values()) or 1
+    return " ".join(f"{child}:{100 * batches / total:.0f}%" for child, (batches, _) in sorted(routed.items()))
+
+
+def report(results: dict[str, list[dict]], clients: int, seconds: float) -> None:
+    print(f"\n{len(MODELS)} models x {clients} clients x 1 sentence, {seconds:g} s per run, --devices cpu:2; "
+          f"medians of {len(next(iter(results.values())))} interleaved rounds\n")  # fmt: skip
+    header = f"{'mode':<20}{'items/s':>10}{'fails':>7}"
+    for model in MODELS:
+        short = model.rsplit("/", 1)[1][:22]
+        header += f"  {short + ' batch':>28}  {'where it ran':<26}"
+    print(header)
+    for mode, runs in results.items():
+        line = f"{mode:<20}{statistics.median(run['items_per_s'] for run in runs):>10.1f}"
+        line += f"{sum(run['failures'] for run in runs):>7}"
+        for model in MODELS:
+            batch = statistics.median(mean_batch(run["routed"].get(model, {})) for run in runs)
+            line += f"  {batch:>28.2f}  {shares(runs[-1]['routed'].get(model, {})):<26}"
+        print(line)
+    base = statistics.median(run["items_per_s"] for run in results[next(iter(results))])
+    print()
+    for mode, runs in results.items():
+        ratio = statistics.median(run["items_per_s"] for run in runs) / base if base else 0.0
+        print(f"{mode}: throughput {ratio:.2f}x {next(iter(results))}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--load-seconds", type=float, default=8.0)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--modes", default=",".join(MODES))
+    args = parser.parse_args(argv)
+    modes = [mode.strip() for mode in args.modes.split(",") if mode.strip()]
+    directory = Path(f"/tmp/sie-bench-placement-{int(time.time())}")
+    directory.mkdir(parents=True, exist_ok=True)
+    print("command: " + " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]))
+    results: dict[str, list[dict]] = {mode: [] for mode in modes}
+    for round_index in range(args.rounds):
+        order = modes[round_index % len(modes) :] + modes[: round_index % len(modes)]
+        for mode in order:
+            results[mode].append(run_mode(mode, args.clients, args.load_seconds, directory))
+            print(f"round {round_index + 1} {mode}: {results[mode][-1]['items_per_s']:.1f} items/s", flush=True)
+    report(results, args.clients, args.load_seconds)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
