@@ -92,7 +92,15 @@ def test_cuda_on_a_host_without_gpus_is_a_clear_error() -> None:
     assert caught.value.error_class == "NOT_FOUND" and "no visible CUDA device" in caught.value.message
 
 
-@pytest.mark.parametrize("spec", ["auto", "cuda", "cuda:1"])
+def test_auto_with_gpus_but_no_cuda_provider_serves_on_cpu_and_says_how_to_use_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="sie.worker.devices"):
+        assert [device.name for device in resolve_devices("auto", GPU_HOST_WITHOUT_PROVIDER)] == ["cpu"]
+    assert "pip install 'sie[gpu-cuda]'" in caplog.text and "CUDAExecutionProvider" in caplog.text
+
+
+@pytest.mark.parametrize("spec", ["cuda", "cuda:1"])
 def test_gpus_without_the_cuda_provider_are_a_dependency_error_naming_the_remedy(spec: str) -> None:
     with pytest.raises(DeviceError) as caught:
         resolve_devices(spec, GPU_HOST_WITHOUT_PROVIDER)

@@ -51,9 +51,10 @@ class WorkerSettings:
         Env(
             "SIE_WORKER_DEVICES",
             device_spec(),
-            "Devices to run models on, one worker child each: `auto` (every visible CUDA device, else one CPU "
-            "child), `cpu`, `cpu:N` (N CPU children sharing the cores), `cuda` (every visible GPU) or `cuda:0,2`. "
-            "Asking for CUDA needs onnxruntime's CUDA provider (`pip install 'sie[gpu-cuda]'`).",
+            "Devices to run models on, one worker child each: `auto` (every visible CUDA device when onnxruntime "
+            "has its CUDA provider, else one CPU child and a warning), `cpu`, `cpu:N` (N CPU children sharing the "
+            "cores), `cuda` (every visible GPU) or `cuda:0,2`. Asking for CUDA needs onnxruntime's CUDA provider "
+            "(`pip install 'sie[gpu-cuda]'`).",
             flag="--devices",
             roles=_MODEL_ROLES,
             read_by=("sie.roles.common", "sie.roles.worker"),

@@ -8,10 +8,13 @@ the way onnxruntime will honour it; a host without the driver has no CUDA device
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 from typing import Any, Final
 
 import attrs
+
+logger = logging.getLogger(__name__)
 
 CPU: Final = "cpu"
 CUDA: Final = "cuda"
@@ -171,7 +174,14 @@ def resolve_devices(spec: str, host: Host | None = None) -> list[Device]:
     host = Host.probe() if host is None else host
     kind, _, detail = spec.partition(":")
     if kind == "auto":
-        kind = CUDA if host.cuda_devices else CPU
+        kind = CUDA if host.cuda_devices and host.cuda_provider else CPU
+        if host.cuda_devices and not host.cuda_provider:
+            # The default must serve out of the box: the GPUs stay idle, and the log says how to use them.
+            logger.warning(
+                "%d CUDA device(s) visible, but the installed onnxruntime has no %s: serving on one CPU child "
+                "(%s, then restart; --devices cuda makes this an error instead)",
+                host.cuda_devices, CUDA_PROVIDER, GPU_REMEDY,
+            )  # fmt: skip
     if kind == CPU:
         count = int(detail) if detail else 1
         return _shares([(CPU, index) for index in range(count)], host.cores)
