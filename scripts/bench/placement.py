@@ -372,7 +372,7 @@ def policies(trace: Trace, budget: float) -> dict[str, PlacementPolicy]:
         "lpt hot×2": lpt.with_model(hot, replicas=2),
         "lpt hot×2 rr": lpt.with_model(hot, replicas=2).with_knobs({"routing_policy": "fill_rr"}),
         # Seed 002's lever between the two goals: a smaller quantum balances more finely, batches less deeply.
-        "hot×2 f=0.25": lpt.with_model(hot, replicas=2, fill_factor=0.25),
+        "lpt hot×2 f.25": lpt.with_model(hot, replicas=2, fill_factor=0.25),
     }
 
 
