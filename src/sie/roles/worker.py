@@ -14,6 +14,7 @@ import sys
 from contextlib import AsyncExitStack
 
 from sie.ipc.server import IpcServer
+from sie.ipc.sockets import child_socket_path, child_socket_paths, remove_stale_sockets
 from sie.roles.common import baseline_catalog, open_local_workers, run_main
 from sie.runtime import freeze_startup_heap, wait_for_signal
 from sie.runtime.children import ChildSpec, ChildSupervisor
@@ -45,7 +46,7 @@ def worker_children(settings: Settings, devices: list[Device]) -> list[ChildSpec
     for index, device in enumerate(devices):
         overrides: dict[str, object] = {
             "worker.devices": device.name,
-            "worker.socket_path": f"{worker.socket_path}.{index}",
+            "worker.socket_path": str(child_socket_path(worker.socket_path, index)),
             "process.worker_id": f"{worker_id}-{index}",
             "worker.intra_op_threads": worker.intra_op_threads or device.intra_op_threads,
         }
@@ -75,6 +76,9 @@ def run(settings: Settings) -> int:
     except DeviceError as exc:
         print(f"sie: {exc}", file=sys.stderr)
         return 2
+    socket_path = settings.worker.socket_path
     if len(devices) == 1:
+        remove_stale_sockets(child_socket_paths(socket_path).values())  # children of an earlier multi-device run
         return run_main(functools.partial(serve_worker, device=devices[0]), settings)
+    remove_stale_sockets([socket_path])  # an earlier single worker's
     return run_main(functools.partial(supervise_workers, devices=devices), settings)

@@ -9,17 +9,15 @@ hung and dials again on next use.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
 from sie.ipc.client import WorkerClient
+from sie.ipc.sockets import child_socket_paths
 from sie.ipc.uds_client import UdsWorkerClient
 
 logger = logging.getLogger(__name__)
-
-_CHILD_SUFFIX = re.compile(r"\.(\d+)")
 
 
 def child_name(index: int) -> str:
@@ -55,17 +53,10 @@ class LocalChildren:
 
 def socket_children(base: Path) -> dict[str, Path]:
     """The child sockets next to `base`: `{base}.{i}` when any exist, else `base` itself when it exists."""
-    found: dict[str, Path] = {}
-    if base.parent.is_dir():
-        for entry in base.parent.iterdir():
-            if not entry.name.startswith(base.name):
-                continue
-            match = _CHILD_SUFFIX.fullmatch(entry.name[len(base.name) :])
-            if match:
-                found[child_name(int(match.group(1)))] = entry
+    found = {child_name(index): path for index, path in child_socket_paths(base).items()}
     if not found and base.exists():
         found[child_name(0)] = base
-    return dict(sorted(found.items()))
+    return found
 
 
 class SocketChildren:
