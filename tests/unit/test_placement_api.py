@@ -104,7 +104,7 @@ async def test_policy_lists_every_knob_with_model_overrides(control: FakeControl
         "routing_policy": "fill_least",
         "routing_fill_mode": "run",
         "forbid_memory_oversubscription": True,
-        "models": {BGE: {"replicas": 2, "fill_mode": "spread", "fill_factor": None}},
+        "models": {BGE: {"replicas": 2, "fill_mode": "spread"}},  # the overrides that are set
     }
 
 

@@ -213,10 +213,8 @@ def _wait_s(raw: str | None) -> float:
 
 
 def policy_document(policy: PlacementPolicy) -> dict[str, Any]:
-    """Every knob of the policy, with per-model overrides under `models`, JSON-ready."""
-    knobs = attrs.asdict(policy, filter=lambda field, _: field.name != "models")
-    knobs["models"] = {model: attrs.asdict(override) for model, override in sorted(policy.models.items())}
-    return knobs
+    """Every knob of the policy, with per-model overrides (the ones set) under `models`, JSON-ready."""
+    return policy.as_dict()
 
 
 def repack_document(record: RepackRecord) -> dict[str, Any]:
