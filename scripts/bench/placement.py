@@ -36,6 +36,11 @@ coarse for the replica counts.
 windows about one repack interval long, which shows a run evened out only by models moving between repacks.
 `--refine-steps 0` shows the packer without its refinement pass (the greedy LPT of seed 002 alone).
 
+Columns: round_robin, least_outstanding (compute basis), then lpt_packing with one replica per model (`r=1`),
+the hottest model on 2 replicas (`hot×2`; with fill_rr; with fill factor 0.25), and seed 002's replica lever
+an operator pulls for hot models: the two hottest on 2 replicas each (`top2×2`), every model on 2 (`r=2`),
+the hottest on 3 (`hot×3`). Every column runs the same trace with the same settings on every seed.
+
     .venv/bin/python scripts/bench/placement.py [--seed 1] [--requests 40000] [--load 0.2] [--scan 0.1,0.2,0.4]
         [--max-queue-delay-ms 5] [--switch-ms 0.5] [--no-instant] [--refine-steps N]
 """
@@ -361,7 +366,7 @@ def summarise(stats: Stats, trace: Trace) -> dict[str, float]:
 
 
 def policies(trace: Trace, budget: float) -> dict[str, PlacementPolicy]:
-    hot = max(trace.shares, key=lambda name: trace.shares[name])
+    hot, second = sorted(trace.shares, key=lambda name: -trace.shares[name])[:2]
     lpt = PlacementPolicy(
         mode="lpt_packing", rebalance_compute_seconds=budget, first_rebalance_compute_seconds=budget / 5
     )
@@ -373,10 +378,17 @@ def policies(trace: Trace, budget: float) -> dict[str, PlacementPolicy]:
         "lpt hot×2 rr": lpt.with_model(hot, replicas=2).with_knobs({"routing_policy": "fill_rr"}),
         # Seed 002's lever between the two goals: a smaller quantum balances more finely, batches less deeply.
         "lpt hot×2 f.25": lpt.with_model(hot, replicas=2, fill_factor=0.25),
+        # The replica lever (seed 002: an operator promotes hot models): the two hottest on 2 GPUs each, every
+        # model on 2, the hottest on 3.
+        "lpt top2×2": lpt.with_model(hot, replicas=2).with_model(second, replicas=2),
+        "lpt r=2": lpt.with_knobs({"default_replicas": 2}),
+        "lpt hot×3": lpt.with_model(hot, replicas=3),
     }
 
 
 def _cell(form: str, value: float) -> str:
+    if math.isinf(value):
+        return "none fits"  # best_plan_spread: no placement with these replicas fits the memory budgets
     return "-" if math.isnan(value) else form.format(value)
 
 
@@ -394,11 +406,11 @@ def print_table(results: dict[str, dict[str, float]]) -> None:
         ("plan spread", "plan", "{:.1%}"),
         ("best plan spread", "best", "{:.1%}"),
     )
-    print(f"{'':18}" + "".join(f"{name:>14}" for name in results))
+    print(f"{'':18}" + "".join(f"{name:>16}" for name in results))
     for label, key, form in rows:
-        print(f"{label:18}" + "".join(f"{_cell(form, result[key]):>14}" for result in results.values()))
+        print(f"{label:18}" + "".join(f"{_cell(form, result[key]):>16}" for result in results.values()))
     base = results["round_robin"]["fill"]
-    print(f"{'fill ÷ rr':18}" + "".join(f"{result['fill'] / base:>13.2f}×" for result in results.values()))
+    print(f"{'fill ÷ rr':18}" + "".join(f"{result['fill'] / base:>15.2f}×" for result in results.values()))
 
 
 def describe(trace: Trace, budget: float) -> None:
