@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import attrs
 import pytest
 
 from sie.placement.policy import PlacementPolicy
@@ -249,3 +250,12 @@ async def test_a_child_that_joins_later_gets_the_config_before_it_serves() -> No
         await fleet.probe()
         assert late.hash == "h2"
         assert (await fleet.ping(PingRequest(timestamp_ms=1.0))).bundle_config_hash == "h2"
+
+
+async def test_the_pods_gpu_count_is_the_sum_of_its_childrens() -> None:
+    class GpuChild(FakeChild):
+        async def ping(self, request: PingRequest) -> PingResponse:
+            return attrs.evolve(await super().ping(request), device_count=1)
+
+    async with fleet_of(GpuChild("worker-0"), GpuChild("worker-1"), FakeChild("worker-2")) as fleet:
+        assert (await fleet.ping(PingRequest(timestamp_ms=1.0))).device_count == 2

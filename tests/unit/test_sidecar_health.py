@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import attrs
 import pytest
 
 from sie.catalog.names import health_subject
@@ -100,6 +101,11 @@ async def test_beat_publishes_identity_and_worker_state(publisher, bus, worker) 
         loading_models=["m/loading"], failed_models={}, draining=False, interval_s=INTERVAL, device_count=2,
     )  # fmt: skip
     assert publisher.ready
+
+
+async def test_the_gpus_the_worker_reports_are_advertised_over_the_configured_count(publisher, worker) -> None:
+    worker.response = attrs.evolve(worker.response, device_count=4)  # e.g. a pod of four CUDA children
+    assert (await publisher.beat()).device_count == 4
 
 
 async def test_an_acknowledged_config_hash_is_advertised_over_the_workers_own(bus, worker, clock) -> None:

@@ -243,6 +243,7 @@ class WorkerFleet:
             bundle_config_hash=_agreed({ping.bundle_config_hash for ping in ready}),
             loaded_models=loaded,
             loading_models=loading,
+            device_count=sum(ping.device_count or 0 for ping in pings),
         )
 
     async def ensure_model_ready(self, request: EnsureModelReadyRequest) -> EnsureModelReadyResponse:

@@ -233,7 +233,7 @@ class HealthPublisher:
             failed_models=dict(self._failures),
             draining=self._draining,
             interval_s=self.interval_s,
-            device_count=identity.device_count,
+            device_count=ping.device_count if ping and ping.device_count is not None else identity.device_count,
         )
 
     async def _publish(self, heartbeat: WorkerHeartbeat) -> bool:

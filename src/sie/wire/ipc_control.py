@@ -36,6 +36,8 @@ class PingResponse:
     bundle_config_hash: str = ""
     loaded_models: list[str] = attrs.Factory(list)
     loading_models: list[str] = attrs.Factory(list)
+    # Our addition (readers of the public contract ignore it): the GPUs behind this answer, for heartbeats.
+    device_count: int | None = omittable()
 
 
 @attrs.frozen(kw_only=True)

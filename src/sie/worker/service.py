@@ -170,6 +170,7 @@ class WorkerService:
             bundle_config_hash=self.bundle_config_hash(),
             loaded_models=self.manager.loaded_models,
             loading_models=self.manager.loading_models,
+            device_count=1 if self.device.startswith("cuda") else 0,
         )
 
     async def ensure_model_ready(self, request: EnsureModelReadyRequest) -> EnsureModelReadyResponse:
