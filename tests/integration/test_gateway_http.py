@@ -442,6 +442,24 @@ async def test_no_result_in_time_is_504_gateway_timeout_without_leaks(catalog: C
         assert gateway.waiting == 0
 
 
+async def test_a_request_given_up_on_is_announced_on_work_cancel(catalog: Catalog) -> None:
+    async with Gateway(catalog, request_timeout_s=0.05) as gateway:
+        gateway.worker.script = lambda item: []
+        cancels: list[str] = []
+        subscription = await gateway.transport.subscribe("work_cancel.>", lambda subject, _: cancels.append(subject))
+        try:
+            response = await gateway.client.post(ENCODE, json=TEXT)
+            assert response.status_code == 504
+            # work_cancel.{router_id}.{request_id}; request ids are {router_id}-{n}
+            await eventually(lambda: len(cancels) == 1, timeout_s=2.0)
+            assert cancels[0].startswith("work_cancel.gw-t.gw-t-")
+            gateway.worker.script = answer  # an answered request is nobody's to cancel
+            assert (await gateway.client.post(ENCODE, json=TEXT)).status_code == 200
+            assert len(cancels) == 1
+        finally:
+            await subscription.unsubscribe()
+
+
 async def test_unexpected_failures_are_an_envelope_not_a_traceback(gw: Gateway) -> None:
     gw.worker.script = lambda item: [WorkResult(work_item_id=item.work_item_id, request_id=item.request_id,
                                                 item_index=0, success=True, result_msgpack=b"\xc1")]  # fmt: skip

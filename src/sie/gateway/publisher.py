@@ -9,14 +9,21 @@ costs a broker round trip). Nothing here caches on top of them.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import logging
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Final, Protocol
 
-from sie.catalog.names import reply_subject
+from sie.catalog.names import reply_subject, work_cancel_subject
 from sie.gateway.errors import ProvisioningError, QueueFullError, QueueUnavailableError
-from sie.transport.base import BackpressureError, Lane, NoConsumerError, TransportError, WorkQueue
+from sie.transport.base import BackpressureError, Lane, NoConsumerError, Transport, TransportError
 from sie.wire.queue import WorkItem
+
+logger = logging.getLogger(__name__)
+
+# Cancel announcements in flight at once; beyond it they are skipped (best effort: deadlines still apply).
+MAX_PENDING_CANCELS: Final = 1024
 
 
 class LaneConsumers(Protocol):
@@ -26,10 +33,12 @@ class LaneConsumers(Protocol):
 
 
 class WorkPublisher:
-    """Names requests, admits them against the lane's state and publishes their work items."""
+    """Names requests, admits them against the lane's state, publishes their work items and announces the
+    requests it gives up on (`work_cancel`)."""
 
-    def __init__(self, queue: WorkQueue, consumers: LaneConsumers, max_stream_pending: int, router_id: str) -> None:
+    def __init__(self, queue: Transport, consumers: LaneConsumers, max_stream_pending: int, router_id: str) -> None:
         self._queue = queue
+        self._cancels: set[asyncio.Task[None]] = set()
         self._consumers = consumers
         self._max_pending = max_stream_pending
         self.router_id = router_id
@@ -66,3 +75,21 @@ class WorkPublisher:
             raise ProvisioningError(f"No worker consumes {subject} yet; capacity is being provisioned") from exc
         except TransportError as exc:
             raise QueueUnavailableError(f"The work queue is unavailable: {exc}") from exc
+
+    def abandon(self, request_id: str) -> None:
+        """Announce on `work_cancel.{router_id}.{request_id}` (NATS core, best effort) that nobody waits for the
+        request any more, so sidecars drop its work wherever it still waits. Detached: it never delays the
+        failing request."""
+        if len(self._cancels) >= MAX_PENDING_CANCELS:
+            logger.debug("cancel of %s skipped: %d announcements pending", request_id, len(self._cancels))
+            return
+        task = asyncio.get_running_loop().create_task(self._announce(request_id))
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
+
+    async def _announce(self, request_id: str) -> None:
+        subject = work_cancel_subject(self.router_id, request_id)
+        try:
+            await self._queue.publish(subject, {"router_id": self.router_id, "request_id": request_id})
+        except Exception:  # noqa: BLE001 - best effort: the items' deadlines still stop them
+            logger.debug("announcing the cancel of %s failed", request_id, exc_info=True)

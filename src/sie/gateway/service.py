@@ -96,9 +96,13 @@ class InferenceService:
         items = build(Ticket(request_id, reply, self._publisher.router_id, now, now + self._timeout_s))
         with self._collector.expect(request_id, len(items)) as pending:
             started = time.perf_counter()
-            await self._publisher.publish(route.subject, items)
-            published = time.perf_counter()
-            results = await pending.wait(self._timeout_s)
+            try:
+                await self._publisher.publish(route.subject, items)
+                published = time.perf_counter()
+                results = await pending.wait(self._timeout_s)
+            except BaseException:  # a timeout, a failed publish, the client gone (cancelled): nobody waits now
+                self._publisher.abandon(request_id)
+                raise
             waited = time.perf_counter()
         meta = collect_metadata(request_id, results, (published - started) * 1e3, (waited - published) * 1e3)
         meta.model_revision = model_revision(route.bundle_config_hash, results)
