@@ -299,6 +299,41 @@ async def test_an_unsafe_reply_subject_is_ack_dropped(worker: CountingWorker) ->
         assert not results.items and not stray and not worker.requests
 
 
+# --- abandoned work (issue 13 §2) -----------------------------------------------------------------------
+
+
+async def test_work_past_its_deadline_is_acked_away_without_running(worker: CountingWorker) -> None:
+    async with LoopbackTransport(StreamSettings()) as transport:
+        results, sidecar = await start(transport, worker)
+        async with sidecar:
+            await publish(transport, work_item(0, item={"text": "late"}, deadline=time.time() - 1.0))
+            await publish(transport, work_item(1, item={"text": "in time"}, deadline=time.time() + 60.0))
+            await results.wait(1)
+            await eventually(_is_empty(transport), timeout_s=WAIT_S)
+            assert sidecar.abandoned == {"expired": 1}
+        assert [result.request_id for result in results.items] == ["req-1"]
+        assert [item.work_item_id for request in worker.requests for item in request.items] == ["req-1.0"]
+
+
+async def test_a_cancelled_request_held_for_a_model_load_is_dropped_not_computed(
+    worker: CountingWorker, load_gate
+) -> None:
+    load_gate.clear()
+    async with LoopbackTransport(StreamSettings()) as transport:
+        results, sidecar = await start(transport, worker, sidecar_config(load_hold_s=30.0))
+        async with sidecar:
+            await publish(transport, work_item(0, item={"text": "abandoned"}))
+            await publish(transport, work_item(1, item={"text": "wanted"}))
+            await eventually(lambda: sidecar.pending == 2, timeout_s=WAIT_S)  # both held for the load
+            await transport.publish("work_cancel.test.req-0", {"router_id": "test", "request_id": "req-0"})
+            await eventually(lambda: sidecar.abandoned == {"cancelled": 1}, timeout_s=WAIT_S)
+            load_gate.set()
+            await results.wait(1)
+            await eventually(_is_empty(transport), timeout_s=WAIT_S)
+        assert [result.request_id for result in results.items] == ["req-1"]
+        assert [item.work_item_id for request in worker.requests for item in request.items] == ["req-1.0"]
+
+
 def _is_empty(transport: LoopbackTransport):
     async def check() -> bool:
         return await transport.pending(POOL) == 0

@@ -143,8 +143,9 @@ class Consumer:
                 await self._pass_on(model_id, admitted)
 
     async def _pass_on(self, model_id: str, works: list[Work]) -> None:
-        """Deliveries for another config are NAKed before any IPC for them; the rest go to readiness."""
-        proceed, refuse = await self._gate.split(works)
+        """Abandoned work is ACK-dropped and deliveries for another config NAKed before any IPC for them; the
+        rest go to readiness."""
+        proceed, refuse = await self._gate.split(await self._settler.live(works))
         if refuse:
             self.refused += len(refuse)
             logger.info("NAKing %d items of %s for a bundle_config_hash other than the worker's %r",

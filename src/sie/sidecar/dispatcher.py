@@ -77,6 +77,9 @@ class BatchDispatcher:
 
     async def dispatch(self, batch: Batch) -> None:
         """Send one batch and wait for the worker's answer (not for its publication)."""
+        batch.works = await self._settler.live(batch.works)  # immediately before IPC: abandoned work is not run
+        if not batch.works:
+            return
         request = RunBatchRequest(
             model_id=batch.model.model_id,
             batch_id=next(self._batch_ids),
@@ -116,6 +119,10 @@ class BatchDispatcher:
             return
         replies: list[tuple[Work, WorkResult]] = []
         naks: dict[float, list[Work]] = {}
+        live = await self._settler.live(batch.works)  # before publish: nobody reads an abandoned result
+        if len(live) != len(batch.works):
+            outcome = _outcomes_of(live, _pair(batch.works, outcome.outcomes))
+            batch.works = live
         for work, item_outcome in _pair(batch.works, outcome.outcomes):
             delay = self._nak_delay_s if item_outcome is None else outcome_nak_delay(item_outcome)
             if delay is not None:
@@ -143,3 +150,9 @@ def _pair(works: list[Work], outcomes: list[ItemOutcome]) -> list[tuple[Work, It
         return list(zip(works, outcomes, strict=True))
     by_id = {outcome.work_item_id: outcome for outcome in outcomes}
     return [(work, by_id.get(work.item.work_item_id)) for work in works]
+
+
+def _outcomes_of(works: list[Work], paired: list[tuple[Work, ItemOutcome | None]]) -> BatchOutcome:
+    """The outcomes of `works` only, in their order (the others' works were dropped)."""
+    kept = {id(work) for work in works}
+    return BatchOutcome(outcomes=[outcome for work, outcome in paired if id(work) in kept and outcome is not None])

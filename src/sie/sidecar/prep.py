@@ -36,6 +36,8 @@ MEDIA_INPUT_COST: Final = 1024
 _MEDIA_KEYS: Final = ("images", "image", "audio", "video", "documents", "document")
 
 Fail = Callable[[list[Work]], Awaitable[None]]
+# The works of a group somebody still waits for (the others settled): `Settler.live`.
+Live = Callable[[list[Work]], Awaitable[list[Work]]]
 
 
 # --- costs -----------------------------------------------------------------------------------------
@@ -191,8 +193,9 @@ class Preparer:
     """The preparation stage: prepares each ready group and passes it to `out` (the scheduler); a group whose
     preparation fails goes to `fail` (NAKed). Several `serve` loops may share one inbox."""
 
-    def __init__(self, executor: Executor, out: Outbox[ReadyGroup], fail: Fail) -> None:
+    def __init__(self, executor: Executor, out: Outbox[ReadyGroup], fail: Fail, live: Live | None = None) -> None:
         self._executor = executor
+        self._live = live
         self._out = out
         self._fail = fail
         self._tokenizers = TokenizerCache(executor)
@@ -202,6 +205,10 @@ class Preparer:
         while True:
             model, works = await inbox.get()
             try:
+                if self._live is not None:  # before tokenization: nobody pays for abandoned text
+                    works = await self._live(works)
+                if not works:
+                    continue
                 await self.prepare(model, works)
             except Exception:  # noqa: BLE001 - a preparation bug must not kill the stage; the group is NAKed
                 logger.exception("preparing %d items of %s failed", len(works), model.model_id)

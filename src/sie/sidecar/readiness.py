@@ -198,6 +198,7 @@ class Readiness:
     async def _proceed(self, model: ReadyModel | None, works: list[Work]) -> None:
         if model is None:
             raise RuntimeError("a ready answer recorded no ready model; this is a bug")
+        works = await self._settler.live(works)
         if works:
             await self._out.put((model, works))
 
@@ -245,6 +246,7 @@ class Readiness:
             return
 
     async def _keep_holding(self, hold: _Hold) -> None:
+        hold.works = await self._settler.live(hold.works)  # work nobody waits for stops waiting for the load
         now = self._clock()
         expired = [work for work in hold.works if now - work.held_since >= self._options.hold_s]
         if expired:

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Final
 
 from sie.catalog.names import INBOX_PREFIX, WORK_SUBJECT_PREFIX
+from sie.sidecar.abandonment import Abandonment
 from sie.sidecar.admission import Admission
 from sie.sidecar.work import Work
 from sie.transport.base import MessageBus
@@ -82,11 +83,22 @@ async def _settle_quietly(verb: Callable[[], Awaitable[None]], work: Work) -> No
 
 
 class Settler:
-    """Publishes replies and settles deliveries; releases each settled work item's admission slot."""
+    """Publishes replies and settles deliveries; releases each settled work item's admission slot. With an
+    `abandonment`, `live` ACK-drops work nobody waits for (deadline passed, request cancelled)."""
 
-    def __init__(self, bus: MessageBus, admission: Admission) -> None:
+    def __init__(self, bus: MessageBus, admission: Admission, abandonment: Abandonment | None = None) -> None:
         self._bus = bus
         self._admission = admission
+        self._abandonment = abandonment
+
+    async def live(self, works: list[Work]) -> list[Work]:
+        """The works somebody still waits for; the abandoned ones are ACK-dropped now (one settlement path)."""
+        if self._abandonment is None or not works:
+            return works
+        live, abandoned = self._abandonment.split(works)
+        if abandoned:
+            await self.ack_drop(abandoned)
+        return live
 
     async def reply(self, replies: Sequence[tuple[Work, WorkResult]]) -> None:
         """Publish every result, flush once, then ACK what was published (a failed publish stays unacked)."""

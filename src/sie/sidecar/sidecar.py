@@ -17,6 +17,7 @@ import attrs
 
 from sie.ipc.client import WorkerClient
 from sie.settings import BatchingSettings, Settings, SidecarSettings, StreamSettings
+from sie.sidecar.abandonment import CANCEL_SUBJECTS, Abandonment, Tombstones, tombstone_horizon
 from sie.sidecar.admission import Admission
 from sie.sidecar.consumer import Consumer, ConsumerOptions
 from sie.sidecar.dispatcher import BatchDispatcher
@@ -65,6 +66,7 @@ class Pipeline:
     """One lane's stages, the channels between them, and the state every stage settles through."""
 
     admission: Admission
+    abandonment: Abandonment
     settler: Settler
     dispatcher: BatchDispatcher
     consumer: Consumer
@@ -103,7 +105,9 @@ def build_pipeline(
     stream, batching = config.stream, config.batching
     # The two ends every stage settles through: the broker (results, ACKs, NAKs) and the worker (RunBatch).
     admission = Admission(batching.max_pending_items)
-    settler = Settler(bus, admission)
+    horizon = tombstone_horizon(stream.max_age_s, stream.ack_wait_s, stream.max_deliver)
+    abandonment = Abandonment(Tombstones(horizon))
+    settler = Settler(bus, admission, abandonment)
     models = ReadyModels(batching, hooks.observe)
     dispatcher = BatchDispatcher(worker, settler, models.forget, config.worker_id, stream.nak_delay_s)
     # The stages, joined by bounded channels.
@@ -114,11 +118,13 @@ def build_pipeline(
     consumer = Consumer(lane, admission, settler, WorkerHash(worker), admitted, options)
     readiness_options = ReadinessOptions.from_settings(stream, config.sidecar, config.worker_id)
     readiness = Readiness(worker, settler, models, ready, readiness_options)
-    preparer = Preparer(executor, prepared, lambda works: settler.nak(works, stream.nak_delay_s))
+    preparer = Preparer(executor, prepared, lambda works: settler.nak(works, stream.nak_delay_s), settler.live)
     scheduler = Scheduler(
         dispatcher.dispatch, batching.max_batch_wait_s, config.max_inflight_batches, replicas=hooks.replicas
     )
-    return Pipeline(admission, settler, dispatcher, consumer, readiness, preparer, scheduler, admitted, ready, prepared)
+    return Pipeline(
+        admission, abandonment, settler, dispatcher, consumer, readiness, preparer, scheduler, admitted, ready, prepared
+    )
 
 
 class Sidecar:
@@ -170,6 +176,11 @@ class Sidecar:
         return self._consumer_task is not None and not self._consumer_task.done()
 
     @property
+    def abandoned(self) -> dict[str, int]:
+        """Work items ACK-dropped because nobody waited for them any more, by reason (expired, cancelled)."""
+        return dict(self._pipeline.abandonment.dropped) if self._pipeline else {}
+
+    @property
     def batches(self) -> int:
         """RunBatch calls made so far."""
         return self._pipeline.dispatcher.batches if self._pipeline else 0
@@ -182,6 +193,9 @@ class Sidecar:
             executor = ThreadPoolExecutor(threads, thread_name_prefix="sie-tokenize")
             stack.callback(executor.shutdown, wait=False, cancel_futures=True)
             pipeline = build_pipeline(lane_consumer, self.transport, self.worker, self.config, executor, self._hooks)
+            # The gateway announces requests it gave up on; their work is dropped wherever it still waits.
+            cancels = await self.transport.subscribe(CANCEL_SUBJECTS, pipeline.abandonment.on_cancel)
+            stack.push_async_callback(cancels.unsubscribe)
             self._start(pipeline, stack)
         except BaseException:
             await stack.aclose()

@@ -1,0 +1,116 @@
+"""Work nobody waits for any more (seed 001 "non-generation abandonment"; issue 13 §2): an item whose
+`deadline` (absolute unix time, set by the gateway) has passed, or whose request the gateway gave up on and
+announced on `work_cancel.{router_id}.{request_id}`. The stages ask `Settler.live` at each point the seed
+names (on arrival, while held for a model load, before tokenization, before the worker call, before a result
+is published), which ACK-drops what `Abandonment.split` removes; the counts are kept here.
+
+Tombstones are bounded: a 100,000-entry cap evicts the oldest first, and each expires after the horizon
+(the longer of the work stream's max age and the ack-wait retry window), after which no redelivery can come.
+work_cancel is best effort (NATS core); a result already computed when it arrives is simply not published.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+from sie.catalog.names import WORK_CANCEL_PREFIX
+from sie.sidecar.work import Work
+
+logger = logging.getLogger(__name__)
+
+CANCEL_SUBJECTS: Final = f"{WORK_CANCEL_PREFIX}.>"
+MAX_TOMBSTONES: Final = 100_000
+
+
+def cancel_key(subject: str) -> tuple[str, str] | None:
+    """`(router_id, request_id)` of a `work_cancel.{router_id}.{request_id}` subject; None for any other."""
+    parts = subject.split(".")
+    if len(parts) != 3 or parts[0] != WORK_CANCEL_PREFIX or not parts[1] or not parts[2]:
+        return None
+    return parts[1], parts[2]
+
+
+class Tombstones:
+    """Cancelled requests by (router_id, request_id), each kept for `horizon_s`, at most `cap` of them."""
+
+    def __init__(
+        self, horizon_s: float, cap: int = MAX_TOMBSTONES, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.horizon_s = horizon_s
+        self.cap = cap
+        self.clock = clock
+        self._expiry: collections.OrderedDict[tuple[str, str], float] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._expiry)
+
+    def add(self, router_id: str, request_id: str) -> None:
+        key = (router_id, request_id)
+        self._expiry.pop(key, None)
+        self._expiry[key] = self.clock() + self.horizon_s
+        while len(self._expiry) > self.cap:
+            self._expiry.popitem(last=False)  # the oldest goes first under sustained cancellation
+        self._expire()
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        expiry = self._expiry.get(key)
+        return expiry is not None and expiry > self.clock()
+
+    def _expire(self) -> None:
+        now = self.clock()
+        while self._expiry:
+            key, expiry = next(iter(self._expiry.items()))
+            if expiry > now:
+                return
+            del self._expiry[key]
+
+
+def tombstone_horizon(max_age_s: float, ack_wait_s: float, max_deliver: int) -> float:
+    """How long a cancelled request's work may still arrive: the longer of the stream's max age and the
+    redelivery window (ack-wait × deliveries)."""
+    return max(max_age_s, ack_wait_s * max(1, max_deliver))
+
+
+class Abandonment:
+    """Deadlines and tombstones, asked at each drop point (through `Settler.live`); counts what it removes,
+    per reason."""
+
+    def __init__(self, tombstones: Tombstones, wall_clock: Callable[[], float] = time.time) -> None:
+        self.tombstones = tombstones
+        self.wall_clock = wall_clock
+        self.dropped: collections.Counter[str] = collections.Counter()
+
+    def reason(self, work: Work, now: float | None = None) -> str | None:
+        """ "expired" or "cancelled" when nobody waits for the work any more, else None."""
+        item = work.item
+        if item.deadline is not None and (self.wall_clock() if now is None else now) >= item.deadline:
+            return "expired"
+        if self.tombstones and (item.router_id, item.request_id) in self.tombstones:
+            return "cancelled"
+        return None
+
+    def split(self, works: Iterable[Work]) -> tuple[list[Work], list[Work]]:
+        """(live, abandoned): the abandoned are counted and must be ACK-dropped by the caller."""
+        now = self.wall_clock()
+        live: list[Work] = []
+        abandoned: list[Work] = []
+        for work in works:
+            reason = self.reason(work, now)
+            if reason is None:
+                live.append(work)
+            else:
+                abandoned.append(work)
+                self.dropped[reason] += 1
+        return live, abandoned
+
+    async def on_cancel(self, subject: str, message: Any) -> None:
+        """A `work_cancel` message: remember its request (the body is ignored; the subject says it all)."""
+        key = cancel_key(subject)
+        if key is None:
+            logger.debug("ignoring a cancel on %r", subject)
+            return
+        self.tombstones.add(*key)
