@@ -442,6 +442,25 @@ async def test_no_result_in_time_is_504_gateway_timeout_without_leaks(catalog: C
         assert gateway.waiting == 0
 
 
+async def test_too_many_items_or_too_long_a_text_is_refused_before_anything_is_queued(catalog: Catalog) -> None:
+    async with Gateway(catalog, max_items=3, max_item_chars=50) as gateway:
+        queued: list[WorkItem] = []
+        gateway.worker.script = lambda item: queued.append(item) or answer(item)
+        four = {"items": [{"text": "x"}] * 4}
+        body = assert_error(await gateway.client.post(ENCODE, json=four), 413, "PAYLOAD_TOO_LARGE", None, "detail")
+        assert "4 items" in body["message"] and "at most 3" in body["message"]
+        long_text = {"items": [{"text": "ok"}, {"text": "y" * 51}]}
+        body = assert_error(await gateway.client.post(ENCODE, json=long_text), 400, "INPUT_TOO_LONG", None, "detail")
+        assert "item 1" in body["message"] and "51 characters" in body["message"]
+        long_query = {"query": {"text": "q" * 51}, "items": [{"text": "d"}]}
+        score = await gateway.client.post(f"/v1/score/{MINILM}", json=long_query)
+        assert score.status_code == 400 and "the query" in score.text
+        openai = await gateway.client.post("/v1/embeddings", json={"model": MINILM, "input": ["a", "b", "c", "d"]})
+        assert openai.status_code == 413 and openai.json()["error"]["code"] == "payload_too_large"
+        assert queued == []
+        assert (await gateway.client.post(ENCODE, json={"items": [{"text": "x"}] * 3})).status_code == 200
+
+
 async def test_a_request_given_up_on_is_announced_on_work_cancel(catalog: Catalog) -> None:
     async with Gateway(catalog, request_timeout_s=0.05) as gateway:
         gateway.worker.script = lambda item: []

@@ -21,6 +21,7 @@ from sie.gateway.config_routes import config_routes
 from sie.gateway.config_sync import HeartbeatSource
 from sie.gateway.edge import reply_response
 from sie.gateway.handlers import InferenceHandlers, ReadHandlers
+from sie.gateway.limits import RequestLimits
 from sie.gateway.publisher import LaneConsumers, WorkPublisher
 from sie.gateway.replies import error_reply, route_error_reply, surface_for_path
 from sie.gateway.router import CatalogSource, Router
@@ -87,6 +88,7 @@ def build_gateway_app(
         WorkPublisher(sources.transport, sources.consumers, settings.max_stream_pending, router_id),
         collector,
         settings.request_timeout_s,
+        RequestLimits(settings.max_items, settings.max_item_chars),
     )
     inference = InferenceHandlers(service, settings.max_body_bytes)
     read = ReadHandlers(sources.catalog, sources.status, serving, settings.configured_gpus)

@@ -14,6 +14,7 @@ import attrs
 from sie.gateway import assembly, openai, router, workitems
 from sie.gateway.collector import Collector
 from sie.gateway.headers import ResponseMetadata, collect_metadata, model_revision
+from sie.gateway.limits import RequestLimits
 from sie.gateway.publisher import WorkPublisher
 from sie.gateway.router import LaneHints, Route, Router
 from sie.gateway.workitems import Ticket
@@ -45,11 +46,19 @@ def _profile(options: dict[str, Any] | None) -> Any:
 class InferenceService:
     """Encode, score and extract over the work queue."""
 
-    def __init__(self, router: Router, publisher: WorkPublisher, collector: Collector, timeout_s: float) -> None:
+    def __init__(
+        self,
+        router: Router,
+        publisher: WorkPublisher,
+        collector: Collector,
+        timeout_s: float,
+        limits: RequestLimits | None = None,
+    ) -> None:
         self._router = router
         self._publisher = publisher
         self._collector = collector
         self._timeout_s = timeout_s
+        self._limits = limits or RequestLimits()
 
     async def encode(self, spec: str, request: EncodeRequest, hints: LaneHints) -> Served:
         collected = await self.encode_results(spec, request, hints)
@@ -59,6 +68,7 @@ class InferenceService:
 
     async def encode_results(self, spec: str, request: EncodeRequest, hints: LaneHints) -> Collected:
         """The raw results of an encode (the OpenAI surface reshapes them itself)."""
+        self._limits.check(request.items)
         params = request.params
         route = self._router.route(spec, _profile(params.options if params else None), hints)
         outputs = router.encode_outputs(route, params.output_types if params else None)
@@ -73,6 +83,7 @@ class InferenceService:
         return Served(openai.embeddings_body(call, collected.results), collected.meta)
 
     async def score(self, spec: str, request: ScoreRequest, hints: LaneHints) -> Served:
+        self._limits.check(request.items, request.query)
         route = self._router.route(spec, _profile(request.options), hints)
         router.check_score(route)
         collected = await self._run(route, lambda ticket: workitems.score_work(route, ticket, request))
@@ -81,6 +92,7 @@ class InferenceService:
         return Served(body, collected.meta)
 
     async def extract(self, spec: str, request: ExtractRequest, hints: LaneHints) -> Served:
+        self._limits.check(request.items)
         params = request.params
         route = self._router.route(spec, _profile(params.options if params else None), hints)
         router.check_extract(route)

@@ -69,6 +69,28 @@ class GatewaySettings:
         ),
         256 * 2**20,
     )
+    max_items: int = setting(
+        Env(
+            "SIE_GATEWAY_MAX_ITEMS",
+            integer(minimum=1),
+            "Most items one request may carry (seed 000 §8: the queue admits at most 4096 per request); more "
+            "gets 413 PAYLOAD_TOO_LARGE before anything is queued.",
+            roles=_GATEWAY_ROLES,
+            read_by=("sie.gateway.app",),
+        ),
+        4096,
+    )
+    max_item_chars: int = setting(
+        Env(
+            "SIE_GATEWAY_MAX_ITEM_CHARS",
+            integer(minimum=1),
+            "Longest text of one item, in characters, checked before tokenization; longer gets 400 INPUT_TOO_LONG "
+            "(models read at most their max sequence length of it).",
+            roles=_GATEWAY_ROLES,
+            read_by=("sie.gateway.app",),
+        ),
+        100_000,
+    )
     configured_gpus: tuple[str, ...] = setting(
         Env(
             "SIE_GATEWAY_CONFIGURED_GPUS",
