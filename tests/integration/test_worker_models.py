@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sie.tokenization import pad_batch
 from sie.wire import codes
 from sie.wire.ipc_batch import EncodeBatchItem, ExtractBatchItem, PreparedTokens, ScoreBatchItem
+from sie.worker.adapters.sparse import rows_per_run
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 L3 = "sentence-transformers/paraphrase-MiniLM-L3-v2"
@@ -94,6 +96,24 @@ def test_splade_expands_the_query(load_model) -> None:
     assert {"capital", "france"} <= terms.keys()
     assert {"french", "paris", "city"} & terms.keys(), "expansion adds related terms not in the input"
     assert not {"[CLS]", "[SEP]", "[PAD]"} & terms.keys()
+
+
+def test_a_splade_batch_larger_than_the_logits_budget_runs_in_slices_with_the_same_results(load_model) -> None:
+    adapter = load_model(SPLADE).adapter
+    long_texts = [f"document {index} " + "words about dogs and cats and the weather " * (60 + index * 10)
+                  for index in range(8)]  # fmt: skip
+    alone = [adapter.encode(encode_items([text])).items[0].result["sparse"] for text in long_texts]
+    batch = pad_rows(adapter, long_texts)
+    assert rows_per_run(batch.input_ids.shape[1], adapter.tokenizer.vocab_size) < len(long_texts)  # it slices
+    together = [item.result["sparse"] for item in adapter.encode(encode_items(long_texts)).items]
+    for single, sliced in zip(alone, together, strict=True):
+        assert np.array_equal(single["indices"], sliced["indices"])
+        assert np.allclose(single["values"], sliced["values"], atol=1e-4)
+
+
+def pad_rows(adapter, texts: list[str]):
+    tokens = adapter.tokenizer.encode_batch(texts)
+    return pad_batch([t.input_ids for t in tokens], [t.token_type_ids for t in tokens], adapter.tokenizer.pad_id)
 
 
 def test_sparse_and_dense_related_pairs(load_model) -> None:
