@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 
@@ -77,3 +78,58 @@ async def test_unknown_operation(runner: BatchRunner) -> None:
     batch = request([RunBatchItem(op="generate")])
     outcome = to_batch_outcome(batch, await runner.execute(batch))
     assert outcome.outcomes[0].error == "run_batch_unknown_op"
+
+
+class TightMemory:
+    """The real adapter, failing as onnxruntime does when a batch needs more memory than there is."""
+
+    def __init__(self, adapter, max_items: int) -> None:
+        self.adapter = adapter
+        self.max_items = max_items
+        self.calls: list[int] = []
+
+    def encode(self, items):
+        self.calls.append(len(items))
+        if len(items) > self.max_items:
+            raise RuntimeError(
+                "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code returned while running Gemm node. "
+                "Name:'mlm.logits' Status Message: Failed to allocate memory for requested buffer of size 1048576"
+            )
+        return self.adapter.encode(items)
+
+
+async def test_a_batch_that_cannot_allocate_runs_in_halves_and_every_item_succeeds(
+    baseline_catalog, load_model
+) -> None:
+    tight: list[TightMemory] = []
+
+    def load(model, profile, model_id):
+        loaded = load_model(model_id)
+        tight.append(TightMemory(loaded.adapter, max_items=2))
+        return attrs.evolve(loaded, adapter=tight[-1])
+
+    async with ModelManager(baseline_catalog, load) as manager:
+        await manager.wait_ready(MINILM)
+        batch = request([encode(index, f"text {index}") for index in range(5)])
+        executed = await BatchRunner(manager).execute(batch)
+    assert [item.ok for item in executed.results.items] == [True] * 5
+    assert tight[0].calls == [5, 2, 3, 1, 2]  # 5 fails; halves 2 and 3; 3 fails; halves 1 and 2
+    alone = load_model(MINILM).adapter.encode([encode(4, "text 4").encode]).items[0].result["dense"]["values"]
+    assert np.allclose(executed.results.items[4].result["dense"]["values"], alone, atol=1e-5)
+
+
+async def test_an_item_that_cannot_allocate_alone_is_resource_exhausted_without_runtime_internals(
+    baseline_catalog, load_model
+) -> None:
+    def load(model, profile, model_id):
+        loaded = load_model(model_id)
+        return attrs.evolve(loaded, adapter=TightMemory(loaded.adapter, max_items=0))
+
+    async with ModelManager(baseline_catalog, load) as manager:
+        await manager.wait_ready(MINILM)
+        batch = request([encode(0, "a"), encode(1, "b")])
+        outcome = to_batch_outcome(batch, await BatchRunner(manager).execute(batch))
+    for item in outcome.outcomes:
+        assert item.disposition == DISPOSITION_PUBLISH_ERROR_AND_ACK
+        assert item.error_code == codes.RESOURCE_EXHAUSTED and item.retry_after_s == 5
+        assert "ONNXRuntime" not in item.error and "Gemm" not in item.error and "out of memory" in item.error

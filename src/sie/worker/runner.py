@@ -41,6 +41,18 @@ NOT_LOADED_NAK_DELAY_MS = 1000
 # Contracts Part A §2.1 "Hash gate": work for another config comes back for redelivery after 5 s.
 HASH_GATE_NAK_DELAY_MS = 5000
 _OPERATIONS = (OP_ENCODE, OP_SCORE, OP_EXTRACT)
+# How onnxruntime (CPU arena, CUDA) and the C++ runtime word a failed allocation.
+_ALLOCATION_FAILURES = ("failed to allocate", "bad_alloc", "out of memory", "cudaerrormemoryallocation")
+# Retry-After of a batch that could not allocate even one item at a time.
+RESOURCE_EXHAUSTED_RETRY_AFTER_S = 5
+
+
+def allocation_failure(exc: BaseException) -> bool:
+    """Whether an adapter failure is the runtime running out of memory (the batch may fit in smaller parts)."""
+    text = str(exc).lower()
+    return isinstance(exc, MemoryError) or any(words in text for words in _ALLOCATION_FAILURES)
+
+
 # Weight of the newest batch in a model's cost-per-item average: a few batches follow a change of load.
 COST_EMA_WEIGHT = 0.2
 
@@ -54,6 +66,7 @@ class ExecutedBatch:
     error: str | None = None
     error_code: str | None = None
     nak_delay_ms: int = NOT_LOADED_NAK_DELAY_MS
+    retry_after_s: int | None = None
 
 
 def item_hashes(request: RunBatchRequest) -> list[str]:
@@ -114,6 +127,22 @@ class BatchRunner:
         self.executor = executor
         self.usage: dict[str, ModelUsage] = {}
 
+    async def _run(
+        self, method: Callable[[list[Any]], BatchResult], items: list[Any], model_id: str
+    ) -> tuple[BatchResult, float]:
+        """Run the adapter call in the executor; a batch that cannot allocate runs again in halves, down to
+        single items (issue 13 §1: a worker allocation failure splits the batch, it is not a 500)."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, _timed, method, items)
+        except Exception as exc:
+            if len(items) == 1 or not allocation_failure(exc):
+                raise
+            logger.warning("a batch of %d items of %s could not allocate; running it in halves", len(items), model_id)
+        half = len(items) // 2
+        first, first_s = await self._run(method, items[:half], model_id)
+        second, second_s = await self._run(method, items[half:], model_id)
+        return _joined(first, second), first_s + second_s
+
     @property
     def compute_seconds_total(self) -> float:
         """Device-seconds spent running batches since this worker started."""
@@ -134,12 +163,35 @@ class BatchRunner:
         if any(item is None for item in items):
             return ExecutedBatch(error=f"RunBatch item without its {op} body", error_code=codes.QUEUE_INFERENCE_ERROR)
         try:
-            results, seconds = await asyncio.get_running_loop().run_in_executor(self.executor, _timed, method, items)
+            results, seconds = await self._run(method, items, request.model_id)
         except Exception as exc:  # noqa: BLE001 - an adapter failure becomes per-item errors, never a crash
             logger.exception("batch %s of %s failed", request.batch_id, request.model_id)
-            return ExecutedBatch(error=f"{type(exc).__name__}: {exc}", error_code=codes.QUEUE_INFERENCE_ERROR)
+            return _failed(exc, request.model_id)
         self.usage.setdefault(loaded.model_id, ModelUsage()).record(len(items), seconds)
         return ExecutedBatch(results=results)
+
+
+def _failed(exc: Exception, model_id: str) -> ExecutedBatch:
+    """A failed batch as the caller sees it: no runtime internals (the log has them)."""
+    if allocation_failure(exc):
+        return ExecutedBatch(
+            error=f"Model '{model_id}' ran out of memory even one item at a time; retry later or send shorter input",
+            error_code=codes.RESOURCE_EXHAUSTED,
+            retry_after_s=RESOURCE_EXHAUSTED_RETRY_AFTER_S,
+        )
+    return ExecutedBatch(
+        error=f"Model '{model_id}' failed to run this batch ({type(exc).__name__}); the worker log has the details",
+        error_code=codes.QUEUE_INFERENCE_ERROR,
+    )
+
+
+def _joined(first: BatchResult, second: BatchResult) -> BatchResult:
+    return BatchResult(
+        items=[*first.items, *second.items],
+        tokenization_ms=first.tokenization_ms + second.tokenization_ms,
+        inference_ms=first.inference_ms + second.inference_ms,
+        postprocessing_ms=first.postprocessing_ms + second.postprocessing_ms,
+    )
 
 
 def _outcome(item: Any, result: ItemResult, batch: BatchResult) -> ItemOutcome:
@@ -186,6 +238,7 @@ def to_batch_outcome(request: RunBatchRequest, executed: ExecutedBatch) -> Batch
                 nak_delay_ms=executed.nak_delay_ms if nak else 0,
                 error=executed.nak_reason or executed.error,
                 error_code=None if nak else executed.error_code,
+                retry_after_s=None if nak else executed.retry_after_s,
             )
         )
     return BatchOutcome(outcomes=outcomes)
