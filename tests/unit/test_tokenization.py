@@ -47,6 +47,25 @@ def test_truncation_is_reported(tokenizer_file: Path) -> None:
     assert short.input_ids.tolist() == [2, 7, 11, 3] and not short.truncated
 
 
+def test_a_text_far_past_max_length_is_cut_before_tokenizing_with_the_same_tokens_and_offsets(
+    tokenizer_file: Path,
+) -> None:
+    tokenizer = TextTokenizer.from_file(tokenizer_file, max_length=5)
+    huge = "the cat sat on the mat " * 10_000  # 230,000 characters for 5 tokens
+    (cut,) = tokenizer.encode_batch([huge])
+    (short,) = tokenizer.encode_batch(["the cat sat on the mat"])
+    assert cut.input_ids.tolist() == short.input_ids.tolist() and cut.truncated
+    assert cut.offsets == short.offsets
+    (pair,) = tokenizer.encode_batch([("hello", huge)])
+    assert pair.input_ids.tolist()[:4] == [2, 4, 3, 6] and len(pair) == 5 and pair.truncated
+
+
+def test_a_cut_text_counts_as_truncated_even_if_what_is_left_fits(tokenizer_file: Path) -> None:
+    tokenizer = TextTokenizer.from_file(tokenizer_file, max_length=5)
+    (mostly_blank,) = tokenizer.encode_batch(["cat" + " " * 1_000 + "mat"])  # past 5 × 64 characters
+    assert mostly_blank.input_ids.tolist() == [2, 7, 3] and mostly_blank.truncated
+
+
 def test_pairs_carry_type_ids(tokenizer_file: Path) -> None:
     tokenizer = TextTokenizer.from_file(tokenizer_file, max_length=16)
     (pair,) = tokenizer.encode_batch([("hello", "the cat")])
