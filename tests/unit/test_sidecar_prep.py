@@ -141,11 +141,14 @@ async def test_a_tokenizer_with_another_id_is_not_used(tokenizer_file: Path) -> 
 
 async def test_score_and_extract_are_costed_without_tokenizing(tokenizer_file: Path) -> None:
     score = item(0, "score", query_item={"text": "ab"}, score_items=[{"text": "c"}, {"text": "de"}])
-    extract = item(1, "extract", item={"text": "hello"}, labels=["person"])
-    works = [Work(_Delivery(score), 0.0), Work(_Delivery(extract), 0.0)]
+    extract = item(1, "extract", item={"text": "hey"}, labels=["person"])
+    long_extract = item(2, "extract", item={"text": "a long text " * 1000})
+    works = [Work(_Delivery(score), 0.0), Work(_Delivery(extract), 0.0), Work(_Delivery(long_extract), 0.0)]
     await prepare(ready(tokenizer_file), works)
     assert works[0].cost == 3 + 4 and works[0].run_item.score.score_items == [{"text": "c"}, {"text": "de"}]
-    assert works[1].cost == 1 and works[1].run_item.extract.labels == ["person"]
+    # Extract is costed by its characters up to the model's sequence length (6 here): what the graph reads.
+    assert works[1].cost == 3 and works[1].run_item.extract.labels == ["person"]
+    assert works[2].cost == 6
 
 
 async def test_group_is_tokenized_in_one_call(tokenizer_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -70,8 +70,11 @@ def score_cost(query: dict[str, Any] | None, documents: Sequence[dict[str, Any]]
     return max(1, sum(query_cost + input_cost(doc) for doc in docs) if docs else query_cost)
 
 
-def extract_cost() -> int:
-    return 1
+def extract_cost(item: dict[str, Any] | None, max_seq_len: int | None) -> int:
+    """The input proxy capped at the model's sequence length: the batch former then fills a batch by what the
+    graph really reads (a 100,000-character text is `max_seq_len` tokens, not 100,000), at least 1."""
+    cost = max(1, input_cost(item))
+    return min(cost, max_seq_len) if max_seq_len else cost
 
 
 # --- text preparation (identical to the worker's) ----------------------------------------------------
@@ -138,7 +141,7 @@ def _run_item(item: WorkItem, op: str, **body: Any) -> RunBatchItem:
     )  # fmt: skip
 
 
-def prepare_unencoded(works: Sequence[Work]) -> None:
+def prepare_unencoded(works: Sequence[Work], descriptor: ModelDescriptor) -> None:
     """Score and extract items: no tokenization, a cost proxy, the IPC item."""
     for work in works:
         item = work.item
@@ -146,7 +149,7 @@ def prepare_unencoded(works: Sequence[Work]) -> None:
             work.cost = score_cost(item.query_item, item.score_items)
             work.run_item = score_item(item)
         else:
-            work.cost = extract_cost()
+            work.cost = extract_cost(item.item, descriptor.max_seq_len)
             work.run_item = extract_item(item)
 
 
@@ -220,7 +223,7 @@ class Preparer:
         """Fill in cost and IPC item of every work item of one model."""
         encode = [work for work in works if work.item.operation == OP_ENCODE]
         if len(encode) != len(works):
-            prepare_unencoded([work for work in works if work.item.operation != OP_ENCODE])
+            prepare_unencoded([work for work in works if work.item.operation != OP_ENCODE], model.descriptor)
         if encode:
             await self._prepare_encode(model.descriptor, encode)
 
