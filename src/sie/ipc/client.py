@@ -44,4 +44,9 @@ class WorkerClient(Protocol):
 
     async def drain(self, request: DrainRequest) -> DrainResponse: ...
 
+
+class WorkerChild(WorkerClient, Protocol):
+    """One worker child of a pod (one device): a WorkerClient that also reports its device, memory and measured
+    costs to the sidecar's placement. A pod of several children is a WorkerClient but no WorkerChild."""
+
     async def model_control_status(self, request: ModelControlStatusRequest) -> ModelControlStatusResponse: ...

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
 
-from sie.ipc.client import WorkerClient
+from sie.ipc.client import WorkerChild, WorkerClient
 from sie.wire import ipc
 from sie.wire.ipc_batch import (
     OP_ENCODE,
@@ -37,7 +37,7 @@ from sie.wire.ipc_control import (
     WorkerCapabilitiesRequest,
 )
 
-Call = Callable[[WorkerClient, Any], Awaitable[Any]]
+Call = Callable[[WorkerChild, Any], Awaitable[Any]]
 
 
 @dataclass(frozen=True, slots=True)

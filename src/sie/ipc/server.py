@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import Any, Final, Self
 
 from sie.ipc.chunking import DEFAULT_LIMITS, ChunkLimits, chunk_frames, refusal, transfer_digest
-from sie.ipc.client import WorkerClient
+from sie.ipc.client import WorkerChild
 from sie.ipc.errors import IpcProtocolError
 from sie.ipc.framing import read_frame, send_frames
 from sie.ipc.methods import METHODS, Method
@@ -108,7 +108,7 @@ class IpcServer:
 
     def __init__(
         self,
-        service: WorkerClient,
+        service: WorkerChild,
         socket_path: Path | str,
         *,
         worker_id: str = "",

@@ -8,12 +8,13 @@ hung and dials again on next use.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
-from sie.ipc.client import WorkerClient
+from sie.ipc.client import WorkerChild
 from sie.ipc.sockets import child_socket_paths
 from sie.ipc.uds_client import UdsWorkerClient
 
@@ -26,9 +27,9 @@ def child_name(index: int) -> str:
 
 
 class ChildDirectory(Protocol):
-    """The worker children present now, each as a WorkerClient, by stable name."""
+    """The worker children present now, each as a WorkerChild, by stable name."""
 
-    async def discover(self) -> Mapping[str, WorkerClient]: ...
+    async def discover(self) -> Mapping[str, WorkerChild]: ...
 
     async def reconnect(self, name: str) -> None: ...
 
@@ -38,10 +39,10 @@ class ChildDirectory(Protocol):
 class LocalChildren:
     """A fixed set of in-process children (`--role all`): their services are called directly."""
 
-    def __init__(self, children: Mapping[str, WorkerClient]) -> None:
+    def __init__(self, children: Mapping[str, WorkerChild]) -> None:
         self._children = dict(children)
 
-    async def discover(self) -> Mapping[str, WorkerClient]:
+    async def discover(self) -> Mapping[str, WorkerChild]:
         return self._children
 
     async def reconnect(self, name: str) -> None:
@@ -68,8 +69,8 @@ class SocketChildren:
         self._connect = connect
         self._clients: dict[str, tuple[Path, UdsWorkerClient]] = {}
 
-    async def discover(self) -> Mapping[str, WorkerClient]:
-        present = socket_children(self.base)
+    async def discover(self) -> Mapping[str, WorkerChild]:
+        present = await asyncio.to_thread(socket_children, self.base)  # a directory listing: off the loop
         for name in [name for name, (path, _) in self._clients.items() if present.get(name) != path]:
             await self._close(name)
         for name, path in present.items():

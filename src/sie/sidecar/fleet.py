@@ -29,7 +29,7 @@ from typing import Final, Self, TypeVar
 
 import attrs
 
-from sie.ipc.client import WorkerClient
+from sie.ipc.client import WorkerChild, WorkerClient
 from sie.ipc.errors import IpcConnectionError
 from sie.placement.policy import ModelOverride, PlacementPolicy, policy_from_settings
 from sie.placement.reports import ChildReport, ModelReport
@@ -79,7 +79,7 @@ class _Child:
     """What the fleet knows of one child between probe rounds."""
 
     name: str
-    client: WorkerClient
+    client: WorkerChild
     device: str = "unknown"
     ready: bool = False
     loaded: set[str] = attrs.Factory(set)
@@ -333,10 +333,6 @@ class WorkerFleet:
     async def drain(self, request: DrainRequest) -> DrainResponse:
         await self._each(lambda client: client.drain(request), self._children.values())
         return DrainResponse(acknowledged=True)
-
-    async def model_control_status(self, request: ModelControlStatusRequest) -> ModelControlStatusResponse:
-        """Not a fleet question: each child answers its own (the fleet asks them every probe round)."""
-        raise NotImplementedError("ask a worker child for its ModelControlStatus, not the fleet")
 
     # --- the placement control surface ---------------------------------------------------------------
 
