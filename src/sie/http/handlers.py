@@ -4,8 +4,7 @@ envelopes (the placement control surface is one such handler)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Final, Protocol
+from collections.abc import Iterable
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -13,27 +12,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from sie.http.bodies import BodyTooLargeError, read_body
-
-# The transport's cap on a request body; the handler may refuse smaller bodies in its own envelope.
-MAX_BODY_BYTES: Final = 1024 * 1024
-
-
-class PlainReply(Protocol):
-    """What a plain handler answers (sie.placement.api.ApiResponse is one)."""
-
-    @property
-    def status(self) -> int: ...
-
-    @property
-    def content_type(self) -> str: ...
-
-    @property
-    def body(self) -> bytes: ...
-
-
-# (method, percent-decoded path, query with the last value of each name, body) -> the answer, or None when the
-# path is not the handler's. HEAD reaches it as GET; the server drops the body.
-PlainHandler = Callable[[str, str, Mapping[str, str], bytes], Awaitable[PlainReply | None]]
+from sie.http.plain import MAX_BODY_BYTES, PlainHandler
 
 
 class PlainHandlerApp:
@@ -76,4 +55,4 @@ def plain_handler_routes(handle: PlainHandler, prefixes: Iterable[str]) -> list[
     return routes
 
 
-__all__ = ["PlainHandler", "PlainHandlerApp", "PlainReply", "plain_handler_app", "plain_handler_routes"]
+__all__ = ["PlainHandlerApp", "plain_handler_app", "plain_handler_routes"]

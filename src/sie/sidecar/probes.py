@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Final, NamedTuple, Protocol, Self
+from collections.abc import Callable, Mapping
+from typing import Final, NamedTuple, Self
 from urllib.parse import parse_qsl, unquote
+
+from sie.http.plain import MAX_BODY_BYTES, PlainHandler
 
 logger = logging.getLogger(__name__)
 
@@ -22,26 +24,6 @@ TEXT_CONTENT_TYPE: Final = "text/plain; charset=utf-8"
 READ_TIMEOUT_S: Final = 5.0
 MAX_HEADER_LINES: Final = 100
 MAX_LINE_BYTES: Final = 8192
-# The transport's cap on a request body; a routes handler may refuse smaller bodies in its own envelope.
-MAX_BODY_BYTES: Final = 1024 * 1024
-
-
-class PlainReply(Protocol):
-    """What a routes handler answers (sie.placement.api.ApiResponse is one)."""
-
-    @property
-    def status(self) -> int: ...
-
-    @property
-    def content_type(self) -> str: ...
-
-    @property
-    def body(self) -> bytes: ...
-
-
-# (method, percent-decoded path, query with the last value of each name, body) -> the answer, or None when the
-# path is not the handler's. HEAD reaches it as GET; the server drops the body.
-PlainRoutes = Callable[[str, str, Mapping[str, str], bytes], Awaitable[PlainReply | None]]
 
 
 class _Request(NamedTuple):
@@ -68,7 +50,7 @@ class ProbeServer:
         ready: Callable[[], bool],
         port: int,
         host: str = "0.0.0.0",
-        routes: PlainRoutes | None = None,
+        routes: PlainHandler | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
         self._ready = ready
@@ -160,7 +142,9 @@ class ProbeServer:
         return await self.respond(request.method, request.target, body)
 
 
-async def _route(routes: PlainRoutes, method: str, path: str, query: str, body: bytes) -> tuple[int, str, bytes] | None:
+async def _route(
+    routes: PlainHandler, method: str, path: str, query: str, body: bytes
+) -> tuple[int, str, bytes] | None:
     try:
         reply = await routes(
             "GET" if method == "HEAD" else method, path, dict(parse_qsl(query, keep_blank_values=True)), body
@@ -218,4 +202,4 @@ def _response(status: int, content_type: str, payload: bytes, head_only: bool) -
     return head.encode("latin-1") + (b"" if head_only else payload)
 
 
-__all__ = ["HEALTHZ_PATH", "READYZ_PATH", "PlainReply", "PlainRoutes", "ProbeServer"]
+__all__ = ["HEALTHZ_PATH", "READYZ_PATH", "ProbeServer"]
