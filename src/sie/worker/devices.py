@@ -7,6 +7,7 @@ the way onnxruntime will honour it; a host without the driver has no CUDA device
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -124,13 +125,10 @@ def load_cuda_libraries() -> None:
 def available_memory() -> int | None:
     """Memory the host can give without swapping: MemAvailable from /proc/meminfo, else free pages; None if
     neither can be read."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo", encoding="ascii") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError):
