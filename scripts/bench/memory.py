@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,7 +21,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from topology import HOST, free_port  # noqa: E402
+from topology import start_all  # noqa: E402
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 SPLADE = "rasyosef/splade-tiny"
@@ -39,29 +37,6 @@ def memory_mib(pid: int) -> tuple[int, int]:
         if key in ("VmRSS", "VmHWM"):
             values[key] = int(rest.split()[0]) // 1024
     return values["VmRSS"], values["VmHWM"]
-
-
-def start_server(log: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {name: value for name, value in os.environ.items() if not name.startswith("SIE_")}
-    if "SIE_MODEL_CACHE" in os.environ:
-        env["SIE_MODEL_CACHE"] = os.environ["SIE_MODEL_CACHE"]
-    command = [sys.executable, "-m", "sie.cli.main", "run", "--role", "all", "--host", HOST, "--port", str(port),
-               "--preload", f"{MINILM},{SPLADE},{RAMPART}"]  # fmt: skip
-    process = subprocess.Popen(command, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    url = f"http://{HOST}:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            pass
-        if process.poll() is not None:
-            raise SystemExit(f"the server exited; log in {log}")
-        time.sleep(0.5)  # polling readiness with a deadline
-    process.kill()
-    raise SystemExit(f"the server did not start; log in {log}")
 
 
 def requests(items: int, chars: int, score_docs: int) -> list[tuple[str, dict]]:
@@ -84,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--score-docs", type=int, default=64)
     args = parser.parse_args(argv)
     log = Path(tempfile.mkdtemp(prefix="sie-bench-memory-")) / "all.log"
-    process, url = start_server(log)
+    process, url = start_all(["--preload", f"{MINILM},{SPLADE},{RAMPART}"], {}, log)
     try:
         httpx.post(f"{url}/v1/encode/{MINILM}", json={"items": [{"text": "warm"}]}, timeout=60)
         idle, _ = memory_mib(process.pid)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,34 +27,23 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import RunStats, build_request, run_load  # noqa: E402
 from raw_ort import SENTENCES  # noqa: E402
-from topology import HOST, _sie, free_port  # noqa: E402
+from topology import HOST, start_all  # noqa: E402
 
 MODELS = ("sentence-transformers/all-MiniLM-L6-v2", "sentence-transformers/paraphrase-MiniLM-L3-v2")
 MODES = ("round_robin", "least_outstanding", "lpt_packing")
 WARM_UP_S = 1.0
 
 
-def start_server(mode: str, directory: Path) -> tuple[object, str]:
-    port = free_port()
-    args = ["--host", HOST, "--port", str(port), "--devices", "cpu:2", "--preload", ",".join(MODELS)]
-    process = _sie("all", args, {"SIE_PLACEMENT_MODE": mode}, directory / f"all-{mode}.log")
-    url = f"http://{HOST}:{port}"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        try:
-            if all(
-                httpx.post(f"{url}/v1/encode/{model}", json={"items": [{"text": "warm"}]}, timeout=30).status_code
-                == 200
-                for model in MODELS
-            ):
-                return process, url
-        except httpx.HTTPError:
-            pass
-        if process.poll() is not None:
-            raise SystemExit(f"the {mode} server exited; log in {directory}")
-        time.sleep(0.25)  # polling readiness with a deadline
-    process.kill()
-    raise SystemExit(f"the {mode} server did not start; log in {directory}")
+def start_server(mode: str, directory: Path) -> tuple[subprocess.Popen, str]:
+    """The server for one mode, with both models answering."""
+    args = ["--devices", "cpu:2", "--preload", ",".join(MODELS)]
+    process, url = start_all(args, {"SIE_PLACEMENT_MODE": mode}, directory / f"all-{mode}.log")
+    for model in MODELS:
+        response = httpx.post(f"{url}/v1/encode/{model}", json={"items": [{"text": "warm"}]}, timeout=60)
+        if response.status_code != 200:
+            process.kill()
+            raise SystemExit(f"the {mode} server answers {response.status_code} for {model}; log in {directory}")
+    return process, url
 
 
 def requests_for(url: str, model: str, count: int) -> list[bytes]:

@@ -36,6 +36,28 @@ def _sie(role: str, args: list[str], env: dict[str, str], log: Path) -> subproce
     return subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**clean, **env})
 
 
+def start_all(
+    args: list[str], env: dict[str, str], log: Path, timeout_s: float = 300.0
+) -> tuple[subprocess.Popen, str]:
+    """`sie run --role all` on a free loopback port with `args` and `env`, once its /readyz answers 200; returns
+    the process and its base URL (SystemExit, with the log's path, if it exits or does not get ready)."""
+    port = free_port()
+    process = _sie("all", ["--host", HOST, "--port", str(port), *args], env, log)
+    url = f"http://{HOST}:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None:
+            raise SystemExit(f"the server exited; log in {log}")
+        time.sleep(0.25)  # polling readiness with a deadline
+    process.kill()
+    raise SystemExit(f"the server did not get ready; log in {log}")
+
+
 def _nats(directory: Path) -> tuple[subprocess.Popen, str]:
     binary = Path(sys.executable).parent / "nats-server"
     command = [
