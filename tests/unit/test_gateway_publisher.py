@@ -69,7 +69,7 @@ async def test_full_stream_is_queue_full_and_closed_transport_is_unavailable(cat
 
 async def test_no_consumer_at_publish_is_provisioning(catalog_route) -> None:
     class NoConsumerQueue:
-        async def publish_work_batch(self, subject: str, items: object) -> None:
+        async def submit_work_batch(self, subject: str, items: object) -> None:
             raise NoConsumerError(subject)
 
     publisher = WorkPublisher(NoConsumerQueue(), NoConsumerQueue(), 50_000, "gw")  # type: ignore[arg-type]

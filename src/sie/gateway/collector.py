@@ -41,9 +41,14 @@ class PendingRequest:
             self._done.set_result(None)
 
     def fail(self, error: BaseException) -> None:
-        """End the wait with `error` (the collector is stopping)."""
+        """End the wait with `error` (the collector is stopping, or the work was never stored)."""
         if not self._done.done():
             self._done.set_exception(error)
+
+    def close(self) -> None:
+        """Nobody waits any more: later results and failures are ignored."""
+        if not self._done.done():
+            self._done.cancel()
 
     async def wait(self, timeout_s: float) -> list[WorkResult]:
         """Every slot's result; GatewayTimeoutError when they do not all arrive within `timeout_s`."""
@@ -96,6 +101,7 @@ class Collector:
             yield pending
         finally:
             del self._pending[request_id]
+            pending.close()
 
     def _on_result(self, result: WorkResult) -> None:
         pending = self._pending.get(result.request_id)

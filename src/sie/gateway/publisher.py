@@ -65,16 +65,14 @@ class WorkPublisher:
         if pending > self._max_pending:
             raise QueueFullError(f"Pool '{lane.pool}' has {pending} pending work items; retry later")
 
-    async def publish(self, subject: str, items: Sequence[WorkItem]) -> None:
-        """Queue every item on `subject`, in order; the first refusal ends the request."""
+    async def publish(self, subject: str, items: Sequence[WorkItem]) -> asyncio.Future[None]:
+        """Send every item on `subject`, in order, without waiting for the stream to store them (seed 000 §8.2).
+        A refusal while sending raises here; the returned future completes once every item is stored, or
+        fails with the gateway error of the refusal (see `publish_error`)."""
         try:
-            await self._queue.publish_work_batch(subject, items)
-        except BackpressureError as exc:
-            raise QueueFullError(f"The work queue is full: {exc}") from exc
-        except NoConsumerError as exc:
-            raise ProvisioningError(f"No worker consumes {subject} yet; capacity is being provisioned") from exc
+            return await self._queue.submit_work_batch(subject, items)
         except TransportError as exc:
-            raise QueueUnavailableError(f"The work queue is unavailable: {exc}") from exc
+            raise publish_error(exc, subject) from exc
 
     def abandon(self, request_id: str) -> None:
         """Announce on `work_cancel.{router_id}.{request_id}` (NATS core, best effort) that nobody waits for the
@@ -93,3 +91,12 @@ class WorkPublisher:
             await self._queue.publish(subject, {"router_id": self.router_id, "request_id": request_id})
         except Exception:  # noqa: BLE001 - best effort: the items' deadlines still stop them
             logger.debug("announcing the cancel of %s failed", request_id, exc_info=True)
+
+
+def publish_error(error: BaseException, subject: str) -> Exception:
+    """The gateway error for a work publish the transport refused, while sending or when draining its ACKs."""
+    if isinstance(error, BackpressureError):
+        return QueueFullError(f"The work queue is full: {error}")
+    if isinstance(error, NoConsumerError):
+        return ProvisioningError(f"No worker consumes {subject} yet; capacity is being provisioned")
+    return QueueUnavailableError(f"The work queue is unavailable: {error}")

@@ -5,6 +5,8 @@ call a handler makes. No web framework, no status codes: failures are the typed 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -12,10 +14,10 @@ from typing import Any
 import attrs
 
 from sie.gateway import assembly, openai, router, workitems
-from sie.gateway.collector import Collector
+from sie.gateway.collector import Collector, PendingRequest
 from sie.gateway.headers import ResponseMetadata, collect_metadata, model_revision
 from sie.gateway.limits import RequestLimits
-from sie.gateway.publisher import WorkPublisher
+from sie.gateway.publisher import WorkPublisher, publish_error
 from sie.gateway.router import LaneHints, Route, Router
 from sie.gateway.workitems import Ticket
 from sie.wire.http import EncodeRequest, ExtractRequest, ScoreRequest
@@ -37,6 +39,16 @@ class Collected:
     route: Route
     results: list[WorkResult]
     meta: ResponseMetadata
+
+
+def _fail_unless_stored(pending: PendingRequest, subject: str, stored: asyncio.Future[None]) -> None:
+    """End the request's wait with the refusal when the stream did not store its items (a detached ACK drain
+    that failed; a request already answered or gone is not affected)."""
+    if stored.cancelled():
+        return
+    error = stored.exception()
+    if error is not None:
+        pending.fail(publish_error(error, subject))
 
 
 def _profile(options: dict[str, Any] | None) -> Any:
@@ -109,7 +121,8 @@ class InferenceService:
         with self._collector.expect(request_id, len(items)) as pending:
             started = time.perf_counter()
             try:
-                await self._publisher.publish(route.subject, items)
+                stored = await self._publisher.publish(route.subject, items)
+                stored.add_done_callback(functools.partial(_fail_unless_stored, pending, route.subject))
                 published = time.perf_counter()
                 results = await pending.wait(self._timeout_s)
             except BaseException:  # a timeout, a failed publish, the client gone (cancelled): nobody waits now

@@ -16,6 +16,7 @@ Messages are typed objects: the loopback passes them by reference, NATS encodes 
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
@@ -24,6 +25,9 @@ import attrs
 
 from sie.catalog.names import work_subject_pool
 from sie.wire.queue import WorkItem, WorkResult
+
+# The ACKs of one request's published items are awaited together, for at most this long (seed 000 §8.2).
+ACK_DRAIN_TIMEOUT_S = 6.0
 
 
 class TransportError(Exception):
@@ -107,6 +111,12 @@ class WorkQueue(Protocol):
     async def publish_work_batch(self, subject: str, items: Sequence[WorkItem]) -> None:
         """Queue one request's items on one subject, pipelined: returns once all are stored, raising as
         publish_work does on the first refusal (earlier items may already be queued)."""
+
+    async def submit_work_batch(self, subject: str, items: Sequence[WorkItem]) -> asyncio.Future[None]:
+        """Send one request's items on one subject without waiting for the stream to store them (seed 000 §8.2:
+        the request path does not wait for JetStream's ACKs). Returns once sent; the future completes when every
+        item is stored, within ACK_DRAIN_TIMEOUT_S, or fails as publish_work would raise (TransportUnavailable
+        when the ACKs do not come in time). A refusal known while sending raises here."""
 
     async def consumer(self, lane: Lane) -> LaneConsumer:
         """Attach to (creating if needed) the durable consumer of `lane`."""

@@ -78,6 +78,13 @@ class LoopbackTransport:
         for item in items:
             await self.publish_work(subject, item)
 
+    async def submit_work_batch(self, subject: str, items: Sequence[WorkItem]) -> asyncio.Future[None]:
+        """Queue the items in order; in memory they are stored once sent, so the future is already done."""
+        await self.publish_work_batch(subject, items)
+        stored: asyncio.Future[None] = self._running_loop().create_future()
+        stored.set_result(None)
+        return stored
+
     async def consumer(self, lane: Lane) -> LoopbackLaneConsumer:
         """Attach to the lane's durable consumer (created on first use); handles share its messages."""
         stream = self._stream(lane.pool)

@@ -16,7 +16,7 @@ import attrs
 
 from sie.settings import StreamSettings
 from sie.settings.messaging import NatsSettings
-from sie.transport.base import Lane, MessageHandler, ResultHandler, TransportUnavailable
+from sie.transport.base import ACK_DRAIN_TIMEOUT_S, Lane, MessageHandler, ResultHandler, TransportUnavailable
 from sie.transport.nats.bus import NatsBus, NatsSubscription, WantsRequest
 from sie.transport.nats.cache import TtlCache
 from sie.transport.nats.connection import Connection
@@ -24,8 +24,6 @@ from sie.transport.nats.consumer import LaneFetcher
 from sie.transport.nats.streams import StreamRegistry
 from sie.transport.nats.work import StreamPublisher
 from sie.wire.queue import WorkItem, WorkResult
-
-ACK_DRAIN_TIMEOUT_S = 6.0  # seed 000 §8.2: one request's ACKs drain within six seconds
 
 logger = logging.getLogger(__name__)
 
@@ -110,16 +108,19 @@ class NatsTransport:
 
     async def publish_work_batch(self, subject: str, items: Sequence[WorkItem]) -> None:
         """Send every item, then await their ACKs together: one broker round trip, not one per item."""
-        futures = [await self.submit_work(subject, item) for item in items]
+        await (await self.submit_work_batch(subject, items))
+
+    async def submit_work_batch(self, subject: str, items: Sequence[WorkItem]) -> asyncio.Future[None]:
+        """Send every item; the returned task drains their ACKs together (one task per request, bounded by
+        ACK_DRAIN_TIMEOUT_S). A send that fails part-way abandons the ACKs of the items already sent."""
+        futures: list[asyncio.Future[None]] = []
         try:
-            async with asyncio.timeout(ACK_DRAIN_TIMEOUT_S):
-                await asyncio.gather(*futures)
-        except TimeoutError as exc:
-            raise TransportUnavailable(f"JetStream did not acknowledge {len(items)} items in time") from exc
-        finally:
-            for future in futures:
-                if not future.done():
-                    future.cancel()
+            for item in items:
+                futures.append(await self.submit_work(subject, item))
+        except BaseException:
+            _abandon(futures)
+            raise
+        return asyncio.ensure_future(_drain_acks(futures))
 
     async def consumer(self, lane: Lane) -> LaneFetcher:
         """Attach to the lane's durable consumer (created or updated on first use); every call shares one fetcher."""
@@ -178,6 +179,25 @@ class NatsTransport:
         fetcher = LaneFetcher(parts.connection, parts.streams, lane, self.settings, parts.bus.publish)
         await fetcher.start()
         return fetcher
+
+
+async def _drain_acks(futures: list[asyncio.Future[None]]) -> None:
+    """Every future's ACK within ACK_DRAIN_TIMEOUT_S; the first failure, or TransportUnavailable on timeout."""
+    try:
+        async with asyncio.timeout(ACK_DRAIN_TIMEOUT_S):
+            await asyncio.gather(*futures)
+    except TimeoutError as exc:
+        raise TransportUnavailable(f"JetStream did not acknowledge {len(futures)} items in time") from exc
+    finally:
+        _abandon(futures)
+
+
+def _abandon(futures: list[asyncio.Future[None]]) -> None:
+    for future in futures:
+        if not future.done():
+            future.cancel()
+        elif not future.cancelled():
+            future.exception()  # retrieved: a failure is reported once, by whoever awaits the drain
 
 
 async def _close_quietly(fetcher: LaneFetcher) -> None:
