@@ -270,6 +270,23 @@ async def test_a_load_held_too_long_answers_model_loading(worker: CountingWorker
         assert await transport.pending(POOL) == 0
 
 
+async def test_a_load_outlasting_the_deadline_answers_model_loading_before_the_deadline(
+    worker: CountingWorker, load_gate
+) -> None:
+    load_gate.clear()
+    async with LoopbackTransport(StreamSettings()) as transport:
+        results, sidecar = await start(transport, worker, sidecar_config(load_hold_s=300.0))
+        async with sidecar:
+            deadline = time.time() + 2.5
+            await publish(transport, work_item(0, item={"text": "Hello world"}, deadline=deadline))
+            (result,) = await results.wait(1)
+            answered = time.time()
+            load_gate.set()
+        assert result.error_code == codes.MODEL_LOADING and result.retry_after_s == 5
+        assert answered < deadline  # held (not the 300 s hold), then answered while the gateway still waits
+        assert await transport.pending(POOL) == 0
+
+
 async def test_a_model_that_fails_to_load_answers_model_load_failed(worker: CountingWorker) -> None:
     async with LoopbackTransport(StreamSettings()) as transport:
         results, sidecar = await start(transport, worker)

@@ -4,11 +4,12 @@ NAK for a model this worker does not know."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from sie.settings import BatchingSettings
 from sie.sidecar.admission import Admission
-from sie.sidecar.readiness import Readiness, ReadinessOptions, ReadyModels, progress_interval
+from sie.sidecar.readiness import Clocks, Readiness, ReadinessOptions, ReadyModels, progress_interval
 from sie.sidecar.settlement import Settler
 from sie.sidecar.work import ReadyModel, Work
 from sie.wire import codes
@@ -195,3 +196,71 @@ async def test_every_answer_is_told_to_the_observer() -> None:
     )
     await readiness.admit("m", works(log, 1))
     assert heard == [("m", "failed")]
+
+
+class HandClocks:
+    """A monotonic and a wall clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.wall = 1_000.0
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self.wall += seconds
+
+
+def with_deadline(batch: list[Work], deadline: float) -> list[Work]:
+    for work in batch:
+        work.item = work.delivery.item = attrs.evolve(work.item, deadline=deadline)
+    return batch
+
+
+def build_clocked(worker: ScriptedWorker, clocks: HandClocks, hold_s: float = 0.02):
+    bus, proceeded = FakeBus(), Proceeded()
+    options = ReadinessOptions(poll_s=0.005, progress_s=0.01, hold_s=hold_s, nak_delay_s=5.0)
+    readiness = Readiness(worker, Settler(bus, Admission(100)), ReadyModels(BatchingSettings()), proceeded, options,
+                          Clocks(lambda: clocks.now, lambda: clocks.wall))  # fmt: skip
+    return readiness, bus, proceeded
+
+
+async def test_work_with_a_deadline_is_held_past_load_hold_s_until_the_model_is_ready() -> None:
+    log: list = []
+    clocks = HandClocks()
+    worker = ScriptedWorker(LOADING)
+    readiness, bus, proceeded = build_clocked(worker, clocks, hold_s=0.02)
+    await readiness.admit("m", with_deadline(works(log, 1), clocks.wall + 30.0))
+    clocks.advance(20.0)  # far past SIE_SIDECAR_LOAD_HOLD_S, well before the deadline
+    calls = worker.calls
+    await eventually(lambda: worker.calls > calls + 2, timeout_s=2.0)
+    assert not bus.results and readiness.held() == 1
+    worker.answers = [READY]
+    await eventually(lambda: proceeded, timeout_s=2.0)
+    assert not bus.results and not any(entry[0] in ("ack", "nak") for entry in log)
+
+
+async def test_held_work_is_answered_model_loading_just_before_its_deadline() -> None:
+    log: list = []
+    clocks = HandClocks()
+    readiness, bus, proceeded = build_clocked(ScriptedWorker(LOADING), clocks, hold_s=60.0)
+    await readiness.admit("m", with_deadline(works(log, 1), clocks.wall + 30.0))
+    clocks.advance(29.5)  # within the answer margin of the deadline
+    await eventually(lambda: bus.results, timeout_s=2.0)
+    assert bus.results[0].error_code == codes.MODEL_LOADING and bus.results[0].retry_after_s == 5
+    assert not proceeded
+    await readiness.close()
+
+
+async def test_retry_later_is_a_nak_with_the_workers_delay_while_the_deadline_allows() -> None:
+    log: list = []
+    clocks = HandClocks()
+    oom = EnsureModelReadyResponse(state="retry_later", error="no memory", error_class="OOM", attempts=1,
+                                   retry_after_s=8.0)  # fmt: skip
+    readiness, bus, _ = build_clocked(ScriptedWorker(oom), clocks)
+    roomy, tight = works(log, 2)
+    with_deadline([roomy], clocks.wall + 30.0)
+    with_deadline([tight], clocks.wall + 5.0)  # no time for another attempt after 8 s: answered now
+    await readiness.admit("m", [roomy, tight])
+    assert ("nak", "r0.0", 8.0) in log
+    assert [result.request_id for result in bus.results] == ["r1"]
+    assert bus.results[0].error_code == codes.RESOURCE_EXHAUSTED

@@ -52,7 +52,8 @@ class SidecarSettings:
         Env(
             "SIE_SIDECAR_LOAD_HOLD_S",
             seconds(positive=True),
-            "How long work waits (progress-acked) for a model to load before it is answered MODEL_LOADING.",
+            "How long work without a deadline waits (progress-acked) for its model to load before it is answered "
+            "MODEL_LOADING. Work with a deadline (every item of this gateway) waits until one second before it.",
             roles=_PIPELINE_ROLES,
             read_by=("sie.sidecar.readiness",),
         ),

@@ -1,6 +1,8 @@
 """Model readiness (contracts Part A §2.1 EnsureModelReady; seed 001 "Request Flow"): ready work goes on
 to preparation; work for a model this worker is loading is held with progress ACKs while one poller per
-model re-checks; failed and retry-later answers are settled here. It never blocks the event loop.
+model re-checks, until the model is ready or the work's deadline is near (then it is answered MODEL_LOADING,
+which clients retry); failed answers are settled here and retry-later answers are NAKed with their delay
+while the deadline allows another attempt. It never blocks the event loop.
 
 `ReadyModels` remembers the worker's ready answers (and tells an observer every answer); the readiness
 stage fills it and the dispatcher forgets a model the worker could not run.
@@ -40,6 +42,8 @@ POLL_INTERVAL_S: Final = 0.1
 # A ready answer is reused this long; a "not loaded" batch outcome forgets it sooner.
 READY_TTL_S: Final = 1.0
 OOM_ERROR_CLASS: Final = "OOM"
+# Held work is answered this long before its deadline, so the answer reaches the gateway before it gives up.
+ANSWER_MARGIN_S: Final = 1.0
 LOADING_STATES: Final = frozenset({MODEL_STATE_LOADING_STARTED, MODEL_STATE_LOADING_IN_PROGRESS})
 
 Observe = Callable[[str, EnsureModelReadyResponse], None]
@@ -107,6 +111,15 @@ class ReadyModels:
         self._ready.pop(model_id, None)
 
 
+@attrs.frozen
+class Clocks:
+    """Monotonic time measures how long work was held; wall time is compared with deadlines (absolute unix
+    times set by the gateway)."""
+
+    monotonic: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+
+
 class _Hold:
     """Work waiting for one model's load, and the poller task watching it."""
 
@@ -127,7 +140,7 @@ class Readiness:
         models: ReadyModels,
         out: Outbox[ReadyGroup],
         options: ReadinessOptions,
-        clock: Callable[[], float] = time.monotonic,
+        clocks: Clocks | None = None,
     ) -> None:
         self._worker = worker
         self._settler = settler
@@ -136,7 +149,9 @@ class Readiness:
         self._options = options
         self._worker_id = options.worker_id
         self._holds: dict[str, _Hold] = {}
-        self._clock = clock
+        clocks = clocks or Clocks()
+        self._clock = clocks.monotonic
+        self._wall_clock = clocks.wall
 
     async def serve(self, inbox: Channel[AdmittedGroup]) -> None:
         """The stage's loop: route each admitted group as it arrives."""
@@ -248,23 +263,46 @@ class Readiness:
     async def _keep_holding(self, hold: _Hold) -> None:
         hold.works = await self._settler.live(hold.works)  # work nobody waits for stops waiting for the load
         now = self._clock()
-        expired = [work for work in hold.works if now - work.held_since >= self._options.hold_s]
+        waited_enough = self._held_long_enough(now, self._wall_clock())
+        expired = [work for work in hold.works if waited_enough(work)]
         if expired:
-            hold.works = [work for work in hold.works if now - work.held_since < self._options.hold_s]
+            hold.works = [work for work in hold.works if not waited_enough(work)]
             await self._settler.reply([(work, model_loading_result(work.item, self._worker_id)) for work in expired])
         if now - hold.progressed >= self._options.progress_s:
             hold.progressed = now
             await self._settler.in_progress(hold.works, now)
 
+    def _held_long_enough(self, now: float, wall_now: float) -> Callable[[Work], bool]:
+        """Whether held work must be answered now: its deadline is within ANSWER_MARGIN_S, or (work without a
+        deadline, from an older gateway) it was held SIE_SIDECAR_LOAD_HOLD_S."""
+
+        def waited_enough(work: Work) -> bool:
+            deadline = work.item.deadline
+            if deadline is None:
+                return now - work.held_since >= self._options.hold_s
+            return deadline - wall_now <= ANSWER_MARGIN_S
+
+        return waited_enough
+
     async def _answer(self, response: EnsureModelReadyResponse, works: list[Work]) -> None:
-        """Settle work the model cannot serve: failed, cooling down, or unknown to this worker."""
+        """Settle work the model cannot serve: failed, cooling down, or unknown to this worker. Cooling down
+        (retry_later) is a NAK with the worker's delay while the work's deadline allows another attempt; the
+        rest is answered with the classified error the client retries on its own."""
         if not works:
             return
         reply = self._reply_for(response)
         if reply is None:
             await self._settler.nak(works, self._options.nak_delay_s)
             return
-        await self._settler.reply([(work, reply(work)) for work in works])
+        if response.state == MODEL_STATE_RETRY_LATER:
+            delay_s = max(self._options.nak_delay_s, response.retry_after_s or 0.0)
+            latest = self._wall_clock() + delay_s + ANSWER_MARGIN_S
+            retried = [work for work in works if work.item.deadline is not None and work.item.deadline > latest]
+            if retried:
+                await self._settler.nak(retried, delay_s)
+                works = [work for work in works if work.item.deadline is None or work.item.deadline <= latest]
+        if works:
+            await self._settler.reply([(work, reply(work)) for work in works])
 
     def _reply_for(self, response: EnsureModelReadyResponse) -> Callable[[Work], WorkResult] | None:
         worker_id = self._worker_id
