@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 
@@ -109,6 +110,27 @@ def test_a_splade_batch_larger_than_the_logits_budget_runs_in_slices_with_the_sa
     for single, sliced in zip(alone, together, strict=True):
         assert np.array_equal(single["indices"], sliced["indices"])
         assert np.allclose(single["values"], sliced["values"], atol=1e-4)
+
+
+def test_a_batch_over_the_run_memory_budget_runs_in_slices_with_the_same_results(load_model) -> None:
+    adapter = load_model(RAMPART).adapter
+    tight = type(adapter)(attrs.evolve(adapter.context, run_memory_bytes=1))  # one row per run
+    texts = [f"Contact Maria Lopez at maria{index}@example.com about invoice {index}. " * (index + 1)
+             for index in range(6)]  # fmt: skip
+    whole = [item.result["entities"] for item in adapter.extract([extract_item(text) for text in texts]).items]
+    sliced = [item.result["entities"] for item in tight.extract([extract_item(text) for text in texts]).items]
+    assert any(whole)
+    for want, got in zip(whole, sliced, strict=True):
+        assert [(e["text"], e["label"], e["start"], e["end"]) for e in got] == [
+            (e["text"], e["label"], e["start"], e["end"]) for e in want
+        ]
+        assert np.allclose([e["score"] for e in got], [e["score"] for e in want], atol=1e-4)
+    encoder = load_model(MINILM).adapter
+    tight_encoder = type(encoder)(attrs.evolve(encoder.context, run_memory_bytes=1))
+    vectors = [item.result["dense"]["values"] for item in encoder.encode(encode_items(texts)).items]
+    sliced_vectors = [item.result["dense"]["values"] for item in tight_encoder.encode(encode_items(texts)).items]
+    for want, got in zip(vectors, sliced_vectors, strict=True):
+        assert np.allclose(got, want, atol=1e-5)
 
 
 def pad_rows(adapter, texts: list[str]):

@@ -107,6 +107,18 @@ class WorkerSettings:
         ),
         None,
     )
+    run_memory_bytes: int = setting(
+        Env(
+            "SIE_WORKER_RUN_MEMORY_BYTES",
+            byte_size(),
+            "Most activation memory one onnxruntime run may take, estimated from the batch's shape and the "
+            "model's config.json (attention heads, hidden and feed-forward sizes). A bigger batch runs in row "
+            "slices, with the same results; memory freed after a large run is handed back to the OS.",
+            roles=_MODEL_ROLES,
+            read_by=("sie.worker.loading",),
+        ),
+        256 * 1024 * 1024,
+    )
     max_loaded_models: int | None = setting(
         Env(
             "SIE_MAX_LOADED_MODELS",

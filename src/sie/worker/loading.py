@@ -62,7 +62,7 @@ class ModelLoader:
     def from_settings(cls, worker: WorkerSettings, device: str = "cpu") -> ModelLoader:
         """The loader a worker (or `sie models pull`) builds from its settings."""
         resolver = ArtifactResolver(worker.model_cache, hf_offline=not worker.hf_fallback)
-        options = SessionOptions(device, worker.intra_op_threads, worker.inter_op_threads)
+        options = SessionOptions(device, worker.intra_op_threads, worker.inter_op_threads, worker.run_memory_bytes)
         return cls(resolver, worker.model_cache / "converted", options)
 
     def prepare(
@@ -87,7 +87,9 @@ class ModelLoader:
         config_json = _read_json(files.model_dir / "config.json")
         tokenizer = self._tokenizer(model_id, files.tokenizer_dir, model, config_json)
         session = create_session(files.graph, self.session_options)
-        context = AdapterContext(model, resolved, session, tokenizer, config_json)
+        context = AdapterContext(
+            model, resolved, session, tokenizer, config_json, run_memory_bytes=self.session_options.run_memory_bytes
+        )
         try:
             adapter = adapter_class(resolved.adapter_path)(context)
         except ValueError as exc:

@@ -12,6 +12,7 @@ from pathlib import Path
 import attrs
 
 from sie.worker.errors import ModelLoadError
+from sie.worker.run_memory import DEFAULT_RUN_MEMORY_BYTES
 
 CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
@@ -19,11 +20,13 @@ CUDA_PROVIDER = "CUDAExecutionProvider"
 
 @attrs.frozen
 class SessionOptions:
-    """Per-session knobs from settings: the device and onnxruntime thread pools (None = onnxruntime's default)."""
+    """Per-session knobs from settings: the device, onnxruntime thread pools (None = onnxruntime's default) and
+    the activation memory one run may take (SIE_WORKER_RUN_MEMORY_BYTES)."""
 
     device: str = "cpu"
     intra_op_threads: int | None = None
     inter_op_threads: int | None = None
+    run_memory_bytes: int = DEFAULT_RUN_MEMORY_BYTES
 
 
 def _import_onnxruntime():  # noqa: ANN202 - returns the module

@@ -17,6 +17,7 @@ import numpy as np
 from sie.catalog.model import ModelConfig, Profile
 from sie.tokenization import TextTokenizer
 from sie.wire import codes
+from sie.worker.run_memory import DEFAULT_RUN_MEMORY_BYTES, RunMemory, run_in_slices
 
 ENCODE_OUTPUTS = ("dense", "sparse", "multivector")
 
@@ -86,6 +87,7 @@ class AdapterContext:
     session: Any
     tokenizer: TextTokenizer
     model_config_json: Mapping[str, Any] = attrs.field(factory=dict)
+    run_memory_bytes: int = DEFAULT_RUN_MEMORY_BYTES  # activation memory one session.run may take
 
 
 class Adapter:
@@ -103,6 +105,7 @@ class Adapter:
         self.tokenizer = context.tokenizer
         self.runtime_options: dict[str, Any] = dict(context.profile.runtime_options)
         self._input_names = [node.name for node in self.session.get_inputs()]
+        self._run_memory = RunMemory.from_config(context.model_config_json)
 
     @property
     def default_output(self) -> str:
@@ -113,8 +116,12 @@ class Adapter:
         return {**self.runtime_options, **dict(request_options or {})}
 
     def run_session(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> list[np.ndarray]:
-        """One session.run, feeding only the inputs the graph declares."""
-        return self.session.run(outputs, {name: feeds[name] for name in self._input_names})
+        """session.run over the batch, feeding only the inputs the graph declares; in row slices when the run
+        would take more activation memory than the context's `run_memory_bytes`."""
+        declared = {name: feeds[name] for name in self._input_names}
+        return run_in_slices(
+            lambda part: self.session.run(outputs, part), declared, self._run_memory, self.context.run_memory_bytes
+        )
 
     def encode(self, items: Sequence[Any]) -> BatchResult:
         return BatchResult([invalid(f"Model '{self.model.sie_id}' does not support encode") for _ in items])
