@@ -15,7 +15,7 @@ from nats.aio.client import Client
 from sie.catalog.names import MAX_DELIVERIES_ADVISORY, work_subject
 from sie.settings import StreamSettings
 from sie.settings.messaging import NatsSettings
-from sie.transport.base import Lane, TransportUnavailable
+from sie.transport.base import Lane, MaxDeliveriesAdvisory, TransportUnavailable
 from sie.transport.nats import NatsTransport
 from sie.wire.queue import WorkItem
 from support.nats_server import NatsServer, nats_client_fixture, nats_server_fixture  # noqa: F401 - fixtures
@@ -49,9 +49,11 @@ def _subject(lane: Lane) -> str:
 async def test_a_malformed_payload_is_naked_never_returned_and_dead_lettered(
     nats_server: NatsServer, nats_client: Client, lane: Lane
 ) -> None:
-    advisories: list[Any] = []
+    advisories: list[MaxDeliveriesAdvisory] = []
     async with _transport(nats_server.url, max_deliver=3, ack_wait_s=5.0) as transport:
-        await transport.subscribe(MAX_DELIVERIES_ADVISORY, lambda subject, message: advisories.append(message))
+        await transport.subscribe(
+            MAX_DELIVERIES_ADVISORY, lambda subject, message: advisories.append(message), MaxDeliveriesAdvisory
+        )
         consumer = await transport.consumer(lane)
         await nats_client.jetstream().publish(_subject(lane), b"\xc1 not msgpack")
         good = _item(lane)
@@ -60,7 +62,7 @@ async def test_a_malformed_payload_is_naked_never_returned_and_dead_lettered(
         assert [delivery.item for delivery in deliveries] == [good]
         await deliveries[0].ack()
 
-        # Fetching goes on NAKing it (redelivered at once); the third delivery is terminated and advised instead.
+        # Fetching goes on NAKing it (redelivered at once); after the third delivery JetStream advises it.
         async def advised() -> bool:
             if advisories:
                 return True
@@ -68,10 +70,11 @@ async def test_a_malformed_payload_is_naked_never_returned_and_dead_lettered(
             return False
 
         await eventually(advised, timeout_s=LONG_WAIT_S, interval_s=0, what="the max-deliveries advisory")
+        letter = await transport.dead_letters().capture(advisories[0])
         await eventually(lambda: _pending_is(transport, lane.pool, 0), timeout_s=LONG_WAIT_S)
-    assert advisories[0]["deliveries"] == 3
-    assert advisories[0]["subject"] == _subject(lane)
-    assert "item" not in advisories[0]
+    assert advisories[0].deliveries == 3
+    assert letter is not None
+    assert (letter.subject, letter.item, letter.deliveries) == (_subject(lane), None, 3)
 
 
 async def test_fetch_with_no_timeout_returns_what_is_there_at_once(nats_server: NatsServer, lane: Lane) -> None:

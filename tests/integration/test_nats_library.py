@@ -57,7 +57,7 @@ async def test_a_no_wait_pull_with_expires_ends_after_the_first_messages(nats_cl
 
 
 async def test_a_max_delivered_message_stays_in_a_work_queue_stream(nats_client: Client) -> None:
-    # advisory.py: why a NAK of the last allowed delivery becomes a term().
+    # transport/nats/dead_letters.py: why the dead letters delete what they capture from the work stream.
     name = _name()
     js = nats_client.jetstream()
     await js.add_stream(name=name, subjects=[f"{name}.>"], retention=api.RetentionPolicy.WORK_QUEUE)

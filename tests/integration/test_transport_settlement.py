@@ -33,6 +33,7 @@ from sie.transport.base import (
     Delivery,
     Lane,
     LaneConsumer,
+    MaxDeliveriesAdvisory,
     Transport,
     TransportUnavailable,
 )
@@ -200,13 +201,15 @@ async def test_in_progress_extends_the_ack_wait(transport: Transport, lane: Lane
     await again.ack()
 
 
-async def test_max_deliver_stops_redelivery_and_publishes_the_advisory(
+async def test_max_deliver_stops_redelivery_advises_and_the_dead_letters_take_the_work(
     open_transport: OpenTransport, lane: Lane
 ) -> None:
-    advisories: list[tuple[Any, ...]] = []
+    advisories: list[tuple[str, MaxDeliveriesAdvisory]] = []
     async with open_transport(max_deliver=3) as transport:
         await transport.subscribe(
-            MAX_DELIVERIES_ADVISORY, lambda subject, message: advisories.append((subject, message))
+            MAX_DELIVERIES_ADVISORY,
+            lambda subject, message: advisories.append((subject, message)),
+            MaxDeliveriesAdvisory,
         )
         consumer = await transport.consumer(lane)
         item = await publish(transport, lane)
@@ -215,17 +218,26 @@ async def test_max_deliver_stops_redelivery_and_publishes_the_advisory(
             delivery = await fetch_one(consumer)
             assert delivery.num_delivered == attempt
             await delivery.nak()
+        # JetStream advises once a pull request finds the message spent; fetching is what sidecars always do.
         await assert_nothing(consumer, ACK_WAIT_S + SHORT_WAIT_S)
         await eventually(lambda: bool(advisories), timeout_s=LONG_WAIT_S)
+        assert await transport.pending(lane.pool) == 1  # dead work stays in the stream until it is taken
+
+        advisory_subject, advisory = advisories[0]
+        letter = await transport.dead_letters().capture(advisory)
+        assert letter is not None
+        assert await transport.dead_letters().capture(advisory) is None  # taken once
+        await eventually(lambda: _pending_is(transport, lane.pool, 0), timeout_s=LONG_WAIT_S)
+        assert await transport.dead_letters().get(letter.letter_id) == letter
+        assert await transport.dead_letters().delete(letter.letter_id)
+        assert await transport.dead_letters().get(letter.letter_id) is None
 
     stream, consumer_name = work_pool_stream_name(lane.pool), work_consumer_name(lane.pool, "l4", "default")
-    advisory_subject, advisory = advisories[0]
     assert advisory_subject == f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{consumer_name}"
-    assert advisory["type"] == "io.nats.jetstream.advisory.v1.max_deliver"
-    assert (advisory["stream"], advisory["consumer"], advisory["deliveries"]) == (stream, consumer_name, 3)
-    assert isinstance(advisory["stream_seq"], int)
-    assert advisory["subject"] == subject
-    assert advisory["item"] == item
+    assert advisory.type == "io.nats.jetstream.advisory.v1.max_deliver"
+    assert (advisory.stream, advisory.consumer, advisory.deliveries) == (stream, consumer_name, 3)
+    assert (letter.subject, letter.item, letter.stream_seq) == (subject, item, advisory.stream_seq)
+    assert (letter.stream, letter.consumer, letter.deliveries) == (stream, consumer_name, 3)
 
 
 async def test_term_removes_without_redelivery(transport: Transport, lane: Lane) -> None:

@@ -1,5 +1,6 @@
-"""Loopback-only behaviour beyond the shared settlement suite: by-reference passing, dead work leaving the
-stream, max_age, stale deliveries, fetcher wake-ups and shutdown."""
+"""Loopback-only behaviour beyond the shared settlement suite: by-reference passing, dead work staying in the
+stream until the dead letters take it, the dead letters' bounds, max_age, stale deliveries, fetcher wake-ups and
+shutdown."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from sie.catalog.names import work_subject, work_worker_subject
+from sie.catalog.names import MAX_DELIVERIES_ADVISORY, work_subject, work_worker_subject
 from sie.settings import StreamSettings
-from sie.transport.base import BackpressureError, Lane, TransportError, TransportUnavailable
+from sie.transport.base import BackpressureError, Lane, MaxDeliveriesAdvisory, TransportError, TransportUnavailable
 from sie.transport.loopback import LoopbackTransport
+from sie.transport.loopback.dead_letters import LoopbackDeadLetterStore
 from sie.transport.loopback.stream import REMOVED, LaneQueue, LoopbackLaneConsumer, StoredMessage
 from sie.wire.queue import WorkItem, WorkResult
 from support.polling import eventually
@@ -67,17 +69,49 @@ async def test_items_and_results_travel_by_reference(transport: LoopbackTranspor
     assert received[0] is result  # delivered before publish_result returns
 
 
-async def test_dead_work_leaves_the_stream_and_frees_capacity(transport: LoopbackTransport) -> None:
+async def test_dead_work_stays_in_the_stream_until_the_dead_letters_take_it(transport: LoopbackTransport) -> None:
+    advisories: list[MaxDeliveriesAdvisory] = []
+    await transport.subscribe(MAX_DELIVERIES_ADVISORY, lambda subject, advisory: advisories.append(advisory))
     consumer = await transport.consumer(LANE)
-    for index in range(4):
-        await transport.publish_work(SUBJECT, make_item(index))
-    with pytest.raises(BackpressureError):
-        await transport.publish_work(SUBJECT, make_item(9))
+    items = [make_item(index) for index in range(4)]
+    for item in items:
+        await transport.publish_work(SUBJECT, item)
     for _ in range(2):  # max_deliver=2
         for delivery in await consumer.fetch(4, 1.0):
             await delivery.nak()
+    await eventually(lambda: len(advisories) == 4, what="four advisories")
+    assert await transport.pending(LANE.pool) == 4  # as on JetStream: dead work still counts toward max_msgs
+    with pytest.raises(BackpressureError):
+        await transport.publish_work(SUBJECT, make_item(9))
+    assert await consumer.fetch(4, 0.05) == []
+
+    letters = [await transport.dead_letters().capture(advisory) for advisory in advisories]
+    assert [letter.item for letter in letters if letter is not None] == items  # by reference, in order
     assert await transport.pending(LANE.pool) == 0
     await transport.publish_work(SUBJECT, make_item(9))
+    assert await transport.dead_letters().capture(advisories[0]) is None
+
+
+async def test_the_dead_letters_are_bounded_and_age_out() -> None:
+    now = [1000.0]
+    transport = LoopbackTransport(StreamSettings(max_deliver=1))
+    store = LoopbackDeadLetterStore(transport._stream_named, max_letters=2, max_age_s=60.0, clock=lambda: now[0])
+    advisories: list[MaxDeliveriesAdvisory] = []
+    async with transport:
+        await transport.subscribe(MAX_DELIVERIES_ADVISORY, lambda subject, advisory: advisories.append(advisory))
+        consumer = await transport.consumer(LANE)
+        for index in range(3):
+            await transport.publish_work(SUBJECT, make_item(index))
+        for delivery in await consumer.fetch(3, 1.0):
+            await delivery.nak()
+        await eventually(lambda: len(advisories) == 3, what="three advisories")
+        for advisory in advisories:
+            await store.capture(advisory)
+        assert [letter.letter_id for letter in await store.letters(0, 10)] == [2, 3]  # the oldest went first
+        assert [letter.letter_id for letter in await store.letters(2, 10)] == [3]
+        now[0] += 61.0
+        assert await store.letters(0, 10) == []
+        assert await store.purge() == 0
 
 
 async def test_messages_older_than_max_age_are_dropped() -> None:

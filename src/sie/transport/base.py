@@ -17,7 +17,6 @@ Messages are typed objects: the loopback passes them by reference, NATS encodes 
 from __future__ import annotations
 
 import asyncio
-import datetime
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
@@ -151,10 +150,11 @@ class MessageBus(Protocol):
 
 
 class Transport(WorkQueue, MessageBus, Protocol):
-    """Both halves, as one broker connection provides them; implementations are async context managers."""
+    """Both halves, as one broker connection provides them, and the dead letters kept beside the work streams;
+    implementations are async context managers."""
 
-
-MAX_DELIVER_ADVISORY_TYPE = "io.nats.jetstream.advisory.v1.max_deliver"
+    def dead_letters(self) -> DeadLetterStore:
+        """Where this transport keeps work that used every delivery (`DEAD_LETTERS` on a broker)."""
 
 
 def pool_of(subject: str) -> str:
@@ -165,20 +165,57 @@ def pool_of(subject: str) -> str:
     return pool
 
 
-def max_deliver_advisory(
-    stream: str, consumer: str, stream_seq: int, deliveries: int, subject: str, item: Any
-) -> dict[str, Any]:
-    """The max-deliveries advisory both transports publish for a work item that used its last delivery
-    (JetStream's shape, plus `subject` and the `item`, as a WorkItem in process or as wire data on NATS)."""
-    advisory: dict[str, Any] = {
-        "type": MAX_DELIVER_ADVISORY_TYPE,
-        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(),
-        "stream": stream,
-        "consumer": consumer,
-        "stream_seq": stream_seq,
-        "deliveries": deliveries,
-        "subject": subject,
-    }
-    if item is not None:
-        advisory["item"] = item
-    return advisory
+# Dead letters (seed 000 §8): JetStream keeps a message that used its last delivery in its WorkQueue stream and
+# says so on `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{consumer}`; the gateway moves it from there
+# into the dead letters (`DEAD_LETTERS`, subjects `sie.dlq.{model_token}`), where operators list and replay it.
+
+MAX_DELIVER_ADVISORY_TYPE = "io.nats.jetstream.advisory.v1.max_deliver"
+
+
+@attrs.frozen(kw_only=True)
+class MaxDeliveriesAdvisory:
+    """JetStream's max-deliveries advisory, as the server sends it (both transports publish this shape): the
+    message `stream_seq` of `stream` was delivered `deliveries` times to `consumer` and stays in the stream."""
+
+    stream: str
+    consumer: str
+    stream_seq: int
+    deliveries: int
+    type: str = MAX_DELIVER_ADVISORY_TYPE
+    id: str = ""
+    timestamp: str = ""  # RFC 3339, UTC
+
+
+@attrs.frozen(kw_only=True)
+class DeadLetter:
+    """One work item that used every delivery, as the dead letters keep it: enough to show and replay it."""
+
+    letter_id: int  # its sequence among the dead letters; what show, replay and delete name
+    subject: str  # the work subject it was queued on, where a replay sends it again
+    stream: str  # the work stream it died in
+    stream_seq: int  # its sequence there
+    consumer: str  # the lane consumer that delivered it
+    deliveries: int
+    dead_at: str  # RFC 3339 UTC: when it used its last delivery
+    published_at: str  # RFC 3339 UTC: when it was queued
+    item: WorkItem | None  # None when the payload is not a work item (it can be shown and deleted, not replayed)
+
+
+class DeadLetterStore(Protocol):
+    """Where dead letters are kept: `DEAD_LETTERS` on a broker, bounded memory in process."""
+
+    async def capture(self, advisory: MaxDeliveriesAdvisory) -> DeadLetter | None:
+        """Move the message an advisory names from its work stream into the dead letters. Returns the new
+        letter; None when there was nothing to move (another gateway moved it first, or it is not work)."""
+
+    async def letters(self, after: int, limit: int) -> list[DeadLetter]:
+        """Up to `limit` letters with ids above `after`, oldest first."""
+
+    async def get(self, letter_id: int) -> DeadLetter | None:
+        """One letter; None when there is none with that id."""
+
+    async def delete(self, letter_id: int) -> bool:
+        """Remove one letter; False when there was none."""
+
+    async def purge(self) -> int:
+        """Remove every letter; returns how many there were."""

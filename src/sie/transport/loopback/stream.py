@@ -1,6 +1,7 @@
 """A loopback pool stream (`WORK_POOL_{pool}`): its stored messages, each lane's ready queue and waiting fetchers,
 the lane consumer's fetch and the deliveries it hands out, with WorkQueue retention, discard-new at `max_msgs`,
 `max_age`, ack-wait redelivery, nak delays and max-deliver on `loop.call_at` timers (no polling, no tasks).
+A message that used its last delivery stays, as on JetStream, until the dead letters take it (`take_dead`).
 
 PoolStream makes every state change; a LaneQueue only orders messages and wakes fetchers, a delivery only
 checks the settle-once rule (transport/delivery.py) and forwards its verb.
@@ -10,29 +11,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from sie.catalog.names import max_deliveries_advisory_subject, work_pool_stream_name, work_pool_stream_subjects
 from sie.settings import StreamSettings
 from sie.transport.base import (
     BackpressureError,
     Delivery,
+    MaxDeliveriesAdvisory,
     TransportError,
     TransportUnavailable,
-    max_deliver_advisory,
 )
 from sie.transport.delivery import BaseDelivery
 from sie.transport.loopback.bus import SubjectPattern
 from sie.wire.queue import WorkItem
 
 # (advisory subject, advisory) -> None; the transport publishes it on the bus.
-AdvisorySink = Callable[[str, dict[str, Any]], None]
+AdvisorySink = Callable[[str, MaxDeliveriesAdvisory], None]
 
 # Message states: READY sits in a lane deque, DELIVERED waits for settlement or ack-wait,
-# DELAYED waits for its nak delay, REMOVED is gone from the stream (acked, termed, expired, dead).
-READY, DELIVERED, DELAYED, REMOVED = range(4)
+# DELAYED waits for its nak delay, DEAD used its last delivery and waits for the dead letters,
+# REMOVED is gone from the stream (acked, termed, expired, taken by the dead letters).
+READY, DELIVERED, DELAYED, DEAD, REMOVED = range(5)
 
 # Removed messages stay in a deque until popped; compact once they are most of it (amortised O(1)).
 _COMPACT_MIN_TOMBSTONES = 64
@@ -223,6 +225,14 @@ class PoolStream:
         if message.delivery is delivery:
             message.deadline = self.loop.time() + self._settings.ack_wait_s
 
+    def take_dead(self, seq: int) -> StoredMessage | None:
+        """Remove and return the message `seq` if it used its last delivery (the dead letters take it)."""
+        message = self._messages.get(seq)
+        if message is None or message.state != DEAD:
+            return None
+        self._drop(message)
+        return message
+
     def close(self) -> None:
         """Cancel every timer and wake every fetcher; the messages are gone with the transport."""
         self.closed = True
@@ -273,13 +283,17 @@ class PoolStream:
         message.delivery = None
 
     def _dead_letter(self, message: StoredMessage) -> None:
-        # Real JetStream keeps a message that hit max_deliver in a WorkQueue stream, where it still counts
-        # toward max_msgs (reference/dependencies.md §2); there the DLQ path acts on the advisory and
-        # deletes it. The loopback removes it here so dead work cannot fill the stream.
-        self._drop(message)
+        # As JetStream: the message stays in the stream (counting toward max_msgs) and an advisory names it;
+        # the dead letters take it from there (take_dead), or max_age does.
+        message.state = DEAD
         consumer = message.lane.consumer_name or ""
-        advisory = max_deliver_advisory(
-            self.name, consumer, message.seq, message.deliveries, message.subject, message.item
+        advisory = MaxDeliveriesAdvisory(
+            stream=self.name,
+            consumer=consumer,
+            stream_seq=message.seq,
+            deliveries=message.deliveries,
+            id=f"{self.name}.{message.seq}",
+            timestamp=datetime.datetime.now(datetime.UTC).isoformat(),
         )
         self._advisories(max_deliveries_advisory_subject(self.name, consumer), advisory)
 

@@ -13,8 +13,16 @@ from typing import Any, Self
 
 from sie.catalog.names import lane_filter_subject, work_consumer_name
 from sie.settings import StreamSettings
-from sie.transport.base import Lane, MessageHandler, ResultHandler, TransportUnavailable, pool_of
+from sie.transport.base import (
+    Lane,
+    MaxDeliveriesAdvisory,
+    MessageHandler,
+    ResultHandler,
+    TransportUnavailable,
+    pool_of,
+)
 from sie.transport.loopback.bus import BusSubscription, LoopbackBus
+from sie.transport.loopback.dead_letters import LoopbackDeadLetterStore
 from sie.transport.loopback.stream import LoopbackLaneConsumer, PoolStream
 from sie.wire.queue import WorkItem, WorkResult
 
@@ -33,6 +41,7 @@ class LoopbackTransport:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._dead_letters = LoopbackDeadLetterStore(self._stream_named)
 
     async def __aenter__(self) -> Self:
         if self._closed:
@@ -134,7 +143,14 @@ class LoopbackTransport:
         """Nothing is buffered: a publish has reached its subscribers when it returns."""
         self._running_loop()
 
+    def dead_letters(self) -> LoopbackDeadLetterStore:
+        """The dead letters of this transport's pool streams (in memory, bounded)."""
+        return self._dead_letters
+
     # internals
+
+    def _stream_named(self, name: str) -> PoolStream | None:
+        return next((stream for stream in self._streams.values() if stream.name == name), None)
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         if self._closed or self._loop is None:
@@ -149,7 +165,7 @@ class LoopbackTransport:
             stream = self._streams[pool] = PoolStream(pool, self.settings, loop, self._publish_advisory)
         return stream
 
-    def _publish_advisory(self, subject: str, advisory: dict[str, Any]) -> None:
+    def _publish_advisory(self, subject: str, advisory: MaxDeliveriesAdvisory) -> None:
         # Called from timer callbacks, so the bus dispatch needs a task; kept until done, cancelled on close.
         if self._loop is None or self._closed:
             return

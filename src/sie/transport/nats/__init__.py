@@ -2,8 +2,8 @@
 consumers, and core pub/sub for results and control messages; the only package that imports nats-py.
 
 Modules: transport (lifecycle, the Transport methods), connection, streams (ensure + reconcile), work
-(publish_work, pending), consumer (pull fetch), delivery (settlement verbs), advisory (max-deliver),
-bus (pub/sub), scan (fast request-id scan), errors (nats-py -> TransportError), cache.
+(publish_work, pending), consumer (pull fetch), delivery (settlement verbs), dead_letters (the
+DEAD_LETTERS stream), bus (pub/sub), scan (fast request-id scan), errors (nats-py -> TransportError), cache.
 """
 
 from sie.transport.nats.scan import peek_request_id

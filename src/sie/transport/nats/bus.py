@@ -18,7 +18,6 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from sie.transport.base import MessageHandler, ResultHandler
-from sie.transport.nats.advisory import restore_item
 from sie.transport.nats.connection import Connection
 from sie.transport.nats.errors import translated
 from sie.transport.nats.scan import peek_request_id
@@ -135,7 +134,7 @@ class NatsBus:
 def _decode_control(msg: Msg, message_type: type | None) -> Any:
     if message_type is not None:
         return from_json(msg.data, message_type)
-    return restore_item(msg.subject, loads_json(msg.data))
+    return loads_json(msg.data)
 
 
 async def _call(handler: Callable[..., Any], args: tuple[Any, ...], subject: str) -> None:

@@ -4,7 +4,8 @@ inbox subscription and at most one open pull request at a time (seed 000 §8.2, 
 Each pull request is `no_wait` with `expires`: the server hands over what is there (up to the batch) and
 ends it, or waits up to `expires` for the first message. So a fetch returns as soon as work arrives, and
 nothing keeps pulling for a caller that has gone. Deliveries land in one buffer every waiting fetch takes
-from; a malformed payload is NAKed here (logged) and never returned. Owns no stream or consumer config.
+from; a malformed payload is NAKed here (logged) and never returned: after max_deliver JetStream advises it
+and the gateway's dead letters take it, as any other dead work. Owns no stream or consumer config.
 """
 
 from __future__ import annotations
@@ -19,22 +20,17 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import api
 
-from sie.catalog.names import max_deliveries_advisory_subject, work_consumer_name, work_pool_stream_name
+from sie.catalog.names import work_consumer_name, work_pool_stream_name
 from sie.settings import StreamSettings
-from sie.transport.base import Delivery, Lane, TransportError
-from sie.transport.nats.advisory import max_deliver_advisory
+from sie.transport.base import Delivery, Lane
 from sie.transport.nats.delivery import NatsDelivery
 from sie.transport.nats.errors import translated
 from sie.wire import DecodeError, dumps_json, from_msgpack
 from sie.wire.queue import WorkItem
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
     from sie.transport.nats.connection import Connection
     from sie.transport.nats.streams import StreamRegistry
-
-    AdvisorySink = Callable[[str, dict[str, Any]], Awaitable[None]]
 
 logger = logging.getLogger(__name__)
 
@@ -75,17 +71,13 @@ class _PullRequest:
 class LaneFetcher:
     """The LaneConsumer of one lane on one connection; every `consumer(lane)` call returns this same object."""
 
-    def __init__(
-        self, connection: Connection, registry: StreamRegistry, lane: Lane, settings: StreamSettings,
-        advisories: AdvisorySink,
-    ) -> None:  # fmt: skip
+    def __init__(self, connection: Connection, registry: StreamRegistry, lane: Lane, settings: StreamSettings) -> None:
         self.connection = connection
         self.lane = lane
         self.stream = work_pool_stream_name(lane.pool)
         self.consumer = work_consumer_name(lane.pool, lane.machine_profile, lane.bundle)
         self._registry = registry
         self._settings = settings
-        self._advisories = advisories
         self._next_subject = f"{api.DEFAULT_PREFIX}.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}"
         self._inbox = connection.client.new_inbox()
         self._tokens = itertools.count()
@@ -114,28 +106,6 @@ class LaneFetcher:
             return await self._fetch(max_items, deadline)
         finally:
             del self._wanted[key]
-
-    def is_last_delivery(self, num_delivered: int) -> bool:
-        """Whether a NAK now would exceed max_deliver (then the delivery is terminated and advised instead)."""
-        return 0 < self._settings.max_deliver <= num_delivered
-
-    async def dead_letter(self, msg: Msg, item: WorkItem | None) -> None:
-        """Terminate a message on its last allowed delivery and publish the max-deliveries advisory."""
-        metadata = msg.metadata
-        with translated("term"):
-            await msg.term()
-        advisory = max_deliver_advisory(
-            self.stream, self.consumer, metadata.sequence.stream, metadata.num_delivered, msg.subject, item
-        )
-        logger.warning(
-            "work on %s (stream seq %d) reached max_deliver=%d; terminated and advised",
-            msg.subject, metadata.sequence.stream, self._settings.max_deliver,
-        )  # fmt: skip
-        try:
-            await self._advisories(max_deliveries_advisory_subject(self.stream, self.consumer), advisory)
-        except TransportError as exc:
-            # The term stands; only the record of it is lost (core pub/sub is fire and forget anyway).
-            logger.warning("max-deliveries advisory for %s not published: %s", msg.subject, exc)
 
     async def close(self) -> None:
         """Stop receiving, wake waiting fetches (they raise TransportUnavailable), hand buffered work back."""
@@ -219,11 +189,8 @@ class LaneFetcher:
         except DecodeError as exc:
             num_delivered = msg.metadata.num_delivered
             logger.warning("NAK of a malformed work item on %s (delivery %d): %s", msg.subject, num_delivered, exc)
-            if self.is_last_delivery(num_delivered):
-                await self.dead_letter(msg, None)
-            else:
-                with translated("nak"):
-                    await msg.nak()
+            with translated("nak"):
+                await msg.nak()
             return None
         return NatsDelivery(self, msg, item)
 

@@ -1,8 +1,9 @@
 """One JetStream delivery behind the Delivery protocol: the settlement verbs of nats-py's Msg, under the
 settle-exactly-once rule of transport/delivery.py.
 
-A NAK of the last allowed delivery becomes a `term()` plus this transport's max-deliveries advisory
-(advisory.py says why). Changes nothing but its own message's state on the broker.
+A NAK of the last allowed delivery is a NAK like any other: JetStream then keeps the message, publishes its
+max-deliveries advisory, and the gateway's dead letters take it (seed 000 §8). Changes nothing but its own
+message's state on the broker.
 """
 
 from __future__ import annotations
@@ -44,10 +45,6 @@ class NatsDelivery(BaseDelivery):
             await self._msg.ack()
 
     async def _nak(self, delay_s: float) -> None:
-        # On the last allowed delivery, terminate and advise instead (advisory.py says why).
-        if self._owner.is_last_delivery(self.num_delivered):
-            await self._owner.dead_letter(self._msg, self.item)
-            return
         with translated("nak"):
             await self._msg.nak(delay=delay_s if delay_s > 0 else None)
 

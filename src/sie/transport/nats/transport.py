@@ -21,6 +21,7 @@ from sie.transport.nats.bus import NatsBus, NatsSubscription, WantsRequest
 from sie.transport.nats.cache import TtlCache
 from sie.transport.nats.connection import Connection
 from sie.transport.nats.consumer import LaneFetcher
+from sie.transport.nats.dead_letters import NatsDeadLetterStore
 from sie.transport.nats.streams import StreamRegistry
 from sie.transport.nats.work import StreamPublisher
 from sie.wire.queue import WorkItem, WorkResult
@@ -58,6 +59,7 @@ class NatsTransport:
         self._has_consumer: TtlCache[Lane, bool] = TtlCache(HAS_CONSUMER_TTL_S)
         self._entered = False
         self._exited = False
+        self._dead_letters = NatsDeadLetterStore(lambda action: self._open(action).connection, self.settings)
 
     async def __aenter__(self) -> Self:
         if self._entered:
@@ -164,6 +166,10 @@ class NatsTransport:
         """Return once everything published so far has reached the broker."""
         await self._open("flush").bus.flush()
 
+    def dead_letters(self) -> NatsDeadLetterStore:
+        """The `DEAD_LETTERS` stream on this transport's connection (usable while the transport is open)."""
+        return self._dead_letters
+
     # internals
 
     def _open(self, action: str) -> _Parts:
@@ -176,7 +182,7 @@ class NatsTransport:
 
     async def _open_lane(self, parts: _Parts, lane: Lane) -> LaneFetcher:
         await parts.streams.ensure_consumer(lane)
-        fetcher = LaneFetcher(parts.connection, parts.streams, lane, self.settings, parts.bus.publish)
+        fetcher = LaneFetcher(parts.connection, parts.streams, lane, self.settings)
         await fetcher.start()
         return fetcher
 
