@@ -18,12 +18,12 @@ from sie.control.app import build_control_app
 from sie.control.auth import AccessPolicy
 from sie.control.loading import load_registry
 from sie.control.publisher import DeltaPublisher
-from sie.control.reconnecting import ReconnectingBus
 from sie.control.writes import ConfigWriter
 from sie.settings.messaging import NatsSettings
 from sie.stores.config_store import MemoryConfigStore
 from sie.transport.base import TransportUnavailable
 from sie.transport.nats import NatsTransport
+from sie.transport.reconnecting import ReconnectingTransport
 from support.nats_server import NatsServer
 from support.polling import eventually
 from support.servers import RoleProcess, free_port
@@ -46,15 +46,15 @@ def nats_url() -> str:
 
 
 @pytest.fixture
-async def bus(nats_url: str) -> AsyncIterator[ReconnectingBus]:
+async def bus(nats_url: str) -> AsyncIterator[ReconnectingTransport]:
     settings = NatsSettings(url=nats_url)
-    reconnecting = ReconnectingBus(lambda: NatsTransport(settings), initial_backoff_s=0.1, max_backoff_s=0.5)
+    reconnecting = ReconnectingTransport(lambda: NatsTransport(settings), initial_backoff_s=0.1, max_backoff_s=0.5)
     async with reconnecting:
         yield reconnecting
 
 
 @pytest.fixture
-async def client(bus: ReconnectingBus) -> AsyncIterator[httpx.AsyncClient]:
+async def client(bus: ReconnectingTransport) -> AsyncIterator[httpx.AsyncClient]:
     registry = load_registry(BUNDLES, MODELS)
     writer = ConfigWriter(registry, MemoryConfigStore(), DeltaPublisher(bus), router_id="sie-config-0")
     app = build_control_app(writer, registry, AccessPolicy())
@@ -67,7 +67,7 @@ async def epoch(client: httpx.AsyncClient) -> int:
 
 
 async def test_reads_served_and_writes_refused_while_nats_is_unreachable(
-    client: httpx.AsyncClient, bus: ReconnectingBus
+    client: httpx.AsyncClient, bus: ReconnectingTransport
 ) -> None:
     assert not bus.connected
     assert (await client.get("/readyz")).status_code == 200
@@ -85,7 +85,7 @@ async def test_reads_served_and_writes_refused_while_nats_is_unreachable(
 
 
 async def test_publishes_once_nats_comes_up_without_restart(
-    client: httpx.AsyncClient, bus: ReconnectingBus, nats_url: str, tmp_path: Path
+    client: httpx.AsyncClient, bus: ReconnectingTransport, nats_url: str, tmp_path: Path
 ) -> None:
     assert (await client.post("/v1/configs/models", content=model_yaml("acme/early"))).status_code == 503
 

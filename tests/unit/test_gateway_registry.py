@@ -15,7 +15,7 @@ from sie.gateway.status import (
     ModelStatusSource,
     WorkerSummary,
 )
-from sie.transport.base import Lane
+from sie.transport.base import Lane, TransportUnavailable
 from sie.transport.loopback import LoopbackTransport
 from sie.wire.health import ModelFailure, WorkerHeartbeat
 
@@ -206,3 +206,16 @@ def test_workers_summary(registry: WorkerRegistry) -> None:
 def test_stale_time_must_be_positive() -> None:
     with pytest.raises(ValueError, match="SIE_GATEWAY_WORKER_STALE_S"):
         WorkerRegistry(NullBus(), 0.0)
+
+
+async def test_has_consumer_raises_while_the_bus_cannot_deliver_heartbeats(clock: Clock) -> None:
+    reason: list[str | None] = ["NATS is not connected (connection refused)"]
+    registry = WorkerRegistry(NullBus(), STALE_S, clock=clock, unavailable=lambda: reason[0])
+    lane = Lane("default", "L4", "default")
+    with pytest.raises(TransportUnavailable, match="connection refused"):
+        await registry.has_consumer(lane)
+
+    reason[0] = None
+    assert not await registry.has_consumer(lane)
+    registry.observe(beat())
+    assert await registry.has_consumer(lane)

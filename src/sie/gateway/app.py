@@ -5,7 +5,7 @@ uvicorn, SIE_HTTP_SERVER) and the SIGTERM drain are the role file's job, through
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 import attrs
@@ -70,6 +70,7 @@ class GatewaySources:
     consumers: LaneConsumers  # whether a lane is served now (PROVISIONING otherwise)
     status: ModelStatusSource  # model and worker state for `/v1/models` and `/health`
     heartbeats: HeartbeatSource | None = None  # healthy workers' heartbeats, where the gateway hears them
+    unready_reason: Callable[[], str | None] | None = None  # why it cannot serve now (broker not connected), or None
 
 
 def build_gateway_app(
@@ -91,7 +92,7 @@ def build_gateway_app(
         RequestLimits(settings.max_items, settings.max_item_chars),
     )
     inference = InferenceHandlers(service, settings.max_body_bytes)
-    read = ReadHandlers(sources.catalog, sources.status, serving, settings.configured_gpus)
+    read = ReadHandlers(sources.catalog, sources.status, serving, settings.configured_gpus, sources.unready_reason)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -7,6 +7,7 @@ Inference: `POST /v1/encode|score|extract/{model:path}` and the OpenAI `POST /v1
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TypeVar
 
 from starlette.requests import Request
@@ -76,15 +77,22 @@ class InferenceHandlers:
 
 
 class ReadHandlers:
-    """Model catalogue, health and probes."""
+    """Model catalogue, health and probes; `unready_reason` (when given) says why the gateway cannot serve now,
+    say its broker is not connected yet, or None when it can."""
 
     def __init__(
-        self, catalog: CatalogSource, status: ModelStatusSource, serving: ServingState, configured_gpus: tuple[str, ...]
+        self,
+        catalog: CatalogSource,
+        status: ModelStatusSource,
+        serving: ServingState,
+        configured_gpus: tuple[str, ...],
+        unready_reason: Callable[[], str | None] | None = None,
     ) -> None:
         self._catalog = catalog
         self._status = status
         self._serving = serving
         self._configured_gpus = configured_gpus
+        self._unready_reason = unready_reason
 
     @endpoint(Surface.NATIVE)
     async def list_models(self, request: Request) -> Response:
@@ -102,6 +110,8 @@ class ReadHandlers:
         return PlainTextResponse("ok", headers=VERSION_HEADERS)
 
     async def readyz(self, request: Request) -> Response:
-        if self._serving.ready:
+        reason = self._unready_reason() if self._unready_reason is not None else None
+        if self._serving.ready and reason is None:
             return PlainTextResponse("ok", headers=VERSION_HEADERS)
-        return PlainTextResponse("not ready", status_code=503, headers=VERSION_HEADERS)
+        text = "not ready" if reason is None else f"not ready: {reason}"
+        return PlainTextResponse(text, status_code=503, headers=VERSION_HEADERS)

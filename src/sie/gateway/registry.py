@@ -1,6 +1,8 @@
 """The gateway's worker registry (seed 000 §6, §8.1 "Worker health"): the latest `sie.health.>` heartbeat per
 worker, last-heartbeat-wins, and the ModelStatusSource that `/v1/models` and `/health` read from it.
-Healthy means ready, not draining and heard from within `worker_stale_s`. Reads never block or do I/O.
+Healthy means ready, not draining and heard from within `worker_stale_s`. Reads never block or do I/O. While the
+broker is not connected (`unavailable` names why) no heartbeat can arrive: `has_consumer` raises TransportUnavailable
+instead of calling every lane unserved.
 """
 
 from __future__ import annotations
@@ -22,13 +24,16 @@ from sie.gateway.status import (
     LastError,
     WorkerSummary,
 )
-from sie.transport.base import Lane, MessageBus, Subscription
+from sie.transport.base import Lane, MessageBus, Subscription, TransportUnavailable
 from sie.wire.health import ModelFailure, WorkerHeartbeat
 
 logger = logging.getLogger(__name__)
 
 # A worker silent for this many stale periods is forgotten (until then `/health` lists it as unhealthy).
 PRUNE_AFTER_STALE_PERIODS: Final = 6.0
+
+# Why the bus cannot deliver heartbeats now, or None while it can.
+UnavailableReason = Callable[[], str | None]
 
 
 @attrs.frozen
@@ -52,6 +57,7 @@ class WorkerRegistry:
         stale_s: float,
         prune_after_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        unavailable: UnavailableReason | None = None,
     ) -> None:
         if stale_s <= 0:
             raise ValueError(f"worker stale time must be positive, got {stale_s!r} (SIE_GATEWAY_WORKER_STALE_S)")
@@ -59,6 +65,7 @@ class WorkerRegistry:
         self.stale_s = stale_s
         self.prune_after_s = prune_after_s if prune_after_s is not None else PRUNE_AFTER_STALE_PERIODS * stale_s
         self.clock = clock
+        self._unavailable = unavailable
         self._workers: dict[str, RegisteredWorker] = {}
         self._subscription: Subscription | None = None
         self._last_prune = -math.inf
@@ -161,7 +168,10 @@ class WorkerRegistry:
     async def has_consumer(self, lane: Lane) -> bool:
         """Whether a healthy worker serves `lane` now. A JetStream durable consumer outlives the sidecars that
         pulled from it, so "is this lane served?" is a question about live workers (seed 000 §2,
-        scale-from-zero answers PROVISIONING)."""
+        scale-from-zero answers PROVISIONING). TransportUnavailable while the bus cannot deliver heartbeats."""
+        reason = self._unavailable() if self._unavailable is not None else None
+        if reason is not None:
+            raise TransportUnavailable(reason)
         return bool(self.healthy_workers(lane.pool, lane.machine_profile, lane.bundle))
 
     def lanes_with_healthy_workers(self) -> frozenset[Lane]:

@@ -19,7 +19,6 @@ from sie.control.app import build_control_app
 from sie.control.auth import AccessPolicy
 from sie.control.loading import load_registry, restore_models
 from sie.control.publisher import DeltaPublisher
-from sie.control.reconnecting import ReconnectingBus
 from sie.control.registry import ModelRegistry
 from sie.control.writes import ConfigWriter
 from sie.http.serving import serve_until_signalled
@@ -30,6 +29,7 @@ from sie.stores.config_store import ConfigStore, ConfigStoreError, CorruptEpochE
 from sie.stores.fsspec_store import open_config_store
 from sie.transport.base import TransportUnavailable
 from sie.transport.nats import NatsTransport
+from sie.transport.reconnecting import ReconnectingTransport
 
 logger = logging.getLogger(__name__)
 TRUSTED_PRODUCER = "sie-config"
@@ -69,7 +69,7 @@ async def open_publisher(settings: Settings, stack: AsyncExitStack) -> DeltaPubl
         return None
     nats, streams, name = settings.nats, settings.stream, f"sie-config-{config_router_id(settings)}"
     # Connects in the background: an unreachable broker blocks writes with 503, never start-up (seed 000 §13).
-    bus = ReconnectingBus(lambda: NatsTransport(nats, streams, name=name), description=f"NATS at {nats.url}")
+    bus = ReconnectingTransport(lambda: NatsTransport(nats, streams, name=name), description=f"NATS at {nats.url}")
     return DeltaPublisher(await stack.enter_async_context(bus))
 
 

@@ -1,6 +1,8 @@
 """`sie run --role gateway`: the HTTP inference API publishing to NATS JetStream lanes and collecting
 results on `_INBOX.{router_id}.>`; workers known from `sie.health.>` heartbeats; model config from the
-filesystem seed, then kept in step with the config service (bootstrap, epoch poll, live deltas).
+filesystem seed, then kept in step with the config service (bootstrap, epoch poll, live deltas). NATS is
+connected in the background: while it is unreachable the gateway serves `/healthz`, `/readyz` says why it is not
+ready and inference answers 503 QUEUE_UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -16,18 +18,23 @@ from sie.runtime import freeze_startup_heap
 from sie.settings import Settings
 from sie.telemetry.metrics import Telemetry
 from sie.transport.nats import NatsTransport
+from sie.transport.reconnecting import ReconnectingTransport
 
 
 async def serve_gateway(settings: Settings) -> None:
     state = ConfigState(baseline_catalog(settings), telemetry=Telemetry(service_name="sie-gateway"))
     router_id = settings.process.router_id
     async with AsyncExitStack() as stack:
+        nats, streams, name = settings.nats, settings.stream, f"sie-gateway-{router_id}"
         transport = await stack.enter_async_context(
-            NatsTransport(settings.nats, settings.stream, name=f"sie-gateway-{router_id}")
+            ReconnectingTransport(lambda: NatsTransport(nats, streams, name=name), description=f"NATS at {nats.url}")
         )
-        registry = await stack.enter_async_context(WorkerRegistry(transport, settings.gateway.worker_stale_s))
+        unavailable = transport.unavailable_reason
+        registry = await stack.enter_async_context(
+            WorkerRegistry(transport, settings.gateway.worker_stale_s, unavailable=unavailable)
+        )
         await stack.enter_async_context(ConfigSync(state, transport, settings.config_sync, settings.auth.admin_token))
-        sources = GatewaySources(state, transport, registry, registry, registry.healthy_workers)
+        sources = GatewaySources(state, transport, registry, registry, registry.healthy_workers, unavailable)
         app = build_gateway_app(sources, settings.gateway, settings.lane, router_id)
         grace = settings.process.shutdown_grace_s
 

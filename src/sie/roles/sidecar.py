@@ -2,7 +2,9 @@
 on their Unix sockets (`SIE_IPC_SOCKET_PATH` for one worker, `SIE_IPC_SOCKET_PATH.{i}` for several), each batch
 placed by the fleet (SIE_PLACEMENT_*); heartbeats on `sie.health.{worker_id}`; probes, the placement surface
 and `/metrics` on SIE_WORKER_PROBE_HOST:PORT; live config deltas from `sie.config.models.{bundle}` forwarded to
-every child, and the config export reconciled when SIE_CONFIG_SERVICE_URL is set.
+every child, and the config export reconciled when SIE_CONFIG_SERVICE_URL is set. NATS is connected in the
+background: while it is unreachable the probes answer (`/readyz` 503: no heartbeat goes out) and the lane consumer
+attaches once it connects.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from sie.sidecar.fleet import WorkerFleet
 from sie.sidecar.health import HealthPublisher
 from sie.sidecar.probes import ProbeServer
 from sie.transport.nats import NatsTransport
+from sie.transport.reconnecting import ReconnectingTransport
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +32,9 @@ logger = logging.getLogger(__name__)
 async def serve_sidecar(settings: Settings) -> None:
     worker_id, probes = settings.process.worker_id, settings.sidecar
     async with AsyncExitStack() as stack:
+        nats, streams, name = settings.nats, settings.stream, f"sie-sidecar-{worker_id}"
         transport = await stack.enter_async_context(
-            NatsTransport(settings.nats, settings.stream, name=f"sie-sidecar-{worker_id}")
+            ReconnectingTransport(lambda: NatsTransport(nats, streams, name=name), description=f"NATS at {nats.url}")
         )
         children = SocketChildren(settings.worker.socket_path)
         worker = await stack.enter_async_context(WorkerFleet.from_settings(children, settings.placement))

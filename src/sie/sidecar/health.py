@@ -16,7 +16,7 @@ import attrs
 from sie.catalog.names import health_subject
 from sie.ipc.client import WorkerClient
 from sie.settings import Settings
-from sie.transport.base import MessageBus
+from sie.transport.base import MessageBus, TransportUnavailable
 from sie.wire.health import ModelFailure, WorkerHeartbeat
 from sie.wire.ipc_control import (
     MODEL_STATE_FAILED,
@@ -239,6 +239,9 @@ class HealthPublisher:
     async def _publish(self, heartbeat: WorkerHeartbeat) -> bool:
         try:
             await self.bus.publish(self.subject, heartbeat)
+        except TransportUnavailable as exc:  # the transport reports its own outage; one line per beat would repeat it
+            logger.debug("heartbeat on %s not published: %s", self.subject, exc)
+            return False
         except Exception:  # noqa: BLE001 - a broker outage shows as stale heartbeats (not ready), not a crash
             logger.warning("publishing the heartbeat on %s failed", self.subject, exc_info=True)
             return False

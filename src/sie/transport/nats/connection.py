@@ -1,5 +1,7 @@
-"""One NATS connection and its lifecycle: connect (a few quick retries, then TransportUnavailable),
-reconnect forever once connected, drain on close. Every other module asks it whether it is usable.
+"""One NATS connection and its lifecycle: connect (a few quick retries, then TransportUnavailable naming the
+last connect error; the attempts themselves log nothing above debug, so a caller that retries in the background,
+`sie.transport.reconnecting`, reports the outage once), reconnect forever once connected, drain on close. Every
+other module asks it whether it is usable.
 
 Owns the nats-py client object; it never publishes or subscribes by itself.
 """
@@ -65,8 +67,10 @@ class Connection:
                 reconnected_cb=events.on_reconnected,
             )
         except (TimeoutError, nats.errors.Error, OSError) as exc:
-            reason = translate(exc, "connect")
+            reason = events.last_error if events.last_error is not None else translate(exc, "connect")
             raise TransportUnavailable(f"cannot connect to NATS at {settings.url}: {reason}") from exc
+        finally:
+            events.connecting = False
         # Bounded attempts were for the initial connect only; a running role rides out broker restarts.
         client.options["max_reconnect_attempts"] = -1
         return cls(client, events)
@@ -108,14 +112,20 @@ class Connection:
 
 
 class _Events:
-    """nats-py's connection callbacks, logged; quiet about the disconnect our own close causes."""
+    """nats-py's connection callbacks, logged; quiet about the disconnect our own close causes, and about the
+    failures of the initial connect (its TransportUnavailable names the last one)."""
 
     def __init__(self) -> None:
+        self.connecting = True
         self.closing = False
+        self.last_error: Exception | None = None
         self.listeners: list[Callable[[], None]] = []
 
     async def on_error(self, exc: Exception) -> None:
-        if not self.closing:
+        if self.connecting:
+            self.last_error = exc
+            logger.debug("NATS connect attempt failed: %s", exc)
+        elif not self.closing:
             logger.warning("NATS connection error: %s", exc)
 
     async def on_disconnected(self) -> None:

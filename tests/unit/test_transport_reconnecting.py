@@ -1,0 +1,258 @@
+"""ReconnectingTransport, the seam itself: a fake broker that refuses until it is `up`, then hands out in-process
+LoopbackTransports as the inner transport (the NATS one is covered by tests/integration/test_nats_down_start.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from sie.catalog.names import work_subject
+from sie.transport.base import Lane, TransportUnavailable
+from sie.transport.loopback import LoopbackTransport
+from sie.transport.reconnecting import ReconnectingTransport
+from sie.wire.queue import WorkItem, WorkResult
+from support.polling import eventually
+
+LANE = Lane(pool="default", machine_profile="l4", bundle="default")
+SUBJECT = work_subject("default", "l4", "default", "BAAI/bge-m3")
+REFUSAL = "connection refused by the fake broker"
+
+
+def make_item() -> WorkItem:
+    return WorkItem(
+        work_item_id="r.0", request_id="r", item_index=0, total_items=1, operation="encode", model_id="BAAI/bge-m3",
+        profile_id="default", pool_name="default", machine_profile="l4", router_id="gw-1",
+        reply_subject="_INBOX.gw-1.r", timestamp=0.0,
+    )  # fmt: skip
+
+
+def make_result() -> WorkResult:
+    return WorkResult(work_item_id="r.0", request_id="r", item_index=0, success=True)
+
+
+class Unreachable:
+    """What opening a transport gives while the broker is down: entering it fails as NatsTransport's does."""
+
+    async def __aenter__(self) -> Any:
+        raise TransportUnavailable(REFUSAL)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+
+class FlakyLoopback(LoopbackTransport):
+    """A loopback whose first `failures` subscribe calls fail, as a connection lost right after connect would."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def subscribe(self, *args: Any, **kwargs: Any) -> Any:
+        if self.failures > 0:
+            self.failures -= 1
+            raise TransportUnavailable("lost the connection while subscribing")
+        return await super().subscribe(*args, **kwargs)
+
+
+class Broker:
+    """The fake broker: refuses while down; once up, each open is a fresh inner transport."""
+
+    def __init__(self, subscribe_failures: int = 0) -> None:
+        self.up = False
+        self.attempts = 0
+        self.opened: list[LoopbackTransport] = []
+        self.subscribe_failures = subscribe_failures
+
+    def open(self) -> Any:
+        self.attempts += 1
+        if not self.up:
+            return Unreachable()
+        inner = FlakyLoopback(self.subscribe_failures if not self.opened else 0)
+        self.opened.append(inner)
+        return inner
+
+
+@pytest.fixture
+def broker() -> Broker:
+    return Broker()
+
+
+@pytest.fixture
+async def transport(broker: Broker) -> AsyncIterator[ReconnectingTransport]:
+    reconnecting = ReconnectingTransport(broker.open, description="the fake broker", initial_backoff_s=0.001,
+                                         max_backoff_s=0.01)  # fmt: skip
+    async with reconnecting:
+        yield reconnecting
+
+
+async def until_refused(broker: Broker, attempts: int = 3) -> None:
+    await eventually(lambda: broker.attempts >= attempts, what=f"{attempts} refused connection attempts")
+
+
+async def test_every_call_that_needs_the_broker_raises_until_connected(
+    broker: Broker, transport: ReconnectingTransport
+) -> None:
+    await until_refused(broker)
+    calls = [
+        transport.publish_work(SUBJECT, make_item()),
+        transport.publish_work_batch(SUBJECT, [make_item()]),
+        transport.submit_work_batch(SUBJECT, [make_item()]),
+        transport.pending("default"),
+        transport.has_consumer(LANE),
+        transport.publish_result("_INBOX.gw-1.r", make_result()),
+        transport.publish("sie.health.w-1", {"ready": True}),
+        transport.flush(),
+    ]
+    for call in calls:
+        with pytest.raises(TransportUnavailable, match=REFUSAL):
+            await call
+    assert not transport.connected
+    reason = transport.unavailable_reason()
+    assert reason is not None and "the fake broker is not connected" in reason and REFUSAL in reason
+
+
+async def test_subscriptions_made_before_connect_take_effect_once_connected(
+    broker: Broker, transport: ReconnectingTransport
+) -> None:
+    messages: list[tuple[str, Any]] = []
+    results: list[WorkResult] = []
+    await transport.subscribe("sie.health.>", lambda subject, message: messages.append((subject, message)))
+    await transport.subscribe_results("_INBOX.gw-1.>", results.append)
+    await until_refused(broker)
+
+    broker.up = True
+    await transport.wait_connected()
+
+    assert transport.connected and transport.unavailable_reason() is None
+    result = make_result()
+    await transport.publish("sie.health.w-1", {"ready": True})
+    await transport.publish_result("_INBOX.gw-1.r", result)
+    assert messages == [("sie.health.w-1", {"ready": True})]
+    assert results == [result]
+
+
+async def test_a_subscription_dropped_before_connect_is_never_made(
+    broker: Broker, transport: ReconnectingTransport
+) -> None:
+    kept: list[Any] = []
+    dropped: list[Any] = []
+    await transport.subscribe("sie.config.>", lambda subject, message: kept.append(message))
+    subscription = await transport.subscribe("sie.config.>", lambda subject, message: dropped.append(message))
+    await subscription.unsubscribe()
+
+    broker.up = True
+    await transport.wait_connected()
+    await transport.publish("sie.config.models._all", "delta")
+
+    assert (kept, dropped) == (["delta"], [])
+
+
+async def test_a_subscription_made_before_connect_can_be_dropped_after(
+    broker: Broker, transport: ReconnectingTransport
+) -> None:
+    received: list[Any] = []
+    subscription = await transport.subscribe("work_cancel.>", lambda subject, message: received.append(message))
+    broker.up = True
+    await transport.wait_connected()
+    await transport.publish("work_cancel.gw-1.r1", "first")
+
+    await subscription.unsubscribe()
+    await transport.publish("work_cancel.gw-1.r2", "second")
+
+    assert received == ["first"]
+
+
+async def test_a_failed_subscribe_on_connect_makes_the_whole_attempt_again() -> None:
+    broker = Broker(subscribe_failures=1)
+    broker.up = True
+    received: list[Any] = []
+    async with ReconnectingTransport(broker.open, initial_backoff_s=0.001) as transport:
+        await transport.subscribe("sie.health.>", lambda subject, message: received.append(message))
+        await transport.wait_connected()
+        await transport.publish("sie.health.w-1", "beat")
+
+    assert len(broker.opened) == 2  # the first inner transport was closed with its failed subscription
+    assert received == ["beat"]
+
+
+async def test_a_lane_consumer_taken_before_connect_attaches_on_its_first_fetch_after(
+    broker: Broker, transport: ReconnectingTransport
+) -> None:
+    lane = await transport.consumer(LANE)
+    assert await lane.fetch(1, 0.01) == []  # waits for the connection up to the timeout, then finds nothing
+
+    broker.up = True
+    await transport.wait_connected()
+    await transport.publish_work(SUBJECT, make_item())
+
+    deliveries = await lane.fetch(1, 5.0)
+    assert [delivery.item.work_item_id for delivery in deliveries] == ["r.0"]
+    await deliveries[0].ack()
+    assert await transport.pending("default") == 0
+
+
+async def test_once_connected_calls_reach_the_inner_transport(broker: Broker, transport: ReconnectingTransport) -> None:
+    broker.up = True
+    await transport.wait_connected()
+    lane = await transport.consumer(LANE)
+    assert await transport.has_consumer(LANE)
+
+    await transport.publish_work_batch(SUBJECT, [make_item()])
+    stored = await transport.submit_work_batch(SUBJECT, [make_item()])
+    await stored
+    await transport.flush()
+
+    assert await transport.pending("default") == 2
+    assert len(await lane.fetch(2, 5.0)) == 2
+
+
+async def test_the_outage_is_one_warning_and_the_connection_one_info_line(
+    broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="sie.transport.reconnecting")
+    async with ReconnectingTransport(broker.open, description="the fake broker", initial_backoff_s=0.001) as transport:
+        await until_refused(broker, attempts=4)
+        broker.up = True
+        await transport.wait_connected()
+
+    records = [record for record in caplog.records if record.name == "sie.transport.reconnecting"]
+    warnings = [record.getMessage() for record in records if record.levelno >= logging.WARNING]
+    infos = [record.getMessage() for record in records if record.levelno == logging.INFO]
+    assert warnings == [f"the fake broker is unreachable; serving without it and retrying in the background: {REFUSAL}"]
+    assert infos == ["connected to the fake broker"]
+    assert not any(record.exc_info for record in records)
+
+
+async def test_leaving_before_connect_stops_trying_and_later_calls_raise(broker: Broker) -> None:
+    transport = ReconnectingTransport(broker.open, initial_backoff_s=0.001)
+    async with transport:
+        lane = await transport.consumer(LANE)
+        await until_refused(broker)
+        waiting = asyncio.ensure_future(transport.wait_connected())
+    attempts = broker.attempts
+
+    with pytest.raises(TransportUnavailable):
+        await waiting
+    with pytest.raises(TransportUnavailable, match="closed"):
+        await lane.fetch(1, 0.01)
+    with pytest.raises(TransportUnavailable, match="closed"):
+        await transport.subscribe("sie.health.>", lambda subject, message: None)
+    with pytest.raises(TransportUnavailable, match="closed"):
+        await transport.publish("sie.health.w-1", {})
+    assert broker.attempts == attempts  # no attempt after exit
+
+
+async def test_leaving_closes_the_inner_transport(broker: Broker) -> None:
+    broker.up = True
+    async with ReconnectingTransport(broker.open) as transport:
+        await transport.wait_connected()
+    (inner,) = broker.opened
+
+    with pytest.raises(TransportUnavailable):
+        await inner.publish("sie.health.w-1", {})
+    with pytest.raises(TransportUnavailable, match="closed"):
+        await transport.consumer(LANE)
