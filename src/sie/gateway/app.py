@@ -19,6 +19,8 @@ from starlette.routing import BaseRoute, Route
 from sie.gateway.collector import Collector
 from sie.gateway.config_routes import config_routes
 from sie.gateway.config_sync import HeartbeatSource
+from sie.gateway.dead_letter_routes import dead_letter_routes
+from sie.gateway.dead_letters import DeadLetterQueue
 from sie.gateway.edge import reply_response
 from sie.gateway.handlers import InferenceHandlers, ReadHandlers
 from sie.gateway.limits import RequestLimits
@@ -71,6 +73,8 @@ class GatewaySources:
     status: ModelStatusSource  # model and worker state for `/v1/models` and `/health`
     heartbeats: HeartbeatSource | None = None  # healthy workers' heartbeats, where the gateway hears them
     unready_reason: Callable[[], str | None] | None = None  # why it cannot serve now (broker not connected), or None
+    dead_letters: DeadLetterQueue | None = None  # work that used every delivery, served on `/v1/dlq`
+    admin_token: str | None = None  # what operator routes (`/v1/dlq`) require when set (SIE_ADMIN_TOKEN)
 
 
 def build_gateway_app(
@@ -104,7 +108,12 @@ def build_gateway_app(
                 serving.started = False
 
     app = Starlette(
-        routes=[*_routes(inference, read), *config_routes(sources.catalog, sources.heartbeats), *extra_routes],
+        routes=[
+            *_routes(inference, read),
+            *config_routes(sources.catalog, sources.heartbeats),
+            *dead_letter_routes(sources.dead_letters, sources.admin_token),
+            *extra_routes,
+        ],
         middleware=[Middleware(ShutdownMiddleware, serving=serving)],
         exception_handlers={HTTPException: _http_error, Exception: _unexpected},
         lifespan=lifespan,

@@ -15,7 +15,10 @@ replies.py maps these (and the catalog, wire and transport errors that reach a h
     ├── MachineProfileNotConfiguredError  the request names a machine profile the cluster does not have
     ├── ModelLoadFailedError     every item failed with MODEL_LOAD_FAILED (terminal)
     ├── AllItemsFailedError      every item failed, with mixed or non-retryable codes
-    └── ClientDisconnectedError  the caller left before the answer; its work was abandoned
+    ├── ClientDisconnectedError  the caller left before the answer; its work was abandoned
+    ├── NotFoundError            an operator route names something that is not there (a dead letter)
+    ├── UnauthorizedError        an operator route was called without the admin token it needs
+    └── ForbiddenError           an operator route was called with another token than the admin token
 """
 
 from __future__ import annotations
@@ -139,3 +142,21 @@ class ClientDisconnectedError(GatewayError):
     """The client closed the connection while its request waited; nobody reads the answer."""
 
     code = codes.CLIENT_CLOSED_REQUEST
+
+
+class NotFoundError(GatewayError):
+    """An operator route names something that is not there, such as a dead letter id."""
+
+    code = codes.NOT_FOUND
+
+
+class UnauthorizedError(GatewayError):
+    """An operator route needs `Authorization: Bearer <SIE_ADMIN_TOKEN>` and got no token."""
+
+    code = codes.UNAUTHORIZED
+
+
+class ForbiddenError(GatewayError):
+    """An operator route got a token that is not the admin token."""
+
+    code = codes.FORBIDDEN

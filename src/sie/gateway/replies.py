@@ -18,13 +18,16 @@ from sie.catalog.errors import BundleConflictError, ModelNotFoundError
 from sie.gateway.errors import (
     AllItemsFailedError,
     ClientDisconnectedError,
+    ForbiddenError,
     GatewayError,
     GatewayTimeoutError,
     InvalidRequestError,
     MachineProfileNotConfiguredError,
     ModelLoadFailedError,
+    NotFoundError,
     PayloadTooLargeError,
     RetryableError,
+    UnauthorizedError,
 )
 from sie.gateway.headers import ERROR_CODE, RETRY_AFTER, VERSION_HEADERS
 from sie.http.bodies import BodyTooLargeError
@@ -77,7 +80,10 @@ class ErrorReply:
 RULES: Final[dict[type[BaseException], Rule]] = {
     DecodeError: Rule(400, Envelope.DETAIL),
     InvalidRequestError: Rule(400, Envelope.DETAIL),
+    UnauthorizedError: Rule(401, Envelope.DETAIL),
+    ForbiddenError: Rule(403, Envelope.DETAIL),
     ModelNotFoundError: Rule(404, Envelope.DETAIL),
+    NotFoundError: Rule(404, Envelope.DETAIL),
     BundleConflictError: Rule(409, Envelope.DETAIL),
     PayloadTooLargeError: Rule(413, Envelope.DETAIL),
     BodyTooLargeError: Rule(413, Envelope.DETAIL),

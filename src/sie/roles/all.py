@@ -9,6 +9,7 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 
 from sie.gateway.app import GatewaySources, build_gateway_app, serving_state
+from sie.gateway.dead_letters import DeadLetterQueue
 from sie.http.handlers import plain_handler_routes
 from sie.http.serving import serve_until_signalled
 from sie.placement.api import PATH_PREFIXES, PlacementApi
@@ -29,12 +30,13 @@ async def serve_all(settings: Settings) -> None:
         children = LocalChildren({worker.name: worker.service for worker in workers})
         fleet = await stack.enter_async_context(WorkerFleet.from_settings(children, settings.placement))
         transport = await stack.enter_async_context(LoopbackTransport(settings.stream))
+        dead_letters = await stack.enter_async_context(DeadLetterQueue(transport, settings.gateway.request_timeout_s))
         sidecar = await stack.enter_async_context(
             Sidecar.from_settings(transport, fleet, settings, replicas=fleet.replicas)
         )
         manager = workers[0].manager  # every child serves the same catalogue
         status = LocalModelStatus(workers, settings.lane)
-        sources = GatewaySources(lambda: manager.catalog, transport, transport, status)
+        sources = GatewaySources(lambda: manager.catalog, transport, transport, status, dead_letters=dead_letters)
         placement_routes = plain_handler_routes(PlacementApi(fleet).handle, PATH_PREFIXES)
         app = build_gateway_app(
             sources, settings.gateway, settings.lane, settings.process.router_id, extra_routes=placement_routes

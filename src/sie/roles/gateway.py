@@ -11,6 +11,7 @@ from contextlib import AsyncExitStack
 
 from sie.gateway.app import GatewaySources, build_gateway_app, serving_state
 from sie.gateway.config_sync import ConfigState, ConfigSync
+from sie.gateway.dead_letters import DeadLetterQueue
 from sie.gateway.registry import WorkerRegistry
 from sie.http.serving import serve_until_signalled
 from sie.roles.common import baseline_catalog, http_listener, run_gateway_main
@@ -34,7 +35,11 @@ async def serve_gateway(settings: Settings) -> None:
             WorkerRegistry(transport, settings.gateway.worker_stale_s, unavailable=unavailable)
         )
         await stack.enter_async_context(ConfigSync(state, transport, settings.config_sync, settings.auth.admin_token))
-        sources = GatewaySources(state, transport, registry, registry, registry.healthy_workers, unavailable)
+        dead_letters = await stack.enter_async_context(DeadLetterQueue(transport, settings.gateway.request_timeout_s))
+        sources = GatewaySources(
+            state, transport, registry, registry, registry.healthy_workers, unavailable,
+            dead_letters=dead_letters, admin_token=settings.auth.admin_token,
+        )  # fmt: skip
         app = build_gateway_app(sources, settings.gateway, settings.lane, router_id)
         grace = settings.process.shutdown_grace_s
 

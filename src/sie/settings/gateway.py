@@ -148,7 +148,7 @@ class AuthSettings:
             "SIE_ADMIN_TOKEN",
             text(),
             "Token for config writes; gateways and sidecars send it when they read the config service, and "
-            "`sie config` sends it.",
+            "`sie config` sends it. Set for the gateway, its dead-letter routes (`/v1/dlq`, `sie dlq`) require it.",
             flag=None,
             secret=True,
             roles=("gateway", "config", "sidecar"),

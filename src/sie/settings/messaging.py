@@ -97,7 +97,7 @@ class StreamSettings:
         Env(
             "SIE_MAX_DELIVER",
             integer(minimum=1),
-            "Deliveries of one work item before it is dropped (with a max-deliveries advisory).",
+            "Deliveries of one work item before it becomes a dead letter (kept 24 h; `sie dlq`).",
             roles=("sidecar", "all"),
             read_by=_STREAM_READERS,
         ),

@@ -30,6 +30,10 @@ QUEUE_UNAVAILABLE: Final = "QUEUE_UNAVAILABLE"
 SHUTTING_DOWN: Final = "SHUTTING_DOWN"
 BUNDLE_CONFLICT: Final = "BUNDLE_CONFLICT"
 CLIENT_CLOSED_REQUEST: Final = "CLIENT_CLOSED_REQUEST"
+# Gateway operator routes (the dead letters, `/v1/dlq`): nothing with that id, no token, not the admin token.
+NOT_FOUND: Final = "NOT_FOUND"
+UNAUTHORIZED: Final = "UNAUTHORIZED"
+FORBIDDEN: Final = "FORBIDDEN"
 # A machine profile outside SIE_GATEWAY_CONFIGURED_GPUS: `{"status": "gpu_not_configured", ...}` (contracts B §1.10).
 GPU_NOT_CONFIGURED: Final = "gpu_not_configured"
 # Gateway → client: a chunked result failed validation; static message, never the worker's detail (seed 000).
