@@ -1,16 +1,19 @@
 """The dead-letter queue (seed 000 §8, issue 13 §3) with real parts: work NAKed until max_deliver on a real
 nats-server is advised by JetStream, moved into DEAD_LETTERS exactly once by two gateway replicas and removed
 from its work stream; operators list, show, replay, delete and purge it over the gateway's `/v1/dlq` routes.
-In the `all` wiring (loopback transport, the real sidecar), poison work the sidecar's hash gate NAKs to death
-ends up in the in-memory dead letters, and a replay re-drives it through the sidecar."""
+A gateway started while NATS is down captures once it connects. In the `all` wiring (loopback transport, the
+real sidecar), poison work the sidecar's hash gate NAKs to death ends up in the in-memory dead letters, and a
+replay re-drives it through the sidecar."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import httpx
 import pytest
@@ -26,6 +29,7 @@ from sie.sidecar import Sidecar, SidecarConfig
 from sie.transport.base import Lane, LaneConsumer, Transport
 from sie.transport.loopback import LoopbackTransport
 from sie.transport.nats import NatsTransport
+from sie.transport.reconnecting import ReconnectingTransport
 from sie.wire.queue import WorkItem
 from sie.worker.manager import ModelManager
 from sie.worker.runner import BatchRunner
@@ -33,6 +37,7 @@ from sie.worker.service import WorkerService
 from support.gateway_fakes import NoWorkers
 from support.nats_server import NatsServer, nats_server_fixture  # noqa: F401 - the fixture
 from support.polling import eventually
+from support.servers import free_port
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 MAX_DELIVER = 3
@@ -181,6 +186,26 @@ async def test_a_queue_entered_before_its_transport_subscribes_once_the_transpor
             await nak_until_dead(await sidecar.consumer(lane), queue)
             assert queue.captured == 1
             assert await sidecar.pending(lane.pool) == 0
+
+
+async def test_a_gateway_started_while_nats_is_down_captures_once_it_connects(tmp_path: Path, lane: Lane) -> None:
+    # The gateway role's wiring: a ReconnectingTransport connecting in the background, the queue entered at once.
+    port = free_port()
+    settings = StreamSettings(max_deliver=MAX_DELIVER, ack_wait_s=5.0)
+    url = NatsSettings(url=f"nats://127.0.0.1:{port}")
+    reconnecting = ReconnectingTransport(lambda: NatsTransport(url, settings), initial_backoff_s=0.05)
+    async with reconnecting as gateway, DeadLetterQueue(gateway, REPLAY_TIMEOUT_S) as queue:
+        assert queue.subscribed and gateway.unavailable_reason() is not None
+        server = NatsServer(tmp_path, port)
+        try:
+            await asyncio.wait_for(gateway.wait_connected(), LONG_WAIT_S)
+            async with NatsTransport(url, settings) as sidecar:
+                await sidecar.publish_work(subject_of(lane), make_item(lane))
+                await nak_until_dead(await sidecar.consumer(lane), queue)
+                assert queue.captured == 1
+                assert await sidecar.pending(lane.pool) == 0
+        finally:
+            server.stop()
 
 
 async def test_in_the_all_wiring_the_sidecar_naks_poison_work_into_the_dead_letters(
