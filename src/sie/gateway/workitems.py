@@ -42,6 +42,8 @@ def _common(route: Route, ticket: Ticket, operation: str, total: int) -> dict[st
         "deadline": ticket.deadline,
         # Captured with the route from one catalogue snapshot; "" (legacy) is sent as absent.
         "bundle_config_hash": route.bundle_config_hash or None,
+        # The collector reassembles result_chunk_v1 transfers (seed 001): a sidecar may chunk a large result.
+        "accepts_result_chunks": True,
     }
 
 

@@ -1,5 +1,6 @@
-"""WorkResults the sidecar writes itself: error replies for readiness answers and unknown operations, and
-the translation of a worker's per-item outcome. Pure functions; publishing belongs to settlement.
+"""WorkResults the sidecar writes itself: error replies for readiness answers, unknown operations, payloads
+it cannot fetch and results too large to send, and the translation of a worker's per-item outcome. Pure
+functions; publishing belongs to settlement.
 """
 
 from __future__ import annotations
@@ -65,6 +66,14 @@ def resource_exhausted_result(item: WorkItem, response: EnsureModelReadyResponse
     retry_after = max(1, math.ceil(response.retry_after_s or 0.0))
     message = response.error or f"Model '{item.model_id}' does not fit in memory right now"
     return error_result(item, codes.RESOURCE_EXHAUSTED, message, worker_id, retry_after_s=retry_after)
+
+
+def payload_too_large_result(result: WorkResult, size: int, limit: int) -> WorkResult:
+    """The compact answer for a result that cannot reach the gateway (seed 001): PAYLOAD_TOO_LARGE, with the
+    timings kept and the body dropped."""
+    message = f"The result is {size} bytes, more than the {limit}-byte broker messages can carry"
+    return attrs.evolve(result, success=False, result_msgpack=None, error=message,
+                        error_code=codes.PAYLOAD_TOO_LARGE, executed_bundle_config_hash=None)  # fmt: skip
 
 
 def unknown_operation_result(item: WorkItem, worker_id: str) -> WorkResult:

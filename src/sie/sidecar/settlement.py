@@ -17,6 +17,7 @@ from typing import Final
 from sie.catalog.names import INBOX_PREFIX, WORK_SUBJECT_PREFIX
 from sie.sidecar.abandonment import Abandonment
 from sie.sidecar.admission import Admission
+from sie.sidecar.publishing import ResultPublisher
 from sie.sidecar.work import Work
 from sie.transport.base import MessageBus
 from sie.wire.ipc_batch import (
@@ -84,12 +85,20 @@ async def _settle_quietly(verb: Callable[[], Awaitable[None]], work: Work) -> No
 
 class Settler:
     """Publishes replies and settles deliveries; releases each settled work item's admission slot. With an
-    `abandonment`, `live` ACK-drops work nobody waits for (deadline passed, request cancelled)."""
+    `abandonment`, `live` ACK-drops work nobody waits for (deadline passed, request cancelled). Replies go out
+    through `results`, which keeps them within the broker's message limit (whole on a bus without one)."""
 
-    def __init__(self, bus: MessageBus, admission: Admission, abandonment: Abandonment | None = None) -> None:
+    def __init__(
+        self,
+        bus: MessageBus,
+        admission: Admission,
+        abandonment: Abandonment | None = None,
+        results: ResultPublisher | None = None,
+    ) -> None:
         self._bus = bus
         self._admission = admission
         self._abandonment = abandonment
+        self._results = results if results is not None else ResultPublisher(bus)
 
     async def live(self, works: list[Work]) -> list[Work]:
         """The works somebody still waits for; the abandoned ones are ACK-dropped now (one settlement path)."""
@@ -105,7 +114,7 @@ class Settler:
         published: list[Work] = []
         for work, result in replies:
             try:
-                await self._bus.publish_result(work.item.reply_subject, result)
+                await self._results.publish(work.item, result)
             except Exception:  # noqa: BLE001 - any publish failure leaves this one message for redelivery
                 logger.warning("publishing the result of %s failed; left unacked", work.item.work_item_id,
                                exc_info=True)  # fmt: skip

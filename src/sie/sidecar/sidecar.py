@@ -23,6 +23,7 @@ from sie.sidecar.consumer import Consumer, ConsumerOptions
 from sie.sidecar.dispatcher import BatchDispatcher
 from sie.sidecar.hashgate import WorkerHash
 from sie.sidecar.prep import Preparer
+from sie.sidecar.publishing import ResultPublisher
 from sie.sidecar.readiness import Observe, Readiness, ReadinessOptions, ReadyModels
 from sie.sidecar.scheduler import Scheduler
 from sie.sidecar.settlement import Settler
@@ -107,7 +108,8 @@ def build_pipeline(
     admission = Admission(batching.max_pending_items)
     horizon = tombstone_horizon(stream.max_age_s, stream.ack_wait_s, stream.max_deliver)
     abandonment = Abandonment(Tombstones(horizon))
-    settler = Settler(bus, admission, abandonment)
+    # Results within the broker's message limit (chunked when too large), known once connected.
+    settler = Settler(bus, admission, abandonment, ResultPublisher(bus, lambda: bus.max_payload))
     models = ReadyModels(batching, hooks.observe)
     dispatcher = BatchDispatcher(worker, settler, models.forget, config.worker_id, stream.nak_delay_s)
     # The stages, joined by bounded channels.

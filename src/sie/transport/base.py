@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import attrs
 
 from sie.catalog.names import work_subject_pool
-from sie.wire.queue import WorkItem, WorkResult
+from sie.wire.queue import ResultChunkV1, WorkItem, WorkResult
 
 # The ACKs of one request's published items are awaited together, for at most this long (seed 000 §8.2).
 ACK_DRAIN_TIMEOUT_S = 6.0
@@ -88,7 +88,10 @@ class LaneConsumer(Protocol):
         """Up to `max_items` deliveries; waits at most `timeout_s` for the first one, returns [] on timeout."""
 
 
-ResultHandler = Callable[[WorkResult], Awaitable[None] | None]
+# What arrives on a reply subject: a whole result, or one result_chunk_v1 envelope of a result too large for
+# one broker message (only a broker transport carries those; sie.wire.result_chunks).
+ResultMessage = WorkResult | ResultChunkV1
+ResultHandler = Callable[[ResultMessage], Awaitable[None] | None]
 MessageHandler = Callable[[str, Any], Awaitable[None] | None]
 
 
@@ -130,8 +133,13 @@ class WorkQueue(Protocol):
 class MessageBus(Protocol):
     """Core pub/sub: fire and forget, no persistence (results, health, config deltas, cancels)."""
 
-    async def publish_result(self, subject: str, result: WorkResult) -> None:
-        """Send one result to a reply subject (core pub/sub, fire and forget)."""
+    @property
+    def max_payload(self) -> int | None:
+        """The largest message, in bytes, the broker accepts on this connection (known once connected); None
+        where messages pass by reference (the loopback), so nothing needs chunking or offloading."""
+
+    async def publish_result(self, subject: str, result: ResultMessage) -> None:
+        """Send one result (or result chunk) to a reply subject (core pub/sub, fire and forget)."""
 
     async def subscribe_results(self, subject: str, handler: ResultHandler) -> Subscription:
         """Receive results published under `subject` (a wildcard such as `_INBOX.gw-1.>`)."""

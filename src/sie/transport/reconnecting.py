@@ -31,12 +31,13 @@ from sie.transport.base import (
     MaxDeliveriesAdvisory,
     MessageHandler,
     ResultHandler,
+    ResultMessage,
     Subscription,
     Transport,
     TransportError,
     TransportUnavailable,
 )
-from sie.wire.queue import WorkItem, WorkResult
+from sie.wire.queue import WorkItem
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +220,12 @@ class ReconnectingTransport:
 
     # MessageBus
 
-    async def publish_result(self, subject: str, result: WorkResult) -> None:
+    @property
+    def max_payload(self) -> int | None:
+        """The inner transport's once connected; None before (nothing is published then)."""
+        return self._inner.max_payload if self._inner is not None else None
+
+    async def publish_result(self, subject: str, result: ResultMessage) -> None:
         await self._current("publish_result").publish_result(subject, result)
 
     async def subscribe_results(self, subject: str, handler: ResultHandler) -> Subscription:

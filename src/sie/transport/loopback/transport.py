@@ -116,6 +116,11 @@ class LoopbackTransport:
 
     # MessageBus
 
+    @property
+    def max_payload(self) -> None:
+        """No limit: results and work items pass by reference, so nothing is chunked or offloaded."""
+        return None
+
     async def publish_result(self, subject: str, result: WorkResult) -> None:
         """Hand `result` to every matching result subscription before returning."""
         self._running_loop()

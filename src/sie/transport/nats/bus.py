@@ -1,5 +1,6 @@
-"""Core NATS pub/sub behind the MessageBus protocol: WorkResults as msgpack on reply subjects, control messages
-(health, config deltas, cancels, advisories) as JSON. Fire and forget; nothing is persisted.
+"""Core NATS pub/sub behind the MessageBus protocol: WorkResults (or their result_chunk_v1 envelopes) as msgpack
+on reply subjects, control messages (health, config deltas, cancels, advisories) as JSON. Fire and forget;
+nothing is persisted.
 
 A result subscription is ONE nats subscription; before decoding, it reads the request id from the raw bytes
 (scan.peek_request_id) and lets `wants` drop results nobody waits for. Undecodable payloads are logged and
@@ -17,12 +18,12 @@ import attrs
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from sie.transport.base import MessageHandler, ResultHandler
+from sie.transport.base import MessageHandler, ResultHandler, ResultMessage
 from sie.transport.nats.connection import Connection
 from sie.transport.nats.errors import translated
 from sie.transport.nats.scan import peek_request_id
-from sie.wire import DecodeError, dumps_json, from_json, from_msgpack, loads_json, to_json, to_msgpack
-from sie.wire.queue import WorkResult
+from sie.wire import DecodeError, dumps_json, from_json, loads_json, to_json, to_msgpack
+from sie.wire.result_chunks import decode_inbox_message
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +62,13 @@ class NatsBus:
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
 
-    async def publish_result(self, subject: str, result: WorkResult) -> None:
-        """Send one result (msgpack) to a reply subject."""
+    @property
+    def max_payload(self) -> int | None:
+        """The server's max_payload, as it announced on connect."""
+        return self._connection.client.max_payload
+
+    async def publish_result(self, subject: str, result: ResultMessage) -> None:
+        """Send one result or result chunk (msgpack) to a reply subject."""
         await self._publish("publish_result", subject, to_msgpack(result))
 
     async def subscribe_results(
@@ -79,7 +85,7 @@ class NatsBus:
                     subscription.dropped += 1
                     return
             try:
-                result = from_msgpack(data, WorkResult)
+                result = decode_inbox_message(data)
             except DecodeError as exc:
                 subscription.dropped += 1
                 logger.warning("dropping an undecodable result on %s: %s", msg.subject, exc)

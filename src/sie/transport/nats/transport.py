@@ -16,7 +16,14 @@ import attrs
 
 from sie.settings import StreamSettings
 from sie.settings.messaging import NatsSettings
-from sie.transport.base import ACK_DRAIN_TIMEOUT_S, Lane, MessageHandler, ResultHandler, TransportUnavailable
+from sie.transport.base import (
+    ACK_DRAIN_TIMEOUT_S,
+    Lane,
+    MessageHandler,
+    ResultHandler,
+    ResultMessage,
+    TransportUnavailable,
+)
 from sie.transport.nats.bus import NatsBus, NatsSubscription, WantsRequest
 from sie.transport.nats.cache import TtlCache
 from sie.transport.nats.connection import Connection
@@ -24,7 +31,7 @@ from sie.transport.nats.consumer import LaneFetcher
 from sie.transport.nats.dead_letters import NatsDeadLetterStore
 from sie.transport.nats.streams import StreamRegistry
 from sie.transport.nats.work import StreamPublisher
-from sie.wire.queue import WorkItem, WorkResult
+from sie.wire.queue import WorkItem
 
 logger = logging.getLogger(__name__)
 
@@ -142,8 +149,13 @@ class NatsTransport:
 
     # MessageBus
 
-    async def publish_result(self, subject: str, result: WorkResult) -> None:
-        """Send `result` as msgpack to its reply subject (core NATS)."""
+    @property
+    def max_payload(self) -> int | None:
+        """The server's max_payload once connected (None before): results and work items must fit it."""
+        return self._parts.bus.max_payload if self._parts is not None else None
+
+    async def publish_result(self, subject: str, result: ResultMessage) -> None:
+        """Send `result` (or a result chunk) as msgpack to its reply subject (core NATS)."""
         await self._open("publish_result").bus.publish_result(subject, result)
 
     async def subscribe_results(
