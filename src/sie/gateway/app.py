@@ -24,6 +24,7 @@ from sie.gateway.dead_letters import DeadLetterQueue
 from sie.gateway.edge import reply_response
 from sie.gateway.handlers import InferenceHandlers, ReadHandlers
 from sie.gateway.limits import RequestLimits
+from sie.gateway.offload import PayloadOffload
 from sie.gateway.publisher import LaneConsumers, WorkPublisher
 from sie.gateway.replies import error_reply, route_error_reply, surface_for_path
 from sie.gateway.router import CatalogSource, Router
@@ -75,6 +76,7 @@ class GatewaySources:
     unready_reason: Callable[[], str | None] | None = None  # why it cannot serve now (broker not connected), or None
     dead_letters: DeadLetterQueue | None = None  # work that used every delivery, served on `/v1/dlq`
     admin_token: str | None = None  # what operator routes (`/v1/dlq`) require when set (SIE_ADMIN_TOKEN)
+    offload: PayloadOffload | None = None  # large work-item payloads through the payload store (none: inline)
 
 
 def build_gateway_app(
@@ -94,6 +96,7 @@ def build_gateway_app(
         collector,
         settings.request_timeout_s,
         RequestLimits(settings.max_items, settings.max_item_chars),
+        sources.offload,
     )
     inference = InferenceHandlers(service, settings.max_body_bytes)
     read = ReadHandlers(sources.catalog, sources.status, serving, settings.configured_gpus, sources.unready_reason)

@@ -17,6 +17,7 @@ from sie.gateway import assembly, openai, router, workitems
 from sie.gateway.collector import Collector, PendingRequest
 from sie.gateway.headers import ResponseMetadata, collect_metadata, model_revision
 from sie.gateway.limits import RequestLimits
+from sie.gateway.offload import PayloadOffload
 from sie.gateway.publisher import WorkPublisher, publish_error
 from sie.gateway.router import LaneHints, Route, Router
 from sie.gateway.workitems import Ticket
@@ -65,12 +66,14 @@ class InferenceService:
         collector: Collector,
         timeout_s: float,
         limits: RequestLimits | None = None,
+        offload: PayloadOffload | None = None,
     ) -> None:
         self._router = router
         self._publisher = publisher
         self._collector = collector
         self._timeout_s = timeout_s
         self._limits = limits or RequestLimits()
+        self._offload = offload or PayloadOffload(None, lambda: None)
 
     async def encode(self, spec: str, request: EncodeRequest, hints: LaneHints) -> Served:
         collected = await self.encode_results(spec, request, hints)
@@ -119,6 +122,7 @@ class InferenceService:
         now = time.time()
         items = build(Ticket(request_id, reply, self._publisher.router_id, now, now + self._timeout_s))
         with self._collector.expect(request_id, len(items)) as pending:
+            items = await self._offload.prepare(items, pending.at_close)  # large payloads via the store
             started = time.perf_counter()
             try:
                 stored = await self._publisher.publish(route.subject, items)

@@ -12,11 +12,13 @@ from contextlib import AsyncExitStack
 from sie.gateway.app import GatewaySources, build_gateway_app, serving_state
 from sie.gateway.config_sync import ConfigState, ConfigSync
 from sie.gateway.dead_letters import DeadLetterQueue
+from sie.gateway.offload import PayloadOffload
 from sie.gateway.registry import WorkerRegistry
 from sie.http.serving import serve_until_signalled
 from sie.roles.common import baseline_catalog, http_listener, run_gateway_main
 from sie.runtime import freeze_startup_heap
 from sie.settings import Settings
+from sie.stores.payload_store import open_payload_store
 from sie.telemetry.metrics import Telemetry
 from sie.transport.nats import NatsTransport
 from sie.transport.reconnecting import ReconnectingTransport
@@ -36,8 +38,13 @@ async def serve_gateway(settings: Settings) -> None:
         )
         await stack.enter_async_context(ConfigSync(state, transport, settings.config_sync, settings.auth.admin_token))
         dead_letters = await stack.enter_async_context(DeadLetterQueue(transport, settings.gateway.request_timeout_s))
+        payloads = settings.payloads  # the broker's max_payload is known once connected
+        offload = PayloadOffload(
+            open_payload_store(payloads.store_url), lambda: transport.max_payload, payloads.inline_limit_bytes
+        )
+        stack.push_async_callback(offload.aclose)  # pending deletes finish before the transport closes
         sources = GatewaySources(
-            state, transport, registry, registry, registry.healthy_workers, unavailable,
+            state, transport, registry, registry, registry.healthy_workers, unavailable, offload=offload,
             dead_letters=dead_letters, admin_token=settings.auth.admin_token,
         )  # fmt: skip
         app = build_gateway_app(sources, settings.gateway, settings.lane, router_id)

@@ -26,6 +26,7 @@ from sie.settings.control import CatalogSettings, ConfigServiceSettings, ConfigS
 from sie.settings.gateway import AuthSettings, GatewaySettings
 from sie.settings.identity import LaneSettings, ProcessSettings
 from sie.settings.messaging import NatsSettings, StreamSettings
+from sie.settings.payloads import PayloadSettings
 from sie.settings.placement import PlacementSettings
 from sie.settings.sidecar import BatchingSettings, SidecarSettings
 from sie.settings.telemetry import TelemetrySettings
@@ -41,6 +42,7 @@ __all__ = [
     "GroupDoc",
     "LaneSettings",
     "NatsSettings",
+    "PayloadSettings",
     "PlacementSettings",
     "ProcessSettings",
     "SettingDoc",

@@ -17,6 +17,7 @@ from sie.settings.control import CatalogSettings, ConfigServiceSettings, ConfigS
 from sie.settings.gateway import AuthSettings, GatewaySettings
 from sie.settings.identity import LaneSettings, ProcessSettings
 from sie.settings.messaging import NatsSettings, StreamSettings
+from sie.settings.payloads import PayloadSettings
 from sie.settings.placement import PlacementSettings
 from sie.settings.sidecar import BatchingSettings, SidecarSettings
 from sie.settings.telemetry import TelemetrySettings
@@ -38,6 +39,7 @@ class Settings:
     catalog: CatalogSettings = group(CatalogSettings, "Catalogue")
     sidecar: SidecarSettings = group(SidecarSettings, "Sidecar")
     batching: BatchingSettings = group(BatchingSettings, "Batching")
+    payloads: PayloadSettings = group(PayloadSettings, "Payload offload")
     worker: WorkerSettings = group(WorkerSettings, "Worker")
     placement: PlacementSettings = group(PlacementSettings, "Placement")
     telemetry: TelemetrySettings = group(TelemetrySettings, "Telemetry")

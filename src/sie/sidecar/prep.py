@@ -1,6 +1,7 @@
 """Preparation: each admitted work item becomes an IPC batch item with a batch cost. Encode text is
 tokenized with the model's own tokenizer, one `encode_batch` call per group, in a shared thread pool
 (never on the event loop); score and extract are not tokenized here (seed 001 "Preparation And Framing").
+Offloaded payloads are fetched back first (payloads.py), after the abandonment check, so nobody pays for them.
 
 Costs: encode = prepared-token count; score = the seed's character proxy; extract = 1 ("Scheduling").
 """
@@ -15,6 +16,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Final
 
+from sie.sidecar.payloads import PayloadResolver
 from sie.sidecar.work import Channel, Outbox, ReadyGroup, ReadyModel, Work
 from sie.tokenization import TextTokenizer, TokenizerError, prepare_text
 from sie.wire.ipc_batch import (
@@ -194,11 +196,20 @@ def _load_tokenizer(path: str, max_seq_len: int | None, expected_id: str) -> Tex
 
 class Preparer:
     """The preparation stage: prepares each ready group and passes it to `out` (the scheduler); a group whose
-    preparation fails goes to `fail` (NAKed). Several `serve` loops may share one inbox."""
+    preparation fails goes to `fail` (NAKed). Several `serve` loops may share one inbox. With `payloads`,
+    offloaded payloads are fetched back before anything else is done with them."""
 
-    def __init__(self, executor: Executor, out: Outbox[ReadyGroup], fail: Fail, live: Live | None = None) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        out: Outbox[ReadyGroup],
+        fail: Fail,
+        live: Live | None = None,
+        payloads: PayloadResolver | None = None,
+    ) -> None:
         self._executor = executor
         self._live = live
+        self._payloads = payloads
         self._out = out
         self._fail = fail
         self._tokenizers = TokenizerCache(executor)
@@ -210,6 +221,8 @@ class Preparer:
             try:
                 if self._live is not None:  # before tokenization: nobody pays for abandoned text
                     works = await self._live(works)
+                if self._payloads is not None and works:
+                    works = await self._payloads.resolve(works)
                 if not works:
                     continue
                 await self.prepare(model, works)

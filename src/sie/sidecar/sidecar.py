@@ -22,12 +22,14 @@ from sie.sidecar.admission import Admission
 from sie.sidecar.consumer import Consumer, ConsumerOptions
 from sie.sidecar.dispatcher import BatchDispatcher
 from sie.sidecar.hashgate import WorkerHash
+from sie.sidecar.payloads import DEFAULT_FETCH_MAX_BYTES, PayloadResolver
 from sie.sidecar.prep import Preparer
 from sie.sidecar.publishing import ResultPublisher
 from sie.sidecar.readiness import Observe, Readiness, ReadinessOptions, ReadyModels
 from sie.sidecar.scheduler import Scheduler
 from sie.sidecar.settlement import Settler
 from sie.sidecar.work import AdmittedGroup, Channel, ReadyGroup, Work
+from sie.stores.payload_store import PayloadStore, open_payload_store
 from sie.transport.base import Lane, LaneConsumer, MessageBus, Transport
 
 logger = logging.getLogger(__name__)
@@ -41,17 +43,24 @@ PREPARATION_LOOPS: Final = 2
 
 @attrs.frozen
 class SidecarConfig:
-    """Everything a sidecar reads from settings, plus how many batches per model may run at once."""
+    """Everything a sidecar reads from settings, plus how many batches per model may run at once and the payload
+    store offloaded work items are read from (None: `--role all`, or no SIE_PAYLOAD_STORE_URL)."""
 
     sidecar: SidecarSettings = attrs.Factory(SidecarSettings)
     batching: BatchingSettings = attrs.Factory(BatchingSettings)
     stream: StreamSettings = attrs.Factory(StreamSettings)
     worker_id: str = "worker-unknown"
     max_inflight_batches: int = 2
+    payload_store: PayloadStore | None = None
+    payload_fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SidecarConfig:
-        return cls(settings.sidecar, settings.batching, settings.stream, settings.process.worker_id)
+        payloads = settings.payloads
+        return cls(
+            settings.sidecar, settings.batching, settings.stream, settings.process.worker_id,
+            payload_store=open_payload_store(payloads.store_url), payload_fetch_max_bytes=payloads.fetch_max_bytes,
+        )  # fmt: skip
 
 
 @attrs.frozen
@@ -120,7 +129,12 @@ def build_pipeline(
     consumer = Consumer(lane, admission, settler, WorkerHash(worker), admitted, options)
     readiness_options = ReadinessOptions.from_settings(stream, config.sidecar, config.worker_id)
     readiness = Readiness(worker, settler, models, ready, readiness_options)
-    preparer = Preparer(executor, prepared, lambda works: settler.nak(works, stream.nak_delay_s), settler.live)
+    payloads = PayloadResolver(
+        config.payload_store, settler.live, settler.reply, config.worker_id, config.payload_fetch_max_bytes
+    )
+    preparer = Preparer(
+        executor, prepared, lambda works: settler.nak(works, stream.nak_delay_s), settler.live, payloads
+    )
     scheduler = Scheduler(
         dispatcher.dispatch, batching.max_batch_wait_s, config.max_inflight_batches, replicas=hooks.replicas
     )

@@ -1,0 +1,61 @@
+"""The payload store on a local directory (sie.stores.payload_store): put, bounded get, delete, plain keys only.
+The same operations on S3 and GCS run against real servers in tests/integration/test_payload_offload.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sie.stores.payload_store import (
+    InvalidPayloadKeyError,
+    PayloadNotFoundError,
+    PayloadOverLimitError,
+    PayloadStore,
+    PayloadStoreError,
+    open_payload_store,
+)
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> PayloadStore:
+    return PayloadStore(str(tmp_path / "payloads" / "nested"))
+
+
+async def test_a_payload_round_trips_and_is_gone_once_deleted(store: PayloadStore, tmp_path: Path) -> None:
+    await store.put("gw-1-7_0.bin", b"\x81\xa4text\xa5hello")
+    assert await store.get("gw-1-7_0.bin", max_bytes=1024) == b"\x81\xa4text\xa5hello"
+    assert (tmp_path / "payloads" / "nested" / "gw-1-7_0.bin").exists()
+    await store.delete("gw-1-7_0.bin")
+    assert not await store.exists("gw-1-7_0.bin")
+    await store.delete("gw-1-7_0.bin")  # deleting twice is fine: cleanup is retried and raced
+    with pytest.raises(PayloadNotFoundError):
+        await store.get("gw-1-7_0.bin", max_bytes=1024)
+
+
+async def test_a_put_replaces_what_was_there(store: PayloadStore) -> None:
+    await store.put("k.bin", b"old old old")
+    await store.put("k.bin", b"new")
+    assert await store.get("k.bin", max_bytes=100) == b"new"
+
+
+async def test_reads_are_bounded(store: PayloadStore) -> None:
+    await store.put("big.bin", b"x" * 1000)
+    assert len(await store.get("big.bin", max_bytes=1000)) == 1000
+    with pytest.raises(PayloadOverLimitError, match="over 999 bytes"):
+        await store.get("big.bin", max_bytes=999)
+
+
+@pytest.mark.parametrize("key", ["../escape.bin", "a/b.bin", ".hidden", "..", "", "tab\there", "x" * 600, "a\\b"])
+async def test_keys_that_are_not_plain_names_are_refused(store: PayloadStore, key: str) -> None:
+    with pytest.raises(InvalidPayloadKeyError):
+        await store.get(key, max_bytes=10)
+    with pytest.raises(InvalidPayloadKeyError):
+        await store.put(key, b"x")
+
+
+def test_a_store_is_opened_only_for_a_supported_url(tmp_path: Path) -> None:
+    assert open_payload_store(None) is None
+    assert isinstance(open_payload_store(f"file://{tmp_path}"), PayloadStore)
+    with pytest.raises(PayloadStoreError, match="not a local path"):
+        PayloadStore("ftp://example/payloads")
