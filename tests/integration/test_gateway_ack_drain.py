@@ -50,4 +50,4 @@ async def test_a_refusal_in_the_ack_fails_the_request_at_once_and_cancels_it(nat
         assert response.headers["retry-after"] == "5"
         assert len(collector_of(app)) == 0
         await eventually(lambda: len(cancels) == 1, timeout_s=5.0)
-        assert cancels[0].startswith("work_cancel.gw-ack.gw-ack-")
+        assert cancels[0].startswith("work_cancel.gw-ack.")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+import uuid
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -174,7 +175,7 @@ async def test_encode_json_default_with_ids_only_when_sent_and_timing_headers(gw
                    "x-queue-wait-time", "x-inference-time", "x-tokenization-time", "x-total-time"):  # fmt: skip
         assert header in response.headers, header
     assert response.headers["x-inference-time"] == "2.00" and "x-postprocessing-time" not in response.headers
-    assert response.headers["x-sie-request-id"].startswith("gw-t-")
+    assert uuid.UUID(response.headers["x-sie-request-id"]).version == 7
     assert gw.waiting == 0
 
 
@@ -469,9 +470,9 @@ async def test_a_request_given_up_on_is_announced_on_work_cancel(catalog: Catalo
         try:
             response = await gateway.client.post(ENCODE, json=TEXT)
             assert response.status_code == 504
-            # work_cancel.{router_id}.{request_id}; request ids are {router_id}-{n}
+            # work_cancel.{router_id}.{request_id}
             await eventually(lambda: len(cancels) == 1, timeout_s=2.0)
-            assert cancels[0].startswith("work_cancel.gw-t.gw-t-")
+            assert cancels[0].startswith("work_cancel.gw-t.") and uuid.UUID(cancels[0].split(".")[2])
             gateway.worker.script = answer  # an answered request is nobody's to cancel
             assert (await gateway.client.post(ENCODE, json=TEXT)).status_code == 200
             assert len(cancels) == 1

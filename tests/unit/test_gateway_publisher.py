@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from sie.catalog import load_catalog
@@ -80,8 +82,15 @@ async def test_no_consumer_at_publish_is_provisioning(catalog_route) -> None:
 
 def test_request_ids_and_reply_subjects() -> None:
     publisher = WorkPublisher(None, None, 50_000, "gw-1")  # type: ignore[arg-type]
-    assert publisher.new_request() == ("gw-1-1", "_INBOX.gw-1.gw-1-1")
-    assert publisher.new_request() == ("gw-1-2", "_INBOX.gw-1.gw-1-2")
+    first, second = publisher.new_request(), publisher.new_request()
+    for request_id, reply in (first, second):
+        parsed = uuid.UUID(request_id)
+        assert (parsed.version, parsed.variant) == (7, uuid.RFC_4122) and str(parsed) == request_id
+        assert reply == f"_INBOX.gw-1.{request_id}"
+    assert first[0] != second[0]
+    # A gateway restarted with the same router id never reuses an id (cancel tombstones outlive it).
+    restarted = WorkPublisher(None, None, 50_000, "gw-1")  # type: ignore[arg-type]
+    assert restarted.new_request()[0] not in (first[0], second[0])
 
 
 @pytest.fixture(scope="module")

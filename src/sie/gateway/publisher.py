@@ -10,8 +10,10 @@ costs a broker round trip). Nothing here caches on top of them.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
+import os
+import time
+import uuid
 from collections.abc import Sequence
 from typing import Final, Protocol
 
@@ -43,11 +45,12 @@ class WorkPublisher:
         self._max_pending = max_stream_pending
         self.router_id = router_id
         self._reply_prefix = reply_subject(router_id, "")
-        self._ids = itertools.count(1)
 
     def new_request(self) -> tuple[str, str]:
-        """A fresh `(request_id, reply_subject)`: `{router_id}-{n}` and `_INBOX.{router_id}.{request_id}`."""
-        request_id = f"{self.router_id}-{next(self._ids)}"
+        """A fresh `(request_id, reply_subject)`: a UUIDv7 (contracts Part B §4.1) and
+        `_INBOX.{router_id}.{request_id}`. Unique across restarts, so a restarted gateway with the same router
+        id never meets its predecessor's cancel tombstones, offloaded payload keys or late results."""
+        request_id = uuid7()
         return request_id, self._reply_prefix + request_id
 
     async def admit(self, lane: Lane) -> None:
@@ -91,6 +94,14 @@ class WorkPublisher:
             await self._queue.publish(subject, {"router_id": self.router_id, "request_id": request_id})
         except Exception:  # noqa: BLE001 - best effort: the items' deadlines still stop them
             logger.debug("announcing the cancel of %s failed", request_id, exc_info=True)
+
+
+def uuid7() -> str:
+    """A UUIDv7 string (RFC 9562): 48 bits of unix milliseconds, then random bits, so ids sort by time."""
+    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10))
+    value = value & ~(0xF << 76) | 0x7 << 76  # version 7
+    value = value & ~(0x3 << 62) | 0x2 << 62  # variant 10
+    return str(uuid.UUID(int=value))
 
 
 def publish_error(error: BaseException, subject: str) -> Exception:
