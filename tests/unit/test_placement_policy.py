@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 import pytest
 
 from sie.placement.policy import (
+    MAX_FILL_FACTOR,
+    MAX_REPLICAS,
     ModelOverride,
     PlacementPolicy,
     PolicyError,
@@ -127,6 +130,38 @@ def test_model_overrides_fall_back_to_the_fleet_defaults() -> None:
 def test_bad_model_overrides_are_refused(change: dict[str, object]) -> None:
     with pytest.raises(PolicyError):
         PlacementPolicy().with_model("m", **change)
+
+
+# Found by tests/fuzz: each was accepted and then broke `GET /v1/placement` (a 500 on every later call) because
+# the count could not be rendered as JSON, the fill quantum overflowed, or int() refused what isdigit() passed.
+@pytest.mark.parametrize(
+    ("knob", "value"),
+    [
+        ("default_replicas", 10**30),
+        ("default_replicas", "9" * 30),
+        ("default_replicas", 1e30),
+        ("default_replicas", MAX_REPLICAS + 1),
+        ("default_replicas", "\u00b2"),
+        ("routing_fill_factor", 1e308),
+        ("routing_fill_factor", MAX_FILL_FACTOR * 2),
+        ("hysteresis", 10**400),
+    ],
+)
+def test_values_past_what_the_policy_can_report_are_refused(knob: str, value: object) -> None:
+    with pytest.raises(PolicyError, match=knob):
+        PlacementPolicy().with_knobs({knob: value})
+
+
+@pytest.mark.parametrize("change", [{"replicas": 10**30}, {"replicas": "\u00b2"}, {"fill_factor": 1e308}])
+def test_model_overrides_past_what_the_policy_can_report_are_refused(change: dict[str, object]) -> None:
+    with pytest.raises(PolicyError, match=next(iter(change))):
+        PlacementPolicy().with_model("m", **change)
+
+
+def test_the_largest_values_accepted_stay_json_ready() -> None:
+    policy = PlacementPolicy().with_knobs({"default_replicas": MAX_REPLICAS, "routing_fill_factor": MAX_FILL_FACTOR})
+    policy = policy.with_model("m", replicas=str(MAX_REPLICAS), fill_factor=MAX_FILL_FACTOR)
+    assert orjson.loads(orjson.dumps(policy.as_dict()))["models"]["m"]["replicas"] == MAX_REPLICAS
 
 
 def test_as_dict_is_json_ready_with_models() -> None:

@@ -47,6 +47,11 @@ _BOOLEANS: Final = {
     **dict.fromkeys(("false", "0", "no", "off"), False),
 }
 _OVERRIDE_KEYS: Final = ("replicas", "fill_mode", "fill_factor")
+# Ceilings that keep every value the policy holds reportable (JSON integers are 64-bit): no fleet has a million
+# children, and a fill quantum (max batch x factor) stays far below 2**63.
+MAX_REPLICAS: Final = 1_000_000
+MAX_FILL_FACTOR: Final = 1_000_000.0
+_CEILINGS: Final = {"routing_fill_factor": MAX_FILL_FACTOR, "fill_factor": MAX_FILL_FACTOR}
 
 
 class PolicyError(ValueError):
@@ -175,14 +180,13 @@ def _choice(name: str, value: object, choices: tuple[str, ...]) -> str:
 
 
 def _number(name: str, value: object, allow_zero: bool) -> float:
-    bound = ">= 0" if allow_zero else "> 0"
+    ceiling = _CEILINGS.get(name, math.inf)
+    bound = (">= 0" if allow_zero else "> 0") + (f" and <= {ceiling:g}" if ceiling < math.inf else "")
     number = math.nan
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        number = float(value)
-    elif isinstance(value, str):
-        with contextlib.suppress(ValueError):
+    if isinstance(value, int | float | str) and not isinstance(value, bool):
+        with contextlib.suppress(ValueError, OverflowError):  # OverflowError: an int past the float range
             number = float(value)
-    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero) or number > ceiling:
         raise PolicyError(f"{name}={value!r} is not a number {bound}")
     return number
 
@@ -195,10 +199,12 @@ def _replicas(name: str, value: object) -> int | str:
         count = value
     elif isinstance(value, float) and value.is_integer():
         count = int(value)
-    elif isinstance(value, str) and value.strip().isdigit():
+    elif isinstance(value, str) and value.strip().isdecimal():  # isdigit() would pass '²', which int() refuses
         count = int(value.strip())
-    if count < 1:
-        raise PolicyError(f"{name}={value!r} is not a replica count; expected a whole number >= 1 or 'all'")
+    if not 1 <= count <= MAX_REPLICAS:
+        raise PolicyError(
+            f"{name}={value!r} is not a replica count; expected a whole number from 1 to {MAX_REPLICAS} or 'all'"
+        )
     return count
 
 
