@@ -20,6 +20,8 @@ import hypercorn.asyncio
 import hypercorn.config
 import uvicorn
 
+from sie.http.unread_body import CloseOnUnreadBody
+
 logger = logging.getLogger(__name__)
 
 # Idle keep-alive connections stay open this long (the public SIE server's uvicorn setting).
@@ -89,7 +91,8 @@ def hypercorn_config(listener: HttpListener) -> hypercorn.config.Config:
 
 
 async def _serve_hypercorn(app: App, listener: HttpListener, stop: asyncio.Event) -> None:
-    await hypercorn.asyncio.serve(app, hypercorn_config(listener), shutdown_trigger=stop.wait)
+    # hypercorn drops a kept-alive connection after an answer given before the body was read, without saying so.
+    await hypercorn.asyncio.serve(CloseOnUnreadBody(app), hypercorn_config(listener), shutdown_trigger=stop.wait)
 
 
 class _EmbeddedUvicorn(uvicorn.Server):
