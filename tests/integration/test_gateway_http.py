@@ -326,6 +326,8 @@ async def test_unknown_model_is_404_model_not_found(gw: Gateway) -> None:
          f"Model '{MINILM}' does not support output types: {{'sparse'}}. Supported: {{'dense', 'multivector'}}"),
         ({"items": [{"text": "a"}], "params": {"options": {"profile": "nope"}}},
          "Profile 'nope' not found. Available: ['default', 'int8', 'multivector']"),
+        ({"items": [{"text": "a"}], "params": {"options": {"is_query": True, "query_template": 5}}},
+         "Expected `str | null`, got `int` - at `$.params.options.query_template`"),
     ],
 )  # fmt: skip
 async def test_invalid_input_is_400_naming_the_field(gw: Gateway, body: dict, message: str) -> None:
