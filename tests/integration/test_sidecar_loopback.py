@@ -79,8 +79,11 @@ class CountingWorker:
         self.service = service
         self.requests: list[RunBatchRequest] = []
         self.gate: asyncio.Event | None = None
+        self.ready_gate: asyncio.Event | None = None
 
     async def ensure_model_ready(self, request):
+        if self.ready_gate is not None:
+            await self.ready_gate.wait()
         return await self.service.ensure_model_ready(request)
 
     async def run_batch(self, request: RunBatchRequest):
@@ -253,6 +256,24 @@ async def test_a_cold_model_is_held_with_progress_acks_until_it_loads(worker: Co
             await eventually(lambda: transport.progress["req-0.0"] >= 3, timeout_s=WAIT_S)
             assert not results.items and transport.deliveries["req-0.0"] == 1
             load_gate.set()
+            await results.wait(1)
+        assert results.items[0].success and transport.deliveries["req-0.0"] == 1
+        assert await transport.pending(POOL) == 0
+
+
+async def test_work_waiting_outside_the_scheduler_is_kept_alive_with_progress_acks(worker: CountingWorker) -> None:
+    # Stuck in readiness, on an EnsureModelReady the worker does not answer yet: only the lane-wide keepalive
+    # progress-ACKs it there, so a short ack-wait redelivers nothing a live sidecar still holds (issue 13 §4).
+    worker.ready_gate = asyncio.Event()
+    ack_wait = 0.5
+    transport = RecordingTransport(StreamSettings(ack_wait_s=ack_wait))
+    async with transport:
+        results, sidecar = await start(transport, worker, sidecar_config(ack_wait_s=ack_wait))
+        async with sidecar:
+            await publish(transport, work_item(0, item={"text": "Hello world"}))
+            await eventually(lambda: transport.progress["req-0.0"] >= 3, timeout_s=WAIT_S)
+            assert not results.items and transport.deliveries["req-0.0"] == 1
+            worker.ready_gate.set()
             await results.wait(1)
         assert results.items[0].success and transport.deliveries["req-0.0"] == 1
         assert await transport.pending(POOL) == 0

@@ -39,7 +39,8 @@ def test_defaults_match_the_seeds() -> None:
     assert s.stream.max_age_s == 1800.0
     assert s.stream.max_msgs == 100_000
     assert s.stream.max_deliver == 20
-    assert s.stream.ack_wait_s == 30.0
+    # Not contracts B §4.3's 30 s: sidecars progress-ACK what they hold, so a dead one's work waits 5 s (issue 13 §4).
+    assert s.stream.ack_wait_s == 5.0
     assert s.stream.nak_delay_s == 5.0
     assert s.gateway.request_timeout_s == 30.0
     assert s.gateway.max_stream_pending == 50_000

@@ -49,6 +49,16 @@ def test_release_frees_slots_once() -> None:
     assert admission.total == 0 and admission.pending("m") == 0
 
 
+def test_held_lists_what_was_admitted_and_not_released() -> None:
+    admission = Admission(3)
+    accepted, refused = admission.admit("m", works(4))
+    assert set(admission.held()) == set(accepted) and refused[0] not in admission.held()
+    admission.release(accepted[:2])
+    assert admission.held() == accepted[2:]
+    admission.release(accepted)
+    assert admission.held() == []
+
+
 async def test_capacity_and_idle_events() -> None:
     admission = Admission(2)
     accepted, _ = admission.admit("m", works(2))

@@ -107,11 +107,13 @@ class StreamSettings:
         Env(
             "SIE_ACK_WAIT_S",
             seconds(positive=True),
-            "Lane consumer `ack_wait`: an unsettled delivery is redelivered after this long.",
+            "Lane consumer `ack_wait`: an unsettled delivery is redelivered after this long. A sidecar "
+            "progress-ACKs what it holds longer than half of it, so it bounds how long the work of a sidecar "
+            "that died waits before another (or its restart) gets it.",
             roles=("sidecar", "all"),
-            read_by=(*_STREAM_READERS, "sie.sidecar.readiness"),
+            read_by=(*_STREAM_READERS, "sie.sidecar.readiness", "sie.sidecar.sidecar"),
         ),
-        30.0,
+        5.0,
     )
     nak_delay_s: float = setting(
         Env(

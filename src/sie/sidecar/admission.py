@@ -1,6 +1,6 @@
 """Admission: how many work items the sidecar holds per model, decided before any tokenization (STYLE
-habit 9). It counts items from admission to settlement and tells the consumer how much it may fetch.
-It never settles anything itself.
+habit 9). It counts items from admission to settlement, tells the consumer how much it may fetch, and knows
+which items it holds (the keepalive progress-ACKs those held long). It never settles anything itself.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ class Admission:
         self.max_per_model = max_pending_per_model
         self.max_total = max_pending_total or max_pending_per_model
         self._pending: dict[str, int] = {}
+        self._held: set[Work] = set()
         self.total = 0
         self._capacity = asyncio.Event()
         self._capacity.set()
@@ -41,6 +42,7 @@ class Admission:
         admitted, refused = list(works[:room]), list(works[room:])
         for work in admitted:
             work.admitted = True
+        self._held.update(admitted)
         if admitted:
             self._pending[model_id] = self._pending.get(model_id, 0) + len(admitted)
             self.total += len(admitted)
@@ -55,6 +57,7 @@ class Admission:
             if not work.admitted:
                 continue
             work.admitted = False
+            self._held.discard(work)
             left = self._pending.get(work.model_id, 0) - 1
             if left > 0:
                 self._pending[work.model_id] = left
@@ -66,6 +69,10 @@ class Admission:
         if self.total <= 0:
             self.total = 0
             self._idle.set()
+
+    def held(self) -> list[Work]:
+        """Every admitted item not yet released, wherever it waits or runs."""
+        return list(self._held)
 
     async def wait_capacity(self) -> None:
         await self._capacity.wait()

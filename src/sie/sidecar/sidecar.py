@@ -26,6 +26,7 @@ from sie.sidecar.payloads import DEFAULT_FETCH_MAX_BYTES, PayloadResolver
 from sie.sidecar.prep import Preparer
 from sie.sidecar.publishing import ResultPublisher
 from sie.sidecar.readiness import Observe, Readiness, ReadinessOptions, ReadyModels
+from sie.sidecar.results import preparation_failed_result
 from sie.sidecar.scheduler import Scheduler
 from sie.sidecar.settlement import Settler
 from sie.sidecar.work import AdmittedGroup, Channel, ReadyGroup, Work
@@ -132,9 +133,11 @@ def build_pipeline(
     payloads = PayloadResolver(
         config.payload_store, settler.live, settler.reply, config.worker_id, config.payload_fetch_max_bytes
     )
-    preparer = Preparer(
-        executor, prepared, lambda works: settler.nak(works, stream.nak_delay_s), settler.live, payloads
-    )
+
+    async def preparation_failed(works: list[Work]) -> None:
+        await settler.reply([(work, preparation_failed_result(work.item, config.worker_id)) for work in works])
+
+    preparer = Preparer(executor, prepared, preparation_failed, settler.live, payloads)
     scheduler = Scheduler(
         dispatcher.dispatch, batching.max_batch_wait_s, config.max_inflight_batches, replicas=hooks.replicas
     )
@@ -277,12 +280,14 @@ class Sidecar:
             await self._pipeline.settler.nak(queued, 0.0)
 
     async def _keepalive(self, pipeline: Pipeline) -> None:
-        """Progress-ACK work that waits in the scheduler or runs longer than half the ack-wait."""
+        """Progress-ACK work held longer than half the ack-wait wherever it is (a channel, readiness, preparation,
+        the scheduler, a running batch, its publication), so JetStream redelivers only the work of a sidecar that
+        died, one ack-wait after it stopped progress-ACKing."""
         interval = self.config.stream.ack_wait_s / 4.0
         while True:
             await asyncio.sleep(interval)  # a housekeeping tick, far off the request path
             now = time.monotonic()
-            stale = [work for work in pipeline.scheduler.waiting() if now - work.progressed >= 2 * interval]
+            stale = [work for work in pipeline.admission.held() if now - work.progressed >= 2 * interval]
             if stale:
                 await pipeline.settler.in_progress(stale, now)
 
