@@ -987,12 +987,6 @@ def test_the_server_survives_the_fuzzing(gateway: Gateway) -> None:
     assert rss < MAX_RSS_BYTES, f"resident {rss / 2**20:.0f} MiB after the fuzzing"
 
 
-# Runs after the check above: the worker logs the failed batch with its traceback.
-@pytest.mark.xfail(
-    strict=True,
-    reason="worker: an option value its adapter refuses (pooling 'zz') fails the batch as INFERENCE_ERROR, a 500 "
-    "all_items_failed; the caller's mistake should be INVALID_INPUT, a 400",
-)
 def test_an_option_value_the_adapter_refuses_is_a_400(gateway: Gateway) -> None:
     body = {"items": [{"text": "x"}], "params": {"options": {"pooling": "zz"}}}
     reply = gateway.send("POST", f"/v1/encode/{MINILM}", json.dumps(body).encode())

@@ -200,6 +200,14 @@ def test_output_dtypes_and_bad_items_do_not_fail_batch_mates(load_model) -> None
     assert results[2].ok and results[3].error_code == codes.INVALID_INPUT
 
 
+def test_an_unknown_pooling_is_the_items_invalid_input_not_a_failed_batch(load_model) -> None:
+    items = encode_items(["one", "two"])
+    items[1] = encode_items(["two"], options={"pooling": "zz"})[0]
+    first, second = load_model(MINILM).adapter.encode(items).items
+    assert first.ok
+    assert second.error_code == codes.INVALID_INPUT and "pooling" in second.error
+
+
 def test_long_input_is_truncated_or_rejected(load_model) -> None:
     long_text = "word " * 2000
     adapter = load_model(MINILM).adapter

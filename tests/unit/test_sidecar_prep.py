@@ -181,3 +181,36 @@ async def test_stage_hands_prepared_groups_to_the_scheduler(tokenizer_file: Path
             serving.cancel()
             await asyncio.gather(serving, return_exceptions=True)
     assert (model.model_id, len(works)) == ("m", 1) and works[0].run_item is not None
+
+
+async def test_a_group_that_fails_to_prepare_is_prepared_item_by_item_and_only_the_bad_item_fails(
+    tokenizer_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = TextTokenizer.encode_batch
+
+    def choking(self, texts):
+        if "poison" in texts:
+            raise RuntimeError("the tokenizer choked")
+        return original(self, texts)
+
+    monkeypatch.setattr(TextTokenizer, "encode_batch", choking)
+    inbox: Channel[ReadyGroup] = Channel(2)
+    out: Channel[ReadyGroup] = Channel(2)
+    failed: list[str] = []
+    with ThreadPoolExecutor(2) as executor:
+
+        async def fail(works: list[Work]) -> None:
+            failed.extend(work.item.work_item_id for work in works)
+
+        serving = asyncio.ensure_future(Preparer(executor, out, fail).serve(inbox))
+        try:
+            texts = ["hello", "poison", "world"]
+            group = [Work(_Delivery(item(index, item={"text": text})), 0.0) for index, text in enumerate(texts)]
+            await inbox.put((ready(tokenizer_file), group))
+            _, works = await asyncio.wait_for(out.get(), 5.0)
+        finally:
+            serving.cancel()
+            await asyncio.gather(serving, return_exceptions=True)
+    assert failed == ["r1.0"]
+    assert [work.item.work_item_id for work in works] == ["r0.0", "r2.0"]
+    assert all(work.run_item is not None for work in works)

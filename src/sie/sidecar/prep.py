@@ -195,9 +195,10 @@ def _load_tokenizer(path: str, max_seq_len: int | None, expected_id: str) -> Tex
 
 
 class Preparer:
-    """The preparation stage: prepares each ready group and passes it to `out` (the scheduler); a group whose
-    preparation fails goes to `fail` (NAKed). Several `serve` loops may share one inbox. With `payloads`,
-    offloaded payloads are fetched back before anything else is done with them."""
+    """The preparation stage: prepares each ready group and passes it to `out` (the scheduler); when a group's
+    preparation fails, its items are prepared one by one and those that still fail go to `fail` (answered).
+    Several `serve` loops may share one inbox. With `payloads`, offloaded payloads are fetched back before
+    anything else is done with them."""
 
     def __init__(
         self,
@@ -226,11 +227,28 @@ class Preparer:
                 if not works:
                     continue
                 await self.prepare(model, works)
-            except Exception:  # noqa: BLE001 - a preparation bug must not kill the stage; the group is NAKed
-                logger.exception("preparing %d items of %s failed", len(works), model.model_id)
-                await self._fail(works)
-                continue
-            await self._out.put((model, works))
+            except Exception:  # noqa: BLE001 - a preparation bug must not kill the stage: each item on its own
+                logger.warning("preparing %d items of %s failed; preparing them one by one", len(works),
+                               model.model_id, exc_info=True)  # fmt: skip
+                works = await self._prepare_one_by_one(model, works)
+            if works:
+                await self._out.put((model, works))
+
+    async def _prepare_one_by_one(self, model: ReadyModel, works: list[Work]) -> list[Work]:
+        """The items of a failed group that prepare alone; the others go to `fail` (answered, never redelivered
+        into the same failure), so one bad item does not hold back its batch-mates."""
+        prepared, failed = [], []
+        for work in works:
+            try:
+                await self.prepare(model, [work])
+            except Exception:  # noqa: BLE001 - logged with its traceback, answered through `fail`
+                logger.exception("preparing %s (%s) failed", work.item.work_item_id, model.model_id)
+                failed.append(work)
+            else:
+                prepared.append(work)
+        if failed:
+            await self._fail(failed)
+        return prepared
 
     async def prepare(self, model: ReadyModel, works: list[Work]) -> None:
         """Fill in cost and IPC item of every work item of one model."""

@@ -76,6 +76,13 @@ def payload_too_large_result(result: WorkResult, size: int, limit: int) -> WorkR
                         error_code=codes.PAYLOAD_TOO_LARGE, executed_bundle_config_hash=None)  # fmt: skip
 
 
+def preparation_failed_result(item: WorkItem, worker_id: str) -> WorkResult:
+    """The answer for an item the sidecar could not prepare (a bug, logged with its traceback): redelivering it
+    would fail the same way, so it is answered, without internals."""
+    message = f"The worker could not prepare item {item.item_index} of this request; the failure is logged"
+    return error_result(item, codes.INTERNAL_ERROR, message, worker_id)
+
+
 def unknown_operation_result(item: WorkItem, worker_id: str) -> WorkResult:
     message = f"Unknown operation {item.operation!r}; expected encode, score or extract"
     return error_result(item, codes.INVALID_INPUT, message, worker_id)

@@ -15,6 +15,7 @@ from sie.tokenization import PaddedBatch, TokenizedText, pad_batch, prepare_text
 from sie.wire import codes
 from sie.wire.http import OUTPUT_DTYPES
 from sie.worker.adapters.base import Adapter, BatchResult, ItemResult, Stopwatch, invalid
+from sie.worker.outputs import POOLING_MODES
 
 
 @attrs.frozen
@@ -96,6 +97,9 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
         output_dtype = options.get("output_dtype") or "float32"
         if output_dtype not in OUTPUT_DTYPES:
             return invalid(f"Unknown output_dtype {output_dtype!r}; expected one of {list(OUTPUT_DTYPES)}")
+        pooling = options.get("pooling")
+        if pooling is not None and pooling not in POOLING_MODES:
+            return invalid(f"Unknown pooling {pooling!r}; expected one of {list(POOLING_MODES)}")
         prepared = self._prepared(item)
         text = prepare_text(
             text,
