@@ -10,6 +10,8 @@ import pytest
 
 from sie.placement.policy import (
     MAX_FILL_FACTOR,
+    MAX_MODEL_ID_CHARS,
+    MAX_MODEL_OVERRIDES,
     MAX_REPLICAS,
     ModelOverride,
     PlacementPolicy,
@@ -226,3 +228,14 @@ def test_the_file_wins_over_defaults_and_a_given_setting_wins_over_the_file(tmp_
 def test_an_unreadable_file_names_the_setting(tmp_path: Path) -> None:
     with pytest.raises(PolicyError, match="SIE_PLACEMENT_FILE=.*missing.yaml: cannot be read"):
         policy_from_settings(PlacementSettings(file=tmp_path / "missing.yaml"))
+
+
+def test_per_model_overrides_are_bounded_in_number_and_id_length() -> None:
+    policy = PlacementPolicy()
+    for index in range(MAX_MODEL_OVERRIDES):
+        policy = policy.with_model(f"m{index}", replicas=1)
+    with pytest.raises(PolicyError, match="per-model overrides"):
+        policy.with_model("one-more", replicas=1)
+    assert policy.with_model("m7", replicas=2).replicas_for("m7") == 2  # an existing override still changes
+    with pytest.raises(PolicyError, match="at most"):
+        PlacementPolicy().with_model("x" * (MAX_MODEL_ID_CHARS + 1), replicas=1)

@@ -27,6 +27,9 @@ WORK_BASES: Final = ("compute", "items", "requests")
 FILL_MODES: Final = ("run", "spread", "inflight")
 ROUTING_POLICIES: Final = ("fill_least", "fill_rr")
 ALL_REPLICAS: Final = "all"
+# Per-model overrides one policy holds: bounds what the admin API may grow (model ids are not checked there).
+MAX_MODEL_OVERRIDES: Final = 4096
+MAX_MODEL_ID_CHARS: Final = 512
 
 # Knobs with a fixed set of values, and number knobs with whether 0 is allowed.
 _CHOICES: Final = {
@@ -115,8 +118,10 @@ class PlacementPolicy:
         fill_factor: object = None,
     ) -> PlacementPolicy:
         """A copy with one model's overrides changed; None keeps that override as it is."""
-        if not isinstance(model_id, str) or not model_id:
-            raise PolicyError(f"model id must be a non-empty string, not {model_id!r}")
+        if not isinstance(model_id, str) or not model_id or len(model_id) > MAX_MODEL_ID_CHARS:
+            raise PolicyError(f"model id must be a non-empty string of at most {MAX_MODEL_ID_CHARS} characters")
+        if model_id not in self.models and len(self.models) >= MAX_MODEL_OVERRIDES:
+            raise PolicyError(f"the policy already holds {MAX_MODEL_OVERRIDES} per-model overrides")
         current = self.models.get(model_id, ModelOverride())
         override = ModelOverride(
             replicas=current.replicas if replicas is None else _replicas("replicas", replicas),
