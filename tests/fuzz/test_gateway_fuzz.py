@@ -8,8 +8,9 @@ text; every 2xx body decodes in the format asked for. Afterwards the server must
 each route, and under the issue's memory goal.
 
 Cases (the `max_examples` below, in file order): 300 encode + 200 score + 150 extract + 200 OpenAI embeddings +
-200 text-only + 300 garbage bodies + 200 hostile paths + 100 read routes + 60 wrong methods + 100 hostile headers +
-150 limits + 100 config resolve + 120 placement changes + 270 placement edge values = 2,450 generated cases, each
+200 text-only + 300 garbage bodies + 200 hostile paths + 100 read routes + 60 dead-letter listings + 60 wrong
+methods + 100 hostile headers + 150 limits + 100 config resolve + 120 placement changes + 270 placement edge values =
+2,510 generated cases, each
 at least one request (about 60 s on two busy cores). Deterministic: derandomized, no example database. Marked
 slow: it starts a real server. `pytest tests/fuzz --hypothesis-show-statistics` shows the statuses each test met.
 """
@@ -654,6 +655,9 @@ PATH_TEMPLATES: Final = (
     ("GET", "/v1/configs/models/{}/status", NATIVE),
     ("GET", "/v1/configs/bundles/{}", NATIVE),
     ("POST", "/v1/placement/models/{}", PLACEMENT),
+    ("GET", "/v1/dlq/{}", NATIVE),
+    ("DELETE", "/v1/dlq/{}", NATIVE),
+    ("POST", "/v1/dlq/{}/replay", NATIVE),
 )
 HOSTILE_NAMES: Final = (
     "../../etc/passwd",
@@ -753,6 +757,15 @@ def test_read_routes(
     if method == "GET":
         check(reply, surface)
     assert reply.status == 200, reply.describe()
+
+
+@fuzz(max_examples=60)
+@given(query=st.one_of(hostile_queries, st.fixed_dictionaries({"after": short_texts, "limit": short_texts})))
+def test_dead_letter_listing(gateway: Gateway, query: dict[str, str]) -> None:
+    """The dead-letter list answers 200 (no letters here) or 400 for a bad `after` / `limit`, in the envelope."""
+    reply = gateway.send("GET", "/v1/dlq", params=query)
+    check(reply, NATIVE)
+    assert reply.status in (200, 400), reply.describe()
 
 
 ALL_ROUTES: Final = (
