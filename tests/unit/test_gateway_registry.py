@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from sie.catalog.names import HEALTH_WILDCARD, health_subject
@@ -210,7 +212,9 @@ def test_stale_time_must_be_positive() -> None:
 
 async def test_has_consumer_raises_while_the_bus_cannot_deliver_heartbeats(clock: Clock) -> None:
     reason: list[str | None] = ["NATS is not connected (connection refused)"]
-    registry = WorkerRegistry(NullBus(), STALE_S, clock=clock, unavailable=lambda: reason[0])
+    registry = WorkerRegistry(
+        NullBus(), STALE_S, clock=clock, unavailable=lambda: reason[0], first_heartbeat_wait_s=0.0
+    )
     lane = Lane("default", "L4", "default")
     with pytest.raises(TransportUnavailable, match="connection refused"):
         await registry.has_consumer(lane)
@@ -219,3 +223,48 @@ async def test_has_consumer_raises_while_the_bus_cannot_deliver_heartbeats(clock
     assert not await registry.has_consumer(lane)
     registry.observe(beat())
     assert await registry.has_consumer(lane)
+
+
+LANE = Lane("default", "L4", "default")
+
+
+async def test_a_worker_heard_ready_within_the_stale_time_serves_its_lane_while_it_says_not_ready(
+    clock: Clock,
+) -> None:
+    # Its backend restarting: the lane stays served (work waits in the stream), not PROVISIONING (issue 13 §4).
+    registry = WorkerRegistry(NullBus(), STALE_S, clock=clock, first_heartbeat_wait_s=0.0)
+    registry.observe(beat(timestamp=1.0))
+    clock.now += 4
+    registry.observe(beat(timestamp=2.0, ready=False))
+    assert not registry.healthy_workers() and await registry.has_consumer(LANE)
+    clock.now += STALE_S - 4
+    registry.observe(beat(timestamp=3.0, ready=False))
+    assert await registry.has_consumer(LANE)
+    clock.now += 0.001
+    assert not await registry.has_consumer(LANE)  # not ready for longer than the stale time
+
+
+@pytest.mark.parametrize("fields", [{"ready": False}, {"draining": True}])
+async def test_a_worker_never_ready_or_draining_does_not_serve_its_lane(clock: Clock, fields) -> None:
+    registry = WorkerRegistry(NullBus(), STALE_S, clock=clock, first_heartbeat_wait_s=0.0)
+    if fields.get("draining"):
+        registry.observe(beat(timestamp=1.0))
+    registry.observe(beat(timestamp=2.0, **fields))
+    assert not await registry.has_consumer(LANE)
+
+
+async def test_a_registry_that_just_started_waits_for_the_lanes_heartbeats(clock: Clock) -> None:
+    async with WorkerRegistry(NullBus(), STALE_S, clock=clock, first_heartbeat_wait_s=60.0) as registry:
+        asked = asyncio.ensure_future(registry.has_consumer(LANE))
+        await asyncio.sleep(0)
+        registry.observe(beat(worker_id="other", bundle="other"))  # another lane's: still waiting
+        await asyncio.sleep(0)
+        assert not asked.done()
+        registry.observe(beat())
+        assert await asked
+
+
+async def test_past_its_first_heartbeat_wait_a_registry_calls_a_lane_unserved(clock: Clock) -> None:
+    async with WorkerRegistry(NullBus(), STALE_S, clock=clock, first_heartbeat_wait_s=60.0) as registry:
+        clock.now += 60.0
+        assert not await registry.has_consumer(LANE)

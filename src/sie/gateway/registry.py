@@ -3,10 +3,16 @@ worker, last-heartbeat-wins, and the ModelStatusSource that `/v1/models` and `/h
 Healthy means ready, not draining and heard from within `worker_stale_s`. Reads never block or do I/O. While the
 broker is not connected (`unavailable` names why) no heartbeat can arrive: `has_consumer` raises TransportUnavailable
 instead of calling every lane unserved.
+
+`has_consumer` (admission: PROVISIONING when False) asks a little less than healthy: a worker heard ready within
+`worker_stale_s` serves its lane even while it says not ready (its backend restarting), and a registry that has only
+just started listening waits up to FIRST_HEARTBEAT_WAIT_S for the lane's heartbeats before calling it unserved. So a
+worker or gateway restart is not answered as a scale-from-zero with its 60 s Retry-After (issue 13 §4).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -31,6 +37,9 @@ logger = logging.getLogger(__name__)
 
 # A worker silent for this many stale periods is forgotten (until then `/health` lists it as unhealthy).
 PRUNE_AFTER_STALE_PERIODS: Final = 6.0
+# How long a registry that has just started listening waits for a lane's heartbeats before `has_consumer` says
+# no one serves it (sidecars beat every SIE_HEALTH_INTERVAL_S, 1 s by default).
+FIRST_HEARTBEAT_WAIT_S: Final = 2.0
 
 # Why the bus cannot deliver heartbeats now, or None while it can.
 UnavailableReason = Callable[[], str | None]
@@ -46,6 +55,7 @@ class RegisteredWorker:
     loading: frozenset[str]
     # model id -> when this gateway first saw the failure as it is now (ModelFailure carries no time).
     failures_seen: Mapping[str, float]
+    ready_at: float | None = None  # when this gateway last heard it ready (None: never)
 
 
 class WorkerRegistry:
@@ -58,6 +68,7 @@ class WorkerRegistry:
         prune_after_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         unavailable: UnavailableReason | None = None,
+        first_heartbeat_wait_s: float = FIRST_HEARTBEAT_WAIT_S,
     ) -> None:
         if stale_s <= 0:
             raise ValueError(f"worker stale time must be positive, got {stale_s!r} (SIE_GATEWAY_WORKER_STALE_S)")
@@ -66,12 +77,17 @@ class WorkerRegistry:
         self.prune_after_s = prune_after_s if prune_after_s is not None else PRUNE_AFTER_STALE_PERIODS * stale_s
         self.clock = clock
         self._unavailable = unavailable
+        self.first_heartbeat_wait_s = first_heartbeat_wait_s
         self._workers: dict[str, RegisteredWorker] = {}
         self._subscription: Subscription | None = None
         self._last_prune = -math.inf
+        self._listening_since: float | None = None  # since when heartbeats could arrive
+        self._beat: asyncio.Future[None] | None = None  # resolved by the next heartbeat
 
     async def __aenter__(self) -> Self:
         self._subscription = await self.bus.subscribe(HEALTH_WILDCARD, self._on_message, message_type=WorkerHeartbeat)
+        if self._unavailable is None or self._unavailable() is None:
+            self._listening_since = self.clock()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -90,6 +106,8 @@ class WorkerRegistry:
         self._workers[heartbeat.worker_id] = _register(heartbeat, now, previous)
         if now - self._last_prune >= self.stale_s:
             self.prune()
+        if self._beat is not None and not self._beat.done():
+            self._beat.set_result(None)
         return True
 
     def _out_of_order(self, previous: RegisteredWorker, heartbeat: WorkerHeartbeat, now: float) -> bool:
@@ -166,13 +184,48 @@ class WorkerRegistry:
         ]
 
     async def has_consumer(self, lane: Lane) -> bool:
-        """Whether a healthy worker serves `lane` now. A JetStream durable consumer outlives the sidecars that
-        pulled from it, so "is this lane served?" is a question about live workers (seed 000 §2,
-        scale-from-zero answers PROVISIONING). TransportUnavailable while the bus cannot deliver heartbeats."""
+        """Whether a worker serves `lane` now (see `serves`). A JetStream durable consumer outlives the sidecars
+        that pulled from it, so "is this lane served?" is a question about live workers (seed 000 §2,
+        scale-from-zero answers PROVISIONING). TransportUnavailable while the bus cannot deliver heartbeats; just
+        after it could again, or after start, waits up to `first_heartbeat_wait_s` for the lane's heartbeats."""
         reason = self._unavailable() if self._unavailable is not None else None
         if reason is not None:
+            self._listening_since = None
             raise TransportUnavailable(reason)
-        return bool(self.healthy_workers(lane.pool, lane.machine_profile, lane.bundle))
+        now = self.clock()
+        if self._listening_since is None:
+            self._listening_since = now
+        if self._lane_served(lane, now):
+            return True
+        return await self._await_lane(lane, self._listening_since + self.first_heartbeat_wait_s - now)
+
+    def serves(self, record: RegisteredWorker, now: float) -> bool:
+        """Not draining, and heard ready within `stale_s`: a worker whose backend restarts says not ready for a
+        few seconds, and its lane's work may wait for it in the stream meanwhile."""
+        ready_at = record.ready_at
+        return not record.heartbeat.draining and ready_at is not None and now - ready_at <= self.stale_s
+
+    def _lane_served(self, lane: Lane, now: float) -> bool:
+        profile = lane.machine_profile.casefold()
+        return any(
+            record.heartbeat.pool == lane.pool
+            and record.heartbeat.bundle == lane.bundle
+            and record.heartbeat.machine_profile.casefold() == profile
+            and self.serves(record, now)
+            for record in self._workers.values()
+        )
+
+    async def _await_lane(self, lane: Lane, wait_s: float) -> bool:
+        """Wait up to `wait_s` for heartbeats that make `lane` served."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while (left := deadline - loop.time()) > 0:
+            if self._beat is None or self._beat.done():
+                self._beat = loop.create_future()
+            await asyncio.wait((self._beat,), timeout=left)
+            if self._lane_served(lane, self.clock()):
+                return True
+        return False
 
     def lanes_with_healthy_workers(self) -> frozenset[Lane]:
         """The (pool, machine profile, bundle) lanes at least one healthy worker serves."""
@@ -200,6 +253,7 @@ def _register(heartbeat: WorkerHeartbeat, now: float, previous: RegisteredWorker
         loaded=frozenset(heartbeat.loaded_models),
         loading=frozenset(heartbeat.loading_models),
         failures_seen=failures_seen,
+        ready_at=now if heartbeat.ready else (previous.ready_at if previous is not None else None),
     )
 
 
