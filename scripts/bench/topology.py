@@ -26,14 +26,15 @@ def free_port() -> int:
 MODEL_ROLES = ("worker", "all")
 
 
-def _sie(role: str, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    # A role refuses SIE_* variables it does not read: each gets this environment's SIE_MODEL_CACHE only if it
-    # loads models, then its own variables.
+def start_role(role: str, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """`sie run --role ROLE ARGS` writing to `log`. A role refuses SIE_* variables it does not read: each gets
+    this environment's SIE_MODEL_CACHE only if it loads models, then `env`."""
     clean = {name: value for name, value in os.environ.items() if not name.startswith("SIE_")}
     if role in MODEL_ROLES and "SIE_MODEL_CACHE" in os.environ:
         clean["SIE_MODEL_CACHE"] = os.environ["SIE_MODEL_CACHE"]
     command = [sys.executable, "-m", "sie.cli.main", "run", "--role", role, *args]
-    return subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**clean, **env})
+    with log.open("wb") as output:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env={**clean, **env})
 
 
 def start_all(
@@ -42,7 +43,7 @@ def start_all(
     """`sie run --role all` on a free loopback port with `args` and `env`, once its /readyz answers 200; returns
     the process and its base URL (SystemExit, with the log's path, if it exits or does not get ready)."""
     port = free_port()
-    process = _sie("all", ["--host", HOST, "--port", str(port), *args], env, log)
+    process = start_role("all", ["--host", HOST, "--port", str(port), *args], env, log)
     url = f"http://{HOST}:{port}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -58,14 +59,16 @@ def start_all(
     raise SystemExit(f"the server did not get ready; log in {log}")
 
 
-def _nats(directory: Path) -> tuple[subprocess.Popen, str]:
+def start_nats(directory: Path, port: int = -1) -> tuple[subprocess.Popen, str]:
+    """nats-server with JetStream stored under `directory/js`, on `port` (-1: one it picks); returns it and its
+    URL once it listens. Started again with the same directory and port, it finds its streams where they were."""
     binary = Path(sys.executable).parent / "nats-server"
     command = [
         str(binary),
         "-a",
         HOST,
         "-p",
-        "-1",
+        str(port),
         "-js",
         "-sd",
         str(directory / "js"),
@@ -115,18 +118,20 @@ class Topology:
         if source is not None:
             server["PYTHONPATH"] = str(source)
         if kind == "all":
-            self.processes.append(_sie("all", http + common + extra, server, self.directory / "all.log"))
+            self.processes.append(start_role("all", http + common + extra, server, self.directory / "all.log"))
             return
         if source is not None:
             raise SystemExit("--compare-src runs the `all` topology only")
-        nats, nats_url = _nats(self.directory)
+        nats, nats_url = start_nats(self.directory)
         self.processes.append(nats)
         socket_env = {"SIE_IPC_SOCKET_PATH": str(self.directory / "worker.sock")}
         nats_env = {"SIE_NATS_URL": nats_url}
-        self.processes.append(_sie("worker", common + extra, socket_env, self.directory / "worker.log"))
+        self.processes.append(start_role("worker", common + extra, socket_env, self.directory / "worker.log"))
         sidecar_args = ["--port", str(free_port())]
-        self.processes.append(_sie("sidecar", sidecar_args, socket_env | nats_env, self.directory / "sidecar.log"))
-        self.processes.append(_sie("gateway", http, nats_env | server, self.directory / "gateway.log"))
+        self.processes.append(
+            start_role("sidecar", sidecar_args, socket_env | nats_env, self.directory / "sidecar.log")
+        )
+        self.processes.append(start_role("gateway", http, nats_env | server, self.directory / "gateway.log"))
 
     def wait_serving(self, model: str, timeout_s: float = 180.0) -> None:
         deadline = time.monotonic() + timeout_s
