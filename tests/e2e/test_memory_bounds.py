@@ -1,8 +1,8 @@
-"""Memory of `sie run --role all` stays bounded under big requests (issue 13 §1): ~20 MB bodies of long texts
-on /v1/encode and /v1/extract (/v1/embeddings takes the encode path) and a SPLADE score of 64 long documents keep the process under
-1.5 GB resident at its peak, and it returns to within 200 MB of its idle size afterwards. Read from
-/proc/{pid}/status (VmRSS now, VmHWM peak) of the real server process; `scripts/bench/memory.py` prints the
-same figures request by request."""
+"""Memory of `sie run --role all` stays bounded under big requests (issue 13 §1): ~20 MB bodies of long texts on
+/v1/encode and /v1/extract (/v1/embeddings takes the encode path) and a SPLADE score of 64 long documents keep the
+process under 1.5 GB resident at its peak, and it returns to within 200 MB of its idle size afterwards. Read from
+/proc/{pid}/status (VmRSS now, VmHWM peak) of the real server process; `scripts/bench/memory.py` prints the same
+figures request by request."""
 
 from __future__ import annotations
 
