@@ -10,14 +10,13 @@ message is printed), 2 usage or connection problem.
 
 from __future__ import annotations
 
-import json
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
-import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from sie.cli.control_http import echo_json, send_json, usage
 from sie.settings import SettingsError, load_settings
 
 app = typer.Typer(help="List, show, replay and purge the gateway's dead letters.", no_args_is_help=True)
@@ -30,54 +29,19 @@ TokenOption = Annotated[str | None, typer.Option("--token", help="Bearer token (
 LetterArg = Annotated[int, typer.Argument(help="Dead letter id, as `sie dlq list` shows it.", min=1)]
 
 
-def _usage(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
-
-
 def _token(token: str | None) -> str | None:
     if token:
         return token
     try:
         return load_settings().auth.admin_token
     except SettingsError as exc:
-        _usage(str(exc))
+        usage(str(exc))
 
 
 def _send(url: str, token: str | None, method: str, path: str, **kwargs: Any) -> Any:
-    """The JSON the gateway answers; a refusal exits 1 with its message, no answer exits 2."""
     token = _token(token)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        response = httpx.request(method, f"{url.rstrip('/')}{path}", headers=headers, timeout=TIMEOUT_S, **kwargs)
-    except httpx.HTTPError as exc:
-        _usage(f"cannot reach {url}: {exc}")
-    if response.status_code >= 400:
-        typer.echo(f"error: {response.status_code} {_error_message(response)}", err=True)
-        raise typer.Exit(1)
-    try:
-        return response.json()
-    except ValueError:
-        _usage(f"{url} answered something other than JSON; is it a gateway?")
-
-
-def _error_message(response: httpx.Response) -> str:
-    """The message of the gateway's envelopes (`{"detail": {...}}`, `{"error": {...}}`), else the raw text."""
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text.strip()
-    for key in ("detail", "error"):
-        error = body.get(key) if isinstance(body, dict) else None
-        if isinstance(error, dict) and "message" in error:
-            return str(error["message"])
-        if isinstance(error, str):
-            return error
-    return response.text.strip()
-
-
-def _echo_json(document: Any) -> None:
-    typer.echo(json.dumps(document, indent=2))
+    return send_json(url, method, path, expected="a gateway", timeout_s=TIMEOUT_S, headers=headers, **kwargs)
 
 
 @app.command("list")
@@ -91,7 +55,7 @@ def list_letters(
     """The dead letters, oldest first."""
     document = _send(url, token, "GET", "/v1/dlq", params={"after": after, "limit": limit})
     if raw:
-        _echo_json(document)
+        echo_json(document)
         return
     letters = document["dead_letters"]
     console = Console()
@@ -124,19 +88,19 @@ def _letters_table(letters: list[dict[str, Any]]) -> Table:
 @app.command()
 def show(letter_id: LetterArg, url: UrlOption = DEFAULT_URL, token: TokenOption = None) -> None:
     """One dead letter with its work item, as JSON."""
-    _echo_json(_send(url, token, "GET", f"/v1/dlq/{letter_id}"))
+    echo_json(_send(url, token, "GET", f"/v1/dlq/{letter_id}"))
 
 
 @app.command()
 def replay(letter_id: LetterArg, url: UrlOption = DEFAULT_URL, token: TokenOption = None) -> None:
     """Send a dead letter's work item back to its work subject (results are discarded), and drop the letter."""
-    _echo_json(_send(url, token, "POST", f"/v1/dlq/{letter_id}/replay"))
+    echo_json(_send(url, token, "POST", f"/v1/dlq/{letter_id}/replay"))
 
 
 @app.command()
 def delete(letter_id: LetterArg, url: UrlOption = DEFAULT_URL, token: TokenOption = None) -> None:
     """Drop one dead letter."""
-    _echo_json(_send(url, token, "DELETE", f"/v1/dlq/{letter_id}"))
+    echo_json(_send(url, token, "DELETE", f"/v1/dlq/{letter_id}"))
 
 
 @app.command()
@@ -149,4 +113,4 @@ def purge(
     if not yes and not typer.confirm(f"Drop every dead letter of {url}?"):
         typer.echo("nothing purged")
         raise typer.Exit(1)
-    _echo_json(_send(url, token, "POST", "/v1/dlq/purge"))
+    echo_json(_send(url, token, "POST", "/v1/dlq/purge"))

@@ -9,12 +9,13 @@ printed), 2 usage or connection problem.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
-import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from sie.cli.control_http import echo_json, send_json, usage
 
 app = typer.Typer(help="Show and retune how a pod places batches on its worker children.", no_args_is_help=True)
 
@@ -30,36 +31,8 @@ UrlOption = Annotated[
 ]
 
 
-def _usage(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
-
-
 def _send(url: str, method: str, path: str, timeout_s: float = TIMEOUT_S, **kwargs: Any) -> Any:
-    """The JSON the server answers; a refusal exits 1 with its message, no answer exits 2."""
-    try:
-        response = httpx.request(method, f"{url.rstrip('/')}{path}", timeout=timeout_s, **kwargs)
-    except httpx.HTTPError as exc:
-        _usage(f"cannot reach {url}: {exc}")
-    if response.status_code >= 400:
-        typer.echo(f"error: {response.status_code} {_error_message(response)}", err=True)
-        raise typer.Exit(1)
-    try:
-        return response.json()
-    except ValueError:
-        _usage(f"{url} answered something other than JSON; is it a placement surface?")
-
-
-def _error_message(response: httpx.Response) -> str:
-    try:
-        error = response.json()["error"]
-    except (ValueError, KeyError, TypeError):
-        return response.text.strip()
-    return str(error.get("message", error)) if isinstance(error, dict) else str(error)
-
-
-def _echo_json(document: Any) -> None:
-    typer.echo(json.dumps(document, indent=2))
+    return send_json(url, method, path, expected="a placement surface", timeout_s=timeout_s, **kwargs)
 
 
 @app.command()
@@ -70,7 +43,7 @@ def status(
     """The placement: policy, worker children and where each model runs."""
     document = _send(url, "GET", "/v1/placement")
     if raw:
-        _echo_json(document)
+        echo_json(document)
         return
     console = Console()
     console.print(
@@ -144,14 +117,14 @@ def set_replicas(
         fields["fill_mode"] = fill_mode
     if fill_factor is not None:
         fields["fill_factor"] = fill_factor
-    _echo_json(_send(url, "POST", f"/v1/placement/models/{model}", json=fields))
+    echo_json(_send(url, "POST", f"/v1/placement/models/{model}", json=fields))
 
 
 def _replica_count(text: str) -> int | str:
     if text.lower() == "all":
         return "all"
     if not text.isdigit():
-        _usage(f"replicas must be a whole number or 'all', got {text!r}")
+        usage(f"replicas must be a whole number or 'all', got {text!r}")
     return int(text)
 
 
@@ -161,14 +134,14 @@ def set_policy(
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Change fleet-wide placement knobs (every one but mode); prints the new policy."""
-    _echo_json(_send(url, "POST", "/v1/placement/policy", json=dict(_knob(pair) for pair in knobs)))
+    echo_json(_send(url, "POST", "/v1/placement/policy", json=dict(_knob(pair) for pair in knobs)))
 
 
 def _knob(pair: str) -> tuple[str, Any]:
     """`KEY=VALUE`; the value is read as JSON (numbers, true/false) and otherwise kept as text."""
     key, sep, value = pair.partition("=")
     if not sep or not key:
-        _usage(f"expected KEY=VALUE, got {pair!r}")
+        usage(f"expected KEY=VALUE, got {pair!r}")
     try:
         return key, json.loads(value)
     except ValueError:
@@ -181,4 +154,4 @@ def repack(
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Repack now (lpt_packing only); prints what moved."""
-    _echo_json(_send(url, "POST", "/v1/placement/repack", timeout_s=wait + TIMEOUT_S, params={"wait": wait}))
+    echo_json(_send(url, "POST", "/v1/placement/repack", timeout_s=wait + TIMEOUT_S, params={"wait": wait}))
