@@ -5,9 +5,7 @@ gateway loses NATS (last test: it stops the broker). Marked slow."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import nats
@@ -15,57 +13,13 @@ import numpy as np
 import pytest
 
 from sie.catalog.names import work_pool_stream_name
-from support.nats_server import NatsServer
+from support.cluster import Cluster
 from support.polling import eventually, holds_within
-from support.servers import RoleProcess, free_port
 
 pytestmark = pytest.mark.slow
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 HELLO_WORLD_PREFIX = [-0.034477, 0.031023, 0.006735, 0.026109]
-
-
-class Cluster:
-    """The four processes of one distributed deployment on loopback."""
-
-    def __init__(self, root: Path, worker_args: tuple[str, ...] = ()) -> None:
-        self.root = root
-        self.worker_args = list(worker_args)
-        self.nats = NatsServer(root)
-        self.socket = root / "worker.sock"
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        # Each role gets only the variables it reads (a role refuses the others).
-        self.worker_env = {"SIE_IPC_SOCKET_PATH": str(self.socket), "SIE_WORKER_ID": "w-1"}
-        self.worker = self.start_worker()
-        self.probe_url = f"http://127.0.0.1:{free_port()}"
-        self.sidecar = RoleProcess(
-            "sidecar", ["--port", self.probe_url.rsplit(":", 1)[1], "--health-interval-s", "0.2"],
-            {**self.worker_env, "SIE_NATS_URL": self.nats.url}, root / "sidecar.log",
-        )  # fmt: skip
-        self.gateway = RoleProcess(
-            "gateway", ["--host", "127.0.0.1", "--port", str(self.port), "--gateway-request-timeout", "60"],
-            {"SIE_NATS_URL": self.nats.url}, root / "gateway.log",
-        )  # fmt: skip
-
-    def start_worker(self) -> RoleProcess:
-        log = self.root / f"worker-{time.monotonic()}.log"
-        return RoleProcess("worker", ["--preload", MINILM, *self.worker_args], self.worker_env, log)
-
-    def wait_serving(self, timeout_s: float = 120.0) -> None:
-        self.gateway.wait_http_ready(f"{self.url}/readyz")
-
-        def encodes() -> bool:  # once the worker has registered through its first heartbeats
-            response = httpx.post(f"{self.url}/v1/encode/{MINILM}", json={"items": [{"text": "ping"}]}, timeout=60)
-            return response.status_code == 200
-
-        if not holds_within(encodes, timeout_s, interval_s=0.2):
-            raise TimeoutError(f"cluster not serving:\n{self.gateway.log()}\n{self.sidecar.log()}\n{self.worker.log()}")
-
-    def stop(self) -> None:
-        for process in (self.gateway, self.sidecar, self.worker):
-            process.stop()
-        self.nats.stop()
 
 
 @pytest.fixture(scope="module")
