@@ -262,27 +262,21 @@ class Readiness:
 
     async def _keep_holding(self, hold: _Hold) -> None:
         hold.works = await self._settler.live(hold.works)  # work nobody waits for stops waiting for the load
-        now = self._clock()
-        waited_enough = self._held_long_enough(now, self._wall_clock())
-        expired = [work for work in hold.works if waited_enough(work)]
+        now, wall_now = self._clock(), self._wall_clock()
+        expired, hold.works = _partition(hold.works, lambda work: self._must_answer(work, now, wall_now))
         if expired:
-            hold.works = [work for work in hold.works if not waited_enough(work)]
             await self._settler.reply([(work, model_loading_result(work.item, self._worker_id)) for work in expired])
         if now - hold.progressed >= self._options.progress_s:
             hold.progressed = now
             await self._settler.in_progress(hold.works, now)
 
-    def _held_long_enough(self, now: float, wall_now: float) -> Callable[[Work], bool]:
+    def _must_answer(self, work: Work, now: float, wall_now: float) -> bool:
         """Whether held work must be answered now: its deadline is within ANSWER_MARGIN_S, or (work without a
         deadline, from an older gateway) it was held SIE_SIDECAR_LOAD_HOLD_S."""
-
-        def waited_enough(work: Work) -> bool:
-            deadline = work.item.deadline
-            if deadline is None:
-                return now - work.held_since >= self._options.hold_s
-            return deadline - wall_now <= ANSWER_MARGIN_S
-
-        return waited_enough
+        deadline = work.item.deadline
+        if deadline is None:
+            return now - work.held_since >= self._options.hold_s
+        return deadline - wall_now <= ANSWER_MARGIN_S
 
     async def _answer(self, response: EnsureModelReadyResponse, works: list[Work]) -> None:
         """Settle work the model cannot serve: failed, cooling down, or unknown to this worker. Cooling down
@@ -297,10 +291,11 @@ class Readiness:
         if response.state == MODEL_STATE_RETRY_LATER:
             delay_s = max(self._options.nak_delay_s, response.retry_after_s or 0.0)
             latest = self._wall_clock() + delay_s + ANSWER_MARGIN_S
-            retried = [work for work in works if work.item.deadline is not None and work.item.deadline > latest]
+            retried, works = _partition(
+                works, lambda work: work.item.deadline is not None and work.item.deadline > latest
+            )
             if retried:
                 await self._settler.nak(retried, delay_s)
-                works = [work for work in works if work.item.deadline is None or work.item.deadline <= latest]
         if works:
             await self._settler.reply([(work, reply(work)) for work in works])
 
@@ -313,3 +308,12 @@ class Readiness:
         if response.error_class == OOM_ERROR_CLASS:
             return lambda work: resource_exhausted_result(work.item, response, worker_id)
         return lambda work: load_failed_result(work.item, response, worker_id, permanent=False)
+
+
+def _partition(works: list[Work], chosen: Callable[[Work], bool]) -> tuple[list[Work], list[Work]]:
+    """(the works `chosen` says yes to, the others), each in order."""
+    yes: list[Work] = []
+    no: list[Work] = []
+    for work in works:
+        (yes if chosen(work) else no).append(work)
+    return yes, no
