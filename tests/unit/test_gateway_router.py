@@ -10,13 +10,15 @@ from sie.gateway.router import (
     LaneHints,
     Router,
     check_extract,
+    check_options,
     check_output_dtype,
     check_score,
     encode_outputs,
 )
 from sie.settings import LaneSettings
 from sie.transport.base import Lane
-from sie.wire.http import EncodeParams
+from sie.wire.http import EncodeParams, ExtractParams
+from sie.wire.queue import OPERATION_ENCODE, OPERATION_EXTRACT, OPERATION_SCORE
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 NO_HINTS = LaneHints()
@@ -149,14 +151,16 @@ def test_operation_checks_before_publishing(router: Router) -> None:
         encode_outputs(rampart, None)
     with pytest.raises(InvalidRequestError, match="does not support scoring"):
         check_score(rampart)
-    check_extract(rampart)
+    check_extract(rampart, None)
+    with pytest.raises(InvalidRequestError, match="'output_dtype' does not apply to extraction"):
+        check_extract(rampart, ExtractParams(output_dtype="int8"))
     minilm = router.route(MINILM, None, NO_HINTS)
     check_score(minilm)
     with pytest.raises(InvalidRequestError, match="does not support extraction"):
-        check_extract(minilm)
+        check_extract(minilm, None)
 
 
-def test_output_dtype_must_be_one_sie_serves() -> None:
+def test_output_dtype_must_be_one_sie_serves(router: Router) -> None:
     check_output_dtype(None)
     check_output_dtype(EncodeParams(output_dtype="binary", options={"output_dtype": "int8"}))
     with pytest.raises(InvalidRequestError, match="Unsupported output_dtype 'float64'"):
@@ -164,5 +168,26 @@ def test_output_dtype_must_be_one_sie_serves() -> None:
     # The SDK's DType lists bfloat16; no numpy vector can carry it, so it is refused before queueing.
     with pytest.raises(InvalidRequestError, match="Unsupported output_dtype 'bfloat16'"):
         check_output_dtype(EncodeParams(output_dtype="bfloat16"))
-    with pytest.raises(InvalidRequestError, match="Unsupported options.output_dtype 'bfloat16'"):
-        check_output_dtype(EncodeParams(options={"output_dtype": "bfloat16"}))
+    minilm = router.route(MINILM, None, NO_HINTS)
+    with pytest.raises(InvalidRequestError, match=r"Option 'output_dtype' must be null or one of .*'bfloat16'"):
+        check_options(minilm, {"output_dtype": "bfloat16"}, OPERATION_ENCODE, None)
+
+
+def test_options_are_checked_against_the_models_adapter(router: Router) -> None:
+    minilm = router.route(MINILM, None, NO_HINTS)
+    splade = router.route("rasyosef/splade-tiny", None, NO_HINTS)
+    rampart = router.route("nationaldesignstudio/rampart", None, NO_HINTS)
+    assert (minilm.adapter_kind, splade.adapter_kind, rampart.adapter_kind) == (
+        "dense", "sparse", "token_classification"
+    )  # fmt: skip
+    check_options(minilm, {"pooling": "cls", "normalize": False, "is_query": True, "future": 1}, "encode", "q:")
+    with pytest.raises(InvalidRequestError, match=r"Option 'pooling' must be null or one of \['mean', 'cls', 'last'\]"):
+        check_options(minilm, {"pooling": "max"}, OPERATION_ENCODE, None)
+    with pytest.raises(InvalidRequestError, match="Option 'pooling' does not apply to a sparse embedding model"):
+        check_options(splade, {"pooling": "cls"}, OPERATION_ENCODE, None)
+    with pytest.raises(InvalidRequestError, match="does not apply to a dense embedding model when scoring"):
+        check_options(minilm, {"output_dtype": "int8"}, OPERATION_SCORE, None)
+    with pytest.raises(InvalidRequestError, match="Option 'threshold' must be a number from 0 to 1"):
+        check_options(rampart, {"threshold": 7}, OPERATION_EXTRACT, None)
+    with pytest.raises(InvalidRequestError, match="Field 'instruction' has 5000 characters"):
+        check_options(minilm, None, OPERATION_ENCODE, "x" * 5000)

@@ -13,13 +13,15 @@ from typing import Any, Final
 import attrs
 
 from sie.catalog import Catalog, ModelConfig, parse_model_spec
+from sie.catalog.adapters import adapter_kind
 from sie.catalog.ids import is_valid_pool_name
 from sie.catalog.model import DEFAULT_PROFILE, ENCODE_OUTPUTS
 from sie.catalog.names import work_subject
+from sie.catalog.options import MAX_OPTION_TEXT_CHARS, option_problem
 from sie.gateway.errors import InvalidRequestError, MachineProfileNotConfiguredError
 from sie.settings import LaneSettings
 from sie.transport.base import Lane
-from sie.wire.http import OUTPUT_DTYPES, EncodeParams
+from sie.wire.http import OUTPUT_DTYPES, EncodeParams, ExtractParams
 
 CatalogSource = Callable[[], Catalog]
 
@@ -48,6 +50,8 @@ class Route:
     subject: str
     config: ModelConfig | None  # None only for the unseeded fallback (empty catalogue)
     default_outputs: tuple[str, ...] = ("dense",)
+    # The profile's kind of adapter (`sie.catalog.adapters`): which options the model reads; None when unknown.
+    adapter_kind: str | None = None
     # The expected bundle_config_hash of (bundle, lane pool) in the snapshot this route was resolved from;
     # "" when that scope has no routable models (legacy: workers accept unhashed work).
     bundle_config_hash: str = ""
@@ -112,7 +116,8 @@ class Router:
             resolution = catalog.resolve(target, parsed.bundle)
         entry = resolution.entry
         route = self._route(named, entry.model_id, entry.profile, resolution.bundle.name, model, hints)
-        return attrs.evolve(route, default_outputs=_default_outputs(model, entry.profile))
+        kind = adapter_kind(model.resolve_profile(entry.profile).adapter_path)
+        return attrs.evolve(route, default_outputs=_default_outputs(model, entry.profile), adapter_kind=kind)
 
     def _route(
         self, model: str, model_id: str, profile: str, bundle: str, config: ModelConfig | None, hints: LaneHints
@@ -181,17 +186,24 @@ def encode_outputs(route: Route, requested: list[str] | None) -> list[str]:
 
 
 def check_output_dtype(params: EncodeParams | None) -> None:
-    """`params.output_dtype` and the `output_dtype` option must be dtypes SIE serves (wire.http.OUTPUT_DTYPES),
-    refused here, before anything is queued."""
-    if params is None:
-        return
-    for field, value in (("output_dtype", params.output_dtype), ("options.output_dtype", _option_dtype(params))):
-        if value is not None and value not in OUTPUT_DTYPES:
-            raise InvalidRequestError(f"Unsupported {field} {value!r}. Supported: {list(OUTPUT_DTYPES)}")
+    """`params.output_dtype` must be a dtype SIE serves (wire.http.OUTPUT_DTYPES), refused here, before anything
+    is queued (the `output_dtype` option is checked with the other options)."""
+    dtype = params.output_dtype if params is not None else None
+    if dtype is not None and dtype not in OUTPUT_DTYPES:
+        raise InvalidRequestError(f"Unsupported output_dtype {dtype!r}. Supported: {list(OUTPUT_DTYPES)}")
 
 
-def _option_dtype(params: EncodeParams) -> Any:
-    return (params.options or {}).get("output_dtype")
+def check_options(route: Route, options: dict[str, Any] | None, operation: str, instruction: str | None) -> None:
+    """The request's options must be ones the route's model reads, with values they allow, and its
+    instruction of a sane length (`sie.catalog.options`): refused here, for this request alone, instead of
+    failing the batch it would share with others."""
+    if instruction is not None and len(instruction) > MAX_OPTION_TEXT_CHARS:
+        raise InvalidRequestError(
+            f"Field 'instruction' has {len(instruction)} characters; at most {MAX_OPTION_TEXT_CHARS} are accepted"
+        )
+    problem = option_problem(options, route.adapter_kind, operation)
+    if problem is not None:
+        raise InvalidRequestError(problem)
 
 
 def check_score(route: Route) -> None:
@@ -200,7 +212,11 @@ def check_score(route: Route) -> None:
         raise InvalidRequestError(f"Model '{route.model}' does not support scoring")
 
 
-def check_extract(route: Route) -> None:
-    """Extraction needs `tasks.extract`."""
+def check_extract(route: Route, params: ExtractParams | None) -> None:
+    """Extraction needs `tasks.extract`; its results hold no vectors, so an `output_dtype` is refused."""
     if route.config is not None and not route.config.tasks.extract:
         raise InvalidRequestError(f"Model '{route.model}' does not support extraction")
+    if params is not None and params.output_dtype is not None:
+        raise InvalidRequestError(
+            f"Field 'output_dtype' does not apply to extraction: model '{route.model}' returns no vectors"
+        )

@@ -21,8 +21,8 @@ from sie.gateway.offload import PayloadOffload
 from sie.gateway.publisher import WorkPublisher, publish_error
 from sie.gateway.router import LaneHints, Route, Router
 from sie.gateway.workitems import Ticket
-from sie.wire.http import EncodeRequest, ExtractRequest, ScoreRequest
-from sie.wire.queue import WorkItem, WorkResult
+from sie.wire.http import EncodeParams, EncodeRequest, ExtractParams, ExtractRequest, ScoreRequest
+from sie.wire.queue import OPERATION_ENCODE, OPERATION_EXTRACT, OPERATION_SCORE, WorkItem, WorkResult
 
 
 @attrs.frozen
@@ -54,6 +54,10 @@ def _fail_unless_stored(pending: PendingRequest, subject: str, stored: asyncio.F
 
 def _profile(options: dict[str, Any] | None) -> Any:
     return options.get("profile") if options else None
+
+
+def _instruction(params: EncodeParams | ExtractParams | None) -> str | None:
+    return params.instruction if params is not None else None
 
 
 class InferenceService:
@@ -88,6 +92,7 @@ class InferenceService:
         route = self._router.route(spec, _profile(params.options if params else None), hints)
         outputs = router.encode_outputs(route, params.output_types if params else None)
         router.check_output_dtype(params)
+        router.check_options(route, params.options if params else None, OPERATION_ENCODE, _instruction(params))
         return await self._run(route, lambda ticket: workitems.encode_work(route, ticket, request, outputs))
 
     async def embeddings(self, call: openai.EmbeddingsCall, hints: LaneHints) -> Served:
@@ -101,6 +106,7 @@ class InferenceService:
         self._limits.check(request.items, request.query)
         route = self._router.route(spec, _profile(request.options), hints)
         router.check_score(route)
+        router.check_options(route, request.options, OPERATION_SCORE, request.instruction)
         collected = await self._run(route, lambda ticket: workitems.score_work(route, ticket, request))
         assembly.check_failures(collected.results, per_item=False)
         body = assembly.score_body(route.model, request.query.id, collected.results[0])
@@ -110,7 +116,8 @@ class InferenceService:
         self._limits.check(request.items)
         params = request.params
         route = self._router.route(spec, _profile(params.options if params else None), hints)
-        router.check_extract(route)
+        router.check_extract(route, params)
+        router.check_options(route, params.options if params else None, OPERATION_EXTRACT, _instruction(params))
         collected = await self._run(route, lambda ticket: workitems.extract_work(route, ticket, request))
         failed = assembly.check_failures(collected.results)
         body = assembly.extract_body(route.model, request.items, collected.results, failed)

@@ -11,7 +11,7 @@ from typing import Any, Final, NewType
 import attrs
 import numpy as np
 
-from sie.wire._fields import OMIT_IF_NONE, FieldValueError, array, non_empty, omittable
+from sie.wire._fields import array, non_empty, omittable
 
 # Raw media bytes: msgpack bin, or a base64 string in a JSON body (seed 000 §2, gateway JSON edge).
 MediaBytes = NewType("MediaBytes", bytes)
@@ -58,35 +58,6 @@ class Item:
     multivector: np.ndarray | None = array(default=None, omit=True)
 
 
-# Options SIE itself reads, with the wire types each may hold; any other key belongs to the model's adapter and
-# passes as sent. A wrong type is refused as the body is decoded, naming the option, instead of where the option is
-# read: a template that is no string failed the sidecar's text preparation on every redelivery (a 504 after the
-# request timeout), a threshold that is no number failed the whole batch (a 500).
-OPTION_TYPES: Final[dict[str, tuple[type, ...]]] = {
-    "instruction": (str, type(None)),
-    "query_template": (str, type(None)),
-    "doc_template": (str, type(None)),
-    "pooling": (str, type(None)),
-    "threshold": (int, float),
-}
-_WIRE_NAMES: Final = {str: "str", int: "int", float: "float", bool: "bool", type(None): "null", list: "array",
-                      dict: "object", bytes: "bytes"}  # fmt: skip
-
-
-def _typed_options(instance: Any, attribute: attrs.Attribute, value: dict[str, Any] | None) -> None:
-    """Validator: each option SIE reads holds one of its wire types (a bool is no number)."""
-    for key, kinds in OPTION_TYPES.items():
-        if value is not None and key in value and type(value[key]) not in kinds:
-            expected = " | ".join(_WIRE_NAMES[kind] for kind in kinds)
-            got = _WIRE_NAMES.get(type(value[key]), type(value[key]).__name__)
-            raise FieldValueError(f"Expected `{expected}`, got `{got}`", f"{attribute.name}.{key}")
-
-
-def options_field() -> Any:
-    """An omittable `options` map whose SIE-read keys must hold their wire types (OPTION_TYPES)."""
-    return attrs.field(default=None, validator=_typed_options, metadata={OMIT_IF_NONE: True})
-
-
 # The encode output dtypes SIE serves (contracts Part B §1.2): what `params.output_dtype` and the
 # `output_dtype` option may name. The SDK's DType also lists bfloat16, which the public server refuses too:
 # numpy has no bfloat16, so no vector could carry it.
@@ -100,7 +71,7 @@ class EncodeParams:
     output_types: list[str] | None = omittable()
     output_dtype: str | None = omittable()
     instruction: str | None = omittable()
-    options: dict[str, Any] | None = options_field()
+    options: dict[str, Any] | None = omittable()
 
 
 @attrs.frozen(kw_only=True)
@@ -118,7 +89,7 @@ class ScoreRequest:
     query: Item
     items: list[Item] = attrs.field(validator=non_empty)
     instruction: str | None = omittable()
-    options: dict[str, Any] | None = options_field()
+    options: dict[str, Any] | None = omittable()
 
 
 @attrs.frozen(kw_only=True)
@@ -128,7 +99,9 @@ class ExtractParams:
     labels: list[str] | None = omittable()
     output_schema: dict[str, Any] | None = omittable()
     instruction: str | None = omittable()
-    options: dict[str, Any] | None = options_field()
+    options: dict[str, Any] | None = omittable()
+    # Extraction returns no vectors: the gateway refuses a request that sets it rather than ignore it.
+    output_dtype: str | None = omittable()
 
 
 @attrs.frozen(kw_only=True)

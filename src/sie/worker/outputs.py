@@ -9,9 +9,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from sie.catalog.options import POOLING_MODES
 from sie.wire.http import OUTPUT_DTYPES
 
-POOLING_MODES = ("mean", "cls", "last")
 _SPARSE_ALLOWED = ("float32", "float16")
 
 

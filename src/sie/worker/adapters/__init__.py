@@ -1,11 +1,10 @@
-"""ONNX adapters by module name: this project's `sie.adapters.*` and the public SIE names they serve.
-
-A model profile's `adapter_path` is `module:Class`; only the module part selects the adapter here,
-so public SIE YAMLs (e.g. `sie_server.adapters.sentence_transformer:…`) run unchanged.
+"""ONNX adapters by kind of model: a profile's `adapter_path` names a kind (`sie.catalog.adapters`, where
+public SIE module names map too, so their YAMLs run unchanged) and the kind selects the class here.
 """
 
 from __future__ import annotations
 
+from sie.catalog.adapters import ADAPTER_KINDS, adapter_kind, adapter_module
 from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult
 from sie.worker.adapters.cross_encoder import CrossEncoderAdapter
 from sie.worker.adapters.dense import DenseAdapter
@@ -14,21 +13,11 @@ from sie.worker.adapters.sparse import SpladeAdapter
 from sie.worker.adapters.token_classification import TokenClassificationAdapter
 from sie.worker.errors import ModelLoadError
 
+# The class that runs each kind of model (`sie.catalog.adapters` maps adapter modules to kinds).
 ADAPTERS: dict[str, type[Adapter]] = {
-    "sie.adapters.dense": DenseAdapter,
-    "sie.adapters.sparse": SpladeAdapter,
-    "sie.adapters.multivector": MultivectorAdapter,
-    "sie.adapters.cross_encoder": CrossEncoderAdapter,
-    "sie.adapters.token_classification": TokenClassificationAdapter,
-    # public SIE module names served by the adapters above
-    "sie_server.adapters.sentence_transformer": DenseAdapter,
-    "sie_server.adapters.bert_flash": DenseAdapter,
-    "sie_server.adapters.pytorch_embedding": DenseAdapter,
-    "sie_server.adapters.splade_flash": SpladeAdapter,
-    "sie_server.adapters.splade_flash.adapter": SpladeAdapter,
-    "sie_server.adapters.cross_encoder": CrossEncoderAdapter,
-    "sie_server.adapters.bert_flash_cross_encoder": CrossEncoderAdapter,
-    "sie_server.adapters.colbert": MultivectorAdapter,
+    adapter.kind: adapter
+    for adapter in (DenseAdapter, SpladeAdapter, MultivectorAdapter, CrossEncoderAdapter, TokenClassificationAdapter)
+    if adapter.kind is not None
 }
 
 # The ONNX head a safetensors checkpoint is converted with, per adapter.
@@ -43,11 +32,11 @@ CONVERSION_HEADS: dict[type[Adapter], str] = {
 
 def adapter_class(adapter_path: str | None) -> type[Adapter]:
     """The adapter for `module:Class`; an unknown module is a DEPENDENCY load failure."""
-    module = (adapter_path or "").split(":", 1)[0]
-    adapter = ADAPTERS.get(module)
-    if adapter is None:
-        raise ModelLoadError("DEPENDENCY", f"unknown adapter module {module!r}; this worker runs {sorted(ADAPTERS)}")
-    return adapter
+    kind = adapter_kind(adapter_path)
+    if kind is None:
+        known = sorted(ADAPTER_KINDS)
+        raise ModelLoadError("DEPENDENCY", f"unknown adapter module {adapter_module(adapter_path)!r}; known: {known}")
+    return ADAPTERS[kind]
 
 
 __all__ = [

@@ -15,6 +15,7 @@ import attrs
 import numpy as np
 
 from sie.catalog.model import ModelConfig, Profile
+from sie.catalog.options import option_problem
 from sie.tokenization import TextTokenizer
 from sie.wire import codes
 from sie.worker.run_memory import DEFAULT_RUN_MEMORY_BYTES, RunMemory, run_in_slices
@@ -93,6 +94,7 @@ class AdapterContext:
 class Adapter:
     """Base class: subclasses declare what they produce and implement the operations they support."""
 
+    kind: ClassVar[str | None] = None  # `sie.catalog.adapters` kind: which request options it reads
     encode_outputs: ClassVar[tuple[str, ...]] = ()
     supports_score: ClassVar[bool] = False
     supports_extract: ClassVar[bool] = False
@@ -110,6 +112,12 @@ class Adapter:
     @property
     def default_output(self) -> str:
         return self.encode_outputs[0] if self.encode_outputs else ""
+
+    def refused_options(self, request_options: Mapping[str, Any] | None, operation: str) -> ItemResult | None:
+        """An INVALID_INPUT result when the request's own options are ones this kind of model does not read or
+        hold values they do not allow (`sie.catalog.options`; the gateway refuses them first); else None."""
+        problem = option_problem(request_options, self.kind, operation)
+        return invalid(problem) if problem is not None else None
 
     def options_for(self, request_options: Mapping[str, Any] | None) -> dict[str, Any]:
         """Profile runtime options overlaid by the request's options (request wins)."""

@@ -7,7 +7,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from sie.catalog.adapters import CROSS_ENCODER
 from sie.tokenization import pad_batch, prepare_text
+from sie.wire.ipc_batch import OP_SCORE
 from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult, Stopwatch, invalid
 from sie.worker.adapters.encoder import first_output, item_text, ranked_scores
 from sie.worker.adapters.feeds import bert_feeds
@@ -24,6 +26,7 @@ def relevance(logits: np.ndarray) -> np.ndarray:
 class CrossEncoderAdapter(Adapter):
     """`sie.adapters.cross_encoder`: score only."""
 
+    kind: ClassVar[str | None] = CROSS_ENCODER
     supports_score: ClassVar[bool] = True
 
     def __init__(self, context: AdapterContext) -> None:
@@ -34,9 +37,10 @@ class CrossEncoderAdapter(Adapter):
         watch = Stopwatch()
         pairs: list[tuple[str, str]] = []
         spans: list[range | None] = []
-        for item in items:
+        refusals = [self.refused_options(item.options, OP_SCORE) for item in items]
+        for item, refused in zip(items, refusals, strict=True):
             query, docs = item_text(item.query_item), [item_text(doc) for doc in item.score_items]
-            if query is None or not docs or any(doc is None for doc in docs):
+            if refused or query is None or not docs or any(doc is None for doc in docs):
                 spans.append(None)
                 continue
             options = self.options_for(item.options)
@@ -44,7 +48,10 @@ class CrossEncoderAdapter(Adapter):
             start = len(pairs)
             pairs.extend((query, doc) for doc in docs)
             spans.append(range(start, len(pairs)))
-        results = [ItemResult() if span else invalid("Score needs a text query and text items") for span in spans]
+        results = [
+            refused or (ItemResult() if span else invalid("Score needs a text query and text items"))
+            for span, refused in zip(spans, refusals, strict=True)
+        ]
         if pairs:
             with watch.stage("tokenization"):
                 tokens = self.tokenizer.encode_batch(pairs)

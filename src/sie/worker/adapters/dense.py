@@ -6,6 +6,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from sie.catalog.adapters import DENSE
 from sie.tokenization import PaddedBatch
 from sie.worker.adapters.base import AdapterContext
 from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, first_output
@@ -16,6 +17,7 @@ from sie.worker.outputs import l2_normalize, pool, quantize
 class DenseAdapter(TextEncoderAdapter):
     """`sie.adapters.dense`: one vector per text; score is cosine similarity."""
 
+    kind: ClassVar[str | None] = DENSE
     encode_outputs: ClassVar[tuple[str, ...]] = ("dense",)
 
     def __init__(self, context: AdapterContext) -> None:

@@ -13,9 +13,8 @@ import numpy as np
 
 from sie.tokenization import PaddedBatch, TokenizedText, pad_batch, prepare_text
 from sie.wire import codes
-from sie.wire.http import OUTPUT_DTYPES
+from sie.wire.ipc_batch import OP_ENCODE, OP_SCORE
 from sie.worker.adapters.base import Adapter, BatchResult, ItemResult, Stopwatch, invalid
-from sie.worker.outputs import POOLING_MODES
 
 
 @attrs.frozen
@@ -86,6 +85,9 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
         text = item_text(item.item)
         if text is None:
             return invalid("Item has no text; this model accepts text input only")
+        refused = self.refused_options(item.options, OP_ENCODE)
+        if refused is not None:
+            return refused
         options = self.options_for(item.options)
         output_types = tuple(item.output_types or options.get("output_types") or (self.default_output,))
         unsupported = sorted(set(output_types) - set(self.encode_outputs))
@@ -95,11 +97,6 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
                 f"Supported: {set(self.encode_outputs)}"
             )
         output_dtype = options.get("output_dtype") or "float32"
-        if output_dtype not in OUTPUT_DTYPES:
-            return invalid(f"Unknown output_dtype {output_dtype!r}; expected one of {list(OUTPUT_DTYPES)}")
-        pooling = options.get("pooling")
-        if pooling is not None and pooling not in POOLING_MODES:
-            return invalid(f"Unknown pooling {pooling!r}; expected one of {list(POOLING_MODES)}")
         prepared = self._prepared(item)
         text = prepare_text(
             text,
@@ -147,9 +144,10 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
         texts: list[str] = []
         spans: list[tuple[int, range] | None] = []
         for item in items:
-            span = self._score_texts(item, texts)
+            refused = self.refused_options(item.options, OP_SCORE)
+            span = None if refused else self._score_texts(item, texts)
             spans.append(span)
-            results.append(ItemResult() if span else invalid("Score needs a text query and text items"))
+            results.append(refused or (ItemResult() if span else invalid("Score needs a text query and text items")))
         if texts:
             with watch.stage("tokenization"):
                 tokens = self.tokenizer.encode_batch(texts)

@@ -6,6 +6,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from sie.catalog.adapters import MULTIVECTOR
 from sie.tokenization import PaddedBatch
 from sie.worker.adapters.base import AdapterContext
 from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, first_output
@@ -16,6 +17,7 @@ from sie.worker.outputs import l2_normalize, quantize
 class MultivectorAdapter(TextEncoderAdapter):
     """`sie.adapters.multivector`: token vectors per text; score is MaxSim (sum over query tokens of the best match)."""
 
+    kind: ClassVar[str | None] = MULTIVECTOR
     encode_outputs: ClassVar[tuple[str, ...]] = ("multivector",)
 
     def __init__(self, context: AdapterContext) -> None:

@@ -13,6 +13,7 @@ from typing import ClassVar, Final
 
 import numpy as np
 
+from sie.catalog.adapters import SPARSE
 from sie.tokenization import PaddedBatch
 from sie.worker.adapters.base import AdapterContext
 from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, first_output
@@ -51,6 +52,7 @@ def splade_pool(logits: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
 class SpladeAdapter(TextEncoderAdapter):
     """`sie.adapters.sparse`: sparse vectors with `dims` = vocabulary size; score is the sparse dot product."""
 
+    kind: ClassVar[str | None] = SPARSE
     encode_outputs: ClassVar[tuple[str, ...]] = ("sparse",)
 
     def __init__(self, context: AdapterContext) -> None:

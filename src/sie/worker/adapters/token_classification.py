@@ -10,7 +10,9 @@ from typing import Any, ClassVar
 import attrs
 import numpy as np
 
+from sie.catalog.adapters import TOKEN_CLASSIFICATION
 from sie.tokenization import TokenizedText, pad_batch
+from sie.wire.ipc_batch import OP_EXTRACT
 from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult, Stopwatch, invalid
 from sie.worker.adapters.encoder import first_output, item_text
 from sie.worker.adapters.feeds import bert_feeds
@@ -75,6 +77,7 @@ def _id2label(config: Mapping[str, Any]) -> dict[int, str]:
 class TokenClassificationAdapter(Adapter):
     """`sie.adapters.token_classification`: extract only; labels come from config.json `id2label`."""
 
+    kind: ClassVar[str | None] = TOKEN_CLASSIFICATION
     supports_extract: ClassVar[bool] = True
 
     def __init__(self, context: AdapterContext) -> None:
@@ -87,8 +90,12 @@ class TokenClassificationAdapter(Adapter):
     def extract(self, items: Sequence[Any]) -> BatchResult:
         watch = Stopwatch()
         texts = [item_text(item.item) for item in items]
-        valid = [index for index, text in enumerate(texts) if text is not None]
-        results = [ItemResult() if text is not None else invalid("Item has no text") for text in texts]
+        results = [
+            self.refused_options(item.options, OP_EXTRACT)
+            or (ItemResult() if text is not None else invalid("Item has no text"))
+            for item, text in zip(items, texts, strict=True)
+        ]
+        valid = [index for index, text in enumerate(texts) if text is not None and results[index].ok]
         if valid:
             with watch.stage("tokenization"):
                 tokens = self.tokenizer.encode_batch([texts[index] for index in valid])

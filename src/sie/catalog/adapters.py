@@ -1,0 +1,44 @@
+"""Adapter kinds: which kind of model an `adapter_path` names, by its module part.
+
+A profile's `adapter_path` is `module:Class`; only the module selects the kind, so public SIE YAMLs
+(`sie_server.adapters.sentence_transformer:…`) name the same kinds as this project's `sie.adapters.*`.
+The worker maps each kind to the class that runs it; the gateway reads the kind to check a request's
+options before anything is queued (`sie.catalog.options`).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+DENSE: Final = "dense"
+SPARSE: Final = "sparse"
+MULTIVECTOR: Final = "multivector"
+CROSS_ENCODER: Final = "cross_encoder"
+TOKEN_CLASSIFICATION: Final = "token_classification"
+
+ADAPTER_KINDS: Final[dict[str, str]] = {
+    "sie.adapters.dense": DENSE,
+    "sie.adapters.sparse": SPARSE,
+    "sie.adapters.multivector": MULTIVECTOR,
+    "sie.adapters.cross_encoder": CROSS_ENCODER,
+    "sie.adapters.token_classification": TOKEN_CLASSIFICATION,
+    # public SIE module names served by the kinds above
+    "sie_server.adapters.sentence_transformer": DENSE,
+    "sie_server.adapters.bert_flash": DENSE,
+    "sie_server.adapters.pytorch_embedding": DENSE,
+    "sie_server.adapters.splade_flash": SPARSE,
+    "sie_server.adapters.splade_flash.adapter": SPARSE,
+    "sie_server.adapters.cross_encoder": CROSS_ENCODER,
+    "sie_server.adapters.bert_flash_cross_encoder": CROSS_ENCODER,
+    "sie_server.adapters.colbert": MULTIVECTOR,
+}
+
+
+def adapter_module(adapter_path: str | None) -> str:
+    """The module part of `module:Class` ("" for none)."""
+    return (adapter_path or "").split(":", 1)[0]
+
+
+def adapter_kind(adapter_path: str | None) -> str | None:
+    """The kind of model `adapter_path` runs, or None for a module SIE does not serve."""
+    return ADAPTER_KINDS.get(adapter_module(adapter_path))

@@ -1,0 +1,149 @@
+"""Request options: the keys SIE reads from a request's `options`, the values each may hold, which kinds of
+model read each, and the check that refuses a bad one naming the option and what it allows (issue 14 §1).
+
+The gateway runs `option_problem` before anything is queued, so a malformed option is a 400 for its own
+request and never reaches a batch it shares with other requests; the worker runs it again per item for
+work that did not pass a gateway (an older one, a direct publisher), failing only that item.
+
+Keys SIE does not know pass unchecked: they belong to a newer client or to a profile's adapter, and the
+SDK merges its client-level options into every call. A key SIE knows but the model's kind does not read
+(`pooling` on a cross-encoder) is refused, since silently ignoring it would answer something the caller
+did not ask for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import attrs
+
+from sie.catalog.adapters import CROSS_ENCODER, DENSE, MULTIVECTOR, SPARSE, TOKEN_CLASSIFICATION
+from sie.catalog.model import ENCODE_OUTPUTS
+from sie.wire.http import OUTPUT_DTYPES
+from sie.wire.queue import OPERATION_SCORE
+
+POOLING_MODES: Final = ("mean", "cls", "last")
+# Instructions and templates are prefixes and wrappers of an item's text; one longer than this is no
+# instruction, and a template repeating `{text}` would multiply the item's size.
+MAX_OPTION_TEXT_CHARS: Final = 4096
+TEXT_PLACEHOLDER: Final = "{text}"
+
+
+@attrs.frozen
+class OptionRule:
+    """What one option may hold: `allows` describes it to the caller, `accepts` decides."""
+
+    allows: str
+    accepts: Callable[[Any], bool]
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _is_text(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and len(value) <= MAX_OPTION_TEXT_CHARS)
+
+
+def _is_template(value: Any) -> bool:
+    return _is_text(value) and (value is None or value.count(TEXT_PLACEHOLDER) <= 1)
+
+
+def _one_of(choices: tuple[str, ...]) -> OptionRule:
+    return OptionRule(f"null or one of {list(choices)}", lambda value: value is None or value in choices)
+
+
+def _is_probability(value: Any) -> bool:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return number and math.isfinite(value) and 0.0 <= value <= 1.0
+
+
+def _is_output_types(value: Any) -> bool:
+    if value is None:
+        return True
+    return isinstance(value, list) and bool(value) and all(kind in ENCODE_OUTPUTS for kind in value)
+
+
+def _is_unset(value: Any) -> bool:
+    return value is None or value is False or value == ""
+
+
+_TEXT = f"null or a string of at most {MAX_OPTION_TEXT_CHARS} characters"
+RULES: Final[dict[str, OptionRule]] = {
+    "profile": OptionRule("a profile name (string)", lambda value: isinstance(value, str)),
+    "is_query": OptionRule("true or false", _is_bool),
+    "instruction": OptionRule(_TEXT, _is_text),
+    "query_template": OptionRule(f"{_TEXT} holding {TEXT_PLACEHOLDER} at most once", _is_template),
+    "doc_template": OptionRule(f"{_TEXT} holding {TEXT_PLACEHOLDER} at most once", _is_template),
+    "truncate": OptionRule("true or false", _is_bool),
+    "output_types": OptionRule(f"null or a non-empty list of {list(ENCODE_OUTPUTS)}", _is_output_types),
+    "output_dtype": _one_of(OUTPUT_DTYPES),
+    "pooling": _one_of(POOLING_MODES),
+    "normalize": OptionRule("true or false", _is_bool),
+    "threshold": OptionRule("a number from 0 to 1", _is_probability),
+    # Features of the public server this one does not have: only their "off" values are accepted.
+    "lora_id": OptionRule("null (LoRA adapters are not supported)", _is_unset),
+    "lora": OptionRule("null (LoRA adapters are not supported)", _is_unset),
+    "muvera": OptionRule("null or false (MUVERA is not supported)", _is_unset),
+}
+
+_EVERY_KIND: Final = frozenset({"profile", "is_query", "lora_id", "lora", "muvera"})
+_TEXT_ENCODER: Final = _EVERY_KIND | {
+    "instruction",
+    "query_template",
+    "doc_template",
+    "truncate",
+    "output_types",
+    "output_dtype",
+}
+# The options each kind of model reads (`sie.catalog.adapters`) in its own operation: encode for the text
+# encoders, score for the cross-encoder, extract for entity extraction.
+READ_BY_KIND: Final[dict[str, frozenset[str]]] = {
+    DENSE: _TEXT_ENCODER | {"pooling", "normalize"},
+    SPARSE: _TEXT_ENCODER,
+    MULTIVECTOR: _TEXT_ENCODER,
+    CROSS_ENCODER: _EVERY_KIND | {"instruction"},
+    TOKEN_CLASSIFICATION: _EVERY_KIND | {"threshold"},
+}
+# A text encoder scoring compares normalised representations: no vectors are returned, so nothing shapes them.
+READ_WHEN_SCORING: Final = _EVERY_KIND | {"instruction", "query_template", "doc_template"}
+_TEXT_ENCODERS: Final = frozenset({DENSE, SPARSE, MULTIVECTOR})
+_KIND_NAMES: Final = {
+    DENSE: "a dense embedding model",
+    SPARSE: "a sparse embedding model",
+    MULTIVECTOR: "a multi-vector model",
+    CROSS_ENCODER: "a cross-encoder",
+    TOKEN_CLASSIFICATION: "an entity extraction model",
+}
+
+
+def options_read(kind: str | None, operation: str) -> frozenset[str] | None:
+    """The options a model of `kind` reads in `operation`; None for a kind SIE does not know."""
+    if kind in _TEXT_ENCODERS and operation == OPERATION_SCORE:
+        return READ_WHEN_SCORING
+    return READ_BY_KIND.get(kind or "")
+
+
+def option_problem(options: Mapping[str, Any] | None, kind: str | None, operation: str) -> str | None:
+    """Why request `options` cannot run in `operation` on a model of adapter `kind` (None when unknown: values
+    are still checked), as a message naming the first bad option and what it allows; None when they can."""
+    read = options_read(kind, operation)
+    for key, value in (options or {}).items():
+        rule = RULES.get(key)
+        if rule is None:
+            continue
+        if read is not None and key not in read:
+            when = " when scoring" if operation == OPERATION_SCORE and kind in _TEXT_ENCODERS else ""
+            model = _KIND_NAMES[kind or ""]
+            return f"Option '{key}' does not apply to {model}{when}; it reads {sorted(read)}"
+        if not rule.accepts(value):
+            return f"Option '{key}' must be {rule.allows}; got {_shown(value)}"
+    return None
+
+
+def _shown(value: Any) -> str:
+    """The offending value as the caller sent it, cut short (it may be large)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
