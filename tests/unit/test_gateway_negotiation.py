@@ -82,6 +82,17 @@ def test_malformed_bodies_are_decode_errors() -> None:
         decode_request(b"\xc1", "application/msgpack", EncodeRequest)
 
 
+@pytest.mark.parametrize("trailing", [b"\x01", b"\x01\x02", packb({"items": [{"text": "b"}]}), b"\xc1"])
+def test_msgpack_bodies_with_bytes_after_their_object_are_refused(trailing: bytes) -> None:
+    body = packb({"items": [{"text": "a"}]})
+    assert decode_request(body, "application/msgpack", EncodeRequest).items[0].text == "a"
+    with pytest.raises(DecodeError, match="bytes follow the end of the body's object"):
+        decode_request(body + trailing, "application/msgpack", EncodeRequest)
+    # One byte is the smallest whole body; its check reads an empty prefix.
+    with pytest.raises(DecodeError, match="Object missing required field `items`"):
+        decode_request(b"\x80", "application/msgpack", EncodeRequest)
+
+
 def test_unknown_fields_are_ignored_and_base64_media_is_decoded() -> None:
     body = b'{"items":[{"text":"a","extra":1,"images":[{"data":"aGVsbG8=","format":"png"}]}],"zzz":true}'
     request = decode_request(body, "application/json", EncodeRequest)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Final, TypeVar
 
-from sie.wire import DecodeError, dumps_json, loads_json, packb, structure, unpackb
+from sie.wire import DecodeError, dumps_json, loads_json, packb, structure
+from sie.wire.codec import unpackb_whole
 
 T = TypeVar("T")
 
@@ -33,7 +34,7 @@ def wants_msgpack(accept: str | None) -> bool:
 
 def decode_data(body: bytes, content_type: str | None) -> Any:
     """The body as plain data; malformed bytes raise DecodeError."""
-    return unpackb(body) if is_msgpack_body(content_type) else loads_json(body)
+    return unpackb_whole(body) if is_msgpack_body(content_type) else loads_json(body)
 
 
 def decode_request(body: bytes, content_type: str | None, cls: type[T]) -> T:

@@ -47,6 +47,21 @@ def unpackb(data: bytes | bytearray | memoryview) -> Any:
     return decode_arrays(obj)
 
 
+def unpackb_whole(data: bytes) -> Any:
+    """Deserialize msgpack that must be exactly one object, as an HTTP body is: bytes after it are refused.
+
+    ormsgpack stops at the end of the first object and says nothing of the rest. msgpack objects are
+    prefix-free, so the body holds more than one object exactly when all but its last byte still decode;
+    that second decode fails at the end of the data in the common case, at about the cost of the first.
+    """
+    obj = unpackb(data)
+    try:
+        ormsgpack.unpackb(memoryview(data)[:-1], option=_MSGPACK_OPTIONS)
+    except (ormsgpack.MsgpackDecodeError, ValueError, TypeError):
+        return obj
+    raise DecodeError("MessagePack data is malformed: bytes follow the end of the body's object")
+
+
 def _json_default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         if obj.dtype.kind in "fiub" and obj.dtype.isnative:
