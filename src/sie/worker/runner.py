@@ -3,8 +3,9 @@ off the event loop, answered with one outcome per item.
 
 `execute` returns Python results; `to_batch_outcome` frames them as the IPC BatchOutcome the sidecar
 expects, each item's result as a ResultBody value that is packed only if it crosses the IPC socket (in
-`--role all` it never is). The runner also measures what each model's batches cost (ModelUsage), which the
-sidecar's placement reads through ModelControlStatus.
+`--role all` it never is). An adapter call that raises fails only the items that fail on their own (the
+batch runs again in halves, see `BatchRunner._run`). The runner also measures what each model's batches cost
+(ModelUsage), which the sidecar's placement reads through ModelControlStatus.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ HASH_GATE_NAK_DELAY_MS = 5000
 _OPERATIONS = (OP_ENCODE, OP_SCORE, OP_EXTRACT)
 # How onnxruntime (CPU arena, CUDA) and the C++ runtime word a failed allocation.
 _ALLOCATION_FAILURES = ("failed to allocate", "bad_alloc", "out of memory", "cudaerrormemoryallocation")
-# Retry-After of a batch that could not allocate even one item at a time.
+# Retry-After of an item that could not allocate even alone.
 RESOURCE_EXHAUSTED_RETRY_AFTER_S = 5
 
 
@@ -59,14 +60,13 @@ COST_EMA_WEIGHT = 0.2
 
 @attrs.frozen
 class ExecutedBatch:
-    """A batch's per-item results in request order, or one reason every item is NAKed for retry."""
+    """A batch's per-item results in request order, or one reason every item is NAKed for retry or failed."""
 
     results: BatchResult | None = None
     nak_reason: str | None = None
     error: str | None = None
     error_code: str | None = None
     nak_delay_ms: int = NOT_LOADED_NAK_DELAY_MS
-    retry_after_s: int | None = None
 
 
 def item_hashes(request: RunBatchRequest) -> list[str]:
@@ -118,6 +118,16 @@ def _timed(method: Callable[[list[Any]], BatchResult], items: list[Any]) -> tupl
     return results, time.perf_counter() - started
 
 
+@attrs.frozen
+class _Completed:
+    """What a batch's adapter calls produced: per-item results in order, and the items and seconds of the
+    calls that returned (the work ModelUsage records; a call that raised is not counted)."""
+
+    results: BatchResult
+    items_run: int
+    seconds: float
+
+
 class BatchRunner:
     """Runs batches on the manager's loaded models; the adapter call happens in `executor`. `usage` holds each
     model's measured cost by model id."""
@@ -128,20 +138,36 @@ class BatchRunner:
         self.usage: dict[str, ModelUsage] = {}
 
     async def _run(
-        self, method: Callable[[list[Any]], BatchResult], items: list[Any], model_id: str
-    ) -> tuple[BatchResult, float]:
-        """Run the adapter call in the executor; a batch that cannot allocate runs again in halves, down to
-        single items (issue 13 §1: a worker allocation failure splits the batch, it is not a 500)."""
+        self, method: Callable[[list[Any]], BatchResult], items: list[Any], request: RunBatchRequest
+    ) -> _Completed:
+        """Run the adapter call in the executor. A call over several items that raises runs again in halves,
+        recursively, so an item that fails alone gets its own error and its batch-mates their results: one
+        bad item never fails its neighbours (issue 14 §1), and a batch that cannot allocate fits in smaller
+        parts (issue 13 §1).
+
+        Only a call that raises is split, into two, so the calls form a binary tree with at most N leaves: an
+        N-item batch costs at most 2N-1 adapter calls however many of its items fail.
+        """
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.executor, _timed, method, items)
-        except Exception as exc:
-            if len(items) == 1 or not allocation_failure(exc):
-                raise
-            logger.warning("a batch of %d items of %s could not allocate; running it in halves", len(items), model_id)
+            results, seconds = await asyncio.get_running_loop().run_in_executor(self.executor, _timed, method, items)
+            return _Completed(results, len(items), seconds)
+        except Exception as exc:  # noqa: BLE001 - an adapter failure becomes errors of the items causing it
+            if len(items) == 1:
+                logger.exception(
+                    "item %s of batch %s of %s failed", items[0].work_item_id, request.batch_id, request.model_id
+                )
+                return _Completed(BatchResult([_item_failed(exc, request.model_id)]), 0, 0.0)
+            reason = "could not allocate" if allocation_failure(exc) else type(exc).__name__
+            logger.warning(
+                "%d items of batch %s of %s failed together (%s); running them in halves",
+                len(items), request.batch_id, request.model_id, reason,
+            )  # fmt: skip
         half = len(items) // 2
-        first, first_s = await self._run(method, items[:half], model_id)
-        second, second_s = await self._run(method, items[half:], model_id)
-        return _joined(first, second), first_s + second_s
+        first = await self._run(method, items[:half], request)
+        second = await self._run(method, items[half:], request)
+        return _Completed(
+            _joined(first.results, second.results), first.items_run + second.items_run, first.seconds + second.seconds
+        )
 
     @property
     def compute_seconds_total(self) -> float:
@@ -162,25 +188,24 @@ class BatchRunner:
         items = [getattr(item, op) for item in request.items]
         if any(item is None for item in items):
             return ExecutedBatch(error=f"RunBatch item without its {op} body", error_code=codes.QUEUE_INFERENCE_ERROR)
-        try:
-            results, seconds = await self._run(method, items, request.model_id)
-        except Exception as exc:  # noqa: BLE001 - an adapter failure becomes per-item errors, never a crash
-            logger.exception("batch %s of %s failed", request.batch_id, request.model_id)
-            return _failed(exc, request.model_id)
-        self.usage.setdefault(loaded.model_id, ModelUsage()).record(len(items), seconds)
-        return ExecutedBatch(results=results)
+        if not items:  # nothing to run, and nothing `_run` could split
+            return ExecutedBatch(results=BatchResult([]))
+        completed = await self._run(method, items, request)
+        if completed.items_run:
+            self.usage.setdefault(loaded.model_id, ModelUsage()).record(completed.items_run, completed.seconds)
+        return ExecutedBatch(results=completed.results)
 
 
-def _failed(exc: Exception, model_id: str) -> ExecutedBatch:
-    """A failed batch as the caller sees it: no runtime internals (the log has them)."""
+def _item_failed(exc: Exception, model_id: str) -> ItemResult:
+    """An item whose adapter call raised even alone, as the caller sees it: the model and the exception type,
+    never the exception's text (it may hold runtime internals such as source paths; the log has it)."""
     if allocation_failure(exc):
-        return ExecutedBatch(
-            error=f"Model '{model_id}' ran out of memory even one item at a time; retry later or send shorter input",
+        return ItemResult(
+            error=f"Model '{model_id}' ran out of memory on this item alone; retry later or send shorter input",
             error_code=codes.RESOURCE_EXHAUSTED,
-            retry_after_s=RESOURCE_EXHAUSTED_RETRY_AFTER_S,
         )
-    return ExecutedBatch(
-        error=f"Model '{model_id}' failed to run this batch ({type(exc).__name__}); the worker log has the details",
+    return ItemResult(
+        error=f"Model '{model_id}' failed on this item ({type(exc).__name__}); the worker log has the details",
         error_code=codes.QUEUE_INFERENCE_ERROR,
     )
 
@@ -210,6 +235,7 @@ def _outcome(item: Any, result: ItemResult, batch: BatchResult) -> ItemOutcome:
             result_msgpack=ResultBody.of(result.result),
             **timings,
         )
+    exhausted = result.error_code == codes.RESOURCE_EXHAUSTED
     return ItemOutcome(
         work_item_id=item.work_item_id,
         request_id=item.request_id,
@@ -217,6 +243,7 @@ def _outcome(item: Any, result: ItemResult, batch: BatchResult) -> ItemOutcome:
         disposition=DISPOSITION_PUBLISH_ERROR_AND_ACK,
         error=result.error,
         error_code=result.error_code,
+        retry_after_s=RESOURCE_EXHAUSTED_RETRY_AFTER_S if exhausted else None,
         **timings,
     )
 
@@ -238,7 +265,6 @@ def to_batch_outcome(request: RunBatchRequest, executed: ExecutedBatch) -> Batch
                 nak_delay_ms=executed.nak_delay_ms if nak else 0,
                 error=executed.nak_reason or executed.error,
                 error_code=None if nak else executed.error_code,
-                retry_after_s=None if nak else executed.retry_after_s,
             )
         )
     return BatchOutcome(outcomes=outcomes)
