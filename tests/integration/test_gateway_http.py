@@ -384,6 +384,22 @@ async def test_no_consumer_is_503_provisioning(catalog: Catalog) -> None:
         assert openai.json()["error"]["code"] == "PROVISIONING" and openai.json()["error"]["type"] == "server_error"
 
 
+async def test_a_machine_profile_no_capacity_can_come_for_is_400_not_provisioning(catalog: Catalog) -> None:
+    async with Gateway(catalog, worker=False) as gateway:
+        unknown = await gateway.client.post(ENCODE, json=TEXT, headers={"x-sie-machine-profile": "nonesuch"})
+        detail = assert_error(unknown, 400, "INVALID_INPUT", None, "detail")
+        assert detail["requested_profile"] == "nonesuch" and detail["known_profiles"] == ["default"]
+        assert "Machine profile 'nonesuch' is not one this cluster has" in detail["message"]
+        # A profile a worker was heard on is a lane capacity can come back to: PROVISIONING, as for the default.
+        gateway.status.live = [WorkerSummary(name="w-l4", pool="default", machine_profile="L4", bundle="default")]
+        known = await gateway.client.post(ENCODE, json=TEXT, headers={"x-sie-machine-profile": "l4"})
+        assert_error(known, 503, "PROVISIONING", "60", "error")
+        assert_error(await gateway.client.post(ENCODE, json=TEXT), 503, "PROVISIONING", "60", "error")
+    async with Gateway(catalog, worker=False, configured_gpus=("l4", "h100")) as gateway:
+        configured = await gateway.client.post(ENCODE, json=TEXT, headers={"x-sie-machine-profile": "h100"})
+        assert_error(configured, 503, "PROVISIONING", "60", "error")
+
+
 async def test_pool_over_pending_limit_is_503_queue_full(catalog: Catalog) -> None:
     async with Gateway(catalog, worker=False, max_stream_pending=1) as gateway:
         await gateway.transport.consumer(LANE)  # attached, never fetching: work piles up

@@ -25,7 +25,7 @@ from sie.gateway.edge import reply_response
 from sie.gateway.handlers import InferenceHandlers, ReadHandlers
 from sie.gateway.limits import RequestLimits
 from sie.gateway.offload import PayloadOffload
-from sie.gateway.publisher import LaneConsumers, WorkPublisher
+from sie.gateway.publisher import KnownMachineProfiles, LaneConsumers, WorkPublisher
 from sie.gateway.replies import error_reply, route_error_reply, surface_for_path
 from sie.gateway.router import CatalogSource, Router
 from sie.gateway.service import InferenceService
@@ -92,7 +92,13 @@ def build_gateway_app(
     collector = Collector(sources.transport, router_id)
     service = InferenceService(
         Router(sources.catalog, lane, settings.configured_gpus),
-        WorkPublisher(sources.transport, sources.consumers, settings.max_stream_pending, router_id),
+        WorkPublisher(
+            sources.transport,
+            sources.consumers,
+            settings.max_stream_pending,
+            router_id,
+            _known_machine_profiles(sources.status, lane, settings.configured_gpus),
+        ),
         collector,
         settings.request_timeout_s,
         RequestLimits(settings.max_items, settings.max_item_chars),
@@ -124,6 +130,13 @@ def build_gateway_app(
     app.state.serving = serving
     app.state.collector = collector
     return app
+
+
+def _known_machine_profiles(
+    status: ModelStatusSource, lane: LaneSettings, configured: Sequence[str]
+) -> KnownMachineProfiles:
+    """The machine profiles requests may wait for: the default lane's, the configured ones, and the live workers'."""
+    return lambda: {lane.machine_profile, *configured, *(worker.machine_profile for worker in status.workers())}
 
 
 def serving_state(app: Starlette) -> ServingState:

@@ -14,11 +14,11 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Final, Protocol
 
 from sie.catalog.names import reply_subject, work_cancel_subject
-from sie.gateway.errors import ProvisioningError, QueueFullError, QueueUnavailableError
+from sie.gateway.errors import InvalidRequestError, ProvisioningError, QueueFullError, QueueUnavailableError
 from sie.transport.base import BackpressureError, Lane, NoConsumerError, Transport, TransportError
 from sie.wire.queue import WorkItem
 
@@ -34,12 +34,25 @@ class LaneConsumers(Protocol):
     async def has_consumer(self, lane: Lane) -> bool: ...
 
 
+# The machine profiles a request may name and wait for: configured, the default lane's, and every one a worker
+# was heard on. Outside them no capacity can come, so the request is refused instead of told to retry.
+KnownMachineProfiles = Callable[[], Collection[str]]
+
+
 class WorkPublisher:
     """Names requests, admits them against the lane's state, publishes their work items and announces the
-    requests it gives up on (`work_cancel`)."""
+    requests it gives up on (`work_cancel`). Without `known_machine_profiles`, any lane may be provisioned."""
 
-    def __init__(self, queue: Transport, consumers: LaneConsumers, max_stream_pending: int, router_id: str) -> None:
+    def __init__(
+        self,
+        queue: Transport,
+        consumers: LaneConsumers,
+        max_stream_pending: int,
+        router_id: str,
+        known_machine_profiles: KnownMachineProfiles | None = None,
+    ) -> None:
         self._queue = queue
+        self._known_machine_profiles = known_machine_profiles
         self._cancels: set[asyncio.Task[None]] = set()
         self._consumers = consumers
         self._max_pending = max_stream_pending
@@ -54,10 +67,12 @@ class WorkPublisher:
         return request_id, self._reply_prefix + request_id
 
     async def admit(self, lane: Lane) -> None:
-        """Refuse before publishing: no consumer → PROVISIONING; pool stream over its pending limit → QUEUE_FULL."""
+        """Refuse before publishing: no consumer → PROVISIONING, or INVALID_INPUT for a machine profile no capacity
+        can come for; pool stream over its pending limit → QUEUE_FULL."""
         try:
             served = await self._consumers.has_consumer(lane)
             if not served:
+                self._check_machine_profile(lane.machine_profile)
                 raise ProvisioningError(
                     f"No worker serves pool '{lane.pool}', machine profile '{lane.machine_profile}', "
                     f"bundle '{lane.bundle}' yet; capacity is being provisioned"
@@ -67,6 +82,18 @@ class WorkPublisher:
             raise QueueUnavailableError(f"The work queue is unavailable: {exc}") from exc
         if pending > self._max_pending:
             raise QueueFullError(f"Pool '{lane.pool}' has {pending} pending work items; retry later")
+
+    def _check_machine_profile(self, machine_profile: str) -> None:
+        if self._known_machine_profiles is None:
+            return
+        known = sorted({profile.casefold() for profile in self._known_machine_profiles()})
+        if machine_profile.casefold() not in known:
+            raise InvalidRequestError(
+                f"Machine profile '{machine_profile}' is not one this cluster has; known: {', '.join(known)} "
+                "(SIE_GATEWAY_CONFIGURED_GPUS names profiles that scale from zero)",
+                requested_profile=machine_profile,
+                known_profiles=known,
+            )
 
     async def publish(self, subject: str, items: Sequence[WorkItem]) -> asyncio.Future[None]:
         """Send every item on `subject`, in order, without waiting for the stream to store them (seed 000 §8.2).
