@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -120,3 +121,25 @@ async def wait_ready(client: httpx.AsyncClient) -> None:
             return False
 
     await eventually(ready, timeout_s=10.0, interval_s=0.01, what="the gateway to become ready")
+
+
+@pytest.mark.parametrize("server_name", ["hypercorn", "uvicorn"])
+async def test_a_client_leaving_mid_upload_is_an_info_line_not_an_error(
+    server_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    async with serving(server_name) as served, httpx.AsyncClient(base_url=served.url) as client:
+        await wait_ready(client)
+        _, writer = await asyncio.open_connection("127.0.0.1", int(served.url.rsplit(":", 1)[1]))
+        head = f"POST {ENCODE} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+        writer.write(head.encode() + b'{"items": [{"text": "' + b"a" * 20_000)
+        await writer.drain()
+        await asyncio.sleep(0.2)  # the handler is reading the body now
+        writer.close()
+        await eventually(lambda: "client disconnected after sending" in caplog.text, timeout_s=10.0)
+        # The gateway still serves the next request.
+        assert (await client.post(ENCODE, json={"items": [{"text": "after"}]})).status_code == 200
+    leaving = [record for record in caplog.records if "client disconnected after sending" in record.getMessage()]
+    assert [record.levelno for record in leaving] == [logging.INFO]
+    assert "of 100000 body bytes" in leaving[0].getMessage()
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR], caplog.text

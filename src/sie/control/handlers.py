@@ -22,7 +22,8 @@ from sie.control.idempotency import IdempotencyCache, post_fingerprint, put_fing
 from sie.control.registry import ModelRegistry
 from sie.control.replies import error_reply
 from sie.control.writes import ConfigWriter
-from sie.http.bodies import BodyTooLargeError, read_body
+from sie.http.bodies import read_body
+from sie.http.errors import BodyIncompleteError, BodyTooLargeError
 from sie.stores.config_store import ConfigStoreError
 from sie.wire import dumps_json
 
@@ -53,7 +54,7 @@ def guarded(access: Access) -> Callable[[Handler], Handler]:
             try:
                 self.policy.check(request.headers.get("authorization"), access)
                 return await handler(self, request)
-            except (ControlError, CatalogError, ConfigStoreError, BodyTooLargeError) as exc:
+            except (ControlError, CatalogError, ConfigStoreError, BodyTooLargeError, BodyIncompleteError) as exc:
                 reply = error_reply(exc)
                 return json_response(reply.body, reply.status)
 

@@ -12,7 +12,7 @@ import attrs
 
 from sie.catalog.errors import BundleConflictError, InvalidModelIdError, ModelNotFoundError
 from sie.control import errors
-from sie.http.bodies import BodyTooLargeError
+from sie.http.errors import BodyIncompleteError, BodyTooLargeError
 
 INTERNAL_ERROR: Final = "internal_error"
 
@@ -37,6 +37,8 @@ RULES: Final[dict[type[BaseException], tuple[int, str]]] = {
     errors.ContentConflictError: (409, "content_conflict"),
     errors.ConfigStoreRequiredError: (409, "config_store_required"),
     BodyTooLargeError: (413, "payload_too_large"),
+    # nginx's "client closed request": the client left mid-upload, nobody reads it (logged at INFO).
+    BodyIncompleteError: (499, "client_disconnected"),
     errors.ValidationFailedError: (422, "validation_error"),
     errors.IdempotencyMismatchError: (422, "idempotency_mismatch"),
     errors.PublisherUnavailableError: (503, "nats_unavailable"),

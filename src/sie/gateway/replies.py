@@ -31,7 +31,7 @@ from sie.gateway.errors import (
     UnauthorizedError,
 )
 from sie.gateway.headers import ERROR_CODE, RETRY_AFTER, VERSION_HEADERS
-from sie.http.bodies import BodyTooLargeError
+from sie.http.errors import BodyIncompleteError, BodyTooLargeError
 from sie.wire import DecodeError, codes, dumps_json
 from sie.wire.envelopes import all_items_failed_body, detail_body, openai_body, retry_body, status_body
 
@@ -90,6 +90,7 @@ RULES: Final[dict[type[BaseException], Rule]] = {
     BodyTooLargeError: Rule(413, Envelope.DETAIL),
     # nginx's "client closed request": recorded in access logs, never read by the caller.
     ClientDisconnectedError: Rule(499, Envelope.DETAIL),
+    BodyIncompleteError: Rule(499, Envelope.DETAIL),
     AllItemsFailedError: Rule(500, Envelope.ITEMS),
     ModelLoadFailedError: Rule(502, Envelope.RETRY),
     MachineProfileNotConfiguredError: Rule(503, Envelope.STATUS),
@@ -122,6 +123,8 @@ def describe(exc: BaseException) -> tuple[str, str, dict[str, Any]]:
         return codes.INVALID_INPUT, str(exc), {}
     if isinstance(exc, BodyTooLargeError):
         return codes.PAYLOAD_TOO_LARGE, exc.message, {}
+    if isinstance(exc, BodyIncompleteError):
+        return codes.INVALID_INPUT, str(exc), {}
     if isinstance(exc, BundleConflictError):
         return codes.BUNDLE_CONFLICT, str(exc), {"compatible_bundles": exc.compatible_bundles}
     if isinstance(exc, ModelNotFoundError):

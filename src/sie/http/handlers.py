@@ -11,7 +11,8 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from sie.http.bodies import BodyTooLargeError, read_body
+from sie.http.bodies import read_body
+from sie.http.errors import BodyIncompleteError, BodyTooLargeError
 from sie.http.plain import MAX_BODY_BYTES, PlainHandler
 
 
@@ -32,6 +33,8 @@ class PlainHandlerApp:
             body = await read_body(request, self._max_body_bytes)
         except BodyTooLargeError as exc:
             return PlainTextResponse(exc.message, 413)
+        except BodyIncompleteError as exc:
+            return PlainTextResponse(str(exc), 400)  # nobody reads it: the client is gone
         method = "GET" if request.method == "HEAD" else request.method
         reply = await self._handle(method, request.scope["path"], dict(request.query_params), body)
         if reply is None:
