@@ -158,7 +158,9 @@ class ModelManager:
             self._record_failure(model_id, exc.error_class, exc.message)
         except Exception as exc:  # noqa: BLE001 - any other loader bug still becomes a visible failed state
             logger.exception("loading %s failed", model_id)
-            self._record_failure(model_id, "UNKNOWN", f"Model '{model_id}': {type(exc).__name__}: {exc}")
+            # The caller sees the failure's kind only: runtime text can hold internal paths (the log has it whole).
+            message = f"Model '{model_id}' failed to load ({type(exc).__name__}); the worker log has the details"
+            self._record_failure(model_id, "UNKNOWN", message)
         finally:
             self._loading.pop(model_id, None)
 
