@@ -204,3 +204,11 @@ def test_extract_result_reads_a_minimal_result():
         [],
         {},
     )
+
+
+@pytest.mark.parametrize("multivector", [[[1.0, 2.0], [3.0]], [["a", "b"]], [[1.0, None]], [[{"x": 1}]]])
+def test_a_ragged_or_non_numeric_array_is_refused_in_plain_words(multivector) -> None:
+    body = {"items": [{"text": "a", "multivector": multivector}]}
+    with pytest.raises(DecodeError) as caught:
+        from_json(json.dumps(body), EncodeRequest)
+    assert str(caught.value) == "Expected a rectangular array of numbers - at `$.items[0]`"

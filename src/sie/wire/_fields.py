@@ -35,16 +35,27 @@ def _array_eq(left: Any, right: Any) -> bool:
     return bool(np.array_equal(left, right))
 
 
+def _numbers(value: Any, dtype: Any = None) -> np.ndarray:
+    """`value` as an ndarray; a ragged or non-numeric list is the caller's mistake, said without numpy's words."""
+    try:
+        converted = np.asarray(value, dtype=dtype)
+    except (ValueError, TypeError, OverflowError):
+        raise ValueError("Expected a rectangular array of numbers") from None
+    if converted.dtype.kind not in "biuf":
+        raise ValueError("Expected a rectangular array of numbers")
+    return converted
+
+
 def _as_array(value: Any) -> Any:
-    return value if value is None or isinstance(value, np.ndarray) else np.asarray(value)
+    return value if value is None or isinstance(value, np.ndarray) else _numbers(value)
 
 
 def _as_float32(value: Any) -> Any:
-    return value if value is None else np.asarray(value, dtype=np.float32)
+    return value if value is None else _numbers(value, np.float32)
 
 
 def _as_int32(value: Any) -> Any:
-    return value if value is None else np.asarray(value, dtype=np.int32)
+    return value if value is None else _numbers(value, np.int32)
 
 
 _CONVERTERS = {None: _as_array, "float32": _as_float32, "int32": _as_int32}
