@@ -93,6 +93,12 @@ def test_encode_text_matches_the_worker_overlay() -> None:
     assert encode_text(item(item={"images": []}), descriptor) is None
 
 
+@pytest.mark.parametrize("options", [{"doc_template": {"a": 1}}, {"query_template": "{text}{text}"}, {"normalize": []}])
+def test_options_the_worker_refuses_are_left_unprepared(options) -> None:
+    """Work that skipped a gateway's checks: nothing is tokenized, so the worker answers INVALID_INPUT itself."""
+    assert encode_text(item(item={"text": "hello"}, options=options), ModelDescriptor()) is None
+
+
 # --- the stage ------------------------------------------------------------------------------------
 
 

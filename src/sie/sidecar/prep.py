@@ -16,6 +16,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Final
 
+from sie.catalog.options import option_problem
 from sie.sidecar.payloads import PayloadResolver
 from sie.sidecar.work import Channel, Outbox, ReadyGroup, ReadyModel, Work
 from sie.tokenization import TextTokenizer, TokenizerError, prepare_text
@@ -83,11 +84,15 @@ def extract_cost(item: dict[str, Any] | None, max_seq_len: int | None) -> int:
 
 
 def encode_text(item: WorkItem, descriptor: ModelDescriptor) -> str | None:
-    """The exact text the worker would tokenize: the descriptor's templates overlaid by the item's options."""
+    """The exact text the worker would tokenize: the descriptor's templates overlaid by the item's options.
+    None when there is nothing to prepare: no text, or options the worker will refuse (work that skipped a
+    gateway's checks), so the worker answers the item INVALID_INPUT with the reason."""
     text = (item.item or {}).get("text")
     if not isinstance(text, str):
         return None
     options = item.options or {}
+    if option_problem(options, None, OP_ENCODE) is not None:
+        return None
     return prepare_text(
         text,
         is_query=item.is_query,
