@@ -20,4 +20,5 @@ USER sie
 EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=3s CMD python -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2)" || exit 1
 ENTRYPOINT ["sie"]
-CMD ["run", "--role", "all"]
+# `all` listens on 127.0.0.1 unless told otherwise; in the container it must be reachable through the port.
+CMD ["run", "--role", "all", "--host", "0.0.0.0"]

@@ -1,5 +1,6 @@
-"""The IPC server over a real Unix socket, spoken to with raw frames: socket file, envelope error strings,
-concurrent batches on one connection, chunking negotiation and shutdown (sie.ipc.server).
+"""The IPC server over a real Unix socket, spoken to with raw frames: the socket file (a stale one replaced, anything
+else at the path refused, its directory this user's), envelope error strings, concurrent batches on one connection,
+chunking negotiation and shutdown (sie.ipc.server).
 
 The service behind it is a small fake: the server is what these tests are about.
 """
@@ -10,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import shutil
 import socket
 import stat
@@ -22,8 +24,10 @@ import pytest
 from sie.ipc.chunking import NOT_NEGOTIATED, OVER_BOUNDS, ChunkLimits
 from sie.ipc.framing import encode_frame
 from sie.ipc.server import IpcServer
+from sie.ipc.sockets import SocketPathError
 from support.ipc_fakes import FakeService
 
+NOBODY_UID = 65534
 SMALL = ChunkLimits(max_frame_bytes=4096, max_payload_bytes=1024, max_chunks=8, max_total_bytes=8192)
 
 
@@ -112,6 +116,29 @@ def make_regular_file(path: Path) -> None:
     path.write_text("not a socket")
 
 
+def make_directory(path: Path, mode: int = 0o700) -> None:
+    path.mkdir(mode=mode)
+
+
+def make_link(link: Path, target: Path) -> None:
+    link.symlink_to(target)
+
+
+def entry_kind(path: Path) -> str | None:
+    """What is at `path` itself (a link is not followed), None when nothing is."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    kinds = {stat.S_ISDIR: "directory", stat.S_ISLNK: "link", stat.S_ISSOCK: "socket", stat.S_ISREG: "file"}
+    return next(kind for test, kind in kinds.items() if test(mode))
+
+
+def owner_and_mode(path: Path) -> tuple[int, int]:
+    info = os.stat(path)
+    return info.st_uid, stat.S_IMODE(info.st_mode)
+
+
 def make_stale_socket(path: Path) -> None:
     with socket.socket(socket.AF_UNIX) as stale:
         stale.bind(str(path))
@@ -133,10 +160,54 @@ async def test_a_stale_socket_is_replaced(service, socket_path: Path):
 
 async def test_a_regular_file_at_the_path_is_not_deleted(service, socket_path: Path):
     make_regular_file(socket_path)
-    with pytest.raises(FileExistsError, match="SIE_IPC_SOCKET_PATH"):
+    with pytest.raises(SocketPathError, match=re.escape(f"{socket_path} exists and is a regular file, not a socket")):
         async with serving(service, socket_path):
             pass
     assert entry_exists(socket_path) and socket_mode(socket_path) is None
+
+
+async def test_a_directory_or_a_link_at_the_path_is_refused(service, socket_path: Path):
+    make_directory(socket_path)
+    with pytest.raises(SocketPathError, match=re.escape(f"{socket_path} exists and is a directory")):
+        async with serving(service, socket_path):
+            pass
+    elsewhere = socket_path.with_name("elsewhere.sock")
+    make_stale_socket(elsewhere)
+    linked = socket_path.with_name("linked.sock")
+    make_link(linked, elsewhere)
+    with pytest.raises(SocketPathError, match=re.escape(f"{linked} exists and is a symbolic link")):
+        async with serving(service, linked):
+            pass
+    assert [entry_kind(path) for path in (socket_path, linked, elsewhere)] == ["directory", "link", "socket"]
+
+
+async def test_a_socket_another_server_listens_on_is_not_taken_over(service, socket_path: Path):
+    async with serving(FakeService(), socket_path), raw_client(socket_path) as first:
+        with pytest.raises(SocketPathError, match=re.escape(f"another process is listening on {socket_path}")):
+            async with serving(service, socket_path):
+                pass
+        # The first server still owns the path and answers on it.
+        assert (await first.call("Ping", {"timestamp_ms": 1.0}))["ok"] is True
+        async with raw_client(socket_path) as second:
+            assert (await second.call("Ping", {"timestamp_ms": 2.0}))["ok"] is True
+
+
+async def test_a_missing_directory_is_created_for_this_user_only(service, socket_path: Path):
+    nested = socket_path.parent / "run" / "worker.sock"
+    async with serving(service, nested), raw_client(nested) as client:
+        assert (await client.call("Ping", {"timestamp_ms": 1.0}))["ok"] is True
+        assert owner_and_mode(nested.parent) == (os.getuid(), 0o700)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a directory to another user takes root")
+async def test_a_directory_of_another_user_is_refused(service, socket_path: Path):
+    theirs = socket_path.parent / "theirs"
+    make_directory(theirs, 0o777)
+    os.chown(theirs, NOBODY_UID, NOBODY_UID)
+    with pytest.raises(SocketPathError, match=re.escape(f"{theirs} belongs to uid {NOBODY_UID}, not to this user")):
+        async with serving(service, theirs / "worker.sock"):
+            pass
+    assert entry_kind(theirs / "worker.sock") is None
 
 
 # --- envelopes and error strings ------------------------------------------------------------------

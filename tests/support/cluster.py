@@ -18,7 +18,8 @@ MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 
 class Cluster:
     """The four processes of one distributed deployment. `worker_args` go to the worker (`--devices cpu:2`),
-    `broker_env` to the roles on the broker (sidecar and gateway), `max_payload` to nats-server."""
+    `broker_env` to the roles on the broker (sidecar and gateway), `max_payload` to nats-server,
+    `health_interval_s` (the heartbeat period) to the sidecar and the gateway."""
 
     def __init__(
         self,
@@ -27,6 +28,7 @@ class Cluster:
         *,
         broker_env: Mapping[str, str] | None = None,
         max_payload: int | None = None,
+        health_interval_s: float = 0.2,
     ) -> None:
         self.root = root
         self.worker_args = list(worker_args)
@@ -36,21 +38,25 @@ class Cluster:
         self.url = f"http://127.0.0.1:{self.port}"
         # Each role gets only the variables it reads (a role refuses the others).
         self.worker_env = {"SIE_IPC_SOCKET_PATH": str(self.socket), "SIE_WORKER_ID": "w-1"}
-        broker = {"SIE_NATS_URL": self.nats.url, **(broker_env or {})}
+        self.broker_env = {"SIE_NATS_URL": self.nats.url, **(broker_env or {})}
+        self.health_interval = ["--health-interval-s", str(health_interval_s)]
         self.worker = self.start_worker()
         self.probe_url = f"http://127.0.0.1:{free_port()}"
         self.sidecar = RoleProcess(
-            "sidecar", ["--port", self.probe_url.rsplit(":", 1)[1], "--health-interval-s", "0.2"],
-            {**self.worker_env, **broker}, root / "sidecar.log",
+            "sidecar", ["--host", "127.0.0.1", "--port", self.probe_url.rsplit(":", 1)[1], *self.health_interval],
+            {**self.worker_env, **self.broker_env}, root / "sidecar.log",
         )  # fmt: skip
-        self.gateway = RoleProcess(
-            "gateway", ["--host", "127.0.0.1", "--port", str(self.port), "--gateway-request-timeout", "60"],
-            broker, root / "gateway.log",
-        )  # fmt: skip
+        self.gateway = self.start_gateway()
 
     def start_worker(self) -> RoleProcess:
         log = self.root / f"worker-{time.monotonic()}.log"
         return RoleProcess("worker", ["--preload", MINILM, *self.worker_args], self.worker_env, log)
+
+    def start_gateway(self) -> RoleProcess:
+        """A gateway on the cluster's port (the one before must have stopped)."""
+        args = ["--host", "127.0.0.1", "--port", str(self.port), "--gateway-request-timeout", "60"]
+        log = self.root / f"gateway-{time.monotonic()}.log"
+        return RoleProcess("gateway", [*args, *self.health_interval], self.broker_env, log)
 
     def wait_serving(self, timeout_s: float = 120.0) -> None:
         self.gateway.wait_http_ready(f"{self.url}/readyz")

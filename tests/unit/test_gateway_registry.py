@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from sie.catalog.names import HEALTH_WILDCARD, health_subject
-from sie.gateway.registry import WorkerRegistry
+from sie.gateway.registry import WorkerRegistry, first_heartbeat_round_s
 from sie.gateway.status import (
     STATE_AVAILABLE,
     STATE_FAILED,
@@ -17,6 +17,7 @@ from sie.gateway.status import (
     ModelStatusSource,
     WorkerSummary,
 )
+from sie.sidecar.health import PING_TIMEOUT_INTERVALS
 from sie.transport.base import Lane, TransportUnavailable
 from sie.transport.loopback import LoopbackTransport
 from sie.wire.health import ModelFailure, WorkerHeartbeat
@@ -268,3 +269,49 @@ async def test_past_its_first_heartbeat_wait_a_registry_calls_a_lane_unserved(cl
     async with WorkerRegistry(NullBus(), STALE_S, clock=clock, first_heartbeat_wait_s=60.0) as registry:
         clock.now += 60.0
         assert not await registry.has_consumer(LANE)
+
+
+async def test_ready_once_a_first_round_of_heartbeats_has_passed_with_or_without_workers(clock: Clock) -> None:
+    registry = WorkerRegistry(NullBus(), STALE_S, clock=clock, first_heartbeat_wait_s=2.5)
+    assert registry.unready_reason() == "not subscribed to worker heartbeats"
+    async with registry:
+        assert registry.unready_reason() == "waiting 2.5 s more for the workers' first heartbeats"
+        clock.now += 2.4
+        registry.observe(beat())  # one worker heard: others may still be on their way
+        assert registry.unready_reason() == "waiting 0.1 s more for the workers' first heartbeats"
+        clock.now += 0.1
+        assert registry.unready_reason() is None
+        # Ready: an unserved lane is answered at once, the served one too.
+        assert not await registry.has_consumer(Lane("default", "L4", "other"))
+        assert await registry.has_consumer(LANE)
+
+
+async def test_a_registry_with_no_workers_becomes_ready_after_the_first_round(clock: Clock) -> None:
+    async with WorkerRegistry(NullBus(), STALE_S, clock=clock, first_heartbeat_wait_s=2.5) as registry:
+        clock.now += 2.5
+        assert registry.unready_reason() is None
+        assert not await registry.has_consumer(LANE)  # scale-from-zero: PROVISIONING
+
+
+async def test_the_first_round_starts_when_the_bus_can_deliver_and_again_after_an_outage(clock: Clock) -> None:
+    reason: list[str | None] = ["NATS is not connected (connection refused)"]
+    registry = WorkerRegistry(
+        NullBus(), STALE_S, clock=clock, unavailable=lambda: reason[0], first_heartbeat_wait_s=2.5
+    )
+    async with registry:
+        clock.now += 10.0
+        assert registry.unready_reason() == "NATS is not connected (connection refused)"
+        reason[0] = None
+        assert registry.unready_reason() == "waiting 2.5 s more for the workers' first heartbeats"
+        clock.now += 2.5
+        assert registry.unready_reason() is None
+        reason[0] = "NATS is not connected (connection reset)"
+        assert registry.unready_reason() == reason[0]
+        reason[0] = None
+        assert registry.unready_reason() == "waiting 2.5 s more for the workers' first heartbeats"
+
+
+def test_the_first_round_lasts_long_enough_for_a_beat_delayed_by_its_ping() -> None:
+    # A sidecar's ping gives up after two intervals (sie.sidecar.health): the round is longer than that.
+    assert first_heartbeat_round_s(1.0) > PING_TIMEOUT_INTERVALS * 1.0
+    assert first_heartbeat_round_s(4.0) == 4 * first_heartbeat_round_s(1.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import os
 import re
 from pathlib import Path
 
@@ -49,7 +50,6 @@ def test_defaults_match_the_seeds() -> None:
     assert s.config_sync.trust_any_producer is False
     assert s.config_sync.service_url is None
     assert s.sidecar.probe_port == 9095
-    assert s.worker.socket_path == Path("/tmp/sie-ipc.sock")
     assert (s.lane.pool, s.lane.machine_profile, s.lane.bundle) == ("default", "default", "default")
     assert s.auth.mode == "none"
     assert s.nats.url is None
@@ -334,6 +334,33 @@ def test_host_and_port_bind_each_roles_own_listener(role: str, path: str) -> Non
     group, field = path.split(".")
     assert getattr(getattr(settings, group), field) == 9000
     assert getattr(getattr(settings, group), field.replace("port", "host")) == "127.0.0.1"
+
+
+def test_the_container_roles_listen_on_every_interface_and_the_gateway_host_is_the_role_files_choice() -> None:
+    def role(name: str) -> Settings:
+        return load_role_settings(["--role", name], {})
+
+    # Unset: each role file picks (tests/integration/test_listen_hosts.py binds them).
+    assert role("all").gateway.host is None and role("gateway").gateway.host is None
+    assert role("config").config_service.host == "0.0.0.0"
+    assert role("sidecar").sidecar.probe_host == "0.0.0.0"
+    assert load_role_settings(["--role", "all"], {"SIE_GATEWAY_HOST": "0.0.0.0"}).gateway.host == "0.0.0.0"
+    assert load_role_settings(["--role", "sidecar", "--host", "::1"], {}).sidecar.probe_host == "::1"
+
+
+def test_the_worker_socket_defaults_to_a_directory_of_this_users_own() -> None:
+    runtime = load_role_settings(["--role", "worker"], {"XDG_RUNTIME_DIR": "/run/user/1000"})
+    assert runtime.worker.socket_path == Path("/run/user/1000/sie/worker.sock")
+    temp = load_role_settings(["--role", "sidecar"], {"TMPDIR": "/var/tmp"})
+    assert temp.worker.socket_path == Path(f"/var/tmp/sie-{os.getuid()}/worker.sock")
+    assert load_settings({}).worker.socket_path == Path(f"/tmp/sie-{os.getuid()}/worker.sock")
+    given = load_role_settings(["--role", "worker", "--socket", "/srv/pod/w.sock"], {"XDG_RUNTIME_DIR": "/run/u"})
+    assert given.worker.socket_path == Path("/srv/pod/w.sock")
+
+
+def test_the_gateway_reads_the_heartbeat_period_its_first_round_is_measured_in() -> None:
+    settings = load_role_settings(["--role", "gateway", "--health-interval-s", "3"], {})
+    assert settings.sidecar.heartbeat_interval_s == 3.0
 
 
 def test_the_worker_has_no_listener_to_bind() -> None:

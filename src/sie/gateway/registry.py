@@ -6,8 +6,12 @@ instead of calling every lane unserved.
 
 `has_consumer` (admission: PROVISIONING when False) asks a little less than healthy: a worker heard ready within
 `worker_stale_s` serves its lane even while it says not ready (its backend restarting), and a registry that has only
-just started listening waits up to FIRST_HEARTBEAT_WAIT_S for the lane's heartbeats before calling it unserved. So a
+just started listening waits out its first round of heartbeats for the lane's before calling it unserved. So a
 worker or gateway restart is not answered as a scale-from-zero with its 60 s Retry-After (issue 13 §4).
+
+`unready_reason` is the gateway's `/readyz` (issue 14 §3): not ready while the bus cannot deliver heartbeats or
+during that first round, so a ready gateway has heard every live worker at least once; after it, ready with or
+without workers (seed 000 §4: a gateway with none must take the request it answers PROVISIONING for scale-from-zero).
 """
 
 from __future__ import annotations
@@ -37,12 +41,19 @@ logger = logging.getLogger(__name__)
 
 # A worker silent for this many stale periods is forgotten (until then `/health` lists it as unhealthy).
 PRUNE_AFTER_STALE_PERIODS: Final = 6.0
-# How long a registry that has just started listening waits for a lane's heartbeats before `has_consumer` says
-# no one serves it (sidecars beat every SIE_HEALTH_INTERVAL_S, 1 s by default).
-FIRST_HEARTBEAT_WAIT_S: Final = 2.0
+# A sidecar beats every SIE_HEALTH_INTERVAL_S, or later by as long as its ping to the worker takes (it gives up after
+# two intervals): a registry that has listened this many intervals has heard every live worker at least once.
+FIRST_ROUND_INTERVALS: Final = 2.5
+# The first round with the default 1 s interval.
+FIRST_HEARTBEAT_WAIT_S: Final = FIRST_ROUND_INTERVALS * 1.0
 
 # Why the bus cannot deliver heartbeats now, or None while it can.
 UnavailableReason = Callable[[], str | None]
+
+
+def first_heartbeat_round_s(heartbeat_interval_s: float) -> float:
+    """How long a registry listens before it has heard every live worker whose sidecar beats at this interval."""
+    return FIRST_ROUND_INTERVALS * heartbeat_interval_s
 
 
 @attrs.frozen
@@ -104,6 +115,8 @@ class WorkerRegistry:
         if previous is not None and self._out_of_order(previous, heartbeat, now):
             return False
         self._workers[heartbeat.worker_id] = _register(heartbeat, now, previous)
+        if self._listening_since is None:  # heartbeats arrive: the first round has begun, at the latest now
+            self._listening_since = now
         if now - self._last_prune >= self.stale_s:
             self.prune()
         if self._beat is not None and not self._beat.done():
@@ -186,18 +199,42 @@ class WorkerRegistry:
     async def has_consumer(self, lane: Lane) -> bool:
         """Whether a worker serves `lane` now (see `serves`). A JetStream durable consumer outlives the sidecars
         that pulled from it, so "is this lane served?" is a question about live workers (seed 000 §2,
-        scale-from-zero answers PROVISIONING). TransportUnavailable while the bus cannot deliver heartbeats; just
-        after it could again, or after start, waits up to `first_heartbeat_wait_s` for the lane's heartbeats."""
+        scale-from-zero answers PROVISIONING). TransportUnavailable while the bus cannot deliver heartbeats; during
+        the first round after it could again, or after start, waits up to its end for the lane's heartbeats."""
+        reason = self._bus_unavailable()
+        if reason is not None:
+            raise TransportUnavailable(reason)
+        now = self.clock()
+        if self._lane_served(lane, now):
+            return True
+        return await self._await_lane(lane, self._first_round_left(now))
+
+    def unready_reason(self) -> str | None:
+        """Why the gateway should not take traffic yet (`/readyz`): the bus cannot deliver heartbeats, or the first
+        round of them since it could is not over. None after it, whether or not any worker was heard."""
+        if self._subscription is None:
+            return "not subscribed to worker heartbeats"
+        reason = self._bus_unavailable()
+        if reason is not None:
+            return reason
+        left = self._first_round_left(self.clock())
+        if left > 0:
+            return f"waiting {left:.1f} s more for the workers' first heartbeats"
+        return None
+
+    def _bus_unavailable(self) -> str | None:
+        """Why the bus cannot deliver heartbeats now, or None; an outage seen here starts the first round over."""
         reason = self._unavailable() if self._unavailable is not None else None
         if reason is not None:
             self._listening_since = None
-            raise TransportUnavailable(reason)
-        now = self.clock()
+        return reason
+
+    def _first_round_left(self, now: float) -> float:
+        """Seconds left of the first round of heartbeats, which starts when the bus is first seen delivering them
+        (called only while it is)."""
         if self._listening_since is None:
             self._listening_since = now
-        if self._lane_served(lane, now):
-            return True
-        return await self._await_lane(lane, self._listening_since + self.first_heartbeat_wait_s - now)
+        return self._listening_since + self.first_heartbeat_wait_s - now
 
     def serves(self, record: RegisteredWorker, now: float) -> bool:
         """Not draining, and heard ready within `stale_s`: a worker whose backend restarts says not ready for a

@@ -1,5 +1,6 @@
 """The worker's IPC server: framed msgpack over a Unix socket, answering the sidecar's calls from a service object
-(contracts Part A §2.1). Owns the socket file, envelope validation, the exact error strings and response chunking.
+(contracts Part A §2.1). Owns the socket file (claimed through `sie.ipc.sockets`: a stale socket is replaced, anything
+else at the path is a SocketPathError), envelope validation, the exact error strings and response chunking.
 
 It never imports `sie.worker`: the service is any object with the WorkerClient methods.
 """
@@ -22,6 +23,7 @@ from sie.ipc.client import WorkerChild
 from sie.ipc.errors import IpcProtocolError
 from sie.ipc.framing import read_frame, send_frames
 from sie.ipc.methods import METHODS, Method
+from sie.ipc.sockets import SocketPathError, claim_socket_path
 from sie.wire import DecodeError, packb, structure, unpackb, unstructure
 from sie.wire.ipc import DRAIN, IPC_VERSION
 
@@ -126,6 +128,7 @@ class IpcServer:
         self._connections: set[asyncio.Task[Any]] = set()
 
     async def __aenter__(self) -> Self:
+        await asyncio.to_thread(claim_socket_path, self.socket_path)  # SocketPathError when it is not free
         sock = self._bind()
         self._server = await asyncio.start_unix_server(self._on_connect, sock=sock, backlog=BACKLOG)
         logger.info("IPC server of worker %r listening on %s", self.worker_id, self.socket_path)
@@ -152,14 +155,13 @@ class IpcServer:
 
     def _bind(self) -> socket.socket:
         path = self.socket_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_socket():
-            path.unlink()  # stale: left by a worker that did not exit cleanly
-        elif path.exists():
-            raise FileExistsError(f"{path} exists and is not a socket; remove it or set SIE_IPC_SOCKET_PATH elsewhere")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.bind(str(path))
+        except OSError as exc:  # taken since it was claimed, or a path too long for a Unix socket
+            sock.close()
+            raise SocketPathError(f"cannot bind the worker socket {path}: {exc}") from exc
+        try:
             # Before listen(): until then nobody can connect, so the socket is never reachable with a wider mode.
             os.chmod(path, SOCKET_MODE)
             self._inode = path.stat().st_ino

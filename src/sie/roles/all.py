@@ -1,7 +1,8 @@
 """`sie run --role all`: gateway, sidecar and worker children in one process. The loopback transport replaces
 NATS and the sidecar calls the worker children's services directly, one per device of SIE_WORKER_DEVICES,
 through the fleet that places each batch (SIE_PLACEMENT_*); the code above those seams is the same as in the
-distributed roles (DESIGN.md §4). The placement surface and `/metrics` are served beside the API.
+distributed roles (DESIGN.md §4). The placement surface and `/metrics` are served beside the API, on 127.0.0.1
+unless SIE_GATEWAY_HOST (`--host`) says otherwise: a laptop's server is for this machine only.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sie.roles.common import baseline_catalog, http_listener, open_local_workers
 from sie.roles.local_status import LocalModelStatus
 from sie.runtime import freeze_startup_heap
 from sie.settings import Settings
+from sie.settings.gateway import LOOPBACK_HOST
 from sie.sidecar import Sidecar
 from sie.sidecar.children import LocalChildren
 from sie.sidecar.fleet import WorkerFleet
@@ -47,7 +49,7 @@ async def serve_all(settings: Settings) -> None:
             await serving_state(app).drain(grace)
             await sidecar.drain(grace)
 
-        listener = http_listener(settings.gateway.host, settings.gateway.port, settings)
+        listener = http_listener(settings.gateway.host or LOOPBACK_HOST, settings.gateway.port, settings)
         freeze_startup_heap()
         await serve_until_signalled(app, listener, drain)
 

@@ -17,6 +17,7 @@ import attrs
 from sie.catalog import Catalog, load_catalog
 from sie.gateway.auth import GatewayAuthUnavailable, refuse_unbuilt_auth
 from sie.http.serving import HttpListener
+from sie.ipc.sockets import SocketPathError
 from sie.runtime import run_event_loop
 from sie.settings import Settings
 from sie.telemetry.logs import configure_logging
@@ -35,11 +36,12 @@ RoleMain = Callable[[Settings], Coroutine[Any, Any, None]]
 
 def run_main(main: RoleMain, settings: Settings) -> int:
     """Log as configured and run `main(settings)` on the event loop SIE_EVENT_LOOP names; exit status 0, or 2
-    with one line on stderr when the host lacks the devices SIE_WORKER_DEVICES asks for."""
+    with one line on stderr when the host lacks the devices SIE_WORKER_DEVICES asks for or the worker's socket
+    path is taken."""
     configure_logging(settings.telemetry)
     try:
         run_event_loop(main(settings), settings.process.event_loop)
-    except DeviceError as exc:
+    except (DeviceError, SocketPathError) as exc:
         print(f"sie: {exc}", file=sys.stderr)
         return 2
     return 0

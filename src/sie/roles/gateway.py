@@ -2,7 +2,9 @@
 results on `_INBOX.{router_id}.>`; workers known from `sie.health.>` heartbeats; model config from the
 filesystem seed, then kept in step with the config service (bootstrap, epoch poll, live deltas). NATS is
 connected in the background: while it is unreachable the gateway serves `/healthz`, `/readyz` says why it is not
-ready and inference answers 503 QUEUE_UNAVAILABLE.
+ready and inference answers 503 QUEUE_UNAVAILABLE. Once connected, `/readyz` waits one first round of worker
+heartbeats (a few SIE_HEALTH_INTERVAL_S), so a ready gateway knows every live worker's lane and answers PROVISIONING
+only for lanes nobody serves. It listens on every interface unless SIE_GATEWAY_HOST says otherwise.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from sie.gateway.app import GatewaySources, build_gateway_app, serving_state
 from sie.gateway.config_sync import ConfigState, ConfigSync
 from sie.gateway.dead_letters import DeadLetterQueue
 from sie.gateway.offload import PayloadOffload
-from sie.gateway.registry import WorkerRegistry
+from sie.gateway.registry import WorkerRegistry, first_heartbeat_round_s
 from sie.http.serving import serve_until_signalled
 from sie.roles.common import baseline_catalog, http_listener, run_gateway_main
 from sie.runtime import freeze_startup_heap
 from sie.settings import Settings
+from sie.settings.gateway import CONTAINER_HOST
 from sie.stores.payload_store import open_payload_store
 from sie.telemetry.metrics import Telemetry
 from sie.transport.nats import NatsTransport
@@ -33,8 +36,11 @@ async def serve_gateway(settings: Settings) -> None:
             ReconnectingTransport(lambda: NatsTransport(nats, streams, name=name), description=f"NATS at {nats.url}")
         )
         unavailable = transport.unavailable_reason
+        first_round = first_heartbeat_round_s(settings.sidecar.heartbeat_interval_s)
         registry = await stack.enter_async_context(
-            WorkerRegistry(transport, settings.gateway.worker_stale_s, unavailable=unavailable)
+            WorkerRegistry(
+                transport, settings.gateway.worker_stale_s, unavailable=unavailable, first_heartbeat_wait_s=first_round
+            )
         )
         await stack.enter_async_context(ConfigSync(state, transport, settings.config_sync, settings.auth.admin_token))
         dead_letters = await stack.enter_async_context(DeadLetterQueue(transport, settings.gateway.request_timeout_s))
@@ -44,7 +50,7 @@ async def serve_gateway(settings: Settings) -> None:
         )
         stack.push_async_callback(offload.aclose)  # pending deletes finish before the transport closes
         sources = GatewaySources(
-            state, transport, registry, registry, registry.healthy_workers, unavailable, offload=offload,
+            state, transport, registry, registry, registry.healthy_workers, registry.unready_reason, offload=offload,
             dead_letters=dead_letters, admin_token=settings.auth.admin_token,
         )  # fmt: skip
         app = build_gateway_app(sources, settings.gateway, settings.lane, router_id)
@@ -53,7 +59,7 @@ async def serve_gateway(settings: Settings) -> None:
         async def drain() -> None:
             await serving_state(app).drain(grace)
 
-        listener = http_listener(settings.gateway.host, settings.gateway.port, settings)
+        listener = http_listener(settings.gateway.host or CONTAINER_HOST, settings.gateway.port, settings)
         freeze_startup_heap()
         await serve_until_signalled(app, listener, drain)
 

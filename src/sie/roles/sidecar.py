@@ -51,7 +51,7 @@ async def serve_sidecar(settings: Settings) -> None:
         sidecar = Sidecar.from_settings(transport, worker, settings, observe=health.observe, replicas=worker.replicas)
         freeze_startup_heap()  # before consuming: its full collection must not pause live work
         await stack.enter_async_context(sidecar)
-        logger.info("sidecar %s consuming %s; probes on port %d", worker_id, sidecar.lane, server.port)
+        logger.info("sidecar %s consuming %s; probes on %s:%d", worker_id, sidecar.lane, probes.probe_host, server.port)
         await wait_for_signal()
         logger.info("sidecar %s draining", worker_id)
         health.begin_drain()

@@ -3,7 +3,8 @@ touches NATS. The sidecar in the same pod dials the socket.
 
 On one device the worker serves in this process. On several (SIE_WORKER_DEVICES) this process supervises one
 `sie run --role worker` child per device, child i serving `{SIE_IPC_SOCKET_PATH}.{i}` as `{SIE_WORKER_ID}-{i}`;
-the sidecar finds the children by those socket names.
+the sidecar finds the children by those socket names. A socket path that is taken (another worker listening, a
+file that is no socket, a directory of another user) stops the start with one line naming it and exit status 2.
 """
 
 from __future__ import annotations
@@ -12,9 +13,16 @@ import functools
 import logging
 import sys
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 from sie.ipc.server import IpcServer
-from sie.ipc.sockets import child_socket_path, child_socket_paths, remove_stale_sockets
+from sie.ipc.sockets import (
+    SocketPathError,
+    child_socket_path,
+    child_socket_paths,
+    claim_socket_path,
+    remove_stale_sockets,
+)
 from sie.roles.common import baseline_catalog, open_local_workers, run_main
 from sie.runtime import freeze_startup_heap, wait_for_signal
 from sie.runtime.children import ChildSpec, ChildSupervisor
@@ -70,13 +78,24 @@ async def supervise_workers(settings: Settings, devices: list[Device]) -> None:
         logger.info("stopping %d worker children", len(children))
 
 
+def claim_own_sockets(socket_path: Path, devices: list[Device]) -> None:
+    """Before any model loads: the socket (one device) or the children's sockets are free to bind, so a path that
+    is taken fails the start at once; SocketPathError naming the path otherwise."""
+    if len(devices) == 1:
+        claim_socket_path(socket_path)
+        return
+    for index in range(len(devices)):
+        claim_socket_path(child_socket_path(socket_path, index))
+
+
 def run(settings: Settings) -> int:
+    socket_path = settings.worker.socket_path
     try:
         devices = resolve_devices(settings.worker.devices)
-    except DeviceError as exc:
+        claim_own_sockets(socket_path, devices)
+    except (DeviceError, SocketPathError) as exc:
         print(f"sie: {exc}", file=sys.stderr)
         return 2
-    socket_path = settings.worker.socket_path
     if len(devices) == 1:
         remove_stale_sockets(child_socket_paths(socket_path).values())  # children of an earlier multi-device run
         return run_main(functools.partial(serve_worker, device=devices[0]), settings)

@@ -5,28 +5,36 @@ start when it is asked for, rather than serve unauthenticated.
 
 from __future__ import annotations
 
+from typing import Final
+
 import attrs
 
 from sie.settings._parsers import byte_size, choice, integer, name_token, seconds, string_list, text
 from sie.settings._spec import Env, setting
 
 _GATEWAY_ROLES = ("gateway", "all")
+# Where the gateway listens unless SIE_GATEWAY_HOST says (its role file picks): `--role all` is a laptop's server,
+# for this machine only; `--role gateway` runs in a container, reached through the pod's interfaces.
+LOOPBACK_HOST: Final = "127.0.0.1"
+CONTAINER_HOST: Final = "0.0.0.0"
 
 
 @attrs.frozen
 class GatewaySettings:
     """The inference HTTP server, its limits and backpressure, and how workers are judged alive."""
 
-    host: str = setting(
+    host: str | None = setting(
         Env(
             "SIE_GATEWAY_HOST",
             text(),
-            "Interface the gateway's HTTP server binds.",
+            "Interface the gateway's HTTP server binds. Unset: this machine only for `--role all`, every "
+            "interface for `--role gateway` (a container's).",
             flag="--host",
+            shown_default=f"`{LOOPBACK_HOST}` (all), `{CONTAINER_HOST}` (gateway)",
             roles=_GATEWAY_ROLES,
             read_by=("sie.roles.gateway", "sie.roles.all"),
         ),
-        "0.0.0.0",
+        None,
     )
     port: int = setting(
         Env(

@@ -1,5 +1,6 @@
 """The sidecar's probes, heartbeats and pull loop (seed 001), and the batch former it feeds (contracts B §5.1,
-§5.3; DESIGN §7). In `--role all` the same pull and batching values apply in-process.
+§5.3; DESIGN §7). In `--role all` the same pull and batching values apply in-process. Gateways read the heartbeat
+period too: it sizes the first round of heartbeats they wait for before they say ready.
 """
 
 from __future__ import annotations
@@ -42,9 +43,11 @@ class SidecarSettings:
         Env(
             "SIE_HEALTH_INTERVAL_S",
             seconds(positive=True),
-            "Period of `sie.health.{worker_id}` heartbeats and of the IPC Ping behind readiness.",
-            roles=("sidecar",),
-            read_by=("sie.sidecar.health",),
+            "Period of `sie.health.{worker_id}` heartbeats and of the IPC Ping behind readiness. A gateway says "
+            "ready once it has listened for a first round of heartbeats, a few periods long: give gateways the "
+            "sidecars' value.",
+            roles=("sidecar", "gateway"),
+            read_by=("sie.sidecar.health", "sie.roles.gateway"),
         ),
         1.0,
     )

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -21,6 +22,17 @@ def _model_cache(environ: Mapping[str, str]) -> Path:
     return base / "sie" / "models"
 
 
+def _private_socket_path(environ: Mapping[str, str]) -> Path:
+    # A directory of this user's only, never a name any user of the machine could take first in /tmp: the
+    # per-user runtime directory (XDG: owned by the user, mode 0700), else a `sie-{uid}` directory in the temp dir
+    # that the worker creates 0700 and checks is its own.
+    runtime = (environ.get("XDG_RUNTIME_DIR") or "").strip()
+    if runtime:
+        return Path(runtime) / "sie" / "worker.sock"
+    temp = (environ.get("TMPDIR") or "").strip() or "/tmp"
+    return Path(temp) / f"sie-{os.getuid()}" / "worker.sock"
+
+
 @attrs.frozen
 class WorkerSettings:
     """One worker process that loads and runs models, and the socket its sidecar dials."""
@@ -29,12 +41,16 @@ class WorkerSettings:
         Env(
             "SIE_IPC_SOCKET_PATH",
             path(),
-            "Unix socket the worker serves and the sidecar dials.",
+            "Unix socket the worker serves and the sidecar dials. The worker creates its directory (mode 0700) "
+            "when missing and refuses one owned by another user (root aside), a live socket at the path (another "
+            "worker's) or anything else that is no socket; a stale socket is replaced. Containers of one pod set "
+            "it to a path on a volume they share.",
             flag="--socket",
+            shown_default="`$XDG_RUNTIME_DIR/sie/worker.sock`, else `${TMPDIR:-/tmp}/sie-{uid}/worker.sock`",
             roles=("sidecar", "worker"),
             read_by=("sie.roles.sidecar", "sie.roles.worker"),
         ),
-        Path("/tmp/sie-ipc.sock"),
+        factory=_private_socket_path,
     )
     backend: str = setting(
         Env(

@@ -43,13 +43,14 @@ class _Refusal(Exception):
 
 class ProbeServer:
     """`/healthz`, `/readyz` and, when given, `routes` on `host:port` (port 0 picks a free port; `port` tells
-    which after start)."""
+    which after start). The sidecar role binds SIE_WORKER_PROBE_HOST (every interface, for the kubelet); `host`
+    defaults to loopback."""
 
     def __init__(
         self,
         ready: Callable[[], bool],
         port: int,
-        host: str = "0.0.0.0",
+        host: str = "127.0.0.1",
         routes: PlainHandler | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:

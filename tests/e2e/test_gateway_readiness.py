@@ -1,0 +1,77 @@
+"""A gateway's `/readyz` (issue 14 §3): ready means its worker registry has listened for a first round of worker
+heartbeats, so from its first 200 a restarted gateway serves the lane a live worker serves, never 503 PROVISIONING;
+a gateway with no worker at all still becomes ready after that round and answers PROVISIONING (seed 000 §4:
+scale-from-zero needs the request)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from support.cluster import MINILM, Cluster
+from support.nats_server import NatsServer
+from support.polling import holds_within
+from support.servers import RoleProcess, free_port
+
+# Well over the fixed 2 s a restarted gateway waited for heartbeats before issue 14, after which it answered
+# PROVISIONING though the worker was live (most restarts did), and under the gateway's 10 s worker stale time. The
+# sidecar and the gateway are both given it.
+HEALTH_INTERVAL_S = 8.0
+RESTARTS = 2
+READY_DEADLINE_S = 120.0
+
+
+def encode(url: str) -> httpx.Response:
+    return httpx.post(f"{url}/v1/encode/{MINILM}", json={"items": [{"text": "Hello world"}]}, timeout=60)
+
+
+@pytest.mark.slow
+def test_from_its_first_ready_answer_a_restarted_gateway_serves_the_live_workers_lane(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, health_interval_s=HEALTH_INTERVAL_S)
+    try:
+        cluster.wait_serving()
+        for _ in range(RESTARTS):
+            assert cluster.gateway.stop() == 0, cluster.gateway.log()
+            cluster.gateway = cluster.start_gateway()
+            cluster.gateway.wait_http_ready(f"{cluster.url}/readyz", timeout_s=READY_DEADLINE_S)
+            response = encode(cluster.url)
+            code = response.headers.get("x-sie-error-code")
+            assert response.status_code == 200, (response.status_code, code, response.text, cluster.logs())
+    finally:
+        cluster.stop()
+
+
+def test_a_gateway_with_no_workers_becomes_ready_after_its_first_round_and_answers_provisioning(
+    tmp_path: Path,
+) -> None:
+    nats = NatsServer(tmp_path)
+    url = f"http://127.0.0.1:{free_port()}"
+    args = ["--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1], "--health-interval-s", "1"]
+    gateway = RoleProcess("gateway", args, {"SIE_NATS_URL": nats.url}, tmp_path / "gateway.log")
+    answers: list[tuple[int, str]] = []
+
+    def ready() -> bool:
+        if gateway.process.poll() is not None:
+            raise AssertionError(f"the gateway exited with {gateway.process.returncode}:\n{gateway.log()}")
+        try:
+            response = httpx.get(f"{url}/readyz", timeout=5)
+        except httpx.HTTPError:
+            return False
+        answers.append((response.status_code, response.text))
+        return response.status_code == 200
+
+    try:
+        assert holds_within(ready, READY_DEADLINE_S), (answers[-3:], gateway.log())
+        # Connected, it first waited out the round in which live workers would have been heard.
+        waiting = [text for status, text in answers if status == 503 and "first heartbeats" in text]
+        assert waiting and waiting[0].startswith("not ready: waiting "), answers
+        response = encode(url)
+        assert response.status_code == 503, response.text
+        assert (response.headers["x-sie-error-code"], response.headers["retry-after"]) == ("PROVISIONING", "60")
+        assert httpx.get(f"{url}/readyz", timeout=5).status_code == 200  # not tied to worker health
+    finally:
+        code = gateway.stop()
+        nats.stop()
+    assert code == 0, gateway.log()
