@@ -92,14 +92,27 @@ def test_encode_score_extract_through_the_whole_path(cluster: Cluster) -> None:
 
 
 def test_a_lane_without_workers_is_provisioning(cluster: Cluster) -> None:
+    # The default machine profile in a pool no worker serves: capacity may come, so retry later.
+    response = httpx.post(
+        f"{cluster.url}/v1/encode/{MINILM}",
+        json={"items": [{"text": "x"}]},
+        headers={"X-SIE-Pool": "elsewhere"},
+        timeout=30,
+    )
+    assert response.status_code == 503
+    assert response.headers["x-sie-error-code"] == "PROVISIONING" and response.headers["retry-after"] == "60"
+
+
+def test_a_machine_profile_no_worker_has_is_a_400(cluster: Cluster) -> None:
+    # No worker was heard on it and the gateway configures no GPUs: no capacity can come, so retrying is pointless.
     response = httpx.post(
         f"{cluster.url}/v1/encode/{MINILM}",
         json={"items": [{"text": "x"}]},
         headers={"X-SIE-MACHINE-PROFILE": "h100"},
         timeout=30,
     )
-    assert response.status_code == 503
-    assert response.headers["x-sie-error-code"] == "PROVISIONING" and response.headers["retry-after"] == "60"
+    assert response.status_code == 400
+    assert response.json()["detail"]["requested_profile"] == "h100"
 
 
 FILLER = "the quick brown fox jumps over the lazy dog while the band plays on the corner of the street"
