@@ -4,18 +4,19 @@ JSON resolve body, with the model-id check. Blocking CPU work: callers run these
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
-from sie.catalog import ConfigError, load_yaml, validate_model_id
+from sie.catalog import ConfigError, InvalidModelIdError, load_yaml, validate_model_id
 from sie.control.errors import InvalidModelSpecError, MissingFieldError, RequestParseError
 
 
 def parse_yaml_document(body: bytes) -> dict[str, Any]:
-    """A YAML mapping from the body; 400 parse_error for bad YAML or a non-mapping, 400 invalid_model_id
-    when a top-level `sie_id` breaks the id rules."""
+    """A YAML mapping from the body; 400 parse_error for bad or refused YAML (alias bombs, deep nesting) or a
+    non-mapping, 400 invalid_model_id when a top-level `sie_id` is not a string or breaks the id rules."""
     try:
         data = load_yaml(body.decode("utf-8"), "request")
     except UnicodeDecodeError as exc:
@@ -25,7 +26,12 @@ def parse_yaml_document(body: bytes) -> dict[str, Any]:
     if not isinstance(data, Mapping):
         raise RequestParseError("Expected YAML mapping at top level")
     sie_id = data.get("sie_id")
-    if isinstance(sie_id, str) and sie_id:
+    if sie_id is not None and not isinstance(sie_id, str):
+        shown = reprlib.repr(sie_id)
+        raise InvalidModelIdError(
+            f"Model ID must be a string, not {type(sie_id).__name__} {shown}; quote it.", model_id=shown, field="sie_id"
+        )
+    if sie_id:
         validate_model_id(sie_id)
     return dict(data)
 

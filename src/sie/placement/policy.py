@@ -1,7 +1,7 @@
 """The placement policy: seed 002's `scheduling:` block as one immutable value (mode, work basis, repack
 budgets, EMA halflife, hysteresis, replicas, fill quantum, routing policy, memory fit) with per-model
 overrides. Changed at run time only through validated copies; built at startup from the settings and the
-optional placement file. Imports nothing of SIE but the settings.
+optional placement file. Imports nothing of SIE but the settings and the catalogue's bounded YAML loader.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Final
 
 import attrs
-from ruamel.yaml import YAML
-from ruamel.yaml.error import YAMLError
 
+from sie.catalog.errors import ConfigError
+from sie.catalog.yamlio import load_yaml
 from sie.settings.placement import PlacementSettings
 
 ROUND_ROBIN: Final = "round_robin"
@@ -276,9 +276,9 @@ def parse_scheduling_yaml(text: str, source: str = "<yaml>") -> tuple[dict[str, 
     {MODEL: {replicas, fill_mode, fill_factor}}`; an unknown key is a PolicyError naming it.
     """
     try:
-        data = YAML(typ="safe", pure=True).load(text)
-    except YAMLError as exc:
-        raise PolicyError(f"{source}: invalid YAML: {exc}") from exc
+        data = load_yaml(text, source)
+    except ConfigError as exc:  # "Invalid YAML: ..." or "Refused YAML: ...", after the source
+        raise PolicyError(f"{source}: {exc.message[:1].lower()}{exc.message[1:]}") from exc
     block = _scheduling_block(data, source)
     knobs: dict[str, object] = {}
     models: dict[str, ModelOverride] = {}
