@@ -12,7 +12,14 @@ from typing import Any
 import fsspec
 import pytest
 
-from sie.stores.config_store import ConfigStore, ConfigStoreError, CorruptEpochError, MemoryConfigStore
+from sie.stores.config_store import (
+    MAX_FILE_NAME_BYTES,
+    ConfigStore,
+    ConfigStoreError,
+    CorruptEpochError,
+    MemoryConfigStore,
+    ModelIdNotStorableError,
+)
 from sie.stores.fsspec_store import FsspecConfigStore
 from support.object_stores import FakeGcs, SeaweedS3, fake_gcs_fixture, seaweed_s3_fixture
 
@@ -94,10 +101,35 @@ def test_delete_reports_whether_the_model_was_stored(store: ConfigStore) -> None
     assert store.list_models() == {"other/model": "b: 2\n"}
 
 
-def test_ids_with_double_underscore_are_refused(store: ConfigStore) -> None:
-    with pytest.raises(ConfigStoreError, match="__"):
-        store.write_model("bad__id", "a: 1\n")
-    assert store.list_models() == {}
+def test_ids_the_slash_to_double_underscore_naming_merged_are_kept_apart(store: ConfigStore) -> None:
+    ids = ["coll-org_/model", "coll-org/_model", "coll-org__model", "coll-org/model", "a_/_b", "a/__/b", "x~2F"]
+    for model_id in ids:
+        store.write_model(model_id, f"sie_id: {model_id}\n")
+    assert store.list_models() == {model_id: f"sie_id: {model_id}\n" for model_id in ids}
+    assert store.delete_model("coll-org_/model") is True
+    assert sorted(store.list_models()) == sorted(ids[1:])
+
+
+def test_the_longest_storable_id_round_trips_and_a_longer_one_is_refused(store: ConfigStore) -> None:
+    longest = "org/" + "m" * (MAX_FILE_NAME_BYTES - len(".yaml") - len("org__"))
+    store.write_model(longest, "a: 1\n")
+    assert store.list_models() == {longest: "a: 1\n"}
+    for too_long in (longest + "m", "org/" + "_" * 90):  # the second is short, but 3 bytes a character escaped
+        with pytest.raises(ModelIdNotStorableError, match="255 bytes a file name may have"):
+            store.write_model(too_long, "a: 1\n")
+    assert list(store.list_models()) == [longest]
+
+
+def test_files_named_before_escaping_still_read_and_delete(base: Base) -> None:
+    base.put_raw("models/coll-org___model.yaml", b"old: 1\n")  # the old naming of `coll-org/_model`
+    base.put_raw("models/BAAI__bge-m3.yaml", b"plain: 1\n")
+    store = base.store()
+    assert store.list_models() == {"coll-org/_model": "old: 1\n", "BAAI/bge-m3": "plain: 1\n"}
+    store.write_model("coll-org/_model", "new: 2\n")
+    assert store.list_models()["coll-org/_model"] == "new: 2\n"  # the current name wins
+    assert store.delete_model("coll-org/_model") is True
+    assert store.list_models() == {"BAAI/bge-m3": "plain: 1\n"}  # both names are gone
+    assert store.delete_model("coll-org_/model") is False  # the old file never stood for this id
 
 
 @pytest.mark.parametrize("content", [b"", b"abc", b"  \n", b"-1", b"12abc"])

@@ -22,10 +22,13 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from sie.stores.config_store import (
+    MODEL_SUFFIX,
     ConfigStore,
     ConfigStoreError,
     CorruptEpochError,
     MemoryConfigStore,
+    ModelIdNotStorableError,
+    legacy_file_name,
     model_file_name,
     model_id_from_file,
 )
@@ -33,7 +36,6 @@ from sie.stores.config_store import (
 SUPPORTED_PROTOCOLS = frozenset({"file", "local", "s3", "gs", "gcs"})
 EPOCH_FILE = "epoch"
 MODELS_DIR = "models"
-MODEL_SUFFIX = ".yaml"
 _EPOCH_TEXT = re.compile(r"[0-9]+")
 
 
@@ -45,7 +47,7 @@ def open_config_store(url: str | None, storage_options: dict[str, Any] | None = 
 
 
 class FsspecConfigStore:
-    """`{base}/epoch` and `{base}/models/{id with / → __}.yaml` on any supported fsspec filesystem."""
+    """`{base}/epoch` and `{base}/models/{model_file_name(id)}` on any supported fsspec filesystem."""
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         protocol = fsspec.core.split_protocol(url)[0] or "file"
@@ -92,14 +94,21 @@ class FsspecConfigStore:
                 continue  # deleted between the listing and the read
             if isinstance(data, BaseException):
                 raise ConfigStoreError(f"reading {self._display(path)} failed: {data}") from data
-            models[model_id_from_file(path.rsplit("/", 1)[-1])] = self._decode(path, data)
+            name = path.rsplit("/", 1)[-1]
+            model_id = model_id_from_file(name)
+            if model_id not in models or _is_current_name(name, model_id):
+                models[model_id] = self._decode(path, data)  # a current name wins over a pre-escaping one
         return models
 
     def write_model(self, model_id: str, yaml_text: str) -> None:
         self._write(self._path(MODELS_DIR, model_file_name(model_id)), yaml_text.encode("utf-8"))
 
     def delete_model(self, model_id: str) -> bool:
-        path = self._path(MODELS_DIR, model_file_name(model_id))
+        names = [model_file_name(model_id), legacy_file_name(model_id)]
+        deleted = [self._delete(self._path(MODELS_DIR, name)) for name in names if name is not None]
+        return any(deleted)
+
+    def _delete(self, path: str) -> bool:
         with _translated("deleting", self._display(path)):
             self._fs.invalidate_cache(path)
             if not self._fs.exists(path):
@@ -146,10 +155,18 @@ class FsspecConfigStore:
             raise ConfigStoreError(f"{self._display(path)} is not UTF-8 text: {exc}") from exc
 
 
+def _is_current_name(name: str, model_id: str) -> bool:
+    try:
+        return model_file_name(model_id) == name
+    except ModelIdNotStorableError:
+        return False  # an old file whose id no longer fits a file name once escaped
+
+
 def _replace_atomically(destination: Path, data: bytes) -> None:
     """Temp file in the same directory, write, flush + fsync, `os.replace`: never an empty destination."""
     destination.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temp_name = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent)
+    # A short temp name: the destination's own may already be as long as a file name can be.
+    descriptor, temp_name = tempfile.mkstemp(prefix=".sie-", suffix=".tmp", dir=destination.parent)
     try:
         with os.fdopen(descriptor, "wb") as temp:
             temp.write(data)
