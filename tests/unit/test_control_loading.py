@@ -1,5 +1,5 @@
-"""Start-up of the config service: restore from the store, the stored epoch, the role's router id, and a
-write whose caller is cancelled mid-commit still completing."""
+"""Start-up of the config service: restore from the store (on by default; off only over a store without models),
+the stored epoch, the role's router id, and a write whose caller is cancelled mid-commit still completing."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sie.control.errors import UnrestoredStoreError
 from sie.control.loading import load_registry, restore_models
 from sie.control.registry import SOURCE_API
 from sie.control.writes import ConfigWriter
@@ -29,10 +30,15 @@ def registry():  # noqa: ANN201
     return load_registry(REPO / "config/bundles", REPO / "config/models")
 
 
+STORED_MODEL = (
+    "sie_id: acme/m\nhf_id: acme/m\nprofiles:\n  default:\n    adapter_path: sie.adapters.dense:D\n"
+    "    max_batch_tokens: 8\n"
+)
+
+
 def test_restore_replays_stored_models_and_skips_bad_ones() -> None:
     store = MemoryConfigStore()
-    store.write_model("acme/m", "sie_id: acme/m\nhf_id: acme/m\nprofiles:\n  default:\n"
-                      "    adapter_path: sie.adapters.dense:D\n    max_batch_tokens: 8\n")  # fmt: skip
+    store.write_model("acme/m", STORED_MODEL)
     store.write_model("acme/bad", "sie_id: acme/bad\n")
     loaded = registry()
     assert restore_models(loaded, store) == 1
@@ -58,6 +64,35 @@ async def test_open_state_reads_epoch_and_restores(tmp_path: Path) -> None:
     settings = load_settings(environ={"SIE_CONFIG_STORE_DIR": str(tmp_path), "SIE_CONFIG_RESTORE": "true"})
     store, loaded, epoch = await open_state(settings)
     assert epoch == 7 and loaded.available
+
+
+def stored_model_dir(tmp_path: Path) -> Path:
+    """A store at epoch 3 holding one API-written model."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "acme__m.yaml").write_text(STORED_MODEL)
+    (tmp_path / "epoch").write_text("3")
+    return tmp_path
+
+
+async def test_stored_models_are_restored_by_default(tmp_path: Path) -> None:
+    settings = load_settings(environ={"SIE_CONFIG_STORE_DIR": str(stored_model_dir(tmp_path))})
+    assert settings.config_service.restore is True
+    _store, loaded, epoch = await open_state(settings)
+    assert epoch == 3 and loaded.state.source("acme/m") == SOURCE_API
+
+
+async def test_restore_off_over_stored_models_refuses_to_start(tmp_path: Path) -> None:
+    environ = {"SIE_CONFIG_STORE_DIR": str(stored_model_dir(tmp_path)), "SIE_CONFIG_RESTORE": "false"}
+    with pytest.raises(UnrestoredStoreError, match="SIE_CONFIG_RESTORE=true") as refused:
+        await open_state(load_settings(environ=environ))
+    assert "holds 1 models" in refused.value.message
+
+
+async def test_restore_off_over_a_store_without_models_starts(tmp_path: Path) -> None:
+    (tmp_path / "epoch").write_text("2")
+    environ = {"SIE_CONFIG_STORE_DIR": str(tmp_path), "SIE_CONFIG_RESTORE": "false"}
+    _store, loaded, epoch = await open_state(load_settings(environ=environ))
+    assert epoch == 2 and loaded.available
 
 
 class SlowStore(MemoryConfigStore):

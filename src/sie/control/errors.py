@@ -14,6 +14,7 @@ ControlError
 ├── IdempotencyMismatchError   an Idempotency-Key reused with another payload
 ├── InflightCancelledError     the same key's owner was cancelled before it committed
 ├── InflightAbortedError       the same key's owner failed unexpectedly
+├── UnrestoredStoreError       start-up: SIE_CONFIG_RESTORE=false over a store that holds models
 └── AuthError                  missing or refused token (status and plain-string detail, as SIE answers)
 """
 
@@ -103,6 +104,10 @@ class InflightCancelledError(ControlError):
 
 class InflightAbortedError(ControlError):
     """The request owning this Idempotency-Key failed unexpectedly."""
+
+
+class UnrestoredStoreError(ControlError):
+    """Start-up refused: serving the stored epoch without the stored models would tell gateways they are current."""
 
 
 class AuthError(ControlError):

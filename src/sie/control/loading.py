@@ -2,6 +2,9 @@
 models replayed from the config store (SIE_CONFIG_RESTORE), and the stored epoch. Blocking file I/O: the
 role runs these in a thread. A bundle directory that fails to load leaves the registry unavailable
 (seed 000 §11.8) instead of stopping the process; bad model files are logged and left out.
+
+The stored epoch numbers the stored models (seed 000 §3: every exported (epoch, models) pair is a state that
+existed), so it is served only with them: restore is on by default, and off only over a store with no models.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import logging
 from pathlib import Path
 
 from sie.catalog import CatalogErrors, ConfigError, load_yaml, parse_model_config, read_catalog
+from sie.control.errors import UnrestoredStoreError
 from sie.control.registry import ModelRegistry, RegistryState
 from sie.stores.config_store import ConfigStore
 
@@ -47,3 +51,15 @@ def restore_models(registry: ModelRegistry, store: ConfigStore) -> int:
         restored += 1
     registry.swap(state)
     return restored
+
+
+def require_no_stored_models(store: ConfigStore) -> None:
+    """With SIE_CONFIG_RESTORE=false: UnrestoredStoreError when the store holds models, naming the way out."""
+    stored = store.list_models()
+    if stored:
+        raise UnrestoredStoreError(
+            f"SIE_CONFIG_RESTORE=false, but the config store {store!r} holds {len(stored)} models written through "
+            "the API; serving its epoch without them would tell gateways they are current. Set "
+            "SIE_CONFIG_RESTORE=true (the default) to serve them, or remove the store (models and epoch) to start "
+            "afresh at epoch 0."
+        )

@@ -1,9 +1,13 @@
 """The write path (seed 000 §3), one named step per stage, all under ONE asyncio.Lock: validate → plan
-(created vs skipped, 409 conflicts) → check the publisher → persist → swap the registry → epoch + 1 →
-publish. Persisting comes before the registry swap, so a failed store write changes nothing; once the
-commit phase starts it runs to the end even if the caller is cancelled (`run_to_completion`).
+(created vs skipped, 409 conflicts) → check the publisher → store the next epoch → persist → swap the
+registry → serve the new epoch → publish. Persisting comes before the registry swap, so a failed store write
+changes nothing visible; once the commit phase starts it runs to the end even if the caller is cancelled
+(`run_to_completion`).
 
-The epoch moves only when a store is configured (seed 000 §3.3.5), once per creating write.
+The epoch moves only when a store is configured (seed 000 §3.3.5), once per creating write. Its stored copy
+is written ahead of the change it numbers: a crash (or a failed write) in between leaves a newer stored epoch
+over the old models, which only makes gateways re-export, never an old epoch over new models, which would let
+them believe they are current. Readers see the new epoch only after the registry swap.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from sie.control import merge, views
 from sie.control.errors import ConfigStoreRequiredError, ContentConflictError
 from sie.control.publisher import Delta, DeltaPublisher, build_notifications
 from sie.control.registry import SOURCE_API, ModelRegistry, RegistryState
-from sie.stores.config_store import ConfigStore
+from sie.stores.config_store import ConfigStore, ModelIdNotStorableError, model_file_name
 
 logger = logging.getLogger(__name__)
 
@@ -212,10 +216,11 @@ class ConfigWriter:
             return await run_to_completion(self._commit_delete(state, model))
 
     async def _commit_delete(self, state: RegistryState, model: ModelConfig) -> DeleteOutcome:
+        epoch = await self._store_next_epoch()
         await self._persist_delete(model.sie_id)
         new_state = state.without_api_model(model.sie_id)
         self._registry.swap(new_state)
-        await self._bump_epoch()
+        self._epoch = epoch
         fallback = new_state.catalog.models.get(model.sie_id)
         bundles = _union(
             views.model_bundle_names(state.catalog, model),
@@ -234,10 +239,12 @@ class ConfigWriter:
     # the steps
 
     def _check_storable(self, model_id: str) -> None:
-        if self._store is not None and "__" in model_id:
-            raise InvalidModelIdError(
-                "Model ID must not contain '__' (the config store maps '/' to '__').", model_id=model_id
-            )
+        if self._store is None:
+            return
+        try:
+            model_file_name(model_id)
+        except ModelIdNotStorableError as exc:
+            raise InvalidModelIdError(f"Model ID cannot be stored: {exc}.", model_id=model_id, field="sie_id") from exc
 
     async def _check_publisher(self) -> None:
         if self._publisher is not None:
@@ -246,10 +253,11 @@ class ConfigWriter:
     async def _commit(
         self, state: RegistryState, model: ModelConfig, yaml_text: str, added: Sequence[str], bundles: Sequence[str]
     ) -> list[dict[str, Any]]:
+        epoch = await self._store_next_epoch()
         await self._persist(model.sie_id, yaml_text)
         new_state = state.with_api_model(model, yaml_text)
         self._registry.swap(new_state)
-        await self._bump_epoch()
+        self._epoch = epoch
         return await self._publish(new_state, model, Delta(self.router_id, self._epoch, yaml_text, added), bundles)
 
     async def _persist(self, model_id: str, yaml_text: str) -> None:
@@ -260,12 +268,14 @@ class ConfigWriter:
         if self._store is not None:
             await asyncio.to_thread(self._store.delete_model, model_id)
 
-    async def _bump_epoch(self) -> None:
+    async def _store_next_epoch(self) -> int:
+        """Write epoch + 1 to the store before the change it numbers (see the module); the epoch to serve once
+        the change is in the registry. Without a store the epoch stays."""
         if self._store is None:
-            return
+            return self._epoch
         epoch = self._epoch + 1
         await asyncio.to_thread(self._store.write_epoch, epoch)
-        self._epoch = epoch
+        return epoch
 
     async def _publish(
         self, state: RegistryState, model: ModelConfig, delta: Delta, bundles: Sequence[str]

@@ -1,5 +1,5 @@
 """`sie run --role config`: the config service. Settings → config store → registry (filesystem baseline,
-optional restore) → stored epoch → optional NATS publisher → app → HTTP server (seed 000 §3, §13).
+stored models restored) → stored epoch → optional NATS publisher → app → HTTP server (seed 000 §3, §13).
 
 Router id: gateways trust producers named `sie-config` exactly or as a pod-name prefix, so the service
 uses SIE_ROUTER_ID only when it starts with `sie-config`, else `sie-config`. Without SIE_NATS_URL there is
@@ -17,7 +17,8 @@ from contextlib import AsyncExitStack
 
 from sie.control.app import build_control_app
 from sie.control.auth import AccessPolicy
-from sie.control.loading import load_registry, restore_models
+from sie.control.errors import UnrestoredStoreError
+from sie.control.loading import load_registry, require_no_stored_models, restore_models
 from sie.control.publisher import DeltaPublisher
 from sie.control.registry import ModelRegistry
 from sie.control.writes import ConfigWriter
@@ -52,14 +53,17 @@ def access_policy(settings: Settings) -> AccessPolicy:
 
 
 async def open_state(settings: Settings) -> tuple[ConfigStore, ModelRegistry, int]:
-    """The store, the loaded registry and the stored epoch (CorruptEpochError stops start-up)."""
+    """The store, the loaded registry with the stored models, and the stored epoch; CorruptEpochError and
+    UnrestoredStoreError (SIE_CONFIG_RESTORE=false over stored models) stop start-up."""
     store = await asyncio.to_thread(open_config_store, settings.config_service.store_dir)
     catalog = settings.catalog
     registry = await asyncio.to_thread(load_registry, catalog.bundles_dir, catalog.models_dir)
     epoch = await asyncio.to_thread(store.read_epoch)
-    if settings.config_service.restore and registry.available:
+    if not settings.config_service.restore:
+        await asyncio.to_thread(require_no_stored_models, store)
+    elif registry.available:
         restored = await asyncio.to_thread(restore_models, registry, store)
-        logger.info("restored %d models from the config store", restored)
+        logger.info("restored %d models from the config store at epoch %d", restored, epoch)
     return store, registry, epoch
 
 
@@ -97,6 +101,6 @@ def run(settings: Settings) -> int:
             f"sie: the config store's epoch file is unreadable: {exc}. Fix or remove it, then restart.", file=sys.stderr
         )
         return 1
-    except (ConfigStoreError, TransportUnavailable) as exc:
+    except (ConfigStoreError, TransportUnavailable, UnrestoredStoreError) as exc:
         print(f"sie: the config service cannot start: {exc}", file=sys.stderr)
         return 1

@@ -76,11 +76,13 @@ class ConfigServiceSettings:
         Env(
             "SIE_CONFIG_RESTORE",
             boolean(),
-            "Replay the stored models into the registry at start-up.",
+            "Replay the stored models at start-up, at the stored epoch, so every acknowledged write survives a "
+            "restart. `false` only while the store holds no models: the service refuses to start rather than "
+            "serve the stored epoch without them (gateways at that epoch would believe they are current).",
             roles=("config",),
             read_by=("sie.roles.config",),
         ),
-        False,
+        True,
     )
 
 
