@@ -227,8 +227,8 @@ async def test_changed_metadata_is_409(client: httpx.AsyncClient) -> None:
     assert await epoch(client) == 1
 
 
-async def test_body_over_one_mib_is_413(client: httpx.AsyncClient) -> None:
-    response = await client.post("/v1/configs/models", content=b"#" * (1024 * 1024 + 1))
+async def test_body_over_256_kib_is_413(client: httpx.AsyncClient) -> None:
+    response = await client.post("/v1/configs/models", content=b"#" * (256 * 1024 + 1))
     assert response.status_code == 413 and detail(response)["error"] == "payload_too_large"
 
 
