@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from sie.catalog.names import work_pool_stream_name
-from support.cluster import Cluster
+from support.cluster import Cluster, serving_cluster
 from support.polling import eventually, holds_within
 
 pytestmark = pytest.mark.slow
@@ -24,12 +24,8 @@ HELLO_WORLD_PREFIX = [-0.034477, 0.031023, 0.006735, 0.026109]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    deployment = Cluster(tmp_path_factory.mktemp("cluster"))
-    try:
-        deployment.wait_serving()
+    with serving_cluster(tmp_path_factory.mktemp("cluster")) as deployment:
         yield deployment
-    finally:
-        deployment.stop()
 
 
 @pytest.fixture(scope="module")
@@ -91,26 +87,20 @@ def test_encode_score_extract_through_the_whole_path(cluster: Cluster) -> None:
     assert health["type"] == "gateway" and any(w["name"] == "w-1" for w in health["workers"])
 
 
+def encode_on_lane(cluster: Cluster, headers: dict[str, str]) -> httpx.Response:
+    return httpx.post(f"{cluster.url}/v1/encode/{MINILM}", json={"items": [{"text": "x"}]}, headers=headers, timeout=30)
+
+
 def test_a_lane_without_workers_is_provisioning(cluster: Cluster) -> None:
     # The default machine profile in a pool no worker serves: capacity may come, so retry later.
-    response = httpx.post(
-        f"{cluster.url}/v1/encode/{MINILM}",
-        json={"items": [{"text": "x"}]},
-        headers={"X-SIE-Pool": "elsewhere"},
-        timeout=30,
-    )
+    response = encode_on_lane(cluster, {"X-SIE-Pool": "elsewhere"})
     assert response.status_code == 503
     assert response.headers["x-sie-error-code"] == "PROVISIONING" and response.headers["retry-after"] == "60"
 
 
 def test_a_machine_profile_no_worker_has_is_a_400(cluster: Cluster) -> None:
     # No worker was heard on it and the gateway configures no GPUs: no capacity can come, so retrying is pointless.
-    response = httpx.post(
-        f"{cluster.url}/v1/encode/{MINILM}",
-        json={"items": [{"text": "x"}]},
-        headers={"X-SIE-MACHINE-PROFILE": "h100"},
-        timeout=30,
-    )
+    response = encode_on_lane(cluster, {"X-SIE-MACHINE-PROFILE": "h100"})
     assert response.status_code == 400
     assert response.json()["detail"]["requested_profile"] == "h100"
 

@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 from sie.catalog.names import work_subject
 from sie.wire.converter import from_msgpack, to_msgpack
 from sie.wire.queue import WorkItem, WorkResult
-from support.cluster import Cluster
+from support.cluster import Cluster, serving_cluster
 from support.hostile import HOSTILE, LEAKS, MINILM, hostile_misanswers, innocent_failures, references, send_crowd
 from support.polling import eventually
 
@@ -41,12 +41,8 @@ def test_hostile_requests_fail_alone_in_the_all_role(all_server: str) -> None:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    deployment = Cluster(tmp_path_factory.mktemp("hostile-neighbours"))
-    try:
-        deployment.wait_serving()
+    with serving_cluster(tmp_path_factory.mktemp("hostile-neighbours")) as deployment:
         yield deployment
-    finally:
-        deployment.stop()
 
 
 def test_hostile_requests_fail_alone_in_distributed_mode(cluster: Cluster) -> None:

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from support.cluster import Cluster
+from support.cluster import Cluster, serving_cluster
 from support.polling import holds_within
 
 pytestmark = pytest.mark.slow
@@ -24,12 +24,9 @@ LONG_TEXT = " ".join(f"word{index % 97} stands beside token{index % 89}" for ind
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("large-payloads")
-    deployment = Cluster(root, broker_env={"SIE_PAYLOAD_STORE_URL": str(root / "payloads")}, max_payload=MAX_PAYLOAD)
-    try:
-        deployment.wait_serving()
+    payloads = {"SIE_PAYLOAD_STORE_URL": str(root / "payloads")}
+    with serving_cluster(root, broker_env=payloads, max_payload=MAX_PAYLOAD) as deployment:
         yield deployment
-    finally:
-        deployment.stop()
 
 
 def test_a_multivector_encode_of_many_long_texts_comes_back_whole(cluster: Cluster) -> None:

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -75,3 +77,14 @@ class Cluster:
         for process in (self.gateway, self.sidecar, self.worker):
             process.stop()
         self.nats.stop()
+
+
+@contextlib.contextmanager
+def serving_cluster(root: Path, worker_args: tuple[str, ...] = (), **options: Any) -> Iterator[Cluster]:
+    """A Cluster in `root` (options as Cluster's), once it serves MiniLM; stopped on exit."""
+    deployment = Cluster(root, worker_args, **options)
+    try:
+        deployment.wait_serving()
+        yield deployment
+    finally:
+        deployment.stop()
