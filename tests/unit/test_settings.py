@@ -158,22 +158,31 @@ def test_model_cache_follows_xdg_cache_home() -> None:
 
 
 def test_overrides_win_over_the_environment() -> None:
-    env = {"SIE_GATEWAY_PORT": "9000", "SIE_STREAM_REPLICAS": "2", "SIE_LOG_JSON": "false"}
+    env = {"SIE_GATEWAY_PORT": "9000", "SIE_STREAM_REPLICAS": "2", "SIE_LOG_FORMAT": "text"}
     s = load_settings(
         env,
         {
             "gateway.port": 9100,
             "stream.replicas": None,  # a flag the user did not give
-            "telemetry.log_json": True,
+            "telemetry.log_format": "JSON",
             "worker.preload_models": ["a", " b "],
             "batching.max_batch_wait_s": 5,  # the flag mirrors SIE_MAX_BATCH_WAIT_MS, so milliseconds
         },
     )
     assert s.gateway.port == 9100
     assert s.stream.replicas == 2
-    assert s.telemetry.log_json is True
+    assert s.telemetry.log_format == "json"
     assert s.worker.preload_models == ("a", "b")
     assert s.batching.max_batch_wait_s == pytest.approx(0.005, abs=1e-12)
+
+
+def test_log_format_reads_the_deprecated_log_json_as_an_alias() -> None:
+    assert load_settings({}).telemetry.log_format == "text"
+    assert load_settings({"SIE_LOG_JSON": "true"}).telemetry.log_format == "json"
+    assert load_settings({"SIE_LOG_JSON": "0"}).telemetry.log_format == "text"
+    assert load_settings({"SIE_LOG_FORMAT": "text", "SIE_LOG_JSON": "true"}).telemetry.log_format == "text"
+    with pytest.raises(SettingsError, match="SIE_LOG_JSON='maybe' is not allowed; expected one of: text, json"):
+        load_settings({"SIE_LOG_JSON": "maybe"})
 
 
 def test_bad_override_names_the_flag() -> None:
@@ -193,7 +202,7 @@ def test_every_bad_variable_is_reported_together() -> None:
                 "SIE_STREAM_STORAGE": "disk",
                 "SIE_AUTH_MODE": "tokn",
                 "SIE_GATEWAY_REQUEST_TIMEOUT": "-1",
-                "SIE_LOG_JSON": "maybe",
+                "SIE_LOG_FORMAT": "maybe",
                 "SIE_POOL": "bad.pool",
                 "SIE_WORKER_BACKEND": "random",
             }
@@ -203,7 +212,7 @@ def test_every_bad_variable_is_reported_together() -> None:
     assert "SIE_STREAM_STORAGE='disk' is not allowed; expected one of: memory, file" in problems
     assert "SIE_AUTH_MODE='tokn' is not allowed; expected one of: none, token, static" in problems
     assert "SIE_GATEWAY_REQUEST_TIMEOUT='-1' is out of range; expected seconds > 0" in problems
-    assert "SIE_LOG_JSON='maybe' is not a boolean; expected true/false, 1/0 or yes/no" in problems
+    assert "SIE_LOG_FORMAT='maybe' is not allowed; expected one of: text, json" in problems
     assert any(p.startswith("SIE_POOL='bad.pool' is not a valid name") for p in problems)
     assert any(p.startswith("SIE_WORKER_BACKEND='random' is not allowed") for p in problems)
     assert len(problems) == 7
@@ -377,10 +386,10 @@ def test_the_role_comes_from_the_flag_then_the_variable_then_all() -> None:
 
 
 def test_flags_map_to_setting_paths() -> None:
-    assert parse_flags(["--role", "all", "--port=9000", "--json-logs", "--preload", "a,b"], "all") == {
+    assert parse_flags(["--role", "all", "--port=9000", "--log-format", "json", "--preload", "a,b"], "all") == {
         "process.role": "all",
         "gateway.port": "9000",
-        "telemetry.log_json": "true",
+        "telemetry.log_format": "json",
         "worker.preload_models": "a,b",
     }
     with pytest.raises(SettingsError, match="needs a value"):

@@ -4,8 +4,25 @@ from __future__ import annotations
 
 import attrs
 
-from sie.settings._parsers import boolean, choice
+from sie.settings._parsers import Parser, boolean, choice
 from sie.settings._spec import ROLES, Env, setting
+
+LOG_FORMATS = ("text", "json")
+
+
+def _log_format() -> Parser:
+    """`text` or `json`, any case; the boolean spellings of the deprecated SIE_LOG_JSON alias map onto them."""
+    legacy = boolean()
+
+    def convert(raw: str) -> str:
+        if raw.lower() in LOG_FORMATS:
+            return raw.lower()
+        try:
+            return "json" if legacy.convert(raw) else "text"
+        except ValueError:
+            raise ValueError(f"is not allowed; expected one of: {', '.join(LOG_FORMATS)}") from None
+
+    return Parser(" | ".join(LOG_FORMATS), convert)
 
 
 @attrs.frozen
@@ -22,14 +39,15 @@ class TelemetrySettings:
         ),
         "info",
     )
-    log_json: bool = setting(
+    log_format: str = setting(
         Env(
-            "SIE_LOG_JSON",
-            boolean(),
-            "Write logs as one JSON object per line.",
-            flag="--json-logs",
+            "SIE_LOG_FORMAT",
+            _log_format(),
+            "Log lines as text, or as one JSON object per line whose keys hold the fields of access and model "
+            "lines. The deprecated SIE_LOG_JSON=true|false means json|text.",
+            aliases=("SIE_LOG_JSON",),
             roles=ROLES,
             read_by=("sie.telemetry.logs",),
         ),
-        False,
+        "text",
     )
