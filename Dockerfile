@@ -1,7 +1,7 @@
 # One image for every role: `docker run IMAGE run --role gateway|config|sidecar|worker|all`.
 # Build the GPU variant with `--build-arg ORT_EXTRA=gpu-cuda` (onnxruntime-gpu + CUDA wheels).
 # A role refuses SIE_* variables it does not read, so the image sets none: the baseline catalogue ships
-# inside the package, and the model cache defaults to $XDG_CACHE_HOME/sie/models.
+# inside the package (src/sie/config), and the model cache defaults to $XDG_CACHE_HOME/sie/models.
 FROM python:3.11-slim
 
 ARG ORT_EXTRA=cpu
@@ -12,7 +12,6 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY src ./src
-COPY config ./src/sie/config
 RUN pip install ".[${ORT_EXTRA}]" && useradd --system --home /app sie && mkdir -p /var/cache/sie \
     && chown -R sie /var/cache/sie
 USER sie

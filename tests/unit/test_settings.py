@@ -66,10 +66,12 @@ def test_direct_construction_equals_loading_an_empty_environment() -> None:
     assert attrs.evolve(built, process=loaded.process, catalog=loaded.catalog, worker=loaded.worker) == loaded
 
 
-def test_catalogue_defaults_point_at_the_repository_config() -> None:
+def test_catalogue_defaults_point_at_the_package_data() -> None:
     s = load_settings({})
-    assert s.catalog.bundles_dir == REPO / "config" / "bundles"
-    assert s.catalog.models_dir == REPO / "config" / "models"
+    assert s.catalog.bundles_dir == REPO / "src" / "sie" / "config" / "bundles"
+    assert s.catalog.models_dir == REPO / "src" / "sie" / "config" / "models"
+    # The repository's top-level config/ is the same directory, for the tests and docs that name it.
+    assert (REPO / "config" / "models").resolve() == s.catalog.models_dir.resolve()
 
 
 def test_environment_values_are_parsed() -> None:

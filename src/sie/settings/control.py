@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import importlib.resources
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -16,15 +17,11 @@ from sie.settings._spec import Env, setting
 _CATALOGUE_ROLES = ("gateway", "config", "worker", "all")
 _FOLLOWER_ROLES = ("gateway", "sidecar")
 
-_PACKAGE_DIR = Path(__file__).resolve().parent.parent
-
 
 def _catalogue_dir(name: str) -> Path:
-    # Package data first (a wheel that ships `sie/config/`), then the source tree's top-level `config/`.
-    packaged = _PACKAGE_DIR / "config" / name
-    if packaged.is_dir():
-        return packaged
-    return _PACKAGE_DIR.parent.parent / "config" / name
+    # The baseline catalogue is package data (`src/sie/config/`; the repository's `config/` links there), so
+    # an editable install, a wheel and the Docker image read the same files from any working directory.
+    return Path(str(importlib.resources.files("sie").joinpath("config", name)))
 
 
 def _bundles_dir(_environ: Mapping[str, str]) -> Path:
