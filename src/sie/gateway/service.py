@@ -21,6 +21,7 @@ from sie.gateway.offload import PayloadOffload
 from sie.gateway.publisher import WorkPublisher, publish_error
 from sie.gateway.router import LaneHints, Route, Router
 from sie.gateway.workitems import Ticket
+from sie.telemetry.access import note_request
 from sie.wire.http import EncodeParams, EncodeRequest, ExtractParams, ExtractRequest, ScoreRequest
 from sie.wire.queue import OPERATION_ENCODE, OPERATION_EXTRACT, OPERATION_SCORE, WorkItem, WorkResult
 
@@ -87,6 +88,7 @@ class InferenceService:
 
     async def encode_results(self, spec: str, request: EncodeRequest, hints: LaneHints) -> Collected:
         """The raw results of an encode (the OpenAI surface reshapes them itself)."""
+        note_request(model=spec, items=len(request.items))
         self._limits.check(request.items)
         params = request.params
         route = self._router.route(spec, _profile(params.options if params else None), hints)
@@ -103,6 +105,7 @@ class InferenceService:
         return Served(openai.embeddings_body(call, collected.results), collected.meta)
 
     async def score(self, spec: str, request: ScoreRequest, hints: LaneHints) -> Served:
+        note_request(model=spec, items=len(request.items))
         self._limits.check(request.items, request.query)
         route = self._router.route(spec, _profile(request.options), hints)
         router.check_score(route)
@@ -113,6 +116,7 @@ class InferenceService:
         return Served(body, collected.meta)
 
     async def extract(self, spec: str, request: ExtractRequest, hints: LaneHints) -> Served:
+        note_request(model=spec, items=len(request.items))
         self._limits.check(request.items)
         params = request.params
         route = self._router.route(spec, _profile(params.options if params else None), hints)
@@ -126,6 +130,7 @@ class InferenceService:
     async def _run(self, route: Route, build: Callable[[Ticket], list[WorkItem]]) -> Collected:
         await self._publisher.admit(route.lane)
         request_id, reply = self._publisher.new_request()
+        note_request(request_id=request_id)
         now = time.time()
         items = build(Ticket(request_id, reply, self._publisher.router_id, now, now + self._timeout_s))
         with self._collector.expect(request_id, len(items)) as pending:

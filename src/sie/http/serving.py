@@ -3,7 +3,8 @@ in-flight ones finish up to the grace period, then stop the listener.
 
 Two servers, picked by SIE_HTTP_SERVER: hypercorn (HTTP/1.1 and h2c on one bind, the default) and
 uvicorn with the httptools parser (HTTP/1.1 only, far less CPU per request). Both run on the role's
-own event loop; the role, not the server, owns the signals.
+own event loop; the role, not the server, owns the signals. Each request gets one access line (sie.access);
+the servers' own access logs stay off.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import hypercorn.config
 import uvicorn
 
 from sie.http.unread_body import CloseOnUnreadBody
+from sie.telemetry.access import AccessLogMiddleware
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +50,8 @@ async def serve_http(app: App, listener: HttpListener, stop: asyncio.Event) -> N
     except KeyError:
         raise ValueError(f"unknown HTTP server {listener.server!r}; expected one of {sorted(_SERVERS)}") from None
     logger.info("listening on http://%s:%d (%s)", listener.host, listener.port, listener.server)
-    await serve(app, listener, stop)
+    # Outermost, so every answer gets its one access line: the app's error pages, auth refusals and drain 503s too.
+    await serve(AccessLogMiddleware(app), listener, stop)
 
 
 async def serve_until_signalled(app: App, listener: HttpListener, on_shutdown: Callable[[], Awaitable[None]]) -> None:

@@ -8,8 +8,10 @@ executor. Every failure leaves as a ModelLoadError with a class and a message na
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import attrs
 from sie.catalog.errors import ConfigError
 from sie.catalog.model import ModelConfig, Profile
 from sie.settings import WorkerSettings
+from sie.telemetry.logs import log_fields
 from sie.tokenization import TextTokenizer, TokenizerError
 from sie.worker.adapters import CONVERSION_HEADS, Adapter, AdapterContext, adapter_class
 from sie.worker.artifacts import ArtifactError, ArtifactResolver, ProgressCallback, profile_artifacts
@@ -27,6 +30,8 @@ from sie.worker.session import SessionOptions, create_session
 
 DEFAULT_MAX_SEQUENCE_LENGTH = 512
 GRAPH_NAMES = ("model.onnx", "onnx/model.onnx")
+
+logger = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -132,10 +137,14 @@ class ModelLoader:
             if target.is_file():
                 return target
             self.converted_dir.mkdir(parents=True, exist_ok=True)
+            logger.info("converting model %s to ONNX (%s head)", model_id, head,
+                        extra=log_fields(event="model_converting", model=model_id, head=head))  # fmt: skip
+            started = time.perf_counter()
             with tempfile.TemporaryDirectory(dir=self.converted_dir) as scratch:
                 staged = Path(scratch) / target.name
                 convert_bert(model_dir, staged, head)
                 os.replace(staged, target)  # atomic: a reader sees no graph or the whole graph
+            _log_converted(model_id, target, time.perf_counter() - started)
             return target
         except ConversionError as exc:
             raise ModelLoadError("UNKNOWN", f"Model '{model_id}': cannot convert to ONNX: {exc}") from exc
@@ -154,6 +163,12 @@ class ModelLoader:
                 f"but the model's vocabulary has {vocab_size}",
             )
         return tokenizer
+
+
+def _log_converted(model_id: str, graph: Path, seconds: float) -> None:
+    size = graph.stat().st_size
+    fields = log_fields(event="model_converted", model=model_id, seconds=round(seconds, 3), bytes=size)
+    logger.info("converted model %s to ONNX in %.2fs (%d bytes)", model_id, seconds, size, extra=fields)
 
 
 def _read_json(path: Path) -> dict:

