@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from sie.gateway.cluster_status import ClusterSources, ClusterStatus
 from sie.gateway.collector import Collector
 from sie.gateway.config_routes import config_routes
 from sie.gateway.config_sync import HeartbeatSource
@@ -31,6 +32,8 @@ from sie.gateway.router import CatalogSource, Router
 from sie.gateway.service import InferenceService
 from sie.gateway.shutdown import ServingState, ShutdownMiddleware
 from sie.gateway.status import ModelStatusSource
+from sie.gateway.status_page import StatusPages, status_routes
+from sie.gateway.traffic import TrafficMiddleware, TrafficWindow
 from sie.settings import GatewaySettings, LaneSettings
 from sie.transport.base import Transport
 
@@ -106,6 +109,10 @@ def build_gateway_app(
     )
     inference = InferenceHandlers(service, settings.max_body_bytes)
     read = ReadHandlers(sources.catalog, sources.status, serving, settings.configured_gpus, sources.unready_reason)
+    traffic = TrafficWindow()  # inference requests per second and their latency, for the status page
+    cluster = ClusterSources(
+        sources.catalog, sources.status, sources.transport, lambda: len(collector), lane.pool, settings.configured_gpus
+    )
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -122,8 +129,9 @@ def build_gateway_app(
             *config_routes(sources.catalog, sources.heartbeats),
             *dead_letter_routes(sources.dead_letters, sources.admin_token),
             *extra_routes,
+            *status_routes(StatusPages(ClusterStatus(cluster, traffic), serving)),
         ],
-        middleware=[Middleware(ShutdownMiddleware, serving=serving)],
+        middleware=[Middleware(TrafficMiddleware, window=traffic), Middleware(ShutdownMiddleware, serving=serving)],
         exception_handlers={HTTPException: _http_error, Exception: _unexpected},
         lifespan=lifespan,
     )

@@ -114,7 +114,7 @@ def uvicorn_config(app: App, listener: HttpListener) -> uvicorn.Config:
         port=listener.port,
         loop="none",  # already running: the role's loop (SIE_EVENT_LOOP)
         http="httptools",
-        ws="none",
+        ws="wsproto",  # the status page's /ws/cluster-status
         lifespan="on",
         timeout_keep_alive=KEEP_ALIVE_S,
         timeout_graceful_shutdown=max(1, round(listener.grace_s)),

@@ -1,0 +1,379 @@
+"""The OpenAPI 3.1 description of the gateway's public routes (seed 000 §14), served at `/openapi.json` and drawn
+by `/docs`. Written by hand, one entry per route: `openapi_document` lists those the app really serves, so the
+gateway role and `--role all` (which adds the placement surface) each describe themselves. Pure data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from sie.gateway.headers import SIE_VERSION
+
+OPENAPI_VERSION: Final = "3.1.0"
+
+_JSON_OR_MSGPACK: Final = ("application/json", "application/msgpack")
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _body(schema: str, media_types: Iterable[str] = _JSON_OR_MSGPACK) -> dict[str, Any]:
+    return {"required": True, "content": {media: {"schema": _ref(schema)} for media in media_types}}
+
+
+def _answer(description: str, schema: str | None = None, media: str = "application/json") -> dict[str, Any]:
+    return {"description": description, **({"content": {media: {"schema": _ref(schema)}}} if schema else {})}
+
+
+def _path_param(name: str, description: str) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "description": description, "schema": {"type": "string"}}
+
+
+def _query_param(name: str, description: str, kind: str = "integer") -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "description": description, "schema": {"type": kind}}
+
+
+def _operation(tag: str, summary: str, **fields: Any) -> dict[str, Any]:
+    responses = fields.pop("responses", None) or {"200": _answer("OK")}
+    return {"tags": [tag], "summary": summary, **fields, "responses": responses}
+
+
+_MODEL = _path_param("model", "Model id, slashes included (`BAAI/bge-m3`), optionally `bundle:/org/model`.")
+_LANE_HEADERS = [
+    {
+        "name": "X-SIE-MACHINE-PROFILE",
+        "in": "header",
+        "required": False,
+        "schema": {"type": "string"},
+        "description": "Machine profile (`l4`) or `pool/profile` the work is queued for.",
+    },
+    {
+        "name": "X-SIE-Pool",
+        "in": "header",
+        "required": False,
+        "schema": {"type": "string"},
+        "description": "Logical pool the work is queued for.",
+    },
+]
+_INFERENCE_ERRORS = {
+    "400": _answer("Invalid input (`INVALID_INPUT`)", "ErrorEnvelope"),
+    "404": _answer("Unknown model (`MODEL_NOT_FOUND`)", "ErrorEnvelope"),
+    "413": _answer("Body over SIE_GATEWAY_MAX_BODY_BYTES", "ErrorEnvelope"),
+    "503": _answer("Queue full, unavailable, model loading or provisioning; see `Retry-After`", "ErrorEnvelope"),
+}
+
+
+def _inference(summary: str, request: str, result: str) -> dict[str, Any]:
+    return _operation(
+        "inference",
+        summary,
+        parameters=[_MODEL, *_LANE_HEADERS],
+        requestBody=_body(request),
+        responses={
+            "200": {
+                "description": "Results: JSON, or msgpack when `Accept` names it",
+                "content": {media: {"schema": _ref(result)} for media in _JSON_OR_MSGPACK},
+            },
+            **_INFERENCE_ERRORS,
+        },
+    )
+
+
+_LETTER = _path_param("letter_id", "Dead letter id.")
+_ADMIN = "Needs `Authorization: Bearer <SIE_ADMIN_TOKEN>` when the admin token is set."
+
+# Starlette route template -> OpenAPI path -> method -> operation.
+OPERATIONS: Final[Mapping[str, Mapping[str, Mapping[str, Any]]]] = {
+    "/v1/encode/{model:path}": {
+        "/v1/encode/{model}": {
+            "post": _inference("Dense, sparse or multi-vector embeddings", "EncodeRequest", "EncodeResponse")
+        }
+    },
+    "/v1/score/{model:path}": {
+        "/v1/score/{model}": {"post": _inference("Rerank items against a query", "ScoreRequest", "ScoreResponse")}
+    },
+    "/v1/extract/{model:path}": {
+        "/v1/extract/{model}": {
+            "post": _inference(
+                "Entities (and relations, classifications) from items", "ExtractRequest", "ExtractResponse"
+            )
+        }
+    },
+    "/v1/embeddings": {
+        "/v1/embeddings": {
+            "post": _operation(
+                "inference",
+                "OpenAI-compatible embeddings over encode",
+                requestBody=_body("EmbeddingsRequest", ["application/json"]),
+                responses={"200": _answer("OpenAI embeddings list"), "400": _answer("OpenAI error envelope")},
+            )
+        }
+    },
+    "/v1/models": {
+        "/v1/models": {
+            "get": _operation(
+                "models",
+                "The model catalogue with each model's state",
+                responses={"200": _answer("Models", "ModelList")},
+            )
+        }
+    },
+    "/v1/models/{model:path}": {
+        "/v1/models/{model}": {
+            "get": _operation(
+                "models",
+                "One model",
+                parameters=[_MODEL],
+                responses={"200": _answer("ModelInfo", "ModelInfo"), "404": _answer("Unknown model", "ErrorEnvelope")},
+            )
+        }
+    },
+    "/v1/configs/models": {"/v1/configs/models": {"get": _operation("config", "Model ids with their config")}},
+    "/v1/configs/models/{model_id:path}": {
+        "/v1/configs/models/{model_id}": {
+            "get": _operation(
+                "config",
+                "A model's YAML, or its worker-ack status for an id ending in `/status`",
+                parameters=[_path_param("model_id", "Model id, or `{id}/status`.")],
+                responses={
+                    "200": _answer("YAML (or JSON status)", media="application/yaml"),
+                    "404": _answer("Unknown model"),
+                },
+            )
+        }
+    },
+    "/v1/configs/bundles": {"/v1/configs/bundles": {"get": _operation("config", "Bundles")}},
+    "/v1/configs/bundles/{bundle_id}": {
+        "/v1/configs/bundles/{bundle_id}": {
+            "get": _operation(
+                "config",
+                "One bundle's YAML",
+                parameters=[_path_param("bundle_id", "Bundle name.")],
+                responses={"200": _answer("YAML", media="application/yaml"), "404": _answer("Unknown bundle")},
+            )
+        }
+    },
+    "/v1/configs/resolve": {
+        "/v1/configs/resolve": {
+            "post": _operation(
+                "config",
+                "Which bundle serves the given models",
+                requestBody=_body("ResolveRequest", ["application/json"]),
+            )
+        }
+    },
+    "/v1/dlq": {
+        "/v1/dlq": {
+            "get": _operation(
+                "dead letters",
+                "Dead letters, oldest first",
+                description=_ADMIN,
+                parameters=[
+                    _query_param("after", "Only ids above this (default 0)."),
+                    _query_param("limit", "At most this many (default 100)."),
+                ],
+            )
+        }
+    },
+    "/v1/dlq/purge": {"/v1/dlq/purge": {"post": _operation("dead letters", "Drop every letter", description=_ADMIN)}},
+    "/v1/dlq/{letter_id:int}": {
+        "/v1/dlq/{letter_id}": {
+            "get": _operation(
+                "dead letters", "One letter with its work item", description=_ADMIN, parameters=[_LETTER]
+            ),
+            "delete": _operation("dead letters", "Drop one letter", description=_ADMIN, parameters=[_LETTER]),
+        }
+    },
+    "/v1/dlq/{letter_id:int}/replay": {
+        "/v1/dlq/{letter_id}/replay": {
+            "post": _operation(
+                "dead letters", "Send the letter's work item again", description=_ADMIN, parameters=[_LETTER]
+            )
+        }
+    },
+    "/v1/placement": {
+        "/v1/placement": {"get": _operation("placement", "Worker children, model placement and the policy (seed 002)")}
+    },
+    "/v1/placement/{rest:path}": {
+        "/v1/placement/models/{model}": {
+            "post": _operation("placement", "Set a model's replicas, fill mode or fill factor", parameters=[_MODEL])
+        },
+        "/v1/placement/policy": {"post": _operation("placement", "Change the placement policy")},
+        "/v1/placement/repack": {
+            "post": _operation(
+                "placement",
+                "Repack models over the children now",
+                parameters=[_query_param("wait", "Seconds to wait for the repack to finish.", "number")],
+            )
+        },
+    },
+    "/metrics": {
+        "/metrics": {
+            "get": _operation(
+                "operations", "Prometheus metrics", responses={"200": _answer("Prometheus text", media="text/plain")}
+            )
+        }
+    },
+    "/healthz": {
+        "/healthz": {
+            "get": _operation("operations", "Liveness", responses={"200": _answer("`ok`", media="text/plain")})
+        }
+    },
+    "/readyz": {
+        "/readyz": {
+            "get": _operation(
+                "operations",
+                "Readiness",
+                responses={
+                    "200": _answer("`ok`", media="text/plain"),
+                    "503": _answer("`not ready: <why>`", media="text/plain"),
+                },
+            )
+        }
+    },
+    "/health": {
+        "/health": {
+            "get": _operation(
+                "operations", "Cluster health: workers, models, machine profiles", responses={"200": _answer("Health")}
+            )
+        }
+    },
+    "/": {
+        "/": {
+            "get": _operation(
+                "operations",
+                "The status page (HTML, for people)",
+                responses={"200": _answer("HTML", media="text/html")},
+            )
+        }
+    },
+    "/ws/cluster-status": {
+        "/ws/cluster-status": {
+            "get": _operation(
+                "operations",
+                "WebSocket: a ClusterStatusMessage JSON text frame about every second",
+                responses={"101": _answer("Switching to the WebSocket protocol", "ClusterStatusMessage")},
+            )
+        }
+    },
+    "/openapi.json": {"/openapi.json": {"get": _operation("operations", "This description")}},
+    "/docs": {
+        "/docs": {
+            "get": _operation(
+                "operations", "This description as a page", responses={"200": _answer("HTML", media="text/html")}
+            )
+        }
+    },
+}
+
+_ITEM = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "text": {"type": "string"},
+        "images": {"type": "array"},
+        "metadata": {"type": "object"},
+    },
+}
+_SCHEMAS: Final = {
+    "Item": _ITEM,
+    "EncodeRequest": {
+        "type": "object",
+        "required": ["items"],
+        "properties": {
+            "items": {"type": "array", "items": _ref("Item"), "minItems": 1},
+            "params": {
+                "type": "object",
+                "properties": {
+                    "output_types": {"type": "array", "items": {"enum": ["dense", "sparse", "multivector"]}},
+                    "output_dtype": {"enum": ["float32", "float16", "bfloat16", "int8", "uint8", "binary", "ubinary"]},
+                    "instruction": {"type": "string"},
+                    "options": {"type": "object"},
+                },
+            },
+        },
+    },
+    "ScoreRequest": {
+        "type": "object",
+        "required": ["query", "items"],
+        "properties": {
+            "query": _ref("Item"),
+            "items": {"type": "array", "items": _ref("Item"), "minItems": 1},
+            "instruction": {"type": "string"},
+            "options": {"type": "object"},
+        },
+    },
+    "ExtractRequest": {
+        "type": "object",
+        "required": ["items"],
+        "properties": {
+            "items": {"type": "array", "items": _ref("Item"), "minItems": 1},
+            "params": {
+                "type": "object",
+                "properties": {"labels": {"type": "array", "items": {"type": "string"}}, "options": {"type": "object"}},
+            },
+        },
+    },
+    "EmbeddingsRequest": {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": {
+            "model": {"type": "string"},
+            "input": {"oneOf": [{"type": "string"}, {"type": "array"}]},
+            "encoding_format": {"enum": ["float", "base64"]},
+            "dimensions": {"type": "integer"},
+        },
+    },
+    "ResolveRequest": {"type": "object", "properties": {"models": {"type": "array", "items": {"type": "string"}}}},
+    "EncodeResponse": {"type": "object", "properties": {"model": {"type": "string"}, "items": {"type": "array"}}},
+    "ScoreResponse": {"type": "object", "properties": {"model": {"type": "string"}, "scores": {"type": "array"}}},
+    "ExtractResponse": {"type": "object", "properties": {"model": {"type": "string"}, "items": {"type": "array"}}},
+    "ModelInfo": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "state": {"enum": ["available", "loading", "loaded", "unloading", "failed"]},
+            "loaded": {"type": "boolean"},
+            "dims": {"type": "object"},
+            "last_error": {"type": ["object", "null"]},
+        },
+    },
+    "ModelList": {"type": "object", "properties": {"models": {"type": "array", "items": _ref("ModelInfo")}}},
+    "ErrorEnvelope": {
+        "type": "object",
+        "properties": {
+            "detail": {"type": "object", "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}
+        },
+    },
+    "ClusterStatusMessage": {
+        "type": "object",
+        "properties": {
+            "timestamp": {"type": "number"},
+            "cluster": {"type": "object"},
+            "workers": {"type": "array"},
+            "models": {"type": "array"},
+            "queue": {"type": "object"},
+            "traffic": {"type": "object"},
+        },
+    },
+}
+
+
+def openapi_document(route_templates: Iterable[str]) -> dict[str, Any]:
+    """The description of the routes among `route_templates` (starlette paths) that are documented; a template
+    with no entry in OPERATIONS is left out (a test keeps every served route documented)."""
+    paths: dict[str, Any] = {}
+    for template in route_templates:
+        paths.update(OPERATIONS.get(template, {}))
+    return {
+        "openapi": OPENAPI_VERSION,
+        "info": {
+            "title": "SIE gateway",
+            "version": SIE_VERSION,
+            "description": "Embeddings, reranking and extraction served from ONNX models (seed 000 §14).",
+        },
+        "paths": paths,
+        "components": {"schemas": _SCHEMAS},
+    }
