@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
+from urllib.parse import unquote
+
 import attrs
 
-from sie.settings._parsers import Parser, boolean, choice
+from sie.settings._parsers import Parser, boolean, choice, http_url, integer, text
 from sie.settings._spec import ROLES, Env, setting
 
 LOG_FORMATS = ("text", "json")
+
+
+def _resource_attributes() -> Parser:
+    """`key=value,key=value` (OTEL_RESOURCE_ATTRIBUTES), values percent-decoded, as ordered pairs."""
+
+    def convert(raw: str) -> tuple[tuple[str, str], ...]:
+        pairs = []
+        for part in (piece.strip() for piece in raw.split(",")):
+            if not part:
+                continue
+            key, sep, value = part.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"has an entry {part!r} that is not key=value; expected e.g. service.namespace=sie")
+            pairs.append((key.strip(), unquote(value.strip())))
+        return tuple(pairs)
+
+    def render(value: tuple[tuple[str, str], ...]) -> str:
+        return ",".join(f"{key}={item}" for key, item in value) if value else "empty"
+
+    return Parser("list of key=value", convert, render)
 
 
 def _log_format() -> Parser:
@@ -27,7 +49,7 @@ def _log_format() -> Parser:
 
 @attrs.frozen
 class TelemetrySettings:
-    """Log format and level."""
+    """Log format and level; metrics (recording, `/metrics`) and their OTLP push with the resource naming it."""
 
     log_level: str = setting(
         Env(
@@ -50,4 +72,72 @@ class TelemetrySettings:
             read_by=("sie.telemetry.logs",),
         ),
         "text",
+    )
+    metrics_enabled: bool = setting(
+        Env(
+            "SIE_METRICS_ENABLED",
+            boolean(),
+            "Record metrics, serve them on `/metrics` and push them over OTLP when an endpoint is set; false "
+            "turns all three off.",
+            roles=ROLES,
+            read_by=("sie.telemetry.metrics",),
+        ),
+        True,
+    )
+    otlp_endpoint: str | None = setting(
+        Env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            http_url(),
+            "OTLP/HTTP (protobuf) base URL of a collector: metrics are pushed to `{url}/v1/metrics`. Unset: no push.",
+            flag=None,
+            roles=ROLES,
+            read_by=("sie.telemetry.export",),
+        ),
+        None,
+    )
+    otlp_metrics_endpoint: str | None = setting(
+        Env(
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            http_url(),
+            "Full OTLP/HTTP URL metrics are pushed to, used as given; wins over OTEL_EXPORTER_OTLP_ENDPOINT.",
+            flag=None,
+            roles=ROLES,
+            read_by=("sie.telemetry.export",),
+        ),
+        None,
+    )
+    otlp_metric_export_interval_ms: int = setting(
+        Env(
+            "OTEL_METRIC_EXPORT_INTERVAL",
+            integer(minimum=100),
+            "Milliseconds between two OTLP metric pushes (the last one goes out at shutdown).",
+            flag=None,
+            roles=ROLES,
+            read_by=("sie.telemetry.export",),
+        ),
+        60000,
+    )
+    service_name: str | None = setting(
+        Env(
+            "OTEL_SERVICE_NAME",
+            text(),
+            "The `service.name` resource attribute of pushed telemetry. Unset: `sie-{role}`.",
+            flag=None,
+            shown_default="sie-{role}",
+            roles=ROLES,
+            read_by=("sie.telemetry.export",),
+        ),
+        None,
+    )
+    resource_attributes: tuple[tuple[str, str], ...] = setting(
+        Env(
+            "OTEL_RESOURCE_ATTRIBUTES",
+            _resource_attributes(),
+            "More resource attributes of pushed telemetry, `key=value,key=value` (e.g. "
+            "`deployment.environment=prod,cloud.region=eu-west-1`).",
+            flag=None,
+            roles=ROLES,
+            read_by=("sie.telemetry.export",),
+        ),
+        (),
     )

@@ -1,31 +1,43 @@
 """The one telemetry facade (DESIGN §8; STYLE habit 14): OpenTelemetry instruments on a per-process
-`MeterProvider`, and Prometheus exposition rendered from those same instruments.
+`MeterProvider`, Prometheus exposition rendered from those same instruments, and their OTLP push when an endpoint
+is configured (`sie.telemetry.export`).
 
 A role creates one `Telemetry` and passes it down; nothing here mutates module-level or OpenTelemetry-global
-state, so several `Telemetry` objects (one per test) never share series. Exposition goes through
-`opentelemetry-exporter-prometheus`'s `PrometheusMetricReader` registered on a private
+state, so several `Telemetry` objects (one per test, one per in-process worker child) never share series.
+Exposition goes through `opentelemetry-exporter-prometheus`'s `PrometheusMetricReader` registered on a private
 `prometheus_client.CollectorRegistry` owned by the object, never the global `REGISTRY`.
 
-Label values come only from the enums below; anything else becomes `other`, so wire strings cannot grow the
-label space. Why each metric exists is said where it is created.
+Label values come only from enums or bounded sets (`bounded`, `ModelLabels`); anything else becomes `other`, so
+wire strings cannot grow the label space. Why each metric exists is said where it is created.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.metrics.export import MetricReader
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.registry import Collector
+
+from sie.settings import TelemetrySettings
+from sie.telemetry.export import otlp_metric_reader, service_resource
 
 OTHER: Final = "other"
 METER_NAME: Final = "sie"
+# Distinct model label values one process admits (seed 001 "bounded telemetry catalog": 256 pairs).
+MODEL_LABEL_BUDGET: Final = 256
+# Spellings remembered per admitted model (ids arrive in any case, with or without a profile).
+_SPELLINGS_PER_MODEL: Final = 4
 
 CONFIG_OPERATIONS: Final = "sie.gateway.config.operations"
 CONFIG_BOOTSTRAP_DEGRADED: Final = "sie.gateway.config.bootstrap.degraded"
 CONFIG_APPLIED_EPOCH: Final = "sie.gateway.config.applied_epoch"
+NATS_CONNECTED: Final = "sie.nats.connected"
 
 
 class ConfigOperation(enum.StrEnum):
@@ -53,18 +65,71 @@ def bounded(value: object, allowed: type[enum.StrEnum]) -> str:
     return text if text in allowed._value2member_map_ else OTHER
 
 
-class Telemetry:
-    """Owns a MeterProvider, its Prometheus reader and registry, and the typed instruments the roles record."""
+class ModelLabels:
+    """The `model` label of a model id: its catalogue id while `canonical(id)` knows it (None: unknown) and fewer
+    than `budget` ids were admitted in this process's lifetime; `other` for anything else (seed 001's bounded
+    telemetry catalogue). `canonical=None` trusts every id (ids a worker already resolved) up to the budget."""
 
-    def __init__(self, service_name: str = "sie") -> None:
+    def __init__(self, canonical: Callable[[str], str | None] | None = None, budget: int = MODEL_LABEL_BUDGET) -> None:
+        self._canonical = canonical
+        self._budget = budget
+        self._admitted: set[str] = set()
+        self._labels: dict[str, str] = {}
+
+    def __call__(self, model_id: str) -> str:
+        label = self._labels.get(model_id)
+        if label is not None:
+            return label
+        known = self._canonical(model_id) if self._canonical is not None else model_id
+        if known is None or (known not in self._admitted and len(self._admitted) >= self._budget):
+            return OTHER  # never remembered: unknown spellings cannot grow this table
+        self._admitted.add(known)
+        if len(self._labels) < self._budget * _SPELLINGS_PER_MODEL:
+            self._labels[model_id] = known
+        return known
+
+
+class Tally:
+    """A counter whose `add` is a dict increment, reported by an ObservableCounter at each collection (a scrape
+    or an OTLP push). For counts on the request path: an SDK `Counter.add` spends about 7 µs cleaning and hashing
+    its attributes, this about 0.2 µs. `labels` are values in the order of `label_names`, already bounded."""
+
+    def __init__(self, meter: Meter, name: str, unit: str, description: str, label_names: Sequence[str]) -> None:
+        self._label_names = tuple(label_names)
+        self._totals: dict[tuple[str, ...], float] = {}
+        meter.create_observable_counter(name, callbacks=[self._observe], unit=unit, description=description)
+
+    def add(self, labels: tuple[str, ...], amount: float = 1.0) -> None:
+        self._totals[labels] = self._totals.get(labels, 0.0) + amount
+
+    def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
+        # list() copies the items in one step, so a push thread never sees the dict change under it.
+        totals = list(self._totals.items())
+        return [Observation(total, dict(zip(self._label_names, labels, strict=True))) for labels, total in totals]
+
+
+class Telemetry:
+    """Owns a MeterProvider, its Prometheus reader and registry, the OTLP push reader when configured, and the
+    config-sync instruments; the roles' recorders (`sie.telemetry.gateway`, `.sidecar`, `.worker`) create theirs
+    on `meter`. With metrics disabled (SIE_METRICS_ENABLED=false) `meter` is a no-op and nothing is exported."""
+
+    def __init__(self, service_name: str = "sie", settings: TelemetrySettings | None = None) -> None:
+        settings = settings if settings is not None else TelemetrySettings()
+        self.enabled = settings.metrics_enabled
         self._registry = CollectorRegistry(auto_describe=True)
-        self._reader = PrometheusMetricReader(scope_info_enabled=False, registry=self._registry)
-        self._provider = MeterProvider(
-            metric_readers=[self._reader],
-            resource=Resource.create({"service.name": service_name}),
-            shutdown_on_exit=False,
-        )
-        meter = self._provider.get_meter(METER_NAME)
+        self._provider: MeterProvider | None = None
+        if self.enabled:
+            readers: list[MetricReader] = [PrometheusMetricReader(scope_info_enabled=False, registry=self._registry)]
+            push = otlp_metric_reader(settings)
+            if push is not None:
+                readers.append(push)
+            self._provider = MeterProvider(
+                metric_readers=readers, resource=service_resource(settings, service_name), shutdown_on_exit=False
+            )
+            self.meter: Meter = self._provider.get_meter(METER_NAME)
+        else:
+            self.meter = NoOpMeter(METER_NAME)
+        meter = self.meter
         # Every config-service interaction by kind and result: the rate of failing bootstraps, polls, exports
         # and dropped deltas is how an operator sees the control plane misbehave (seed 000 §4.1–§4.3).
         self._config_operations = meter.create_counter(
@@ -91,9 +156,28 @@ class Telemetry:
     def set_applied_epoch(self, epoch: int) -> None:
         self._applied_epoch.set(epoch)
 
+    def observe_connection(self, connected: Callable[[], bool]) -> None:
+        """Report `connected()` as sie.nats.connected at each collection."""
+        # Whether this process reaches its broker now: 0 means inference answers 503 (gateway), a lane is not
+        # consumed (sidecar) or writes are refused (config service), whatever /healthz says.
+        self.meter.create_observable_gauge(
+            NATS_CONNECTED,
+            callbacks=[lambda options: [Observation(1 if connected() else 0)]],
+            unit="1",
+            description="1 while the process is connected to NATS.",
+        )
+
+    def register(self, collector: Collector) -> None:
+        """Serve a prometheus_client collector's families on `/metrics` beside the instruments (the placement
+        series, rendered from its snapshot at each scrape; they are not pushed over OTLP)."""
+        if self.enabled:
+            self._registry.register(collector)
+
     def prometheus_text(self) -> bytes:
         """The current values of every instrument in Prometheus text exposition format."""
         return generate_latest(self._registry)
 
     def shutdown(self) -> None:
-        self._provider.shutdown()
+        """Push the last values (when pushing) and stop the readers."""
+        if self._provider is not None:
+            self._provider.shutdown()

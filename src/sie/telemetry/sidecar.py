@@ -1,0 +1,137 @@
+"""The sidecar's series (seed 001 "Readiness, Health, And Telemetry"): what each batch was (tokens, fill) and where
+its time went (queue, tokenization, inference), admission of deliveries, the bytes and chunked responses of the
+sidecar ↔ worker IPC, and how results reached the gateway (whole, chunked, too large).
+
+Recorded once per batch, per fetch, per IPC frame or per result, never per token. Items per batch are the
+placement layer's `sie_worker_batch_items` (by model, worker child and device), not repeated here.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+import attrs
+from opentelemetry.metrics import Histogram, Meter
+
+from sie.telemetry.metrics import ModelLabels, Tally
+
+SECONDS_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+TOKEN_BUCKETS: Final = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+FILL_BUCKETS: Final = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+class BatchResult(enum.StrEnum):
+    """Whether a RunBatch call came back (`ok`; items may still have failed one by one) or failed whole."""
+
+    OK = "ok"
+    FAILED = "failed"
+
+
+class Admission(enum.StrEnum):
+    """What the sidecar did with a delivery at admission (before tokenization)."""
+
+    ADMITTED = "admitted"
+    REFUSED = "refused"  # over the per-model pending cap: NAKed for another worker
+
+
+class IpcDirection(enum.StrEnum):
+    SENT = "sent"
+    RECEIVED = "received"
+
+
+class IpcChunks(enum.StrEnum):
+    """How a chunked IPC response transfer ended (seed 001 "IPC": sie.worker.ipc.response.chunks)."""
+
+    COMPLETED = "completed"
+    PROTOCOL_ERROR = "protocol_error"
+    BUDGET_REJECTED = "budget_rejected"
+
+
+class ResultTransport(enum.StrEnum):
+    """How one item's result reached the gateway (seed 001 "Preparation And Framing")."""
+
+    WHOLE = "whole"
+    CHUNKED = "chunked"
+    TOO_LARGE = "too_large"
+
+
+@attrs.frozen
+class BatchRecord:
+    """One dispatched batch: its model, size and timings in seconds."""
+
+    model_id: str
+    items: int
+    tokens: int  # padded cost: longest item × items (what the budget counts)
+    fill: float  # the share of the batch's budget it used, of items or tokens whichever binds, 0-1
+    queue_s: float  # from publish to dispatch, of the batch's oldest item
+    tokenization_s: float  # the longest item's tokenization
+    inference_s: float  # the worker's model time for the batch (0 when the call failed)
+    result: BatchResult = BatchResult.OK
+
+
+class SidecarMetrics:
+    """Batches, admission, IPC and result transport of one sidecar (or of the `all` role's)."""
+
+    def __init__(self, meter: Meter, models: ModelLabels | None = None) -> None:
+        self._models = models if models is not None else ModelLabels()
+        # Batches by model and result: the dispatch rate, and IPC failures that NAK whole batches.
+        self._batches = Tally(meter, "sie.worker.batches", "{batch}", "RunBatch calls by result.", ("model", "result"))
+        # How deep batches are in the unit the budget counts (SIE_MAX_BATCH_TOKENS): padding shows here.
+        self._tokens = _histogram(
+            meter, "sie.worker.batch.tokens", "{token}", "Padded tokens per batch.", TOKEN_BUCKETS
+        )
+        # Whether batching works: near 1 under load, low when batches leave early or traffic is thin.
+        self._fill = _histogram(meter, "sie.worker.batch.fill", "1", "Share of the batch budget used.", FILL_BUCKETS)
+        # Where a request's time goes inside a worker pod (the X-Queue/Tokenization/Inference-Time headers' sums).
+        self._queue = _histogram(
+            meter, "sie.worker.queue.duration", "s", "Publish to dispatch, oldest item of a batch.", SECONDS_BUCKETS
+        )
+        self._tokenization = _histogram(
+            meter, "sie.worker.tokenization.duration", "s", "Tokenization, longest item of a batch.", SECONDS_BUCKETS
+        )
+        self._inference = _histogram(
+            meter, "sie.worker.inference.duration", "s", "Model time of a batch on the worker.", SECONDS_BUCKETS
+        )
+        # Deliveries refused for the per-model pending cap (SIE_MAX_PENDING_ITEMS): a lane fetching more than its
+        # worker keeps up with.
+        self._admission = Tally(
+            meter, "sie.worker.admission.decisions", "{item}", "Deliveries at admission.", ("decision",)
+        )
+        # The IPC's traffic: what moving tensors between sidecar and worker costs.
+        self._ipc_bytes = Tally(meter, "sie.worker.ipc", "By", "IPC frame bytes by direction.", ("direction",))
+        self._ipc_chunks = Tally(
+            meter, "sie.worker.ipc.response.chunks", "{transfer}", "Chunked IPC responses by outcome.", ("outcome",)
+        )
+        # Results over the broker's max_payload: chunked, or answered PAYLOAD_TOO_LARGE.
+        self._results = Tally(
+            meter, "sie.worker.results", "{result}", "Results published by how they travelled.", ("transport",)
+        )
+
+    def batch(self, record: BatchRecord) -> None:
+        model = self._models(record.model_id)
+        self._batches.add((model, record.result.value))
+        labels = {"model": model}
+        self._tokens.record(record.tokens, labels)
+        self._fill.record(record.fill, labels)
+        self._queue.record(record.queue_s, labels)
+        self._tokenization.record(record.tokenization_s, labels)
+        if record.result is BatchResult.OK:
+            self._inference.record(record.inference_s, labels)
+
+    def admission(self, decision: Admission, items: int) -> None:
+        if items:
+            self._admission.add((decision.value,), items)
+
+    def ipc_bytes(self, direction: IpcDirection, size: int) -> None:
+        self._ipc_bytes.add((direction.value,), size)
+
+    def ipc_chunks(self, outcome: IpcChunks) -> None:
+        self._ipc_chunks.add((outcome.value,))
+
+    def result(self, transport: ResultTransport) -> None:
+        self._results.add((transport.value,))
+
+
+def _histogram(meter: Meter, name: str, unit: str, description: str, buckets: tuple[float, ...]) -> Histogram:
+    return meter.create_histogram(name, unit=unit, description=description, explicit_bucket_boundaries_advisory=buckets)
