@@ -26,6 +26,7 @@ from sie.control.errors import ConfigStoreRequiredError, ContentConflictError
 from sie.control.publisher import Delta, DeltaPublisher, build_notifications
 from sie.control.registry import SOURCE_API, ModelRegistry, RegistryState
 from sie.stores.config_store import ConfigStore, ModelIdNotStorableError, model_file_name
+from sie.telemetry.logs import log_fields
 
 logger = logging.getLogger(__name__)
 
@@ -221,6 +222,8 @@ class ConfigWriter:
         new_state = state.without_api_model(model.sie_id)
         self._registry.swap(new_state)
         self._epoch = epoch
+        logger.info("config delete applied: model %s at epoch %d", model.sie_id, epoch,
+                    extra=log_fields(event="config_deleted", model=model.sie_id, epoch=epoch))  # fmt: skip
         fallback = new_state.catalog.models.get(model.sie_id)
         bundles = _union(
             views.model_bundle_names(state.catalog, model),
@@ -258,6 +261,7 @@ class ConfigWriter:
         new_state = state.with_api_model(model, yaml_text)
         self._registry.swap(new_state)
         self._epoch = epoch
+        _log_write(model.sie_id, epoch, added, bundles)
         return await self._publish(new_state, model, Delta(self.router_id, self._epoch, yaml_text, added), bundles)
 
     async def _persist(self, model_id: str, yaml_text: str) -> None:
@@ -294,6 +298,13 @@ class ConfigWriter:
                     "failed_bundles": list(bundles),
                 }
             ]
+
+
+def _log_write(model_id: str, epoch: int, profiles: Sequence[str], bundles: Sequence[str]) -> None:
+    logger.info("config write applied: model %s at epoch %d (profiles %s; bundles %s)", model_id, epoch,
+                ",".join(profiles) or "none changed", ",".join(bundles) or "none",
+                extra=log_fields(event="config_written", model=model_id, epoch=epoch, profiles=list(profiles),
+                                 bundles=list(bundles)))  # fmt: skip
 
 
 def _enter_commit(on_commit: OnCommit) -> None:

@@ -14,6 +14,7 @@ from sie.catalog.names import config_subject
 from sie.catalog.trust import is_trusted_producer
 from sie.ipc.client import WorkerClient
 from sie.settings import Settings
+from sie.telemetry.logs import log_fields
 from sie.transport.base import MessageBus, Subscription
 from sie.wire.config import ConfigNotification
 from sie.wire.ipc_control import ApplyModelConfigRequest
@@ -104,4 +105,6 @@ class ConfigApplier:
             )  # fmt: skip
             return
         self.state.epoch, self.state.bundle_config_hash = note.epoch, expected
-        logger.info("applied config epoch %d (%s); bundle hash %s", note.epoch, note.model_id, expected)
+        logger.info("config delta applied: model %s at epoch %d; bundle hash %s", note.model_id, note.epoch, expected,
+                    extra=log_fields(event="config_applied", model=note.model_id, epoch=note.epoch, source="delta",
+                                     bundle_config_hash=expected))  # fmt: skip

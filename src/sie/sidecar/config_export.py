@@ -19,6 +19,7 @@ import httpx
 from sie.ipc.client import WorkerClient
 from sie.settings import Settings
 from sie.sidecar.config_apply import AppliedConfig
+from sie.telemetry.logs import log_fields
 from sie.wire.ipc_control import ModelConfigEntry, PingRequest, ReplaceModelConfigsRequest
 
 logger = logging.getLogger(__name__)
@@ -176,6 +177,7 @@ class ExportReconciler:
             logger.warning("config epoch rewound from %d to %d: reconciled from the export", self.state.epoch, epoch)
         self.state.epoch, self.state.bundle_config_hash = epoch, expected
         self._fingerprint = fingerprint
-        logger.info("reconciled config export epoch %d (%d models); bundle hash %s",
-                    epoch, len(request.models), expected)  # fmt: skip
+        logger.info("config export applied: %d models at epoch %d; bundle hash %s", len(request.models), epoch,
+                    expected, extra=log_fields(event="config_applied", epoch=epoch, source="export",
+                                               models=len(request.models), bundle_config_hash=expected))  # fmt: skip
         return True

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -16,6 +17,7 @@ import attrs
 from sie.catalog import Catalog, load_yaml, parse_model_config
 from sie.catalog.errors import CatalogError
 from sie.settings import BatchingSettings, LaneSettings
+from sie.telemetry.logs import log_fields
 from sie.wire.ipc_batch import BatchOutcome, RunBatchRequest
 from sie.wire.ipc_control import (
     MODEL_STATE_FAILED,
@@ -41,6 +43,8 @@ from sie.wire.ipc_control import (
 from sie.worker.loading import LoadedModel
 from sie.worker.manager import ModelManager, ModelState
 from sie.worker.runner import BatchRunner, ExecutedBatch, hash_gate, to_batch_outcome
+
+logger = logging.getLogger(__name__)
 
 DRAINING = "draining"
 # ModelControlStatus reports these manager states, as the EnsureModelReady state each one answers.
@@ -217,12 +221,19 @@ class WorkerService:
     def _apply_model_config(self, request: ApplyModelConfigRequest) -> ApplyModelConfigResponse:
         try:
             model = parse_model_config(load_yaml(request.model_config, request.model_id), request.model_id)
-        except CatalogError:
+        except CatalogError as exc:
+            logger.warning("config of model %s (epoch %d) not applied: %s", request.model_id, request.epoch, exc)
             return ApplyModelConfigResponse(applied=False, bundle_config_hash=self.bundle_config_hash(),
                                             unsupported_models=[request.model_id])  # fmt: skip
-        if model.effective_pool == self.pool:  # a model assigned to another pool is not this worker's to serve
+        ours = model.effective_pool == self.pool  # a model assigned to another pool is not this worker's to serve
+        if ours:
             self.manager.set_catalog(self.catalog.with_models([model]))
-        return ApplyModelConfigResponse(applied=True, bundle_config_hash=self.bundle_config_hash())
+        bundle_hash = self.bundle_config_hash()
+        logger.info("config of model %s applied at epoch %d%s; bundle hash %s", model.sie_id, request.epoch,
+                    "" if ours else f" (pool {model.effective_pool}: not served here)", bundle_hash,
+                    extra=log_fields(event="config_applied", model=model.sie_id, epoch=request.epoch, source="delta",
+                                     bundle_config_hash=bundle_hash))  # fmt: skip
+        return ApplyModelConfigResponse(applied=True, bundle_config_hash=bundle_hash)
 
     async def replace_model_configs(self, request: ReplaceModelConfigsRequest) -> ReplaceModelConfigsResponse:
         """Replace every model of the catalogue with the exported set; unparsable entries are reported."""
@@ -238,6 +249,9 @@ class WorkerService:
                 unsupported.append(entry.model_id)
         models = [model for model in models if model.effective_pool == self.pool]  # other pools are not ours
         self.manager.set_catalog(Catalog(self.catalog.bundles.values(), models))
+        logger.info("config export of epoch %d applied: %d models served here, %d unsupported", request.epoch,
+                    len(models), len(unsupported), extra=log_fields(event="config_applied", epoch=request.epoch,
+                                                                    source="export", models=len(models)))  # fmt: skip
         return ReplaceModelConfigsResponse(
             applied=not unsupported,
             bundle_config_hash=self.bundle_config_hash(),

@@ -29,6 +29,7 @@ from sie.gateway.config_sync.remote import (
 )
 from sie.gateway.config_sync.state import ConfigState, DeltaRejectedError
 from sie.settings import ConfigSyncSettings
+from sie.telemetry.logs import log_fields
 from sie.telemetry.metrics import ConfigOperation, ConfigOutcome
 from sie.transport.base import MessageBus, Subscription
 from sie.wire.config import ConfigNotification
@@ -166,7 +167,9 @@ class Bootstrap:
                 continue
             self.realigner.state.telemetry.config_operation(ConfigOperation.BOOTSTRAP, ConfigOutcome.SUCCESS)
             self.realigner.state.degraded = False
-            logger.info("config bootstrap applied %d models at epoch %d", outcome.applied, outcome.epoch)
+            logger.info("config bootstrap applied %d models at epoch %d", outcome.applied, outcome.epoch,
+                        extra=log_fields(event="config_applied", epoch=outcome.epoch, source="bootstrap",
+                                         models=outcome.applied))  # fmt: skip
             return outcome
 
     def _failed(self, state: ConfigState, exc: ConfigServiceError, failures: int, failing_for_s: float) -> None:
@@ -233,7 +236,10 @@ class Poller:
             return PollOutcome.RECOVERED
         if not drifted(remote, state):
             return PollOutcome.IN_SYNC
-        await self.realigner.bootstrap_once()
+        outcome = await self.realigner.bootstrap_once()
+        logger.info("config resynced from the config service's export: %d models at epoch %d", outcome.applied,
+                    outcome.epoch, extra=log_fields(event="config_applied", epoch=outcome.epoch, source="poll",
+                                                    models=outcome.applied))  # fmt: skip
         return PollOutcome.RESYNCED
 
 
@@ -315,6 +321,9 @@ class DeltaSubscriber:
             logger.warning("config delta for %r (epoch %d) not applied: %s", note.model_id, note.epoch, exc)
             return DeltaOutcome.REJECTED
         self.state.epoch.set_max(note.epoch)
+        logger.info("config delta applied: model %s at epoch %d (from %s)", note.model_id, note.epoch, note.router_id,
+                    extra=log_fields(event="config_applied", model=note.model_id, epoch=note.epoch,
+                                     source="delta"))  # fmt: skip
         return DeltaOutcome.APPLIED
 
 
