@@ -23,6 +23,8 @@ app.add_typer(dlq.app, name="dlq")
 app.command(
     name="run",
     help=run.RUN_HELP,
+    # `sie run --help` is answered by run.run itself: the flags it lists depend on the role.
+    add_help_option=False,
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
 )(run.run)
 

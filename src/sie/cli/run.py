@@ -10,20 +10,23 @@ from __future__ import annotations
 import typer
 
 from sie.cli.checks import EnvironmentProblem, check_onnxruntime_builds
+from sie.cli.run_help import render_run_help
 from sie.roles import run_role
-from sie.settings import ROLES, SettingsError, load_role_settings
+from sie.settings import ROLES, SettingsError, load_role_settings, requested_role
 
 RUN_HELP = (
     "Run one SIE role: "
     + ", ".join(ROLES)
-    + " (`all` runs gateway, sidecar and worker in one process). Each role takes its own flags, e.g. "
-    "--host/--port for its HTTP listener, --preload MODEL[,MODEL], --nats-url URL; docs/settings.md lists "
-    "every flag and variable with the roles that read it. Anything a role does not read is refused."
+    + " (`all` runs gateway, sidecar and worker in one process). `sie run --help` lists every flag with the "
+    "roles that read it, `sie run --role ROLE --help` one role's. Anything a role does not read is refused."
 )
+HELP_FLAGS = ("--help", "-h")
 
 
 def run(ctx: typer.Context) -> None:
     """Run one SIE role."""
+    if any(argument in HELP_FLAGS for argument in ctx.args):
+        _print_help(list(ctx.args))
     try:
         check_onnxruntime_builds()
         settings = load_role_settings(list(ctx.args))
@@ -31,3 +34,14 @@ def run(ctx: typer.Context) -> None:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     raise typer.Exit(run_role(settings.process.role, settings))
+
+
+def _print_help(arguments: list[str]) -> None:
+    """The grouped flag list of every role, or of the one `--role` names; exit status 0 (2 for no such role)."""
+    named = any(argument.partition("=")[0] == "--role" for argument in arguments)
+    role = requested_role(arguments, {}) if named else None
+    if role is not None and role not in ROLES:
+        typer.echo(f"error: no role {role!r}; the roles are {', '.join(ROLES)}", err=True)
+        raise typer.Exit(2)
+    typer.echo(render_run_help(role), nl=False)
+    raise typer.Exit(0)

@@ -20,7 +20,7 @@ from sie.settings._load import (
     setting_paths,
     unrecognised_variables,
 )
-from sie.settings._roles import flag_paths, load_role_settings, parse_flags
+from sie.settings._roles import flag_paths, load_role_settings, parse_flags, requested_role
 from sie.settings._spec import ROLES
 from sie.settings.control import CatalogSettings, ConfigServiceSettings, ConfigSyncSettings
 from sie.settings.gateway import AuthSettings, GatewaySettings
@@ -62,6 +62,7 @@ __all__ = [
     "load_role_settings",
     "parse_flags",
     "render_settings_markdown",
+    "requested_role",
     "setting_paths",
     "unrecognised_variables",
 ]
