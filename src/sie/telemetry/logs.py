@@ -18,8 +18,9 @@ from sie.settings import TelemetrySettings
 # The record attribute `log_fields` sets; `extra` keys become record attributes in the logging module.
 FIELDS_ATTRIBUTE: Final = "sie_fields"
 TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-# The servers' own access logs: off, so each request has exactly one line (sie.access).
-SERVER_ACCESS_LOGGERS: Final = ("hypercorn.access", "uvicorn.access")
+# Held at WARNING whatever SIE_LOG_LEVEL says: the servers' own access logs (each request has exactly one line,
+# sie.access's), and hpack, whose DEBUG lines print decoded HTTP/2 headers, bearer tokens included.
+QUIET_LOGGERS: Final = ("hypercorn.access", "uvicorn.access", "hpack")
 
 
 def log_fields(**fields: Any) -> dict[str, Any]:
@@ -54,5 +55,5 @@ def configure_logging(telemetry: TelemetrySettings) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(telemetry.log_level.upper())
-    for server_access in SERVER_ACCESS_LOGGERS:
-        logging.getLogger(server_access).setLevel(logging.WARNING)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
