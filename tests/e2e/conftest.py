@@ -1,8 +1,12 @@
-"""A real `sie run --role all` subprocess serving the baseline catalogue plus one model that cannot load."""
+"""A real `sie run --role all` subprocess serving the baseline catalogue plus one model that cannot load, and the
+public sie-sdk read from its wheel."""
 
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+import zipfile
 from collections.abc import Iterator
 
 import pytest
@@ -16,6 +20,7 @@ tasks: {encode: {dense: {dim: 8}}}
 profiles:
   default: {adapter_path: 'sie.adapters.dense:OnnxDenseAdapter', max_batch_tokens: 1024}
 """
+SDK_WHEEL = REPO / ".cache" / "wheels" / "sie_sdk-0.10.1-py3-none-any.whl"
 
 
 @pytest.fixture(scope="session")
@@ -34,3 +39,18 @@ def all_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         code = server.stop()
     assert code == 0, server.log()
+
+
+@pytest.fixture(scope="session")
+def public_sdk(tmp_path_factory: pytest.TempPathFactory):
+    """The public sie-sdk 0.10.1 read from its wheel (downloaded once, like `make test` does)."""
+    if not SDK_WHEEL.exists():
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--ignore-requires-python", "--quiet"]
+        subprocess.run([*command, "-d", str(SDK_WHEEL.parent), "sie-sdk==0.10.1"], check=True, timeout=300)
+    target = tmp_path_factory.mktemp("sie-sdk")
+    with zipfile.ZipFile(SDK_WHEEL) as wheel:
+        wheel.extractall(target)
+    sys.path.insert(0, str(target))
+    import sie_sdk
+
+    return sie_sdk

@@ -4,9 +4,6 @@ client, model listing, and errors from the real stack. Marked slow: it starts a 
 from __future__ import annotations
 
 import base64
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import httpx
@@ -14,13 +11,12 @@ import numpy as np
 import pytest
 
 from sie.client import ModelLoadFailedError, SIEClient
-from support.servers import REPO, RoleProcess, free_port
+from support.servers import RoleProcess, free_port
 
 pytestmark = pytest.mark.slow
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 HELLO_WORLD_PREFIX = [-0.034477, 0.031023, 0.006735, 0.026109]
-SDK_WHEEL = REPO / ".cache" / "wheels" / "sie_sdk-0.10.1-py3-none-any.whl"
 
 
 def test_curl_encode_returns_the_384_dim_vector(all_server: str) -> None:
@@ -49,21 +45,6 @@ def test_our_client_encode_score_extract(all_server: str) -> None:
             ("GIVEN_NAME", "Maria"),
             ("SURNAME", "Garcia"),
         }
-
-
-@pytest.fixture(scope="session")
-def public_sdk(tmp_path_factory: pytest.TempPathFactory):
-    """The public sie-sdk 0.10.1 read from its wheel (downloaded once, like `make test` does)."""
-    if not SDK_WHEEL.exists():
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--ignore-requires-python", "--quiet"]
-        subprocess.run([*command, "-d", str(SDK_WHEEL.parent), "sie-sdk==0.10.1"], check=True, timeout=300)
-    target = tmp_path_factory.mktemp("sie-sdk")
-    with zipfile.ZipFile(SDK_WHEEL) as wheel:
-        wheel.extractall(target)
-    sys.path.insert(0, str(target))
-    import sie_sdk
-
-    return sie_sdk
 
 
 def test_public_sdk_works_unchanged(all_server: str, public_sdk) -> None:

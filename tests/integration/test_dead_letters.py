@@ -22,6 +22,7 @@ from starlette.applications import Starlette
 from sie.catalog import Catalog
 from sie.catalog.names import work_subject
 from sie.gateway.app import GatewaySources, build_gateway_app
+from sie.gateway.auth import GatewayAuth
 from sie.gateway.dead_letters import DeadLetterQueue
 from sie.settings import BatchingSettings, GatewaySettings, LaneSettings, StreamSettings
 from sie.settings.messaging import NatsSettings
@@ -66,8 +67,8 @@ async def gateway_http(
     catalog: Catalog, transport: Transport, queue: DeadLetterQueue, admin_token: str | None = None
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The gateway app over `transport` with its dead letters, driven in process over HTTP."""
-    sources = GatewaySources(lambda: catalog, transport, transport, NoWorkers(), dead_letters=queue,
-                             admin_token=admin_token)  # fmt: skip
+    auth = GatewayAuth(admin_token=admin_token)
+    sources = GatewaySources(lambda: catalog, transport, transport, NoWorkers(), dead_letters=queue, auth=auth)
     app: Starlette = build_gateway_app(sources, GatewaySettings(), LaneSettings(), "gw-test")
     async with (
         app.router.lifespan_context(app),

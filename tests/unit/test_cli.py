@@ -98,17 +98,25 @@ def test_run_refuses_an_unknown_flag(no_sie_variables: None) -> None:
 
 @pytest.mark.parametrize("role", ["gateway", "all"])
 @pytest.mark.parametrize(
-    ("variable", "value"),
-    [("SIE_AUTH_MODE", "token"), ("SIE_AUTH_MODE", "static"), ("SIE_AUTH_TOKENS", "t1"), ("SIE_AUTH_TOKEN", "t1")],
+    ("variables", "named"),
+    [
+        ({"SIE_AUTH_MODE": "token"}, "SIE_AUTH_MODE=token needs at least one inference token"),
+        ({"SIE_AUTH_MODE": "static", "SIE_ADMIN_TOKEN": "adm"}, "SIE_ADMIN_TOKEN guards the admin routes only"),
+        ({"SIE_AUTH_MODE": "token", "SIE_AUTH_TOKENS_FILE": "{empty}"}, "holds none"),
+        ({"SIE_AUTH_MODE": "token", "SIE_AUTH_TOKENS": "t1", "SIE_AUTH_TOKENS_FILE": "{missing}"}, "cannot be read"),
+    ],
 )
-def test_gateway_roles_refuse_to_serve_unauthenticated_when_auth_is_asked_for(
-    monkeypatch, no_sie_variables: None, role: str, variable: str, value: str
+def test_gateway_roles_refuse_auth_settings_they_cannot_serve(
+    monkeypatch, no_sie_variables: None, tmp_path: Path, role: str, variables: dict[str, str], named: str
 ) -> None:
-    """Gateway auth is not built: asking for it fails closed (exit 2, the variable named), never open."""
-    monkeypatch.setenv(variable, value)
+    """Token mode with no inference token, or a tokens file that cannot be read: exit 2 with the setting named,
+    before anything starts (never serving open, never serving nobody)."""
+    (tmp_path / "empty").write_text("# no tokens yet\n")
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value.format(empty=tmp_path / "empty", missing=tmp_path / "missing"))
     result = runner.invoke(app, ["run", "--role", role])
-    assert result.exit_code == 2
-    assert variable in result.output and "Gateway auth is not built" in result.output
+    assert result.exit_code == 2, result.output
+    assert named in result.output and "Traceback" not in result.output
 
 
 def test_run_refuses_a_flag_of_another_role(no_sie_variables: None) -> None:

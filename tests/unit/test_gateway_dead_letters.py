@@ -1,13 +1,10 @@
-"""The gateway's dead-letter pure parts: the work item a replay sends, the admin-token rule of `/v1/dlq`, and how
-a letter is shown (binary values by size)."""
+"""The gateway's dead-letter pure parts: the work item a replay sends and how a letter is shown (binary values by
+size). The admin-token rule of `/v1/dlq` is gateway auth's (tests/integration/test_gateway_auth.py)."""
 
 from __future__ import annotations
 
-import pytest
-
-from sie.gateway.dead_letter_routes import check_admin_token, letter_document, letter_summary
+from sie.gateway.dead_letter_routes import letter_document, letter_summary
 from sie.gateway.dead_letters import replay_item
-from sie.gateway.errors import ForbiddenError, UnauthorizedError
 from sie.transport.base import DeadLetter
 from sie.wire.queue import WorkItem
 
@@ -32,28 +29,6 @@ def test_a_replay_gets_a_fresh_request_id_reply_subject_and_deadline() -> None:
     assert sent.reply_subject == "_INBOX.gw-1.gw-1-7-dlq4"
     assert (sent.timestamp, sent.deadline) == (500.0, 560.0)
     assert (sent.item, sent.model_id, sent.item_index, sent.router_id) == (ITEM.item, "org/m", 2, "gw-1")
-
-
-@pytest.mark.parametrize(
-    ("header", "error"),
-    [
-        (None, UnauthorizedError),
-        ("", UnauthorizedError),
-        ("Bearer ", UnauthorizedError),
-        ("Bearer nope", ForbiddenError),
-        ("nope", ForbiddenError),
-        ("Bearer s3cret", None),
-        ("bearer  s3cret ", None),
-        ("s3cret", None),
-    ],
-)
-def test_the_admin_token_rule(header: str | None, error: type[Exception] | None) -> None:
-    check_admin_token(header, None)  # no token set: open, as config writes are in development
-    if error is None:
-        check_admin_token(header, "s3cret")
-    else:
-        with pytest.raises(error):
-            check_admin_token(header, "s3cret")
 
 
 def test_a_letter_is_shown_with_its_item_and_binary_values_by_size() -> None:

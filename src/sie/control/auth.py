@@ -1,16 +1,17 @@
 """Who may call the config service (seed 000 §3.1, §13; contracts Part A §2.4). Writes need SIE_ADMIN_TOKEN;
 reads accept the admin token, SIE_CONFIG_READ_TOKEN or SIE_AUTH_TOKEN(S); export accepts admin or config-read
-tokens only. No tokens at all → open (dev). Tokens are compared in constant time. Pure: no HTTP types.
+tokens only. No tokens at all → open (dev). Tokens are read and compared as `sie.http.bearer` says, which the
+gateway shares. Pure: no HTTP types.
 """
 
 from __future__ import annotations
 
 import enum
-import hmac
 from collections.abc import Iterable
 from typing import Final
 
 from sie.control.errors import AuthError
+from sie.http.bearer import bearer_token, token_in
 
 MISSING_HEADER: Final = "Missing Authorization header"
 INVALID_TOKEN: Final = "Invalid token"
@@ -25,20 +26,6 @@ class Access(enum.Enum):
     READ = "read"
     EXPORT = "export"
     WRITE = "write"
-
-
-def bearer_token(header: str | None) -> str | None:
-    """The token of `Bearer x` or a raw `x`; None when the header is absent or blank."""
-    if header is None or not header.strip():
-        return None
-    scheme, _, rest = header.strip().partition(" ")
-    return rest.strip() if scheme.lower() == "bearer" and rest.strip() else header.strip()
-
-
-def _matches(token: str, candidates: Iterable[str]) -> bool:
-    # Compare against every candidate so the time taken does not reveal which one matched.
-    results = [hmac.compare_digest(token.encode(), candidate.encode()) for candidate in candidates]
-    return any(results)
 
 
 class AccessPolicy:
@@ -72,9 +59,9 @@ class AccessPolicy:
         token = bearer_token(header)
         if token is None:
             raise AuthError(MISSING_HEADER, unauthenticated=True)
-        if _matches(token, self._accepted(access)):
+        if token_in(token, self._accepted(access)):
             return
-        known = _matches(token, self._admin + self._read + self._auth)
+        known = token_in(token, self._admin + self._read + self._auth)
         raise AuthError(ADMIN_REQUIRED if access is Access.WRITE and known else INVALID_TOKEN)
 
     def _accepted(self, access: Access) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from sie.gateway.cluster_status import ClusterSources, ClusterStatus
+from sie.gateway.auth import AuthMiddleware, GatewayAuth
 from sie.gateway.collector import Collector
 from sie.gateway.config_routes import config_routes
 from sie.gateway.config_sync import HeartbeatSource
@@ -78,7 +79,7 @@ class GatewaySources:
     heartbeats: HeartbeatSource | None = None  # healthy workers' heartbeats, where the gateway hears them
     unready_reason: Callable[[], str | None] | None = None  # why it cannot serve now (broker not connected), or None
     dead_letters: DeadLetterQueue | None = None  # work that used every delivery, served on `/v1/dlq`
-    admin_token: str | None = None  # what operator routes (`/v1/dlq`) require when set (SIE_ADMIN_TOKEN)
+    auth: GatewayAuth = attrs.field(factory=GatewayAuth)  # who may call which route; by default everyone, all
     offload: PayloadOffload | None = None  # large work-item payloads through the payload store (none: inline)
 
 
@@ -127,11 +128,15 @@ def build_gateway_app(
         routes=[
             *_routes(inference, read),
             *config_routes(sources.catalog, sources.heartbeats),
-            *dead_letter_routes(sources.dead_letters, sources.admin_token),
+            *dead_letter_routes(sources.dead_letters),
             *extra_routes,
             *status_routes(StatusPages(ClusterStatus(cluster, traffic), serving)),
         ],
-        middleware=[Middleware(TrafficMiddleware, window=traffic), Middleware(ShutdownMiddleware, serving=serving)],
+        middleware=[
+            Middleware(TrafficMiddleware, window=traffic),
+            Middleware(AuthMiddleware, auth=sources.auth),
+            Middleware(ShutdownMiddleware, serving=serving),
+        ],
         exception_handlers={HTTPException: _http_error, Exception: _unexpected},
         lifespan=lifespan,
     )

@@ -6,13 +6,12 @@
     DELETE /v1/dlq/{id}               drop one letter
     POST   /v1/dlq/purge              drop every letter
 
-When SIE_ADMIN_TOKEN is set every route needs `Authorization: Bearer <token>`, as config writes do (401 without a
-token, 403 with another); letters hold users' inputs. Errors go through replies.py.
+They are admin routes: the gateway's auth middleware (gateway/auth.py) requires SIE_ADMIN_TOKEN on every one of
+them, since letters hold users' inputs. Errors go through replies.py.
 """
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from starlette.requests import Request
@@ -22,25 +21,12 @@ from starlette.routing import Route
 from sie.catalog.names import dead_letter_subject
 from sie.gateway.dead_letters import DeadLetterQueue
 from sie.gateway.edge import endpoint, json_response
-from sie.gateway.errors import ForbiddenError, InvalidRequestError, UnauthorizedError
+from sie.gateway.errors import InvalidRequestError
 from sie.gateway.replies import Surface
 from sie.transport.base import DeadLetter
 from sie.wire import unstructure
 
 DEFAULT_LIMIT = 100
-
-
-def check_admin_token(authorization: str | None, admin_token: str | None) -> None:
-    """Return when the routes are open (no admin token set) or the header carries the admin token (`Bearer x`
-    or a bare `x`, compared in constant time); else UnauthorizedError (no token) or ForbiddenError."""
-    if not admin_token:
-        return
-    scheme, _, rest = (authorization or "").strip().partition(" ")
-    token = rest.strip() if scheme.lower() == "bearer" else scheme
-    if not token:
-        raise UnauthorizedError("The dead letters need the admin token: send Authorization: Bearer <SIE_ADMIN_TOKEN>")
-    if not hmac.compare_digest(token.encode(), admin_token.encode()):
-        raise ForbiddenError("The dead letters need the admin token (SIE_ADMIN_TOKEN); this token is not it")
 
 
 def letter_summary(letter: DeadLetter) -> dict[str, Any]:
@@ -81,18 +67,13 @@ def _shown(value: Any) -> Any:
 
 
 class DeadLetterHandlers:
-    """Thin handlers: check the token, parse the path and query, call the queue, render JSON."""
+    """Thin handlers: parse the path and query, call the queue, render JSON."""
 
-    def __init__(self, queue: DeadLetterQueue, admin_token: str | None) -> None:
+    def __init__(self, queue: DeadLetterQueue) -> None:
         self._queue = queue
-        self._admin_token = admin_token
-
-    def _authorize(self, request: Request) -> None:
-        check_admin_token(request.headers.get("authorization"), self._admin_token)
 
     @endpoint(Surface.NATIVE)
     async def list_letters(self, request: Request) -> Response:
-        self._authorize(request)
         after = _whole(request.query_params.get("after"), "after", 0)
         limit = _whole(request.query_params.get("limit"), "limit", DEFAULT_LIMIT)
         letters = await self._queue.letters(after, limit)
@@ -101,12 +82,10 @@ class DeadLetterHandlers:
 
     @endpoint(Surface.NATIVE)
     async def show(self, request: Request) -> Response:
-        self._authorize(request)
         return json_response(letter_document(await self._queue.letter(request.path_params["letter_id"])))
 
     @endpoint(Surface.NATIVE)
     async def replay(self, request: Request) -> Response:
-        self._authorize(request)
         replayed = await self._queue.replay(request.path_params["letter_id"])
         item = replayed.item
         body = {"replayed": replayed.letter.letter_id, "subject": replayed.letter.subject}
@@ -114,14 +93,12 @@ class DeadLetterHandlers:
 
     @endpoint(Surface.NATIVE)
     async def delete(self, request: Request) -> Response:
-        self._authorize(request)
         letter_id = request.path_params["letter_id"]
         await self._queue.delete(letter_id)
         return json_response({"deleted": letter_id})
 
     @endpoint(Surface.NATIVE)
     async def purge(self, request: Request) -> Response:
-        self._authorize(request)
         return json_response({"purged": await self._queue.purge()})
 
 
@@ -133,11 +110,11 @@ def _whole(text: str | None, name: str, default: int) -> int:
     return int(text)
 
 
-def dead_letter_routes(queue: DeadLetterQueue | None, admin_token: str | None) -> list[Route]:
+def dead_letter_routes(queue: DeadLetterQueue | None) -> list[Route]:
     """The `/v1/dlq` routes over `queue`; none when the gateway keeps no dead letters."""
     if queue is None:
         return []
-    handlers = DeadLetterHandlers(queue, admin_token)
+    handlers = DeadLetterHandlers(queue)
     return [
         Route("/v1/dlq", handlers.list_letters, methods=["GET"]),
         Route("/v1/dlq/purge", handlers.purge, methods=["POST"]),

@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 
 OPENAI_PATHS: Final = frozenset({"/v1/embeddings"})
 OPENAI_SERVER_ERROR: Final = "server_error"
+# RFC 6750: a 401 names the scheme the caller should authenticate with.
+WWW_AUTHENTICATE: Final = "WWW-Authenticate"
+BEARER_CHALLENGE: Final = "Bearer"
 INTERNAL_MESSAGE: Final = "Internal server error"
 
 
@@ -102,7 +105,12 @@ RULES: Final[dict[type[BaseException], Rule]] = {
 _INTERNAL: Final = Rule(500, Envelope.DETAIL)
 
 # OpenAI `error.code` for the client errors OpenAI clients know; server errors keep the SIE code.
-_OPENAI_CODES: Final = {400: codes.OPENAI_INVALID_REQUEST, 404: codes.OPENAI_MODEL_NOT_FOUND, 413: "payload_too_large"}
+_OPENAI_CODES: Final = {
+    400: codes.OPENAI_INVALID_REQUEST,
+    401: "invalid_api_key",
+    404: codes.OPENAI_MODEL_NOT_FOUND,
+    413: "payload_too_large",
+}
 _OPENAI_PARAMS: Final[dict[type[BaseException], str]] = {ModelNotFoundError: "model"}
 
 
@@ -145,6 +153,8 @@ def error_reply(exc: BaseException, surface: Surface = Surface.NATIVE) -> ErrorR
         headers[RETRY_AFTER] = str(exc.retry_after_s)
     if rule.envelope is Envelope.RETRY:
         headers[ERROR_CODE] = code
+    if isinstance(exc, UnauthorizedError):
+        headers[WWW_AUTHENTICATE] = BEARER_CHALLENGE
     if surface is Surface.OPENAI:
         return ErrorReply(rule.status, _openai(exc, rule.status, code, message), headers)
     return ErrorReply(rule.status, _native(exc, rule.envelope, code, message, extra), headers)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 
 from sie.gateway.app import GatewaySources, build_gateway_app, serving_state
+from sie.gateway.auth import GatewayAuth
 from sie.gateway.dead_letters import DeadLetterQueue
 from sie.http.handlers import plain_handler_routes
 from sie.http.serving import serve_until_signalled
@@ -38,7 +39,10 @@ async def serve_all(settings: Settings) -> None:
         )
         manager = workers[0].manager  # every child serves the same catalogue
         status = LocalModelStatus(workers, settings.lane)
-        sources = GatewaySources(lambda: manager.catalog, transport, transport, status, dead_letters=dead_letters)
+        auth = await stack.enter_async_context(GatewayAuth.from_settings(settings.auth))
+        sources = GatewaySources(
+            lambda: manager.catalog, transport, transport, status, dead_letters=dead_letters, auth=auth
+        )
         placement_routes = plain_handler_routes(PlacementApi(fleet).handle, PATH_PREFIXES)
         app = build_gateway_app(
             sources, settings.gateway, settings.lane, settings.process.router_id, extra_routes=placement_routes

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from sie.catalog import Catalog, load_catalog
-from sie.gateway.auth import GatewayAuthUnavailable, refuse_unbuilt_auth
+from sie.gateway.auth import AuthSettingsError, check_auth_settings
 from sie.http.serving import HttpListener
 from sie.ipc.sockets import SocketPathError
 from sie.runtime import run_event_loop
@@ -48,11 +48,11 @@ def run_main(main: RoleMain, settings: Settings) -> int:
 
 
 def run_gateway_main(main: RoleMain, settings: Settings) -> int:
-    """`run_main` for the roles that serve the gateway; exit status 2 while the settings ask for gateway
-    auth, which this version cannot enforce (fail closed, never open)."""
+    """`run_main` for the roles that serve the gateway; exit status 2, before anything starts, when the auth
+    settings cannot be served (token mode without an inference token, an unreadable tokens file)."""
     try:
-        refuse_unbuilt_auth(settings.auth)
-    except GatewayAuthUnavailable as exc:
+        check_auth_settings(settings.auth)
+    except AuthSettingsError as exc:
         print(f"sie: {exc}", file=sys.stderr)
         return 2
     return run_main(main, settings)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 
 from sie.gateway.app import GatewaySources, build_gateway_app, serving_state
+from sie.gateway.auth import GatewayAuth
 from sie.gateway.config_sync import ConfigState, ConfigSync
 from sie.gateway.dead_letters import DeadLetterQueue
 from sie.gateway.offload import PayloadOffload
@@ -49,9 +50,10 @@ async def serve_gateway(settings: Settings) -> None:
             open_payload_store(payloads.store_url), lambda: transport.max_payload, payloads.inline_limit_bytes
         )
         stack.push_async_callback(offload.aclose)  # pending deletes finish before the transport closes
+        auth = await stack.enter_async_context(GatewayAuth.from_settings(settings.auth))
         sources = GatewaySources(
             state, transport, registry, registry, registry.healthy_workers, registry.unready_reason, offload=offload,
-            dead_letters=dead_letters, admin_token=settings.auth.admin_token,
+            dead_letters=dead_letters, auth=auth,
         )  # fmt: skip
         app = build_gateway_app(sources, settings.gateway, settings.lane, router_id)
         grace = settings.process.shutdown_grace_s

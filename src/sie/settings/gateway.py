@@ -1,15 +1,25 @@
-"""The gateway's HTTP surface and queue admission (seed 000 §2, §16.3) and the bearer tokens of the config
-service (seed 000 §3, §13; contracts A §2.4, B §1.10). Gateway auth is not built yet: the gateway refuses to
-start when it is asked for, rather than serve unauthenticated.
+"""The gateway's HTTP surface and queue admission (seed 000 §2, §16.3) and the bearer tokens of the gateway and
+the config service (seed 000 §3, §13; contracts A §2.4, B §1.10).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Final
 
 import attrs
 
-from sie.settings._parsers import byte_size, choice, integer, name_token, seconds, string_list, text
+from sie.settings._parsers import (
+    boolean,
+    byte_size,
+    choice,
+    integer,
+    name_token,
+    path,
+    seconds,
+    string_list,
+    text,
+)
 from sie.settings._spec import Env, setting
 
 _GATEWAY_ROLES = ("gateway", "all")
@@ -124,14 +134,14 @@ class GatewaySettings:
 
 @attrs.frozen
 class AuthSettings:
-    """Bearer tokens: the admin (write) token, config read tokens, and gateway auth (refused until built)."""
+    """Bearer tokens: gateway auth (mode, inference tokens, exempt routes), the admin token, config read tokens."""
 
     mode: str = setting(
         Env(
             "SIE_AUTH_MODE",
             choice("none", "token", aliases={"static": "token"}),
-            "Gateway auth. Only `none` works in this version: `token` (alias `static`) makes the gateway refuse "
-            "to start rather than serve unauthenticated.",
+            "Gateway auth: `token` (alias `static`) requires a bearer token on every route but `/healthz` and "
+            "`/readyz`; `none` requires none (admin routes still need SIE_ADMIN_TOKEN when it is set).",
             roles=_GATEWAY_ROLES,
             read_by=("sie.gateway.auth",),
         ),
@@ -141,8 +151,9 @@ class AuthSettings:
         Env(
             "SIE_AUTH_TOKENS",
             string_list(),
-            "Tokens the config service accepts for reads (never writes). Set for the gateway, it refuses to "
-            "start: gateway auth is not built yet.",
+            "Inference tokens: with SIE_AUTH_MODE=token the gateway accepts any of them (or the admin token) on "
+            "its inference, read and operational routes. The config service accepts them for reads (never "
+            "writes).",
             flag=None,
             aliases=("SIE_AUTH_TOKEN",),
             secret=True,
@@ -151,16 +162,40 @@ class AuthSettings:
         ),
         (),
     )
+    tokens_file: Path | None = setting(
+        Env(
+            "SIE_AUTH_TOKENS_FILE",
+            path(),
+            "A file of more inference tokens, one a line (blank lines and `#` comments skipped), re-read within "
+            "a second or two of a change: tokens rotate without a restart (a mounted Kubernetes secret works).",
+            roles=_GATEWAY_ROLES,
+            read_by=("sie.gateway.auth",),
+        ),
+        None,
+    )
+    exempt_operational: bool = setting(
+        Env(
+            "SIE_AUTH_EXEMPT_OPERATIONAL",
+            boolean(),
+            "With SIE_AUTH_MODE=token, serve `/`, `/health`, `/metrics`, `/docs` and `/ws/*` without a token. "
+            "They show workers, models and queue depth: leave it false unless only operators reach the port.",
+            roles=_GATEWAY_ROLES,
+            read_by=("sie.gateway.auth",),
+        ),
+        False,
+    )
     admin_token: str | None = setting(
         Env(
             "SIE_ADMIN_TOKEN",
             text(),
             "Token for config writes; gateways and sidecars send it when they read the config service, and "
-            "`sie config` sends it. Set for the gateway, its dead-letter routes (`/v1/dlq`, `sie dlq`) require it.",
+            "`sie config` sends it. Set for the gateway, its admin routes (`/v1/dlq`, mutations under "
+            "`/v1/configs`, `/v1/pools`, `/v1/admin`, `/v1/placement`; `sie dlq`) require it; in token mode, "
+            "unset, they are closed.",
             flag=None,
             secret=True,
-            roles=("gateway", "config", "sidecar"),
-            read_by=("sie.roles.config", "sie.roles.gateway", "sie.sidecar.config_export"),
+            roles=("gateway", "config", "sidecar", "all"),
+            read_by=("sie.roles.config", "sie.roles.gateway", "sie.sidecar.config_export", "sie.gateway.auth"),
         ),
         None,
     )
