@@ -7,7 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -38,12 +38,22 @@ def role_environment(role: str, env: Mapping[str, str]) -> dict[str, str]:
 class RoleProcess:
     """One `sie run --role ROLE` subprocess; its stderr goes to a log file kept for failure reports."""
 
-    def __init__(self, role: str, args: list[str], env: Mapping[str, str], log_path: Path) -> None:
+    def __init__(
+        self,
+        role: str,
+        args: list[str],
+        env: Mapping[str, str],
+        log_path: Path,
+        *,
+        sie: Sequence[str] = (sys.executable, "-m", "sie.cli.main"),
+        cwd: Path | None = None,
+    ) -> None:
+        """`sie` is the command that runs the CLI (another installation's `bin/sie`), `cwd` where it starts."""
         self.log_path = log_path
-        command = [sys.executable, "-m", "sie.cli.main", "run", "--role", role, *args]
+        command = [*sie, "run", "--role", role, *args]
         environment = role_environment(role, env)
         self._log = log_path.open("wb")
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=environment)
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=environment, cwd=cwd)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
