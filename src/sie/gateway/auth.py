@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Final
 
 from sie.gateway.errors import ForbiddenError, UnauthorizedError
-from sie.gateway.replies import error_reply, surface_for_path
+from sie.gateway.replies import send_error_reply
 from sie.gateway.shutdown import ASGIApp, Receive, Scope, Send
 from sie.http.bearer import bearer_token, token_in
 from sie.settings import AuthSettings
@@ -242,15 +242,6 @@ class AuthMiddleware:
             if scope["type"] == "websocket":
                 await send({"type": "websocket.close", "code": WEBSOCKET_POLICY_VIOLATION, "reason": exc.message})
             else:
-                await _refuse(exc, scope["path"], send)
+                await send_error_reply(exc, scope["path"], send)
             return
         await self.app(scope, receive, send)
-
-
-async def _refuse(exc: Exception, path: str, send: Send) -> None:
-    reply = error_reply(exc, surface_for_path(path))
-    content = reply.content()
-    headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in reply.headers.items()]
-    headers += [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]
-    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-    await send({"type": "http.response.body", "body": content})

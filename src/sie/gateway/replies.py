@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
 import attrs
@@ -188,3 +189,16 @@ def surface_for_path(path: str) -> Surface:
 def route_error_reply(status: int, detail: str) -> ErrorReply:
     """Unknown route or method: FastAPI's `{"detail": "Not Found"}` shape, as sie-server answers."""
     return ErrorReply(status, {"detail": detail}, dict(VERSION_HEADERS))
+
+
+async def send_error_reply(
+    exc: BaseException, path: str, send: Callable[[MutableMapping[str, Any]], Awaitable[None]]
+) -> None:
+    """Answer `exc` straight on an ASGI `send`, in the envelope of `path`'s surface: for the gateway's pure ASGI
+    middlewares (shutdown, auth), which refuse before any route runs."""
+    reply = error_reply(exc, surface_for_path(path))
+    content = reply.content()
+    headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in reply.headers.items()]
+    headers += [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    await send({"type": "http.response.body", "body": content})

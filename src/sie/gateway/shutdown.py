@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
 from sie.gateway.errors import ShuttingDownError
-from sie.gateway.replies import error_reply, surface_for_path
+from sie.gateway.replies import send_error_reply
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -75,19 +75,11 @@ class ShutdownMiddleware:
             await self.app(scope, receive, send)
             return
         if self._serving.draining:
-            await self._refuse(scope["path"], send)
+            error = ShuttingDownError("The gateway is shutting down; retry the request")
+            await send_error_reply(error, scope["path"], send)
             return
         self._serving.enter()
         try:
             await self.app(scope, receive, send)
         finally:
             self._serving.leave()
-
-    async def _refuse(self, path: str, send: Send) -> None:
-        error = ShuttingDownError("The gateway is shutting down; retry the request")
-        reply = error_reply(error, surface_for_path(path))
-        content = reply.content()
-        headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in reply.headers.items()]
-        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]
-        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-        await send({"type": "http.response.body", "body": content})
