@@ -21,6 +21,9 @@ TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # Held at WARNING whatever SIE_LOG_LEVEL says: the servers' own access logs (each request has exactly one line,
 # sie.access's), and hpack, whose DEBUG lines print decoded HTTP/2 headers, bearer tokens included.
 QUIET_LOGGERS: Final = ("hypercorn.access", "uvicorn.access", "hpack")
+# httpx says every request it sends at INFO: the config polls and pool-status reads, every few seconds. Shown only
+# with SIE_LOG_LEVEL=debug.
+CLIENT_LOGGERS: Final = ("httpx",)
 
 
 def log_fields(**fields: Any) -> dict[str, Any]:
@@ -57,3 +60,5 @@ def configure_logging(telemetry: TelemetrySettings) -> None:
     root.setLevel(telemetry.log_level.upper())
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    for name in CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if root.level <= logging.DEBUG else logging.WARNING)
