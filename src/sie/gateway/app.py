@@ -36,6 +36,8 @@ from sie.gateway.status import ModelStatusSource
 from sie.gateway.status_page import StatusPages, status_routes
 from sie.gateway.traffic import TrafficMiddleware, TrafficWindow
 from sie.settings import GatewaySettings, LaneSettings
+from sie.telemetry.gateway import GatewayMetrics
+from sie.telemetry.http import RequestMetricsMiddleware
 from sie.transport.base import Transport
 
 
@@ -81,6 +83,7 @@ class GatewaySources:
     dead_letters: DeadLetterQueue | None = None  # work that used every delivery, served on `/v1/dlq`
     auth: GatewayAuth = attrs.field(factory=GatewayAuth)  # who may call which route; by default everyone, all
     offload: PayloadOffload | None = None  # large work-item payloads through the payload store (none: inline)
+    metrics: GatewayMetrics | None = None  # requests, admission and lane series for `/metrics`; None: none
 
 
 def build_gateway_app(
@@ -102,6 +105,7 @@ def build_gateway_app(
             settings.max_stream_pending,
             router_id,
             _known_machine_profiles(sources.status, lane, settings.configured_gpus),
+            sources.metrics,
         ),
         collector,
         settings.request_timeout_s,
@@ -133,6 +137,7 @@ def build_gateway_app(
             *status_routes(StatusPages(ClusterStatus(cluster, traffic), serving)),
         ],
         middleware=[
+            *_metrics_middleware(sources.metrics),  # outermost: it times what the client sees
             Middleware(TrafficMiddleware, window=traffic),
             Middleware(AuthMiddleware, auth=sources.auth),
             Middleware(ShutdownMiddleware, serving=serving),
@@ -150,6 +155,10 @@ def _known_machine_profiles(
 ) -> KnownMachineProfiles:
     """The machine profiles requests may wait for: the default lane's, the configured ones, and the live workers'."""
     return lambda: {lane.machine_profile, *configured, *(worker.machine_profile for worker in status.workers())}
+
+
+def _metrics_middleware(metrics: GatewayMetrics | None) -> list[Middleware]:
+    return [] if metrics is None else [Middleware(RequestMetricsMiddleware, metrics=metrics.http)]
 
 
 def serving_state(app: Starlette) -> ServingState:

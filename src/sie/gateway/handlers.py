@@ -29,6 +29,7 @@ from sie.gateway.service import InferenceService
 from sie.gateway.shutdown import ServingState
 from sie.gateway.status import ModelStatusSource
 from sie.http.bodies import read_body
+from sie.telemetry.http import note_model
 from sie.wire.http import EncodeRequest, ExtractRequest, ScoreRequest
 
 T = TypeVar("T")
@@ -71,6 +72,7 @@ class InferenceHandlers:
         started = time.perf_counter()
         raw = await read_body(request, self._max_body_bytes)
         call = openai.parse_embeddings(decode_data(raw, request.headers.get("content-type")))
+        note_model(request.scope, call.model)  # the metrics' model label: this path names none
         served = await until_disconnect(request, self._service.embeddings(call, lane_hints(request)))
         # OpenAI clients speak JSON: Accept is not consulted.
         return served_response(served, None, started)

@@ -19,6 +19,7 @@ from typing import Final, Protocol
 
 from sie.catalog.names import reply_subject, work_cancel_subject
 from sie.gateway.errors import InvalidRequestError, ProvisioningError, QueueFullError, QueueUnavailableError
+from sie.telemetry.gateway import AdmissionDecision, GatewayMetrics
 from sie.transport.base import BackpressureError, Lane, NoConsumerError, Transport, TransportError
 from sie.wire.queue import WorkItem
 
@@ -41,7 +42,8 @@ KnownMachineProfiles = Callable[[], Collection[str]]
 
 class WorkPublisher:
     """Names requests, admits them against the lane's state, publishes their work items and announces the
-    requests it gives up on (`work_cancel`). Without `known_machine_profiles`, any lane may be provisioned."""
+    requests it gives up on (`work_cancel`). Without `known_machine_profiles`, any lane may be provisioned;
+    `metrics` (when given) counts each admission decision."""
 
     def __init__(
         self,
@@ -50,8 +52,10 @@ class WorkPublisher:
         max_stream_pending: int,
         router_id: str,
         known_machine_profiles: KnownMachineProfiles | None = None,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self._queue = queue
+        self._metrics = metrics
         self._known_machine_profiles = known_machine_profiles
         self._cancels: set[asyncio.Task[None]] = set()
         self._consumers = consumers
@@ -69,6 +73,24 @@ class WorkPublisher:
     async def admit(self, lane: Lane) -> None:
         """Refuse before publishing: no consumer → PROVISIONING, or INVALID_INPUT for a machine profile no capacity
         can come for; pool stream over its pending limit → QUEUE_FULL."""
+        decision = AdmissionDecision.QUEUE_UNAVAILABLE  # what an unexpected failure below counts as
+        try:
+            await self._admit(lane)
+            decision = AdmissionDecision.ADMITTED
+        except ProvisioningError:
+            decision = AdmissionDecision.PROVISIONING
+            raise
+        except QueueFullError:
+            decision = AdmissionDecision.QUEUE_FULL
+            raise
+        except InvalidRequestError:
+            decision = AdmissionDecision.INVALID
+            raise
+        finally:
+            if self._metrics is not None:
+                self._metrics.admission(decision)
+
+    async def _admit(self, lane: Lane) -> None:
         try:
             served = await self._consumers.has_consumer(lane)
             if not served:

@@ -125,6 +125,10 @@ def chunk_frames(
 # --- reassembling --------------------------------------------------------------------------------
 
 
+class ChunkBudgetError(IpcProtocolError):
+    """A chunked transfer refused because the process's reassembly budget is spent (not a malformed transfer)."""
+
+
 class ChunkBudget:
     """Bytes reserved by the reassemblies in progress; share one object across every client of a process.
 
@@ -137,7 +141,7 @@ class ChunkBudget:
 
     def reserve(self, nbytes: int) -> None:
         if self.used_bytes + nbytes > self.limit_bytes:
-            raise IpcProtocolError("IPC response chunk transfer exceeds the global assembly budget")
+            raise ChunkBudgetError("IPC response chunk transfer exceeds the global assembly budget")
         self.used_bytes += nbytes
 
     def release(self, nbytes: int) -> None:

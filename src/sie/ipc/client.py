@@ -24,6 +24,8 @@ from sie.wire.ipc_control import (
     ReplaceModelConfigsResponse,
     WorkerCapabilitiesRequest,
     WorkerCapabilitiesResponse,
+    WorkerMetricsRequest,
+    WorkerMetricsResponse,
 )
 
 
@@ -47,6 +49,9 @@ class WorkerClient(Protocol):
 
 class WorkerChild(WorkerClient, Protocol):
     """One worker child of a pod (one device): a WorkerClient that also reports its device, memory and measured
-    costs to the sidecar's placement. A pod of several children is a WorkerClient but no WorkerChild."""
+    costs to the sidecar's placement, and its metrics to the sidecar's `/metrics`. A pod of several children is a
+    WorkerClient but no WorkerChild."""
 
     async def model_control_status(self, request: ModelControlStatusRequest) -> ModelControlStatusResponse: ...
+
+    async def worker_metrics(self, request: WorkerMetricsRequest) -> WorkerMetricsResponse: ...

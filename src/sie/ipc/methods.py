@@ -35,6 +35,7 @@ from sie.wire.ipc_control import (
     SignalGenerateCancelRequest,
     SignalGenerateCancelResponse,
     WorkerCapabilitiesRequest,
+    WorkerMetricsRequest,
 )
 
 Call = Callable[[WorkerChild, Any], Awaitable[Any]]
@@ -93,6 +94,7 @@ METHODS: Final[Mapping[str, Method]] = MappingProxyType(
         ipc.MODEL_CONTROL_STATUS: Method(
             ModelControlStatusRequest, lambda service, request: service.model_control_status(request)
         ),
+        ipc.WORKER_METRICS: Method(WorkerMetricsRequest, lambda service, request: service.worker_metrics(request)),
         ipc.SIGNAL_GENERATE_CANCEL: Method(SignalGenerateCancelRequest, _no_generation),
         ipc.RUN_BATCH: Method(RunBatchRequest, lambda service, request: service.run_batch(request), background=True),
         ipc.PROCESS_ENCODE_BATCH: Method(ProcessEncodeBatchRequest, _process_batch(OP_ENCODE), background=True),

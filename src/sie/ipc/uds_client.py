@@ -13,9 +13,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self, TypeVar
 
-from sie.ipc.chunking import DEFAULT_LIMITS, ChunkAssembler, ChunkBudget, ChunkLimits
+from sie.ipc.chunking import DEFAULT_LIMITS, ChunkAssembler, ChunkBudget, ChunkBudgetError, ChunkLimits
 from sie.ipc.errors import IpcConnectionError, IpcError, IpcProtocolError, IpcRemoteError, IpcTimeoutError
 from sie.ipc.framing import read_frame, send_frames
+from sie.telemetry.sidecar import IpcChunks, IpcDirection, SidecarMetrics
 from sie.wire import DecodeError, packb, structure, unpackb, unstructure
 from sie.wire import ipc as methods
 from sie.wire.ipc import IPC_RESPONSE_CHUNK_KIND, IPC_VERSION, IpcResponseChunkV1
@@ -35,6 +36,8 @@ from sie.wire.ipc_control import (
     ReplaceModelConfigsResponse,
     WorkerCapabilitiesRequest,
     WorkerCapabilitiesResponse,
+    WorkerMetricsRequest,
+    WorkerMetricsResponse,
 )
 
 logger = logging.getLogger(__name__)
@@ -66,12 +69,18 @@ class _Connection:
     """One socket: a reader task routing answers by request_id, a write lock keeping request frames whole."""
 
     def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limits: ChunkLimits, budget: ChunkBudget
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        limits: ChunkLimits,
+        budget: ChunkBudget,
+        metrics: SidecarMetrics | None = None,
     ) -> None:
         self.reader = reader
         self.writer = writer
         self.limits = limits
         self.budget = budget
+        self.metrics = metrics
         self.pending: dict[str, _Pending] = {}
         self.write_lock = asyncio.Lock()
         self.closed = False
@@ -93,6 +102,8 @@ class _Connection:
         try:
             async with self.write_lock:
                 await send_frames(self.writer, (payload,))
+            if self.metrics is not None:
+                self.metrics.ipc_bytes(IpcDirection.SENT, len(payload))
         except OSError as exc:
             self._shut(f"IPC connection lost while sending: {exc}")
             raise IpcConnectionError(f"IPC connection lost while sending: {exc}") from exc
@@ -106,6 +117,8 @@ class _Connection:
         reason = "the worker closed the IPC connection"
         try:
             while (frame := await read_frame(self.reader, self.limits.max_read_bytes)) is not None:
+                if self.metrics is not None:
+                    self.metrics.ipc_bytes(IpcDirection.RECEIVED, len(frame))
                 self._route(frame)
         except IpcProtocolError as exc:
             reason = f"IPC protocol error, connection closed: {exc}"
@@ -148,12 +161,20 @@ class _Connection:
                 entry.assembler = ChunkAssembler(raw["request_id"], self.limits, self.budget)
             data = entry.assembler.push(chunk, frame_bytes)
         except DecodeError as exc:
+            self._chunks_ended(IpcChunks.PROTOCOL_ERROR)
             entry.fail(IpcProtocolError(f"malformed IPC response chunk v1: {exc}"))
         except IpcProtocolError as exc:
+            budget = isinstance(exc, ChunkBudgetError)
+            self._chunks_ended(IpcChunks.BUDGET_REJECTED if budget else IpcChunks.PROTOCOL_ERROR)
             entry.fail(exc)
         else:
             if data is not None:
+                self._chunks_ended(IpcChunks.COMPLETED)
                 entry.future.set_result(data)
+
+    def _chunks_ended(self, outcome: IpcChunks) -> None:
+        if self.metrics is not None:
+            self.metrics.ipc_chunks(outcome)
 
 
 def _decode_answer(answer: Any, request_id: str) -> dict[str, Any]:
@@ -187,6 +208,7 @@ class UdsWorkerClient:
 
     `timeout_s` bounds each call (connect, send and answer); a timed-out call leaves the connection open.
     Share one ChunkBudget across all clients of a process so their reassemblies stay within one memory bound.
+    `metrics` (when given) counts frame bytes and chunked responses.
     """
 
     def __init__(
@@ -196,8 +218,10 @@ class UdsWorkerClient:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         limits: ChunkLimits = DEFAULT_LIMITS,
         budget: ChunkBudget | None = None,
+        metrics: SidecarMetrics | None = None,
     ) -> None:
         self.socket_path = Path(socket_path)
+        self.metrics = metrics
         self.timeout_s = timeout_s
         self.limits = limits
         self.budget = budget if budget is not None else ChunkBudget(limits.reservation_limit_bytes)
@@ -245,6 +269,9 @@ class UdsWorkerClient:
     async def model_control_status(self, request: ModelControlStatusRequest) -> ModelControlStatusResponse:
         return await self.call(methods.MODEL_CONTROL_STATUS, request, ModelControlStatusResponse)
 
+    async def worker_metrics(self, request: WorkerMetricsRequest) -> WorkerMetricsResponse:
+        return await self.call(methods.WORKER_METRICS, request, WorkerMetricsResponse)
+
     # --- the call ------------------------------------------------------------------------------
 
     async def call(self, method: str, request: Any, response_type: type[T], *, timeout_s: float | None = None) -> T:
@@ -285,5 +312,5 @@ class UdsWorkerClient:
                     reader, writer = await asyncio.open_unix_connection(str(self.socket_path))
                 except OSError as exc:
                     raise IpcConnectionError(f"cannot connect to the worker at {self.socket_path}: {exc}") from exc
-                self._connection = _Connection(reader, writer, self.limits, self.budget)
+                self._connection = _Connection(reader, writer, self.limits, self.budget, self.metrics)
         return self._connection

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -37,6 +38,7 @@ from sie.placement.router import Placement
 from sie.placement.snapshot import PlacementSnapshot, RepackRecord
 from sie.settings import PlacementSettings
 from sie.sidecar.children import ChildDirectory
+from sie.telemetry.exposition import ChildSource
 from sie.wire.ipc_batch import DISPOSITION_NAK_RETRY, BatchOutcome, RunBatchRequest
 from sie.wire.ipc_control import (
     MODEL_STATE_FAILED,
@@ -57,6 +59,7 @@ from sie.wire.ipc_control import (
     ReplaceModelConfigsResponse,
     WorkerCapabilitiesRequest,
     WorkerCapabilitiesResponse,
+    WorkerMetricsRequest,
 )
 
 logger = logging.getLogger(__name__)
@@ -334,6 +337,13 @@ class WorkerFleet:
         await self._each(lambda client: client.drain(request), self._children.values())
         return DrainResponse(acknowledged=True)
 
+    def metric_sources(self) -> list[ChildSource]:
+        """Each child found at the last probe round, as a source of its own series for `/metrics`."""
+        return [
+            ChildSource(child.name, child.device, functools.partial(_metrics_text, child.client))
+            for child in self._children.values()
+        ]
+
     # --- the placement control surface ---------------------------------------------------------------
 
     def snapshot(self) -> PlacementSnapshot:
@@ -442,6 +452,10 @@ class WorkerFleet:
             name, error = next(iter(failed.items()))
             raise NoWorkerChild(f"worker child {name} did not answer: {error}") from error
         return [answer for answer in answers.values() if not isinstance(answer, BaseException)]
+
+
+async def _metrics_text(client: WorkerChild) -> str:
+    return (await client.worker_metrics(WorkerMetricsRequest())).text
 
 
 def _report(name: str, status: ModelControlStatusResponse) -> ChildReport:

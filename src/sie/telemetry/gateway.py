@@ -1,5 +1,5 @@
-"""The gateway's own series besides HTTP requests (`sie.telemetry.http`): admission decisions by reason, and the
-work queued per lane as the broker last reported it (seed 000 §15: durable lane queue depth).
+"""The gateway's series: HTTP requests (`sie.telemetry.http`), admission decisions by reason, and the work queued
+per lane as the broker last reported it (seed 000 §15: durable lane queue depth).
 
 Lane values are written by a background refresh (`sie.gateway.lane_depth`) and read at collection time, so a
 scrape never waits on the broker. Lane labels are pools, machine profiles and bundles that workers announced:
@@ -14,7 +14,8 @@ from typing import Final
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from sie.telemetry.metrics import Tally
+from sie.telemetry.http import HttpMetrics
+from sie.telemetry.metrics import ModelLabels, Tally
 
 _LANE_LABELS: Final = ("pool", "machine_profile", "bundle")
 # (pool, machine_profile, bundle)
@@ -32,9 +33,11 @@ class AdmissionDecision(enum.StrEnum):
 
 
 class GatewayMetrics:
-    """Admission decisions and per-lane queue values."""
+    """HTTP requests (`http`, recorded by its middleware), admission decisions and per-lane queue values; `models`
+    bounds the model label to the catalogue."""
 
-    def __init__(self, meter: Meter) -> None:
+    def __init__(self, meter: Meter, models: ModelLabels) -> None:
+        self.http = HttpMetrics(meter, "sie.gateway", models)
         # Why requests were refused before any work was queued: provisioning is the scale-from-zero signal,
         # queue_full the overload one.
         self._admission = Tally(

@@ -12,9 +12,9 @@ import enum
 from collections.abc import Iterable
 from typing import Final, Protocol
 
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import CallbackOptions, Observation
 
-from sie.telemetry.metrics import ModelLabels, Tally
+from sie.telemetry.metrics import ModelLabels, Tally, Telemetry
 
 # Loads take from a second (a cached ONNX graph) to minutes (a download and a conversion).
 LOAD_BUCKETS_S: Final = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -44,10 +44,12 @@ class ModelHolder(Protocol):
 
 
 class WorkerMetrics:
-    """Model load events, recorded by the manager; model and memory gauges, read from `watch(holder)`."""
+    """Model load events, recorded by the manager; model and memory gauges, read from `watch(holder)`; `text()`
+    is the worker process's whole exposition, which the `WorkerMetrics` IPC call answers."""
 
-    def __init__(self, meter: Meter, models: ModelLabels | None = None) -> None:
-        self._meter = meter
+    def __init__(self, telemetry: Telemetry, models: ModelLabels | None = None) -> None:
+        self._telemetry = telemetry
+        self._meter = meter = telemetry.meter
         self._models = models if models is not None else ModelLabels()
         # Loads by result: failures per model, and how often a model comes back after an eviction (thrashing).
         self._loads = Tally(meter, "sie.worker.model.loads", "{load}", "Model loads by outcome.", ("model", "outcome"))
@@ -60,6 +62,9 @@ class WorkerMetrics:
         )
         # Models pushed out by the memory budget or the loaded-model cap (SIE_MAX_LOADED_MODELS).
         self._evictions = Tally(meter, "sie.worker.model.evictions", "{eviction}", "Models unloaded.", ("model",))
+
+    def text(self) -> str:
+        return self._telemetry.prometheus_text().decode()
 
     def load_finished(self, model_id: str, outcome: LoadOutcome, seconds: float) -> None:
         model = self._models(model_id)

@@ -37,6 +37,8 @@ SET_PINNED_MODELS: Final = "SetPinnedModels"
 DRAIN: Final = "Drain"
 # Our addition (not in the contract): what the sidecar's placement polls from each worker child.
 MODEL_CONTROL_STATUS: Final = "ModelControlStatus"
+# Our addition: a worker process's own series, merged into the sidecar's `/metrics`.
+WORKER_METRICS: Final = "WorkerMetrics"
 
 METHODS: Final = frozenset(
     {
@@ -58,6 +60,7 @@ METHODS: Final = frozenset(
         SET_PINNED_MODELS,
         DRAIN,
         MODEL_CONTROL_STATUS,
+        WORKER_METRICS,
     }
 )
 

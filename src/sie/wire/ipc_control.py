@@ -230,3 +230,16 @@ class ModelControlStatusResponse:
     memory_used_bytes: int = 0
     compute_seconds_total: float = 0.0
     models: list[ModelControlEntry] = attrs.Factory(list)
+
+
+@attrs.frozen(kw_only=True)
+class WorkerMetricsRequest:
+    """An empty body."""
+
+
+@attrs.frozen(kw_only=True)
+class WorkerMetricsResponse:
+    """Our addition: the worker process's metrics in Prometheus text exposition format (empty when metrics are
+    off), which the sidecar serves on its `/metrics` labelled with the child's name and device."""
+
+    text: str = ""

@@ -19,6 +19,7 @@ import attrs
 
 from sie.catalog import Catalog, ModelConfig
 from sie.telemetry.logs import log_fields
+from sie.telemetry.worker import LoadOutcome, WorkerMetrics
 from sie.wire.ipc_control import (
     MODEL_STATE_FAILED,
     MODEL_STATE_LOADING_IN_PROGRESS,
@@ -83,6 +84,7 @@ class ModelManager:
         executor: Executor | None = None,
         memory_budget_bytes: int | None = None,
         max_loaded_models: int | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self.catalog = catalog
         self._load = load
@@ -94,6 +96,9 @@ class ModelManager:
         self._failures: dict[str, LoadFailure] = {}
         self._pinned: set[str] = set()
         self.clock: Callable[[], float] = time.monotonic
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.watch(self)
 
     async def __aenter__(self) -> ModelManager:
         return self
@@ -154,19 +159,25 @@ class ModelManager:
         loop = asyncio.get_running_loop()
         logger.info("loading model %s", model_id, extra=log_fields(event="model_loading", model=model_id))
         started = time.perf_counter()
+        outcome: LoadOutcome | None = None  # stays None when the load is cancelled (shutdown)
         try:
             loaded = await loop.run_in_executor(self._executor, self._load, entry.model, entry.profile, model_id)
             self._admit(loaded)
+            outcome = LoadOutcome.LOADED
             _log_loaded(loaded, time.perf_counter() - started)
         except ModelLoadError as exc:
+            outcome = LoadOutcome.FAILED
             self._record_failure(model_id, exc.error_class, exc.message)
         except Exception as exc:  # noqa: BLE001 - any other loader bug still becomes a visible failed state
             logger.exception("loading %s failed", model_id)
             # The caller sees the failure's kind only: runtime text can hold internal paths (the log has it whole).
             message = f"Model '{model_id}' failed to load ({type(exc).__name__}); the worker log has the details"
+            outcome = LoadOutcome.FAILED
             self._record_failure(model_id, "UNKNOWN", message)
         finally:
             self._loading.pop(model_id, None)
+            if self.metrics is not None and outcome is not None:
+                self.metrics.load_finished(model_id, outcome, time.perf_counter() - started)
 
     def _record_failure(self, model_id: str, error_class: str, message: str) -> None:
         previous = self._failures.get(model_id)
@@ -198,10 +209,17 @@ class ModelManager:
                 return
             if model_id not in self._pinned:
                 self.unload(model_id, "evicted to make room (least recently used)", "model_evicted")
+                if self.metrics is not None:
+                    self.metrics.evicted(model_id)
 
     @property
     def memory_bytes(self) -> int:
         return sum(model.memory_bytes for model in self._loaded.values())
+
+    def model_memory_bytes(self, model_id: str) -> int:
+        """The bytes one loaded model holds (0 when it is not loaded)."""
+        loaded = self._loaded.get(model_id)
+        return loaded.memory_bytes if loaded is not None else 0
 
     @property
     def memory_budget_bytes(self) -> int | None:

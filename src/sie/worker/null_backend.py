@@ -29,6 +29,8 @@ from sie.wire.ipc_control import (
     ReplaceModelConfigsResponse,
     WorkerCapabilitiesRequest,
     WorkerCapabilitiesResponse,
+    WorkerMetricsRequest,
+    WorkerMetricsResponse,
 )
 from sie.wire.payload import ResultBody
 
@@ -97,6 +99,10 @@ class NullWorkerService:
 
     async def drain(self, request: DrainRequest) -> DrainResponse:
         return DrainResponse(acknowledged=True)
+
+    async def worker_metrics(self, request: WorkerMetricsRequest) -> WorkerMetricsResponse:
+        """No model loads, so no series of its own."""
+        return WorkerMetricsResponse()
 
     async def model_control_status(self, request: ModelControlStatusRequest) -> ModelControlStatusResponse:
         """Every catalogue model ready, holding no memory and costing no compute."""

@@ -39,6 +39,8 @@ from sie.wire.ipc_control import (
     ReplaceModelConfigsResponse,
     WorkerCapabilitiesRequest,
     WorkerCapabilitiesResponse,
+    WorkerMetricsRequest,
+    WorkerMetricsResponse,
 )
 from sie.worker.loading import LoadedModel
 from sie.worker.manager import ModelManager, ModelState
@@ -277,6 +279,11 @@ class WorkerService:
             compute_seconds_total=self.runner.compute_seconds_total,
             models=self._control_entries(),
         )
+
+    async def worker_metrics(self, request: WorkerMetricsRequest) -> WorkerMetricsResponse:
+        """This worker's series (model loads, models and memory) in Prometheus text, for the sidecar's `/metrics`."""
+        metrics = self.manager.metrics
+        return WorkerMetricsResponse(text=metrics.text() if metrics is not None else "")
 
     def _control_entries(self) -> list[ModelControlEntry]:
         entries: dict[str, ModelControlEntry] = {}
