@@ -20,8 +20,9 @@ MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 
 class Cluster:
     """The four processes of one distributed deployment. `worker_args` go to the worker (`--devices cpu:2`),
-    `broker_env` to the roles on the broker (sidecar and gateway), `max_payload` to nats-server,
-    `health_interval_s` (the heartbeat period) to the sidecar and the gateway."""
+    `broker_env` to the roles on the broker (sidecar and gateway), `role_env` to the worker, sidecar and gateway
+    (telemetry settings), `max_payload` to nats-server, `health_interval_s` (the heartbeat period) to the sidecar
+    and the gateway."""
 
     def __init__(
         self,
@@ -31,6 +32,7 @@ class Cluster:
         broker_env: Mapping[str, str] | None = None,
         max_payload: int | None = None,
         health_interval_s: float = 0.2,
+        role_env: Mapping[str, str] | None = None,
     ) -> None:
         self.root = root
         self.worker_args = list(worker_args)
@@ -39,8 +41,8 @@ class Cluster:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # Each role gets only the variables it reads (a role refuses the others).
-        self.worker_env = {"SIE_IPC_SOCKET_PATH": str(self.socket), "SIE_WORKER_ID": "w-1"}
-        self.broker_env = {"SIE_NATS_URL": self.nats.url, **(broker_env or {})}
+        self.worker_env = {"SIE_IPC_SOCKET_PATH": str(self.socket), "SIE_WORKER_ID": "w-1", **(role_env or {})}
+        self.broker_env = {"SIE_NATS_URL": self.nats.url, **(role_env or {}), **(broker_env or {})}
         self.health_interval = ["--health-interval-s", str(health_interval_s)]
         self.worker = self.start_worker()
         self.probe_url = f"http://127.0.0.1:{free_port()}"

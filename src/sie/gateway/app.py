@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from sie.gateway.cluster_status import ClusterSources, ClusterStatus
 from sie.gateway.auth import AuthMiddleware, GatewayAuth
+from sie.gateway.cluster_status import ClusterSources, ClusterStatus
 from sie.gateway.collector import Collector
 from sie.gateway.config_routes import config_routes
 from sie.gateway.config_sync import HeartbeatSource
@@ -38,6 +38,7 @@ from sie.gateway.traffic import TrafficMiddleware, TrafficWindow
 from sie.settings import GatewaySettings, LaneSettings
 from sie.telemetry.gateway import GatewayMetrics
 from sie.telemetry.http import RequestMetricsMiddleware
+from sie.telemetry.tracing import Tracing
 from sie.transport.base import Transport
 
 
@@ -84,6 +85,7 @@ class GatewaySources:
     auth: GatewayAuth = attrs.field(factory=GatewayAuth)  # who may call which route; by default everyone, all
     offload: PayloadOffload | None = None  # large work-item payloads through the payload store (none: inline)
     metrics: GatewayMetrics | None = None  # requests, admission and lane series for `/metrics`; None: none
+    tracing: Tracing | None = None  # spans of inference requests (SIE_TRACING_ENABLED); None: none recorded
 
 
 def build_gateway_app(
@@ -112,7 +114,7 @@ def build_gateway_app(
         RequestLimits(settings.max_items, settings.max_item_chars),
         sources.offload,
     )
-    inference = InferenceHandlers(service, settings.max_body_bytes)
+    inference = InferenceHandlers(service, settings.max_body_bytes, sources.tracing)
     read = ReadHandlers(sources.catalog, sources.status, serving, settings.configured_gpus, sources.unready_reason)
     traffic = TrafficWindow()  # inference requests per second and their latency, for the status page
     cluster = ClusterSources(

@@ -19,6 +19,7 @@ from sie.gateway.negotiation import JSON_MEDIA_TYPE, render, wants_msgpack
 from sie.gateway.replies import ErrorReply, Surface, error_reply
 from sie.gateway.router import LaneHints
 from sie.gateway.service import Served
+from sie.telemetry.tracing import TRACEPARENT, TRACESTATE, TraceHeaders, trace_headers
 from sie.wire import dumps_json
 
 T = TypeVar("T")
@@ -30,6 +31,12 @@ def lane_hints(request: Request) -> LaneHints:
     """`X-SIE-Pool` and `X-SIE-MACHINE-PROFILE` as sent (the router validates them)."""
     headers = request.headers
     return LaneHints(headers.get("x-sie-pool"), headers.get("x-sie-machine-profile"))
+
+
+def incoming_trace(request: Request) -> TraceHeaders | None:
+    """The caller's W3C `traceparent`/`tracestate`, when it sent a valid one (its work continues that trace)."""
+    headers = request.headers
+    return trace_headers(headers.get(TRACEPARENT), headers.get(TRACESTATE))
 
 
 def reply_response(reply: ErrorReply) -> Response:

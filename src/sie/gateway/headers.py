@@ -26,6 +26,7 @@ REQUEST_ID: Final = "x-sie-request-id"
 ERROR_CODE: Final = "x-sie-error-code"
 RETRY_AFTER: Final = "retry-after"
 MODEL_REVISION: Final = "x-sie-model-revision"
+TRACE_ID: Final = "x-trace-id"
 VERSION_HEADERS: Final = {"x-sie-version": SIE_VERSION, "x-sie-server-version": SIE_VERSION}
 
 
@@ -43,6 +44,7 @@ class ResponseMetadata:
     payload_fetch_ms: float = 0.0
     worker_id: str | None = None
     model_revision: str | None = None
+    trace_id: str | None = None  # the request's trace, when tracing recorded it
 
 
 def model_revision(expected: str, results: Iterable[WorkResult]) -> str | None:
@@ -94,4 +96,6 @@ def response_headers(meta: ResponseMetadata, total_ms: float) -> dict[str, str]:
         headers["x-sie-worker"] = meta.worker_id
     if meta.model_revision:
         headers[MODEL_REVISION] = meta.model_revision
+    if meta.trace_id:
+        headers[TRACE_ID] = meta.trace_id
     return headers

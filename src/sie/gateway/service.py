@@ -22,6 +22,7 @@ from sie.gateway.publisher import WorkPublisher, publish_error
 from sie.gateway.router import LaneHints, Route, Router
 from sie.gateway.workitems import Ticket
 from sie.telemetry.access import note_request
+from sie.telemetry.tracing import TraceHeaders
 from sie.wire.http import EncodeParams, EncodeRequest, ExtractParams, ExtractRequest, ScoreRequest
 from sie.wire.queue import OPERATION_ENCODE, OPERATION_EXTRACT, OPERATION_SCORE, WorkItem, WorkResult
 
@@ -80,13 +81,17 @@ class InferenceService:
         self._limits = limits or RequestLimits()
         self._offload = offload or PayloadOffload(None, lambda: None)
 
-    async def encode(self, spec: str, request: EncodeRequest, hints: LaneHints) -> Served:
-        collected = await self.encode_results(spec, request, hints)
+    async def encode(
+        self, spec: str, request: EncodeRequest, hints: LaneHints, trace: TraceHeaders | None = None
+    ) -> Served:
+        collected = await self.encode_results(spec, request, hints, trace)
         failed = assembly.check_failures(collected.results)
         body = assembly.encode_body(collected.route.model, request.items, collected.results, failed)
         return Served(body, collected.meta)
 
-    async def encode_results(self, spec: str, request: EncodeRequest, hints: LaneHints) -> Collected:
+    async def encode_results(
+        self, spec: str, request: EncodeRequest, hints: LaneHints, trace: TraceHeaders | None = None
+    ) -> Collected:
         """The raw results of an encode (the OpenAI surface reshapes them itself)."""
         note_request(model=spec, items=len(request.items))
         self._limits.check(request.items)
@@ -95,44 +100,52 @@ class InferenceService:
         outputs = router.encode_outputs(route, params.output_types if params else None)
         router.check_output_dtype(params)
         router.check_options(route, params.options if params else None, OPERATION_ENCODE, _instruction(params))
-        return await self._run(route, lambda ticket: workitems.encode_work(route, ticket, request, outputs))
+        return await self._run(route, lambda ticket: workitems.encode_work(route, ticket, request, outputs), trace)
 
-    async def embeddings(self, call: openai.EmbeddingsCall, hints: LaneHints) -> Served:
+    async def embeddings(
+        self, call: openai.EmbeddingsCall, hints: LaneHints, trace: TraceHeaders | None = None
+    ) -> Served:
         """OpenAI embeddings: an encode whose every item must succeed, reshaped under the 16 MiB reply cap."""
-        collected = await self.encode_results(call.model, call.encode_request(), hints)
+        collected = await self.encode_results(call.model, call.encode_request(), hints, trace)
         assembly.check_failures(collected.results, strict=True)
         openai.check_reply_size(collected.results)
         return Served(openai.embeddings_body(call, collected.results), collected.meta)
 
-    async def score(self, spec: str, request: ScoreRequest, hints: LaneHints) -> Served:
+    async def score(
+        self, spec: str, request: ScoreRequest, hints: LaneHints, trace: TraceHeaders | None = None
+    ) -> Served:
         note_request(model=spec, items=len(request.items))
         self._limits.check(request.items, request.query)
         route = self._router.route(spec, _profile(request.options), hints)
         router.check_score(route)
         router.check_options(route, request.options, OPERATION_SCORE, request.instruction)
-        collected = await self._run(route, lambda ticket: workitems.score_work(route, ticket, request))
+        collected = await self._run(route, lambda ticket: workitems.score_work(route, ticket, request), trace)
         assembly.check_failures(collected.results, per_item=False)
         body = assembly.score_body(route.model, request.query.id, collected.results[0])
         return Served(body, collected.meta)
 
-    async def extract(self, spec: str, request: ExtractRequest, hints: LaneHints) -> Served:
+    async def extract(
+        self, spec: str, request: ExtractRequest, hints: LaneHints, trace: TraceHeaders | None = None
+    ) -> Served:
         note_request(model=spec, items=len(request.items))
         self._limits.check(request.items)
         params = request.params
         route = self._router.route(spec, _profile(params.options if params else None), hints)
         router.check_extract(route, params)
         router.check_options(route, params.options if params else None, OPERATION_EXTRACT, _instruction(params))
-        collected = await self._run(route, lambda ticket: workitems.extract_work(route, ticket, request))
+        collected = await self._run(route, lambda ticket: workitems.extract_work(route, ticket, request), trace)
         failed = assembly.check_failures(collected.results)
         body = assembly.extract_body(route.model, request.items, collected.results, failed)
         return Served(body, collected.meta)
 
-    async def _run(self, route: Route, build: Callable[[Ticket], list[WorkItem]]) -> Collected:
+    async def _run(
+        self, route: Route, build: Callable[[Ticket], list[WorkItem]], trace: TraceHeaders | None
+    ) -> Collected:
         await self._publisher.admit(route.lane)
         request_id, reply = self._publisher.new_request()
         note_request(request_id=request_id)
         now = time.time()
-        items = build(Ticket(request_id, reply, self._publisher.router_id, now, now + self._timeout_s))
+        items = build(Ticket(request_id, reply, self._publisher.router_id, now, now + self._timeout_s, trace))
         with self._collector.expect(request_id, len(items)) as pending:
             items = await self._offload.prepare(items, pending.at_close)  # large payloads via the store
             started = time.perf_counter()

@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 
 from sie.gateway.router import Route
+from sie.telemetry.tracing import TraceHeaders
 from sie.wire import unstructure
 from sie.wire.http import EncodeRequest, ExtractRequest, Item, ScoreRequest
 from sie.wire.queue import OPERATION_ENCODE, OPERATION_EXTRACT, OPERATION_SCORE, WorkItem
@@ -17,13 +18,15 @@ from sie.wire.queue import OPERATION_ENCODE, OPERATION_EXTRACT, OPERATION_SCORE,
 
 @attrs.frozen
 class Ticket:
-    """What names one request on the queue: its id, reply subject, router and time bounds (unix seconds)."""
+    """What names one request on the queue: its id, reply subject, router, time bounds (unix seconds) and the W3C
+    trace context its work continues (the caller's, or the gateway's span when tracing is on)."""
 
     request_id: str
     reply_subject: str
     router_id: str
     timestamp: float
     deadline: float
+    trace: TraceHeaders | None = None
 
 
 def _common(route: Route, ticket: Ticket, operation: str, total: int) -> dict[str, Any]:
@@ -44,6 +47,8 @@ def _common(route: Route, ticket: Ticket, operation: str, total: int) -> dict[st
         "bundle_config_hash": route.bundle_config_hash or None,
         # The collector reassembles result_chunk_v1 transfers (seed 001): a sidecar may chunk a large result.
         "accepts_result_chunks": True,
+        "traceparent": ticket.trace.traceparent if ticket.trace is not None else None,
+        "tracestate": ticket.trace.tracestate if ticket.trace is not None else None,
     }
 
 

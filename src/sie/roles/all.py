@@ -15,7 +15,7 @@ from sie.gateway.dead_letters import DeadLetterQueue
 from sie.http.handlers import plain_handler_routes
 from sie.http.serving import serve_until_signalled
 from sie.placement.api import PATH_PREFIXES, PlacementApi
-from sie.roles.common import baseline_catalog, http_listener, open_local_workers, run_gateway_main
+from sie.roles.common import baseline_catalog, http_listener, open_local_workers, open_tracing, run_gateway_main
 from sie.roles.local_status import LocalModelStatus
 from sie.runtime import freeze_startup_heap
 from sie.settings import Settings
@@ -29,19 +29,20 @@ from sie.transport.loopback import LoopbackTransport
 async def serve_all(settings: Settings) -> None:
     catalog = baseline_catalog(settings)
     async with AsyncExitStack() as stack:
-        workers = await open_local_workers(stack, settings, catalog)
+        tracing = open_tracing(stack, settings, "sie-all")  # one process: gateway, sidecar and worker spans
+        workers = await open_local_workers(stack, settings, catalog, tracing=tracing)
         children = LocalChildren({worker.name: worker.service for worker in workers})
         fleet = await stack.enter_async_context(WorkerFleet.from_settings(children, settings.placement))
         transport = await stack.enter_async_context(LoopbackTransport(settings.stream))
         dead_letters = await stack.enter_async_context(DeadLetterQueue(transport, settings.gateway.request_timeout_s))
         sidecar = await stack.enter_async_context(
-            Sidecar.from_settings(transport, fleet, settings, replicas=fleet.replicas)
+            Sidecar.from_settings(transport, fleet, settings, replicas=fleet.replicas, tracing=tracing)
         )
         manager = workers[0].manager  # every child serves the same catalogue
         status = LocalModelStatus(workers, settings.lane)
         auth = await stack.enter_async_context(GatewayAuth.from_settings(settings.auth))
         sources = GatewaySources(
-            lambda: manager.catalog, transport, transport, status, dead_letters=dead_letters, auth=auth
+            lambda: manager.catalog, transport, transport, status, dead_letters=dead_letters, auth=auth, tracing=tracing
         )
         placement_routes = plain_handler_routes(PlacementApi(fleet).handle, PATH_PREFIXES)
         app = build_gateway_app(

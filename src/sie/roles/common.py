@@ -21,6 +21,7 @@ from sie.ipc.sockets import SocketPathError
 from sie.runtime import run_event_loop
 from sie.settings import Settings
 from sie.telemetry.logs import configure_logging
+from sie.telemetry.tracing import Tracing
 from sie.worker.devices import CPU, Device, DeviceError, load_cuda_libraries, memory_budget, resolve_devices
 from sie.worker.errors import ModelLoadError
 from sie.worker.loading import ModelLoader
@@ -63,6 +64,14 @@ def baseline_catalog(settings: Settings) -> Catalog:
     return load_catalog(settings.catalog.bundles_dir, settings.catalog.models_dir)
 
 
+def open_tracing(stack: AsyncExitStack, settings: Settings, service_name: str) -> Tracing:
+    """This process's tracing (SIE_TRACING_ENABLED), named `service_name` unless OTEL_SERVICE_NAME says otherwise.
+    Enter it first: `stack` closes it last, flushing queued spans for a bounded time off the event loop."""
+    tracing = Tracing.from_settings(settings.tracing, settings.telemetry, service_name)
+    stack.push_async_callback(asyncio.to_thread, tracing.close)
+    return tracing
+
+
 def http_listener(host: str, port: int, settings: Settings) -> HttpListener:
     """Where and how a role serves HTTP: its bind, SIE_SHUTDOWN_GRACE_S to drain, SIE_HTTP_SERVER."""
     return HttpListener(host, port, settings.process.shutdown_grace_s, settings.process.http_server)
@@ -90,11 +99,16 @@ class LocalWorker:
 
 
 async def open_local_workers(
-    stack: AsyncExitStack, settings: Settings, catalog: Catalog, devices: list[Device] | None = None
+    stack: AsyncExitStack,
+    settings: Settings,
+    catalog: Catalog,
+    devices: list[Device] | None = None,
+    tracing: Tracing | None = None,
 ) -> list[LocalWorker]:
     """One worker per device of SIE_WORKER_DEVICES (or `devices`, already resolved), each with its own model
     manager, load thread and inference thread (entered on `stack`), its share of the cores and of the memory,
-    and SIE_PRELOAD_MODELS loaded. Raises DeviceError when the host lacks the devices asked for."""
+    and SIE_PRELOAD_MODELS loaded; their batches are spans of `tracing`. Raises DeviceError when the host lacks
+    the devices asked for."""
     devices = resolve_devices(settings.worker.devices) if devices is None else devices
     cpu_children = sum(1 for device in devices if device.kind == CPU)
     if cpu_children < len(devices):
@@ -113,14 +127,14 @@ async def open_local_workers(
                 memory_budget_bytes=budget,
             ),
         )
-        workers.append(await _open_local_worker(stack, child, catalog, device.name, f"worker-{index}"))
+        workers.append(await _open_local_worker(stack, child, catalog, device.name, f"worker-{index}", tracing))
     preloads = settings.worker.preload_models
     await asyncio.gather(*(preload(worker.manager, preloads) for worker in workers))
     return workers
 
 
 async def _open_local_worker(
-    stack: AsyncExitStack, settings: Settings, catalog: Catalog, device: str, name: str
+    stack: AsyncExitStack, settings: Settings, catalog: Catalog, device: str, name: str, tracing: Tracing | None
 ) -> LocalWorker:
     """The model manager (entered on `stack`) with SIE_PRELOAD_MODELS pinned, and the worker service (ONNX or
     null backend, SIE_WORKER_BACKEND) of one device; `settings` are this child's own."""
@@ -140,7 +154,8 @@ async def _open_local_worker(
     if worker.backend == "null":
         service = NullWorkerService(catalog, worker_id, batching.max_batch_items, device)
         return LocalWorker(service, manager, name, device)
-    service = WorkerService(manager, BatchRunner(manager, infer_pool), worker_id, settings.lane, batching, device)
+    runner = BatchRunner(manager, infer_pool, tracing)
+    service = WorkerService(manager, runner, worker_id, settings.lane, batching, device)
     return LocalWorker(service, manager, name, device)
 
 

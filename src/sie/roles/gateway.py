@@ -18,7 +18,7 @@ from sie.gateway.dead_letters import DeadLetterQueue
 from sie.gateway.offload import PayloadOffload
 from sie.gateway.registry import WorkerRegistry, first_heartbeat_round_s
 from sie.http.serving import serve_until_signalled
-from sie.roles.common import baseline_catalog, http_listener, run_gateway_main
+from sie.roles.common import baseline_catalog, http_listener, open_tracing, run_gateway_main
 from sie.runtime import freeze_startup_heap
 from sie.settings import Settings
 from sie.settings.gateway import CONTAINER_HOST
@@ -32,6 +32,7 @@ async def serve_gateway(settings: Settings) -> None:
     state = ConfigState(baseline_catalog(settings), telemetry=Telemetry(service_name="sie-gateway"))
     router_id = settings.process.router_id
     async with AsyncExitStack() as stack:
+        tracing = open_tracing(stack, settings, "sie-gateway")
         nats, streams, name = settings.nats, settings.stream, f"sie-gateway-{router_id}"
         transport = await stack.enter_async_context(
             ReconnectingTransport(lambda: NatsTransport(nats, streams, name=name), description=f"NATS at {nats.url}")
@@ -53,7 +54,7 @@ async def serve_gateway(settings: Settings) -> None:
         auth = await stack.enter_async_context(GatewayAuth.from_settings(settings.auth))
         sources = GatewaySources(
             state, transport, registry, registry, registry.healthy_workers, registry.unready_reason, offload=offload,
-            dead_letters=dead_letters, auth=auth,
+            dead_letters=dead_letters, auth=auth, tracing=tracing,
         )  # fmt: skip
         app = build_gateway_app(sources, settings.gateway, settings.lane, router_id)
         grace = settings.process.shutdown_grace_s

@@ -13,7 +13,7 @@ import logging
 from contextlib import AsyncExitStack
 
 from sie.placement.api import PlacementApi
-from sie.roles.common import run_main
+from sie.roles.common import open_tracing, run_main
 from sie.runtime import freeze_startup_heap, wait_for_signal
 from sie.settings import Settings
 from sie.sidecar import Sidecar
@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 async def serve_sidecar(settings: Settings) -> None:
     worker_id, probes = settings.process.worker_id, settings.sidecar
     async with AsyncExitStack() as stack:
+        tracing = open_tracing(stack, settings, "sie-sidecar")
         nats, streams, name = settings.nats, settings.stream, f"sie-sidecar-{worker_id}"
         transport = await stack.enter_async_context(
             ReconnectingTransport(lambda: NatsTransport(nats, streams, name=name), description=f"NATS at {nats.url}")
@@ -48,7 +49,9 @@ async def serve_sidecar(settings: Settings) -> None:
                 lambda: health.ready, probes.probe_port, host=probes.probe_host, routes=PlacementApi(worker).handle
             )
         )
-        sidecar = Sidecar.from_settings(transport, worker, settings, observe=health.observe, replicas=worker.replicas)
+        sidecar = Sidecar.from_settings(
+            transport, worker, settings, observe=health.observe, replicas=worker.replicas, tracing=tracing
+        )
         freeze_startup_heap()  # before consuming: its full collection must not pause live work
         await stack.enter_async_context(sidecar)
         logger.info("sidecar %s consuming %s; probes on %s:%d", worker_id, sidecar.lane, probes.probe_host, server.port)

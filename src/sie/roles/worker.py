@@ -23,7 +23,7 @@ from sie.ipc.sockets import (
     claim_socket_path,
     remove_stale_sockets,
 )
-from sie.roles.common import baseline_catalog, open_local_workers, run_main
+from sie.roles.common import baseline_catalog, open_local_workers, open_tracing, run_main
 from sie.runtime import freeze_startup_heap, wait_for_signal
 from sie.runtime.children import ChildSpec, ChildSupervisor
 from sie.settings import Settings, child_environment
@@ -36,7 +36,8 @@ async def serve_worker(settings: Settings, device: Device) -> None:
     catalog = baseline_catalog(settings)
     worker_id, socket_path = settings.process.worker_id, settings.worker.socket_path
     async with AsyncExitStack() as stack:
-        (local,) = await open_local_workers(stack, settings, catalog, [device])
+        tracing = open_tracing(stack, settings, "sie-worker")
+        (local,) = await open_local_workers(stack, settings, catalog, [device], tracing)
         freeze_startup_heap()
         await stack.enter_async_context(IpcServer(local.service, socket_path, worker_id=worker_id))
         logger.info("worker %s serving IPC on %s (%s)", worker_id, socket_path, device.name)

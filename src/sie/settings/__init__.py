@@ -30,6 +30,7 @@ from sie.settings.payloads import PayloadSettings
 from sie.settings.placement import PlacementSettings
 from sie.settings.sidecar import BatchingSettings, SidecarSettings
 from sie.settings.telemetry import TelemetrySettings
+from sie.settings.tracing import TracingSettings
 from sie.settings.worker import WorkerSettings
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "SidecarSettings",
     "StreamSettings",
     "TelemetrySettings",
+    "TracingSettings",
     "WorkerSettings",
     "child_environment",
     "describe_groups",

@@ -21,6 +21,7 @@ from sie.settings.payloads import PayloadSettings
 from sie.settings.placement import PlacementSettings
 from sie.settings.sidecar import BatchingSettings, SidecarSettings
 from sie.settings.telemetry import TelemetrySettings
+from sie.settings.tracing import TracingSettings
 from sie.settings.worker import WorkerSettings
 
 
@@ -43,6 +44,7 @@ class Settings:
     worker: WorkerSettings = group(WorkerSettings, "Worker")
     placement: PlacementSettings = group(PlacementSettings, "Placement")
     telemetry: TelemetrySettings = group(TelemetrySettings, "Telemetry")
+    tracing: TracingSettings = group(TracingSettings, "Tracing")
 
 
 # Field types are strings under `from __future__ import annotations`; the loader needs the classes.

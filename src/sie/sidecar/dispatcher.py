@@ -1,6 +1,8 @@
 """Dispatch: one formed batch becomes one RunBatch on the worker; its per-item outcomes become WorkResults
 that settlement publishes (one flush per batch) before the ACKs. A failed IPC call NAKs the whole batch
-for redelivery. Finishing (framing, publishing, settling) overlaps the next batch on the worker.
+for redelivery. Finishing (framing, publishing, settling) overlaps the next batch on the worker. With tracing on,
+a batch's wait and its IPC call are spans (`sidecar.batch_wait`, `sidecar.dispatch`) in its items' traces, and the
+IPC items carry the dispatch span's context so the worker's span nests under it (seed 000 §15.1).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from sie.sidecar.results import BatchTimings, outcome_result
 from sie.sidecar.scheduler import Batch
 from sie.sidecar.settlement import Settler, outcome_nak_delay
 from sie.sidecar.work import Work
+from sie.telemetry.tracing import SIDECAR_BATCH_WAIT, SIDECAR_DISPATCH, SpanKind, Tracing, epoch_ns, mark_failed
 from sie.wire.ipc_batch import BatchOutcome, ItemOutcome, RunBatchRequest
 from sie.wire.queue import WorkResult
 
@@ -48,8 +51,10 @@ class BatchDispatcher:
         on_unready: Callable[[str], None],
         worker_id: str,
         nak_delay_s: float,
+        tracing: Tracing | None = None,
     ) -> None:
         self._worker = worker
+        self._tracing = tracing or Tracing.off()
         self._settler = settler
         self._on_unready = on_unready
         self._worker_id = worker_id
@@ -87,6 +92,15 @@ class BatchDispatcher:
             total_cost=batch.cost,
             items=[work.run_item for work in batch.works],
         )
+        if self._tracing.enabled:
+            outcome, timings = await self._run_traced(batch, request)
+        else:
+            outcome, timings = await self._run(request)
+        self.batches += 1
+        await self._finished.put(_Finished(batch, outcome, timings))
+
+    async def _run(self, request: RunBatchRequest) -> tuple[BatchOutcome | None, BatchTimings]:
+        """The worker's answer (None when the call failed) and how long the call took."""
         queue_start = time.time()
         started = time.perf_counter()
         outcome: BatchOutcome | None
@@ -94,11 +108,28 @@ class BatchDispatcher:
             outcome = await self._worker.run_batch(request)
         except Exception:  # noqa: BLE001 - any IPC failure is transient for the items: they are NAKed
             logger.warning("RunBatch %d of %s failed; NAKing %d items", request.batch_id, request.model_id,
-                           len(batch.works), exc_info=True)  # fmt: skip
+                           len(request.items), exc_info=True)  # fmt: skip
             outcome = None
-        self.batches += 1
         timings = BatchTimings(queue_start=queue_start, processing_ms=(time.perf_counter() - started) * 1000.0)
-        await self._finished.put(_Finished(batch, outcome, timings))
+        return outcome, timings
+
+    async def _run_traced(self, batch: Batch, request: RunBatchRequest) -> tuple[BatchOutcome | None, BatchTimings]:
+        """`_run` with the batch's wait since preparation and its IPC call as spans in its items' traces."""
+        items = [work.item for work in batch.works]
+        attributes = {"sie.model": request.model_id, "sie.op": batch.op, "sie.batch_id": request.batch_id,
+                      "sie.batch_size": len(items), "sie.batch_cost": batch.cost}  # fmt: skip
+        waited_since = min(work.prepared for work in batch.works)
+        self._tracing.start(SIDECAR_BATCH_WAIT, items, attributes, start_ns=epoch_ns(waited_since)).end()
+        with self._tracing.span(SIDECAR_DISPATCH, items, attributes, kind=SpanKind.CLIENT) as span:
+            carried = self._tracing.headers(span)
+            request = attrs.evolve(request, items=[
+                attrs.evolve(item, traceparent=carried.traceparent, tracestate=carried.tracestate)
+                for item in request.items
+            ])  # fmt: skip
+            outcome, timings = await self._run(request)
+            if outcome is None:
+                mark_failed(span, "RunBatch failed")
+            return outcome, timings
 
     async def _finish_loop(self) -> None:
         while True:

@@ -19,6 +19,7 @@ from typing import Any, Final
 from sie.catalog.options import option_problem
 from sie.sidecar.payloads import PayloadResolver
 from sie.sidecar.work import Channel, Outbox, ReadyGroup, ReadyModel, Work
+from sie.telemetry.tracing import SIDECAR_PREPARE, Tracing
 from sie.tokenization import TextTokenizer, TokenizerError, prepare_text
 from sie.wire.ipc_batch import (
     OP_ENCODE,
@@ -203,7 +204,7 @@ class Preparer:
     """The preparation stage: prepares each ready group and passes it to `out` (the scheduler); when a group's
     preparation fails, its items are prepared one by one and those that still fail go to `fail` (answered).
     Several `serve` loops may share one inbox. With `payloads`, offloaded payloads are fetched back before
-    anything else is done with them."""
+    anything else is done with them. With `tracing` on, each group is a `sidecar.prepare` span."""
 
     def __init__(
         self,
@@ -212,6 +213,7 @@ class Preparer:
         fail: Fail,
         live: Live | None = None,
         payloads: PayloadResolver | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._executor = executor
         self._live = live
@@ -219,25 +221,43 @@ class Preparer:
         self._out = out
         self._fail = fail
         self._tokenizers = TokenizerCache(executor)
+        self._tracing = tracing or Tracing.off()
 
     async def serve(self, inbox: Channel[ReadyGroup]) -> None:
         """One of the stage's loops: prepare each group as it arrives."""
         while True:
             model, works = await inbox.get()
-            try:
-                if self._live is not None:  # before tokenization: nobody pays for abandoned text
-                    works = await self._live(works)
-                if self._payloads is not None and works:
-                    works = await self._payloads.resolve(works)
-                if not works:
-                    continue
-                await self.prepare(model, works)
-            except Exception:  # noqa: BLE001 - a preparation bug must not kill the stage: each item on its own
-                logger.warning("preparing %d items of %s failed; preparing them one by one", len(works),
-                               model.model_id, exc_info=True)  # fmt: skip
-                works = await self._prepare_one_by_one(model, works)
+            if self._tracing.enabled:
+                works = await self._prepare_traced(model, works)
+            else:
+                works = await self._prepare_group(model, works)
             if works:
                 await self._out.put((model, works))
+
+    async def _prepare_group(self, model: ReadyModel, works: list[Work]) -> list[Work]:
+        """The group's live works, prepared (those that failed alone were answered through `fail`)."""
+        try:
+            if self._live is not None:  # before tokenization: nobody pays for abandoned text
+                works = await self._live(works)
+            if self._payloads is not None and works:
+                works = await self._payloads.resolve(works)
+            if works:
+                await self.prepare(model, works)
+        except Exception:  # noqa: BLE001 - a preparation bug must not kill the stage: each item on its own
+            logger.warning("preparing %d items of %s failed; preparing them one by one", len(works),
+                           model.model_id, exc_info=True)  # fmt: skip
+            works = await self._prepare_one_by_one(model, works)
+        return works
+
+    async def _prepare_traced(self, model: ReadyModel, works: list[Work]) -> list[Work]:
+        """`_prepare_group` in a span continuing the items' traces; stamps when each work's batch wait starts."""
+        attributes = {"sie.model": model.model_id, "sie.items": len(works)}
+        with self._tracing.span(SIDECAR_PREPARE, [work.item for work in works], attributes):
+            works = await self._prepare_group(model, works)
+        prepared = time.monotonic()
+        for work in works:
+            work.prepared = prepared
+        return works
 
     async def _prepare_one_by_one(self, model: ReadyModel, works: list[Work]) -> list[Work]:
         """The items of a failed group that prepare alone; the others go to `fail` (answered, never redelivered

@@ -31,6 +31,7 @@ from sie.sidecar.scheduler import Scheduler
 from sie.sidecar.settlement import Settler
 from sie.sidecar.work import AdmittedGroup, Channel, ReadyGroup, Work
 from sie.stores.payload_store import PayloadStore, open_payload_store
+from sie.telemetry.tracing import Tracing
 from sie.transport.base import Lane, LaneConsumer, MessageBus, Transport
 
 logger = logging.getLogger(__name__)
@@ -44,8 +45,9 @@ PREPARATION_LOOPS: Final = 2
 
 @attrs.frozen
 class SidecarConfig:
-    """Everything a sidecar reads from settings, plus how many batches per model may run at once and the payload
-    store offloaded work items are read from (None: `--role all`, or no SIE_PAYLOAD_STORE_URL)."""
+    """Everything a sidecar reads from settings, plus how many batches per model may run at once, the payload
+    store offloaded work items are read from (None: `--role all`, or no SIE_PAYLOAD_STORE_URL) and the process's
+    tracing (off unless given)."""
 
     sidecar: SidecarSettings = attrs.Factory(SidecarSettings)
     batching: BatchingSettings = attrs.Factory(BatchingSettings)
@@ -54,13 +56,15 @@ class SidecarConfig:
     max_inflight_batches: int = 2
     payload_store: PayloadStore | None = None
     payload_fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES
+    tracing: Tracing = attrs.Factory(Tracing.off)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> SidecarConfig:
+    def from_settings(cls, settings: Settings, tracing: Tracing | None = None) -> SidecarConfig:
         payloads = settings.payloads
         return cls(
             settings.sidecar, settings.batching, settings.stream, settings.process.worker_id,
             payload_store=open_payload_store(payloads.store_url), payload_fetch_max_bytes=payloads.fetch_max_bytes,
+            tracing=tracing or Tracing.off(),
         )  # fmt: skip
 
 
@@ -121,7 +125,7 @@ def build_pipeline(
     # Results within the broker's message limit (chunked when too large), known once connected.
     settler = Settler(bus, admission, abandonment, ResultPublisher(bus, lambda: bus.max_payload))
     models = ReadyModels(batching, hooks.observe)
-    dispatcher = BatchDispatcher(worker, settler, models.forget, config.worker_id, stream.nak_delay_s)
+    dispatcher = BatchDispatcher(worker, settler, models.forget, config.worker_id, stream.nak_delay_s, config.tracing)
     # The stages, joined by bounded channels.
     admitted: Channel[AdmittedGroup] = Channel(CHANNEL_GROUPS)
     ready: Channel[ReadyGroup] = Channel(CHANNEL_GROUPS)
@@ -137,7 +141,7 @@ def build_pipeline(
     async def preparation_failed(works: list[Work]) -> None:
         await settler.reply([(work, preparation_failed_result(work.item, config.worker_id)) for work in works])
 
-    preparer = Preparer(executor, prepared, preparation_failed, settler.live, payloads)
+    preparer = Preparer(executor, prepared, preparation_failed, settler.live, payloads, config.tracing)
     scheduler = Scheduler(
         dispatcher.dispatch, batching.max_batch_wait_s, config.max_inflight_batches, replicas=hooks.replicas
     )
@@ -179,10 +183,11 @@ class Sidecar:
         settings: Settings,
         observe: Observe | None = None,
         replicas: Callable[[str], int] | None = None,
+        tracing: Tracing | None = None,
     ) -> Sidecar:
         """The sidecar of the lane named by SIE_POOL / SIE_MACHINE_PROFILE / SIE_BUNDLE."""
         lane = Lane(settings.lane.pool, settings.lane.machine_profile, settings.lane.bundle)
-        return cls(transport, worker, lane, SidecarConfig.from_settings(settings), observe, replicas)
+        return cls(transport, worker, lane, SidecarConfig.from_settings(settings, tracing), observe, replicas)
 
     @property
     def pending(self) -> int:

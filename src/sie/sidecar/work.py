@@ -27,6 +27,7 @@ class Work:
         "lora_key",
         "model_id",
         "prep_ms",
+        "prepared",
         "progressed",
         "received",
         "run_item",
@@ -37,10 +38,12 @@ class Work:
         self.delivery = delivery
         self.item: WorkItem = delivery.item
         self.model_id: str = self.item.model_id
-        # Monotonic times: when it was fetched, last progress-ACKed, and (while its model loads) held.
+        # Monotonic times: when it was fetched, last progress-ACKed, (while its model loads) held, and (stamped only
+        # while tracing) prepared, where its batch wait starts.
         self.received = received
         self.progressed = received
         self.held_since = received
+        self.prepared = received
         self.admitted = False
         # Set by preparation: the batch cost, the IPC item, the sidecar's tokenization time.
         self.cost = 1

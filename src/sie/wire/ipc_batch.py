@@ -11,7 +11,7 @@ from typing import Any, Final
 import attrs
 import numpy as np
 
-from sie.wire._fields import TokenRows, array, token_rows
+from sie.wire._fields import TokenRows, array, omittable, token_rows
 from sie.wire.payload import ResultBody, result_body
 from sie.wire.queue import UnitCounts
 
@@ -125,7 +125,8 @@ class ProcessExtractBatchRequest:
 
 @attrs.frozen(kw_only=True)
 class RunBatchItem:
-    """One item of a RunBatch; exactly the field named by `op` is set."""
+    """One item of a RunBatch; exactly the field named by `op` is set. `traceparent`/`tracestate` are the W3C
+    context the worker's span continues, left out on the wire while None (older readers default them)."""
 
     op: str
     work_item_id: str = ""
@@ -134,8 +135,8 @@ class RunBatchItem:
     encode: EncodeBatchItem | None = None
     score: ScoreBatchItem | None = None
     extract: ExtractBatchItem | None = None
-    traceparent: str | None = None
-    tracestate: str | None = None
+    traceparent: str | None = omittable()
+    tracestate: str | None = omittable()
 
 
 @attrs.frozen(kw_only=True)

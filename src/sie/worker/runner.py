@@ -5,7 +5,8 @@ off the event loop, answered with one outcome per item.
 expects, each item's result as a ResultBody value that is packed only if it crosses the IPC socket (in
 `--role all` it never is). An adapter call that raises fails only the items that fail on their own (the
 batch runs again in halves, see `BatchRunner._run`). The runner also measures what each model's batches cost
-(ModelUsage), which the sidecar's placement reads through ModelControlStatus.
+(ModelUsage), which the sidecar's placement reads through ModelControlStatus. With tracing on, each batch is a
+`worker.run_batch` span continuing the context its IPC items carry.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import attrs
 
+from sie.telemetry.tracing import WORKER_RUN_BATCH, SpanKind, Tracing, mark_failed
 from sie.wire import codes
 from sie.wire.ipc_batch import (
     DISPOSITION_NAK_RETRY,
@@ -132,10 +134,11 @@ class BatchRunner:
     """Runs batches on the manager's loaded models; the adapter call happens in `executor`. `usage` holds each
     model's measured cost by model id."""
 
-    def __init__(self, manager: ModelManager, executor: Executor | None = None) -> None:
+    def __init__(self, manager: ModelManager, executor: Executor | None = None, tracing: Tracing | None = None) -> None:
         self.manager = manager
         self.executor = executor
         self.usage: dict[str, ModelUsage] = {}
+        self._tracing = tracing or Tracing.off()
 
     async def _run(
         self, method: Callable[[list[Any]], BatchResult], items: list[Any], request: RunBatchRequest
@@ -175,6 +178,24 @@ class BatchRunner:
         return sum(usage.compute_seconds for usage in self.usage.values())
 
     async def execute(self, request: RunBatchRequest) -> ExecutedBatch:
+        """Run one batch on its model: per-item results, or why none ran."""
+        if not self._tracing.enabled:
+            return await self._execute(request)
+        op = request.items[0].op if request.items else ""
+        attributes = {"sie.model": request.model_id, "sie.batch_id": request.batch_id, "sie.op": op,
+                      "sie.batch_size": len(request.items)}  # fmt: skip
+        with self._tracing.span(WORKER_RUN_BATCH, request.items, attributes, kind=SpanKind.SERVER) as span:
+            executed = await self._execute(request)
+            results = executed.results
+            if results is not None:
+                span.set_attributes({"sie.tokenization_ms": results.tokenization_ms,
+                                     "sie.inference_ms": results.inference_ms,
+                                     "sie.postprocessing_ms": results.postprocessing_ms})  # fmt: skip
+            else:
+                mark_failed(span, "not run")
+            return executed
+
+    async def _execute(self, request: RunBatchRequest) -> ExecutedBatch:
         ops = {item.op for item in request.items}
         if len(ops) > 1:
             return ExecutedBatch(error="run_batch_mixed_op", error_code=codes.QUEUE_INFERENCE_ERROR)

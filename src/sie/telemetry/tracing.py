@@ -1,0 +1,248 @@
+"""Distributed tracing behind one facade (seed 000 §15.1; DESIGN §8): a per-process `TracerProvider` exporting spans as
+protobuf over OTLP/HTTP, and the W3C trace context (`traceparent`, `tracestate`) that work items and IPC batch items
+carry from the gateway through the sidecar to the worker.
+
+A role creates one `Tracing` and passes it to the components that open spans; nothing here sets OpenTelemetry's
+global provider, propagator or current context, so several `Tracing` objects (one per test) never mix. Off, no
+provider exists and `enabled` is False: callers test it before building anything, so the hot path creates no span
+and pays one attribute read. A caller's context travels through work items whether tracing is on or off.
+
+A span that serves several traces at once (a sidecar batch, a worker batch) is parented on the first valid context
+of its items and links the other distinct ones (seed 000 §15.1 "batch fan-in").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Final, Protocol
+
+import attrs
+from opentelemetry.context import Context
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    get_current_span,
+)
+from opentelemetry.trace import set_span_in_context as _in_context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from sie.settings import TelemetrySettings, TracingSettings
+from sie.telemetry.export import service_resource
+
+logger = logging.getLogger(__name__)
+
+TRACER_NAME: Final = "sie"
+TRACEPARENT: Final = "traceparent"
+TRACESTATE: Final = "tracestate"
+TRACES_PATH: Final = "/v1/traces"
+
+# Span names: the request at the gateway, the sidecar's stages of a batch, the worker's run of it.
+GATEWAY_REQUEST: Final = "gateway.request"
+SIDECAR_PREPARE: Final = "sidecar.prepare"
+SIDECAR_BATCH_WAIT: Final = "sidecar.batch_wait"
+SIDECAR_DISPATCH: Final = "sidecar.dispatch"
+WORKER_RUN_BATCH: Final = "worker.run_batch"
+
+# Shutdown exports what is queued for at most this long, so a collector that is gone cannot hold a stop (§15.1).
+SHUTDOWN_FLUSH_S: Final = 3.0
+EXPORT_TIMEOUT_S: Final = 10.0
+# W3C trace-context §3.3.1 (lowercase hex; version ff and all-zero ids are invalid) and the 512 characters of
+# tracestate every vendor must pass on (§3.3.1.5); a longer one is dropped rather than cut mid-entry.
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}(-.*)?")
+_MAX_TRACESTATE_CHARS: Final = 512
+
+
+class Carrier(Protocol):
+    """Anything that carries a W3C context: a work item, an IPC batch item, `TraceHeaders`."""
+
+    @property
+    def traceparent(self) -> str | None: ...
+
+    @property
+    def tracestate(self) -> str | None: ...
+
+
+@attrs.frozen
+class TraceHeaders:
+    """One W3C trace context as it travels: a valid `traceparent` and the `tracestate` that goes with it."""
+
+    traceparent: str
+    tracestate: str | None = None
+
+
+def trace_headers(traceparent: str | None, tracestate: str | None = None) -> TraceHeaders | None:
+    """The context a caller sent; None when `traceparent` is missing or not valid W3C (`tracestate` goes with it)."""
+    if not traceparent:
+        return None
+    traceparent = traceparent.strip()
+    match = _TRACEPARENT.fullmatch(traceparent)
+    if match is None:
+        return None
+    version, trace_id, span_id, rest = match.groups()
+    if version == "ff" or (version == "00" and rest) or not trace_id.strip("0") or not span_id.strip("0"):
+        return None
+    if tracestate is not None and (len(tracestate) > _MAX_TRACESTATE_CHARS or not tracestate.strip()):
+        tracestate = None
+    return TraceHeaders(traceparent, tracestate)
+
+
+def traces_endpoint(tracing: TracingSettings, telemetry: TelemetrySettings) -> str | None:
+    """Where spans are posted: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as given, else `/v1/traces` under
+    OTEL_EXPORTER_OTLP_ENDPOINT; None when neither is set."""
+    if tracing.traces_endpoint:
+        return tracing.traces_endpoint
+    return telemetry.otlp_endpoint + TRACES_PATH if telemetry.otlp_endpoint else None
+
+
+def epoch_ns(monotonic_s: float) -> int:
+    """A past `time.monotonic()` reading as unix nanoseconds (a span's start taken before the span was)."""
+    return time.time_ns() - int((time.monotonic() - monotonic_s) * 1e9)
+
+
+def mark_failed(span: Span, reason: str) -> None:
+    """Mark `span` failed with a short reason of ours (never an exception's text: it may quote input)."""
+    span.set_status(Status(StatusCode.ERROR, reason))
+
+
+def trace_id_of(span: Span) -> str:
+    """The span's trace id as 32 lowercase hex digits (the `X-Trace-ID` value)."""
+    return format(span.get_span_context().trace_id, "032x")
+
+
+class Tracing:
+    """Owns this process's TracerProvider (None when off) and opens spans parented on W3C contexts."""
+
+    def __init__(self, provider: TracerProvider | None = None) -> None:
+        self._provider = provider
+        self._tracer = provider.get_tracer(TRACER_NAME) if provider is not None else None
+        self._propagator = TraceContextTextMapPropagator()
+        self.enabled = provider is not None
+
+    @classmethod
+    def off(cls) -> Tracing:
+        """Tracing that records nothing (the default of every component)."""
+        return cls()
+
+    @classmethod
+    def from_settings(
+        cls, tracing: TracingSettings, telemetry: TelemetrySettings, default_service_name: str
+    ) -> Tracing:
+        """On when SIE_TRACING_ENABLED is set and an OTLP endpoint is known; the switch without an endpoint is warned
+        about and left off, since serving must not depend on telemetry. The process is named as its metrics are
+        (OTEL_SERVICE_NAME, else `default_service_name`; OTEL_RESOURCE_ATTRIBUTES)."""
+        if not tracing.enabled:
+            return cls.off()
+        endpoint = traces_endpoint(tracing, telemetry)
+        if endpoint is None:
+            logger.warning(
+                "SIE_TRACING_ENABLED is set but neither OTEL_EXPORTER_OTLP_TRACES_ENDPOINT nor "
+                "OTEL_EXPORTER_OTLP_ENDPOINT is: no spans are exported"
+            )
+            return cls.off()
+        resource = service_resource(telemetry, default_service_name)
+        logger.info("exporting spans to %s (sample ratio %s)", endpoint, tracing.sample_ratio)
+        return cls.exporting(endpoint, resource, tracing.sample_ratio)
+
+    @classmethod
+    def exporting(cls, endpoint: str, resource: Resource, sample_ratio: float = 1.0) -> Tracing:
+        """Tracing that batches spans to the OTLP/HTTP `endpoint`, sampling new traces at `sample_ratio`."""
+        provider = TracerProvider(
+            sampler=ParentBased(TraceIdRatioBased(sample_ratio)), resource=resource, shutdown_on_exit=False
+        )
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_S)))
+        return cls(provider)
+
+    def start(
+        self,
+        name: str,
+        parents: Iterable[Carrier | None],
+        attributes: Mapping[str, Any] | None = None,
+        *,
+        kind: SpanKind = SpanKind.INTERNAL,
+        start_ns: int | None = None,
+    ) -> Span:
+        """A started span, child of the first valid context among `parents` (a new trace when none is) and linked to
+        the other distinct ones; the caller ends it. Only call while `enabled`."""
+        if self._tracer is None:
+            raise RuntimeError("Tracing.start called while tracing is off; this is a bug")
+        contexts = self._distinct_contexts(parents)
+        parent = _in_context(NonRecordingSpan(contexts[0]), Context()) if contexts else Context()
+        links = [Link(context) for context in contexts[1:]]
+        return self._tracer.start_span(
+            name, context=parent, kind=kind, attributes=attributes, links=links, start_time=start_ns
+        )
+
+    @contextlib.contextmanager
+    def span(
+        self,
+        name: str,
+        parents: Iterable[Carrier | None],
+        attributes: Mapping[str, Any] | None = None,
+        *,
+        kind: SpanKind = SpanKind.INTERNAL,
+    ) -> Iterator[Span]:
+        """`start` as a block: the span ends with it, marked failed (by exception type only: messages may quote
+        input) when the block raises. Only call while `enabled`."""
+        span = self.start(name, parents, attributes, kind=kind)
+        try:
+            yield span
+        except BaseException as exc:
+            mark_failed(span, type(exc).__name__)
+            raise
+        finally:
+            span.end()
+
+    def headers(self, span: Span) -> TraceHeaders:
+        """The W3C context that makes `span` the parent of work done elsewhere."""
+        carrier: dict[str, str] = {}
+        self._propagator.inject(carrier, context=_in_context(span, Context()))
+        return TraceHeaders(carrier[TRACEPARENT], carrier.get(TRACESTATE))
+
+    def close(self) -> None:
+        """Export the spans still queued, waiting at most SHUTDOWN_FLUSH_S, and stop the export thread."""
+        provider, self._provider, self._tracer, self.enabled = self._provider, None, None, False
+        if provider is None:
+            return
+        stopper = threading.Thread(target=provider.shutdown, name="sie-tracing-shutdown", daemon=True)
+        stopper.start()
+        stopper.join(SHUTDOWN_FLUSH_S)
+        if stopper.is_alive():
+            logger.warning("spans not exported within %.0f s of shutdown were dropped", SHUTDOWN_FLUSH_S)
+
+    def __enter__(self) -> Tracing:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _distinct_contexts(self, parents: Iterable[Carrier | None]) -> list[SpanContext]:
+        seen: dict[str, SpanContext] = {}
+        for carrier in parents:
+            traceparent = carrier.traceparent if carrier is not None else None
+            if not traceparent or traceparent in seen:
+                continue
+            context = self._extract(traceparent, carrier.tracestate)  # type: ignore[union-attr]
+            if context.is_valid:
+                seen[traceparent] = context
+        return list(seen.values())
+
+    def _extract(self, traceparent: str, tracestate: str | None) -> SpanContext:
+        carrier = {TRACEPARENT: traceparent}
+        if tracestate is not None:
+            carrier[TRACESTATE] = tracestate
+        return get_current_span(self._propagator.extract(carrier, context=Context())).get_span_context()

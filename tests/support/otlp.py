@@ -1,0 +1,146 @@
+"""An OTLP/HTTP receiver on loopback, as a collector would be: it accepts protobuf exports (gzip or plain), decodes
+them with the collector's own messages from `opentelemetry-proto`, answers as the OTLP specification says, and keeps
+what it received for tests to read. Every signal's export is accepted and counted; traces are decoded into
+`ReceivedSpan`s (a signal whose content a test reads gets its own decoder beside `decode_traces`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import attrs
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+TRACES_PATH = "/v1/traces"
+SIGNAL_PATHS = (TRACES_PATH, "/v1/metrics", "/v1/logs")
+# Every Export*ServiceResponse without a partial success is the empty message, serialized as no bytes.
+FULL_SUCCESS = b""
+PROTOBUF = "application/x-protobuf"
+
+
+def _value(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    return getattr(value, kind) if kind is not None else None
+
+
+def _attributes(pairs: Any) -> dict[str, Any]:
+    return {pair.key: _value(pair.value) for pair in pairs}
+
+
+@attrs.frozen
+class ReceivedSpan:
+    """One exported span: its ids as lowercase hex ("" for no parent), name, attributes, links and the resource
+    attributes of the process that sent it (`service.name`, `process.pid`)."""
+
+    name: str
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    attributes: dict[str, Any]
+    links: tuple[tuple[str, str], ...]  # (trace id, span id) of each link
+    resource: dict[str, Any]
+    status_code: int
+
+    @property
+    def service(self) -> str:
+        return str(self.resource.get("service.name", ""))
+
+    @property
+    def pid(self) -> int:
+        return int(self.resource.get("process.pid", 0))
+
+
+def decode_traces(body: bytes) -> list[ReceivedSpan]:
+    """Every span of one ExportTraceServiceRequest."""
+    request = ExportTraceServiceRequest.FromString(body)
+    spans = []
+    for resource_spans in request.resource_spans:
+        resource = _attributes(resource_spans.resource.attributes)
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                spans.append(
+                    ReceivedSpan(
+                        name=span.name,
+                        trace_id=span.trace_id.hex(),
+                        span_id=span.span_id.hex(),
+                        parent_span_id=span.parent_span_id.hex(),
+                        attributes=_attributes(span.attributes),
+                        links=tuple((link.trace_id.hex(), link.span_id.hex()) for link in span.links),
+                        resource=resource,
+                        status_code=span.status.code,
+                    )
+                )
+    return spans
+
+
+class OtlpReceiver:
+    """Received exports by path (`posts`) and the decoded spans (`spans()`); safe to read while exports arrive."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.posts: dict[str, int] = {}
+        self._spans: list[ReceivedSpan] = []
+        self.url = ""
+
+    def spans(self) -> list[ReceivedSpan]:
+        with self._lock:
+            return list(self._spans)
+
+    def post_count(self, path: str = TRACES_PATH) -> int:
+        """Exports received on `path`."""
+        with self._lock:
+            return self.posts.get(path, 0)
+
+    def receive(self, path: str, body: bytes) -> bytes | None:
+        """The protobuf answer to an export on `path`, or None for a path that is no OTLP signal's."""
+        if path not in SIGNAL_PATHS:
+            return None
+        spans = decode_traces(body) if path == TRACES_PATH else []
+        with self._lock:
+            self.posts[path] = self.posts.get(path, 0) + 1
+            self._spans.extend(spans)
+        return FULL_SUCCESS
+
+
+def _handler(receiver: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the name http.server dispatches to
+            body = self.rfile.read(int(self.headers.get("content-length", "0")))
+            if self.headers.get("content-encoding") == "gzip":
+                body = gzip.decompress(body)
+            answer = receiver.receive(self.path, body)
+            if answer is None:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("content-type", PROTOBUF)
+            self.send_header("content-length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
+            pass
+
+    return Handler
+
+
+@contextmanager
+def otlp_receiver() -> Iterator[OtlpReceiver]:
+    """A receiver listening on a free loopback port (`receiver.url`, no path) until the block ends."""
+    receiver = OtlpReceiver()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(receiver))
+    receiver.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="otlp-receiver", daemon=True)
+    thread.start()
+    try:
+        yield receiver
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

@@ -1,0 +1,74 @@
+"""The W3C context a caller sends, where spans are exported to, and tracing that is off."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from sie.settings import load_settings
+from sie.telemetry.tracing import TraceHeaders, Tracing, trace_headers, traces_endpoint
+
+VALID = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.mark.parametrize(
+    ("traceparent", "tracestate", "expected"),
+    [
+        (VALID, None, TraceHeaders(VALID)),
+        (VALID, "congo=t61rcWkgMzE", TraceHeaders(VALID, "congo=t61rcWkgMzE")),
+        (f"  {VALID} ", None, TraceHeaders(VALID)),
+        # a later version may add fields after the flags; version 00 may not
+        ("01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra", None,
+         TraceHeaders("01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra")),
+        (VALID + "-extra", None, None),
+        ("ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", None, None),
+        ("00-00000000000000000000000000000000-b7ad6b7169203331-01", None, None),
+        ("00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01", None, None),
+        (VALID.upper(), None, None),
+        ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b71692033-01", None, None),
+        ("not a traceparent", "congo=t61rcWkgMzE", None),
+        ("", None, None),
+        (None, "congo=t61rcWkgMzE", None),
+        # tracestate beyond the 512 characters every vendor passes on is dropped whole, the context kept
+        (VALID, "a=" + "b" * 600, TraceHeaders(VALID)),
+    ],
+)  # fmt: skip
+def test_a_callers_traceparent_is_kept_only_when_valid_w3c(
+    traceparent: str | None, tracestate: str | None, expected: TraceHeaders | None
+) -> None:
+    assert trace_headers(traceparent, tracestate) == expected
+
+
+def test_the_traces_endpoint_wins_over_the_generic_one_which_gets_the_traces_path() -> None:
+    generic = load_settings({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/"})
+    assert traces_endpoint(generic.tracing, generic.telemetry) == "http://collector:4318/v1/traces"
+    both = load_settings(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t:1/x"}
+    )
+    assert traces_endpoint(both.tracing, both.telemetry) == "http://t:1/x"
+    neither = load_settings({})
+    assert traces_endpoint(neither.tracing, neither.telemetry) is None
+
+
+def test_tracing_is_off_unless_switched_on_with_an_endpoint(caplog: pytest.LogCaptureFixture) -> None:
+    unset = load_settings({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
+    assert Tracing.from_settings(unset.tracing, unset.telemetry, "sie-test").enabled is False
+    no_endpoint = load_settings({"SIE_TRACING_ENABLED": "true"})
+    with caplog.at_level(logging.WARNING, logger="sie.telemetry.tracing"):
+        tracing = Tracing.from_settings(no_endpoint.tracing, no_endpoint.telemetry, "sie-test")
+    assert tracing.enabled is False
+    assert "no spans are exported" in caplog.text
+
+
+def test_spans_cannot_be_opened_while_tracing_is_off() -> None:
+    tracing = Tracing.off()
+    with pytest.raises(RuntimeError, match="this is a bug"):
+        tracing.start("x", [])
+    tracing.close()  # nothing to flush
+
+
+def test_the_sample_ratio_is_a_share() -> None:
+    assert load_settings({"SIE_TRACING_SAMPLE_RATIO": "0.05"}).tracing.sample_ratio == 0.05
+    with pytest.raises(ValueError, match="SIE_TRACING_SAMPLE_RATIO"):
+        load_settings({"SIE_TRACING_SAMPLE_RATIO": "1.5"})
