@@ -1,9 +1,12 @@
 # Two commands for a fresh machine: `make run` and `make test`. Both set everything up first and
 # are idempotent: the venv, the editable install and the downloads are redone only when stale.
+# `make run` installs what serving needs (the `cpu` extra and the baseline models); `make test` adds the
+# `test` extra and the public SIE wheels the compatibility tests read.
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.sie-installed
+TEST_INSTALLED := $(VENV)/.sie-installed-test
 WHEELS := .cache/wheels
 PUBLIC_CATALOG_WHEEL := $(WHEELS)/sie_server-0.10.1-py3-none-any.whl
 PUBLIC_SDK_WHEEL := $(WHEELS)/sie_sdk-0.10.1-py3-none-any.whl
@@ -11,15 +14,21 @@ PYTEST_ARGS ?=
 # Downloaded wheels and converted ONNX graphs of the baseline models live in the repository's cache.
 export SIE_MODEL_CACHE ?= $(CURDIR)/.cache/models
 
-.PHONY: setup models tools run test test-fast lint clean
+.PHONY: setup run-setup models tools run test test-fast lint clean
 
-setup: $(INSTALLED) $(PUBLIC_CATALOG_WHEEL) $(PUBLIC_SDK_WHEEL) models
+run-setup: $(INSTALLED) models
+
+setup: run-setup $(TEST_INSTALLED) $(PUBLIC_CATALOG_WHEEL) $(PUBLIC_SDK_WHEEL)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(INSTALLED): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[cpu]'
+	touch $@
+
+$(TEST_INSTALLED): pyproject.toml $(INSTALLED)
 	$(BIN)/python -m pip install --quiet -e '.[cpu,test]'
 	touch $@
 
@@ -36,7 +45,7 @@ models: $(INSTALLED)
 $(PUBLIC_SDK_WHEEL): | $(BIN)/python
 	$(BIN)/python -m pip download --quiet --no-deps --ignore-requires-python -d $(WHEELS) sie-sdk==0.10.1
 
-run: setup
+run: run-setup
 	$(BIN)/sie run --role all
 
 # Debian tools the slow tests drive for real: headless chromium and its chromedriver (the status page).
@@ -50,7 +59,7 @@ test: setup lint tools
 test-fast: setup
 	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
 
-lint: $(INSTALLED)
+lint: $(TEST_INSTALLED)
 	$(BIN)/ruff check src tests scripts
 	$(BIN)/lint-imports
 
