@@ -23,7 +23,7 @@ from sie.gateway.status import LastError, WorkerSummary
 from sie.settings import GatewaySettings, LaneSettings, StreamSettings
 from sie.transport.base import Lane
 from sie.transport.loopback import LoopbackTransport
-from sie.wire import packb, unpackb
+from sie.wire import packb, unpackb, unstructure
 from sie.wire.queue import WorkItem, WorkResult
 from support.polling import eventually
 
@@ -221,6 +221,35 @@ async def test_work_items_carry_the_request_params_and_base64_media(gw: Gateway)
     assert (item.model_id, item.profile_id, item.is_query, item.instruction) == (f"{MINILM}:int8", "int8", True, "q:")
     assert item.options["output_dtype"] == "float16" and item.item["images"][0]["data"] == b"\x89PNG"
     assert item.reply_subject == f"_INBOX.gw-t.{item.request_id}" and item.deadline > item.timestamp
+
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+CALLS = [
+    (ENCODE, {"items": [{"text": "a"}, {"text": "b"}]}),
+    (f"/v1/score/{MINILM}", {"query": {"text": "q"}, "items": [{"text": "a"}]}),
+    ("/v1/extract/nationaldesignstudio/rampart", {"items": [{"text": "a"}], "params": {"labels": ["person"]}}),
+    ("/v1/embeddings", {"model": MINILM, "input": ["a", "b"]}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), CALLS)
+async def test_work_items_carry_the_callers_trace_context_with_tracing_off(gw: Gateway, path: str, body: dict) -> None:
+    traced = {"traceparent": TRACEPARENT, "tracestate": "congo=t61rcWkgMzE"}
+    response = await gw.client.post(path, json=body, headers=traced)
+    assert response.status_code == 200, response.text
+    assert {(item.traceparent, item.tracestate) for item in gw.worker.items} == {(TRACEPARENT, "congo=t61rcWkgMzE")}
+    assert "x-trace-id" not in response.headers  # no span was recorded
+
+
+@pytest.mark.parametrize("traceparent", [None, "00-00000000000000000000000000000000-00f067aa0ba902b7-01", "junk"])
+async def test_work_items_carry_no_trace_context_unless_the_caller_sent_a_valid_one(
+    gw: Gateway, traceparent: str | None
+) -> None:
+    headers = {"tracestate": "congo=t61rcWkgMzE"} | ({"traceparent": traceparent} if traceparent else {})
+    assert (await gw.client.post(ENCODE, json=TEXT, headers=headers)).status_code == 200
+    (item,) = gw.worker.items
+    assert (item.traceparent, item.tracestate) == (None, None)
+    assert "traceparent" not in unstructure(item)  # omitted on the wire, as before tracing existed
 
 
 @pytest.mark.parametrize(

@@ -177,6 +177,19 @@ def test_run_batch_round_trip_with_prepared_tokens():
     assert from_msgpack(to_msgpack(request), RunBatchRequest) == request
 
 
+def test_a_run_batch_item_leaves_out_an_absent_trace_context():
+    # Readers that predate the fields default them to None; writers send them only when there is a context.
+    plain = msgpack.unpackb(to_msgpack(structure({"op": "encode", "encode": _encode_item()}, RunBatchItem)))
+    assert "traceparent" not in plain and "tracestate" not in plain
+    traced = {
+        "op": "encode",
+        "encode": _encode_item(),
+        "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    }
+    wire = msgpack.unpackb(to_msgpack(structure(traced, RunBatchItem)))
+    assert wire["traceparent"] == traced["traceparent"] and "tracestate" not in wire
+
+
 def test_run_batch_item_defaults():
     item = structure({"op": "score"}, RunBatchItem)
     assert (item.work_item_id, item.request_id, item.item_index, item.encode) == ("", "", 0, None)
