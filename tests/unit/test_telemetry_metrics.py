@@ -7,7 +7,9 @@ from __future__ import annotations
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sie.telemetry.metrics import OTHER, ConfigOperation, ConfigOutcome, Telemetry
+from sie.settings import TelemetrySettings
+from sie.telemetry.metrics import OTHER, ConfigOperation, ConfigOutcome, ModelLabels, Tally, Telemetry
+from sie.telemetry.worker import LoadOutcome, WorkerMetrics
 
 
 def samples(telemetry: Telemetry) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -72,3 +74,62 @@ def test_two_telemetry_objects_are_independent() -> None:
     assert b"sie_gateway_config" not in generate_latest(REGISTRY)  # the global registry is never used
     first.shutdown()
     assert samples(second) == {("sie_gateway_config_applied_epoch", frozenset()): 5.0}
+
+
+def test_model_labels_keep_catalogue_ids_and_collapse_the_rest() -> None:
+    catalogue = {"baai/bge-m3": "BAAI/bge-m3", "org/small": "org/small"}
+    labels = ModelLabels(lambda model_id: catalogue.get(model_id.lower()), budget=1)
+    assert labels("BAAI/bge-m3") == "BAAI/bge-m3"
+    assert labels("baai/BGE-M3") == "BAAI/bge-m3"  # another spelling of an admitted id
+    assert labels("org/small") == OTHER  # known, but over the budget of one
+    assert labels("../../etc/passwd") == OTHER
+    assert [labels(f"wire-{i}") for i in range(3)] == [OTHER] * 3
+
+
+def test_tallies_count_by_label_values_and_render_as_counters() -> None:
+    telemetry = Telemetry()
+    tally = Tally(telemetry.meter, "sie.test.events", "{event}", "Events.", ("kind",))
+    tally.add(("a",))
+    tally.add(("a",), 2)
+    tally.add(("b",))
+    assert samples(telemetry) == {
+        ("sie_test_events_total", frozenset({("kind", "a")})): 3.0,
+        ("sie_test_events_total", frozenset({("kind", "b")})): 1.0,
+    }
+
+
+def test_disabled_telemetry_records_and_renders_nothing() -> None:
+    telemetry = Telemetry(settings=TelemetrySettings(metrics_enabled=False))
+    Tally(telemetry.meter, "sie.test.events", "{event}", "Events.", ("kind",)).add(("a",))
+    telemetry.config_operation(ConfigOperation.POLL, ConfigOutcome.SUCCESS)
+    assert telemetry.prometheus_text() == b""
+
+
+def test_worker_series_read_the_holder_at_each_collection() -> None:
+    telemetry = Telemetry()
+    metrics = WorkerMetrics(telemetry)
+
+    class Holder:
+        loaded_models = ["m1"]
+        loading_models = ["m2"]
+        memory_bytes = 100
+        memory_budget_bytes = 1000
+
+        def model_memory_bytes(self, model_id: str) -> int:
+            return 100 if model_id == "m1" else 0
+
+    holder = Holder()
+    metrics.watch(holder)
+    metrics.load_finished("m1", LoadOutcome.LOADED, 1.5)
+    metrics.evicted("m0")
+    found = samples(telemetry)
+    assert found[("sie_worker_model_state", frozenset({("model", "m1"), ("state", "loaded")}))] == 1.0
+    assert found[("sie_worker_model_state", frozenset({("model", "m2"), ("state", "loading")}))] == 1.0
+    assert found[("sie_worker_memory_bytes", frozenset({("kind", "budget")}))] == 1000.0
+    assert found[("sie_worker_model_memory_bytes", frozenset({("model", "m1")}))] == 100.0
+    assert found[("sie_worker_model_loads_total", frozenset({("model", "m1"), ("outcome", "loaded")}))] == 1.0
+    assert found[("sie_worker_model_evictions_total", frozenset({("model", "m0")}))] == 1.0
+    holder.loaded_models = ["m1", "m2"]
+    holder.loading_models = []
+    assert samples(telemetry)[("sie_worker_models_loaded", frozenset())] == 2.0
+    assert "sie_worker_model_load_duration_seconds_bucket" in metrics.text()

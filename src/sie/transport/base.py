@@ -58,6 +58,15 @@ class Lane:
     bundle: str
 
 
+@attrs.frozen
+class LaneDepth:
+    """The work a lane's durable consumer holds: not yet delivered (`pending`) and delivered but not yet
+    acknowledged (`ack_pending`); both 0 while its stream or consumer does not exist."""
+
+    pending: int = 0
+    ack_pending: int = 0
+
+
 class Delivery(Protocol):
     """One delivered work item and its settlement verbs (nats.py Msg semantics).
 
@@ -128,6 +137,9 @@ class WorkQueue(Protocol):
 
     async def has_consumer(self, lane: Lane) -> bool:
         """Whether any consumer is attached to the lane (else the gateway answers PROVISIONING)."""
+
+    async def lane_depth(self, lane: Lane) -> LaneDepth:
+        """What the lane's consumer holds now (one broker round trip: for a periodic refresh, not per request)."""
 
 
 class MessageBus(Protocol):

@@ -28,6 +28,7 @@ from sie.transport.base import (
     Delivery,
     Lane,
     LaneConsumer,
+    LaneDepth,
     MaxDeliveriesAdvisory,
     MessageHandler,
     ResultHandler,
@@ -217,6 +218,9 @@ class ReconnectingTransport:
 
     async def has_consumer(self, lane: Lane) -> bool:
         return await self._current("has_consumer").has_consumer(lane)
+
+    async def lane_depth(self, lane: Lane) -> LaneDepth:
+        return await self._current("lane_depth").lane_depth(lane)
 
     # MessageBus
 

@@ -20,6 +20,7 @@ from sie.settings import StreamSettings
 from sie.transport.base import (
     BackpressureError,
     Delivery,
+    LaneDepth,
     MaxDeliveriesAdvisory,
     TransportError,
     TransportUnavailable,
@@ -195,6 +196,20 @@ class PoolStream:
         """Whether a consumer was ever attached to `lane_filter` (durable consumers outlive fetchers)."""
         lane = self._lanes.get(_lane_key(lane_filter))
         return lane is not None and lane.consumer_name is not None
+
+    def lane_depth(self, lane_filter: str) -> LaneDepth:
+        """Messages of the lane for `lane_filter` not yet delivered (ready or waiting for a NAK delay), and delivered
+        ones not yet settled; one pass over the stream (at most max_msgs messages)."""
+        lane = self._lanes.get(_lane_key(lane_filter))
+        delivered = pending = 0
+        for message in self._messages.values():
+            if message.lane is not lane:
+                continue
+            if message.state == DELIVERED:
+                delivered += 1
+            elif message.state in (READY, DELAYED):
+                pending += 1
+        return LaneDepth(pending, delivered)
 
     def deliver(self, lane: LaneQueue, max_items: int) -> list[Delivery]:
         """Hand out up to `max_items` ready messages of `lane`, each with its ack-wait timer armed."""

@@ -15,6 +15,7 @@ from sie.catalog.names import lane_filter_subject, work_consumer_name
 from sie.settings import StreamSettings
 from sie.transport.base import (
     Lane,
+    LaneDepth,
     MaxDeliveriesAdvisory,
     MessageHandler,
     ResultHandler,
@@ -113,6 +114,13 @@ class LoopbackTransport:
         stream = self._streams.get(lane.pool)
         lane_filter = lane_filter_subject(lane.pool, lane.machine_profile, lane.bundle)
         return stream is not None and stream.has_consumer(lane_filter)
+
+    async def lane_depth(self, lane: Lane) -> LaneDepth:
+        """Messages of the lane waiting for delivery, and delivered ones not yet settled."""
+        self._running_loop()
+        stream = self._streams.get(lane.pool)
+        lane_filter = lane_filter_subject(lane.pool, lane.machine_profile, lane.bundle)
+        return LaneDepth() if stream is None else stream.lane_depth(lane_filter)
 
     # MessageBus
 

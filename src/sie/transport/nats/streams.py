@@ -15,7 +15,7 @@ from nats.js import api
 
 from sie.catalog.names import lane_filter_subject, work_consumer_name, work_pool_stream_name, work_pool_stream_subjects
 from sie.settings import StreamSettings
-from sie.transport.base import Lane, TransportError, TransportUnavailable
+from sie.transport.base import Lane, LaneDepth, TransportError, TransportUnavailable
 from sie.transport.nats.cache import FOREVER, TtlCache
 from sie.transport.nats.connection import Connection
 from sie.transport.nats.errors import translated
@@ -129,6 +129,17 @@ class StreamRegistry:
             except nats.js.errors.NotFoundError:
                 return False
         return True
+
+    async def consumer_depth(self, lane: Lane) -> LaneDepth:
+        """The lane consumer's num_pending and num_ack_pending; zeros when it or its stream does not exist."""
+        name = work_consumer_name(lane.pool, lane.machine_profile, lane.bundle)
+        self._connection.check_connected(f"consumer info {name}")
+        with translated(f"consumer info {name}"):
+            try:
+                info = await self._connection.jsm.consumer_info(work_pool_stream_name(lane.pool), name)
+            except nats.js.errors.NotFoundError:
+                return LaneDepth()
+        return LaneDepth(info.num_pending or 0, info.num_ack_pending or 0)
 
     async def _ensure_stream(self, pool: str) -> None:
         wanted = stream_config(pool, self._settings)

@@ -19,6 +19,7 @@ from sie.settings.messaging import NatsSettings
 from sie.transport.base import (
     ACK_DRAIN_TIMEOUT_S,
     Lane,
+    LaneDepth,
     MessageHandler,
     ResultHandler,
     ResultMessage,
@@ -146,6 +147,10 @@ class NatsTransport:
         """Whether the lane's durable consumer exists on the broker (cached 1 s)."""
         streams = self._open("has_consumer").streams
         return await self._has_consumer.get(lane, lambda: streams.consumer_exists(lane))
+
+    async def lane_depth(self, lane: Lane) -> LaneDepth:
+        """num_pending and num_ack_pending of the lane's durable consumer (a consumer info request)."""
+        return await self._open("lane_depth").streams.consumer_depth(lane)
 
     # MessageBus
 

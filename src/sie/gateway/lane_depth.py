@@ -1,0 +1,100 @@
+"""The gateway's lane queue series (seed 000 §15, durable lane queue depth): a background refresh that reads each
+known lane's durable consumer every REFRESH_INTERVAL_S and hands `(pending, ack_pending)` to the metrics, so a
+scrape reads cached values and never waits on the broker.
+
+Known lanes are the gateway's default lane and every lane a live worker announced, at most MAX_LANES. A lane whose
+read fails (broker away, timeout) keeps its last value; one that nobody announces any more is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Final, Self
+
+from sie.gateway.status import ModelStatusSource
+from sie.settings import LaneSettings
+from sie.telemetry.gateway import GatewayMetrics, LaneKey
+from sie.transport.base import Lane, LaneDepth
+
+logger = logging.getLogger(__name__)
+
+REFRESH_INTERVAL_S: Final = 5.0
+# One refresh round never takes longer than this, whatever the broker does.
+ROUND_TIMEOUT_S: Final = 4.0
+MAX_LANES: Final = 1024
+MAX_CONCURRENT_READS: Final = 32
+
+ReadDepth = Callable[[Lane], Awaitable[LaneDepth]]
+
+
+def known_lanes(status: ModelStatusSource, default: LaneSettings) -> Callable[[], list[Lane]]:
+    """The default lane and the lanes of the workers `status` knows alive, default first."""
+
+    def lanes() -> list[Lane]:
+        found = [Lane(default.pool, default.machine_profile, default.bundle)]
+        found += [Lane(worker.pool, worker.machine_profile, worker.bundle) for worker in status.workers()]
+        return list(dict.fromkeys(found))[:MAX_LANES]
+
+    return lanes
+
+
+class LaneDepths:
+    """`async with` refreshes the lane values of `metrics` every `interval_s` until exit."""
+
+    def __init__(
+        self,
+        read: ReadDepth,
+        lanes: Callable[[], Iterable[Lane]],
+        metrics: GatewayMetrics,
+        interval_s: float = REFRESH_INTERVAL_S,
+    ) -> None:
+        self._read = read
+        self._lanes = lanes
+        self._metrics = metrics
+        self._interval_s = interval_s
+        self._values: dict[LaneKey, tuple[int, int]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="sie-lane-depths")
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def refresh(self) -> None:
+        """One round: read every known lane (bounded in concurrency and time), then publish the values."""
+        lanes = list(self._lanes())
+        slots = asyncio.Semaphore(MAX_CONCURRENT_READS)
+
+        async def one(lane: Lane) -> LaneDepth:
+            async with slots:
+                return await self._read(lane)
+
+        try:
+            async with asyncio.timeout(ROUND_TIMEOUT_S):
+                depths = await asyncio.gather(*(one(lane) for lane in lanes), return_exceptions=True)
+        except TimeoutError:
+            depths = [TimeoutError()] * len(lanes)
+        values: dict[LaneKey, tuple[int, int]] = {}
+        for lane, depth in zip(lanes, depths, strict=True):
+            key = (lane.pool, lane.machine_profile, lane.bundle)
+            if isinstance(depth, LaneDepth):
+                values[key] = (depth.pending, depth.ack_pending)
+            elif key in self._values:  # a failed read changes nothing (seed 000 §15)
+                values[key] = self._values[key]
+        self._values = values
+        self._metrics.set_lanes(values)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception:  # noqa: BLE001 - one failed round must not end the refresh
+                logger.warning("refreshing the lane queue depths failed", exc_info=True)
+            await asyncio.sleep(self._interval_s)  # the refresh cadence, off the request path
