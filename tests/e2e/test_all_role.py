@@ -4,6 +4,7 @@ client, model listing, and errors from the real stack. Marked slow: it starts a 
 from __future__ import annotations
 
 import base64
+import logging
 from pathlib import Path
 
 import httpx
@@ -62,6 +63,25 @@ def test_public_sdk_works_unchanged(all_server: str, public_sdk) -> None:
             client.encode("acme/ghost", {"text": "x"})
     finally:
         client.close()
+
+
+def test_public_sdk_does_not_warn_about_the_server_version(
+    all_server: str, public_sdk, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sie_sdk.client._shared import check_version_skew
+
+    served = httpx.get(f"{all_server}/healthz").headers["x-sie-server-version"]
+    assert check_version_skew(public_sdk.__version__, served) is None
+    # The SDK warns once per process: clear its flag so this client's check is the one observed.
+    public_sdk.SIEClient._version_warning_logged = False
+    client = public_sdk.SIEClient(all_server)
+    try:
+        with caplog.at_level(logging.WARNING, logger="sie_sdk"):
+            client.encode(MINILM, {"text": "Hello world"})
+    finally:
+        client.close()
+    assert public_sdk.SIEClient._version_warning_logged is False
+    assert not [record for record in caplog.records if record.name.startswith("sie_sdk")]
 
 
 def test_openai_client_embeddings(all_server: str) -> None:

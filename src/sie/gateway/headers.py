@@ -1,5 +1,6 @@
-"""Response headers in one place: version headers on every answer, and the stage timings of a served request
-(TEI ResponseMetadata; seed 000 §16.2, contracts Part B §1.8). Worker timings are the max over the items.
+"""Response headers in one place: version headers (the SIE wire level) on every answer, and the stage timings
+of a served request (TEI ResponseMetadata; seed 000 §16.2, contracts Part B §1.8). Worker timings are the max
+over the items.
 """
 
 from __future__ import annotations
@@ -21,13 +22,17 @@ def _version() -> str:
 
 
 SIE_VERSION: Final = _version()
+# The SIE wire level this server implements: the public SIE release whose HTTP, SDK and queue contracts it
+# speaks (reference/contracts.md). SDKs compare their own version with X-SIE-Server-Version (sie-sdk warns
+# when the minor versions are more than one apart), so the version headers carry this, not SIE_VERSION.
+SIE_WIRE_LEVEL: Final = "0.10.1"
 # HTTP header names are case-insensitive; we emit them lowercase, as the seed's gateway does.
 REQUEST_ID: Final = "x-sie-request-id"
 ERROR_CODE: Final = "x-sie-error-code"
 RETRY_AFTER: Final = "retry-after"
 MODEL_REVISION: Final = "x-sie-model-revision"
 TRACE_ID: Final = "x-trace-id"
-VERSION_HEADERS: Final = {"x-sie-version": SIE_VERSION, "x-sie-server-version": SIE_VERSION}
+VERSION_HEADERS: Final = {"x-sie-version": SIE_WIRE_LEVEL, "x-sie-server-version": SIE_WIRE_LEVEL}
 
 
 @attrs.define(slots=True)
