@@ -1,7 +1,8 @@
 """The status page in a real browser: `sie run --role all` as a process, headless Debian chromium driven through
 its chromedriver (Selenium), live traffic, and the page showing a healthy worker and a loaded model once the
 websocket has updated it; a screenshot is kept. `/docs` draws the OpenAPI description, and the public sie-sdk's
-`watch()` reads the same websocket. Marked slow: it starts a real server and a browser."""
+`watch()` reads the same websocket. A distributed gateway (`--role gateway` on NATS) pushes its worker, heard
+through heartbeats, and its pool's JetStream depth. Marked slow: it starts real servers and a browser."""
 
 from __future__ import annotations
 
@@ -13,12 +14,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
+from websockets.sync.client import connect
+
+from support.cluster import serving_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -137,3 +142,16 @@ def test_public_sdk_watch_reads_the_cluster_status(all_server: str, public_sdk) 
     assert {"name": MINILM, "state": "loaded"}.items() <= next(
         m for m in first["models"] if m["name"] == MINILM
     ).items()
+
+
+def test_the_distributed_gateway_pushes_its_workers_and_pool_depth(tmp_path: Path) -> None:
+    with serving_cluster(tmp_path) as cluster:
+        page = httpx.get(f"{cluster.url}/", timeout=10)
+        assert page.status_code == 200 and "/ws/cluster-status" in page.text
+        assert "/ws/cluster-status" in httpx.get(f"{cluster.url}/openapi.json", timeout=10).json()["paths"]
+        with connect(cluster.url.replace("http://", "ws://") + "/ws/cluster-status", open_timeout=10) as socket:
+            snapshot = orjson.loads(socket.recv(timeout=10))
+    (worker,) = snapshot["workers"]
+    assert worker["name"] == "w-1" and worker["healthy"] and MINILM in worker["loaded_models"]
+    assert isinstance(snapshot["queue"]["pools"]["default"], int)  # read from the WORK_POOL_default stream
+    assert snapshot["status"] == "healthy" and snapshot["cluster"]["worker_count"] == 1
