@@ -40,7 +40,9 @@ class ClusterSources:
 class ClusterStatus:
     """Builds snapshots; one built within REUSE_SNAPSHOT_S is handed out again."""
 
-    def __init__(self, sources: ClusterSources, traffic: TrafficWindow, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, sources: ClusterSources, traffic: TrafficWindow, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._sources = sources
         self._traffic = traffic
         self._clock = clock
