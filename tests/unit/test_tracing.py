@@ -10,6 +10,7 @@ from sie.settings import load_settings
 from sie.telemetry.tracing import TraceHeaders, Tracing, trace_headers, traces_endpoint
 
 VALID = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+TWO_MEMBERS = "rojo=00f067aa0ba902b7, congo=t61rcWkgMzE,"
 
 
 @pytest.mark.parametrize(
@@ -30,8 +31,16 @@ VALID = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
         ("not a traceparent", "congo=t61rcWkgMzE", None),
         ("", None, None),
         (None, "congo=t61rcWkgMzE", None),
-        # tracestate beyond the 512 characters every vendor passes on is dropped whole, the context kept
+        # a tracestate that is not W3C list members is dropped whole, the context kept
         (VALID, "a=" + "b" * 600, TraceHeaders(VALID)),
+        (VALID, TWO_MEMBERS, TraceHeaders(VALID, TWO_MEMBERS)),
+        (VALID, "tenant@vendor=x", TraceHeaders(VALID, "tenant@vendor=x")),
+        (VALID, "Upper=x", TraceHeaders(VALID)),
+        (VALID, "novalue", TraceHeaders(VALID)),
+        (VALID, "a=b=c", TraceHeaders(VALID)),
+        (VALID, "a=caf\u00e9", TraceHeaders(VALID)),
+        (VALID, ",".join(f"k{i}=v" for i in range(33)), TraceHeaders(VALID)),
+        (VALID, " ", TraceHeaders(VALID)),
     ],
 )  # fmt: skip
 def test_a_callers_traceparent_is_kept_only_when_valid_w3c(

@@ -61,10 +61,16 @@ WORKER_RUN_BATCH: Final = "worker.run_batch"
 # Shutdown exports what is queued for at most this long, so a collector that is gone cannot hold a stop (§15.1).
 SHUTDOWN_FLUSH_S: Final = 3.0
 EXPORT_TIMEOUT_S: Final = 10.0
-# W3C trace-context §3.3.1 (lowercase hex; version ff and all-zero ids are invalid) and the 512 characters of
-# tracestate every vendor must pass on (§3.3.1.5); a longer one is dropped rather than cut mid-entry.
+# W3C trace-context §3.2 (lowercase hex; version ff and all-zero ids are invalid), and §3.3: tracestate list
+# members `key=value`, at most 32 of them, within the 512 characters every vendor must pass on. A tracestate
+# that breaks these is dropped whole (the context is kept), never cut mid-entry.
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}(-.*)?")
+_TRACESTATE_MEMBER = re.compile(
+    r"(?:[a-z][_0-9a-z\-*/]{0,255}|[a-z0-9][_0-9a-z\-*/]{0,240}@[a-z][_0-9a-z\-*/]{0,13})"
+    r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+)
 _MAX_TRACESTATE_CHARS: Final = 512
+_MAX_TRACESTATE_MEMBERS: Final = 32
 
 
 class Carrier(Protocol):
@@ -96,9 +102,15 @@ def trace_headers(traceparent: str | None, tracestate: str | None = None) -> Tra
     version, trace_id, span_id, rest = match.groups()
     if version == "ff" or (version == "00" and rest) or not trace_id.strip("0") or not span_id.strip("0"):
         return None
-    if tracestate is not None and (len(tracestate) > _MAX_TRACESTATE_CHARS or not tracestate.strip()):
-        tracestate = None
-    return TraceHeaders(traceparent, tracestate)
+    return TraceHeaders(traceparent, tracestate if _valid_tracestate(tracestate) else None)
+
+
+def _valid_tracestate(tracestate: str | None) -> bool:
+    if not tracestate or len(tracestate) > _MAX_TRACESTATE_CHARS:
+        return False
+    members = [member.strip(" \t") for member in tracestate.split(",")]
+    members = [member for member in members if member]
+    return 0 < len(members) <= _MAX_TRACESTATE_MEMBERS and all(_TRACESTATE_MEMBER.fullmatch(m) for m in members)
 
 
 def traces_endpoint(tracing: TracingSettings, telemetry: TelemetrySettings) -> str | None:
@@ -223,12 +235,6 @@ class Tracing:
         stopper.join(SHUTDOWN_FLUSH_S)
         if stopper.is_alive():
             logger.warning("spans not exported within %.0f s of shutdown were dropped", SHUTDOWN_FLUSH_S)
-
-    def __enter__(self) -> Tracing:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def _distinct_contexts(self, parents: Iterable[Carrier | None]) -> list[SpanContext]:
         seen: dict[str, SpanContext] = {}
