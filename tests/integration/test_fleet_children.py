@@ -23,7 +23,7 @@ from sie.http.handlers import plain_handler_routes
 from sie.placement.api import PATH_PREFIXES, PlacementApi
 from sie.roles.common import baseline_catalog, open_local_workers
 from sie.settings import LaneSettings, Settings, load_role_settings
-from sie.sidecar import Sidecar
+from sie.sidecar import Sidecar, WorkerHooks
 from sie.sidecar.children import ChildDirectory, LocalChildren, SocketChildren
 from sie.sidecar.fleet import WorkerFleet
 from sie.transport.loopback import LoopbackTransport
@@ -47,7 +47,9 @@ async def served(settings: Settings, directory: ChildDirectory) -> AsyncIterator
     async with AsyncExitStack() as stack:
         fleet = await stack.enter_async_context(WorkerFleet.from_settings(directory, settings.placement))
         transport = await stack.enter_async_context(LoopbackTransport(settings.stream))
-        await stack.enter_async_context(Sidecar.from_settings(transport, fleet, settings, replicas=fleet.replicas))
+        await stack.enter_async_context(
+            Sidecar.from_settings(transport, fleet, settings, WorkerHooks(replicas=fleet.replicas))
+        )
         catalog = baseline_catalog(settings)
         sources = GatewaySources(lambda: catalog, transport, transport, NoWorkers())
         routes = plain_handler_routes(PlacementApi(fleet).handle, PATH_PREFIXES)

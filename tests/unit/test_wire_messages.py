@@ -188,6 +188,8 @@ SAMPLES = [
     ipc_control.SignalGenerateCancelRequest(request_id="r"),
     ipc_control.SignalGenerateCancelResponse(matched=False),
     ipc_control.ModelControlStatusRequest(),
+    ipc_control.WorkerMetricsRequest(),
+    ipc_control.WorkerMetricsResponse(text="# TYPE sie_worker_models_loaded gauge\nsie_worker_models_loaded 1.0\n"),
     ipc_control.ModelControlStatusResponse(
         worker_id="w-1",
         device="cuda:1",

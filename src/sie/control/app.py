@@ -5,18 +5,21 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from sie.control.auth import AccessPolicy
 from sie.control.handlers import MAX_BODY_BYTES, ControlHandlers, json_response
 from sie.control.registry import ModelRegistry
 from sie.control.replies import error_reply
 from sie.control.writes import ConfigWriter
+from sie.telemetry.http import HttpMetrics, RequestMetricsMiddleware
 
 logger = logging.getLogger(__name__)
 PREFIX = "/v1/configs"
@@ -52,12 +55,21 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 
 def build_control_app(
-    writer: ConfigWriter, registry: ModelRegistry, policy: AccessPolicy, *, max_body_bytes: int = MAX_BODY_BYTES
+    writer: ConfigWriter,
+    registry: ModelRegistry,
+    policy: AccessPolicy,
+    *,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    metrics: HttpMetrics | None = None,
+    extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
-    """The config service app over an already-built writer and registry."""
+    """The config service app over an already-built writer and registry; `metrics` (when given) records every
+    request, `extra_routes` (`/metrics`) are served beside the API."""
     handlers = ControlHandlers(writer, registry, policy, max_body_bytes)
+    middleware = [] if metrics is None else [Middleware(RequestMetricsMiddleware, metrics=metrics)]
     app = Starlette(
-        routes=_routes(handlers),
+        routes=[*_routes(handlers), *extra_routes],
+        middleware=middleware,
         exception_handlers={HTTPException: _http_error, Exception: _unexpected},
     )
     app.state.handlers = handlers

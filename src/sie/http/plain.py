@@ -1,6 +1,6 @@
 """A plain handler: framework-free async `(method, path, query, body) -> reply or None`, served by the gateway's
-starlette app (`sie.http.handlers`) and by the sidecar's probe server alike. Types only: no web framework here,
-so the sidecar may import it."""
+starlette app (`sie.http.handlers`) and by the sidecar's probe server alike, and `first_answer` chaining several.
+No web framework here, so the sidecar may import it."""
 
 from __future__ import annotations
 
@@ -27,3 +27,16 @@ class PlainReply(Protocol):
 # (method, percent-decoded path, query with the last value of each name, body) -> the answer, or None when the
 # path is not the handler's. HEAD reaches it as GET; the server drops the body.
 PlainHandler = Callable[[str, str, Mapping[str, str], bytes], Awaitable[PlainReply | None]]
+
+
+def first_answer(*handlers: PlainHandler) -> PlainHandler:
+    """One handler asking `handlers` in order: the first that answers (not None) wins."""
+
+    async def handle(method: str, path: str, query: Mapping[str, str], body: bytes) -> PlainReply | None:
+        for handler in handlers:
+            reply = await handler(method, path, query, body)
+            if reply is not None:
+                return reply
+        return None
+
+    return handle

@@ -14,15 +14,26 @@ from sie.gateway.auth import GatewayAuth
 from sie.gateway.dead_letters import DeadLetterQueue
 from sie.http.handlers import plain_handler_routes
 from sie.http.serving import serve_until_signalled
-from sie.placement.api import PATH_PREFIXES, PlacementApi
-from sie.roles.common import baseline_catalog, http_listener, open_local_workers, open_tracing, run_gateway_main
+from sie.placement.api import PLACEMENT_PATH, PlacementApi
+from sie.placement.metrics import PlacementCollector
+from sie.roles.common import (
+    baseline_catalog,
+    http_listener,
+    metrics_routes,
+    open_gateway_metrics,
+    open_local_workers,
+    open_telemetry,
+    open_tracing,
+    run_gateway_main,
+)
 from sie.roles.local_status import LocalModelStatus
 from sie.runtime import freeze_startup_heap
 from sie.settings import Settings
 from sie.settings.gateway import LOOPBACK_HOST
-from sie.sidecar import Sidecar
+from sie.sidecar import Sidecar, WorkerHooks
 from sie.sidecar.children import LocalChildren
 from sie.sidecar.fleet import WorkerFleet
+from sie.telemetry.sidecar import SidecarMetrics
 from sie.transport.loopback import LoopbackTransport
 
 
@@ -30,24 +41,33 @@ async def serve_all(settings: Settings) -> None:
     catalog = baseline_catalog(settings)
     async with AsyncExitStack() as stack:
         tracing = open_tracing(stack, settings, "sie-all")  # one process: gateway, sidecar and worker spans
+        telemetry = open_telemetry(stack, settings, "sie-all")  # gateway and sidecar series; each child has its own
         workers = await open_local_workers(stack, settings, catalog, tracing=tracing)
+        manager = workers[0].manager  # every child serves the same catalogue
         children = LocalChildren({worker.name: worker.service for worker in workers})
         fleet = await stack.enter_async_context(WorkerFleet.from_settings(children, settings.placement))
+        telemetry.register(PlacementCollector(fleet.snapshot))
         transport = await stack.enter_async_context(LoopbackTransport(settings.stream))
         dead_letters = await stack.enter_async_context(DeadLetterQueue(transport, settings.gateway.request_timeout_s))
+        sidecar_metrics = SidecarMetrics(telemetry.meter) if telemetry.enabled else None
         sidecar = await stack.enter_async_context(
-            Sidecar.from_settings(transport, fleet, settings, replicas=fleet.replicas, tracing=tracing)
-        )
-        manager = workers[0].manager  # every child serves the same catalogue
+            Sidecar.from_settings(transport, fleet, settings, WorkerHooks(replicas=fleet.replicas), tracing,
+                                  sidecar_metrics)
+        )  # fmt: skip
         status = LocalModelStatus(workers, settings.lane)
+        metrics = await open_gateway_metrics(
+            stack, telemetry, lambda: manager.catalog, transport.lane_depth, status, settings.lane
+        )
         auth = await stack.enter_async_context(GatewayAuth.from_settings(settings.auth))
         sources = GatewaySources(
-            lambda: manager.catalog, transport, transport, status, dead_letters=dead_letters, auth=auth, tracing=tracing
-        )
-        placement_routes = plain_handler_routes(PlacementApi(fleet).handle, PATH_PREFIXES)
-        app = build_gateway_app(
-            sources, settings.gateway, settings.lane, settings.process.router_id, extra_routes=placement_routes
-        )
+            lambda: manager.catalog, transport, transport, status, dead_letters=dead_letters, auth=auth,
+            tracing=tracing, metrics=metrics,
+        )  # fmt: skip
+        routes = [
+            *plain_handler_routes(PlacementApi(fleet).handle, [PLACEMENT_PATH]),
+            *metrics_routes(telemetry, fleet.metric_sources),
+        ]
+        app = build_gateway_app(sources, settings.gateway, settings.lane, settings.process.router_id, routes)
         grace = settings.process.shutdown_grace_s
 
         async def drain() -> None:

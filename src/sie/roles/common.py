@@ -7,21 +7,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from typing import Any
 
 import attrs
+from starlette.routing import Route
 
 from sie.catalog import Catalog, load_catalog
 from sie.gateway.auth import AuthSettingsError, check_auth_settings
+from sie.gateway.lane_depth import LaneDepths, ReadDepth, known_lanes
+from sie.gateway.status import ModelStatusSource
+from sie.http.handlers import plain_handler_routes
 from sie.http.serving import HttpListener
 from sie.ipc.sockets import SocketPathError
 from sie.runtime import run_event_loop
-from sie.settings import Settings
+from sie.settings import LaneSettings, Settings
+from sie.telemetry.exposition import METRICS_PATH, ChildSource, MetricsEndpoint
+from sie.telemetry.gateway import GatewayMetrics
 from sie.telemetry.logs import configure_logging
+from sie.telemetry.metrics import ModelLabels, Telemetry
 from sie.telemetry.tracing import Tracing
+from sie.telemetry.worker import WorkerMetrics
 from sie.worker.devices import CPU, Device, DeviceError, load_cuda_libraries, memory_budget, resolve_devices
 from sie.worker.errors import ModelLoadError
 from sie.worker.loading import ModelLoader
@@ -70,6 +78,48 @@ def open_tracing(stack: AsyncExitStack, settings: Settings, service_name: str) -
     tracing = Tracing.from_settings(settings.tracing, settings.telemetry, service_name)
     stack.push_async_callback(asyncio.to_thread, tracing.close)
     return tracing
+
+
+def open_telemetry(
+    stack: AsyncExitStack, settings: Settings, service_name: str, attributes: Mapping[str, str] | None = None
+) -> Telemetry:
+    """This process's metrics (SIE_METRICS_ENABLED; pushed over OTLP when an endpoint is set), named `service_name`
+    unless OTEL_SERVICE_NAME says otherwise. `stack` pushes the last values at exit, off the event loop."""
+    telemetry = Telemetry(service_name, settings.telemetry, attributes)
+    stack.push_async_callback(asyncio.to_thread, telemetry.shutdown)
+    return telemetry
+
+
+def metrics_routes(telemetry: Telemetry, children: Callable[[], Iterable[ChildSource]] | None = None) -> list[Route]:
+    """`GET /metrics` for a starlette app: `telemetry`'s series, then the worker children's."""
+    return plain_handler_routes(MetricsEndpoint(telemetry, children).handle, [METRICS_PATH])
+
+
+def catalogue_labels(catalog: Callable[[], Catalog]) -> ModelLabels:
+    """Model labels bounded by the current catalogue: its ids, `other` for any id it does not know."""
+
+    def catalogue_id(model_id: str) -> str | None:
+        entry = catalog().find(model_id)
+        return entry.model_id if entry is not None else None
+
+    return ModelLabels(catalogue_id)
+
+
+async def open_gateway_metrics(
+    stack: AsyncExitStack,
+    telemetry: Telemetry,
+    catalog: Callable[[], Catalog],
+    read_depth: ReadDepth,
+    status: ModelStatusSource,
+    lane: LaneSettings,
+) -> GatewayMetrics | None:
+    """The gateway's series on `telemetry` (None while metrics are off), model labels bounded by `catalog`, with the
+    queue depths of the default lane and the workers' lanes refreshed in the background until `stack` closes."""
+    if not telemetry.enabled:
+        return None
+    metrics = GatewayMetrics(telemetry.meter, catalogue_labels(catalog))
+    await stack.enter_async_context(LaneDepths(read_depth, known_lanes(status, lane), metrics))
+    return metrics
 
 
 def http_listener(host: str, port: int, settings: Settings) -> HttpListener:
@@ -144,8 +194,11 @@ async def _open_local_worker(
     load_pool = _one_thread(stack, f"sie-load-{name}")
     infer_pool = _one_thread(stack, f"sie-infer-{name}")
     loader = ModelLoader.from_settings(worker, device)
+    # The child's own series (model loads, memory), which `/metrics` merges with its worker name and device.
+    telemetry = open_telemetry(stack, settings, "sie-worker", {"sie.worker": name, "sie.device": device})
+    metrics = WorkerMetrics(telemetry) if telemetry.enabled else None
     manager = await stack.enter_async_context(
-        ModelManager(catalog, loader.load, load_pool, worker.memory_budget_bytes, worker.max_loaded_models)
+        ModelManager(catalog, loader.load, load_pool, worker.memory_budget_bytes, worker.max_loaded_models, metrics)
     )
     manager.pin(worker.preload_models)
     worker_id, batching = settings.process.worker_id, settings.batching

@@ -23,11 +23,13 @@ from sie.control.publisher import DeltaPublisher
 from sie.control.registry import ModelRegistry
 from sie.control.writes import ConfigWriter
 from sie.http.serving import serve_until_signalled
-from sie.roles.common import http_listener, run_main
+from sie.roles.common import http_listener, metrics_routes, open_telemetry, run_main
 from sie.runtime import freeze_startup_heap
 from sie.settings import Settings
 from sie.stores.config_store import ConfigStore, ConfigStoreError, CorruptEpochError
 from sie.stores.fsspec_store import open_config_store
+from sie.telemetry.http import HttpMetrics
+from sie.telemetry.metrics import ModelLabels, Telemetry
 from sie.transport.base import TransportUnavailable
 from sie.transport.nats import NatsTransport
 from sie.transport.reconnecting import ReconnectingTransport
@@ -67,22 +69,40 @@ async def open_state(settings: Settings) -> tuple[ConfigStore, ModelRegistry, in
     return store, registry, epoch
 
 
-async def open_publisher(settings: Settings, stack: AsyncExitStack) -> DeltaPublisher | None:
+async def open_publisher(settings: Settings, stack: AsyncExitStack, telemetry: Telemetry) -> DeltaPublisher | None:
     if not settings.nats.url:
         logger.info("SIE_NATS_URL is unset: config deltas are not published (router_id 'standalone')")
         return None
     nats, streams, name = settings.nats, settings.stream, f"sie-config-{config_router_id(settings)}"
     # Connects in the background: an unreachable broker blocks writes with 503, never start-up (seed 000 §13).
     bus = ReconnectingTransport(lambda: NatsTransport(nats, streams, name=name), description=f"NATS at {nats.url}")
+    telemetry.observe_connection(lambda: bus.unavailable_reason() is None)
     return DeltaPublisher(await stack.enter_async_context(bus))
+
+
+def request_metrics(telemetry: Telemetry, registry: ModelRegistry) -> HttpMetrics | None:
+    """The config service's request series (None while metrics are off); model labels are the registry's ids."""
+
+    def registry_id(model_id: str) -> str | None:
+        model = registry.state.find_model(model_id) if registry.available else None
+        return model.sie_id if model is not None else None
+
+    return HttpMetrics(telemetry.meter, "sie.config", ModelLabels(registry_id)) if telemetry.enabled else None
 
 
 async def serve_config(settings: Settings) -> None:
     store, registry, epoch = await open_state(settings)
     async with AsyncExitStack() as stack:
-        publisher = await open_publisher(settings, stack)
+        telemetry = open_telemetry(stack, settings, "sie-config")
+        publisher = await open_publisher(settings, stack, telemetry)
         writer = ConfigWriter(registry, store, publisher, router_id=config_router_id(settings), epoch=epoch)
-        app = build_control_app(writer, registry, access_policy(settings))
+        app = build_control_app(
+            writer,
+            registry,
+            access_policy(settings),
+            metrics=request_metrics(telemetry, registry),
+            extra_routes=metrics_routes(telemetry),
+        )
         service = settings.config_service
         listener = http_listener(service.host, service.port, settings)
         freeze_startup_heap()

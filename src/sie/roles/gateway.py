@@ -18,26 +18,35 @@ from sie.gateway.dead_letters import DeadLetterQueue
 from sie.gateway.offload import PayloadOffload
 from sie.gateway.registry import WorkerRegistry, first_heartbeat_round_s
 from sie.http.serving import serve_until_signalled
-from sie.roles.common import baseline_catalog, http_listener, open_tracing, run_gateway_main
+from sie.roles.common import (
+    baseline_catalog,
+    http_listener,
+    metrics_routes,
+    open_gateway_metrics,
+    open_telemetry,
+    open_tracing,
+    run_gateway_main,
+)
 from sie.runtime import freeze_startup_heap
 from sie.settings import Settings
 from sie.settings.gateway import CONTAINER_HOST
 from sie.stores.payload_store import open_payload_store
-from sie.telemetry.metrics import Telemetry
 from sie.transport.nats import NatsTransport
 from sie.transport.reconnecting import ReconnectingTransport
 
 
 async def serve_gateway(settings: Settings) -> None:
-    state = ConfigState(baseline_catalog(settings), telemetry=Telemetry(service_name="sie-gateway"))
     router_id = settings.process.router_id
     async with AsyncExitStack() as stack:
+        telemetry = open_telemetry(stack, settings, "sie-gateway")
+        state = ConfigState(baseline_catalog(settings), telemetry=telemetry)
         tracing = open_tracing(stack, settings, "sie-gateway")
         nats, streams, name = settings.nats, settings.stream, f"sie-gateway-{router_id}"
         transport = await stack.enter_async_context(
             ReconnectingTransport(lambda: NatsTransport(nats, streams, name=name), description=f"NATS at {nats.url}")
         )
         unavailable = transport.unavailable_reason
+        telemetry.observe_connection(lambda: unavailable() is None)
         first_round = first_heartbeat_round_s(settings.sidecar.heartbeat_interval_s)
         registry = await stack.enter_async_context(
             WorkerRegistry(
@@ -52,11 +61,12 @@ async def serve_gateway(settings: Settings) -> None:
         )
         stack.push_async_callback(offload.aclose)  # pending deletes finish before the transport closes
         auth = await stack.enter_async_context(GatewayAuth.from_settings(settings.auth))
+        metrics = await open_gateway_metrics(stack, telemetry, state, transport.lane_depth, registry, settings.lane)
         sources = GatewaySources(
             state, transport, registry, registry, registry.healthy_workers, registry.unready_reason, offload=offload,
-            dead_letters=dead_letters, auth=auth, tracing=tracing,
+            dead_letters=dead_letters, auth=auth, tracing=tracing, metrics=metrics,
         )  # fmt: skip
-        app = build_gateway_app(sources, settings.gateway, settings.lane, router_id)
+        app = build_gateway_app(sources, settings.gateway, settings.lane, router_id, metrics_routes(telemetry))
         grace = settings.process.shutdown_grace_s
 
         async def drain() -> None:

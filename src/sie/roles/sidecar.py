@@ -9,20 +9,26 @@ attaches once it connects.
 
 from __future__ import annotations
 
+import functools
 import logging
 from contextlib import AsyncExitStack
 
+from sie.http.plain import first_answer
+from sie.ipc.uds_client import UdsWorkerClient
 from sie.placement.api import PlacementApi
-from sie.roles.common import open_tracing, run_main
+from sie.placement.metrics import PlacementCollector
+from sie.roles.common import open_telemetry, open_tracing, run_main
 from sie.runtime import freeze_startup_heap, wait_for_signal
 from sie.settings import Settings
-from sie.sidecar import Sidecar
+from sie.sidecar import Sidecar, WorkerHooks
 from sie.sidecar.children import SocketChildren
 from sie.sidecar.config_apply import AppliedConfig, ConfigApplier
 from sie.sidecar.config_export import ExportReconciler
 from sie.sidecar.fleet import WorkerFleet
 from sie.sidecar.health import HealthPublisher
 from sie.sidecar.probes import ProbeServer
+from sie.telemetry.exposition import MetricsEndpoint
+from sie.telemetry.sidecar import SidecarMetrics
 from sie.transport.nats import NatsTransport
 from sie.transport.reconnecting import ReconnectingTransport
 
@@ -33,25 +39,28 @@ async def serve_sidecar(settings: Settings) -> None:
     worker_id, probes = settings.process.worker_id, settings.sidecar
     async with AsyncExitStack() as stack:
         tracing = open_tracing(stack, settings, "sie-sidecar")
+        telemetry = open_telemetry(stack, settings, "sie-sidecar")
+        metrics = SidecarMetrics(telemetry.meter) if telemetry.enabled else None
         nats, streams, name = settings.nats, settings.stream, f"sie-sidecar-{worker_id}"
         transport = await stack.enter_async_context(
             ReconnectingTransport(lambda: NatsTransport(nats, streams, name=name), description=f"NATS at {nats.url}")
         )
-        children = SocketChildren(settings.worker.socket_path)
+        telemetry.observe_connection(lambda: transport.unavailable_reason() is None)
+        children = SocketChildren(settings.worker.socket_path, functools.partial(UdsWorkerClient, metrics=metrics))
         worker = await stack.enter_async_context(WorkerFleet.from_settings(children, settings.placement))
+        telemetry.register(PlacementCollector(worker.snapshot))
+        # `/metrics`: this sidecar's series, placement's, then each worker child's labelled with its name and device.
+        routes = first_answer(MetricsEndpoint(telemetry, worker.metric_sources).handle, PlacementApi(worker).handle)
         # One acknowledged state: deltas and export reconciliation advance it, heartbeats advertise it.
         applied = AppliedConfig()
         await stack.enter_async_context(ConfigApplier(transport, worker, settings, applied))
         await stack.enter_async_context(ExportReconciler(worker, settings, applied))
         health = await stack.enter_async_context(HealthPublisher.from_settings(transport, worker, settings, applied))
         server = await stack.enter_async_context(
-            ProbeServer(
-                lambda: health.ready, probes.probe_port, host=probes.probe_host, routes=PlacementApi(worker).handle
-            )
+            ProbeServer(lambda: health.ready, probes.probe_port, host=probes.probe_host, routes=routes)
         )
-        sidecar = Sidecar.from_settings(
-            transport, worker, settings, observe=health.observe, replicas=worker.replicas, tracing=tracing
-        )
+        hooks = WorkerHooks(observe=health.observe, replicas=worker.replicas)
+        sidecar = Sidecar.from_settings(transport, worker, settings, hooks, tracing, metrics)
         freeze_startup_heap()  # before consuming: its full collection must not pause live work
         await stack.enter_async_context(sidecar)
         logger.info("sidecar %s consuming %s; probes on %s:%d", worker_id, sidecar.lane, probes.probe_host, server.port)

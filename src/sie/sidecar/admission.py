@@ -10,15 +10,24 @@ from collections.abc import Iterable, Sequence
 from typing import Final
 
 from sie.sidecar.work import Work
+from sie.telemetry.sidecar import Admission as Decision
+from sie.telemetry.sidecar import SidecarMetrics
 
 # A refused item comes back soon, possibly to a less busy sidecar (contracts Part B §4.3: 0.1 s).
 ADMISSION_NAK_DELAY_S: Final = 0.1
 
 
 class Admission:
-    """Per-model pending counts with a cap; the lane-wide total bounds what one fetch may take."""
+    """Per-model pending counts with a cap; the lane-wide total bounds what one fetch may take; `metrics` (when
+    given) counts the items admitted and refused."""
 
-    def __init__(self, max_pending_per_model: int, max_pending_total: int | None = None) -> None:
+    def __init__(
+        self,
+        max_pending_per_model: int,
+        max_pending_total: int | None = None,
+        metrics: SidecarMetrics | None = None,
+    ) -> None:
+        self._metrics = metrics
         self.max_per_model = max_pending_per_model
         self.max_total = max_pending_total or max_pending_per_model
         self._pending: dict[str, int] = {}
@@ -40,6 +49,9 @@ class Admission:
         """Split `works` of one model into admitted and refused (to be NAKed); admitted ones count."""
         room = max(0, self.max_per_model - self._pending.get(model_id, 0))
         admitted, refused = list(works[:room]), list(works[room:])
+        if self._metrics is not None:
+            self._metrics.admission(Decision.ADMITTED, len(admitted))
+            self._metrics.admission(Decision.REFUSED, len(refused))
         for work in admitted:
             work.admitted = True
         self._held.update(admitted)

@@ -97,6 +97,7 @@ class BatchDispatcher:
         else:
             outcome, timings = await self._run(request)
         self.batches += 1
+        batch.inference_s = _model_seconds(outcome)  # for the scheduler's batch metrics
         await self._finished.put(_Finished(batch, outcome, timings))
 
     async def _run(self, request: RunBatchRequest) -> tuple[BatchOutcome | None, BatchTimings]:
@@ -171,6 +172,13 @@ class BatchDispatcher:
 
     def _unready(self, model_id: str) -> None:
         self._on_unready(model_id)
+
+
+def _model_seconds(outcome: BatchOutcome | None) -> float | None:
+    """The worker's model time for one batch (its items ran together: the longest), None when the call failed."""
+    if outcome is None:
+        return None
+    return max((item.inference_ms for item in outcome.outcomes), default=0.0) / 1000.0
 
 
 def _pair(works: list[Work], outcomes: list[ItemOutcome]) -> list[tuple[Work, ItemOutcome | None]]:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Final
 
 from sie.sidecar.results import payload_too_large_result
+from sie.telemetry.sidecar import ResultTransport, SidecarMetrics
 from sie.transport.base import MessageBus
 from sie.wire import to_msgpack
 from sie.wire.queue import WorkItem, WorkResult
@@ -41,11 +42,14 @@ def estimated_size(result: WorkResult) -> int:
 
 class ResultPublisher:
     """Publishes each item's result on its reply subject within the broker's message limit; `chunked` and
-    `too_large` count the results that needed it."""
+    `too_large` count the results that needed it, and `metrics` (when given) every result by how it travelled."""
 
-    def __init__(self, bus: MessageBus, max_payload: MaxPayload = _no_limit) -> None:
+    def __init__(
+        self, bus: MessageBus, max_payload: MaxPayload = _no_limit, metrics: SidecarMetrics | None = None
+    ) -> None:
         self._bus = bus
         self._max_payload = max_payload
+        self._metrics = metrics
         self.chunked = 0
         self.too_large = 0
 
@@ -54,12 +58,18 @@ class ResultPublisher:
         limit = self._max_payload()
         if limit is None or estimated_size(result) * _ESTIMATE_SAFETY <= limit:
             await self._bus.publish_result(item.reply_subject, result)
+            self._count(ResultTransport.WHOLE)
             return
         payload = to_msgpack(result)
         if len(payload) <= limit:
             await self._bus.publish_result(item.reply_subject, result)
+            self._count(ResultTransport.WHOLE)
             return
         await self._publish_large(item, result, payload, limit)
+
+    def _count(self, transport: ResultTransport) -> None:
+        if self._metrics is not None:
+            self._metrics.result(transport)
 
     async def _publish_large(self, item: WorkItem, result: WorkResult, payload: bytes, limit: int) -> None:
         chunk_bytes = chunk_bytes_for(result, limit)
@@ -69,9 +79,11 @@ class ResultPublisher:
             logger.warning("result of %s is %d bytes, over the broker's %d: %s; answering PAYLOAD_TOO_LARGE",
                            item.work_item_id, len(payload), limit, why)  # fmt: skip
             self.too_large += 1
+            self._count(ResultTransport.TOO_LARGE)
             await self._bus.publish_result(item.reply_subject, payload_too_large_result(result, len(payload), limit))
             return
         digest = await asyncio.to_thread(transfer_digest, payload)  # up to 16 MiB: off the event loop
         for chunk in split(result, payload, digest, chunk_bytes):
             await self._bus.publish_result(item.reply_subject, chunk)
         self.chunked += 1
+        self._count(ResultTransport.CHUNKED)

@@ -25,6 +25,7 @@ import attrs
 
 from sie.settings import BatchingSettings
 from sie.sidecar.work import BatchLimits, Channel, ReadyGroup, ReadyModel, Work
+from sie.telemetry.sidecar import BatchRecord, SidecarMetrics
 from sie.wire.ipc_control import ModelDescriptor
 
 logger = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ class Batch:
     works: list[Work]
     cost: int
     sent_at: float = 0.0
+    inference_s: float | None = None  # the worker's model time, set by the dispatcher when the call came back
 
 
 class WorkerPace:
@@ -231,7 +233,8 @@ class Scheduler:
 
     `replicas(model_id)` says how many worker children run the model at once (1 without placement): the
     model counts as busy only while every replica has a batch, and the late cut (`WorkerPace`), which
-    assumes one worker running batches one by one, applies only to a single replica.
+    assumes one worker running batches one by one, applies only to a single replica. `metrics` (when given)
+    records each batch's shape and timings once it comes back.
     """
 
     def __init__(
@@ -241,8 +244,10 @@ class Scheduler:
         max_inflight: int = 1,
         clock: Callable[[], float] = time.monotonic,
         replicas: Callable[[str], int] | None = None,
+        metrics: SidecarMetrics | None = None,
     ) -> None:
         self._dispatch = dispatch
+        self._metrics = metrics
         self._max_wait_s = max_wait_s
         self._max_inflight = max(1, max_inflight)
         self._replicas = replicas or _one_replica
@@ -317,6 +322,7 @@ class Scheduler:
                 continue
             batch.sent_at = now
             slot.running.append(batch)
+            sent_wall = time.time()
             try:
                 await self._dispatch(batch)
             except Exception:  # noqa: BLE001 - the dispatcher settles its own failures; this is a bug guard
@@ -325,6 +331,8 @@ class Scheduler:
                 slot.running.remove(batch)
                 slot.pace.finished(batch, self.clock())
                 slot.wakeup.set()  # a loop filling the next batch cuts it now: the worker is free
+            if self._metrics is not None and batch.works:
+                self._metrics.batch(batch_record(batch, sent_wall, time.time() - sent_wall))
 
     @staticmethod
     async def _sleep_until_work(slot: _ModelSlot, wake_at: float | None, now: float) -> None:
@@ -335,6 +343,22 @@ class Scheduler:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wake_at - now):
                 await slot.wakeup.wait()
+
+
+def batch_record(batch: Batch, sent_wall: float, round_trip_s: float) -> BatchRecord:
+    """What the metrics keep of a batch that came back: sent at unix time `sent_wall`, answered after `round_trip_s`."""
+    limits = batch.model.limits
+    fill = max(len(batch.works) / limits.max_items, batch.cost / limits.max_cost)
+    oldest = min(work.item.timestamp for work in batch.works)
+    return BatchRecord(
+        model_id=batch.model.model_id,
+        tokens=batch.cost,
+        fill=min(1.0, fill),  # an oversize item goes alone, over the budget
+        queue_s=max(0.0, sent_wall - oldest),
+        tokenization_s=max(work.prep_ms for work in batch.works) / 1000.0,
+        round_trip_s=round_trip_s,
+        inference_s=batch.inference_s,
+    )
 
 
 def _one_replica(model_id: str) -> int:

@@ -31,6 +31,7 @@ from sie.sidecar.scheduler import Scheduler
 from sie.sidecar.settlement import Settler
 from sie.sidecar.work import AdmittedGroup, Channel, ReadyGroup, Work
 from sie.stores.payload_store import PayloadStore, open_payload_store
+from sie.telemetry.sidecar import SidecarMetrics
 from sie.telemetry.tracing import Tracing
 from sie.transport.base import Lane, LaneConsumer, MessageBus, Transport
 
@@ -46,8 +47,8 @@ PREPARATION_LOOPS: Final = 2
 @attrs.frozen
 class SidecarConfig:
     """Everything a sidecar reads from settings, plus how many batches per model may run at once, the payload
-    store offloaded work items are read from (None: `--role all`, or no SIE_PAYLOAD_STORE_URL) and the process's
-    tracing (off unless given)."""
+    store offloaded work items are read from (None: `--role all`, or no SIE_PAYLOAD_STORE_URL), the process's
+    tracing (off unless given) and its metrics (none recorded unless given)."""
 
     sidecar: SidecarSettings = attrs.Factory(SidecarSettings)
     batching: BatchingSettings = attrs.Factory(BatchingSettings)
@@ -57,14 +58,17 @@ class SidecarConfig:
     payload_store: PayloadStore | None = None
     payload_fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES
     tracing: Tracing = attrs.Factory(Tracing.off)
+    metrics: SidecarMetrics | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings, tracing: Tracing | None = None) -> SidecarConfig:
+    def from_settings(
+        cls, settings: Settings, tracing: Tracing | None = None, metrics: SidecarMetrics | None = None
+    ) -> SidecarConfig:
         payloads = settings.payloads
         return cls(
             settings.sidecar, settings.batching, settings.stream, settings.process.worker_id,
             payload_store=open_payload_store(payloads.store_url), payload_fetch_max_bytes=payloads.fetch_max_bytes,
-            tracing=tracing or Tracing.off(),
+            tracing=tracing or Tracing.off(), metrics=metrics,
         )  # fmt: skip
 
 
@@ -119,11 +123,11 @@ def build_pipeline(
     hooks = hooks or WorkerHooks()
     stream, batching = config.stream, config.batching
     # The two ends every stage settles through: the broker (results, ACKs, NAKs) and the worker (RunBatch).
-    admission = Admission(batching.max_pending_items)
+    admission = Admission(batching.max_pending_items, metrics=config.metrics)
     horizon = tombstone_horizon(stream.max_age_s, stream.ack_wait_s, stream.max_deliver)
     abandonment = Abandonment(Tombstones(horizon))
     # Results within the broker's message limit (chunked when too large), known once connected.
-    settler = Settler(bus, admission, abandonment, ResultPublisher(bus, lambda: bus.max_payload))
+    settler = Settler(bus, admission, abandonment, ResultPublisher(bus, lambda: bus.max_payload, config.metrics))
     models = ReadyModels(batching, hooks.observe)
     dispatcher = BatchDispatcher(worker, settler, models.forget, config.worker_id, stream.nak_delay_s, config.tracing)
     # The stages, joined by bounded channels.
@@ -143,7 +147,11 @@ def build_pipeline(
 
     preparer = Preparer(executor, prepared, preparation_failed, settler.live, payloads, config.tracing)
     scheduler = Scheduler(
-        dispatcher.dispatch, batching.max_batch_wait_s, config.max_inflight_batches, replicas=hooks.replicas
+        dispatcher.dispatch,
+        batching.max_batch_wait_s,
+        config.max_inflight_batches,
+        replicas=hooks.replicas,
+        metrics=config.metrics,
     )
     return Pipeline(
         admission, abandonment, settler, dispatcher, consumer, readiness, preparer, scheduler, admitted, ready, prepared
@@ -181,13 +189,15 @@ class Sidecar:
         transport: Transport,
         worker: WorkerClient,
         settings: Settings,
-        observe: Observe | None = None,
-        replicas: Callable[[str], int] | None = None,
+        hooks: WorkerHooks | None = None,
         tracing: Tracing | None = None,
+        metrics: SidecarMetrics | None = None,
     ) -> Sidecar:
         """The sidecar of the lane named by SIE_POOL / SIE_MACHINE_PROFILE / SIE_BUNDLE."""
         lane = Lane(settings.lane.pool, settings.lane.machine_profile, settings.lane.bundle)
-        return cls(transport, worker, lane, SidecarConfig.from_settings(settings, tracing), observe, replicas)
+        hooks = hooks or WorkerHooks()
+        config = SidecarConfig.from_settings(settings, tracing, metrics)
+        return cls(transport, worker, lane, config, hooks.observe, hooks.replicas)
 
     @property
     def pending(self) -> int:

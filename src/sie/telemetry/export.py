@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Mapping
 from typing import Final
 
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -33,17 +34,21 @@ def metrics_endpoint(settings: TelemetrySettings) -> str | None:
     return None
 
 
-def service_resource(settings: TelemetrySettings, default_name: str) -> Resource:
-    """service.name (OTEL_SERVICE_NAME, else `default_name`), service.instance.id, host.name and process.pid,
-    then OTEL_RESOURCE_ATTRIBUTES, which may override any of them."""
-    attributes: dict[str, str | int] = {
+def service_resource(
+    settings: TelemetrySettings, default_name: str, attributes: Mapping[str, str] | None = None
+) -> Resource:
+    """service.name (OTEL_SERVICE_NAME, else `default_name`), service.instance.id, host.name, process.pid and
+    `attributes` (an in-process worker child's name and device), then OTEL_RESOURCE_ATTRIBUTES, which may override
+    any of them."""
+    resource: dict[str, str | int] = {
         "service.name": settings.service_name or default_name,
         "service.instance.id": _INSTANCE_ID,
         "host.name": socket.gethostname(),
         "process.pid": os.getpid(),
+        **(attributes or {}),
     }
-    attributes.update(dict(settings.resource_attributes))
-    return Resource(attributes)
+    resource.update(dict(settings.resource_attributes))
+    return Resource(resource)
 
 
 def otlp_metric_reader(settings: TelemetrySettings) -> PeriodicExportingMetricReader | None:

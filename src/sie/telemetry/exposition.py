@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 METRICS_PATH: Final = "/metrics"
 CONTENT_TYPE: Final = CONTENT_TYPE_PLAIN_0_0_4
 CHILD_TIMEOUT_S: Final = 2.0
+_TEXT: Final = "text/plain; charset=utf-8"
 # The resource description each process exports; the children's would repeat the parent's family.
 _SKIPPED_FAMILIES: Final = frozenset({"target_info"})
 
@@ -58,8 +59,10 @@ class MetricsEndpoint:
     async def handle(self, method: str, path: str, query: Mapping[str, str], body: bytes) -> MetricsReply | None:
         if path != METRICS_PATH:
             return None
+        if not self._telemetry.enabled:
+            return MetricsReply(404, _TEXT, b"metrics are off (SIE_METRICS_ENABLED=false)")
         if method != "GET":
-            return MetricsReply(405, "text/plain; charset=utf-8", b"method not allowed")
+            return MetricsReply(405, _TEXT, b"method not allowed")
         text = self._telemetry.prometheus_text()
         if self._children is not None:
             text += merged_children(await _fetch_all(list(self._children())))

@@ -81,7 +81,8 @@ class RequestMetricsMiddleware:
             self.metrics.request(_route(scope), self._model(scope), status, time.perf_counter() - started)
 
     def _model(self, scope: Scope) -> str:
-        model = scope.get("path_params", {}).get("model") or scope.get("state", {}).get(MODEL_STATE_KEY)
+        params = scope.get("path_params", {})
+        model = params.get("model") or params.get("model_id") or scope.get("state", {}).get(MODEL_STATE_KEY)
         return self.metrics.models(model) if isinstance(model, str) else OTHER
 
 

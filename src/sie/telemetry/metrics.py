@@ -14,7 +14,7 @@ wire strings cannot grow the label space. Why each metric exists is said where i
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -113,7 +113,12 @@ class Telemetry:
     config-sync instruments; the roles' recorders (`sie.telemetry.gateway`, `.sidecar`, `.worker`) create theirs
     on `meter`. With metrics disabled (SIE_METRICS_ENABLED=false) `meter` is a no-op and nothing is exported."""
 
-    def __init__(self, service_name: str = "sie", settings: TelemetrySettings | None = None) -> None:
+    def __init__(
+        self,
+        service_name: str = "sie",
+        settings: TelemetrySettings | None = None,
+        attributes: Mapping[str, str] | None = None,
+    ) -> None:
         settings = settings if settings is not None else TelemetrySettings()
         self.enabled = settings.metrics_enabled
         self._registry = CollectorRegistry(auto_describe=True)
@@ -124,7 +129,9 @@ class Telemetry:
             if push is not None:
                 readers.append(push)
             self._provider = MeterProvider(
-                metric_readers=readers, resource=service_resource(settings, service_name), shutdown_on_exit=False
+                metric_readers=readers,
+                resource=service_resource(settings, service_name, attributes),
+                shutdown_on_exit=False,
             )
             self.meter: Meter = self._provider.get_meter(METER_NAME)
         else:

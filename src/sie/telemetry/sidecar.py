@@ -21,13 +21,6 @@ TOKEN_BUCKETS: Final = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384
 FILL_BUCKETS: Final = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
-class BatchResult(enum.StrEnum):
-    """Whether a RunBatch call came back (`ok`; items may still have failed one by one) or failed whole."""
-
-    OK = "ok"
-    FAILED = "failed"
-
-
 class Admission(enum.StrEnum):
     """What the sidecar did with a delivery at admission (before tokenization)."""
 
@@ -61,13 +54,12 @@ class BatchRecord:
     """One dispatched batch: its model, size and timings in seconds."""
 
     model_id: str
-    items: int
     tokens: int  # padded cost: longest item × items (what the budget counts)
     fill: float  # the share of the batch's budget it used, of items or tokens whichever binds, 0-1
     queue_s: float  # from publish to dispatch, of the batch's oldest item
-    tokenization_s: float  # the longest item's tokenization
-    inference_s: float  # the worker's model time for the batch (0 when the call failed)
-    result: BatchResult = BatchResult.OK
+    tokenization_s: float  # the sidecar's tokenization of the batch's slowest item
+    round_trip_s: float  # the RunBatch call: IPC both ways and the worker's time
+    inference_s: float | None  # the worker's model time for the batch (None: the call failed)
 
 
 class SidecarMetrics:
@@ -75,7 +67,8 @@ class SidecarMetrics:
 
     def __init__(self, meter: Meter, models: ModelLabels | None = None) -> None:
         self._models = models if models is not None else ModelLabels()
-        # Batches by model and result: the dispatch rate, and IPC failures that NAK whole batches.
+        # Batches by model and whether the RunBatch call came back (`ok`; items may still fail one by one) or
+        # failed whole (its items NAKed): the dispatch rate and the IPC failures.
         self._batches = Tally(meter, "sie.worker.batches", "{batch}", "RunBatch calls by result.", ("model", "result"))
         # How deep batches are in the unit the budget counts (SIE_MAX_BATCH_TOKENS): padding shows here.
         self._tokens = _histogram(
@@ -92,6 +85,10 @@ class SidecarMetrics:
         )
         self._inference = _histogram(
             meter, "sie.worker.inference.duration", "s", "Model time of a batch on the worker.", SECONDS_BUCKETS
+        )
+        # The RunBatch call as the sidecar waits for it: its excess over inference is IPC and worker queueing.
+        self._round_trip = _histogram(
+            meter, "sie.worker.batch.duration", "s", "RunBatch round trip of a batch.", SECONDS_BUCKETS
         )
         # Deliveries refused for the per-model pending cap (SIE_MAX_PENDING_ITEMS): a lane fetching more than its
         # worker keeps up with.
@@ -110,13 +107,14 @@ class SidecarMetrics:
 
     def batch(self, record: BatchRecord) -> None:
         model = self._models(record.model_id)
-        self._batches.add((model, record.result.value))
+        self._batches.add((model, "failed" if record.inference_s is None else "ok"))
         labels = {"model": model}
         self._tokens.record(record.tokens, labels)
         self._fill.record(record.fill, labels)
         self._queue.record(record.queue_s, labels)
         self._tokenization.record(record.tokenization_s, labels)
-        if record.result is BatchResult.OK:
+        self._round_trip.record(record.round_trip_s, labels)
+        if record.inference_s is not None:
             self._inference.record(record.inference_s, labels)
 
     def admission(self, decision: Admission, items: int) -> None:
