@@ -48,10 +48,13 @@ $(PUBLIC_SDK_WHEEL): | $(BIN)/python
 run: run-setup
 	$(BIN)/sie run --role all
 
-# Debian tools the slow tests drive for real: headless chromium and its chromedriver (the status page).
+# Debian tools the slow tests drive for real: headless chromium and its chromedriver (the status page), and
+# prometheus with promtool (scraping /metrics).
 tools:
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver)
+	command -v prometheus >/dev/null && command -v promtool >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus)
 
 test: setup lint tools
 	$(BIN)/pytest $(PYTEST_ARGS)
