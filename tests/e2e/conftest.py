@@ -21,6 +21,18 @@ profiles:
   default: {adapter_path: 'sie.adapters.dense:OnnxDenseAdapter', max_batch_tokens: 1024}
 """
 SDK_WHEEL = REPO / ".cache" / "wheels" / "sie_sdk-0.10.1-py3-none-any.whl"
+MATRYOSHKA = "acme/minilm-matryoshka"
+
+
+def matryoshka_variant() -> str:
+    """all-MiniLM-L6-v2 served as `acme/minilm-matryoshka`, its dense vector declared truncatable (OpenAI
+    `dimensions`): the weights are not Matryoshka-trained, but truncation and re-normalisation are the same."""
+    text = (REPO / "config" / "models" / "sentence-transformers__all-MiniLM-L6-v2.yaml").read_text()
+    renamed = text.replace("sie_id: sentence-transformers/all-MiniLM-L6-v2", f"sie_id: {MATRYOSHKA}")
+    declared = renamed.replace("    dense:\n      dim: 384\n", "    dense:\n      dim: 384\n      matryoshka: true\n")
+    if declared.count("matryoshka: true") != 1 or MATRYOSHKA not in declared:
+        raise RuntimeError("the MiniLM model YAML changed shape; update matryoshka_variant")
+    return declared
 
 
 @pytest.fixture(scope="session")
@@ -30,6 +42,7 @@ def all_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     models = root / "models"
     shutil.copytree(REPO / "config" / "models", models)
     (models / "acme__ghost.yaml").write_text(GHOST_MODEL)
+    (models / "acme__minilm-matryoshka.yaml").write_text(matryoshka_variant())
     port = free_port()
     args = ["--host", "127.0.0.1", "--port", str(port), "--preload", "sentence-transformers/all-MiniLM-L6-v2"]
     server = RoleProcess("all", args, {"SIE_MODELS_DIR": str(models)}, root / "server.log")

