@@ -1,7 +1,7 @@
 """An OTLP/HTTP receiver on loopback, as a collector would be: it accepts protobuf exports (gzip or plain), decodes
 them with the collector's own messages from `opentelemetry-proto`, answers as the OTLP specification says, and keeps
 what it received for tests to read. Every signal's export is accepted and counted; traces are decoded into
-`ReceivedSpan`s (a signal whose content a test reads gets its own decoder beside `decode_traces`).
+`ReceivedSpan`s and metrics into `ReceivedPoint`s (a signal whose content a test reads gets its own decoder).
 """
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import attrs
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 TRACES_PATH = "/v1/traces"
-SIGNAL_PATHS = (TRACES_PATH, "/v1/metrics", "/v1/logs")
+METRICS_PATH = "/v1/metrics"
+SIGNAL_PATHS = (TRACES_PATH, METRICS_PATH, "/v1/logs")
 # Every Export*ServiceResponse without a partial success is the empty message, serialized as no bytes.
 FULL_SUCCESS = b""
 PROTOBUF = "application/x-protobuf"
@@ -79,18 +81,61 @@ def decode_traces(body: bytes) -> list[ReceivedSpan]:
     return spans
 
 
+@attrs.frozen
+class ReceivedPoint:
+    """One exported metric data point: the instrument's name and unit, its attributes, the value (a sum's or a
+    gauge's; a histogram's count, with `total` its sum) and the resource attributes of the process that sent it."""
+
+    name: str
+    unit: str
+    attributes: dict[str, Any]
+    value: float
+    resource: dict[str, Any]
+    total: float | None = None
+
+    @property
+    def service(self) -> str:
+        return str(self.resource.get("service.name", ""))
+
+
+def decode_metrics(body: bytes) -> list[ReceivedPoint]:
+    """Every data point of one ExportMetricsServiceRequest (sums, gauges and histograms)."""
+    request = ExportMetricsServiceRequest.FromString(body)
+    points = []
+    for resource_metrics in request.resource_metrics:
+        resource = _attributes(resource_metrics.resource.attributes)
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                kind = metric.WhichOneof("data")
+                for point in getattr(metric, kind).data_points:
+                    if kind == "histogram":
+                        value, total = float(point.count), point.sum
+                    else:
+                        value, total = float(getattr(point, point.WhichOneof("value"))), None
+                    attributes = _attributes(point.attributes)
+                    points.append(ReceivedPoint(metric.name, metric.unit, attributes, value, resource, total))
+    return points
+
+
 class OtlpReceiver:
-    """Received exports by path (`posts`) and the decoded spans (`spans()`); safe to read while exports arrive."""
+    """Received exports by path (`posts`), the decoded spans (`spans()`) and metric points (`points()`); safe to read
+    while exports arrive."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.posts: dict[str, int] = {}
         self._spans: list[ReceivedSpan] = []
+        self._points: list[ReceivedPoint] = []
         self.url = ""
 
     def spans(self) -> list[ReceivedSpan]:
         with self._lock:
             return list(self._spans)
+
+    def points(self) -> list[ReceivedPoint]:
+        """Every metric data point received so far, in arrival order (cumulative values: the last is the latest)."""
+        with self._lock:
+            return list(self._points)
 
     def post_count(self, path: str = TRACES_PATH) -> int:
         """Exports received on `path`."""
@@ -102,9 +147,11 @@ class OtlpReceiver:
         if path not in SIGNAL_PATHS:
             return None
         spans = decode_traces(body) if path == TRACES_PATH else []
+        points = decode_metrics(body) if path == METRICS_PATH else []
         with self._lock:
             self.posts[path] = self.posts.get(path, 0) + 1
             self._spans.extend(spans)
+            self._points.extend(points)
         return FULL_SUCCESS
 
 

@@ -1,0 +1,143 @@
+"""`/metrics` of real processes as an operator's tools see it: a real Prometheus scraping a distributed deployment's
+gateway and sidecar probe port (the sidecar merging its worker child's series) watches the series move under
+traffic; `promtool check metrics` passes on the gateway's, the sidecar's, the config service's and the `all` role's
+exposition; the `all` role pushes the same instruments over OTLP/HTTP to a collector, with the configured resource.
+Marked slow: real processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from support.cluster import MINILM, Cluster, serving_cluster
+from support.otlp import OtlpReceiver, ReceivedPoint, otlp_receiver
+from support.polling import holds_within
+from support.prometheus import Prometheus, prometheus, promtool_problems
+from support.servers import RoleProcess, free_port
+
+pytestmark = pytest.mark.slow
+
+ENCODE_ROUTE = "/v1/encode/{model:path}"
+WAIT_S = 60.0
+
+
+def _encode(url: str, text: str = "a sentence to count") -> None:
+    response = httpx.post(f"{url}/v1/encode/{MINILM}", json={"items": [{"text": text}]}, timeout=60)
+    assert response.status_code == 200, response.text
+
+
+def _host_port(url: str) -> str:
+    return url.removeprefix("http://")
+
+
+def _rises_to(server: Prometheus, expr: str, at_least: float, logs: str) -> None:
+    if not holds_within(lambda: server.total(expr) >= at_least, WAIT_S, interval_s=0.5):
+        raise AssertionError(f"{expr} stayed at {server.total(expr)}, expected >= {at_least}\n{server.log()}\n{logs}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with serving_cluster(tmp_path_factory.mktemp("metrics-cluster")) as deployment:
+        yield deployment
+
+
+def test_prometheus_sees_the_gateway_and_sidecar_series_move_under_traffic(cluster: Cluster, tmp_path: Path) -> None:
+    targets = {"gateway": _host_port(cluster.url), "sidecar": _host_port(cluster.probe_url)}
+    with prometheus(tmp_path, targets) as server:
+        _rises_to(server, 'up{job=~"gateway|sidecar"}', 2, cluster.logs())
+        encode = f'sie_gateway_requests_total{{job="gateway",route="{ENCODE_ROUTE}",model="{MINILM}",status="200"}}'
+        batches = f'sie_worker_batches_total{{job="sidecar",model="{MINILM}",result="ok"}}'
+        _rises_to(server, encode, 1, cluster.logs())  # the cluster's readiness pings are in already
+        requests_before, batches_before = server.total(encode), server.total(batches)
+        for index in range(5):
+            _encode(cluster.url, f"sentence number {index}")
+        _rises_to(server, encode, requests_before + 5, cluster.logs())
+        _rises_to(server, batches, batches_before + 1, cluster.logs())
+        admitted = 'sie_gateway_admission_decisions_total{job="gateway",decision="admitted"}'
+        _rises_to(server, admitted, requests_before + 5, cluster.logs())
+        latency = f'sie_gateway_request_duration_seconds_count{{job="gateway",route="{ENCODE_ROUTE}"}}'
+        _rises_to(server, latency, requests_before + 5, cluster.logs())
+        # The worker child's own series, fetched by the sidecar over IPC and labelled with its name and device.
+        loaded = f'sie_worker_model_loads_total{{job="sidecar",worker="worker-0",device="cpu",model="{MINILM}"}}'
+        _rises_to(server, loaded, 1, cluster.logs())
+        _rises_to(server, 'sie_worker_ipc_bytes_total{job="sidecar",direction="received"}', 1, cluster.logs())
+        _rises_to(server, 'sie_nats_connected{job=~"gateway|sidecar"}', 2, cluster.logs())
+        lane = 'sie_gateway_lane_queue_depth{job="gateway",pool="default"}'
+        if not holds_within(lambda: bool(server.query(lane)), WAIT_S, interval_s=0.5):
+            raise AssertionError(f"no lane queue depth series\n{server.log()}")
+
+
+def test_gateway_and_sidecar_exposition_passes_promtool(cluster: Cluster) -> None:
+    _encode(cluster.url)
+    for url in (cluster.url, cluster.probe_url):
+        response = httpx.get(f"{url}/metrics", timeout=30)
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+        assert promtool_problems(response.text) == "", url
+
+
+def test_config_service_exposition_counts_its_requests_and_passes_promtool(tmp_path: Path) -> None:
+    port = free_port()
+    server = RoleProcess("config", ["--host", "127.0.0.1", "--port", str(port)], {}, tmp_path / "config.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        server.wait_http_ready(f"{url}/readyz")
+        assert httpx.get(f"{url}/v1/configs/models/{MINILM}", timeout=10).status_code == 200
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+    finally:
+        server.stop()
+    assert promtool_problems(text) == ""
+    route = "/v1/configs/models/{model_id:path}"
+    assert f'sie_config_requests_total{{model="{MINILM}",route="{route}",status="200"}} 1.0' in text
+
+
+@contextmanager
+def _pushing_all_role(root: Path, receiver: OtlpReceiver) -> Iterator[tuple[RoleProcess, str]]:
+    port = free_port()
+    env = {
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": f"{receiver.url}/v1/metrics",
+        "OTEL_METRIC_EXPORT_INTERVAL": "200",
+        "OTEL_SERVICE_NAME": "sie-under-test",
+        "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=e2e,cloud.region=local",
+    }
+    args = ["--host", "127.0.0.1", "--port", str(port), "--preload", MINILM]
+    server = RoleProcess("all", args, env, root / "all.log")
+    try:
+        server.wait_http_ready(f"http://127.0.0.1:{port}/readyz")
+        yield server, f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+def _latest(points: list[ReceivedPoint], name: str, **attributes: str) -> ReceivedPoint | None:
+    matching = [p for p in points if p.name == name and attributes.items() <= p.attributes.items()]
+    return matching[-1] if matching else None
+
+
+def test_all_role_pushes_its_instruments_over_otlp_and_its_exposition_passes_promtool(tmp_path: Path) -> None:
+    with otlp_receiver() as receiver, _pushing_all_role(tmp_path, receiver) as (server, url):
+        for index in range(3):
+            _encode(url, f"pushed sentence {index}")
+        text = httpx.get(f"{url}/metrics", timeout=30).text
+        assert promtool_problems(text) == ""
+        requests = {"route": ENCODE_ROUTE, "model": MINILM, "status": "200"}
+
+        def pushed() -> bool:
+            point = _latest(receiver.points(), "sie.gateway.requests", **requests)
+            return point is not None and point.value >= 3
+
+        if not holds_within(pushed, WAIT_S, interval_s=0.2):
+            raise AssertionError(f"no pushed request count of 3: {receiver.posts}\n{server.log()}")
+        points = receiver.points()
+        request = _latest(points, "sie.gateway.requests", **requests)
+        assert request is not None and request.service == "sie-under-test"
+        assert request.resource["deployment.environment"] == "e2e" and request.resource["cloud.region"] == "local"
+        duration = _latest(points, "sie.gateway.request.duration", **requests)
+        assert duration is not None and duration.unit == "s" and duration.value >= 3
+        # The worker child pushes its own series with its name and device as resource attributes.
+        load = _latest(points, "sie.worker.model.loads", model=MINILM, outcome="loaded")
+        assert load is not None and load.resource["sie.worker"] == "worker-0" and load.resource["sie.device"] == "cpu"
