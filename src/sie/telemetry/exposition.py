@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Final
 
 import attrs
+import orjson
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import Metric
@@ -26,7 +27,6 @@ logger = logging.getLogger(__name__)
 METRICS_PATH: Final = "/metrics"
 CONTENT_TYPE: Final = CONTENT_TYPE_PLAIN_0_0_4
 CHILD_TIMEOUT_S: Final = 2.0
-_TEXT: Final = "text/plain; charset=utf-8"
 # The resource description each process exports; the children's would repeat the parent's family.
 _SKIPPED_FAMILIES: Final = frozenset({"target_info"})
 
@@ -60,13 +60,18 @@ class MetricsEndpoint:
         if path != METRICS_PATH:
             return None
         if not self._telemetry.enabled:
-            return MetricsReply(404, _TEXT, b"metrics are off (SIE_METRICS_ENABLED=false)")
+            return _refusal(404, "not_found", "metrics are off (SIE_METRICS_ENABLED=false)")
         if method != "GET":
-            return MetricsReply(405, _TEXT, b"method not allowed")
+            return _refusal(405, "method_not_allowed", f"{METRICS_PATH} answers GET, not {method}")
         text = self._telemetry.prometheus_text()
         if self._children is not None:
             text += merged_children(await _fetch_all(list(self._children())))
         return MetricsReply(200, CONTENT_TYPE, text)
+
+
+def _refusal(status: int, code: str, message: str) -> MetricsReply:
+    """A refusal in the `{"error": {"code", "message"}}` envelope of the placement surface sharing these ports."""
+    return MetricsReply(status, "application/json", orjson.dumps({"error": {"code": code, "message": message}}))
 
 
 async def _fetch_all(children: list[ChildSource]) -> list[tuple[ChildSource, str]]:
