@@ -33,6 +33,7 @@ from sie.transport.base import (
     Delivery,
     Lane,
     LaneConsumer,
+    LaneDepth,
     MaxDeliveriesAdvisory,
     Transport,
     TransportUnavailable,
@@ -510,3 +511,27 @@ async def test_publish_work_batch_queues_every_item_in_order(transport: Transpor
     assert [d.item.work_item_id for d in deliveries] == [item.work_item_id for item in items]
     for delivery in deliveries:
         await delivery.ack()
+
+
+# Lane depth (the gateway's lane queue series)
+
+
+async def test_lane_depth_counts_the_lanes_pending_and_unacknowledged_work(transport: Transport, lane: Lane) -> None:
+    assert await transport.lane_depth(lane) == LaneDepth()  # no stream, no consumer yet
+    consumer = await transport.consumer(lane)
+    other = Lane(lane.pool, "a100", lane.bundle)  # same pool stream, another lane: never counted here
+    await transport.consumer(other)
+    for _ in range(3):
+        await publish(transport, lane)
+    await publish(transport, other)
+
+    async def depth_is(expected: LaneDepth) -> bool:
+        return await transport.lane_depth(lane) == expected
+
+    await eventually(lambda: depth_is(LaneDepth(pending=3)), what="three pending items")
+    first, second = await consumer.fetch(2, LONG_WAIT_S)
+    await eventually(lambda: depth_is(LaneDepth(pending=1, ack_pending=2)), what="two delivered items")
+    await first.ack()
+    await eventually(lambda: depth_is(LaneDepth(pending=1, ack_pending=1)), what="one acknowledged item gone")
+    assert await transport.lane_depth(other) == LaneDepth(pending=1)
+    await second.ack()
