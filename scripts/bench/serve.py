@@ -12,7 +12,9 @@ With `--backend null` the worker runs no model and the table shows the items/s t
 sidecar → IPC path carries (32 clients × 32 items).
 Each topology runs once per `--http-server` (default both: rows `all/hypercorn: …`, `all/uvicorn: …`).
 `--compare-src` adds the `all` topology of another checkout (rows `before/all/…`), interleaved with this
-one's in the same rounds: a before/after comparison on one machine at one time.
+one's in the same rounds: a before/after comparison on one machine at one time. `--compare-arg` (repeatable) adds
+this checkout's `all` topology once more with extra `sie run` arguments (rows `compare/all/…`): a switch on vs off,
+e.g. `--compare-arg=--metrics-enabled --compare-arg=false`.
 The servers run in their own processes, the load generator in this one.
 """
 
@@ -128,6 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         help="`src/` of another checkout whose `all` topology runs beside this one's (rows `before/…`)",
     )
     parser.add_argument(
+        "--compare-arg",
+        action="append",
+        default=[],
+        help="extra `sie run` argument of a second `all` topology of this checkout (rows `compare/…`; repeatable)",
+    )
+    parser.add_argument(
         "--http-server",
         default="hypercorn,uvicorn",
         help="SIE_HTTP_SERVER of the topologies: hypercorn, uvicorn, or both comma-separated (default both)",
@@ -144,6 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare_src is not None:
         source = args.compare_src.resolve()
         topologies += [Topology("all", args.model, args.backend, args.server_arg, server, source) for server in servers]
+    compared = [
+        Topology("all", args.model, args.backend, [*args.server_arg, *args.compare_arg], server)
+        for server in servers
+        if args.compare_arg
+    ]
+    topologies += compared
     scenarios = null_scenarios if args.backend == "null" else model_scenarios
     try:
         for topology in topologies:
@@ -159,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                 label = topology.kind if len(servers) == 1 else f"{topology.kind}/{topology.http_server}"
                 if topology.source is not None:
                     label = f"before/{label}"
+                if topology in compared:
+                    label = f"compare/{label}"
                 measured.update({f"{label}: {name}": stats for name, stats in runs.items()})
             rounds.append(measured)
         report(rounds)
