@@ -1,5 +1,6 @@
-"""The access-log middleware and the JSON log format, driven through ASGI with httpx: one line per request with
-its fields, what the request path notes, escaping of caller-chosen values, failures, probes at DEBUG."""
+"""The access log (an observer of ObservedRequests) and the JSON log format, driven through ASGI with httpx: one line
+per request with its fields, what the request path notes, escaping of caller-chosen values, failures, probes at
+DEBUG."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import httpx
 import orjson
 import pytest
 
-from sie.telemetry.access import ACCESS_LOGGER, AccessLogMiddleware, Message, Receive, Scope, Send, note_request
+from sie.telemetry.access import ACCESS_LOGGER, log_access
 from sie.telemetry.logs import JsonFormatter, log_fields
+from sie.telemetry.requests import Message, ObservedRequests, Receive, Scope, Send, note_request
 
 
 async def _inference_app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -28,7 +30,7 @@ async def _inference_app(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 def _client(app: object = _inference_app) -> httpx.AsyncClient:
-    transport = httpx.ASGITransport(app=AccessLogMiddleware(app), client=("10.1.2.3", 4567))  # type: ignore[arg-type]
+    transport = httpx.ASGITransport(app=ObservedRequests(app, [log_access]), client=("10.1.2.3", 4567))  # type: ignore[arg-type]
     return httpx.AsyncClient(transport=transport, base_url="http://sie.test")
 
 
@@ -120,7 +122,7 @@ async def test_other_scopes_pass_through_unlogged(caplog: pytest.LogCaptureFixtu
     async def send(message: Message) -> None:
         return None
 
-    await AccessLogMiddleware(app)({"type": "lifespan"}, receive, send)
+    await ObservedRequests(app, [log_access])({"type": "lifespan"}, receive, send)
     assert seen == ["lifespan"]
     assert _access_records(caplog) == []
 

@@ -17,8 +17,8 @@ from starlette.routing import Route
 from sie.gateway.lane_depth import LaneDepths
 from sie.telemetry.exposition import CONTENT_TYPE, ChildSource, MetricsEndpoint
 from sie.telemetry.gateway import AdmissionDecision, GatewayMetrics
-from sie.telemetry.http import RequestMetricsMiddleware, note_model
 from sie.telemetry.metrics import OTHER, ModelLabels, Telemetry
+from sie.telemetry.requests import ObservedRequests, note_request
 from sie.telemetry.worker import LoadOutcome, WorkerMetrics
 from sie.transport.base import Lane, LaneDepth
 
@@ -83,11 +83,11 @@ async def test_requests_are_counted_by_route_template_model_and_status() -> None
         return PlainTextResponse("ok")
 
     async def embeddings(request: Request) -> Response:
-        note_model(request.scope, "org/known")
+        note_request(model="org/known")
         return PlainTextResponse("no", status_code=503)
 
     routes = [Route("/v1/encode/{model:path}", encode, methods=["POST"]), Route("/v1/embeddings", embeddings)]
-    app = Starlette(routes=routes, middleware=[Middleware(RequestMetricsMiddleware, metrics=metrics.http)])
+    app = Starlette(routes=routes, middleware=[Middleware(ObservedRequests, observers=[metrics.http.observe])])
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gateway") as client:
         assert (await client.post("/v1/encode/org/known")).status_code == 200
         assert (await client.post("/v1/encode/org/unknown-1")).status_code == 200

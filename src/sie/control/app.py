@@ -19,7 +19,9 @@ from sie.control.handlers import MAX_BODY_BYTES, ControlHandlers, json_response
 from sie.control.registry import ModelRegistry
 from sie.control.replies import error_reply
 from sie.control.writes import ConfigWriter
-from sie.telemetry.http import HttpMetrics, RequestMetricsMiddleware
+from sie.telemetry.access import log_access
+from sie.telemetry.http import HttpMetrics
+from sie.telemetry.requests import ObservedRequests, RequestObserver
 
 logger = logging.getLogger(__name__)
 PREFIX = "/v1/configs"
@@ -66,7 +68,8 @@ def build_control_app(
     """The config service app over an already-built writer and registry; `metrics` (when given) records every
     request, `extra_routes` (`/metrics`) are served beside the API."""
     handlers = ControlHandlers(writer, registry, policy, max_body_bytes)
-    middleware = [] if metrics is None else [Middleware(RequestMetricsMiddleware, metrics=metrics)]
+    observers: list[RequestObserver] = [log_access, *([metrics.observe] if metrics is not None else [])]
+    middleware = [Middleware(ObservedRequests, observers=observers)]
     app = Starlette(
         routes=[*_routes(handlers), *extra_routes],
         middleware=middleware,

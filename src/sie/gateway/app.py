@@ -34,10 +34,11 @@ from sie.gateway.service import InferenceService
 from sie.gateway.shutdown import ServingState, ShutdownMiddleware
 from sie.gateway.status import ModelStatusSource
 from sie.gateway.status_page import StatusPages, status_routes
-from sie.gateway.traffic import TrafficMiddleware, TrafficWindow
+from sie.gateway.traffic import TrafficWindow
 from sie.settings import GatewaySettings, LaneSettings
+from sie.telemetry.access import log_access
 from sie.telemetry.gateway import GatewayMetrics
-from sie.telemetry.http import RequestMetricsMiddleware
+from sie.telemetry.requests import ObservedRequests, RequestObserver
 from sie.telemetry.tracing import Tracing
 from sie.transport.base import Transport
 
@@ -139,8 +140,8 @@ def build_gateway_app(
             *status_routes(StatusPages(ClusterStatus(cluster, traffic), serving)),
         ],
         middleware=[
-            *_metrics_middleware(sources.metrics),  # outermost: it times what the client sees
-            Middleware(TrafficMiddleware, window=traffic),
+            # Outermost: it times what the client sees, auth refusals and drain 503s included.
+            Middleware(ObservedRequests, observers=_request_observers(sources.metrics, traffic)),
             Middleware(AuthMiddleware, auth=sources.auth),
             Middleware(ShutdownMiddleware, serving=serving),
         ],
@@ -159,8 +160,9 @@ def _known_machine_profiles(
     return lambda: {lane.machine_profile, *configured, *(worker.machine_profile for worker in status.workers())}
 
 
-def _metrics_middleware(metrics: GatewayMetrics | None) -> list[Middleware]:
-    return [] if metrics is None else [Middleware(RequestMetricsMiddleware, metrics=metrics.http)]
+def _request_observers(metrics: GatewayMetrics | None, traffic: TrafficWindow) -> list[RequestObserver]:
+    """Who hears of each answered request: the access log, the request metrics (when on), the status page."""
+    return [log_access, *([metrics.http.observe] if metrics is not None else []), traffic.observe]
 
 
 def serving_state(app: Starlette) -> ServingState:

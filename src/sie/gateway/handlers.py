@@ -31,7 +31,7 @@ from sie.gateway.service import InferenceService, Served
 from sie.gateway.shutdown import ServingState
 from sie.gateway.status import ModelStatusSource
 from sie.http.bodies import read_body
-from sie.telemetry.http import note_model
+from sie.telemetry.requests import note_request
 from sie.telemetry.tracing import GATEWAY_REQUEST, SpanKind, TraceHeaders, Tracing, trace_id_of
 from sie.wire.http import EncodeRequest, ExtractRequest, ScoreRequest
 
@@ -80,7 +80,7 @@ class InferenceHandlers:
         started = time.perf_counter()
         raw = await read_body(request, self._max_body_bytes)
         call = openai.parse_embeddings(decode_data(raw, request.headers.get("content-type")))
-        note_model(request.scope, call.model)  # the metrics' model label: this path names none
+        note_request(model=call.model)  # for the access line and the metrics: this path names no model
         served = await self._serve(
             request, functools.partial(self._service.embeddings, call, lane_hints(request)), call.model
         )

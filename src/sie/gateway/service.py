@@ -21,7 +21,7 @@ from sie.gateway.offload import PayloadOffload
 from sie.gateway.publisher import WorkPublisher, publish_error
 from sie.gateway.router import LaneHints, Route, Router
 from sie.gateway.workitems import Ticket
-from sie.telemetry.access import note_request
+from sie.telemetry.requests import note_request
 from sie.telemetry.tracing import TraceHeaders
 from sie.wire.http import EncodeParams, EncodeRequest, ExtractParams, ExtractRequest, ScoreRequest
 from sie.wire.queue import OPERATION_ENCODE, OPERATION_EXTRACT, OPERATION_SCORE, WorkItem, WorkResult

@@ -1,5 +1,6 @@
 """The gateway's recent inference traffic for the status page: a bounded ring of one-second buckets (requests,
-failures, latency sum and maximum) and the pure ASGI middleware that feeds it from the request path.
+failures, latency sum and maximum), fed by `TrafficWindow.observe`, an observer of the requests the gateway app
+times (`sie.telemetry.requests.ObservedRequests`).
 
 Recording is O(1) and allocation-free; nothing here exports metrics (telemetry/ does) or imports a web framework.
 """
@@ -7,16 +8,12 @@ Recording is O(1) and allocation-free; nothing here exports metrics (telemetry/ 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from typing import Any, Final
 
 import attrs
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from sie.telemetry.requests import RequestRecord, Scope
 
 # Five minutes of one-second buckets: what "the last minutes" on the status page shows.
 WINDOW_S: Final = 300
@@ -80,6 +77,11 @@ class TrafficWindow:
         self._latency_sum[slot] += latency_s
         self._latency_max[slot] = max(self._latency_max[slot], latency_s)
 
+    def observe(self, scope: Scope, record: RequestRecord, status: int, seconds: float) -> None:
+        """Count an answered inference request (a `RequestObserver`); a status of 400 or more is a failure."""
+        if is_inference_path(scope["path"]):
+            self.record(seconds, status >= 400)
+
     def series(self) -> TrafficSeries:
         """The last `seconds` whole seconds (the current, partial one left out so the newest rate is not low)."""
         now = int(self._clock())
@@ -96,30 +98,3 @@ class TrafficWindow:
 
 def is_inference_path(path: str) -> bool:
     return path == EMBEDDINGS_PATH or path.startswith(INFERENCE_PREFIXES)
-
-
-class TrafficMiddleware:
-    """Times every inference request, from its arrival to its last body byte, into `window`; a status of 400 or
-    more (or no answer at all) counts as failed."""
-
-    def __init__(self, app: ASGIApp, window: TrafficWindow) -> None:
-        self.app = app
-        self._window = window
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not is_inference_path(scope["path"]):
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 0
-
-        async def noting_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, noting_status)
-        finally:
-            self._window.record(time.perf_counter() - started, not 0 < status < 400)

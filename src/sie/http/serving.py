@@ -22,7 +22,6 @@ import hypercorn.config
 import uvicorn
 
 from sie.http.unread_body import CloseOnUnreadBody
-from sie.telemetry.access import AccessLogMiddleware
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +49,7 @@ async def serve_http(app: App, listener: HttpListener, stop: asyncio.Event) -> N
     except KeyError:
         raise ValueError(f"unknown HTTP server {listener.server!r}; expected one of {sorted(_SERVERS)}") from None
     logger.info("listening on http://%s:%d (%s)", listener.host, listener.port, listener.server)
-    # Outermost, so every answer gets its one access line: the app's error pages, auth refusals and drain 503s too.
-    await serve(AccessLogMiddleware(app), listener, stop)
+    await serve(app, listener, stop)
 
 
 async def serve_until_signalled(app: App, listener: HttpListener, on_shutdown: Callable[[], Awaitable[None]]) -> None:
