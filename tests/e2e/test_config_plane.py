@@ -15,24 +15,14 @@ import httpx
 import numpy as np
 import pytest
 
-from sie.catalog import dump_yaml, load_yaml
+from support.model_files import minilm_copy
 from support.nats_server import NatsServer
 from support.polling import holds_within
-from support.servers import REPO, RoleProcess, free_port
+from support.servers import RoleProcess, free_port
 
 pytestmark = pytest.mark.slow
 
 HELLO_WORLD_PREFIX = [-0.034477, 0.031023, 0.006735, 0.026109]
-
-
-def model_file(directory: Path, model_id: str) -> Path:
-    """A new model id over the baseline MiniLM weights (offline package), as an admin would write it."""
-    data = load_yaml((REPO / "config" / "models" / "sentence-transformers__all-MiniLM-L6-v2.yaml").read_text())
-    data["sie_id"] = model_id
-    data["profiles"] = {"default": data["profiles"]["default"]}
-    path = directory / f"{model_id.replace('/', '__')}.yaml"
-    path.write_text(dump_yaml(data))
-    return path
 
 
 def sie_config(*args: str) -> subprocess.CompletedProcess:
@@ -99,7 +89,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
 
 
 def test_apply_propagates_to_gateway_and_worker_and_serves(plane: ControlPlane) -> None:
-    path = model_file(plane.root, "acme/minilm-live")
+    path = minilm_copy(plane.root, "acme/minilm-live")
     applied = sie_config("apply", str(path), "--url", plane.config_url, "--idempotency-key", "k-1")
     assert applied.returncode == 0, applied.stderr
     assert '"created_profiles"' in applied.stdout
@@ -119,7 +109,7 @@ def test_apply_propagates_to_gateway_and_worker_and_serves(plane: ControlPlane) 
 
 def test_a_lost_delta_is_caught_up_by_the_poller(plane: ControlPlane) -> None:
     plane.restart_config(with_nats=False, with_store=True)  # writes now publish nothing
-    applied = sie_config("apply", str(model_file(plane.root, "acme/minilm-polled")), "--url", plane.config_url)
+    applied = sie_config("apply", str(minilm_copy(plane.root, "acme/minilm-polled")), "--url", plane.config_url)
     assert applied.returncode == 0, applied.stderr
     assert plane.gateway_knows("acme/minilm-polled")
 

@@ -16,7 +16,7 @@ import httpx
 import orjson
 import pytest
 
-from sie.catalog import dump_yaml, load_yaml
+from support.model_files import minilm_copy
 from support.nats_server import NatsServer
 from support.polling import holds_within
 from support.servers import REPO, RoleProcess, free_port
@@ -176,16 +176,6 @@ def test_json_logs_one_object_per_line_with_access_fields_and_eviction(tmp_path:
     assert evicted["bytes"] == events[("model_loaded", MINILM)]["bytes"]
     assert "evicted" in evicted["message"]
     assert "zebra-quartz" not in log
-
-
-def minilm_copy(directory: Path, model_id: str) -> Path:
-    """A new model id over the baseline MiniLM weights, as an admin would write it."""
-    data = load_yaml((REPO / "config" / "models" / "sentence-transformers__all-MiniLM-L6-v2.yaml").read_text())
-    data["sie_id"] = model_id
-    data["profiles"] = {"default": data["profiles"]["default"]}
-    path = directory / f"{model_id.replace('/', '__')}.yaml"
-    path.write_text(dump_yaml(data))
-    return path
 
 
 @pytest.fixture
