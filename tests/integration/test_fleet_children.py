@@ -21,11 +21,13 @@ import pytest
 from sie.gateway.app import GatewaySources, build_gateway_app
 from sie.http.handlers import plain_handler_routes
 from sie.placement.api import PATH_PREFIXES, PlacementApi
-from sie.roles.common import baseline_catalog, open_local_workers
+from sie.placement.metrics import PlacementCollector
+from sie.roles.common import baseline_catalog, metrics_routes, open_local_workers
 from sie.settings import LaneSettings, Settings, load_role_settings
 from sie.sidecar import Sidecar, WorkerHooks
 from sie.sidecar.children import ChildDirectory, LocalChildren, SocketChildren
 from sie.sidecar.fleet import WorkerFleet
+from sie.telemetry.metrics import Telemetry
 from sie.transport.loopback import LoopbackTransport
 from support.gateway_fakes import NoWorkers
 from support.polling import eventually
@@ -52,7 +54,12 @@ async def served(settings: Settings, directory: ChildDirectory) -> AsyncIterator
         )
         catalog = baseline_catalog(settings)
         sources = GatewaySources(lambda: catalog, transport, transport, NoWorkers())
-        routes = plain_handler_routes(PlacementApi(fleet).handle, PATH_PREFIXES)
+        telemetry = Telemetry()  # `/metrics` as the all role serves it: placement's series and the children's
+        telemetry.register(PlacementCollector(fleet.snapshot))
+        routes = [
+            *plain_handler_routes(PlacementApi(fleet).handle, PATH_PREFIXES),
+            *metrics_routes(telemetry, fleet.metric_sources),
+        ]
         app = build_gateway_app(sources, settings.gateway, LaneSettings(), "gw", extra_routes=routes)
         await stack.enter_async_context(app.router.lifespan_context(app))
         http = await stack.enter_async_context(

@@ -9,9 +9,13 @@ import asyncio
 import httpx
 import pytest
 
+from sie.http.plain import first_answer
 from sie.placement.api import PlacementApi
+from sie.placement.metrics import PlacementCollector
 from sie.placement.policy import ModelOverride
 from sie.sidecar.probes import ProbeServer
+from sie.telemetry.exposition import MetricsEndpoint
+from sie.telemetry.metrics import Telemetry
 from support.placement_fakes import BGE, FakeControl
 from support.polling import eventually
 
@@ -31,7 +35,10 @@ def control() -> FakeControl:
 
 @pytest.fixture()
 async def base(control: FakeControl):
-    async with ProbeServer(lambda: True, 0, HOST, routes=PlacementApi(control).handle, max_body_bytes=4096) as probes:
+    telemetry = Telemetry()  # `/metrics` as the sidecar serves it beside placement: placement's series included
+    telemetry.register(PlacementCollector(control.snapshot))
+    routes = first_answer(MetricsEndpoint(telemetry).handle, PlacementApi(control).handle)
+    async with ProbeServer(lambda: True, 0, HOST, routes=routes, max_body_bytes=4096) as probes:
         yield f"http://{HOST}:{probes.port}"
 
 

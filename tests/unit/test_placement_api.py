@@ -108,16 +108,9 @@ async def test_policy_lists_every_knob_with_model_overrides(control: FakeControl
     }
 
 
-@pytest.mark.parametrize("path", ["/", "/healthz", "/v1/placements", "/v1/encode/BAAI/bge-m3", "/metricsx"])
+@pytest.mark.parametrize("path", ["/", "/healthz", "/v1/placements", "/v1/encode/BAAI/bge-m3", "/metrics"])
 async def test_other_paths_are_not_placement_paths(api: PlacementApi, path: str) -> None:
     assert await api.handle("GET", path, {}, b"") is None
-
-
-async def test_metrics_text(api: PlacementApi) -> None:
-    response = await call(api, "GET", "/metrics")
-    assert response.status == 200
-    assert response.content_type == "text/plain; version=0.0.4; charset=utf-8"
-    assert b'sie_placement_model_replicas{model="BAAI/bge-m3"} 2.0' in response.body
 
 
 async def test_set_model_with_a_slashed_id(control: FakeControl, api: PlacementApi) -> None:
@@ -201,7 +194,7 @@ async def test_repack_outside_lpt_packing_is_a_conflict() -> None:
 
 
 @pytest.mark.parametrize(
-    "path", ["/v1/placement/", "/v1/placement/models/", "/v1/placement/models", "/v1/placement/nope", "/metrics/x"]
+    "path", ["/v1/placement/", "/v1/placement/models/", "/v1/placement/models", "/v1/placement/nope"]
 )
 async def test_unknown_placement_paths_are_404(api: PlacementApi, path: str) -> None:
     assert_error(await call(api, "GET", path), 404, "not_found", path)
@@ -216,7 +209,6 @@ async def test_unknown_placement_paths_are_404(api: PlacementApi, path: str) -> 
         ("GET", "/v1/placement/repack"),
         ("GET", f"/v1/placement/models/{BGE}"),
         ("DELETE", f"/v1/placement/models/{BGE}"),
-        ("POST", "/metrics"),
     ],
 )
 async def test_wrong_methods_are_405(api: PlacementApi, method: str, path: str) -> None:

@@ -1,6 +1,7 @@
 """The placement control surface (seed 002 "Runtime scheduling control" and "Observability") as one
 framework-free async handler: `GET /v1/placement`, `POST /v1/placement/models/{model}`,
-`POST /v1/placement/policy`, `POST /v1/placement/repack?wait=S` and `GET /metrics`.
+`POST /v1/placement/policy` and `POST /v1/placement/repack?wait=S` (placement's series are served on the role's
+`/metrics` by `sie.placement.metrics.PlacementCollector`).
 
 The sidecar's probe server and the `all` role's gateway app both serve `PlacementApi.handle`; this module knows
 neither and imports no web framework. Errors map to the `{"error": {"code", "message"}}` envelope in one place,
@@ -16,7 +17,6 @@ from typing import Any, Final, Protocol
 import attrs
 import orjson
 
-from sie.placement import metrics
 from sie.placement.policy import ModelOverride, PlacementPolicy, PolicyError
 from sie.placement.snapshot import ChildState, ModelPlacement, PlacementSnapshot, RepackRecord
 
@@ -24,9 +24,8 @@ PLACEMENT_PATH: Final = "/v1/placement"
 MODELS_PREFIX: Final = "/v1/placement/models/"
 POLICY_PATH: Final = "/v1/placement/policy"
 REPACK_PATH: Final = "/v1/placement/repack"
-METRICS_PATH: Final = "/metrics"
 # Every path this handler answers starts with one of these (a server mounts each prefix and `prefix/...`).
-PATH_PREFIXES: Final = (PLACEMENT_PATH, METRICS_PATH)
+PATH_PREFIXES: Final = (PLACEMENT_PATH,)
 
 JSON_CONTENT_TYPE: Final = "application/json"
 MAX_BODY_BYTES: Final = 64 * 1024
@@ -106,7 +105,6 @@ class PlacementApi:
 
     def __init__(self, control: PlacementControl) -> None:
         self._control = control
-        self._metrics = metrics.PlacementMetrics(control.snapshot)
 
     async def handle(self, method: str, path: str, query: Mapping[str, str], body: bytes) -> ApiResponse | None:
         """The answer to one request (a server passes HEAD as GET), or None when `path` is not a placement path."""
@@ -125,7 +123,6 @@ class PlacementApi:
             PLACEMENT_PATH: ("GET", self._status),
             POLICY_PATH: ("POST", self._set_policy),
             REPACK_PATH: ("POST", self._repack),
-            METRICS_PATH: ("GET", self._metrics_text),
         }
         if path.startswith(MODELS_PREFIX) and len(path) > len(MODELS_PREFIX):
             allowed, endpoint = "POST", self._set_model
@@ -139,9 +136,6 @@ class PlacementApi:
 
     async def _status(self, path: str, query: Mapping[str, str], body: bytes) -> ApiResponse:
         return json_response(200, snapshot_document(self._control.snapshot()))
-
-    async def _metrics_text(self, path: str, query: Mapping[str, str], body: bytes) -> ApiResponse:
-        return ApiResponse(200, metrics.CONTENT_TYPE, self._metrics.render())
 
     async def _set_model(self, path: str, query: Mapping[str, str], body: bytes) -> ApiResponse:
         model_id = path[len(MODELS_PREFIX) :]

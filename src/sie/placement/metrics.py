@@ -1,7 +1,8 @@
 """Prometheus exposition of placement (seed 002 "Observability"): every series is read from a snapshot callable at
 scrape time, so a scrape never lags a probe round and a child that hosts nothing simply stops being emitted.
 
-Each `PlacementMetrics` owns a private `CollectorRegistry`, never the global `REGISTRY`. Label values are worker
+`PlacementCollector` is registered on the role's telemetry registry (served on its `/metrics`), never the global
+`REGISTRY`. Label values are worker
 names, devices, configured model ids, repack triggers and the work basis: bounded by the pod's configuration,
 never taken from request strings.
 """
@@ -10,15 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from sie.placement.policy import ROUND_ROBIN
 from sie.placement.snapshot import BatchSizes, PlacementSnapshot
-
-CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 _REPLICA_LABELS = ("model", "worker", "device")
 _WORKER_LABELS = ("worker", "device")
@@ -37,18 +34,6 @@ class PlacementCollector:
         yield from _worker_families(snapshot)
         yield _repacks(snapshot)
         yield _batch_items(snapshot.batch_sizes)
-
-
-class PlacementMetrics:
-    """The `/metrics` text of one placement: a private registry holding one PlacementCollector."""
-
-    def __init__(self, snapshot: Callable[[], PlacementSnapshot]) -> None:
-        self._registry = CollectorRegistry()
-        self._registry.register(PlacementCollector(snapshot))
-
-    def render(self) -> bytes:
-        """The Prometheus text exposition (format 0.0.4, `CONTENT_TYPE`)."""
-        return generate_latest(self._registry)
 
 
 def _model_families(snapshot: PlacementSnapshot) -> tuple[Metric, ...]:
@@ -144,4 +129,4 @@ def _batch_items(batch_sizes: tuple[BatchSizes, ...]) -> Metric:
     return histogram
 
 
-__all__ = ["CONTENT_TYPE", "PlacementCollector", "PlacementMetrics"]
+__all__ = ["PlacementCollector"]
