@@ -6,7 +6,7 @@ import importlib.metadata
 
 import typer
 
-from sie.cli import catalog, config, dlq, models, placement, run
+from sie.cli import catalog, config, dlq, models, placement, pools, run
 
 app = typer.Typer(
     name="sie",
@@ -20,6 +20,7 @@ app.add_typer(models.app, name="models")
 app.add_typer(config.app, name="config")
 app.add_typer(placement.app, name="placement")
 app.add_typer(dlq.app, name="dlq")
+app.add_typer(pools.app, name="pools")
 app.command(
     name="run",
     help=run.RUN_HELP,

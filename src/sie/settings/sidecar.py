@@ -1,13 +1,14 @@
-"""The sidecar's probes, heartbeats and pull loop (seed 001), and the batch former it feeds (contracts B §5.1,
-§5.3; DESIGN §7). In `--role all` the same pull and batching values apply in-process. Gateways read the heartbeat
-period too: it sizes the first round of heartbeats they wait for before they say ready.
+"""The sidecar's probes, heartbeats, pull loop and pool admission gate (seed 001), and the batch former it feeds
+(contracts B §5.1, §5.3; DESIGN §7). In `--role all` the same pull and batching values apply in-process (the pool
+gate is the distributed sidecar's only). Gateways read the heartbeat period too: it sizes the first round of
+heartbeats they wait for before they say ready.
 """
 
 from __future__ import annotations
 
 import attrs
 
-from sie.settings._parsers import integer, milliseconds, seconds, text
+from sie.settings._parsers import http_url, integer, milliseconds, seconds, text
 from sie.settings._spec import Env, setting
 
 _PIPELINE_ROLES = ("sidecar", "all")
@@ -15,7 +16,7 @@ _PIPELINE_ROLES = ("sidecar", "all")
 
 @attrs.frozen
 class SidecarSettings:
-    """Probes, heartbeats, model-load holds and the JetStream pull loop of one lane's sidecar."""
+    """Probes, heartbeats, model-load holds, the JetStream pull loop and the pool gate of one lane's sidecar."""
 
     probe_host: str = setting(
         Env(
@@ -71,6 +72,42 @@ class SidecarSettings:
             read_by=("sie.sidecar.sidecar",),
         ),
         64,
+    )
+    gateway_url: str | None = setting(
+        Env(
+            "SIE_GATEWAY_URL",
+            http_url(),
+            "Base URL of a gateway (its Service) whose `GET /v1/pools` the sidecar polls for pool admission (seed "
+            "000 §16.3): work whose `admission_pool` names a logical pool that does not assign this worker is NAKed "
+            "for another worker. Unset: no gate, every item is admitted. Also `sie pools`' default `--gateway`.",
+            roles=("sidecar",),
+            read_by=("sie.sidecar.pool_admission", "sie.cli.pools"),
+        ),
+        None,
+    )
+    pool_poll_interval_s: float = setting(
+        Env(
+            "SIE_POOL_POLL_INTERVAL_S",
+            seconds(positive=True),
+            "Period of the pool admission gate's `GET /v1/pools` (with SIE_GATEWAY_URL); assignments a gateway "
+            "changes reach the sidecar within it.",
+            roles=("sidecar",),
+            read_by=("sie.sidecar.pool_admission",),
+        ),
+        10.0,
+    )
+    gateway_token: str | None = setting(
+        Env(
+            "SIE_GATEWAY_TOKEN",
+            text(),
+            "Bearer token the sidecar sends with `GET /v1/pools` (an inference token when the gateway runs "
+            "SIE_AUTH_MODE=token). Unset: none.",
+            flag=None,
+            secret=True,
+            roles=("sidecar",),
+            read_by=("sie.sidecar.pool_admission",),
+        ),
+        None,
     )
 
 

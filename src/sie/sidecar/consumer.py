@@ -1,7 +1,8 @@
 """The lane consumer, the first stage: fetches deliveries in a loop (as many as admission has room for, with
 a fetch timeout that is short while work flows and grows when idle), gives each its verdict, groups the rest
-by model, admits them, NAKs work for another config (the hash gate, seed 000 §2) and passes each group on to
-readiness. It never tokenizes and never waits on a batch.
+by model, NAKs work of a logical pool that does not assign this worker (the pool gate, seed 000 §16.3), admits
+the rest, NAKs work for another config (the hash gate, seed 000 §2) and passes each group on to readiness. It
+never tokenizes and never waits on a batch.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import attrs
 
 from sie.sidecar.admission import ADMISSION_NAK_DELAY_S, Admission
 from sie.sidecar.hashgate import WorkerHash
+from sie.sidecar.pool_admission import PoolGate
 from sie.sidecar.results import unknown_operation_result
 from sie.sidecar.settlement import Settler, Verdict, verdict
 from sie.sidecar.work import AdmittedGroup, Outbox, Work
@@ -71,11 +73,13 @@ def sort_deliveries(deliveries: list[Delivery], now: float) -> Sorted:
 
 @attrs.frozen
 class ConsumerOptions:
-    """Fetch size, the NAK delay of malformed deliveries, and the worker id stamped on direct replies."""
+    """Fetch size, the NAK delay of malformed or refused deliveries, the worker id stamped on direct replies, and
+    the pool admission gate (None: every item's pool is admitted)."""
 
     fetch_budget: int
     nak_delay_s: float
     worker_id: str
+    pools: PoolGate | None = None
 
 
 class Consumer:
@@ -97,6 +101,7 @@ class Consumer:
         self._out = out
         self._fetch_budget = max(1, options.fetch_budget)
         self._worker_id = options.worker_id
+        self._pools = options.pools
         self.nak_delay_s = options.nak_delay_s
         self._timeout = FetchTimeout()
         self._stopping = False
@@ -136,11 +141,22 @@ class Consumer:
                 [(w, unknown_operation_result(w.item, self._worker_id)) for w in batch.unknown_op]
             )
         for model_id, works in batch.by_model.items():
+            if self._pools is not None:
+                works = await self._pool_admitted(works)
             admitted, refused = self._admission.admit(model_id, works)
             if refused:
                 await self._settler.nak(refused, ADMISSION_NAK_DELAY_S)
             if admitted:
                 await self._pass_on(model_id, admitted)
+
+    async def _pool_admitted(self, works: list[Work]) -> list[Work]:
+        """The works whose pool assigns this worker; the others are NAKed for another worker of the lane."""
+        if self._pools is None:
+            return works
+        admitted, refused = self._pools.split(works)
+        if refused:
+            await self._settler.nak(refused, self.nak_delay_s)
+        return admitted
 
     async def _pass_on(self, model_id: str, works: list[Work]) -> None:
         """Abandoned work is ACK-dropped and deliveries for another config NAKed before any IPC for them; the

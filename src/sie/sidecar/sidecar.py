@@ -23,6 +23,7 @@ from sie.sidecar.consumer import Consumer, ConsumerOptions
 from sie.sidecar.dispatcher import BatchDispatcher
 from sie.sidecar.hashgate import WorkerHash
 from sie.sidecar.payloads import DEFAULT_FETCH_MAX_BYTES, PayloadResolver
+from sie.sidecar.pool_admission import PoolGate
 from sie.sidecar.prep import Preparer
 from sie.sidecar.publishing import ResultPublisher
 from sie.sidecar.readiness import Observe, Readiness, ReadinessOptions, ReadyModels
@@ -48,7 +49,8 @@ PREPARATION_LOOPS: Final = 2
 class SidecarConfig:
     """Everything a sidecar reads from settings, plus how many batches per model may run at once, the payload
     store offloaded work items are read from (None: `--role all`, or no SIE_PAYLOAD_STORE_URL), the process's
-    tracing (off unless given) and its metrics (none recorded unless given)."""
+    tracing (off unless given), its metrics (none recorded unless given) and its pool admission gate (None: no
+    SIE_GATEWAY_URL, every item admitted; the sidecar runs its polling while it runs)."""
 
     sidecar: SidecarSettings = attrs.Factory(SidecarSettings)
     batching: BatchingSettings = attrs.Factory(BatchingSettings)
@@ -59,6 +61,7 @@ class SidecarConfig:
     payload_fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES
     tracing: Tracing = attrs.Factory(Tracing.off)
     metrics: SidecarMetrics | None = None
+    pool_gate: PoolGate | None = None
 
     @classmethod
     def from_settings(
@@ -68,7 +71,7 @@ class SidecarConfig:
         return cls(
             settings.sidecar, settings.batching, settings.stream, settings.process.worker_id,
             payload_store=open_payload_store(payloads.store_url), payload_fetch_max_bytes=payloads.fetch_max_bytes,
-            tracing=tracing or Tracing.off(), metrics=metrics,
+            tracing=tracing or Tracing.off(), metrics=metrics, pool_gate=PoolGate.from_settings(settings, metrics),
         )  # fmt: skip
 
 
@@ -134,7 +137,7 @@ def build_pipeline(
     admitted: Channel[AdmittedGroup] = Channel(CHANNEL_GROUPS)
     ready: Channel[ReadyGroup] = Channel(CHANNEL_GROUPS)
     prepared: Channel[ReadyGroup] = Channel(CHANNEL_GROUPS)
-    options = ConsumerOptions(config.sidecar.fetch_budget, stream.nak_delay_s, config.worker_id)
+    options = ConsumerOptions(config.sidecar.fetch_budget, stream.nak_delay_s, config.worker_id, config.pool_gate)
     consumer = Consumer(lane, admission, settler, WorkerHash(worker), admitted, options)
     readiness_options = ReadinessOptions.from_settings(stream, config.sidecar, config.worker_id)
     readiness = Readiness(worker, settler, models, ready, readiness_options)
@@ -222,6 +225,8 @@ class Sidecar:
     async def __aenter__(self) -> Sidecar:
         stack = contextlib.AsyncExitStack()
         try:
+            if self.config.pool_gate is not None:  # polled once before the first fetch, then in the background
+                await stack.enter_async_context(self.config.pool_gate)
             lane_consumer = await self.transport.consumer(self.lane)
             threads = self.config.batching.tokenizer_threads
             executor = ThreadPoolExecutor(threads, thread_name_prefix="sie-tokenize")

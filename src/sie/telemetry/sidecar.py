@@ -26,6 +26,7 @@ class Admission(enum.StrEnum):
 
     ADMITTED = "admitted"
     REFUSED = "refused"  # over the per-model pending cap: NAKed for another worker
+    POOL_REFUSED = "pool_refused"  # its admission_pool does not assign this worker (seed 000 §16.3): NAKed
 
 
 class IpcDirection(enum.StrEnum):
@@ -91,7 +92,7 @@ class SidecarMetrics:
             meter, "sie.worker.batch.duration", "s", "RunBatch round trip of a batch.", SECONDS_BUCKETS
         )
         # Deliveries refused for the per-model pending cap (SIE_MAX_PENDING_ITEMS): a lane fetching more than its
-        # worker keeps up with.
+        # worker keeps up with; or by the pool admission gate: logical-pool work reaching a worker not assigned to it.
         self._admission = Tally(
             meter, "sie.worker.admission.decisions", "{item}", "Deliveries at admission.", ("decision",)
         )
