@@ -1,13 +1,14 @@
 """The sidecar's pool admission gate, its decisions alone (seed 000 §16.3, seed 001 "Pool Admission"): own-pool and
 pool-less work is admitted as without the gate; an uncapped logical pool on this lane's queue admits every worker, a
 capped one only its assigned workers; unknown pools, pools of another queue and, before the gateway ever answered,
-every logical pool are refused. `GET /v1/pools` documents are read leniently; the polling and the NAKs through a
-real broker are in tests/integration/test_sidecar_pool_admission.py."""
+every logical pool are refused. `GET /v1/pools` documents (the shape `sie.pools` writes) are read leniently; the
+polling and the NAKs through a real broker are in tests/integration/test_sidecar_pool_admission.py."""
 
 from __future__ import annotations
 
 import pytest
 
+from sie.pools import AssignedWorker, Pool, PoolSpec
 from sie.settings import SettingsError, load_role_settings
 from sie.sidecar import SidecarConfig
 from sie.sidecar.admission import Admission
@@ -174,3 +175,14 @@ def test_the_sidecar_role_builds_the_gate_from_its_settings() -> None:
     assert SidecarConfig.from_settings(load_role_settings(["--role", "sidecar"], {})).pool_gate is None
     with pytest.raises(SettingsError, match="SIE_GATEWAY_URL"):
         load_role_settings(["--role", "all"], {"SIE_GATEWAY_URL": "http://gateway.sie:8080"})
+
+
+def test_the_gate_reads_the_shape_sie_pools_writes() -> None:
+    """The gateway renders pools with `Pool.to_json`; the gate reads that document, not only the stand-in's."""
+    worker = AssignedWorker(name=ME, machine_profile="l4", bundle="default", gpus=1)
+    spec = PoolSpec(name="acme", queue_pool="gold", gpus={"l4": 2}, gpu_caps={"l4": 1}, ttl_seconds=60.0)
+    pool = Pool(spec=spec, created_at=0.0, last_renewed=0.0, expires_at=60.0, assigned_workers=(worker,))
+    view = parse_pools({"pools": [pool.to_json(0.0)]})
+    assert view == {"acme": PoolView("acme", "gold", capped=True, assigned=frozenset({ME}))}
+    assert refusal("acme", "gold", ME, view) is None
+    assert refusal("acme", "gold", OTHER, view) is Refusal.NOT_ASSIGNED
