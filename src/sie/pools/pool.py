@@ -119,6 +119,8 @@ class Pool:
                 assigned_workers=tuple(_worker_from_json(worker) for worker in status.get("assigned_workers") or ()),
                 protected=data.get("protected", False) is True,
             )
+        except InvalidPoolError as exc:
+            raise InvalidPoolError(f"malformed pool JSON: {exc.message}") from exc
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InvalidPoolError(f"malformed pool JSON: {type(exc).__name__}: {exc}") from exc
 

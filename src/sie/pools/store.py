@@ -22,8 +22,9 @@ from sie.wire import DecodeError, dumps_json, loads_json
 
 logger = logging.getLogger(__name__)
 
-# Compare-and-set attempts of one store call; each lost attempt means another writer changed the pool meanwhile.
-MAX_WRITE_ATTEMPTS: Final = 16
+# Compare-and-set attempts of one store call. Each lost attempt means another writer's write landed meanwhile, so
+# a call among N concurrent writers of one pool needs at most N attempts: this bounds gateways x writers per pool.
+MAX_WRITE_ATTEMPTS: Final = 64
 
 Clock = Callable[[], float]
 

@@ -56,9 +56,10 @@ class StreamSettings:
         Env(
             "SIE_STREAM_STORAGE",
             choice("memory", "file"),
-            "Storage of the work streams; an existing stream keeps its own (warned).",
+            "Storage of the work streams and the gateways' `SIE_POOLS` bucket; an existing stream or bucket keeps "
+            "its own (a stream's is warned about).",
             roles=("gateway", "sidecar"),
-            read_by=("sie.transport.nats.streams",),
+            read_by=("sie.transport.nats.streams", "sie.transport.nats.kv"),
         ),
         "memory",
     )
@@ -66,9 +67,9 @@ class StreamSettings:
         Env(
             "SIE_STREAM_REPLICAS",
             integer(minimum=1),
-            "Replica count of the streams on a clustered NATS.",
+            "Replica count of the streams and the `SIE_POOLS` bucket on a clustered NATS.",
             roles=("gateway", "sidecar"),
-            read_by=("sie.transport.nats.streams",),
+            read_by=("sie.transport.nats.streams", "sie.transport.nats.kv"),
         ),
         1,
     )

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
 from sie.catalog.names import work_subject_pool
+from sie.pools import KeyValue
 from sie.wire.queue import ResultChunkV1, WorkItem, WorkResult
 
 # The ACKs of one request's published items are awaited together, for at most this long (seed 000 §8.2).
@@ -175,6 +176,14 @@ class Transport(WorkQueue, MessageBus, Protocol):
 
     def dead_letters(self) -> DeadLetterStore:
         """Where this transport keeps work that used every delivery (`DEAD_LETTERS` on a broker)."""
+
+
+@runtime_checkable
+class KeyValueBuckets(Protocol):
+    """A transport that also keeps key-value buckets (NATS: JetStream KV), where gateways share their pools."""
+
+    def key_value(self, bucket: str) -> KeyValue:
+        """The bucket named `bucket`, opened (or created) on first use."""
 
 
 def pool_of(subject: str) -> str:

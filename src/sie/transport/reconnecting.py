@@ -6,9 +6,9 @@ without a restart.
 manager) and enters it in a task started on enter; a failed attempt is retried after a backoff doubling from 0.5 s
 to 10 s. Until it is connected, publishes, `pending`, `has_consumer` and `flush` raise TransportUnavailable;
 subscriptions are recorded and made on connect, before anything else may use the inner transport; a lane consumer
-attaches on its first fetch after connect; the dead letters answer once connected. Once connected, the inner
-transport's own reconnect logic takes over (nats-py re-establishes subscriptions across reconnects). Exit cancels
-the task and closes the inner transport.
+attaches on its first fetch after connect; the dead letters and key-value buckets answer once connected. Once
+connected, the inner transport's own reconnect logic takes over (nats-py re-establishes subscriptions across
+reconnects). Exit cancels the task and closes the inner transport.
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ from typing import Any, Final, Self
 
 import attrs
 
+from sie.pools import KeyValue, KeyValueEntry
 from sie.transport.base import (
     DeadLetter,
     DeadLetterStore,
     Delivery,
+    KeyValueBuckets,
     Lane,
     LaneConsumer,
     LaneDepth,
@@ -250,6 +252,10 @@ class ReconnectingTransport:
         """The inner transport's dead letters; each call raises TransportUnavailable until connected."""
         return _DeadLettersOnceConnected(self._current)
 
+    def key_value(self, bucket: str) -> KeyValue:
+        """The inner transport's key-value bucket `bucket`; each call raises TransportUnavailable until connected."""
+        return _KeyValueOnceConnected(self._current, bucket)
+
     async def _subscribe(self, subject: str, subscribe: Subscribe) -> Subscription:
         if self._inner is not None:
             return await subscribe(self._inner)
@@ -337,6 +343,35 @@ class _DeadLettersOnceConnected:
 
     async def purge(self) -> int:
         return await self._store("purge").purge()
+
+
+class _KeyValueOnceConnected:
+    """A key-value bucket of whichever inner transport is connected when asked."""
+
+    def __init__(self, current: Callable[[str], Transport], bucket: str) -> None:
+        self._current = current
+        self._bucket = bucket
+
+    def _opened(self, action: str) -> KeyValue:
+        inner = self._current(f"key-value bucket {self._bucket}: {action}")
+        if not isinstance(inner, KeyValueBuckets):
+            raise TransportError(f"{type(inner).__name__} keeps no key-value buckets")
+        return inner.key_value(self._bucket)
+
+    async def get(self, key: str) -> KeyValueEntry | None:
+        return await self._opened("get").get(key)
+
+    async def create(self, key: str, value: bytes) -> int | None:
+        return await self._opened("create").create(key, value)
+
+    async def update(self, key: str, value: bytes, revision: int) -> int | None:
+        return await self._opened("update").update(key, value, revision)
+
+    async def delete(self, key: str, revision: int | None = None) -> bool:
+        return await self._opened("delete").delete(key, revision)
+
+    async def keys(self) -> list[str]:
+        return await self._opened("keys").keys()
 
 
 __all__ = ["INITIAL_BACKOFF_S", "MAX_BACKOFF_S", "ReconnectingTransport", "TransportOpener"]

@@ -3,10 +3,12 @@ consumers, and core pub/sub for results and control messages; the only package t
 
 Modules: transport (lifecycle, the Transport methods), connection, streams (ensure + reconcile), work
 (publish_work, pending), consumer (pull fetch), delivery (settlement verbs), dead_letters (the
-DEAD_LETTERS stream), bus (pub/sub), scan (fast request-id scan), errors (nats-py -> TransportError), cache.
+DEAD_LETTERS stream), kv (the SIE_POOLS key-value bucket), bus (pub/sub), scan (fast request-id scan), errors
+(nats-py -> TransportError), cache.
 """
 
+from sie.transport.nats.kv import POOL_BUCKET, JetStreamKeyValue
 from sie.transport.nats.scan import peek_request_id
 from sie.transport.nats.transport import NatsTransport
 
-__all__ = ["NatsTransport", "peek_request_id"]
+__all__ = ["POOL_BUCKET", "JetStreamKeyValue", "NatsTransport", "peek_request_id"]

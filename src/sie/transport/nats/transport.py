@@ -30,6 +30,7 @@ from sie.transport.nats.cache import TtlCache
 from sie.transport.nats.connection import Connection
 from sie.transport.nats.consumer import LaneFetcher
 from sie.transport.nats.dead_letters import NatsDeadLetterStore
+from sie.transport.nats.kv import POOL_BUCKET, JetStreamKeyValue
 from sie.transport.nats.streams import StreamRegistry
 from sie.transport.nats.work import StreamPublisher
 from sie.wire.queue import WorkItem
@@ -68,6 +69,7 @@ class NatsTransport:
         self._entered = False
         self._exited = False
         self._dead_letters = NatsDeadLetterStore(lambda action: self._open(action).connection, self.settings)
+        self._key_values: dict[str, JetStreamKeyValue] = {}
 
     async def __aenter__(self) -> Self:
         if self._entered:
@@ -187,7 +189,18 @@ class NatsTransport:
         """The `DEAD_LETTERS` stream on this transport's connection (usable while the transport is open)."""
         return self._dead_letters
 
+    def key_value(self, bucket: str = POOL_BUCKET) -> JetStreamKeyValue:
+        """The JetStream KV bucket `bucket` on this transport's connection (opened, or created, on first use; usable
+        while the transport is open): a `sie.pools.KeyValue`."""
+        key_value = self._key_values.get(bucket)
+        if key_value is None:
+            key_value = self._key_values[bucket] = JetStreamKeyValue(self._connection, self.settings, bucket)
+        return key_value
+
     # internals
+
+    def _connection(self, action: str) -> Connection:
+        return self._open(action).connection
 
     def _open(self, action: str) -> _Parts:
         parts = self._parts
