@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from sie.gateway.app import GatewaySources, build_gateway_app
+from sie.gateway.publisher import QueueConsumers
 from sie.settings import BatchingSettings, GatewaySettings, LaneSettings, StreamSettings
 from sie.sidecar import Sidecar, SidecarConfig
 from sie.transport.base import Lane
@@ -45,7 +46,7 @@ async def client(baseline_catalog, load_model) -> AsyncIterator[httpx.AsyncClien
             LoopbackTransport(StreamSettings()) as transport,
             Sidecar(transport, service, lane, SidecarConfig()),
         ):
-            sources = GatewaySources(lambda: manager.catalog, transport, transport, NoWorkers())
+            sources = GatewaySources(lambda: manager.catalog, transport, QueueConsumers(transport), NoWorkers())
             app = build_gateway_app(sources, GatewaySettings(), LaneSettings(), "gw")
             async with (
                 app.router.lifespan_context(app),

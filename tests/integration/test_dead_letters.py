@@ -24,6 +24,7 @@ from sie.catalog.names import work_subject
 from sie.gateway.app import GatewaySources, build_gateway_app
 from sie.gateway.auth import GatewayAuth
 from sie.gateway.dead_letters import DeadLetterQueue
+from sie.gateway.publisher import QueueConsumers
 from sie.settings import BatchingSettings, GatewaySettings, LaneSettings, StreamSettings
 from sie.settings.messaging import NatsSettings
 from sie.sidecar import Sidecar, SidecarConfig
@@ -68,7 +69,9 @@ async def gateway_http(
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The gateway app over `transport` with its dead letters, driven in process over HTTP."""
     auth = GatewayAuth(admin_token=admin_token)
-    sources = GatewaySources(lambda: catalog, transport, transport, NoWorkers(), dead_letters=queue, auth=auth)
+    sources = GatewaySources(
+        lambda: catalog, transport, QueueConsumers(transport), NoWorkers(), dead_letters=queue, auth=auth
+    )
     app: Starlette = build_gateway_app(sources, GatewaySettings(), LaneSettings(), "gw-test")
     async with (
         app.router.lifespan_context(app),

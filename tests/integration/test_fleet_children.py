@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from sie.gateway.app import GatewaySources, build_gateway_app
+from sie.gateway.publisher import QueueConsumers
 from sie.http.handlers import plain_handler_routes
 from sie.placement.api import PATH_PREFIXES, PlacementApi
 from sie.placement.metrics import PlacementCollector
@@ -53,7 +54,7 @@ async def served(settings: Settings, directory: ChildDirectory) -> AsyncIterator
             Sidecar.from_settings(transport, fleet, settings, WorkerHooks(replicas=fleet.replicas))
         )
         catalog = baseline_catalog(settings)
-        sources = GatewaySources(lambda: catalog, transport, transport, NoWorkers())
+        sources = GatewaySources(lambda: catalog, transport, QueueConsumers(transport), NoWorkers())
         telemetry = Telemetry()  # `/metrics` as the all role serves it: placement's series and the children's
         telemetry.register(PlacementCollector(fleet.snapshot))
         routes = [

@@ -11,6 +11,7 @@ import httpx
 
 from sie.catalog import load_catalog
 from sie.gateway.app import GatewaySources, build_gateway_app, collector_of
+from sie.gateway.publisher import QueueConsumers
 from sie.settings import GatewaySettings, LaneSettings, StreamSettings
 from sie.settings.messaging import NatsSettings
 from sie.transport.base import Lane
@@ -35,7 +36,7 @@ async def test_a_refusal_in_the_ack_fails_the_request_at_once_and_cancels_it(nat
         cancels: list[str] = []
         await transport.subscribe("work_cancel.>", lambda subject, _: cancels.append(subject))
         app = build_gateway_app(
-            GatewaySources(lambda: catalog, transport, transport, NoWorkers()),
+            GatewaySources(lambda: catalog, transport, QueueConsumers(transport), NoWorkers()),
             GatewaySettings(request_timeout_s=timeout_s),
             LaneSettings(),
             "gw-ack",

@@ -24,6 +24,7 @@ from sie.catalog import Catalog
 from sie.gateway.app import GatewaySources, build_gateway_app
 from sie.gateway.auth import GatewayAuth
 from sie.gateway.dead_letters import DeadLetterQueue
+from sie.gateway.publisher import QueueConsumers
 from sie.http.handlers import plain_handler_routes
 from sie.http.serving import HttpListener, serve_http
 from sie.placement.api import PATH_PREFIXES, PlacementApi
@@ -80,8 +81,8 @@ async def gateway(catalog: Catalog, auth: GatewayAuth) -> AsyncIterator[httpx.As
     async with AsyncExitStack() as stack:
         transport = await stack.enter_async_context(LoopbackTransport(StreamSettings()))
         dead_letters = await stack.enter_async_context(DeadLetterQueue(transport, 5.0))
-        sources = GatewaySources(lambda: catalog, transport, transport, NoWorkers(), dead_letters=dead_letters,
-                                 auth=auth)  # fmt: skip
+        sources = GatewaySources(lambda: catalog, transport, QueueConsumers(transport), NoWorkers(),
+                                 dead_letters=dead_letters, auth=auth)  # fmt: skip
         placement = plain_handler_routes(PlacementApi(FakeControl()).handle, PATH_PREFIXES)
         app = build_gateway_app(sources, GatewaySettings(), LaneSettings(), "gw-auth", extra_routes=placement)
         await stack.enter_async_context(app.router.lifespan_context(app))
@@ -164,7 +165,7 @@ async def served(catalog: Catalog, auth: GatewayAuth, server_name: str) -> Async
     listener = HttpListener("127.0.0.1", free_port(), grace_s=5.0, server=server_name)
     stop = asyncio.Event()
     async with LoopbackTransport(StreamSettings()) as transport:
-        sources = GatewaySources(lambda: catalog, transport, transport, NoWorkers(), auth=auth)
+        sources = GatewaySources(lambda: catalog, transport, QueueConsumers(transport), NoWorkers(), auth=auth)
         app = build_gateway_app(sources, GatewaySettings(), LaneSettings(), "gw-ws", extra_routes=[echo_route()])
         server = asyncio.ensure_future(serve_http(app, listener, stop))
         try:

@@ -13,6 +13,7 @@ from sie.catalog import Catalog, load_yaml, parse_bundle, parse_model_config
 from sie.catalog.names import CONFIG_ALL_SUBJECT
 from sie.gateway.app import GatewaySources, build_gateway_app
 from sie.gateway.config_sync import ConfigState, ConfigSync
+from sie.gateway.publisher import QueueConsumers
 from sie.gateway.registry import WorkerRegistry
 from sie.settings import ConfigSyncSettings, GatewaySettings, LaneSettings
 from sie.transport.loopback import LoopbackTransport
@@ -209,7 +210,7 @@ async def test_status_suffix_on_an_unknown_model_is_a_plain_lookup(client: httpx
 async def test_plain_catalog_getter_has_no_workers_and_epoch_zero() -> None:
     fixed = catalog()
     async with LoopbackTransport() as transport:
-        sources = GatewaySources(lambda: fixed, transport, transport, NoWorkers())
+        sources = GatewaySources(lambda: fixed, transport, QueueConsumers(transport), NoWorkers())
         app = build_gateway_app(sources, GatewaySettings(), LaneSettings(), "gw-all")
         async with (
             app.router.lifespan_context(app),

@@ -20,6 +20,7 @@ import tiktoken
 
 from sie.catalog import Catalog, load_catalog, parse_bundle
 from sie.gateway.app import GatewaySources, build_gateway_app, collector_of, serving_state
+from sie.gateway.publisher import QueueConsumers
 from sie.gateway.status import LastError, WorkerSummary
 from sie.settings import GatewaySettings, LaneSettings, StreamSettings
 from sie.transport.base import Lane
@@ -127,7 +128,7 @@ class Gateway:
     async def __aenter__(self) -> Gateway:
         self._stack = AsyncExitStack()
         self.transport = await self._stack.enter_async_context(LoopbackTransport(self.stream))
-        sources = GatewaySources(lambda: self.catalog, self.transport, self.transport, self.status)
+        sources = GatewaySources(lambda: self.catalog, self.transport, QueueConsumers(self.transport), self.status)
         self.app = build_gateway_app(sources, self.settings, LaneSettings(), "gw-t")
         if self.with_worker:
             self.worker = await self._stack.enter_async_context(ScriptedWorker(self.transport))

@@ -15,6 +15,7 @@ import pytest
 
 from sie.catalog import load_catalog
 from sie.gateway.app import GatewaySources, build_gateway_app
+from sie.gateway.publisher import QueueConsumers
 from sie.http.serving import HttpListener, serve_http
 from sie.settings import GatewaySettings, LaneSettings
 from sie.transport.base import Lane
@@ -56,7 +57,7 @@ async def serving(server_name: str, answer_delay_s: float = 0.0) -> AsyncIterato
     listener = HttpListener("127.0.0.1", free_port(), grace_s=5.0, server=server_name)
     stop = asyncio.Event()
     async with LoopbackTransport() as transport:
-        sources = GatewaySources(lambda: catalog, transport, transport, NoWorkers())
+        sources = GatewaySources(lambda: catalog, transport, QueueConsumers(transport), NoWorkers())
         app = build_gateway_app(sources, GatewaySettings(), LaneSettings(), "gw-h")
         worker = asyncio.ensure_future(answer_forever(transport, answer_delay_s))
         server = asyncio.ensure_future(serve_http(app, listener, stop))

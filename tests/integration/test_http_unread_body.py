@@ -14,6 +14,7 @@ import pytest
 
 from sie.catalog import load_catalog
 from sie.gateway.app import GatewaySources, build_gateway_app
+from sie.gateway.publisher import QueueConsumers
 from sie.http.serving import HttpListener, serve_http
 from sie.settings import GatewaySettings, LaneSettings
 from sie.transport.loopback import LoopbackTransport
@@ -31,7 +32,7 @@ async def serving(server_name: str) -> AsyncIterator[int]:
     listener = HttpListener("127.0.0.1", free_port(), grace_s=5.0, server=server_name)
     stop = asyncio.Event()
     async with LoopbackTransport() as transport:
-        sources = GatewaySources(lambda: catalog, transport, transport, NoWorkers())
+        sources = GatewaySources(lambda: catalog, transport, QueueConsumers(transport), NoWorkers())
         app = build_gateway_app(sources, GatewaySettings(), LaneSettings(), "gw-unread")
         server = asyncio.ensure_future(serve_http(app, listener, stop))
         try:

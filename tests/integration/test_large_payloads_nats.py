@@ -26,6 +26,7 @@ import pytest
 from sie.catalog.names import work_subject
 from sie.gateway.app import GatewaySources, build_gateway_app, collector_of
 from sie.gateway.offload import PayloadOffload
+from sie.gateway.publisher import QueueConsumers
 from sie.settings import BatchingSettings, GatewaySettings, LaneSettings, StreamSettings
 from sie.settings.messaging import NatsSettings
 from sie.sidecar import Sidecar, SidecarConfig
@@ -98,7 +99,9 @@ class Deployment:
         self.transport = transport = await stack.enter_async_context(NatsTransport(settings, StreamSettings()))
         self.offload = PayloadOffload(self.store, lambda: transport.max_payload)
         stack.push_async_callback(self.offload.aclose)
-        sources = GatewaySources(lambda: self.catalog, transport, transport, NoWorkers(), offload=self.offload)
+        sources = GatewaySources(
+            lambda: self.catalog, transport, QueueConsumers(transport), NoWorkers(), offload=self.offload
+        )
         lane = LaneSettings(pool=LANE.pool, machine_profile=LANE.machine_profile, bundle=LANE.bundle)
         self.app = build_gateway_app(sources, GatewaySettings(request_timeout_s=60.0), lane, ROUTER)
         await stack.enter_async_context(self.app.router.lifespan_context(self.app))

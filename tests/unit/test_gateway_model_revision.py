@@ -8,6 +8,7 @@ import pytest
 
 from sie.catalog import Catalog, load_catalog
 from sie.gateway.headers import MODEL_REVISION, ResponseMetadata, model_revision, response_headers
+from sie.gateway.pools import PoolTarget
 from sie.gateway.router import LaneHints, Router, expected_bundle_config_hash
 from sie.gateway.workitems import Ticket, encode_work
 from sie.settings import LaneSettings
@@ -46,7 +47,9 @@ def test_the_hash_follows_the_catalogue_snapshot(catalog: Catalog) -> None:
 def test_a_scope_without_models_or_an_unknown_bundle_has_no_hash(catalog: Catalog) -> None:
     assert expected_bundle_config_hash(catalog, "no-such-bundle", "default") == ""
     assert expected_bundle_config_hash(catalog, "default", "gpu-pool-without-models") == ""
-    route = Router(lambda: catalog, LaneSettings()).route(MINILM, None, LaneHints(pool="elsewhere"))
+    route = Router(lambda: catalog, LaneSettings()).route(
+        MINILM, None, LaneHints(pool="elsewhere"), PoolTarget("elsewhere", "elsewhere")
+    )
     assert route.bundle_config_hash == ""
 
 
@@ -58,7 +61,7 @@ def test_every_work_item_is_stamped_and_legacy_is_absent(catalog: Catalog) -> No
     assert {item.bundle_config_hash for item in encode_work(route, ticket, request, ["dense"])} == {
         route.bundle_config_hash
     }
-    legacy = router.route(MINILM, None, LaneHints(pool="elsewhere"))
+    legacy = router.route(MINILM, None, LaneHints(pool="elsewhere"), PoolTarget("elsewhere", "elsewhere"))
     assert {item.bundle_config_hash for item in encode_work(legacy, ticket, request, ["dense"])} == {None}
 
 

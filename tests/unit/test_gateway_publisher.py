@@ -8,9 +8,10 @@ import pytest
 
 from sie.catalog import load_catalog
 from sie.gateway.errors import ProvisioningError, QueueFullError, QueueUnavailableError
-from sie.gateway.publisher import WorkPublisher
+from sie.gateway.publisher import LaneLimits, QueueConsumers, WorkPublisher
 from sie.gateway.router import LaneHints, Router
 from sie.gateway.workitems import Ticket, encode_work, extract_work, score_work
+from sie.pools import DemandTracker
 from sie.settings import LaneSettings, StreamSettings
 from sie.transport.base import Lane, NoConsumerError
 from sie.transport.loopback import LoopbackTransport
@@ -26,7 +27,9 @@ class Consumers:
     def __init__(self, *served: Lane) -> None:
         self.served = set(served)
 
-    async def has_consumer(self, lane: Lane) -> bool:
+    async def has_consumer(
+        self, lane: Lane, bundle_config_hash: str = "", workers: frozenset[str] | None = None
+    ) -> bool:
         return lane in self.served
 
 
@@ -41,32 +44,32 @@ async def test_whether_a_lane_is_served_is_the_consumers_answer_not_the_queues()
 async def test_no_consumer_is_provisioning() -> None:
     async with LoopbackTransport() as transport:
         with pytest.raises(ProvisioningError, match="pool 'default'"):
-            await WorkPublisher(transport, transport, 50_000, "gw").admit(LANE)
+            await WorkPublisher(transport, QueueConsumers(transport), 50_000, "gw").admit(LANE)
         await transport.consumer(LANE)
-        await WorkPublisher(transport, transport, 50_000, "gw").admit(LANE)
+        await WorkPublisher(transport, QueueConsumers(transport), 50_000, "gw").admit(LANE)
 
 
 async def test_pool_over_its_pending_limit_is_queue_full(catalog_route) -> None:
     async with LoopbackTransport() as transport:
         await transport.consumer(LANE)
-        publisher = WorkPublisher(transport, transport, 1, "gw")
+        publisher = WorkPublisher(transport, QueueConsumers(transport), 1, "gw")
         items = encode_work(catalog_route, ticket(), EncodeRequest(items=[Item(text="a"), Item(text="b")]), ["dense"])
-        await publisher.publish(catalog_route.subject, items)
+        await publisher.publish(catalog_route.lane, catalog_route.subject, items)
         with pytest.raises(QueueFullError, match="2 pending"):
-            await WorkPublisher(transport, transport, 1, "gw").admit(LANE)
+            await WorkPublisher(transport, QueueConsumers(transport), 1, "gw").admit(LANE)
 
 
 async def test_full_stream_is_queue_full_and_closed_transport_is_unavailable(catalog_route) -> None:
     transport = LoopbackTransport(StreamSettings(max_msgs=1))
     async with transport:
-        publisher = WorkPublisher(transport, transport, 50_000, "gw")
+        publisher = WorkPublisher(transport, QueueConsumers(transport), 50_000, "gw")
         items = encode_work(catalog_route, ticket(), EncodeRequest(items=[Item(text="a"), Item(text="b")]), ["dense"])
         with pytest.raises(QueueFullError):
-            await publisher.publish(catalog_route.subject, items)
+            await publisher.publish(catalog_route.lane, catalog_route.subject, items)
     with pytest.raises(QueueUnavailableError):
-        await publisher.publish(catalog_route.subject, items)
+        await publisher.publish(catalog_route.lane, catalog_route.subject, items)
     with pytest.raises(QueueUnavailableError):
-        await WorkPublisher(transport, transport, 50_000, "gw").admit(LANE)
+        await WorkPublisher(transport, QueueConsumers(transport), 50_000, "gw").admit(LANE)
 
 
 async def test_no_consumer_at_publish_is_provisioning(catalog_route) -> None:
@@ -77,7 +80,44 @@ async def test_no_consumer_at_publish_is_provisioning(catalog_route) -> None:
     publisher = WorkPublisher(NoConsumerQueue(), NoConsumerQueue(), 50_000, "gw")  # type: ignore[arg-type]
     items = encode_work(catalog_route, ticket(), EncodeRequest(items=[Item(text="a")]), ["dense"])
     with pytest.raises(ProvisioningError):
-        await publisher.publish(catalog_route.subject, items)
+        await publisher.publish(catalog_route.lane, catalog_route.subject, items)
+
+
+async def test_provisioning_records_demand_on_every_candidate_lane_and_a_publish_serves_its_own(catalog_route) -> None:
+    other = Lane("default", "l4", "default")
+    demand = DemandTracker(60.0)
+    async with LoopbackTransport() as transport:
+        publisher = WorkPublisher(transport, Consumers(), 50_000, "gw", demand=demand)
+        with pytest.raises(ProvisioningError):
+            await publisher.admit(LANE, demand_lanes=(LANE, other))
+        with pytest.raises(ProvisioningError):
+            await publisher.admit(LANE)
+        key = ("default", "default", "default")
+        assert demand.snapshot() == {key: 2, ("default", "l4", "default"): 1}
+        await transport.consumer(LANE)
+        items = encode_work(catalog_route, ticket(), EncodeRequest(items=[Item(text="a")]), ["dense"])
+        await publisher.publish(catalog_route.lane, catalog_route.subject, items)
+        assert demand.snapshot() == {("default", "l4", "default"): 1}  # only the lane served is cleared
+
+
+async def test_lane_in_flight_limit_counts_and_sheds_only_when_enforced() -> None:
+    demand = DemandTracker(60.0)
+    async with LoopbackTransport() as transport:
+        counted = WorkPublisher(transport, Consumers(LANE), 50_000, "gw", lane_limits=LaneLimits(3, enforce=False))
+        enforced = WorkPublisher(
+            transport, Consumers(LANE), 50_000, "gw", demand=demand, lane_limits=LaneLimits(3, enforce=True)
+        )
+        with enforced.in_flight(LANE, 2), counted.in_flight(LANE, 2):
+            await counted.admit(LANE, items=2)  # over the limit, but only counted
+            await enforced.admit(LANE, items=1)  # 2 + 1 fits
+            with pytest.raises(QueueFullError, match="2 work items in flight"):
+                await enforced.admit(LANE, items=2)
+            assert demand.snapshot() == {("default", "default", "default"): 1}
+        await enforced.admit(LANE, items=5)  # an empty lane takes any one request
+        with enforced.in_flight(LANE, 1):
+            pass
+        with enforced.in_flight(LANE, 3), pytest.raises(QueueFullError):
+            await enforced.admit(LANE, items=1)
 
 
 def test_request_ids_and_reply_subjects() -> None:

@@ -6,6 +6,7 @@ import pytest
 
 from sie.catalog import BundleConflictError, Catalog, ModelNotFoundError, load_catalog, parse_bundle
 from sie.gateway.errors import InvalidRequestError, MachineProfileNotConfiguredError
+from sie.gateway.pools import PoolTarget
 from sie.gateway.router import (
     LaneHints,
     Router,
@@ -81,14 +82,37 @@ def test_bundle_override_that_fits_is_accepted(router: Router) -> None:
 
 
 def test_machine_profile_header_may_carry_the_pool(router: Router) -> None:
-    route = router.route(MINILM, None, LaneHints(machine_profile="Team-A/L4"))
+    hints = LaneHints(machine_profile="Team-A/L4")
+    assert (hints.requested_pool(), hints.requested_machine_profile()) == ("Team-A", "L4")
+    route = router.route(MINILM, None, hints, PoolTarget("team-a", "team-a"))
     assert route.lane == Lane("team-a", "l4", "default")
     assert route.subject.startswith("sie.work.team-a.l4.default.")
+    assert route.admission_pool == "team-a"
 
 
-def test_explicit_pool_header_wins_over_the_machine_profile_prefix(router: Router) -> None:
-    route = router.route(MINILM, None, LaneHints(pool="pinned", machine_profile="other/l4"))
-    assert route.lane == Lane("pinned", "l4", "default")
+def test_explicit_pool_header_wins_over_the_machine_profile_prefix() -> None:
+    hints = LaneHints(pool="pinned", machine_profile="other/l4")
+    assert (hints.requested_pool(), hints.requested_machine_profile()) == ("pinned", "l4")
+    assert LaneHints().requested_pool() is None
+
+
+def test_a_logical_pool_publishes_on_its_queue_pool_and_stamps_itself_for_admission(router: Router) -> None:
+    route = router.route(MINILM, None, LaneHints(pool="acme"), PoolTarget("acme", "default", ("l4",)))
+    assert route.lane == Lane("default", "l4", "default")
+    assert route.subject.startswith("sie.work.default.l4.default.")
+    assert route.admission_pool == "acme"
+    assert route.demand_lanes == (route.lane,)
+    unnamed = router.route(MINILM, None, NO_HINTS)
+    assert unnamed.admission_pool is None
+
+
+def test_a_pool_of_several_profiles_wakes_each_when_the_request_names_none(router: Router) -> None:
+    target = PoolTarget("acme", "default", ("a100", "l4"))
+    route = router.route(MINILM, None, LaneHints(pool="acme"), target)
+    assert route.lane == Lane("default", "a100", "default")
+    assert route.demand_lanes == (Lane("default", "a100", "default"), Lane("default", "l4", "default"))
+    named = router.route(MINILM, None, LaneHints(pool="acme", machine_profile="l4"), target)
+    assert named.demand_lanes == (Lane("default", "l4", "default"),)
 
 
 def test_lane_defaults_come_from_settings(catalog: Catalog) -> None:
@@ -99,7 +123,7 @@ def test_lane_defaults_come_from_settings(catalog: Catalog) -> None:
 def test_only_configured_machine_profiles_may_be_named(catalog: Catalog) -> None:
     router = Router(lambda: catalog, LaneSettings(), configured_machine_profiles=("l4", "a100-80gb"))
     assert router.route(MINILM, None, LaneHints(machine_profile="L4")).lane.machine_profile == "l4"
-    assert router.route(MINILM, None, LaneHints(machine_profile="pool-b/a100-80gb")).lane.pool == "pool-b"
+    assert router.route(MINILM, None, LaneHints(machine_profile="pool-b/a100-80gb")).lane.machine_profile == "a100-80gb"
     assert router.route(MINILM, None, LaneHints()).lane.machine_profile == "default"  # no header: no check
     with pytest.raises(MachineProfileNotConfiguredError) as caught:
         router.route(MINILM, None, LaneHints(machine_profile="h100"))
@@ -107,8 +131,8 @@ def test_only_configured_machine_profiles_may_be_named(catalog: Catalog) -> None
 
 
 def test_invalid_lane_header_is_a_400(router: Router) -> None:
-    with pytest.raises(InvalidRequestError, match="Invalid pool 'bad.pool'"):
-        router.route(MINILM, None, LaneHints(pool="bad.pool"))
+    with pytest.raises(InvalidRequestError, match="Invalid machine profile 'bad.profile'"):
+        router.route(MINILM, None, LaneHints(machine_profile="bad.profile"))
 
 
 def test_routes_are_cached_per_catalog_snapshot(catalog: Catalog) -> None:

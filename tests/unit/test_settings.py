@@ -319,13 +319,13 @@ def test_a_role_refuses_flags_and_variables_it_does_not_read() -> None:
     with pytest.raises(SettingsError) as caught:
         load_role_settings(
             ["--role", "gateway", "--max-batch-requests", "3", "--bogus", "1"],
-            {"SIE_MODEL_CACHE": "/models", "SIE_POOL_STORE": "kubernetes", "HOSTNAME": "pod-1"},
+            {"SIE_MODEL_CACHE": "/models", "SIE_POOL_BACKEND": "kubernetes", "HOSTNAME": "pod-1"},
         )
     assert caught.value.problems == (
         "option --max-batch-requests does not apply to role 'gateway'; it is read by role sidecar, worker, all",
         "unknown option '--bogus'; docs/settings.md lists every option and the roles that read it",
         "SIE_MODEL_CACHE does not apply to role 'gateway' (it is read by role worker, all); unset it",
-        "SIE_POOL_STORE is not a setting of this version (a typo, or a feature not built yet); unset it",
+        "SIE_POOL_BACKEND is not a setting of this version (a typo, or a feature not built yet); unset it",
     )
 
 

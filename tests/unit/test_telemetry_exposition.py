@@ -15,8 +15,10 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from sie.gateway.lane_depth import LaneDepths
+from sie.gateway.scaling import LaneSignals
+from sie.pools import DemandTracker
 from sie.telemetry.exposition import CONTENT_TYPE, ChildSource, MetricsEndpoint
-from sie.telemetry.gateway import AdmissionDecision, GatewayMetrics
+from sie.telemetry.gateway import AdmissionDecision, GatewayMetrics, LaneDecision
 from sie.telemetry.metrics import OTHER, ModelLabels, Telemetry
 from sie.telemetry.requests import ObservedRequests, note_request
 from sie.telemetry.worker import LoadOutcome, WorkerMetrics
@@ -110,7 +112,9 @@ async def test_requests_are_counted_by_route_template_model_and_status() -> None
 
 async def test_lane_depths_refresh_and_keep_the_last_value_of_a_failed_read() -> None:
     telemetry = Telemetry()
-    metrics = GatewayMetrics(telemetry.meter, ModelLabels())
+    demand = DemandTracker(60.0)
+    signals = LaneSignals(demand, lambda: {("gpu", "l4", "default"): 2}, lambda: [])
+    GatewayMetrics(telemetry.meter, ModelLabels(), signals)
     healthy, flaky = Lane("default", "l4", "default"), Lane("default", "a100", "big")
     answers = {healthy: [LaneDepth(3, 2), LaneDepth(0, 1)], flaky: [LaneDepth(5, 0), None]}
 
@@ -120,7 +124,7 @@ async def test_lane_depths_refresh_and_keep_the_last_value_of_a_failed_read() ->
             raise TimeoutError("the broker did not answer")
         return answer
 
-    depths = LaneDepths(read, lambda: [healthy, flaky], metrics)
+    depths = LaneDepths(read, lambda: [healthy, flaky], signals.set_depths)
     depth = "sie_gateway_lane_queue_depth"
     key = {("pool", "default"), ("machine_profile", "l4"), ("bundle", "default")}
     flaky_key = {("pool", "default"), ("machine_profile", "a100"), ("bundle", "big")}
@@ -132,6 +136,25 @@ async def test_lane_depths_refresh_and_keep_the_last_value_of_a_failed_read() ->
     found = parse(telemetry.prometheus_text().decode())
     assert found[(depth, frozenset(key))] == 1.0
     assert found[(depth, frozenset(flaky_key))] == 5.0
+    assert signals.lane(("default", "l4", "default")).queue_depth == 1  # what /v1/scaling/lanes reads
+
+
+def test_pending_demand_and_warm_floors_are_lane_gauges() -> None:
+    telemetry = Telemetry()
+    demand = DemandTracker(60.0)
+    signals = LaneSignals(demand, lambda: {("gpu", "l4", "default"): 2}, lambda: [])
+    metrics = GatewayMetrics(telemetry.meter, ModelLabels(), signals)
+    demand.record(("gpu", "l4", "default"))
+    demand.record(("gpu", "l4", "default"))
+    metrics.lane_admission(("gpu", "l4", "default"), LaneDecision.SHED)
+    found = parse(telemetry.prometheus_text().decode())
+    lane = frozenset({("pool", "gpu"), ("machine_profile", "l4"), ("bundle", "default")})
+    assert found[("sie_gateway_lane_pending_demand", lane)] == 2.0
+    assert found[("sie_gateway_pool_warm_floor", lane)] == 2.0
+    assert found[("sie_gateway_lane_admission_decisions_total", lane | {("decision", "shed")})] == 1.0
+    demand.clear(("gpu", "l4", "default"))
+    found = parse(telemetry.prometheus_text().decode())
+    assert ("sie_gateway_lane_pending_demand", lane) not in found
 
 
 @pytest.mark.parametrize("decision", ["admitted", "queue_full"])

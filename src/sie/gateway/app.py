@@ -5,6 +5,7 @@ uvicorn, SIE_HTTP_SERVER) and the SIGTERM drain are the role file's job, through
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
@@ -27,15 +28,20 @@ from sie.gateway.edge import reply_response
 from sie.gateway.handlers import InferenceHandlers, ReadHandlers
 from sie.gateway.limits import RequestLimits
 from sie.gateway.offload import PayloadOffload
-from sie.gateway.publisher import KnownMachineProfiles, LaneConsumers, WorkPublisher
+from sie.gateway.pool_routes import pool_routes
+from sie.gateway.pools import PoolDirectory
+from sie.gateway.publisher import KnownMachineProfiles, LaneConsumers, LaneLimits, WorkPublisher
 from sie.gateway.replies import error_reply, route_error_reply, surface_for_path
 from sie.gateway.router import CatalogSource, Router
+from sie.gateway.scaling import LaneSignals
+from sie.gateway.scaling_routes import scaling_routes
 from sie.gateway.service import InferenceService
 from sie.gateway.shutdown import ServingState, ShutdownMiddleware
 from sie.gateway.status import ModelStatusSource
 from sie.gateway.status_page import StatusPages, status_routes
 from sie.gateway.traffic import TrafficWindow
-from sie.settings import GatewaySettings, LaneSettings
+from sie.pools import DemandTracker, MemoryPoolStore
+from sie.settings import GatewaySettings, LaneSettings, PoolSettings
 from sie.telemetry.access import log_access
 from sie.telemetry.gateway import GatewayMetrics
 from sie.telemetry.requests import ObservedRequests, RequestObserver
@@ -87,6 +93,10 @@ class GatewaySources:
     offload: PayloadOffload | None = None  # large work-item payloads through the payload store (none: inline)
     metrics: GatewayMetrics | None = None  # requests, admission and lane series for `/metrics`; None: none
     tracing: Tracing | None = None  # spans of inference requests (SIE_TRACING_ENABLED); None: none recorded
+    # Pools requests may name and the API writes (entered by the caller); None: pools in this process's memory,
+    # refreshed while the app runs.
+    pools: PoolDirectory | None = None
+    signals: LaneSignals | None = None  # pending demand, queue depths, warm floors; None: built over `pools`
 
 
 def build_gateway_app(
@@ -95,11 +105,20 @@ def build_gateway_app(
     lane: LaneSettings,
     router_id: str,
     extra_routes: Sequence[BaseRoute] = (),
+    pool_settings: PoolSettings | None = None,
 ) -> Starlette:
     """The gateway ASGI app; `lane` is where requests go whose headers name none. `extra_routes` are served
     beside the API (in `--role all`, the placement control surface and `/metrics` of the worker children)."""
+    pool_settings = pool_settings or PoolSettings()
     serving = ServingState()
     collector = Collector(sources.transport, router_id)
+    own_pools = sources.pools is None
+    pools = sources.pools or PoolDirectory(
+        MemoryPoolStore(), pool_settings.static_queue_pools, pool_settings.default_ttl_s, sources.status.workers
+    )
+    signals = sources.signals or LaneSignals(
+        DemandTracker(pool_settings.demand_ttl_s), pools.warm_floors, sources.status.workers
+    )
     service = InferenceService(
         Router(sources.catalog, lane, settings.configured_gpus),
         WorkPublisher(
@@ -107,11 +126,14 @@ def build_gateway_app(
             sources.consumers,
             settings.max_stream_pending,
             router_id,
-            _known_machine_profiles(sources.status, lane, settings.configured_gpus),
+            _known_machine_profiles(sources.status, lane, settings.configured_gpus, pools),
             sources.metrics,
+            signals.demand,
+            LaneLimits(pool_settings.max_lane_in_flight_items, pool_settings.lane_backpressure_enforce),
         ),
         collector,
         settings.request_timeout_s,
+        pools,
         RequestLimits(settings.max_items, settings.max_item_chars),
         sources.offload,
     )
@@ -124,7 +146,7 @@ def build_gateway_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with collector:
+        async with collector, pools if own_pools else contextlib.nullcontext():
             serving.started = True
             try:
                 yield
@@ -136,6 +158,8 @@ def build_gateway_app(
             *_routes(inference, read),
             *config_routes(sources.catalog, sources.heartbeats),
             *dead_letter_routes(sources.dead_letters),
+            *pool_routes(pools),
+            *scaling_routes(signals),
             *extra_routes,
             *status_routes(StatusPages(ClusterStatus(cluster, traffic), serving)),
         ],
@@ -154,10 +178,16 @@ def build_gateway_app(
 
 
 def _known_machine_profiles(
-    status: ModelStatusSource, lane: LaneSettings, configured: Sequence[str]
+    status: ModelStatusSource, lane: LaneSettings, configured: Sequence[str], pools: PoolDirectory
 ) -> KnownMachineProfiles:
-    """The machine profiles requests may wait for: the default lane's, the configured ones, and the live workers'."""
-    return lambda: {lane.machine_profile, *configured, *(worker.machine_profile for worker in status.workers())}
+    """The machine profiles requests may wait for: the default lane's, the configured ones, the live workers' and
+    the ones the pools ask for."""
+    return lambda: {
+        lane.machine_profile,
+        *configured,
+        *(worker.machine_profile for worker in status.workers()),
+        *pools.machine_profiles(),
+    }
 
 
 def _request_observers(metrics: GatewayMetrics | None, traffic: TrafficWindow) -> list[RequestObserver]:

@@ -4,7 +4,8 @@ the pure ASGI middleware that refuses a request before any handler runs. Refusal
 replies.py (the native or the OpenAI envelope, by path); no web framework here.
 
     /healthz, /readyz                             always open: kubelet probes never fail for want of a token
-    /, /health, /metrics, /docs, /ws/*, …         operational: open with SIE_AUTH_EXEMPT_OPERATIONAL, else inference
+    /, /health, /metrics, /docs, /ws/*,           operational: open with SIE_AUTH_EXEMPT_OPERATIONAL, else inference
+      /v1/scaling/*, …
     /v1/dlq/*; POST, PUT, PATCH, DELETE under     admin: SIE_ADMIN_TOKEN only; 401 without a token, 403 with
       /v1/configs (not …/resolve), /v1/pools,       another; in token mode, closed (403) while SIE_ADMIN_TOKEN is unset
       /v1/admin, /v1/placement
@@ -33,7 +34,7 @@ logger = logging.getLogger(__name__)
 TOKEN_MODE: Final = "token"
 PROBE_PATHS: Final = frozenset({"/healthz", "/readyz"})
 OPERATIONAL_PATHS: Final = frozenset({"/", "/health", "/metrics", "/docs", "/openapi.json"})
-OPERATIONAL_PREFIXES: Final = ("/ws/", "/docs/")
+OPERATIONAL_PREFIXES: Final = ("/ws/", "/docs/", "/v1/scaling/")
 ADMIN_PREFIXES: Final = ("/v1/dlq",)  # every method: dead letters hold users' inputs
 ADMIN_MUTATION_PREFIXES: Final = ("/v1/configs", "/v1/pools", "/v1/admin", "/v1/placement")
 READ_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})

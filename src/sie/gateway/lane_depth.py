@@ -1,9 +1,10 @@
-"""The gateway's lane queue series (seed 000 §15, durable lane queue depth): a background refresh that reads each
-known lane's durable consumer every REFRESH_INTERVAL_S and hands `(pending, ack_pending)` to the metrics, so a
-scrape reads cached values and never waits on the broker.
+"""The gateway's lane queue values (seed 000 §15, durable lane queue depth): a background refresh that reads each
+known lane's durable consumer every REFRESH_INTERVAL_S and hands `(pending, ack_pending)` to the lane signals
+(gateway/scaling.py), so a scrape or an autoscaler's read takes cached values and never waits on the broker.
 
-Known lanes are the gateway's default lane and every lane a live worker announced, at most MAX_LANES. A lane whose
-read fails (broker away, timeout) keeps its last value; one that nobody announces any more is dropped.
+Known lanes are the gateway's default lane, every lane a live worker announced and every lane with pending demand or a
+pool's warm floor, at most MAX_LANES. A lane whose read fails (broker away, timeout) keeps its last value; one that
+nobody announces any more is dropped.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Final, Self
 
 from sie.gateway.status import ModelStatusSource
 from sie.settings import LaneSettings
-from sie.telemetry.gateway import GatewayMetrics, LaneKey
+from sie.telemetry.gateway import LaneKey
 from sie.transport.base import Lane, LaneDepth
 
 logger = logging.getLogger(__name__)
@@ -27,32 +28,37 @@ MAX_LANES: Final = 1024
 MAX_CONCURRENT_READS: Final = 32
 
 ReadDepth = Callable[[Lane], Awaitable[LaneDepth]]
+PublishDepths = Callable[[dict[LaneKey, tuple[int, int]]], None]
 
 
-def known_lanes(status: ModelStatusSource, default: LaneSettings) -> Callable[[], list[Lane]]:
-    """The default lane and the lanes of the workers `status` knows alive, default first."""
+def known_lanes(
+    status: ModelStatusSource, default: LaneSettings, extra: Callable[[], Iterable[LaneKey]] = lambda: ()
+) -> Callable[[], list[Lane]]:
+    """The default lane, the lanes of the workers `status` knows alive and the `extra` ones (lanes with pending
+    demand or a warm floor: no worker may serve them yet), default first."""
 
     def lanes() -> list[Lane]:
         found = [Lane(default.pool, default.machine_profile, default.bundle)]
         found += [Lane(worker.pool, worker.machine_profile, worker.bundle) for worker in status.workers()]
+        found += [Lane(*key) for key in extra()]
         return list(dict.fromkeys(found))[:MAX_LANES]
 
     return lanes
 
 
 class LaneDepths:
-    """`async with` refreshes the lane values of `metrics` every `interval_s` until exit."""
+    """`async with` reads the known lanes every `interval_s` and hands the values to `publish` until exit."""
 
     def __init__(
         self,
         read: ReadDepth,
         lanes: Callable[[], Iterable[Lane]],
-        metrics: GatewayMetrics,
+        publish: PublishDepths,
         interval_s: float = REFRESH_INTERVAL_S,
     ) -> None:
         self._read = read
         self._lanes = lanes
-        self._metrics = metrics
+        self._publish = publish
         self._interval_s = interval_s
         self._values: dict[LaneKey, tuple[int, int]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -89,7 +95,7 @@ class LaneDepths:
             elif key in self._values:  # a failed read changes nothing (seed 000 §15)
                 values[key] = self._values[key]
         self._values = values
-        self._metrics.set_lanes(values)
+        self._publish(values)
 
     async def _run(self) -> None:
         while True:

@@ -40,6 +40,7 @@ def _operation(tag: str, summary: str, **fields: Any) -> dict[str, Any]:
     return {"tags": [tag], "summary": summary, **fields, "responses": responses}
 
 
+_POOL = _path_param("name", "Pool name.")
 _MODEL = _path_param("model", "Model id, slashes included (`BAAI/bge-m3`), optionally `bundle:/org/model`.")
 _LANE_HEADERS = [
     {
@@ -54,12 +55,13 @@ _LANE_HEADERS = [
         "in": "header",
         "required": False,
         "schema": {"type": "string"},
-        "description": "Logical pool the work is queued for.",
+        "description": "Pool the work is for (`default`, a static queue pool or one made with `POST /v1/pools`); "
+        "a pool that does not exist is 404 `POOL_NOT_FOUND`.",
     },
 ]
 _INFERENCE_ERRORS = {
     "400": _answer("Invalid input (`INVALID_INPUT`)", "ErrorEnvelope"),
-    "404": _answer("Unknown model (`MODEL_NOT_FOUND`)", "ErrorEnvelope"),
+    "404": _answer("Unknown model (`MODEL_NOT_FOUND`) or pool (`POOL_NOT_FOUND`)", "ErrorEnvelope"),
     "413": _answer("Body over SIE_GATEWAY_MAX_BODY_BYTES", "ErrorEnvelope"),
     "503": _answer("Queue full, unavailable, model loading or provisioning; see `Retry-After`", "ErrorEnvelope"),
 }
@@ -190,6 +192,56 @@ OPERATIONS: Final[Mapping[str, Mapping[str, Mapping[str, Any]]]] = {
         "/v1/dlq/{letter_id}/replay": {
             "post": _operation(
                 "dead letters", "Send the letter's work item again", description=_ADMIN, parameters=[_LETTER]
+            )
+        }
+    },
+    "/v1/pools": {
+        "/v1/pools": {
+            "get": _operation("pools", "Every pool: `default`, the static queue pools, the leased ones"),
+            "post": _operation(
+                "pools",
+                "Create a leased pool: `{name, gpus, gpu_caps?, bundle?, queue_pool?, ttl_seconds?, "
+                "minimum_worker_count?, pinned_models?}`",
+                description=_ADMIN,
+                responses={"201": _answer("The new pool"), "200": _answer("The live pool of that name, updated")},
+            ),
+        }
+    },
+    "/v1/pools/{name}": {
+        "/v1/pools/{name}": {
+            "get": _operation("pools", "One pool", parameters=[_POOL]),
+            "delete": _operation(
+                "pools",
+                "Delete a leased pool (`default` and static queue pools: 403)",
+                description=_ADMIN,
+                parameters=[_POOL],
+            ),
+        }
+    },
+    "/v1/pools/{name}/renew": {
+        "/v1/pools/{name}/renew": {
+            "post": _operation(
+                "pools", "Renew a pool's lease by its ttl_seconds", description=_ADMIN, parameters=[_POOL]
+            )
+        }
+    },
+    "/v1/scaling/lanes": {
+        "/v1/scaling/lanes": {
+            "get": _operation(
+                "operations", "Scale signals of every lane: pending demand, queue depth, warm floor, workers"
+            )
+        }
+    },
+    "/v1/scaling/lanes/{pool}/{machine_profile}/{bundle}": {
+        "/v1/scaling/lanes/{pool}/{machine_profile}/{bundle}": {
+            "get": _operation(
+                "operations",
+                "One lane's scale signals, for KEDA's metrics-api scaler (`valueLocation: demand` or `warm_floor`)",
+                parameters=[
+                    _path_param("pool", "Queue pool."),
+                    _path_param("machine_profile", "Machine profile."),
+                    _path_param("bundle", "Bundle."),
+                ],
             )
         }
     },

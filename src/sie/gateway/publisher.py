@@ -10,29 +10,55 @@ costs a broker round trip). Nothing here caches on top of them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Final, Protocol
+
+import attrs
 
 from sie.catalog.names import reply_subject, work_cancel_subject
 from sie.gateway.errors import InvalidRequestError, ProvisioningError, QueueFullError, QueueUnavailableError
-from sie.telemetry.gateway import AdmissionDecision, GatewayMetrics
-from sie.transport.base import BackpressureError, Lane, NoConsumerError, Transport, TransportError
+from sie.pools import DemandTracker
+from sie.telemetry.gateway import AdmissionDecision, GatewayMetrics, LaneDecision, LaneKey
+from sie.transport.base import BackpressureError, Lane, NoConsumerError, Transport, TransportError, WorkQueue
 from sie.wire.queue import WorkItem
 
 logger = logging.getLogger(__name__)
 
 # Cancel announcements in flight at once; beyond it they are skipped (best effort: deadlines still apply).
 MAX_PENDING_CANCELS: Final = 1024
+# How long pending demand lasts when nobody configured it (SIE_GATEWAY_DEMAND_TTL_S).
+DEFAULT_DEMAND_TTL_S: Final = 300.0
 
 
 class LaneConsumers(Protocol):
-    """Whether some worker consumes a lane now (else the gateway answers PROVISIONING)."""
+    """Whether some worker consumes a lane now (else the gateway answers PROVISIONING): one holding
+    `bundle_config_hash` (when both are known; seed 000 §2: only those are eligible), and one of `workers` when given
+    (a capped pool's assigned workers)."""
 
-    async def has_consumer(self, lane: Lane) -> bool: ...
+    async def has_consumer(
+        self, lane: Lane, bundle_config_hash: str = "", workers: frozenset[str] | None = None
+    ) -> bool: ...
+
+
+class QueueConsumers:
+    """LaneConsumers from the work queue alone, for `--role all`: its in-process sidecar applies the catalogue the
+    gateway routes with, so every consumer holds the expected config; a capped pool with no worker assigned has
+    none."""
+
+    def __init__(self, queue: WorkQueue) -> None:
+        self._queue = queue
+
+    async def has_consumer(
+        self, lane: Lane, bundle_config_hash: str = "", workers: frozenset[str] | None = None
+    ) -> bool:
+        if workers is not None and not workers:
+            return False
+        return await self._queue.has_consumer(lane)
 
 
 # The machine profiles a request may name and wait for: configured, the default lane's, and every one a worker
@@ -40,12 +66,22 @@ class LaneConsumers(Protocol):
 KnownMachineProfiles = Callable[[], Collection[str]]
 
 
+@attrs.frozen
+class LaneLimits:
+    """Per-lane backpressure (seed 000 §2): the in-flight work items above which a request is over its lane's
+    limit, and whether that refuses it (else it is only counted)."""
+
+    max_in_flight_items: int = 10_000
+    enforce: bool = False
+
+
 class WorkPublisher:
     """Names requests, admits them against the lane's state, publishes their work items and announces the
     requests it gives up on (`work_cancel`). Without `known_machine_profiles`, any lane may be provisioned;
-    `metrics` (when given) counts each admission decision."""
+    `demand` records the lanes a request found without a worker (or was shed from) until work is published to
+    them; `metrics` (when given) counts each admission decision."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - admission's collaborators and limits
         self,
         queue: Transport,
         consumers: LaneConsumers,
@@ -53,6 +89,8 @@ class WorkPublisher:
         router_id: str,
         known_machine_profiles: KnownMachineProfiles | None = None,
         metrics: GatewayMetrics | None = None,
+        demand: DemandTracker | None = None,
+        lane_limits: LaneLimits | None = None,
     ) -> None:
         self._queue = queue
         self._metrics = metrics
@@ -62,6 +100,9 @@ class WorkPublisher:
         self._max_pending = max_stream_pending
         self.router_id = router_id
         self._reply_prefix = reply_subject(router_id, "")
+        self._demand = demand or DemandTracker(DEFAULT_DEMAND_TTL_S)
+        self._limits = lane_limits or LaneLimits()
+        self._in_flight: dict[Lane, int] = {}
 
     def new_request(self) -> tuple[str, str]:
         """A fresh `(request_id, reply_subject)`: a UUIDv7 (contracts Part B §4.1) and
@@ -70,12 +111,21 @@ class WorkPublisher:
         request_id = uuid7()
         return request_id, self._reply_prefix + request_id
 
-    async def admit(self, lane: Lane) -> None:
-        """Refuse before publishing: no consumer → PROVISIONING, or INVALID_INPUT for a machine profile no capacity
-        can come for; pool stream over its pending limit → QUEUE_FULL."""
+    async def admit(
+        self,
+        lane: Lane,
+        items: int = 1,
+        bundle_config_hash: str = "",
+        workers: frozenset[str] | None = None,
+        demand_lanes: Sequence[Lane] = (),
+    ) -> None:
+        """Refuse before publishing: no eligible consumer → PROVISIONING (demand recorded on `demand_lanes`, else
+        `lane`), or INVALID_INPUT for a machine profile no capacity can come for; pool stream over its pending
+        limit, or the lane over its in-flight limit while that is enforced → QUEUE_FULL (demand recorded on `lane`).
+        """
         decision = AdmissionDecision.QUEUE_UNAVAILABLE  # what an unexpected failure below counts as
         try:
-            await self._admit(lane)
+            await self._admit(lane, items, bundle_config_hash, workers, demand_lanes)
             decision = AdmissionDecision.ADMITTED
         except ProvisioningError:
             decision = AdmissionDecision.PROVISIONING
@@ -90,11 +140,20 @@ class WorkPublisher:
             if self._metrics is not None:
                 self._metrics.admission(decision)
 
-    async def _admit(self, lane: Lane) -> None:
+    async def _admit(
+        self,
+        lane: Lane,
+        items: int,
+        bundle_config_hash: str,
+        workers: frozenset[str] | None,
+        demand_lanes: Sequence[Lane],
+    ) -> None:
         try:
-            served = await self._consumers.has_consumer(lane)
+            served = await self._consumers.has_consumer(lane, bundle_config_hash, workers)
             if not served:
                 self._check_machine_profile(lane.machine_profile)
+                for wanted in demand_lanes or (lane,):
+                    self._demand.record(_key(wanted))
                 raise ProvisioningError(
                     f"No worker serves pool '{lane.pool}', machine profile '{lane.machine_profile}', "
                     f"bundle '{lane.bundle}' yet; capacity is being provisioned"
@@ -103,7 +162,41 @@ class WorkPublisher:
         except TransportError as exc:
             raise QueueUnavailableError(f"The work queue is unavailable: {exc}") from exc
         if pending > self._max_pending:
+            self._demand.record(_key(lane))
             raise QueueFullError(f"Pool '{lane.pool}' has {pending} pending work items; retry later")
+        self._admit_lane(lane, items)
+
+    def _admit_lane(self, lane: Lane, items: int) -> None:
+        """The per-lane check: always decided and counted, refusing only when enforced."""
+        in_flight = self._in_flight.get(lane, 0)
+        over = in_flight + items > self._limits.max_in_flight_items and in_flight > 0
+        if not over:
+            decision = LaneDecision.ADMITTED
+        elif self._limits.enforce:
+            decision = LaneDecision.SHED
+        else:
+            decision = LaneDecision.OVER_LIMIT
+        if self._metrics is not None:
+            self._metrics.lane_admission(_key(lane), decision)
+        if decision is LaneDecision.SHED:
+            self._demand.record(_key(lane))
+            raise QueueFullError(
+                f"Lane {lane.pool}/{lane.machine_profile}/{lane.bundle} has {in_flight} work items in flight on this "
+                "gateway; retry later"
+            )
+
+    @contextlib.contextmanager
+    def in_flight(self, lane: Lane, items: int) -> Iterator[None]:
+        """Count `items` as in flight on `lane` until the block ends (the request answered or abandoned)."""
+        self._in_flight[lane] = self._in_flight.get(lane, 0) + items
+        try:
+            yield
+        finally:
+            left = self._in_flight[lane] - items
+            if left > 0:
+                self._in_flight[lane] = left
+            else:
+                del self._in_flight[lane]
 
     def _check_machine_profile(self, machine_profile: str) -> None:
         if self._known_machine_profiles is None:
@@ -117,14 +210,17 @@ class WorkPublisher:
                 known_profiles=known,
             )
 
-    async def publish(self, subject: str, items: Sequence[WorkItem]) -> asyncio.Future[None]:
-        """Send every item on `subject`, in order, without waiting for the stream to store them (seed 000 §8.2).
-        A refusal while sending raises here; the returned future completes once every item is stored, or
-        fails with the gateway error of the refusal (see `publish_error`)."""
+    async def publish(self, lane: Lane, subject: str, items: Sequence[WorkItem]) -> asyncio.Future[None]:
+        """Send every item on `subject` (a subject of `lane`), in order, without waiting for the stream to store
+        them (seed 000 §8.2); the lane's pending demand is served. A refusal while sending raises here; the returned
+        future completes once every item is stored, or fails with the gateway error of the refusal (see
+        `publish_error`)."""
         try:
-            return await self._queue.submit_work_batch(subject, items)
+            stored = await self._queue.submit_work_batch(subject, items)
         except TransportError as exc:
             raise publish_error(exc, subject) from exc
+        self._demand.clear(_key(lane))
+        return stored
 
     def abandon(self, request_id: str) -> None:
         """Announce on `work_cancel.{router_id}.{request_id}` (NATS core, best effort) that nobody waits for the
@@ -143,6 +239,10 @@ class WorkPublisher:
             await self._queue.publish(subject, {"router_id": self.router_id, "request_id": request_id})
         except Exception:  # noqa: BLE001 - best effort: the items' deadlines still stop them
             logger.debug("announcing the cancel of %s failed", request_id, exc_info=True)
+
+
+def _key(lane: Lane) -> LaneKey:
+    return (lane.pool, lane.machine_profile, lane.bundle)
 
 
 def uuid7() -> str:

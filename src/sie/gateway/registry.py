@@ -57,6 +57,27 @@ def first_heartbeat_round_s(heartbeat_interval_s: float) -> float:
 
 
 @attrs.frozen
+class Eligibility:
+    """Which workers may take a lane's work: on the lane (machine profile in any case), holding the expected
+    `bundle_config_hash` when both sides know one, and among `workers` when given."""
+
+    lane: Lane
+    bundle_config_hash: str = ""
+    workers: frozenset[str] | None = None
+
+    def admits(self, heartbeat: WorkerHeartbeat) -> bool:
+        lane = self.lane
+        if heartbeat.pool != lane.pool or heartbeat.bundle != lane.bundle:
+            return False
+        if heartbeat.machine_profile.casefold() != lane.machine_profile.casefold():
+            return False
+        expected, held = self.bundle_config_hash, heartbeat.bundle_config_hash
+        if expected and held and held != expected:
+            return False
+        return self.workers is None or heartbeat.worker_id in self.workers
+
+
+@attrs.frozen
 class RegisteredWorker:
     """One worker's latest heartbeat, when this gateway received it, and its model sets for O(1) lookups."""
 
@@ -196,18 +217,27 @@ class WorkerRegistry:
             and (profile is None or record.heartbeat.machine_profile.casefold() == profile)
         ]
 
-    async def has_consumer(self, lane: Lane) -> bool:
-        """Whether a worker serves `lane` now (see `serves`). A JetStream durable consumer outlives the sidecars
-        that pulled from it, so "is this lane served?" is a question about live workers (seed 000 §2,
-        scale-from-zero answers PROVISIONING). TransportUnavailable while the bus cannot deliver heartbeats; during
-        the first round after it could again, or after start, waits up to its end for the lane's heartbeats."""
+    async def has_consumer(
+        self, lane: Lane, bundle_config_hash: str = "", workers: frozenset[str] | None = None
+    ) -> bool:
+        """Whether an eligible worker serves `lane` now (see `serves`): one whose `bundle_config_hash` is the
+        expected one when both are known (seed 000 §2: only those are auto-routed), and one of `workers` when
+        given (a capped pool's assigned workers). A JetStream durable consumer outlives the sidecars that pulled
+        from it, so "is this lane served?" is a question about live workers (seed 000 §2, scale-from-zero answers
+        PROVISIONING). TransportUnavailable while the bus cannot deliver heartbeats; during the first round after it
+        could again, or after start, waits up to its end for the lane's heartbeats; while the lane's only workers
+        hold another config, waits as long for one to apply the expected config."""
         reason = self._bus_unavailable()
         if reason is not None:
             raise TransportUnavailable(reason)
         now = self.clock()
-        if self._lane_served(lane, now):
+        eligible = Eligibility(lane, bundle_config_hash, workers)
+        if self._lane_served(eligible, now):
             return True
-        return await self._await_lane(lane, self._first_round_left(now))
+        wait_s = self._first_round_left(now)
+        if bundle_config_hash and self._lane_served(Eligibility(lane, "", workers), now):
+            wait_s = max(wait_s, self.first_heartbeat_wait_s)  # a config apply is on its way
+        return await self._await_lane(eligible, wait_s)
 
     def unready_reason(self) -> str | None:
         """Why the gateway should not take traffic yet (`/readyz`): the bus cannot deliver heartbeats, or the first
@@ -242,25 +272,18 @@ class WorkerRegistry:
         ready_at = record.ready_at
         return not record.heartbeat.draining and ready_at is not None and now - ready_at <= self.stale_s
 
-    def _lane_served(self, lane: Lane, now: float) -> bool:
-        profile = lane.machine_profile.casefold()
-        return any(
-            record.heartbeat.pool == lane.pool
-            and record.heartbeat.bundle == lane.bundle
-            and record.heartbeat.machine_profile.casefold() == profile
-            and self.serves(record, now)
-            for record in self._workers.values()
-        )
+    def _lane_served(self, eligible: Eligibility, now: float) -> bool:
+        return any(eligible.admits(record.heartbeat) and self.serves(record, now) for record in self._workers.values())
 
-    async def _await_lane(self, lane: Lane, wait_s: float) -> bool:
-        """Wait up to `wait_s` for heartbeats that make `lane` served."""
+    async def _await_lane(self, eligible: Eligibility, wait_s: float) -> bool:
+        """Wait up to `wait_s` for heartbeats that make the lane served."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while (left := deadline - loop.time()) > 0:
             if self._beat is None or self._beat.done():
                 self._beat = loop.create_future()
             await asyncio.wait((self._beat,), timeout=left)
-            if self._lane_served(lane, self.clock()):
+            if self._lane_served(eligible, self.clock()):
                 return True
         return False
 

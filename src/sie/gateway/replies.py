@@ -33,6 +33,14 @@ from sie.gateway.errors import (
 )
 from sie.gateway.headers import ERROR_CODE, RETRY_AFTER, VERSION_HEADERS
 from sie.http.errors import BodyIncompleteError, BodyTooLargeError
+from sie.pools import (
+    InvalidPoolError,
+    PoolConflictError,
+    PoolError,
+    PoolExistsError,
+    PoolNotFoundError,
+    PoolProtectedError,
+)
 from sie.wire import DecodeError, codes, dumps_json
 from sie.wire.envelopes import all_items_failed_body, detail_body, openai_body, retry_body, status_body
 
@@ -90,6 +98,11 @@ RULES: Final[dict[type[BaseException], Rule]] = {
     ModelNotFoundError: Rule(404, Envelope.DETAIL),
     NotFoundError: Rule(404, Envelope.DETAIL),
     BundleConflictError: Rule(409, Envelope.DETAIL),
+    InvalidPoolError: Rule(400, Envelope.DETAIL),
+    PoolProtectedError: Rule(403, Envelope.DETAIL),
+    PoolNotFoundError: Rule(404, Envelope.DETAIL),
+    PoolExistsError: Rule(409, Envelope.DETAIL),
+    PoolConflictError: Rule(409, Envelope.DETAIL),
     PayloadTooLargeError: Rule(413, Envelope.DETAIL),
     BodyTooLargeError: Rule(413, Envelope.DETAIL),
     # nginx's "client closed request": recorded in access logs, never read by the caller.
@@ -130,6 +143,8 @@ def describe(exc: BaseException) -> tuple[str, str, dict[str, Any]]:
         return exc.code, exc.message, exc.extra
     if isinstance(exc, DecodeError):
         return codes.INVALID_INPUT, str(exc), {}
+    if isinstance(exc, PoolError):
+        return exc.code, exc.message, {}
     if isinstance(exc, BodyTooLargeError):
         return codes.PAYLOAD_TOO_LARGE, exc.message, {}
     if isinstance(exc, BodyIncompleteError):
@@ -178,6 +193,8 @@ def _openai(exc: BaseException, status: int, code: str, message: str) -> Any:
         param = exc.extra.get("param", param)
     if isinstance(exc, AllItemsFailedError):
         code = "all_items_failed"
+    if isinstance(exc, PoolError):  # not the model: the pool the request named
+        return openai_body(message, error_type, "pool", code)
     return openai_body(message, error_type, param, _OPENAI_CODES.get(status, code))
 
 

@@ -19,6 +19,7 @@ from sie.catalog.model import DEFAULT_PROFILE, ENCODE_OUTPUTS
 from sie.catalog.names import work_subject
 from sie.catalog.options import MAX_OPTION_TEXT_CHARS, option_problem
 from sie.gateway.errors import InvalidRequestError, MachineProfileNotConfiguredError
+from sie.gateway.pools import PoolTarget
 from sie.settings import LaneSettings
 from sie.transport.base import Lane
 from sie.wire.http import OUTPUT_DTYPES, EncodeParams, ExtractParams
@@ -36,6 +37,21 @@ class LaneHints:
 
     pool: str | None = None
     machine_profile: str | None = None
+
+    def requested_pool(self) -> str | None:
+        """The pool the request names: `X-SIE-Pool`, else the `pool/` of a `pool/gpu` machine profile."""
+        if self.pool:
+            return self.pool
+        if self.machine_profile and "/" in self.machine_profile:
+            return self.machine_profile.split("/", 1)[0] or None
+        return None
+
+    def requested_machine_profile(self) -> str | None:
+        """The machine profile the request names, without a `pool/` prefix."""
+        profile = self.machine_profile
+        if profile and "/" in profile:
+            profile = profile.split("/", 1)[1]
+        return profile or None
 
 
 @attrs.frozen
@@ -55,6 +71,11 @@ class Route:
     # The expected bundle_config_hash of (bundle, lane pool) in the snapshot this route was resolved from;
     # "" when that scope has no routable models (legacy: workers accept unhashed work).
     bundle_config_hash: str = ""
+    # The logical pool the request named (the work items' `admission_pool`); None when it named none.
+    admission_pool: str | None = None
+    # The lanes whose demand a PROVISIONING answer records: the route's, or every machine profile of the named
+    # pool when the request named none (seed 000 §16.3: multi-profile pools wake every candidate lane).
+    demand_lanes: tuple[Lane, ...] = ()
 
 
 class Router:
@@ -74,18 +95,19 @@ class Router:
         self._routes: dict[tuple[str, str | None, str | None, str | None], Route] = {}
         self._hashes: dict[tuple[str, str], str] = {}
 
-    def route(self, spec: str, profile: Any, hints: LaneHints) -> Route:
-        """The route for `spec` with `options.profile`; raises ModelNotFoundError, BundleConflictError or
-        InvalidRequestError (unknown profile, bad lane header)."""
+    def route(self, spec: str, profile: Any, hints: LaneHints, target: PoolTarget | None = None) -> Route:
+        """The route for `spec` with `options.profile`, to the named pool's `target` (None: the request named
+        none); raises ModelNotFoundError, BundleConflictError or InvalidRequestError (unknown profile, bad lane
+        header)."""
         if profile is not None and not isinstance(profile, str):
             raise InvalidRequestError("Field 'options.profile' must be a string")
         catalog = self._catalog()
         if catalog is not self._snapshot:
             self._snapshot, self._routes, self._hashes = catalog, {}, {}
-        key = (spec, profile, hints.pool, hints.machine_profile)
+        key = (spec, profile, target, hints.requested_machine_profile())
         route = self._routes.get(key)
         if route is None:
-            route = self._resolve(catalog, spec, profile, hints)
+            route = self._resolve(catalog, spec, profile, hints.requested_machine_profile(), target)
             route = attrs.evolve(route, bundle_config_hash=self._expected_hash(catalog, route))
             if len(self._routes) >= _MAX_CACHED_ROUTES:
                 self._routes.clear()
@@ -101,43 +123,64 @@ class Router:
             self._hashes[key] = digest
         return digest
 
-    def _resolve(self, catalog: Catalog, spec: str, profile: str | None, hints: LaneHints) -> Route:
+    def _resolve(
+        self, catalog: Catalog, spec: str, profile: str | None, machine_profile: str | None, target: PoolTarget | None
+    ) -> Route:
         parsed = parse_model_spec(spec)
         if not catalog.models:
             # Seed 000 §2: an unseeded gateway still publishes to the caller's bundle (or `default`).
             bundle = parsed.bundle or UNSEEDED_BUNDLE
-            return self._route(parsed.model_id, parsed.model_id, DEFAULT_PROFILE, bundle, None, hints)
+            return self._route(parsed.model_id, parsed.model_id, DEFAULT_PROFILE, bundle, None, machine_profile, target)
         resolution = catalog.resolve(spec)
         named, model = resolution.entry.model_id, resolution.entry.model
         if profile is not None and profile != resolution.entry.profile:
             if profile not in model.profiles:
                 raise InvalidRequestError(f"Profile '{profile}' not found. Available: {sorted(model.profiles)}")
-            target = model.sie_id if profile == DEFAULT_PROFILE else f"{model.sie_id}:{profile}"
-            resolution = catalog.resolve(target, parsed.bundle)
+            variant = model.sie_id if profile == DEFAULT_PROFILE else f"{model.sie_id}:{profile}"
+            resolution = catalog.resolve(variant, parsed.bundle)
         entry = resolution.entry
-        route = self._route(named, entry.model_id, entry.profile, resolution.bundle.name, model, hints)
+        route = self._route(
+            named, entry.model_id, entry.profile, resolution.bundle.name, model, machine_profile, target
+        )
         kind = adapter_kind(model.resolve_profile(entry.profile).adapter_path)
         return attrs.evolve(route, default_outputs=_default_outputs(model, entry.profile), adapter_kind=kind)
 
-    def _route(
-        self, model: str, model_id: str, profile: str, bundle: str, config: ModelConfig | None, hints: LaneHints
+    def _route(  # noqa: PLR0913 - the resolved parts of one route
+        self,
+        model: str,
+        model_id: str,
+        profile: str,
+        bundle: str,
+        config: ModelConfig | None,
+        machine_profile: str | None,
+        target: PoolTarget | None,
     ) -> Route:
-        pool, machine_profile = self._lane_tokens(config, hints)
-        lane = Lane(pool, machine_profile, bundle)
-        subject = work_subject(pool, machine_profile, bundle, model_id)
-        return Route(model, model_id, profile, bundle, lane, subject, config)
+        if target is not None:
+            pool = target.queue_pool
+        else:
+            pool = _lane_token("pool", (config.pool if config is not None else None) or self._defaults.pool)
+        if machine_profile:
+            profiles = (self._machine_profile(machine_profile),)
+        elif target is not None and target.machine_profiles:
+            # A pool names the machine profiles it wants: work goes to the first, demand wakes every one of them.
+            profiles = target.machine_profiles
+            default = self._defaults.machine_profile
+            if default in profiles:
+                profiles = (default, *(candidate for candidate in profiles if candidate != default))
+        else:
+            profiles = (_lane_token("machine profile", self._defaults.machine_profile),)
+        lane = Lane(pool, profiles[0], bundle)
+        subject = work_subject(pool, lane.machine_profile, bundle, model_id)
+        demand_lanes = tuple(Lane(pool, candidate, bundle) for candidate in profiles)
+        admission_pool = target.logical if target is not None else None
+        return Route(model, model_id, profile, bundle, lane, subject, config, admission_pool=admission_pool,
+                     demand_lanes=demand_lanes)  # fmt: skip
 
-    def _lane_tokens(self, config: ModelConfig | None, hints: LaneHints) -> tuple[str, str]:
-        header_pool, machine_profile = None, hints.machine_profile
-        if machine_profile and "/" in machine_profile:
-            header_pool, machine_profile = machine_profile.split("/", 1)
-        pool = hints.pool or header_pool or (config.pool if config is not None else None) or self._defaults.pool
-        if not machine_profile:
-            return _lane_token("pool", pool), _lane_token("machine profile", self._defaults.machine_profile)
-        token = _lane_token("machine profile", machine_profile)
+    def _machine_profile(self, requested: str) -> str:
+        token = _lane_token("machine profile", requested)
         if self._configured and token not in self._configured:
             raise MachineProfileNotConfiguredError(token, self._configured)
-        return _lane_token("pool", pool), token
+        return token
 
 
 def expected_bundle_config_hash(catalog: Catalog, bundle: str, pool: str) -> str:

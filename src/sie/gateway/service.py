@@ -15,14 +15,18 @@ import attrs
 
 from sie.gateway import assembly, openai, router, workitems
 from sie.gateway.collector import Collector, PendingRequest
+from sie.gateway.errors import QueueUnavailableError
 from sie.gateway.headers import ResponseMetadata, collect_metadata, model_revision
 from sie.gateway.limits import RequestLimits
 from sie.gateway.offload import PayloadOffload
+from sie.gateway.pools import PoolDirectory
 from sie.gateway.publisher import WorkPublisher, publish_error
 from sie.gateway.router import LaneHints, Route, Router
 from sie.gateway.workitems import Ticket
+from sie.pools import PoolNotFoundError, canonical_pool_name
 from sie.telemetry.requests import note_request
 from sie.telemetry.tracing import TraceHeaders
+from sie.transport.base import TransportError
 from sie.wire.http import EncodeParams, EncodeRequest, ExtractParams, ExtractRequest, ScoreRequest
 from sie.wire.queue import OPERATION_ENCODE, OPERATION_EXTRACT, OPERATION_SCORE, WorkItem, WorkResult
 
@@ -65,16 +69,18 @@ def _instruction(params: EncodeParams | ExtractParams | None) -> str | None:
 class InferenceService:
     """Encode, score and extract over the work queue."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the collaborators of the inference path
         self,
         router: Router,
         publisher: WorkPublisher,
         collector: Collector,
         timeout_s: float,
+        pools: PoolDirectory,
         limits: RequestLimits | None = None,
         offload: PayloadOffload | None = None,
     ) -> None:
         self._router = router
+        self._pools = pools
         self._publisher = publisher
         self._collector = collector
         self._timeout_s = timeout_s
@@ -102,7 +108,7 @@ class InferenceService:
         note_request(model=spec, items=len(request.items))
         self._limits.check(request.items)
         params = request.params
-        route = self._router.route(spec, _profile(params.options if params else None), hints)
+        route = await self._route(spec, _profile(params.options if params else None), hints)
         outputs = router.encode_outputs(route, params.output_types if params else None)
         router.check_output_dtype(params)
         router.check_options(route, params.options if params else None, OPERATION_ENCODE, _instruction(params))
@@ -126,7 +132,7 @@ class InferenceService:
     ) -> Served:
         note_request(model=spec, items=len(request.items))
         self._limits.check(request.items, request.query)
-        route = self._router.route(spec, _profile(request.options), hints)
+        route = await self._route(spec, _profile(request.options), hints)
         router.check_score(route)
         router.check_options(route, request.options, OPERATION_SCORE, request.instruction)
         collected = await self._run(route, lambda ticket: workitems.score_work(route, ticket, request), trace)
@@ -140,7 +146,7 @@ class InferenceService:
         note_request(model=spec, items=len(request.items))
         self._limits.check(request.items)
         params = request.params
-        route = self._router.route(spec, _profile(params.options if params else None), hints)
+        route = await self._route(spec, _profile(params.options if params else None), hints)
         router.check_extract(route, params)
         router.check_options(route, params.options if params else None, OPERATION_EXTRACT, _instruction(params))
         collected = await self._run(route, lambda ticket: workitems.extract_work(route, ticket, request), trace)
@@ -148,19 +154,36 @@ class InferenceService:
         body = assembly.extract_body(route.model, request.items, collected.results, failed)
         return Served(body, collected.meta)
 
+    async def _route(self, spec: str, profile: Any, hints: LaneHints) -> Route:
+        """The request's route; a pool it names must exist (seed 000 §16.3: missing named pools fail closed)."""
+        requested = hints.requested_pool()
+        if requested is None:
+            return self._router.route(spec, profile, hints)
+        try:
+            target = await self._pools.target(requested)
+        except TransportError as exc:
+            raise QueueUnavailableError(f"The pool store is unavailable: {exc}") from exc
+        if target is None:
+            raise PoolNotFoundError(canonical_pool_name(requested))
+        return self._router.route(spec, profile, hints, target)
+
     async def _run(
         self, route: Route, build: Callable[[Ticket], list[WorkItem]], trace: TraceHeaders | None
     ) -> Collected:
-        await self._publisher.admit(route.lane)
         request_id, reply = self._publisher.new_request()
         note_request(request_id=request_id)
         now = time.time()
         items = build(Ticket(request_id, reply, self._publisher.router_id, now, now + self._timeout_s, trace))
-        with self._collector.expect(request_id, len(items)) as pending:
+        assigned = self._pools.assigned(route.admission_pool) if route.admission_pool else None
+        await self._publisher.admit(route.lane, len(items), route.bundle_config_hash, assigned, route.demand_lanes)
+        with (
+            self._collector.expect(request_id, len(items)) as pending,
+            self._publisher.in_flight(route.lane, len(items)),
+        ):
             items = await self._offload.prepare(items, pending.at_close)  # large payloads via the store
             started = time.perf_counter()
             try:
-                stored = await self._publisher.publish(route.subject, items)
+                stored = await self._publisher.publish(route.lane, route.subject, items)
                 stored.add_done_callback(functools.partial(_fail_unless_stored, pending, route.subject))
                 published = time.perf_counter()
                 results = await pending.wait(self._timeout_s)

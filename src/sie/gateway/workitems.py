@@ -37,7 +37,7 @@ def _common(route: Route, ticket: Ticket, operation: str, total: int) -> dict[st
         "model_id": route.model_id,
         "profile_id": route.profile,
         "pool_name": route.lane.pool,
-        "admission_pool": route.lane.pool,
+        "admission_pool": route.admission_pool or route.lane.pool,
         "machine_profile": route.lane.machine_profile,
         "router_id": ticket.router_id,
         "reply_subject": ticket.reply_subject,

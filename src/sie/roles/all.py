@@ -12,6 +12,7 @@ from contextlib import AsyncExitStack
 from sie.gateway.app import GatewaySources, build_gateway_app, serving_state
 from sie.gateway.auth import GatewayAuth
 from sie.gateway.dead_letters import DeadLetterQueue
+from sie.gateway.publisher import QueueConsumers
 from sie.http.handlers import plain_handler_routes
 from sie.http.serving import serve_until_signalled
 from sie.placement.api import PLACEMENT_PATH, PlacementApi
@@ -21,9 +22,11 @@ from sie.roles.common import (
     http_listener,
     metrics_routes,
     open_gateway_metrics,
+    open_gateway_pools,
     open_local_workers,
     open_telemetry,
     open_tracing,
+    pool_store,
     run_gateway_main,
 )
 from sie.roles.local_status import LocalModelStatus
@@ -55,19 +58,20 @@ async def serve_all(settings: Settings) -> None:
                                   sidecar_metrics)
         )  # fmt: skip
         status = LocalModelStatus(workers, settings.lane)
-        metrics = await open_gateway_metrics(
-            stack, telemetry, lambda: manager.catalog, transport.lane_depth, status, settings.lane
-        )
+        pools = await open_gateway_pools(stack, settings, pool_store(settings, None), status, transport.lane_depth)
+        metrics = open_gateway_metrics(telemetry, lambda: manager.catalog, pools.signals)
         auth = await stack.enter_async_context(GatewayAuth.from_settings(settings.auth))
         sources = GatewaySources(
-            lambda: manager.catalog, transport, transport, status, dead_letters=dead_letters, auth=auth,
-            tracing=tracing, metrics=metrics,
+            lambda: manager.catalog, transport, QueueConsumers(transport), status, dead_letters=dead_letters, auth=auth,
+            tracing=tracing, metrics=metrics, pools=pools.directory, signals=pools.signals,
         )  # fmt: skip
         routes = [
             *plain_handler_routes(PlacementApi(fleet).handle, [PLACEMENT_PATH]),
             *metrics_routes(telemetry, fleet.metric_sources),
         ]
-        app = build_gateway_app(sources, settings.gateway, settings.lane, settings.process.router_id, routes)
+        app = build_gateway_app(
+            sources, settings.gateway, settings.lane, settings.process.router_id, routes, settings.pools
+        )
         grace = settings.process.shutdown_grace_s
 
         async def drain() -> None:

@@ -18,12 +18,15 @@ from starlette.routing import Route
 from sie.catalog import Catalog, load_catalog
 from sie.gateway.auth import AuthSettingsError, check_auth_settings
 from sie.gateway.lane_depth import LaneDepths, ReadDepth, known_lanes
+from sie.gateway.pools import PoolDirectory
+from sie.gateway.scaling import LaneSignals
 from sie.gateway.status import ModelStatusSource
 from sie.http.handlers import plain_handler_routes
 from sie.http.serving import HttpListener
 from sie.ipc.sockets import SocketPathError
+from sie.pools import DemandTracker, KeyValue, KeyValuePoolStore, MemoryPoolStore, PoolStore
 from sie.runtime import run_event_loop
-from sie.settings import LaneSettings, Settings
+from sie.settings import Settings
 from sie.telemetry.exposition import METRICS_PATH, ChildSource, MetricsEndpoint
 from sie.telemetry.gateway import GatewayMetrics
 from sie.telemetry.logs import configure_logging
@@ -43,6 +46,10 @@ logger = logging.getLogger(__name__)
 RoleMain = Callable[[Settings], Coroutine[Any, Any, None]]
 
 
+class RoleSetupError(Exception):
+    """Settings that parse but cannot work together in this role; the CLI prints the message and exits 2."""
+
+
 def run_main(main: RoleMain, settings: Settings) -> int:
     """Log as configured and run `main(settings)` on the event loop SIE_EVENT_LOOP names; exit status 0, or 2
     with one line on stderr when the host lacks the devices SIE_WORKER_DEVICES asks for or the worker's socket
@@ -50,7 +57,7 @@ def run_main(main: RoleMain, settings: Settings) -> int:
     configure_logging(settings.telemetry)
     try:
         run_event_loop(main(settings), settings.process.event_loop)
-    except (DeviceError, SocketPathError) as exc:
+    except (DeviceError, SocketPathError, RoleSetupError) as exc:
         print(f"sie: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -105,21 +112,49 @@ def catalogue_labels(catalog: Callable[[], Catalog]) -> ModelLabels:
     return ModelLabels(catalogue_id)
 
 
-async def open_gateway_metrics(
-    stack: AsyncExitStack,
-    telemetry: Telemetry,
-    catalog: Callable[[], Catalog],
-    read_depth: ReadDepth,
-    status: ModelStatusSource,
-    lane: LaneSettings,
+def pool_store(settings: Settings, bucket: KeyValue | None) -> PoolStore:
+    """Where the gateway keeps pools (SIE_POOL_STORE): the broker's KV `bucket` (every replica shares it) or this
+    process's memory; `auto` takes the bucket when the role has a broker."""
+    choice = settings.pools.store
+    if choice == "nats" and bucket is None:
+        raise RoleSetupError("SIE_POOL_STORE=nats needs a NATS broker, and this role has none (use memory or auto)")
+    if choice == "memory" or bucket is None:
+        return MemoryPoolStore()
+    return KeyValuePoolStore(bucket)
+
+
+@attrs.frozen
+class GatewayPools:
+    """The gateway's pools and the per-lane scale signals built on them."""
+
+    directory: PoolDirectory
+    signals: LaneSignals
+
+
+async def open_gateway_pools(
+    stack: AsyncExitStack, settings: Settings, store: PoolStore, status: ModelStatusSource, read_depth: ReadDepth
+) -> GatewayPools:
+    """The pool directory over `store` and the lane signals (pending demand, warm floors, and the queue depths of
+    the default lane, the workers' lanes and every lane with demand or a floor), refreshed in the background until
+    `stack` closes."""
+    pools = settings.pools
+    directory = await stack.enter_async_context(
+        PoolDirectory(store, pools.static_queue_pools, pools.default_ttl_s, status.workers)
+    )
+    signals = LaneSignals(DemandTracker(pools.demand_ttl_s), directory.warm_floors, status.workers)
+    lanes = known_lanes(status, settings.lane, lambda: [*signals.pending_demand(), *signals.warm_floors()])
+    await stack.enter_async_context(LaneDepths(read_depth, lanes, signals.set_depths))
+    return GatewayPools(directory, signals)
+
+
+def open_gateway_metrics(
+    telemetry: Telemetry, catalog: Callable[[], Catalog], lanes: LaneSignals
 ) -> GatewayMetrics | None:
-    """The gateway's series on `telemetry` (None while metrics are off), model labels bounded by `catalog`, with the
-    queue depths of the default lane and the workers' lanes refreshed in the background until `stack` closes."""
+    """The gateway's series on `telemetry` (None while metrics are off), model labels bounded by `catalog`, lane
+    values read from `lanes`."""
     if not telemetry.enabled:
         return None
-    metrics = GatewayMetrics(telemetry.meter, catalogue_labels(catalog))
-    await stack.enter_async_context(LaneDepths(read_depth, known_lanes(status, lane), metrics))
-    return metrics
+    return GatewayMetrics(telemetry.meter, catalogue_labels(catalog), lanes)
 
 
 def http_listener(host: str, port: int, settings: Settings) -> HttpListener:

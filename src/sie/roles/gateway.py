@@ -4,7 +4,8 @@ filesystem seed, then kept in step with the config service (bootstrap, epoch pol
 connected in the background: while it is unreachable the gateway serves `/healthz`, `/readyz` says why it is not
 ready and inference answers 503 QUEUE_UNAVAILABLE. Once connected, `/readyz` waits one first round of worker
 heartbeats (a few SIE_HEALTH_INTERVAL_S), so a ready gateway knows every live worker's lane and answers PROVISIONING
-only for lanes nobody serves. It listens on every interface unless SIE_GATEWAY_HOST says otherwise.
+only for lanes nobody serves. Pools live in the broker's `SIE_POOLS` KV bucket (SIE_POOL_STORE), shared by every
+gateway replica. It listens on every interface unless SIE_GATEWAY_HOST says otherwise.
 """
 
 from __future__ import annotations
@@ -23,15 +24,17 @@ from sie.roles.common import (
     http_listener,
     metrics_routes,
     open_gateway_metrics,
+    open_gateway_pools,
     open_telemetry,
     open_tracing,
+    pool_store,
     run_gateway_main,
 )
 from sie.runtime import freeze_startup_heap
 from sie.settings import Settings
 from sie.settings.gateway import CONTAINER_HOST
 from sie.stores.payload_store import open_payload_store
-from sie.transport.nats import NatsTransport
+from sie.transport.nats import POOL_BUCKET, NatsTransport
 from sie.transport.reconnecting import ReconnectingTransport
 
 
@@ -61,12 +64,17 @@ async def serve_gateway(settings: Settings) -> None:
         )
         stack.push_async_callback(offload.aclose)  # pending deletes finish before the transport closes
         auth = await stack.enter_async_context(GatewayAuth.from_settings(settings.auth))
-        metrics = await open_gateway_metrics(stack, telemetry, state, transport.lane_depth, registry, settings.lane)
+        store = pool_store(settings, transport.key_value(POOL_BUCKET))  # every gateway replica shares the bucket
+        pools = await open_gateway_pools(stack, settings, store, registry, transport.lane_depth)
+        metrics = open_gateway_metrics(telemetry, state, pools.signals)
         sources = GatewaySources(
             state, transport, registry, registry, registry.healthy_workers, registry.unready_reason, offload=offload,
-            dead_letters=dead_letters, auth=auth, tracing=tracing, metrics=metrics,
+            dead_letters=dead_letters, auth=auth, tracing=tracing, metrics=metrics, pools=pools.directory,
+            signals=pools.signals,
         )  # fmt: skip
-        app = build_gateway_app(sources, settings.gateway, settings.lane, router_id, metrics_routes(telemetry))
+        app = build_gateway_app(
+            sources, settings.gateway, settings.lane, router_id, metrics_routes(telemetry), settings.pools
+        )
         grace = settings.process.shutdown_grace_s
 
         async def drain() -> None:

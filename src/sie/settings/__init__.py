@@ -28,6 +28,7 @@ from sie.settings.identity import LaneSettings, ProcessSettings
 from sie.settings.messaging import NatsSettings, StreamSettings
 from sie.settings.payloads import PayloadSettings
 from sie.settings.placement import PlacementSettings
+from sie.settings.pools import PoolSettings
 from sie.settings.sidecar import BatchingSettings, SidecarSettings
 from sie.settings.telemetry import TelemetrySettings
 from sie.settings.tracing import TracingSettings
@@ -45,6 +46,7 @@ __all__ = [
     "NatsSettings",
     "PayloadSettings",
     "PlacementSettings",
+    "PoolSettings",
     "ProcessSettings",
     "SettingDoc",
     "Settings",

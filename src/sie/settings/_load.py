@@ -19,6 +19,7 @@ from sie.settings.identity import LaneSettings, ProcessSettings
 from sie.settings.messaging import NatsSettings, StreamSettings
 from sie.settings.payloads import PayloadSettings
 from sie.settings.placement import PlacementSettings
+from sie.settings.pools import PoolSettings
 from sie.settings.sidecar import BatchingSettings, SidecarSettings
 from sie.settings.telemetry import TelemetrySettings
 from sie.settings.tracing import TracingSettings
@@ -35,6 +36,7 @@ class Settings:
     stream: StreamSettings = group(StreamSettings, "JetStream streams and consumers")
     gateway: GatewaySettings = group(GatewaySettings, "Gateway")
     auth: AuthSettings = group(AuthSettings, "Auth")
+    pools: PoolSettings = group(PoolSettings, "Pools and scale-from-zero")
     config_service: ConfigServiceSettings = group(ConfigServiceSettings, "Config service")
     config_sync: ConfigSyncSettings = group(ConfigSyncSettings, "Config sync")
     catalog: CatalogSettings = group(CatalogSettings, "Catalogue")

@@ -177,8 +177,9 @@ class AuthSettings:
         Env(
             "SIE_AUTH_EXEMPT_OPERATIONAL",
             boolean(),
-            "With SIE_AUTH_MODE=token, serve `/`, `/health`, `/metrics`, `/docs` and `/ws/*` without a token. "
-            "They show workers, models and queue depth: leave it false unless only operators reach the port.",
+            "With SIE_AUTH_MODE=token, serve `/`, `/health`, `/metrics`, `/docs`, `/ws/*` and `/v1/scaling/*` "
+            "without a token. They show workers, models and queue depth: leave it false unless only operators reach "
+            "the port.",
             roles=_GATEWAY_ROLES,
             read_by=("sie.gateway.auth",),
         ),

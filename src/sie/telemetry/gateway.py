@@ -1,16 +1,17 @@
-"""The gateway's series: HTTP requests (`sie.telemetry.http`), admission decisions by reason, and the work queued
-per lane as the broker last reported it (seed 000 §15: durable lane queue depth).
+"""The gateway's series: HTTP requests (`sie.telemetry.http`), admission decisions by reason and per lane, and the
+lane values an autoscaler reads (seed 000 §15): durable lane queue depth as the broker last reported it, pending
+demand (requests that found no worker) and the pools' warm floors.
 
-Lane values are written by a background refresh (`sie.gateway.lane_depth`) and read at collection time, so a
-scrape never waits on the broker. Lane labels are pools, machine profiles and bundles that workers announced:
-bounded by the deployment, never taken from a request.
+Lane values are read at collection time from `LaneValues` (the gateway's lane signals, refreshed in the background),
+so a scrape never waits on the broker. Lane labels are pools, machine profiles and bundles of workers, pools and
+routed requests: bounded by the deployment and the pool store, never free text from a request.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from typing import Final
+from typing import Final, Protocol
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
@@ -32,18 +33,69 @@ class AdmissionDecision(enum.StrEnum):
     INVALID = "invalid"  # a machine profile no capacity can come for (400)
 
 
-class GatewayMetrics:
-    """HTTP requests (`http`, recorded by its middleware), admission decisions and per-lane queue values; `models`
-    bounds the model label to the catalogue."""
+class LaneDecision(enum.StrEnum):
+    """The per-lane in-flight check (seed 000 §2: always decided, shedding only when enforced)."""
 
-    def __init__(self, meter: Meter, models: ModelLabels) -> None:
+    ADMITTED = "admitted"
+    OVER_LIMIT = "over_limit"  # over SIE_GATEWAY_MAX_LANE_IN_FLIGHT_ITEMS, admitted (not enforced)
+    SHED = "shed"  # over it and refused (503 QUEUE_FULL)
+
+
+class LaneValues(Protocol):
+    """Per-lane values read at collection time."""
+
+    def depths(self) -> Mapping[LaneKey, tuple[int, int]]:
+        """`(pending, ack_pending)` of each lane's durable consumer, as last read."""
+        ...
+
+    def pending_demand(self) -> Mapping[LaneKey, int]: ...
+
+    def warm_floors(self) -> Mapping[LaneKey, int]: ...
+
+
+class _NoLanes:
+    def depths(self) -> Mapping[LaneKey, tuple[int, int]]:
+        return {}
+
+    def pending_demand(self) -> Mapping[LaneKey, int]:
+        return {}
+
+    def warm_floors(self) -> Mapping[LaneKey, int]:
+        return {}
+
+
+class GatewayMetrics:
+    """HTTP requests (`http`, recorded by its middleware), admission decisions, and the per-lane values of `lanes`;
+    `models` bounds the model label to the catalogue."""
+
+    def __init__(self, meter: Meter, models: ModelLabels, lanes: LaneValues | None = None) -> None:
         self.http = HttpMetrics(meter, "sie.gateway", models)
+        self._lanes = lanes or _NoLanes()
         # Why requests were refused before any work was queued: provisioning is the scale-from-zero signal,
         # queue_full the overload one.
         self._admission = Tally(
             meter, "sie.gateway.admission.decisions", "{request}", "Admission decisions by outcome.", ("decision",)
         )
-        self._lanes: dict[LaneKey, tuple[int, int]] = {}
+        self._lane_admission = Tally(
+            meter,
+            "sie.gateway.lane.admission.decisions",
+            "{request}",
+            "The per-lane in-flight check: admitted, over_limit (counted only) or shed.",
+            (*_LANE_LABELS, "decision"),
+        )
+        meter.create_observable_gauge(
+            "sie.gateway.lane.pending_demand",
+            callbacks=[self._observe_demand],
+            unit="{request}",
+            description="Requests that found no worker on a lane (or were shed) and were not served since: the "
+            "scale-from-zero signal.",
+        )
+        meter.create_observable_gauge(
+            "sie.gateway.pool.warm_floor",
+            callbacks=[self._observe_warm_floor],
+            unit="{worker}",
+            description="Workers the pools ask a lane to keep warm (the largest minimum_worker_count naming it).",
+        )
         # Work a lane holds: queued plus delivered and not yet acknowledged, so work stays visible while a
         # worker loads a model or dies before its ACK (seed 000 §15). The autoscaling input.
         meter.create_observable_gauge(
@@ -63,16 +115,21 @@ class GatewayMetrics:
     def admission(self, decision: AdmissionDecision) -> None:
         self._admission.add((decision.value,))
 
-    def set_lanes(self, depths: Mapping[LaneKey, tuple[int, int]]) -> None:
-        """Replace the lane values: `(pending, ack_pending)` by lane; lanes not given stop being reported."""
-        self._lanes = dict(depths)
+    def lane_admission(self, lane: LaneKey, decision: LaneDecision) -> None:
+        self._lane_admission.add((*lane, decision.value))
 
     def _observe_depth(self, options: CallbackOptions) -> Iterable[Observation]:
-        lanes = list(self._lanes.items())
+        lanes = list(self._lanes.depths().items())
         return [Observation(pending + acked, _lane_labels(lane)) for lane, (pending, acked) in lanes]
 
     def _observe_pending(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(pending, _lane_labels(lane)) for lane, (pending, _) in list(self._lanes.items())]
+        return [Observation(pending, _lane_labels(lane)) for lane, (pending, _) in list(self._lanes.depths().items())]
+
+    def _observe_demand(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(count, _lane_labels(lane)) for lane, count in self._lanes.pending_demand().items()]
+
+    def _observe_warm_floor(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(floor, _lane_labels(lane)) for lane, floor in self._lanes.warm_floors().items()]
 
 
 def _lane_labels(lane: LaneKey) -> dict[str, str]:

@@ -1,0 +1,272 @@
+"""The gateway's pools (seed 000 §2, §16.3): a cached view of the pool store that requests resolve against without
+I/O, the protected pools every cluster has (`default` and the deploy-owned static queue pools), the API's writes,
+and the background round that keeps the view fresh, sweeps expired leases and records which workers each pool is
+assigned.
+
+Every gateway replica reads the same store (a JetStream KV bucket in distributed mode), so they agree on the pools;
+assignments are computed from each replica's own worker registry, deterministically (`sie.pools.assign_workers`),
+and written back only when they change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final, Self
+
+import attrs
+
+from sie.gateway.status import WorkerSummary
+from sie.pools import (
+    DEFAULT_POOL,
+    AssignedWorker,
+    InvalidPoolError,
+    Pool,
+    PoolExistsError,
+    PoolNotFoundError,
+    PoolProtectedError,
+    PoolSpec,
+    PoolStore,
+    assign_workers,
+    canonical_pool_name,
+    parse_pool_spec,
+)
+
+logger = logging.getLogger(__name__)
+
+REFRESH_INTERVAL_S: Final = 1.0
+# A name the view does not hold is looked up in the store at most this often (a pool another replica just made).
+MISS_RECHECK_S: Final = 1.0
+MAX_REMEMBERED_MISSES: Final = 1024
+
+# (pool, machine_profile, bundle)
+LaneKey = tuple[str, str, str]
+Workers = Callable[[], Sequence[WorkerSummary]]
+
+
+@attrs.frozen
+class PoolTarget:
+    """Where a request that named a pool goes: the physical queue pool whose lane carries its work, the logical
+    pool stamped as the work items' `admission_pool`, and the machine profiles the pool asks for (its demand wakes
+    each of them when the request names none)."""
+
+    logical: str
+    queue_pool: str
+    machine_profiles: tuple[str, ...] = ()
+    bundle: str | None = None
+
+
+class PoolDirectory:
+    """Pools by name, refreshed from `store` every `refresh_interval_s` inside `async with`."""
+
+    def __init__(
+        self,
+        store: PoolStore,
+        static_queue_pools: Sequence[str],
+        default_ttl_s: float,
+        workers: Workers,
+        clock: Callable[[], float] = time.time,
+        refresh_interval_s: float = REFRESH_INTERVAL_S,
+    ) -> None:
+        self._store = store
+        self._static = tuple(dict.fromkeys((DEFAULT_POOL, *(canonical_pool_name(p) for p in static_queue_pools))))
+        self._default_ttl_s = default_ttl_s
+        self._workers = workers
+        self._clock = clock
+        self._interval_s = refresh_interval_s
+        self._live: dict[str, Pool] = {}
+        self._misses: dict[str, float] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._started = clock()
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.refresh()
+        except Exception:  # noqa: BLE001 - the store may be unreachable at start; the round retries
+            logger.warning("reading the pools failed; retrying every %.0f s", self._interval_s, exc_info=True)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="sie-pools")
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    # Requests
+
+    @property
+    def static_queue_pools(self) -> tuple[str, ...]:
+        return self._static
+
+    async def target(self, requested: str) -> PoolTarget | None:
+        """The target of a request that named `requested`, None when no such pool lives (the request fails
+        closed); InvalidPoolError for a name no pool can have."""
+        name = canonical_pool_name(requested)
+        if name in self._static:
+            return PoolTarget(name, name)
+        pool = self._live_pool(name)
+        if pool is None and self._may_recheck(name):
+            pool = await self._store.get(name)
+            if pool is not None:
+                self._live[name] = pool
+        if pool is None:
+            return None
+        spec = pool.spec
+        return PoolTarget(name, spec.queue_pool, tuple(sorted(spec.machine_profiles)), spec.bundle)
+
+    def assigned(self, name: str) -> frozenset[str] | None:
+        """The worker ids a capped pool may use; None when the pool is uncapped (any worker of its queue pool)."""
+        pool = self._live_pool(name)
+        if pool is None or not pool.spec.gpu_caps:
+            return None
+        return frozenset(worker.name for worker in pool.assigned_workers)
+
+    def _live_pool(self, name: str) -> Pool | None:
+        pool = self._live.get(name)
+        if pool is not None and pool.expired(self._clock()):
+            return None
+        return pool
+
+    def _may_recheck(self, name: str) -> bool:
+        now = self._clock()
+        last = self._misses.get(name)
+        if last is not None and now - last < MISS_RECHECK_S:
+            return False
+        if len(self._misses) >= MAX_REMEMBERED_MISSES:
+            self._misses.clear()
+        self._misses[name] = now
+        return True
+
+    # The API
+
+    def pools(self) -> list[Pool]:
+        """The protected pools, then the live ones by name."""
+        now = self._clock()
+        live = [pool for _, pool in sorted(self._live.items()) if not pool.expired(now)]
+        return [*(self._protected(name) for name in self._static), *live]
+
+    async def get(self, requested: str) -> Pool:
+        name = canonical_pool_name(requested)
+        if name in self._static:
+            return self._protected(name)
+        pool = await self._store.get(name)
+        if pool is None:
+            raise PoolNotFoundError(name)
+        return pool
+
+    async def create(self, body: Mapping[str, object]) -> tuple[Pool, bool]:
+        """Create the pool `body` describes, or update the live one of that name (its spec, and a lease renewed
+        from now: the public SDK re-POSTs a pool to update it); the pool and whether it is new."""
+        spec = parse_pool_spec(body, self._default_ttl_s)
+        if spec.name in self._static:
+            raise PoolProtectedError(spec.name)
+        if spec.queue_pool not in self._static:
+            raise InvalidPoolError(
+                f"queue_pool '{spec.queue_pool}' is not a queue pool of this cluster; known: {', '.join(self._static)} "
+                "(SIE_GATEWAY_STATIC_QUEUE_POOLS declares deploy-owned ones)"
+            )
+        pool = attrs.evolve(Pool.leased(spec, self._clock()), assigned_workers=self._assignment(spec, ()))
+        try:
+            stored, new = await self._store.create(pool), True
+        except PoolExistsError:
+            stored, new = await self._store.replace(pool), False
+        self._live[stored.name] = stored
+        self._misses.pop(stored.name, None)
+        return stored, new
+
+    async def renew(self, requested: str) -> Pool:
+        name = canonical_pool_name(requested)
+        if name in self._static:
+            return self._protected(name)
+        pool = await self._store.renew(name, self._clock())
+        self._live[name] = pool
+        return pool
+
+    async def delete(self, requested: str) -> None:
+        name = canonical_pool_name(requested)
+        if name in self._static:
+            raise PoolProtectedError(name)
+        deleted = await self._store.delete(name)
+        self._live.pop(name, None)
+        if not deleted:
+            raise PoolNotFoundError(name)
+
+    def machine_profiles(self) -> frozenset[str]:
+        """The machine profiles the live pools ask for: capacity can come for them (a request for one waits)."""
+        now = self._clock()
+        return frozenset(
+            profile for pool in self._live.values() if not pool.expired(now) for profile in pool.spec.machine_profiles
+        )
+
+    # Scale signals
+
+    def warm_floors(self) -> dict[LaneKey, int]:
+        """Per lane, the largest `minimum_worker_count` of the pools that can name it (seed 000 §16.3: the maximum
+        over logical pools sharing a lane, not the sum)."""
+        floors: dict[LaneKey, int] = {}
+        now = self._clock()
+        for pool in self._live.values():
+            spec = pool.spec
+            if spec.minimum_worker_count <= 0 or pool.expired(now):
+                continue
+            for lane in self._lanes_of(spec):
+                floors[lane] = max(floors.get(lane, 0), spec.minimum_worker_count)
+        return floors
+
+    def _lanes_of(self, spec: PoolSpec) -> list[LaneKey]:
+        """The lanes a pool can name: its queue pool × its machine profiles × its bundle, or every bundle a worker
+        of that queue pool and profile announced (a pool without a bundle spans them)."""
+        profiles = sorted(spec.machine_profiles)
+        if spec.bundle is not None:
+            return [(spec.queue_pool, profile, spec.bundle) for profile in profiles]
+        bundles = sorted({w.bundle for w in self._workers() if w.pool == spec.queue_pool}) or ["default"]
+        return [(spec.queue_pool, profile, bundle) for profile in profiles for bundle in bundles]
+
+    # The background round
+
+    async def refresh(self) -> None:
+        """Read every live pool, sweep expired leases, and write back assignments that changed."""
+        now = self._clock()
+        await self._store.sweep(now)
+        live = {pool.name: pool for pool in await self._store.list()}
+        for name, pool in list(live.items()):
+            assigned = self._assignment(pool.spec, pool.assigned_workers)
+            if assigned == pool.assigned_workers:
+                continue
+            try:
+                live[name] = await self._store.replace(attrs.evolve(pool, assigned_workers=assigned))
+            except PoolNotFoundError:
+                live.pop(name, None)
+        self._live = live
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)  # the refresh cadence, off the request path
+            try:
+                await self.refresh()
+            except Exception:  # noqa: BLE001 - one failed round must not end the refresh
+                logger.warning("refreshing the pools failed", exc_info=True)
+
+    def _assignment(self, spec: PoolSpec, previous: Sequence[AssignedWorker]) -> tuple[AssignedWorker, ...]:
+        return assign_workers(spec, self._candidates(spec.queue_pool), tuple(previous))
+
+    def _candidates(self, queue_pool: str) -> list[AssignedWorker]:
+        """The healthy workers on `queue_pool`, as assignment candidates."""
+        return [
+            AssignedWorker(
+                name=worker.name,
+                machine_profile=worker.machine_profile.lower(),
+                bundle=worker.bundle,
+                gpus=max(1, worker.gpu_count),
+            )
+            for worker in self._workers()
+            if worker.healthy and worker.pool == queue_pool
+        ]
+
+    def _protected(self, name: str) -> Pool:
+        """`default` or a static queue pool: no requirements, no lease, every healthy worker of that queue pool."""
+        pool = Pool.protected_queue_pool(name, self._started)
+        return attrs.evolve(pool, assigned_workers=tuple(self._candidates(name)))
