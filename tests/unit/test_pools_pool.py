@@ -57,9 +57,9 @@ def test_the_json_shape() -> None:
             "assigned_workers": [
                 {"name": "worker-1", "url": "", "gpu": "l4", "machine_profile": "l4", "bundle": "default", "gpus": 1}
             ],
-            "created_at": "2023-11-14T22:13:20.000000+00:00",
-            "last_renewed": "2023-11-14T22:13:20.000000+00:00",
-            "expires_at": "2023-11-14T22:14:20.000000+00:00",
+            "created_at": T0,
+            "last_renewed": T0,
+            "expires_at": T0 + 60,
         },
         "protected": False,
     }  # fmt: skip

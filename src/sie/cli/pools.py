@@ -10,6 +10,7 @@ gateway (its message is printed), 2 usage or connection problem.
 
 from __future__ import annotations
 
+import datetime
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -100,9 +101,16 @@ def _pools_table(pools: list[dict[str, Any]], title: str) -> Table:
             spec.get("bundle") or "any",
             str(len(_workers(pool))),
             str(spec.get("minimum_worker_count", 0)),
-            status.get("expires_at") or "never",
+            _time(status.get("expires_at")),
         )
     return table
+
+
+def _time(unix_s: object) -> str:
+    """A pool time (unix seconds) as UTC ISO 8601; `never` when there is none."""
+    if isinstance(unix_s, int | float) and not isinstance(unix_s, bool):
+        return datetime.datetime.fromtimestamp(unix_s, datetime.UTC).isoformat(timespec="seconds")
+    return str(unix_s) if unix_s else "never"
 
 
 def _workers_table(pool: dict[str, Any]) -> Table:
@@ -194,7 +202,7 @@ def renew(name: NameArg, raw: JsonOption = False, gateway: GatewayOption = None,
     if raw:
         echo_json(pool)
         return
-    expires = (pool.get("status") or {}).get("expires_at") or "never"
+    expires = _time((pool.get("status") or {}).get("expires_at"))
     typer.echo(f"renewed {name}: expires at {expires}")
 
 

@@ -81,7 +81,7 @@ class Pool:
 
     def to_json(self, now: float) -> dict[str, Any]:
         """The pool's JSON shape (contracts "Pools:", extended): spec, status (state at `now`, assigned workers,
-        ISO 8601 UTC times) and whether it is protected."""
+        unix times, as the public SDK types them) and whether it is protected."""
         spec = self.spec
         return {
             "spec": {
@@ -97,9 +97,9 @@ class Pool:
             "status": {
                 "state": self.state(now),
                 "assigned_workers": [_worker_json(worker) for worker in self.assigned_workers],
-                "created_at": _iso(self.created_at),
-                "last_renewed": _iso(self.last_renewed),
-                "expires_at": None if self.expires_at is None else _iso(self.expires_at),
+                "created_at": self.created_at,
+                "last_renewed": self.last_renewed,
+                "expires_at": self.expires_at,
             },
             "protected": self.protected,
         }
@@ -200,12 +200,11 @@ def _seconds(value: object) -> float:
     return float(value)
 
 
-def _iso(unix_s: float) -> str:
-    return datetime.datetime.fromtimestamp(unix_s, datetime.UTC).isoformat(timespec="microseconds")
-
-
-def _unix(text: object) -> float:
-    moment = datetime.datetime.fromisoformat(_text(text))
+def _unix(value: object) -> float:
+    """Unix seconds (the public SDK's `PoolStatusInfo` types them so), or an ISO 8601 time."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return _seconds(value)
+    moment = datetime.datetime.fromisoformat(_text(value))
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=datetime.UTC)
     return moment.timestamp()
