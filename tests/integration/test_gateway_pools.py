@@ -42,7 +42,7 @@ class Workers:
         return "available", None
 
     def workers(self) -> list[WorkerSummary]:
-        return [WorkerSummary("w-1", "default", "default", "default", gpu_count=1)]
+        return [WorkerSummary("w-1", "default", "default", "default", gpu_count=1, loaded_models=(MINILM,))]
 
 
 class Answering:
@@ -84,9 +84,11 @@ async def gateway(
         status = Workers()
         pools = await stack.enter_async_context(
             PoolDirectory(MemoryPoolStore(), settings.static_queue_pools, settings.default_ttl_s, status.workers,
-                          refresh_interval_s=0.1)
+                          refresh_interval_s=0.1, catalog=lambda: catalog)
         )  # fmt: skip
-        signals = LaneSignals(DemandTracker(settings.demand_ttl_s), pools.warm_floors, status.workers)
+        signals = LaneSignals(
+            DemandTracker(settings.demand_ttl_s), pools.warm_floors, status.workers, pools.pinned_models_loaded
+        )
         telemetry = Telemetry()
         metrics = GatewayMetrics(telemetry.meter, ModelLabels(), signals)
         sources = GatewaySources(lambda: catalog, transport, QueueConsumers(transport), status, metrics=metrics,
@@ -167,6 +169,23 @@ async def test_bad_pool_bodies_are_400(catalog: Catalog, body: dict) -> None:
     async with gateway(catalog) as (client, _, _):
         detail(await client.post("/v1/pools", json=body), 400, "INVALID_POOL")
         assert [p["spec"]["name"] for p in (await client.get("/v1/pools")).json()["pools"]] == ["default", "batch"]
+
+
+async def test_pinned_models_must_be_tracked_and_are_stored_as_the_catalogue_names_them(catalog: Catalog) -> None:
+    async with gateway(catalog) as (client, _, telemetry):
+        body = {
+            "name": "pinned",
+            "gpus": {"default": 1},
+            "pinned_models": [f"{MINILM.upper()}:default", f"{MINILM}:int8"],
+        }
+        created = await client.post("/v1/pools", json=body)
+        assert created.status_code == 201, created.text
+        assert created.json()["spec"]["pinned_models"] == [MINILM, f"{MINILM}:int8"]
+        text = telemetry.prometheus_text().decode()  # w-1, assigned, has MiniLM loaded but not its int8 variant
+        assert f'sie_gateway_pool_pinned_model_loaded{{model="{MINILM}",pool="pinned"}} 1.0' in text
+        assert f'sie_gateway_pool_pinned_model_loaded{{model="{MINILM}:int8",pool="pinned"}} 0.0' in text
+        unknown = {"name": "other", "gpus": {"default": 1}, "pinned_models": ["org/not-a-model"]}
+        assert "org/not-a-model" in detail(await client.post("/v1/pools", json=unknown), 400, "INVALID_POOL")["message"]
 
 
 async def test_a_lease_expires_unless_renewed(catalog: Catalog) -> None:

@@ -114,10 +114,14 @@ def build_gateway_app(
     collector = Collector(sources.transport, router_id)
     own_pools = sources.pools is None
     pools = sources.pools or PoolDirectory(
-        MemoryPoolStore(), pool_settings.static_queue_pools, pool_settings.default_ttl_s, sources.status.workers
+        MemoryPoolStore(),
+        pool_settings.static_queue_pools,
+        pool_settings.default_ttl_s,
+        sources.status.workers,
+        catalog=sources.catalog,
     )
     signals = sources.signals or LaneSignals(
-        DemandTracker(pool_settings.demand_ttl_s), pools.warm_floors, sources.status.workers
+        DemandTracker(pool_settings.demand_ttl_s), pools.warm_floors, sources.status.workers, pools.pinned_models_loaded
     )
     service = InferenceService(
         Router(sources.catalog, lane, settings.configured_gpus),

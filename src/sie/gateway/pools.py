@@ -18,6 +18,8 @@ from typing import Final, Self
 
 import attrs
 
+from sie.catalog import Catalog, ModelNotFoundError
+from sie.catalog.model import DEFAULT_PROFILE
 from sie.gateway.status import WorkerSummary
 from sie.pools import (
     DEFAULT_POOL,
@@ -59,9 +61,10 @@ class PoolTarget:
 
 
 class PoolDirectory:
-    """Pools by name, refreshed from `store` every `refresh_interval_s` inside `async with`."""
+    """Pools by name, refreshed from `store` every `refresh_interval_s` inside `async with`; `workers` are the workers
+    the gateway knows, `catalog` (when given) the models a pool may pin."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the store, the deployment's pools, the worker and model views, cadence
         self,
         store: PoolStore,
         static_queue_pools: Sequence[str],
@@ -69,8 +72,10 @@ class PoolDirectory:
         workers: Workers,
         clock: Callable[[], float] = time.time,
         refresh_interval_s: float = REFRESH_INTERVAL_S,
+        catalog: Callable[[], Catalog] | None = None,
     ) -> None:
         self._store = store
+        self._catalog = catalog
         self._static = tuple(dict.fromkeys((DEFAULT_POOL, *(canonical_pool_name(p) for p in static_queue_pools))))
         self._default_ttl_s = default_ttl_s
         self._workers = workers
@@ -154,15 +159,16 @@ class PoolDirectory:
             return self._protected(name)
         pool = await self._store.get(name)
         if pool is None:
-            raise PoolNotFoundError(name)
+            raise PoolNotFoundError(f"pool '{name}' not found")
         return pool
 
     async def create(self, body: Mapping[str, object]) -> tuple[Pool, bool]:
         """Create the pool `body` describes, or update the live one of that name (its spec, and a lease renewed
         from now: the public SDK re-POSTs a pool to update it); the pool and whether it is new."""
         spec = parse_pool_spec(body, self._default_ttl_s)
+        spec = attrs.evolve(spec, pinned_models=tuple(self._pinned_model(model) for model in spec.pinned_models))
         if spec.name in self._static:
-            raise PoolProtectedError(spec.name)
+            raise PoolProtectedError(_protected_message(spec.name))
         if spec.queue_pool not in self._static:
             raise InvalidPoolError(
                 f"queue_pool '{spec.queue_pool}' is not a queue pool of this cluster; known: {', '.join(self._static)} "
@@ -177,6 +183,20 @@ class PoolDirectory:
         self._misses.pop(stored.name, None)
         return stored, new
 
+    def _pinned_model(self, model_id: str) -> str:
+        """A pinned model as the catalogue names it (`model:default` folds to `model`); InvalidPoolError for a model
+        the gateway does not track (seed 000 §16.3)."""
+        if self._catalog is None:
+            return model_id
+        base, _, profile = model_id.rpartition(":")
+        if base and profile == DEFAULT_PROFILE:
+            model_id = base
+        try:
+            entry = self._catalog().get(model_id)
+        except ModelNotFoundError:
+            raise InvalidPoolError(f"pinned model '{model_id}' is not a model this gateway tracks") from None
+        return entry.model_id
+
     async def renew(self, requested: str) -> Pool:
         name = canonical_pool_name(requested)
         if name in self._static:
@@ -188,11 +208,11 @@ class PoolDirectory:
     async def delete(self, requested: str) -> None:
         name = canonical_pool_name(requested)
         if name in self._static:
-            raise PoolProtectedError(name)
+            raise PoolProtectedError(_protected_message(name))
         deleted = await self._store.delete(name)
         self._live.pop(name, None)
         if not deleted:
-            raise PoolNotFoundError(name)
+            raise PoolNotFoundError(f"pool '{name}' not found")
 
     def machine_profiles(self) -> frozenset[str]:
         """The machine profiles the live pools ask for: capacity can come for them (a request for one waits)."""
@@ -215,6 +235,19 @@ class PoolDirectory:
             for lane in self._lanes_of(spec):
                 floors[lane] = max(floors.get(lane, 0), spec.minimum_worker_count)
         return floors
+
+    def pinned_models_loaded(self) -> dict[tuple[str, str], int]:
+        """Per (pool, pinned model): 1 when a healthy worker assigned to the pool has the model loaded, else 0."""
+        loaded_by = {worker.name: set(worker.loaded_models) for worker in self._workers() if worker.healthy}
+        now = self._clock()
+        values: dict[tuple[str, str], int] = {}
+        for pool in self._live.values():
+            if pool.expired(now):
+                continue
+            assigned = [loaded_by.get(worker.name, set()) for worker in pool.assigned_workers]
+            for model in pool.spec.pinned_models:
+                values[(pool.name, model)] = int(any(model in loaded for loaded in assigned))
+        return values
 
     def _lanes_of(self, spec: PoolSpec) -> list[LaneKey]:
         """The lanes a pool can name: its queue pool × its machine profiles × its bundle, or every bundle a worker
@@ -270,3 +303,7 @@ class PoolDirectory:
         """`default` or a static queue pool: no requirements, no lease, every healthy worker of that queue pool."""
         pool = Pool.protected_queue_pool(name, self._started)
         return attrs.evolve(pool, assigned_workers=tuple(self._candidates(name)))
+
+
+def _protected_message(name: str) -> str:
+    return f"pool '{name}' is protected: the default pool and the static queue pools belong to the deployment"

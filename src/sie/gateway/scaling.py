@@ -54,9 +54,11 @@ class LaneSignals:
         demand: DemandTracker,
         warm_floors: Callable[[], Mapping[LaneKey, int]],
         workers: Callable[[], Sequence[WorkerSummary]],
+        pinned_models_loaded: Callable[[], Mapping[tuple[str, str], int]] = dict,
     ) -> None:
         self.demand = demand
         self._warm_floors = warm_floors
+        self._pinned = pinned_models_loaded
         self._workers = workers
         self._depths: dict[LaneKey, tuple[int, int]] = {}
 
@@ -72,6 +74,10 @@ class LaneSignals:
 
     def warm_floors(self) -> Mapping[LaneKey, int]:
         return self._warm_floors()
+
+    def pinned_models_loaded(self) -> Mapping[tuple[str, str], int]:
+        """Per (pool, pinned model), whether a worker of the pool has it loaded (1) or not (0)."""
+        return self._pinned()
 
     def lane(self, key: LaneKey) -> LaneSignal:
         """One lane's signals; zeros for a lane nobody knows (an autoscaler still gets a value)."""

@@ -58,7 +58,8 @@ async def serve_all(settings: Settings) -> None:
                                   sidecar_metrics)
         )  # fmt: skip
         status = LocalModelStatus(workers, settings.lane)
-        pools = await open_gateway_pools(stack, settings, pool_store(settings, None), status, transport.lane_depth)
+        store = pool_store(settings, None)
+        pools = await open_gateway_pools(stack, settings, store, status, transport.lane_depth, lambda: manager.catalog)
         metrics = open_gateway_metrics(telemetry, lambda: manager.catalog, pools.signals)
         auth = await stack.enter_async_context(GatewayAuth.from_settings(settings.auth))
         sources = GatewaySources(

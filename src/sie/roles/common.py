@@ -132,16 +132,23 @@ class GatewayPools:
 
 
 async def open_gateway_pools(
-    stack: AsyncExitStack, settings: Settings, store: PoolStore, status: ModelStatusSource, read_depth: ReadDepth
+    stack: AsyncExitStack,
+    settings: Settings,
+    store: PoolStore,
+    status: ModelStatusSource,
+    read_depth: ReadDepth,
+    catalog: Callable[[], Catalog],
 ) -> GatewayPools:
     """The pool directory over `store` and the lane signals (pending demand, warm floors, and the queue depths of
     the default lane, the workers' lanes and every lane with demand or a floor), refreshed in the background until
     `stack` closes."""
     pools = settings.pools
     directory = await stack.enter_async_context(
-        PoolDirectory(store, pools.static_queue_pools, pools.default_ttl_s, status.workers)
+        PoolDirectory(store, pools.static_queue_pools, pools.default_ttl_s, status.workers, catalog=catalog)
     )
-    signals = LaneSignals(DemandTracker(pools.demand_ttl_s), directory.warm_floors, status.workers)
+    signals = LaneSignals(
+        DemandTracker(pools.demand_ttl_s), directory.warm_floors, status.workers, directory.pinned_models_loaded
+    )
     lanes = known_lanes(status, settings.lane, lambda: [*signals.pending_demand(), *signals.warm_floors()])
     await stack.enter_async_context(LaneDepths(read_depth, lanes, signals.set_depths))
     return GatewayPools(directory, signals)

@@ -65,7 +65,7 @@ async def serve_gateway(settings: Settings) -> None:
         stack.push_async_callback(offload.aclose)  # pending deletes finish before the transport closes
         auth = await stack.enter_async_context(GatewayAuth.from_settings(settings.auth))
         store = pool_store(settings, transport.key_value(POOL_BUCKET))  # every gateway replica shares the bucket
-        pools = await open_gateway_pools(stack, settings, store, registry, transport.lane_depth)
+        pools = await open_gateway_pools(stack, settings, store, registry, transport.lane_depth, state)
         metrics = open_gateway_metrics(telemetry, state, pools.signals)
         sources = GatewaySources(
             state, transport, registry, registry, registry.healthy_workers, registry.unready_reason, offload=offload,

@@ -52,6 +52,10 @@ class LaneValues(Protocol):
 
     def warm_floors(self) -> Mapping[LaneKey, int]: ...
 
+    def pinned_models_loaded(self) -> Mapping[tuple[str, str], int]:
+        """Per (pool, pinned model): 1 when a worker assigned to the pool has it loaded."""
+        ...
+
 
 class _NoLanes:
     def depths(self) -> Mapping[LaneKey, tuple[int, int]]:
@@ -61,6 +65,9 @@ class _NoLanes:
         return {}
 
     def warm_floors(self) -> Mapping[LaneKey, int]:
+        return {}
+
+    def pinned_models_loaded(self) -> Mapping[tuple[str, str], int]:
         return {}
 
 
@@ -96,6 +103,12 @@ class GatewayMetrics:
             unit="{worker}",
             description="Workers the pools ask a lane to keep warm (the largest minimum_worker_count naming it).",
         )
+        meter.create_observable_gauge(
+            "sie.gateway.pool.pinned_model.loaded",
+            callbacks=[self._observe_pinned],
+            unit="{model}",
+            description="1 when a healthy worker assigned to the pool has the pinned model loaded, else 0.",
+        )
         # Work a lane holds: queued plus delivered and not yet acknowledged, so work stays visible while a
         # worker loads a model or dies before its ACK (seed 000 §15). The autoscaling input.
         meter.create_observable_gauge(
@@ -127,6 +140,10 @@ class GatewayMetrics:
 
     def _observe_demand(self, options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(count, _lane_labels(lane)) for lane, count in self._lanes.pending_demand().items()]
+
+    def _observe_pinned(self, options: CallbackOptions) -> Iterable[Observation]:
+        values = self._lanes.pinned_models_loaded().items()
+        return [Observation(loaded, {"pool": pool, "model": model}) for (pool, model), loaded in values]
 
     def _observe_warm_floor(self, options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(floor, _lane_labels(lane)) for lane, floor in self._lanes.warm_floors().items()]
