@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 # Downloaded wheels and converted ONNX graphs of the baseline models live in the repository's cache.
 export SIE_MODEL_CACHE ?= $(CURDIR)/.cache/models
 
-.PHONY: setup run-setup models tools run test test-fast lint clean
+.PHONY: setup run-setup models tools run test test-fast image-test lint clean
 
 run-setup: $(INSTALLED) models
 
@@ -64,6 +64,13 @@ tools:
 
 test: setup lint tools
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The container image built and run for real (tests/deploy/test_image.py): about 2.5 min on 2 cores, so `make test`
+# only lints the Dockerfile. podman builds (chroot isolation), buildah runs it, debootstrap makes the base image.
+image-test: $(TEST_INSTALLED)
+	command -v podman >/dev/null && command -v buildah >/dev/null && command -v debootstrap >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman buildah debootstrap)
+	TEST_IMAGE_BUILD=1 $(BIN)/pytest tests/deploy/test_image.py $(PYTEST_ARGS)
 
 test-fast: setup
 	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
