@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
@@ -31,6 +32,11 @@ class Consumers:
         self, lane: Lane, bundle_config_hash: str = "", workers: frozenset[str] | None = None
     ) -> bool:
         return lane in self.served
+
+    def eligible_workers(
+        self, lane: Lane, bundle_config_hash: str = "", workers: frozenset[str] | None = None
+    ) -> list[str]:
+        return sorted(workers or ())
 
 
 async def test_whether_a_lane_is_served_is_the_consumers_answer_not_the_queues() -> None:
@@ -118,6 +124,40 @@ async def test_lane_in_flight_limit_counts_and_sheds_only_when_enforced() -> Non
             pass
         with enforced.in_flight(LANE, 3), pytest.raises(QueueFullError):
             await enforced.admit(LANE, items=1)
+
+
+def test_a_capped_pools_request_goes_to_one_of_its_workers_spread_by_request_id() -> None:
+    publisher = WorkPublisher(None, Consumers(LANE), 50_000, "gw")  # type: ignore[arg-type]
+    subject = "sie.work.default.default.default.m"
+    chosen = {
+        publisher.direct_subject(subject, LANE, f"request-{n}", "", frozenset({"w-1", "w-2", "w-3"})) for n in range(60)
+    }
+    assert chosen == {f"{subject}.w-{n}" for n in (1, 2, 3)}
+    again = publisher.direct_subject(subject, LANE, "request-7", "", frozenset({"w-1", "w-2", "w-3"}))
+    assert again == publisher.direct_subject(subject, LANE, "request-7", "", frozenset({"w-3", "w-2", "w-1"}))
+    assert publisher.direct_subject(subject, LANE, "r", "", frozenset()) is None
+
+
+async def test_a_direct_publish_the_worker_stream_refuses_goes_on_the_lane(catalog_route) -> None:
+    class DirectRefused:
+        def __init__(self) -> None:
+            self.sent: list[str] = []
+
+        async def submit_work_batch(self, subject: str, items: object) -> asyncio.Future[None]:
+            self.sent.append(subject)
+            stored = asyncio.get_running_loop().create_future()
+            if subject.endswith(".w-1"):
+                stored.set_exception(NoConsumerError(subject))  # the worker's stream is gone
+            else:
+                stored.set_result(None)
+            return stored
+
+    queue = DirectRefused()
+    publisher = WorkPublisher(queue, Consumers(), 50_000, "gw")  # type: ignore[arg-type]
+    items = encode_work(catalog_route, ticket(), EncodeRequest(items=[Item(text="a")]), ["dense"])
+    stored = await publisher.publish(catalog_route.lane, catalog_route.subject, items, f"{catalog_route.subject}.w-1")
+    await stored
+    assert queue.sent == [f"{catalog_route.subject}.w-1", catalog_route.subject]
 
 
 def test_request_ids_and_reply_subjects() -> None:

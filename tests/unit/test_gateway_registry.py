@@ -315,3 +315,18 @@ def test_the_first_round_lasts_long_enough_for_a_beat_delayed_by_its_ping() -> N
     # A sidecar's ping gives up after two intervals (sie.sidecar.health): the round is longer than that.
     assert first_heartbeat_round_s(1.0) > PING_TIMEOUT_INTERVALS * 1.0
     assert first_heartbeat_round_s(4.0) == 4 * first_heartbeat_round_s(1.0)
+
+
+async def test_only_workers_with_the_expected_config_and_in_the_pool_are_eligible(clock: Clock) -> None:
+    registry = WorkerRegistry(NullBus(), STALE_S, clock=clock, first_heartbeat_wait_s=0.05)
+    registry.observe(beat("w-new", bundle_config_hash="a" * 64))
+    registry.observe(beat("w-old", bundle_config_hash="b" * 64))
+    registry.observe(beat("w-legacy"))  # reports no hash: legacy, always eligible
+    assert registry.eligible_workers(LANE, "a" * 64) == ["w-legacy", "w-new"]
+    assert registry.eligible_workers(LANE) == ["w-legacy", "w-new", "w-old"]  # nothing expected: all
+    assert registry.eligible_workers(LANE, "a" * 64, frozenset({"w-old", "w-new"})) == ["w-new"]
+    assert await registry.has_consumer(LANE, "a" * 64, frozenset({"w-new"}))
+    # Only a worker holding another config: not served (after a short wait for it to apply the expected one).
+    assert not await registry.has_consumer(LANE, "a" * 64, frozenset({"w-old"}))
+    assert not await registry.has_consumer(LANE, "c" * 64, frozenset({"w-old", "w-new"}))
+    assert registry.eligible_workers(Lane("default", "a100", "default")) == []

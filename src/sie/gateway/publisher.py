@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import time
@@ -20,6 +21,7 @@ from typing import Final, Protocol
 
 import attrs
 
+from sie.catalog.ids import normalize_worker_id
 from sie.catalog.names import reply_subject, work_cancel_subject
 from sie.gateway.errors import InvalidRequestError, ProvisioningError, QueueFullError, QueueUnavailableError
 from sie.pools import DemandTracker
@@ -44,6 +46,12 @@ class LaneConsumers(Protocol):
         self, lane: Lane, bundle_config_hash: str = "", workers: frozenset[str] | None = None
     ) -> bool: ...
 
+    def eligible_workers(
+        self, lane: Lane, bundle_config_hash: str = "", workers: frozenset[str] | None = None
+    ) -> list[str]:
+        """The ids of the eligible workers serving `lane` now (empty where workers are not addressable)."""
+        ...
+
 
 class QueueConsumers:
     """LaneConsumers from the work queue alone, for `--role all`: its in-process sidecar applies the catalogue the
@@ -59,6 +67,11 @@ class QueueConsumers:
         if workers is not None and not workers:
             return False
         return await self._queue.has_consumer(lane)
+
+    def eligible_workers(
+        self, lane: Lane, bundle_config_hash: str = "", workers: frozenset[str] | None = None
+    ) -> list[str]:
+        return []  # one in-process sidecar: work always goes on the lane
 
 
 # The machine profiles a request may name and wait for: configured, the default lane's, and every one a worker
@@ -210,11 +223,35 @@ class WorkPublisher:
                 known_profiles=known,
             )
 
-    async def publish(self, lane: Lane, subject: str, items: Sequence[WorkItem]) -> asyncio.Future[None]:
+    def direct_subject(
+        self, route_subject: str, lane: Lane, request_id: str, bundle_config_hash: str, assigned: frozenset[str]
+    ) -> str | None:
+        """The worker subject a capped pool's request goes to (seed 000 §8.2 worker direct-dispatch): one of the
+        pool's assigned workers eligible now, chosen by rendezvous hashing on the request id so requests spread
+        over them; None when none is addressable (work then goes on the lane, where unassigned sidecars NAK it)."""
+        workers = self._consumers.eligible_workers(lane, bundle_config_hash, assigned)
+        if not workers:
+            return None
+        chosen = max(workers, key=lambda worker: hashlib.blake2b(f"{request_id}/{worker}".encode()).digest())
+        return f"{route_subject}.{normalize_worker_id(chosen)}"
+
+    async def publish(
+        self, lane: Lane, subject: str, items: Sequence[WorkItem], direct_subject: str | None = None
+    ) -> asyncio.Future[None]:
         """Send every item on `subject` (a subject of `lane`), in order, without waiting for the stream to store
         them (seed 000 §8.2); the lane's pending demand is served. A refusal while sending raises here; the returned
         future completes once every item is stored, or fails with the gateway error of the refusal (see
-        `publish_error`)."""
+        `publish_error`). With `direct_subject` (a worker's own stream) the items go there first and the send waits
+        for the stream to store them; if it refuses them (the worker's stream is gone), they go on `subject`."""
+        if direct_subject is not None:
+            try:
+                stored = await self._queue.submit_work_batch(direct_subject, items)
+                await stored
+            except TransportError as exc:
+                logger.debug("direct dispatch on %s refused (%s); publishing on %s", direct_subject, exc, subject)
+            else:
+                self._demand.clear(_key(lane))
+                return stored
         try:
             stored = await self._queue.submit_work_batch(subject, items)
         except TransportError as exc:

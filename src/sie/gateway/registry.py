@@ -239,6 +239,18 @@ class WorkerRegistry:
             wait_s = max(wait_s, self.first_heartbeat_wait_s)  # a config apply is on its way
         return await self._await_lane(eligible, wait_s)
 
+    def eligible_workers(
+        self, lane: Lane, bundle_config_hash: str = "", workers: frozenset[str] | None = None
+    ) -> list[str]:
+        """The ids of the workers that serve `lane` now and are eligible for its work (see `has_consumer`), sorted."""
+        now = self.clock()
+        eligible = Eligibility(lane, bundle_config_hash, workers)
+        return sorted(
+            worker_id
+            for worker_id, record in self._workers.items()
+            if eligible.admits(record.heartbeat) and self.serves(record, now)
+        )
+
     def unready_reason(self) -> str | None:
         """Why the gateway should not take traffic yet (`/readyz`): the bus cannot deliver heartbeats, or the first
         round of them since it could is not over. None after it, whether or not any worker was heard."""

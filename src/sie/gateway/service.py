@@ -164,7 +164,7 @@ class InferenceService:
         except TransportError as exc:
             raise QueueUnavailableError(f"The pool store is unavailable: {exc}") from exc
         if target is None:
-            raise PoolNotFoundError(canonical_pool_name(requested))
+            raise PoolNotFoundError(f"pool '{canonical_pool_name(requested)}' not found")
         return self._router.route(spec, profile, hints, target)
 
     async def _run(
@@ -176,6 +176,11 @@ class InferenceService:
         items = build(Ticket(request_id, reply, self._publisher.router_id, now, now + self._timeout_s, trace))
         assigned = self._pools.assigned(route.admission_pool) if route.admission_pool else None
         await self._publisher.admit(route.lane, len(items), route.bundle_config_hash, assigned, route.demand_lanes)
+        direct = None
+        if assigned:  # a capped pool: its work goes to one of its workers (seed 000 §8.2)
+            direct = self._publisher.direct_subject(
+                route.subject, route.lane, request_id, route.bundle_config_hash, assigned
+            )
         with (
             self._collector.expect(request_id, len(items)) as pending,
             self._publisher.in_flight(route.lane, len(items)),
@@ -183,7 +188,7 @@ class InferenceService:
             items = await self._offload.prepare(items, pending.at_close)  # large payloads via the store
             started = time.perf_counter()
             try:
-                stored = await self._publisher.publish(route.lane, route.subject, items)
+                stored = await self._publisher.publish(route.lane, route.subject, items, direct)
                 stored.add_done_callback(functools.partial(_fail_unless_stored, pending, route.subject))
                 published = time.perf_counter()
                 results = await pending.wait(self._timeout_s)
