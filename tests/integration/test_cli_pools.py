@@ -1,96 +1,216 @@
-"""`sie pools …` through the CLI over real HTTP, against a stand-in for the gateway's `/v1/pools` routes
-(tests/support/pools_gateway.py, the shared contract's shape and error envelopes): tables by default, the raw JSON
-with `--json`, every spec flag in the POST body, the token from `--token` or SIE_ADMIN_TOKEN, the gateway from
+"""`sie pools …` through the CLI against a real gateway: a `sie run --role all --backend null` process with an
+admin token and one static queue pool (`gold`), started once for the module. Tables by default, the raw JSON with
+`--json`, every spec flag in the POST body, a second create updating the pool (the public SDK's semantics), times
+(unix seconds on the wire) shown as UTC ISO 8601, the token from `--token` or SIE_ADMIN_TOKEN, the gateway from
 `--gateway` or SIE_GATEWAY_URL. Exit codes: 0 done, 1 refused by the gateway (its message printed), 2 usage or
-connection problem."""
+connection problem, refused before anything is sent."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import pytest
 from typer.testing import CliRunner, Result
 
 from sie.cli.main import app
-from support.pools_gateway import PoolsGateway, pool_json
-from support.servers import free_port
+from support.servers import RoleProcess, free_port
 
 TOKEN = "adm1n"
+STATIC = "gold"
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+SPLADE = "rasyosef/splade-tiny"
 runner = CliRunner()
 
 
-@pytest.fixture
-def gateway(monkeypatch: pytest.MonkeyPatch) -> Iterator[PoolsGateway]:
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The base URL of a real all-in-one server (null backend: one worker, no model loads); it must exit 0 on
+    SIGTERM."""
+    port = free_port()
+    args = ["--host", "127.0.0.1", "--port", str(port), "--backend", "null", "--devices", "cpu"]
+    env = {"SIE_ADMIN_TOKEN": TOKEN, "SIE_GATEWAY_STATIC_QUEUE_POOLS": STATIC}
+    server = RoleProcess("all", args, env, Path(tmp_path_factory.mktemp("cli-pools")) / "all.log")
+    try:
+        server.wait_http_ready(f"http://127.0.0.1:{port}/readyz")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        code = server.stop()
+    assert code == 0, server.log()
+
+
+@pytest.fixture(autouse=True)
+def no_sie_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI reads its defaults from SIE_* variables: none leaks in from the shell running the tests."""
     for name in [name for name in os.environ if name.startswith("SIE_")]:
         monkeypatch.delenv(name)
-    stand_in = PoolsGateway()
-    stand_in.put(pool_json("gold", queue_pool="gold", protected=True))
-    with stand_in.running():
-        yield stand_in
 
 
 def sie(*args: str, env: dict[str, str] | None = None) -> Result:
     return runner.invoke(app, ["pools", *args], env={"COLUMNS": "200", **(env or {})})
 
 
-def test_create_sends_every_spec_flag_and_shows_the_pool(gateway: PoolsGateway) -> None:
+def admin(gateway: str) -> tuple[str, ...]:
+    return ("--gateway", gateway, "--token", TOKEN)
+
+
+def get_json(gateway: str, name: str) -> dict:
+    shown = sie("get", name, "--json", *admin(gateway))
+    assert shown.exit_code == 0, shown.output
+    return json.loads(shown.stdout)
+
+
+def pool_names(gateway: str) -> list[str]:
+    listed = sie("list", "--json", "--gateway", gateway)
+    assert listed.exit_code == 0, listed.output
+    return [pool["spec"]["name"] for pool in json.loads(listed.stdout)["pools"]]
+
+
+def table_rows(output: str) -> dict[str, str]:
+    """A rich table's body rows by their first cell."""
+    return {line.split("│")[1].strip(): line for line in output.splitlines() if line.count("│") > 2}
+
+
+def iso(unix_s: float) -> str:
+    return datetime.datetime.fromtimestamp(unix_s, datetime.UTC).isoformat(timespec="seconds")
+
+
+def the_worker(gateway: str) -> dict:
+    """The all-in-one server's one worker, as the gateway's /health lists it."""
+    (worker,) = httpx.get(f"{gateway}/health", timeout=10).json()["workers"]
+    return worker
+
+
+def test_create_sends_every_spec_flag_and_shows_the_pool(gateway: str) -> None:
     created = sie(
-        "create", "acme", "--gpu", "l4=2", "--gpu", "A100=1", "--gpu-cap", "l4=4", "--queue-pool", "gold",
-        "--bundle", "default", "--min-workers", "1", "--pin", "BAAI/bge-m3", "--pin", "org/m:fast", "--ttl", "600",
-        "--gateway", gateway.url, "--token", TOKEN,
+        "create", "acme", "--gpu", "l4=2", "--gpu", "A100=1", "--gpu-cap", "l4=4", "--queue-pool", STATIC,
+        "--bundle", "default", "--min-workers", "1", "--pin", MINILM, "--pin", SPLADE, "--ttl", "600",
+        *admin(gateway),
     )  # fmt: skip
     assert created.exit_code == 0, created.output
-    assert (
-        "acme" in created.stdout
-        and "l4=2" in created.stdout
-        and "pinned models: BAAI/bge-m3, org/m:fast" in (created.stdout)
-    )
-    shown = sie("get", "acme", "--json", "--gateway", gateway.url, "--token", TOKEN)
-    assert shown.exit_code == 0, shown.output
-    spec = json.loads(shown.stdout)["spec"]
-    assert spec == {
-        "name": "acme", "gpus": {"l4": 2, "a100": 1}, "gpu_caps": {"l4": 4}, "queue_pool": "gold",
-        "bundle": "default", "minimum_worker_count": 1, "pinned_models": ["BAAI/bge-m3", "org/m:fast"],
-        "ttl_seconds": 600.0,
+    assert f"pinned models: {MINILM}, {SPLADE}" in created.stdout
+    pool = get_json(gateway, "acme")
+    assert pool["spec"] == {
+        "name": "acme", "gpus": {"l4": 2, "a100": 1}, "gpu_caps": {"l4": 4}, "queue_pool": STATIC,
+        "bundle": "default", "minimum_worker_count": 1, "pinned_models": [MINILM, SPLADE], "ttl_seconds": 600.0,
     }  # fmt: skip
-    assert gateway.requests[0] == ("POST", "/v1/pools", f"Bearer {TOKEN}")
+    status = pool["status"]
+    assert status["expires_at"] == pytest.approx(status["last_renewed"] + 600.0)
+    row = table_rows(created.stdout)["acme"]
+    # gold has no worker: nothing is assigned, the pool waits; its expiry is shown in UTC.
+    assert "l4=2" in row and "a100=1" in row and "pending" in row and iso(status["expires_at"]) in row
+    assert "no workers assigned yet" in created.stdout
 
 
-def test_list_and_get_print_tables_or_json(gateway: PoolsGateway) -> None:
-    gateway.put(pool_json("acme", gpus={"l4": 1}, gpu_caps={"l4": 1}, assigned=["worker-7"]))
-    table = sie("list", "--gateway", gateway.url)
+def test_a_second_create_updates_the_pool(gateway: str) -> None:
+    assert sie("create", "upd", "--gpu", "l4=1", "--min-workers", "2", *admin(gateway)).exit_code == 0
+    first = get_json(gateway, "upd")
+    again = sie("create", "upd", "--gpu", "l4=3", "--ttl", "120", *admin(gateway))
+    assert again.exit_code == 0, again.output
+    assert "l4=3" in table_rows(again.stdout)["upd"]
+    updated = get_json(gateway, "upd")
+    # The new spec replaces the old one whole (the warm floor is back to 0); the lease is renewed, not restarted.
+    assert updated["spec"]["gpus"] == {"l4": 3} and updated["spec"]["minimum_worker_count"] == 0
+    assert updated["spec"]["ttl_seconds"] == 120.0
+    assert updated["status"]["created_at"] == first["status"]["created_at"]
+    assert updated["status"]["last_renewed"] >= first["status"]["last_renewed"]
+    assert pool_names(gateway).count("upd") == 1
+
+
+def test_list_and_get_print_tables_or_json(gateway: str) -> None:
+    worker = the_worker(gateway)
+    profile = worker["machine_profile"]
+    assert sie("create", "listed", "--gpu", f"{profile}=1", *admin(gateway)).exit_code == 0
+    table = sie("list", "--gateway", gateway)  # reads need no token unless the gateway is in token mode
     assert table.exit_code == 0, table.output
-    rows = {line.split("│")[1].strip(): line for line in table.stdout.splitlines() if line.count("│") > 2}
-    assert set(rows) >= {"default (protected)", "gold (protected)", "acme"}
-    assert "l4=1" in rows["acme"] and "active" in rows["acme"]
-    raw = sie("list", "--json", "--gateway", gateway.url)
-    assert [pool["spec"]["name"] for pool in json.loads(raw.stdout)["pools"]] == ["default", "gold", "acme"]
-    one = sie("get", "ACME", "--gateway", gateway.url)
+    rows = table_rows(table.stdout)
+    assert set(rows) >= {"default (protected)", f"{STATIC} (protected)", "listed"}
+    assert f"{profile}=1" in rows["listed"] and "active" in rows["listed"]  # its worker is the default pool's
+    assert "never" in rows["default (protected)"]
+    names = pool_names(gateway)
+    assert names[:2] == ["default", STATIC] and "listed" in names
+    listed = [pool for pool in json.loads(sie("list", "--json", "--gateway", gateway).stdout)["pools"]
+              if pool["spec"]["name"] == "listed"]  # fmt: skip
+    assert all(isinstance(listed[0]["status"][key], float) for key in ("created_at", "last_renewed", "expires_at"))
+    one = sie("get", "LISTED", "--gateway", gateway)
     assert one.exit_code == 0, one.output
-    assert "worker-7" in one.stdout and "assigned workers" in one.stdout
+    assert "assigned workers" in one.stdout
+    assert worker["name"] in table_rows(one.stdout.split("assigned workers", 1)[1])
 
 
-def test_renew_and_delete(gateway: PoolsGateway) -> None:
-    env = {"SIE_GATEWAY_URL": gateway.url, "SIE_ADMIN_TOKEN": TOKEN}  # no flags: both from the environment
-    assert sie("create", "acme", "--gpu", "l4=1", env=env).exit_code == 0
-    renewed = sie("renew", "acme", env=env)
+def test_renew_and_delete(gateway: str) -> None:
+    env = {"SIE_GATEWAY_URL": gateway, "SIE_ADMIN_TOKEN": TOKEN}  # no flags: both from the environment
+    assert sie("create", "brief", "--gpu", "l4=1", env=env).exit_code == 0
+    before = get_json(gateway, "brief")["status"]
+    renewed = sie("renew", "brief", "--json", env=env)
     assert renewed.exit_code == 0, renewed.output
-    assert renewed.stdout.startswith("renewed acme: expires at ") and gateway.renewals == 1
-    deleted = sie("delete", "acme", env=env)
-    assert (deleted.exit_code, deleted.stdout) == (0, "deleted acme\n")
-    assert {auth for _, _, auth in gateway.requests} == {f"Bearer {TOKEN}"}
-    gone = sie("get", "acme", "--json", env=env)
-    assert gone.exit_code == 1 and "404 pool 'acme' not found" in gone.stderr
+    after = json.loads(renewed.stdout)["status"]
+    assert after["expires_at"] >= before["expires_at"] and after["created_at"] == before["created_at"]
+    shown = sie("renew", "brief", env=env)
+    assert shown.exit_code == 0, shown.output
+    expires = get_json(gateway, "brief")["status"]["expires_at"]
+    assert shown.stdout == f"renewed brief: expires at {iso(expires)}\n"
+    deleted = sie("delete", "brief", env=env)
+    assert (deleted.exit_code, deleted.stdout) == (0, "deleted brief\n")
+    gone = sie("get", "brief", "--json", env=env)
+    assert gone.exit_code == 1 and "404 pool 'brief' not found" in gone.stderr
+    again = sie("delete", "brief", env=env)
+    assert again.exit_code == 1 and "404 pool 'brief' not found" in again.stderr
+    assert "brief" not in pool_names(gateway)
 
 
-def test_the_gateways_refusals_exit_1_with_their_message(gateway: PoolsGateway) -> None:
-    assert sie("create", "acme", "--gpu", "l4=1", "--gateway", gateway.url).exit_code == 0
-    again = sie("create", "acme", "--gpu", "l4=1", "--gateway", gateway.url)
-    assert again.exit_code == 1 and "409 pool 'acme' already exists" in again.stderr
-    protected = sie("delete", "default", "--gateway", gateway.url)
-    assert protected.exit_code == 1 and "403 pool 'default' is protected" in protected.stderr
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("create", "acme2", "--gpu", "l4=1"), "401 This route needs the admin token"),
+        (("create", "acme2", "--gpu", "l4=1", "--token", "not-it"), "403 This route needs the admin token"),
+        (("delete", "default", "--token", "not-it"), "403 This route needs the admin token"),
+        (("renew", "default"), "401 This route needs the admin token"),
+    ],
+)
+def test_without_the_admin_token_writes_are_refused(gateway: str, args: tuple[str, ...], message: str) -> None:
+    before = pool_names(gateway)
+    result = sie(*args, "--gateway", gateway)
+    assert result.exit_code == 1 and message in result.stderr
+    assert pool_names(gateway) == before
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("delete", "default"), "403 pool 'default' is protected"),
+        (("delete", STATIC), f"403 pool '{STATIC}' is protected"),
+        (("create", STATIC, "--gpu", "l4=1"), f"403 pool '{STATIC}' is protected"),
+        (("get", "nobody"), "404 pool 'nobody' not found"),
+        (("renew", "nobody"), "404 pool 'nobody' not found"),
+        (("delete", "nobody"), "404 pool 'nobody' not found"),
+    ],
+)
+def test_protected_and_unknown_pools_are_refused(gateway: str, args: tuple[str, ...], message: str) -> None:
+    result = sie(*args, *admin(gateway))
+    assert result.exit_code == 1 and message in result.stderr
+    assert pool_names(gateway)[:2] == ["default", STATIC]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("bad.name", "--gpu", "l4=1"), "400 invalid pool name 'bad.name'"),
+        (("acme3", "--gpu", "l4=1", "--queue-pool", "silver"), "400 queue_pool 'silver' is not a queue pool"),
+        (("acme3", "--gpu", "l4=1", "--gpu-cap", "a100=1"), "400 'gpu_caps' caps machine profiles ['a100']"),
+        (("acme3", "--gpu", "l4=1", "--ttl", "1e9"), "400 'ttl_seconds' must lie from 1 to"),
+        (("acme3", "--gpu", "l4=1000000"), "400 'gpus[l4]' must be a whole number from 1 to"),
+    ],
+)
+def test_spec_the_gateway_refuses_exits_1_with_its_message(gateway: str, args: tuple[str, ...], message: str) -> None:
+    before = pool_names(gateway)
+    result = sie("create", *args, *admin(gateway))
+    assert result.exit_code == 1 and message in result.stderr
+    assert pool_names(gateway) == before
 
 
 @pytest.mark.parametrize(
@@ -104,10 +224,11 @@ def test_the_gateways_refusals_exit_1_with_their_message(gateway: PoolsGateway) 
         (("--gpu", "l4=1", "--gpu-cap", "l4=-1"), "the count must be at least 0"),
     ],
 )
-def test_create_refuses_bad_flags_before_asking(gateway: PoolsGateway, args: tuple[str, ...], message: str) -> None:
-    result = sie("create", "acme", *args, "--gateway", gateway.url)
+def test_create_refuses_bad_flags_before_asking(gateway: str, args: tuple[str, ...], message: str) -> None:
+    before = pool_names(gateway)
+    result = sie("create", "flagged", *args, *admin(gateway))
     assert result.exit_code == 2 and message in result.stderr
-    assert gateway.requests == []
+    assert pool_names(gateway) == before
 
 
 def test_an_unreachable_gateway_exits_2() -> None:
