@@ -31,6 +31,10 @@ def test_worker_names() -> None:
     assert names.work_worker_consumer_name("w") == "gen-w"
     with pytest.raises(ValueError, match="empty"):
         names.work_worker_stream_name("  ")
+    assert names.is_work_worker_subject(subject)
+    assert names.dead_letter_subject(subject) == "sie.dlq.BAAI__bge-m3"  # the model token, not the worker
+    for other in ("sie.work.default.l4.default.BAAI__bge-m3", f"{subject}.x", "sie.work.default.l4.default.m.", "a.b"):
+        assert not names.is_work_worker_subject(other), other
 
 
 def test_reply_config_health_and_dlq() -> None:

@@ -12,7 +12,14 @@ import pytest
 
 from sie.catalog.names import MAX_DELIVERIES_ADVISORY, work_subject, work_worker_subject
 from sie.settings import StreamSettings
-from sie.transport.base import BackpressureError, Lane, MaxDeliveriesAdvisory, TransportError, TransportUnavailable
+from sie.transport.base import (
+    BackpressureError,
+    Lane,
+    MaxDeliveriesAdvisory,
+    NoConsumerError,
+    TransportError,
+    TransportUnavailable,
+)
 from sie.transport.loopback import LoopbackTransport
 from sie.transport.loopback.dead_letters import LoopbackDeadLetterStore
 from sie.transport.loopback.stream import REMOVED, LaneQueue, LoopbackLaneConsumer, StoredMessage
@@ -209,9 +216,22 @@ async def test_unusable_outside_async_with() -> None:
 
 async def test_a_subject_no_pool_stream_captures_is_rejected(transport: LoopbackTransport) -> None:
     with pytest.raises(TransportError, match="no stream captures"):
-        await transport.publish_work(work_worker_subject("default", "l4", "default", "m", "w1"), make_item())
-    with pytest.raises(TransportError, match="no stream captures"):
         await transport.publish_work("sie.health.w1", make_item())
+    with pytest.raises(TransportError, match="no stream captures"):
+        await transport.publish_work("sie.work.default.l4.default.m.w1.extra", make_item())
+    assert await transport.pending("default") == 0
+
+
+async def test_in_process_there_is_no_worker_direct_dispatch(transport: LoopbackTransport) -> None:
+    """One in-process sidecar serves each lane: no worker consumer, and a worker-subject publish is refused as
+    no consumer (the gateway then publishes on the lane), never queued or dropped silently."""
+    lane = Lane("default", "l4", "default")
+    assert await transport.worker_consumer(lane, "w1") is None
+    subject = work_worker_subject("default", "l4", "default", "m", "w1")
+    with pytest.raises(NoConsumerError):
+        await transport.publish_work(subject, make_item())
+    with pytest.raises(NoConsumerError):
+        await transport.submit_work_batch(subject, [make_item()])
     assert await transport.pending("default") == 0
 
 

@@ -8,8 +8,8 @@ import nats.errors
 import nats.js.errors
 import pytest
 
-from sie.transport.base import BackpressureError, TransportError, TransportUnavailable
-from sie.transport.nats.errors import translate, translated
+from sie.transport.base import BackpressureError, NoConsumerError, TransportError, TransportUnavailable
+from sie.transport.nats.errors import for_worker, translate, translated
 
 
 @pytest.mark.parametrize(
@@ -69,3 +69,13 @@ def test_translated_lets_our_errors_and_cancellation_through() -> None:
 def test_translated_leaves_unrelated_bugs_alone() -> None:
     with pytest.raises(KeyError), translated("fetch"):
         raise KeyError("a bug")
+
+
+def test_no_stream_for_a_worker_subject_is_no_consumer() -> None:
+    subject = "sie.work.default.l4.default.m.w-1"
+    no_stream = translate(nats.js.errors.NoStreamResponseError(), "publish")
+    no_stream.__cause__ = nats.js.errors.NoStreamResponseError()
+    refused = for_worker(no_stream, subject)
+    assert isinstance(refused, NoConsumerError) and refused.__cause__ is no_stream and subject in str(refused)
+    full = BackpressureError("the stream is full")
+    assert for_worker(full, subject) is full

@@ -88,7 +88,9 @@ def test_reply_subject_safety(reply: str, safe: bool) -> None:
         (WORK_SUBJECT, "_INBOX.gw.1", Verdict.ACCEPT),
         (WORK_SUBJECT, "evil.subject", Verdict.ACK_DROP),
         ("sie.work.default.default.default", "_INBOX.gw.1", Verdict.NAK),
-        ("sie.work.default.default.default.m.worker-1", "_INBOX.gw.1", Verdict.NAK),
+        ("sie.work.default.default.default.m.worker-1", "_INBOX.gw.1", Verdict.ACCEPT),  # worker direct-dispatch
+        ("sie.work.default.default.default.m.worker-1.x", "_INBOX.gw.1", Verdict.NAK),
+        ("sie.work.default.default.default.m.", "_INBOX.gw.1", Verdict.NAK),
         ("sie.work.default..default.m", "_INBOX.gw.1", Verdict.NAK),
         ("other.work.default.default.default.m", "_INBOX.gw.1", Verdict.NAK),
         ("sie.work.default.default", "nope", Verdict.ACK_DROP),  # unsafe reply wins: nobody to answer

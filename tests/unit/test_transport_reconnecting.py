@@ -195,6 +195,20 @@ async def test_a_lane_consumer_taken_before_connect_attaches_on_its_first_fetch_
     assert await transport.pending("default") == 0
 
 
+async def test_a_worker_consumer_taken_before_connect_finds_nothing_where_the_inner_has_no_direct_dispatch(
+    broker: Broker, transport: ReconnectingTransport
+) -> None:
+    direct = await transport.worker_consumer(LANE, "w-1")
+    assert direct is not None  # the inner transport is not known yet
+    assert await direct.fetch(1, 0.01) == []
+
+    broker.up = True
+    await transport.wait_connected()
+    assert await transport.worker_consumer(LANE, "w-1") is None  # the loopback has no direct dispatch
+    assert await direct.fetch(1, 0.01) == []  # attached to nothing: each fetch waits out its timeout
+    assert await direct.fetch(1, 0.01) == []
+
+
 async def test_once_connected_calls_reach_the_inner_transport(broker: Broker, transport: ReconnectingTransport) -> None:
     broker.up = True
     await transport.wait_connected()

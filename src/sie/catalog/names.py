@@ -18,6 +18,9 @@ HEALTH_WILDCARD = f"{HEALTH_SUBJECT_PREFIX}.>"
 WORK_CANCEL_PREFIX = "work_cancel"
 INBOX_PREFIX = "_INBOX"
 MAX_DELIVERIES_ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.>"
+# A lane work subject has six tokens; a worker direct-dispatch subject one more, the worker (seed 000 §8.2).
+LANE_SUBJECT_TOKENS = 6
+WORKER_SUBJECT_TOKENS = 7
 
 
 def work_subject(pool: str, machine_profile: str, bundle: str, model_id: str) -> str:
@@ -39,6 +42,12 @@ def work_subject_pool(subject: str) -> str | None:
         return None
     pool = subject[len(WORK_SUBJECT_PREFIX) + 1 :].split(".", 1)[0]
     return pool or None
+
+
+def is_work_worker_subject(subject: str) -> bool:
+    """Whether `subject` is a worker direct-dispatch subject: `sie.work.` and seven non-empty tokens in all."""
+    tokens = subject.split(".")
+    return subject.startswith(f"{WORK_SUBJECT_PREFIX}.") and len(tokens) == WORKER_SUBJECT_TOKENS and all(tokens)
 
 
 def work_worker_subject(pool: str, machine_profile: str, bundle: str, model_id: str, worker_id: str) -> str:

@@ -1,5 +1,6 @@
 """The lane consumer, the first stage: fetches deliveries in a loop (as many as admission has room for, with
-a fetch timeout that is short while work flows and grows when idle), gives each its verdict, groups the rest
+a fetch timeout that is short while work flows and grows when idle; a worker's direct-dispatch consumer, mostly
+idle, runs the same loop with a longer idle wait), gives each its verdict, groups the rest
 by model, NAKs work of a logical pool that does not assign this worker (the pool gate, seed 000 §16.3), admits
 the rest, NAKs work for another config (the hash gate, seed 000 §2) and passes each group on to readiness. It
 never tokenizes and never waits on a batch.
@@ -27,6 +28,9 @@ logger = logging.getLogger(__name__)
 
 MIN_FETCH_TIMEOUT_S: Final = 0.001
 MAX_FETCH_TIMEOUT_S: Final = 0.1
+# The direct-dispatch consumer is idle unless a capped pool targets this worker: a few pull requests a second
+# then, still under the sidecar's one-second wait for its fetch loops to stop.
+DIRECT_MAX_FETCH_TIMEOUT_S: Final = 0.5
 FETCH_ERROR_BACKOFF_S: Final = 0.5
 OPERATIONS: Final = frozenset({OP_ENCODE, OP_SCORE, OP_EXTRACT})
 
@@ -73,13 +77,14 @@ def sort_deliveries(deliveries: list[Delivery], now: float) -> Sorted:
 
 @attrs.frozen
 class ConsumerOptions:
-    """Fetch size, the NAK delay of malformed or refused deliveries, the worker id stamped on direct replies, and
-    the pool admission gate (None: every item's pool is admitted)."""
+    """Fetch size, the NAK delay of malformed or refused deliveries, the worker id stamped on direct replies, the
+    pool admission gate (None: every item's pool is admitted) and the longest fetch wait, reached when idle."""
 
     fetch_budget: int
     nak_delay_s: float
     worker_id: str
     pools: PoolGate | None = None
+    idle_fetch_timeout_s: float = MAX_FETCH_TIMEOUT_S
 
 
 class Consumer:
@@ -103,7 +108,7 @@ class Consumer:
         self._worker_id = options.worker_id
         self._pools = options.pools
         self.nak_delay_s = options.nak_delay_s
-        self._timeout = FetchTimeout()
+        self._timeout = FetchTimeout(maximum=options.idle_fetch_timeout_s)
         self._stopping = False
         self.fetched = 0
         self.refused = 0

@@ -14,7 +14,7 @@ import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Final
 
-from sie.catalog.names import INBOX_PREFIX, WORK_SUBJECT_PREFIX
+from sie.catalog.names import INBOX_PREFIX, LANE_SUBJECT_TOKENS, WORK_SUBJECT_PREFIX, WORKER_SUBJECT_TOKENS
 from sie.sidecar.abandonment import Abandonment
 from sie.sidecar.admission import Admission
 from sie.sidecar.publishing import ResultPublisher
@@ -32,7 +32,6 @@ logger = logging.getLogger(__name__)
 
 _INBOX: Final = INBOX_PREFIX + "."
 _WORK_PREFIX: Final = WORK_SUBJECT_PREFIX + "."
-_WORK_TOKENS: Final = 6
 # `_INBOX.` then one or more non-empty tokens free of wildcards and whitespace.
 _SAFE_REPLY: Final = re.compile(re.escape(_INBOX) + r"[^.*>\s]+(?:\.[^.*>\s]+)*")
 
@@ -51,11 +50,12 @@ def is_safe_reply_subject(subject: str) -> bool:
 
 
 def is_work_subject(subject: str) -> bool:
-    """`sie.work.{pool}.{machine_profile}.{bundle}.{model}`: exactly six non-empty tokens."""
+    """`sie.work.{pool}.{machine_profile}.{bundle}.{model}`, six non-empty tokens, or the same with the worker
+    after the model (worker direct-dispatch, seed 000 §8.2), seven."""
     if not subject.startswith(_WORK_PREFIX):
         return False
     tokens = subject.split(".")
-    return len(tokens) == _WORK_TOKENS and all(tokens)
+    return len(tokens) in (LANE_SUBJECT_TOKENS, WORKER_SUBJECT_TOKENS) and all(tokens)
 
 
 def verdict(subject: str, reply_subject: str) -> Verdict:

@@ -1,6 +1,11 @@
 """The sidecar component: builds the pipeline of one lane and one worker in the order work flows through it
 (consumer → readiness → preparation → scheduler → dispatcher → settlement), runs its loops as an async
 context manager, drains it on shutdown. It owns lifecycles only; every decision lives in the stage modules.
+
+Where the transport has worker direct-dispatch (seed 000 §8.2: a capped logical pool's gateway publishes on this
+worker's own subject, so unassigned workers of the lane never see, and NAK, that work), a second consumer fetches
+from the worker's stream into the same admission, gates and `admitted` channel, and starts, stops, drains and
+gives work back with the lane consumer.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from sie.ipc.client import WorkerClient
 from sie.settings import BatchingSettings, Settings, SidecarSettings, StreamSettings
 from sie.sidecar.abandonment import CANCEL_SUBJECTS, Abandonment, Tombstones, tombstone_horizon
 from sie.sidecar.admission import Admission
-from sie.sidecar.consumer import Consumer, ConsumerOptions
+from sie.sidecar.consumer import DIRECT_MAX_FETCH_TIMEOUT_S, Consumer, ConsumerOptions
 from sie.sidecar.dispatcher import BatchDispatcher
 from sie.sidecar.hashgate import WorkerHash
 from sie.sidecar.payloads import DEFAULT_FETCH_MAX_BYTES, PayloadResolver
@@ -84,6 +89,15 @@ class WorkerHooks:
 
 
 @attrs.frozen
+class WorkSources:
+    """Where the sidecar's work comes from: the lane's consumer, and the worker's direct-dispatch consumer where the
+    transport has one (seed 000 §8.2)."""
+
+    lane: LaneConsumer
+    direct: LaneConsumer | None = None
+
+
+@attrs.frozen
 class Pipeline:
     """One lane's stages, the channels between them, and the state every stage settles through."""
 
@@ -95,14 +109,19 @@ class Pipeline:
     readiness: Readiness
     preparer: Preparer
     scheduler: Scheduler
-    admitted: Channel[AdmittedGroup]  # consumer → readiness
+    admitted: Channel[AdmittedGroup]  # consumers → readiness
     ready: Channel[ReadyGroup]  # readiness → preparation
     prepared: Channel[ReadyGroup]  # preparation → scheduler
+    direct: Consumer | None = None  # the worker's direct-dispatch consumer, feeding `admitted` too
+
+    def consumers(self) -> list[Consumer]:
+        """The fetching stages: the lane consumer, then the direct-dispatch one when there is one."""
+        return [self.consumer] if self.direct is None else [self.consumer, self.direct]
 
     def loops(self) -> list[Coroutine[Any, Any, None]]:
-        """The stages' loops, in data-flow order (the dispatcher runs its own)."""
+        """The stages' loops, in data-flow order, the consumers' first (the dispatcher runs its own)."""
         return [
-            self.consumer.run(),
+            *(consumer.run() for consumer in self.consumers()),
             self.readiness.serve(self.admitted),
             *(self.preparer.serve(self.ready) for _ in range(PREPARATION_LOOPS)),
             self.scheduler.serve(self.prepared),
@@ -115,14 +134,15 @@ class Pipeline:
 
 
 def build_pipeline(
-    lane: LaneConsumer,
+    sources: WorkSources,
     bus: MessageBus,
     worker: WorkerClient,
     config: SidecarConfig,
     executor: Executor,
     hooks: WorkerHooks | None = None,
 ) -> Pipeline:
-    """The stages of one lane, built in the order work flows through them."""
+    """The stages of one lane, built in the order work flows through them; the direct-dispatch source, if any, gets
+    a consumer stage of its own sharing everything downstream."""
     hooks = hooks or WorkerHooks()
     stream, batching = config.stream, config.batching
     # The two ends every stage settles through: the broker (results, ACKs, NAKs) and the worker (RunBatch).
@@ -138,7 +158,12 @@ def build_pipeline(
     ready: Channel[ReadyGroup] = Channel(CHANNEL_GROUPS)
     prepared: Channel[ReadyGroup] = Channel(CHANNEL_GROUPS)
     options = ConsumerOptions(config.sidecar.fetch_budget, stream.nak_delay_s, config.worker_id, config.pool_gate)
-    consumer = Consumer(lane, admission, settler, WorkerHash(worker), admitted, options)
+    worker_hash = WorkerHash(worker)
+    consumer = Consumer(sources.lane, admission, settler, worker_hash, admitted, options)
+    direct: Consumer | None = None
+    if sources.direct is not None:
+        direct_options = attrs.evolve(options, idle_fetch_timeout_s=DIRECT_MAX_FETCH_TIMEOUT_S)
+        direct = Consumer(sources.direct, admission, settler, worker_hash, admitted, direct_options)
     readiness_options = ReadinessOptions.from_settings(stream, config.sidecar, config.worker_id)
     readiness = Readiness(worker, settler, models, ready, readiness_options)
     payloads = PayloadResolver(
@@ -157,8 +182,9 @@ def build_pipeline(
         metrics=config.metrics,
     )
     return Pipeline(
-        admission, abandonment, settler, dispatcher, consumer, readiness, preparer, scheduler, admitted, ready, prepared
-    )
+        admission, abandonment, settler, dispatcher, consumer, readiness, preparer, scheduler,
+        admitted, ready, prepared, direct,
+    )  # fmt: skip
 
 
 class Sidecar:
@@ -183,7 +209,7 @@ class Sidecar:
         self._hooks = WorkerHooks(observe, replicas)
         self._stack: contextlib.AsyncExitStack | None = None
         self._pipeline: Pipeline | None = None
-        self._consumer_task: asyncio.Task[None] | None = None
+        self._fetch_tasks: list[asyncio.Task[None]] = []
         self._loops: list[asyncio.Task[None]] = []
 
     @classmethod
@@ -209,8 +235,14 @@ class Sidecar:
 
     @property
     def fetching(self) -> bool:
-        """Whether the lane consumer is still fetching (false after `drain` or exit)."""
-        return self._consumer_task is not None and not self._consumer_task.done()
+        """Whether a consumer (the lane's, or the direct-dispatch one) is still fetching (false after `drain` or
+        exit)."""
+        return any(not task.done() for task in self._fetch_tasks)
+
+    @property
+    def direct_dispatch(self) -> bool:
+        """Whether this sidecar also consumes its worker's direct-dispatch stream (the transport has one)."""
+        return self._pipeline is not None and self._pipeline.direct is not None
 
     @property
     def abandoned(self) -> dict[str, int]:
@@ -227,11 +259,14 @@ class Sidecar:
         try:
             if self.config.pool_gate is not None:  # polled once before the first fetch, then in the background
                 await stack.enter_async_context(self.config.pool_gate)
-            lane_consumer = await self.transport.consumer(self.lane)
+            sources = WorkSources(
+                await self.transport.consumer(self.lane),
+                await self.transport.worker_consumer(self.lane, self.config.worker_id),
+            )
             threads = self.config.batching.tokenizer_threads
             executor = ThreadPoolExecutor(threads, thread_name_prefix="sie-tokenize")
             stack.callback(executor.shutdown, wait=False, cancel_futures=True)
-            pipeline = build_pipeline(lane_consumer, self.transport, self.worker, self.config, executor, self._hooks)
+            pipeline = build_pipeline(sources, self.transport, self.worker, self.config, executor, self._hooks)
             # The gateway announces requests it gave up on; their work is dropped wherever it still waits.
             cancels = await self.transport.subscribe(CANCEL_SUBJECTS, pipeline.abandonment.on_cancel)
             stack.push_async_callback(cancels.unsubscribe)
@@ -276,19 +311,14 @@ class Sidecar:
         self._loops = [loop.create_task(work, name=f"sie-sidecar-{self.lane.pool}") for work in pipeline.loops()]
         for task in self._loops:
             stack.push_async_callback(_cancel, task)
-        self._consumer_task = self._loops[0]  # `loops()` lists the consumer first
+        self._fetch_tasks = self._loops[: len(pipeline.consumers())]  # `loops()` lists the consumers first
 
     async def _stop_fetching(self) -> None:
-        if self._pipeline is None or self._consumer_task is None:
+        if self._pipeline is None:
             return
-        self._pipeline.consumer.stop()
-        try:
-            async with asyncio.timeout(_STOP_FETCH_TIMEOUT_S):
-                await asyncio.shield(self._consumer_task)
-        except TimeoutError:
-            await _cancel(self._consumer_task)
-        except Exception:  # noqa: BLE001 - the consumer's own failure is logged; stopping goes on
-            logger.exception("the lane consumer failed")
+        for consumer in self._pipeline.consumers():
+            consumer.stop()
+        await asyncio.gather(*(_stop_fetch_task(task) for task in self._fetch_tasks))
 
     async def _give_back(self) -> None:
         """NAK (no delay) work that is held or queued but not running, so another worker can take it."""
@@ -312,9 +342,20 @@ class Sidecar:
                 await pipeline.settler.in_progress(stale, now)
 
 
+async def _stop_fetch_task(task: asyncio.Task[None]) -> None:
+    """Let a stopped consumer finish the fetch in progress, for at most _STOP_FETCH_TIMEOUT_S, then cancel it."""
+    try:
+        async with asyncio.timeout(_STOP_FETCH_TIMEOUT_S):
+            await asyncio.shield(task)
+    except TimeoutError:
+        await _cancel(task)
+    except Exception:  # noqa: BLE001 - the consumer's own failure is logged; stopping goes on
+        logger.exception("the consumer %s failed", task.get_name())
+
+
 async def _cancel(task: asyncio.Task[None]) -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
 
 
-__all__ = ["Pipeline", "Sidecar", "SidecarConfig", "WorkerHooks", "build_pipeline"]
+__all__ = ["Pipeline", "Sidecar", "SidecarConfig", "WorkSources", "WorkerHooks", "build_pipeline"]

@@ -117,8 +117,9 @@ class WorkQueue(Protocol):
         """Queue one work item on its lane subject; returns once the stream has accepted it.
 
         Work for a lane without a consumer stays queued (WorkQueue retention): callers check
-        `has_consumer` first. Raises BackpressureError (stream full), TransportUnavailable, or
-        TransportError for a subject no pool stream captures."""
+        `has_consumer` first. Raises BackpressureError (stream full), TransportUnavailable,
+        NoConsumerError for a worker subject (`work_worker_subject`) whose worker has no direct-dispatch
+        stream, or TransportError for any other subject no stream captures."""
 
     async def publish_work_batch(self, subject: str, items: Sequence[WorkItem]) -> None:
         """Queue one request's items on one subject, pipelined: returns once all are stored, raising as
@@ -132,6 +133,14 @@ class WorkQueue(Protocol):
 
     async def consumer(self, lane: Lane) -> LaneConsumer:
         """Attach to (creating if needed) the durable consumer of `lane`."""
+
+    async def worker_consumer(self, lane: Lane, worker_id: str) -> LaneConsumer | None:
+        """Attach to (creating if needed) worker `worker_id`'s direct-dispatch consumer on `lane` (seed 000 §8.2:
+        stream `WORK_WORKER_{worker}` capturing `sie.work.{pool}.{mp}.{bundle}.*.{worker}`, durable `gen-{worker}`,
+        configured as the lane's); None where there is no direct dispatch (in process: one sidecar, so a publish
+        on a worker subject raises NoConsumerError and the gateway publishes on the lane instead).
+
+        A publish on the worker subject of a worker whose stream does not exist raises NoConsumerError."""
 
     async def pending(self, pool: str) -> int:
         """Work items queued or in flight on a pool's stream (for backpressure)."""

@@ -6,9 +6,9 @@ without a restart.
 manager) and enters it in a task started on enter; a failed attempt is retried after a backoff doubling from 0.5 s
 to 10 s. Until it is connected, publishes, `pending`, `has_consumer` and `flush` raise TransportUnavailable;
 subscriptions are recorded and made on connect, before anything else may use the inner transport; a lane consumer
-attaches on its first fetch after connect; the dead letters and key-value buckets answer once connected. Once
-connected, the inner transport's own reconnect logic takes over (nats-py re-establishes subscriptions across
-reconnects). Exit cancels the task and closes the inner transport.
+(and a worker's direct-dispatch consumer) attaches on its first fetch after connect; the dead letters and key-value
+buckets answer once connected. Once connected, the inner transport's own reconnect logic takes over (nats-py
+re-establishes subscriptions across reconnects). Exit cancels the task and closes the inner transport.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
 from typing import Any, Final, Self
-
-import attrs
 
 from sie.pools import KeyValue, KeyValueEntry
 from sie.transport.base import (
@@ -50,6 +48,7 @@ MAX_BACKOFF_S: Final = 10.0
 TransportOpener = Callable[[], AbstractAsyncContextManager[Transport]]
 Subscribe = Callable[[Transport], Awaitable[Subscription]]
 InnerWithin = Callable[[float], Awaitable[Transport | None]]
+Attach = Callable[[Transport], Awaitable[LaneConsumer | None]]
 
 
 class ReconnectingTransport:
@@ -213,7 +212,17 @@ class ReconnectingTransport:
         if self._inner is not None:
             return await self._inner.consumer(lane)
         self._check_open("consumer")
-        return _DeferredLane(lane, self._inner_within)
+        return _DeferredLane(f"lane {lane.pool}/{lane.machine_profile}/{lane.bundle}", self._inner_within,
+                             lambda inner: inner.consumer(lane))  # fmt: skip
+
+    async def worker_consumer(self, lane: Lane, worker_id: str) -> LaneConsumer | None:
+        """The worker's direct-dispatch consumer; before connect, one that attaches on its first fetch after connect
+        (and then only waits out each fetch's timeout if the inner transport has no direct dispatch)."""
+        if self._inner is not None:
+            return await self._inner.worker_consumer(lane, worker_id)
+        self._check_open("worker_consumer")
+        return _DeferredLane(f"worker {worker_id}", self._inner_within,
+                             lambda inner: inner.worker_consumer(lane, worker_id))  # fmt: skip
 
     async def pending(self, pool: str) -> int:
         return await self._current("pending").pending(pool)
@@ -302,12 +311,15 @@ class _DeferredSubscription:
 
 
 class _DeferredLane:
-    """A lane consumer asked for before connect: attaches to the inner transport's on the first fetch after."""
+    """A consumer asked for before connect: `attach`es to the inner transport's on the first fetch after. Where the
+    inner transport has none (`attach` returns None), each fetch returns nothing after its timeout."""
 
-    def __init__(self, lane: Lane, inner_within: InnerWithin) -> None:
-        self._lane = lane
+    def __init__(self, description: str, inner_within: InnerWithin, attach: Attach) -> None:
+        self._description = description
         self._inner_within = inner_within
+        self._attach = attach
         self._attached: LaneConsumer | None = None
+        self._absent = False
 
     async def fetch(self, max_items: int, timeout_s: float) -> list[Delivery]:
         attached = self._attached
@@ -315,8 +327,13 @@ class _DeferredLane:
             inner = await self._inner_within(timeout_s)
             if inner is None:
                 return []
-            attached = self._attached = await inner.consumer(self._lane)
-            logger.info("attached to the consumer of lane %s/%s/%s", *attrs.astuple(self._lane))
+            if not self._absent:
+                attached = self._attached = await self._attach(inner)
+            if attached is None:
+                self._absent = True
+                await asyncio.sleep(timeout_s)  # never a hot loop for a caller that fetches again at once
+                return []
+            logger.info("attached to the consumer of %s", self._description)
         return await attached.fetch(max_items, timeout_s)
 
 

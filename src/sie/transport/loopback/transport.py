@@ -11,13 +11,14 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self
 
-from sie.catalog.names import lane_filter_subject, work_consumer_name
+from sie.catalog.names import is_work_worker_subject, lane_filter_subject, work_consumer_name
 from sie.settings import StreamSettings
 from sie.transport.base import (
     Lane,
     LaneDepth,
     MaxDeliveriesAdvisory,
     MessageHandler,
+    NoConsumerError,
     ResultHandler,
     TransportUnavailable,
     pool_of,
@@ -71,9 +72,12 @@ class LoopbackTransport:
     # WorkQueue
 
     async def publish_work(self, subject: str, item: WorkItem) -> None:
-        """Queue `item` on its pool stream; raises BackpressureError at `max_msgs` (discard new)."""
+        """Queue `item` on its pool stream; raises BackpressureError at `max_msgs` (discard new), and NoConsumerError
+        for a worker direct-dispatch subject (in process there is one sidecar and no worker stream)."""
         loop = self._running_loop()
         pool = pool_of(subject)
+        if is_work_worker_subject(subject):
+            raise NoConsumerError(f"publish to {subject}: no worker direct-dispatch in process; publish on the lane")
         tokens = subject.split(".")
         stream = self._streams.get(pool)
         if stream is None:
@@ -101,6 +105,10 @@ class LoopbackTransport:
         lane_filter = lane_filter_subject(lane.pool, lane.machine_profile, lane.bundle)
         queue = stream.attach(lane_filter, work_consumer_name(lane.pool, lane.machine_profile, lane.bundle))
         return LoopbackLaneConsumer(stream, queue)
+
+    async def worker_consumer(self, lane: Lane, worker_id: str) -> None:
+        """None: in process one sidecar serves each lane, so there is no worker direct-dispatch."""
+        self._running_loop()
 
     async def pending(self, pool: str) -> int:
         """Messages in the pool's stream: queued, delayed, or delivered and not yet settled."""

@@ -1,5 +1,6 @@
-"""The pull side of one lane's durable consumer: fetch() for every caller on this connection, over one
-inbox subscription and at most one open pull request at a time (seed 000 §8.2, contracts B §4.3).
+"""The pull side of one durable work consumer (a lane's, or a worker's direct-dispatch one): fetch() for every
+caller on this connection, over one inbox subscription and at most one open pull request at a time (seed 000
+§8.2, contracts B §4.3).
 
 Each pull request is `no_wait` with `expires`: the server hands over what is there (up to the batch) and
 ends it, or waits up to `expires` for the first message. So a fetch returns as soon as work arrives, and
@@ -14,15 +15,15 @@ import asyncio
 import itertools
 import logging
 from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import api
 
-from sie.catalog.names import work_consumer_name, work_pool_stream_name
 from sie.settings import StreamSettings
-from sie.transport.base import Delivery, Lane
+from sie.transport.base import Delivery
 from sie.transport.nats.delivery import NatsDelivery
 from sie.transport.nats.errors import translated
 from sie.wire import DecodeError, dumps_json, from_msgpack
@@ -30,7 +31,6 @@ from sie.wire.queue import WorkItem
 
 if TYPE_CHECKING:
     from sie.transport.nats.connection import Connection
-    from sie.transport.nats.streams import StreamRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +49,9 @@ _HEARTBEAT = "100"
 _NO_RESPONDERS = "503"  # nobody serves MSG.NEXT for this consumer: it is gone
 _CONSUMER_DELETED = "Consumer Deleted"
 _ACK_PREFIX = "$JS.ACK."
+
+# Creates the consumer (and its stream) again after the broker lost it.
+Reattach = Callable[[], Awaitable[None]]
 
 
 class _PullRequest:
@@ -69,14 +72,17 @@ class _PullRequest:
 
 
 class LaneFetcher:
-    """The LaneConsumer of one lane on one connection; every `consumer(lane)` call returns this same object."""
+    """The LaneConsumer of durable `consumer` on `stream` on one connection; every `consumer(lane)` call returns the
+    same object for a lane, every `worker_consumer(lane, worker)` the same for a worker. `reattach` creates the
+    consumer again when the broker says it is gone."""
 
-    def __init__(self, connection: Connection, registry: StreamRegistry, lane: Lane, settings: StreamSettings) -> None:
+    def __init__(
+        self, connection: Connection, stream: str, consumer: str, reattach: Reattach, settings: StreamSettings
+    ) -> None:
         self.connection = connection
-        self.lane = lane
-        self.stream = work_pool_stream_name(lane.pool)
-        self.consumer = work_consumer_name(lane.pool, lane.machine_profile, lane.bundle)
-        self._registry = registry
+        self.stream = stream
+        self.consumer = consumer
+        self._reattach = reattach
         self._settings = settings
         self._next_subject = f"{api.DEFAULT_PREFIX}.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}"
         self._inbox = connection.client.new_inbox()
@@ -148,7 +154,7 @@ class LaneFetcher:
         try:
             if self._consumer_lost:
                 # Deleted on the broker (by an operator, or with its stream): create it again, then pull.
-                await self._registry.reattach(self.lane)
+                await self._reattach()
                 self._consumer_lost = False
                 remaining -= self._loop.time() - now
             body: dict[str, Any] = {"batch": batch, "no_wait": True}

@@ -8,6 +8,7 @@ always chained with `from`. Nothing outside `sie.transport.nats` ever sees a nat
     connection closed / draining / reconnecting / stale  TransportUnavailable
     timeouts (no answer from the broker in time)         TransportUnavailable
     NoStreamResponseError / NoRespondersError            TransportError (no stream captures the subject)
+      ... on a worker direct-dispatch subject            NoConsumerError (the worker has no stream: `for_worker`)
     any other APIError or nats error                     TransportError
 """
 
@@ -19,7 +20,7 @@ from collections.abc import Iterator
 import nats.errors
 import nats.js.errors
 
-from sie.transport.base import BackpressureError, TransportError, TransportUnavailable
+from sie.transport.base import BackpressureError, NoConsumerError, TransportError, TransportUnavailable
 
 # JetStream error codes that mean "the stream is full": maximum messages (10077), maximum bytes (10078).
 BACKPRESSURE_ERR_CODES = frozenset({10077, 10078})
@@ -49,6 +50,16 @@ def translate(exc: BaseException, action: str) -> TransportError:
     if isinstance(exc, _NO_STREAM):
         return TransportError(f"{action}: no stream captures the subject ({_describe(exc)})")
     return TransportError(f"{action}: {_describe(exc)}")
+
+
+def for_worker(error: TransportError, subject: str) -> TransportError:
+    """`error` from a publish on worker direct-dispatch `subject`, where "no stream captures it" means the worker
+    has no direct-dispatch stream: NoConsumerError (chained to `error`), so the gateway publishes on the lane."""
+    if not isinstance(error.__cause__, _NO_STREAM):
+        return error
+    refused = NoConsumerError(f"publish to {subject}: the worker has no direct-dispatch stream")
+    refused.__cause__ = error
+    return refused
 
 
 @contextlib.contextmanager

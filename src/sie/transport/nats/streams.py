@@ -1,6 +1,9 @@
 """Pool streams and lane consumers on the broker (seed 000 §8.2): `WORK_POOL_{pool}` is created by whoever
 needs it first and reconciled when it exists (subjects, max_age, discard, replicas; never storage), and each
-lane gets its durable, filtered, explicit-ack consumer. Results are cached, so each is ensured once per process.
+lane gets its durable, filtered, explicit-ack consumer. A worker's direct-dispatch stream `WORK_WORKER_{worker}`
+(its lane's subjects with the worker token after the model) and its durable `gen-{worker}` are configured,
+created and reconciled the same way, by the worker's sidecar only. Results are cached, so each is ensured once
+per process.
 
 Control plane only: no publishing, no fetching.
 """
@@ -13,7 +16,15 @@ import logging
 import nats.js.errors
 from nats.js import api
 
-from sie.catalog.names import lane_filter_subject, work_consumer_name, work_pool_stream_name, work_pool_stream_subjects
+from sie.catalog.names import (
+    lane_filter_subject,
+    work_consumer_name,
+    work_pool_stream_name,
+    work_pool_stream_subjects,
+    work_worker_consumer_name,
+    work_worker_stream_name,
+    work_worker_stream_subjects,
+)
 from sie.settings import StreamSettings
 from sie.transport.base import Lane, LaneDepth, TransportError, TransportUnavailable
 from sie.transport.nats.cache import FOREVER, TtlCache
@@ -34,12 +45,22 @@ _STORAGE = {"memory": api.StorageType.MEMORY, "file": api.StorageType.FILE}
 
 def stream_config(pool: str, settings: StreamSettings) -> api.StreamConfig:
     """The configuration `WORK_POOL_{pool}` is created with."""
+    return _work_stream_config(work_pool_stream_name(pool), work_pool_stream_subjects(pool), settings)
+
+
+def worker_stream_config(lane: Lane, worker_id: str, settings: StreamSettings) -> api.StreamConfig:
+    """The configuration `WORK_WORKER_{worker}` is created with: a pool stream's, capturing the worker's subjects."""
+    subjects = work_worker_stream_subjects(lane.pool, lane.machine_profile, lane.bundle, worker_id)
+    return _work_stream_config(work_worker_stream_name(worker_id), subjects, settings)
+
+
+def _work_stream_config(name: str, subjects: list[str], settings: StreamSettings) -> api.StreamConfig:
     storage = _STORAGE.get(settings.storage)
     if storage is None:
         raise ValueError(f"stream storage must be 'memory' or 'file', got {settings.storage!r} (SIE_STREAM_STORAGE)")
     return api.StreamConfig(
-        name=work_pool_stream_name(pool),
-        subjects=work_pool_stream_subjects(pool),
+        name=name,
+        subjects=subjects,
         retention=api.RetentionPolicy.WORK_QUEUE,
         storage=storage,
         num_replicas=settings.replicas,
@@ -53,10 +74,20 @@ def stream_config(pool: str, settings: StreamSettings) -> api.StreamConfig:
 def consumer_config(lane: Lane, settings: StreamSettings) -> api.ConsumerConfig:
     """The durable pull consumer of one lane: filtered to its profile and bundle, explicit ack."""
     name = work_consumer_name(lane.pool, lane.machine_profile, lane.bundle)
+    return _pull_consumer_config(name, lane_filter_subject(lane.pool, lane.machine_profile, lane.bundle), settings)
+
+
+def worker_consumer_config(lane: Lane, worker_id: str, settings: StreamSettings) -> api.ConsumerConfig:
+    """The durable pull consumer of a worker's direct-dispatch stream, `gen-{worker}`: configured as a lane's."""
+    (subject,) = work_worker_stream_subjects(lane.pool, lane.machine_profile, lane.bundle, worker_id)
+    return _pull_consumer_config(work_worker_consumer_name(worker_id), subject, settings)
+
+
+def _pull_consumer_config(name: str, filter_subject: str, settings: StreamSettings) -> api.ConsumerConfig:
     return api.ConsumerConfig(
         name=name,
         durable_name=name,
-        filter_subject=lane_filter_subject(lane.pool, lane.machine_profile, lane.bundle),
+        filter_subject=filter_subject,
         deliver_policy=api.DeliverPolicy.ALL,
         ack_policy=api.AckPolicy.EXPLICIT,
         ack_wait=settings.ack_wait_s,
@@ -89,13 +120,15 @@ def reconciled(existing: api.StreamConfig, wanted: api.StreamConfig) -> api.Stre
 
 
 class StreamRegistry:
-    """Ensures pool streams and lane consumers once per process (shared in-flight ensures, cached results)."""
+    """Ensures pool streams, lane consumers and workers' direct-dispatch streams and consumers once per process
+    (shared in-flight ensures, cached results)."""
 
     def __init__(self, connection: Connection, settings: StreamSettings) -> None:
         self._connection = connection
         self._settings = settings
         self._streams: TtlCache[str, None] = TtlCache(FOREVER)
         self._consumers: TtlCache[Lane, str] = TtlCache(FOREVER)
+        self._worker_consumers: TtlCache[tuple[Lane, str], str] = TtlCache(FOREVER)
 
     async def ensure_stream(self, pool: str) -> str:
         """Create or reconcile `WORK_POOL_{pool}`; returns its name."""
@@ -118,6 +151,16 @@ class StreamRegistry:
         """The lane's consumer is gone from the broker: ensure its stream and consumer again."""
         self.forget_stream(lane.pool)
         await self.ensure_consumer(lane)
+
+    async def ensure_worker_consumer(self, lane: Lane, worker_id: str) -> str:
+        """Create or reconcile `WORK_WORKER_{worker}` for `lane`, and create (or update to the settings) its durable
+        `gen-{worker}`; returns the consumer's name."""
+        return await self._worker_consumers.get((lane, worker_id), lambda: self._ensure_worker(lane, worker_id))
+
+    async def reattach_worker(self, lane: Lane, worker_id: str) -> None:
+        """The worker's direct-dispatch consumer is gone from the broker (or its stream): ensure both again."""
+        self._worker_consumers.forget((lane, worker_id))
+        await self.ensure_worker_consumer(lane, worker_id)
 
     async def consumer_exists(self, lane: Lane) -> bool:
         """Whether the lane's durable consumer exists on the broker (False when its stream does not either)."""
@@ -142,7 +185,14 @@ class StreamRegistry:
         return LaneDepth(info.num_pending or 0, info.num_ack_pending or 0)
 
     async def _ensure_stream(self, pool: str) -> None:
-        wanted = stream_config(pool, self._settings)
+        await self._ensure_work_stream(stream_config(pool, self._settings))
+
+    async def _ensure_worker(self, lane: Lane, worker_id: str) -> str:
+        stream = worker_stream_config(lane, worker_id, self._settings)
+        await self._ensure_work_stream(stream)
+        return await self._add_consumer(str(stream.name), worker_consumer_config(lane, worker_id, self._settings))
+
+    async def _ensure_work_stream(self, wanted: api.StreamConfig) -> None:
         self._connection.check_connected(f"ensure stream {wanted.name}")
         with translated(f"ensure stream {wanted.name}"):
             try:
@@ -168,8 +218,9 @@ class StreamRegistry:
             logger.warning("stream %s left as it is: %s", update.name, exc)
 
     async def _ensure_consumer(self, lane: Lane) -> str:
-        config = consumer_config(lane, self._settings)
-        stream = work_pool_stream_name(lane.pool)
+        return await self._add_consumer(work_pool_stream_name(lane.pool), consumer_config(lane, self._settings))
+
+    async def _add_consumer(self, stream: str, config: api.ConsumerConfig) -> str:
         self._connection.check_connected(f"ensure consumer {config.name}")
         with translated(f"ensure consumer {config.name} on {stream}"):
             # Create-or-update: a durable left by other settings takes this process's ack_wait and max_deliver.

@@ -6,6 +6,7 @@ and bus, and owns their lifecycle; every call after exit raises TransportUnavail
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ from typing import Any, Self
 
 import attrs
 
+from sie.catalog.names import work_pool_stream_name, work_worker_stream_name
 from sie.settings import StreamSettings
 from sie.settings.messaging import NatsSettings
 from sie.transport.base import (
@@ -65,6 +67,7 @@ class NatsTransport:
         self._name = name
         self._parts: _Parts | None = None
         self._lanes: TtlCache[Lane, LaneFetcher] = TtlCache(math.inf)
+        self._workers: TtlCache[tuple[Lane, str], LaneFetcher] = TtlCache(math.inf)
         self._has_consumer: TtlCache[Lane, bool] = TtlCache(HAS_CONSUMER_TTL_S)
         self._entered = False
         self._exited = False
@@ -101,7 +104,7 @@ class NatsTransport:
             return
         parts.connection.closed = True
         parts.work.close()
-        for fetcher in self._lanes.cached_values():
+        for fetcher in [*self._lanes.cached_values(), *self._workers.cached_values()]:
             await _close_quietly(fetcher)
         await parts.connection.close()
 
@@ -140,6 +143,12 @@ class NatsTransport:
         fetcher = await self._lanes.get(lane, lambda: self._open_lane(parts, lane))
         self._has_consumer.put(lane, True)
         return fetcher
+
+    async def worker_consumer(self, lane: Lane, worker_id: str) -> LaneFetcher:
+        """Attach to worker `worker_id`'s direct-dispatch consumer on `lane` (its stream `WORK_WORKER_{worker}` and
+        durable `gen-{worker}` created or reconciled on first use); every call shares one fetcher."""
+        parts = self._open("worker_consumer")
+        return await self._workers.get((lane, worker_id), lambda: self._open_worker(parts, lane, worker_id))
 
     async def pending(self, pool: str) -> int:
         """Messages on the pool's stream: queued, delayed, or delivered and not yet settled (cached 50 ms)."""
@@ -211,8 +220,16 @@ class NatsTransport:
         return parts
 
     async def _open_lane(self, parts: _Parts, lane: Lane) -> LaneFetcher:
-        await parts.streams.ensure_consumer(lane)
-        fetcher = LaneFetcher(parts.connection, parts.streams, lane, self.settings)
+        consumer = await parts.streams.ensure_consumer(lane)
+        reattach = functools.partial(parts.streams.reattach, lane)
+        fetcher = LaneFetcher(parts.connection, work_pool_stream_name(lane.pool), consumer, reattach, self.settings)
+        await fetcher.start()
+        return fetcher
+
+    async def _open_worker(self, parts: _Parts, lane: Lane, worker_id: str) -> LaneFetcher:
+        consumer = await parts.streams.ensure_worker_consumer(lane, worker_id)
+        reattach = functools.partial(parts.streams.reattach_worker, lane, worker_id)
+        fetcher = LaneFetcher(parts.connection, work_worker_stream_name(worker_id), consumer, reattach, self.settings)
         await fetcher.start()
         return fetcher
 
