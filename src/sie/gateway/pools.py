@@ -35,6 +35,7 @@ from sie.pools import (
     canonical_pool_name,
     parse_pool_spec,
 )
+from sie.transport.base import TransportError
 
 logger = logging.getLogger(__name__)
 
@@ -85,12 +86,10 @@ class PoolDirectory:
         self._misses: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
         self._started = clock()
+        self._store_unreachable = False
 
     async def __aenter__(self) -> Self:
-        try:
-            await self.refresh()
-        except Exception:  # noqa: BLE001 - the store may be unreachable at start; the round retries
-            logger.warning("reading the pools failed; retrying every %.0f s", self._interval_s, exc_info=True)
+        await self._refresh_round()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="sie-pools")
         return self
 
@@ -278,10 +277,23 @@ class PoolDirectory:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self._interval_s)  # the refresh cadence, off the request path
-            try:
-                await self.refresh()
-            except Exception:  # noqa: BLE001 - one failed round must not end the refresh
-                logger.warning("refreshing the pools failed", exc_info=True)
+            await self._refresh_round()
+
+    async def _refresh_round(self) -> None:
+        """One refresh; a store the broker cannot reach is said once per outage (the view keeps its last pools)."""
+        try:
+            await self.refresh()
+        except TransportError as exc:
+            if not self._store_unreachable:
+                logger.warning("the pool store is unreachable (%s); keeping the last pools and retrying", exc)
+            self._store_unreachable = True
+            return
+        except Exception:  # noqa: BLE001 - one failed round must not end the refresh
+            logger.warning("refreshing the pools failed", exc_info=True)
+            return
+        if self._store_unreachable:
+            logger.info("the pool store is reachable again")
+        self._store_unreachable = False
 
     def _assignment(self, spec: PoolSpec, previous: Sequence[AssignedWorker]) -> tuple[AssignedWorker, ...]:
         return assign_workers(spec, self._candidates(spec.queue_pool), tuple(previous))
