@@ -41,6 +41,7 @@ class Deployment:
         self.root = root
         self.nats = NatsServer(root)
         self.processes: list[RoleProcess] = []
+        self.probes: dict[str, str] = {}  # worker id -> its sidecar's probe URL (/metrics)
         self.a, self.b = self._gateway("a"), self._gateway("b")
         for worker_id in ("w-1", "w-2"):
             self._worker(worker_id, ["--backend", "null"], {})
@@ -67,7 +68,9 @@ class Deployment:
             **socket, **(lane_env or {}), "SIE_WORKER_ID": worker_id, "SIE_NATS_URL": self.nats.url,
             "SIE_GATEWAY_URL": self.a, "SIE_POOL_POLL_INTERVAL_S": "0.3", "SIE_NAK_DELAY_S": "0.05",
         }  # fmt: skip
-        args = ["--host", "127.0.0.1", "--port", str(free_port()), *HEALTH]
+        port = free_port()
+        self.probes[worker_id] = f"http://127.0.0.1:{port}"
+        args = ["--host", "127.0.0.1", "--port", str(port), *HEALTH]
         self.processes.append(RoleProcess("sidecar", args, sidecar_env, self.root / f"{worker_id}-sidecar.log"))
 
     def logs(self) -> str:
@@ -148,6 +151,9 @@ def test_a_capped_pools_work_goes_only_to_its_assigned_worker(deployment: Deploy
     capped = asyncio.run(send(deployment.b, {"X-SIE-Pool": "capped"}, 40))
     assert [r.status_code for r in capped] == [200] * 40, capped[0].text
     assert {r.headers["x-sie-worker"] for r in capped} == set(assigned)
+    # Sent on the assigned worker's own subject (seed 000 §8.2): no sidecar had to refuse (NAK) any of it.
+    for probe in (deployment.probes["w-1"], deployment.probes["w-2"]):
+        assert 'decision="pool_refused"' not in httpx.get(f"{probe}/metrics", timeout=5).text
     # The other worker is live and takes ordinary work from the same queue.
     plain = asyncio.run(send(deployment.a, {}, 40))
     assert {r.headers["x-sie-worker"] for r in plain} == {"w-1", "w-2"}
