@@ -2,14 +2,14 @@
 
     .venv/bin/python scripts/bench/telemetry.py [--rounds 6] [--load-seconds 5] [--clients 32]
 
-Three settings of the same checkout: `off` (SIE_METRICS_ENABLED=false, no tracing), `metrics` (the default) and
-`metrics+tracing` (every trace sampled, spans posted over OTLP/HTTP to a sink in this process that answers as a
-collector would). Each measurement starts a fresh `sie run --role all`, so a server process's own luck (where its
-memory and threads land) is spread over the rounds instead of favouring one setting; the order of the settings
-rotates every round. Per measurement: 32 concurrent clients × 1 sentence and 1 client × batches of 32, each a
-steady state of `--load-seconds`, and the server's CPU seconds per request (from /proc, the process and its children)
-over the concurrent scenario: CPU per request is what telemetry adds to, and moves far less than throughput when
-the load generator shares the machine's cores.
+Four settings of the same checkout: `off` (SIE_METRICS_ENABLED=false, no tracing), `metrics` (the default), and
+metrics with tracing at 5 % (the sampling seed 000 §13 deploys) and at 100 % of traces, spans posted over OTLP/HTTP
+to a sink in this process that answers as a collector would. Each measurement starts a fresh `sie run --role all`,
+so a server process's own luck (where its memory and threads land) is spread over the rounds instead of favouring
+one setting; the order of the settings rotates every round. Per measurement: 32 concurrent clients × 1 sentence and
+1 client × batches of 32, each a steady state of `--load-seconds`, and the server's CPU seconds per request (from
+/proc, the process and its children) over the concurrent scenario: CPU per request is what telemetry adds to, and
+moves far less than throughput when the load generator shares the machine's cores.
 
 The table gives medians over the rounds and, per setting, the median of its per-round ratio to `off` in the same
 round (the paired figure the goal is checked against: metrics+tracing within 3 % of off).
@@ -116,7 +116,12 @@ def settings(sink_url: str) -> dict[str, dict[str, str]]:
     return {
         "off": {"SIE_METRICS_ENABLED": "false"},
         "metrics": {},
-        "metrics+tracing": {
+        "metrics+tracing 5%": {
+            "SIE_TRACING_ENABLED": "true",
+            "SIE_TRACING_SAMPLE_RATIO": "0.05",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{sink_url}/v1/traces",
+        },
+        "metrics+tracing 100%": {
             "SIE_TRACING_ENABLED": "true",
             "SIE_TRACING_SAMPLE_RATIO": "1",
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{sink_url}/v1/traces",

@@ -101,10 +101,6 @@ class PoolDirectory:
 
     # Requests
 
-    @property
-    def static_queue_pools(self) -> tuple[str, ...]:
-        return self._static
-
     async def target(self, requested: str) -> PoolTarget | None:
         """The target of a request that named `requested`, None when no such pool lives (the request fails
         closed); InvalidPoolError for a name no pool can have."""

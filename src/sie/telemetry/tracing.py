@@ -14,6 +14,7 @@ of its items and links the other distinct ones (seed 000 §15.1 "batch fan-in").
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 import threading
@@ -60,6 +61,8 @@ WORKER_RUN_BATCH: Final = "worker.run_batch"
 
 # Shutdown exports what is queued for at most this long, so a collector that is gone cannot hold a stop (§15.1).
 SHUTDOWN_FLUSH_S: Final = 3.0
+# Parsed W3C contexts kept: more than the work items a sidecar holds at once.
+EXTRACTED_CONTEXTS: Final = 4096
 EXPORT_TIMEOUT_S: Final = 10.0
 # W3C trace-context §3.2 (lowercase hex; version ff and all-zero ids are invalid), and §3.3: tracestate list
 # members `key=value`, at most 32 of them, within the 512 characters every vendor must pass on. A tracestate
@@ -144,6 +147,8 @@ class Tracing:
         self._tracer = provider.get_tracer(TRACER_NAME) if provider is not None else None
         self._propagator = TraceContextTextMapPropagator()
         self.enabled = provider is not None
+        # A work item's context is read by each span of its batch (prepare, wait, dispatch): parsed once.
+        self._extract = functools.lru_cache(maxsize=EXTRACTED_CONTEXTS)(self._parse_context)
 
     @classmethod
     def off(cls) -> Tracing:
@@ -247,7 +252,7 @@ class Tracing:
                 seen[traceparent] = context
         return list(seen.values())
 
-    def _extract(self, traceparent: str, tracestate: str | None) -> SpanContext:
+    def _parse_context(self, traceparent: str, tracestate: str | None) -> SpanContext:
         carrier = {TRACEPARENT: traceparent}
         if tracestate is not None:
             carrier[TRACESTATE] = tracestate
