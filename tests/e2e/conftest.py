@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from support.servers import REPO, RoleProcess, free_port
+from support.servers import REPO, serving_all
 
 GHOST_MODEL = """\
 sie_id: acme/ghost
@@ -43,15 +43,9 @@ def all_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     shutil.copytree(REPO / "config" / "models", models)
     (models / "acme__ghost.yaml").write_text(GHOST_MODEL)
     (models / "acme__minilm-matryoshka.yaml").write_text(matryoshka_variant())
-    port = free_port()
-    args = ["--host", "127.0.0.1", "--port", str(port), "--preload", "sentence-transformers/all-MiniLM-L6-v2"]
-    server = RoleProcess("all", args, {"SIE_MODELS_DIR": str(models)}, root / "server.log")
-    try:
-        server.wait_http_ready(f"http://127.0.0.1:{port}/readyz")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        code = server.stop()
-    assert code == 0, server.log()
+    args = ["--preload", "sentence-transformers/all-MiniLM-L6-v2"]
+    with serving_all(root / "server.log", args, {"SIE_MODELS_DIR": str(models)}) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

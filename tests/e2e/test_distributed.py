@@ -24,7 +24,9 @@ HELLO_WORLD_PREFIX = [-0.034477, 0.031023, 0.006735, 0.026109]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with serving_cluster(tmp_path_factory.mktemp("cluster")) as deployment:
+    # `elsewhere` is a deploy-owned queue pool no worker serves yet.
+    gateway_env = {"SIE_GATEWAY_STATIC_QUEUE_POOLS": "elsewhere"}
+    with serving_cluster(tmp_path_factory.mktemp("cluster"), gateway_env=gateway_env) as deployment:
         yield deployment
 
 
@@ -92,7 +94,7 @@ def encode_on_lane(cluster: Cluster, headers: dict[str, str]) -> httpx.Response:
 
 
 def test_a_lane_without_workers_is_provisioning(cluster: Cluster) -> None:
-    # The default machine profile in a pool no worker serves: capacity may come, so retry later.
+    # The default machine profile in a queue pool no worker serves: capacity may come, so retry later.
     response = encode_on_lane(cluster, {"X-SIE-Pool": "elsewhere"})
     assert response.status_code == 503
     assert response.headers["x-sie-error-code"] == "PROVISIONING" and response.headers["retry-after"] == "60"

@@ -14,7 +14,7 @@ import pytest
 
 from sie.client import SIEClient
 from support.polling import holds_within
-from support.servers import RoleProcess, free_port
+from support.servers import RoleProcess, free_port, serving_all
 
 pytestmark = pytest.mark.slow
 
@@ -37,21 +37,14 @@ def tokens_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def token_server(tmp_path_factory: pytest.TempPathFactory, tokens_file: Path) -> Iterator[str]:
     """A token-mode all-in-one server: inference tokens from SIE_AUTH_TOKENS and a tokens file, an admin token."""
-    port = free_port()
     env = {
         "SIE_AUTH_MODE": "token",
         "SIE_AUTH_TOKENS": ENV_TOKEN,
         "SIE_AUTH_TOKENS_FILE": str(tokens_file),
         "SIE_ADMIN_TOKEN": ADMIN,
     }
-    args = ["--host", "127.0.0.1", "--port", str(port), "--preload", MINILM]
-    server = RoleProcess("all", args, env, tmp_path_factory.mktemp("auth-server") / "server.log")
-    try:
-        server.wait_http_ready(f"http://127.0.0.1:{port}/readyz")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        code = server.stop()
-    assert code == 0, server.log()
+    with serving_all(tmp_path_factory.mktemp("auth-server") / "server.log", ["--preload", MINILM], env) as url:
+        yield url
 
 
 def test_the_public_sdk_sends_its_api_key(token_server: str, public_sdk) -> None:

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from support.servers import RoleProcess, free_port
+from support.servers import serving_all
 
 pytestmark = pytest.mark.slow
 
@@ -27,17 +26,9 @@ LEASE_THREAD = f"pool-lease-{POOL}"  # the SDK's lease-renewal thread for the po
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The base URL of an all-in-one server (null backend: one worker on machine profile `default`); it must exit
     0 on SIGTERM."""
-    port = free_port()
-    args = ["--host", "127.0.0.1", "--port", str(port), "--backend", "null", "--devices", "cpu"]
-    server = RoleProcess(
-        "all", args, {"SIE_ADMIN_TOKEN": ADMIN_TOKEN}, Path(tmp_path_factory.mktemp("sdk")) / "all.log"
-    )
-    try:
-        server.wait_http_ready(f"http://127.0.0.1:{port}/readyz")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        code = server.stop()
-    assert code == 0, server.log()
+    log = tmp_path_factory.mktemp("sdk") / "all.log"
+    with serving_all(log, ["--backend", "null", "--devices", "cpu"], {"SIE_ADMIN_TOKEN": ADMIN_TOKEN}) as url:
+        yield url
 
 
 def lease_threads() -> list[threading.Thread]:

@@ -11,14 +11,13 @@ import datetime
 import json
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 from typer.testing import CliRunner, Result
 
 from sie.cli.main import app
-from support.servers import RoleProcess, free_port
+from support.servers import free_port, serving_all
 
 TOKEN = "adm1n"
 STATIC = "gold"
@@ -31,16 +30,10 @@ runner = CliRunner()
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The base URL of a real all-in-one server (null backend: one worker, no model loads); it must exit 0 on
     SIGTERM."""
-    port = free_port()
-    args = ["--host", "127.0.0.1", "--port", str(port), "--backend", "null", "--devices", "cpu"]
     env = {"SIE_ADMIN_TOKEN": TOKEN, "SIE_GATEWAY_STATIC_QUEUE_POOLS": STATIC}
-    server = RoleProcess("all", args, env, Path(tmp_path_factory.mktemp("cli-pools")) / "all.log")
-    try:
-        server.wait_http_ready(f"http://127.0.0.1:{port}/readyz")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        code = server.stop()
-    assert code == 0, server.log()
+    log = tmp_path_factory.mktemp("cli-pools") / "all.log"
+    with serving_all(log, ["--backend", "null", "--devices", "cpu"], env) as url:
+        yield url
 
 
 @pytest.fixture(autouse=True)

@@ -21,8 +21,8 @@ MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 class Cluster:
     """The four processes of one distributed deployment. `worker_args` go to the worker (`--devices cpu:2`),
     `broker_env` to the roles on the broker (sidecar and gateway), `role_env` to the worker, sidecar and gateway
-    (telemetry settings), `max_payload` to nats-server, `health_interval_s` (the heartbeat period) to the sidecar
-    and the gateway."""
+    (telemetry settings), `gateway_env` to the gateway alone, `max_payload` to nats-server, `health_interval_s` (the
+    heartbeat period) to the sidecar and the gateway."""
 
     def __init__(
         self,
@@ -33,6 +33,7 @@ class Cluster:
         max_payload: int | None = None,
         health_interval_s: float = 0.2,
         role_env: Mapping[str, str] | None = None,
+        gateway_env: Mapping[str, str] | None = None,
     ) -> None:
         self.root = root
         self.worker_args = list(worker_args)
@@ -44,6 +45,7 @@ class Cluster:
         self.worker_env = {"SIE_IPC_SOCKET_PATH": str(self.socket), "SIE_WORKER_ID": "w-1", **(role_env or {})}
         self.broker_env = {"SIE_NATS_URL": self.nats.url, **(role_env or {}), **(broker_env or {})}
         self.health_interval = ["--health-interval-s", str(health_interval_s)]
+        self.gateway_env = {**self.broker_env, **(gateway_env or {})}
         self.worker = self.start_worker()
         self.probe_url = f"http://127.0.0.1:{free_port()}"
         self.sidecar = RoleProcess(
@@ -60,7 +62,7 @@ class Cluster:
         """A gateway on the cluster's port (the one before must have stopped)."""
         args = ["--host", "127.0.0.1", "--port", str(self.port), "--gateway-request-timeout", "60"]
         log = self.root / f"gateway-{time.monotonic()}.log"
-        return RoleProcess("gateway", [*args, *self.health_interval], self.broker_env, log)
+        return RoleProcess("gateway", [*args, *self.health_interval], self.gateway_env, log)
 
     def wait_serving(self, timeout_s: float = 120.0) -> None:
         self.gateway.wait_http_ready(f"{self.url}/readyz")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -83,3 +84,17 @@ class RoleProcess:
                 self.process.wait()
         self._log.close()
         return self.process.returncode
+
+
+@contextlib.contextmanager
+def serving_all(log_path: Path, args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> Iterator[str]:
+    """`sie run --role all ARGS` with `env` on a free loopback port; yields its base URL once `/readyz` answers 200,
+    and on exit requires it to stop with status 0 after SIGTERM (a graceful shutdown)."""
+    port = free_port()
+    server = RoleProcess("all", ["--host", "127.0.0.1", "--port", str(port), *args], env or {}, log_path)
+    try:
+        server.wait_http_ready(f"http://127.0.0.1:{port}/readyz")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        code = server.stop()
+    assert code == 0, server.log()
