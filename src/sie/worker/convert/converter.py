@@ -51,7 +51,7 @@ def convert_bert(model_dir: Path, out_path: Path, head: str) -> ConversionResult
     encoder = build_encoder(builder, config, weights)
     outputs = HEADS[head].build(HeadContext(builder, config, weights, encoder))
     model = builder.model(f"bert_{head}", graph_inputs(), outputs)
-    _save(model, out_path)
+    save_graph(model, out_path)
     return ConversionResult(path=out_path, head=head, output_names=tuple(o.name for o in outputs), labels=config.labels)
 
 
@@ -72,7 +72,7 @@ def conversion_cache_key(model_dir: Path, head: str) -> str:
     return digest.hexdigest()
 
 
-def _save(model: onnx.ModelProto, out_path: Path) -> None:
+def save_graph(model: onnx.ModelProto, out_path: Path) -> None:
     """Write via a temporary name and rename, so a reader never sees a half-written graph file."""
     out_path.parent.mkdir(parents=True, exist_ok=True)
     partial = out_path.with_name(out_path.name + ".partial")

@@ -34,9 +34,10 @@ class GraphBuilder:
         count = self._used[hint]
         return hint if count == 1 else f"{hint}_{count}"
 
-    def weight(self, name: str, array: np.ndarray) -> str:
-        """Store a float32 parameter under `name` (made unique) and return its name."""
-        return self._store(name, np.asarray(array, dtype=np.float32))
+    def weight(self, name: str, array: np.ndarray, dtype: type[np.floating] = np.float32) -> str:
+        """Store a parameter under `name` (made unique) as `dtype` (float32 unless a float16 graph asks) and
+        return its name."""
+        return self._store(name, np.asarray(array, dtype=dtype))
 
     def const(self, values: Any, dtype: type[np.generic] = np.int64) -> str:
         """A small constant (shape, axes or scalar), stored once per distinct value."""

@@ -1,0 +1,80 @@
+"""`convert_gguf`: one llama GGUF file in, one directory out holding the decoder graph with its key/value cache
+(`model.onnx`), the rebuilt tokenizer (`tokenizer.json`, `tokenizer_config.json` with the chat template) and the
+`config.json` the causal-LM adapter reads; plus the content cache key of a conversion.
+
+Like the BERT converter it needs only `onnx`, numpy, `tokenizers` and the pure-Python `gguf` reader: never torch,
+llama.cpp or onnxruntime (the caller loads the result).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+import attrs
+
+from sie.worker.convert.converter import save_graph
+from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.gguf_io import GgufFile
+from sie.worker.convert.gguf_tokenizer import gguf_tokenizer
+from sie.worker.convert.graph_builder import GraphBuilder
+from sie.worker.convert.llama_config import LlamaConfig, llama_config
+from sie.worker.convert.llama_graph import build_decoder, decoder_inputs, decoder_outputs, precision_named
+from sie.worker.convert.llama_weights import LlamaWeights
+
+# Bump whenever the emitted graph, tokenizer or config changes, so content-keyed caches rebuild.
+GGUF_CONVERTER_VERSION: Final = "sie-llama-onnx/1"
+GRAPH_FILE: Final = "model.onnx"
+CONFIG_FILE: Final = "config.json"
+
+
+@attrs.frozen
+class DecoderConversion:
+    """Where a converted decoder was written, its architecture and the precision of its weights and cache."""
+
+    directory: Path
+    config: LlamaConfig
+    precision: str
+
+    @property
+    def graph(self) -> Path:
+        return self.directory / GRAPH_FILE
+
+
+def convert_gguf(
+    gguf_path: Path, out_dir: Path, precision: str = "float32", on_progress: Callable[[int, int], None] | None = None
+) -> DecoderConversion:
+    """Convert `gguf_path` into `out_dir` (created); `on_progress(done, total)` counts the tensor bytes read."""
+    chosen = precision_named(precision)
+    out_dir = Path(out_dir)
+    gguf = GgufFile(gguf_path, on_read=on_progress)
+    config = llama_config(gguf)
+    tokenizer = gguf_tokenizer(gguf, config.max_position_embeddings)
+    builder = GraphBuilder()
+    build_decoder(builder, config, LlamaWeights(gguf, config), chosen)
+    model = builder.model("llama_decoder", decoder_inputs(config, chosen), decoder_outputs(config, chosen))
+    del builder  # its initializers now belong to `model`: keep one copy of the weights in memory, not two
+    save_graph(model, out_dir / GRAPH_FILE)
+    tokenizer.save(out_dir)
+    config_json = json.dumps(config.to_json(tokenizer.special_ids, chosen.name), indent=2)
+    try:
+        (out_dir / CONFIG_FILE).write_text(config_json + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise ConversionError(f"cannot write {CONFIG_FILE}: {exc}", source=str(out_dir)) from exc
+    return DecoderConversion(out_dir, config, chosen.name)
+
+
+def gguf_cache_key(gguf_path: Path, precision: str) -> str:
+    """sha256 over converter version, precision and the GGUF file's bytes."""
+    digest = hashlib.sha256()
+    for part in (GGUF_CONVERTER_VERSION.encode(), precision.encode()):
+        digest.update(len(part).to_bytes(8, "little") + part)
+    try:
+        with Path(gguf_path).open("rb") as handle:
+            digest.update(hashlib.file_digest(handle, "sha256").digest())
+    except OSError as exc:
+        raise ConversionError(f"cannot read file: {exc}", source=str(gguf_path)) from exc
+    return digest.hexdigest()

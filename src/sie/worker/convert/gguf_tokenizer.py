@@ -1,0 +1,146 @@
+"""The tokenizer a GGUF file carries in its metadata (`tokenizer.ggml.*`, `tokenizer.chat_template`), rebuilt as a
+`tokenizers` Tokenizer (saved as tokenizer.json) plus the Hugging Face style tokenizer_config.json that names the
+special tokens and keeps the chat template for the causal-LM adapter.
+
+Only GPT-2 style byte-level BPE (`tokenizer.ggml.model = gpt2`) is rebuilt, with the pre-tokenizers whose
+splitting rules `tokenizers` spells exactly; anything else is a ConversionError, never an approximate tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.gguf_io import GgufFile
+
+TOKENIZER_FILE: Final = "tokenizer.json"
+TOKENIZER_CONFIG_FILE: Final = "tokenizer_config.json"
+# llama.cpp's token types (gguf.TokenType): control tokens are the special ones, user-defined ones are added
+# tokens matched whole but decoded like text.
+TOKEN_TYPE_CONTROL: Final = 3
+TOKEN_TYPE_USER_DEFINED: Final = 4
+# llama.cpp pre-tokenizer names (`tokenizer.ggml.pre`) whose split is GPT-2's regex, with digits first split one by
+# one for the StarCoder family (SmolLM's tokenizer.json: Digits(individual_digits) then ByteLevel).
+_GPT2_PRE: Final = frozenset({"default", "gpt-2", "gpt2"})
+_DIGITS_THEN_GPT2_PRE: Final = frozenset({"smollm", "starcoder", "refact", "codeshell"})
+_SPECIAL_ROLES: Final = ("bos", "eos", "unknown", "padding")
+
+
+@attrs.frozen
+class GgufTokenizer:
+    """The rebuilt tokenizer and what the adapter needs beside it: special tokens and the chat template."""
+
+    tokenizer: Tokenizer
+    special_tokens: dict[str, str]  # role (bos, eos, unk, pad) -> token text
+    special_ids: dict[str, int]  # `bos_token_id`, `eos_token_id`, ... as config.json names them
+    chat_template: str | None
+    add_bos_token: bool
+    model_max_length: int
+
+    def tokenizer_config(self) -> dict[str, Any]:
+        """tokenizer_config.json in Hugging Face names (`chat_template` is a Jinja template string)."""
+        return {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "add_bos_token": self.add_bos_token,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": self.model_max_length,
+            **{f"{role}_token": token for role, token in self.special_tokens.items()},
+            "chat_template": self.chat_template,
+        }
+
+    def save(self, directory: Path) -> None:
+        """Write tokenizer.json and tokenizer_config.json into `directory`."""
+        directory = Path(directory)
+        try:
+            self.tokenizer.save(str(directory / TOKENIZER_FILE))
+            config = json.dumps(self.tokenizer_config(), indent=2, ensure_ascii=False)
+            (directory / TOKENIZER_CONFIG_FILE).write_text(config + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise ConversionError(f"cannot write the tokenizer: {exc}", source=str(directory)) from exc
+
+
+def gguf_tokenizer(gguf: GgufFile, model_max_length: int) -> GgufTokenizer:
+    """Rebuild the byte-level BPE tokenizer of `gguf` from its vocabulary, merges, token types and special ids."""
+    source = str(gguf.path)
+    kind = gguf.value("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ConversionError(
+            f"tokenizer model {kind!r} is not supported; expected byte-level BPE 'gpt2'", source=source
+        )
+    tokens = [str(token) for token in gguf.value("tokenizer.ggml.tokens")]
+    token_types = list(gguf.value("tokenizer.ggml.token_type", [1] * len(tokens)))
+    merges = [_merge_pair(str(merge), source) for merge in gguf.value("tokenizer.ggml.merges")]
+    if len(token_types) != len(tokens):
+        raise ConversionError(f"{len(token_types)} token types for {len(tokens)} tokens", source=source)
+    vocab = {token: index for index, token in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        raise ConversionError("the vocabulary repeats a token", source=source)
+    special_ids = {role: gguf.value(f"tokenizer.ggml.{role}_token_id", None) for role in _SPECIAL_ROLES}
+    unknown_id = special_ids["unknown"]
+    bpe = models.BPE(
+        vocab=vocab,
+        merges=merges,
+        unk_token=tokens[unknown_id] if _valid_id(unknown_id, tokens) else None,
+        fuse_unk=False,
+        byte_fallback=False,
+    )
+    tokenizer = Tokenizer(bpe)
+    tokenizer.pre_tokenizer = _pre_tokenizer(str(gguf.value("tokenizer.ggml.pre", "default")), source)
+    tokenizer.decoder = decoders.ByteLevel()
+    add_bos = bool(gguf.value("tokenizer.ggml.add_bos_token", False))
+    tokenizer.post_processor = _post_processor(add_bos, special_ids["bos"], tokens)
+    tokenizer.add_tokens(_added_tokens(tokens, token_types, TOKEN_TYPE_USER_DEFINED, special=False))
+    tokenizer.add_special_tokens(_added_tokens(tokens, token_types, TOKEN_TYPE_CONTROL, special=True))
+    names = {"bos": "bos", "eos": "eos", "unknown": "unk", "padding": "pad"}
+    return GgufTokenizer(
+        tokenizer=tokenizer,
+        special_tokens={names[role]: tokens[i] for role, i in special_ids.items() if _valid_id(i, tokens)},
+        special_ids={f"{names[role]}_token_id": i for role, i in special_ids.items() if _valid_id(i, tokens)},
+        chat_template=gguf.value("tokenizer.chat_template", None),
+        add_bos_token=add_bos,
+        model_max_length=model_max_length,
+    )
+
+
+def _valid_id(token_id: Any, tokens: list[str]) -> bool:
+    return isinstance(token_id, int) and 0 <= token_id < len(tokens)
+
+
+def _merge_pair(merge: str, source: str) -> tuple[str, str]:
+    # Byte-level tokens never hold a plain space (it is mapped to "Ġ"), so one space separates the pair.
+    left, space, right = merge.partition(" ")
+    if not space or not left or not right or " " in right:
+        raise ConversionError(f"malformed merge {merge!r}", source=source)
+    return left, right
+
+
+def _pre_tokenizer(name: str, source: str) -> pre_tokenizers.PreTokenizer:
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if name in _GPT2_PRE:
+        return byte_level
+    if name in _DIGITS_THEN_GPT2_PRE:
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    known = sorted(_GPT2_PRE | _DIGITS_THEN_GPT2_PRE)
+    raise ConversionError(f"pre-tokenizer {name!r} is not supported; known: {known}", source=source)
+
+
+def _post_processor(add_bos: bool, bos_id: Any, tokens: list[str]) -> processors.PostProcessor:
+    if add_bos and _valid_id(bos_id, tokens):
+        bos = tokens[bos_id]
+        return processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
+        )
+    return processors.ByteLevel(trim_offsets=False)
+
+
+def _added_tokens(tokens: list[str], token_types: list[int], wanted: int, *, special: bool) -> list[AddedToken]:
+    return [
+        AddedToken(token, special=special, normalized=False)
+        for token, token_type in zip(tokens, token_types, strict=True)
+        if token_type == wanted
+    ]
