@@ -73,7 +73,8 @@ def load_graphs(model_ids: list[str] | None) -> dict[str, tuple[Path, TextTokeni
     catalog = load_catalog(settings.catalog.bundles_dir, settings.catalog.models_dir)
     loader = ModelLoader.from_settings(settings.worker)
     graphs = {}
-    for model_id in model_ids or sorted(catalog.entries):
+    encoders = sorted(model_id for model_id, entry in catalog.entries.items() if not entry.model.tasks.generate)
+    for model_id in model_ids or encoders:
         entry = catalog.get(model_id)
         files = loader.prepare(entry.model, entry.profile, entry.model_id)
         max_length = entry.model.max_sequence_length or DEFAULT_MAX_SEQUENCE_LENGTH
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=1.0, help="measuring time per cell per round")
-    parser.add_argument("--models", nargs="*", help="model ids (default: every baseline model and profile)")
+    parser.add_argument("--models", nargs="*", help="model ids (default: every baseline encoder and profile)")
     args = parser.parse_args(argv)
     graphs = load_graphs(args.models)
     print_table(measure(graphs, args.rounds, args.seconds), args.rounds)

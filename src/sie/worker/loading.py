@@ -1,5 +1,6 @@
 """Load one model profile end to end: fetch its files, convert safetensors to ONNX when the checkpoint
-has no graph, open the onnxruntime session, load the tokenizer and build the adapter.
+has no graph (or a GGUF decoder to an ONNX decoder with its tokenizer), open the onnxruntime session, load the
+tokenizer and build the adapter.
 
 Blocking by design (downloads, conversion, session creation): the model manager runs it in an
 executor. Every failure leaves as a ModelLoadError with a class and a message naming the model.
@@ -12,6 +13,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +25,22 @@ from sie.settings import WorkerSettings
 from sie.telemetry.logs import log_fields
 from sie.tokenization import TextTokenizer, TokenizerError
 from sie.worker.adapters import CONVERSION_HEADS, Adapter, AdapterContext, adapter_class
-from sie.worker.artifacts import ArtifactError, ArtifactResolver, ProgressCallback, profile_artifacts
-from sie.worker.convert import ConversionError, conversion_cache_key, convert_bert
+from sie.worker.artifacts import (
+    STAGE_CONVERT,
+    ArtifactError,
+    ArtifactResolver,
+    ProgressCallback,
+    ProgressEvent,
+    profile_artifacts,
+)
+from sie.worker.convert import (
+    GRAPH_FILE,
+    ConversionError,
+    conversion_cache_key,
+    convert_bert,
+    convert_gguf,
+    gguf_cache_key,
+)
 from sie.worker.errors import ModelLoadError
 from sie.worker.session import SessionOptions, create_session
 
@@ -76,6 +92,12 @@ class ModelLoader:
         """Fetch a profile's files and convert its checkpoint to ONNX if needed, without opening a session."""
         resolved = self._resolve(model, profile, model_id)
         artifacts = profile_artifacts(model, profile)
+        gguf_file = resolved.loadtime_options.get("gguf_file")
+        if gguf_file:
+            # A GGUF decoder converts to a directory holding the graph, tokenizer and config.json; which adapter
+            # serves it does not change the conversion, so it is not looked up here.
+            decoder = self._decoder(model_id, self._fetch(artifacts.model, on_progress), str(gguf_file), on_progress)
+            return PreparedFiles(decoder / GRAPH_FILE, decoder, decoder)
         adapter_type = adapter_class(resolved.adapter_path)
         model_dir = self._fetch(artifacts.model, on_progress)
         tokenizer_dir = self._fetch(artifacts.tokenizer, on_progress) if artifacts.tokenizer else model_dir
@@ -149,6 +171,29 @@ class ModelLoader:
         except ConversionError as exc:
             raise ModelLoadError("UNKNOWN", f"Model '{model_id}': cannot convert to ONNX: {exc}") from exc
 
+    def _decoder(self, model_id: str, model_dir: Path, gguf_file: str, on_progress: ProgressCallback | None) -> Path:
+        """The cached conversion of a GGUF decoder (float16 weights and cache on a GPU, float32 on CPU)."""
+        source = model_dir / gguf_file
+        if not source.is_file():
+            raise ModelLoadError("NOT_FOUND", f"Model '{model_id}': GGUF file {gguf_file!r} not in {model_dir}")
+        precision = "float32" if self.session_options.device == "cpu" else "float16"
+        try:
+            target = self.converted_dir / f"{gguf_cache_key(source, precision)}-decoder"
+            if (target / GRAPH_FILE).is_file():
+                return target
+            self.converted_dir.mkdir(parents=True, exist_ok=True)
+            logger.info("converting model %s to an ONNX decoder (%s)", model_id, precision,
+                        extra=log_fields(event="model_converting", model=model_id, head="decoder"))  # fmt: skip
+            started = time.perf_counter()
+            with tempfile.TemporaryDirectory(dir=self.converted_dir) as scratch:
+                staged = Path(scratch) / target.name
+                convert_gguf(source, staged, precision, _convert_progress(on_progress, f"gguf {gguf_file}"))
+                _publish_dir(staged, target)
+            _log_converted(model_id, target / GRAPH_FILE, time.perf_counter() - started)
+            return target
+        except ConversionError as exc:
+            raise ModelLoadError("UNKNOWN", f"Model '{model_id}': cannot convert to ONNX: {exc}") from exc
+
     def _tokenizer(self, model_id: str, directory: Path, model: ModelConfig, config_json: dict) -> TextTokenizer:
         max_length = model.max_sequence_length or DEFAULT_MAX_SEQUENCE_LENGTH
         try:
@@ -163,6 +208,23 @@ class ModelLoader:
                 f"but the model's vocabulary has {vocab_size}",
             )
         return tokenizer
+
+
+def _convert_progress(on_progress: ProgressCallback | None, source: str) -> Callable[[int, int], None] | None:
+    """The converter's `(done, total)` byte counts as `convert` events naming `source`."""
+    if on_progress is None:
+        return None
+    return lambda done, total: on_progress(ProgressEvent(STAGE_CONVERT, source, done, total))
+
+
+def _publish_dir(staged: Path, target: Path) -> None:
+    """Rename a finished conversion into place; a reader sees no directory or the whole one. Two loaders that
+    converted at once both succeed: the second rename fails on the first one's directory, which is as good."""
+    try:
+        os.replace(staged, target)
+    except OSError as exc:
+        if not (target / GRAPH_FILE).is_file():
+            raise ConversionError(f"cannot store the converted decoder: {exc}", source=str(target)) from exc
 
 
 def _log_converted(model_id: str, graph: Path, seconds: float) -> None:

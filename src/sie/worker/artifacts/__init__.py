@@ -6,6 +6,7 @@ from sie.worker.artifacts.cache import ArtifactCache, CacheEntry
 from sie.worker.artifacts.errors import ArtifactError, ArtifactUnavailable, ErrorClass
 from sie.worker.artifacts.progress import (
     STAGE_CACHED,
+    STAGE_CONVERT,
     STAGE_DOWNLOAD,
     STAGE_EXTRACT,
     STAGE_FILE,
@@ -18,6 +19,7 @@ from sie.worker.artifacts.spec import ArtifactSpec, ProfileArtifacts, cache_key,
 
 __all__ = [
     "STAGE_CACHED",
+    "STAGE_CONVERT",
     "STAGE_DOWNLOAD",
     "STAGE_EXTRACT",
     "STAGE_FILE",

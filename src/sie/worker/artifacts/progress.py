@@ -15,6 +15,7 @@ STAGE_DOWNLOAD: Final = "download"
 STAGE_EXTRACT: Final = "extract"
 STAGE_CACHED: Final = "cached"
 STAGE_FILE: Final = "file"
+STAGE_CONVERT: Final = "convert"  # a checkpoint turned into the graph it is served from; bytes of tensors read
 
 
 @attrs.frozen
