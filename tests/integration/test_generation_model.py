@@ -4,6 +4,7 @@ loader, its rebuilt tokenizer, and the converted decoder greedy-decoding a ChatM
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer
@@ -70,3 +71,21 @@ def test_the_decoder_answers_paris(prepared: PreparedFiles, tokenizer: Tokenizer
     )
     assert "Paris" in answer
     assert result.finish_reason == "stop"
+
+
+@pytest.mark.slow
+def test_a_gpu_loader_converts_float16_weights_and_cache(
+    baseline_catalog: Catalog, model_loader: ModelLoader, tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    """A loader for a CUDA device converts the same GGUF into a float16 decoder (half the size); onnxruntime's CPU
+    provider runs that graph too, so its greedy answer is checked here without a GPU."""
+    entry = baseline_catalog.get(MODEL)
+    gpu_loader = ModelLoader(model_loader.resolver, tmp_path / "converted", SessionOptions(device="cuda:0"))
+    files = gpu_loader.prepare(entry.model, entry.profile, entry.model_id)
+    config = json.loads((files.model_dir / CONFIG_FILE).read_text())
+    assert config["torch_dtype"] == "float16"
+    session = create_session(files.graph, SessionOptions(intra_op_threads=2))
+    assert {i.type for i in session.get_inputs() if i.name.startswith("past_key_values.")} == {"tensor(float16)"}
+    prompt = tokenizer.encode(chatml("What is the capital of France?")).ids
+    result = greedy_decode(session, prompt, CacheShape.from_config(config), 32, {IM_END, ENDOFTEXT})
+    assert "Paris" in tokenizer.decode(list(result.token_ids))
