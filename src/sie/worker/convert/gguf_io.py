@@ -46,9 +46,6 @@ class GgufFile:
     def architecture(self) -> str:
         return str(self.value("general.architecture"))
 
-    def has(self, key: str) -> bool:
-        return key in self._reader.fields
-
     def value(self, key: str, default: Any = _MISSING) -> Any:
         """A metadata value (int, float, bool, str or a list of them); `default` when absent, else an error."""
         field = self._reader.fields.get(key)
@@ -58,15 +55,8 @@ class GgufFile:
             return default
         return field.contents()
 
-    def names(self) -> list[str]:
-        return list(self._tensors)
-
     def __contains__(self, name: object) -> bool:
         return name in self._tensors
-
-    def tensor_bytes(self) -> int:
-        """Bytes of tensor data in the file (what converting all of it reads)."""
-        return self._total_bytes
 
     def shape(self, name: str) -> tuple[int, ...]:
         """The numpy shape `load(name)` returns, without reading the data."""
