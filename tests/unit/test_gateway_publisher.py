@@ -128,14 +128,12 @@ async def test_lane_in_flight_limit_counts_and_sheds_only_when_enforced() -> Non
 
 def test_a_capped_pools_request_goes_to_one_of_its_workers_spread_by_request_id() -> None:
     publisher = WorkPublisher(None, Consumers(LANE), 50_000, "gw")  # type: ignore[arg-type]
-    subject = "sie.work.default.default.default.m"
-    chosen = {
-        publisher.direct_subject(subject, LANE, f"request-{n}", "", frozenset({"w-1", "w-2", "w-3"})) for n in range(60)
-    }
-    assert chosen == {f"{subject}.w-{n}" for n in (1, 2, 3)}
-    again = publisher.direct_subject(subject, LANE, "request-7", "", frozenset({"w-1", "w-2", "w-3"}))
-    assert again == publisher.direct_subject(subject, LANE, "request-7", "", frozenset({"w-3", "w-2", "w-1"}))
-    assert publisher.direct_subject(subject, LANE, "r", "", frozenset()) is None
+    workers = frozenset({"w-1", "w-2", "w-3"})
+    chosen = {publisher.direct_worker(LANE, f"request-{n}", "", workers) for n in range(60)}
+    assert chosen == {"w-1", "w-2", "w-3"}
+    again = publisher.direct_worker(LANE, "request-7", "", workers)
+    assert again == publisher.direct_worker(LANE, "request-7", "", frozenset({"w-3", "w-2", "w-1"}))
+    assert publisher.direct_worker(LANE, "r", "", frozenset()) is None
 
 
 async def test_a_direct_publish_the_worker_stream_refuses_goes_on_the_lane(catalog_route) -> None:

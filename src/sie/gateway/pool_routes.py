@@ -13,41 +13,23 @@ replies.py. A store the broker cannot reach answers 503 QUEUE_UNAVAILABLE.
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, Final, ParamSpec, TypeVar
+from collections.abc import Callable
+from typing import Any, Final
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from sie.gateway.edge import JSON_MEDIA_TYPE, endpoint, json_response
-from sie.gateway.errors import InvalidRequestError, QueueUnavailableError
+from sie.gateway.errors import InvalidRequestError
 from sie.gateway.headers import VERSION_HEADERS
 from sie.gateway.pools import PoolDirectory
 from sie.gateway.replies import Surface
 from sie.http.bodies import read_body
-from sie.transport.base import TransportError
 from sie.wire import DecodeError, dumps_json, loads_json
 
 MAX_POOL_BODY_BYTES: Final = 64 * 1024
-
-P = ParamSpec("P")
-T = TypeVar("T")
-
-
-def _store_call(call: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
-    """A store the broker cannot reach is a retryable 503, as a work publish would be."""
-
-    @functools.wraps(call)
-    async def run(*args: P.args, **kwargs: P.kwargs) -> T:
-        try:
-            return await call(*args, **kwargs)
-        except TransportError as exc:
-            raise QueueUnavailableError(f"The pool store is unavailable: {exc}") from exc
-
-    return run
 
 
 class PoolHandlers:
@@ -71,24 +53,24 @@ class PoolHandlers:
             raise InvalidRequestError(f"Invalid JSON: {exc}", code="parse_error") from exc
         if not isinstance(body, dict):
             raise InvalidRequestError("The body must be a JSON object: {name, gpus, ...}")
-        pool, new = await _store_call(self._directory.create)(body)
+        pool, new = await self._directory.create(body)
         content = dumps_json(pool.to_json(self._clock()))
         return Response(content, status_code=201 if new else 200, media_type=JSON_MEDIA_TYPE, headers=VERSION_HEADERS)
 
     @endpoint(Surface.NATIVE)
     async def get(self, request: Request) -> Response:
-        pool = await _store_call(self._directory.get)(request.path_params["name"])
+        pool = await self._directory.get(request.path_params["name"])
         return json_response(pool.to_json(self._clock()))
 
     @endpoint(Surface.NATIVE)
     async def delete(self, request: Request) -> Response:
         name = request.path_params["name"]
-        await _store_call(self._directory.delete)(name)
+        await self._directory.delete(name)
         return json_response({"deleted": name.strip().lower()})
 
     @endpoint(Surface.NATIVE)
     async def renew(self, request: Request) -> Response:
-        pool = await _store_call(self._directory.renew)(request.path_params["name"])
+        pool = await self._directory.renew(request.path_params["name"])
         return json_response(pool.to_json(self._clock()))
 
 

@@ -11,15 +11,17 @@ and written back only when they change.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Final, Self
 
 import attrs
 
 from sie.catalog import Catalog, ModelNotFoundError
 from sie.catalog.model import DEFAULT_PROFILE
+from sie.gateway.errors import QueueUnavailableError
 from sie.gateway.status import WorkerSummary
 from sie.pools import (
     DEFAULT_POOL,
@@ -58,7 +60,6 @@ class PoolTarget:
     logical: str
     queue_pool: str
     machine_profiles: tuple[str, ...] = ()
-    bundle: str | None = None
 
 
 class PoolDirectory:
@@ -109,13 +110,13 @@ class PoolDirectory:
             return PoolTarget(name, name)
         pool = self._live_pool(name)
         if pool is None and self._may_recheck(name):
-            pool = await self._store.get(name)
+            with _store_failures():
+                pool = await self._store.get(name)
             if pool is not None:
                 self._live[name] = pool
         if pool is None:
             return None
-        spec = pool.spec
-        return PoolTarget(name, spec.queue_pool, tuple(sorted(spec.machine_profiles)), spec.bundle)
+        return PoolTarget(name, pool.spec.queue_pool, tuple(sorted(pool.spec.machine_profiles)))
 
     def assigned(self, name: str) -> frozenset[str] | None:
         """The worker ids a capped pool may use; None when the pool is uncapped (any worker of its queue pool)."""
@@ -152,7 +153,8 @@ class PoolDirectory:
         name = canonical_pool_name(requested)
         if name in self._static:
             return self._protected(name)
-        pool = await self._store.get(name)
+        with _store_failures():
+            pool = await self._store.get(name)
         if pool is None:
             raise PoolNotFoundError(f"pool '{name}' not found")
         return pool
@@ -170,10 +172,11 @@ class PoolDirectory:
                 "(SIE_GATEWAY_STATIC_QUEUE_POOLS declares deploy-owned ones)"
             )
         pool = attrs.evolve(Pool.leased(spec, self._clock()), assigned_workers=self._assignment(spec, ()))
-        try:
-            stored, new = await self._store.create(pool), True
-        except PoolExistsError:
-            stored, new = await self._store.replace(pool), False
+        with _store_failures():
+            try:
+                stored, new = await self._store.create(pool), True
+            except PoolExistsError:
+                stored, new = await self._store.replace(pool), False
         self._live[stored.name] = stored
         self._misses.pop(stored.name, None)
         return stored, new
@@ -196,7 +199,8 @@ class PoolDirectory:
         name = canonical_pool_name(requested)
         if name in self._static:
             return self._protected(name)
-        pool = await self._store.renew(name, self._clock())
+        with _store_failures():
+            pool = await self._store.renew(name, self._clock())
         self._live[name] = pool
         return pool
 
@@ -204,7 +208,8 @@ class PoolDirectory:
         name = canonical_pool_name(requested)
         if name in self._static:
             raise PoolProtectedError(_protected_message(name))
-        deleted = await self._store.delete(name)
+        with _store_failures():
+            deleted = await self._store.delete(name)
         self._live.pop(name, None)
         if not deleted:
             raise PoolNotFoundError(f"pool '{name}' not found")
@@ -311,6 +316,15 @@ class PoolDirectory:
         """`default` or a static queue pool: no requirements, no lease, every healthy worker of that queue pool."""
         pool = Pool.protected_queue_pool(name, self._started)
         return attrs.evolve(pool, assigned_workers=tuple(self._candidates(name)))
+
+
+@contextlib.contextmanager
+def _store_failures() -> Iterator[None]:
+    """A pool store the broker cannot reach is a retryable 503 for the caller, as a work publish would be."""
+    try:
+        yield
+    except TransportError as exc:
+        raise QueueUnavailableError(f"The pool store is unavailable: {exc}") from exc
 
 
 def _protected_message(name: str) -> str:

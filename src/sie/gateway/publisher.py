@@ -4,7 +4,8 @@ publishing their work items onto a lane subject, with transport failures transla
 
 Admission asks two collaborators: whether anything consumes the lane (the worker registry in distributed
 mode, the in-process transport in `all`) and how deep the pool's stream is (the transport, which caches what
-costs a broker round trip). Nothing here caches on top of them.
+costs a broker round trip). Nothing here caches on top of them. What it keeps itself: the work items it has in
+flight per lane (per-lane backpressure) and, through the demand tracker, the lanes requests found without a worker.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from typing import Final, Protocol
 
 import attrs
 
-from sie.catalog.ids import normalize_worker_id
 from sie.catalog.names import reply_subject, work_cancel_subject
 from sie.gateway.errors import InvalidRequestError, ProvisioningError, QueueFullError, QueueUnavailableError
 from sie.pools import DemandTracker
@@ -223,17 +223,16 @@ class WorkPublisher:
                 known_profiles=known,
             )
 
-    def direct_subject(
-        self, route_subject: str, lane: Lane, request_id: str, bundle_config_hash: str, assigned: frozenset[str]
+    def direct_worker(
+        self, lane: Lane, request_id: str, bundle_config_hash: str, assigned: frozenset[str]
     ) -> str | None:
-        """The worker subject a capped pool's request goes to (seed 000 §8.2 worker direct-dispatch): one of the
-        pool's assigned workers eligible now, chosen by rendezvous hashing on the request id so requests spread
-        over them; None when none is addressable (work then goes on the lane, where unassigned sidecars NAK it)."""
+        """The worker a capped pool's request goes to (seed 000 §8.2 worker direct-dispatch): one of the pool's
+        assigned workers eligible now, chosen by rendezvous hashing on the request id so requests spread over them;
+        None when none is addressable (work then goes on the lane, where unassigned sidecars NAK it)."""
         workers = self._consumers.eligible_workers(lane, bundle_config_hash, assigned)
         if not workers:
             return None
-        chosen = max(workers, key=lambda worker: hashlib.blake2b(f"{request_id}/{worker}".encode()).digest())
-        return f"{route_subject}.{normalize_worker_id(chosen)}"
+        return max(workers, key=lambda worker: hashlib.blake2b(f"{request_id}/{worker}".encode()).digest())
 
     async def publish(
         self, lane: Lane, subject: str, items: Sequence[WorkItem], direct_subject: str | None = None

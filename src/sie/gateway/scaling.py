@@ -85,8 +85,7 @@ class LaneSignals:
 
     def lanes(self) -> list[LaneSignal]:
         """Every lane with a signal or a worker, sorted."""
-        keys = {*self._depths, *self.demand.snapshot(), *self._warm_floors(), *self._worker_counts()}
-        return self._signals(sorted(keys)[:MAX_REPORTED_LANES])
+        return self._signals(None)
 
     def _worker_counts(self) -> dict[LaneKey, int]:
         counts: dict[LaneKey, int] = {}
@@ -96,8 +95,11 @@ class LaneSignals:
                 counts[key] = counts.get(key, 0) + 1
         return counts
 
-    def _signals(self, keys: Sequence[LaneKey]) -> list[LaneSignal]:
+    def _signals(self, keys: Sequence[LaneKey] | None) -> list[LaneSignal]:
+        """The signals of `keys`, or of every lane any value names (at most MAX_REPORTED_LANES), each read once."""
         demand, floors, workers = self.demand.snapshot(), self._warm_floors(), self._worker_counts()
+        if keys is None:
+            keys = sorted({*self._depths, *demand, *floors, *workers})[:MAX_REPORTED_LANES]
         signals = []
         for key in keys:
             pending, acked = self._depths.get(key, (0, 0))

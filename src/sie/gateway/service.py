@@ -13,9 +13,9 @@ from typing import Any
 
 import attrs
 
+from sie.catalog.names import work_worker_subject
 from sie.gateway import assembly, openai, router, workitems
 from sie.gateway.collector import Collector, PendingRequest
-from sie.gateway.errors import QueueUnavailableError
 from sie.gateway.headers import ResponseMetadata, collect_metadata, model_revision
 from sie.gateway.limits import RequestLimits
 from sie.gateway.offload import PayloadOffload
@@ -26,7 +26,6 @@ from sie.gateway.workitems import Ticket
 from sie.pools import PoolNotFoundError, canonical_pool_name
 from sie.telemetry.requests import note_request
 from sie.telemetry.tracing import TraceHeaders
-from sie.transport.base import TransportError
 from sie.wire.http import EncodeParams, EncodeRequest, ExtractParams, ExtractRequest, ScoreRequest
 from sie.wire.queue import OPERATION_ENCODE, OPERATION_EXTRACT, OPERATION_SCORE, WorkItem, WorkResult
 
@@ -159,10 +158,7 @@ class InferenceService:
         requested = hints.requested_pool()
         if requested is None:
             return self._router.route(spec, profile, hints)
-        try:
-            target = await self._pools.target(requested)
-        except TransportError as exc:
-            raise QueueUnavailableError(f"The pool store is unavailable: {exc}") from exc
+        target = await self._pools.target(requested)
         if target is None:
             raise PoolNotFoundError(f"pool '{canonical_pool_name(requested)}' not found")
         return self._router.route(spec, profile, hints, target)
@@ -177,10 +173,11 @@ class InferenceService:
         assigned = self._pools.assigned(route.admission_pool) if route.admission_pool else None
         await self._publisher.admit(route.lane, len(items), route.bundle_config_hash, assigned, route.demand_lanes)
         direct = None
-        if assigned:  # a capped pool: its work goes to one of its workers (seed 000 §8.2)
-            direct = self._publisher.direct_subject(
-                route.subject, route.lane, request_id, route.bundle_config_hash, assigned
-            )
+        if assigned:  # a capped pool: its work goes to one of its workers, on that worker's subject (seed 000 §8.2)
+            worker = self._publisher.direct_worker(route.lane, request_id, route.bundle_config_hash, assigned)
+            if worker is not None:
+                lane = route.lane
+                direct = work_worker_subject(lane.pool, lane.machine_profile, lane.bundle, route.model_id, worker)
         with (
             self._collector.expect(request_id, len(items)) as pending,
             self._publisher.in_flight(route.lane, len(items)),
