@@ -16,6 +16,7 @@ CONFIG_ALL_SUBJECT = f"{CONFIG_SUBJECT_PREFIX}._all"
 HEALTH_SUBJECT_PREFIX = "sie.health"
 HEALTH_WILDCARD = f"{HEALTH_SUBJECT_PREFIX}.>"
 WORK_CANCEL_PREFIX = "work_cancel"
+GENERATE_CANCEL_PREFIX = "cancel"
 INBOX_PREFIX = "_INBOX"
 MAX_DELIVERIES_ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.>"
 # A lane work subject has six tokens; a worker direct-dispatch subject one more, the worker (seed 000 §8.2).
@@ -119,6 +120,12 @@ def health_subject(worker_id: str) -> str:
 def work_cancel_subject(router_id: str, request_id: str) -> str:
     """`work_cancel.{router_id}.{request_id}`, the best-effort abandonment signal."""
     return f"{WORK_CANCEL_PREFIX}.{router_id}.{request_id}"
+
+
+def generate_cancel_subject(router_id: str, request_id: str) -> str:
+    """`cancel.{router_id}.{request_id}`: the gateway stopped waiting for a generation (seed 001, Generation); the
+    sidecar forwards it to the worker as SignalGenerateCancel."""
+    return f"{GENERATE_CANCEL_PREFIX}.{router_id}.{request_id}"
 
 
 def dead_letter_subject(work_subject_text: str) -> str:

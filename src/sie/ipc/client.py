@@ -6,8 +6,10 @@ this protocol itself and the sidecar awaits it directly (DESIGN.md §4).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Protocol
 
+from sie.wire.generate import GenerateEvent, ProcessGenerateRequest
 from sie.wire.ipc_batch import BatchOutcome, RunBatchRequest
 from sie.wire.ipc_control import (
     ApplyModelConfigRequest,
@@ -22,6 +24,8 @@ from sie.wire.ipc_control import (
     PingResponse,
     ReplaceModelConfigsRequest,
     ReplaceModelConfigsResponse,
+    SignalGenerateCancelRequest,
+    SignalGenerateCancelResponse,
     WorkerCapabilitiesRequest,
     WorkerCapabilitiesResponse,
     WorkerMetricsRequest,
@@ -37,6 +41,12 @@ class WorkerClient(Protocol):
     async def ensure_model_ready(self, request: EnsureModelReadyRequest) -> EnsureModelReadyResponse: ...
 
     async def run_batch(self, request: RunBatchRequest) -> BatchOutcome: ...
+
+    def process_generate(self, request: ProcessGenerateRequest) -> AsyncIterator[GenerateEvent]:
+        """The events of one generation, in order, the last one `done` (sie.wire.generate)."""
+        ...
+
+    async def signal_generate_cancel(self, request: SignalGenerateCancelRequest) -> SignalGenerateCancelResponse: ...
 
     async def worker_capabilities(self, request: WorkerCapabilitiesRequest) -> WorkerCapabilitiesResponse: ...
 

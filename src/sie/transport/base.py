@@ -24,6 +24,7 @@ import attrs
 
 from sie.catalog.names import work_subject_pool
 from sie.pools import KeyValue
+from sie.wire.generate import GenerateChunk
 from sie.wire.queue import ResultChunkV1, WorkItem, WorkResult
 
 # The ACKs of one request's published items are awaited together, for at most this long (seed 000 §8.2).
@@ -98,9 +99,10 @@ class LaneConsumer(Protocol):
         """Up to `max_items` deliveries; waits at most `timeout_s` for the first one, returns [] on timeout."""
 
 
-# What arrives on a reply subject: a whole result, or one result_chunk_v1 envelope of a result too large for
-# one broker message (only a broker transport carries those; sie.wire.result_chunks).
-ResultMessage = WorkResult | ResultChunkV1
+# What arrives on a reply subject: a whole result, one result_chunk_v1 envelope of a result too large for one
+# broker message (only a broker transport carries those; sie.wire.result_chunks), or one chunk of a streamed
+# generation (sie.wire.generate).
+ResultMessage = WorkResult | ResultChunkV1 | GenerateChunk
 ResultHandler = Callable[[ResultMessage], Awaitable[None] | None]
 MessageHandler = Callable[[str, Any], Awaitable[None] | None]
 

@@ -17,6 +17,7 @@ OPERATION_ENCODE: Final = "encode"
 OPERATION_SCORE: Final = "score"
 OPERATION_EXTRACT: Final = "extract"
 OPERATION_LOAD: Final = "load"
+OPERATION_GENERATE: Final = "generate"
 
 RESULT_CHUNK_KIND: Final = "result_chunk_v1"
 # Bounds of one v1 transfer (seed 001, Preparation And Framing).
@@ -27,13 +28,23 @@ RESULT_CHUNK_MAX_COUNT: Final = 64
 
 @attrs.frozen(kw_only=True)
 class GenerateParams:
-    """Generation settings a work item may carry (`WorkItem.generate`)."""
+    """Generation settings a work item carries (`WorkItem.generate`): the contract's five fields, plus ours.
+
+    Exactly one of `prompt` (raw text, continued as is) and `messages` (chat turns `{role, content}`, rendered with
+    the model's chat template and an open assistant turn) is set. Unset sampling fields take the model's defaults;
+    the worker validates every value (`sie.worker.generation.SamplingParams`).
+    """
 
     prompt: str | None = omittable()
     max_new_tokens: int | None = omittable()
     temperature: float | None = omittable()
     top_p: float | None = omittable()
     stop: list[str] | None = omittable()
+    # Ours (readers of the public contract ignore them).
+    messages: list[dict[str, Any]] | None = omittable()
+    top_k: int | None = omittable()
+    seed: int | None = omittable()
+    stop_token_ids: list[int] | None = omittable()
 
 
 @attrs.frozen(kw_only=True)

@@ -15,6 +15,7 @@ from typing import Final
 
 from sie.wire.codec import packb, unpackb
 from sie.wire.converter import structure, unstructure
+from sie.wire.generate import GenerateChunk, is_generate_chunk
 from sie.wire.queue import (
     RESULT_CHUNK_MAX_COUNT,
     RESULT_CHUNK_MAX_PAYLOAD_BYTES,
@@ -89,11 +90,14 @@ def split(result: WorkResult, payload: bytes, digest: bytes, chunk_bytes: int) -
     ]
 
 
-def decode_inbox_message(data: bytes | bytearray | memoryview) -> WorkResult | ResultChunkV1:
-    """An inbox message: a ResultChunkV1 when its `kind` is exactly `result_chunk_v1`, else a WorkResult (readers
-    ignore unknown fields, so a future WorkResult field such as `total_bytes` stays compatible). DecodeError when
-    it is neither."""
+def decode_inbox_message(data: bytes | bytearray | memoryview) -> WorkResult | ResultChunkV1 | GenerateChunk:
+    """An inbox message: a ResultChunkV1 when its `kind` is exactly `result_chunk_v1`, a GenerateChunk when it is
+    exactly `generate_chunk`, else a WorkResult (readers ignore unknown fields, so a future WorkResult field such as
+    `total_bytes` stays compatible). DecodeError when it is none of them."""
     message = unpackb(data)
-    if isinstance(message, dict) and is_result_chunk(message):
-        return structure(message, ResultChunkV1)
+    if isinstance(message, dict):
+        if is_result_chunk(message):
+            return structure(message, ResultChunkV1)
+        if is_generate_chunk(message):
+            return structure(message, GenerateChunk)
     return structure(message, WorkResult)
