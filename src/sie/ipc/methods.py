@@ -1,19 +1,22 @@
-"""The IPC methods the worker's server answers: each name's body type, the service call it makes, and whether it
-runs in the background (contracts Part A §2.1 "Concurrency").
+"""The IPC methods the worker's server answers: each name's body type, the service call it makes, whether it
+runs in the background (contracts Part A §2.1 "Concurrency") and whether it streams.
 
 The service is anything with the WorkerClient methods; the per-op Process*Batch methods become one RunBatch.
-Names in `sie.wire.ipc.METHODS` that are not here are answered "unknown method X".
+A streaming method's call returns an async iterator instead of an awaitable: each item it yields is one response
+frame (ProcessGenerate's GenerateEvents). Names in `sie.wire.ipc.METHODS` that are not here (among them
+ProcessGenerateWithExecutionAuthorityV1) are answered "unknown method X".
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
 
 from sie.ipc.client import WorkerChild, WorkerClient
 from sie.wire import ipc
+from sie.wire.generate import ProcessGenerateRequest
 from sie.wire.ipc_batch import (
     OP_ENCODE,
     OP_EXTRACT,
@@ -33,21 +36,24 @@ from sie.wire.ipc_control import (
     PingRequest,
     ReplaceModelConfigsRequest,
     SignalGenerateCancelRequest,
-    SignalGenerateCancelResponse,
     WorkerCapabilitiesRequest,
     WorkerMetricsRequest,
 )
 
 Call = Callable[[WorkerChild, Any], Awaitable[Any]]
+Stream = Callable[[WorkerChild, Any], AsyncIterator[Any]]
 
 
 @dataclass(frozen=True, slots=True)
 class Method:
-    """One served method: structure the body as `request_type`, then await `call(service, request)`."""
+    """One served method: structure the body as `request_type`, then await `call(service, request)`; a streaming
+    method iterates `call(service, request)` instead, answering each item as its own frame (always in the background).
+    """
 
     request_type: type
-    call: Call
+    call: Call | Stream
     background: bool = False
+    streaming: bool = False
 
 
 def _as_run_batch(op: str, request: Any) -> RunBatchRequest:
@@ -70,11 +76,6 @@ def _process_batch(op: str) -> Call:
     return call
 
 
-async def _no_generation(service: WorkerClient, request: SignalGenerateCancelRequest) -> SignalGenerateCancelResponse:
-    # This worker runs no generation, so no cancel can match.
-    return SignalGenerateCancelResponse(matched=False)
-
-
 METHODS: Final[Mapping[str, Method]] = MappingProxyType(
     {
         ipc.PING: Method(PingRequest, lambda service, request: service.ping(request)),
@@ -95,10 +96,18 @@ METHODS: Final[Mapping[str, Method]] = MappingProxyType(
             ModelControlStatusRequest, lambda service, request: service.model_control_status(request)
         ),
         ipc.WORKER_METRICS: Method(WorkerMetricsRequest, lambda service, request: service.worker_metrics(request)),
-        ipc.SIGNAL_GENERATE_CANCEL: Method(SignalGenerateCancelRequest, _no_generation),
+        ipc.SIGNAL_GENERATE_CANCEL: Method(
+            SignalGenerateCancelRequest, lambda service, request: service.signal_generate_cancel(request)
+        ),
         ipc.RUN_BATCH: Method(RunBatchRequest, lambda service, request: service.run_batch(request), background=True),
         ipc.PROCESS_ENCODE_BATCH: Method(ProcessEncodeBatchRequest, _process_batch(OP_ENCODE), background=True),
         ipc.PROCESS_SCORE_BATCH: Method(ProcessScoreBatchRequest, _process_batch(OP_SCORE), background=True),
         ipc.PROCESS_EXTRACT_BATCH: Method(ProcessExtractBatchRequest, _process_batch(OP_EXTRACT), background=True),
+        ipc.PROCESS_GENERATE: Method(
+            ProcessGenerateRequest,
+            lambda service, request: service.process_generate(request),
+            background=True,
+            streaming=True,
+        ),
     }
 )

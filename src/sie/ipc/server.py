@@ -2,6 +2,10 @@
 (contracts Part A §2.1). Owns the socket file (claimed through `sie.ipc.sockets`: a stale socket is replaced, anything
 else at the path is a SocketPathError), envelope validation, the exact error strings and response chunking.
 
+A streaming call (ProcessGenerate) answers with several response frames under the call's request_id, one per item
+the service yields, written frame by frame so other calls' frames interleave; a failure mid-stream ends it with one
+error envelope, and a connection that drops closes the service's iterator (the worker cancels that generation).
+
 It never imports `sie.worker`: the service is any object with the WorkerClient methods.
 """
 
@@ -12,7 +16,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Coroutine, Iterable
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -211,7 +215,8 @@ class IpcServer:
             await self._send(connection, envelope, error_payload(envelope.request_id, error or ""))
         elif method.background:
             await connection.slots.acquire()  # a full connection stops being read: backpressure on the client
-            connection.spawn(self._answer_in_background(connection, envelope, method))
+            answer = self._stream if method.streaming else self._answer_in_background
+            connection.spawn(answer(connection, envelope, method))
         else:
             await self._send(connection, envelope, await self._call(envelope, method))
 
@@ -229,6 +234,34 @@ class IpcServer:
             await self._send(connection, envelope, payload)
         except OSError as exc:
             logger.info("IPC peer left before the answer to %s %s: %s", envelope.method, envelope.request_id, exc)
+
+    async def _stream(self, connection: _Connection, envelope: RequestEnvelope, method: Method) -> None:
+        """Answer a streaming call: one frame per item; the iterator is closed however the stream ends."""
+        try:
+            request = structure(envelope.body, method.request_type)
+        except DecodeError as exc:
+            payload = error_payload(envelope.request_id, f"bad body for {envelope.method}: {exc}")
+            with contextlib.suppress(OSError):
+                await self._send(connection, envelope, payload)
+            return
+        items: AsyncIterator[Any] | None = None
+        try:
+            items = method.call(self.service, request)
+            async for item in items:
+                try:
+                    await self._send(connection, envelope, response_payload(envelope.request_id, unstructure(item)))
+                except OSError as exc:
+                    logger.info("IPC peer left during the stream of %s %s: %s", envelope.method, envelope.request_id,
+                                exc)  # fmt: skip
+                    return
+        except Exception as exc:  # noqa: BLE001 - a failed stream ends with one "{ExcType}: {msg}" error frame
+            logger.exception("IPC stream %s %s failed", envelope.method, envelope.request_id)
+            payload = error_payload(envelope.request_id, f"{type(exc).__name__}: {exc}")
+            with contextlib.suppress(OSError):
+                await self._send(connection, envelope, payload)
+        finally:
+            # Ended early (peer gone, connection or server closing): closing the iterator stops the work behind it.
+            await _aclose(items, envelope)
 
     async def _call(self, envelope: RequestEnvelope, method: Method) -> bytes:
         """The serialized answer to one call; a handler failure becomes an error response, never a crash."""
@@ -258,3 +291,14 @@ class IpcServer:
                 frames = chunk_frames(envelope.request_id, payload, digest, self.limits)
         async with connection.write_lock:
             await send_frames(connection.writer, frames)
+
+
+async def _aclose(items: AsyncIterator[Any] | None, envelope: RequestEnvelope) -> None:
+    """Close a streaming call's iterator (a no-op once it has ended); a failure to close is logged, not raised."""
+    aclose = getattr(items, "aclose", None)
+    if aclose is None:
+        return
+    try:
+        await aclose()
+    except Exception:  # noqa: BLE001 - the stream is over either way; its task must not end with an unread error
+        logger.exception("closing the IPC stream %s %s failed", envelope.method, envelope.request_id)

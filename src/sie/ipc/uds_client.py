@@ -2,6 +2,10 @@
 
 Every request negotiates response chunking v1; chunks are verified (identity, layout, order, length, SHA-256)
 before the response is decoded. A dropped connection fails the calls waiting on it; the next call reconnects.
+
+ProcessGenerate streams: its frames (GenerateEvents, small, never chunked) queue on a stream entry until the caller
+reads them. A caller that stops reading before `done` (or gives up after the idle limit) drops the entry, so later
+frames are discarded, and asks the worker to cancel the generation (SignalGenerateCancel by its request id).
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self, TypeVar
@@ -19,6 +24,7 @@ from sie.ipc.framing import read_frame, send_frames
 from sie.telemetry.sidecar import IpcChunks, IpcDirection, SidecarMetrics
 from sie.wire import DecodeError, packb, structure, unpackb, unstructure
 from sie.wire import ipc as methods
+from sie.wire.generate import EVENT_DONE, GenerateEvent, ProcessGenerateRequest
 from sie.wire.ipc import IPC_RESPONSE_CHUNK_KIND, IPC_VERSION, IpcResponseChunkV1
 from sie.wire.ipc_batch import BatchOutcome, RunBatchRequest
 from sie.wire.ipc_control import (
@@ -34,6 +40,8 @@ from sie.wire.ipc_control import (
     PingResponse,
     ReplaceModelConfigsRequest,
     ReplaceModelConfigsResponse,
+    SignalGenerateCancelRequest,
+    SignalGenerateCancelResponse,
     WorkerCapabilitiesRequest,
     WorkerCapabilitiesResponse,
     WorkerMetricsRequest,
@@ -45,6 +53,10 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT_S: Final = 60.0
+# A generation's frames come at token pace; a stream silent this long is given up (and cancelled).
+DEFAULT_STREAM_IDLE_S: Final = 120.0
+# The cancel sent for a stream the caller abandoned gets at most this long (it runs on the caller's way out).
+_ABANDON_CANCEL_S: Final = 5.0
 
 
 class _Pending:
@@ -65,6 +77,25 @@ class _Pending:
             self.assembler.close()
 
 
+class _Stream:
+    """One streaming call: its response envelopes, then the failure that ended it (if any), in arrival order.
+
+    Unbounded: frames of many calls share the socket, so one slow reader cannot be pushed back on alone; a
+    generation's frames are small and come at token pace.
+    """
+
+    __slots__ = ("queue",)
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[dict[str, Any] | IpcError] = asyncio.Queue()
+
+    def push(self, envelope: dict[str, Any]) -> None:
+        self.queue.put_nowait(envelope)
+
+    def fail(self, exc: IpcError) -> None:
+        self.queue.put_nowait(exc)
+
+
 class _Connection:
     """One socket: a reader task routing answers by request_id, a write lock keeping request frames whole."""
 
@@ -82,6 +113,7 @@ class _Connection:
         self.budget = budget
         self.metrics = metrics
         self.pending: dict[str, _Pending] = {}
+        self.streams: dict[str, _Stream] = {}
         self.write_lock = asyncio.Lock()
         self.closed = False
         self.reader_task = asyncio.get_running_loop().create_task(self._read_loop())
@@ -95,6 +127,13 @@ class _Connection:
         entry = self.pending.pop(request_id, None)
         if entry is not None:
             entry.close()
+
+    def open_stream(self, request_id: str) -> _Stream:
+        stream = self.streams[request_id] = _Stream()
+        return stream
+
+    def close_stream(self, request_id: str) -> None:
+        self.streams.pop(request_id, None)
 
     async def send(self, payload: bytes) -> None:
         if self.closed:
@@ -134,6 +173,8 @@ class _Connection:
         self.writer.close()
         for entry in self.pending.values():
             entry.fail(IpcConnectionError(reason))
+        for stream in self.streams.values():
+            stream.fail(IpcConnectionError(reason))
 
     def _route(self, frame: bytes) -> None:
         try:
@@ -144,8 +185,12 @@ class _Connection:
             raise IpcProtocolError(f"IPC response must be a map, got {type(raw).__name__}")
         request_id = raw.get("request_id")
         entry = self.pending.get(request_id) if type(request_id) is str else None
-        if entry is None or entry.future.done():
-            # A late answer to a call that timed out, or the rest of a transfer that already failed.
+        stream = self.streams.get(request_id) if entry is None and type(request_id) is str else None
+        if stream is not None:
+            stream.push(raw)
+        elif entry is None or entry.future.done():
+            # A late answer to a call that timed out, a frame of an abandoned stream, or the rest of a transfer
+            # that already failed.
             logger.debug("dropping an IPC frame for request %r that nobody waits for", request_id)
         elif raw.get("kind") == IPC_RESPONSE_CHUNK_KIND:
             self._on_chunk(entry, raw, len(frame))
@@ -207,6 +252,7 @@ class UdsWorkerClient:
     """A WorkerClient that calls a worker's IpcServer at `socket_path`; connects on first use.
 
     `timeout_s` bounds each call (connect, send and answer); a timed-out call leaves the connection open.
+    A stream (ProcessGenerate) has no overall bound: it fails once no frame came for `stream_idle_s`.
     Share one ChunkBudget across all clients of a process so their reassemblies stay within one memory bound.
     `metrics` (when given) counts frame bytes and chunked responses.
     """
@@ -216,6 +262,7 @@ class UdsWorkerClient:
         socket_path: Path | str,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        stream_idle_s: float = DEFAULT_STREAM_IDLE_S,
         limits: ChunkLimits = DEFAULT_LIMITS,
         budget: ChunkBudget | None = None,
         metrics: SidecarMetrics | None = None,
@@ -223,6 +270,7 @@ class UdsWorkerClient:
         self.socket_path = Path(socket_path)
         self.metrics = metrics
         self.timeout_s = timeout_s
+        self.stream_idle_s = stream_idle_s
         self.limits = limits
         self.budget = budget if budget is not None else ChunkBudget(limits.reservation_limit_bytes)
         self._ids = itertools.count(1)
@@ -253,6 +301,35 @@ class UdsWorkerClient:
 
     async def run_batch(self, request: RunBatchRequest) -> BatchOutcome:
         return await self.call(methods.RUN_BATCH, request, BatchOutcome)
+
+    async def process_generate(self, request: ProcessGenerateRequest) -> AsyncIterator[GenerateEvent]:
+        """The generation's events as the worker sends them, ending after `done`.
+
+        IpcRemoteError when the worker ends the stream with an error, IpcConnectionError when the connection
+        drops, IpcTimeoutError after `stream_idle_s` without a frame. Leaving early cancels the generation.
+        """
+        method = methods.PROCESS_GENERATE
+        request_id = f"ipc-{next(self._ids)}"
+        payload = self._request_payload(method, request_id, request, accepts_chunks=False)
+        connection, stream = await self._open_stream(method, request_id, payload)
+        ended = False  # the worker's stream is over: `done`, an error frame or a lost connection
+        try:
+            while not ended:
+                frame = await self._next_frame(stream, method)
+                if isinstance(frame, IpcError):  # the connection dropped: the worker closes its side itself
+                    ended = True
+                    raise frame
+                ended = frame.get("ok") is False  # an error frame is the worker's last
+                event = _response_body(frame, method, GenerateEvent)
+                ended = event.kind == EVENT_DONE
+                yield event
+        finally:
+            connection.close_stream(request_id)
+            if not ended:
+                await self._cancel_abandoned(connection, request)
+
+    async def signal_generate_cancel(self, request: SignalGenerateCancelRequest) -> SignalGenerateCancelResponse:
+        return await self.call(methods.SIGNAL_GENERATE_CANCEL, request, SignalGenerateCancelResponse)
 
     async def worker_capabilities(self, request: WorkerCapabilitiesRequest) -> WorkerCapabilitiesResponse:
         return await self.call(methods.WORKER_CAPABILITIES, request, WorkerCapabilitiesResponse)
@@ -292,14 +369,52 @@ class UdsWorkerClient:
         except TimeoutError as exc:
             raise IpcTimeoutError(f"{method} got no answer from the worker within {timeout:g} s") from exc
 
-    def _request_payload(self, method: str, request_id: str, request: Any) -> bytes:
-        payload = packb({
-            "version": IPC_VERSION, "request_id": request_id, "method": method, "body": unstructure(request),
-            "accepts_ipc_response_chunks_v1": True,
-        })  # fmt: skip
+    def _request_payload(self, method: str, request_id: str, request: Any, *, accepts_chunks: bool = True) -> bytes:
+        envelope = {"version": IPC_VERSION, "request_id": request_id, "method": method, "body": unstructure(request)}
+        if accepts_chunks:
+            envelope["accepts_ipc_response_chunks_v1"] = True
+        payload = packb(envelope)
         if len(payload) > self.limits.max_frame_bytes:
             raise IpcProtocolError(f"{method} request of {len(payload)} bytes is over the IPC frame limit")
         return payload
+
+    # --- streams -------------------------------------------------------------------------------------
+
+    async def _open_stream(self, method: str, request_id: str, payload: bytes) -> tuple[_Connection, _Stream]:
+        """Register the stream's entry and send its request, within `timeout_s`."""
+        connection: _Connection | None = None
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                connection = await self._connect()
+                stream = connection.open_stream(request_id)
+                await connection.send(payload)
+        except BaseException as exc:
+            if connection is not None:
+                connection.close_stream(request_id)
+            if isinstance(exc, TimeoutError):
+                raise IpcTimeoutError(f"{method} could not be sent within {self.timeout_s:g} s") from exc
+            raise
+        return connection, stream
+
+    async def _next_frame(self, stream: _Stream, method: str) -> dict[str, Any] | IpcError:
+        """The stream's next envelope or the failure that ended it; IpcTimeoutError after `stream_idle_s`."""
+        try:
+            async with asyncio.timeout(self.stream_idle_s):
+                return await stream.queue.get()
+        except TimeoutError as exc:
+            raise IpcTimeoutError(f"{method} sent nothing for {self.stream_idle_s:g} s") from exc
+
+    async def _cancel_abandoned(self, connection: _Connection, request: ProcessGenerateRequest) -> None:
+        """Ask the worker to stop a generation nobody reads any more (best effort: its frames are dropped anyway)."""
+        generation_id = _generation_id(request)
+        if connection.closed or generation_id is None:
+            return  # a closed connection already closed the worker's side of the stream
+        cancel = SignalGenerateCancelRequest(request_id=generation_id)
+        try:
+            await self.call(methods.SIGNAL_GENERATE_CANCEL, cancel, SignalGenerateCancelResponse,
+                            timeout_s=min(self.timeout_s, _ABANDON_CANCEL_S))  # fmt: skip
+        except IpcError as exc:
+            logger.info("cancelling the abandoned generation %s failed: %s", generation_id, exc)
 
     async def _connect(self) -> _Connection:
         if self._connection is not None and not self._connection.closed:
@@ -314,3 +429,13 @@ class UdsWorkerClient:
                     raise IpcConnectionError(f"cannot connect to the worker at {self.socket_path}: {exc}") from exc
                 self._connection = _Connection(reader, writer, self.limits, self.budget, self.metrics)
         return self._connection
+
+
+def _generation_id(request: ProcessGenerateRequest) -> str | None:
+    """The request id of the work item a ProcessGenerate carries (what SignalGenerateCancel names), if readable."""
+    try:
+        item = unpackb(request.work_item_msgpack)
+    except DecodeError:
+        return None
+    request_id = item.get("request_id") if type(item) is dict else None
+    return request_id if type(request_id) is str and request_id else None
