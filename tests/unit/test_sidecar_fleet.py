@@ -1,11 +1,13 @@
 """The worker fleet: probe rounds feed placement, readiness is "any child ready", models load where placement
 assigns them, batches go to a child that has the model and fail over when it fails, config goes to every
-child, a hung probe recreates that child's connection. The children are fakes: the WorkerClient seam is the
+child, a hung probe recreates that child's connection, a generation streams from the child placement picks and its
+cancel goes to every ready child. The children are fakes: the WorkerClient seam is the
 subject here (tests/integration/test_fleet_children.py runs real ones)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import attrs
 import pytest
@@ -14,6 +16,8 @@ from sie.placement.policy import PlacementPolicy
 from sie.placement.router import Placement
 from sie.sidecar.children import LocalChildren
 from sie.sidecar.fleet import NoWorkerChild, WorkerFleet
+from sie.wire import packb
+from sie.wire.generate import GenerateEvent, ProcessGenerateRequest
 from sie.wire.ipc_batch import BatchOutcome, ItemOutcome, RunBatchItem, RunBatchRequest
 from sie.wire.ipc_control import (
     MODEL_STATE_FAILED,
@@ -30,6 +34,8 @@ from sie.wire.ipc_control import (
     ModelControlStatusResponse,
     PingRequest,
     PingResponse,
+    SignalGenerateCancelRequest,
+    SignalGenerateCancelResponse,
 )
 from support.polling import eventually
 
@@ -49,6 +55,12 @@ class FakeChild:
         self.give_back = False
         self.hang_probe = False
         self.drained = False
+        self.generations: list[str] = []  # model ids of the generations started here
+        self.fail_generate: Exception | None = None  # raised before the first event
+        self.hold_generate: asyncio.Event | None = None  # awaited after the first event
+        self.generate_closed = 0  # generations whose iterator ended before `done`
+        self.cancels: list[str] = []
+        self.running: set[str] = set()  # generation request ids running here
 
     async def ping(self, request: PingRequest) -> PingResponse:
         return PingResponse(timestamp_ms=request.timestamp_ms, worker_id=self.name, ready=self.ready,
@@ -73,6 +85,28 @@ class FakeChild:
                         disposition=disposition, inference_ms=2.0)
             for item in request.items
         ])  # fmt: skip
+
+    async def process_generate(self, request: ProcessGenerateRequest) -> AsyncIterator[GenerateEvent]:
+        self.generations.append(request.model_id)
+        if self.fail_generate is not None:
+            raise self.fail_generate
+        generation_id = request.work_item_msgpack.decode()
+        self.running.add(generation_id)
+        finished = False
+        try:
+            yield GenerateEvent(kind="publish", payload=packb({"child": self.name}))
+            if self.hold_generate is not None:
+                await self.hold_generate.wait()
+            yield GenerateEvent(kind="ack")
+            yield GenerateEvent(kind="done")
+            finished = True
+        finally:
+            self.running.discard(generation_id)
+            self.generate_closed += not finished
+
+    async def signal_generate_cancel(self, request: SignalGenerateCancelRequest) -> SignalGenerateCancelResponse:
+        self.cancels.append(request.request_id)
+        return SignalGenerateCancelResponse(matched=request.request_id in self.running)
 
     async def model_control_status(self, request: ModelControlStatusRequest) -> ModelControlStatusResponse:
         if self.hang_probe:
@@ -106,6 +140,11 @@ def batch(model_id: str = "m", items: int = 2, batch_id: int = 1) -> RunBatchReq
         items=[RunBatchItem(op="encode", work_item_id=f"w{batch_id}.{index}", request_id=f"w{batch_id}")
                for index in range(items)],
     )  # fmt: skip
+
+
+def generation(model_id: str = "m", generation_id: str = "g1") -> ProcessGenerateRequest:
+    # The fake children read the generation's id straight from the work item bytes.
+    return ProcessGenerateRequest(model_id=model_id, work_item_msgpack=generation_id.encode())
 
 
 def fleet_of(*children: FakeChild, policy: PlacementPolicy | None = None, probe_s: float = 60.0) -> WorkerFleet:
@@ -259,3 +298,59 @@ async def test_the_pods_gpu_count_is_the_sum_of_its_childrens() -> None:
 
     async with fleet_of(GpuChild("worker-0"), GpuChild("worker-1"), FakeChild("worker-2")) as fleet:
         assert (await fleet.ping(PingRequest(timestamp_ms=1.0))).device_count == 2
+
+
+async def test_a_generation_streams_from_the_child_placement_picks() -> None:
+    first, second = FakeChild("worker-0"), FakeChild("worker-1")
+    second.loaded = {"m"}  # only worker-1 has the model
+    async with fleet_of(first, second) as fleet:
+        events = [event async for event in fleet.process_generate(generation())]
+        assert [event.kind for event in events] == ["publish", "ack", "done"]
+        assert events[0].payload == packb({"child": "worker-1"})
+        assert (first.generations, second.generations) == ([], ["m"])
+        await fleet.ensure_model_ready(EnsureModelReadyRequest(model_id="m"))  # now both have it: round robin
+        for index in range(4):
+            kinds = [event.kind async for event in fleet.process_generate(generation(generation_id=f"g{index}"))]
+            assert kinds[-1] == "done"
+        assert (len(first.generations), len(second.generations)) == (2, 3)
+        assert all(child.inflight_batches == 0 for child in fleet.snapshot().children)
+
+
+async def test_a_generation_holds_its_childs_placement_charge_until_it_ends() -> None:
+    child = FakeChild("worker-0")
+    child.loaded, child.hold_generate = {"m"}, asyncio.Event()
+    async with fleet_of(child) as fleet:
+        events = fleet.process_generate(generation())
+        assert (await anext(events)).kind == "publish"
+        assert [state.inflight_batches for state in fleet.snapshot().children] == [1]
+        await events.aclose()  # the caller left early: the child's iterator is closed too
+        assert child.generate_closed == 1 and child.running == set()
+        assert [state.inflight_batches for state in fleet.snapshot().children] == [0]
+
+
+async def test_a_child_failing_before_its_first_event_hands_the_generation_on() -> None:
+    first, second = FakeChild("worker-0"), FakeChild("worker-1")
+    first.loaded = second.loaded = {"m"}
+    first.fail_generate = second.fail_generate = ConnectionResetError("gone")
+    async with fleet_of(first, second) as fleet:
+        second.fail_generate = None
+        events = [event async for event in fleet.process_generate(generation())]
+        assert events[0].payload == packb({"child": "worker-1"})
+        assert len(first.generations) == len(second.generations) == 1 and fleet.replicas("m") == 1
+        second.fail_generate = RuntimeError("decoder failed")  # the last replica fails too: its error surfaces
+        with pytest.raises(RuntimeError, match="decoder failed"):
+            await anext(fleet.process_generate(generation()))
+        with pytest.raises(NoWorkerChild):  # no replica has the model now
+            await anext(fleet.process_generate(generation()))
+
+
+async def test_generate_cancel_asks_every_ready_child_and_matches_if_any_does() -> None:
+    first, second, down = FakeChild("worker-0"), FakeChild("worker-1"), FakeChild("worker-2", ready=False)
+    second.loaded, second.hold_generate = {"m"}, asyncio.Event()
+    async with fleet_of(first, second, down) as fleet:
+        events = fleet.process_generate(generation(generation_id="g7"))
+        await anext(events)
+        assert (await fleet.signal_generate_cancel(SignalGenerateCancelRequest(request_id="g7"))).matched
+        assert not (await fleet.signal_generate_cancel(SignalGenerateCancelRequest(request_id="nobody"))).matched
+        assert first.cancels == second.cancels == ["g7", "nobody"] and down.cancels == []
+        await events.aclose()

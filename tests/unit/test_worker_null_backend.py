@@ -1,13 +1,16 @@
-"""The null backend: always ready, one tiny result per item, nothing loaded."""
+"""The null backend: always ready, one tiny result per item, nothing loaded, no generation."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from sie.catalog import load_catalog
+from sie.wire import from_msgpack
+from sie.wire.generate import GenerateChunk
 from sie.wire.ipc_batch import DISPOSITION_PUBLISH_AND_ACK, EncodeBatchItem, RunBatchItem, RunBatchRequest
-from sie.wire.ipc_control import EnsureModelReadyRequest, PingRequest
+from sie.wire.ipc_control import EnsureModelReadyRequest, PingRequest, SignalGenerateCancelRequest
 from sie.worker.null_backend import NullWorkerService
+from support.ipc_fakes import generate_request
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,3 +30,17 @@ async def test_null_backend_answers_without_a_model() -> None:
     assert outcome.disposition == DISPOSITION_PUBLISH_AND_ACK
     assert outcome.result_msgpack.value["dense"]["dims"] == 1
     assert (await service.ping(PingRequest(timestamp_ms=1.0))).ready
+
+
+async def test_null_backend_refuses_generation_with_a_terminal_error_chunk() -> None:
+    catalog = load_catalog(REPO / "config" / "bundles", REPO / "config" / "models")
+    service = NullWorkerService(catalog, "w-null", 64)
+    events = [event async for event in service.process_generate(generate_request("g1", model_id="acme/lm"))]
+    assert [event.kind for event in events] == ["publish", "ack", "done"]
+    assert events[0].reply_subject == "_INBOX.g1"
+    chunk = from_msgpack(events[0].payload, GenerateChunk)
+    assert (chunk.request_id, chunk.work_item_id, chunk.seq, chunk.done) == ("g1", "g1.0", 0, True)
+    assert (chunk.finish_reason, chunk.error_code) == ("error", "INVALID_INPUT")
+    assert chunk.error == "Model 'acme/lm' does not support generation" and chunk.attempt_id
+    cancel = await service.signal_generate_cancel(SignalGenerateCancelRequest(request_id="g1"))
+    assert cancel.matched is False

@@ -9,6 +9,9 @@ The sidecar's stages talk to `WorkerFleet` exactly as they talked to a single wo
 - `run_batch` asks placement for the child, among those that have the model loaded, and fails the batch
   over to another replica when the child fails the call or gives the whole batch back; with no replica
   left the batch fails and the dispatcher NAKs it for redelivery.
+- `process_generate` runs a generation on the child placement picks the same way (one item), yielding that
+  child's events; a child that fails before its first event hands it to another replica. `signal_generate_cancel`
+  asks every ready child (the generation runs on one of them) and matches if any does.
 - `ensure_model_ready` loads the model on the children placement assigns it to and answers ready as soon
   as one of them is; children assigned a model later (a repack, `replicas` raised, a restarted child) are
   warmed in the background on the next probe round.
@@ -25,7 +28,7 @@ import collections
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Final, Self, TypeVar
 
 import attrs
@@ -39,6 +42,7 @@ from sie.placement.snapshot import PlacementSnapshot, RepackRecord
 from sie.settings import PlacementSettings
 from sie.sidecar.children import ChildDirectory
 from sie.telemetry.exposition import ChildSource
+from sie.wire.generate import GenerateEvent, ProcessGenerateRequest
 from sie.wire.ipc_batch import DISPOSITION_NAK_RETRY, BatchOutcome, RunBatchRequest
 from sie.wire.ipc_control import (
     MODEL_STATE_FAILED,
@@ -57,6 +61,8 @@ from sie.wire.ipc_control import (
     PingResponse,
     ReplaceModelConfigsRequest,
     ReplaceModelConfigsResponse,
+    SignalGenerateCancelRequest,
+    SignalGenerateCancelResponse,
     WorkerCapabilitiesRequest,
     WorkerCapabilitiesResponse,
     WorkerMetricsRequest,
@@ -299,6 +305,49 @@ class WorkerFleet:
             return outcome  # every replica gave it back: their reasons and delays settle it
         raise NoWorkerChild(f"no worker child has {model_id} ready for batch {request.batch_id}")
 
+    async def process_generate(self, request: ProcessGenerateRequest) -> AsyncIterator[GenerateEvent]:
+        """The generation's events from the child placement picks among those with the model loaded.
+
+        Before the first event a failed child hands the generation to another replica (nothing was published
+        yet); after it, the failure ends the stream. NoWorkerChild when no replica has the model ready.
+        """
+        model_id = request.model_id
+        tried: set[str] = set()
+        failure: Exception | None = None
+        while True:
+            candidates = [name for name in self._candidates(model_id) if name not in tried]
+            name = self.placement.choose(model_id, 1, candidates)
+            if name is None:
+                break
+            tried.add(name)
+            child = self._children[name]
+            ticket = self.placement.started(name, model_id, 1)
+            events = child.client.process_generate(request)
+            started = False
+            try:
+                async for event in events:
+                    started = True
+                    yield event
+                return
+            except Exception as exc:  # noqa: BLE001 - before any event: another replica may run it
+                if started:
+                    raise
+                logger.warning("ProcessGenerate of %s failed on %s (%s); trying another replica", model_id, name, exc)
+                child.loaded.discard(model_id)
+                failure = exc
+            finally:
+                await _aclose(events)  # left early: the child cancels the generation
+                self.placement.finished(ticket)
+        if failure is not None:
+            raise failure
+        raise NoWorkerChild(f"no worker child has {model_id} ready for a generation")
+
+    async def signal_generate_cancel(self, request: SignalGenerateCancelRequest) -> SignalGenerateCancelResponse:
+        ready = [child for child in self._children.values() if child.ready]
+        answers = await self._each(lambda client: client.signal_generate_cancel(request), ready)
+        matched = any(isinstance(a, SignalGenerateCancelResponse) and a.matched for a in answers.values())
+        return SignalGenerateCancelResponse(matched=matched)
+
     async def worker_capabilities(self, request: WorkerCapabilitiesRequest) -> WorkerCapabilitiesResponse:
         answers = await self._every(lambda client: client.worker_capabilities(request))
         return WorkerCapabilitiesResponse(
@@ -452,6 +501,13 @@ class WorkerFleet:
             name, error = next(iter(failed.items()))
             raise NoWorkerChild(f"worker child {name} did not answer: {error}") from error
         return [answer for answer in answers.values() if not isinstance(answer, BaseException)]
+
+
+async def _aclose(events: AsyncIterator[GenerateEvent]) -> None:
+    """Close a child's event iterator (a no-op once it has ended)."""
+    aclose = getattr(events, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 async def _metrics_text(client: WorkerChild) -> str:

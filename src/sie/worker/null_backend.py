@@ -1,14 +1,28 @@
 """`SIE_WORKER_BACKEND=null`: a worker that answers every batch at once without running a model, so a
-benchmark measures what the gateway → queue → sidecar → IPC path carries on its own.
+benchmark measures what the gateway → queue → sidecar → IPC path carries on its own. It runs no generation: a
+ProcessGenerate is answered with one terminal error chunk (INVALID_INPUT), an ack and done.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
+from collections.abc import AsyncIterator
 
 import numpy as np
 
 from sie.catalog import Catalog
+from sie.wire import from_msgpack, to_msgpack
+from sie.wire.codes import INVALID_INPUT
+from sie.wire.generate import (
+    EVENT_ACK,
+    EVENT_DONE,
+    EVENT_PUBLISH,
+    FINISH_ERROR,
+    GenerateChunk,
+    GenerateEvent,
+    ProcessGenerateRequest,
+)
 from sie.wire.ipc_batch import DISPOSITION_PUBLISH_AND_ACK, BatchOutcome, ItemOutcome, RunBatchRequest
 from sie.wire.ipc_control import (
     MODEL_STATE_READY,
@@ -27,12 +41,15 @@ from sie.wire.ipc_control import (
     PingResponse,
     ReplaceModelConfigsRequest,
     ReplaceModelConfigsResponse,
+    SignalGenerateCancelRequest,
+    SignalGenerateCancelResponse,
     WorkerCapabilitiesRequest,
     WorkerCapabilitiesResponse,
     WorkerMetricsRequest,
     WorkerMetricsResponse,
 )
 from sie.wire.payload import ResultBody
+from sie.wire.queue import WorkItem
 
 # One result body per operation, shared by every item: read-only values, packed at most once.
 _RESULTS = {
@@ -77,6 +94,27 @@ class NullWorkerService:
         batches, items = self.counts.get(request.model_id, (0, 0))
         self.counts[request.model_id] = (batches + 1, items + len(outcomes))
         return BatchOutcome(outcomes=outcomes)
+
+    async def process_generate(self, request: ProcessGenerateRequest) -> AsyncIterator[GenerateEvent]:
+        """No model generates here: one terminal error chunk to the reply subject, then settle the message."""
+        item = from_msgpack(request.work_item_msgpack, WorkItem)
+        chunk = GenerateChunk(
+            request_id=item.request_id,
+            work_item_id=item.work_item_id,
+            attempt_id=uuid.uuid4().hex,
+            seq=0,
+            done=True,
+            finish_reason=FINISH_ERROR,
+            error=f"Model '{request.model_id}' does not support generation",
+            error_code=INVALID_INPUT,
+            worker_id=self.worker_id,
+        )
+        yield GenerateEvent(kind=EVENT_PUBLISH, reply_subject=item.reply_subject, payload=to_msgpack(chunk))
+        yield GenerateEvent(kind=EVENT_ACK)
+        yield GenerateEvent(kind=EVENT_DONE)
+
+    async def signal_generate_cancel(self, request: SignalGenerateCancelRequest) -> SignalGenerateCancelResponse:
+        return SignalGenerateCancelResponse(matched=False)  # nothing runs here to cancel
 
     async def worker_capabilities(self, request: WorkerCapabilitiesRequest) -> WorkerCapabilitiesResponse:
         return WorkerCapabilitiesResponse(
