@@ -63,6 +63,9 @@ def test_response_envelopes_have_no_kind_and_keep_bytes_as_bin():
 def test_served_methods_are_contract_names_and_batches_run_in_the_background():
     assert set(METHODS) <= ipc.METHODS
     background = {name for name, method in METHODS.items() if method.background}
-    assert background == {ipc.RUN_BATCH, ipc.PROCESS_ENCODE_BATCH, ipc.PROCESS_SCORE_BATCH, ipc.PROCESS_EXTRACT_BATCH}
+    assert background == {ipc.RUN_BATCH, ipc.PROCESS_ENCODE_BATCH, ipc.PROCESS_SCORE_BATCH, ipc.PROCESS_EXTRACT_BATCH,
+                          ipc.PROCESS_GENERATE}  # fmt: skip
+    assert {name for name, method in METHODS.items() if method.streaming} == {ipc.PROCESS_GENERATE}
+    assert ipc.PROCESS_GENERATE_WITH_EXECUTION_AUTHORITY_V1 not in METHODS
     assert {ipc.PING, ipc.ENSURE_MODEL_READY, ipc.WORKER_CAPABILITIES, ipc.APPLY_MODEL_CONFIG,
             ipc.REPLACE_MODEL_CONFIGS, ipc.DRAIN} <= set(METHODS)  # fmt: skip
