@@ -25,6 +25,8 @@ from sie.gateway.config_sync import HeartbeatSource
 from sie.gateway.dead_letter_routes import dead_letter_routes
 from sie.gateway.dead_letters import DeadLetterQueue
 from sie.gateway.edge import reply_response
+from sie.gateway.generation import GenerationService
+from sie.gateway.generation_routes import GenerationHandlers
 from sie.gateway.handlers import InferenceHandlers, ReadHandlers
 from sie.gateway.limits import RequestLimits
 from sie.gateway.offload import PayloadOffload
@@ -49,12 +51,15 @@ from sie.telemetry.tracing import Tracing
 from sie.transport.base import Transport
 
 
-def _routes(inference: InferenceHandlers, read: ReadHandlers) -> list[Route]:
+def _routes(inference: InferenceHandlers, generation: GenerationHandlers, read: ReadHandlers) -> list[Route]:
     return [
         Route("/v1/encode/{model:path}", inference.encode, methods=["POST"]),
         Route("/v1/score/{model:path}", inference.score, methods=["POST"]),
         Route("/v1/extract/{model:path}", inference.extract, methods=["POST"]),
         Route("/v1/embeddings", inference.embeddings, methods=["POST"]),
+        Route("/v1/generate/{model:path}", generation.generate, methods=["POST"]),
+        Route("/v1/chat/completions", generation.chat_completions, methods=["POST"]),
+        Route("/v1/completions", generation.completions, methods=["POST"]),
         Route("/v1/models", read.list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", read.get_model, methods=["GET"]),
         Route("/healthz", read.healthz, methods=["GET"]),
@@ -123,18 +128,20 @@ def build_gateway_app(
     signals = sources.signals or LaneSignals(
         DemandTracker(pool_settings.demand_ttl_s), pools.warm_floors, sources.status.workers, pools.pinned_models_loaded
     )
+    router = Router(sources.catalog, lane, settings.configured_gpus)
+    publisher = WorkPublisher(
+        sources.transport,
+        sources.consumers,
+        settings.max_stream_pending,
+        router_id,
+        _known_machine_profiles(sources.status, lane, settings.configured_gpus, pools),
+        sources.metrics,
+        signals.demand,
+        LaneLimits(pool_settings.max_lane_in_flight_items, pool_settings.lane_backpressure_enforce),
+    )
     service = InferenceService(
-        Router(sources.catalog, lane, settings.configured_gpus),
-        WorkPublisher(
-            sources.transport,
-            sources.consumers,
-            settings.max_stream_pending,
-            router_id,
-            _known_machine_profiles(sources.status, lane, settings.configured_gpus, pools),
-            sources.metrics,
-            signals.demand,
-            LaneLimits(pool_settings.max_lane_in_flight_items, pool_settings.lane_backpressure_enforce),
-        ),
+        router,
+        publisher,
         collector,
         settings.request_timeout_s,
         pools,
@@ -142,6 +149,10 @@ def build_gateway_app(
         sources.offload,
     )
     inference = InferenceHandlers(service, settings.max_body_bytes, sources.tracing)
+    generation = GenerationHandlers(
+        GenerationService(router, publisher, collector, sources.transport, settings.request_timeout_s, pools),
+        settings.max_body_bytes,
+    )
     read = ReadHandlers(sources.catalog, sources.status, serving, settings.configured_gpus, sources.unready_reason)
     traffic = TrafficWindow()  # inference requests per second and their latency, for the status page
     cluster = ClusterSources(
@@ -159,7 +170,7 @@ def build_gateway_app(
 
     app = Starlette(
         routes=[
-            *_routes(inference, read),
+            *_routes(inference, generation, read),
             *config_routes(sources.catalog, sources.heartbeats),
             *dead_letter_routes(sources.dead_letters),
             *pool_routes(pools),

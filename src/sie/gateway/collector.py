@@ -6,6 +6,11 @@ A result too large for one broker message arrives as result_chunk_v1 envelopes, 
 the gateway-wide chunk budget (result_chunks.py); an invalid transfer fails the request at once with the static
 transport_failure. The entry leaves the table on completion, timeout, publish failure or client disconnect:
 `expect` owns it, and on leaving releases its chunk reservations and runs its close hooks (payload cleanup).
+
+A generation registers a ChunkStream instead (`open_stream`): its GenerateChunks come out in `seq` order from the
+first attempt to deliver seq 0 (a reorder buffer; duplicates and other attempts' chunks are dropped) until the
+`done` chunk. A failed WorkResult for it (the sidecar refused the item before the worker saw it) ends the stream
+with that failure.
 """
 
 from __future__ import annotations
@@ -13,17 +18,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Self
+from typing import Final, Self
 
 from sie.catalog.names import inbox_wildcard
-from sie.gateway.errors import GatewayTimeoutError, QueueUnavailableError, TransportFailureError
+from sie.gateway.assembly import check_failures
+from sie.gateway.errors import GatewayError, GatewayTimeoutError, QueueUnavailableError, TransportFailureError
 from sie.gateway.result_chunks import ChunkBudget, ChunkTransferError, ResultReassembly
 from sie.transport.base import MessageBus, ResultMessage, Subscription
+from sie.wire.generate import GenerateChunk
 from sie.wire.queue import ResultChunkV1, WorkResult
 
 logger = logging.getLogger(__name__)
+
+# A generation's chunks held out of order, or not yet read, beyond this many end it: a broken or hostile peer.
+MAX_BUFFERED_CHUNKS: Final = 16384
+# Attempts whose seq 0 has not arrived yet, each holding its early chunks, are tracked up to this many.
+MAX_CANDIDATE_ATTEMPTS: Final = 8
 
 
 class PendingRequest:
@@ -105,6 +118,102 @@ class PendingRequest:
         return self.results  # type: ignore[return-value]  # every slot is filled once missing == 0
 
 
+class ChunkStream:
+    """The ordered chunks of one generation: `next` yields them in `seq` order, once each, up to the `done` one."""
+
+    __slots__ = ("request_id", "attempt_id", "finished", "_next_seq", "_held", "_candidates", "_ready", "_error",
+                 "_wakeup", "_on_close", "_closed")  # fmt: skip
+
+    def __init__(self, request_id: str, on_close: Callable[[], None] | None = None) -> None:
+        self.request_id = request_id
+        self.attempt_id: str | None = None  # the attempt whose chunks are kept: the first to deliver seq 0
+        self.finished = False  # the done chunk has been received (nothing more is wanted from the worker)
+        self._next_seq = 0
+        self._held: dict[int, GenerateChunk] = {}  # the kept attempt's chunks that arrived early
+        self._candidates: dict[str, dict[int, GenerateChunk]] = {}  # attempts seen before any seq 0
+        self._ready: deque[GenerateChunk] = deque()
+        self._error: BaseException | None = None
+        self._wakeup = asyncio.Event()
+        self._on_close = on_close
+        self._closed = False
+
+    def add(self, chunk: GenerateChunk) -> None:
+        """Take one chunk as it arrived; it is released once every lower seq of its attempt has been."""
+        if self._closed or self.finished or self._error is not None or chunk.seq < 0:
+            return
+        if self.attempt_id is None:
+            if chunk.seq != 0:
+                self._hold_candidate(chunk)
+                return
+            self.attempt_id = chunk.attempt_id
+            self._held = self._candidates.pop(chunk.attempt_id, {})
+            self._candidates.clear()
+        elif chunk.attempt_id != self.attempt_id:
+            return  # a redelivery's attempt, after another one won
+        if chunk.seq < self._next_seq or chunk.seq in self._held:
+            return  # a duplicate
+        self._held[chunk.seq] = chunk
+        self._release()
+
+    def _hold_candidate(self, chunk: GenerateChunk) -> None:
+        early = self._candidates.get(chunk.attempt_id)
+        if early is None:
+            if len(self._candidates) >= MAX_CANDIDATE_ATTEMPTS:
+                return
+            early = self._candidates[chunk.attempt_id] = {}
+        if len(early) >= MAX_BUFFERED_CHUNKS:
+            self.fail(TransportFailureError())
+            return
+        early.setdefault(chunk.seq, chunk)
+
+    def _release(self) -> None:
+        released = False
+        while self._next_seq in self._held:
+            chunk = self._held.pop(self._next_seq)
+            self._ready.append(chunk)
+            self._next_seq += 1
+            released = True
+            if chunk.done:
+                self.finished = True
+                self._held.clear()
+                break
+        if len(self._held) + len(self._ready) > MAX_BUFFERED_CHUNKS:
+            logger.warning("generation %s: over %d chunks buffered", self.request_id, MAX_BUFFERED_CHUNKS)
+            self.fail(TransportFailureError())
+        elif released:
+            self._wakeup.set()
+
+    def fail(self, error: BaseException) -> None:
+        """End the stream with `error` (raised by `next` once the chunks released before it are read)."""
+        if self._error is None and not self.finished:
+            self._error = error
+            self._wakeup.set()
+
+    async def next(self, timeout_s: float) -> GenerateChunk:
+        """The next chunk in order; GatewayTimeoutError when none comes within `timeout_s`, or the failure that
+        ended the stream. Call it no more after the `done` chunk."""
+        while not self._ready:
+            if self._error is not None:
+                raise self._error
+            self._wakeup.clear()
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await self._wakeup.wait()
+            except TimeoutError:
+                raise GatewayTimeoutError(f"No generated text within {timeout_s:g}s") from None
+        return self._ready.popleft()
+
+    def close(self) -> None:
+        """Nobody reads any more: later chunks are ignored and the collector forgets the request."""
+        if self._closed:
+            return
+        self._closed = True
+        self._held.clear()
+        self._candidates.clear()
+        if self._on_close is not None:
+            self._on_close()
+
+
 class Collector:
     """The gateway's inbox: an async context manager holding the one result subscription."""
 
@@ -112,6 +221,7 @@ class Collector:
         self._bus = bus
         self._subject = inbox_wildcard(router_id)
         self._pending: dict[str, PendingRequest] = {}
+        self._streams: dict[str, ChunkStream] = {}
         self.chunk_budget = chunk_budget if chunk_budget is not None else ChunkBudget()
         self._subscription: Subscription | None = None
 
@@ -127,10 +237,12 @@ class Collector:
             await subscription.unsubscribe()
         for pending in list(self._pending.values()):
             pending.fail(QueueUnavailableError("The gateway stopped before the results arrived"))
+        for stream in list(self._streams.values()):
+            stream.fail(QueueUnavailableError("The gateway stopped before the generation ended"))
 
     def __len__(self) -> int:
-        """Requests waiting for results (tests check it returns to zero: no leaks)."""
-        return len(self._pending)
+        """Requests waiting for results or chunks (tests check it returns to zero: no leaks)."""
+        return len(self._pending) + len(self._streams)
 
     @contextlib.contextmanager
     def expect(self, request_id: str, size: int) -> Iterator[PendingRequest]:
@@ -145,11 +257,36 @@ class Collector:
             del self._pending[request_id]
             pending.close()
 
+    def open_stream(self, request_id: str) -> ChunkStream:
+        """Register the chunk stream of one generation; it stays registered until its `close()`."""
+        if self._subscription is None:
+            raise QueueUnavailableError("The gateway's result subscription is not running")
+        stream = ChunkStream(request_id, lambda: self._streams.pop(request_id, None))
+        self._streams[request_id] = stream
+        return stream
+
     def _on_result(self, message: ResultMessage) -> None:
+        if isinstance(message, GenerateChunk):
+            stream = self._streams.get(message.request_id)
+            if stream is not None:
+                stream.add(message)
+            return
         pending = self._pending.get(message.request_id)
         if pending is None:
+            stream = self._streams.get(message.request_id)
+            if stream is not None and isinstance(message, WorkResult) and not message.success:
+                stream.fail(_refusal(message))
             return
         if isinstance(message, ResultChunkV1):
             pending.add_chunk(message)
         else:
             pending.fill(message)
+
+
+def _refusal(result: WorkResult) -> Exception:
+    """What a failed WorkResult for a generation means to its caller (the encode path's classification)."""
+    try:
+        check_failures([result], per_item=False)
+    except GatewayError as exc:
+        return exc
+    return TransportFailureError()

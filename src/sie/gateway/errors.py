@@ -16,6 +16,7 @@ replies.py maps these (and the catalog, wire and transport errors that reach a h
     ├── ModelLoadFailedError     every item failed with MODEL_LOAD_FAILED (terminal)
     ├── TransportFailureError    a chunked result failed validation or its memory budget (503, no retry hint)
     ├── AllItemsFailedError      every item failed, with mixed or non-retryable codes
+    ├── GenerationFailedError    a generation ended with a worker error that is neither input nor capacity
     ├── ClientDisconnectedError  the caller left before the answer; its work was abandoned
     ├── NotFoundError            an operator route names something that is not there (a dead letter)
     ├── UnauthorizedError        an operator route was called without the admin token it needs
@@ -147,6 +148,12 @@ class AllItemsFailedError(GatewayError):
     def __init__(self, message: str, details: list[dict[str, Any]]) -> None:
         super().__init__(message)
         self.details = details
+
+
+class GenerationFailedError(GatewayError):
+    """The worker's terminal chunk reported a failure (its `error_code`, else INFERENCE_ERROR)."""
+
+    code = codes.INFERENCE_ERROR
 
 
 class ClientDisconnectedError(GatewayError):

@@ -7,17 +7,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
-from sie.catalog import Catalog, ModelEntry
+from sie.catalog import Catalog, ModelConfig, ModelEntry
 from sie.gateway.status import STATE_LOADED, ModelStatusSource, WorkerSummary
 
 INPUT_KINDS: Final = ("text", "image", "audio", "video", "document")
 
 
 def model_info(catalog: Catalog, entry: ModelEntry, status: ModelStatusSource) -> dict[str, Any]:
-    """One ModelInfo: catalogue facts plus the state the workers report."""
+    """One ModelInfo: catalogue facts plus the state the workers report; a model that generates text also names
+    its `tasks` and its `capabilities` (the SDK's ModelCapabilities: `streaming`, ...)."""
     model = entry.model
     state, last_error = status.status(entry.model_id)
-    return {
+    info = {
         "name": entry.model_id,
         "inputs": [kind for kind in INPUT_KINDS if model.inputs.get(kind)],
         "outputs": model.outputs,
@@ -29,6 +30,23 @@ def model_info(catalog: Catalog, entry: ModelEntry, status: ModelStatusSource) -
         "profiles": {name: {"is_default": name == entry.profile} for name in model.profiles},
         "bundles": [bundle.name for bundle in catalog.entry_bundles(entry)],
     }
+    if model.tasks.generate:
+        info["tasks"] = _tasks(model)
+        info["capabilities"] = _generate_capabilities(model)
+    return info
+
+
+def _tasks(model: ModelConfig) -> list[str]:
+    tasks = model.tasks
+    flags = {"encode": bool(tasks.encode), "score": tasks.score, "extract": tasks.extract, "generate": tasks.generate}
+    return [name for name, served in flags.items() if served]
+
+
+def _generate_capabilities(model: ModelConfig) -> dict[str, Any]:
+    """`tasks.generate.capabilities` as the model YAML declares it, `streaming` true unless it says otherwise."""
+    generate = (model.raw.get("tasks") or {}).get("generate")
+    declared = generate.get("capabilities") if isinstance(generate, dict) else None
+    return {"streaming": True, **(declared if isinstance(declared, dict) else {})}
 
 
 def models_body(catalog: Catalog, status: ModelStatusSource) -> dict[str, Any]:

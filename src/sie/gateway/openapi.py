@@ -83,6 +83,20 @@ def _inference(summary: str, request: str, result: str) -> dict[str, Any]:
     )
 
 
+_OPENAI_ERRORS = {
+    "400": _answer("OpenAI error envelope: invalid or unsupported field, or a model that does not generate"),
+    "404": _answer("OpenAI error envelope: unknown model (`model_not_found`)"),
+    "503": _answer("OpenAI error envelope: provisioning, queue full, worker out of memory; see `Retry-After`"),
+    "504": _answer("OpenAI error envelope: no generated text within the request timeout"),
+}
+_SAMPLING_FIELDS = {
+    "temperature": {"type": "number", "minimum": 0},
+    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "top_k": {"type": "integer", "minimum": 0},
+    "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 4}]},
+    "seed": {"type": "integer"},
+    "stream": {"type": "boolean"},
+}
 _LETTER = _path_param("letter_id", "Dead letter id.")
 _ADMIN = "Needs `Authorization: Bearer <SIE_ADMIN_TOKEN>` when the admin token is set."
 
@@ -110,6 +124,46 @@ OPERATIONS: Final[Mapping[str, Mapping[str, Mapping[str, Any]]]] = {
                 "OpenAI-compatible embeddings over encode",
                 requestBody=_body("EmbeddingsRequest", ["application/json"]),
                 responses={"200": _answer("OpenAI embeddings list"), "400": _answer("OpenAI error envelope")},
+            )
+        }
+    },
+    "/v1/generate/{model:path}": {
+        "/v1/generate/{model}": {
+            "post": _operation(
+                "inference",
+                "Generate text from a prompt; `stream: true` answers with server-sent events",
+                parameters=[_MODEL, *_LANE_HEADERS],
+                requestBody=_body("GenerateRequest", ["application/json"]),
+                responses={
+                    "200": {
+                        "description": "`{model, text, finish_reason, usage, attempt_id, ttft_ms, tpot_ms}`, or "
+                        "events `{request_id, seq, text_delta, done, ...}` then `[DONE]`",
+                        "content": {"application/json": {}, "text/event-stream": {}},
+                    },
+                    **_OPENAI_ERRORS,
+                },
+            )
+        }
+    },
+    "/v1/chat/completions": {
+        "/v1/chat/completions": {
+            "post": _operation(
+                "inference",
+                "OpenAI-compatible chat completions (text); `stream: true` answers with server-sent events",
+                parameters=_LANE_HEADERS,
+                requestBody=_body("ChatCompletionRequest", ["application/json"]),
+                responses={"200": _answer("`chat.completion`, or `chat.completion.chunk` events"), **_OPENAI_ERRORS},
+            )
+        }
+    },
+    "/v1/completions": {
+        "/v1/completions": {
+            "post": _operation(
+                "inference",
+                "OpenAI-compatible text completions; `stream: true` answers with server-sent events",
+                parameters=_LANE_HEADERS,
+                requestBody=_body("CompletionRequest", ["application/json"]),
+                responses={"200": _answer("`text_completion`, or its events"), **_OPENAI_ERRORS},
             )
         }
     },
@@ -378,6 +432,40 @@ _SCHEMAS: Final = {
             "dimensions": {"type": "integer"},
         },
     },
+    "GenerateRequest": {
+        "type": "object",
+        "required": ["prompt", "max_new_tokens"],
+        "properties": {
+            "prompt": {"type": "string"},
+            "max_new_tokens": {"type": "integer", "minimum": 1},
+            **_SAMPLING_FIELDS,
+            "options": {"type": "object"},
+        },
+    },
+    "ChatCompletionRequest": {
+        "type": "object",
+        "required": ["model", "messages"],
+        "properties": {
+            "model": {"type": "string"},
+            "messages": {"type": "array", "minItems": 1, "items": {"type": "object"}},
+            "max_tokens": {"type": "integer", "minimum": 1},
+            "max_completion_tokens": {"type": "integer", "minimum": 1},
+            **_SAMPLING_FIELDS,
+            "n": {"const": 1},
+            "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+        },
+    },
+    "CompletionRequest": {
+        "type": "object",
+        "required": ["model", "prompt"],
+        "properties": {
+            "model": {"type": "string"},
+            "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 1}]},
+            "max_tokens": {"type": "integer", "minimum": 1, "default": 16},
+            **_SAMPLING_FIELDS,
+            "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+        },
+    },
     "ResolveRequest": {"type": "object", "properties": {"models": {"type": "array", "items": {"type": "string"}}}},
     "EncodeResponse": {"type": "object", "properties": {"model": {"type": "string"}, "items": {"type": "array"}}},
     "ScoreResponse": {"type": "object", "properties": {"model": {"type": "string"}, "scores": {"type": "array"}}},
@@ -424,7 +512,8 @@ def openapi_document(route_templates: Iterable[str]) -> dict[str, Any]:
         "info": {
             "title": "SIE gateway",
             "version": SIE_VERSION,
-            "description": "Embeddings, reranking and extraction served from ONNX models (seed 000 §14).",
+            "description": "Embeddings, reranking, extraction and text generation served from ONNX models "
+            "(seed 000 §14).",
         },
         "paths": paths,
         "components": {"schemas": _SCHEMAS},

@@ -22,6 +22,7 @@ from sie.gateway.errors import (
     ForbiddenError,
     GatewayError,
     GatewayTimeoutError,
+    GenerationFailedError,
     InvalidRequestError,
     MachineProfileNotConfiguredError,
     ModelLoadFailedError,
@@ -46,7 +47,9 @@ from sie.wire.envelopes import all_items_failed_body, detail_body, openai_body, 
 
 logger = logging.getLogger(__name__)
 
-OPENAI_PATHS: Final = frozenset({"/v1/embeddings"})
+OPENAI_PATHS: Final = frozenset({"/v1/embeddings", "/v1/chat/completions", "/v1/completions"})
+# Seed 000 §2: SIE-native generation answers errors in the OpenAI envelope too.
+OPENAI_PREFIXES: Final = ("/v1/generate/",)
 OPENAI_SERVER_ERROR: Final = "server_error"
 # RFC 6750: a 401 names the scheme the caller should authenticate with.
 WWW_AUTHENTICATE: Final = "WWW-Authenticate"
@@ -109,6 +112,7 @@ RULES: Final[dict[type[BaseException], Rule]] = {
     ClientDisconnectedError: Rule(499, Envelope.DETAIL),
     BodyIncompleteError: Rule(499, Envelope.DETAIL),
     AllItemsFailedError: Rule(500, Envelope.ITEMS),
+    GenerationFailedError: Rule(500, Envelope.DETAIL),
     ModelLoadFailedError: Rule(502, Envelope.RETRY),
     MachineProfileNotConfiguredError: Rule(503, Envelope.STATUS),
     RetryableError: Rule(503, Envelope.RETRY),
@@ -200,7 +204,24 @@ def _openai(exc: BaseException, status: int, code: str, message: str) -> Any:
 
 def surface_for_path(path: str) -> Surface:
     """The envelope family of a request path (used where no route has been matched yet)."""
-    return Surface.OPENAI if path in OPENAI_PATHS else Surface.NATIVE
+    return Surface.OPENAI if path in OPENAI_PATHS or path.startswith(OPENAI_PREFIXES) else Surface.NATIVE
+
+
+def stream_error(exc: BaseException) -> dict[str, Any]:
+    """The `error` object of a terminal SSE event, for a failure after the stream began: `{code, message, type,
+    param}` with the SIE code (the SDK reads `code`), and `retry_after_s` for RESOURCE_EXHAUSTED."""
+    rule = rule_for(exc)
+    if rule is None:
+        logger.error("unhandled error while streaming a generation", exc_info=exc)
+        rule, code, message = _INTERNAL, codes.INTERNAL_ERROR, INTERNAL_MESSAGE
+    else:
+        code, message, _ = describe(exc)
+    param = exc.extra.get("param") if isinstance(exc, GatewayError) else None
+    error_type = codes.OPENAI_INVALID_REQUEST_ERROR if rule.status < 500 else OPENAI_SERVER_ERROR
+    error: dict[str, Any] = {"code": code, "message": message, "type": error_type, "param": param}
+    if isinstance(exc, RetryableError) and code == codes.RESOURCE_EXHAUSTED:
+        error["retry_after_s"] = exc.retry_after_s
+    return error
 
 
 def route_error_reply(status: int, detail: str) -> ErrorReply:

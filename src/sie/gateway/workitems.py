@@ -1,5 +1,5 @@
-"""WorkItems from decoded requests: one per item for encode and extract, one per request for score
-(contracts Part B §4.1, seed 000 §16.2). Param placement follows seed 000 §2: encode/extract tuning fields
+"""WorkItems from decoded requests: one per item for encode and extract, one per request for score and for
+generate (contracts Part B §4.1, seed 000 §16.2). Param placement follows seed 000 §2: encode/extract tuning fields
 come from `params`, score reads `instruction`/`options` at the top level. Pure.
 """
 
@@ -13,7 +13,14 @@ from sie.gateway.router import Route
 from sie.telemetry.tracing import TraceHeaders
 from sie.wire import unstructure
 from sie.wire.http import EncodeRequest, ExtractRequest, Item, ScoreRequest
-from sie.wire.queue import OPERATION_ENCODE, OPERATION_EXTRACT, OPERATION_SCORE, WorkItem
+from sie.wire.queue import (
+    OPERATION_ENCODE,
+    OPERATION_EXTRACT,
+    OPERATION_GENERATE,
+    OPERATION_SCORE,
+    GenerateParams,
+    WorkItem,
+)
 
 
 @attrs.frozen
@@ -103,3 +110,10 @@ def score_work(route: Route, ticket: Ticket, request: ScoreRequest) -> list[Work
         **common,
     )
     return [item]
+
+
+def generate_work(route: Route, ticket: Ticket, params: GenerateParams) -> WorkItem:
+    """The one work item of a generation; its chunks stream back to the reply subject (sie.wire.generate)."""
+    common = _common(route, ticket, OPERATION_GENERATE, 1)
+    common["accepts_result_chunks"] = False  # chunks of a generation are GenerateChunks, never result_chunk_v1
+    return WorkItem(work_item_id=f"{ticket.request_id}.0", item_index=0, generate=params, **common)
