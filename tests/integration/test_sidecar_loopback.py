@@ -233,12 +233,12 @@ async def test_per_item_errors_do_not_fail_batch_mates(worker: CountingWorker) -
         async with sidecar:
             await publish(transport, work_item(0, item={"text": "fine"}))
             await publish(transport, work_item(1, item={"text": "bad"}, output_types=["nonsense"]))
-            await publish(transport, work_item(2, operation="generate"))
+            await publish(transport, work_item(2, operation="transcribe"))
             await results.wait(3)
         got = results.by_request()
         assert got["req-0"].success
         assert got["req-1"].error_code == codes.INVALID_INPUT and not got["req-1"].success
-        assert got["req-2"].error_code == codes.INVALID_INPUT and "generate" in got["req-2"].error
+        assert got["req-2"].error_code == codes.INVALID_INPUT and "transcribe" in got["req-2"].error
 
 
 # --- readiness ------------------------------------------------------------------------------------

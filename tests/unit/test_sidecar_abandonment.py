@@ -16,7 +16,8 @@ class Clock:
 
 
 def work(request_id: str, deadline: float | None = None, router_id: str = "gw") -> SimpleNamespace:
-    return SimpleNamespace(item=SimpleNamespace(router_id=router_id, request_id=request_id, deadline=deadline))
+    item = SimpleNamespace(router_id=router_id, request_id=request_id, deadline=deadline)
+    return SimpleNamespace(item=item, operation="encode")
 
 
 def test_cancel_subjects_name_a_router_and_a_request() -> None:

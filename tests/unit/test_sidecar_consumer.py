@@ -94,7 +94,7 @@ async def test_verdicts_and_unknown_operations_are_settled_at_once() -> None:
     deliveries = [
         FakeDelivery(item(0, reply="sie.elsewhere"), log),
         FakeDelivery(item(1), log, subject="sie.work.default"),
-        FakeDelivery(item(2, operation="generate"), log),
+        FakeDelivery(item(2, operation="transcribe"), log),
         FakeDelivery(item(3), log),
     ]
     await consumer.accept(deliveries)

@@ -7,6 +7,10 @@ is published), which ACK-drops what `Abandonment.split` removes; the counts are 
 Tombstones are bounded: a 100,000-entry cap evicts the oldest first, and each expires after the horizon
 (the longer of the work stream's max age and the ack-wait retry window), after which no redelivery can come.
 work_cancel is best effort (NATS core); a result already computed when it arrives is simply not published.
+
+Generation has its own cancel contract (seed 001 "Generation"): `cancel.{router_id}.{request_id}`. Its tombstones
+are kept apart and asked only of generate work (work_cancel never drops a generation, cancel.* never drops other
+work); the generation stage also forwards the cancel to a stream already running on the worker.
 """
 
 from __future__ import annotations
@@ -17,19 +21,22 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
-from sie.catalog.names import WORK_CANCEL_PREFIX
+from sie.catalog.names import GENERATE_CANCEL_PREFIX, WORK_CANCEL_PREFIX
 from sie.sidecar.work import Work
+from sie.wire.queue import OPERATION_GENERATE
 
 logger = logging.getLogger(__name__)
 
 CANCEL_SUBJECTS: Final = f"{WORK_CANCEL_PREFIX}.>"
+GENERATE_CANCEL_SUBJECTS: Final = f"{GENERATE_CANCEL_PREFIX}.>"
 MAX_TOMBSTONES: Final = 100_000
 
 
-def cancel_key(subject: str) -> tuple[str, str] | None:
-    """`(router_id, request_id)` of a `work_cancel.{router_id}.{request_id}` subject; None for any other."""
+def cancel_key(subject: str, prefix: str = WORK_CANCEL_PREFIX) -> tuple[str, str] | None:
+    """`(router_id, request_id)` of a `{prefix}.{router_id}.{request_id}` subject (`work_cancel` unless told, or
+    `cancel` for a generation); None for any other."""
     parts = subject.split(".")
-    if len(parts) != 3 or parts[0] != WORK_CANCEL_PREFIX or not parts[1] or not parts[2]:
+    if len(parts) != 3 or parts[0] != prefix or not parts[1] or not parts[2]:
         return None
     return parts[1], parts[2]
 
@@ -77,10 +84,16 @@ def tombstone_horizon(max_age_s: float, ack_wait_s: float, max_deliver: int) -> 
 
 class Abandonment:
     """Deadlines and tombstones, asked at each drop point (through `Settler.live`); counts what it removes,
-    per reason."""
+    per reason. `generations` holds the cancelled generations (by default a set like `tombstones`)."""
 
-    def __init__(self, tombstones: Tombstones, wall_clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        tombstones: Tombstones,
+        wall_clock: Callable[[], float] = time.time,
+        generations: Tombstones | None = None,
+    ) -> None:
         self.tombstones = tombstones
+        self.generations = generations or Tombstones(tombstones.horizon_s, tombstones.cap, tombstones.clock)
         self.wall_clock = wall_clock
         self.dropped: collections.Counter[str] = collections.Counter()
 
@@ -89,7 +102,8 @@ class Abandonment:
         item = work.item
         if item.deadline is not None and (self.wall_clock() if now is None else now) >= item.deadline:
             return "expired"
-        if self.tombstones and (item.router_id, item.request_id) in self.tombstones:
+        tombstones = self.generations if work.operation == OPERATION_GENERATE else self.tombstones
+        if tombstones and (item.router_id, item.request_id) in tombstones:
             return "cancelled"
         return None
 
@@ -114,3 +128,13 @@ class Abandonment:
             logger.debug("ignoring a cancel on %r", subject)
             return
         self.tombstones.add(*key)
+
+    def cancel_generation(self, subject: str) -> tuple[str, str] | None:
+        """A `cancel` message: remember its generation, so one still queued here is dropped before it reaches the
+        worker; its `(router_id, request_id)`, or None for a malformed subject."""
+        key = cancel_key(subject, GENERATE_CANCEL_PREFIX)
+        if key is None:
+            logger.debug("ignoring a generation cancel on %r", subject)
+            return None
+        self.generations.add(*key)
+        return key

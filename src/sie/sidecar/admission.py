@@ -1,6 +1,7 @@
 """Admission: how many work items the sidecar holds per model, decided before any tokenization (STYLE
 habit 9). It counts items from admission to settlement, tells the consumer how much it may fetch, and knows
-which items it holds (the keepalive progress-ACKs those held long). It never settles anything itself.
+which items it holds (the keepalive progress-ACKs those held long, but not a generation stream already settled
+while it runs). It never settles anything itself.
 """
 
 from __future__ import annotations
@@ -82,8 +83,13 @@ class Admission:
             self.total = 0
             self._idle.set()
 
+    def settled(self, works: Iterable[Work]) -> None:
+        """Work already ACKed or NAKed that still runs (a generation stream): it keeps its slot until released, but
+        leaves `held()`, since a settled delivery has no ack-wait left to restart."""
+        self._held.difference_update(works)
+
     def held(self) -> list[Work]:
-        """Every admitted item not yet released, wherever it waits or runs."""
+        """Every admitted item not yet released nor settled, wherever it waits or runs."""
         return list(self._held)
 
     async def wait_capacity(self) -> None:

@@ -23,6 +23,7 @@ from sie.sidecar.settlement import Settler, Verdict, verdict
 from sie.sidecar.work import AdmittedGroup, Outbox, Work
 from sie.transport.base import Delivery, LaneConsumer
 from sie.wire.ipc_batch import OP_ENCODE, OP_EXTRACT, OP_SCORE
+from sie.wire.queue import OPERATION_GENERATE
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ MAX_FETCH_TIMEOUT_S: Final = 0.1
 # then, still under the sidecar's one-second wait for its fetch loops to stop.
 DIRECT_MAX_FETCH_TIMEOUT_S: Final = 0.5
 FETCH_ERROR_BACKOFF_S: Final = 0.5
-OPERATIONS: Final = frozenset({OP_ENCODE, OP_SCORE, OP_EXTRACT})
+OPERATIONS: Final = frozenset({OP_ENCODE, OP_SCORE, OP_EXTRACT, OPERATION_GENERATE})
 
 
 class FetchTimeout:

@@ -4,6 +4,9 @@ gets, and the one place that publishes replies, flushes, then ACKs or NAKs. No s
 Rules: an unsafe reply subject (not `_INBOX.`) is ACK-dropped; a malformed work subject is NAKed; a reply
 is published and flushed before its ACK; a failed publish or flush leaves the message unsettled (it is
 redelivered after ack-wait); a transient backend failure is NAKed with its delay.
+
+A generation stream is settled while it still runs (sie.wire.generate): its chunks are published as they come,
+flushed before its ACK, and the work keeps its admission slot until `release` at the stream's end.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from sie.sidecar.admission import Admission
 from sie.sidecar.publishing import ResultPublisher
 from sie.sidecar.work import Work
 from sie.transport.base import MessageBus
+from sie.wire.generate import GenerateChunk
 from sie.wire.ipc_batch import (
     DISPOSITION_NAK_RETRY,
     DISPOSITION_PUBLISH_AND_ACK,
@@ -145,6 +149,33 @@ class Settler:
         for work in works:
             work.progressed = now
             await _settle_quietly(work.delivery.in_progress, work)
+
+    async def publish_chunk(self, subject: str, chunk: GenerateChunk) -> None:
+        """Send one chunk of a generation stream; raises what the bus raises (the stream then fails)."""
+        await self._bus.publish_result(subject, chunk)
+
+    async def ack_stream(self, work: Work) -> bool:
+        """Flush the chunks published so far, then ACK a running generation (never redelivered from here); it keeps
+        its slot. False, and left unacked, when the flush failed."""
+        if not await self._flush():
+            return False
+        await _settle_quietly(work.delivery.ack, work)
+        self._admission.settled([work])
+        return True
+
+    async def nak_stream(self, work: Work, delay_s: float) -> None:
+        """Give a generation back for redelivery after `delay_s`; it keeps its slot until its stream ends."""
+        await _settle_quietly(lambda: work.delivery.nak(delay_s), work)
+        self._admission.settled([work])
+
+    async def flush(self) -> bool:
+        """Flush what was published; False when that failed (logged)."""
+        return await self._flush()
+
+    def release(self, works: Iterable[Work]) -> None:
+        """Free the slots of work whose stream ended (settled by `ack_stream` / `nak_stream`, or left for
+        redelivery)."""
+        self._admission.release(works)
 
     async def _flush(self) -> bool:
         try:

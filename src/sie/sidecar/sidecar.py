@@ -1,6 +1,8 @@
 """The sidecar component: builds the pipeline of one lane and one worker in the order work flows through it
 (consumer → readiness → preparation → scheduler → dispatcher → settlement), runs its loops as an async
 context manager, drains it on shutdown. It owns lifecycles only; every decision lives in the stage modules.
+Generate work leaves after readiness for the generation stage (one ProcessGenerate stream per item, settled as the
+worker's events say), which also hears `cancel.>`.
 
 Where the transport has worker direct-dispatch (seed 000 §8.2: a capped logical pool's gateway publishes on this
 worker's own subject, so unassigned workers of the lane never see, and NAK, that work), a second consumer fetches
@@ -22,10 +24,17 @@ import attrs
 
 from sie.ipc.client import WorkerClient
 from sie.settings import BatchingSettings, Settings, SidecarSettings, StreamSettings
-from sie.sidecar.abandonment import CANCEL_SUBJECTS, Abandonment, Tombstones, tombstone_horizon
+from sie.sidecar.abandonment import (
+    CANCEL_SUBJECTS,
+    GENERATE_CANCEL_SUBJECTS,
+    Abandonment,
+    Tombstones,
+    tombstone_horizon,
+)
 from sie.sidecar.admission import Admission
 from sie.sidecar.consumer import DIRECT_MAX_FETCH_TIMEOUT_S, Consumer, ConsumerOptions
 from sie.sidecar.dispatcher import BatchDispatcher
+from sie.sidecar.generation import GenerateSplit, Generations
 from sie.sidecar.hashgate import WorkerHash
 from sie.sidecar.payloads import DEFAULT_FETCH_MAX_BYTES, PayloadResolver
 from sie.sidecar.pool_admission import PoolGate
@@ -109,8 +118,9 @@ class Pipeline:
     readiness: Readiness
     preparer: Preparer
     scheduler: Scheduler
+    generations: Generations  # generate work, from readiness
     admitted: Channel[AdmittedGroup]  # consumers → readiness
-    ready: Channel[ReadyGroup]  # readiness → preparation
+    ready: Channel[ReadyGroup]  # readiness → preparation (generate work goes to `generations` instead)
     prepared: Channel[ReadyGroup]  # preparation → scheduler
     direct: Consumer | None = None  # the worker's direct-dispatch consumer, feeding `admitted` too
 
@@ -165,7 +175,8 @@ def build_pipeline(
         direct_options = attrs.evolve(options, idle_fetch_timeout_s=DIRECT_MAX_FETCH_TIMEOUT_S)
         direct = Consumer(sources.direct, admission, settler, worker_hash, admitted, direct_options)
     readiness_options = ReadinessOptions.from_settings(stream, config.sidecar, config.worker_id)
-    readiness = Readiness(worker, settler, models, ready, readiness_options)
+    generations = Generations(worker, settler, abandonment, config.worker_id, stream.nak_delay_s)
+    readiness = Readiness(worker, settler, models, GenerateSplit(generations, ready), readiness_options)
     payloads = PayloadResolver(
         config.payload_store, settler.live, settler.reply, config.worker_id, config.payload_fetch_max_bytes
     )
@@ -182,7 +193,7 @@ def build_pipeline(
         metrics=config.metrics,
     )
     return Pipeline(
-        admission, abandonment, settler, dispatcher, consumer, readiness, preparer, scheduler,
+        admission, abandonment, settler, dispatcher, consumer, readiness, preparer, scheduler, generations,
         admitted, ready, prepared, direct,
     )  # fmt: skip
 
@@ -254,6 +265,11 @@ class Sidecar:
         """RunBatch calls made so far."""
         return self._pipeline.dispatcher.batches if self._pipeline else 0
 
+    @property
+    def generating(self) -> int:
+        """Generation streams running now."""
+        return self._pipeline.generations.running if self._pipeline else 0
+
     async def __aenter__(self) -> Sidecar:
         stack = contextlib.AsyncExitStack()
         try:
@@ -270,6 +286,9 @@ class Sidecar:
             # The gateway announces requests it gave up on; their work is dropped wherever it still waits.
             cancels = await self.transport.subscribe(CANCEL_SUBJECTS, pipeline.abandonment.on_cancel)
             stack.push_async_callback(cancels.unsubscribe)
+            # A generation the gateway stopped waiting for is dropped while queued and cancelled while it runs.
+            generate_cancels = await self.transport.subscribe(GENERATE_CANCEL_SUBJECTS, pipeline.generations.on_cancel)
+            stack.push_async_callback(generate_cancels.unsubscribe)
             self._start(pipeline, stack)
         except BaseException:
             await stack.aclose()
@@ -289,7 +308,8 @@ class Sidecar:
 
     async def drain(self, deadline_s: float) -> bool:
         """Stop fetching, give held work back, and wait up to `deadline_s` for everything admitted to be
-        settled; what is still queued then is NAKed. True when all work finished in time."""
+        settled (running generation streams included); what is still queued then is NAKed. True when all work
+        finished in time."""
         if self._pipeline is None:
             return True
         await self._stop_fetching()
@@ -300,9 +320,11 @@ class Sidecar:
         return finished
 
     def _start(self, pipeline: Pipeline, stack: contextlib.AsyncExitStack) -> None:
-        # Closed in reverse: the loops first (no new work), then readiness, the scheduler, the dispatcher.
+        # Closed in reverse: the loops first (no new work), then readiness, the scheduler, running generations
+        # (given back, or ended on the worker), the dispatcher.
         pipeline.dispatcher.start()
         stack.push_async_callback(pipeline.dispatcher.close)
+        stack.push_async_callback(pipeline.generations.close)
         stack.push_async_callback(pipeline.scheduler.close)
         stack.push_async_callback(pipeline.readiness.close)
         loop = asyncio.get_running_loop()
@@ -331,8 +353,8 @@ class Sidecar:
 
     async def _keepalive(self, pipeline: Pipeline) -> None:
         """Progress-ACK work held longer than half the ack-wait wherever it is (a channel, readiness, preparation,
-        the scheduler, a running batch, its publication), so JetStream redelivers only the work of a sidecar that
-        died, one ack-wait after it stopped progress-ACKing."""
+        the scheduler, a running batch, its publication, a generation stream not yet ACKed), so JetStream
+        redelivers only the work of a sidecar that died, one ack-wait after it stopped progress-ACKing."""
         interval = self.config.stream.ack_wait_s / 4.0
         while True:
             await asyncio.sleep(interval)  # a housekeeping tick, far off the request path
