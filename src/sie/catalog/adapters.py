@@ -15,6 +15,7 @@ SPARSE: Final = "sparse"
 MULTIVECTOR: Final = "multivector"
 CROSS_ENCODER: Final = "cross_encoder"
 TOKEN_CLASSIFICATION: Final = "token_classification"
+CAUSAL_LM: Final = "causal_lm"
 
 ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie.adapters.dense": DENSE,
@@ -22,6 +23,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie.adapters.multivector": MULTIVECTOR,
     "sie.adapters.cross_encoder": CROSS_ENCODER,
     "sie.adapters.token_classification": TOKEN_CLASSIFICATION,
+    "sie.adapters.causal_lm": CAUSAL_LM,
     # public SIE module names served by the kinds above
     "sie_server.adapters.sentence_transformer": DENSE,
     "sie_server.adapters.bert_flash": DENSE,

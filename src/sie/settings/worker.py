@@ -167,3 +167,15 @@ class WorkerSettings:
         ),
         None,
     )
+    generation_max_sequences: int = setting(
+        Env(
+            "SIE_GENERATION_MAX_SEQUENCES",
+            integer(minimum=1),
+            "Sequences a generation model decodes together in one step (continuous batching, one decode thread per "
+            "loaded model); further generations wait for a row to free up. More rows raise throughput and each "
+            "step's latency, and the key/value cache grows with them.",
+            roles=_MODEL_ROLES,
+            read_by=("sie.worker.loading",),
+        ),
+        16,
+    )

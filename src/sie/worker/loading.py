@@ -33,8 +33,11 @@ from sie.worker.artifacts import (
     ProgressEvent,
     profile_artifacts,
 )
+from sie.worker.batching_decoder import DEFAULT_MAX_SEQUENCES
 from sie.worker.convert import (
     GRAPH_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
     ConversionError,
     conversion_cache_key,
     convert_bert,
@@ -70,21 +73,34 @@ class LoadedModel:
     memory_bytes: int
     tokenizer_path: Path | None = None
 
+    def close(self) -> None:
+        """Stop what the adapter runs beside its session (a causal LM's decode thread); the manager calls it when
+        the model is unloaded."""
+        if isinstance(self.adapter, Adapter):  # test doubles stand in for adapters and hold nothing
+            self.adapter.close()
+
 
 class ModelLoader:
     """Builds LoadedModels; owns the artifact resolver and the converted-graph cache."""
 
-    def __init__(self, resolver: ArtifactResolver, converted_dir: Path, session_options: SessionOptions) -> None:
+    def __init__(
+        self,
+        resolver: ArtifactResolver,
+        converted_dir: Path,
+        session_options: SessionOptions,
+        generation_max_sequences: int = DEFAULT_MAX_SEQUENCES,
+    ) -> None:
         self.resolver = resolver
         self.converted_dir = Path(converted_dir)
         self.session_options = session_options
+        self.generation_max_sequences = generation_max_sequences
 
     @classmethod
     def from_settings(cls, worker: WorkerSettings, device: str = "cpu") -> ModelLoader:
         """The loader a worker (or `sie models pull`) builds from its settings."""
         resolver = ArtifactResolver(worker.model_cache, hf_offline=not worker.hf_fallback)
         options = SessionOptions(device, worker.intra_op_threads, worker.inter_op_threads, worker.run_memory_bytes)
-        return cls(resolver, worker.model_cache / "converted", options)
+        return cls(resolver, worker.model_cache / "converted", options, worker.generation_max_sequences)
 
     def prepare(
         self, model: ModelConfig, profile: str, model_id: str, on_progress: ProgressCallback | None = None
@@ -115,7 +131,15 @@ class ModelLoader:
         tokenizer = self._tokenizer(model_id, files.tokenizer_dir, model, config_json)
         session = create_session(files.graph, self.session_options)
         context = AdapterContext(
-            model, resolved, session, tokenizer, config_json, run_memory_bytes=self.session_options.run_memory_bytes
+            model,
+            resolved,
+            session,
+            tokenizer,
+            config_json,
+            run_memory_bytes=self.session_options.run_memory_bytes,
+            tokenizer_config_json=_read_json(files.tokenizer_dir / TOKENIZER_CONFIG_FILE),
+            tokenizer_path=files.tokenizer_dir / TOKENIZER_FILE,
+            generation_max_sequences=self.generation_max_sequences,
         )
         try:
             adapter = adapter_class(resolved.adapter_path)(context)

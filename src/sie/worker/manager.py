@@ -108,6 +108,8 @@ class ModelManager:
             task.cancel()
         await asyncio.gather(*self._loading.values(), return_exceptions=True)
         self._loading.clear()
+        for loaded in self._loaded.values():
+            loaded.close()
 
     def ensure_ready(self, model_id: str) -> str:
         """The model's EnsureModelReady state now (a `MODEL_STATE_*` value); starts a background load when it
@@ -230,6 +232,7 @@ class ModelManager:
         """Drop a loaded model; `why` and `event` say in its log line why (evicted, its config changed)."""
         removed = self._loaded.pop(model_id, None)
         if removed is not None:
+            removed.close()
             logger.info("model %s %s: %d bytes freed, %d models (%d bytes) still loaded", model_id, why,
                         removed.memory_bytes, len(self._loaded), self.memory_bytes,
                         extra=log_fields(event=event, model=model_id, reason=why,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from sie.catalog.adapters import ADAPTER_KINDS, adapter_kind, adapter_module
 from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult
+from sie.worker.adapters.causal_lm import CausalLMAdapter, GenerationInputError, PreparedGeneration
 from sie.worker.adapters.cross_encoder import CrossEncoderAdapter
 from sie.worker.adapters.dense import DenseAdapter
 from sie.worker.adapters.multivector import MultivectorAdapter
@@ -16,7 +17,14 @@ from sie.worker.errors import ModelLoadError
 # The class that runs each kind of model (`sie.catalog.adapters` maps adapter modules to kinds).
 ADAPTERS: dict[str, type[Adapter]] = {
     adapter.kind: adapter
-    for adapter in (DenseAdapter, SpladeAdapter, MultivectorAdapter, CrossEncoderAdapter, TokenClassificationAdapter)
+    for adapter in (
+        DenseAdapter,
+        SpladeAdapter,
+        MultivectorAdapter,
+        CrossEncoderAdapter,
+        TokenClassificationAdapter,
+        CausalLMAdapter,
+    )
     if adapter.kind is not None
 }
 
@@ -45,6 +53,9 @@ __all__ = [
     "Adapter",
     "AdapterContext",
     "BatchResult",
+    "CausalLMAdapter",
+    "GenerationInputError",
     "ItemResult",
+    "PreparedGeneration",
     "adapter_class",
 ]

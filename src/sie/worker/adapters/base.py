@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
@@ -18,6 +19,7 @@ from sie.catalog.model import ModelConfig, Profile
 from sie.catalog.options import option_problem
 from sie.tokenization import TextTokenizer
 from sie.wire import codes
+from sie.worker.batching_decoder import DEFAULT_MAX_SEQUENCES
 from sie.worker.run_memory import DEFAULT_RUN_MEMORY_BYTES, RunMemory, run_in_slices
 
 ENCODE_OUTPUTS = ("dense", "sparse", "multivector")
@@ -89,6 +91,11 @@ class AdapterContext:
     tokenizer: TextTokenizer
     model_config_json: Mapping[str, Any] = attrs.field(factory=dict)
     run_memory_bytes: int = DEFAULT_RUN_MEMORY_BYTES  # activation memory one session.run may take
+    # Generation models: tokenizer_config.json (chat template, special tokens), the tokenizer file (decoding
+    # generated ids) and how many sequences decode together (SIE_GENERATION_MAX_SEQUENCES).
+    tokenizer_config_json: Mapping[str, Any] = attrs.field(factory=dict)
+    tokenizer_path: Path | None = None
+    generation_max_sequences: int = DEFAULT_MAX_SEQUENCES
 
 
 class Adapter:
@@ -130,6 +137,9 @@ class Adapter:
         return run_in_slices(
             lambda part: self.session.run(outputs, part), declared, self._run_memory, self.context.run_memory_bytes
         )
+
+    def close(self) -> None:
+        """Release what the adapter runs beside its session (a causal LM's decode thread); called on unload."""
 
     def encode(self, items: Sequence[Any]) -> BatchResult:
         return BatchResult([invalid(f"Model '{self.model.sie_id}' does not support encode") for _ in items])

@@ -1,0 +1,157 @@
+"""The causal-LM adapter (kind `causal_lm`): a decoder graph converted by `sie.worker.convert` serving generation.
+
+It turns a work item's GenerateParams into prompt token ids and SamplingParams (chat template, tokenizer, context
+length, stop tokens) and hands the sequence to its BatchingDecoder, which decodes it beside the model's other
+sequences on the model's own thread. Encode, score and extract stay refused (the base class).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import attrs
+import tokenizers
+
+from sie.catalog.adapters import CAUSAL_LM
+from sie.wire import codes
+from sie.wire.queue import GenerateParams
+from sie.worker.adapters.base import Adapter, AdapterContext
+from sie.worker.batching_decoder import BatchingDecoder, SequenceStream
+from sie.worker.chat_template import ChatTemplate, ChatTemplateError
+from sie.worker.decoding import CacheShape
+from sie.worker.generation import SamplingParams
+
+# Limits of a model whose catalogue entry names none (tasks.generate, max_sequence_length, config.json).
+DEFAULT_CONTEXT_LENGTH: Final = 2048
+DEFAULT_MAX_OUTPUT_TOKENS: Final = 512
+
+
+class GenerationInputError(ValueError):
+    """A generation request this model cannot run as asked; `code` is its `sie.wire.codes` code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _invalid(message: str) -> GenerationInputError:
+    return GenerationInputError(codes.INVALID_INPUT, message)
+
+
+@attrs.frozen
+class PreparedGeneration:
+    """A generation ready to decode: the prompt's token ids and how to sample and stop."""
+
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+
+
+def _token_text(value: Any) -> str:
+    """A special token of tokenizer_config.json: a string, or HF's `{"content": ...}` form."""
+    if isinstance(value, Mapping):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
+
+
+def _positive(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+class CausalLMAdapter(Adapter):
+    """Generation on a converted decoder (`sie.adapters.causal_lm`)."""
+
+    kind = CAUSAL_LM
+
+    def __init__(self, context: AdapterContext) -> None:
+        super().__init__(context)
+        if context.tokenizer_path is None:
+            raise ValueError("a causal LM needs its tokenizer.json")
+        self._tokenizer = tokenizers.Tokenizer.from_file(str(context.tokenizer_path))
+        config = context.tokenizer_config_json
+        source = config.get("chat_template")
+        self._template = ChatTemplate(source) if isinstance(source, str) and source else None
+        self.bos_token = _token_text(config.get("bos_token"))
+        self.eos_token = _token_text(config.get("eos_token"))
+        eos_id = self._tokenizer.token_to_id(self.eos_token) if self.eos_token else None
+        if eos_id is None:
+            eos_id = _positive(context.model_config_json.get("eos_token_id"))
+        self.eos_token_id = eos_id
+        generate = (self.model.raw.get("tasks") or {}).get("generate") or {}
+        self.context_length = (
+            _positive(generate.get("context_length"))
+            or _positive(self.model.max_sequence_length)
+            or _positive(context.model_config_json.get("max_position_embeddings"))
+            or DEFAULT_CONTEXT_LENGTH
+        )
+        self.max_output_tokens = _positive(generate.get("max_output_tokens")) or DEFAULT_MAX_OUTPUT_TOKENS
+        self.engine = BatchingDecoder(
+            self.session,
+            CacheShape.from_config(context.model_config_json),
+            self.decode_text,
+            context.generation_max_sequences,
+            name=f"Model '{self.model.sie_id}'",
+        )
+
+    def decode_text(self, token_ids: Any) -> str:
+        """The text of generated ids, special tokens left out."""
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def prompt_text(self, params: GenerateParams) -> str:
+        """The raw prompt as is, or the chat messages rendered with the model's template and an open assistant
+        turn; exactly one of them must be set."""
+        if (params.prompt is None) == (params.messages is None):
+            raise _invalid("a generation needs exactly one of 'prompt' and 'messages'")
+        if params.prompt is not None:
+            return params.prompt
+        if self._template is None:
+            raise _invalid(f"Model '{self.model.sie_id}' has no chat template; send a 'prompt' instead")
+        try:
+            return self._template.render(params.messages, bos_token=self.bos_token, eos_token=self.eos_token)
+        except ChatTemplateError as exc:
+            raise _invalid(str(exc)) from exc
+
+    def prepare(self, params: GenerateParams) -> PreparedGeneration:
+        """Render and tokenize the prompt and check the sampling settings and the context length; a request it
+        cannot run raises GenerationInputError. Blocking (tokenization): run it in an executor."""
+        text = self.prompt_text(params)
+        prompt_ids = tuple(self._tokenizer.encode(text, add_special_tokens=False).ids)
+        if not prompt_ids:
+            raise _invalid("the prompt is empty")
+        return PreparedGeneration(prompt_ids, self._sampling(params, len(prompt_ids)))
+
+    def _sampling(self, params: GenerateParams, prompt_tokens: int) -> SamplingParams:
+        room = self.context_length - prompt_tokens
+        max_new = params.max_new_tokens
+        if max_new is not None and not 1 <= max_new <= self.max_output_tokens:
+            raise _invalid(f"max_new_tokens must be from 1 to {self.max_output_tokens}, got {max_new}")
+        if max_new is None:
+            max_new = min(self.max_output_tokens, room)
+        if max_new > room or max_new < 1:
+            raise GenerationInputError(
+                codes.INPUT_TOO_LONG,
+                f"the prompt has {prompt_tokens} tokens; with {max_new} new tokens it exceeds Model "
+                f"'{self.model.sie_id}''s context of {self.context_length} tokens",
+            )
+        stop_ids = set(params.stop_token_ids or ())
+        if self.eos_token_id is not None:
+            stop_ids.add(self.eos_token_id)
+        chosen = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
+        try:
+            return SamplingParams(
+                **{name: value for name, value in chosen.items() if value is not None},
+                seed=params.seed,
+                max_tokens=max_new,
+                stop=tuple(params.stop or ()),
+                stop_token_ids=frozenset(stop_ids),
+            )
+        except (TypeError, ValueError) as exc:
+            raise _invalid(str(exc)) from exc
+
+    def start(self, prepared: PreparedGeneration, request_id: str, sequence_id: str) -> SequenceStream:
+        """Queue the generation on the decode thread (call on the event loop that reads the stream)."""
+        return self.engine.submit(prepared.prompt_ids, prepared.params, request_id, sequence_id)
+
+    def close(self) -> None:
+        self.engine.close()

@@ -1,0 +1,373 @@
+"""Continuous batching of decoder sequences (DESIGN §7): a thread of each loaded causal LM, running while it has
+sequences, runs each decode step over every running sequence at once. A new sequence joins between two steps: its
+prompt is prefilled alone and its key/value cache merged into the batch's by left-padding the time axis, with an
+attention mask marking the real positions; a finished or cancelled sequence leaves the same way. Each row picks
+tokens with its own Sampler and ends by its own StopChecker (`sie.worker.generation`); its events reach the event
+loop through `call_soon_threadsafe`. On the event loop only `submit`, `cancel`, `close` and `SequenceStream.next`
+run, and none of them waits for a decode step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+import attrs
+import numpy as np
+
+from sie.wire.generate import FINISH_CANCELLED, FINISH_ERROR
+from sie.worker.convert import ATTENTION_MASK, INPUT_IDS, LOGITS, POSITION_IDS
+from sie.worker.decoding import CacheShape, empty_cache, next_cache
+from sie.worker.generation import Sampler, SamplingParams, StopChecker, TokenDecoder
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_SEQUENCES: Final = 16
+
+
+def _left_pad(array: np.ndarray, length: int, axis: int) -> np.ndarray:
+    missing = length - array.shape[axis]
+    if missing == 0:
+        return array
+    widths = [(0, 0)] * array.ndim
+    widths[axis] = (missing, 0)
+    return np.pad(array, widths)
+
+
+@attrs.frozen
+class BatchCache:
+    """The running rows' key/value cache (`past_key_values.*`, `[rows, kv_heads, T, head_dim]`), left-padded to
+    one length T, and the int64 mask `[rows, T]` of the positions that hold real tokens."""
+
+    past: Mapping[str, np.ndarray]
+    mask: np.ndarray
+
+    @classmethod
+    def empty(cls, shape: CacheShape) -> BatchCache:
+        return cls(empty_cache(shape, batch=0), np.zeros((0, 0), dtype=np.int64))
+
+    @classmethod
+    def prefilled(cls, past: Mapping[str, np.ndarray], length: int) -> BatchCache:
+        """One sequence's cache after a prefill of `length` tokens."""
+        return cls(past, np.ones((1, length), dtype=np.int64))
+
+    @property
+    def rows(self) -> int:
+        return int(self.mask.shape[0])
+
+    @property
+    def length(self) -> int:
+        return int(self.mask.shape[1])
+
+    def positions(self) -> np.ndarray:
+        """`[rows, 1]`: each row's count of real tokens, the position of the token it feeds next (RoPE)."""
+        return self.mask.sum(axis=1, keepdims=True).astype(np.int64)
+
+    def join(self, other: BatchCache) -> BatchCache:
+        """Both batches' rows (ours first), the shorter left-padded with zeros the mask leaves out."""
+        length = max(self.length, other.length)
+        past = {
+            name: np.concatenate([_left_pad(value, length, 2), _left_pad(other.past[name], length, 2)])
+            for name, value in self.past.items()
+        }
+        mask = np.concatenate([_left_pad(self.mask, length, 1), _left_pad(other.mask, length, 1)])
+        return BatchCache(past, mask)
+
+    def keep(self, rows: Sequence[int]) -> BatchCache:
+        """Only `rows`, in that order; the leading columns no kept row uses are dropped."""
+        index = np.asarray(rows, dtype=np.int64)
+        mask = self.mask[index]
+        used = np.flatnonzero(mask.any(axis=0))
+        start = int(used[0]) if used.size else mask.shape[1]
+        past = {name: np.ascontiguousarray(value[index, :, start:]) for name, value in self.past.items()}
+        return BatchCache(past, np.ascontiguousarray(mask[:, start:]))
+
+    def step_feeds(self, last_tokens: Sequence[int]) -> dict[str, np.ndarray]:
+        """The decoder's inputs for one step that feeds each row its last token."""
+        return {
+            INPUT_IDS: np.asarray(last_tokens, dtype=np.int64).reshape(self.rows, 1),
+            POSITION_IDS: self.positions(),
+            ATTENTION_MASK: self._stepped_mask(),
+            **self.past,
+        }
+
+    def advanced(self, present: Mapping[str, np.ndarray]) -> BatchCache:
+        """The batch after a step: the step's `present.*` caches (renamed `past_key_values.*`), one more column."""
+        return BatchCache(present, self._stepped_mask())
+
+    def _stepped_mask(self) -> np.ndarray:
+        return np.concatenate([self.mask, np.ones((self.rows, 1), dtype=np.int64)], axis=1)
+
+
+@attrs.frozen
+class DecodeEvent:
+    """What one sequence's reader receives: new text; the last event also says why it ended (`finish_reason`),
+    the tokens it made (`completion_tokens`: stop token excluded; `sampled_tokens`: included) and when its first
+    and last tokens were sampled (`time.perf_counter()`)."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    sampled_tokens: int = 0
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    error: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+
+class SequenceStream:
+    """One sequence's events, read on the event loop that submitted it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, maxsize: int) -> None:
+        self._loop = loop
+        # At most one event per sampled token, the last one included: the bound is never reached.
+        self._queue: asyncio.Queue[DecodeEvent] = asyncio.Queue(maxsize)
+
+    async def next(self) -> DecodeEvent:
+        return await self._queue.get()
+
+    def deliver(self, event: DecodeEvent) -> None:
+        """Hand `event` to the reader's loop (from any thread)."""
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody reads this sequence any more
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+
+
+@attrs.define(eq=False)
+class _Sequence:
+    sequence_id: str
+    request_id: str
+    prompt_ids: np.ndarray
+    sampler: Sampler
+    stop: StopChecker
+    stream: SequenceStream
+    forget: Callable[[str], None]  # the engine stops counting it as running (before its last event is out)
+    last_token: int = -1
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    ended: bool = False
+
+    def take(self, logits: np.ndarray) -> bool:
+        """Sample the next token from `logits`, deliver the text it releases; True when the sequence ended."""
+        token = self.sampler.next_token(logits)
+        self.last_token_at = time.perf_counter()
+        if self.first_token_at is None:
+            self.first_token_at = self.last_token_at
+        self.last_token = token
+        step = self.stop.push(token)
+        if step.finish_reason is not None:
+            self.end(step.finish_reason, step.text)
+            return True
+        if step.text:
+            self.stream.deliver(DecodeEvent(step.text))
+        return False
+
+    def end(self, finish_reason: str, text: str = "", error: str | None = None) -> None:
+        """Deliver the last event (once; a later call does nothing)."""
+        if self.ended:
+            return
+        self.ended = True
+        self.forget(self.sequence_id)
+        tokens = len(self.stop.token_ids)
+        first, last = self.first_token_at, self.last_token_at
+        self.stream.deliver(DecodeEvent(text, finish_reason, tokens, self.stop.steps, first, last, error))
+
+
+class BatchingDecoder:
+    """Decodes up to `max_sequences` sequences together on a thread of its own, which runs while there are
+    sequences and ends when there are none (the next `submit` starts another).
+
+    `session` runs the converted decoder graph; `decode` maps generated ids to text (for the StopCheckers).
+    """
+
+    def __init__(
+        self, session: Any, shape: CacheShape, decode: TokenDecoder, max_sequences: int, name: str = "decoder"
+    ) -> None:
+        if max_sequences < 1:
+            raise ValueError(f"max_sequences must be >= 1, got {max_sequences}")
+        self._session = session
+        self._shape = shape
+        self._decode = decode
+        self._max_sequences = max_sequences
+        self._name = name
+        self._output_names = [output.name for output in session.get_outputs()]
+        self._logits_index = self._output_names.index(LOGITS)
+        self._lock = threading.RLock()  # re-entered when a sequence ends while the lock is held
+        # Shared with the event loop, under `_lock`: sequences not yet admitted, those the thread decodes (its
+        # rows, plus ones it is admitting), running ones to drop at the next step boundary, whether to end every
+        # running one (close), and the thread while it runs.
+        self._waiting: deque[_Sequence] = deque()
+        self._running: dict[str, _Sequence] = {}
+        self._cancelled: set[str] = set()
+        self._aborting = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def active(self) -> int:
+        """Sequences being decoded (admitted and not yet ended)."""
+        with self._lock:
+            return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        """Sequences submitted and waiting for a free row."""
+        with self._lock:
+            return len(self._waiting)
+
+    @property
+    def running_thread(self) -> threading.Thread | None:
+        """The decode thread while there is work, else None."""
+        with self._lock:
+            return self._thread
+
+    def submit(
+        self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str, sequence_id: str
+    ) -> SequenceStream:
+        """Queue one sequence (call on the event loop that reads it); its events arrive on the returned stream,
+        the last one `done`. `sequence_id` is unique per sequence; `request_id` is what `cancel` matches."""
+        stream = SequenceStream(asyncio.get_running_loop(), params.max_tokens + 1)
+        ids = np.asarray(prompt_ids, dtype=np.int64)
+        stop = StopChecker(params, self._decode)
+        sequence = _Sequence(sequence_id, request_id, ids, Sampler(params), stop, stream, self._forget)
+        with self._lock:
+            self._waiting.append(sequence)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"decode:{self._name}", daemon=True)
+                self._thread.start()
+        return stream
+
+    def cancel(self, request_id: str) -> bool:
+        """End every sequence of `request_id` as cancelled (its rows leave before the next step); False when
+        none is waiting or running."""
+        return self._cancel(lambda sequence: sequence.request_id == request_id)
+
+    def cancel_sequence(self, sequence_id: str) -> bool:
+        """`cancel` for the one sequence submitted as `sequence_id`."""
+        return self._cancel(lambda sequence: sequence.sequence_id == sequence_id)
+
+    def close(self, timeout: float | None = None) -> None:
+        """End every sequence now with an error (the model is unloaded); the thread stops after its current step.
+        Waits up to `timeout` seconds for it (None: not at all, for callers on the event loop)."""
+        with self._lock:
+            waiting = list(self._waiting)
+            self._waiting.clear()
+            self._aborting = self._thread is not None
+            thread = self._thread
+        for sequence in waiting:
+            sequence.end(FINISH_ERROR, error=f"{self._name} was unloaded")
+        if thread is not None and timeout is not None:
+            thread.join(timeout)
+
+    def _cancel(self, matches: Callable[[_Sequence], bool]) -> bool:
+        with self._lock:
+            waiting = [sequence for sequence in self._waiting if matches(sequence)]
+            for sequence in waiting:
+                self._waiting.remove(sequence)
+                sequence.end(FINISH_CANCELLED)
+            running = [key for key, sequence in self._running.items() if matches(sequence)]
+            self._cancelled.update(running)
+            return bool(waiting or running)
+
+    # The decode thread.
+
+    def _run(self) -> None:
+        rows: list[_Sequence] = []
+        batch = BatchCache.empty(self._shape)
+        while True:
+            leaving, aborting = self._signals()
+            if aborting:
+                for sequence in rows:
+                    sequence.end(FINISH_ERROR, error=f"{self._name} was unloaded")
+                rows, batch = [], BatchCache.empty(self._shape)
+            rows, batch = self._drop(rows, batch, leaving)
+            joining = self._admit(len(rows))
+            if joining is None:
+                return
+            for sequence in joining:
+                joined = self._prefill(sequence)
+                if joined is not None:
+                    rows.append(sequence)
+                    batch = batch.join(joined)
+            if rows:
+                rows, batch = self._step(rows, batch)
+
+    def _signals(self) -> tuple[set[str], bool]:
+        """The running rows cancelled since the last step, and whether `close` asked to end them all."""
+        with self._lock:
+            leaving, self._cancelled = self._cancelled, set()
+            aborting, self._aborting = self._aborting, False
+            return leaving, aborting
+
+    def _admit(self, running: int) -> list[_Sequence] | None:
+        """The waiting sequences that fit beside `running` rows; None when there is no work at all, and then the
+        thread ends (decided under the lock, so a `submit` from now on starts the next one)."""
+        with self._lock:
+            if not running and not self._waiting:
+                self._thread = None
+                self._running.clear()
+                self._cancelled.clear()
+                self._aborting = False
+                return None
+            count = min(len(self._waiting), self._max_sequences - running)
+            joining = [self._waiting.popleft() for _ in range(count)]
+            self._running.update((sequence.sequence_id, sequence) for sequence in joining)
+            return joining
+
+    def _forget(self, sequence_id: str) -> None:
+        with self._lock:
+            self._running.pop(sequence_id, None)
+
+    @staticmethod
+    def _drop(rows: list[_Sequence], batch: BatchCache, leaving: set[str]) -> tuple[list[_Sequence], BatchCache]:
+        if not leaving or not rows:
+            return rows, batch
+        kept = [index for index, sequence in enumerate(rows) if sequence.sequence_id not in leaving]
+        for sequence in rows:
+            if sequence.sequence_id in leaving:
+                sequence.end(FINISH_CANCELLED)
+        return [rows[index] for index in kept], batch.keep(kept)
+
+    def _prefill(self, sequence: _Sequence) -> BatchCache | None:
+        """Run the prompt alone and sample its first token; its cache, or None when it already ended."""
+        length = len(sequence.prompt_ids)
+        feeds = {
+            INPUT_IDS: sequence.prompt_ids[None, :],
+            ATTENTION_MASK: np.ones((1, length), dtype=np.int64),
+            POSITION_IDS: np.arange(length, dtype=np.int64)[None, :],
+            **empty_cache(self._shape),
+        }
+        try:
+            outputs = self._session.run(None, feeds)
+            if sequence.take(outputs[self._logits_index][0, -1]):
+                return None
+        except Exception as exc:  # noqa: BLE001 - a failed prefill ends its sequence, never the thread
+            self._fail([sequence], exc)
+            return None
+        return BatchCache.prefilled(next_cache(self._output_names, outputs), length)
+
+    def _step(self, rows: list[_Sequence], batch: BatchCache) -> tuple[list[_Sequence], BatchCache]:
+        """One decode step over every row; rows whose sequence ended leave the batch."""
+        try:
+            outputs = self._session.run(None, batch.step_feeds([sequence.last_token for sequence in rows]))
+            logits = outputs[self._logits_index]
+            batch = batch.advanced(next_cache(self._output_names, outputs))
+            kept = [index for index, sequence in enumerate(rows) if not sequence.take(logits[index, -1])]
+        except Exception as exc:  # noqa: BLE001 - a failed step ends the batch's sequences, never the thread
+            self._fail(rows, exc)
+            return [], BatchCache.empty(self._shape)
+        if len(kept) == len(rows):
+            return rows, batch
+        return [rows[index] for index in kept], batch.keep(kept)
+
+    def _fail(self, sequences: list[_Sequence], exc: Exception) -> None:
+        logger.exception("decoding on %s failed for %d sequences", self._name, len(sequences), exc_info=exc)
+        for sequence in sequences:
+            sequence.end(FINISH_ERROR, error=f"decoding failed ({type(exc).__name__}); the worker log has the details")

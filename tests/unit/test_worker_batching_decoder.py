@@ -1,0 +1,181 @@
+"""Continuous batching of decoder sequences (sie.worker.batching_decoder): the left-padded batch cache, and the
+engine on a tiny converted llama decoder, against the plain greedy loop of sie.worker.decoding."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from sie.worker.batching_decoder import BatchCache, BatchingDecoder, DecodeEvent, SequenceStream
+from sie.worker.convert import CONFIG_FILE, convert_gguf
+from sie.worker.decoding import CacheShape, greedy_decode
+from sie.worker.generation import SamplingParams
+from support.llama_reference import random_llama, write_gguf
+from support.polling import eventually
+
+SHAPE = CacheShape(layers=1, kv_heads=1, head_dim=1)
+KEY, VALUE = "past_key_values.0.key", "past_key_values.0.value"
+
+
+def rows_of(values: list[list[float]]) -> BatchCache:
+    """A batch whose cache holds `values` (row by row, one number per position) and whose mask marks them."""
+    length = max(len(row) for row in values)
+    past = np.zeros((len(values), 1, length, 1), dtype=np.float32)
+    mask = np.zeros((len(values), length), dtype=np.int64)
+    for index, row in enumerate(values):
+        past[index, 0, length - len(row) :, 0] = row
+        mask[index, length - len(row) :] = 1
+    return BatchCache({KEY: past, VALUE: past * 10}, mask)
+
+
+def test_joining_left_pads_the_shorter_batch() -> None:
+    joined = BatchCache.empty(SHAPE).join(rows_of([[1, 2]])).join(rows_of([[3, 4, 5, 6]]))
+    assert joined.mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
+    assert joined.past[KEY][:, 0, :, 0].tolist() == [[0, 0, 1, 2], [3, 4, 5, 6]]
+    assert joined.past[VALUE][:, 0, :, 0].tolist() == [[0, 0, 10, 20], [30, 40, 50, 60]]
+    assert joined.positions().tolist() == [[2], [4]]
+
+
+def test_keeping_rows_trims_columns_no_row_uses() -> None:
+    batch = rows_of([[1], [2, 3, 4], [5, 6]])
+    kept = batch.keep([2, 0])
+    assert kept.mask.tolist() == [[1, 1], [0, 1]]
+    assert kept.past[KEY][:, 0, :, 0].tolist() == [[5, 6], [0, 1]]
+    assert batch.keep([]).length == 0 and batch.keep([]).rows == 0
+
+
+def test_a_step_feeds_each_row_its_last_token_at_its_own_position() -> None:
+    batch = rows_of([[1], [2, 3, 4]])
+    feeds = batch.step_feeds([7, 8])
+    assert feeds["input_ids"].tolist() == [[7], [8]]
+    assert feeds["position_ids"].tolist() == [[1], [3]]
+    assert feeds["attention_mask"].tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
+    present = {name: np.concatenate([value, value[:, :, -1:]], axis=2) for name, value in batch.past.items()}
+    assert batch.advanced(present).mask.tolist() == feeds["attention_mask"].tolist()
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory: pytest.TempPathFactory) -> tuple[ort.InferenceSession, CacheShape]:
+    directory = tmp_path_factory.mktemp("tiny")
+    converted = convert_gguf(write_gguf(random_llama(), directory / "tiny.gguf"), directory / "decoder")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(converted.graph), options, providers=["CPUExecutionProvider"])
+    config = json.loads((converted.directory / CONFIG_FILE).read_text())
+    return session, CacheShape.from_config(config)
+
+
+def as_text(ids: object) -> str:
+    return "".join(f"<{token}>" for token in ids)
+
+
+def as_ids(text: str) -> list[int]:
+    return [int(token) for token in re.findall(r"<(\d+)>", text)]
+
+
+async def read_all(stream: SequenceStream) -> tuple[str, DecodeEvent]:
+    texts = []
+    while not (event := await stream.next()).done:
+        texts.append(event.text)
+    return "".join(texts) + event.text, event
+
+
+GREEDY = {"temperature": 0.0}
+
+
+async def test_batched_sequences_decode_what_each_decodes_alone(decoder) -> None:
+    session, shape = decoder
+    prompts = [[1, 40, 41], [5, 6, 7, 8, 9, 10, 11, 12], [3, 4], [50, 51, 52, 53, 54]]
+    lengths = [6, 9, 12, 4]
+    engine = BatchingDecoder(session, shape, as_text, max_sequences=2)
+    streams = [
+        engine.submit(prompt, SamplingParams(max_tokens=length, **GREEDY), f"r{index}", f"s{index}")
+        for index, (prompt, length) in enumerate(zip(prompts, lengths, strict=True))
+    ]
+    results = await asyncio.gather(*(read_all(stream) for stream in streams))
+    for prompt, length, (text, last) in zip(prompts, lengths, results, strict=True):
+        alone = greedy_decode(session, prompt, shape, length, stop_ids=())
+        assert as_ids(text) == list(alone.token_ids)
+        assert (last.finish_reason, last.completion_tokens) == ("length", length)
+    # Two rows at most: the third and fourth sequences start only once a row has ended.
+    first_end = min(results[0][1].last_token_at, results[1][1].last_token_at)
+    assert results[2][1].first_token_at >= first_end and results[3][1].first_token_at >= first_end
+    await eventually(lambda: engine.running_thread is None)
+    assert (engine.active, engine.waiting) == (0, 0)
+
+
+async def test_a_stop_token_ends_one_row_and_the_others_go_on(decoder) -> None:
+    session, shape = decoder
+    alone = greedy_decode(session, [1, 40, 41], shape, 8, stop_ids=())
+    stop = alone.token_ids[3]
+    engine = BatchingDecoder(session, shape, as_text, max_sequences=4)
+    stopped = engine.submit([1, 40, 41], SamplingParams(max_tokens=8, stop_token_ids={stop}, **GREEDY), "a", "a")
+    other = engine.submit([9, 8, 7, 6], SamplingParams(max_tokens=8, **GREEDY), "b", "b")
+    (text, last), (other_text, _) = await asyncio.gather(read_all(stopped), read_all(other))
+    assert as_ids(text) == list(alone.token_ids[: alone.token_ids.index(stop)])
+    assert last.finish_reason == "stop" and last.sampled_tokens == last.completion_tokens + 1
+    assert as_ids(other_text) == list(greedy_decode(session, [9, 8, 7, 6], shape, 8, stop_ids=()).token_ids)
+
+
+async def test_cancelling_waiting_and_running_sequences(decoder) -> None:
+    session, shape = decoder
+    release = threading.Event()
+
+    def held_decode(ids: object) -> str:
+        release.wait(10)  # holds the decode thread inside its first step, so the row is surely running
+        return as_text(ids)
+
+    engine = BatchingDecoder(session, shape, held_decode, max_sequences=1)
+    running = engine.submit([1, 2, 3], SamplingParams(max_tokens=500, **GREEDY), "run", "run")
+    queued = engine.submit([4, 5, 6], SamplingParams(max_tokens=500, **GREEDY), "queued", "queued")
+    await eventually(lambda: engine.active == 1 and engine.waiting == 1)
+    assert engine.cancel("queued") and engine.cancel("run")
+    assert not engine.cancel("nobody")
+    _, queued_last = await read_all(queued)
+    assert (queued_last.finish_reason, queued_last.completion_tokens, queued_last.first_token_at) == (
+        "cancelled",
+        0,
+        None,
+    )
+    release.set()
+    _, running_last = await read_all(running)
+    assert running_last.finish_reason == "cancelled" and running_last.completion_tokens < 500
+    await eventually(lambda: engine.running_thread is None)
+    assert (engine.active, engine.waiting) == (0, 0)
+
+
+async def test_closing_ends_every_sequence_and_the_thread(decoder) -> None:
+    session, shape = decoder
+    release = threading.Event()
+
+    def held_decode(ids: object) -> str:
+        release.wait(10)
+        return as_text(ids)
+
+    engine = BatchingDecoder(session, shape, held_decode, max_sequences=1, name="Model 'tiny'")
+    running = engine.submit([1, 2, 3], SamplingParams(max_tokens=500, **GREEDY), "run", "run")
+    queued = engine.submit([4, 5, 6], SamplingParams(max_tokens=500, **GREEDY), "queued", "queued")
+    await eventually(lambda: engine.active == 1)
+    thread = engine.running_thread
+    engine.close()
+    release.set()
+    for stream in (running, queued):
+        _, last = await read_all(stream)
+        assert (last.finish_reason, last.error) == ("error", "Model 'tiny' was unloaded")
+    thread.join(5)
+    assert not thread.is_alive() and engine.running_thread is None
+    # The engine takes new work afterwards (a model still referenced finishes what it is given).
+    text, last = await read_all(engine.submit([1, 2], SamplingParams(max_tokens=2, **GREEDY), "late", "late"))
+    assert last.finish_reason == "length" and len(as_ids(text)) == 2
+
+
+def test_at_least_one_row_is_required(decoder) -> None:
+    session, shape = decoder
+    with pytest.raises(ValueError, match="max_sequences"):
+        BatchingDecoder(session, shape, as_text, max_sequences=0)
