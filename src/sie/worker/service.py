@@ -11,6 +11,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import attrs
 
@@ -18,6 +19,8 @@ from sie.catalog import Catalog, load_yaml, parse_model_config
 from sie.catalog.errors import CatalogError
 from sie.settings import BatchingSettings, LaneSettings
 from sie.telemetry.logs import log_fields
+from sie.wire import DecodeError, codes, from_msgpack
+from sie.wire.generate import EVENT_ACK, EVENT_DONE, GenerateEvent, ProcessGenerateRequest
 from sie.wire.ipc_batch import BatchOutcome, RunBatchRequest
 from sie.wire.ipc_control import (
     MODEL_STATE_FAILED,
@@ -37,14 +40,27 @@ from sie.wire.ipc_control import (
     PingResponse,
     ReplaceModelConfigsRequest,
     ReplaceModelConfigsResponse,
+    SignalGenerateCancelRequest,
+    SignalGenerateCancelResponse,
     WorkerCapabilitiesRequest,
     WorkerCapabilitiesResponse,
     WorkerMetricsRequest,
     WorkerMetricsResponse,
 )
+from sie.wire.queue import OPERATION_GENERATE, WorkItem
+from sie.worker.adapters import CausalLMAdapter, GenerationInputError
+from sie.worker.batching_decoder import SequenceStream
+from sie.worker.generate_call import GenerationCall, nak_events, stream_generation
 from sie.worker.loading import LoadedModel
 from sie.worker.manager import ModelManager, ModelState
-from sie.worker.runner import BatchRunner, ExecutedBatch, hash_gate, to_batch_outcome
+from sie.worker.runner import (
+    HASH_GATE_NAK_DELAY_MS,
+    NOT_LOADED_NAK_DELAY_MS,
+    BatchRunner,
+    ExecutedBatch,
+    hash_gate,
+    to_batch_outcome,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +169,8 @@ class WorkerService:
         self.last_ping = 0.0
         self.barrier = ExecutionBarrier()
         self._hash_of: tuple[Catalog, str] | None = None
+        # Running generations by request id, for SignalGenerateCancel: the adapters decoding them.
+        self._generating: dict[str, list[CausalLMAdapter]] = {}
 
     @property
     def catalog(self) -> Catalog:
@@ -206,14 +224,89 @@ class WorkerService:
             return to_batch_outcome(request, refused or await self.runner.execute(request))
 
     async def worker_capabilities(self, request: WorkerCapabilitiesRequest) -> WorkerCapabilitiesResponse:
+        entries = self.catalog.entries
+        generation_models = sorted(model_id for model_id, entry in entries.items() if entry.model.tasks.generate)
         return WorkerCapabilitiesResponse(
             supports_execution_authority_v1=False,
             supports_numerical_admission_v1=False,
-            has_generation_models=False,
-            generation_models=[],
+            has_generation_models=bool(generation_models),
+            generation_models=generation_models,
             supported_models=sorted(self.catalog.entries),
             loaded_models=self.manager.loaded_models,
         )
+
+    async def process_generate(self, request: ProcessGenerateRequest) -> AsyncIterator[GenerateEvent]:
+        """One generation work item as GenerateEvents (sie.wire.generate), the last one `done`. Closing the
+        iterator early cancels the generation."""
+        started = time.perf_counter()
+        try:
+            item = from_msgpack(request.work_item_msgpack, WorkItem)
+        except DecodeError as exc:  # it will never decode: settle it rather than see it redelivered
+            yield GenerateEvent(kind=EVENT_ACK)
+            yield GenerateEvent(kind=EVENT_DONE, error=f"undecodable generation work item: {exc}")
+            return
+        call = GenerationCall(item, self.worker_id, started)
+        refused, begun = await self._begin_generation(call, request.model_id or item.model_id)
+        for event in refused:
+            yield event
+        if begun is None:
+            return
+        adapter, prepared, stream = begun
+        self._generating.setdefault(item.request_id, []).append(adapter)
+        try:
+            async with contextlib.aclosing(stream_generation(adapter, prepared, stream, call)) as events:
+                async for event in events:
+                    yield event
+        finally:
+            running = self._generating.get(item.request_id, [])
+            running.remove(adapter)
+            if not running:
+                self._generating.pop(item.request_id, None)
+
+    async def signal_generate_cancel(self, request: SignalGenerateCancelRequest) -> SignalGenerateCancelResponse:
+        """Cancel the running generation of `request_id` (it ends with finish_reason `cancelled`)."""
+        adapters = set(self._generating.get(request.request_id, ()))
+        matched = [adapter.engine.cancel(request.request_id) for adapter in adapters]
+        return SignalGenerateCancelResponse(matched=any(matched))
+
+    async def _begin_generation(
+        self, call: GenerationCall, model_id: str
+    ) -> tuple[list[GenerateEvent], tuple[CausalLMAdapter, Any, SequenceStream] | None]:
+        """Gate, prepare and start a generation: the events that end it here, or its adapter, prompt and stream."""
+        if self.draining:
+            return nak_events(0, DRAINING), None  # another worker takes it
+        async with self.barrier.shared():  # the config cannot change between the gate and the start
+            refused = self._generation_gate(call, model_id)
+            if isinstance(refused, list):
+                return refused, None
+            try:
+                loop = asyncio.get_running_loop()
+                prepared = await loop.run_in_executor(None, refused.prepare, call.item.generate)
+            except GenerationInputError as exc:
+                return call.failed(exc.message, exc.code), None
+            return [], (refused, prepared, refused.start(prepared, call.item.request_id, call.attempt_id))
+
+    def _generation_gate(self, call: GenerationCall, model_id: str) -> list[GenerateEvent] | CausalLMAdapter:
+        """The events refusing the item (hash gate, model not ready or not generative), or the model's adapter."""
+        item = call.item
+        current = self.bundle_config_hash()
+        if item.bundle_config_hash and item.bundle_config_hash != current:
+            reason = f"bundle_config_hash {item.bundle_config_hash!r} is not this worker's current {current!r}"
+            return nak_events(HASH_GATE_NAK_DELAY_MS, reason)
+        if self.catalog.find(model_id) is None:
+            return call.failed(f"Model '{model_id}' is not served by this worker", codes.MODEL_NOT_FOUND)
+        state = self.manager.ensure_ready(model_id)
+        failure = self.manager.failure(model_id)
+        if state == MODEL_STATE_FAILED and failure is not None:
+            return call.failed(failure.message, codes.MODEL_LOAD_FAILED)
+        loaded = self.manager.get(model_id) if state == MODEL_STATE_READY else None
+        if loaded is None:
+            return nak_events(NOT_LOADED_NAK_DELAY_MS, f"model {model_id} is not loaded yet ({state})")
+        if not isinstance(loaded.adapter, CausalLMAdapter):
+            return call.failed(f"Model '{model_id}' does not support generation", codes.INVALID_INPUT)
+        if item.operation != OPERATION_GENERATE or item.generate is None:
+            return call.failed("a generation work item needs operation 'generate' and its params", codes.INVALID_INPUT)
+        return loaded.adapter
 
     async def apply_model_config(self, request: ApplyModelConfigRequest) -> ApplyModelConfigResponse:
         """Add or replace one model config in this worker's catalogue and report the resulting hash."""
