@@ -118,6 +118,9 @@ def test_worker_series_read_the_holder_at_each_collection() -> None:
         def model_memory_bytes(self, model_id: str) -> int:
             return 100 if model_id == "m1" else 0
 
+        def generation_sequences(self) -> dict[str, tuple[int, int]]:
+            return {"m1": (3, 1)}
+
     holder = Holder()
     metrics.watch(holder)
     metrics.load_finished("m1", LoadOutcome.LOADED, 1.5)
@@ -129,6 +132,8 @@ def test_worker_series_read_the_holder_at_each_collection() -> None:
     assert found[("sie_worker_model_memory_bytes", frozenset({("model", "m1")}))] == 100.0
     assert found[("sie_worker_model_loads_total", frozenset({("model", "m1"), ("outcome", "loaded")}))] == 1.0
     assert found[("sie_worker_model_evictions_total", frozenset({("model", "m0")}))] == 1.0
+    assert found[("sie_worker_generation_sequences", frozenset({("model", "m1"), ("state", "decoding")}))] == 3.0
+    assert found[("sie_worker_generation_sequences", frozenset({("model", "m1"), ("state", "waiting")}))] == 1.0
     holder.loaded_models = ["m1", "m2"]
     holder.loading_models = []
     assert samples(telemetry)[("sie_worker_models_loaded", frozenset())] == 2.0

@@ -42,6 +42,8 @@ class ModelHolder(Protocol):
 
     def model_memory_bytes(self, model_id: str) -> int: ...
 
+    def generation_sequences(self) -> dict[str, tuple[int, int]]: ...
+
 
 class WorkerMetrics:
     """Model load events, recorded by the manager; model and memory gauges, read from `watch(holder)`; `text()`
@@ -85,6 +87,13 @@ class WorkerMetrics:
         def memory(options: CallbackOptions) -> Iterable[Observation]:
             return [Observation(holder.model_memory_bytes(m), {"model": models(m)}) for m in holder.loaded_models]
 
+        def sequences(options: CallbackOptions) -> Iterable[Observation]:
+            observations = []
+            for model_id, (decoding, waiting) in holder.generation_sequences().items():
+                observations.append(Observation(decoding, {"model": models(model_id), "state": "decoding"}))
+                observations.append(Observation(waiting, {"model": models(model_id), "state": "waiting"}))
+            return observations
+
         def totals(options: CallbackOptions) -> Iterable[Observation]:
             used = [Observation(holder.memory_bytes, {"kind": "used"})]
             budget = holder.memory_budget_bytes
@@ -106,4 +115,12 @@ class WorkerMetrics:
         )
         self._meter.create_observable_gauge(
             "sie.worker.memory", callbacks=[totals], unit="By", description="Model memory used, and the budget."
+        )
+        # Generations per model: decoding together (continuous batching) and waiting for a row
+        # (SIE_GENERATION_MAX_SEQUENCES); a cancelled stream leaves at the next decode step.
+        self._meter.create_observable_gauge(
+            "sie.worker.generation.sequences",
+            callbacks=[sequences],
+            unit="{sequence}",
+            description="Generations decoding or waiting, per model.",
         )

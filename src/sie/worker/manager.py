@@ -144,6 +144,15 @@ class ModelManager:
             raise ModelLoadError(failure.error_class if failure else "UNKNOWN", message)
         return loaded
 
+    def generation_sequences(self) -> dict[str, tuple[int, int]]:
+        """Each loaded generation model's sequences: (decoding, waiting for a row)."""
+        counts = {}
+        for model_id, loaded in list(self._loaded.items()):
+            sequences = loaded.adapter.generation_sequences()
+            if sequences is not None:
+                counts[model_id] = sequences
+        return counts
+
     def get(self, model_id: str) -> LoadedModel | None:
         """The loaded model for an id (marking it recently used), or None."""
         entry = self.catalog.find(model_id)

@@ -141,6 +141,10 @@ class Adapter:
     def close(self) -> None:
         """Release what the adapter runs beside its session (a causal LM's decode thread); called on unload."""
 
+    def generation_sequences(self) -> tuple[int, int] | None:
+        """Generations (decoding, waiting for a row) for a model that generates; None for one that does not."""
+        return None
+
     def encode(self, items: Sequence[Any]) -> BatchResult:
         return BatchResult([invalid(f"Model '{self.model.sie_id}' does not support encode") for _ in items])
 

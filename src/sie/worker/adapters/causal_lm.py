@@ -94,6 +94,9 @@ class CausalLMAdapter(Adapter):
             name=f"Model '{self.model.sie_id}'",
         )
 
+    def generation_sequences(self) -> tuple[int, int]:
+        return self.engine.active, self.engine.waiting
+
     def decode_text(self, token_ids: Any) -> str:
         """The text of generated ids, special tokens left out."""
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
