@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import httpx
 import nats
 import numpy as np
+import openai
 import pytest
 
 from sie.catalog.names import work_pool_stream_name
@@ -19,6 +20,7 @@ from support.polling import eventually, holds_within
 pytestmark = pytest.mark.slow
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
 HELLO_WORLD_PREFIX = [-0.034477, 0.031023, 0.006735, 0.026109]
 
 
@@ -91,6 +93,36 @@ def test_encode_score_extract_through_the_whole_path(cluster: Cluster) -> None:
 
 def encode_on_lane(cluster: Cluster, headers: dict[str, str]) -> httpx.Response:
     return httpx.post(f"{cluster.url}/v1/encode/{MINILM}", json={"items": [{"text": "x"}]}, headers=headers, timeout=30)
+
+
+def generation_sequences(metrics_url: str) -> float:
+    """`sie_worker_generation_sequences` summed over its series (decoding and waiting) at `metrics_url`."""
+    text = httpx.get(metrics_url, timeout=10).text
+    lines = [line for line in text.splitlines() if line.startswith("sie_worker_generation_sequences{")]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+
+def test_generation_streams_over_nats_and_a_client_leaving_cancels_it(cluster: Cluster) -> None:
+    """Chat completions through gateway → JetStream → sidecar → worker IPC and back as streamed chunks on the
+    gateway's inbox; a client that leaves mid-stream is cancelled through `cancel.{router}.{request}` →
+    SignalGenerateCancel, and the worker frees the sequence (its gauge on the sidecar's /metrics)."""
+    client = openai.OpenAI(base_url=f"{cluster.url}/v1", api_key="unused", timeout=120, max_retries=0)
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    stream = client.chat.completions.create(model=SMOLLM, messages=question, temperature=0, max_tokens=32, stream=True)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert "Paris" in text, cluster.logs()
+    buffered = client.chat.completions.create(model=SMOLLM, messages=question, temperature=0, max_tokens=32)
+    assert buffered.choices[0].message.content == text and buffered.choices[0].finish_reason == "stop"
+    story = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
+    decoding_while_read = 0.0
+    with client.chat.completions.create(model=SMOLLM, messages=story, max_tokens=800, stream=True) as long_stream:
+        for index, _chunk in enumerate(long_stream):
+            if index == 3:
+                decoding_while_read = generation_sequences(f"{cluster.probe_url}/metrics")
+                break
+    assert decoding_while_read >= 1
+    freed = holds_within(lambda: generation_sequences(f"{cluster.probe_url}/metrics") == 0, 15.0, interval_s=0.2)
+    assert freed, cluster.logs()
 
 
 def test_a_lane_without_workers_is_provisioning(cluster: Cluster) -> None:
