@@ -7,12 +7,13 @@ import asyncio
 import json
 import re
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 
-from sie.worker.batching_decoder import BatchCache, BatchingDecoder, DecodeEvent, SequenceStream
+from sie.worker.batching_decoder import BatchCache, BatchingDecoder, DecodeEvent, SequenceStream, prefill_groups
 from sie.worker.convert import CONFIG_FILE, convert_gguf
 from sie.worker.decoding import CacheShape, greedy_decode
 from sie.worker.generation import SamplingParams
@@ -179,3 +180,10 @@ def test_at_least_one_row_is_required(decoder) -> None:
     session, shape = decoder
     with pytest.raises(ValueError, match="max_sequences"):
         BatchingDecoder(session, shape, as_text, max_sequences=0)
+
+
+def test_prefill_groups_stay_within_the_padded_token_budget() -> None:
+    sequences = [SimpleNamespace(prompt_ids=np.zeros(length)) for length in (10, 30, 5, 60, 200)]
+    groups = prefill_groups(sequences, budget=100)  # type: ignore[arg-type]  # only prompt_ids is read
+    # 3 rows × 30 fit in 100; a fourth row of 60 would pad to 240; 200 is over the budget alone, so it runs alone.
+    assert [[len(sequence.prompt_ids) for sequence in group] for group in groups] == [[10, 30, 5], [60], [200]]

@@ -1,7 +1,8 @@
 """Continuous batching of decoder sequences (DESIGN §7): a thread of each loaded causal LM, running while it has
-sequences, runs each decode step over every running sequence at once. A new sequence joins between two steps: its
-prompt is prefilled alone and its key/value cache merged into the batch's by left-padding the time axis, with an
-attention mask marking the real positions; a finished or cancelled sequence leaves the same way. Each row picks
+sequences, runs each decode step over every running sequence at once. New sequences join between two steps: their
+prompts are prefilled together (left-padded to the longest, in groups of at most PREFILL_TOKENS padded tokens) and
+their key/value cache merged into the batch's by left-padding the time axis, with an attention mask marking the real
+positions; a finished or cancelled sequence leaves the same way. Each row picks
 tokens with its own Sampler and ends by its own StopChecker (`sie.worker.generation`); its events reach the event
 loop through `call_soon_threadsafe`. On the event loop only `submit`, `cancel`, `close` and `SequenceStream.next`
 run, and none of them waits for a decode step.
@@ -29,6 +30,8 @@ from sie.worker.generation import Sampler, SamplingParams, StopChecker, TokenDec
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_SEQUENCES: Final = 16
+# Padded prompt tokens (rows × longest prompt) one prefill run may take; a longer prompt runs alone.
+PREFILL_TOKENS: Final = 2048
 
 
 def _left_pad(array: np.ndarray, length: int, axis: int) -> np.ndarray:
@@ -52,10 +55,23 @@ class BatchCache:
     def empty(cls, shape: CacheShape) -> BatchCache:
         return cls(empty_cache(shape, batch=0), np.zeros((0, 0), dtype=np.int64))
 
-    @classmethod
-    def prefilled(cls, past: Mapping[str, np.ndarray], length: int) -> BatchCache:
-        """One sequence's cache after a prefill of `length` tokens."""
-        return cls(past, np.ones((1, length), dtype=np.int64))
+    @staticmethod
+    def prompt_feeds(prompts: Sequence[np.ndarray], shape: CacheShape) -> dict[str, np.ndarray]:
+        """The decoder's inputs for one prefill of `prompts` together: left-padded to the longest, masked, each
+        row's positions counting from its first real token, and empty caches."""
+        width = max(len(prompt) for prompt in prompts)
+        ids = np.zeros((len(prompts), width), dtype=np.int64)
+        mask = np.zeros((len(prompts), width), dtype=np.int64)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = prompt
+            mask[row, width - len(prompt) :] = 1
+        positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+        return {
+            INPUT_IDS: ids,
+            ATTENTION_MASK: mask,
+            POSITION_IDS: positions,
+            **empty_cache(shape, batch=len(prompts)),
+        }
 
     @property
     def rows(self) -> int:
@@ -291,11 +307,11 @@ class BatchingDecoder:
             joining = self._admit(len(rows))
             if joining is None:
                 return
-            for sequence in joining:
-                joined = self._prefill(sequence)
-                if joined is not None:
-                    rows.append(sequence)
-                    batch = batch.join(joined)
+            for group in prefill_groups(joining):
+                started, cache = self._prefill(group)
+                if started:
+                    rows.extend(started)
+                    batch = batch.join(cache)
             if rows:
                 rows, batch = self._step(rows, batch)
 
@@ -335,23 +351,20 @@ class BatchingDecoder:
                 sequence.end(FINISH_CANCELLED)
         return [rows[index] for index in kept], batch.keep(kept)
 
-    def _prefill(self, sequence: _Sequence) -> BatchCache | None:
-        """Run the prompt alone and sample its first token; its cache, or None when it already ended."""
-        length = len(sequence.prompt_ids)
-        feeds = {
-            INPUT_IDS: sequence.prompt_ids[None, :],
-            ATTENTION_MASK: np.ones((1, length), dtype=np.int64),
-            POSITION_IDS: np.arange(length, dtype=np.int64)[None, :],
-            **empty_cache(self._shape),
-        }
+    def _prefill(self, sequences: list[_Sequence]) -> tuple[list[_Sequence], BatchCache]:
+        """Run the prompts together and sample each one's first token; the sequences still going, and their cache."""
+        feeds = BatchCache.prompt_feeds([sequence.prompt_ids for sequence in sequences], self._shape)
         try:
             outputs = self._session.run(None, feeds)
-            if sequence.take(outputs[self._logits_index][0, -1]):
-                return None
-        except Exception as exc:  # noqa: BLE001 - a failed prefill ends its sequence, never the thread
-            self._fail([sequence], exc)
-            return None
-        return BatchCache.prefilled(next_cache(self._output_names, outputs), length)
+            logits = outputs[self._logits_index]
+            kept = [row for row, sequence in enumerate(sequences) if not sequence.take(logits[row, -1])]
+        except Exception as exc:  # noqa: BLE001 - a failed prefill ends its sequences, never the thread
+            self._fail(sequences, exc)
+            return [], BatchCache.empty(self._shape)
+        cache = BatchCache(next_cache(self._output_names, outputs), feeds[ATTENTION_MASK])
+        if len(kept) < len(sequences):
+            cache = cache.keep(kept)
+        return [sequences[row] for row in kept], cache
 
     def _step(self, rows: list[_Sequence], batch: BatchCache) -> tuple[list[_Sequence], BatchCache]:
         """One decode step over every row; rows whose sequence ended leave the batch."""
@@ -371,3 +384,21 @@ class BatchingDecoder:
         logger.exception("decoding on %s failed for %d sequences", self._name, len(sequences), exc_info=exc)
         for sequence in sequences:
             sequence.end(FINISH_ERROR, error=f"decoding failed ({type(exc).__name__}); the worker log has the details")
+
+
+def prefill_groups(sequences: Sequence[_Sequence], budget: int = PREFILL_TOKENS) -> list[list[_Sequence]]:
+    """`sequences` in arrival order, cut into groups whose padded size (rows × longest prompt) stays within `budget`
+    (a prompt longer than that is a group of its own)."""
+    groups: list[list[_Sequence]] = []
+    group: list[_Sequence] = []
+    width = 0
+    for sequence in sequences:
+        length = len(sequence.prompt_ids)
+        if group and (len(group) + 1) * max(width, length) > budget:
+            groups.append(group)
+            group, width = [], 0
+        group.append(sequence)
+        width = max(width, length)
+    if group:
+        groups.append(group)
+    return groups

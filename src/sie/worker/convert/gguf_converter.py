@@ -26,7 +26,7 @@ from sie.worker.convert.llama_graph import build_decoder, decoder_inputs, decode
 from sie.worker.convert.llama_weights import LlamaWeights
 
 # Bump whenever the emitted graph, tokenizer or config changes, so content-keyed caches rebuild.
-GGUF_CONVERTER_VERSION: Final = "sie-llama-onnx/1"
+GGUF_CONVERTER_VERSION: Final = "sie-llama-onnx/2"  # 2: logits of the last position only
 GRAPH_FILE: Final = "model.onnx"
 CONFIG_FILE: Final = "config.json"
 

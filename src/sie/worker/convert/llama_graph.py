@@ -3,8 +3,9 @@ grouped-query attention and rotary positions (rotate-half), SwiGLU MLPs, the fin
 
 Inputs: `input_ids [batch, sequence]`, `attention_mask [batch, past + sequence]` (1 = real token, left padding
 allowed), `position_ids [batch, sequence]`, `past_key_values.{i}.key|value [batch, kv_heads, past, head_dim]`.
-Outputs: `logits [batch, sequence, vocab]` (float32) and `present.{i}.key|value [batch, kv_heads, past + sequence,
-head_dim]`. In a float16 graph the weights, matrix products and cache are float16 while the residual stream,
+Outputs: `logits [batch, 1, vocab]` (float32), the last position's only (all a decoder samples from: a prefill pays
+the output head once per prompt, not once per prompt token), and `present.{i}.key|value [batch, kv_heads,
+past + sequence, head_dim]`. In a float16 graph the weights, matrix products and cache are float16 while the residual stream,
 norms, softmax and logits stay float32. Standard ONNX operators only; onnxruntime fuses the RMSNorm and the
 transposed-key product at load time.
 """
@@ -85,7 +86,7 @@ def decoder_inputs(config: LlamaConfig, precision: Precision) -> list[onnx.Value
 
 def decoder_outputs(config: LlamaConfig, precision: Precision) -> list[onnx.ValueInfoProto]:
     cache_shape = [BATCH, config.num_key_value_heads, TOTAL, config.head_dim]
-    outputs = [tensor_info(LOGITS, TensorProto.FLOAT, [BATCH, SEQUENCE, config.vocab_size])]
+    outputs = [tensor_info(LOGITS, TensorProto.FLOAT, [BATCH, 1, config.vocab_size])]
     for layer in range(config.num_hidden_layers):
         outputs.append(tensor_info(present_key_name(layer), precision.onnx, cache_shape))
         outputs.append(tensor_info(present_value_name(layer), precision.onnx, cache_shape))
@@ -120,11 +121,11 @@ class _Decoder:
             x = self._mlp(x, layer)
         hidden = self._to_compute(self._rms_norm(x, self.weights.final_norm(), "model.norm"), "model.norm.cast")
         head = table if cfg.tie_word_embeddings else self._weight("lm_head.weight", self.weights.output_head())
-        rows = b.op("Reshape", [hidden, b.const([-1, cfg.hidden_size])], "lm_head.rows")
+        # The last position only (left padding keeps every row's last token there).
+        last = b.op("Slice", [hidden, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1])], "lm_head.last")
+        rows = b.op("Reshape", [last, b.const([-1, cfg.hidden_size])], "lm_head.rows")
         logits = self._to_float(b.op("Gemm", [rows, head], "lm_head", transB=1), "lm_head.float")
-        shape = b.op("Concat", [b.op("Shape", [INPUT_IDS], "shape.batch_sequence"), b.const([cfg.vocab_size])],
-                     "shape.logits", axis=0)  # fmt: skip
-        b.op("Reshape", [logits, shape], LOGITS)
+        b.op("Reshape", [logits, b.const([-1, 1, cfg.vocab_size])], LOGITS)
 
     def _to_compute(self, x: str, name: str) -> str:
         """`x` (float32) in the graph's precision: a Cast in a float16 graph, nothing in a float32 one."""
