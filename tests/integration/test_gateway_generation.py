@@ -283,6 +283,17 @@ async def test_unknown_and_non_generation_models_and_bad_fields(gw: Gateway) -> 
     assert gw.worker.items == []
 
 
+async def test_a_prompt_over_the_item_limit_is_input_too_long_before_anything_is_queued(catalog: Catalog) -> None:
+    async with Gateway(catalog, max_item_chars=50) as gateway:
+        long_prompt = {"prompt": "x" * 51, "max_new_tokens": 2}
+        native = openai_error(await gateway.client.post(NATIVE, json=long_prompt), 400)
+        assert native["message"].startswith("The text of the prompt has 51 characters; at most 50")
+        chat = {**CHAT, "messages": [{"role": "system", "content": "y" * 30}, {"role": "user", "content": "z" * 30}]}
+        refused = openai_error(await gateway.client.post("/v1/chat/completions", json=chat), 400)
+        assert "has 60 characters" in refused["message"]
+        assert gateway.worker.items == []
+
+
 # --- OpenAI shapes --------------------------------------------------------------------------------------------
 
 

@@ -139,18 +139,11 @@ def build_gateway_app(
         signals.demand,
         LaneLimits(pool_settings.max_lane_in_flight_items, pool_settings.lane_backpressure_enforce),
     )
-    service = InferenceService(
-        router,
-        publisher,
-        collector,
-        settings.request_timeout_s,
-        pools,
-        RequestLimits(settings.max_items, settings.max_item_chars),
-        sources.offload,
-    )
+    limits = RequestLimits(settings.max_items, settings.max_item_chars)
+    service = InferenceService(router, publisher, collector, settings.request_timeout_s, pools, limits, sources.offload)
     inference = InferenceHandlers(service, settings.max_body_bytes, sources.tracing)
     generation = GenerationHandlers(
-        GenerationService(router, publisher, collector, sources.transport, settings.request_timeout_s, pools),
+        GenerationService(router, publisher, collector, sources.transport, settings.request_timeout_s, pools, limits),
         settings.max_body_bytes,
     )
     read = ReadHandlers(sources.catalog, sources.status, serving, settings.configured_gpus, sources.unready_reason)

@@ -23,6 +23,7 @@ from sie.catalog.names import generate_cancel_subject, work_worker_subject
 from sie.gateway import workitems
 from sie.gateway.collector import ChunkStream, Collector
 from sie.gateway.errors import GatewayError, GenerationFailedError, InvalidRequestError, WorkerRetryableError
+from sie.gateway.limits import RequestLimits
 from sie.gateway.pools import PoolDirectory
 from sie.gateway.publisher import WorkPublisher, publish_error
 from sie.gateway.router import LaneHints, Route, Router
@@ -59,6 +60,13 @@ class GenerateCall:
     stream: bool = False
     include_usage: bool = False  # OpenAI `stream_options.include_usage`: a last chunk with the usage
     profile: str | None = None  # native `options.profile`
+
+    @property
+    def prompt_chars(self) -> int:
+        """Characters of the prompt, or of every chat message's text together."""
+        if self.params.prompt is not None:
+            return len(self.params.prompt)
+        return sum(len(str(message.get("content") or "")) for message in self.params.messages or ())
 
 
 # Fields a surface accepts and ignores (routing hints of hosted deployments, end-user ids, OpenAI bookkeeping).
@@ -346,8 +354,10 @@ class GenerationService:
         bus: MessageBus,
         timeout_s: float,
         pools: PoolDirectory,
+        limits: RequestLimits | None = None,
     ) -> None:
         self._router = router
+        self._limits = limits or RequestLimits()
         self._publisher = publisher
         self._collector = collector
         self._bus = bus
@@ -358,6 +368,7 @@ class GenerationService:
     async def start(self, call: GenerateCall, hints: LaneHints, trace: TraceHeaders | None = None) -> Generation:
         """Route, admit and publish `call`; the caller reads the returned Generation and closes it."""
         note_request(model=call.model, items=1)
+        self._limits.check_prompt(call.prompt_chars)
         route = await self._route(call.model, call.profile, hints)
         if route.config is not None and not route.config.tasks.generate:
             raise InvalidRequestError(f"Model '{route.model}' does not support generation", param="model")

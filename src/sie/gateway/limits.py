@@ -33,6 +33,12 @@ class RequestLimits:
             if item.text is not None and len(item.text) > self.max_item_chars:
                 raise self._too_long(f"item {index}", len(item.text))
 
+    def check_prompt(self, chars: int) -> None:
+        """InvalidRequestError INPUT_TOO_LONG (400) for a generation prompt (a raw prompt, or the text of all its
+        chat messages together) over the per-item limit: it travels as one work item."""
+        if chars > self.max_item_chars:
+            raise self._too_long("the prompt", chars)
+
     def _too_long(self, which: str, length: int) -> InvalidRequestError:
         return InvalidRequestError(
             f"The text of {which} has {length} characters; at most {self.max_item_chars} are accepted "

@@ -102,7 +102,8 @@ class GatewaySettings:
         Env(
             "SIE_GATEWAY_MAX_ITEM_CHARS",
             integer(minimum=1),
-            "Longest text of one item, in characters, checked before tokenization; longer gets 400 INPUT_TOO_LONG "
+            "Longest text of one item (or of one generation prompt, its chat messages together), in characters, "
+            "checked before tokenization; longer gets 400 INPUT_TOO_LONG "
             "(models read at most their max sequence length of it).",
             roles=_GATEWAY_ROLES,
             read_by=("sie.gateway.app",),

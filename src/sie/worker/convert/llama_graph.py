@@ -5,9 +5,9 @@ Inputs: `input_ids [batch, sequence]`, `attention_mask [batch, past + sequence]`
 allowed), `position_ids [batch, sequence]`, `past_key_values.{i}.key|value [batch, kv_heads, past, head_dim]`.
 Outputs: `logits [batch, 1, vocab]` (float32), the last position's only (all a decoder samples from: a prefill pays
 the output head once per prompt, not once per prompt token), and `present.{i}.key|value [batch, kv_heads,
-past + sequence, head_dim]`. In a float16 graph the weights, matrix products and cache are float16 while the residual stream,
-norms, softmax and logits stay float32. Standard ONNX operators only; onnxruntime fuses the RMSNorm and the
-transposed-key product at load time.
+past + sequence, head_dim]`. In a float16 graph the weights, matrix products and cache are float16 while the
+residual stream, norms, softmax and logits stay float32. Standard ONNX operators only; onnxruntime fuses the
+RMSNorm and the transposed-key product at load time.
 """
 
 from __future__ import annotations
