@@ -152,6 +152,15 @@ async def test_a_passed_deadline_cancels(service: WorkerService) -> None:
     assert chunks[-1].finish_reason == "cancelled"
 
 
+async def test_a_deadline_passing_once_text_streams_does_not_cut_the_stream(service: WorkerService) -> None:
+    """The deadline bounds the wait for a first token; a longer generation then runs while its client stays."""
+    story = [{"role": "user", "content": "Write a very long story about a dragon."}]
+    _, chunks, _ = await generate(
+        service, messages=story, temperature=0.0, max_new_tokens=40, deadline=time.time() + 0.4
+    )
+    assert chunks[-1].finish_reason == "length" and chunks[-1].usage.completion_tokens == 40
+
+
 @pytest.mark.parametrize(
     ("fields", "code", "says"),
     [

@@ -1,8 +1,8 @@
 """One ProcessGenerate call as the GenerateEvents the sidecar obeys (`sie.wire.generate`): each text delta of the
 sequence a causal LM decodes becomes a published GenerateChunk, the JetStream message is acked right after the
 first publish (from then on the stream has begun and is not redelivered), and the terminal chunk carries the
-finish reason, token usage and timings. Work past its deadline is cancelled. The worker service runs the gates
-before it (draining, bundle hash, loaded model); this module never touches the model manager.
+finish reason, token usage and timings. Work with no first token by its deadline is cancelled. The worker service
+runs the gates before it (draining, bundle hash, loaded model); this module never touches the model manager.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ async def stream_generation(
             try:
                 event = await asyncio.wait_for(stream.next(), _wait_seconds(call, deadline, cancelling))
             except TimeoutError:
-                if deadline is not None and time.time() >= deadline and not cancelling:
+                if _expired(call, deadline) and not cancelling:
                     cancelling = True  # the sequence ends as cancelled at the next step boundary
                     adapter.engine.cancel_sequence(call.attempt_id)
                 elif not call.acked:
@@ -128,10 +128,17 @@ async def stream_generation(
             adapter.engine.cancel_sequence(call.attempt_id)
 
 
+def _expired(call: GenerationCall, deadline: float | None) -> bool:
+    """Whether the item's deadline passed before its first chunk went out. The deadline is how long the gateway
+    waits for a first chunk; once text streams, the stream lives while its client does (the gateway's cancel ends
+    it, and max_tokens bounds it)."""
+    return deadline is not None and not call.acked and time.time() >= deadline
+
+
 def _wait_seconds(call: GenerationCall, deadline: float | None, cancelling: bool) -> float | None:
-    """How long to wait for the next event: until the deadline, or the next in_progress before the ack."""
+    """How long to wait for the next event: until the deadline or the next in_progress, both only before the ack."""
     waits = []
-    if deadline is not None and not cancelling:
+    if deadline is not None and not cancelling and not call.acked:
         waits.append(max(0.0, deadline - time.time()))
     if not call.acked:
         waits.append(IN_PROGRESS_EVERY_S)
