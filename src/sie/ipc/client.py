@@ -65,3 +65,11 @@ class WorkerChild(WorkerClient, Protocol):
     async def model_control_status(self, request: ModelControlStatusRequest) -> ModelControlStatusResponse: ...
 
     async def worker_metrics(self, request: WorkerMetricsRequest) -> WorkerMetricsResponse: ...
+
+
+async def close_events(events: AsyncIterator[GenerateEvent]) -> None:
+    """End a `process_generate` stream before its `done`: an async generator's `aclose()` ends the IPC call and
+    cancels the generation; an iterator without one has nothing to end."""
+    aclose = getattr(events, "aclose", None)
+    if aclose is not None:
+        await aclose()

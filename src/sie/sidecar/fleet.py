@@ -33,7 +33,7 @@ from typing import Final, Self, TypeVar
 
 import attrs
 
-from sie.ipc.client import WorkerChild, WorkerClient
+from sie.ipc.client import WorkerChild, WorkerClient, close_events
 from sie.ipc.errors import IpcConnectionError
 from sie.placement.policy import ModelOverride, PlacementPolicy, policy_from_settings
 from sie.placement.reports import ChildReport, ModelReport
@@ -336,7 +336,7 @@ class WorkerFleet:
                 child.loaded.discard(model_id)
                 failure = exc
             finally:
-                await _aclose(events)  # left early: the child cancels the generation
+                await close_events(events)  # left early: the child cancels the generation
                 self.placement.finished(ticket)
         if failure is not None:
             raise failure
@@ -501,13 +501,6 @@ class WorkerFleet:
             name, error = next(iter(failed.items()))
             raise NoWorkerChild(f"worker child {name} did not answer: {error}") from error
         return [answer for answer in answers.values() if not isinstance(answer, BaseException)]
-
-
-async def _aclose(events: AsyncIterator[GenerateEvent]) -> None:
-    """Close a child's event iterator (a no-op once it has ended)."""
-    aclose = getattr(events, "aclose", None)
-    if aclose is not None:
-        await aclose()
 
 
 async def _metrics_text(client: WorkerChild) -> str:

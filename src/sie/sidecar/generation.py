@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import attrs
 
-from sie.ipc.client import WorkerClient
+from sie.ipc.client import WorkerClient, close_events
 from sie.sidecar.abandonment import Abandonment
 from sie.sidecar.settlement import Settler, is_safe_reply_subject
 from sie.sidecar.work import Outbox, ReadyGroup, Work
@@ -274,12 +274,9 @@ class GenerateSplit:
 
 
 async def _close(events: AsyncIterator[GenerateEvent]) -> None:
-    """Close the worker's event stream when it is an async generator (ends the IPC call), quietly."""
-    aclose = getattr(events, "aclose", None)
-    if aclose is None:
-        return
+    """Close the worker's event stream (ends the IPC call), quietly."""
     try:
-        await aclose()
+        await close_events(events)
     except Exception:  # noqa: BLE001 - closing a broken stream must not hide why it broke
         logger.debug("closing a generate stream failed", exc_info=True)
 
