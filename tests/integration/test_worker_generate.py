@@ -147,6 +147,19 @@ async def test_closing_the_stream_early_cancels_the_sequence(service: WorkerServ
     await eventually(lambda: engine.active == 0 and engine.running_thread is None, what="the row freed")
 
 
+async def test_a_cancel_while_the_prompt_is_prepared_stops_it_before_it_starts(service: WorkerService) -> None:
+    calls = service.process_generate(request("early", messages=FRANCE, temperature=0.0, max_new_tokens=400))
+    first = asyncio.ensure_future(anext(calls))
+    await asyncio.sleep(0)  # the call runs to its prompt preparation, in the executor
+    cancelled = await service.signal_generate_cancel(SignalGenerateCancelRequest(request_id="early"))
+    assert cancelled.matched
+    events = [await first, *[event async for event in calls]]
+    assert [event.kind for event in events] == ["publish", "ack", "done"]
+    terminal = chunk_of(events[0])
+    assert terminal.done and terminal.finish_reason == "cancelled" and terminal.usage.completion_tokens == 0
+    assert engine_of(service).active == 0 and not service._preparing  # nothing started, nothing left behind
+
+
 async def test_a_passed_deadline_cancels(service: WorkerService) -> None:
     _, chunks, _ = await generate(service, messages=FRANCE, temperature=0.0, deadline=time.time() - 1)
     assert chunks[-1].finish_reason == "cancelled"

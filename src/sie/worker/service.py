@@ -20,7 +20,7 @@ from sie.catalog.errors import CatalogError
 from sie.settings import BatchingSettings, LaneSettings
 from sie.telemetry.logs import log_fields
 from sie.wire import DecodeError, codes, from_msgpack
-from sie.wire.generate import EVENT_ACK, EVENT_DONE, GenerateEvent, ProcessGenerateRequest
+from sie.wire.generate import EVENT_ACK, EVENT_DONE, FINISH_CANCELLED, GenerateEvent, ProcessGenerateRequest
 from sie.wire.ipc_batch import BatchOutcome, RunBatchRequest
 from sie.wire.ipc_control import (
     MODEL_STATE_FAILED,
@@ -49,7 +49,7 @@ from sie.wire.ipc_control import (
 )
 from sie.wire.queue import OPERATION_GENERATE, WorkItem
 from sie.worker.adapters import CausalLMAdapter, GenerationInputError
-from sie.worker.batching_decoder import SequenceStream
+from sie.worker.batching_decoder import DecodeEvent, SequenceStream
 from sie.worker.generate_call import GenerationCall, nak_events, stream_generation
 from sie.worker.loading import LoadedModel
 from sie.worker.manager import ModelManager, ModelState
@@ -171,6 +171,9 @@ class WorkerService:
         self._hash_of: tuple[Catalog, str] | None = None
         # Running generations by request id, for SignalGenerateCancel: the adapters decoding them.
         self._generating: dict[str, list[CausalLMAdapter]] = {}
+        # Generations whose prompt is being prepared (not yet in an engine), and those of them cancelled meanwhile.
+        self._preparing: collections.Counter[str] = collections.Counter()
+        self._cancelled_preparing: set[str] = set()
 
     @property
     def catalog(self) -> Catalog:
@@ -264,9 +267,13 @@ class WorkerService:
                 self._generating.pop(item.request_id, None)
 
     async def signal_generate_cancel(self, request: SignalGenerateCancelRequest) -> SignalGenerateCancelResponse:
-        """Cancel the running generation of `request_id` (it ends with finish_reason `cancelled`)."""
+        """Cancel the generation of `request_id`, running or still preparing its prompt (it ends with finish_reason
+        `cancelled`)."""
         adapters = set(self._generating.get(request.request_id, ()))
         matched = [adapter.engine.cancel(request.request_id) for adapter in adapters]
+        if request.request_id in self._preparing:
+            self._cancelled_preparing.add(request.request_id)
+            matched.append(True)
         return SignalGenerateCancelResponse(matched=any(matched))
 
     async def _begin_generation(
@@ -279,12 +286,27 @@ class WorkerService:
             refused = self._generation_gate(call, model_id)
             if isinstance(refused, list):
                 return refused, None
+            request_id = call.item.request_id
+            self._preparing[request_id] += 1
             try:
                 loop = asyncio.get_running_loop()
                 prepared = await loop.run_in_executor(None, refused.prepare, call.item.generate)
             except GenerationInputError as exc:
                 return call.failed(exc.message, exc.code), None
-            return [], (refused, prepared, refused.start(prepared, call.item.request_id, call.attempt_id))
+            finally:
+                cancelled = self._left_preparation(request_id)
+            if cancelled:  # a cancel came while the prompt was prepared: it never starts
+                return call.finished(DecodeEvent(finish_reason=FINISH_CANCELLED), len(prepared.prompt_ids)), None
+            return [], (refused, prepared, refused.start(prepared, request_id, call.attempt_id))
+
+    def _left_preparation(self, request_id: str) -> bool:
+        """Count one preparation of `request_id` as over; True when the request was cancelled meanwhile."""
+        self._preparing[request_id] -= 1
+        cancelled = request_id in self._cancelled_preparing
+        if self._preparing[request_id] <= 0:
+            del self._preparing[request_id]
+            self._cancelled_preparing.discard(request_id)
+        return cancelled
 
     def _generation_gate(self, call: GenerationCall, model_id: str) -> list[GenerateEvent] | CausalLMAdapter:
         """The events refusing the item (hash gate, model not ready or not generative), or the model's adapter."""
