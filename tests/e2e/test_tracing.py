@@ -19,6 +19,7 @@ from support.servers import RoleProcess, free_port
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
+SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SIDECAR_SPANS = ("sidecar.prepare", "sidecar.batch_wait", "sidecar.dispatch")
 REQUEST_SPANS = ("gateway.request", *SIDECAR_SPANS, "worker.run_batch")
 
@@ -99,6 +100,33 @@ def test_the_all_role_traces_the_same_chain_in_its_one_process(tmp_path: Path) -
     _assert_parent_chain(spans)
     assert {span.service for span in spans.values()} == {"sie-all"}
     assert {span.pid for span in spans.values()} == {server.process.pid}
+
+
+@pytest.mark.slow
+def test_a_streamed_chat_generation_is_a_proxy_span_with_the_workers_streaming_span_under_it(tmp_path: Path) -> None:
+    """Seed 000 §15.1: `gateway.proxy_chat` continues the caller's trace for as long as the stream runs, and the
+    worker's `worker.streaming_processor` nests under it (the work item carried its context)."""
+    with otlp_receiver() as receiver:
+        tracing = {"SIE_TRACING_ENABLED": "true", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{receiver.url}/v1/traces"}
+        with _all_role(tmp_path, tracing) as (server, url):
+            body = {"model": SMOLLM, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4,
+                    "stream": True}  # fmt: skip
+            response = httpx.post(f"{url}/v1/chat/completions", json=body, headers={"traceparent": TRACEPARENT},
+                                  timeout=60)  # fmt: skip
+            assert response.status_code == 200 and response.text.endswith("data: [DONE]\n\n"), response.text
+            assert response.headers["x-trace-id"] == CLIENT_TRACE
+
+            def received() -> dict[str, ReceivedSpan]:
+                return {span.name: span for span in receiver.spans() if span.trace_id == CLIENT_TRACE}
+
+            names = {"gateway.proxy_chat", "worker.streaming_processor"}
+            assert holds_within(lambda: names <= set(received()), 60.0, interval_s=0.2), server.log()
+    spans = received()
+    proxy, worker = spans["gateway.proxy_chat"], spans["worker.streaming_processor"]
+    assert proxy.parent_span_id == CLIENT_SPAN
+    assert worker.parent_span_id == proxy.span_id
+    assert worker.attributes["sie.model"] == SMOLLM and worker.attributes["sie.adapter"] == "causal_lm"
+    assert worker.attributes["sie.request_id"] == proxy.attributes["sie.request_id"]
 
 
 @pytest.mark.slow

@@ -145,6 +145,7 @@ def build_gateway_app(
     generation = GenerationHandlers(
         GenerationService(router, publisher, collector, sources.transport, settings.request_timeout_s, pools, limits),
         settings.max_body_bytes,
+        sources.tracing,
     )
     read = ReadHandlers(sources.catalog, sources.status, serving, settings.configured_gpus, sources.unready_reason)
     traffic = TrafficWindow()  # inference requests per second and their latency, for the status page

@@ -9,6 +9,7 @@ surface's shape (native, chat, completion) renders the chunks; replies.py maps f
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -23,16 +24,28 @@ from starlette.types import Receive, Scope, Send
 from sie.gateway import generation
 from sie.gateway.edge import endpoint, incoming_trace, lane_hints, until_disconnect
 from sie.gateway.generation import GenerateCall, Generation, GenerationService
-from sie.gateway.headers import REQUEST_ID, VERSION_HEADERS, ResponseMetadata, response_headers
+from sie.gateway.headers import REQUEST_ID, TRACE_ID, VERSION_HEADERS, ResponseMetadata, response_headers
 from sie.gateway.negotiation import JSON_MEDIA_TYPE, decode_data
 from sie.gateway.replies import Surface, stream_error
 from sie.http.bodies import read_body
+from sie.telemetry.tracing import (
+    GATEWAY_PROXY_CHAT,
+    GATEWAY_PROXY_GENERATE,
+    Span,
+    SpanKind,
+    TraceHeaders,
+    Tracing,
+    mark_failed,
+    trace_id_of,
+)
 from sie.wire import dumps_json
 from sie.wire.generate import GenerateChunk, GenerationUsage
 
 EVENT_STREAM: Final = "text/event-stream"
 DONE_EVENT: Final = b"data: [DONE]\n\n"
 _STREAM_HEADERS: Final = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+# A span attribute holds at most this much of what the caller wrote (a model name, a path).
+_MAX_ATTRIBUTE_CHARS: Final = 256
 
 
 @attrs.frozen
@@ -225,11 +238,14 @@ async def _outcome(generation: Generation, first: GenerateChunk) -> Outcome:
 
 
 class GenerationHandlers:
-    """The three generation routes over one GenerationService."""
+    """The three generation routes over one GenerationService. With `tracing` on, each request is a
+    `gateway.proxy_chat` (chat) or `gateway.proxy_generate` (native, text completion) span lasting as long as its
+    answer, streamed or not, whose context its work item carries to the worker."""
 
-    def __init__(self, service: GenerationService, max_body_bytes: int) -> None:
+    def __init__(self, service: GenerationService, max_body_bytes: int, tracing: Tracing | None = None) -> None:
         self._service = service
         self._max_body_bytes = max_body_bytes
+        self._tracing = tracing or Tracing.off()
 
     async def _body(self, request: Request) -> Any:
         raw = await read_body(request, self._max_body_bytes)
@@ -238,28 +254,45 @@ class GenerationHandlers:
     @endpoint(Surface.OPENAI)
     async def generate(self, request: Request) -> Response:
         call = generation.parse_native(request.path_params["model"], await self._body(request))
-        return await self._serve(request, call, lambda g: NativeShape(g.route.model, g.request_id))
+        return await self._serve(request, call, _native_shape, GATEWAY_PROXY_GENERATE)
 
     @endpoint(Surface.OPENAI)
     async def chat_completions(self, request: Request) -> Response:
         call = generation.parse_chat(await self._body(request))
-        return await self._serve(request, call, lambda g: ChatShape(
-            call.model, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), call.include_usage))  # fmt: skip
+        return await self._serve(request, call, functools.partial(_chat_shape, call), GATEWAY_PROXY_CHAT)
 
     @endpoint(Surface.OPENAI)
     async def completions(self, request: Request) -> Response:
         call = generation.parse_completion(await self._body(request))
-        return await self._serve(request, call, lambda g: CompletionShape(
-            call.model, f"cmpl-{uuid.uuid4().hex}", int(time.time()), call.include_usage))  # fmt: skip
+        return await self._serve(request, call, functools.partial(_completion_shape, call), GATEWAY_PROXY_GENERATE)
 
-    async def _serve(self, request: Request, call: GenerateCall, shape_of: Callable[[Generation], Shape]) -> Response:
+    async def _serve(
+        self, request: Request, call: GenerateCall, shape_of: Callable[[Generation], Shape], span_name: str
+    ) -> Response:
         """Publish, wait for the first chunk (the client leaving cancels it), then stream or collect the rest."""
+        span = self._open_span(request, call, span_name)
+        try:
+            return await self._answer(request, call, shape_of, span)
+        except BaseException as exc:
+            if span is not None:
+                mark_failed(span, type(exc).__name__)
+                span.end()
+            raise
+
+    async def _answer(
+        self, request: Request, call: GenerateCall, shape_of: Callable[[Generation], Shape], span: Span | None
+    ) -> Response:
         started = time.perf_counter()
-        running, first = await until_disconnect(request, self._begin(request, call))
+        trace = self._tracing.headers(span) if span is not None else incoming_trace(request)
+        running, first = await until_disconnect(request, self._begin(request, call, trace))
+        if span is not None:
+            span.set_attribute("sie.request_id", running.request_id)
         shape = shape_of(running)
         if call.stream:
             headers = {**VERSION_HEADERS, **_STREAM_HEADERS, REQUEST_ID: running.request_id}
-            return EventStream(_events(running, shape, first), running.close, headers)
+            if span is not None:
+                headers[TRACE_ID] = trace_id_of(span)
+            return EventStream(_events(running, shape, first), functools.partial(_finish, running, span), headers)
         try:
             outcome = await until_disconnect(request, _outcome(running, first))
         finally:
@@ -267,13 +300,44 @@ class GenerationHandlers:
         total_ms = (time.perf_counter() - started) * 1e3
         meta = ResponseMetadata(running.request_id, running.publish_ms, total_ms - running.publish_ms,
                                 worker_id=outcome.worker_id)  # fmt: skip
+        if span is not None:
+            meta.trace_id = trace_id_of(span)
+            span.end()
         headers = response_headers(meta, total_ms)
         return Response(dumps_json(shape.body(outcome)), media_type=JSON_MEDIA_TYPE, headers=headers)
 
-    async def _begin(self, request: Request, call: GenerateCall) -> tuple[Generation, GenerateChunk]:
-        running = await self._service.start(call, lane_hints(request), incoming_trace(request))
+    def _open_span(self, request: Request, call: GenerateCall, name: str) -> Span | None:
+        if not self._tracing.enabled:
+            return None
+        attributes = {"sie.endpoint": request.url.path[:_MAX_ATTRIBUTE_CHARS],
+                      "sie.model": call.model[:_MAX_ATTRIBUTE_CHARS]}  # fmt: skip
+        return self._tracing.start(name, [incoming_trace(request)], attributes, kind=SpanKind.SERVER)
+
+    async def _begin(
+        self, request: Request, call: GenerateCall, trace: TraceHeaders | None
+    ) -> tuple[Generation, GenerateChunk]:
+        running = await self._service.start(call, lane_hints(request), trace)
         try:
             return running, await running.next()
         except BaseException:
             running.close()
             raise
+
+
+def _native_shape(running: Generation) -> Shape:
+    return NativeShape(running.route.model, running.request_id)
+
+
+def _chat_shape(call: GenerateCall, running: Generation) -> Shape:
+    return ChatShape(call.model, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), call.include_usage)
+
+
+def _completion_shape(call: GenerateCall, running: Generation) -> Shape:
+    return CompletionShape(call.model, f"cmpl-{uuid.uuid4().hex}", int(time.time()), call.include_usage)
+
+
+def _finish(running: Generation, span: Span | None) -> None:
+    """A streamed answer ended (done, failed or the client left): stop waiting for chunks, end the span."""
+    running.close()
+    if span is not None:
+        span.end()

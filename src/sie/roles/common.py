@@ -250,7 +250,7 @@ async def _open_local_worker(
         service = NullWorkerService(catalog, worker_id, batching.max_batch_items, device)
         return LocalWorker(service, manager, name, device)
     runner = BatchRunner(manager, infer_pool, tracing)
-    service = WorkerService(manager, runner, worker_id, settings.lane, batching, device)
+    service = WorkerService(manager, runner, worker_id, settings.lane, batching, device, tracing)
     return LocalWorker(service, manager, name, device)
 
 

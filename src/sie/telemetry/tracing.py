@@ -58,6 +58,11 @@ SIDECAR_PREPARE: Final = "sidecar.prepare"
 SIDECAR_BATCH_WAIT: Final = "sidecar.batch_wait"
 SIDECAR_DISPATCH: Final = "sidecar.dispatch"
 WORKER_RUN_BATCH: Final = "worker.run_batch"
+# Generation (seed 000 §15.1): the gateway's span of a native (or text-completion) and of a chat generation, each
+# lasting as long as its stream, and the worker's span of one generation attempt.
+GATEWAY_PROXY_GENERATE: Final = "gateway.proxy_generate"
+GATEWAY_PROXY_CHAT: Final = "gateway.proxy_chat"
+WORKER_STREAMING_PROCESSOR: Final = "worker.streaming_processor"
 
 # Shutdown exports what is queued for at most this long, so a collector that is gone cannot hold a stop (§15.1).
 SHUTDOWN_FLUSH_S: Final = 3.0

@@ -50,6 +50,11 @@ class GenerationCall:
         self.acked = False
         self._seq = 0
 
+    @property
+    def chunks(self) -> int:
+        """Chunks published so far."""
+        return self._seq
+
     def publish(self, **fields: Any) -> list[GenerateEvent]:
         """One chunk to the reply subject, and the ack when it is the first."""
         chunk = GenerateChunk(

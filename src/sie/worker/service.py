@@ -16,9 +16,11 @@ from typing import Any
 import attrs
 
 from sie.catalog import Catalog, load_yaml, parse_model_config
+from sie.catalog.adapters import CAUSAL_LM
 from sie.catalog.errors import CatalogError
 from sie.settings import BatchingSettings, LaneSettings
 from sie.telemetry.logs import log_fields
+from sie.telemetry.tracing import WORKER_STREAMING_PROCESSOR, SpanKind, Tracing
 from sie.wire import DecodeError, codes, from_msgpack
 from sie.wire.generate import EVENT_ACK, EVENT_DONE, FINISH_CANCELLED, GenerateEvent, ProcessGenerateRequest
 from sie.wire.ipc_batch import BatchOutcome, RunBatchRequest
@@ -147,9 +149,10 @@ class ExecutionBarrier:
 
 
 class WorkerService:
-    """One worker's answers to the sidecar. Satisfies `sie.ipc.client.WorkerClient` structurally."""
+    """One worker's answers to the sidecar. Satisfies `sie.ipc.client.WorkerClient` structurally. With `tracing` on,
+    each generation attempt is a `worker.streaming_processor` span in its work item's trace."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the worker's collaborators and identity
         self,
         manager: ModelManager,
         runner: BatchRunner,
@@ -157,6 +160,7 @@ class WorkerService:
         lane: LaneSettings,
         batching: BatchingSettings,
         device: str = "cpu",
+        tracing: Tracing | None = None,
     ) -> None:
         self.manager = manager
         self.runner = runner
@@ -168,6 +172,7 @@ class WorkerService:
         self.draining = False
         self.last_ping = 0.0
         self.barrier = ExecutionBarrier()
+        self.tracing = tracing or Tracing.off()
         self._hash_of: tuple[Catalog, str] | None = None
         # Running generations by request id, for SignalGenerateCancel: the adapters decoding them.
         self._generating: dict[str, list[CausalLMAdapter]] = {}
@@ -249,11 +254,27 @@ class WorkerService:
             yield GenerateEvent(kind=EVENT_DONE, error=f"undecodable generation work item: {exc}")
             return
         call = GenerationCall(item, self.worker_id, started)
-        refused, begun = await self._begin_generation(call, request.model_id or item.model_id)
+        model_id = request.model_id or item.model_id
+        if not self.tracing.enabled:
+            async with contextlib.aclosing(self._generate(call, model_id)) as events:
+                async for event in events:
+                    yield event
+            return
+        attributes = {"sie.request_id": item.request_id, "sie.attempt_id": call.attempt_id, "sie.model": model_id,
+                      "sie.adapter": CAUSAL_LM}  # fmt: skip
+        with self.tracing.span(WORKER_STREAMING_PROCESSOR, [item], attributes, kind=SpanKind.SERVER) as span:
+            async with contextlib.aclosing(self._generate(call, model_id)) as events:
+                async for event in events:
+                    yield event
+            span.set_attributes({"sie.chunks": call.chunks})
+
+    async def _generate(self, call: GenerationCall, model_id: str) -> AsyncIterator[GenerateEvent]:
+        refused, begun = await self._begin_generation(call, model_id)
         for event in refused:
             yield event
         if begun is None:
             return
+        item = call.item
         adapter, prepared, stream = begun
         self._generating.setdefault(item.request_id, []).append(adapter)
         try:
