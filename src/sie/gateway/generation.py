@@ -45,7 +45,7 @@ _INT64: Final = 2**63
 # Seed 000 §2: a RESOURCE_EXHAUSTED terminal chunk's retry hint is honoured only as an integer in 1..60.
 _RETRY_AFTER_RANGE: Final = range(1, 61)
 _INPUT_ERROR_CODES: Final = frozenset({codes.INVALID_INPUT, codes.INPUT_TOO_LONG})
-# Cancels announced but not yet sent; past this many a cancel is skipped (the worker's deadline still stops it).
+# Cancels announced but not yet sent; past this many a cancel is skipped (max_tokens still bounds the generation).
 MAX_PENDING_CANCELS: Final = 1024
 
 # --- requests -------------------------------------------------------------------------------------------------
@@ -430,7 +430,7 @@ class GenerationService:
         try:
             await self._bus.publish(generate_cancel_subject(router_id, request_id),
                                     {"router_id": router_id, "request_id": request_id})  # fmt: skip
-        except Exception:  # noqa: BLE001 - best effort: the item's deadline still stops it
+        except Exception:  # noqa: BLE001 - best effort: max_tokens still bounds the generation
             logger.debug("announcing the cancel of generation %s failed", request_id, exc_info=True)
 
 
