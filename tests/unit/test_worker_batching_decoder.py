@@ -13,7 +13,15 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from sie.worker.batching_decoder import BatchCache, BatchingDecoder, DecodeEvent, SequenceStream, prefill_groups
+from sie.worker.batching_decoder import (
+    BatchCache,
+    BatchingDecoder,
+    DecodeEvent,
+    DecoderLimits,
+    SequenceStream,
+    bytes_per_cached_token,
+    prefill_groups,
+)
 from sie.worker.convert import CONFIG_FILE, convert_gguf
 from sie.worker.decoding import CacheShape, greedy_decode
 from sie.worker.generation import SamplingParams
@@ -94,7 +102,7 @@ async def test_batched_sequences_decode_what_each_decodes_alone(decoder) -> None
     session, shape = decoder
     prompts = [[1, 40, 41], [5, 6, 7, 8, 9, 10, 11, 12], [3, 4], [50, 51, 52, 53, 54]]
     lengths = [6, 9, 12, 4]
-    engine = BatchingDecoder(session, shape, as_text, max_sequences=2)
+    engine = BatchingDecoder(session, shape, as_text, DecoderLimits(max_sequences=2))
     streams = [
         engine.submit(prompt, SamplingParams(max_tokens=length, **GREEDY), f"r{index}", f"s{index}")
         for index, (prompt, length) in enumerate(zip(prompts, lengths, strict=True))
@@ -111,11 +119,37 @@ async def test_batched_sequences_decode_what_each_decodes_alone(decoder) -> None
     assert (engine.active, engine.waiting) == (0, 0)
 
 
+async def test_the_cache_budget_bounds_the_rows_and_a_sequence_alone_always_runs(decoder) -> None:
+    session, shape = decoder
+    span = 3 + 6  # prompt + max_tokens: the most columns each row can ever hold
+    budget = 2 * span * bytes_per_cached_token(shape)  # two such rows fit, three do not
+    engine = BatchingDecoder(session, shape, as_text, DecoderLimits(max_sequences=8, cache_bytes=budget))
+    prompts = [[1, 40, 41], [5, 6, 7], [3, 4, 9]]
+    streams = [
+        engine.submit(prompt, SamplingParams(max_tokens=6, **GREEDY), f"r{index}", f"s{index}")
+        for index, prompt in enumerate(prompts)
+    ]
+    results = await asyncio.gather(*(read_all(stream) for stream in streams))
+    for prompt, (text, _) in zip(prompts, results, strict=True):
+        assert as_ids(text) == list(greedy_decode(session, prompt, shape, 6, stop_ids=()).token_ids)
+    first_end = min(results[0][1].last_token_at, results[1][1].last_token_at)
+    assert results[2][1].first_token_at >= first_end  # the third joined only once a row had left
+    # Alone, a sequence over the whole budget still runs: its bound is the model's context.
+    text, last = await read_all(engine.submit([1, 2], SamplingParams(max_tokens=40, **GREEDY), "big", "big"))
+    assert last.finish_reason == "length" and len(as_ids(text)) == 40
+
+
+def test_decoder_limits_are_positive() -> None:
+    with pytest.raises(ValueError, match="cache_bytes"):
+        DecoderLimits(cache_bytes=0)
+    assert bytes_per_cached_token(CacheShape(layers=30, kv_heads=3, head_dim=64)) == 46_080  # SmolLM2, float32
+
+
 async def test_a_stop_token_ends_one_row_and_the_others_go_on(decoder) -> None:
     session, shape = decoder
     alone = greedy_decode(session, [1, 40, 41], shape, 8, stop_ids=())
     stop = alone.token_ids[3]
-    engine = BatchingDecoder(session, shape, as_text, max_sequences=4)
+    engine = BatchingDecoder(session, shape, as_text, DecoderLimits(max_sequences=4))
     stopped = engine.submit([1, 40, 41], SamplingParams(max_tokens=8, stop_token_ids={stop}, **GREEDY), "a", "a")
     other = engine.submit([9, 8, 7, 6], SamplingParams(max_tokens=8, **GREEDY), "b", "b")
     (text, last), (other_text, _) = await asyncio.gather(read_all(stopped), read_all(other))
@@ -132,7 +166,7 @@ async def test_cancelling_waiting_and_running_sequences(decoder) -> None:
         release.wait(10)  # holds the decode thread inside its first step, so the row is surely running
         return as_text(ids)
 
-    engine = BatchingDecoder(session, shape, held_decode, max_sequences=1)
+    engine = BatchingDecoder(session, shape, held_decode, DecoderLimits(max_sequences=1))
     running = engine.submit([1, 2, 3], SamplingParams(max_tokens=500, **GREEDY), "run", "run")
     queued = engine.submit([4, 5, 6], SamplingParams(max_tokens=500, **GREEDY), "queued", "queued")
     await eventually(lambda: engine.active == 1 and engine.waiting == 1)
@@ -159,7 +193,7 @@ async def test_closing_ends_every_sequence_and_the_thread(decoder) -> None:
         release.wait(10)
         return as_text(ids)
 
-    engine = BatchingDecoder(session, shape, held_decode, max_sequences=1, name="Model 'tiny'")
+    engine = BatchingDecoder(session, shape, held_decode, DecoderLimits(max_sequences=1), name="Model 'tiny'")
     running = engine.submit([1, 2, 3], SamplingParams(max_tokens=500, **GREEDY), "run", "run")
     queued = engine.submit([4, 5, 6], SamplingParams(max_tokens=500, **GREEDY), "queued", "queued")
     await eventually(lambda: engine.active == 1)
@@ -179,7 +213,7 @@ async def test_closing_ends_every_sequence_and_the_thread(decoder) -> None:
 def test_at_least_one_row_is_required(decoder) -> None:
     session, shape = decoder
     with pytest.raises(ValueError, match="max_sequences"):
-        BatchingDecoder(session, shape, as_text, max_sequences=0)
+        BatchingDecoder(session, shape, as_text, DecoderLimits(max_sequences=0))
 
 
 def test_prefill_groups_stay_within_the_padded_token_budget() -> None:

@@ -179,3 +179,16 @@ class WorkerSettings:
         ),
         16,
     )
+    generation_cache_bytes: int = setting(
+        Env(
+            "SIE_GENERATION_CACHE_BYTES",
+            integer(minimum=1),
+            "Key/value cache one generation model's decoding batch may hold, in bytes. A generation joins the batch "
+            "only while rows × the longest row's prompt plus max_tokens × the cache bytes of one token stays within "
+            "it (SmolLM2 in float32: 46,080 bytes per token); otherwise it waits for rows to leave. A generation "
+            "alone always runs. Each decode step briefly holds the cache twice (the past and the present).",
+            roles=_MODEL_ROLES,
+            read_by=("sie.worker.loading",),
+        ),
+        2 * 1024**3,
+    )

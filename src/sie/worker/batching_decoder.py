@@ -30,6 +30,7 @@ from sie.worker.generation import Sampler, SamplingParams, StopChecker, TokenDec
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_SEQUENCES: Final = 16
+DEFAULT_CACHE_BYTES: Final = 2 * 1024**3
 # Padded prompt tokens (rows × longest prompt) one prefill run may take; a longer prompt runs alone.
 PREFILL_TOKENS: Final = 2048
 
@@ -41,6 +42,32 @@ def _left_pad(array: np.ndarray, length: int, axis: int) -> np.ndarray:
     widths = [(0, 0)] * array.ndim
     widths[axis] = (missing, 0)
     return np.pad(array, widths)
+
+
+@attrs.frozen
+class DecoderLimits:
+    """How much one model's decode loop may hold: rows decoded together (SIE_GENERATION_MAX_SEQUENCES) and bytes of
+    key/value cache (SIE_GENERATION_CACHE_BYTES).
+
+    The cache bound holds for the whole life of the batch: a row never spans more than its prompt plus its
+    max_tokens, so the left-padded batch is never longer than the longest such span among its rows, and a sequence
+    joins only while rows × that span × bytes per cached token stays within `cache_bytes`. A sequence alone in the
+    batch always runs (its own bound is the model's context length).
+    """
+
+    max_sequences: int = DEFAULT_MAX_SEQUENCES
+    cache_bytes: int = DEFAULT_CACHE_BYTES
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_sequences < 1:
+            raise ValueError(f"max_sequences must be >= 1, got {self.max_sequences}")
+        if self.cache_bytes < 1:
+            raise ValueError(f"cache_bytes must be >= 1, got {self.cache_bytes}")
+
+
+def bytes_per_cached_token(shape: CacheShape) -> int:
+    """Key and value cache bytes one token of one row holds, over every layer."""
+    return shape.layers * 2 * shape.kv_heads * shape.head_dim * np.dtype(shape.dtype).itemsize
 
 
 @attrs.frozen
@@ -166,6 +193,7 @@ class _Sequence:
     stop: StopChecker
     stream: SequenceStream
     forget: Callable[[str], None]  # the engine stops counting it as running (before its last event is out)
+    span: int = 0  # the most cache columns it can ever need: its prompt plus its max_tokens
     last_token: int = -1
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -198,21 +226,25 @@ class _Sequence:
 
 
 class BatchingDecoder:
-    """Decodes up to `max_sequences` sequences together on a thread of its own, which runs while there are
+    """Decodes sequences together on a thread of its own, as many as `limits` allow, which runs while there are
     sequences and ends when there are none (the next `submit` starts another).
 
     `session` runs the converted decoder graph; `decode` maps generated ids to text (for the StopCheckers).
     """
 
     def __init__(
-        self, session: Any, shape: CacheShape, decode: TokenDecoder, max_sequences: int, name: str = "decoder"
+        self,
+        session: Any,
+        shape: CacheShape,
+        decode: TokenDecoder,
+        limits: DecoderLimits | None = None,
+        name: str = "decoder",
     ) -> None:
-        if max_sequences < 1:
-            raise ValueError(f"max_sequences must be >= 1, got {max_sequences}")
         self._session = session
         self._shape = shape
         self._decode = decode
-        self._max_sequences = max_sequences
+        self._limits = limits or DecoderLimits()
+        self._token_bytes = bytes_per_cached_token(shape)
         self._name = name
         self._output_names = [output.name for output in session.get_outputs()]
         self._logits_index = self._output_names.index(LOGITS)
@@ -252,7 +284,8 @@ class BatchingDecoder:
         stream = SequenceStream(asyncio.get_running_loop(), params.max_tokens + 1)
         ids = np.asarray(prompt_ids, dtype=np.int64)
         stop = StopChecker(params, self._decode)
-        sequence = _Sequence(sequence_id, request_id, ids, Sampler(params), stop, stream, self._forget)
+        span = len(ids) + params.max_tokens
+        sequence = _Sequence(sequence_id, request_id, ids, Sampler(params), stop, stream, self._forget, span)
         with self._lock:
             self._waiting.append(sequence)
             if self._thread is None:
@@ -304,7 +337,7 @@ class BatchingDecoder:
                     sequence.end(FINISH_ERROR, error=f"{self._name} was unloaded")
                 rows, batch = [], BatchCache.empty(self._shape)
             rows, batch = self._drop(rows, batch, leaving)
-            joining = self._admit(len(rows))
+            joining = self._admit(rows)
             if joining is None:
                 return
             for group in prefill_groups(joining):
@@ -322,18 +355,26 @@ class BatchingDecoder:
             aborting, self._aborting = self._aborting, False
             return leaving, aborting
 
-    def _admit(self, running: int) -> list[_Sequence] | None:
-        """The waiting sequences that fit beside `running` rows; None when there is no work at all, and then the
-        thread ends (decided under the lock, so a `submit` from now on starts the next one)."""
+    def _admit(self, rows: list[_Sequence]) -> list[_Sequence] | None:
+        """The waiting sequences that may join `rows`, in arrival order, within the limits (`DecoderLimits`); None
+        when there is no work at all, and then the thread ends (decided under the lock, so a `submit` from now on
+        starts the next one)."""
         with self._lock:
-            if not running and not self._waiting:
+            if not rows and not self._waiting:
                 self._thread = None
                 self._running.clear()
                 self._cancelled.clear()
                 self._aborting = False
                 return None
-            count = min(len(self._waiting), self._max_sequences - running)
-            joining = [self._waiting.popleft() for _ in range(count)]
+            joining: list[_Sequence] = []
+            count, span = len(rows), max((row.span for row in rows), default=0)
+            while self._waiting and count < self._limits.max_sequences:
+                candidate = self._waiting[0]
+                wider = max(span, candidate.span)
+                if count and (count + 1) * wider * self._token_bytes > self._limits.cache_bytes:
+                    break  # it waits for rows to leave; the ones behind it wait too (arrival order)
+                joining.append(self._waiting.popleft())
+                count, span = count + 1, wider
             self._running.update((sequence.sequence_id, sequence) for sequence in joining)
             return joining
 

@@ -33,7 +33,7 @@ from sie.worker.artifacts import (
     ProgressEvent,
     profile_artifacts,
 )
-from sie.worker.batching_decoder import DEFAULT_MAX_SEQUENCES
+from sie.worker.batching_decoder import DecoderLimits
 from sie.worker.convert import (
     GRAPH_FILE,
     TOKENIZER_CONFIG_FILE,
@@ -88,19 +88,20 @@ class ModelLoader:
         resolver: ArtifactResolver,
         converted_dir: Path,
         session_options: SessionOptions,
-        generation_max_sequences: int = DEFAULT_MAX_SEQUENCES,
+        generation_limits: DecoderLimits | None = None,
     ) -> None:
         self.resolver = resolver
         self.converted_dir = Path(converted_dir)
         self.session_options = session_options
-        self.generation_max_sequences = generation_max_sequences
+        self.generation_limits = generation_limits or DecoderLimits()
 
     @classmethod
     def from_settings(cls, worker: WorkerSettings, device: str = "cpu") -> ModelLoader:
         """The loader a worker (or `sie models pull`) builds from its settings."""
         resolver = ArtifactResolver(worker.model_cache, hf_offline=not worker.hf_fallback)
         options = SessionOptions(device, worker.intra_op_threads, worker.inter_op_threads, worker.run_memory_bytes)
-        return cls(resolver, worker.model_cache / "converted", options, worker.generation_max_sequences)
+        limits = DecoderLimits(worker.generation_max_sequences, worker.generation_cache_bytes)
+        return cls(resolver, worker.model_cache / "converted", options, limits)
 
     def prepare(
         self, model: ModelConfig, profile: str, model_id: str, on_progress: ProgressCallback | None = None
@@ -139,7 +140,7 @@ class ModelLoader:
             run_memory_bytes=self.session_options.run_memory_bytes,
             tokenizer_config_json=_read_json(files.tokenizer_dir / TOKENIZER_CONFIG_FILE),
             tokenizer_path=files.tokenizer_dir / TOKENIZER_FILE,
-            generation_max_sequences=self.generation_max_sequences,
+            generation_limits=self.generation_limits,
         )
         try:
             adapter = adapter_class(resolved.adapter_path)(context)

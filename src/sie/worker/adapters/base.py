@@ -19,7 +19,7 @@ from sie.catalog.model import ModelConfig, Profile
 from sie.catalog.options import option_problem
 from sie.tokenization import TextTokenizer
 from sie.wire import codes
-from sie.worker.batching_decoder import DEFAULT_MAX_SEQUENCES
+from sie.worker.batching_decoder import DecoderLimits
 from sie.worker.run_memory import DEFAULT_RUN_MEMORY_BYTES, RunMemory, run_in_slices
 
 ENCODE_OUTPUTS = ("dense", "sparse", "multivector")
@@ -95,7 +95,7 @@ class AdapterContext:
     # generated ids) and how many sequences decode together (SIE_GENERATION_MAX_SEQUENCES).
     tokenizer_config_json: Mapping[str, Any] = attrs.field(factory=dict)
     tokenizer_path: Path | None = None
-    generation_max_sequences: int = DEFAULT_MAX_SEQUENCES
+    generation_limits: DecoderLimits = attrs.Factory(DecoderLimits)
 
 
 class Adapter:

@@ -90,7 +90,7 @@ class CausalLMAdapter(Adapter):
             self.session,
             CacheShape.from_config(context.model_config_json),
             self.decode_text,
-            context.generation_max_sequences,
+            context.generation_limits,
             name=f"Model '{self.model.sie_id}'",
         )
 
