@@ -283,6 +283,22 @@ async def test_unknown_and_non_generation_models_and_bad_fields(gw: Gateway) -> 
     assert gw.worker.items == []
 
 
+async def test_more_tokens_than_the_model_allows_is_refused_naming_the_callers_field(gw: Gateway) -> None:
+    chat = openai_error(await gw.client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 5000}), 400)
+    assert chat["param"] == "max_tokens"
+    assert (
+        chat["message"]
+        == f"Field 'max_tokens' must be at most 1024 for model '{SMOL}' (its max_output_tokens), got 5000"
+    )
+    newer = {**CHAT, "max_completion_tokens": 2048}
+    assert (
+        openai_error(await gw.client.post("/v1/chat/completions", json=newer), 400)["param"] == "max_completion_tokens"
+    )
+    native = openai_error(await gw.client.post(NATIVE, json={"prompt": "x", "max_new_tokens": 1025}), 400)
+    assert native["param"] == "max_new_tokens"
+    assert gw.worker.items == []
+
+
 async def test_a_prompt_over_the_item_limit_is_input_too_long_before_anything_is_queued(catalog: Catalog) -> None:
     async with Gateway(catalog, max_item_chars=50) as gateway:
         long_prompt = {"prompt": "x" * 51, "max_new_tokens": 2}

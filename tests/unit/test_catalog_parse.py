@@ -31,6 +31,15 @@ def test_valid_model_parses_with_defaults() -> None:
     assert model.inputs == {"text": True}
 
 
+def test_a_generation_task_and_its_output_limit() -> None:
+    model = parse_model_config({**VALID, "tasks": {"generate": {"max_output_tokens": 512, "context_length": 4096}}})
+    assert model.tasks.generate and model.tasks.max_output_tokens == 512
+    assert parse_model_config({**VALID, "tasks": {"generate": None}}).tasks.generate is False
+    assert parse_model_config({**VALID, "tasks": {"generate": {}}}).tasks.max_output_tokens is None
+    (error,) = _errors({**VALID, "tasks": {"generate": {"max_output_tokens": 0}}})
+    assert "tasks.generate.max_output_tokens" in str(error)
+
+
 def test_unknown_fields_are_kept() -> None:
     model = parse_model_config({**VALID, "hf_tokenizer_dependencies": ["x"]})
     assert model.extra == {"hf_tokenizer_dependencies": ["x"]}

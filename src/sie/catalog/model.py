@@ -59,13 +59,15 @@ class PackageSource:
 class Tasks:
     """What the model can do: encode outputs with their dims, score, extract, generate. `matryoshka`: the dense
     vector was trained so that its leading dimensions are an embedding too (`tasks.encode.dense.matryoshka`), so
-    it may be truncated (OpenAI `dimensions`)."""
+    it may be truncated (OpenAI `dimensions`). `max_output_tokens`: the most tokens one generation may ask for
+    (`tasks.generate.max_output_tokens`; None: the model's context is the only bound)."""
 
     encode: Mapping[str, int | None] = attrs.field(factory=dict)
     matryoshka: bool = False
     score: bool = False
     extract: bool = False
     generate: bool = False
+    max_output_tokens: int | None = None
 
 
 @attrs.frozen

@@ -173,12 +173,14 @@ def _parse_tasks(issues: _Issues, value: Any) -> Tasks:
             outputs[kind] = _positive_int(issues, f"tasks.encode.{kind}.dim", block.get("dim"))
             if kind == "dense":
                 matryoshka = _parse_bool(issues, "tasks.encode.dense.matryoshka", block.get("matryoshka"))
+    generate = _mapping(issues, "tasks.generate", tasks.get("generate")) or {}
     return Tasks(
         encode=outputs,
         matryoshka=matryoshka,
         score=tasks.get("score") is not None,
         extract=tasks.get("extract") is not None,
         generate=tasks.get("generate") is not None,
+        max_output_tokens=_positive_int(issues, "tasks.generate.max_output_tokens", generate.get("max_output_tokens")),
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any, Final
 import attrs
 
 from sie.catalog.errors import ModelNotFoundError
+from sie.catalog.model import Tasks
 from sie.catalog.names import generate_cancel_subject, work_worker_subject
 from sie.gateway import workitems
 from sie.gateway.collector import ChunkStream, Collector
@@ -60,6 +61,7 @@ class GenerateCall:
     stream: bool = False
     include_usage: bool = False  # OpenAI `stream_options.include_usage`: a last chunk with the usage
     profile: str | None = None  # native `options.profile`
+    max_tokens_field: str = "max_new_tokens"  # the field the caller set the output limit with, for refusals
 
     @property
     def prompt_chars(self) -> int:
@@ -225,11 +227,9 @@ def parse_chat(data: Any) -> GenerateCall:
     _int(data, "n", 1)
     if data.get("n") not in (None, 1):
         raise InvalidRequestError("Only n=1 is supported", param="n")
-    max_tokens = _int(data, "max_completion_tokens", 1)
-    if max_tokens is None:
-        max_tokens = _int(data, "max_tokens", 1)
-    params = _sampling(data, max_tokens, messages=_messages(data.get("messages")))
-    return GenerateCall(model, params, _stream(data), _include_usage(data))
+    field = "max_completion_tokens" if data.get("max_completion_tokens") is not None else "max_tokens"
+    params = _sampling(data, _int(data, field, 1), messages=_messages(data.get("messages")))
+    return GenerateCall(model, params, _stream(data), _include_usage(data), max_tokens_field=field)
 
 
 def _messages(value: Any) -> list[dict[str, Any]]:
@@ -271,7 +271,8 @@ def parse_completion(data: Any) -> GenerateCall:
     if type(prompt) is not str:
         raise InvalidRequestError("Field 'prompt' must be a string or a list of exactly one string", param="prompt")
     max_tokens = _int(data, "max_tokens", 1, COMPLETIONS_DEFAULT_MAX_TOKENS)
-    return GenerateCall(model, _sampling(data, max_tokens, prompt=prompt), _stream(data), _include_usage(data))
+    params = _sampling(data, max_tokens, prompt=prompt)
+    return GenerateCall(model, params, _stream(data), _include_usage(data), max_tokens_field="max_tokens")
 
 
 # --- chunks to errors -----------------------------------------------------------------------------------------
@@ -370,8 +371,8 @@ class GenerationService:
         note_request(model=call.model, items=1)
         self._limits.check_prompt(call.prompt_chars)
         route = await self._route(call.model, call.profile, hints)
-        if route.config is not None and not route.config.tasks.generate:
-            raise InvalidRequestError(f"Model '{route.model}' does not support generation", param="model")
+        if route.config is not None:
+            _check_model(call, route.model, route.config.tasks)
         request_id, reply = self._publisher.new_request()
         note_request(request_id=request_id)
         now = time.time()
@@ -432,6 +433,19 @@ class GenerationService:
                                     {"router_id": router_id, "request_id": request_id})  # fmt: skip
         except Exception:  # noqa: BLE001 - best effort: max_tokens still bounds the generation
             logger.debug("announcing the cancel of generation %s failed", request_id, exc_info=True)
+
+
+def _check_model(call: GenerateCall, model: str, tasks: Tasks) -> None:
+    """Refuse, before anything is queued, what the routed model cannot do: generate at all, or that many tokens."""
+    if not tasks.generate:
+        raise InvalidRequestError(f"Model '{model}' does not support generation", param="model")
+    asked, most = call.params.max_new_tokens, tasks.max_output_tokens
+    if asked is not None and most is not None and asked > most:
+        field = call.max_tokens_field
+        raise InvalidRequestError(
+            f"Field '{field}' must be at most {most} for model '{model}' (its max_output_tokens), got {asked}",
+            param=field,
+        )
 
 
 def _fail_unless_stored(stream: ChunkStream, subject: str, stored: asyncio.Future[None]) -> None:

@@ -85,7 +85,7 @@ class CausalLMAdapter(Adapter):
             or _positive(context.model_config_json.get("max_position_embeddings"))
             or DEFAULT_CONTEXT_LENGTH
         )
-        self.max_output_tokens = _positive(generate.get("max_output_tokens")) or DEFAULT_MAX_OUTPUT_TOKENS
+        self.max_output_tokens = self.model.tasks.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS
         self.engine = BatchingDecoder(
             self.session,
             CacheShape.from_config(context.model_config_json),
