@@ -133,3 +133,18 @@ def test_a_cancelled_stream_frees_its_sequence(all_server: str) -> None:
     assert decoding_while_read >= 1  # it was still decoding while we read
     # The client left after 3 of up to 800 tokens: the gateway cancels, the worker drops the sequence.
     assert holds_within(lambda: active_sequences(all_server) == 0, timeout_s=10), "the sequence was not freed"
+
+
+async def test_our_client_generates_streams_and_awaits_the_same_text(all_server: str) -> None:
+    from sie.client import SIEAsyncClient, SIEClient  # our own client (the public sie-sdk's is tested above)
+
+    with SIEClient(all_server) as client:
+        result = client.generate(MODEL, FRANCE_PROMPT, max_new_tokens=24, temperature=0.0)
+        assert "Paris" in result["text"]
+        assert result["finish_reason"] == "stop" and result["usage"]["completion_tokens"] > 0
+        pieces = list(client.stream_generate(MODEL, FRANCE_PROMPT, max_new_tokens=24, temperature=0.0))
+    assert "".join(piece["text_delta"] for piece in pieces) == result["text"]
+    assert pieces[-1]["done"] is True and pieces[-1]["finish_reason"] == "stop"
+    async with SIEAsyncClient(all_server) as client:
+        awaited = await client.generate(MODEL, FRANCE_PROMPT, max_new_tokens=24, temperature=0.0)
+    assert awaited["text"] == result["text"]

@@ -30,11 +30,14 @@ def test_async_methods_are_coroutines_and_sync_ones_are_not():
             assert isinstance(async_member, property), name
             continue
         assert not inspect.iscoroutinefunction(sync_member), name
+        if inspect.isgeneratorfunction(sync_member):  # a stream: an iterator on one side, an async one on the other
+            assert inspect.isasyncgenfunction(async_member), name
+            continue
         assert inspect.iscoroutinefunction(async_member), name
 
 
 def test_mirrored_methods_take_the_same_parameters():
-    for name in ("encode", "score", "extract", "list_models", "get_model"):
+    for name in ("encode", "score", "extract", "generate", "stream_generate", "list_models", "get_model"):
         sync_signature = inspect.signature(getattr(SIEClient, name))
         async_signature = inspect.signature(getattr(SIEAsyncClient, name))
         assert list(sync_signature.parameters) == list(async_signature.parameters), name

@@ -21,6 +21,16 @@ import attrs
 import httpx
 
 from sie.client._failures import read_error_response
+from sie.client._generation import (
+    EVENT_STREAM,
+    GenerateParams,
+    chunk_error,
+    generate_body,
+    generate_path,
+    parse_generate,
+    read_chunk,
+    stream_failure,
+)
 from sie.client._requests import (
     JSON,
     MODEL_REVISION_HEADER,
@@ -51,8 +61,10 @@ from sie.client._retry import (
     TransportKind,
     attempt_cap,
     decide,
+    terminal_error,
 )
-from sie.wire import EncodeError, packb
+from sie.client.errors import RequestError, SIEError
+from sie.wire import EncodeError, dumps_json, packb
 
 T = TypeVar("T")
 
@@ -218,6 +230,10 @@ class BaseClient:
         self._set_evidence(_Evidence())
         return _CallRun(self, call)
 
+    def _start_stream(self, call: Call[Any]) -> StreamRun:
+        self._set_evidence(_Evidence())
+        return StreamRun(self, call)
+
     def _encode_call(self, model: str, items: Any, params: EncodeParams, knobs: CallKnobs) -> Call[Any]:
         item_list, single = as_item_list(items)
         options = merge_options(self._options, params.options, is_query=params.is_query)
@@ -255,24 +271,59 @@ class BaseClient:
         knobs: CallKnobs,
         parse: Callable[[dict[str, Any]], T],
     ) -> Call[T]:
-        gpu = knobs.gpu if knobs.gpu is not None else self._gpu
-        budget = knobs.provision_timeout_s
-        policy = RetryPolicy(
-            wait_for_capacity=knobs.wait_for_capacity,
-            max_oom_retries=knobs.max_oom_retries,
-            provision_timeout_s=DEFAULT_PROVISION_TIMEOUT_S if budget is None else budget,
-            model=model,
-            gpu=gpu,
-            lora=lora_of(options),
-        )
+        policy = self._policy(model, knobs, options)
         try:
             content = packb(body)
         except EncodeError as exc:
             raise TypeError(f"The {what} request cannot be serialized: {exc}") from exc
         # The model id goes into the path as it is: ids contain `/` and the server routes on `{model:path}`.
         path = f"/v1/{what}/{model}"
-        headers = routing_headers(gpu)
+        headers = routing_headers(policy.gpu)
         return Call(method="POST", path=path, headers=headers, policy=policy, parse=parse, what=what, content=content)
+
+    def _generate_call(  # noqa: PLR0913 - one generate call's parts
+        self,
+        model: str,
+        params: GenerateParams,
+        options: Mapping[str, Any] | None,
+        knobs: CallKnobs,
+        *,
+        stream: bool,
+        read_timeout_s: float | None = None,
+    ) -> Call[Any]:
+        # JSON both ways (an event stream when streamed), as sie-sdk sends it. Not idempotent: a generation sent
+        # twice may run twice, so the policy retries only what comes before the work is published.
+        merged = merge_options(self._options, options)
+        policy = self._policy(model, knobs, merged, idempotent=False)
+        try:
+            content = dumps_json(generate_body(params, merged, stream=stream))
+        except EncodeError as exc:
+            raise TypeError(f"The generate request cannot be serialized: {exc}") from exc
+        headers = {"Content-Type": JSON, "Accept": EVENT_STREAM if stream else JSON, **routing_headers(policy.gpu)}
+        return Call(
+            method="POST",
+            path=generate_path(model),
+            headers=headers,
+            policy=policy,
+            parse=parse_generate,
+            what="generate",
+            content=content,
+            read_timeout_s=read_timeout_s,
+        )
+
+    def _policy(
+        self, model: str, knobs: CallKnobs, options: Mapping[str, Any] | None, *, idempotent: bool = True
+    ) -> RetryPolicy:
+        budget = knobs.provision_timeout_s
+        return RetryPolicy(
+            wait_for_capacity=knobs.wait_for_capacity,
+            max_oom_retries=knobs.max_oom_retries,
+            provision_timeout_s=DEFAULT_PROVISION_TIMEOUT_S if budget is None else budget,
+            model=model,
+            gpu=knobs.gpu if knobs.gpu is not None else self._gpu,
+            lora=lora_of(options),
+            idempotent=idempotent,
+        )
 
     def _models_call(self, model: str | None) -> Call[Any]:
         # The catalogue reads are never retried (sie-sdk 0.10.1) and answer JSON.
@@ -300,7 +351,8 @@ class _CallRun(Generic[T]):
             raise cap.error
         self._state = attrs.evolve(self._state, after_capacity_wait=False)
         client, call = self._client, self._call
-        timeout = httpx.Timeout(min(client._read_timeout, cap), connect=min(client._connect_timeout, cap))
+        read = call.read_timeout_s if call.read_timeout_s is not None else min(client._read_timeout, cap)
+        timeout = httpx.Timeout(read, connect=min(client._connect_timeout, cap))
         return client._http.build_request(
             call.method, call.path, content=call.content, headers=call.headers, timeout=timeout
         )
@@ -330,3 +382,50 @@ class _CallRun(Generic[T]):
         self._client._set_evidence(_Evidence(self._state.retries, revision))
         data = decode_body(response.status_code, response.headers, response.content, what=self._call.what)
         return self._call.parse(data)
+
+
+@attrs.frozen
+class Again:
+    """An error event before any chunk was yielded: attempt the stream again after `delay` seconds."""
+
+    delay: float
+
+
+class StreamRun(_CallRun[Any]):
+    """One streamed call in progress: retried like any call until its first chunk, then every failure is final.
+
+    The driver reads the answer's lines; this decides what each status, event and broken connection means.
+    """
+
+    def __init__(self, client: BaseClient, call: Call[Any]) -> None:
+        super().__init__(client, call)
+        self._yielded = False
+
+    def refused(self, response: httpx.Response) -> float:
+        """The delay before the next attempt after a non-200 answer (its body read), or raise."""
+        if response.status_code < 400:
+            raise RequestError(
+                f"Unexpected {self._call.what} HTTP response (status={response.status_code})",
+                status_code=response.status_code,
+            )
+        return self._decide(read_error_response(response.status_code, response.headers, response.content), None)
+
+    def opened(self, response: httpx.Response) -> None:
+        """The stream is open: note its retries and model revision."""
+        revision = response.headers.get(MODEL_REVISION_HEADER) or None
+        self._client._set_evidence(_Evidence(self._state.retries, revision))
+
+    def chunk(self, payload: str) -> dict[str, Any] | Again:
+        """The chunk one event carries; an error event raises, or, before any chunk was yielded, may retry."""
+        chunk = read_chunk(payload)
+        error = chunk_error(chunk)
+        if error is None:
+            self._yielded = True
+            return chunk
+        if self._yielded:
+            raise stream_failure(error)
+        return Again(self._decide(error, None))
+
+    def broken(self, exc: httpx.RequestError) -> SIEError:
+        """The error to raise when the connection fails while the answer is read: the generation may be running."""
+        return terminal_error(transport_failure(exc, self._client.base_url), self._call.policy)

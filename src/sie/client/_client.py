@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
 import httpx
 
-from sie.client._base import BaseClient
+from sie.client._base import Again, BaseClient
+from sie.client._generation import GenerateParams, asse_payloads, sse_payloads
 from sie.client._requests import Call, CallKnobs, EncodeParams, ExtractParams, ScoreParams
 from sie.client._retry import DEFAULT_MAX_OOM_RETRIES, Random
 
@@ -182,6 +183,86 @@ class SIEClient(BaseClient):
         )
         return self._send(self._extract_call(model, items, params, knobs))
 
+    def generate(  # noqa: PLR0913 - the sie-sdk 0.10.1 signature (its text-only part)
+        self,
+        model: str,
+        prompt: str,
+        *,
+        max_new_tokens: int,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: Sequence[str] | None = None,
+        seed: int | None = None,
+        options: Mapping[str, Any] | None = None,
+        gpu: str | None = None,
+        wait_for_capacity: bool = True,
+        provision_timeout_s: float | None = None,
+        max_oom_retries: int = DEFAULT_MAX_OOM_RETRIES,
+        read_timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """Generate text that continues `prompt`, and get it back whole.
+
+        You get `{"model", "text", "finish_reason", "usage": {"prompt_tokens", "completion_tokens",
+        "total_tokens"}, "attempt_id", "ttft_ms", "tpot_ms"}`. The prompt is raw: no chat template is applied.
+
+        * **max_new_tokens** - the most tokens to generate.
+        * **temperature**, **top_p**, **seed** - sampling; unset means the model's default, `temperature=0` greedy.
+        * **stop** - strings that end the text; a stop string is never part of it.
+        * **read_timeout_s** - how long to wait for the whole answer (default: the client's), never retried.
+
+        Generation is not idempotent, so only answers that come before any work started are retried: 503
+        PROVISIONING (with `wait_for_capacity`), MODEL_LOADING and RESOURCE_EXHAUSTED, 429 and full queues. A 504
+        or a connection lost mid-request raises at once; the other keywords work as in `encode`.
+        """
+        params = GenerateParams(
+            prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, stop=stop, seed=seed
+        )
+        knobs = CallKnobs(
+            gpu=gpu,
+            wait_for_capacity=wait_for_capacity,
+            provision_timeout_s=provision_timeout_s,
+            max_oom_retries=max_oom_retries,
+        )
+        return self._send(
+            self._generate_call(model, params, options, knobs, stream=False, read_timeout_s=read_timeout_s)
+        )
+
+    def stream_generate(  # noqa: PLR0913 - the sie-sdk 0.10.1 signature (its text-only part)
+        self,
+        model: str,
+        prompt: str,
+        *,
+        max_new_tokens: int,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: Sequence[str] | None = None,
+        seed: int | None = None,
+        options: Mapping[str, Any] | None = None,
+        gpu: str | None = None,
+        wait_for_capacity: bool = True,
+        provision_timeout_s: float | None = None,
+        max_oom_retries: int = DEFAULT_MAX_OOM_RETRIES,
+        read_timeout_s: float | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Generate text that continues `prompt`, chunk by chunk as it is decoded.
+
+        Each chunk is `{"request_id", "seq", "text_delta", "done"}`; the last has `done: True`, `finish_reason`,
+        `usage` and `ttft_ms`. Stop iterating early and the server cancels the generation. An error event raises
+        its error: before the first chunk a capacity error is retried as in `generate`, after it never.
+        `read_timeout_s` bounds the wait for each event. The keywords work as in `generate`.
+        """
+        params = GenerateParams(
+            prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, stop=stop, seed=seed
+        )
+        knobs = CallKnobs(
+            gpu=gpu,
+            wait_for_capacity=wait_for_capacity,
+            provision_timeout_s=provision_timeout_s,
+            max_oom_retries=max_oom_retries,
+        )
+        call = self._generate_call(model, params, options, knobs, stream=True, read_timeout_s=read_timeout_s)
+        yield from self._stream(call)
+
     def list_models(self) -> list[dict[str, Any]]:
         """List the models the server offers, each with its inputs, outputs, dims and state."""
         return self._send(self._models_call(None))
@@ -214,6 +295,35 @@ class SIEClient(BaseClient):
                 delay = run.answered(response)
                 if delay is None:
                     return run.finish(response)
+            self._sleep(delay)
+
+    def _stream(self, call: Call[Any]) -> Iterator[dict[str, Any]]:
+        run = self._start_stream(call)
+        while True:
+            request = run.next_request()
+            try:
+                response = self._http.send(request, stream=True)
+            except httpx.RequestError as exc:
+                delay = run.failed(exc)
+            else:
+                try:
+                    if response.status_code != 200:
+                        response.read()
+                        delay = run.refused(response)
+                    else:
+                        run.opened(response)
+                        for payload in sse_payloads(response.iter_lines()):
+                            step = run.chunk(payload)
+                            if isinstance(step, Again):
+                                delay = step.delay
+                                break
+                            yield step
+                        else:
+                            return
+                except httpx.RequestError as exc:
+                    raise run.broken(exc) from exc
+                finally:
+                    response.close()
             self._sleep(delay)
 
 
@@ -341,6 +451,70 @@ class SIEAsyncClient(BaseClient):
         )
         return await self._send(self._extract_call(model, items, params, knobs))
 
+    async def generate(  # noqa: PLR0913 - the sie-sdk 0.10.1 signature (its text-only part)
+        self,
+        model: str,
+        prompt: str,
+        *,
+        max_new_tokens: int,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: Sequence[str] | None = None,
+        seed: int | None = None,
+        options: Mapping[str, Any] | None = None,
+        gpu: str | None = None,
+        wait_for_capacity: bool = True,
+        provision_timeout_s: float | None = None,
+        max_oom_retries: int = DEFAULT_MAX_OOM_RETRIES,
+        read_timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """Generate text that continues `prompt`, and get it back whole; see `SIEClient.generate`."""
+        params = GenerateParams(
+            prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, stop=stop, seed=seed
+        )
+        knobs = CallKnobs(
+            gpu=gpu,
+            wait_for_capacity=wait_for_capacity,
+            provision_timeout_s=provision_timeout_s,
+            max_oom_retries=max_oom_retries,
+        )
+        call = self._generate_call(model, params, options, knobs, stream=False, read_timeout_s=read_timeout_s)
+        return await self._send(call)
+
+    async def stream_generate(  # noqa: PLR0913 - the sie-sdk 0.10.1 signature (its text-only part)
+        self,
+        model: str,
+        prompt: str,
+        *,
+        max_new_tokens: int,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: Sequence[str] | None = None,
+        seed: int | None = None,
+        options: Mapping[str, Any] | None = None,
+        gpu: str | None = None,
+        wait_for_capacity: bool = True,
+        provision_timeout_s: float | None = None,
+        max_oom_retries: int = DEFAULT_MAX_OOM_RETRIES,
+        read_timeout_s: float | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Generate text chunk by chunk, as an async iterator; see `SIEClient.stream_generate`.
+
+        To stop early and close the stream at once, iterate inside `contextlib.aclosing(...)`.
+        """
+        params = GenerateParams(
+            prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, stop=stop, seed=seed
+        )
+        knobs = CallKnobs(
+            gpu=gpu,
+            wait_for_capacity=wait_for_capacity,
+            provision_timeout_s=provision_timeout_s,
+            max_oom_retries=max_oom_retries,
+        )
+        call = self._generate_call(model, params, options, knobs, stream=True, read_timeout_s=read_timeout_s)
+        async for chunk in self._stream(call):
+            yield chunk
+
     async def list_models(self) -> list[dict[str, Any]]:
         """List the models the server offers; see `SIEClient.list_models`."""
         return await self._send(self._models_call(None))
@@ -373,4 +547,33 @@ class SIEAsyncClient(BaseClient):
                 delay = run.answered(response)
                 if delay is None:
                     return run.finish(response)
+            await self._sleep(delay)
+
+    async def _stream(self, call: Call[Any]) -> AsyncIterator[dict[str, Any]]:
+        run = self._start_stream(call)
+        while True:
+            request = run.next_request()
+            try:
+                response = await self._http.send(request, stream=True)
+            except httpx.RequestError as exc:
+                delay = run.failed(exc)
+            else:
+                try:
+                    if response.status_code != 200:
+                        await response.aread()
+                        delay = run.refused(response)
+                    else:
+                        run.opened(response)
+                        async for payload in asse_payloads(response.aiter_lines()):
+                            step = run.chunk(payload)
+                            if isinstance(step, Again):
+                                delay = step.delay
+                                break
+                            yield step
+                        else:
+                            return
+                except httpx.RequestError as exc:
+                    raise run.broken(exc) from exc
+                finally:
+                    await response.aclose()
             await self._sleep(delay)

@@ -72,6 +72,9 @@ class Call(Generic[T]):
     parse: Callable[[dict[str, Any]], T]
     what: str
     content: bytes | None = None
+    # Seconds to wait for the answer, as given (generation's per-call `read_timeout_s`); None: the client's,
+    # capped by what is left of the budget.
+    read_timeout_s: float | None = None
 
 
 def merge_options(

@@ -81,7 +81,7 @@ Outcome = ErrorResponse | TransportFailure
 
 @attrs.frozen(kw_only=True)
 class RetryPolicy:
-    """The per-call knobs of encode/score/extract, plus what the stop errors name (model, gpu, LoRA)."""
+    """The per-call knobs of an inference call, plus what the stop errors name (model, gpu, LoRA)."""
 
     wait_for_capacity: bool = True
     max_oom_retries: int = DEFAULT_MAX_OOM_RETRIES
@@ -91,6 +91,9 @@ class RetryPolicy:
     lora: str | None = None
     # False for calls the contract never retries (the model catalogue reads): every outcome is terminal.
     retries_enabled: bool = True
+    # False for generation, which may run twice if sent twice: only signals that come before the work was
+    # published are retried, never a connection lost mid-request or a 504.
+    idempotent: bool = True
 
 
 @attrs.frozen
@@ -196,7 +199,7 @@ def _transport(at: _Attempt) -> Decision | None:
     outcome = at.outcome
     if not isinstance(outcome, TransportFailure):
         return None
-    retryable = outcome.kind in (TransportKind.CONNECT, TransportKind.BROKEN)
+    retryable = outcome.kind is TransportKind.CONNECT or (outcome.kind is TransportKind.BROKEN and at.policy.idempotent)
     if retryable and at.policy.wait_for_capacity and not at.budget_spent:
         return at.retry(apply_jitter(min(CAPACITY_DEFAULT_DELAY_S, at.remaining), at.rng))
     return Stop(terminal_error(outcome, at.policy))
@@ -278,7 +281,7 @@ def _admission(at: _Attempt) -> Decision | None:
 
 def _gateway_timeout(at: _Attempt) -> Decision | None:
     response = at.response(504)
-    if response is None or not at.policy.wait_for_capacity or at.budget_spent:
+    if response is None or not at.policy.idempotent or not at.policy.wait_for_capacity or at.budget_spent:
         return None
     delay = response.retry_after if response.retry_after is not None else CAPACITY_DEFAULT_DELAY_S
     return at.retry(min(delay, at.remaining))
