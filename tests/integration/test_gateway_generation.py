@@ -302,7 +302,9 @@ async def test_more_tokens_than_the_model_allows_is_refused_naming_the_callers_f
 async def test_a_prompt_over_the_item_limit_is_input_too_long_before_anything_is_queued(catalog: Catalog) -> None:
     async with Gateway(catalog, max_item_chars=50) as gateway:
         long_prompt = {"prompt": "x" * 51, "max_new_tokens": 2}
-        native = openai_error(await gateway.client.post(NATIVE, json=long_prompt), 400)
+        response = await gateway.client.post(NATIVE, json=long_prompt)
+        assert response.headers["x-sie-error-code"] == "INPUT_TOO_LONG"  # what SIE clients type it by
+        native = openai_error(response, 400)
         assert native["message"].startswith("The text of the prompt has 51 characters; at most 50")
         chat = {**CHAT, "messages": [{"role": "system", "content": "y" * 30}, {"role": "user", "content": "z" * 30}]}
         refused = openai_error(await gateway.client.post("/v1/chat/completions", json=chat), 400)

@@ -6,7 +6,7 @@ import pytest
 
 from sie.catalog import BundleConflictError, ModelNotFoundError
 from sie.gateway import errors as gx
-from sie.gateway.replies import RULES, Surface, error_reply, route_error_reply, rule_for, surface_for_path
+from sie.gateway.replies import RULES, Surface, describe, error_reply, route_error_reply, rule_for, surface_for_path
 from sie.wire import DecodeError, loads_json
 
 # (exception, status, code, native envelope key, Retry-After or None, X-SIE-Error-Code or None)
@@ -65,6 +65,8 @@ def test_openai_surface_keeps_status_and_headers_in_openai_envelope(
     assert set(error) == {"message", "type", "param", "code"}
     assert error["type"] == ("invalid_request_error" if status < 500 else "server_error")
     assert reply.headers.get("retry-after") == retry_after
+    # The SIE code the OpenAI body code may coarsen (`invalid_request`) is in the header SIE clients read first.
+    assert reply.headers["x-sie-error-code"] == (header_code or code or describe(exc)[0])
 
 
 def test_every_gateway_error_class_has_a_rule() -> None:

@@ -176,6 +176,9 @@ def error_reply(exc: BaseException, surface: Surface = Surface.NATIVE) -> ErrorR
     if isinstance(exc, UnauthorizedError):
         headers[WWW_AUTHENTICATE] = BEARER_CHALLENGE
     if surface is Surface.OPENAI:
+        # OpenAI's body code is coarser (`invalid_request` for every 400): the SIE code rides in the header, which
+        # SIE clients read first (an INPUT_TOO_LONG stays one).
+        headers.setdefault(ERROR_CODE, code)
         return ErrorReply(rule.status, _openai(exc, rule.status, code, message), headers)
     return ErrorReply(rule.status, _native(exc, rule.envelope, code, message, extra), headers)
 
