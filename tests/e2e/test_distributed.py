@@ -190,6 +190,33 @@ def test_killing_the_worker_loses_no_accepted_request(cluster: Cluster) -> None:
         assert ids == [f"r{index}-{j}" for j in range(ITEMS)]  # each item answered once, in place
 
 
+def test_a_worker_killed_mid_generation_ends_the_stream_with_an_error_and_the_next_generation_runs(
+    cluster: Cluster,
+) -> None:
+    """A generation already streaming cannot be given to another worker (its client holds part of one answer, and a
+    second attempt would write a different one): the sidecar ends it with an error event, so nothing hangs. The
+    restarted worker serves the next generation."""
+    client = openai.OpenAI(base_url=f"{cluster.url}/v1", api_key="unused", timeout=60, max_retries=0)
+    story = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
+    received = 0
+    with (
+        pytest.raises(openai.APIError, match="the generation failed on the worker"),
+        client.chat.completions.create(model=SMOLLM, messages=story, max_tokens=800, stream=True) as stream,
+    ):
+        for _chunk in stream:
+            received += 1
+            if received == 3:
+                cluster.worker.process.kill()
+    assert 3 <= received < 800
+    cluster.worker.stop()  # reaps the killed process and closes its log
+    cluster.worker = cluster.start_worker()
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    reply = client.with_options(timeout=120).chat.completions.create(
+        model=SMOLLM, messages=question, temperature=0, max_tokens=32
+    )
+    assert "Paris" in reply.choices[0].message.content, cluster.logs()
+
+
 def test_losing_nats_answers_503(cluster: Cluster) -> None:
     cluster.nats.stop()
     response = httpx.post(f"{cluster.url}/v1/encode/{MINILM}", json={"items": [{"text": "x"}]}, timeout=30)
