@@ -131,17 +131,27 @@ def test_a_lease_expires_unless_renewed(deployment: Deployment) -> None:
     assert refused.status_code == 404
 
 
+def pools_requests(gateway: str) -> float:
+    """`/v1/pools` requests the gateway answered 200 (the sidecars' polls among them), from its /metrics."""
+    text = httpx.get(f"{gateway}/metrics", timeout=5).text
+    lines = [line for line in text.splitlines() if line.startswith("sie_gateway_requests_total{")]
+    ours = [line for line in lines if 'route="/v1/pools"' in line and 'status="200"' in line]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in ours)
+
+
 def test_a_capped_pools_work_goes_only_to_its_assigned_worker(deployment: Deployment) -> None:
     body = {"name": "capped", "gpus": {"default": 1}, "gpu_caps": {"default": 1}}
     pool = httpx.post(f"{deployment.a}/v1/pools", json=body, timeout=10).json()
     assigned = [worker["name"] for worker in pool["status"]["assigned_workers"]]
     assert len(assigned) == 1 and assigned[0] in ("w-1", "w-2"), pool
-    # Gateway b reads the same assignment; the sidecars have polled it (every 0.3 s).
+    # Gateway b reads the same assignment, and the sidecars have polled it from gateway a (every 0.3 s): several
+    # polls seen since the pool was made, not a fixed sleep, which a loaded machine outlasts.
+    polled = pools_requests(deployment.a)
     assert holds_within(
         lambda: [w["name"] for w in httpx.get(f"{deployment.b}/v1/pools/capped", timeout=5).json()["status"][
             "assigned_workers"]] == assigned, 5
     )  # fmt: skip
-    asyncio.run(_sleep(1.0))
+    assert holds_within(lambda: pools_requests(deployment.a) >= polled + 8, 15)
 
     async def send(url: str, headers: dict[str, str], count: int) -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=60) as client:
@@ -158,10 +168,6 @@ def test_a_capped_pools_work_goes_only_to_its_assigned_worker(deployment: Deploy
     plain = asyncio.run(send(deployment.a, {}, 40))
     assert {r.headers["x-sie-worker"] for r in plain} == {"w-1", "w-2"}
     httpx.delete(f"{deployment.a}/v1/pools/capped", timeout=5)
-
-
-async def _sleep(seconds: float) -> None:
-    await asyncio.sleep(seconds)
 
 
 def test_an_unknown_pool_is_404_and_makes_no_stream(deployment: Deployment) -> None:
