@@ -20,16 +20,16 @@ import attrs
 
 from sie.catalog.errors import ModelNotFoundError
 from sie.catalog.model import Tasks
-from sie.catalog.names import generate_cancel_subject, work_worker_subject
+from sie.catalog.names import generate_cancel_subject
 from sie.gateway import workitems
 from sie.gateway.collector import ChunkStream, Collector
 from sie.gateway.errors import GatewayError, GenerationFailedError, InvalidRequestError, WorkerRetryableError
 from sie.gateway.limits import RequestLimits
 from sie.gateway.pools import PoolDirectory
-from sie.gateway.publisher import WorkPublisher, publish_error
+from sie.gateway.publisher import WorkPublisher
 from sie.gateway.router import LaneHints, Route, Router
+from sie.gateway.service import admit, fail_unless_stored, route_request
 from sie.gateway.workitems import Ticket
-from sie.pools import PoolNotFoundError, canonical_pool_name
 from sie.telemetry.requests import note_request
 from sie.telemetry.tracing import TraceHeaders
 from sie.transport.base import MessageBus
@@ -378,14 +378,7 @@ class GenerationService:
         now = time.time()
         ticket = Ticket(request_id, reply, self._publisher.router_id, now, now + self._timeout_s, trace)
         item = workitems.generate_work(route, ticket, call.params)
-        assigned = self._pools.assigned(route.admission_pool) if route.admission_pool else None
-        await self._publisher.admit(route.lane, 1, route.bundle_config_hash, assigned, route.demand_lanes)
-        direct = None
-        if assigned:  # a capped pool: its work goes to one of its workers (seed 000 §8.2)
-            worker = self._publisher.direct_worker(route.lane, request_id, route.bundle_config_hash, assigned)
-            if worker is not None:
-                lane = route.lane
-                direct = work_worker_subject(lane.pool, lane.machine_profile, lane.bundle, route.model_id, worker)
+        direct = await admit(self._publisher, self._pools, route, request_id, 1)
         stream = self._collector.open_stream(request_id)
         exits = contextlib.ExitStack()
         generation = Generation(route, request_id, stream, self._timeout_s, self.abandon, exits)
@@ -393,7 +386,7 @@ class GenerationService:
         try:
             exits.enter_context(self._publisher.in_flight(route.lane, 1))
             stored = await self._publisher.publish(route.lane, route.subject, [item], direct)
-            stored.add_done_callback(functools.partial(_fail_unless_stored, stream, route.subject))
+            stored.add_done_callback(functools.partial(fail_unless_stored, stream.fail, route.subject))
         except BaseException:
             generation.close()
             raise
@@ -401,20 +394,14 @@ class GenerationService:
         return generation
 
     async def _route(self, spec: str, profile: Any, hints: LaneHints) -> Route:
-        """The request's route (a pool it names must exist); `org__name` is read as `org/name`, as the SDK
-        writes model ids into the native path."""
-        requested = hints.requested_pool()
-        target = None
-        if requested is not None:
-            target = await self._pools.target(requested)
-            if target is None:
-                raise PoolNotFoundError(f"pool '{canonical_pool_name(requested)}' not found")
+        """The request's route; `org__name` is read as `org/name`, as the SDK writes model ids into the native
+        path."""
         try:
-            return self._router.route(spec, profile, hints, target)
+            return await route_request(self._router, self._pools, spec, profile, hints)
         except ModelNotFoundError:
             if "__" not in spec:
                 raise
-            return self._router.route(spec.replace("__", "/"), profile, hints, target)
+            return await route_request(self._router, self._pools, spec.replace("__", "/"), profile, hints)
 
     def abandon(self, request_id: str) -> None:
         """Announce `cancel.{router_id}.{request_id}` (NATS core, best effort, detached): the sidecar forwards it to
@@ -446,11 +433,3 @@ def _check_model(call: GenerateCall, model: str, tasks: Tasks) -> None:
             f"Field '{field}' must be at most {most} for model '{model}' (its max_output_tokens), got {asked}",
             param=field,
         )
-
-
-def _fail_unless_stored(stream: ChunkStream, subject: str, stored: asyncio.Future[None]) -> None:
-    if stored.cancelled():
-        return
-    error = stored.exception()
-    if error is not None:
-        stream.fail(publish_error(error, subject))

@@ -15,7 +15,7 @@ import attrs
 
 from sie.catalog.names import work_worker_subject
 from sie.gateway import assembly, openai, router, workitems
-from sie.gateway.collector import Collector, PendingRequest
+from sie.gateway.collector import Collector
 from sie.gateway.headers import ResponseMetadata, collect_metadata, model_revision
 from sie.gateway.limits import RequestLimits
 from sie.gateway.offload import PayloadOffload
@@ -47,14 +47,41 @@ class Collected:
     meta: ResponseMetadata
 
 
-def _fail_unless_stored(pending: PendingRequest, subject: str, stored: asyncio.Future[None]) -> None:
-    """End the request's wait with the refusal when the stream did not store its items (a detached ACK drain
+async def route_request(router: Router, pools: PoolDirectory, spec: str, profile: Any, hints: LaneHints) -> Route:
+    """The request's route; a pool it names must exist (seed 000 §16.3: missing named pools fail closed)."""
+    requested = hints.requested_pool()
+    if requested is None:
+        return router.route(spec, profile, hints)
+    target = await pools.target(requested)
+    if target is None:
+        raise PoolNotFoundError(f"pool '{canonical_pool_name(requested)}' not found")
+    return router.route(spec, profile, hints, target)
+
+
+async def admit(
+    publisher: WorkPublisher, pools: PoolDirectory, route: Route, request_id: str, count: int
+) -> str | None:
+    """Admit `count` items on the route's lane (PROVISIONING, backpressure); the worker subject a capped pool's work
+    goes to (seed 000 §8.2: one of its assigned workers, on that worker's own subject), or None for the lane's."""
+    assigned = pools.assigned(route.admission_pool) if route.admission_pool else None
+    await publisher.admit(route.lane, count, route.bundle_config_hash, assigned, route.demand_lanes)
+    if not assigned:
+        return None
+    worker = publisher.direct_worker(route.lane, request_id, route.bundle_config_hash, assigned)
+    if worker is None:
+        return None
+    lane = route.lane
+    return work_worker_subject(lane.pool, lane.machine_profile, lane.bundle, route.model_id, worker)
+
+
+def fail_unless_stored(fail: Callable[[BaseException], None], subject: str, stored: asyncio.Future[None]) -> None:
+    """End a request's wait (`fail`) with the refusal when the stream did not store its items (a detached ACK drain
     that failed; a request already answered or gone is not affected)."""
     if stored.cancelled():
         return
     error = stored.exception()
     if error is not None:
-        pending.fail(publish_error(error, subject))
+        fail(publish_error(error, subject))
 
 
 def _profile(options: dict[str, Any] | None) -> Any:
@@ -154,14 +181,7 @@ class InferenceService:
         return Served(body, collected.meta)
 
     async def _route(self, spec: str, profile: Any, hints: LaneHints) -> Route:
-        """The request's route; a pool it names must exist (seed 000 §16.3: missing named pools fail closed)."""
-        requested = hints.requested_pool()
-        if requested is None:
-            return self._router.route(spec, profile, hints)
-        target = await self._pools.target(requested)
-        if target is None:
-            raise PoolNotFoundError(f"pool '{canonical_pool_name(requested)}' not found")
-        return self._router.route(spec, profile, hints, target)
+        return await route_request(self._router, self._pools, spec, profile, hints)
 
     async def _run(
         self, route: Route, build: Callable[[Ticket], list[WorkItem]], trace: TraceHeaders | None
@@ -170,14 +190,7 @@ class InferenceService:
         note_request(request_id=request_id)
         now = time.time()
         items = build(Ticket(request_id, reply, self._publisher.router_id, now, now + self._timeout_s, trace))
-        assigned = self._pools.assigned(route.admission_pool) if route.admission_pool else None
-        await self._publisher.admit(route.lane, len(items), route.bundle_config_hash, assigned, route.demand_lanes)
-        direct = None
-        if assigned:  # a capped pool: its work goes to one of its workers, on that worker's subject (seed 000 §8.2)
-            worker = self._publisher.direct_worker(route.lane, request_id, route.bundle_config_hash, assigned)
-            if worker is not None:
-                lane = route.lane
-                direct = work_worker_subject(lane.pool, lane.machine_profile, lane.bundle, route.model_id, worker)
+        direct = await admit(self._publisher, self._pools, route, request_id, len(items))
         with (
             self._collector.expect(request_id, len(items)) as pending,
             self._publisher.in_flight(route.lane, len(items)),
@@ -186,7 +199,7 @@ class InferenceService:
             started = time.perf_counter()
             try:
                 stored = await self._publisher.publish(route.lane, route.subject, items, direct)
-                stored.add_done_callback(functools.partial(_fail_unless_stored, pending, route.subject))
+                stored.add_done_callback(functools.partial(fail_unless_stored, pending.fail, route.subject))
                 published = time.perf_counter()
                 results = await pending.wait(self._timeout_s)
             except BaseException:  # a timeout, a failed publish, the client gone (cancelled): nobody waits now
