@@ -194,7 +194,7 @@ def assert_no_leak(reply: Reply, body: Any) -> None:
 
 
 def assert_envelope(body: Any, surface: str, reply: Reply) -> None:
-    """The error body is the surface's envelope (gateway/replies.py, placement/api.py)."""
+    """The error body is the surface's envelope (gateway/http/replies.py, placement/api.py)."""
     assert isinstance(body, dict), reply.describe()
     if set(body) == {"detail"} and isinstance(body["detail"], str):
         # An unknown route or method anywhere: FastAPI's `{"detail": "Not Found"}`, as sie-server answers.

@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from sie.gateway.app import GatewaySources, build_gateway_app
+from sie.gateway.http.app import GatewaySources, build_gateway_app
 from sie.gateway.publisher import QueueConsumers
 from sie.settings import BatchingSettings, GatewaySettings, LaneSettings, StreamSettings
 from sie.sidecar import Sidecar, SidecarConfig

@@ -14,8 +14,8 @@ import pytest
 from nats.aio.msg import Msg
 
 from sie.catalog.names import CONFIG_ALL_SUBJECT
-from sie.control.app import build_control_app
 from sie.control.auth import AccessPolicy
+from sie.control.http.app import build_control_app
 from sie.control.loading import load_registry
 from sie.control.publisher import DeltaPublisher
 from sie.control.writes import ConfigWriter

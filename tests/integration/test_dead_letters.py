@@ -21,9 +21,9 @@ from starlette.applications import Starlette
 
 from sie.catalog import Catalog
 from sie.catalog.names import work_subject
-from sie.gateway.app import GatewaySources, build_gateway_app
-from sie.gateway.auth import GatewayAuth
 from sie.gateway.dead_letters import DeadLetterQueue
+from sie.gateway.http.app import GatewaySources, build_gateway_app
+from sie.gateway.http.auth import GatewayAuth
 from sie.gateway.publisher import QueueConsumers
 from sie.settings import BatchingSettings, GatewaySettings, LaneSettings, StreamSettings
 from sie.settings.messaging import NatsSettings

@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
-from sie.gateway.app import GatewaySources, build_gateway_app
+from sie.gateway.http.app import GatewaySources, build_gateway_app
 from sie.gateway.publisher import QueueConsumers
 from sie.http.handlers import plain_handler_routes
 from sie.placement.api import PATH_PREFIXES, PlacementApi

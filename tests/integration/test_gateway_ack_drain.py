@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 
 from sie.catalog import load_catalog
-from sie.gateway.app import GatewaySources, build_gateway_app, collector_of
+from sie.gateway.http.app import GatewaySources, build_gateway_app, collector_of
 from sie.gateway.publisher import QueueConsumers
 from sie.settings import GatewaySettings, LaneSettings, StreamSettings
 from sie.settings.messaging import NatsSettings

@@ -21,9 +21,9 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from sie.catalog import Catalog
-from sie.gateway.app import GatewaySources, build_gateway_app
-from sie.gateway.auth import GatewayAuth
 from sie.gateway.dead_letters import DeadLetterQueue
+from sie.gateway.http.app import GatewaySources, build_gateway_app
+from sie.gateway.http.auth import GatewayAuth
 from sie.gateway.publisher import QueueConsumers
 from sie.http.handlers import plain_handler_routes
 from sie.http.serving import HttpListener, serve_http

@@ -11,8 +11,8 @@ import pytest
 
 from sie.catalog import Catalog, load_yaml, parse_bundle, parse_model_config
 from sie.catalog.names import CONFIG_ALL_SUBJECT
-from sie.gateway.app import GatewaySources, build_gateway_app
 from sie.gateway.config_sync import ConfigState, ConfigSync
+from sie.gateway.http.app import GatewaySources, build_gateway_app
 from sie.gateway.publisher import QueueConsumers
 from sie.gateway.registry import WorkerRegistry
 from sie.settings import ConfigSyncSettings, GatewaySettings, LaneSettings

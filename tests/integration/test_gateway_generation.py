@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from sie.catalog import Catalog, load_catalog
-from sie.gateway.app import GatewaySources, build_gateway_app, collector_of
+from sie.gateway.http.app import GatewaySources, build_gateway_app, collector_of
 from sie.gateway.publisher import QueueConsumers
 from sie.http.serving import HttpListener, serve_http
 from sie.settings import GatewaySettings, LaneSettings

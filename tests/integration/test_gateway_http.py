@@ -19,7 +19,7 @@ import pytest
 import tiktoken
 
 from sie.catalog import Catalog, load_catalog, parse_bundle
-from sie.gateway.app import GatewaySources, build_gateway_app, collector_of, serving_state
+from sie.gateway.http.app import GatewaySources, build_gateway_app, collector_of, serving_state
 from sie.gateway.publisher import QueueConsumers
 from sie.gateway.status import LastError, WorkerSummary
 from sie.settings import GatewaySettings, LaneSettings, StreamSettings

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from sie.catalog import Catalog, load_catalog
-from sie.gateway.app import GatewaySources, build_gateway_app
+from sie.gateway.http.app import GatewaySources, build_gateway_app
 from sie.gateway.pools import PoolDirectory
 from sie.gateway.publisher import QueueConsumers
 from sie.gateway.scaling import LaneSignals

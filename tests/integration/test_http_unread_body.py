@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sie.catalog import load_catalog
-from sie.gateway.app import GatewaySources, build_gateway_app
+from sie.gateway.http.app import GatewaySources, build_gateway_app
 from sie.gateway.publisher import QueueConsumers
 from sie.http.serving import HttpListener, serve_http
 from sie.settings import GatewaySettings, LaneSettings

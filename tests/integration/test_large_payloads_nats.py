@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from sie.catalog.names import work_subject
-from sie.gateway.app import GatewaySources, build_gateway_app, collector_of
+from sie.gateway.http.app import GatewaySources, build_gateway_app, collector_of
 from sie.gateway.offload import PayloadOffload
 from sie.gateway.publisher import QueueConsumers
 from sie.settings import BatchingSettings, GatewaySettings, LaneSettings, StreamSettings

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from sie.catalog import load_catalog
-from sie.control.app import build_control_app
 from sie.control.auth import AccessPolicy
+from sie.control.http.app import build_control_app
 from sie.control.loading import load_registry
 from sie.control.writes import ConfigWriter
 from sie.settings import BatchingSettings, LaneSettings, load_settings

@@ -20,7 +20,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from sie.catalog import load_catalog
-from sie.gateway.app import GatewaySources, build_gateway_app, serving_state
+from sie.gateway.http.app import GatewaySources, build_gateway_app, serving_state
 from sie.gateway.publisher import QueueConsumers
 from sie.gateway.status import WorkerSummary
 from sie.http.handlers import plain_handler_routes

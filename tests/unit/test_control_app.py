@@ -13,8 +13,8 @@ import pytest
 
 from sie.catalog import load_yaml
 from sie.catalog.names import CONFIG_ALL_SUBJECT, config_subject
-from sie.control.app import build_control_app
 from sie.control.auth import AccessPolicy
+from sie.control.http.app import build_control_app
 from sie.control.loading import load_registry
 from sie.control.publisher import DeltaPublisher
 from sie.control.registry import ModelRegistry

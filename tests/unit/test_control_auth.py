@@ -7,8 +7,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sie.control.app import build_control_app
 from sie.control.auth import AccessPolicy, bearer_token
+from sie.control.http.app import build_control_app
 from sie.control.loading import load_registry
 from sie.control.writes import ConfigWriter
 from sie.stores.config_store import MemoryConfigStore

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sie.catalog import load_yaml
-from sie.control.app import build_control_app
 from sie.control.auth import AccessPolicy
+from sie.control.http.app import build_control_app
 from sie.control.loading import load_registry
 from sie.control.registry import SOURCE_API
 from sie.control.writes import ConfigWriter

@@ -3,8 +3,8 @@ size). The admin-token rule of `/v1/dlq` is gateway auth's (tests/integration/te
 
 from __future__ import annotations
 
-from sie.gateway.dead_letter_routes import letter_document, letter_summary
 from sie.gateway.dead_letters import replay_item
+from sie.gateway.http.dead_letters import letter_document, letter_summary
 from sie.transport.base import DeadLetter
 from sie.wire.queue import WorkItem
 

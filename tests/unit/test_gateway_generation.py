@@ -9,14 +9,15 @@ import asyncio
 import pytest
 
 from sie.gateway.collector import ChunkStream
+from sie.gateway.dispatch import chunk_error
 from sie.gateway.errors import (
     GatewayTimeoutError,
     GenerationFailedError,
     InvalidRequestError,
     WorkerRetryableError,
 )
-from sie.gateway.generation import chunk_error, parse_chat, parse_completion, parse_native
-from sie.gateway.replies import Surface, error_reply, stream_error, surface_for_path
+from sie.gateway.http.generation_requests import parse_chat, parse_completion, parse_native
+from sie.gateway.http.replies import Surface, error_reply, stream_error, surface_for_path
 from sie.wire.generate import GenerateChunk
 from sie.wire.queue import GenerateParams
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from sie.catalog import Catalog, load_catalog
-from sie.gateway.headers import MODEL_REVISION, ResponseMetadata, model_revision, response_headers
+from sie.gateway.http.headers import MODEL_REVISION, response_headers
+from sie.gateway.metadata import ResponseMetadata, model_revision
 from sie.gateway.pools import PoolTarget
 from sie.gateway.router import LaneHints, Router, expected_bundle_config_hash
 from sie.gateway.workitems import Ticket, encode_work

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sie.gateway.negotiation import decode_request, is_msgpack_body, render, wants_msgpack
+from sie.gateway.http.negotiation import decode_request, is_msgpack_body, render, wants_msgpack
 from sie.wire import DecodeError, loads_json, packb
 from sie.wire.http import EncodeRequest, ExtractRequest, ScoreRequest
 

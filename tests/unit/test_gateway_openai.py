@@ -14,7 +14,7 @@ from sie.catalog import ModelConfig
 from sie.catalog.parse import parse_model_config
 from sie.catalog.yamlio import load_yaml
 from sie.gateway.errors import InvalidRequestError, PayloadTooLargeError
-from sie.gateway.openai import (
+from sie.gateway.http.openai import (
     MAX_COMPAT_RESPONSE_BODY,
     EmbeddingsCall,
     check_dimensions,
@@ -23,7 +23,7 @@ from sie.gateway.openai import (
     parse_embeddings,
     with_decoded_tokens,
 )
-from sie.gateway.openai_tokens import decode_token_inputs
+from sie.gateway.http.openai_tokens import decode_token_inputs
 from sie.wire import packb
 from sie.wire.queue import UnitCounts, WorkResult
 

@@ -6,7 +6,15 @@ import pytest
 
 from sie.catalog import BundleConflictError, ModelNotFoundError
 from sie.gateway import errors as gx
-from sie.gateway.replies import RULES, Surface, describe, error_reply, route_error_reply, rule_for, surface_for_path
+from sie.gateway.http.replies import (
+    RULES,
+    Surface,
+    describe,
+    error_reply,
+    route_error_reply,
+    rule_for,
+    surface_for_path,
+)
 from sie.wire import DecodeError, loads_json
 
 # (exception, status, code, native envelope key, Retry-After or None, X-SIE-Error-Code or None)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from sie.gateway.headers import ResponseMetadata, collect_metadata, response_headers
-from sie.gateway.shutdown import ServingState, ShutdownMiddleware
+from sie.gateway.http.headers import response_headers
+from sie.gateway.http.shutdown import ServingState, ShutdownMiddleware
+from sie.gateway.metadata import ResponseMetadata, collect_metadata
 from sie.wire import loads_json
 from sie.wire.queue import WorkResult
 

@@ -1,6 +1,6 @@
 """Failures the gateway's domain code raises; each carries its wire code and fields, never a status or envelope.
 
-replies.py maps these (and the catalog, wire and transport errors that reach a handler) onto HTTP. Tree:
+`sie.gateway.http.replies` maps these (and the catalog, wire and transport errors that reach a handler) onto HTTP. Tree:
 
     GatewayError
     ├── InvalidRequestError      the request cannot be served as sent (INVALID_INPUT / INPUT_TOO_LONG)

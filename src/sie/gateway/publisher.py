@@ -22,7 +22,7 @@ from typing import Final, Protocol
 
 import attrs
 
-from sie.catalog.names import reply_subject, work_cancel_subject
+from sie.catalog.names import generate_cancel_subject, reply_subject, work_cancel_subject
 from sie.gateway.errors import InvalidRequestError, ProvisioningError, QueueFullError, QueueUnavailableError
 from sie.pools import DemandTracker
 from sie.telemetry.gateway import AdmissionDecision, GatewayMetrics, LaneDecision, LaneKey
@@ -90,9 +90,9 @@ class LaneLimits:
 
 class WorkPublisher:
     """Names requests, admits them against the lane's state, publishes their work items and announces the
-    requests it gives up on (`work_cancel`). Without `known_machine_profiles`, any lane may be provisioned;
-    `demand` records the lanes a request found without a worker (or was shed from) until work is published to
-    them; `metrics` (when given) counts each admission decision."""
+    requests it gives up on (`work_cancel`; `cancel` for a generation). Without `known_machine_profiles`, any lane
+    may be provisioned; `demand` records the lanes a request found without a worker (or was shed from) until work is
+    published to them; `metrics` (when given) counts each admission decision."""
 
     def __init__(  # noqa: PLR0913 - admission's collaborators and limits
         self,
@@ -262,18 +262,26 @@ class WorkPublisher:
         """Announce on `work_cancel.{router_id}.{request_id}` (NATS core, best effort) that nobody waits for the
         request any more, so sidecars drop its work wherever it still waits. Detached: it never delays the
         failing request."""
+        self._announce(work_cancel_subject(self.router_id, request_id), request_id)
+
+    def cancel_generation(self, request_id: str) -> None:
+        """Announce `cancel.{router_id}.{request_id}` (NATS core, best effort, detached): the sidecar forwards it to
+        the worker decoding the request, which stops it (max_tokens still bounds a generation whose cancel is
+        lost)."""
+        self._announce(generate_cancel_subject(self.router_id, request_id), request_id)
+
+    def _announce(self, subject: str, request_id: str) -> None:
         if len(self._cancels) >= MAX_PENDING_CANCELS:
             logger.debug("cancel of %s skipped: %d announcements pending", request_id, len(self._cancels))
             return
-        task = asyncio.get_running_loop().create_task(self._announce(request_id))
+        task = asyncio.get_running_loop().create_task(self._send_cancel(subject, request_id))
         self._cancels.add(task)
         task.add_done_callback(self._cancels.discard)
 
-    async def _announce(self, request_id: str) -> None:
-        subject = work_cancel_subject(self.router_id, request_id)
+    async def _send_cancel(self, subject: str, request_id: str) -> None:
         try:
             await self._queue.publish(subject, {"router_id": self.router_id, "request_id": request_id})
-        except Exception:  # noqa: BLE001 - best effort: the items' deadlines still stop them
+        except Exception:  # noqa: BLE001 - best effort: deadlines and max_tokens still stop the work
             logger.debug("announcing the cancel of %s failed", request_id, exc_info=True)
 
 

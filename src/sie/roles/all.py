@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
-from sie.gateway.app import GatewaySources, build_gateway_app, serving_state
-from sie.gateway.auth import GatewayAuth
 from sie.gateway.dead_letters import DeadLetterQueue
+from sie.gateway.http.app import GatewaySources, build_gateway_app, serving_state
+from sie.gateway.http.auth import GatewayAuth
 from sie.gateway.publisher import QueueConsumers
 from sie.http.handlers import plain_handler_routes
 from sie.http.serving import serve_until_signalled

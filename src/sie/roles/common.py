@@ -16,7 +16,7 @@ import attrs
 from starlette.routing import Route
 
 from sie.catalog import Catalog, load_catalog
-from sie.gateway.auth import AuthSettingsError, check_auth_settings
+from sie.gateway.http.auth import AuthSettingsError, check_auth_settings
 from sie.gateway.lane_depth import LaneDepths, ReadDepth, known_lanes
 from sie.gateway.pools import PoolDirectory
 from sie.gateway.scaling import LaneSignals

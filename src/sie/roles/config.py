@@ -15,9 +15,9 @@ import logging
 import sys
 from contextlib import AsyncExitStack
 
-from sie.control.app import build_control_app
 from sie.control.auth import AccessPolicy
 from sie.control.errors import UnrestoredStoreError
+from sie.control.http.app import build_control_app
 from sie.control.loading import load_registry, require_no_stored_models, restore_models
 from sie.control.publisher import DeltaPublisher
 from sie.control.registry import ModelRegistry

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
-from sie.gateway.app import GatewaySources, build_gateway_app, serving_state
-from sie.gateway.auth import GatewayAuth
 from sie.gateway.config_sync import ConfigState, ConfigSync
 from sie.gateway.dead_letters import DeadLetterQueue
+from sie.gateway.http.app import GatewaySources, build_gateway_app, serving_state
+from sie.gateway.http.auth import GatewayAuth
 from sie.gateway.offload import PayloadOffload
 from sie.gateway.registry import WorkerRegistry, first_heartbeat_round_s
 from sie.http.serving import serve_until_signalled

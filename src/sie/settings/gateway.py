@@ -63,7 +63,7 @@ class GatewaySettings:
             seconds(positive=True),
             "How long a request waits for all its results before 504 GATEWAY_TIMEOUT.",
             roles=_GATEWAY_ROLES,
-            read_by=("sie.gateway.app",),
+            read_by=("sie.gateway.http.app",),
         ),
         30.0,
     )
@@ -73,7 +73,7 @@ class GatewaySettings:
             integer(minimum=1),
             "Pool-wide backpressure: pending messages in `WORK_POOL_{pool}` above which requests get 503 QUEUE_FULL.",
             roles=_GATEWAY_ROLES,
-            read_by=("sie.gateway.app",),
+            read_by=("sie.gateway.http.app",),
         ),
         50_000,
     )
@@ -83,7 +83,7 @@ class GatewaySettings:
             byte_size(),
             "Largest request body accepted; larger gets 413.",
             roles=_GATEWAY_ROLES,
-            read_by=("sie.gateway.app",),
+            read_by=("sie.gateway.http.app",),
         ),
         256 * 2**20,
     )
@@ -94,7 +94,7 @@ class GatewaySettings:
             "Most items one request may carry (seed 000 §8: the queue admits at most 4096 per request); more "
             "gets 413 PAYLOAD_TOO_LARGE before anything is queued.",
             roles=_GATEWAY_ROLES,
-            read_by=("sie.gateway.app",),
+            read_by=("sie.gateway.http.app",),
         ),
         4096,
     )
@@ -106,7 +106,7 @@ class GatewaySettings:
             "checked before tokenization; longer gets 400 INPUT_TOO_LONG "
             "(models read at most their max sequence length of it).",
             roles=_GATEWAY_ROLES,
-            read_by=("sie.gateway.app",),
+            read_by=("sie.gateway.http.app",),
         ),
         100_000,
     )
@@ -117,7 +117,7 @@ class GatewaySettings:
             "Machine profiles this cluster has: a request whose `X-SIE-MACHINE-PROFILE` names another gets 503 "
             "`gpu_not_configured`; `/health` lists them. Empty: any.",
             roles=_GATEWAY_ROLES,
-            read_by=("sie.gateway.app",),
+            read_by=("sie.gateway.http.app",),
         ),
         (),
     )
@@ -144,7 +144,7 @@ class AuthSettings:
             "Gateway auth: `token` (alias `static`) requires a bearer token on every route but `/healthz` and "
             "`/readyz`; `none` requires none (admin routes still need SIE_ADMIN_TOKEN when it is set).",
             roles=_GATEWAY_ROLES,
-            read_by=("sie.gateway.auth",),
+            read_by=("sie.gateway.http.auth",),
         ),
         "none",
     )
@@ -159,7 +159,7 @@ class AuthSettings:
             aliases=("SIE_AUTH_TOKEN",),
             secret=True,
             roles=("gateway", "config", "all"),
-            read_by=("sie.gateway.auth", "sie.roles.config"),
+            read_by=("sie.gateway.http.auth", "sie.roles.config"),
         ),
         (),
     )
@@ -170,7 +170,7 @@ class AuthSettings:
             "A file of more inference tokens, one a line (blank lines and `#` comments skipped), re-read within "
             "a second or two of a change: tokens rotate without a restart (a mounted Kubernetes secret works).",
             roles=_GATEWAY_ROLES,
-            read_by=("sie.gateway.auth",),
+            read_by=("sie.gateway.http.auth",),
         ),
         None,
     )
@@ -182,7 +182,7 @@ class AuthSettings:
             "without a token. They show workers, models and queue depth: leave it false unless only operators reach "
             "the port.",
             roles=_GATEWAY_ROLES,
-            read_by=("sie.gateway.auth",),
+            read_by=("sie.gateway.http.auth",),
         ),
         False,
     )
@@ -197,7 +197,7 @@ class AuthSettings:
             flag=None,
             secret=True,
             roles=("gateway", "config", "sidecar", "all"),
-            read_by=("sie.roles.config", "sie.roles.gateway", "sie.sidecar.config_export", "sie.gateway.auth"),
+            read_by=("sie.roles.config", "sie.roles.gateway", "sie.sidecar.config_export", "sie.gateway.http.auth"),
         ),
         None,
     )

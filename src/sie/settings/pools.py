@@ -34,7 +34,7 @@ class PoolSettings:
             "Lease of a pool created without `ttl_seconds`: it expires unless renewed (`POST /v1/pools/{name}/renew`; "
             "the SDK renews every 60 s).",
             roles=_GATEWAY_ROLES,
-            read_by=("sie.roles.common", "sie.gateway.app"),
+            read_by=("sie.roles.common", "sie.gateway.http.app"),
         ),
         300.0,
     )
@@ -45,7 +45,7 @@ class PoolSettings:
             "Deploy-owned queue pools (worker groups with their own SIE_POOL): requests may name them, API pools may "
             "use them as `queue_pool`, and they cannot be deleted. `default` always exists.",
             roles=_GATEWAY_ROLES,
-            read_by=("sie.roles.common", "sie.gateway.app"),
+            read_by=("sie.roles.common", "sie.gateway.http.app"),
         ),
         (),
     )
@@ -57,7 +57,7 @@ class PoolSettings:
             "and not yet seen answered, above which a request is over the lane's limit (recorded always; refused "
             "with 503 QUEUE_FULL only with SIE_GATEWAY_LANE_BACKPRESSURE_ENFORCE).",
             roles=_GATEWAY_ROLES,
-            read_by=("sie.gateway.app",),
+            read_by=("sie.gateway.http.app",),
         ),
         10_000,
     )
@@ -68,7 +68,7 @@ class PoolSettings:
             "Refuse (503 QUEUE_FULL, Retry-After 5) requests over SIE_GATEWAY_MAX_LANE_IN_FLIGHT_ITEMS; false only "
             "counts them (`sie_gateway_lane_admission_decisions_total`).",
             roles=_GATEWAY_ROLES,
-            read_by=("sie.gateway.app",),
+            read_by=("sie.gateway.http.app",),
         ),
         False,
     )
@@ -80,7 +80,7 @@ class PoolSettings:
             "is published to the lane first: the scale-from-zero signal (`/v1/scaling/lanes`, "
             "`sie_gateway_lane_pending_demand`).",
             roles=_GATEWAY_ROLES,
-            read_by=("sie.roles.common", "sie.gateway.app"),
+            read_by=("sie.roles.common", "sie.gateway.http.app"),
         ),
         300.0,
     )

@@ -23,10 +23,10 @@ from sie.gateway.config_sync.views import (
     status_target,
     worker_ack_status,
 )
-from sie.gateway.edge import endpoint, json_response
 from sie.gateway.errors import InvalidRequestError
-from sie.gateway.headers import VERSION_HEADERS
-from sie.gateway.replies import Surface
+from sie.gateway.http.edge import endpoint, json_response
+from sie.gateway.http.headers import VERSION_HEADERS
+from sie.gateway.http.replies import Surface
 from sie.gateway.router import CatalogSource
 from sie.http.bodies import read_body
 from sie.wire import DecodeError, loads_json

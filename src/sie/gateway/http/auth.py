@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Final
 
 from sie.gateway.errors import ForbiddenError, UnauthorizedError
-from sie.gateway.replies import send_error_reply
-from sie.gateway.shutdown import ASGIApp, Receive, Scope, Send
+from sie.gateway.http.replies import send_error_reply
+from sie.gateway.http.shutdown import ASGIApp, Receive, Scope, Send
 from sie.http.bearer import bearer_token, token_in
 from sie.settings import AuthSettings
 

@@ -1,6 +1,6 @@
 """The gateway's operator pages (seed 000 §14): `GET /` (the status page), `GET /ws/cluster-status` (a cluster
 snapshot about every second, which the page draws), `GET /openapi.json` and `GET /docs` (the description of the
-public routes). The two HTML files ship in the package (sie/gateway/static) and load nothing from elsewhere.
+public routes). The two HTML files ship in the package (sie/gateway/http/static) and load nothing from elsewhere.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from sie.gateway.cluster_status import ClusterStatus
-from sie.gateway.headers import VERSION_HEADERS
-from sie.gateway.openapi import openapi_document
-from sie.gateway.shutdown import ServingState
+from sie.gateway.http.headers import VERSION_HEADERS
+from sie.gateway.http.openapi import openapi_document
+from sie.gateway.http.shutdown import ServingState
 
 PUSH_INTERVAL_S: Final = 1.0
 # WebSocket close code for a server going away (RFC 6455 §7.4.1): the gateway is draining.
@@ -33,7 +33,7 @@ PAGE_HEADERS: Final = {
 
 
 def _static_page(name: str) -> bytes:
-    return importlib.resources.files("sie.gateway").joinpath("static", name).read_bytes()
+    return importlib.resources.files("sie.gateway.http").joinpath("static", name).read_bytes()
 
 
 class StatusPages:

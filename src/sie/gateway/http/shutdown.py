@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
 from sie.gateway.errors import ShuttingDownError
-from sie.gateway.replies import send_error_reply
+from sie.gateway.http.replies import send_error_reply
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

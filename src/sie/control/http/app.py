@@ -15,9 +15,9 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from sie.control.auth import AccessPolicy
-from sie.control.handlers import MAX_BODY_BYTES, ControlHandlers, json_response
+from sie.control.http.handlers import MAX_BODY_BYTES, ControlHandlers, json_response
+from sie.control.http.replies import error_reply
 from sie.control.registry import ModelRegistry
-from sie.control.replies import error_reply
 from sie.control.writes import ConfigWriter
 from sie.telemetry.access import log_access
 from sie.telemetry.http import HttpMetrics

@@ -7,7 +7,7 @@
     DELETE /v1/pools/{name}          {"deleted": name} (403 POOL_PROTECTED for `default` and static queue pools)
     POST   /v1/pools/{name}/renew    extend the lease by its ttl_seconds → Pool
 
-Mutations are admin routes (gateway/auth.py); reads take an inference token in token mode. Errors go through
+Mutations are admin routes (gateway/http/auth.py); reads take an inference token in token mode. Errors go through
 replies.py. A store the broker cannot reach answers 503 QUEUE_UNAVAILABLE.
 """
 
@@ -21,11 +21,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from sie.gateway.edge import JSON_MEDIA_TYPE, endpoint, json_response
 from sie.gateway.errors import InvalidRequestError
-from sie.gateway.headers import VERSION_HEADERS
+from sie.gateway.http.edge import JSON_MEDIA_TYPE, endpoint, json_response
+from sie.gateway.http.headers import VERSION_HEADERS
+from sie.gateway.http.replies import Surface
 from sie.gateway.pools import PoolDirectory
-from sie.gateway.replies import Surface
 from sie.http.bodies import read_body
 from sie.wire import DecodeError, dumps_json, loads_json
 

@@ -32,7 +32,7 @@ from sie.gateway.errors import (
     TransportFailureError,
     UnauthorizedError,
 )
-from sie.gateway.headers import ERROR_CODE, RETRY_AFTER, VERSION_HEADERS
+from sie.gateway.http.headers import ERROR_CODE, RETRY_AFTER, VERSION_HEADERS
 from sie.http.errors import BodyIncompleteError, BodyTooLargeError
 from sie.pools import (
     InvalidPoolError,

@@ -6,7 +6,7 @@
     DELETE /v1/dlq/{id}               drop one letter
     POST   /v1/dlq/purge              drop every letter
 
-They are admin routes: the gateway's auth middleware (gateway/auth.py) requires SIE_ADMIN_TOKEN on every one of
+They are admin routes: the gateway's auth middleware (gateway/http/auth.py) requires SIE_ADMIN_TOKEN on every one of
 them, since letters hold users' inputs. Errors go through replies.py.
 """
 
@@ -20,9 +20,9 @@ from starlette.routing import Route
 
 from sie.catalog.names import dead_letter_subject
 from sie.gateway.dead_letters import DeadLetterQueue
-from sie.gateway.edge import endpoint, json_response
 from sie.gateway.errors import InvalidRequestError
-from sie.gateway.replies import Surface
+from sie.gateway.http.edge import endpoint, json_response
+from sie.gateway.http.replies import Surface
 from sie.transport.base import DeadLetter
 from sie.wire import unstructure
 

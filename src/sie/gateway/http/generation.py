@@ -21,12 +21,14 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from sie.gateway import generation
-from sie.gateway.edge import endpoint, incoming_trace, lane_hints, until_disconnect
-from sie.gateway.generation import GenerateCall, Generation, GenerationService
-from sie.gateway.headers import REQUEST_ID, TRACE_ID, VERSION_HEADERS, ResponseMetadata, response_headers
-from sie.gateway.negotiation import JSON_MEDIA_TYPE, decode_data
-from sie.gateway.replies import Surface, stream_error
+from sie.gateway.dispatch import Streamed
+from sie.gateway.generation import GenerateCall, GenerationService
+from sie.gateway.http import generation_requests
+from sie.gateway.http.edge import endpoint, incoming_trace, lane_hints, until_disconnect
+from sie.gateway.http.headers import REQUEST_ID, TRACE_ID, VERSION_HEADERS, response_headers
+from sie.gateway.http.negotiation import JSON_MEDIA_TYPE, decode_data
+from sie.gateway.http.replies import Surface, stream_error
+from sie.gateway.metadata import ResponseMetadata
 from sie.http.bodies import read_body
 from sie.telemetry.tracing import (
     GATEWAY_PROXY_CHAT,
@@ -212,7 +214,7 @@ class EventStream(StreamingResponse):
             await self.body_iterator.aclose()  # type: ignore[attr-defined]  # always our async generator
 
 
-async def _events(generation: Generation, shape: Shape, first: GenerateChunk) -> AsyncIterator[bytes]:
+async def _events(generation: Streamed, shape: Shape, first: GenerateChunk) -> AsyncIterator[bytes]:
     for event in shape.opening():
         yield sse(event)
     chunk = first
@@ -228,7 +230,7 @@ async def _events(generation: Generation, shape: Shape, first: GenerateChunk) ->
     yield DONE_EVENT
 
 
-async def _outcome(generation: Generation, first: GenerateChunk) -> Outcome:
+async def _outcome(generation: Streamed, first: GenerateChunk) -> Outcome:
     texts, chunk = [first.text_delta], first
     while not chunk.done:
         chunk = await generation.next()
@@ -253,21 +255,21 @@ class GenerationHandlers:
 
     @endpoint(Surface.OPENAI)
     async def generate(self, request: Request) -> Response:
-        call = generation.parse_native(request.path_params["model"], await self._body(request))
+        call = generation_requests.parse_native(request.path_params["model"], await self._body(request))
         return await self._serve(request, call, _native_shape, GATEWAY_PROXY_GENERATE)
 
     @endpoint(Surface.OPENAI)
     async def chat_completions(self, request: Request) -> Response:
-        call = generation.parse_chat(await self._body(request))
+        call = generation_requests.parse_chat(await self._body(request))
         return await self._serve(request, call, functools.partial(_chat_shape, call), GATEWAY_PROXY_CHAT)
 
     @endpoint(Surface.OPENAI)
     async def completions(self, request: Request) -> Response:
-        call = generation.parse_completion(await self._body(request))
+        call = generation_requests.parse_completion(await self._body(request))
         return await self._serve(request, call, functools.partial(_completion_shape, call), GATEWAY_PROXY_GENERATE)
 
     async def _serve(
-        self, request: Request, call: GenerateCall, shape_of: Callable[[Generation], Shape], span_name: str
+        self, request: Request, call: GenerateCall, shape_of: Callable[[Streamed], Shape], span_name: str
     ) -> Response:
         """Publish, wait for the first chunk (the client leaving cancels it), then stream or collect the rest."""
         span = self._open_span(request, call, span_name)
@@ -280,7 +282,7 @@ class GenerationHandlers:
             raise
 
     async def _answer(
-        self, request: Request, call: GenerateCall, shape_of: Callable[[Generation], Shape], span: Span | None
+        self, request: Request, call: GenerateCall, shape_of: Callable[[Streamed], Shape], span: Span | None
     ) -> Response:
         started = time.perf_counter()
         trace = self._tracing.headers(span) if span is not None else incoming_trace(request)
@@ -315,7 +317,7 @@ class GenerationHandlers:
 
     async def _begin(
         self, request: Request, call: GenerateCall, trace: TraceHeaders | None
-    ) -> tuple[Generation, GenerateChunk]:
+    ) -> tuple[Streamed, GenerateChunk]:
         running = await self._service.start(call, lane_hints(request), trace)
         try:
             return running, await running.next()
@@ -324,19 +326,19 @@ class GenerationHandlers:
             raise
 
 
-def _native_shape(running: Generation) -> Shape:
+def _native_shape(running: Streamed) -> Shape:
     return NativeShape(running.route.model, running.request_id)
 
 
-def _chat_shape(call: GenerateCall, running: Generation) -> Shape:
+def _chat_shape(call: GenerateCall, running: Streamed) -> Shape:
     return ChatShape(call.model, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), call.include_usage)
 
 
-def _completion_shape(call: GenerateCall, running: Generation) -> Shape:
+def _completion_shape(call: GenerateCall, running: Streamed) -> Shape:
     return CompletionShape(call.model, f"cmpl-{uuid.uuid4().hex}", int(time.time()), call.include_usage)
 
 
-def _finish(running: Generation, span: Span | None) -> None:
+def _finish(running: Streamed, span: Span | None) -> None:
     """A streamed answer ended (done, failed or the client left): stop waiting for chunks, end the span."""
     running.close()
     if span is not None:

@@ -14,11 +14,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sie.gateway.errors import ClientDisconnectedError
-from sie.gateway.headers import VERSION_HEADERS, response_headers
-from sie.gateway.negotiation import JSON_MEDIA_TYPE, render, wants_msgpack
-from sie.gateway.replies import ErrorReply, Surface, error_reply
+from sie.gateway.http.headers import VERSION_HEADERS, response_headers
+from sie.gateway.http.negotiation import JSON_MEDIA_TYPE, render, wants_msgpack
+from sie.gateway.http.replies import ErrorReply, Surface, error_reply
+from sie.gateway.inference import Served
 from sie.gateway.router import LaneHints
-from sie.gateway.service import Served
 from sie.telemetry.tracing import TRACEPARENT, TRACESTATE, TraceHeaders, trace_headers
 from sie.wire import dumps_json
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from sie.gateway.headers import SIE_VERSION
+from sie.gateway.http.headers import SIE_VERSION
 
 OPENAPI_VERSION: Final = "3.1.0"
 

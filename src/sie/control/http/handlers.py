@@ -18,9 +18,9 @@ from sie.control import views
 from sie.control.auth import Access, AccessPolicy
 from sie.control.documents import parse_put_document, parse_resolve_request, parse_yaml_document
 from sie.control.errors import ControlError, RegistryUnavailableError
+from sie.control.http.replies import error_reply
 from sie.control.idempotency import IdempotencyCache, post_fingerprint, put_fingerprint
 from sie.control.registry import ModelRegistry
-from sie.control.replies import error_reply
 from sie.control.writes import ConfigWriter
 from sie.http.bodies import read_body
 from sie.http.errors import BodyIncompleteError, BodyTooLargeError

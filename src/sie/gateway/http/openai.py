@@ -1,14 +1,15 @@
 """The OpenAI `/v1/embeddings` compatibility layer over encode (seed 000 §2; contracts Part B §1.5, A §2.6):
 request parsing (text, or cl100k_base token ids that `openai_tokens` decodes off the loop), `dimensions`
 (checked against the model before any work, then truncation and re-normalisation of Matryoshka vectors), the
-16 MiB reply buffer cap, and the response shape. The handler decodes bytes, calls the service's encode, and
-renders what this module builds.
+16 MiB reply buffer cap, and the response shape. The handler decodes bytes, parses them here, and renders what
+`embeddings` answers from the inference service's encode.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -18,7 +19,10 @@ import numpy as np
 from sie.catalog import ModelConfig
 from sie.gateway import assembly
 from sie.gateway.errors import InvalidRequestError, PayloadTooLargeError
-from sie.gateway.openai_tokens import decode_token_inputs
+from sie.gateway.http.openai_tokens import decode_token_inputs
+from sie.gateway.inference import InferenceService, Served
+from sie.gateway.router import LaneHints, Route
+from sie.telemetry.tracing import TraceHeaders
 from sie.wire.http import EncodeParams, EncodeRequest, Item
 from sie.wire.queue import WorkResult
 
@@ -172,3 +176,19 @@ def embeddings_body(call: EmbeddingsCall, results: Sequence[WorkResult]) -> dict
         for index, result in enumerate(results)
     ]  # fmt: skip
     return {"object": "list", "data": data, "model": call.model, "usage": _usage(call, results)}
+
+
+async def embeddings(
+    service: InferenceService, call: EmbeddingsCall, hints: LaneHints, trace: TraceHeaders | None = None
+) -> Served:
+    """OpenAI embeddings: an encode whose every item must succeed, reshaped under the 16 MiB reply cap."""
+    call = await with_decoded_tokens(call)
+    check = functools.partial(_check_routed_dimensions, call)
+    collected = await service.encode_results(call.model, call.encode_request(), hints, trace, check)
+    assembly.check_failures(collected.results, strict=True)
+    check_reply_size(collected.results)
+    return Served(embeddings_body(call, collected.results), collected.meta)
+
+
+def _check_routed_dimensions(call: EmbeddingsCall, route: Route) -> None:
+    check_dimensions(call, route.config)

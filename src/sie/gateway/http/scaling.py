@@ -15,9 +15,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from sie.gateway.edge import endpoint, json_response
 from sie.gateway.errors import InvalidRequestError
-from sie.gateway.replies import Surface
+from sie.gateway.http.edge import endpoint, json_response
+from sie.gateway.http.replies import Surface
 from sie.gateway.scaling import LaneSignals
 from sie.pools import InvalidPoolError, canonical_pool_name
 

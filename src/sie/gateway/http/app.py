@@ -17,30 +17,32 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from sie.gateway.auth import AuthMiddleware, GatewayAuth
 from sie.gateway.cluster_status import ClusterSources, ClusterStatus
 from sie.gateway.collector import Collector
-from sie.gateway.config_routes import config_routes
 from sie.gateway.config_sync import HeartbeatSource
-from sie.gateway.dead_letter_routes import dead_letter_routes
 from sie.gateway.dead_letters import DeadLetterQueue
-from sie.gateway.edge import reply_response
+from sie.gateway.dispatch import Dispatcher
 from sie.gateway.generation import GenerationService
-from sie.gateway.generation_routes import GenerationHandlers
-from sie.gateway.handlers import InferenceHandlers, ReadHandlers
+from sie.gateway.http.auth import AuthMiddleware, GatewayAuth
+from sie.gateway.http.config import config_routes
+from sie.gateway.http.dead_letters import dead_letter_routes
+from sie.gateway.http.edge import reply_response
+from sie.gateway.http.generation import GenerationHandlers
+from sie.gateway.http.inference import InferenceHandlers
+from sie.gateway.http.pools import pool_routes
+from sie.gateway.http.reads import ReadHandlers
+from sie.gateway.http.replies import error_reply, route_error_reply, surface_for_path
+from sie.gateway.http.scaling import scaling_routes
+from sie.gateway.http.shutdown import ServingState, ShutdownMiddleware
+from sie.gateway.http.status_page import StatusPages, status_routes
+from sie.gateway.inference import InferenceService
 from sie.gateway.limits import RequestLimits
 from sie.gateway.offload import PayloadOffload
-from sie.gateway.pool_routes import pool_routes
 from sie.gateway.pools import PoolDirectory
 from sie.gateway.publisher import KnownMachineProfiles, LaneConsumers, LaneLimits, WorkPublisher
-from sie.gateway.replies import error_reply, route_error_reply, surface_for_path
 from sie.gateway.router import CatalogSource, Router
 from sie.gateway.scaling import LaneSignals
-from sie.gateway.scaling_routes import scaling_routes
-from sie.gateway.service import InferenceService
-from sie.gateway.shutdown import ServingState, ShutdownMiddleware
 from sie.gateway.status import ModelStatusSource
-from sie.gateway.status_page import StatusPages, status_routes
 from sie.gateway.traffic import TrafficWindow
 from sie.pools import DemandTracker, MemoryPoolStore
 from sie.settings import GatewaySettings, LaneSettings, PoolSettings
@@ -140,13 +142,10 @@ def build_gateway_app(
         LaneLimits(pool_settings.max_lane_in_flight_items, pool_settings.lane_backpressure_enforce),
     )
     limits = RequestLimits(settings.max_items, settings.max_item_chars)
-    service = InferenceService(router, publisher, collector, settings.request_timeout_s, pools, limits, sources.offload)
-    inference = InferenceHandlers(service, settings.max_body_bytes, sources.tracing)
-    generation = GenerationHandlers(
-        GenerationService(router, publisher, collector, sources.transport, settings.request_timeout_s, pools, limits),
-        settings.max_body_bytes,
-        sources.tracing,
-    )
+    offload = sources.offload or PayloadOffload(None, lambda: None)
+    dispatcher = Dispatcher(router, pools, publisher, collector, settings.request_timeout_s, offload)
+    inference = InferenceHandlers(InferenceService(dispatcher, limits), settings.max_body_bytes, sources.tracing)
+    generation = GenerationHandlers(GenerationService(dispatcher, limits), settings.max_body_bytes, sources.tracing)
     read = ReadHandlers(sources.catalog, sources.status, serving, settings.configured_gpus, sources.unready_reason)
     traffic = TrafficWindow()  # inference requests per second and their latency, for the status page
     cluster = ClusterSources(

@@ -1,7 +1,5 @@
-"""HTTP handlers of the gateway: each decodes the request, makes one domain call and renders the answer.
-
-Inference: `POST /v1/encode|score|extract/{model:path}` and the OpenAI `POST /v1/embeddings`. Read surface:
-`GET /v1/models[/{model:path}]`, `/health`, and the plain-text probes `/healthz` and `/readyz` (seed 000 §4, §14).
+"""The inference routes: `POST /v1/encode|score|extract/{model:path}` and the OpenAI `POST /v1/embeddings`. Each
+handler decodes the request, makes one domain call and renders the answer.
 """
 
 from __future__ import annotations
@@ -12,24 +10,19 @@ from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import Response
 
-from sie.gateway import models, openai
-from sie.gateway.edge import (
+from sie.gateway.http import openai
+from sie.gateway.http.edge import (
     endpoint,
     incoming_trace,
-    json_response,
     lane_hints,
     served_response,
     until_disconnect,
 )
-from sie.gateway.headers import VERSION_HEADERS
-from sie.gateway.negotiation import decode_data, decode_request
-from sie.gateway.replies import Surface
-from sie.gateway.router import CatalogSource
-from sie.gateway.service import InferenceService, Served
-from sie.gateway.shutdown import ServingState
-from sie.gateway.status import ModelStatusSource
+from sie.gateway.http.negotiation import decode_data, decode_request
+from sie.gateway.http.replies import Surface
+from sie.gateway.inference import InferenceService, Served
 from sie.http.bodies import read_body
 from sie.telemetry.requests import note_request
 from sie.telemetry.tracing import GATEWAY_REQUEST, SpanKind, TraceHeaders, Tracing, trace_id_of
@@ -82,7 +75,7 @@ class InferenceHandlers:
         call = openai.parse_embeddings(decode_data(raw, request.headers.get("content-type")))
         note_request(model=call.model)  # for the access line and the metrics: this path names no model
         served = await self._serve(
-            request, functools.partial(self._service.embeddings, call, lane_hints(request)), call.model
+            request, functools.partial(openai.embeddings, self._service, call, lane_hints(request)), call.model
         )
         # OpenAI clients speak JSON: Accept is not consulted.
         return served_response(served, None, started)
@@ -105,44 +98,3 @@ class InferenceHandlers:
                 {"sie.request_id": meta.request_id, "sie.publish_ms": meta.publish_ms, "sie.wait_ms": meta.wait_ms}
             )
             return served
-
-
-class ReadHandlers:
-    """Model catalogue, health and probes; `unready_reason` (when given) says why the gateway cannot serve now,
-    say its broker is not connected yet, or None when it can."""
-
-    def __init__(
-        self,
-        catalog: CatalogSource,
-        status: ModelStatusSource,
-        serving: ServingState,
-        configured_gpus: tuple[str, ...],
-        unready_reason: Callable[[], str | None] | None = None,
-    ) -> None:
-        self._catalog = catalog
-        self._status = status
-        self._serving = serving
-        self._configured_gpus = configured_gpus
-        self._unready_reason = unready_reason
-
-    @endpoint(Surface.NATIVE)
-    async def list_models(self, request: Request) -> Response:
-        return json_response(models.models_body(self._catalog(), self._status))
-
-    @endpoint(Surface.NATIVE)
-    async def get_model(self, request: Request) -> Response:
-        return json_response(models.model_body(self._catalog(), request.path_params["model"], self._status))
-
-    @endpoint(Surface.NATIVE)
-    async def health(self, request: Request) -> Response:
-        return json_response(models.health_body(self._catalog(), self._status, self._configured_gpus))
-
-    async def healthz(self, request: Request) -> Response:
-        return PlainTextResponse("ok", headers=VERSION_HEADERS)
-
-    async def readyz(self, request: Request) -> Response:
-        reason = self._unready_reason() if self._unready_reason is not None else None
-        if self._serving.ready and reason is None:
-            return PlainTextResponse("ok", headers=VERSION_HEADERS)
-        text = "not ready" if reason is None else f"not ready: {reason}"
-        return PlainTextResponse(text, status_code=503, headers=VERSION_HEADERS)

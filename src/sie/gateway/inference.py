@@ -1,0 +1,108 @@
+"""Encode, score and extract (seed 000 §2, §16.2): each checks its request against the limits and the routed model,
+builds its work items and answers from the results the dispatch core collects. One method per operation; each is
+the single domain call a handler makes (the compatibility dialects call `encode_results` and shape the answer
+themselves). No web framework, no status codes: failures are the typed exceptions in errors.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from sie.gateway import assembly, router, workitems
+from sie.gateway.dispatch import Collected, Dispatcher
+from sie.gateway.limits import RequestLimits
+from sie.gateway.metadata import ResponseMetadata
+from sie.gateway.router import LaneHints, Route
+from sie.telemetry.requests import note_request
+from sie.telemetry.tracing import TraceHeaders
+from sie.wire.http import EncodeParams, EncodeRequest, ExtractParams, ExtractRequest, ScoreRequest
+from sie.wire.queue import OPERATION_ENCODE, OPERATION_EXTRACT, OPERATION_SCORE
+
+
+@attrs.frozen
+class Served:
+    """A successful answer: the body to render and the timings for its headers."""
+
+    body: dict[str, Any]
+    meta: ResponseMetadata
+
+
+def _profile(options: dict[str, Any] | None) -> Any:
+    return options.get("profile") if options else None
+
+
+def _instruction(params: EncodeParams | ExtractParams | None) -> str | None:
+    return params.instruction if params is not None else None
+
+
+class InferenceService:
+    """Encode, score and extract over the dispatch core."""
+
+    def __init__(self, dispatcher: Dispatcher, limits: RequestLimits | None = None) -> None:
+        self._dispatcher = dispatcher
+        self._limits = limits or RequestLimits()
+
+    async def encode(
+        self, spec: str, request: EncodeRequest, hints: LaneHints, trace: TraceHeaders | None = None
+    ) -> Served:
+        collected = await self.encode_results(spec, request, hints, trace)
+        failed = assembly.check_failures(collected.results)
+        body = assembly.encode_body(collected.route.model, request.items, collected.results, failed)
+        return Served(body, collected.meta)
+
+    async def encode_results(
+        self,
+        spec: str,
+        request: EncodeRequest,
+        hints: LaneHints,
+        trace: TraceHeaders | None = None,
+        check: Callable[[Route], None] | None = None,
+    ) -> Collected:
+        """The raw results of an encode (a compatibility dialect reshapes them itself); `check` refuses, before any
+        work is published, what the routed model cannot do."""
+        note_request(model=spec, items=len(request.items))
+        self._limits.check(request.items)
+        params = request.params
+        route = await self._dispatcher.route(spec, _profile(params.options if params else None), hints)
+        outputs = router.encode_outputs(route, params.output_types if params else None)
+        router.check_output_dtype(params)
+        router.check_options(route, params.options if params else None, OPERATION_ENCODE, _instruction(params))
+        if check is not None:
+            check(route)
+        return await self._dispatcher.collect(
+            route, lambda ticket: workitems.encode_work(route, ticket, request, outputs), trace
+        )
+
+    async def score(
+        self, spec: str, request: ScoreRequest, hints: LaneHints, trace: TraceHeaders | None = None
+    ) -> Served:
+        note_request(model=spec, items=len(request.items))
+        self._limits.check(request.items, request.query)
+        route = await self._dispatcher.route(spec, _profile(request.options), hints)
+        router.check_score(route)
+        router.check_options(route, request.options, OPERATION_SCORE, request.instruction)
+        collected = await self._dispatcher.collect(
+            route, lambda ticket: workitems.score_work(route, ticket, request), trace
+        )
+        assembly.check_failures(collected.results, per_item=False)
+        body = assembly.score_body(route.model, request.query.id, collected.results[0])
+        return Served(body, collected.meta)
+
+    async def extract(
+        self, spec: str, request: ExtractRequest, hints: LaneHints, trace: TraceHeaders | None = None
+    ) -> Served:
+        note_request(model=spec, items=len(request.items))
+        self._limits.check(request.items)
+        params = request.params
+        route = await self._dispatcher.route(spec, _profile(params.options if params else None), hints)
+        router.check_extract(route, params)
+        router.check_options(route, params.options if params else None, OPERATION_EXTRACT, _instruction(params))
+        collected = await self._dispatcher.collect(
+            route, lambda ticket: workitems.extract_work(route, ticket, request), trace
+        )
+        failed = assembly.check_failures(collected.results)
+        body = assembly.extract_body(route.model, request.items, collected.results, failed)
+        return Served(body, collected.meta)
