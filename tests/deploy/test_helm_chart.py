@@ -249,7 +249,8 @@ def _env_problems(manifests: list[dict[str, Any]]) -> tuple[list[str], set[str]]
             for name in names
             if name in roles_by_name and role not in roles_by_name[name]
         ]
-        # The loader `sie run` uses: bad values, unknown flags and variables of other roles stop it.
+        # The loader `sie run` uses: bad values, unknown flags and unknown variables stop it (other roles' variables
+        # are only ignored by the loader, so the check above refuses them).
         try:
             load_role_settings(container["args"][1:], _literal_env(container))
         except SettingsError as exc:

@@ -23,7 +23,8 @@ from sie.gateway.publisher import QueueConsumers
 from sie.http.handlers import plain_handler_routes
 from sie.placement.api import PATH_PREFIXES, PlacementApi
 from sie.placement.metrics import PlacementCollector
-from sie.roles.common import baseline_catalog, metrics_routes, open_local_workers
+from sie.roles.local_workers import open_local_workers
+from sie.roles.serving import baseline_catalog, metrics_routes
 from sie.settings import LaneSettings, Settings, load_role_settings
 from sie.sidecar import Sidecar, WorkerHooks
 from sie.sidecar.children import ChildDirectory, LocalChildren, SocketChildren

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from sie.ipc.uds_client import UdsWorkerClient
-from sie.roles.common import baseline_catalog, open_local_workers
+from sie.roles.local_workers import open_local_workers
+from sie.roles.serving import baseline_catalog
 from sie.settings import load_role_settings
 from sie.wire.ipc_control import MODEL_STATE_READY, ModelControlStatusRequest, PingRequest
 from sie.worker.devices import Host

@@ -28,8 +28,8 @@ MODEL_ROLES = ("worker", "all")
 
 
 def role_environment(role: str, env: Mapping[str, str]) -> dict[str, str]:
-    """The environment of a role subprocess: this one's without any SIE_* variable (a role refuses those it
-    does not read), the repository's model cache for the roles that load models, then `env`."""
+    """The environment of a role subprocess: this one's without any SIE_* variable (each test names what its role
+    reads), the repository's model cache for the roles that load models, then `env`."""
     clean = {name: value for name, value in os.environ.items() if not name.startswith("SIE_")}
     if role in MODEL_ROLES:
         clean["SIE_MODEL_CACHE"] = str(REPO / ".cache" / "models")

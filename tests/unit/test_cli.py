@@ -18,7 +18,7 @@ runner = CliRunner()
 
 @pytest.fixture
 def no_sie_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`sie run` refuses SIE_* variables its role does not read: start from none (make exports SIE_MODEL_CACHE)."""
+    """`sie run` starts from no SIE_* variable (make exports SIE_MODEL_CACHE), so each test's are its own."""
     for name in [name for name in os.environ if name.startswith("SIE_")]:
         monkeypatch.delenv(name)
 

@@ -20,6 +20,8 @@ from sie.settings import (
     describe_settings,
     flag_paths,
     format_settings_error,
+    ignored_variables,
+    ignored_variables_note,
     load_role_settings,
     load_settings,
     parse_flags,
@@ -315,17 +317,41 @@ def test_every_setting_is_read_by_the_modules_it_names() -> None:
     assert inert == []
 
 
-def test_a_role_refuses_flags_and_variables_it_does_not_read() -> None:
+def test_a_role_refuses_flags_it_does_not_read_and_variables_that_are_no_setting() -> None:
     with pytest.raises(SettingsError) as caught:
         load_role_settings(
             ["--role", "gateway", "--max-batch-requests", "3", "--bogus", "1"],
-            {"SIE_MODEL_CACHE": "/models", "SIE_POOL_BACKEND": "kubernetes", "HOSTNAME": "pod-1"},
+            {"SIE_MODEL_CACHE": "/models", "SIE_STREAM_REPLICA": "3", "HOSTNAME": "pod-1"},
         )
     assert caught.value.problems == (
         "option --max-batch-requests does not apply to role 'gateway'; it is read by role sidecar, worker, all",
         "unknown option '--bogus'; docs/settings.md lists every option and the roles that read it",
-        "SIE_MODEL_CACHE does not apply to role 'gateway' (it is read by role worker, all); unset it",
-        "SIE_POOL_BACKEND is not a setting of this version (a typo, or a feature not built yet); unset it",
+        "SIE_STREAM_REPLICA is not a setting of this version (a typo, or a feature not built yet); unset it; "
+        "did you mean SIE_STREAM_REPLICAS?",
+    )
+
+
+def test_a_role_ignores_the_variables_of_other_roles_and_names_them_once() -> None:
+    """A shared environment (a Compose env_file, a shell with every role's variables) starts each role."""
+    shared = {"SIE_MODEL_CACHE": "/models", "SIE_CONFIG_STORE_DIR": "/store", "SIE_NATS_URL": "nats://n:4222"}
+    settings = load_role_settings(["--role", "gateway"], shared)
+    assert settings.nats.url == "nats://n:4222"
+    assert ignored_variables("gateway", shared) == [
+        "SIE_CONFIG_STORE_DIR (read by role config)",
+        "SIE_MODEL_CACHE (read by role worker, all)",
+    ]
+    assert ignored_variables_note("gateway", shared) == (
+        "role 'gateway' ignores settings of other roles set in its environment: "
+        "SIE_CONFIG_STORE_DIR (read by role config); SIE_MODEL_CACHE (read by role worker, all)"
+    )
+    assert ignored_variables_note("all", {"SIE_MODEL_CACHE": "/models"}) is None
+
+
+def test_a_typo_with_no_close_setting_gets_no_suggestion() -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_role_settings(["--role", "gateway"], {"SIE_XYZZY_QUUX_FROB": "1"})
+    assert caught.value.problems == (
+        "SIE_XYZZY_QUUX_FROB is not a setting of this version (a typo, or a feature not built yet); unset it",
     )
 
 

@@ -9,10 +9,7 @@ from rich.console import Console
 
 from sie.catalog import Catalog, ModelNotFoundError, load_catalog
 from sie.catalog.errors import CatalogErrors
-from sie.cli.pull_progress import pull_display
 from sie.settings import Settings, SettingsError, load_settings
-from sie.worker.errors import ModelLoadError
-from sie.worker.loading import ModelLoader
 
 app = typer.Typer(help="List and pre-fetch models.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -55,6 +52,12 @@ def _targets(catalog: Catalog, models: list[str] | None, every: bool) -> list[st
 def pull(models: ModelArgs = None, every: AllOption = False) -> None:
     """Download each model's files into SIE_MODEL_CACHE and convert checkpoints to ONNX, showing every file's
     size and each model's total (bars in a terminal, plain lines otherwise)."""
+    # The worker's loader (onnx, huggingface_hub, the converters) is imported only when a pull runs, so every other
+    # `sie` command, `sie run --role gateway` above all, starts without it.
+    from sie.cli.pull_progress import pull_display
+    from sie.worker.errors import ModelLoadError
+    from sie.worker.loading import ModelLoader
+
     settings, catalog = _settings_and_catalog()
     loader = ModelLoader.from_settings(settings.worker)
     failures = 0

@@ -1,8 +1,9 @@
 """`sie run --role ROLE [--flag value …]`: start one role (or `all` in one process).
 
 The role's flags win over its environment variables (docs/settings.md lists both, with the roles that read
-each); boolean flags take `--flag` / `--flag=false`. A flag or `SIE_*` variable the role does not read is
-refused with exit status 2, never ignored.
+each); boolean flags take `--flag` / `--flag=false`. A flag the role does not read is refused with exit
+status 2, and so is an `SIE_*` variable that is no setting (a typo); `SIE_*` variables of other roles are ignored and
+named in one start-up log line.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ RUN_HELP = (
     "Run one SIE role: "
     + ", ".join(ROLES)
     + " (`all` runs gateway, sidecar and worker in one process). `sie run --help` lists every flag with the "
-    "roles that read it, `sie run --role ROLE --help` one role's. Anything a role does not read is refused."
+    "roles that read it, `sie run --role ROLE --help` one role's. A flag a role does not read is refused."
 )
 HELP_FLAGS = ("--help", "-h")
 

@@ -39,8 +39,9 @@ def _usage(role: str | None) -> str:
     lines = [
         "Usage: sie run [--role ROLE] [--FLAG VALUE | --FLAG=VALUE ...]",
         "",
-        "Run one SIE role. A flag wins over its SIE_* variable, which wins over the default; a flag or SIE_*",
-        "variable the role does not read is refused (exit status 2). Boolean flags take --flag or --flag=false.",
+        "Run one SIE role. A flag wins over its SIE_* variable, which wins over the default; a flag the role does",
+        "not read, or an SIE_* variable that is no setting, is refused (exit status 2); SIE_* variables of other",
+        "roles are ignored and named at start-up. Boolean flags take --flag or --flag=false.",
         f"Below: {scope}; docs/settings.md lists them too.",
     ]
     return "\n".join(lines)

@@ -17,19 +17,9 @@ from sie.http.handlers import plain_handler_routes
 from sie.http.serving import serve_until_signalled
 from sie.placement.api import PLACEMENT_PATH, PlacementApi
 from sie.placement.metrics import PlacementCollector
-from sie.roles.common import (
-    baseline_catalog,
-    http_listener,
-    metrics_routes,
-    open_gateway_metrics,
-    open_gateway_pools,
-    open_local_workers,
-    open_telemetry,
-    open_tracing,
-    pool_store,
-    run_gateway_main,
-)
-from sie.roles.local_status import LocalModelStatus
+from sie.roles.gateway_parts import open_gateway_metrics, open_gateway_pools, pool_store, run_gateway_main
+from sie.roles.local_workers import LocalModelStatus, open_local_workers
+from sie.roles.serving import baseline_catalog, http_listener, metrics_routes, open_telemetry, open_tracing
 from sie.runtime import freeze_startup_heap
 from sie.settings import Settings
 from sie.settings.gateway import LOOPBACK_HOST

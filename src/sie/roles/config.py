@@ -23,7 +23,7 @@ from sie.control.publisher import DeltaPublisher
 from sie.control.registry import ModelRegistry
 from sie.control.writes import ConfigWriter
 from sie.http.serving import serve_until_signalled
-from sie.roles.common import http_listener, metrics_routes, open_telemetry, run_main
+from sie.roles.serving import http_listener, metrics_routes, open_telemetry, run_main
 from sie.runtime import freeze_startup_heap
 from sie.settings import Settings
 from sie.stores.config_store import ConfigStore, ConfigStoreError, CorruptEpochError

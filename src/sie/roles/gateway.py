@@ -19,17 +19,8 @@ from sie.gateway.http.auth import GatewayAuth
 from sie.gateway.offload import PayloadOffload
 from sie.gateway.registry import WorkerRegistry, first_heartbeat_round_s
 from sie.http.serving import serve_until_signalled
-from sie.roles.common import (
-    baseline_catalog,
-    http_listener,
-    metrics_routes,
-    open_gateway_metrics,
-    open_gateway_pools,
-    open_telemetry,
-    open_tracing,
-    pool_store,
-    run_gateway_main,
-)
+from sie.roles.gateway_parts import open_gateway_metrics, open_gateway_pools, pool_store, run_gateway_main
+from sie.roles.serving import baseline_catalog, http_listener, metrics_routes, open_telemetry, open_tracing
 from sie.runtime import freeze_startup_heap
 from sie.settings import Settings
 from sie.settings.gateway import CONTAINER_HOST

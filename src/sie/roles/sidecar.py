@@ -17,7 +17,7 @@ from sie.http.plain import first_answer
 from sie.ipc.uds_client import UdsWorkerClient
 from sie.placement.api import PlacementApi
 from sie.placement.metrics import PlacementCollector
-from sie.roles.common import open_telemetry, open_tracing, run_main
+from sie.roles.serving import open_telemetry, open_tracing, run_main
 from sie.runtime import freeze_startup_heap, wait_for_signal
 from sie.settings import Settings
 from sie.sidecar import Sidecar, WorkerHooks

@@ -23,7 +23,8 @@ from sie.ipc.sockets import (
     claim_socket_path,
     remove_stale_sockets,
 )
-from sie.roles.common import baseline_catalog, open_local_workers, open_tracing, run_main
+from sie.roles.local_workers import open_local_workers
+from sie.roles.serving import baseline_catalog, open_tracing, run_main
 from sie.runtime import freeze_startup_heap, wait_for_signal
 from sie.runtime.children import ChildSpec, ChildSupervisor
 from sie.settings import Settings, child_environment

@@ -20,7 +20,14 @@ from sie.settings._load import (
     setting_paths,
     unrecognised_variables,
 )
-from sie.settings._roles import flag_paths, load_role_settings, parse_flags, requested_role
+from sie.settings._roles import (
+    flag_paths,
+    ignored_variables,
+    ignored_variables_note,
+    load_role_settings,
+    parse_flags,
+    requested_role,
+)
 from sie.settings._spec import ROLES
 from sie.settings.control import CatalogSettings, ConfigServiceSettings, ConfigSyncSettings
 from sie.settings.gateway import AuthSettings, GatewaySettings
@@ -63,6 +70,8 @@ __all__ = [
     "load_settings",
     "ROLES",
     "flag_paths",
+    "ignored_variables",
+    "ignored_variables_note",
     "load_role_settings",
     "parse_flags",
     "render_settings_markdown",

@@ -82,8 +82,10 @@ not this file.
 
 Every setting is read once at start-up. A command-line flag wins over its environment variable, which
 wins over the default. Each setting lists the roles whose code reads it (`all` runs gateway, sidecar and
-worker in one process); `sie run --role ROLE` refuses, with exit status 2, a flag or `SIE_*` variable that
-ROLE does not read and a `SIE_*` variable that is no setting at all, so nothing set is silently ignored.
+worker in one process); `sie run --role ROLE` refuses, with exit status 2, a flag that ROLE does not read
+(it was typed for this process) and a `SIE_*` variable that is no setting at all (a typo: the closest setting
+is suggested). A `SIE_*` variable that is a setting of other roles only is ignored and named in one start-up
+log line, so one shared environment (a Compose `env_file`, a shell) can start every role.
 `--host` and `--port` bind each role's own listener: the gateway's (gateway, all), the config service's
 (config) or the sidecar's probes (sidecar); the worker has none.
 

@@ -1,11 +1,15 @@
-"""`sie run` settings by role: which role a command line asks for, its flags as setting paths, and the
-settings that role refuses because no code of it reads them (a flag or variable is never silently ignored).
+"""`sie run` settings by role: which role a command line asks for, its flags as setting paths, and what the role
+does with what it does not read. A flag it does not read is refused (it was typed for this process), and so is an
+`SIE_*` variable that is no setting at all (a typo: the closest setting is suggested). An `SIE_*` variable that is
+a setting of another role only is ignored and named once at start-up: a shared environment (a Compose `env_file`,
+a shell with several roles' variables exported) must not stop a role.
 
 Settings of different roles may share a flag: `--host` and `--port` bind each role's own listener.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 
@@ -94,27 +98,41 @@ def _unknown_flag(flag: str, role: str) -> str:
     return f"unknown option {flag!r}; docs/settings.md lists every option and the roles that read it"
 
 
-def inapplicable_variables(role: str, environ: Mapping[str, str]) -> list[str]:
-    """One problem line per `SIE_*` variable set in `environ` whose setting `role` never reads.
-
-    Names outside `SIE_*` (HOSTNAME, POD_NAME) belong to the platform and are never refused.
-    """
-    problems = []
+def ignored_variables(role: str, environ: Mapping[str, str] | None = None) -> list[str]:
+    """`NAME (read by role a, b)` for each `SIE_*` variable set in `environ` (default: the process environment) whose
+    setting `role` never reads; the role ignores them. Names outside `SIE_*` (HOSTNAME, POD_NAME) belong to the
+    platform and are never mentioned."""
+    source = os.environ if environ is None else environ
+    ignored = []
     for doc in _DECLARED:
         if role in doc.roles:
             continue
         for name in (doc.env, *doc.aliases):
-            if name.startswith("SIE_") and (environ.get(name) or "").strip():
-                roles = ", ".join(doc.roles)
-                problems.append(f"{name} does not apply to role {role!r} (it is read by role {roles}); unset it")
-    return problems
+            if name.startswith("SIE_") and (source.get(name) or "").strip():
+                ignored.append(f"{name} (read by role {', '.join(doc.roles)})")
+    return ignored
+
+
+def ignored_variables_note(role: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The one start-up log line naming the variables `role` ignores, or None when there are none."""
+    ignored = ignored_variables(role, environ)
+    if not ignored:
+        return None
+    return f"role {role!r} ignores settings of other roles set in its environment: {'; '.join(ignored)}"
+
+
+def _unknown_variable(name: str) -> str:
+    known = [doc.env for doc in _DECLARED] + [alias for doc in _DECLARED for alias in doc.aliases]
+    closest = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {closest[0]}?" if closest else ""
+    return f"{name} is not a setting of this version (a typo, or a feature not built yet); unset it{hint}"
 
 
 def load_role_settings(arguments: list[str], environ: Mapping[str, str] | None = None) -> Settings:
     """The settings of `sie run ARGUMENTS`: the role's flags over the environment over defaults.
 
-    Raises SettingsError listing every problem: bad values, unknown flags and variables, and flags or
-    variables that the chosen role does not read.
+    Raises SettingsError listing every problem: bad values, unknown flags and variables, and flags that the chosen
+    role does not read. Variables of other roles are not problems (`ignored_variables_note` names them).
     """
     source = os.environ if environ is None else environ
     role = requested_role(arguments, source)
@@ -128,11 +146,7 @@ def load_role_settings(arguments: list[str], environ: Mapping[str, str] | None =
     except SettingsError as exc:
         problems.extend(exc.problems)
         overrides = {}
-    problems.extend(inapplicable_variables(role, source))
-    problems.extend(
-        f"{name} is not a setting of this version (a typo, or a feature not built yet); unset it"
-        for name in unrecognised_variables(source)
-    )
+    problems.extend(_unknown_variable(name) for name in unrecognised_variables(source))
     try:
         settings = load_settings(source, overrides)
     except SettingsError as exc:

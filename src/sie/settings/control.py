@@ -140,7 +140,7 @@ class CatalogSettings:
             "Directory of bundle YAMLs.",
             shown_default="the package's `config/bundles`",
             roles=_CATALOGUE_ROLES,
-            read_by=("sie.roles.common", "sie.roles.config"),
+            read_by=("sie.roles.serving", "sie.roles.config"),
         ),
         factory=_bundles_dir,
     )
@@ -151,7 +151,7 @@ class CatalogSettings:
             "Directory of model config YAMLs.",
             shown_default="the package's `config/models`",
             roles=_CATALOGUE_ROLES,
-            read_by=("sie.roles.common", "sie.roles.config"),
+            read_by=("sie.roles.serving", "sie.roles.config"),
         ),
         factory=_models_dir,
     )

@@ -42,7 +42,7 @@ class ProcessSettings:
             "Worker identity in heartbeats, Ping and results (`sie.health.{worker_id}`).",
             aliases=("HOSTNAME",),
             roles=("sidecar", "worker", "all"),
-            read_by=("sie.roles.sidecar", "sie.roles.worker", "sie.roles.common"),
+            read_by=("sie.roles.sidecar", "sie.roles.worker", "sie.roles.local_workers"),
         ),
         "worker-unknown",
     )
@@ -75,7 +75,7 @@ class ProcessSettings:
             "The process's event loop: `uvloop` (libuv, less CPU per request), `asyncio` (the standard "
             "library's), or `auto`: uvloop when it is installed, else asyncio.",
             roles=ROLES,
-            read_by=("sie.roles.common",),
+            read_by=("sie.roles.serving",),
         ),
         "auto",
     )
@@ -87,7 +87,7 @@ class ProcessSettings:
             "without TLS) on one bind; `uvicorn` (httptools parser) serves HTTP/1.1 only, with about a fifth "
             "of hypercorn's CPU per request, which leaves more of a small machine to the model.",
             roles=("gateway", "config", "all"),
-            read_by=("sie.roles.common",),
+            read_by=("sie.roles.serving",),
         ),
         "hypercorn",
     )
@@ -98,7 +98,9 @@ class ProcessSettings:
             "On SIGTERM, how long in-flight work may finish before the process exits (a multi-device worker: how "
             "long its children may take to stop before they are killed).",
             roles=("gateway", "config", "sidecar", "worker", "all"),
-            read_by=("sie.roles.common", "sie.roles.sidecar", "sie.roles.all", "sie.roles.gateway", "sie.roles.worker"),
+            read_by=(
+                "sie.roles.serving", "sie.roles.sidecar", "sie.roles.all", "sie.roles.gateway", "sie.roles.worker"
+            ),
         ),
         20.0,
     )

@@ -23,7 +23,7 @@ class PoolSettings:
             "Where pools and their leases live: `nats` (a JetStream KV bucket, `SIE_POOLS`, shared by every gateway "
             "replica), `memory` (this process only) or `auto` (nats for `--role gateway`, memory for `--role all`).",
             roles=_GATEWAY_ROLES,
-            read_by=("sie.roles.common",),
+            read_by=("sie.roles.gateway_parts",),
         ),
         "auto",
     )
@@ -34,7 +34,7 @@ class PoolSettings:
             "Lease of a pool created without `ttl_seconds`: it expires unless renewed (`POST /v1/pools/{name}/renew`; "
             "the SDK renews every 60 s).",
             roles=_GATEWAY_ROLES,
-            read_by=("sie.roles.common", "sie.gateway.http.app"),
+            read_by=("sie.roles.gateway_parts", "sie.gateway.http.app"),
         ),
         300.0,
     )
@@ -45,7 +45,7 @@ class PoolSettings:
             "Deploy-owned queue pools (worker groups with their own SIE_POOL): requests may name them, API pools may "
             "use them as `queue_pool`, and they cannot be deleted. `default` always exists.",
             roles=_GATEWAY_ROLES,
-            read_by=("sie.roles.common", "sie.gateway.http.app"),
+            read_by=("sie.roles.gateway_parts", "sie.gateway.http.app"),
         ),
         (),
     )
@@ -80,7 +80,7 @@ class PoolSettings:
             "is published to the lane first: the scale-from-zero signal (`/v1/scaling/lanes`, "
             "`sie_gateway_lane_pending_demand`).",
             roles=_GATEWAY_ROLES,
-            read_by=("sie.roles.common", "sie.gateway.http.app"),
+            read_by=("sie.roles.gateway_parts", "sie.gateway.http.app"),
         ),
         300.0,
     )

@@ -59,7 +59,7 @@ class WorkerSettings:
             "`null` answers every batch without running a model (transport benchmarks).",
             flag="--backend",
             roles=_MODEL_ROLES,
-            read_by=("sie.roles.common",),
+            read_by=("sie.roles.local_workers",),
         ),
         "onnx",
     )
@@ -73,7 +73,7 @@ class WorkerSettings:
             "(`pip install 'sie[gpu-cuda]'`).",
             flag="--devices",
             roles=_MODEL_ROLES,
-            read_by=("sie.roles.common", "sie.roles.worker"),
+            read_by=("sie.roles.local_workers", "sie.roles.worker"),
         ),
         "auto",
     )
@@ -107,7 +107,7 @@ class WorkerSettings:
             "Models loaded at start-up, before readiness, and never evicted; others load on first use.",
             flag="--preload",
             roles=_MODEL_ROLES,
-            read_by=("sie.roles.common",),
+            read_by=("sie.roles.local_workers",),
         ),
         (),
     )
@@ -119,7 +119,7 @@ class WorkerSettings:
             "models are unloaded to stay under it. Unset: from the device, 60% of a GPU's free memory at start, "
             "or 50% of the host's available memory shared among the CPU children.",
             roles=_MODEL_ROLES,
-            read_by=("sie.roles.common", "sie.roles.worker"),
+            read_by=("sie.roles.local_workers", "sie.roles.worker"),
         ),
         None,
     )
@@ -141,7 +141,7 @@ class WorkerSettings:
             integer(minimum=1),
             "Most models loaded at once. Unset: no limit.",
             roles=_MODEL_ROLES,
-            read_by=("sie.roles.common",),
+            read_by=("sie.roles.local_workers",),
         ),
         None,
     )
@@ -152,7 +152,7 @@ class WorkerSettings:
             "onnxruntime intra-op threads per session. Unset: the cores shared evenly among the worker children.",
             flag="--intra-op-threads",
             roles=_MODEL_ROLES,
-            read_by=("sie.worker.loading", "sie.roles.common", "sie.roles.worker"),
+            read_by=("sie.worker.loading", "sie.roles.local_workers", "sie.roles.worker"),
         ),
         None,
     )
