@@ -21,12 +21,12 @@ from sie.roles.common import open_telemetry, open_tracing, run_main
 from sie.runtime import freeze_startup_heap, wait_for_signal
 from sie.settings import Settings
 from sie.sidecar import Sidecar, WorkerHooks
-from sie.sidecar.children import SocketChildren
 from sie.sidecar.config_apply import AppliedConfig, ConfigApplier
 from sie.sidecar.config_export import ExportReconciler
-from sie.sidecar.fleet import WorkerFleet
-from sie.sidecar.health import HealthPublisher
-from sie.sidecar.probes import ProbeServer
+from sie.sidecar.pod.children import SocketChildren
+from sie.sidecar.pod.fleet import WorkerFleet
+from sie.sidecar.pod.health import HealthPublisher
+from sie.sidecar.pod.probes import ProbeServer
 from sie.telemetry.exposition import MetricsEndpoint
 from sie.telemetry.sidecar import SidecarMetrics
 from sie.transport.nats import NatsTransport

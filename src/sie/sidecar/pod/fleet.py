@@ -40,7 +40,7 @@ from sie.placement.reports import ChildReport, ModelReport
 from sie.placement.router import Placement
 from sie.placement.snapshot import PlacementSnapshot, RepackRecord
 from sie.settings import PlacementSettings
-from sie.sidecar.children import ChildDirectory
+from sie.sidecar.pod.children import ChildDirectory
 from sie.telemetry.exposition import ChildSource
 from sie.wire.generate import GenerateEvent, ProcessGenerateRequest
 from sie.wire.ipc_batch import DISPOSITION_NAK_RETRY, BatchOutcome, RunBatchRequest

@@ -10,7 +10,7 @@ import pytest
 
 from sie.catalog.names import health_subject
 from sie.sidecar.config_apply import AppliedConfig
-from sie.sidecar.health import FRESH_INTERVALS, MAX_FAILED_MODELS, HealthPublisher, WorkerIdentity, model_failure
+from sie.sidecar.pod.health import FRESH_INTERVALS, MAX_FAILED_MODELS, HealthPublisher, WorkerIdentity, model_failure
 from sie.wire.health import ModelFailure, WorkerHeartbeat
 from sie.wire.ipc_control import (
     MODEL_STATE_FAILED,
