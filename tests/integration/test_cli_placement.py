@@ -12,7 +12,7 @@ from typer.testing import CliRunner, Result
 from sie.cli.main import app
 from sie.placement.api import PlacementApi, snapshot_document
 from sie.placement.policy import ROUND_ROBIN, ModelOverride, PlacementPolicy
-from sie.sidecar.probes import ProbeServer
+from sie.sidecar.pod.probes import ProbeServer
 from support.placement_fakes import BGE, MINI, FakeControl
 
 HOST = "127.0.0.1"

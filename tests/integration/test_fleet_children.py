@@ -27,8 +27,8 @@ from sie.roles.local_workers import open_local_workers
 from sie.roles.serving import baseline_catalog, metrics_routes
 from sie.settings import LaneSettings, Settings, load_role_settings
 from sie.sidecar import Sidecar, WorkerHooks
-from sie.sidecar.children import ChildDirectory, LocalChildren, SocketChildren
-from sie.sidecar.fleet import WorkerFleet
+from sie.sidecar.pod.children import ChildDirectory, LocalChildren, SocketChildren
+from sie.sidecar.pod.fleet import WorkerFleet
 from sie.telemetry.metrics import Telemetry
 from sie.transport.loopback import LoopbackTransport
 from support.gateway_fakes import NoWorkers

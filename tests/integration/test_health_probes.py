@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from sie.settings import BatchingSettings, LaneSettings
-from sie.sidecar.health import HealthPublisher, WorkerIdentity
-from sie.sidecar.probes import ProbeServer
+from sie.sidecar.pod.health import HealthPublisher, WorkerIdentity
+from sie.sidecar.pod.probes import ProbeServer
 from sie.transport.loopback import LoopbackTransport
 from sie.worker.manager import ModelManager
 from sie.worker.runner import BatchRunner

@@ -12,7 +12,7 @@ from sie.gateway.models import health_body, models_body
 from sie.gateway.registry import WorkerRegistry
 from sie.gateway.status import STATE_AVAILABLE, STATE_FAILED, STATE_LOADED
 from sie.settings import BatchingSettings, LaneSettings
-from sie.sidecar.health import HealthPublisher, WorkerIdentity
+from sie.sidecar.pod.health import HealthPublisher, WorkerIdentity
 from sie.transport.base import Lane
 from sie.transport.loopback import LoopbackTransport
 from sie.wire.ipc_control import MODEL_STATE_FAILED, EnsureModelReadyRequest

@@ -13,7 +13,7 @@ from sie.http.plain import first_answer
 from sie.placement.api import PlacementApi
 from sie.placement.metrics import PlacementCollector
 from sie.placement.policy import ModelOverride
-from sie.sidecar.probes import ProbeServer
+from sie.sidecar.pod.probes import ProbeServer
 from sie.telemetry.exposition import MetricsEndpoint
 from sie.telemetry.metrics import Telemetry
 from support.placement_fakes import BGE, FakeControl

@@ -17,7 +17,7 @@ from sie.gateway.status import (
     ModelStatusSource,
     WorkerSummary,
 )
-from sie.sidecar.health import PING_TIMEOUT_INTERVALS
+from sie.sidecar.pod.health import PING_TIMEOUT_INTERVALS
 from sie.transport.base import Lane, TransportUnavailable
 from sie.transport.loopback import LoopbackTransport
 from sie.wire.health import ModelFailure, WorkerHeartbeat
@@ -312,7 +312,7 @@ async def test_the_first_round_starts_when_the_bus_can_deliver_and_again_after_a
 
 
 def test_the_first_round_lasts_long_enough_for_a_beat_delayed_by_its_ping() -> None:
-    # A sidecar's ping gives up after two intervals (sie.sidecar.health): the round is longer than that.
+    # A sidecar's ping gives up after two intervals (sie.sidecar.pod.health): the round is longer than that.
     assert first_heartbeat_round_s(1.0) > PING_TIMEOUT_INTERVALS * 1.0
     assert first_heartbeat_round_s(4.0) == 4 * first_heartbeat_round_s(1.0)
 

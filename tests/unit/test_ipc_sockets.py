@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sie.ipc.sockets import child_socket_path, child_socket_paths, remove_stale_sockets
-from sie.sidecar.children import socket_children
+from sie.sidecar.pod.children import socket_children
 
 
 @pytest.fixture()

@@ -24,8 +24,8 @@ from sie.runtime import freeze_startup_heap
 from sie.settings import Settings
 from sie.settings.gateway import LOOPBACK_HOST
 from sie.sidecar import Sidecar, WorkerHooks
-from sie.sidecar.children import LocalChildren
-from sie.sidecar.fleet import WorkerFleet
+from sie.sidecar.pod.children import LocalChildren
+from sie.sidecar.pod.fleet import WorkerFleet
 from sie.telemetry.sidecar import SidecarMetrics
 from sie.transport.loopback import LoopbackTransport
 

@@ -21,12 +21,11 @@ from sie.roles.serving import open_telemetry, open_tracing, run_main
 from sie.runtime import freeze_startup_heap, wait_for_signal
 from sie.settings import Settings
 from sie.sidecar import Sidecar, WorkerHooks
-from sie.sidecar.children import SocketChildren
-from sie.sidecar.config_apply import AppliedConfig, ConfigApplier
-from sie.sidecar.config_export import ExportReconciler
-from sie.sidecar.fleet import WorkerFleet
-from sie.sidecar.health import HealthPublisher
-from sie.sidecar.probes import ProbeServer
+from sie.sidecar.live_config import LiveConfig
+from sie.sidecar.pod.children import SocketChildren
+from sie.sidecar.pod.fleet import WorkerFleet
+from sie.sidecar.pod.health import HealthPublisher
+from sie.sidecar.pod.probes import ProbeServer
 from sie.telemetry.exposition import MetricsEndpoint
 from sie.telemetry.sidecar import SidecarMetrics
 from sie.transport.nats import NatsTransport
@@ -51,11 +50,9 @@ async def serve_sidecar(settings: Settings) -> None:
         telemetry.register(PlacementCollector(worker.snapshot))
         # `/metrics`: this sidecar's series, placement's, then each worker child's labelled with its name and device.
         routes = first_answer(MetricsEndpoint(telemetry, worker.metric_sources).handle, PlacementApi(worker).handle)
-        # One acknowledged state: deltas and export reconciliation advance it, heartbeats advertise it.
-        applied = AppliedConfig()
-        await stack.enter_async_context(ConfigApplier(transport, worker, settings, applied))
-        await stack.enter_async_context(ExportReconciler(worker, settings, applied))
-        health = await stack.enter_async_context(HealthPublisher.from_settings(transport, worker, settings, applied))
+        # Live config owns the acknowledged state: deltas and export reconciliation advance it, heartbeats advertise it.
+        live = await stack.enter_async_context(LiveConfig(transport, worker, settings))
+        health = await stack.enter_async_context(HealthPublisher.from_settings(transport, worker, settings, live))
         server = await stack.enter_async_context(
             ProbeServer(lambda: health.ready, probes.probe_port, host=probes.probe_host, routes=routes)
         )

@@ -93,7 +93,7 @@ class ConfigSyncSettings:
             http_url(),
             "Base URL of the config service. Unset: no bootstrap, poll or export reconcile.",
             roles=_FOLLOWER_ROLES,
-            read_by=("sie.gateway.config_sync.sync", "sie.sidecar.config_export"),
+            read_by=("sie.gateway.config_sync.sync", "sie.sidecar.live_config"),
         ),
         None,
     )
@@ -103,7 +103,7 @@ class ConfigSyncSettings:
             seconds(positive=True),
             "Epoch poll period; bounds how stale a gateway or sidecar gets after a lost delta.",
             roles=_FOLLOWER_ROLES,
-            read_by=("sie.gateway.config_sync.sync", "sie.sidecar.config_export"),
+            read_by=("sie.gateway.config_sync.sync", "sie.sidecar.live_config"),
         ),
         30.0,
     )
@@ -113,7 +113,7 @@ class ConfigSyncSettings:
             string_list(),
             "Producer ids whose config deltas are applied: exact match or pod-name prefix (`name-...`).",
             roles=_FOLLOWER_ROLES,
-            read_by=("sie.gateway.config_sync.sync", "sie.sidecar.config_apply"),
+            read_by=("sie.gateway.config_sync.sync", "sie.sidecar.live_config"),
         ),
         ("sie-config",),
     )
@@ -123,7 +123,7 @@ class ConfigSyncSettings:
             boolean(),
             "Apply config deltas from any producer (dev only; logged as a warning at start-up).",
             roles=_FOLLOWER_ROLES,
-            read_by=("sie.gateway.config_sync.sync", "sie.sidecar.config_apply"),
+            read_by=("sie.gateway.config_sync.sync", "sie.sidecar.live_config"),
         ),
         False,
     )

@@ -197,7 +197,7 @@ class AuthSettings:
             flag=None,
             secret=True,
             roles=("gateway", "config", "sidecar", "all"),
-            read_by=("sie.roles.config", "sie.roles.gateway", "sie.sidecar.config_export", "sie.gateway.http.auth"),
+            read_by=("sie.roles.config", "sie.roles.gateway", "sie.sidecar.live_config", "sie.gateway.http.auth"),
         ),
         None,
     )

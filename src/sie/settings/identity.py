@@ -108,7 +108,7 @@ class ProcessSettings:
 
 # Every role but the config service serves or routes to one lane.
 _LANE_ROLES = ("gateway", "sidecar", "worker", "all")
-_LANE_READERS = ("sie.gateway.router", "sie.sidecar.sidecar", "sie.sidecar.health")
+_LANE_READERS = ("sie.gateway.router", "sie.sidecar.sidecar", "sie.sidecar.pod.health")
 
 
 @attrs.frozen
@@ -142,7 +142,7 @@ class LaneSettings:
             name_token(),
             "Bundle this worker serves; scopes its `bundle_config_hash` and config deltas.",
             roles=_LANE_ROLES,
-            read_by=("sie.sidecar.sidecar", "sie.sidecar.health", "sie.worker.service"),
+            read_by=("sie.sidecar.sidecar", "sie.sidecar.pod.health", "sie.worker.service"),
         ),
         "default",
     )

@@ -169,7 +169,7 @@ class PlacementSettings:
             "How often each worker child is probed (readiness, loaded models, cost per item, memory); a probe "
             "that takes longer than this drops and recreates that child's connection.",
             roles=_ROLES,
-            read_by=("sie.sidecar.fleet",),
+            read_by=("sie.sidecar.pod.fleet",),
         ),
         2.0,
     )

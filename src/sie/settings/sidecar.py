@@ -48,7 +48,7 @@ class SidecarSettings:
             "ready once it has listened for a first round of heartbeats, a few periods long: give gateways the "
             "sidecars' value.",
             roles=("sidecar", "gateway"),
-            read_by=("sie.sidecar.health", "sie.roles.gateway"),
+            read_by=("sie.sidecar.pod.health", "sie.roles.gateway"),
         ),
         1.0,
     )

@@ -1,5 +1,5 @@
-"""Live config on a worker: trusted bundle deltas reach the worker's catalogue through ApplyModelConfig,
-and the applied epoch/hash advance only when the worker's hash matches the control plane's."""
+"""Live config on a worker, the delta path: trusted bundle deltas reach the worker's catalogue through
+ApplyModelConfig, and the applied epoch/hash advance only when the worker's hash matches the control plane's."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from sie.catalog import dump_yaml, load_catalog, load_yaml, parse_model_config
 from sie.catalog.names import config_subject
 from sie.settings import BatchingSettings, LaneSettings, load_settings
-from sie.sidecar.config_apply import ConfigApplier
+from sie.sidecar.live_config import LiveConfig
 from sie.transport.loopback import LoopbackTransport
 from sie.wire.config import ConfigNotification
 from sie.worker.manager import ModelManager
@@ -42,14 +42,14 @@ async def test_trusted_delta_is_applied_and_acknowledged(new_model_yaml: str) ->
     settings = load_settings(environ={})
     async with ModelManager(catalog, lambda *args: None) as manager, LoopbackTransport() as bus:
         worker = WorkerService(manager, BatchRunner(manager), "w-1", LaneSettings(), BatchingSettings())
-        async with ConfigApplier(bus, worker, settings) as applier:
+        async with LiveConfig(bus, worker, settings) as live:
             await bus.publish(config_subject("default"), note(new_model_yaml, 3, expected, producer="mallory"))
-            assert applier.rejected == 1 and manager.catalog.find(NEW_MODEL) is None
+            assert live.rejected == 1 and manager.catalog.find(NEW_MODEL) is None
             await bus.publish(config_subject("default"), note(new_model_yaml, 3, "0" * 64))
-            assert applier.epoch == 0  # the worker's hash did not match: not acknowledged
+            assert live.epoch == 0  # the worker's hash did not match: not acknowledged
             await bus.publish(config_subject("default"), note(new_model_yaml, 4, expected))
             assert manager.catalog.find(NEW_MODEL) is not None
-            assert (applier.epoch, applier.bundle_config_hash) == (4, expected)
+            assert (live.epoch, live.bundle_config_hash) == (4, expected)
             assert worker.bundle_config_hash() == expected
             await bus.publish(config_subject("default"), note(new_model_yaml, 2, expected))
-            assert applier.epoch == 4  # an older epoch never moves it back
+            assert live.epoch == 4  # an older epoch never moves it back

@@ -14,8 +14,8 @@ import pytest
 
 from sie.placement.policy import PlacementPolicy
 from sie.placement.router import Placement
-from sie.sidecar.children import LocalChildren
-from sie.sidecar.fleet import NoWorkerChild, WorkerFleet
+from sie.sidecar.pod.children import LocalChildren
+from sie.sidecar.pod.fleet import NoWorkerChild, WorkerFleet
 from sie.wire import packb
 from sie.wire.generate import GenerateEvent, ProcessGenerateRequest
 from sie.wire.ipc_batch import BatchOutcome, ItemOutcome, RunBatchItem, RunBatchRequest

@@ -38,9 +38,11 @@ UNKNOWN_ERROR_CLASS: Final = "UNKNOWN"
 
 
 class AcknowledgedConfig(Protocol):
-    """The config the sidecar acknowledged after an apply (seed 001 "Live Config"); `""` before any."""
+    """The config the sidecar acknowledged after an apply (seed 001 "Live Config"); `""` before any.
+    `sie.sidecar.live_config.LiveConfig` owns it; the publisher only reads it."""
 
-    bundle_config_hash: str
+    @property
+    def bundle_config_hash(self) -> str: ...
 
 
 @attrs.frozen

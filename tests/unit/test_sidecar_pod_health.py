@@ -9,8 +9,7 @@ import attrs
 import pytest
 
 from sie.catalog.names import health_subject
-from sie.sidecar.config_apply import AppliedConfig
-from sie.sidecar.health import FRESH_INTERVALS, MAX_FAILED_MODELS, HealthPublisher, WorkerIdentity, model_failure
+from sie.sidecar.pod.health import FRESH_INTERVALS, MAX_FAILED_MODELS, HealthPublisher, WorkerIdentity, model_failure
 from sie.wire.health import ModelFailure, WorkerHeartbeat
 from sie.wire.ipc_control import (
     MODEL_STATE_FAILED,
@@ -25,6 +24,13 @@ from support.polling import eventually
 
 IDENTITY = WorkerIdentity("worker-1", "pool-a", "L4", "default", device_count=2)
 INTERVAL = 1.0
+
+
+@attrs.define
+class Acknowledged:
+    """The acknowledged config as the publisher reads it (`sie.sidecar.live_config.LiveConfig` owns the real one)."""
+
+    bundle_config_hash: str = ""
 
 
 class Clock:
@@ -109,7 +115,7 @@ async def test_the_gpus_the_worker_reports_are_advertised_over_the_configured_co
 
 
 async def test_an_acknowledged_config_hash_is_advertised_over_the_workers_own(bus, worker, clock) -> None:
-    acknowledged = AppliedConfig()
+    acknowledged = Acknowledged()
     publisher = HealthPublisher(bus, worker, IDENTITY, INTERVAL, acknowledged, clock=clock)
     assert (await publisher.beat()).bundle_config_hash == "h1"  # nothing acknowledged yet: the worker's
     acknowledged.bundle_config_hash = "h-acked"

@@ -18,34 +18,40 @@ The sidecar's stages talk to `WorkerFleet` exactly as they talked to a single wo
 - config deltas, full replacements and drains go to every child; readiness is "at least one child ready".
 
 It also implements the placement control surface (`sie.placement.api.PlacementControl`): snapshot, per-model
-overrides, policy knobs and a repack that can wait for the new replicas.
+overrides, policy knobs and a repack that can wait for the new replicas. One child's probe and the config replay
+are in `sie.sidecar.pod.child_probe`; how the children's answers merge into one is in `sie.sidecar.pod.answers`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Final, Self, TypeVar
 
-import attrs
-
 from sie.ipc.client import WorkerChild, WorkerClient, close_events
 from sie.ipc.errors import IpcConnectionError
 from sie.placement.policy import ModelOverride, PlacementPolicy, policy_from_settings
-from sie.placement.reports import ChildReport, ModelReport
 from sie.placement.router import Placement
 from sie.placement.snapshot import PlacementSnapshot, RepackRecord
 from sie.settings import PlacementSettings
-from sie.sidecar.children import ChildDirectory
+from sie.sidecar.pod.answers import (
+    compute_seconds,
+    given_back,
+    merged_apply,
+    merged_capabilities,
+    merged_ping,
+    merged_replacement,
+    most_ready,
+)
+from sie.sidecar.pod.child_probe import CONTROL_TIMEOUT_S, ChildState, ConfigLog, probe_child
+from sie.sidecar.pod.children import ChildDirectory
 from sie.telemetry.exposition import ChildSource
 from sie.wire.generate import GenerateEvent, ProcessGenerateRequest
-from sie.wire.ipc_batch import DISPOSITION_NAK_RETRY, BatchOutcome, RunBatchRequest
+from sie.wire.ipc_batch import BatchOutcome, RunBatchRequest
 from sie.wire.ipc_control import (
-    MODEL_STATE_FAILED,
     MODEL_STATE_LOADING_IN_PROGRESS,
     MODEL_STATE_LOADING_STARTED,
     MODEL_STATE_READY,
@@ -55,8 +61,6 @@ from sie.wire.ipc_control import (
     DrainResponse,
     EnsureModelReadyRequest,
     EnsureModelReadyResponse,
-    ModelControlStatusRequest,
-    ModelControlStatusResponse,
     PingRequest,
     PingResponse,
     ReplaceModelConfigsRequest,
@@ -72,8 +76,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# A control call (Ping, EnsureModelReady, config) that takes longer than this counts as failed for that child.
-CONTROL_TIMEOUT_S: Final = 10.0
 # How often a repack with `wait` checks whether the new replicas are ready.
 _REPACK_POLL_S: Final = 0.2
 _LOADING: Final = (MODEL_STATE_LOADING_STARTED, MODEL_STATE_LOADING_IN_PROGRESS)
@@ -81,41 +83,6 @@ _LOADING: Final = (MODEL_STATE_LOADING_STARTED, MODEL_STATE_LOADING_IN_PROGRESS)
 
 class NoWorkerChild(IpcConnectionError):
     """No ready child can take the call now; the caller treats it like a lost connection (NAK, retry)."""
-
-
-@attrs.define
-class _Child:
-    """What the fleet knows of one child between probe rounds."""
-
-    name: str
-    client: WorkerChild
-    device: str = "unknown"
-    ready: bool = False
-    loaded: set[str] = attrs.Factory(set)
-    report: ChildReport | None = None
-
-
-class _ConfigLog:
-    """The config the fleet passed on since start: the last full replacement and each model's last delta
-    after it, in order; replayed to a child that joins or restarts. One entry per model, so it stays small."""
-
-    def __init__(self) -> None:
-        self._replacement: ReplaceModelConfigsRequest | None = None
-        self._deltas: dict[str, ApplyModelConfigRequest] = {}
-        self.version = 0  # changes with every recorded request
-
-    def replaced(self, request: ReplaceModelConfigsRequest) -> None:
-        self._replacement, self._deltas = request, {}
-        self.version += 1
-
-    def applied(self, request: ApplyModelConfigRequest) -> None:
-        self.version += 1
-        self._deltas.pop(request.model_id, None)  # re-inserted last: replayed in the order applied
-        self._deltas[request.model_id] = request
-
-    def requests(self) -> list[ReplaceModelConfigsRequest | ApplyModelConfigRequest]:
-        head = [self._replacement] if self._replacement is not None else []
-        return [*head, *self._deltas.values()]
 
 
 class WorkerFleet:
@@ -136,11 +103,11 @@ class WorkerFleet:
         self.placement = placement
         self.probe_interval_s = probe_interval_s
         self.clock = clock
-        self._children: dict[str, _Child] = {}
+        self._children: dict[str, ChildState] = {}
         # Models the sidecar asked for: the fleet keeps them loaded where placement assigns them.
         self._wanted: set[str] = set()
         self._warming: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self._config = _ConfigLog()
+        self._config = ConfigLog()
         self._probe_task: asyncio.Task[None] | None = None
         self.probe_rounds = 0
 
@@ -182,12 +149,14 @@ class WorkerFleet:
     async def probe(self) -> None:
         """One probe round: discover the children, ask each for its status, swap placement's table."""
         found = await self.directory.discover()
-        children: dict[str, _Child] = {}
+        children: dict[str, ChildState] = {}
         for name, client in found.items():
             known = self._children.get(name)
-            children[name] = known if known is not None and known.client is client else _Child(name, client)
+            children[name] = known if known is not None and known.client is client else ChildState(name, client)
         self._children = children
-        await asyncio.gather(*(self._probe_child(child) for child in children.values()))
+        await asyncio.gather(
+            *(probe_child(child, self.directory, self._config, self.probe_interval_s) for child in children.values())
+        )
         reports = [child.report for child in children.values() if child.report is not None]
         self.placement.update(reports)
         self.probe_rounds += 1
@@ -200,30 +169,6 @@ class WorkerFleet:
                 await self.probe()
             except Exception:  # noqa: BLE001 - one failed round must not end probing
                 logger.exception("probing the worker children failed")
-
-    async def _probe_child(self, child: _Child) -> None:
-        try:
-            async with asyncio.timeout(self.probe_interval_s):
-                status = await child.client.model_control_status(ModelControlStatusRequest())
-        except TimeoutError:
-            child.ready = False
-            child.report = _unready_report(child)
-            await self.directory.reconnect(child.name)
-            return
-        except Exception as exc:  # noqa: BLE001 - an unreachable child is simply not ready this round
-            if child.ready:
-                logger.warning("worker child %s stopped answering: %s", child.name, exc)
-            child.ready = False
-            child.report = _unready_report(child)
-            return
-        became_ready = status.ready and not child.ready
-        if became_ready and not await self._replay(child):
-            status = attrs.evolve(status, ready=False)  # it serves no work on a config it has not got
-        elif became_ready:
-            logger.info("worker child %s (%s) is ready", child.name, status.device)
-        child.device, child.ready = status.device, status.ready
-        child.loaded = {entry.model_id for entry in status.models if entry.state == MODEL_STATE_READY}
-        child.report = _report(child.name, status)
 
     def _warm(self) -> None:
         """Start loading each wanted model on every assigned child that has not got it."""
@@ -241,19 +186,7 @@ class WorkerFleet:
 
     async def ping(self, request: PingRequest) -> PingResponse:
         answers = await self._each(lambda client: client.ping(request), self._children.values())
-        pings = [answer for answer in answers.values() if isinstance(answer, PingResponse)]
-        ready = [ping for ping in pings if ping.ready]
-        loaded = sorted({model for ping in pings for model in ping.loaded_models})
-        loading = sorted({model for ping in pings for model in ping.loading_models} - set(loaded))
-        return PingResponse(
-            timestamp_ms=request.timestamp_ms,
-            worker_id=pings[0].worker_id if pings else "",
-            ready=bool(ready),
-            bundle_config_hash=_agreed({ping.bundle_config_hash for ping in ready}),
-            loaded_models=loaded,
-            loading_models=loading,
-            device_count=sum(ping.device_count or 0 for ping in pings),
-        )
+        return merged_ping(request, [answer for answer in answers.values() if isinstance(answer, PingResponse)])
 
     async def ensure_model_ready(self, request: EnsureModelReadyRequest) -> EnsureModelReadyResponse:
         model_id = request.model_id
@@ -273,7 +206,7 @@ class WorkerFleet:
             responses.append(answer)
         if not responses:
             raise NoWorkerChild(f"no worker child answered EnsureModelReady({model_id})")
-        return _most_ready(responses)
+        return most_ready(responses)
 
     async def run_batch(self, request: RunBatchRequest) -> BatchOutcome:
         model_id, items = request.model_id, len(request.items)
@@ -290,7 +223,7 @@ class WorkerFleet:
             compute_s: float | None = None
             try:
                 outcome = await child.client.run_batch(request)
-                compute_s = _compute_seconds(outcome)
+                compute_s = compute_seconds(outcome)
             except Exception as exc:  # noqa: BLE001 - the child failed the call: fail over to another replica
                 logger.warning("RunBatch %d of %s failed on %s (%s); trying another replica",
                                request.batch_id, model_id, name, exc)  # fmt: skip
@@ -298,7 +231,7 @@ class WorkerFleet:
                 continue
             finally:
                 self.placement.finished(ticket, compute_s)
-            if not _given_back(outcome):
+            if not given_back(outcome):
                 return outcome
             child.loaded.discard(model_id)  # not loaded there after all, or draining: another replica may run it
         if outcome is not None:
@@ -349,38 +282,15 @@ class WorkerFleet:
         return SignalGenerateCancelResponse(matched=matched)
 
     async def worker_capabilities(self, request: WorkerCapabilitiesRequest) -> WorkerCapabilitiesResponse:
-        answers = await self._every(lambda client: client.worker_capabilities(request))
-        return WorkerCapabilitiesResponse(
-            supports_execution_authority_v1=all(answer.supports_execution_authority_v1 for answer in answers),
-            supports_numerical_admission_v1=all(answer.supports_numerical_admission_v1 for answer in answers),
-            has_generation_models=any(answer.has_generation_models for answer in answers),
-            generation_models=sorted({model for answer in answers for model in answer.generation_models}),
-            supported_models=sorted({model for answer in answers for model in answer.supported_models}),
-            loaded_models=sorted({model for answer in answers for model in answer.loaded_models}),
-        )
+        return merged_capabilities(await self._every(lambda client: client.worker_capabilities(request)))
 
     async def apply_model_config(self, request: ApplyModelConfigRequest) -> ApplyModelConfigResponse:
         self._config.applied(request)
-        answers = await self._every_ready(lambda client: client.apply_model_config(request))
-        return ApplyModelConfigResponse(
-            applied=all(answer.applied for answer in answers),
-            bundle_config_hash=_agreed({answer.bundle_config_hash for answer in answers}),
-            config_version=max(answer.config_version for answer in answers),
-            unsupported_models=sorted({model for answer in answers for model in answer.unsupported_models}),
-        )
+        return merged_apply(await self._every_ready(lambda client: client.apply_model_config(request)))
 
     async def replace_model_configs(self, request: ReplaceModelConfigsRequest) -> ReplaceModelConfigsResponse:
         self._config.replaced(request)
-        answers = await self._every_ready(lambda client: client.replace_model_configs(request))
-        first = answers[0]
-        return ReplaceModelConfigsResponse(
-            applied=all(answer.applied for answer in answers),
-            bundle_config_hash=_agreed({answer.bundle_config_hash for answer in answers}),
-            config_version=first.config_version,
-            applied_models=first.applied_models,
-            applied_profiles=first.applied_profiles,
-            unsupported_models=sorted({model for answer in answers for model in answer.unsupported_models}),
-        )
+        return merged_replacement(await self._every_ready(lambda client: client.replace_model_configs(request)))
 
     async def drain(self, request: DrainRequest) -> DrainResponse:
         await self._each(lambda client: client.drain(request), self._children.values())
@@ -437,7 +347,7 @@ class WorkerFleet:
                     missing.append((name, model_id))
         return missing
 
-    async def _ensure_on(self, child: _Child, model_id: str) -> None:
+    async def _ensure_on(self, child: ChildState, model_id: str) -> None:
         """Load one model on one child, polling until it is ready or settles otherwise."""
         request = EnsureModelReadyRequest(model_id=model_id)
         while True:
@@ -455,11 +365,11 @@ class WorkerFleet:
             await asyncio.sleep(_REPACK_POLL_S)  # the load's pace
 
     async def _each(
-        self, call: Callable[[WorkerClient], Awaitable[T]], children: Iterable[_Child]
+        self, call: Callable[[WorkerClient], Awaitable[T]], children: Iterable[ChildState]
     ) -> dict[str, T | BaseException]:
         """`call` on each child at once, each bounded by CONTROL_TIMEOUT_S; failures are returned, not raised."""
 
-        async def one(child: _Child) -> T:
+        async def one(child: ChildState) -> T:
             async with asyncio.timeout(CONTROL_TIMEOUT_S):
                 return await call(child.client)
 
@@ -467,29 +377,12 @@ class WorkerFleet:
         results = await asyncio.gather(*(one(child) for child in children), return_exceptions=True)
         return {child.name: result for child, result in zip(children, results, strict=True)}
 
-    async def _replay(self, child: _Child) -> bool:
-        """Give a child that (re)joined the config the others were given since start; False if it failed."""
-        try:
-            replayed = None
-            while replayed != self._config.version:  # a delta recorded meanwhile is replayed too
-                replayed = self._config.version
-                for request in self._config.requests():
-                    async with asyncio.timeout(CONTROL_TIMEOUT_S):
-                        if isinstance(request, ReplaceModelConfigsRequest):
-                            await child.client.replace_model_configs(request)
-                        else:
-                            await child.client.apply_model_config(request)
-        except Exception as exc:  # noqa: BLE001 - it stays unready and the next probe round tries again
-            logger.warning("replaying the config to worker child %s failed: %s", child.name, exc)
-            return False
-        return True
-
     async def _every_ready(self, call: Callable[[WorkerClient], Awaitable[T]]) -> list[T]:
         """`call` on every ready child (one that joins later gets the config replayed first); all must answer."""
         return await self._every(call, [child for child in self._children.values() if child.ready])
 
     async def _every(
-        self, call: Callable[[WorkerClient], Awaitable[T]], children: Sequence[_Child] | None = None
+        self, call: Callable[[WorkerClient], Awaitable[T]], children: Sequence[ChildState] | None = None
     ) -> list[T]:
         """`call` on every child (or those given); all must answer (config and capabilities skip no child)."""
         children = list(self._children.values()) if children is None else children
@@ -505,63 +398,3 @@ class WorkerFleet:
 
 async def _metrics_text(client: WorkerChild) -> str:
     return (await client.worker_metrics(WorkerMetricsRequest())).text
-
-
-def _report(name: str, status: ModelControlStatusResponse) -> ChildReport:
-    models = {
-        entry.model_id: ModelReport(
-            model_id=entry.model_id,
-            loaded=entry.state == MODEL_STATE_READY,
-            memory_bytes=entry.memory_bytes,
-            cost_per_item_s=entry.cost_per_item_s,
-            max_batch_items=entry.max_batch_items,
-            batched=entry.batched,
-        )
-        for entry in status.models
-    }
-    return ChildReport(
-        name=name,
-        device=status.device,
-        ready=status.ready,
-        compute_seconds_total=status.compute_seconds_total,
-        memory_budget_bytes=status.memory_budget_bytes,
-        models=models,
-    )
-
-
-def _unready_report(child: _Child) -> ChildReport:
-    """A child that did not answer: its last known figures, not ready."""
-    if child.report is None:
-        return ChildReport(name=child.name, device=child.device, ready=False)
-    return attrs.evolve(child.report, ready=False)
-
-
-def _agreed(hashes: set[str]) -> str:
-    """The one hash every child reports; "" while they disagree (each child's own gate then decides)."""
-    return next(iter(hashes)) if len(hashes) == 1 else ""
-
-
-def _most_ready(responses: Sequence[EnsureModelReadyResponse]) -> EnsureModelReadyResponse:
-    """Ready if any child is; else loading if any is; else every child's failure agrees enough: the first."""
-    by_state: dict[str, list[EnsureModelReadyResponse]] = collections.defaultdict(list)
-    for response in responses:
-        by_state[response.state].append(response)
-    for state in (MODEL_STATE_READY, MODEL_STATE_LOADING_IN_PROGRESS, MODEL_STATE_LOADING_STARTED):
-        if by_state[state]:
-            return by_state[state][0]
-    failed = by_state[MODEL_STATE_FAILED]
-    if len(failed) == len(responses):
-        return failed[0]
-    return next(response for response in responses if response.state != MODEL_STATE_FAILED)
-
-
-def _given_back(outcome: BatchOutcome) -> bool:
-    """Whether the child NAKed every item (model not loaded there, draining, another config)."""
-    return bool(outcome.outcomes) and all(item.disposition == DISPOSITION_NAK_RETRY for item in outcome.outcomes)
-
-
-def _compute_seconds(outcome: BatchOutcome) -> float | None:
-    """The device time the worker measured for the batch (every item carries the batch's inference time)."""
-    if not outcome.outcomes or _given_back(outcome):
-        return None
-    return outcome.outcomes[0].inference_ms / 1000.0 or None

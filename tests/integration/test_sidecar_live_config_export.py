@@ -1,7 +1,7 @@
-"""Export reconciliation on a worker: the real config service app (MemoryConfigStore) over httpx's ASGI
-transport, a real WorkerService, and the reconciler between them. The acknowledged epoch/hash advance only
-when the worker's hash equals the control plane's pool-scoped one; unchanged exports are not resent; an
-epoch rewind is accepted."""
+"""Live config on a worker, the export path: the real config service app (MemoryConfigStore) over httpx's ASGI
+transport, a real WorkerService, and the live config's reconciler between them. The acknowledged epoch/hash
+advance only when the worker's hash equals the control plane's pool-scoped one; unchanged exports are not
+resent; an epoch rewind is accepted."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from sie.control.http.app import build_control_app
 from sie.control.loading import load_registry
 from sie.control.writes import ConfigWriter
 from sie.settings import BatchingSettings, LaneSettings, load_settings
-from sie.sidecar.config_apply import AppliedConfig
-from sie.sidecar.config_export import ExportReconciler
+from sie.sidecar.live_config import LiveConfig
 from sie.stores.config_store import MemoryConfigStore
+from sie.transport.loopback import LoopbackTransport
 from sie.wire.ipc_control import ReplaceModelConfigsRequest, ReplaceModelConfigsResponse
 from sie.worker.manager import ModelManager
 from sie.worker.runner import BatchRunner
@@ -42,12 +42,25 @@ def model_yaml(model_id: str, extra: str = "") -> str:
     )
 
 
-def config_client() -> httpx.AsyncClient:
-    """A fresh config service (epoch 0, in-memory store) served through ASGI."""
-    registry = load_registry(BUNDLES, MODELS)
-    writer = ConfigWriter(registry, MemoryConfigStore(), router_id="sie-config-0")
-    app = build_control_app(writer, registry, AccessPolicy())
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://config")
+class ConfigService(httpx.AsyncBaseTransport):
+    """A config service at one address, served through ASGI; `restart` puts a fresh one (epoch 0, in-memory
+    store) there, as after it lost its store."""
+
+    def __init__(self) -> None:
+        self.restart()
+
+    def restart(self) -> None:
+        registry = load_registry(BUNDLES, MODELS)
+        writer = ConfigWriter(registry, MemoryConfigStore(), router_id="sie-config-0")
+        self._app = httpx.ASGITransport(app=build_control_app(writer, registry, AccessPolicy()))
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._app.handle_async_request(request)
+
+
+def config_client(service: ConfigService | None = None) -> httpx.AsyncClient:
+    """A client of `service`, by default a fresh config service (epoch 0, in-memory store)."""
+    return httpx.AsyncClient(transport=service or ConfigService(), base_url="http://config")
 
 
 class CountingWorker:
@@ -91,49 +104,47 @@ async def pool_hash(http: httpx.AsyncClient) -> tuple[int, str]:
 
 async def test_tick_replaces_catalogue_and_records_state(service: WorkerService, manager: ModelManager) -> None:
     settings = load_settings(environ={})
-    state = AppliedConfig()
     worker = CountingWorker(service)
-    async with config_client() as http:
+    async with config_client() as http, LoopbackTransport() as bus:
         await post_models(http)
         epoch, expected = await pool_hash(http)
-        async with ExportReconciler(worker, settings, state, http=http, interval_s=0.01) as reconciler:
-            await eventually(lambda: state.epoch == epoch, what=f"epoch {epoch}")  # the first tick runs at start
-            assert (state.epoch, state.bundle_config_hash) == (2, expected)
+        async with LiveConfig(bus, worker, settings, http=http, interval_s=0.01) as live:
+            await eventually(lambda: live.epoch == epoch, what=f"epoch {epoch}")  # the first tick runs at start
+            assert (live.epoch, live.bundle_config_hash) == (2, expected)
             assert manager.catalog.find(NEW_MODEL) is not None
             assert manager.catalog.find(OTHER_POOL_MODEL) is None  # assigned to another pool
             assert service.bundle_config_hash() == expected
             await asyncio.sleep(0.1)  # several more ticks on an unchanged export
-            assert worker.replace_calls == 1 and reconciler.replacements == 1
-            assert await reconciler.reconcile_once() is False and worker.replace_calls == 1
+            assert worker.replace_calls == 1 and live.replacements == 1
+            assert await live.reconcile_once() is False and worker.replace_calls == 1
 
 
 async def test_no_service_url_is_a_no_op(service: WorkerService) -> None:
-    async with ExportReconciler(service, load_settings(environ={}), AppliedConfig()) as reconciler:
-        assert not reconciler.enabled
+    async with LoopbackTransport() as bus, LiveConfig(bus, service, load_settings(environ={})) as live:
+        assert not live.reconciles_export
 
 
 async def test_hash_mismatch_is_not_recorded_and_retried(service: WorkerService) -> None:
-    state = AppliedConfig()
     worker = CountingWorker(service, corrupt_hash=True)
-    async with config_client() as http:
+    async with config_client() as http, LoopbackTransport() as bus:
         await post_models(http)
-        reconciler = ExportReconciler(worker, load_settings(environ={}), state, http=http)
-        assert await reconciler.reconcile_once() is False
-        assert (state.epoch, state.bundle_config_hash) == (0, "")
-        assert await reconciler.reconcile_once() is False
+        live = LiveConfig(bus, worker, load_settings(environ={}), http=http)
+        assert await live.reconcile_once() is False
+        assert (live.epoch, live.bundle_config_hash) == (0, "")
+        assert await live.reconcile_once() is False
         assert worker.replace_calls == 2  # the snapshot stays eligible for retry
 
 
 async def test_epoch_rewind_is_accepted(service: WorkerService, manager: ModelManager) -> None:
-    settings = load_settings(environ={})
-    state = AppliedConfig()
-    async with config_client() as http:
+    config_service = ConfigService()
+    async with config_client(config_service) as http, LoopbackTransport() as bus:
+        live = LiveConfig(bus, service, load_settings(environ={}), http=http)
         await post_models(http)
-        assert await ExportReconciler(service, settings, state, http=http).reconcile_once() is True
-    assert state.epoch == 2 and manager.catalog.find(NEW_MODEL) is not None
-    async with config_client() as rewound:  # a fresh config service: epoch 0, baseline only
-        epoch, expected = await pool_hash(rewound)
+        assert await live.reconcile_once() is True
+        assert live.epoch == 2 and manager.catalog.find(NEW_MODEL) is not None
+        config_service.restart()  # a fresh config service at the same address: epoch 0, baseline only
+        epoch, expected = await pool_hash(http)
         assert epoch == 0
-        assert await ExportReconciler(service, settings, state, http=rewound).reconcile_once() is True
-    assert (state.epoch, state.bundle_config_hash) == (0, expected)
+        assert await live.reconcile_once() is True
+    assert (live.epoch, live.bundle_config_hash) == (0, expected)
     assert manager.catalog.find(NEW_MODEL) is None
