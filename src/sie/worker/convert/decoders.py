@@ -1,9 +1,10 @@
-"""`convert_gguf`: one llama GGUF file in, one directory out holding the decoder graph with its key/value cache
-(`model.onnx`), the rebuilt tokenizer (`tokenizer.json`, `tokenizer_config.json` with the chat template) and the
-`config.json` the causal-LM adapter reads; plus the content cache key of a conversion.
+"""The decoder entry point, `convert_gguf`: one llama GGUF file in, one directory out holding the decoder graph
+with its key/value cache (`model.onnx`), the rebuilt tokenizer (`tokenizer.json`, `tokenizer_config.json` with the
+chat template) and the `config.json` the causal-LM adapter reads; plus the content cache key of a conversion.
 
-Like the BERT converter it needs only `onnx`, numpy, `tokenizers` and the pure-Python `gguf` reader: never torch,
-llama.cpp or onnxruntime (the caller loads the result).
+It wires a family's config, weights and decoder graph (`llama.py`) to the GGUF reader and tokenizer. Like
+`convert_bert` it needs only `onnx`, numpy, `tokenizers` and the pure-Python `gguf` reader: never torch, llama.cpp
+or onnxruntime (the caller loads the result).
 """
 
 from __future__ import annotations
@@ -16,14 +17,19 @@ from typing import Final
 
 import attrs
 
-from sie.worker.convert.converter import save_graph
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.gguf_io import GgufFile
 from sie.worker.convert.gguf_tokenizer import gguf_tokenizer
-from sie.worker.convert.graph_builder import GraphBuilder
-from sie.worker.convert.llama_config import LlamaConfig, llama_config
-from sie.worker.convert.llama_graph import build_decoder, decoder_inputs, decoder_outputs, precision_named
-from sie.worker.convert.llama_weights import LlamaWeights
+from sie.worker.convert.graph_builder import GraphBuilder, save_graph
+from sie.worker.convert.llama import (
+    LlamaConfig,
+    LlamaWeights,
+    build_decoder,
+    decoder_inputs,
+    decoder_outputs,
+    llama_config,
+    precision_named,
+)
 
 # Bump whenever the emitted graph, tokenizer or config changes, so content-keyed caches rebuild.
 GGUF_CONVERTER_VERSION: Final = "sie-llama-onnx/2"  # 2: logits of the last position only

@@ -1,23 +1,20 @@
-"""`convert_bert`: one BERT safetensors directory in, one ONNX file out; plus its content cache key.
+"""The encoder entry point, `convert_bert`: one BERT safetensors directory in, one ONNX file out with the head asked
+for; plus its content cache key.
 
-It wires config, weights, encoder and head together and writes the file atomically. It needs only
-`onnx` and numpy: never torch, and never onnxruntime (the caller loads the result).
+It wires a family's config, weights and encoder graph (`bert.py`) to a head (`heads.py`) and writes the file
+atomically. It needs only `onnx` and numpy: never torch, and never onnxruntime (the caller loads the result).
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 import attrs
-import onnx
 
-from sie.worker.convert.bert_config import load_bert_config
-from sie.worker.convert.bert_graph import build_encoder, graph_inputs
-from sie.worker.convert.bert_weights import BertWeights
+from sie.worker.convert.bert import BertWeights, build_encoder, graph_inputs, load_bert_config
 from sie.worker.convert.errors import ConversionError
-from sie.worker.convert.graph_builder import GraphBuilder
+from sie.worker.convert.graph_builder import GraphBuilder, save_graph
 from sie.worker.convert.heads import HEADS, HeadContext
 from sie.worker.convert.safetensors_io import SafetensorsFile
 
@@ -25,8 +22,6 @@ from sie.worker.convert.safetensors_io import SafetensorsFile
 CONVERTER_VERSION = "sie-bert-onnx/1"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-# protobuf cannot serialise a message over 2 GiB; bigger models keep their tensors in a side file.
-PROTOBUF_LIMIT = 2**31 - 1
 _HASH_CHUNK = 1 << 20
 
 
@@ -70,24 +65,3 @@ def conversion_cache_key(model_dir: Path, head: str) -> str:
         except OSError as exc:
             raise ConversionError(f"cannot read file: {exc}", source=str(path)) from exc
     return digest.hexdigest()
-
-
-def save_graph(model: onnx.ModelProto, out_path: Path) -> None:
-    """Write via a temporary name and rename, so a reader never sees a half-written graph file."""
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    partial = out_path.with_name(out_path.name + ".partial")
-    data_file = out_path.with_name(out_path.name + ".data")
-    external = sum(len(t.raw_data) for t in model.graph.initializer) > PROTOBUF_LIMIT
-    if external:
-        data_file.unlink(missing_ok=True)  # onnx appends to an existing data file
-    else:
-        onnx.checker.check_model(model)
-    try:
-        onnx.save_model(
-            model, partial, save_as_external_data=external, all_tensors_to_one_file=True, location=data_file.name
-        )
-        os.replace(partial, out_path)
-    except OSError as exc:
-        raise ConversionError(f"cannot write the converted graph: {exc}", source=str(out_path)) from exc
-    finally:
-        partial.unlink(missing_ok=True)
