@@ -33,7 +33,6 @@ from sie.worker.artifacts import (
     ProgressEvent,
     profile_artifacts,
 )
-from sie.worker.batching_decoder import DecoderLimits
 from sie.worker.convert import (
     GRAPH_FILE,
     TOKENIZER_CONFIG_FILE,
@@ -45,6 +44,7 @@ from sie.worker.convert import (
     gguf_cache_key,
 )
 from sie.worker.errors import ModelLoadError
+from sie.worker.generation.batching_decoder import DecoderLimits
 from sie.worker.session import SessionOptions, create_session
 
 DEFAULT_MAX_SEQUENCE_LENGTH = 512
