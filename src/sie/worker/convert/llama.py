@@ -26,6 +26,16 @@ from onnx import TensorProto
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.gguf_io import GgufFile
 from sie.worker.convert.graph_builder import GraphBuilder, tensor_info
+from sie.worker.convert.names import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    LOGITS,
+    POSITION_IDS,
+    past_key_name,
+    past_value_name,
+    present_key_name,
+    present_value_name,
+)
 
 # --- config -----------------------------------------------------------------------------------------------------------
 
@@ -206,27 +216,7 @@ class LlamaWeights:
 
 # --- graph ------------------------------------------------------------------------------------------------------------
 
-INPUT_IDS: Final = "input_ids"
-ATTENTION_MASK: Final = "attention_mask"
-POSITION_IDS: Final = "position_ids"
-LOGITS: Final = "logits"
 BATCH, SEQUENCE, PAST, TOTAL = "batch", "sequence", "past_sequence", "total_sequence"
-
-
-def past_key_name(layer: int) -> str:
-    return f"past_key_values.{layer}.key"
-
-
-def past_value_name(layer: int) -> str:
-    return f"past_key_values.{layer}.value"
-
-
-def present_key_name(layer: int) -> str:
-    return f"present.{layer}.key"
-
-
-def present_value_name(layer: int) -> str:
-    return f"present.{layer}.value"
 
 
 @attrs.frozen

@@ -23,7 +23,7 @@ import attrs
 import numpy as np
 
 from sie.wire.generate import FINISH_CANCELLED, FINISH_ERROR
-from sie.worker.convert import ATTENTION_MASK, LOGITS
+from sie.worker.convert.names import ATTENTION_MASK, LOGITS
 from sie.worker.generation.kv_cache import BatchCache, CacheShape, bytes_per_cached_token, next_cache
 from sie.worker.generation.sampling import Sampler, SamplingParams
 from sie.worker.generation.stopping import StopChecker, TokenDecoder

@@ -14,7 +14,7 @@ import attrs
 import numpy as np
 
 from sie.wire.generate import FINISH_LENGTH, FINISH_STOP
-from sie.worker.convert import ATTENTION_MASK, INPUT_IDS, LOGITS, POSITION_IDS
+from sie.worker.convert.names import ATTENTION_MASK, INPUT_IDS, LOGITS, POSITION_IDS
 from sie.worker.generation.kv_cache import CacheShape, empty_cache, next_cache
 
 

@@ -1,4 +1,4 @@
-"""The key/value cache of a converted decoder graph (the names of `sie.worker.convert`): its CacheShape (from
+"""The key/value cache of a converted decoder graph (the names of `sie.worker.convert.names`): its CacheShape (from
 the converter's config.json), empty caches, a run's `present.*` outputs as the next run's `past_key_values.*` feeds,
 and BatchCache, the running rows' cache left-padded to one length with the mask of their real positions, with the
 feeds of one prefill or decode step. Pure numpy: no onnxruntime, no threads.
@@ -12,16 +12,15 @@ from typing import Any
 import attrs
 import numpy as np
 
-from sie.worker.convert import (
+from sie.worker.convert.names import (
     ATTENTION_MASK,
     INPUT_IDS,
+    PAST_PREFIX,
     POSITION_IDS,
+    PRESENT_PREFIX,
     past_key_name,
     past_value_name,
 )
-
-_PRESENT_PREFIX = "present."
-_PAST_PREFIX = "past_key_values."
 
 
 @attrs.frozen
@@ -58,9 +57,9 @@ def empty_cache(shape: CacheShape, batch: int = 1) -> dict[str, np.ndarray]:
 def next_cache(output_names: Sequence[str], outputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
     """A run's `present.*` outputs renamed as the next run's `past_key_values.*` feeds."""
     return {
-        _PAST_PREFIX + name.removeprefix(_PRESENT_PREFIX): value
+        PAST_PREFIX + name.removeprefix(PRESENT_PREFIX): value
         for name, value in zip(output_names, outputs, strict=True)
-        if name.startswith(_PRESENT_PREFIX)
+        if name.startswith(PRESENT_PREFIX)
     }
 
 
