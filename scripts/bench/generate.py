@@ -38,7 +38,7 @@ from sie.catalog import load_catalog
 from sie.settings import load_settings
 from sie.worker.artifacts import profile_artifacts
 from sie.worker.convert import CONFIG_FILE, TOKENIZER_FILE, convert_gguf
-from sie.worker.decoding import CacheShape, empty_cache, next_cache
+from sie.worker.generation.kv_cache import CacheShape, empty_cache, next_cache
 from sie.worker.loading import ModelLoader, PreparedFiles
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"

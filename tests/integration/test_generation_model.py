@@ -11,7 +11,8 @@ from tokenizers import Tokenizer
 
 from sie.catalog import Catalog
 from sie.worker.convert import CONFIG_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
-from sie.worker.decoding import CacheShape, greedy_decode
+from sie.worker.generation.greedy_loop import greedy_decode
+from sie.worker.generation.kv_cache import CacheShape
 from sie.worker.loading import ModelLoader, PreparedFiles
 from sie.worker.session import SessionOptions, create_session
 

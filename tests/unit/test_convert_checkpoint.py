@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import sie.worker.convert.converter as converter
+import sie.worker.convert.cache_keys as cache_keys
 from sie.worker.convert import ConversionError, conversion_cache_key, convert_bert
-from sie.worker.convert.bert_config import parse_bert_config
+from sie.worker.convert.bert import parse_bert_config
 from sie.worker.convert.safetensors_io import SafetensorsFile, decode_float
 
 CONFIG = {
@@ -177,7 +177,7 @@ def test_cache_key_follows_content_head_and_version(model_dir: Path, monkeypatch
     (model_dir / "config.json").write_text(json.dumps(CONFIG | {"layer_norm_eps": 1e-5}))
     changed_config = conversion_cache_key(model_dir, "mean")
     assert changed_config != key
-    monkeypatch.setattr(converter, "CONVERTER_VERSION", "sie-bert-onnx/test")
+    monkeypatch.setattr(cache_keys, "CONVERTER_VERSION", "sie-bert-onnx/test")
     assert conversion_cache_key(model_dir, "mean") != changed_config
 
 

@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-import sie.worker.convert.converter as converter
+import sie.worker.convert.graph_builder as graph_builder
 from sie.worker.convert import HEADS, convert_bert
 from support.bert_reference import (
     HIDDEN,
@@ -158,7 +158,7 @@ def test_a_graph_over_the_protobuf_limit_keeps_its_tensors_in_a_side_file(
 ) -> None:
     write_checkpoint(tmp_path, "F32")
     inline = session(convert_bert(tmp_path, tmp_path / "inline.onnx", "mean").path).run(None, padded_batch(SEQUENCES))
-    monkeypatch.setattr(converter, "PROTOBUF_LIMIT", 0)
+    monkeypatch.setattr(graph_builder, "PROTOBUF_LIMIT", 0)
     result = convert_bert(tmp_path, tmp_path / "external.onnx", "mean")
     assert (tmp_path / "external.onnx.data").stat().st_size > 0
     external = session(result.path).run(None, padded_batch(SEQUENCES))

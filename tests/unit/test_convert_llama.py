@@ -21,8 +21,9 @@ from sie.worker.convert import (
     convert_gguf,
     gguf_cache_key,
 )
-from sie.worker.convert.llama_weights import unpermute_rows
-from sie.worker.decoding import CacheShape, empty_cache, greedy_decode, next_cache
+from sie.worker.convert.llama import unpermute_rows
+from sie.worker.generation.greedy_loop import greedy_decode
+from sie.worker.generation.kv_cache import CacheShape, empty_cache, next_cache
 from support.llama_reference import (
     CHAT_TEMPLATE,
     HEAD_DIM,

@@ -32,7 +32,7 @@ class GenerateParams:
 
     Exactly one of `prompt` (raw text, continued as is) and `messages` (chat turns `{role, content}`, rendered with
     the model's chat template and an open assistant turn) is set. Unset sampling fields take the model's defaults;
-    the worker validates every value (`sie.worker.generation.SamplingParams`).
+    the worker validates every value (`sie.worker.generation.sampling.SamplingParams`).
     """
 
     prompt: str | None = omittable()

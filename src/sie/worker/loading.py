@@ -1,6 +1,7 @@
 """Load one model profile end to end: fetch its files, convert safetensors to ONNX when the checkpoint
 has no graph (or a GGUF decoder to an ONNX decoder with its tokenizer), open the onnxruntime session, load the
-tokenizer and build the adapter.
+tokenizer and build the adapter. Converted graphs are cached by content key; the converter (and `onnx`) is imported
+only when a conversion is not in the cache.
 
 Blocking by design (downloads, conversion, session creation): the model manager runs it in an
 executor. Every failure leaves as a ModelLoadError with a class and a message naming the model.
@@ -33,18 +34,11 @@ from sie.worker.artifacts import (
     ProgressEvent,
     profile_artifacts,
 )
-from sie.worker.batching_decoder import DecoderLimits
-from sie.worker.convert import (
-    GRAPH_FILE,
-    TOKENIZER_CONFIG_FILE,
-    TOKENIZER_FILE,
-    ConversionError,
-    conversion_cache_key,
-    convert_bert,
-    convert_gguf,
-    gguf_cache_key,
-)
+from sie.worker.convert.cache_keys import conversion_cache_key, gguf_cache_key
+from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.names import GRAPH_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 from sie.worker.errors import ModelLoadError
+from sie.worker.generation.batching_decoder import DecoderLimits
 from sie.worker.session import SessionOptions, create_session
 
 DEFAULT_MAX_SEQUENCE_LENGTH = 512
@@ -183,6 +177,9 @@ class ModelLoader:
             target = self.converted_dir / f"{conversion_cache_key(model_dir, head)}.onnx"
             if target.is_file():
                 return target
+            # The converter imports `onnx` (about 1.4 s): only a cache miss pays for it.
+            from sie.worker.convert.encoders import convert_bert
+
             self.converted_dir.mkdir(parents=True, exist_ok=True)
             logger.info("converting model %s to ONNX (%s head)", model_id, head,
                         extra=log_fields(event="model_converting", model=model_id, head=head))  # fmt: skip
@@ -206,6 +203,9 @@ class ModelLoader:
             target = self.converted_dir / f"{gguf_cache_key(source, precision)}-decoder"
             if (target / GRAPH_FILE).is_file():
                 return target
+            # The converter imports `onnx` (about 1.4 s): only a cache miss pays for it.
+            from sie.worker.convert.decoders import convert_gguf
+
             self.converted_dir.mkdir(parents=True, exist_ok=True)
             logger.info("converting model %s to an ONNX decoder (%s)", model_id, precision,
                         extra=log_fields(event="model_converting", model=model_id, head="decoder"))  # fmt: skip

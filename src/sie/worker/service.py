@@ -51,8 +51,8 @@ from sie.wire.ipc_control import (
 )
 from sie.wire.queue import OPERATION_GENERATE, WorkItem
 from sie.worker.adapters import CausalLMAdapter, GenerationInputError
-from sie.worker.batching_decoder import DecodeEvent, SequenceStream
-from sie.worker.generate_call import GenerationCall, nak_events, stream_generation
+from sie.worker.generation.batching_decoder import DecodeEvent, SequenceStream
+from sie.worker.generation.call import GenerationCall, nak_events, stream_generation
 from sie.worker.loading import LoadedModel
 from sie.worker.manager import ModelManager, ModelState
 from sie.worker.runner import (

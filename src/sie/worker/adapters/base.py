@@ -19,7 +19,7 @@ from sie.catalog.model import ModelConfig, Profile
 from sie.catalog.options import option_problem
 from sie.tokenization import TextTokenizer
 from sie.wire import codes
-from sie.worker.batching_decoder import DecoderLimits
+from sie.worker.generation.batching_decoder import DecoderLimits
 from sie.worker.run_memory import DEFAULT_RUN_MEMORY_BYTES, RunMemory, run_in_slices
 
 ENCODE_OUTPUTS = ("dense", "sparse", "multivector")

@@ -17,10 +17,10 @@ from sie.catalog.adapters import CAUSAL_LM
 from sie.wire import codes
 from sie.wire.queue import GenerateParams
 from sie.worker.adapters.base import Adapter, AdapterContext
-from sie.worker.batching_decoder import BatchingDecoder, SequenceStream
-from sie.worker.chat_template import ChatTemplate, ChatTemplateError
-from sie.worker.decoding import CacheShape
-from sie.worker.generation import SamplingParams
+from sie.worker.generation.batching_decoder import BatchingDecoder, SequenceStream
+from sie.worker.generation.chat_template import ChatTemplate, ChatTemplateError
+from sie.worker.generation.kv_cache import CacheShape
+from sie.worker.generation.sampling import SamplingParams
 
 # Limits of a model whose catalogue entry names none (tasks.generate, max_sequence_length, config.json).
 DEFAULT_CONTEXT_LENGTH: Final = 2048

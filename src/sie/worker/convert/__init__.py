@@ -1,39 +1,72 @@
-"""Torch-free conversion of checkpoints to ONNX graphs (DESIGN §6): BERT-family safetensors to encoder graphs, and
-llama GGUF files to decoder graphs with a key/value cache plus their tokenizer.
+"""Torch-free conversion of checkpoints to ONNX graphs (DESIGN §6), one module per family (config + weights +
+graph): BERT safetensors to encoder graphs (`bert`, entry point `encoders.convert_bert`) and llama GGUF files to
+decoder graphs with a key/value cache plus their tokenizer (`llama`, entry point `decoders.convert_gguf`). Shared
+pieces sit beside them: `heads`, `graph_builder`, `safetensors_io`, `gguf_io`, `gguf_tokenizer`, `errors`, the
+`names` a converted graph and directory use, and the `cache_keys` conversions are stored under. A new family is one
+more module beside `bert.py`/`llama.py`, wired in by its entry point.
 
 Public surface: `convert_bert`, the `HEADS` it can attach, `conversion_cache_key` for content-keyed caches,
 `ConversionResult`; `convert_gguf`, `gguf_cache_key`, `DecoderConversion` and the decoder's input/output names;
-`ConversionError`. It imports `onnx`, numpy, `tokenizers` and `gguf`, never onnxruntime.
+`ConversionError`. The converter imports `onnx`, numpy, `tokenizers` and `gguf`, never onnxruntime. Importing this
+package loads neither `onnx` nor `gguf`: the attributes that need them (`convert_bert`, `convert_gguf`, `HEADS`, ...)
+load their module on first use, so a worker whose models are all converted already never pays for `onnx`'s start-up
+(about 1.4 s).
 """
 
-from sie.worker.convert.converter import (
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from sie.worker.convert.cache_keys import (
     CONVERTER_VERSION,
-    ConversionResult,
-    conversion_cache_key,
-    convert_bert,
-)
-from sie.worker.convert.errors import ConversionError
-from sie.worker.convert.gguf_converter import (
-    CONFIG_FILE,
     GGUF_CONVERTER_VERSION,
-    GRAPH_FILE,
-    DecoderConversion,
-    convert_gguf,
+    conversion_cache_key,
     gguf_cache_key,
 )
-from sie.worker.convert.gguf_tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
-from sie.worker.convert.heads import HEADS, Head
-from sie.worker.convert.llama_graph import (
+from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.names import (
     ATTENTION_MASK,
+    CONFIG_FILE,
+    GRAPH_FILE,
     INPUT_IDS,
     LOGITS,
     POSITION_IDS,
-    PRECISIONS,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
     past_key_name,
     past_value_name,
     present_key_name,
     present_value_name,
 )
+
+if TYPE_CHECKING:
+    from sie.worker.convert.decoders import DecoderConversion, convert_gguf
+    from sie.worker.convert.encoders import ConversionResult, convert_bert
+    from sie.worker.convert.heads import HEADS, Head
+    from sie.worker.convert.llama import PRECISIONS
+
+# The public names that import `onnx`, by the module that defines them.
+_LOADED_ON_USE = {
+    "ConversionResult": "encoders",
+    "convert_bert": "encoders",
+    "DecoderConversion": "decoders",
+    "convert_gguf": "decoders",
+    "HEADS": "heads",
+    "Head": "heads",
+    "PRECISIONS": "llama",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load a converter attribute's module on first use (PEP 562)."""
+    module = _LOADED_ON_USE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ATTENTION_MASK",

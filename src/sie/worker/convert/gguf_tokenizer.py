@@ -17,9 +17,8 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.gguf_io import GgufFile
+from sie.worker.convert.names import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 
-TOKENIZER_FILE: Final = "tokenizer.json"
-TOKENIZER_CONFIG_FILE: Final = "tokenizer_config.json"
 # llama.cpp's token types (gguf.TokenType): control tokens are the special ones, user-defined ones are added
 # tokens matched whole but decoded like text.
 TOKEN_TYPE_CONTROL: Final = 3

@@ -1,23 +1,30 @@
-"""`GraphBuilder`: a thin layer over `onnx.helper` that names nodes, stores initializers and emits a model.
+"""`GraphBuilder`: a thin layer over `onnx.helper` that names nodes, stores initializers and emits a model; and
+`save_graph`, which writes a model atomically (its tensors in a side file past protobuf's 2 GiB).
 
-It knows ONNX, not BERT. Small constants (shapes, axes, scalars) are shared by value, so a graph
+It knows ONNX, not any model family. Small constants (shapes, axes, scalars) are shared by value, so a graph
 holds one copy of each however many layers use it.
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from sie.worker.convert.errors import ConversionError
+
 OPSET = 17
 # IR 8 is the oldest IR that opset 17 allows; it keeps the file loadable by older onnxruntime builds.
 IR_VERSION = 8
 PRODUCER = "sie.worker.convert"
+# protobuf cannot serialise a message over 2 GiB; bigger models keep their tensors in a side file.
+PROTOBUF_LIMIT = 2**31 - 1
 
 
 class GraphBuilder:
@@ -77,3 +84,24 @@ class GraphBuilder:
 def tensor_info(name: str, elem_type: int, shape: Sequence[int | str]) -> onnx.ValueInfoProto:
     """A graph input/output declaration; string dims are symbolic (`batch`, `sequence`)."""
     return helper.make_tensor_value_info(name, elem_type, list(shape))
+
+
+def save_graph(model: onnx.ModelProto, out_path: Path) -> None:
+    """Write via a temporary name and rename, so a reader never sees a half-written graph file."""
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    partial = out_path.with_name(out_path.name + ".partial")
+    data_file = out_path.with_name(out_path.name + ".data")
+    external = sum(len(t.raw_data) for t in model.graph.initializer) > PROTOBUF_LIMIT
+    if external:
+        data_file.unlink(missing_ok=True)  # onnx appends to an existing data file
+    else:
+        onnx.checker.check_model(model)
+    try:
+        onnx.save_model(
+            model, partial, save_as_external_data=external, all_tensors_to_one_file=True, location=data_file.name
+        )
+        os.replace(partial, out_path)
+    except OSError as exc:
+        raise ConversionError(f"cannot write the converted graph: {exc}", source=str(out_path)) from exc
+    finally:
+        partial.unlink(missing_ok=True)

@@ -14,9 +14,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from sie.worker.convert.bert_config import BertConfig
-from sie.worker.convert.bert_graph import BATCH, SEQUENCE, EncoderOutput, gelu, layer_norm, linear
-from sie.worker.convert.bert_weights import BertWeights
+from sie.worker.convert.bert import BATCH, SEQUENCE, BertConfig, BertWeights, EncoderOutput, gelu, layer_norm, linear
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.graph_builder import GraphBuilder, tensor_info
 

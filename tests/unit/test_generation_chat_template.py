@@ -1,4 +1,4 @@
-"""Chat messages checked and rendered with a Jinja chat template, sandboxed (sie.worker.chat_template)."""
+"""Chat messages checked and rendered with a Jinja chat template, sandboxed (sie.worker.generation.chat_template)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from sie.worker.chat_template import ChatTemplate, ChatTemplateError, normalize_messages
+from sie.worker.generation.chat_template import ChatTemplate, ChatTemplateError, normalize_messages
 
 # SmolLM2's template, as the GGUF carries it: a default system turn unless the chat starts with one.
 CHATML = (

@@ -11,7 +11,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from sie.wire import codes, to_msgpack
 from sie.wire.generate import (
@@ -26,8 +26,10 @@ from sie.wire.generate import (
     GenerationUsage,
 )
 from sie.wire.queue import WorkItem
-from sie.worker.adapters import CausalLMAdapter, PreparedGeneration
-from sie.worker.batching_decoder import DecodeEvent, SequenceStream
+from sie.worker.generation.batching_decoder import DecodeEvent, SequenceStream
+
+if TYPE_CHECKING:  # the adapters sit above this package (they run its decoder): named in annotations only
+    from sie.worker.adapters import CausalLMAdapter, PreparedGeneration
 
 # Before the first token (a long queue of sequences ahead, a long prompt) the sidecar is told the work is alive
 # this often, so that JetStream does not redeliver it.

@@ -1,11 +1,11 @@
 """Continuous batching of decoder sequences (DESIGN §7): a thread of each loaded causal LM, running while it has
 sequences, runs each decode step over every running sequence at once. New sequences join between two steps: their
 prompts are prefilled together (left-padded to the longest, in groups of at most PREFILL_TOKENS padded tokens) and
-their key/value cache merged into the batch's by left-padding the time axis, with an attention mask marking the real
-positions; a finished or cancelled sequence leaves the same way. Each row picks
-tokens with its own Sampler and ends by its own StopChecker (`sie.worker.generation`); its events reach the event
-loop through `call_soon_threadsafe`. On the event loop only `submit`, `cancel`, `close` and `SequenceStream.next`
-run, and none of them waits for a decode step.
+their key/value cache joins the batch's (`kv_cache.BatchCache`: left-padded on the time axis, with a mask of the real
+positions); a finished or cancelled sequence leaves the same way. Each row picks tokens with its own Sampler and ends
+by its own StopChecker (`sampling`, `stopping`); its events reach the event loop through `call_soon_threadsafe`. On
+the event loop only `submit`, `cancel`, `close` and `SequenceStream.next` run, and none of them waits for a decode
+step.
 """
 
 from __future__ import annotations
@@ -16,16 +16,17 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import attrs
 import numpy as np
 
 from sie.wire.generate import FINISH_CANCELLED, FINISH_ERROR
-from sie.worker.convert import ATTENTION_MASK, INPUT_IDS, LOGITS, POSITION_IDS
-from sie.worker.decoding import CacheShape, empty_cache, next_cache
-from sie.worker.generation import Sampler, SamplingParams, StopChecker, TokenDecoder
+from sie.worker.convert.names import ATTENTION_MASK, LOGITS
+from sie.worker.generation.kv_cache import BatchCache, CacheShape, bytes_per_cached_token, next_cache
+from sie.worker.generation.sampling import Sampler, SamplingParams
+from sie.worker.generation.stopping import StopChecker, TokenDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -33,15 +34,6 @@ DEFAULT_MAX_SEQUENCES: Final = 16
 DEFAULT_CACHE_BYTES: Final = 2 * 1024**3
 # Padded prompt tokens (rows × longest prompt) one prefill run may take; a longer prompt runs alone.
 PREFILL_TOKENS: Final = 2048
-
-
-def _left_pad(array: np.ndarray, length: int, axis: int) -> np.ndarray:
-    missing = length - array.shape[axis]
-    if missing == 0:
-        return array
-    widths = [(0, 0)] * array.ndim
-    widths[axis] = (missing, 0)
-    return np.pad(array, widths)
 
 
 @attrs.frozen
@@ -63,89 +55,6 @@ class DecoderLimits:
             raise ValueError(f"max_sequences must be >= 1, got {self.max_sequences}")
         if self.cache_bytes < 1:
             raise ValueError(f"cache_bytes must be >= 1, got {self.cache_bytes}")
-
-
-def bytes_per_cached_token(shape: CacheShape) -> int:
-    """Key and value cache bytes one token of one row holds, over every layer."""
-    return shape.layers * 2 * shape.kv_heads * shape.head_dim * np.dtype(shape.dtype).itemsize
-
-
-@attrs.frozen
-class BatchCache:
-    """The running rows' key/value cache (`past_key_values.*`, `[rows, kv_heads, T, head_dim]`), left-padded to
-    one length T, and the int64 mask `[rows, T]` of the positions that hold real tokens."""
-
-    past: Mapping[str, np.ndarray]
-    mask: np.ndarray
-
-    @classmethod
-    def empty(cls, shape: CacheShape) -> BatchCache:
-        return cls(empty_cache(shape, batch=0), np.zeros((0, 0), dtype=np.int64))
-
-    @staticmethod
-    def prompt_feeds(prompts: Sequence[np.ndarray], shape: CacheShape) -> dict[str, np.ndarray]:
-        """The decoder's inputs for one prefill of `prompts` together: left-padded to the longest, masked, each
-        row's positions counting from its first real token, and empty caches."""
-        width = max(len(prompt) for prompt in prompts)
-        ids = np.zeros((len(prompts), width), dtype=np.int64)
-        mask = np.zeros((len(prompts), width), dtype=np.int64)
-        for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt) :] = prompt
-            mask[row, width - len(prompt) :] = 1
-        positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
-        return {
-            INPUT_IDS: ids,
-            ATTENTION_MASK: mask,
-            POSITION_IDS: positions,
-            **empty_cache(shape, batch=len(prompts)),
-        }
-
-    @property
-    def rows(self) -> int:
-        return int(self.mask.shape[0])
-
-    @property
-    def length(self) -> int:
-        return int(self.mask.shape[1])
-
-    def positions(self) -> np.ndarray:
-        """`[rows, 1]`: each row's count of real tokens, the position of the token it feeds next (RoPE)."""
-        return self.mask.sum(axis=1, keepdims=True).astype(np.int64)
-
-    def join(self, other: BatchCache) -> BatchCache:
-        """Both batches' rows (ours first), the shorter left-padded with zeros the mask leaves out."""
-        length = max(self.length, other.length)
-        past = {
-            name: np.concatenate([_left_pad(value, length, 2), _left_pad(other.past[name], length, 2)])
-            for name, value in self.past.items()
-        }
-        mask = np.concatenate([_left_pad(self.mask, length, 1), _left_pad(other.mask, length, 1)])
-        return BatchCache(past, mask)
-
-    def keep(self, rows: Sequence[int]) -> BatchCache:
-        """Only `rows`, in that order; the leading columns no kept row uses are dropped."""
-        index = np.asarray(rows, dtype=np.int64)
-        mask = self.mask[index]
-        used = np.flatnonzero(mask.any(axis=0))
-        start = int(used[0]) if used.size else mask.shape[1]
-        past = {name: np.ascontiguousarray(value[index, :, start:]) for name, value in self.past.items()}
-        return BatchCache(past, np.ascontiguousarray(mask[:, start:]))
-
-    def step_feeds(self, last_tokens: Sequence[int]) -> dict[str, np.ndarray]:
-        """The decoder's inputs for one step that feeds each row its last token."""
-        return {
-            INPUT_IDS: np.asarray(last_tokens, dtype=np.int64).reshape(self.rows, 1),
-            POSITION_IDS: self.positions(),
-            ATTENTION_MASK: self._stepped_mask(),
-            **self.past,
-        }
-
-    def advanced(self, present: Mapping[str, np.ndarray]) -> BatchCache:
-        """The batch after a step: the step's `present.*` caches (renamed `past_key_values.*`), one more column."""
-        return BatchCache(present, self._stepped_mask())
-
-    def _stepped_mask(self) -> np.ndarray:
-        return np.concatenate([self.mask, np.ones((self.rows, 1), dtype=np.int64)], axis=1)
 
 
 @attrs.frozen

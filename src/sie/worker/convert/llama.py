@@ -1,18 +1,22 @@
-"""The llama decoder as an opset-17 ONNX graph with a key/value cache: token embeddings, RMSNorm blocks with
-grouped-query attention and rotary positions (rotate-half), SwiGLU MLPs, the final norm and the output head.
+"""The llama decoder family, config + weights + graph: `LlamaConfig` (the architecture numbers from GGUF metadata,
+`llama.*` keys, checked for what the builder cannot handle, and the Hugging Face style `config.json` the causal-LM
+adapter reads), `LlamaWeights` (GGUF tensors dequantized to float32 in `[in, out]` layout, llama.cpp's q/k row
+permutation undone) and the decoder as an opset-17 ONNX graph with a key/value cache.
 
-Inputs: `input_ids [batch, sequence]`, `attention_mask [batch, past + sequence]` (1 = real token, left padding
-allowed), `position_ids [batch, sequence]`, `past_key_values.{i}.key|value [batch, kv_heads, past, head_dim]`.
-Outputs: `logits [batch, 1, vocab]` (float32), the last position's only (all a decoder samples from: a prefill pays
-the output head once per prompt, not once per prompt token), and `present.{i}.key|value [batch, kv_heads,
-past + sequence, head_dim]`. In a float16 graph the weights, matrix products and cache are float16 while the
-residual stream, norms, softmax and logits stay float32. Standard ONNX operators only; onnxruntime fuses the
-RMSNorm and the transposed-key product at load time.
+The graph: token embeddings, RMSNorm blocks with grouped-query attention and rotary positions (rotate-half), SwiGLU
+MLPs, the final norm and the output head. Inputs: `input_ids [batch, sequence]`, `attention_mask [batch, past +
+sequence]` (1 = real token, left padding allowed), `position_ids [batch, sequence]`, `past_key_values.{i}.key|value
+[batch, kv_heads, past, head_dim]`. Outputs: `logits [batch, 1, vocab]` (float32), the last position's only (all a
+decoder samples from: a prefill pays the output head once per prompt, not once per prompt token), and
+`present.{i}.key|value [batch, kv_heads, past + sequence, head_dim]`. In a float16 graph the weights, matrix
+products and cache are float16 while the residual stream, norms, softmax and logits stay float32. Standard ONNX
+operators only; onnxruntime fuses the RMSNorm and the transposed-key product at load time.
 """
 
 from __future__ import annotations
 
-from typing import Final
+import math
+from typing import Any, Final
 
 import attrs
 import numpy as np
@@ -20,31 +24,199 @@ import onnx
 from onnx import TensorProto
 
 from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.gguf_io import GgufFile
 from sie.worker.convert.graph_builder import GraphBuilder, tensor_info
-from sie.worker.convert.llama_config import LlamaConfig
-from sie.worker.convert.llama_weights import LlamaWeights
+from sie.worker.convert.names import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    LOGITS,
+    POSITION_IDS,
+    past_key_name,
+    past_value_name,
+    present_key_name,
+    present_value_name,
+)
 
-INPUT_IDS: Final = "input_ids"
-ATTENTION_MASK: Final = "attention_mask"
-POSITION_IDS: Final = "position_ids"
-LOGITS: Final = "logits"
+# --- config -----------------------------------------------------------------------------------------------------------
+
+SUPPORTED_ARCHITECTURES = frozenset({"llama"})
+DEFAULT_ROPE_BASE = 10_000.0
+DEFAULT_RMS_EPS = 1e-5
+
+
+@attrs.frozen
+class LlamaConfig:
+    """One llama decoder's shape. `head_dim` is hidden / heads; RoPE rotates all of it."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    max_position_embeddings: int
+    rope_theta: float = DEFAULT_ROPE_BASE
+    rms_norm_eps: float = DEFAULT_RMS_EPS
+    tie_word_embeddings: bool = True
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def query_groups(self) -> int:
+        """Query heads that share one key/value head (grouped-query attention)."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+    def to_json(self, special_ids: dict[str, int | None], dtype: str) -> dict[str, Any]:
+        """`config.json` in Hugging Face LlamaConfig names, plus the dtype of the graph's key/value cache."""
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_theta": self.rope_theta,
+            "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "torch_dtype": dtype,
+            **special_ids,
+        }
+
+
+def llama_config(gguf: GgufFile) -> LlamaConfig:
+    """Read and check the `llama.*` metadata of `gguf`; errors name the file and the key."""
+    architecture = gguf.architecture
+    if architecture not in SUPPORTED_ARCHITECTURES:
+        raise ConversionError(
+            f"architecture {architecture!r} is not supported; expected one of {sorted(SUPPORTED_ARCHITECTURES)}",
+            source=str(gguf.path),
+        )
+    if gguf.value("llama.rope.scaling.type", "none") not in ("none", None):
+        raise ConversionError("RoPE scaling is not supported", source=str(gguf.path))
+    embeddings = gguf.shape("token_embd.weight")
+    config = LlamaConfig(
+        hidden_size=_positive(gguf, "llama.embedding_length"),
+        intermediate_size=_positive(gguf, "llama.feed_forward_length"),
+        num_hidden_layers=_positive(gguf, "llama.block_count"),
+        num_attention_heads=_positive(gguf, "llama.attention.head_count"),
+        num_key_value_heads=_positive(gguf, "llama.attention.head_count_kv"),
+        vocab_size=int(gguf.value("llama.vocab_size", embeddings[0])),
+        max_position_embeddings=_positive(gguf, "llama.context_length"),
+        rope_theta=float(gguf.value("llama.rope.freq_base", DEFAULT_ROPE_BASE)),
+        rms_norm_eps=float(gguf.value("llama.attention.layer_norm_rms_epsilon", DEFAULT_RMS_EPS)),
+        tie_word_embeddings="output.weight" not in gguf,
+    )
+    _check(gguf, config)
+    return config
+
+
+def _positive(gguf: GgufFile, key: str) -> int:
+    value = gguf.value(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConversionError(f"metadata key {key!r} must be a positive integer, got {value!r}", source=str(gguf.path))
+    return value
+
+
+def _check(gguf: GgufFile, config: LlamaConfig) -> None:
+    source = str(gguf.path)
+    if config.hidden_size % config.num_attention_heads or config.head_dim % 2:
+        raise ConversionError(
+            f"hidden size {config.hidden_size} does not split into {config.num_attention_heads} heads of even size",
+            source=source,
+        )
+    if config.num_attention_heads % config.num_key_value_heads:
+        raise ConversionError(
+            f"{config.num_attention_heads} query heads do not group over {config.num_key_value_heads} key/value heads",
+            source=source,
+        )
+    rope_dims = gguf.value("llama.rope.dimension_count", config.head_dim)
+    if rope_dims != config.head_dim:
+        raise ConversionError(f"partial RoPE ({rope_dims} of {config.head_dim} dims) is not supported", source=source)
+
+
+# --- weights ----------------------------------------------------------------------------------------------------------
+
+
+def unpermute_rows(weight: np.ndarray, heads: int) -> np.ndarray:
+    """Inverse of llama.cpp's `permute(weights, n_head)`: row `h*d + 2j + c` goes back to `h*d + c*d/2 + j`."""
+    half = weight.shape[0] // heads // 2
+    return weight.reshape(heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+class LlamaWeights:
+    """Reads each tensor when the graph builder asks for it; shapes are checked against the config."""
+
+    def __init__(self, gguf: GgufFile, config: LlamaConfig) -> None:
+        self.gguf = gguf
+        self.config = config
+
+    def _load(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        array = self.gguf.load(name)
+        if array.shape != shape:
+            raise ConversionError(
+                f"shape {list(array.shape)} does not match the config's {list(shape)}",
+                source=str(self.gguf.path),
+                tensor=name,
+            )
+        return array
+
+    def embeddings(self) -> np.ndarray:
+        """`[vocab, hidden]`: the token table, which is also the output head when the embeddings are tied."""
+        return self._load("token_embd.weight", (self.config.vocab_size, self.config.hidden_size))
+
+    def output_head(self) -> np.ndarray:
+        """`[vocab, hidden]` of an untied output head."""
+        return self._load("output.weight", (self.config.vocab_size, self.config.hidden_size))
+
+    def norm(self, layer: int, kind: str) -> np.ndarray:
+        """A layer's RMSNorm scale `[hidden]`: `attn_norm` (before attention) or `ffn_norm` (before the MLP)."""
+        return self._load(f"blk.{layer}.{kind}.weight", (self.config.hidden_size,))
+
+    def final_norm(self) -> np.ndarray:
+        return self._load("output_norm.weight", (self.config.hidden_size,))
+
+    def qkv(self, layer: int) -> np.ndarray:
+        """`[hidden, (heads + 2 * kv_heads) * head_dim]`: query, key and value side by side, query and key in the
+        rotate-half layout, 1/sqrt(head_dim) folded into the query (RoPE is linear, so the scale commutes)."""
+        cfg = self.config
+        hidden, d = cfg.hidden_size, cfg.head_dim
+        query = self._load(f"blk.{layer}.attn_q.weight", (cfg.num_attention_heads * d, hidden))
+        key = self._load(f"blk.{layer}.attn_k.weight", (cfg.num_key_value_heads * d, hidden))
+        value = self._load(f"blk.{layer}.attn_v.weight", (cfg.num_key_value_heads * d, hidden))
+        query = unpermute_rows(query, cfg.num_attention_heads) * np.float32(1.0 / math.sqrt(d))
+        key = unpermute_rows(key, cfg.num_key_value_heads)
+        return np.concatenate([query, key, value], axis=0).T
+
+    def attention_output(self, layer: int) -> np.ndarray:
+        """`[heads * head_dim, hidden]`."""
+        cfg = self.config
+        return self._load(
+            f"blk.{layer}.attn_output.weight", (cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim)
+        ).T
+
+    def gate_up(self, layer: int) -> np.ndarray:
+        """`[hidden, 2 * intermediate]`: the SwiGLU gate and up projections side by side."""
+        cfg = self.config
+        shape = (cfg.intermediate_size, cfg.hidden_size)
+        gate = self._load(f"blk.{layer}.ffn_gate.weight", shape)
+        up = self._load(f"blk.{layer}.ffn_up.weight", shape)
+        return np.concatenate([gate, up], axis=0).T
+
+    def down(self, layer: int) -> np.ndarray:
+        """`[intermediate, hidden]`."""
+        cfg = self.config
+        return self._load(f"blk.{layer}.ffn_down.weight", (cfg.hidden_size, cfg.intermediate_size)).T
+
+
+# --- graph ------------------------------------------------------------------------------------------------------------
+
 BATCH, SEQUENCE, PAST, TOTAL = "batch", "sequence", "past_sequence", "total_sequence"
-
-
-def past_key_name(layer: int) -> str:
-    return f"past_key_values.{layer}.key"
-
-
-def past_value_name(layer: int) -> str:
-    return f"past_key_values.{layer}.value"
-
-
-def present_key_name(layer: int) -> str:
-    return f"present.{layer}.key"
-
-
-def present_value_name(layer: int) -> str:
-    return f"present.{layer}.value"
 
 
 @attrs.frozen

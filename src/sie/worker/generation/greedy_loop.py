@@ -1,71 +1,21 @@
-"""A plain key/value-cache decode loop over a converted decoder graph (the names of `sie.worker.convert`): empty
-caches, one prefill run over the prompt, then one run per new token, greedy. It is the raw onnxruntime baseline
-that served generation is measured against (scripts/bench/generate.py) and the reference an adapter is tested
-beside; it batches nothing and samples nothing. Blocking: call it from a worker thread.
+"""A plain key/value-cache decode loop over a converted decoder graph: empty caches, one prefill run over the prompt,
+then one run per new token, greedy. It is the raw reference: the onnxruntime baseline that served generation is
+measured against (scripts/bench/generate.py) and that the batching decoder is tested beside; it batches nothing and
+samples nothing. Blocking: call it from a worker thread.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
 
-from sie.worker.convert import (
-    ATTENTION_MASK,
-    INPUT_IDS,
-    LOGITS,
-    POSITION_IDS,
-    past_key_name,
-    past_value_name,
-)
-
-FINISH_STOP = "stop"
-FINISH_LENGTH = "length"
-_PRESENT_PREFIX = "present."
-_PAST_PREFIX = "past_key_values."
-
-
-@attrs.frozen
-class CacheShape:
-    """What an empty key/value cache needs: layers, key/value heads, head size and the cache dtype."""
-
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype: type[np.floating] = np.float32
-
-    @classmethod
-    def from_config(cls, config_json: Mapping[str, Any]) -> CacheShape:
-        """From the converter's config.json (`torch_dtype` names the cache dtype)."""
-        dtype = np.float16 if config_json.get("torch_dtype") == "float16" else np.float32
-        return cls(
-            layers=int(config_json["num_hidden_layers"]),
-            kv_heads=int(config_json["num_key_value_heads"]),
-            head_dim=int(config_json["head_dim"]),
-            dtype=dtype,
-        )
-
-
-def empty_cache(shape: CacheShape, batch: int = 1) -> dict[str, np.ndarray]:
-    """`past_key_values.{i}.key|value` feeds with no past: `[batch, kv_heads, 0, head_dim]`."""
-    empty = np.zeros((batch, shape.kv_heads, 0, shape.head_dim), dtype=shape.dtype)
-    feeds = {}
-    for layer in range(shape.layers):
-        feeds[past_key_name(layer)] = empty
-        feeds[past_value_name(layer)] = empty
-    return feeds
-
-
-def next_cache(output_names: Sequence[str], outputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
-    """A run's `present.*` outputs renamed as the next run's `past_key_values.*` feeds."""
-    return {
-        _PAST_PREFIX + name.removeprefix(_PRESENT_PREFIX): value
-        for name, value in zip(output_names, outputs, strict=True)
-        if name.startswith(_PRESENT_PREFIX)
-    }
+from sie.wire.generate import FINISH_LENGTH, FINISH_STOP
+from sie.worker.convert.names import ATTENTION_MASK, INPUT_IDS, LOGITS, POSITION_IDS
+from sie.worker.generation.kv_cache import CacheShape, empty_cache, next_cache
 
 
 @attrs.frozen

@@ -1,34 +1,34 @@
-"""`convert_gguf`: one llama GGUF file in, one directory out holding the decoder graph with its key/value cache
-(`model.onnx`), the rebuilt tokenizer (`tokenizer.json`, `tokenizer_config.json` with the chat template) and the
-`config.json` the causal-LM adapter reads; plus the content cache key of a conversion.
+"""The decoder entry point, `convert_gguf`: one llama GGUF file in, one directory out holding the decoder graph
+with its key/value cache (`model.onnx`), the rebuilt tokenizer (`tokenizer.json`, `tokenizer_config.json` with the
+chat template) and the `config.json` the causal-LM adapter reads. Its cache key and version are in `cache_keys`.
 
-Like the BERT converter it needs only `onnx`, numpy, `tokenizers` and the pure-Python `gguf` reader: never torch,
-llama.cpp or onnxruntime (the caller loads the result).
+It wires a family's config, weights and decoder graph (`llama.py`) to the GGUF reader and tokenizer. Like
+`convert_bert` it needs only `onnx`, numpy, `tokenizers` and the pure-Python `gguf` reader: never torch, llama.cpp
+or onnxruntime (the caller loads the result).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final
 
 import attrs
 
-from sie.worker.convert.converter import save_graph
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.gguf_io import GgufFile
 from sie.worker.convert.gguf_tokenizer import gguf_tokenizer
-from sie.worker.convert.graph_builder import GraphBuilder
-from sie.worker.convert.llama_config import LlamaConfig, llama_config
-from sie.worker.convert.llama_graph import build_decoder, decoder_inputs, decoder_outputs, precision_named
-from sie.worker.convert.llama_weights import LlamaWeights
-
-# Bump whenever the emitted graph, tokenizer or config changes, so content-keyed caches rebuild.
-GGUF_CONVERTER_VERSION: Final = "sie-llama-onnx/2"  # 2: logits of the last position only
-GRAPH_FILE: Final = "model.onnx"
-CONFIG_FILE: Final = "config.json"
+from sie.worker.convert.graph_builder import GraphBuilder, save_graph
+from sie.worker.convert.llama import (
+    LlamaConfig,
+    LlamaWeights,
+    build_decoder,
+    decoder_inputs,
+    decoder_outputs,
+    llama_config,
+    precision_named,
+)
+from sie.worker.convert.names import CONFIG_FILE, GRAPH_FILE
 
 
 @attrs.frozen
@@ -65,16 +65,3 @@ def convert_gguf(
     except OSError as exc:
         raise ConversionError(f"cannot write {CONFIG_FILE}: {exc}", source=str(out_dir)) from exc
     return DecoderConversion(out_dir, config, chosen.name)
-
-
-def gguf_cache_key(gguf_path: Path, precision: str) -> str:
-    """sha256 over converter version, precision and the GGUF file's bytes."""
-    digest = hashlib.sha256()
-    for part in (GGUF_CONVERTER_VERSION.encode(), precision.encode()):
-        digest.update(len(part).to_bytes(8, "little") + part)
-    try:
-        with Path(gguf_path).open("rb") as handle:
-            digest.update(hashlib.file_digest(handle, "sha256").digest())
-    except OSError as exc:
-        raise ConversionError(f"cannot read file: {exc}", source=str(gguf_path)) from exc
-    return digest.hexdigest()

@@ -1,0 +1,51 @@
+"""The content keys converted models are cached under, and the converter versions inside them. A key changes with
+the checkpoint's bytes, the head or precision asked for and the converter's version, so a loader finds an earlier
+conversion without converting, or importing `onnx`: this module imports neither `onnx` nor `gguf`.
+
+Bump a version whenever its converter's output changes, so content-keyed caches rebuild: CONVERTER_VERSION for
+`encoders.convert_bert` (the graph), GGUF_CONVERTER_VERSION for `decoders.convert_gguf` (the graph, tokenizer or
+config.json).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Final
+
+from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.names import CONFIG_FILE, WEIGHTS_FILE
+
+CONVERTER_VERSION = "sie-bert-onnx/1"
+GGUF_CONVERTER_VERSION: Final = "sie-llama-onnx/2"  # 2: logits of the last position only
+_HASH_CHUNK = 1 << 20
+
+
+def conversion_cache_key(model_dir: Path, head: str) -> str:
+    """sha256 over converter version, head, config.json bytes and model.safetensors bytes."""
+    digest = hashlib.sha256()
+    for part in (CONVERTER_VERSION.encode(), head.encode()):
+        digest.update(len(part).to_bytes(8, "little") + part)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        path = Path(model_dir) / name
+        try:
+            digest.update(path.stat().st_size.to_bytes(8, "little"))
+            with path.open("rb") as handle:
+                while chunk := handle.read(_HASH_CHUNK):
+                    digest.update(chunk)
+        except OSError as exc:
+            raise ConversionError(f"cannot read file: {exc}", source=str(path)) from exc
+    return digest.hexdigest()
+
+
+def gguf_cache_key(gguf_path: Path, precision: str) -> str:
+    """sha256 over converter version, precision and the GGUF file's bytes."""
+    digest = hashlib.sha256()
+    for part in (GGUF_CONVERTER_VERSION.encode(), precision.encode()):
+        digest.update(len(part).to_bytes(8, "little") + part)
+    try:
+        with Path(gguf_path).open("rb") as handle:
+            digest.update(hashlib.file_digest(handle, "sha256").digest())
+    except OSError as exc:
+        raise ConversionError(f"cannot read file: {exc}", source=str(gguf_path)) from exc
+    return digest.hexdigest()

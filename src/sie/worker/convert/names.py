@@ -1,0 +1,38 @@
+"""The names a conversion shares with the code that reads its output: the files of a checkpoint and of a converted
+model directory, and the inputs and outputs of a decoder graph (what `sie.worker.generation` feeds and reads, and
+what every decoder family's graph declares). Plain strings: it imports neither `onnx` nor `gguf`, so the worker
+reaches them without loading the converter.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+CONFIG_FILE: Final = "config.json"
+WEIGHTS_FILE: Final = "model.safetensors"
+GRAPH_FILE: Final = "model.onnx"
+TOKENIZER_FILE: Final = "tokenizer.json"
+TOKENIZER_CONFIG_FILE: Final = "tokenizer_config.json"
+
+INPUT_IDS: Final = "input_ids"
+ATTENTION_MASK: Final = "attention_mask"
+POSITION_IDS: Final = "position_ids"
+LOGITS: Final = "logits"
+PAST_PREFIX: Final = "past_key_values."
+PRESENT_PREFIX: Final = "present."
+
+
+def past_key_name(layer: int) -> str:
+    return f"{PAST_PREFIX}{layer}.key"
+
+
+def past_value_name(layer: int) -> str:
+    return f"{PAST_PREFIX}{layer}.value"
+
+
+def present_key_name(layer: int) -> str:
+    return f"{PRESENT_PREFIX}{layer}.key"
+
+
+def present_value_name(layer: int) -> str:
+    return f"{PRESENT_PREFIX}{layer}.value"
