@@ -231,8 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                         ours[streams].append(served(base_url, args.model, texts[:streams], args.max_tokens))
         finally:
             if server is not None:
-                server.terminate()
-                server.wait(30)
+                server.stop()
     report(args, files, config, raw, ours)
     if args.conversion:
         print(f"GGUF→ONNX conversion (float32): {conversion_seconds(gguf):.1f} s")

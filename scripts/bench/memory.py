@@ -78,8 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         held, peak = memory_mib(process.pid)
         print(f"afterwards: {held} MiB resident ({held - idle:+d} MiB over idle), peak {peak} MiB")
     finally:
-        process.terminate()
-        process.wait(timeout=60)
+        process.stop()
     return 0
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,12 +28,14 @@ from loadgen import RunStats, build_request, run_load  # noqa: E402
 from raw_ort import SENTENCES  # noqa: E402
 from topology import HOST, start_all  # noqa: E402
 
+from launcher import RoleProcess  # noqa: E402
+
 MODELS = ("sentence-transformers/all-MiniLM-L6-v2", "sentence-transformers/paraphrase-MiniLM-L3-v2")
 MODES = ("round_robin", "least_outstanding", "lpt_packing")
 WARM_UP_S = 1.0
 
 
-def start_server(mode: str, directory: Path) -> tuple[subprocess.Popen, str]:
+def start_server(mode: str, directory: Path) -> tuple[RoleProcess, str]:
     """The server for one mode, with both models answering."""
     args = ["--devices", "cpu:2", "--preload", ",".join(MODELS)]
     process, url = start_all(args, {"SIE_PLACEMENT_MODE": mode}, directory / f"all-{mode}.log")
@@ -89,8 +90,7 @@ def run_mode(mode: str, clients: int, seconds: float, directory: Path) -> dict:
         stats = load(url, clients, seconds)
         routed = delta(placement_counts(url), before)
     finally:
-        process.terminate()
-        process.wait(timeout=60)
+        process.stop()
     return {"items_per_s": stats.sentences / stats.wall_s if stats.wall_s else 0.0, "failures": stats.failures,
             "routed": routed}  # fmt: skip
 

@@ -135,8 +135,7 @@ def run_once(env: dict[str, str], args: argparse.Namespace, log: Path) -> dict[s
     try:
         return measure(url, process.pid, args.model, args.clients, args.load_seconds)
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        process.stop()
 
 
 def report(results: dict[str, list[dict[str, float]]]) -> None:

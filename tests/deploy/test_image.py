@@ -24,8 +24,8 @@ import httpx
 import numpy as np
 import pytest
 
+from launcher import REPO, RoleProcess, free_port
 from sie.catalog import load_catalog
-from support.servers import REPO, RoleProcess, free_port
 
 DOCKERFILE = REPO / "Dockerfile"
 BUILD_SWITCH = "TEST_IMAGE_BUILD"

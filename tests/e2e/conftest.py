@@ -1,5 +1,6 @@
-"""A real `sie run --role all` subprocess serving the baseline catalogue plus one model that cannot load, and the
-public sie-sdk read from its wheel."""
+"""What the e2e modules share, each started once per session: a real `sie run --role all` serving the baseline
+catalogue plus one model that cannot load, one distributed deployment for the modules that need no options of their
+own, and the public sie-sdk read from its wheel."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from support.servers import REPO, serving_all
+from launcher import REPO, Cluster, serving_all, serving_cluster
 
 GHOST_MODEL = """\
 sie_id: acme/ghost
@@ -46,6 +47,22 @@ def all_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     args = ["--preload", "sentence-transformers/all-MiniLM-L6-v2"]
     with serving_all(root / "server.log", args, {"SIE_MODELS_DIR": str(models)}) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """nats-server, worker (MiniLM preloaded), sidecar and gateway, for every e2e module that needs a plain distributed
+    deployment; `elsewhere` is a deploy-owned queue pool no worker serves."""
+    gateway_env = {"SIE_GATEWAY_STATIC_QUEUE_POOLS": "elsewhere"}
+    with serving_cluster(tmp_path_factory.mktemp("cluster"), gateway_env=gateway_env) as deployment:
+        yield deployment
+
+
+@pytest.fixture
+def cluster(shared_cluster: Cluster) -> Cluster:
+    """The shared deployment, serving: a part an earlier test stopped or killed is started again first."""
+    shared_cluster.revive()
+    return shared_cluster
 
 
 @pytest.fixture(scope="session")

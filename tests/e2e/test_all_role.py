@@ -12,8 +12,8 @@ import httpx
 import numpy as np
 import pytest
 
+from launcher import RoleProcess, free_port
 from sie.client import ModelLoadFailedError, SIEClient
-from support.servers import RoleProcess, free_port
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 import pytest
 
+from launcher import REPO, RoleProcess, free_port
 from sie.catalog import load_catalog
-from support.servers import REPO, RoleProcess, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -15,10 +15,9 @@ import httpx
 import numpy as np
 import pytest
 
+from launcher import NatsServer, RoleProcess, free_port
 from support.model_files import minilm_copy
-from support.nats_server import NatsServer
 from support.polling import holds_within
-from support.servers import RoleProcess, free_port
 
 pytestmark = pytest.mark.slow
 

@@ -15,11 +15,11 @@ from typing import Final
 import httpx
 import pytest
 
+from launcher import RoleProcess, free_port
 from sie.catalog import load_yaml
 from sie.control.registry import SOURCE_API
 from sie.stores.config_store import model_id_from_file
 from support.polling import holds_within
-from support.servers import RoleProcess, free_port
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ import numpy as np
 import openai
 import pytest
 
+from launcher import Cluster
 from sie.catalog.names import work_pool_stream_name
-from support.cluster import Cluster, serving_cluster
 from support.polling import eventually, holds_within
 
 pytestmark = pytest.mark.slow
@@ -25,14 +25,6 @@ HELLO_WORLD_PREFIX = [-0.034477, 0.031023, 0.006735, 0.026109]
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    # `elsewhere` is a deploy-owned queue pool no worker serves yet.
-    gateway_env = {"SIE_GATEWAY_STATIC_QUEUE_POOLS": "elsewhere"}
-    with serving_cluster(tmp_path_factory.mktemp("cluster"), gateway_env=gateway_env) as deployment:
-        yield deployment
-
-
-@pytest.fixture(scope="module")
 def two_device_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A worker pod with two CPU children (`--devices cpu:2`) behind its sidecar."""
     deployment = Cluster(tmp_path_factory.mktemp("two-devices"), worker_args=("--devices", "cpu:2"))
@@ -40,7 +32,7 @@ def two_device_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clu
         deployment.wait_serving()
         yield deployment
     finally:
-        deployment.stop()
+        deployment.close()
 
 
 def test_a_two_device_pod_serves_from_both_children_and_shows_it_on_its_probe_port(
@@ -175,7 +167,7 @@ def test_killing_the_worker_loses_no_accepted_request(cluster: Cluster) -> None:
                 cluster.worker.process.kill()
                 answered_before_kill = sum(call.done() for call in calls)
                 cluster.worker.stop()  # reaps the killed process and closes its log
-                cluster.worker = cluster.start_worker()
+                cluster.start("worker")
                 return list(await asyncio.gather(*calls)), answered_before_kill
         finally:
             await broker.close()
@@ -209,7 +201,7 @@ def test_a_worker_killed_mid_generation_ends_the_stream_with_an_error_and_the_ne
                 cluster.worker.process.kill()
     assert 3 <= received < 800
     cluster.worker.stop()  # reaps the killed process and closes its log
-    cluster.worker = cluster.start_worker()
+    cluster.start("worker")
     question = [{"role": "user", "content": "What is the capital of France?"}]
     reply = client.with_options(timeout=120).chat.completions.create(
         model=SMOLLM, messages=question, temperature=0, max_tokens=32

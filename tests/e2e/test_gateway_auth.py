@@ -12,9 +12,9 @@ import httpx
 import numpy as np
 import pytest
 
+from launcher import RoleProcess, free_port, serving_all
 from sie.client import SIEClient
 from support.polling import holds_within
-from support.servers import RoleProcess, free_port, serving_all
 
 pytestmark = pytest.mark.slow
 

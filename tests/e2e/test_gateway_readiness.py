@@ -10,10 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support.cluster import MINILM, Cluster
-from support.nats_server import NatsServer
+from launcher import MINILM, Cluster, NatsServer, RoleProcess, free_port
 from support.polling import holds_within
-from support.servers import RoleProcess, free_port
 
 # Well over the fixed 2 s a restarted gateway waited for heartbeats before issue 14, after which it answered
 # PROVISIONING though the worker was live (3 restarts in 5 did; 21 in 25 over the two restarts here), and under the
@@ -34,13 +32,13 @@ def test_from_its_first_ready_answer_a_restarted_gateway_serves_the_live_workers
         cluster.wait_serving()
         for _ in range(RESTARTS):
             assert cluster.gateway.stop() == 0, cluster.gateway.log()
-            cluster.gateway = cluster.start_gateway()
+            cluster.start("gateway")
             cluster.gateway.wait_http_ready(f"{cluster.url}/readyz", timeout_s=READY_DEADLINE_S)
             response = encode(cluster.url)
             code = response.headers.get("x-sie-error-code")
             assert response.status_code == 200, (response.status_code, code, response.text, cluster.logs())
     finally:
-        cluster.stop()
+        cluster.close()
 
 
 def test_a_gateway_with_no_workers_becomes_ready_after_its_first_round_and_answers_provisioning(

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import httpx
 import nats
 import pytest
 from nats.aio.msg import Msg
 
+from launcher import Cluster
 from sie.catalog.names import work_subject
 from sie.wire.converter import from_msgpack, to_msgpack
 from sie.wire.queue import WorkItem, WorkResult
-from support.cluster import Cluster, serving_cluster
 from support.hostile import HOSTILE, LEAKS, MINILM, hostile_misanswers, innocent_failures, references, send_crowd
 from support.polling import eventually
 
@@ -37,12 +36,6 @@ def assert_no_hostile_neighbour_hurts(base_url: str, innocent: int) -> None:
 
 def test_hostile_requests_fail_alone_in_the_all_role(all_server: str) -> None:
     assert_no_hostile_neighbour_hurts(all_server, innocent=150)
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with serving_cluster(tmp_path_factory.mktemp("hostile-neighbours")) as deployment:
-        yield deployment
 
 
 def test_hostile_requests_fail_alone_in_distributed_mode(cluster: Cluster) -> None:

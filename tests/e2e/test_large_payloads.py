@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from support.cluster import Cluster, serving_cluster
+from launcher import Cluster, serving_cluster
 from support.polling import holds_within
 
 pytestmark = pytest.mark.slow

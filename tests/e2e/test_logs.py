@@ -16,10 +16,9 @@ import httpx
 import orjson
 import pytest
 
+from launcher import REPO, NatsServer, RoleProcess, free_port
 from support.model_files import minilm_copy
-from support.nats_server import NatsServer
 from support.polling import holds_within
-from support.servers import REPO, RoleProcess, free_port
 
 pytestmark = pytest.mark.slow
 

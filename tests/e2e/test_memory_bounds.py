@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from launcher import RoleProcess, free_port
 from support.polling import holds_within
-from support.servers import RoleProcess, free_port
 
 pytestmark = pytest.mark.slow
 

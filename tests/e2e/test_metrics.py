@@ -13,11 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support.cluster import MINILM, Cluster, serving_cluster
+from launcher import MINILM, Cluster, RoleProcess, free_port
 from support.otlp import OtlpReceiver, ReceivedPoint, otlp_receiver
 from support.polling import holds_within
 from support.prometheus import Prometheus, prometheus, promtool_problems
-from support.servers import RoleProcess, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -37,12 +36,6 @@ def _host_port(url: str) -> str:
 def _rises_to(server: Prometheus, expr: str, at_least: float, logs: str) -> None:
     if not holds_within(lambda: server.total(expr) >= at_least, WAIT_S, interval_s=0.5):
         raise AssertionError(f"{expr} stayed at {server.total(expr)}, expected >= {at_least}\n{server.log()}\n{logs}")
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with serving_cluster(tmp_path_factory.mktemp("metrics-cluster")) as deployment:
-        yield deployment
 
 
 def test_prometheus_sees_the_gateway_and_sidecar_series_move_under_traffic(cluster: Cluster, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from support.servers import RoleProcess, free_port
+from launcher import RoleProcess, free_port
 
 pytestmark = pytest.mark.slow
 

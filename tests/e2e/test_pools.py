@@ -19,11 +19,10 @@ import nats
 import pytest
 from nats.js.errors import NotFoundError
 
+from launcher import REPO, NatsServer, RoleProcess, free_port
 from sie.catalog.names import work_pool_stream_name
 from support.model_files import minilm_copy
-from support.nats_server import NatsServer
 from support.polling import holds_within
-from support.servers import REPO, RoleProcess, free_port
 
 pytestmark = pytest.mark.slow
 

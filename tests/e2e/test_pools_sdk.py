@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from support.servers import serving_all
+from launcher import serving_all
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from support.servers import RoleProcess, free_port, role_environment
+from launcher import RoleProcess, free_port, role_environment
 
 IMPORT_LINE = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*([\w.]+)\s*$", re.MULTILINE)
 IMPORTTIME = (sys.executable, "-X", "importtime", "-m", "sie.cli.main")

@@ -23,7 +23,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 from websockets.sync.client import connect
 
-from support.cluster import serving_cluster
+from launcher import Cluster
 
 pytestmark = pytest.mark.slow
 
@@ -144,13 +144,12 @@ def test_public_sdk_watch_reads_the_cluster_status(all_server: str, public_sdk) 
     ).items()
 
 
-def test_the_distributed_gateway_pushes_its_workers_and_pool_depth(tmp_path: Path) -> None:
-    with serving_cluster(tmp_path) as cluster:
-        page = httpx.get(f"{cluster.url}/", timeout=10)
-        assert page.status_code == 200 and "/ws/cluster-status" in page.text
-        assert "/ws/cluster-status" in httpx.get(f"{cluster.url}/openapi.json", timeout=10).json()["paths"]
-        with connect(cluster.url.replace("http://", "ws://") + "/ws/cluster-status", open_timeout=10) as socket:
-            snapshot = orjson.loads(socket.recv(timeout=10))
+def test_the_distributed_gateway_pushes_its_workers_and_pool_depth(cluster: Cluster) -> None:
+    page = httpx.get(f"{cluster.url}/", timeout=10)
+    assert page.status_code == 200 and "/ws/cluster-status" in page.text
+    assert "/ws/cluster-status" in httpx.get(f"{cluster.url}/openapi.json", timeout=10).json()["paths"]
+    with connect(cluster.url.replace("http://", "ws://") + "/ws/cluster-status", open_timeout=10) as socket:
+        snapshot = orjson.loads(socket.recv(timeout=10))
     (worker,) = snapshot["workers"]
     assert worker["name"] == "w-1" and worker["healthy"] and MINILM in worker["loaded_models"]
     assert isinstance(snapshot["queue"]["pools"]["default"], int)  # read from the WORK_POOL_default stream

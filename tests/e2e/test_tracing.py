@@ -11,10 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support.cluster import MINILM, serving_cluster
+from launcher import MINILM, RoleProcess, free_port, serving_cluster
 from support.otlp import OtlpReceiver, ReceivedSpan, otlp_receiver
 from support.polling import holds_within
-from support.servers import RoleProcess, free_port
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"

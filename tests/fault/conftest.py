@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "reliability"))
-from faults import Cluster  # noqa: E402
+from faults import fault_cluster  # noqa: E402
 from load import LoadOptions, References, make_texts  # noqa: E402
+
+from launcher import Cluster  # noqa: E402
 
 # Small enough for 2 shared cores to answer every call in well under its deadline when nothing fails; the
 # deadline equals the gateway's request timeout, so a call only survives a fault if its work is redelivered
@@ -23,7 +25,7 @@ OPTIONS = LoadOptions(clients=30, duration_s=20.0, fault_at_s=3.0, deadline_s=30
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """nats-server (file storage), worker, sidecar and gateway; each test restarts what it kills."""
-    deployment = Cluster(tmp_path_factory.mktemp("cluster"))
+    deployment = fault_cluster(tmp_path_factory.mktemp("cluster"))
     try:
         deployment.wait_serving()
         yield deployment

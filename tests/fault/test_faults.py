@@ -9,8 +9,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from faults import Cluster, run_scenario
+from faults import fault_cluster, run_scenario
 from load import LoadOptions, References, Tally
+
+from launcher import Cluster
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +29,7 @@ def survive(cluster: Cluster, references: References, options: LoadOptions):
 
 
 def assert_survived(tally: Tally, cluster: Cluster) -> None:
-    detail = f"{tally}; logs in {cluster.directory}"
+    detail = f"{tally}; logs in {cluster.root}"
     assert tally.across > 0, detail  # calls were in flight when the fault hit
     assert tally.recovery_s is not None, detail  # and calls sent after it were answered
     assert (tally.failed, tally.lost) == (0, 0), detail
@@ -54,7 +56,7 @@ def test_a_gateway_killed_and_restarted_loses_and_fails_no_call(cluster: Cluster
 def test_roles_started_while_nats_is_down_answer_every_call_once_it_is_up(
     tmp_path: Path, references: References, options: LoadOptions
 ) -> None:
-    deployment = Cluster(tmp_path, broker_up=False)
+    deployment = fault_cluster(tmp_path, broker_up=False)
     try:
         tally = asyncio.run(run_scenario(deployment, "nats_down", references, options))
     finally:

@@ -35,10 +35,10 @@ import pytest
 from hypothesis import HealthCheck, currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
+from launcher import RoleProcess, free_port
 from sie.wire import unpackb
 from sie.wire.http import OUTPUT_DTYPES
 from support.hostile import hostile_misanswers, innocent_failures, references, send_crowd
-from support.servers import RoleProcess, free_port
 
 pytestmark = pytest.mark.slow
 

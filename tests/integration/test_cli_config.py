@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.support.servers import RoleProcess, free_port
 from typer.testing import CliRunner, Result
 
+from launcher import RoleProcess, free_port
 from sie.catalog import dump_yaml, load_yaml
 from sie.cli.main import app
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
+from launcher import NatsServer, RoleProcess, free_port
 from sie.catalog.names import work_subject
 from sie.cli.main import app
 from sie.settings import StreamSettings
@@ -22,9 +23,7 @@ from sie.settings.messaging import NatsSettings
 from sie.transport.base import Lane, LaneConsumer
 from sie.transport.nats import NatsTransport
 from sie.wire.queue import WorkItem
-from support.nats_server import NatsServer, nats_server_fixture  # noqa: F401 - the fixture
 from support.polling import eventually
-from support.servers import RoleProcess, free_port
 
 MODEL = "BAAI/bge-m3"
 TOKEN = "s3cret"

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from typer.testing import CliRunner, Result
 
+from launcher import free_port, serving_all
 from sie.cli.main import app
-from support.servers import free_port, serving_all
 
 TOKEN = "adm1n"
 STATIC = "gold"

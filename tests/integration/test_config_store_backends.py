@@ -21,9 +21,7 @@ from sie.stores.config_store import (
     ModelIdNotStorableError,
 )
 from sie.stores.fsspec_store import FsspecConfigStore
-from support.object_stores import FakeGcs, SeaweedS3, fake_gcs_fixture, seaweed_s3_fixture
-
-__all__ = ["fake_gcs_fixture", "seaweed_s3_fixture"]
+from support.object_stores import FakeGcs, SeaweedS3
 
 FSSPEC_BACKENDS = ["local", "s3", "gcs"]
 

@@ -13,6 +13,7 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
+from launcher import NatsServer, RoleProcess, free_port
 from sie.catalog.names import CONFIG_ALL_SUBJECT
 from sie.control.auth import AccessPolicy
 from sie.control.http.app import build_control_app
@@ -24,9 +25,7 @@ from sie.stores.config_store import MemoryConfigStore
 from sie.transport.base import TransportUnavailable
 from sie.transport.nats import NatsTransport
 from sie.transport.reconnecting import ReconnectingTransport
-from support.nats_server import NatsServer
 from support.polling import eventually
-from support.servers import RoleProcess, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLES, MODELS = REPO / "config" / "bundles", REPO / "config" / "models"

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
+from launcher import NatsServer, free_port
 from sie.catalog import Catalog
 from sie.catalog.names import work_subject
 from sie.gateway.dead_letters import DeadLetterQueue
@@ -37,9 +38,7 @@ from sie.worker.manager import ModelManager
 from sie.worker.runner import BatchRunner
 from sie.worker.service import WorkerService
 from support.gateway_fakes import NoWorkers
-from support.nats_server import NatsServer, nats_server_fixture  # noqa: F401 - the fixture
 from support.polling import eventually
-from support.servers import free_port
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 MAX_DELIVER = 3

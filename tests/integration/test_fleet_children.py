@@ -18,6 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
+from launcher import REPO, RoleProcess
 from sie.gateway.http.app import GatewaySources, build_gateway_app
 from sie.gateway.publisher import QueueConsumers
 from sie.http.handlers import plain_handler_routes
@@ -33,7 +34,6 @@ from sie.telemetry.metrics import Telemetry
 from sie.transport.loopback import LoopbackTransport
 from support.gateway_fakes import NoWorkers
 from support.polling import eventually
-from support.servers import REPO, RoleProcess
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 HELLO_WORLD_PREFIX = [-0.034477, 0.031023, 0.006735, 0.026109]

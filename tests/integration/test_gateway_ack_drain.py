@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 
+from launcher import NatsServer
 from sie.catalog import load_catalog
 from sie.gateway.http.app import GatewaySources, build_gateway_app, collector_of
 from sie.gateway.publisher import QueueConsumers
@@ -17,7 +18,6 @@ from sie.settings.messaging import NatsSettings
 from sie.transport.base import Lane
 from sie.transport.nats import NatsTransport
 from support.gateway_fakes import NoWorkers
-from support.nats_server import NatsServer, nats_server_fixture  # noqa: F401 - fixture
 from support.polling import eventually
 
 REPO = Path(__file__).resolve().parents[2]

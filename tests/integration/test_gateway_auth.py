@@ -20,6 +20,7 @@ from starlette.websockets import WebSocket
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from launcher import free_port
 from sie.catalog import Catalog
 from sie.gateway.dead_letters import DeadLetterQueue
 from sie.gateway.http.app import GatewaySources, build_gateway_app
@@ -33,7 +34,6 @@ from sie.transport.loopback import LoopbackTransport
 from support.gateway_fakes import NoWorkers
 from support.placement_fakes import FakeControl
 from support.polling import eventually
-from support.servers import free_port
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 INFERENCE_TOKENS = ("infer-a", "infer-b")

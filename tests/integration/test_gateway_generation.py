@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from launcher import free_port
 from sie.catalog import Catalog, load_catalog
 from sie.gateway.http.app import GatewaySources, build_gateway_app, collector_of
 from sie.gateway.publisher import QueueConsumers
@@ -28,7 +29,6 @@ from sie.wire.generate import GenerateChunk, GenerationUsage
 from sie.wire.queue import WorkItem, WorkResult
 from support.gateway_fakes import NoWorkers
 from support.polling import eventually
-from support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"

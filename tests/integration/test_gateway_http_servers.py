@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
+from launcher import free_port
 from sie.catalog import load_catalog
 from sie.gateway.http.app import GatewaySources, build_gateway_app
 from sie.gateway.publisher import QueueConsumers
@@ -24,7 +25,6 @@ from sie.wire import packb
 from sie.wire.queue import WorkResult
 from support.gateway_fakes import NoWorkers
 from support.polling import eventually
-from support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 ENCODE = "/v1/encode/sentence-transformers/all-MiniLM-L6-v2"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher import free_port
 from sie.catalog import load_catalog
 from sie.gateway.http.app import GatewaySources, build_gateway_app
 from sie.gateway.publisher import QueueConsumers
@@ -20,7 +21,6 @@ from sie.settings import GatewaySettings, LaneSettings
 from sie.transport.loopback import LoopbackTransport
 from support.gateway_fakes import NoWorkers
 from support.polling import eventually
-from support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

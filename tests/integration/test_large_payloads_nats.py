@@ -23,6 +23,7 @@ import httpx
 import numpy as np
 import pytest
 
+from launcher import NatsServer
 from sie.catalog.names import work_subject
 from sie.gateway.http.app import GatewaySources, build_gateway_app, collector_of
 from sie.gateway.offload import PayloadOffload
@@ -39,11 +40,8 @@ from sie.worker.manager import ModelManager
 from sie.worker.runner import BatchRunner
 from sie.worker.service import WorkerService
 from support.gateway_fakes import NoWorkers
-from support.nats_server import NatsServer
-from support.object_stores import FakeGcs, SeaweedS3, fake_gcs_fixture, seaweed_s3_fixture
+from support.object_stores import FakeGcs, SeaweedS3
 from support.polling import eventually
-
-__all__ = ["fake_gcs_fixture", "seaweed_s3_fixture"]
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 MAX_PAYLOAD = 64 * 1024

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support.servers import RoleProcess, free_port
+from launcher import RoleProcess, free_port
 
 OTHER_LOOPBACK = "127.0.0.2"
 

@@ -8,12 +8,12 @@ from typing import Any
 
 from nats.aio.client import Client
 
+from launcher import NatsServer
 from sie.catalog.names import health_subject, reply_subject
 from sie.settings.messaging import NatsSettings
 from sie.transport.nats import NatsTransport
 from sie.wire.health import WorkerHeartbeat
 from sie.wire.queue import WorkResult
-from support.nats_server import NatsServer, nats_client_fixture, nats_server_fixture  # noqa: F401 - fixtures
 from support.polling import eventually
 
 

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
+from launcher import NatsServer
 from sie.catalog.names import MAX_DELIVERIES_ADVISORY, work_subject
 from sie.settings import StreamSettings
 from sie.settings.messaging import NatsSettings
 from sie.transport.base import Lane, MaxDeliveriesAdvisory, TransportUnavailable
 from sie.transport.nats import NatsTransport
 from sie.wire.queue import WorkItem
-from support.nats_server import NatsServer, nats_client_fixture, nats_server_fixture  # noqa: F401 - fixtures
 from support.polling import eventually
 
 MODEL = "BAAI/bge-m3"

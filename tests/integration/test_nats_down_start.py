@@ -13,14 +13,13 @@ import httpx
 import numpy as np
 import pytest
 
+from launcher import NatsServer, RoleProcess, free_port
 from sie.catalog.names import CONFIG_ALL_SUBJECT, health_subject
 from sie.settings.messaging import NatsSettings
 from sie.transport.nats import NatsTransport
 from sie.wire.config import ConfigNotification
 from sie.wire.health import WorkerHeartbeat
-from support.nats_server import NatsServer
 from support.polling import holds_within
-from support.servers import RoleProcess, free_port
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 HELLO_WORLD_PREFIX = [-0.034477, 0.031023, 0.006735, 0.026109]

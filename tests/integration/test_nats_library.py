@@ -13,8 +13,6 @@ import pytest
 from nats.aio.client import Client
 from nats.js import api
 
-from support.nats_server import nats_client_fixture, nats_server_fixture  # noqa: F401 - fixtures
-
 
 def _name() -> str:
     return f"LIB_{uuid.uuid4().hex[:10]}"

@@ -11,13 +11,13 @@ import pytest
 from nats.aio.client import Client
 from nats.js import api
 
+from launcher import NatsServer
 from sie.catalog.names import work_subject
 from sie.settings import StreamSettings
 from sie.settings.messaging import NatsSettings
 from sie.transport.base import Lane
 from sie.transport.nats import NatsTransport
 from sie.wire.queue import WorkItem
-from support.nats_server import NatsServer, nats_client_fixture, nats_server_fixture  # noqa: F401 - fixtures
 
 MODEL = "BAAI/bge-m3"
 

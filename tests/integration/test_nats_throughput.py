@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
+from launcher import NatsServer
 from sie.catalog.names import reply_subject, work_subject
 from sie.settings import StreamSettings
 from sie.settings.messaging import NatsSettings
@@ -17,7 +18,6 @@ from sie.transport.base import Delivery, Lane
 from sie.transport.nats import NatsTransport
 from sie.wire import to_msgpack
 from sie.wire.queue import WorkItem, WorkResult
-from support.nats_server import NatsServer, nats_server_fixture  # noqa: F401 - fixture
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 BURST = 64  # items a request publishes together

@@ -17,6 +17,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js import api
 
+from launcher import NatsServer, free_port
 from sie.pools import AssignedWorker, KeyValuePoolStore, Pool, PoolExistsError, PoolNotFoundError, PoolSpec
 from sie.settings import StreamSettings
 from sie.settings.messaging import NatsSettings
@@ -24,9 +25,7 @@ from sie.transport.base import TransportError, TransportUnavailable
 from sie.transport.loopback import LoopbackTransport
 from sie.transport.nats import POOL_BUCKET, NatsTransport
 from sie.transport.reconnecting import ReconnectingTransport
-from support.nats_server import NatsServer, nats_client_fixture, nats_server_fixture  # noqa: F401 - the fixtures
 from support.polling import eventually
-from support.servers import free_port
 
 T0 = 1_700_000_000.0
 TTL_S = 60.0

@@ -18,6 +18,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import attrs
 import pytest
 
+from launcher import NatsServer
 from sie.catalog import Catalog
 from sie.catalog.names import generate_cancel_subject, work_subject
 from sie.settings import StreamSettings
@@ -30,7 +31,6 @@ from sie.wire import codes
 from sie.wire.generate import FINISH_CANCELLED, FINISH_ERROR, FINISH_STOP, GenerateChunk
 from sie.wire.queue import WorkItem, WorkResult
 from sie.worker.null_backend import NullWorkerService
-from support.nats_server import NatsServer, nats_server_fixture  # noqa: F401 - fixture
 from support.polling import eventually
 from support.sidecar_fakes import (
     ACK,

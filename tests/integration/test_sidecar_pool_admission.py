@@ -14,6 +14,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import pytest
 
+from launcher import NatsServer, free_port
 from sie.catalog import Catalog
 from sie.catalog.names import work_subject
 from sie.settings import StreamSettings
@@ -24,10 +25,8 @@ from sie.transport.base import Lane
 from sie.transport.nats import NatsTransport
 from sie.wire.queue import WorkItem, WorkResult
 from sie.worker.null_backend import NullWorkerService
-from support.nats_server import NatsServer, nats_server_fixture  # noqa: F401 - the fixture
 from support.polling import eventually
 from support.pools_gateway import PoolsGateway, pool_json
-from support.servers import free_port
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 ROUTER = "gw-pools"

@@ -19,6 +19,7 @@ from starlette.routing import Route, WebSocketRoute
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from launcher import free_port
 from sie.catalog import load_catalog
 from sie.gateway.http.app import GatewaySources, build_gateway_app, serving_state
 from sie.gateway.publisher import QueueConsumers
@@ -31,7 +32,6 @@ from sie.transport.base import Lane
 from sie.transport.loopback import LoopbackTransport
 from sie.wire import packb
 from sie.wire.queue import WorkResult
-from support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"

@@ -41,7 +41,6 @@ from sie.transport.base import (
 from sie.transport.loopback import LoopbackTransport
 from sie.transport.nats import NatsTransport
 from sie.wire.queue import WorkItem, WorkResult
-from support.nats_server import nats_server_fixture  # noqa: F401 - the fixture the "nats" factory asks for
 from support.polling import eventually
 
 TransportFactory = Callable[[pytest.FixtureRequest, StreamSettings], AbstractAsyncContextManager[Transport]]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher import REPO, RoleProcess
 from sie.ipc.uds_client import UdsWorkerClient
 from sie.roles.local_workers import open_local_workers
 from sie.roles.serving import baseline_catalog
@@ -21,7 +22,6 @@ from sie.settings import load_role_settings
 from sie.wire.ipc_control import MODEL_STATE_READY, ModelControlStatusRequest, PingRequest
 from sie.worker.devices import Host
 from support.polling import eventually
-from support.servers import REPO, RoleProcess
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 

@@ -19,6 +19,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js import api
 
+from launcher import NatsServer
 from sie.catalog import Catalog
 from sie.catalog.names import work_subject, work_worker_subject
 from sie.gateway.dead_letters import DeadLetterQueue
@@ -30,7 +31,6 @@ from sie.transport.base import Lane, NoConsumerError
 from sie.transport.nats import NatsTransport
 from sie.wire.queue import WorkItem, WorkResult
 from sie.worker.null_backend import NullWorkerService
-from support.nats_server import NatsServer, nats_client_fixture, nats_server_fixture  # noqa: F401 - fixtures
 from support.polling import eventually
 from support.pools_gateway import PoolsGateway, pool_json
 

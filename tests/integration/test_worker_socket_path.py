@@ -17,11 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from launcher import RoleProcess, free_port
 from sie.ipc.errors import IpcConnectionError
 from sie.ipc.uds_client import UdsWorkerClient
 from sie.wire.ipc_control import PingRequest
 from support.polling import holds_within
-from support.servers import RoleProcess, free_port
 
 # The null backend loads no model: the worker serves its socket a second or two after it starts.
 WORKER_ARGS = ["--backend", "null", "--devices", "cpu"]

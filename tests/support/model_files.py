@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from launcher import REPO
 from sie.catalog import dump_yaml, load_yaml
-from support.servers import REPO
 
 MINILM_YAML = REPO / "config" / "models" / "sentence-transformers__all-MiniLM-L6-v2.yaml"
 

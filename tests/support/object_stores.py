@@ -5,7 +5,7 @@ Each listens on loopback only, on free ports chosen here (every one of `weed min
 parallel runs do not collide), with its data in a temporary directory. Readiness is polled against a
 deadline (SeaweedFS's S3 port accepts connections before its filer is ready, so the poll is creating the
 bucket); the process is killed on teardown. A missing binary fails the test, never skips it.
-A test module uses the fixtures by importing them: `from support.object_stores import seaweed_s3_fixture`.
+Its fixtures are registered once for the whole suite as a plugin (`pytest_plugins` in tests/conftest.py).
 
 gcsfs reads GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT when it is imported; left at its default (true) every bucket
 operation against an emulator first waits 60 s on a gRPC call (shared/reference/dependencies.md §3), so this
@@ -30,8 +30,8 @@ import fsspec  # noqa: E402
 import httpx  # noqa: E402
 import pytest  # noqa: E402
 
+from launcher import free_port  # noqa: E402
 from support.polling import holds_within  # noqa: E402
-from support.servers import free_port  # noqa: E402
 
 STARTUP_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0

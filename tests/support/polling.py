@@ -1,9 +1,9 @@
-"""Waiting on a condition against a deadline: the one place the tests sleep.
+"""Waiting on a condition against a deadline: with the launcher's `holds_within`, the one place the tests sleep.
 
 A test that needs something to happen polls for it here, never with a fixed sleep or a loop of its own:
-`eventually` in async tests (the condition may be sync or async), `holds_within` for synchronous code that
-drives subprocesses without an event loop (it returns False at the deadline, so the caller raises its own error
-with the logs it holds).
+`eventually` in async tests (the condition may be sync or async), `holds_within` (from `launcher`, re-exported
+here) for synchronous code that drives subprocesses without an event loop (it returns False at the deadline, so
+the caller raises its own error with the logs it holds).
 """
 
 from __future__ import annotations
@@ -12,6 +12,10 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
+
+from launcher import holds_within
+
+__all__ = ["eventually", "holds_within"]
 
 WAIT_S = 5.0
 INTERVAL_S = 0.005
@@ -31,16 +35,6 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         await asyncio.sleep(interval_s)
-
-
-def holds_within(condition: Callable[[], object], timeout_s: float, *, interval_s: float = 0.1) -> bool:
-    """True once `condition()` is truthy, checking every `interval_s`; False if `timeout_s` pass first."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval_s)
-    return True
 
 
 async def _holds(condition: Callable[[], object | Awaitable[object]]) -> bool:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx
 
+from launcher import free_port
 from support.polling import holds_within
-from support.servers import free_port
 
 SCRAPE_INTERVAL = "1s"
 
