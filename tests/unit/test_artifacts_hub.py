@@ -104,7 +104,7 @@ def test_connection_failure_without_offline_mode_is_network(tmp_path: Path, monk
     def unreachable(*args, **kwargs):
         raise hub_errors.LocalEntryNotFoundError("An error happened while trying to locate the files on the Hub")
 
-    monkeypatch.setattr("sie.worker.artifacts.hub.snapshot_download", unreachable)
+    monkeypatch.setattr("huggingface_hub.snapshot_download", unreachable)  # looked up when a hub fetch runs
     with pytest.raises(ArtifactError) as info:
         ArtifactResolver(tmp_path).resolve(ArtifactSpec("org/m", hf_id="org/m"))
     assert type(info.value) is ArtifactError

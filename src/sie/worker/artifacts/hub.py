@@ -1,13 +1,12 @@
 """Hugging Face Hub repositories as model sources, through `huggingface_hub.snapshot_download` into the
-cache's own hub/ directory; hub failures are translated into FetchError here.
+cache's own hub/ directory; hub failures are translated into FetchError here. `huggingface_hub` (and the HTTP
+stack under it, about half a second of imports) is loaded only when a model does come from the hub, so a worker
+whose models are packages or local directories starts without it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-
-from huggingface_hub import errors as hub_errors
-from huggingface_hub import snapshot_download
 
 from sie.worker.artifacts.cache import file_sizes
 from sie.worker.artifacts.errors import ErrorClass, FetchError
@@ -28,6 +27,8 @@ class HubOffline(FetchError):
 
 def fetch_snapshot(repo: HubRepo, hub_dir: Path, offline: bool, on_progress: ByteProgress) -> Path:
     """The local snapshot directory of `repo`; with `offline` only the local hub cache is consulted."""
+    from huggingface_hub import snapshot_download
+
     on_progress(STAGE_DOWNLOAD, 0, None)
     try:
         snapshot = snapshot_download(repo.repo_id, revision=repo.revision, cache_dir=hub_dir, local_files_only=offline)
@@ -41,6 +42,8 @@ def fetch_snapshot(repo: HubRepo, hub_dir: Path, offline: bool, on_progress: Byt
 
 def _translate(exc: Exception, offline: bool) -> FetchError:
     """The FetchError for one hub failure; anything unrecognised is UNKNOWN."""
+    from huggingface_hub import errors as hub_errors
+
     if isinstance(exc, hub_errors.GatedRepoError):
         return FetchError(ErrorClass.GATED, f"the repository is gated; accept its terms and set a token: {exc}")
     if isinstance(exc, hub_errors.OfflineModeIsEnabled) or (
