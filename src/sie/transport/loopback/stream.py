@@ -387,9 +387,6 @@ class LoopbackDelivery(BaseDelivery):
     async def _in_progress(self) -> None:
         self._stream.extend(self._message, self)
 
-    async def _term(self) -> None:
-        self._stream.remove(self._message)
-
 
 def _lane_key(subject: str) -> str:
     """Lane subjects share everything up to the model token; a lane filter ends in `.*` there."""

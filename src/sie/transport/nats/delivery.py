@@ -51,7 +51,3 @@ class NatsDelivery(BaseDelivery):
     async def _in_progress(self) -> None:
         with translated("in_progress"):
             await self._msg.in_progress()
-
-    async def _term(self) -> None:
-        with translated("term"):
-            await self._msg.term()
