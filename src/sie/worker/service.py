@@ -274,7 +274,8 @@ class WorkerService:
         adapter, prepared, stream = begun
         self._generating.setdefault(item.request_id, []).append(adapter)
         try:
-            async with contextlib.aclosing(stream_generation(adapter, prepared, stream, call)) as events:
+            generation = stream_generation(adapter.engine, len(prepared.prompt_ids), stream, call)
+            async with contextlib.aclosing(generation) as events:
                 async for event in events:
                     yield event
         finally:
