@@ -48,7 +48,7 @@ class NoConsumerError(TransportError):
 
 
 class AlreadySettledError(TransportError, RuntimeError):
-    """ack/nak/term after the delivery was already settled."""
+    """ack/nak/in_progress after the delivery was already settled."""
 
 
 @attrs.frozen

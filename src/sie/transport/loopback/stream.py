@@ -225,7 +225,7 @@ class PoolStream:
         return deliveries
 
     def remove(self, message: StoredMessage) -> None:
-        """ack / term: remove by stream sequence, even from a stale delivery (as JetStream does)."""
+        """ack: remove by stream sequence, even from a stale delivery (as JetStream does)."""
         if message.state != REMOVED:
             self._drop(message)
 
