@@ -7,7 +7,6 @@ replay re-drives it through the sidecar."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 import uuid
@@ -201,7 +200,7 @@ async def test_a_gateway_started_while_nats_is_down_captures_once_it_connects(tm
         assert queue.subscribed and gateway.unavailable_reason() is not None
         server = NatsServer(tmp_path, port)
         try:
-            await asyncio.wait_for(gateway.wait_connected(), LONG_WAIT_S)
+            await eventually(lambda: gateway.unavailable_reason() is None, timeout_s=LONG_WAIT_S, what="the connection")
             async with NatsTransport(url, settings) as sidecar:
                 await sidecar.publish_work(subject_of(lane), make_item(lane))
                 await nak_until_dead(await sidecar.consumer(lane), queue)

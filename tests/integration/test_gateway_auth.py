@@ -227,6 +227,6 @@ async def test_tokens_rotate_through_the_tokens_file_without_a_restart(
         await eventually(rotated, timeout_s=15.0, interval_s=0.1, what="the rotated token")
         assert await status("from-env") == 200
         tokens_file.unlink()  # a vanished file keeps its last tokens: it must neither open nor lock the gateway
-        noticed = "cannot re-read"
+        noticed = f"re-reading {tokens_file} failed"
         await eventually(lambda: noticed in caplog.text, timeout_s=15.0, interval_s=0.1, what="the vanished file")
         assert (await status("second"), await status("nope")) == (200, 401)

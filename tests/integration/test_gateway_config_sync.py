@@ -5,6 +5,7 @@ real httpx client over ASGITransport (seed 000 §4.1, §4.2).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -28,6 +29,7 @@ from sie.gateway.config_sync import (
     PollOutcome,
     StateRealigner,
 )
+from support.polling import eventually
 
 ADAPTER = "sie.adapters.dense:DenseAdapter"
 
@@ -401,7 +403,8 @@ async def test_poll_rewind_with_failed_export_keeps_local_and_retries(service, s
     await synced(realigner, service)
     state.epoch.set_max(9)
     service.failing = {"/v1/configs/export"}
-    assert await Poller(realigner, 30).tick() is PollOutcome.FAILED
+    with pytest.raises(ConfigServiceError):
+        await Poller(realigner, 30).tick()
     assert state.epoch.get() == 9
     service.failing = set()
     assert await Poller(realigner, 30).tick() is PollOutcome.RECOVERED
@@ -411,27 +414,35 @@ async def test_poll_rewind_with_failed_export_keeps_local_and_retries(service, s
     assert metric(state, "sie_gateway_config_applied_epoch") == 3.0
 
 
-async def test_poll_failures_are_swallowed_and_keep_state(service, state, realigner) -> None:
+async def test_poll_failures_are_recorded_and_keep_state(service, state, realigner) -> None:
     await synced(realigner, service)
     before = (state.epoch.get(), state.bundles_hash, state.bundle_config_hashes_hash)
     service.failing = {"/v1/configs/epoch"}
-    assert await Poller(realigner, 30).tick() is PollOutcome.FAILED
+    with pytest.raises(ConfigServiceError):
+        await Poller(realigner, 30).tick()
     assert (state.epoch.get(), state.bundles_hash, state.bundle_config_hashes_hash) == before
+    assert operations(state, "poll", "failure") == 1.0
+
+
+async def test_a_failing_poll_is_said_once_and_the_poller_goes_on(
+    service: ConfigService, realigner: StateRealigner, caplog: pytest.LogCaptureFixture
+) -> None:
+    await synced(realigner, service)
+    service.failing = {"/v1/configs/epoch"}
+    async with Poller(realigner, 0.01):
+        await eventually(lambda: len(service.calls) >= 3, what="three failed polls")
+    assert caplog.text.count("config poll failed") == 1
 
 
 async def test_poller_skips_the_first_tick(service: ConfigService, realigner: StateRealigner) -> None:
     await synced(realigner, service)
-    time = FakeTime()
-
-    async def sleep(seconds: float) -> None:
-        if len(time.sleeps) == 2:
-            raise RuntimeError("stop")
-        assert service.calls == ["/v1/configs/epoch"] * len(time.sleeps)
-        await time.sleep(seconds)
-
-    with pytest.raises(RuntimeError, match="stop"):
-        await Poller(realigner, 30, sleep=sleep).run()
-    assert time.sleeps == [30, 30]
+    async with Poller(realigner, 30):
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert service.calls == []  # the first tick waits one interval: the bootstrap attempt runs uncontended
+    async with Poller(realigner, 0.01):
+        await eventually(lambda: len(service.calls) >= 2, what="two ticks")
+    assert service.calls[:2] == ["/v1/configs/epoch"] * 2
 
 
 async def test_unreachable_service_is_a_config_service_error() -> None:

@@ -114,8 +114,7 @@ async def _sequential(transport: NatsTransport, subject: str, items: list[WorkIt
 
 async def _submit_bursts(transport: NatsTransport, subject: str, items: list[WorkItem]) -> None:
     for start in range(0, len(items), BURST):
-        acks = [await transport.submit_work(subject, item) for item in items[start : start + BURST]]
-        await asyncio.gather(*acks)
+        await (await transport.submit_work_batch(subject, items[start : start + BURST]))
 
 
 async def _publish_async_drained(transport: NatsTransport, subject: str, payloads: list[bytes]) -> None:

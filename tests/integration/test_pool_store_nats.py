@@ -190,8 +190,8 @@ async def test_a_reconnecting_transport_opens_the_bucket_once_connected(tmp_path
             await store.get("acme")
         server = NatsServer(tmp_path, port=port)
         try:
-            async with asyncio.timeout(BROKER_WAIT_S):
-                await transport.wait_connected()
+            await eventually(lambda: transport.unavailable_reason() is None, timeout_s=BROKER_WAIT_S,
+                             what="the connection")  # fmt: skip
             pool = await store.create(Pool.leased(spec(ttl_s=None), T0))
             assert await store.list() == [pool]
         finally:
@@ -200,7 +200,7 @@ async def test_a_reconnecting_transport_opens_the_bucket_once_connected(tmp_path
 
 async def test_a_reconnecting_transport_over_the_loopback_keeps_no_buckets() -> None:
     async with ReconnectingTransport(lambda: LoopbackTransport(StreamSettings())) as transport:
-        await transport.wait_connected()
+        await eventually(lambda: transport.unavailable_reason() is None, what="the connection")
         with pytest.raises(TransportError, match="LoopbackTransport keeps no key-value buckets"):
             await transport.key_value(POOL_BUCKET).keys()
 

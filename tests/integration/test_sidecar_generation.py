@@ -312,6 +312,3 @@ class _Counted:
     async def in_progress(self) -> None:
         self._transport.progress[self.item.work_item_id] += 1
         await self._delivery.in_progress()
-
-    async def term(self) -> None:
-        await self._delivery.term()

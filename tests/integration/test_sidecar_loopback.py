@@ -141,9 +141,6 @@ class _Recorded:
         self._transport.progress[self.item.work_item_id] += 1
         await self._delivery.in_progress()
 
-    async def term(self) -> None:
-        await self._delivery.term()
-
 
 def sidecar_config(ack_wait_s: float = 30.0, load_hold_s: float = 20.0, **batching) -> SidecarConfig:
     return SidecarConfig(

@@ -9,7 +9,7 @@ import pytest
 
 from sie.catalog import load_catalog
 from sie.gateway.errors import ProvisioningError, QueueFullError, QueueUnavailableError
-from sie.gateway.publisher import LaneLimits, QueueConsumers, WorkPublisher
+from sie.gateway.publisher import AdmissionLimits, QueueConsumers, WorkPublisher
 from sie.gateway.router import LaneHints, Router
 from sie.gateway.workitems import Ticket, encode_work, extract_work, score_work
 from sie.pools import DemandTracker
@@ -43,39 +43,39 @@ async def test_whether_a_lane_is_served_is_the_consumers_answer_not_the_queues()
     async with LoopbackTransport() as transport:
         await transport.consumer(LANE)  # a durable consumer exists, but no live worker serves the lane
         with pytest.raises(ProvisioningError, match="pool 'default'"):
-            await WorkPublisher(transport, Consumers(), 50_000, "gw").admit(LANE)
-        await WorkPublisher(transport, Consumers(LANE), 50_000, "gw").admit(LANE)
+            await WorkPublisher(transport, Consumers(), "gw").admit(LANE)
+        await WorkPublisher(transport, Consumers(LANE), "gw").admit(LANE)
 
 
 async def test_no_consumer_is_provisioning() -> None:
     async with LoopbackTransport() as transport:
         with pytest.raises(ProvisioningError, match="pool 'default'"):
-            await WorkPublisher(transport, QueueConsumers(transport), 50_000, "gw").admit(LANE)
+            await WorkPublisher(transport, QueueConsumers(transport), "gw").admit(LANE)
         await transport.consumer(LANE)
-        await WorkPublisher(transport, QueueConsumers(transport), 50_000, "gw").admit(LANE)
+        await WorkPublisher(transport, QueueConsumers(transport), "gw").admit(LANE)
 
 
 async def test_pool_over_its_pending_limit_is_queue_full(catalog_route) -> None:
     async with LoopbackTransport() as transport:
         await transport.consumer(LANE)
-        publisher = WorkPublisher(transport, QueueConsumers(transport), 1, "gw")
+        publisher = WorkPublisher(transport, QueueConsumers(transport), "gw", AdmissionLimits(max_stream_pending=1))
         items = encode_work(catalog_route, ticket(), EncodeRequest(items=[Item(text="a"), Item(text="b")]), ["dense"])
         await publisher.publish(catalog_route.lane, catalog_route.subject, items)
         with pytest.raises(QueueFullError, match="2 pending"):
-            await WorkPublisher(transport, QueueConsumers(transport), 1, "gw").admit(LANE)
+            await publisher.admit(LANE)
 
 
 async def test_full_stream_is_queue_full_and_closed_transport_is_unavailable(catalog_route) -> None:
     transport = LoopbackTransport(StreamSettings(max_msgs=1))
     async with transport:
-        publisher = WorkPublisher(transport, QueueConsumers(transport), 50_000, "gw")
+        publisher = WorkPublisher(transport, QueueConsumers(transport), "gw")
         items = encode_work(catalog_route, ticket(), EncodeRequest(items=[Item(text="a"), Item(text="b")]), ["dense"])
         with pytest.raises(QueueFullError):
             await publisher.publish(catalog_route.lane, catalog_route.subject, items)
     with pytest.raises(QueueUnavailableError):
         await publisher.publish(catalog_route.lane, catalog_route.subject, items)
     with pytest.raises(QueueUnavailableError):
-        await WorkPublisher(transport, QueueConsumers(transport), 50_000, "gw").admit(LANE)
+        await WorkPublisher(transport, QueueConsumers(transport), "gw").admit(LANE)
 
 
 async def test_no_consumer_at_publish_is_provisioning(catalog_route) -> None:
@@ -83,7 +83,7 @@ async def test_no_consumer_at_publish_is_provisioning(catalog_route) -> None:
         async def submit_work_batch(self, subject: str, items: object) -> None:
             raise NoConsumerError(subject)
 
-    publisher = WorkPublisher(NoConsumerQueue(), NoConsumerQueue(), 50_000, "gw")  # type: ignore[arg-type]
+    publisher = WorkPublisher(NoConsumerQueue(), NoConsumerQueue(), "gw")  # type: ignore[arg-type]
     items = encode_work(catalog_route, ticket(), EncodeRequest(items=[Item(text="a")]), ["dense"])
     with pytest.raises(ProvisioningError):
         await publisher.publish(catalog_route.lane, catalog_route.subject, items)
@@ -93,7 +93,7 @@ async def test_provisioning_records_demand_on_every_candidate_lane_and_a_publish
     other = Lane("default", "l4", "default")
     demand = DemandTracker(60.0)
     async with LoopbackTransport() as transport:
-        publisher = WorkPublisher(transport, Consumers(), 50_000, "gw", demand=demand)
+        publisher = WorkPublisher(transport, Consumers(), "gw", demand=demand)
         with pytest.raises(ProvisioningError):
             await publisher.admit(LANE, demand_lanes=(LANE, other))
         with pytest.raises(ProvisioningError):
@@ -109,9 +109,13 @@ async def test_provisioning_records_demand_on_every_candidate_lane_and_a_publish
 async def test_lane_in_flight_limit_counts_and_sheds_only_when_enforced() -> None:
     demand = DemandTracker(60.0)
     async with LoopbackTransport() as transport:
-        counted = WorkPublisher(transport, Consumers(LANE), 50_000, "gw", lane_limits=LaneLimits(3, enforce=False))
+        counted = WorkPublisher(transport, Consumers(LANE), "gw", limits=AdmissionLimits(max_lane_in_flight_items=3))
         enforced = WorkPublisher(
-            transport, Consumers(LANE), 50_000, "gw", demand=demand, lane_limits=LaneLimits(3, enforce=True)
+            transport,
+            Consumers(LANE),
+            "gw",
+            demand=demand,
+            limits=AdmissionLimits(max_lane_in_flight_items=3, enforce_lane_limit=True),
         )
         with enforced.in_flight(LANE, 2), counted.in_flight(LANE, 2):
             await counted.admit(LANE, items=2)  # over the limit, but only counted
@@ -127,7 +131,7 @@ async def test_lane_in_flight_limit_counts_and_sheds_only_when_enforced() -> Non
 
 
 def test_a_capped_pools_request_goes_to_one_of_its_workers_spread_by_request_id() -> None:
-    publisher = WorkPublisher(None, Consumers(LANE), 50_000, "gw")  # type: ignore[arg-type]
+    publisher = WorkPublisher(None, Consumers(LANE), "gw")  # type: ignore[arg-type]
     workers = frozenset({"w-1", "w-2", "w-3"})
     chosen = {publisher.direct_worker(LANE, f"request-{n}", "", workers) for n in range(60)}
     assert chosen == {"w-1", "w-2", "w-3"}
@@ -151,7 +155,7 @@ async def test_a_direct_publish_the_worker_stream_refuses_goes_on_the_lane(catal
             return stored
 
     queue = DirectRefused()
-    publisher = WorkPublisher(queue, Consumers(), 50_000, "gw")  # type: ignore[arg-type]
+    publisher = WorkPublisher(queue, Consumers(), "gw")  # type: ignore[arg-type]
     items = encode_work(catalog_route, ticket(), EncodeRequest(items=[Item(text="a")]), ["dense"])
     stored = await publisher.publish(catalog_route.lane, catalog_route.subject, items, f"{catalog_route.subject}.w-1")
     await stored
@@ -159,7 +163,7 @@ async def test_a_direct_publish_the_worker_stream_refuses_goes_on_the_lane(catal
 
 
 def test_request_ids_and_reply_subjects() -> None:
-    publisher = WorkPublisher(None, None, 50_000, "gw-1")  # type: ignore[arg-type]
+    publisher = WorkPublisher(None, None, "gw-1")  # type: ignore[arg-type]
     first, second = publisher.new_request(), publisher.new_request()
     for request_id, reply in (first, second):
         parsed = uuid.UUID(request_id)
@@ -167,7 +171,7 @@ def test_request_ids_and_reply_subjects() -> None:
         assert reply == f"_INBOX.gw-1.{request_id}"
     assert first[0] != second[0]
     # A gateway restarted with the same router id never reuses an id (cancel tombstones outlive it).
-    restarted = WorkPublisher(None, None, 50_000, "gw-1")  # type: ignore[arg-type]
+    restarted = WorkPublisher(None, None, "gw-1")  # type: ignore[arg-type]
     assert restarted.new_request()[0] not in (first[0], second[0])
 
 

@@ -6,7 +6,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+import attrs
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from sie.sidecar.admission import Admission
 from sie.sidecar.dispatcher import BatchDispatcher
@@ -14,6 +18,7 @@ from sie.sidecar.prep import encode_item
 from sie.sidecar.scheduler import Batch
 from sie.sidecar.settlement import Settler
 from sie.sidecar.work import BatchLimits, ReadyModel, Work
+from sie.telemetry.tracing import Tracing
 from sie.wire import codes
 from sie.wire.ipc_batch import BatchOutcome, ItemOutcome, RunBatchRequest
 from sie.wire.ipc_control import ModelDescriptor
@@ -66,11 +71,14 @@ def batch(log: list, count: int = 3, lora: str = "") -> Batch:
     return Batch(model, "encode", lora, works, cost=4 * count)
 
 
-async def run(worker: FakeWorker, the_batch: Batch, log: list) -> tuple[FakeBus, list[str]]:
+async def run(
+    worker: FakeWorker, the_batch: Batch, log: list, tracing: Tracing | None = None
+) -> tuple[FakeBus, list[str]]:
     bus, forgotten = FakeBus(log), []
     admission = Admission(100)
     admission.admit("m", the_batch.works)
-    dispatcher = BatchDispatcher(worker, Settler(bus, admission), forgotten.append, "w1", nak_delay_s=5.0)
+    dispatcher = BatchDispatcher(worker, Settler(bus, admission), forgotten.append, "w1", nak_delay_s=5.0,
+                                 tracing=tracing)  # fmt: skip
     dispatcher.start()
     try:
         await dispatcher.dispatch(the_batch)
@@ -162,3 +170,24 @@ async def test_finishing_overlaps_the_next_batch() -> None:
     gate.set()
     await dispatcher.close()
     assert ("ack", "r0.0") in log
+
+
+async def test_traced_a_batch_records_its_wait_and_dispatch_and_the_worker_continues_the_dispatch_span() -> None:
+    log: list = []
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = Tracing(provider)
+    the_batch = batch(log, count=2)
+    caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    for work in the_batch.works:
+        work.item = attrs.evolve(work.item, traceparent=caller)
+    worker = FakeWorker(lambda request: BatchOutcome(outcomes=[outcome(i.work_item_id) for i in request.items]))
+    await run(worker, the_batch, log, tracing)
+    spans = {span.name: span for span in exporter.get_finished_spans()}
+    wait, dispatch = spans["sidecar.batch_wait"], spans["sidecar.dispatch"]
+    assert wait.parent.span_id == dispatch.parent.span_id == int("b7ad6b7169203331", 16)
+    assert dispatch.attributes["sie.batch_size"] == 2 and wait.attributes["sie.batch_cost"] == 8
+    carried = {item.traceparent for item in worker.requests[0].items}
+    assert carried == {f"00-0af7651916cd43dd8448eb211c80319c-{dispatch.context.span_id:016x}-01"}
+    tracing.close()

@@ -5,9 +5,20 @@ from __future__ import annotations
 import logging
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from sie.settings import load_settings
-from sie.telemetry.tracing import TraceHeaders, Tracing, trace_headers, traces_endpoint
+from sie.telemetry.tracing import (
+    INVALID_SPAN,
+    TraceHeaders,
+    Tracing,
+    mark_failed,
+    trace_headers,
+    trace_id_of,
+    traces_endpoint,
+)
 
 VALID = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 TWO_MEMBERS = "rojo=00f067aa0ba902b7, congo=t61rcWkgMzE,"
@@ -75,6 +86,33 @@ def test_spans_cannot_be_opened_while_tracing_is_off() -> None:
     with pytest.raises(RuntimeError, match="this is a bug"):
         tracing.start("x", [])
     tracing.close()  # nothing to flush
+
+
+def test_a_span_block_while_tracing_is_off_is_one_shared_block_yielding_the_invalid_span() -> None:
+    tracing = Tracing.off()
+    block = tracing.span("x", TraceHeaders(VALID), {"a": 1})
+    assert block is tracing.span("y", [None, TraceHeaders(VALID)])  # built once: nothing allocated per call
+    with block as span:
+        assert span is INVALID_SPAN and not span.is_recording()
+        mark_failed(span, "nothing to mark")
+        assert tracing.headers(span) is None and trace_id_of(span) is None
+    with pytest.raises(KeyError), tracing.span("x", None):
+        raise KeyError("the block hides nothing")
+
+
+def test_one_carrier_is_a_parent_as_a_list_of_it_is() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = Tracing(provider)
+    with tracing.span("one", TraceHeaders(VALID)) as one, tracing.span("listed", [TraceHeaders(VALID)]) as listed:
+        assert tracing.headers(one) is not None and trace_id_of(one) == trace_id_of(listed) == VALID.split("-")[1]
+    with tracing.span("new trace", None) as fresh:
+        assert trace_id_of(fresh) not in (None, VALID.split("-")[1])
+    spans = {span.name: span for span in exporter.get_finished_spans()}
+    assert spans["one"].parent == spans["listed"].parent and spans["one"].parent.span_id == int(VALID[36:52], 16)
+    assert spans["new trace"].parent is None
+    tracing.close()
 
 
 def test_the_sample_ratio_is_a_share() -> None:

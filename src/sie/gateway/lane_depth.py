@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Final, Self
 
 from sie.gateway.status import ModelStatusSource
+from sie.runtime.periodic import FirstRun, Outage, PeriodicTask
 from sie.settings import LaneSettings
 from sie.telemetry.gateway import LaneKey
 from sie.transport.base import Lane, LaneDepth
@@ -59,19 +60,16 @@ class LaneDepths:
         self._read = read
         self._lanes = lanes
         self._publish = publish
-        self._interval_s = interval_s
         self._values: dict[LaneKey, tuple[int, int]] = {}
-        self._task: asyncio.Task[None] | None = None
+        outage = Outage("refreshing the lane queue depths", logger)
+        self._refreshing = PeriodicTask(self.refresh, interval_s, outage, first_run=FirstRun.AT_START)
 
     async def __aenter__(self) -> Self:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="sie-lane-depths")
+        await self._refreshing.__aenter__()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._refreshing.__aexit__(*exc_info)
 
     async def refresh(self) -> None:
         """One round: read every known lane (bounded in concurrency and time), then publish the values."""
@@ -96,11 +94,3 @@ class LaneDepths:
                 values[key] = self._values[key]
         self._values = values
         self._publish(values)
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.refresh()
-            except Exception:  # noqa: BLE001 - one failed round must not end the refresh
-                logger.warning("refreshing the lane queue depths failed", exc_info=True)
-            await asyncio.sleep(self._interval_s)  # the refresh cadence, off the request path

@@ -10,7 +10,6 @@ and written back only when they change.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -37,6 +36,7 @@ from sie.pools import (
     canonical_pool_name,
     parse_pool_spec,
 )
+from sie.runtime.periodic import FirstRun, Outage, PeriodicTask
 from sie.transport.base import TransportError
 
 logger = logging.getLogger(__name__)
@@ -82,23 +82,18 @@ class PoolDirectory:
         self._default_ttl_s = default_ttl_s
         self._workers = workers
         self._clock = clock
-        self._interval_s = refresh_interval_s
         self._live: dict[str, Pool] = {}
         self._misses: dict[str, float] = {}
-        self._task: asyncio.Task[None] | None = None
         self._started = clock()
-        self._store_unreachable = False
+        outage = Outage("refreshing the pools", logger, (TransportError,), meanwhile="keeping the last pools")
+        self._refreshing = PeriodicTask(self.refresh, refresh_interval_s, outage, first_run=FirstRun.AT_ENTRY)
 
     async def __aenter__(self) -> Self:
-        await self._refresh_round()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="sie-pools")
+        await self._refreshing.__aenter__()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._refreshing.__aexit__(*exc_info)
 
     # Requests
 
@@ -274,27 +269,6 @@ class PoolDirectory:
             except PoolNotFoundError:
                 live.pop(name, None)
         self._live = live
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)  # the refresh cadence, off the request path
-            await self._refresh_round()
-
-    async def _refresh_round(self) -> None:
-        """One refresh; a store the broker cannot reach is said once per outage (the view keeps its last pools)."""
-        try:
-            await self.refresh()
-        except TransportError as exc:
-            if not self._store_unreachable:
-                logger.warning("the pool store is unreachable (%s); keeping the last pools and retrying", exc)
-            self._store_unreachable = True
-            return
-        except Exception:  # noqa: BLE001 - one failed round must not end the refresh
-            logger.warning("refreshing the pools failed", exc_info=True)
-            return
-        if self._store_unreachable:
-            logger.info("the pool store is reachable again")
-        self._store_unreachable = False
 
     def _assignment(self, spec: PoolSpec, previous: Sequence[AssignedWorker]) -> tuple[AssignedWorker, ...]:
         return assign_workers(spec, self._candidates(spec.queue_pool), tuple(previous))

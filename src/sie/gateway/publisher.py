@@ -80,41 +80,41 @@ KnownMachineProfiles = Callable[[], Collection[str]]
 
 
 @attrs.frozen
-class LaneLimits:
-    """Per-lane backpressure (seed 000 §2): the in-flight work items above which a request is over its lane's
-    limit, and whether that refuses it (else it is only counted)."""
+class AdmissionLimits:
+    """What admission refuses by (seed 000 §2): a pool stream holding more than `max_stream_pending` work items
+    (QUEUE_FULL); a lane with more than `max_lane_in_flight_items` in flight on this gateway (always counted,
+    QUEUE_FULL only with `enforce_lane_limit`); a machine profile outside `known_machine_profiles` for work nobody
+    serves (INVALID_INPUT: no capacity can come for it; None: any lane may be provisioned)."""
 
-    max_in_flight_items: int = 10_000
-    enforce: bool = False
+    max_stream_pending: int = 50_000
+    max_lane_in_flight_items: int = 10_000
+    enforce_lane_limit: bool = False
+    known_machine_profiles: KnownMachineProfiles | None = None
 
 
 class WorkPublisher:
-    """Names requests, admits them against the lane's state, publishes their work items and announces the
-    requests it gives up on (`work_cancel`; `cancel` for a generation). Without `known_machine_profiles`, any lane
-    may be provisioned; `demand` records the lanes a request found without a worker (or was shed from) until work is
-    published to them; `metrics` (when given) counts each admission decision."""
+    """Names requests, admits them against the lane's state and `limits`, publishes their work items and announces
+    the requests it gives up on (`work_cancel`; `cancel` for a generation). `demand` records the lanes a request
+    found without a worker (or was shed from) until work is published to them; `metrics` (when given) counts each
+    admission decision."""
 
-    def __init__(  # noqa: PLR0913 - admission's collaborators and limits
+    def __init__(
         self,
         queue: Transport,
         consumers: LaneConsumers,
-        max_stream_pending: int,
         router_id: str,
-        known_machine_profiles: KnownMachineProfiles | None = None,
+        limits: AdmissionLimits = AdmissionLimits(),
         metrics: GatewayMetrics | None = None,
         demand: DemandTracker | None = None,
-        lane_limits: LaneLimits | None = None,
     ) -> None:
         self._queue = queue
         self._metrics = metrics
-        self._known_machine_profiles = known_machine_profiles
         self._cancels: set[asyncio.Task[None]] = set()
         self._consumers = consumers
-        self._max_pending = max_stream_pending
         self.router_id = router_id
         self._reply_prefix = reply_subject(router_id, "")
         self._demand = demand or DemandTracker(DEFAULT_DEMAND_TTL_S)
-        self._limits = lane_limits or LaneLimits()
+        self._limits = limits
         self._in_flight: dict[Lane, int] = {}
 
     def new_request(self) -> tuple[str, str]:
@@ -174,7 +174,7 @@ class WorkPublisher:
             pending = await self._queue.pending(lane.pool)
         except TransportError as exc:
             raise QueueUnavailableError(f"The work queue is unavailable: {exc}") from exc
-        if pending > self._max_pending:
+        if pending > self._limits.max_stream_pending:
             self._demand.record(_key(lane))
             raise QueueFullError(f"Pool '{lane.pool}' has {pending} pending work items; retry later")
         self._admit_lane(lane, items)
@@ -182,10 +182,10 @@ class WorkPublisher:
     def _admit_lane(self, lane: Lane, items: int) -> None:
         """The per-lane check: always decided and counted, refusing only when enforced."""
         in_flight = self._in_flight.get(lane, 0)
-        over = in_flight + items > self._limits.max_in_flight_items and in_flight > 0
+        over = in_flight + items > self._limits.max_lane_in_flight_items and in_flight > 0
         if not over:
             decision = LaneDecision.ADMITTED
-        elif self._limits.enforce:
+        elif self._limits.enforce_lane_limit:
             decision = LaneDecision.SHED
         else:
             decision = LaneDecision.OVER_LIMIT
@@ -212,9 +212,10 @@ class WorkPublisher:
                 del self._in_flight[lane]
 
     def _check_machine_profile(self, machine_profile: str) -> None:
-        if self._known_machine_profiles is None:
+        known_machine_profiles = self._limits.known_machine_profiles
+        if known_machine_profiles is None:
             return
-        known = sorted({profile.casefold() for profile in self._known_machine_profiles()})
+        known = sorted({profile.casefold() for profile in known_machine_profiles()})
         if machine_profile.casefold() not in known:
             raise InvalidRequestError(
                 f"Machine profile '{machine_profile}' is not one this cluster has; known: {', '.join(known)} "

@@ -1,5 +1,6 @@
 """How a role's process runs: its event loop, the signals that stop it, garbage collection after start-up,
-and default thread counts. Policy only; the roles decide what runs on it."""
+default thread counts, child supervision (`children`) and periodic background tasks (`periodic`). Policy only;
+the roles and components decide what runs on it."""
 
 from sie.runtime.process import (
     default_intra_op_threads,

@@ -20,7 +20,16 @@ from sie.sidecar.results import BatchTimings, outcome_result
 from sie.sidecar.scheduler import Batch
 from sie.sidecar.settlement import Settler, outcome_nak_delay
 from sie.sidecar.work import Work
-from sie.telemetry.tracing import SIDECAR_BATCH_WAIT, SIDECAR_DISPATCH, SpanKind, Tracing, epoch_ns, mark_failed
+from sie.telemetry.tracing import (
+    CLIENT_SPAN,
+    SIDECAR_BATCH_WAIT,
+    SIDECAR_DISPATCH,
+    Span,
+    TraceHeaders,
+    Tracing,
+    epoch_ns,
+    mark_failed,
+)
 from sie.wire.ipc_batch import BatchOutcome, ItemOutcome, RunBatchRequest
 from sie.wire.queue import WorkResult
 
@@ -92,10 +101,13 @@ class BatchDispatcher:
             total_cost=batch.cost,
             items=[work.run_item for work in batch.works],
         )
-        if self._tracing.enabled:
-            outcome, timings = await self._run_traced(batch, request)
-        else:
+        with self._tracing.span(SIDECAR_DISPATCH, batch.works, kind=CLIENT_SPAN) as span:
+            carried = self._tracing.headers(span)
+            if carried is not None:  # tracing is on: the worker continues this span's trace
+                request = self._traced_request(batch, request, span, carried)
             outcome, timings = await self._run(request)
+            if outcome is None:
+                mark_failed(span, "RunBatch failed")
         self.batches += 1
         batch.inference_s = _model_seconds(outcome)  # for the scheduler's batch metrics
         await self._finished.put(_Finished(batch, outcome, timings))
@@ -114,23 +126,20 @@ class BatchDispatcher:
         timings = BatchTimings(queue_start=queue_start, processing_ms=(time.perf_counter() - started) * 1000.0)
         return outcome, timings
 
-    async def _run_traced(self, batch: Batch, request: RunBatchRequest) -> tuple[BatchOutcome | None, BatchTimings]:
-        """`_run` with the batch's wait since preparation and its IPC call as spans in its items' traces."""
-        items = [work.item for work in batch.works]
+    def _traced_request(
+        self, batch: Batch, request: RunBatchRequest, span: Span, carried: TraceHeaders
+    ) -> RunBatchRequest:
+        """Record the batch's wait since preparation as a span in its items' traces, describe the dispatch `span`,
+        and return `request` with its items carrying that span's context."""
         attributes = {"sie.model": request.model_id, "sie.op": batch.op, "sie.batch_id": request.batch_id,
-                      "sie.batch_size": len(items), "sie.batch_cost": batch.cost}  # fmt: skip
+                      "sie.batch_size": len(batch.works), "sie.batch_cost": batch.cost}  # fmt: skip
         waited_since = min(work.prepared for work in batch.works)
-        self._tracing.start(SIDECAR_BATCH_WAIT, items, attributes, start_ns=epoch_ns(waited_since)).end()
-        with self._tracing.span(SIDECAR_DISPATCH, items, attributes, kind=SpanKind.CLIENT) as span:
-            carried = self._tracing.headers(span)
-            request = attrs.evolve(request, items=[
-                attrs.evolve(item, traceparent=carried.traceparent, tracestate=carried.tracestate)
-                for item in request.items
-            ])  # fmt: skip
-            outcome, timings = await self._run(request)
-            if outcome is None:
-                mark_failed(span, "RunBatch failed")
-            return outcome, timings
+        self._tracing.start(SIDECAR_BATCH_WAIT, batch.works, attributes, start_ns=epoch_ns(waited_since)).end()
+        span.set_attributes(attributes)
+        return attrs.evolve(request, items=[
+            attrs.evolve(item, traceparent=carried.traceparent, tracestate=carried.tracestate)
+            for item in request.items
+        ])  # fmt: skip
 
     async def _finish_loop(self) -> None:
         while True:

@@ -10,8 +10,6 @@ not acknowledged stays eligible for retry on the next tick. Others (the heartbea
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from typing import Any, Final
@@ -22,6 +20,7 @@ import httpx
 from sie.catalog.names import config_subject
 from sie.catalog.trust import is_trusted_producer
 from sie.ipc.client import WorkerClient
+from sie.runtime.periodic import FirstRun, Outage, PeriodicTask
 from sie.settings import Settings
 from sie.telemetry.logs import log_fields
 from sie.transport.base import MessageBus, Subscription
@@ -102,11 +101,14 @@ class LiveConfig:
         self.http = http
         self.rejected = 0  # deltas dropped or not acknowledged
         self.replacements = 0  # ReplaceModelConfigs calls sent
-        self.failures = 0  # export ticks that failed or were not acknowledged
         self._applied = AppliedConfig()
         self._fingerprint = ""  # the /epoch bundle_config_hashes_hash at the last acknowledged reconcile
         self._subscription: Subscription | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._reconciling: PeriodicTask | None = None
+        if http is not None:  # a failed tick keeps the applied state; the next one retries
+            outage = Outage("export reconciliation", logger, (ExportError, httpx.HTTPError))
+            self._reconciling = PeriodicTask(self.reconcile_once, lambda: self.interval_s, outage,
+                                             first_run=FirstRun.AT_START)  # fmt: skip
 
     @property
     def applied(self) -> AppliedConfig:
@@ -129,18 +131,16 @@ class LiveConfig:
         self._subscription = await self.bus.subscribe(
             config_subject(self.bundle), self.on_delta, message_type=ConfigNotification
         )
-        if self.reconciles_export:
-            self._task = asyncio.create_task(self._run(), name="sie-export-reconciler")
+        if self._reconciling is not None:
+            await self._reconciling.__aenter__()
         else:
             logger.info("no config service URL: export reconciliation is off")
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         try:
-            if self._task is not None:
-                self._task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._task
+            if self._reconciling is not None:
+                await self._reconciling.__aexit__(*exc_info)
             if self._owns_http and self.http is not None:
                 await self.http.aclose()
         finally:
@@ -197,15 +197,6 @@ class LiveConfig:
 
     # --- the export path ----------------------------------------------------------------------------
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.reconcile_once()
-            except Exception:  # noqa: BLE001 - logged; the next tick retries
-                self.failures += 1
-                logger.warning("export reconciliation failed; retrying in %.1fs", self.interval_s, exc_info=True)
-            await asyncio.sleep(self.interval_s)
-
     async def _get_json(self, path: str) -> dict[str, Any]:
         if self.http is None:
             raise ExportError("no config service URL")
@@ -260,7 +251,6 @@ class LiveConfig:
         self.replacements += 1
         response = await self.worker.replace_model_configs(request)
         if not response.applied or response.bundle_config_hash != expected:
-            self.failures += 1
             logger.error(
                 "export epoch %d for %s not acknowledged: worker hash %r, control plane %r "
                 "(applied=%s, unsupported=%s)",

@@ -12,9 +12,7 @@ it needs from the gateway's pool JSON and never imports the gateway.
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import contextlib
 import enum
 import logging
 from collections.abc import Mapping
@@ -23,6 +21,7 @@ from typing import Final
 import attrs
 import httpx
 
+from sie.runtime.periodic import FirstRun, Outage, PeriodicTask
 from sie.settings import Settings
 from sie.sidecar.work import Work
 from sie.telemetry.sidecar import Admission as Decision
@@ -33,6 +32,8 @@ logger = logging.getLogger(__name__)
 POOLS_PATH: Final = "/v1/pools"
 # Bounds one poll; the consumer never waits for a poll (it reads the last good view), only the first one does.
 POLL_TIMEOUT_S: Final = 5.0
+# What a poll that got no usable answer raises (besides PoolStatusError): the gateway away, or a body that is no view.
+POLL_FAILURES: Final = (httpx.HTTPError, ValueError)
 
 
 class PoolStatusError(Exception):
@@ -136,9 +137,14 @@ class PoolGate:
         self.refused: collections.Counter[tuple[str, Refusal]] = collections.Counter()
         self.polls = 0
         self.failures = 0
-        self._failing = False  # the last poll failed (one warning per outage)
         self._http: httpx.AsyncClient | None = None
-        self._task: asyncio.Task[None] | None = None
+        outage = Outage(
+            f"pool admission: GET {source.url}{POOLS_PATH}",
+            logger,
+            (PoolStatusError, *POLL_FAILURES),
+            meanwhile="keeping the last good view (before one, admitting only this lane's own pool)",
+        )
+        self._polling = PeriodicTask(self.poll_once, source.interval_s, outage, first_run=FirstRun.AT_ENTRY)
 
     @classmethod
     def from_settings(cls, settings: Settings, metrics: SidecarMetrics | None = None) -> PoolGate | None:
@@ -152,20 +158,16 @@ class PoolGate:
     async def __aenter__(self) -> PoolGate:
         headers = {"Authorization": f"Bearer {self.source.token}"} if self.source.token else {}
         self._http = httpx.AsyncClient(base_url=self.source.url.rstrip("/"), headers=headers, timeout=POLL_TIMEOUT_S)
-        await self.poll_once()
-        self._task = asyncio.create_task(self._run(), name="sie-pool-admission")
+        await self._polling.__aenter__()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._polling.__aexit__(*exc_info)
         if self._http is not None:
             await self._http.aclose()
 
-    async def poll_once(self) -> bool:
-        """Ask the gateway once; True when its answer replaced the view (a failure keeps the last good one)."""
+    async def poll_once(self) -> None:
+        """Ask the gateway once and take its answer as the view; a failure keeps the last good one and raises."""
         if self._http is None:
             raise RuntimeError("PoolGate.poll_once outside `async with`: this is a bug")
         try:
@@ -173,26 +175,10 @@ class PoolGate:
             if response.status_code != httpx.codes.OK:
                 raise PoolStatusError(f"HTTP {response.status_code}")
             pools = parse_pools(response.json())
-        except (httpx.HTTPError, ValueError, PoolStatusError) as exc:
-            self._failed(exc)
-            return False
-        if self._failing:
-            logger.info("pool admission: %s%s answers again", self.source.url, POOLS_PATH)
-        self._failing = False
+        except (*POLL_FAILURES, PoolStatusError):
+            self.failures += 1
+            raise
         self.pools, self.polls = pools, self.polls + 1
-        return True
-
-    def _failed(self, exc: Exception) -> None:
-        self.failures += 1
-        if not self._failing:  # one warning per outage, not one per poll
-            kept = "keeping the last good view" if self.pools is not None else "admitting only this lane's own pool"
-            logger.warning("pool admission: GET %s%s failed (%s); %s", self.source.url, POOLS_PATH, exc, kept)
-        self._failing = True
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.source.interval_s)
-            await self.poll_once()
 
     def split(self, works: list[Work]) -> tuple[list[Work], list[Work]]:
         """(admitted, refused) under the current view; refusals are counted and logged per pool and reason."""

@@ -227,10 +227,7 @@ class Preparer:
         """One of the stage's loops: prepare each group as it arrives."""
         while True:
             model, works = await inbox.get()
-            if self._tracing.enabled:
-                works = await self._prepare_traced(model, works)
-            else:
-                works = await self._prepare_group(model, works)
+            works = await self._prepare_traced(model, works)
             if works:
                 await self._out.put((model, works))
 
@@ -250,13 +247,16 @@ class Preparer:
         return works
 
     async def _prepare_traced(self, model: ReadyModel, works: list[Work]) -> list[Work]:
-        """`_prepare_group` in a span continuing the items' traces; stamps when each work's batch wait starts."""
-        attributes = {"sie.model": model.model_id, "sie.items": len(works)}
-        with self._tracing.span(SIDECAR_PREPARE, [work.item for work in works], attributes):
+        """`_prepare_group` in a span continuing the items' traces; with tracing on, stamps when each work's batch
+        wait starts (the `sidecar.batch_wait` span's start)."""
+        with self._tracing.span(SIDECAR_PREPARE, works) as span:
+            if span.is_recording():
+                span.set_attributes({"sie.model": model.model_id, "sie.items": len(works)})
             works = await self._prepare_group(model, works)
-        prepared = time.monotonic()
-        for work in works:
-            work.prepared = prepared
+        if self._tracing.enabled:
+            prepared = time.monotonic()
+            for work in works:
+                work.prepared = prepared
         return works
 
     async def _prepare_one_by_one(self, model: ReadyModel, works: list[Work]) -> list[Work]:

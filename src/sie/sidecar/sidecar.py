@@ -23,6 +23,7 @@ from typing import Any, Final
 import attrs
 
 from sie.ipc.client import WorkerClient
+from sie.runtime.periodic import Outage, PeriodicTask
 from sie.settings import BatchingSettings, Settings, SidecarSettings, StreamSettings
 from sie.sidecar.abandonment import (
     CANCEL_SUBJECTS,
@@ -289,7 +290,7 @@ class Sidecar:
             # A generation the gateway stopped waiting for is dropped while queued and cancelled while it runs.
             generate_cancels = await self.transport.subscribe(GENERATE_CANCEL_SUBJECTS, pipeline.generations.on_cancel)
             stack.push_async_callback(generate_cancels.unsubscribe)
-            self._start(pipeline, stack)
+            await self._start(pipeline, stack)
         except BaseException:
             await stack.aclose()
             raise
@@ -319,7 +320,7 @@ class Sidecar:
             await self._give_back()
         return finished
 
-    def _start(self, pipeline: Pipeline, stack: contextlib.AsyncExitStack) -> None:
+    async def _start(self, pipeline: Pipeline, stack: contextlib.AsyncExitStack) -> None:
         # Closed in reverse: the loops first (no new work), then readiness, the scheduler, running generations
         # (given back, or ended on the worker), the dispatcher.
         pipeline.dispatcher.start()
@@ -327,9 +328,8 @@ class Sidecar:
         stack.push_async_callback(pipeline.generations.close)
         stack.push_async_callback(pipeline.scheduler.close)
         stack.push_async_callback(pipeline.readiness.close)
+        await stack.enter_async_context(self._keepalive(pipeline))
         loop = asyncio.get_running_loop()
-        keepalive = loop.create_task(self._keepalive(pipeline), name="sie-sidecar-keepalive")
-        stack.push_async_callback(_cancel, keepalive)
         self._loops = [loop.create_task(work, name=f"sie-sidecar-{self.lane.pool}") for work in pipeline.loops()]
         for task in self._loops:
             stack.push_async_callback(_cancel, task)
@@ -351,17 +351,19 @@ class Sidecar:
         if queued:
             await self._pipeline.settler.nak(queued, 0.0)
 
-    async def _keepalive(self, pipeline: Pipeline) -> None:
+    def _keepalive(self, pipeline: Pipeline) -> PeriodicTask:
         """Progress-ACK work held longer than half the ack-wait wherever it is (a channel, readiness, preparation,
         the scheduler, a running batch, its publication, a generation stream not yet ACKed), so JetStream
         redelivers only the work of a sidecar that died, one ack-wait after it stopped progress-ACKing."""
-        interval = self.config.stream.ack_wait_s / 4.0
-        while True:
-            await asyncio.sleep(interval)  # a housekeeping tick, far off the request path
+        interval = self.config.stream.ack_wait_s / 4.0  # a housekeeping tick, far off the request path
+
+        async def progress_held_work() -> None:
             now = time.monotonic()
             stale = [work for work in pipeline.admission.held() if now - work.progressed >= 2 * interval]
             if stale:
                 await pipeline.settler.in_progress(stale, now)
+
+        return PeriodicTask(progress_held_work, interval, Outage("progress-ACKing held work", logger))
 
 
 async def _stop_fetch_task(task: asyncio.Task[None]) -> None:

@@ -57,6 +57,15 @@ class Work:
     def operation(self) -> str:
         return self.item.operation
 
+    # Its item's W3C trace context: a work is the parent of the spans its stages record (a tracing Carrier).
+    @property
+    def traceparent(self) -> str | None:
+        return self.item.traceparent
+
+    @property
+    def tracestate(self) -> str | None:
+        return self.item.tracestate
+
 
 def lora_key_of(options: dict[str, Any] | None) -> str:
     """The batching key of a LoRA adapter: `options.lora_id`, "" for the base model."""

@@ -4,8 +4,10 @@ carry from the gateway through the sidecar to the worker.
 
 A role creates one `Tracing` and passes it to the components that open spans; nothing here sets OpenTelemetry's
 global provider, propagator or current context, so several `Tracing` objects (one per test) never mix. Off, no
-provider exists and `enabled` is False: callers test it before building anything, so the hot path creates no span
-and pays one attribute read. A caller's context travels through work items whether tracing is on or off.
+provider exists and `enabled` is False: `span()` hands back one shared block that yields OpenTelemetry's
+non-recording INVALID_SPAN, `headers` and `trace_id_of` answer None for it, so a traced step is written once and
+its off path allocates nothing; attributes that cost something to build are set only `if span.is_recording()`.
+A caller's context travels through work items whether tracing is on or off.
 
 A span that serves several traces at once (a sidecar batch, a worker batch) is parented on the first valid context
 of its items and links the other distinct ones (seed 000 §15.1 "batch fan-in").
@@ -20,6 +22,7 @@ import re
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, Final, Protocol
 
 import attrs
@@ -30,6 +33,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import (
+    INVALID_SPAN,
     Link,
     NonRecordingSpan,
     Span,
@@ -64,6 +68,10 @@ GATEWAY_PROXY_GENERATE: Final = "gateway.proxy_generate"
 GATEWAY_PROXY_CHAT: Final = "gateway.proxy_chat"
 WORKER_STREAMING_PROCESSOR: Final = "worker.streaming_processor"
 
+# Span kinds as plain names: reading an Enum member costs a lookup that the off path of a traced step need not pay.
+SERVER_SPAN: Final = SpanKind.SERVER
+CLIENT_SPAN: Final = SpanKind.CLIENT
+
 # Shutdown exports what is queued for at most this long, so a collector that is gone cannot hold a stop (§15.1).
 SHUTDOWN_FLUSH_S: Final = 3.0
 # Parsed W3C contexts kept: more than the work items a sidecar holds at once.
@@ -89,6 +97,10 @@ class Carrier(Protocol):
 
     @property
     def tracestate(self) -> str | None: ...
+
+
+# The spans a span continues: one carrier (or None), or several (a batch's items).
+Parents = Carrier | Iterable[Carrier | None] | None
 
 
 @attrs.frozen
@@ -136,12 +148,37 @@ def epoch_ns(monotonic_s: float) -> int:
 
 def mark_failed(span: Span, reason: str) -> None:
     """Mark `span` failed with a short reason of ours (never an exception's text: it may quote input)."""
-    span.set_status(Status(StatusCode.ERROR, reason))
+    if span.is_recording():
+        span.set_status(Status(StatusCode.ERROR, reason))
 
 
-def trace_id_of(span: Span) -> str:
-    """The span's trace id as 32 lowercase hex digits (the `X-Trace-ID` value)."""
-    return format(span.get_span_context().trace_id, "032x")
+def trace_id_of(span: Span) -> str | None:
+    """The span's trace id as 32 lowercase hex digits (the `X-Trace-ID` value); None for the INVALID_SPAN of
+    tracing that is off (a span tracing did not sample still names its trace)."""
+    if span is INVALID_SPAN:
+        return None
+    context = span.get_span_context()
+    return format(context.trace_id, "032x") if context.is_valid else None
+
+
+def _enter_untraced() -> Span:
+    return INVALID_SPAN
+
+
+def _exit_untraced(exc_type: object, exc: object, tb: object) -> None:
+    return None
+
+
+class _Untraced(AbstractContextManager[Span]):
+    """The block `Tracing.span` hands back while tracing is off: one shared object yielding INVALID_SPAN. Its
+    methods are static, so `with` binds no method object: entering and leaving it allocates nothing."""
+
+    __slots__ = ()
+    __enter__ = staticmethod(_enter_untraced)  # type: ignore[assignment]
+    __exit__ = staticmethod(_exit_untraced)  # type: ignore[assignment]
+
+
+_UNTRACED: Final = _Untraced()
 
 
 class Tracing:
@@ -192,14 +229,14 @@ class Tracing:
     def start(
         self,
         name: str,
-        parents: Iterable[Carrier | None],
+        parents: Parents,
         attributes: Mapping[str, Any] | None = None,
         *,
         kind: SpanKind = SpanKind.INTERNAL,
         start_ns: int | None = None,
     ) -> Span:
         """A started span, child of the first valid context among `parents` (a new trace when none is) and linked to
-        the other distinct ones; the caller ends it. Only call while `enabled`."""
+        the other distinct ones; the caller ends it. Only call while `enabled` (a block: `span`)."""
         if self._tracer is None:
             raise RuntimeError("Tracing.start called while tracing is off; this is a bug")
         contexts = self._distinct_contexts(parents)
@@ -209,18 +246,23 @@ class Tracing:
             name, context=parent, kind=kind, attributes=attributes, links=links, start_time=start_ns
         )
 
-    @contextlib.contextmanager
     def span(
         self,
         name: str,
-        parents: Iterable[Carrier | None],
+        parents: Parents,
         attributes: Mapping[str, Any] | None = None,
         *,
         kind: SpanKind = SpanKind.INTERNAL,
-    ) -> Iterator[Span]:
+    ) -> AbstractContextManager[Span]:
         """`start` as a block: the span ends with it, marked failed (by exception type only: messages may quote
-        input) when the block raises. Only call while `enabled`."""
-        span = self.start(name, parents, attributes, kind=kind)
+        input) when the block raises. While tracing is off, one shared block yielding INVALID_SPAN."""
+        if self._tracer is None:
+            return _UNTRACED
+        return self._recorded(self.start(name, parents, attributes, kind=kind))
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _recorded(span: Span) -> Iterator[Span]:
         try:
             yield span
         except BaseException as exc:
@@ -229,8 +271,10 @@ class Tracing:
         finally:
             span.end()
 
-    def headers(self, span: Span) -> TraceHeaders:
-        """The W3C context that makes `span` the parent of work done elsewhere."""
+    def headers(self, span: Span) -> TraceHeaders | None:
+        """The W3C context that makes `span` the parent of work done elsewhere; None for INVALID_SPAN (off)."""
+        if span is INVALID_SPAN or not span.get_span_context().is_valid:
+            return None
         carrier: dict[str, str] = {}
         self._propagator.inject(carrier, context=_in_context(span, Context()))
         return TraceHeaders(carrier[TRACEPARENT], carrier.get(TRACESTATE))
@@ -246,9 +290,11 @@ class Tracing:
         if stopper.is_alive():
             logger.warning("spans not exported within %.0f s of shutdown were dropped", SHUTDOWN_FLUSH_S)
 
-    def _distinct_contexts(self, parents: Iterable[Carrier | None]) -> list[SpanContext]:
+    def _distinct_contexts(self, parents: Parents) -> list[SpanContext]:
+        one = parents is None or hasattr(parents, "traceparent")
+        carriers: Iterable[Carrier | None] = (parents,) if one else parents  # type: ignore[assignment]
         seen: dict[str, SpanContext] = {}
-        for carrier in parents:
+        for carrier in carriers:
             traceparent = carrier.traceparent if carrier is not None else None
             if not traceparent or traceparent in seen:
                 continue

@@ -2,7 +2,7 @@
 with lane-filtered consumers, and core pub/sub for results, health, config deltas and cancels.
 
 Semantics (seed 000 §8, DESIGN.md §4) every implementation keeps: at-least-once delivery; a delivery
-is settled exactly once by ack / nak(delay) / term, and `in_progress` may be called any number of
+is settled exactly once by ack / nak(delay), and `in_progress` may be called any number of
 times before that; an unsettled delivery is redelivered after `ack_wait_s`; after `max_deliver`
 deliveries it is not delivered again; a full pool stream (`max_msgs`) rejects new work (discard new).
 Messages are typed objects: the loopback passes them by reference, NATS encodes them at its edge.
@@ -48,7 +48,7 @@ class NoConsumerError(TransportError):
 
 
 class AlreadySettledError(TransportError, RuntimeError):
-    """ack/nak/term after the delivery was already settled."""
+    """ack/nak/in_progress after the delivery was already settled."""
 
 
 @attrs.frozen
@@ -72,8 +72,8 @@ class LaneDepth:
 class Delivery(Protocol):
     """One delivered work item and its settlement verbs (nats.py Msg semantics).
 
-    A delivery that was already redelivered may still ack/term its message (by stream sequence, as
-    JetStream does); its nak and in_progress then do nothing."""
+    A delivery that was already redelivered may still ack its message (by stream sequence, as JetStream
+    does); its nak and in_progress then do nothing."""
 
     item: WorkItem
     subject: str
@@ -87,9 +87,6 @@ class Delivery(Protocol):
 
     async def in_progress(self) -> None:
         """Still working: restart the ack-wait timer; may be called many times."""
-
-    async def term(self) -> None:
-        """Never redeliver this work item."""
 
 
 class LaneConsumer(Protocol):
@@ -122,10 +119,6 @@ class WorkQueue(Protocol):
         `has_consumer` first. Raises BackpressureError (stream full), TransportUnavailable,
         NoConsumerError for a worker subject (`work_worker_subject`) whose worker has no direct-dispatch
         stream, or TransportError for any other subject no stream captures."""
-
-    async def publish_work_batch(self, subject: str, items: Sequence[WorkItem]) -> None:
-        """Queue one request's items on one subject, pipelined: returns once all are stored, raising as
-        publish_work does on the first refusal (earlier items may already be queued)."""
 
     async def submit_work_batch(self, subject: str, items: Sequence[WorkItem]) -> asyncio.Future[None]:
         """Send one request's items on one subject without waiting for the stream to store them (seed 000 §8.2:

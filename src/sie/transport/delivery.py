@@ -1,4 +1,4 @@
-"""The settle-exactly-once rule every Delivery keeps, written once: ack / nak(delay) / term settle a delivery a
+"""The settle-exactly-once rule every Delivery keeps, written once: ack / nak(delay) settle a delivery a
 single time, `in_progress` may repeat until then, and any verb on a closed transport raises TransportUnavailable.
 
 Owns only that state machine; what a verb does to a message is each transport's primitive (loopback, NATS).
@@ -16,7 +16,7 @@ class BaseDelivery(abc.ABC):
     """A delivered work item whose public verbs check the settlement state, then call the transport's primitive.
 
     Subclasses name their transport in `transport_name`, say in `_closed` whether it was closed, and implement
-    `_ack`, `_nak`, `_in_progress` and `_term` (nats.py Msg: "in_progress … can be done multiple times").
+    `_ack`, `_nak` and `_in_progress` (nats.py Msg: "in_progress … can be done multiple times").
     They call `BaseDelivery.__init__` by name: one delivery is made per message, and on Python 3.11 `super()`
     adds about 0.1 µs to each.
     """
@@ -46,11 +46,6 @@ class BaseDelivery(abc.ABC):
         self._check("in_progress")
         await self._in_progress()
 
-    async def term(self) -> None:
-        """Never redeliver this work item."""
-        self._settle("term")
-        await self._term()
-
     def _settle(self, verb: str) -> None:
         self._check(verb)
         self._settled_by = verb
@@ -79,7 +74,3 @@ class BaseDelivery(abc.ABC):
     @abc.abstractmethod
     async def _in_progress(self) -> None:
         """Restart the message's ack-wait timer."""
-
-    @abc.abstractmethod
-    async def _term(self) -> None:
-        """Remove the message and never redeliver it."""

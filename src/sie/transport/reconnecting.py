@@ -74,11 +74,6 @@ class ReconnectingTransport:
         self._closed = False
         self._last_error = "not connected yet"
 
-    @property
-    def connected(self) -> bool:
-        """Whether the inner transport is open (it may still be reconnecting on its own)."""
-        return self._inner is not None
-
     def unavailable_reason(self) -> str | None:
         """Why the transport cannot be used now (for `/readyz` and 503 answers); None once connected."""
         if self._inner is not None:
@@ -109,13 +104,6 @@ class ReconnectingTransport:
         stack, self._stack = self._stack, None
         if stack is not None:
             await stack.aclose()
-
-    async def wait_connected(self) -> None:
-        """Return once connected; TransportUnavailable if the transport closes first."""
-        if self._settled is None:
-            raise TransportUnavailable("wait_connected: the transport is not started (use `async with`)")
-        await self._settled.wait()
-        self._current("wait_connected")
 
     # connecting
 
@@ -199,9 +187,6 @@ class ReconnectingTransport:
 
     async def publish_work(self, subject: str, item: WorkItem) -> None:
         await self._current("publish_work").publish_work(subject, item)
-
-    async def publish_work_batch(self, subject: str, items: Sequence[WorkItem]) -> None:
-        await self._current("publish_work_batch").publish_work_batch(subject, items)
 
     async def submit_work_batch(self, subject: str, items: Sequence[WorkItem]) -> asyncio.Future[None]:
         return await self._current("submit_work_batch").submit_work_batch(subject, items)

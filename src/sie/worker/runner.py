@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from sie.telemetry.tracing import WORKER_RUN_BATCH, SpanKind, Tracing, mark_failed
+from sie.telemetry.tracing import SERVER_SPAN, WORKER_RUN_BATCH, Tracing, mark_failed
 from sie.wire import codes
 from sie.wire.ipc_batch import (
     DISPOSITION_NAK_RETRY,
@@ -178,21 +178,20 @@ class BatchRunner:
         return sum(usage.compute_seconds for usage in self.usage.values())
 
     async def execute(self, request: RunBatchRequest) -> ExecutedBatch:
-        """Run one batch on its model: per-item results, or why none ran."""
-        if not self._tracing.enabled:
-            return await self._execute(request)
-        op = request.items[0].op if request.items else ""
-        attributes = {"sie.model": request.model_id, "sie.batch_id": request.batch_id, "sie.op": op,
-                      "sie.batch_size": len(request.items)}  # fmt: skip
-        with self._tracing.span(WORKER_RUN_BATCH, request.items, attributes, kind=SpanKind.SERVER) as span:
+        """Run one batch on its model: per-item results, or why none ran; with tracing on, in a
+        `worker.run_batch` span continuing its items' traces."""
+        with self._tracing.span(WORKER_RUN_BATCH, request.items, kind=SERVER_SPAN) as span:
+            traced = span.is_recording()
+            if traced:
+                span.set_attributes(_batch_attributes(request))
             executed = await self._execute(request)
             results = executed.results
-            if results is not None:
+            if results is None:
+                mark_failed(span, "not run")
+            elif traced:
                 span.set_attributes({"sie.tokenization_ms": results.tokenization_ms,
                                      "sie.inference_ms": results.inference_ms,
                                      "sie.postprocessing_ms": results.postprocessing_ms})  # fmt: skip
-            else:
-                mark_failed(span, "not run")
             return executed
 
     async def _execute(self, request: RunBatchRequest) -> ExecutedBatch:
@@ -289,3 +288,10 @@ def to_batch_outcome(request: RunBatchRequest, executed: ExecutedBatch) -> Batch
             )
         )
     return BatchOutcome(outcomes=outcomes)
+
+
+def _batch_attributes(request: RunBatchRequest) -> dict[str, str | int]:
+    """The `worker.run_batch` span's attributes: the model, the batch, its operation and size."""
+    op = request.items[0].op if request.items else ""
+    return {"sie.model": request.model_id, "sie.batch_id": request.batch_id, "sie.op": op,
+            "sie.batch_size": len(request.items)}  # fmt: skip

@@ -20,7 +20,7 @@ from sie.catalog.adapters import CAUSAL_LM
 from sie.catalog.errors import CatalogError
 from sie.settings import BatchingSettings, LaneSettings
 from sie.telemetry.logs import log_fields
-from sie.telemetry.tracing import WORKER_STREAMING_PROCESSOR, SpanKind, Tracing
+from sie.telemetry.tracing import SERVER_SPAN, WORKER_STREAMING_PROCESSOR, Tracing
 from sie.wire import DecodeError, codes, from_msgpack
 from sie.wire.generate import EVENT_ACK, EVENT_DONE, FINISH_CANCELLED, GenerateEvent, ProcessGenerateRequest
 from sie.wire.ipc_batch import BatchOutcome, RunBatchRequest
@@ -255,18 +255,14 @@ class WorkerService:
             return
         call = GenerationCall(item, self.worker_id, started)
         model_id = request.model_id or item.model_id
-        if not self.tracing.enabled:
+        with self.tracing.span(WORKER_STREAMING_PROCESSOR, item, kind=SERVER_SPAN) as span:
+            if span.is_recording():
+                span.set_attributes({"sie.request_id": item.request_id, "sie.attempt_id": call.attempt_id,
+                                     "sie.model": model_id, "sie.adapter": CAUSAL_LM})  # fmt: skip
             async with contextlib.aclosing(self._generate(call, model_id)) as events:
                 async for event in events:
                     yield event
-            return
-        attributes = {"sie.request_id": item.request_id, "sie.attempt_id": call.attempt_id, "sie.model": model_id,
-                      "sie.adapter": CAUSAL_LM}  # fmt: skip
-        with self.tracing.span(WORKER_STREAMING_PROCESSOR, [item], attributes, kind=SpanKind.SERVER) as span:
-            async with contextlib.aclosing(self._generate(call, model_id)) as events:
-                async for event in events:
-                    yield event
-            span.set_attributes({"sie.chunks": call.chunks})
+            span.set_attribute("sie.chunks", call.chunks)
 
     async def _generate(self, call: GenerationCall, model_id: str) -> AsyncIterator[GenerateEvent]:
         refused, begun = await self._begin_generation(call, model_id)
@@ -278,7 +274,8 @@ class WorkerService:
         adapter, prepared, stream = begun
         self._generating.setdefault(item.request_id, []).append(adapter)
         try:
-            async with contextlib.aclosing(stream_generation(adapter, prepared, stream, call)) as events:
+            generation = stream_generation(adapter.engine, len(prepared.prompt_ids), stream, call)
+            async with contextlib.aclosing(generation) as events:
                 async for event in events:
                     yield event
         finally:

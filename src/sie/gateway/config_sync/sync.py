@@ -28,6 +28,7 @@ from sie.gateway.config_sync.remote import (
     parse_export,
 )
 from sie.gateway.config_sync.state import ConfigState, DeltaRejectedError
+from sie.runtime.periodic import Outage, PeriodicTask
 from sie.settings import ConfigSyncSettings
 from sie.telemetry.logs import log_fields
 from sie.telemetry.metrics import ConfigOperation, ConfigOutcome
@@ -181,12 +182,11 @@ class Bootstrap:
 
 
 class PollOutcome(enum.Enum):
-    """What one tick did."""
+    """What one tick did (a failed tick raises)."""
 
     IN_SYNC = "in_sync"
     RESYNCED = "resynced"
     RECOVERED = "recovered"
-    FAILED = "failed"
 
 
 def drifted(remote: RemoteEpoch, state: ConfigState) -> bool:
@@ -201,30 +201,32 @@ def drifted(remote: RemoteEpoch, state: ConfigState) -> bool:
 
 
 class Poller:
-    """The epoch poller (§4.2): each tick compares `/epoch` with local state and realigns; failures are swallowed.
+    """The epoch poller (§4.2): each tick compares `/epoch` with local state and realigns.
 
-    One tick per `interval_s`; the first is skipped so the bootstrap attempt runs uncontended.
+    `async with` ticks every `interval_s`, the first tick one interval after entry so the bootstrap attempt runs
+    uncontended; a failed tick is recorded, said once per outage, and the next tick retries.
     """
 
-    def __init__(self, realigner: StateRealigner, interval_s: float, sleep: Sleep = asyncio.sleep) -> None:
+    def __init__(self, realigner: StateRealigner, interval_s: float) -> None:
         self.realigner = realigner
         self.interval_s = interval_s
-        self.sleep = sleep
+        self._ticking = PeriodicTask(self.tick, interval_s, Outage("config poll", logger, (ConfigServiceError,)))
 
-    async def run(self) -> None:
-        while True:
-            await self.sleep(self.interval_s)
-            await self.tick()
+    async def __aenter__(self) -> Self:
+        await self._ticking.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._ticking.__aexit__(*exc_info)
 
     async def tick(self) -> PollOutcome:
-        """One comparison and realignment, recorded as one `poll` operation."""
+        """One comparison and realignment, recorded as one `poll` operation; a failure is recorded, then raised."""
         telemetry = self.realigner.state.telemetry
         try:
             outcome = await self._tick()
         except ConfigServiceError as exc:
             telemetry.config_operation(ConfigOperation.POLL, operation_outcome(exc))
-            logger.warning("config poll failed (will retry next tick): %s", exc)
-            return PollOutcome.FAILED
+            raise
         telemetry.config_operation(ConfigOperation.POLL, ConfigOutcome.SUCCESS)
         return outcome
 
@@ -358,22 +360,23 @@ class ConfigSync:
         realigner = StateRealigner(self.client, state) if self.client is not None else None
         self.bootstrap = Bootstrap(realigner)
         self.poller = Poller(realigner, settings.poll_interval_s) if realigner is not None else None
-        self._tasks: list[asyncio.Task[object]] = []
+        self._bootstrapping: asyncio.Task[BootstrapOutcome | None] | None = None
 
     async def __aenter__(self) -> Self:
         await self.deltas.__aenter__()
-        self._tasks.append(asyncio.create_task(self.bootstrap.run(), name="sie-config-bootstrap"))
+        self._bootstrapping = asyncio.create_task(self.bootstrap.run(), name="sie-config-bootstrap")
         if self.poller is not None:
-            self._tasks.append(asyncio.create_task(self.poller.run(), name="sie-config-poller"))
+            await self.poller.__aenter__()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
+        if self.poller is not None:
+            await self.poller.__aexit__(*exc_info)
+        bootstrapping, self._bootstrapping = self._bootstrapping, None
+        if bootstrapping is not None:
+            bootstrapping.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+                await bootstrapping
         await self.deltas.__aexit__(*exc_info)
         if self.client is not None:
             await self.client.__aexit__(*exc_info)

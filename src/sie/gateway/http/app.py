@@ -39,7 +39,7 @@ from sie.gateway.inference import InferenceService
 from sie.gateway.limits import RequestLimits
 from sie.gateway.offload import PayloadOffload
 from sie.gateway.pools import PoolDirectory
-from sie.gateway.publisher import KnownMachineProfiles, LaneConsumers, LaneLimits, WorkPublisher
+from sie.gateway.publisher import AdmissionLimits, KnownMachineProfiles, LaneConsumers, WorkPublisher
 from sie.gateway.router import CatalogSource, Router
 from sie.gateway.scaling import LaneSignals
 from sie.gateway.status import ModelStatusSource
@@ -131,15 +131,14 @@ def build_gateway_app(
         DemandTracker(pool_settings.demand_ttl_s), pools.warm_floors, sources.status.workers, pools.pinned_models_loaded
     )
     router = Router(sources.catalog, lane, settings.configured_gpus)
-    publisher = WorkPublisher(
-        sources.transport,
-        sources.consumers,
+    admission_limits = AdmissionLimits(
         settings.max_stream_pending,
-        router_id,
+        pool_settings.max_lane_in_flight_items,
+        pool_settings.lane_backpressure_enforce,
         _known_machine_profiles(sources.status, lane, settings.configured_gpus, pools),
-        sources.metrics,
-        signals.demand,
-        LaneLimits(pool_settings.max_lane_in_flight_items, pool_settings.lane_backpressure_enforce),
+    )
+    publisher = WorkPublisher(
+        sources.transport, sources.consumers, router_id, admission_limits, sources.metrics, signals.demand
     )
     limits = RequestLimits(settings.max_items, settings.max_item_chars)
     offload = sources.offload or PayloadOffload(None, lambda: None)

@@ -27,6 +27,7 @@ from sie.gateway.errors import ForbiddenError, UnauthorizedError
 from sie.gateway.http.replies import send_error_reply
 from sie.gateway.http.shutdown import ASGIApp, Receive, Scope, Send
 from sie.http.bearer import bearer_token, token_in
+from sie.runtime.periodic import Outage, PeriodicTask
 from sie.settings import AuthSettings
 
 logger = logging.getLogger(__name__)
@@ -144,7 +145,12 @@ class GatewayAuth:
         self._exempt_operational = exempt_operational
         self._file = TokensFile(tokens_file) if tokens_file is not None else None
         self._file_tokens: tuple[str, ...] = ()
-        self._watch: asyncio.Task[None] | None = None
+        self._watch: PeriodicTask | None = None
+        if tokens_file is not None:  # a file that cannot be read keeps its last tokens: it must not open the gateway
+            outage = Outage(
+                f"re-reading {tokens_file}", logger, (OSError, ValueError), meanwhile="keeping its last tokens"
+            )
+            self._watch = PeriodicTask(self._reread_file, TOKENS_FILE_POLL_S, outage)
 
     @classmethod
     def from_settings(cls, auth: AuthSettings) -> GatewayAuth:
@@ -162,34 +168,26 @@ class GatewayAuth:
         return self.token_mode or bool(self._admin)
 
     async def __aenter__(self) -> GatewayAuth:
-        if self._file is not None:
+        if self._file is not None and self._watch is not None:
             try:
                 self._file_tokens = await asyncio.to_thread(self._file.read_if_changed) or ()
             except (OSError, ValueError) as exc:
                 raise AuthSettingsError(f"SIE_AUTH_TOKENS_FILE={self._file.path} cannot be read: {exc}") from exc
-            self._watch = asyncio.create_task(self._watch_file(self._file), name="sie-auth-tokens-file")
+            await self._watch.__aenter__()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         if self._watch is not None:
-            self._watch.cancel()
-            await asyncio.gather(self._watch, return_exceptions=True)
+            await self._watch.__aexit__(*exc_info)
 
-    async def _watch_file(self, file: TokensFile) -> None:
-        problem = None
-        while True:
-            await asyncio.sleep(TOKENS_FILE_POLL_S)
-            try:
-                tokens = await asyncio.to_thread(file.read_if_changed)
-            except (OSError, ValueError) as exc:  # keep the last tokens: a vanished file must not open the gateway
-                if str(exc) != problem:
-                    logger.warning("cannot re-read %s, keeping its last tokens: %s", file.path, exc)
-                problem = str(exc)
-                continue
-            problem = None
-            if tokens is not None:
-                self._file_tokens = tokens
-                logger.info("re-read %s: %d inference tokens", file.path, len(tokens))
+    async def _reread_file(self) -> None:
+        """Take the tokens file's tokens when it changed; OSError or ValueError when it cannot be read."""
+        if self._file is None:
+            return
+        tokens = await asyncio.to_thread(self._file.read_if_changed)
+        if tokens is not None:
+            self._file_tokens = tokens
+            logger.info("re-read %s: %d inference tokens", self._file.path, len(tokens))
 
     def authorize(self, method: str, path: str, authorization: str | None) -> None:
         """Return when the request may proceed; else raise UnauthorizedError (401) or ForbiddenError (403)."""

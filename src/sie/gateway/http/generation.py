@@ -33,8 +33,9 @@ from sie.http.bodies import read_body
 from sie.telemetry.tracing import (
     GATEWAY_PROXY_CHAT,
     GATEWAY_PROXY_GENERATE,
+    INVALID_SPAN,
+    SERVER_SPAN,
     Span,
-    SpanKind,
     TraceHeaders,
     Tracing,
     mark_failed,
@@ -272,28 +273,32 @@ class GenerationHandlers:
         self, request: Request, call: GenerateCall, shape_of: Callable[[Streamed], Shape], span_name: str
     ) -> Response:
         """Publish, wait for the first chunk (the client leaving cancels it), then stream or collect the rest."""
-        span = self._open_span(request, call, span_name)
+        trace = incoming_trace(request)
+        span = self._open_span(request, call, span_name, trace)
         try:
-            return await self._answer(request, call, shape_of, span)
+            return await self._answer(request, call, shape_of, span, self._tracing.headers(span) or trace)
         except BaseException as exc:
-            if span is not None:
-                mark_failed(span, type(exc).__name__)
-                span.end()
+            mark_failed(span, type(exc).__name__)
+            span.end()
             raise
 
     async def _answer(
-        self, request: Request, call: GenerateCall, shape_of: Callable[[Streamed], Shape], span: Span | None
+        self,
+        request: Request,
+        call: GenerateCall,
+        shape_of: Callable[[Streamed], Shape],
+        span: Span,
+        trace: TraceHeaders | None,
     ) -> Response:
         started = time.perf_counter()
-        trace = self._tracing.headers(span) if span is not None else incoming_trace(request)
         running, first = await until_disconnect(request, self._begin(request, call, trace))
-        if span is not None:
-            span.set_attribute("sie.request_id", running.request_id)
+        span.set_attribute("sie.request_id", running.request_id)
         shape = shape_of(running)
         if call.stream:
             headers = {**VERSION_HEADERS, **_STREAM_HEADERS, REQUEST_ID: running.request_id}
-            if span is not None:
-                headers[TRACE_ID] = trace_id_of(span)
+            trace_id = trace_id_of(span)
+            if trace_id is not None:
+                headers[TRACE_ID] = trace_id
             return EventStream(_events(running, shape, first), functools.partial(_finish, running, span), headers)
         try:
             outcome = await until_disconnect(request, _outcome(running, first))
@@ -301,19 +306,19 @@ class GenerationHandlers:
             running.close()
         total_ms = (time.perf_counter() - started) * 1e3
         meta = ResponseMetadata(running.request_id, running.publish_ms, total_ms - running.publish_ms,
-                                worker_id=outcome.worker_id)  # fmt: skip
-        if span is not None:
-            meta.trace_id = trace_id_of(span)
-            span.end()
+                                worker_id=outcome.worker_id, trace_id=trace_id_of(span))  # fmt: skip
+        span.end()
         headers = response_headers(meta, total_ms)
         return Response(dumps_json(shape.body(outcome)), media_type=JSON_MEDIA_TYPE, headers=headers)
 
-    def _open_span(self, request: Request, call: GenerateCall, name: str) -> Span | None:
+    def _open_span(self, request: Request, call: GenerateCall, name: str, trace: TraceHeaders | None) -> Span:
+        """The request's span, which outlives this handler when the answer streams (`_finish` ends it); while
+        tracing is off, INVALID_SPAN, whose calls do nothing."""
         if not self._tracing.enabled:
-            return None
+            return INVALID_SPAN
         attributes = {"sie.endpoint": request.url.path[:_MAX_ATTRIBUTE_CHARS],
                       "sie.model": call.model[:_MAX_ATTRIBUTE_CHARS]}  # fmt: skip
-        return self._tracing.start(name, [incoming_trace(request)], attributes, kind=SpanKind.SERVER)
+        return self._tracing.start(name, trace, attributes, kind=SERVER_SPAN)
 
     async def _begin(
         self, request: Request, call: GenerateCall, trace: TraceHeaders | None
@@ -338,8 +343,7 @@ def _completion_shape(call: GenerateCall, running: Streamed) -> Shape:
     return CompletionShape(call.model, f"cmpl-{uuid.uuid4().hex}", int(time.time()), call.include_usage)
 
 
-def _finish(running: Streamed, span: Span | None) -> None:
+def _finish(running: Streamed, span: Span) -> None:
     """A streamed answer ended (done, failed or the client left): stop waiting for chunks, end the span."""
     running.close()
-    if span is not None:
-        span.end()
+    span.end()

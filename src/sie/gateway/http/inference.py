@@ -25,7 +25,7 @@ from sie.gateway.http.replies import Surface
 from sie.gateway.inference import InferenceService, Served
 from sie.http.bodies import read_body
 from sie.telemetry.requests import note_request
-from sie.telemetry.tracing import GATEWAY_REQUEST, SpanKind, TraceHeaders, Tracing, trace_id_of
+from sie.telemetry.tracing import GATEWAY_REQUEST, SERVER_SPAN, TraceHeaders, Tracing, trace_id_of
 from sie.wire.http import EncodeRequest, ExtractRequest, ScoreRequest
 
 T = TypeVar("T")
@@ -84,17 +84,23 @@ class InferenceHandlers:
         """Run `work` until the client leaves, continuing the caller's trace; with tracing on, inside a
         `gateway.request` span whose trace id the answer names (X-Trace-ID)."""
         trace = incoming_trace(request)
-        if not self._tracing.enabled:
-            return await until_disconnect(request, work(trace))
-        model = model if model is not None else request.path_params.get("model", "")
-        route = request.scope.get("route")
-        attributes = {"http.request.method": request.method, "http.route": getattr(route, "path", ""),
-                      "sie.model": model[:_MAX_MODEL_ATTRIBUTE_CHARS]}  # fmt: skip
-        with self._tracing.span(GATEWAY_REQUEST, [trace], attributes, kind=SpanKind.SERVER) as span:
-            served = await until_disconnect(request, work(self._tracing.headers(span)))
-            meta = served.meta
-            meta.trace_id = trace_id_of(span)
-            span.set_attributes(
-                {"sie.request_id": meta.request_id, "sie.publish_ms": meta.publish_ms, "sie.wait_ms": meta.wait_ms}
-            )
+        with self._tracing.span(GATEWAY_REQUEST, trace, kind=SERVER_SPAN) as span:
+            carried = self._tracing.headers(span)  # None: tracing is off
+            if carried is not None:
+                span.set_attributes(_request_attributes(request, model))
+            served = await until_disconnect(request, work(carried or trace))
+            if carried is not None:
+                meta = served.meta
+                meta.trace_id = trace_id_of(span)
+                span.set_attributes(
+                    {"sie.request_id": meta.request_id, "sie.publish_ms": meta.publish_ms, "sie.wait_ms": meta.wait_ms}
+                )
             return served
+
+
+def _request_attributes(request: Request, model: str | None) -> dict[str, str]:
+    """The `gateway.request` span's attributes: the method, the route template and the model (bounded)."""
+    model = model if model is not None else request.path_params.get("model", "")
+    route = request.scope.get("route")
+    return {"http.request.method": request.method, "http.route": getattr(route, "path", ""),
+            "sie.model": model[:_MAX_MODEL_ATTRIBUTE_CHARS]}  # fmt: skip

@@ -36,6 +36,7 @@ from sie.ipc.errors import IpcConnectionError
 from sie.placement.policy import ModelOverride, PlacementPolicy, policy_from_settings
 from sie.placement.router import Placement
 from sie.placement.snapshot import PlacementSnapshot, RepackRecord
+from sie.runtime.periodic import Outage, PeriodicTask
 from sie.settings import PlacementSettings
 from sie.sidecar.pod.answers import (
     compute_seconds,
@@ -108,7 +109,8 @@ class WorkerFleet:
         self._wanted: set[str] = set()
         self._warming: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._config = ConfigLog()
-        self._probe_task: asyncio.Task[None] | None = None
+        probing = Outage("probing the worker children", logger)
+        self._probing = PeriodicTask(self.probe, lambda: self.probe_interval_s, probing)  # off the request path
         self.probe_rounds = 0
 
     @classmethod
@@ -117,16 +119,16 @@ class WorkerFleet:
         return cls(directory, Placement(policy_from_settings(settings)), settings.probe_interval_s)
 
     async def __aenter__(self) -> Self:
-        await self.probe()
-        self._probe_task = asyncio.get_running_loop().create_task(self._probe_loop(), name="sie-fleet-probe")
+        await self.probe()  # a pod whose children cannot be probed at all does not start
+        await self._probing.__aenter__()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        tasks = [task for task in (self._probe_task, *self._warming.values()) if task is not None]
+        await self._probing.__aexit__(*exc_info)
+        tasks = list(self._warming.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._probe_task = None
         self._warming.clear()
         await self.directory.aclose()
 
@@ -161,14 +163,6 @@ class WorkerFleet:
         self.placement.update(reports)
         self.probe_rounds += 1
         self._warm()
-
-    async def _probe_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.probe_interval_s)  # the probe cadence, off the request path
-            try:
-                await self.probe()
-            except Exception:  # noqa: BLE001 - one failed round must not end probing
-                logger.exception("probing the worker children failed")
 
     def _warm(self) -> None:
         """Start loading each wanted model on every assigned child that has not got it."""

@@ -15,6 +15,7 @@ import attrs
 
 from sie.catalog.names import health_subject
 from sie.ipc.client import WorkerClient
+from sie.runtime.periodic import FirstRun, Outage, PeriodicTask
 from sie.settings import Settings
 from sie.transport.base import MessageBus, TransportUnavailable
 from sie.wire.health import ModelFailure, WorkerHeartbeat
@@ -108,8 +109,10 @@ class HealthPublisher:
         self._published_at: float | None = None
         self._failures: dict[str, ModelFailure] = {}
         self._draining = False
-        self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task[None] | None = None
+        # A bug in one round must not end heartbeats for good; the interval runs from one round's start to the next.
+        outage = Outage("health heartbeat round", logger)
+        self._beating = PeriodicTask(self.beat, lambda: self.interval_s, outage, first_run=FirstRun.AT_START,
+                                     fixed_rate=True)  # fmt: skip
 
     @classmethod
     def from_settings(
@@ -119,15 +122,11 @@ class HealthPublisher:
         return cls(bus, worker, WorkerIdentity.from_settings(settings), interval, acknowledged)
 
     async def __aenter__(self) -> Self:
-        self._wake = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="sie-sidecar-health")
+        await self._beating.__aenter__()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await self._beating.__aexit__(*exc_info)
 
     @property
     def draining(self) -> bool:
@@ -148,8 +147,7 @@ class HealthPublisher:
     def begin_drain(self) -> None:
         """Advertise draining from now on; the next heartbeat goes out at once."""
         self._draining = True
-        if self._wake is not None:
-            self._wake.set()
+        self._beating.wake()
 
     def record_failure(self, model_id: str, failure: ModelFailure) -> None:
         """Report `model_id` as failed to load; the oldest entry goes when more than MAX_FAILED_MODELS are kept."""
@@ -182,28 +180,6 @@ class HealthPublisher:
         if await self._publish(heartbeat):
             self._published_at = now
         return heartbeat
-
-    async def _run(self) -> None:
-        wake = self._wake
-        while True:
-            started = self.clock()
-            try:
-                await self.beat()
-            except Exception:  # noqa: BLE001 - a bug in one round must not end heartbeats for good
-                logger.exception("health heartbeat round failed")
-            await self._pause(wake, self.interval_s - (self.clock() - started))
-
-    async def _pause(self, wake: asyncio.Event | None, delay_s: float) -> None:
-        """Wait for the next tick, or less when `begin_drain` asks for a heartbeat now."""
-        if wake is None or delay_s <= 0:
-            await asyncio.sleep(0)
-            return
-        try:
-            async with asyncio.timeout(delay_s):
-                await wake.wait()
-        except TimeoutError:
-            return
-        wake.clear()
 
     async def _ping_worker(self) -> PingResponse | None:
         request = PingRequest(timestamp_ms=time.time() * 1000.0)

@@ -225,7 +225,7 @@ class PoolStream:
         return deliveries
 
     def remove(self, message: StoredMessage) -> None:
-        """ack / term: remove by stream sequence, even from a stale delivery (as JetStream does)."""
+        """ack: remove by stream sequence, even from a stale delivery (as JetStream does)."""
         if message.state != REMOVED:
             self._drop(message)
 
@@ -386,9 +386,6 @@ class LoopbackDelivery(BaseDelivery):
 
     async def _in_progress(self) -> None:
         self._stream.extend(self._message, self)
-
-    async def _term(self) -> None:
-        self._stream.remove(self._message)
 
 
 def _lane_key(subject: str) -> str:

@@ -54,9 +54,6 @@ class LoopbackTransport:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
         """Stop every timer, wake blocked fetchers (they raise TransportUnavailable), await pending advisories."""
         if self._closed:
             return
@@ -87,14 +84,10 @@ class LoopbackTransport:
         else:
             stream.publish(subject, tokens, item)
 
-    async def publish_work_batch(self, subject: str, items: Sequence[WorkItem]) -> None:
-        """Queue the items in order; in memory there is no round trip to pipeline."""
-        for item in items:
-            await self.publish_work(subject, item)
-
     async def submit_work_batch(self, subject: str, items: Sequence[WorkItem]) -> asyncio.Future[None]:
         """Queue the items in order; in memory they are stored once sent, so the future is already done."""
-        await self.publish_work_batch(subject, items)
+        for item in items:
+            await self.publish_work(subject, item)
         stored: asyncio.Future[None] = self._running_loop().create_future()
         stored.set_result(None)
         return stored

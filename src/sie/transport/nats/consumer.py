@@ -198,7 +198,7 @@ class LaneFetcher:
             with translated("nak"):
                 await msg.nak()
             return None
-        return NatsDelivery(self, msg, item)
+        return NatsDelivery(self.connection, msg, item)
 
     async def _on_message(self, msg: Msg) -> None:
         if msg.reply.startswith(_ACK_PREFIX):

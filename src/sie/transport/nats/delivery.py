@@ -17,28 +17,28 @@ from sie.transport.nats.errors import translated
 from sie.wire.queue import WorkItem
 
 if TYPE_CHECKING:
-    from sie.transport.nats.consumer import LaneFetcher
+    from sie.transport.nats.connection import Connection
 
 
 class NatsDelivery(BaseDelivery):
     """A decoded work item and the message it came in; `num_delivered` is 1 on the first delivery."""
 
-    __slots__ = ("stream_seq", "_msg", "_owner")
+    __slots__ = ("stream_seq", "_msg", "_connection")
 
     transport_name = "NATS"
 
-    def __init__(self, owner: LaneFetcher, msg: Msg, item: WorkItem) -> None:
+    def __init__(self, connection: Connection, msg: Msg, item: WorkItem) -> None:
         metadata = msg.metadata
         BaseDelivery.__init__(self, item, msg.subject, metadata.num_delivered)
         self.stream_seq = metadata.sequence.stream
         self._msg = msg
-        self._owner = owner
+        self._connection = connection  # the fetcher's: settling needs it open
 
     def __repr__(self) -> str:
         return f"NatsDelivery({self.subject!r}, seq={self.stream_seq}, num_delivered={self.num_delivered})"
 
     def _closed(self) -> bool:
-        return self._owner.connection.is_closed
+        return self._connection.is_closed
 
     async def _ack(self) -> None:
         with translated("ack"):
@@ -51,7 +51,3 @@ class NatsDelivery(BaseDelivery):
     async def _in_progress(self) -> None:
         with translated("in_progress"):
             await self._msg.in_progress()
-
-    async def _term(self) -> None:
-        with translated("term"):
-            await self._msg.term()

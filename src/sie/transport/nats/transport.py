@@ -92,9 +92,6 @@ class NatsTransport:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
         """Wake blocked fetchers (they raise TransportUnavailable), hand unfetched work back, drain, close."""
         if self._exited:
             return
@@ -114,24 +111,14 @@ class NatsTransport:
         """Queue `item` on its pool stream (created or reconciled on first use); returns once JetStream stored it."""
         await self._open("publish_work").work.publish(subject, item)
 
-    async def submit_work(self, subject: str, item: WorkItem) -> asyncio.Future[None]:
-        """publish_work without the wait: returns once sent; the future completes when JetStream stored it.
-
-        Not in the protocol yet: for a gateway that sends a request's items, then awaits their ACKs together
-        (seed 000 §8.2's one detached drain). The future fails as publish_work would raise."""
-        return await self._open("submit_work").work.submit(subject, item)
-
-    async def publish_work_batch(self, subject: str, items: Sequence[WorkItem]) -> None:
-        """Send every item, then await their ACKs together: one broker round trip, not one per item."""
-        await (await self.submit_work_batch(subject, items))
-
     async def submit_work_batch(self, subject: str, items: Sequence[WorkItem]) -> asyncio.Future[None]:
-        """Send every item; the returned task drains their ACKs together (one task per request, bounded by
-        ACK_DRAIN_TIMEOUT_S). A send that fails part-way abandons the ACKs of the items already sent."""
+        """Send every item without waiting for JetStream to store it; the returned task drains their ACKs together
+        (one task per request, bounded by ACK_DRAIN_TIMEOUT_S; each ACK's failure is what publish_work would
+        raise). A send that fails part-way abandons the ACKs of the items already sent."""
         futures: list[asyncio.Future[None]] = []
         try:
             for item in items:
-                futures.append(await self.submit_work(subject, item))
+                futures.append(await self._open("submit_work").work.submit(subject, item))
         except BaseException:
             _abandon(futures)
             raise

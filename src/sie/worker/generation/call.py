@@ -11,7 +11,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from sie.wire import codes, to_msgpack
 from sie.wire.generate import (
@@ -26,10 +26,7 @@ from sie.wire.generate import (
     GenerationUsage,
 )
 from sie.wire.queue import WorkItem
-from sie.worker.generation.batching_decoder import DecodeEvent, SequenceStream
-
-if TYPE_CHECKING:  # the adapters sit above this package (they run its decoder): named in annotations only
-    from sie.worker.adapters import CausalLMAdapter, PreparedGeneration
+from sie.worker.generation.batching_decoder import BatchingDecoder, DecodeEvent, SequenceStream
 
 # Before the first token (a long queue of sequences ahead, a long prompt) the sidecar is told the work is alive
 # this often, so that JetStream does not redeliver it.
@@ -105,10 +102,10 @@ class GenerationCall:
 
 
 async def stream_generation(
-    adapter: CausalLMAdapter, prepared: PreparedGeneration, stream: SequenceStream, call: GenerationCall
+    decoder: BatchingDecoder, prompt_tokens: int, stream: SequenceStream, call: GenerationCall
 ) -> AsyncIterator[GenerateEvent]:
-    """The events of a sequence already started on `adapter` as `call.attempt_id`, to its terminal chunk and done.
-    Closed early, it cancels the sequence."""
+    """The events of a sequence of a `prompt_tokens`-token prompt already started on `decoder` as
+    `call.attempt_id`, to its terminal chunk and done. Closed early, it cancels the sequence."""
     deadline = call.item.deadline
     cancelling = False
     ended = False
@@ -119,20 +116,20 @@ async def stream_generation(
             except TimeoutError:
                 if _expired(call, deadline) and not cancelling:
                     cancelling = True  # the sequence ends as cancelled at the next step boundary
-                    adapter.engine.cancel_sequence(call.attempt_id)
+                    decoder.cancel_sequence(call.attempt_id)
                 elif not call.acked:
                     yield GenerateEvent(kind=EVENT_IN_PROGRESS)
                 continue
             if event.done:
                 ended = True
-                for finishing in call.finished(event, len(prepared.prompt_ids)):
+                for finishing in call.finished(event, prompt_tokens):
                     yield finishing
                 return
             for published in call.publish(text_delta=event.text):
                 yield published
     finally:
         if not ended:
-            adapter.engine.cancel_sequence(call.attempt_id)
+            decoder.cancel_sequence(call.attempt_id)
 
 
 def _expired(call: GenerationCall, deadline: float | None) -> bool:
