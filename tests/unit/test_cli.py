@@ -126,10 +126,10 @@ def test_run_refuses_a_flag_of_another_role(no_sie_variables: None) -> None:
 
 
 def test_run_refuses_a_bad_setting(monkeypatch, no_sie_variables: None) -> None:
-    monkeypatch.setenv("SIE_STREAM_REPLICAS", "three")
+    monkeypatch.setenv("SIE_GATEWAY_REQUEST_TIMEOUT", "three")
     result = runner.invoke(app, ["run", "--role", "all"])
     assert result.exit_code == 2
-    assert "SIE_STREAM_REPLICAS" in result.output and "Traceback" not in result.output
+    assert "SIE_GATEWAY_REQUEST_TIMEOUT" in result.output and "Traceback" not in result.output
 
 
 def test_both_onnxruntime_builds_are_refused() -> None:

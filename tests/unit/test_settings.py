@@ -336,6 +336,7 @@ def test_a_role_ignores_the_variables_of_other_roles_and_names_them_once() -> No
     shared = {"SIE_MODEL_CACHE": "/models", "SIE_CONFIG_STORE_DIR": "/store", "SIE_NATS_URL": "nats://n:4222"}
     settings = load_role_settings(["--role", "gateway"], shared)
     assert settings.nats.url == "nats://n:4222"
+    assert settings == load_role_settings(["--role", "gateway"], {"SIE_NATS_URL": "nats://n:4222"})  # not read at all
     assert ignored_variables("gateway", shared) == [
         "SIE_CONFIG_STORE_DIR (read by role config)",
         "SIE_MODEL_CACHE (read by role worker, all)",

@@ -98,19 +98,24 @@ def _unknown_flag(flag: str, role: str) -> str:
     return f"unknown option {flag!r}; docs/settings.md lists every option and the roles that read it"
 
 
-def ignored_variables(role: str, environ: Mapping[str, str] | None = None) -> list[str]:
-    """`NAME (read by role a, b)` for each `SIE_*` variable set in `environ` (default: the process environment) whose
-    setting `role` never reads; the role ignores them. Names outside `SIE_*` (HOSTNAME, POD_NAME) belong to the
-    platform and are never mentioned."""
-    source = os.environ if environ is None else environ
-    ignored = []
+def _foreign_names(role: str, environ: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
+    """`{name: roles that read it}` for each `SIE_*` variable set in `environ` whose setting `role` never reads.
+    Names outside `SIE_*` (HOSTNAME, POD_NAME) belong to the platform and are never among them."""
+    foreign = {}
     for doc in _DECLARED:
         if role in doc.roles:
             continue
         for name in (doc.env, *doc.aliases):
-            if name.startswith("SIE_") and (source.get(name) or "").strip():
-                ignored.append(f"{name} (read by role {', '.join(doc.roles)})")
-    return ignored
+            if name.startswith("SIE_") and (environ.get(name) or "").strip():
+                foreign[name] = doc.roles
+    return foreign
+
+
+def ignored_variables(role: str, environ: Mapping[str, str] | None = None) -> list[str]:
+    """`NAME (read by role a, b)` for each `SIE_*` variable set in `environ` (default: the process environment) whose
+    setting `role` never reads: the role ignores them (its settings keep their defaults)."""
+    source = os.environ if environ is None else environ
+    return [f"{name} (read by role {', '.join(roles)})" for name, roles in _foreign_names(role, source).items()]
 
 
 def ignored_variables_note(role: str, environ: Mapping[str, str] | None = None) -> str | None:
@@ -147,8 +152,10 @@ def load_role_settings(arguments: list[str], environ: Mapping[str, str] | None =
         problems.extend(exc.problems)
         overrides = {}
     problems.extend(_unknown_variable(name) for name in unrecognised_variables(source))
+    foreign = _foreign_names(role, source)
+    own = {name: value for name, value in source.items() if name not in foreign}  # the others are ignored, not read
     try:
-        settings = load_settings(source, overrides)
+        settings = load_settings(own, overrides)
     except SettingsError as exc:
         problems[:0] = exc.problems
     if problems:
