@@ -53,7 +53,8 @@ async def inject(cluster: Cluster, scenario: str) -> float:
 
 async def run_scenario(cluster: Cluster, scenario: str, references: References, options: LoadOptions) -> Tally:
     """Load the cluster, cause the fault `options.fault_at_s` after every client's first call ended, keep
-    loading to `options.duration_s` from then, let every call end and count how they did."""
+    loading to `options.duration_s` from then (with `options.settle_s`: until that long after the first call sent
+    once the fault was undone is answered), let every call end and count how they did."""
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; expected one of {', '.join(SCENARIOS)}")
     if scenario == "nats_down":  # the roles have started without a broker: that is the fault
@@ -66,7 +67,7 @@ async def run_scenario(cluster: Cluster, scenario: str, references: References, 
         started = time.monotonic()
         await asyncio.sleep(options.fault_at_s)
         fault_at = await inject(cluster, scenario)
-        await asyncio.sleep(max(0.0, started + options.duration_s - time.monotonic()))
+        await load.last_until_settled(started, undone_at=time.monotonic())
     finally:
         await load.stop()
     return load.tally(scenario, fault_at)

@@ -89,14 +89,17 @@ class References:
 
 @attrs.frozen
 class LoadOptions:
-    """How hard and how long a scenario loads the cluster; `deadline_s` is each call's SDK budget."""
+    """How hard and how long a scenario loads the cluster; `deadline_s` is each call's SDK budget. With `settle_s`
+    None the load lasts `duration_s`; otherwise it ends `settle_s` after the first 200 of an attempt sent once the
+    fault was undone (so calls sent after the recovery are checked too), `duration_s` at the most."""
 
     clients: int = 300
-    duration_s: float = 40.0  # load per scenario
+    duration_s: float = 40.0  # load per scenario (the most of it when settle_s is set)
     fault_at_s: float = 5.0  # into the load
     deadline_s: float = 30.0
     items: int = 1  # texts per call
     texts_per_client: int = 4  # each client cycles through its own texts, never the same twice in a row
+    settle_s: float | None = None  # None: a fixed duration_s of load
 
     @property
     def text_count(self) -> int:
@@ -116,6 +119,27 @@ class AttemptLog:
         self.successes: list[tuple[float, float]] = []
         self.refusals: Counter[str] = Counter()
         self._tls = ssl.create_default_context()  # one for every client: each costs milliseconds to make
+        self._awaited: tuple[float, asyncio.Event] | None = None  # a moment someone waits for a 200 sent after
+
+    def succeeded(self, sent: float, answered: float) -> None:
+        """Note an attempt answered 200, waking `success_after`'s waiter when it was sent late enough."""
+        self.successes.append((sent, answered))
+        if self._awaited is not None and sent >= self._awaited[0]:
+            self._awaited[1].set()
+
+    async def success_after(self, moment: float, timeout_s: float) -> bool:
+        """Wait until an attempt sent at or after `moment` has answered 200; False when none has in `timeout_s`."""
+        if self.first_success_after(moment) is not None:
+            return True
+        self._awaited = (moment, asyncio.Event())
+        try:
+            async with asyncio.timeout(max(0.0, timeout_s)):
+                await self._awaited[1].wait()
+        except TimeoutError:
+            return False
+        finally:
+            self._awaited = None
+        return True
 
     def transport(self) -> httpx.AsyncBaseTransport:
         """One client's HTTP transport (one connection), noting its attempts here."""
@@ -144,7 +168,7 @@ class _RecordingTransport(httpx.AsyncBaseTransport):
             self._log.refusals[type(exc).__name__] += 1
             raise
         if response.status_code == 200:
-            self._log.successes.append((sent, time.monotonic()))
+            self._log.succeeded(sent, time.monotonic())
         else:
             self._log.refusals[f"{response.status_code} {response.headers.get('x-sie-error-code', '')}".strip()] += 1
         return response
@@ -199,6 +223,15 @@ class Load:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._options.deadline_s):
                     await self._warm.wait()
+
+    async def last_until_settled(self, started: float, undone_at: float) -> None:
+        """Keep loading to `duration_s` after `started`; with `settle_s`, only to `settle_s` after the first 200 of
+        an attempt sent at or after `undone_at` (the moment the fault was undone), when that comes sooner."""
+        end = started + self._options.duration_s
+        settle_s = self._options.settle_s
+        if settle_s is not None and await self.attempts.success_after(undone_at, end - time.monotonic()):
+            end = min(end, time.monotonic() + settle_s)
+        await asyncio.sleep(max(0.0, end - time.monotonic()))
 
     async def stop(self) -> None:
         """Send no new calls; wait for those in flight (each ends by its deadline)."""

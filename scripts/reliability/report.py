@@ -72,9 +72,13 @@ def main() -> None:
         help="each call's budget in seconds, the SDK's provision_timeout_s (default 30: the gateway's request timeout)",
     )  # fmt: skip
     parser.add_argument("--items", type=int, default=1, help="texts per call (default 1)")
+    parser.add_argument(
+        "--settle", type=float, default=None,
+        help="end the load this many seconds after the recovery (at most --duration); default: the whole --duration",
+    )  # fmt: skip
     parser.add_argument("--scenario", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     args = parser.parse_args()
-    options = LoadOptions(args.clients, args.duration, args.fault_at, args.deadline, args.items)
+    options = LoadOptions(args.clients, args.duration, args.fault_at, args.deadline, args.items, settle_s=args.settle)
     # The NATS-down start needs references from a cluster that had a broker: it runs last.
     scenarios = sorted(args.scenario, key=lambda name: name == "nats_down")
     root = Path(tempfile.mkdtemp(prefix="sie-faults-"))

@@ -1,19 +1,21 @@
 """`sie run --role all --devices cpu:2` with lpt_packing as an operator meets it: requests over HTTP, the
 placement shown by `sie placement status`, a replica added with `set-replicas` + `repack --wait`, the new
-placement serving, `/metrics` telling the same story, bad knobs refused. Marked slow: real server process."""
+placement serving, `/metrics` telling the same story, bad knobs refused. Marked slow: real server process.
+The `sie placement` commands run in this process (typer's runner): the same app a shell runs, without starting an
+interpreter per command (about 1 s each, several on busy cores)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from typer.testing import CliRunner, Result
 
 from launcher import RoleProcess, free_port
+from sie.cli.main import app
 
 pytestmark = pytest.mark.slow
 
@@ -35,9 +37,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     assert code == 0, process.log()
 
 
-def sie_placement(url: str, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "sie.cli.main", "placement", *args, "--url", url]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+def sie_placement(url: str, *args: str) -> Result:
+    """`sie placement ARGS --url URL`."""
+    return CliRunner().invoke(app, ["placement", *args, "--url", url])
 
 
 def encode(url: str, count: int) -> None:
@@ -51,7 +53,7 @@ def encode(url: str, count: int) -> None:
 
 def status(url: str) -> dict:
     result = sie_placement(url, "status", "--json")
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout)
 
 
@@ -76,9 +78,9 @@ def test_an_operator_adds_a_replica_and_the_model_runs_on_both_children(server: 
     assert metric(server, "sie_placement_model_replicas", {"model": MINILM}) == 1.0
 
     changed = sie_placement(server, "set-replicas", MINILM, "2", "--fill-mode", "spread")
-    assert changed.returncode == 0, changed.stderr
+    assert changed.exit_code == 0, changed.stderr
     repacked = sie_placement(server, "repack", "--wait", "60")
-    assert repacked.returncode == 0, repacked.stderr
+    assert repacked.exit_code == 0, repacked.stderr
 
     encode(server, 12)
     routed = replicas_of(status(server))
@@ -92,11 +94,11 @@ def test_an_operator_adds_a_replica_and_the_model_runs_on_both_children(server: 
 
 def test_bad_knobs_are_refused_with_the_reason(server: str) -> None:
     refused = sie_placement(server, "set-policy", "mode=round_robin")
-    assert refused.returncode == 1 and "mode" in (refused.stdout + refused.stderr)
+    assert refused.exit_code == 1 and "mode" in (refused.stdout + refused.stderr)
     refused = sie_placement(server, "set-policy", "hysteresis=-1")
-    assert refused.returncode == 1 and "hysteresis" in (refused.stdout + refused.stderr)
+    assert refused.exit_code == 1 and "hysteresis" in (refused.stdout + refused.stderr)
     accepted = sie_placement(server, "set-policy", "hysteresis=0.15", "routing_policy=fill_rr")
-    assert accepted.returncode == 0, accepted.stderr
+    assert accepted.exit_code == 0, accepted.stderr
     assert status(server)["policy"]["hysteresis"] == 0.15
     bad_value = httpx.post(f"{server}/v1/placement/models/{MINILM}", json={"replicas": 0}, timeout=10)
     assert bad_value.status_code == 400 and bad_value.json()["error"]["code"] == "bad_request"

@@ -18,8 +18,10 @@ from launcher import Cluster  # noqa: E402
 
 # Small enough for 2 shared cores to answer every call in well under its deadline when nothing fails; the
 # deadline equals the gateway's request timeout, so a call only survives a fault if its work is redelivered
-# (or refused and retried) promptly.
-OPTIONS = LoadOptions(clients=30, duration_s=20.0, fault_at_s=3.0, deadline_s=30.0)
+# (or refused and retried) promptly. The fault comes 1 s after every client's first call ended (closed-loop
+# clients always have calls in flight); the load ends 1 s after the first call sent once the fault was undone is
+# answered (so calls sent after the recovery are checked too), after 20 s of load at the most.
+OPTIONS = LoadOptions(clients=30, duration_s=20.0, fault_at_s=1.0, deadline_s=30.0, settle_s=1.0)
 
 
 @pytest.fixture(scope="module")
