@@ -95,16 +95,18 @@ class RoleProcess:
     def wait_http_ready(self, url: str, timeout_s: float = 120.0) -> None:
         """Poll `url` until it answers 200; RuntimeError when the process dies, TimeoutError after the deadline."""
 
-        def answers_ok() -> bool:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{self.role} exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                return httpx.get(url, timeout=2.0).status_code == 200
-            except httpx.HTTPError:
-                return False
+        with httpx.Client(timeout=2.0) as client:  # one client: each new one builds an SSL context (CPU)
 
-        if not holds_within(answers_ok, timeout_s, interval_s=0.1):
-            raise TimeoutError(f"{url} not ready after {timeout_s} s:\n{self.log()}")
+            def answers_ok() -> bool:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"{self.role} exited with {self.process.returncode}:\n{self.log()}")
+                try:
+                    return client.get(url).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            if not holds_within(answers_ok, timeout_s, interval_s=0.1):
+                raise TimeoutError(f"{url} not ready after {timeout_s} s:\n{self.log()}")
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
         """SIGTERM, then wait; returns the exit status (killed after the timeout)."""
@@ -357,34 +359,36 @@ class Cluster:
         """Return once an encode answers 200 (the worker has registered through its heartbeats); RuntimeError naming
         the logs otherwise."""
         body = {"items": [{"text": "ping"}]}
+        with httpx.Client(timeout=30) as client:
 
-        def encodes() -> bool:
-            if self.exited():
-                raise RuntimeError(f"cluster not serving (exited: {self.exited()}):\n{self.logs()}")
-            try:
-                return httpx.post(f"{self.url}/v1/encode/{self.model}", json=body, timeout=30).status_code == 200
-            except httpx.HTTPError:
-                return False
+            def encodes() -> bool:
+                if self.exited():
+                    raise RuntimeError(f"cluster not serving (exited: {self.exited()}):\n{self.logs()}")
+                try:
+                    return client.post(f"{self.url}/v1/encode/{self.model}", json=body).status_code == 200
+                except httpx.HTTPError:
+                    return False
 
-        if not holds_within(encodes, timeout_s, interval_s=0.2):
-            raise RuntimeError(f"cluster not serving after {timeout_s} s; logs in {self.root}:\n{self.logs()}")
+            if not holds_within(encodes, timeout_s, interval_s=0.2):
+                raise RuntimeError(f"cluster not serving after {timeout_s} s; logs in {self.root}:\n{self.logs()}")
 
     def wait_listening(self, timeout_s: float = SERVING_TIMEOUT_S) -> None:
         """Return once the gateway and the sidecar answer HTTP at all (with or without a broker)."""
         urls = [f"{self.url}/healthz", f"{self.probe_url}/healthz"]
+        with httpx.Client(timeout=5) as client:
 
-        def listening() -> bool:
-            if self.exited():
-                raise RuntimeError(f"gateway or sidecar not listening (exited: {self.exited()}):\n{self.logs()}")
-            try:
-                for url in urls:
-                    httpx.get(url, timeout=5)
-            except httpx.HTTPError:
-                return False
-            return True
+            def listening() -> bool:
+                if self.exited():
+                    raise RuntimeError(f"gateway or sidecar not listening (exited: {self.exited()}):\n{self.logs()}")
+                try:
+                    for url in urls:
+                        client.get(url)
+                except httpx.HTTPError:
+                    return False
+                return True
 
-        if not holds_within(listening, timeout_s, interval_s=0.25):
-            raise RuntimeError(f"gateway or sidecar not listening after {timeout_s} s; logs in {self.root}")
+            if not holds_within(listening, timeout_s, interval_s=0.25):
+                raise RuntimeError(f"gateway or sidecar not listening after {timeout_s} s; logs in {self.root}")
 
     def _arguments(self, role: str) -> tuple[list[str], dict[str, str]]:
         if role == "worker":
