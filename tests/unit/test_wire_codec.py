@@ -1,5 +1,7 @@
 """msgpack and JSON bytes (sie.wire.codec)."""
 
+import sys
+
 import msgpack
 import numpy as np
 import pytest
@@ -59,6 +61,19 @@ def test_malformed_msgpack_raises_decode_error(body):
         unpackb(body)
     assert caught.value.message.startswith("MessagePack data is malformed: ")
     assert caught.value.path == "$"
+
+
+def test_nesting_deeper_than_the_stack_left_is_a_decode_error():
+    """A handler runs some frames deep: a body ormsgpack accepts (1000 nested arrays, under its own limit) must still
+    be refused as malformed there, never escape as a RecursionError (the fuzz test met it as a 500)."""
+    nested = b"\x91" * 1000 + b"\xc0"
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(600)  # less stack than the nesting needs, as on a deep handler
+    try:
+        with pytest.raises(DecodeError, match="nested too deeply"):
+            unpackb(nested)
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def test_unserializable_value_raises_encode_error():

@@ -44,7 +44,10 @@ def unpackb(data: bytes | bytearray | memoryview) -> Any:
         obj = ormsgpack.unpackb(data, option=_MSGPACK_OPTIONS)
     except (ormsgpack.MsgpackDecodeError, ValueError, TypeError) as exc:
         raise DecodeError(f"MessagePack data is malformed: {exc}") from exc
-    return decode_arrays(obj)
+    try:
+        return decode_arrays(obj)
+    except RecursionError as exc:  # ormsgpack nests deeper than Python's stack has room left for on a busy handler
+        raise DecodeError("MessagePack data is malformed: nested too deeply") from exc
 
 
 def unpackb_whole(data: bytes) -> Any:
