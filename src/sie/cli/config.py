@@ -18,7 +18,9 @@ from rich.console import Console
 
 from sie.settings import Settings, SettingsError, load_settings
 
-app = typer.Typer(help="Write and read model configuration on the config service.", no_args_is_help=True)
+app = typer.Typer(
+    help="Write and read model configuration on the config service.", no_args_is_help=True, add_completion=False
+)
 console = Console(stderr=True)
 
 UrlOption = Annotated[str | None, typer.Option("--url", help="Config service base URL (SIE_CONFIG_SERVICE_URL).")]

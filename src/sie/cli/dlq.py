@@ -19,7 +19,9 @@ from rich.table import Table
 from sie.cli.control_http import echo_json, send_json, usage
 from sie.settings import SettingsError, load_settings
 
-app = typer.Typer(help="List, show, replay and purge the gateway's dead letters.", no_args_is_help=True)
+app = typer.Typer(
+    help="List, show, replay and purge the gateway's dead letters.", no_args_is_help=True, add_completion=False
+)
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 TIMEOUT_S = 30.0

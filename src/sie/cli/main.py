@@ -1,26 +1,53 @@
-"""The `sie` entrypoint: builds the typer app from the command groups and runs it."""
+"""The `sie` entrypoint: the typer app of `sie run` and the command groups, each group's module imported only when
+that group runs (or `sie --help` lists it), so `sie run` starts with none of their stacks (HTTP clients, tables, the
+worker's loader)."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
+from typing import Final
 
+import click
 import typer
+from typer.core import TyperGroup
 
-from sie.cli import catalog, config, dlq, models, placement, pools, run
+from sie.cli import run
+
+# `sie NAME …` → the module whose typer `app` holds the group, in the order `sie --help` lists them.
+COMMAND_GROUPS: Final = {
+    "catalog": "sie.cli.catalog",
+    "models": "sie.cli.models",
+    "config": "sie.cli.config",
+    "placement": "sie.cli.placement",
+    "dlq": "sie.cli.dlq",
+    "pools": "sie.cli.pools",
+}
+
+
+class LazyGroups(TyperGroup):
+    """The `sie` group: its command groups come from their modules on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*COMMAND_GROUPS, *super().list_commands(ctx)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = COMMAND_GROUPS.get(cmd_name)
+        if module is None:
+            return super().get_command(ctx, cmd_name)
+        group = typer.main.get_command(importlib.import_module(module).app)
+        group.name = cmd_name
+        return group
+
 
 app = typer.Typer(
     name="sie",
+    cls=LazyGroups,
     help="SIE: embeddings, reranking and entity extraction served from ONNX models.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.add_typer(catalog.app, name="catalog")
-app.add_typer(models.app, name="models")
-app.add_typer(config.app, name="config")
-app.add_typer(placement.app, name="placement")
-app.add_typer(dlq.app, name="dlq")
-app.add_typer(pools.app, name="pools")
 app.command(
     name="run",
     help=run.RUN_HELP,

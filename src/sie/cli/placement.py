@@ -17,7 +17,9 @@ from rich.table import Table
 
 from sie.cli.control_http import echo_json, send_json, usage
 
-app = typer.Typer(help="Show and retune how a pod places batches on its worker children.", no_args_is_help=True)
+app = typer.Typer(
+    help="Show and retune how a pod places batches on its worker children.", no_args_is_help=True, add_completion=False
+)
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 TIMEOUT_S = 10.0

@@ -21,7 +21,9 @@ from rich.table import Table
 from sie.cli.control_http import echo_json, send_json, usage
 from sie.settings import Settings, SettingsError, load_settings
 
-app = typer.Typer(help="List, create, renew and delete the gateway's pools.", no_args_is_help=True)
+app = typer.Typer(
+    help="List, create, renew and delete the gateway's pools.", no_args_is_help=True, add_completion=False
+)
 
 DEFAULT_GATEWAY = "http://127.0.0.1:8080"
 TIMEOUT_S = 30.0
