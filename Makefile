@@ -12,6 +12,9 @@ PUBLIC_CATALOG_WHEEL := $(WHEELS)/sie_server-0.10.1-py3-none-any.whl
 PUBLIC_SDK_WHEEL := $(WHEELS)/sie_sdk-0.10.1-py3-none-any.whl
 HELM := .cache/tools/helm
 PYTEST_ARGS ?=
+# pytest-xdist workers of `make test`: the suite waits on processes much of the time, so three keep two cores busy.
+# Each test module (and each group of modules sharing a session server) runs on one worker: tests/support/scheduling.py.
+TEST_WORKERS ?= 3
 # Downloaded wheels and converted ONNX graphs of the baseline models live in the repository's cache.
 export SIE_MODEL_CACHE ?= $(CURDIR)/.cache/models
 
@@ -64,7 +67,7 @@ tools:
 
 # The 25 slowest tests are printed so the suite's time budget (8 minutes of pytest on 2 cores) stays visible.
 test: setup lint tools
-	$(BIN)/pytest --durations=25 $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 # The container image built and run for real (tests/deploy/test_image.py): about 2.5 min on 2 cores, so `make test`
 # only lints the Dockerfile. podman builds (chroot isolation), buildah runs it, debootstrap makes the base image.
@@ -74,7 +77,7 @@ image-test: $(TEST_INSTALLED)
 	TEST_IMAGE_BUILD=1 $(BIN)/pytest tests/deploy/test_image.py $(PYTEST_ARGS)
 
 test-fast: setup
-	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 lint: $(TEST_INSTALLED)
 	$(BIN)/ruff check src tests scripts

@@ -16,7 +16,7 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 # Fixture modules registered once, so a session fixture (the nats-server, the object stores) is one per session
 # however many test modules ask for it (a module that imports a fixture gets a copy of its own).
-pytest_plugins = ["support.nats_server", "support.object_stores"]
+pytest_plugins = ["support.nats_server", "support.object_stores", "support.scheduling"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CACHE_DIR = REPO_ROOT / ".cache"

@@ -87,39 +87,47 @@ def test_one_requests_spans_from_gateway_sidecar_and_worker_processes_continue_t
     assert spans["worker.run_batch"].service == "sie-worker"
 
 
-@pytest.mark.slow
-def test_the_all_role_traces_the_same_chain_in_its_one_process(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def traced_all(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OtlpReceiver, RoleProcess, str]]:
+    """One `sie run --role all` with tracing on, exporting to a receiver: the two all-role tests below share it (each
+    reads the spans it caused by name)."""
     with otlp_receiver() as receiver:
         tracing = {"SIE_TRACING_ENABLED": "true", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{receiver.url}/v1/traces"}
-        with _all_role(tmp_path, tracing) as (server, url):
-            response = _encode_traced(url)
-            assert response.status_code == 200, response.text
-            assert response.headers["x-trace-id"] == CLIENT_TRACE
-            spans = _request_spans(receiver, server.log())
+        with _all_role(tmp_path_factory.mktemp("traced-all"), tracing) as (server, url):
+            yield receiver, server, url
+
+
+@pytest.mark.slow
+def test_the_all_role_traces_the_same_chain_in_its_one_process(
+    traced_all: tuple[OtlpReceiver, RoleProcess, str],
+) -> None:
+    receiver, server, url = traced_all
+    response = _encode_traced(url)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-trace-id"] == CLIENT_TRACE
+    spans = _request_spans(receiver, server.log())
     _assert_parent_chain(spans)
     assert {span.service for span in spans.values()} == {"sie-all"}
     assert {span.pid for span in spans.values()} == {server.process.pid}
 
 
 @pytest.mark.slow
-def test_a_streamed_chat_generation_is_a_proxy_span_with_the_workers_streaming_span_under_it(tmp_path: Path) -> None:
+def test_a_streamed_chat_generation_is_a_proxy_span_with_the_workers_streaming_span_under_it(
+    traced_all: tuple[OtlpReceiver, RoleProcess, str],
+) -> None:
     """Seed 000 §15.1: `gateway.proxy_chat` continues the caller's trace for as long as the stream runs, and the
     worker's `worker.streaming_processor` nests under it (the work item carried its context)."""
-    with otlp_receiver() as receiver:
-        tracing = {"SIE_TRACING_ENABLED": "true", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{receiver.url}/v1/traces"}
-        with _all_role(tmp_path, tracing) as (server, url):
-            body = {"model": SMOLLM, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4,
-                    "stream": True}  # fmt: skip
-            response = httpx.post(f"{url}/v1/chat/completions", json=body, headers={"traceparent": TRACEPARENT},
-                                  timeout=60)  # fmt: skip
-            assert response.status_code == 200 and response.text.endswith("data: [DONE]\n\n"), response.text
-            assert response.headers["x-trace-id"] == CLIENT_TRACE
+    receiver, server, url = traced_all
+    body = {"model": SMOLLM, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4, "stream": True}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, headers={"traceparent": TRACEPARENT}, timeout=60)
+    assert response.status_code == 200 and response.text.endswith("data: [DONE]\n\n"), response.text
+    assert response.headers["x-trace-id"] == CLIENT_TRACE
 
-            def received() -> dict[str, ReceivedSpan]:
-                return {span.name: span for span in receiver.spans() if span.trace_id == CLIENT_TRACE}
+    def received() -> dict[str, ReceivedSpan]:
+        return {span.name: span for span in receiver.spans() if span.trace_id == CLIENT_TRACE}
 
-            names = {"gateway.proxy_chat", "worker.streaming_processor"}
-            assert holds_within(lambda: names <= set(received()), 60.0, interval_s=0.2), server.log()
+    names = {"gateway.proxy_chat", "worker.streaming_processor"}
+    assert holds_within(lambda: names <= set(received()), 60.0, interval_s=0.2), server.log()
     spans = received()
     proxy, worker = spans["gateway.proxy_chat"], spans["worker.streaming_processor"]
     assert proxy.parent_span_id == CLIENT_SPAN
