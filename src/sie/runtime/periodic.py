@@ -79,6 +79,10 @@ class PeriodicTask:
     A step that raises is reported through `outage` and the next one runs on time. The wait runs from a step's end
     to the next step's start, or from start to start with `fixed_rate` (a step that overran is followed at once).
     `wake()` ends the current wait early; a wake during a step makes the next wait end at once.
+
+    Exit also marks the task closing, and the loop stops at its next turn whatever the step did with the
+    cancellation: nats-py swallows a CancelledError delivered inside some of its awaits (`Client._flush_pending`),
+    and a step that returned normally after eating it would otherwise go on forever and hold up the role's exit.
     """
 
     def __init__(
@@ -97,6 +101,7 @@ class PeriodicTask:
         self._fixed_rate = fixed_rate
         self._woken: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
 
     @property
     def interval_s(self) -> float:
@@ -104,6 +109,7 @@ class PeriodicTask:
 
     async def __aenter__(self) -> Self:
         self._woken = asyncio.Event()
+        self._closing = False
         if self._first_run is FirstRun.AT_ENTRY:
             await self.run_step()
         first = self._first_run is FirstRun.AT_START
@@ -111,6 +117,7 @@ class PeriodicTask:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        self._closing = True
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -135,9 +142,11 @@ class PeriodicTask:
         started = loop.time()
         if step_first:
             await self.run_step()
-        while True:
+        while not self._closing:
             wait_s = self.interval_s - (loop.time() - started if self._fixed_rate else 0.0)
             await self._wait(wait_s)
+            if self._closing:
+                return
             started = loop.time()
             await self.run_step()
 
