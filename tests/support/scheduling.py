@@ -2,6 +2,10 @@
 start once, except that the modules sharing a session server (the all-in-one server, the shared distributed
 cluster of tests/e2e/conftest.py) go to one worker together, so that server starts once rather than on every worker.
 The list is checked at collection: a module that uses a shared server and is not listed fails the run.
+
+Work units are handed out in collection order, and the modules holding `slow` tests are collected first: a long
+module started last would otherwise run alone at the end while the other workers idle (xdist's own order, by number
+of tests, put the one-test memory and install modules last).
 """
 
 from __future__ import annotations
@@ -40,10 +44,13 @@ class ModuleGroups(LoadFileScheduling):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> ModuleGroups:
+    config.option.loadscopereorder = False  # collection order: the slow modules first (below)
     return ModuleGroups(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    slow_modules = {_module(item.nodeid) for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: _module(item.nodeid) not in slow_modules)  # stable: module order kept otherwise
     using = {_module(item.nodeid) for item in items if SHARED_SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))}
     unlisted = sorted(using - SHARED_SERVER_MODULES)
     if unlisted:
