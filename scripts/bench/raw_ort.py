@@ -68,6 +68,34 @@ def sentences_per_second(session: ort.InferenceSession, feeds: dict[str, np.ndar
     return runs * batch / (time.perf_counter() - start)
 
 
+def tokenized_runs(
+    session: ort.InferenceSession, tokenizer: TextTokenizer, batch: int, seconds: float
+) -> tuple[float, list[float]]:
+    """What a server does at the least per request, timed: tokenize `batch` sentences (rotating through SENTENCES),
+    pad, run. Until `seconds` have passed (at least 3 runs) after one warm-up; returns (sentences/s, the seconds of
+    each run)."""
+    names = {node.name for node in session.get_inputs()}
+
+    def run(offset: int) -> None:
+        tokens = tokenizer.encode_batch([SENTENCES[(offset + i) % len(SENTENCES)] for i in range(batch)])
+        padded = pad_batch([t.input_ids for t in tokens], [t.token_type_ids for t in tokens], tokenizer.pad_id)
+        available = {
+            "input_ids": padded.input_ids,
+            "attention_mask": padded.attention_mask,
+            "token_type_ids": padded.token_type_ids,
+        }
+        session.run(None, {name: array for name, array in available.items() if name in names})
+
+    run(0)
+    durations: list[float] = []
+    start = time.perf_counter()
+    while len(durations) < 3 or time.perf_counter() - start < seconds:
+        began = time.perf_counter()
+        run(len(durations))
+        durations.append(time.perf_counter() - began)
+    return len(durations) * batch / (time.perf_counter() - start), durations
+
+
 def load_graphs(model_ids: list[str] | None) -> dict[str, tuple[Path, TextTokenizer]]:
     settings = load_settings()
     catalog = load_catalog(settings.catalog.bundles_dir, settings.catalog.models_dir)

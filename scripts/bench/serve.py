@@ -2,116 +2,164 @@
 `all` and `distributed` topologies over HTTP, interleaved for `--rounds` rounds, medians with ratios.
 
     .venv/bin/python scripts/bench/serve.py [--rounds 3] [--mode all|distributed|both] [--backend onnx|null]
-        [--http-server hypercorn|uvicorn|hypercorn,uvicorn] [--compare-src OTHER_CHECKOUT/src]
+        [--http-server hypercorn|uvicorn|hypercorn,uvicorn] [--compare-ref REF | --compare-src OTHER/src]
 
-Per round: the raw in-process ceiling at batch 32 (best of 1 and 2 intra-op threads) and at batch 1;
-then per topology: 32 concurrent clients × 1 sentence per request, 1 client × batches of 32,
-sequential single sentences (p50/p95). Each scenario is a steady state: after a short warm-up every
-client keeps sending until `--load-seconds` have passed, so all of them are active the whole time.
+The HTTP load comes from `wrk` (Debian package; `make bench-tools` installs it): about 1 % of a core, so the
+server keeps the machine's CPU. Per round: the raw in-process ceiling, tokenizer included (tokenize, pad, run:
+the least a server does), at batch 32 and at batch 1 (its p50 is the model's own single-sentence time), each the
+best of 1 and 2 intra-op threads; then per topology: 32 keep-alive connections × 1 sentence per request, 1 connection ×
+batches of 32, 1 connection × single sentences (p50/p95: the sequential latency). Each scenario runs 1 s of
+warm-up, then `--load-seconds` measured.
 With `--backend null` the worker runs no model and the table shows the items/s the gateway → queue →
-sidecar → IPC path carries (32 clients × 32 items).
+sidecar → IPC path carries (32 clients × 32 items, 32 clients × 1 item).
 Each topology runs once per `--http-server` (default both: rows `all/hypercorn: …`, `all/uvicorn: …`).
-`--compare-src` adds the `all` topology of another checkout (rows `before/all/…`), interleaved with this
-one's in the same rounds: a before/after comparison on one machine at one time. `--compare-arg` (repeatable) adds
-this checkout's `all` topology once more with extra `sie run` arguments (rows `compare/all/…`): a switch on vs off,
-e.g. `--compare-arg=--metrics-enabled --compare-arg=false`.
-The servers run in their own processes, the load generator in this one.
+`--compare-ref REF` checks the commit REF out in a worktree (`.cache/bench/ref-SHA`, kept for the next run) and
+runs its topologies (rows `REF/…`) interleaved with this checkout's in the same rounds: a before/after comparison
+on one machine at one time; `--compare-src` does the same with another checkout's `src/` (rows `before/…`).
+Both run with this checkout's virtual environment. `--compare-arg` (repeatable) adds this checkout's `all`
+topology once more with extra `sie run` arguments (rows `compare/all/…`): a switch on vs off, e.g.
+`--compare-arg=--metrics-enabled --compare-arg=false`. Each round starts with another topology, so a slow spell
+on the shared machine hits them alike.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
+import orjson
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadgen import RunStats, build_request, run_load  # noqa: E402
-from raw_ort import SENTENCES, feeds_for, load_graphs, make_session, sentences_per_second  # noqa: E402
-from topology import HOST, Topology  # noqa: E402
+from raw_ort import SENTENCES, load_graphs, make_session, tokenized_runs  # noqa: E402
+from topology import Topology  # noqa: E402
+from wrk import WrkStats, run_wrk, wrk_binary  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+WARM_UP_S = 1
 
 
-def encode_requests(url: str, model: str, count: int, per_request: int) -> list[bytes]:
-    """`count` requests rotating through the benchmark sentences (each distinct request built once)."""
-    port = int(url.rsplit(":", 1)[1])
-    path = f"/v1/encode/{model}"
-    distinct = [
-        build_request(
-            HOST, port, path, {"items": [{"text": SENTENCES[(i + j) % len(SENTENCES)]} for j in range(per_request)]}
-        )
-        for i in range(min(count, len(SENTENCES)))
+def encode_bodies(per_request: int) -> list[bytes]:
+    """One JSON body per rotation of the benchmark sentences, `per_request` items each."""
+    return [
+        orjson.dumps({"items": [{"text": SENTENCES[(i + j) % len(SENTENCES)]} for j in range(per_request)]})
+        for i in range(len(SENTENCES))
     ]
-    return [distinct[i % len(distinct)] for i in range(count)]
 
 
-WARM_UP_S = 0.5
-# Requests built per connection: more than any client sends in a scenario (they stop at the deadline).
-_REQUESTS_PER_SECOND_BOUND = 400
+def _steady(url: str, model: str, per_request: int, connections: int, seconds: int) -> WrkStats:
+    """Warm up, then measure: wrk's counts of the second part."""
+    path = f"/v1/encode/{model}"
+    bodies = encode_bodies(per_request)
+    run_wrk(url, path, bodies, connections, WARM_UP_S, per_request)
+    return run_wrk(url, path, bodies, connections, seconds, per_request)
 
 
-def _steady(url: str, connections: list[list[bytes]], per_request: int, seconds: float) -> RunStats:
-    """Warm up, then every connection sends until `seconds` have passed; the stats of the second part."""
-    port = int(url.rsplit(":", 1)[1])
-    asyncio.run(run_load(HOST, port, connections, per_request, WARM_UP_S))
-    return asyncio.run(run_load(HOST, port, connections, per_request, seconds))
-
-
-def model_scenarios(url: str, model: str, clients: int, seconds: float) -> dict[str, RunStats]:
-    count = int(seconds * _REQUESTS_PER_SECOND_BOUND)
-    concurrent = [encode_requests(url, model, count, 1) for _ in range(clients)]
-    batched = [encode_requests(url, model, count, 32)]
-    sequential = [encode_requests(url, model, count, 1)]
+def model_scenarios(url: str, model: str, clients: int, seconds: int) -> dict[str, WrkStats]:
     return {
-        f"{clients} clients x 1 sentence": _steady(url, concurrent, 1, seconds),
-        "1 client x batch of 32": _steady(url, batched, 32, seconds),
-        "sequential single sentences": _steady(url, sequential, 1, seconds),
+        f"{clients} clients x 1 sentence": _steady(url, model, 1, clients, seconds),
+        "1 client x batch of 32": _steady(url, model, 32, 1, seconds),
+        "sequential single sentences": _steady(url, model, 1, 1, seconds),
     }
 
 
-def null_scenarios(url: str, model: str, clients: int, seconds: float) -> dict[str, RunStats]:
-    count = int(seconds * _REQUESTS_PER_SECOND_BOUND)
-    wide = [encode_requests(url, model, count, 32) for _ in range(clients)]
-    single = [encode_requests(url, model, count, 1) for _ in range(clients)]
+def null_scenarios(url: str, model: str, clients: int, seconds: int) -> dict[str, WrkStats]:
     return {
-        f"{clients} clients x 32 items (null backend)": _steady(url, wide, 32, seconds),
-        f"{clients} clients x 1 item (null backend)": _steady(url, single, 1, seconds),
+        f"{clients} clients x 32 items (null backend)": _steady(url, model, 32, clients, seconds),
+        f"{clients} clients x 1 item (null backend)": _steady(url, model, 1, clients, seconds),
     }
 
 
 def ceilings(graph: Path, tokenizer, seconds: float) -> dict[str, float]:
-    best32 = 0.0
+    """The raw figures, each the best of 1 and 2 intra-op threads (the server runs 2 on two cores)."""
+    best32, best1, single_p50 = 0.0, 0.0, float("inf")
     for threads in (1, 2):
         session = make_session(graph, threads)
-        best32 = max(best32, sentences_per_second(session, feeds_for(session, tokenizer, 32), seconds))
-    session = make_session(graph, 1)
-    single = sentences_per_second(session, feeds_for(session, tokenizer, 1), seconds)
-    return {"raw ORT batch 32": best32, "raw ORT batch 1": single}
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else float("nan")
+        best32 = max(best32, tokenized_runs(session, tokenizer, 32, seconds)[0])
+        rate, durations = tokenized_runs(session, tokenizer, 1, seconds)
+        best1, single_p50 = max(best1, rate), min(single_p50, statistics.median(durations))
+    return {"raw ORT batch 32": best32, "raw ORT batch 1": best1, "raw ORT single p50": single_p50}
 
 
 def report(rounds: list[dict]) -> None:
     ceiling = statistics.median(r["raw ORT batch 32"] for r in rounds)
-    model_ms = 1000.0 / statistics.median(r["raw ORT batch 1"] for r in rounds)
-    print(f"medians of {len(rounds)} interleaved rounds; ceiling = raw onnxruntime batch 32 = {ceiling:,.0f} sent/s")
-    print(f"model's own single-sentence time (raw ORT batch 1): {model_ms:.2f} ms")
-    print("| scenario | items/s | ratio to ceiling | p50 ms | p95 ms | failures |")
-    print("|---|---|---|---|---|---|")
+    single_ms = statistics.median(r["raw ORT single p50"] for r in rounds) * 1000
+    print(
+        f"medians of {len(rounds)} interleaved rounds; ceiling = raw onnxruntime batch 32, tokenizer included = "
+        f"{ceiling:,.0f} sent/s"
+    )
+    print(f"raw single sentence p50 (tokenize + run): {single_ms:.2f} ms")
+    print("| scenario | items/s | ratio to ceiling | p50 ms | p50 − raw ms | p95 ms | failures |")
+    print("|---|---|---|---|---|---|---|")
     for name in rounds[0]:
+        if name == "raw ORT single p50":
+            continue
         if name.startswith("raw"):
             rate = statistics.median(r[name] for r in rounds)
-            print(f"| {name} | {rate:,.0f} | {rate / ceiling:.2f} | | | |")
+            print(f"| {name} | {rate:,.0f} | {rate / ceiling:.2f} | | | | |")
             continue
-        stats = [r[name] for r in rounds]
-        rate = statistics.median(s.sentences / s.wall_s for s in stats)
-        p50 = statistics.median(percentile(s.latencies, 0.5) for s in stats) * 1000
-        p95 = statistics.median(percentile(s.latencies, 0.95) for s in stats) * 1000
+        stats: list[WrkStats] = [r[name] for r in rounds]
+        rate = statistics.median(s.items_per_second for s in stats)
+        p50 = statistics.median(s.p50_s for s in stats) * 1000
+        p95 = statistics.median(s.p95_s for s in stats) * 1000
         failures = sum(s.failures for s in stats)
-        print(f"| {name} | {rate:,.0f} | {rate / ceiling:.2f} | {p50:.1f} | {p95:.1f} | {failures} |")
+        print(
+            f"| {name} | {rate:,.0f} | {rate / ceiling:.2f} | {p50:.2f} | {p50 - single_ms:+.2f} | {p95:.2f} "
+            f"| {failures} |"
+        )
+
+
+def checkout_of(ref: str) -> Path:
+    """`src/` of a worktree of commit `ref` under .cache/bench (made once, kept), byte-compiled."""
+    sha = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--verify", f"{ref}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if sha.returncode != 0:
+        raise SystemExit(f"--compare-ref: no commit {ref!r}: {sha.stderr.strip()}")
+    directory = REPO / ".cache" / "bench" / f"ref-{sha.stdout.strip()[:12]}"
+    if not (directory / "src").is_dir():
+        subprocess.run(["git", "-C", str(REPO), "worktree", "prune"], check=True)
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "add", "--detach", str(directory), sha.stdout.strip()],
+            check=True,
+            capture_output=True,
+        )
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(directory / "src")], check=True)
+    return directory / "src"
+
+
+def topologies_of(args: argparse.Namespace, servers: list[str]) -> list[tuple[str, Topology]]:
+    """Every topology the options ask for, each with its row label."""
+    kinds = ("all", "distributed") if args.mode == "both" else (args.mode,)
+
+    def label(kind: str, server: str) -> str:
+        return kind if len(servers) == 1 else f"{kind}/{server}"
+
+    topologies = [
+        (label(kind, server), Topology(kind, args.model, args.backend, args.server_arg, server))
+        for kind in kinds
+        for server in servers
+    ]
+    if args.compare_ref is not None or args.compare_src is not None:
+        source = checkout_of(args.compare_ref) if args.compare_ref else args.compare_src.resolve()
+        prefix = f"{args.compare_ref}/" if args.compare_ref else "before/"
+        topologies += [
+            (prefix + label(kind, server), Topology(kind, args.model, args.backend, args.server_arg, server, source))
+            for kind in kinds
+            for server in servers
+        ]
+    if args.compare_arg:
+        extra = [*args.server_arg, *args.compare_arg]
+        topologies += [
+            ("compare/" + label("all", server), Topology("all", args.model, args.backend, extra, server))
+            for server in servers
+        ]
+    return topologies
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,13 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("all", "distributed", "both"), default="both")
     parser.add_argument("--backend", choices=("onnx", "null"), default="onnx")
     parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--load-seconds", type=float, default=3.0, help="steady-state time per HTTP scenario")
+    parser.add_argument("--load-seconds", type=int, default=3, help="measured seconds per HTTP scenario (whole)")
     parser.add_argument("--seconds", type=float, default=2.0, help="time per raw onnxruntime measurement")
     parser.add_argument("--server-arg", action="append", default=[], help="extra `sie run` argument (repeatable)")
-    parser.add_argument(
+    compare = parser.add_mutually_exclusive_group()
+    compare.add_argument("--compare-ref", help="a commit whose topologies run beside this checkout's (rows `REF/…`)")
+    compare.add_argument(
         "--compare-src",
         type=Path,
-        help="`src/` of another checkout whose `all` topology runs beside this one's (rows `before/…`)",
+        help="`src/` of another checkout whose topologies run beside this one's (rows `before/…`)",
     )
     parser.add_argument(
         "--compare-arg",
@@ -144,20 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     servers = [name.strip() for name in args.http_server.split(",") if name.strip()]
     if not servers or not set(servers) <= {"hypercorn", "uvicorn"}:
         parser.error("--http-server takes hypercorn, uvicorn or both, comma-separated")
+    wrk_binary()
     ((graph, tokenizer),) = load_graphs([args.model]).values()
-    kinds = ("all", "distributed") if args.mode == "both" else (args.mode,)
-    topologies = [
-        Topology(kind, args.model, args.backend, args.server_arg, server) for kind in kinds for server in servers
-    ]
-    if args.compare_src is not None:
-        source = args.compare_src.resolve()
-        topologies += [Topology("all", args.model, args.backend, args.server_arg, server, source) for server in servers]
-    compared = [
-        Topology("all", args.model, args.backend, [*args.server_arg, *args.compare_arg], server)
-        for server in servers
-        if args.compare_arg
-    ]
-    topologies += compared
+    labelled = topologies_of(args, servers)
+    topologies = [topology for _, topology in labelled]
+    labels = {id(topology): label for label, topology in labelled}
     scenarios = null_scenarios if args.backend == "null" else model_scenarios
     try:
         for topology in topologies:
@@ -166,16 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         for index in range(args.rounds):
             print(f"round {index + 1}/{args.rounds}", file=sys.stderr)
             measured: dict = dict(ceilings(graph, tokenizer, args.seconds))
-            # Each round starts with another topology, so a slow spell on the shared machine hits them alike.
             shift = index % len(topologies)
             for topology in topologies[shift:] + topologies[:shift]:
                 runs = scenarios(topology.url, args.model, args.clients, args.load_seconds)
-                label = topology.kind if len(servers) == 1 else f"{topology.kind}/{topology.http_server}"
-                if topology.source is not None:
-                    label = f"before/{label}"
-                if topology in compared:
-                    label = f"compare/{label}"
-                measured.update({f"{label}: {name}": stats for name, stats in runs.items()})
+                measured.update({f"{labels[id(topology)]}: {name}": stats for name, stats in runs.items()})
             rounds.append(measured)
         report(rounds)
     finally:

@@ -17,8 +17,8 @@ __all__ = ["HOST", "Topology", "start_all"]
 class Topology:
     """One running topology: `url` serves the HTTP API; `stop()` ends every process.
 
-    `source` is another checkout's `src/` directory to run instead of this one (an `all` topology only, for
-    before/after comparisons in one run; its catalogue is that checkout's `config/`).
+    `source` is another checkout's `src/` directory to run instead of this one (before/after comparisons in one
+    run; its catalogue is that checkout's `config/`), on this checkout's virtual environment.
     """
 
     def __init__(
@@ -47,9 +47,15 @@ class Topology:
             self._server = RoleProcess("all", args, server, self.directory / "all.log")
             self.url = f"http://{HOST}:{port}"
             return
+        roles, broker = {}, {}
         if source is not None:
-            raise SystemExit("--compare-src runs the `all` topology only")
-        self._cluster = Cluster(self.directory, worker_args, model=model, gateway_env=server)
+            roles["PYTHONPATH"] = str(source)
+            # Sidecars of the first wave read their probe port from this variable, not --port (default 9095, so
+            # two of them would collide); today's reads --port, which the Cluster passes.
+            broker["SIE_WORKER_PROBE_PORT"] = str(free_port())
+        self._cluster = Cluster(
+            self.directory, worker_args, model=model, role_env=roles, broker_env=broker, gateway_env=server
+        )
         self.url = self._cluster.url
 
     def wait_serving(self, model: str, timeout_s: float = 180.0) -> None:
