@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
-from sie.tokenization import TextTokenizer, TokenizerError, pad_batch, tokenizer_id_for
+from sie.tokenization import TextTokenizer, TokenizerError, length_groups, pad_batch, tokenizer_id_for
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello", "world", "the", "cat", "sat", "on", "mat", "##s"]
 
@@ -78,6 +78,35 @@ def test_pad_batch_pads_to_longest_only() -> None:
     assert batch.input_ids.tolist() == [[2, 4, 3], [2, 3, 0]]
     assert batch.attention_mask.tolist() == [[1, 1, 1], [1, 1, 0]]
     assert batch.input_ids.dtype == np.int64
+
+
+def test_length_groups_cut_only_where_padding_is_worth_a_run() -> None:
+    # Four long sentences among 28 short ones: padded together they compute 32 x 18 = 576 tokens; the long ones
+    # alone and the rest at 14 compute 72 + 392 = 464.
+    lengths = [13, 12, 14, 13, 14, 13, 12, 18] * 4
+    groups = length_groups(lengths)
+    assert [sorted(lengths[row] for row in group) for group in groups][0] == [18, 18, 18, 18]
+    assert sorted(row for group in groups for row in group) == list(range(32))
+    assert sum(len(group) * max(lengths[row] for row in group) for group in groups) == 464
+    # One outlier far longer than the rest goes alone.
+    assert length_groups([512, 10, 10, 10]) == [[0], [1, 2, 3]]
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [
+        [16, 16, 16],  # all alike
+        [14, 13, 12, 13],  # a few tokens apart: a cut would save 2 of 56 tokens
+        [20, 19, 18, 17, 16, 15, 14, 13],  # an even spread: no single cut saves an eighth of 160
+    ],
+)
+def test_length_groups_keep_batches_that_pad_little_whole(lengths: list[int]) -> None:
+    (group,) = length_groups(lengths)
+    assert sorted(group) == list(range(len(lengths)))
+
+
+def test_length_groups_of_nothing() -> None:
+    assert length_groups([]) == []
 
 
 def test_tokenizer_id_is_stable_content_hash(tokenizer_file: Path) -> None:

@@ -57,6 +57,9 @@ def configure_logging(telemetry: TelemetrySettings) -> None:
         handler.setFormatter(logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
+    # Neither format names a thread or a process: a record need not look them up (the access log writes one a
+    # request).
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     root.setLevel(telemetry.log_level.upper())
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)

@@ -1,7 +1,8 @@
 """Text tokenization shared by the sidecar (preparation) and the worker (re-tokenization, offsets).
 
 Wraps `tokenizers` with truncation and padding always set explicitly, batch encoding in one call,
-padding to the batch's longest item, and a stable `tokenizer_id`. It imports no other sie package.
+padding to the batch's longest item (rows of very different lengths split into runs first), and a stable
+`tokenizer_id`. It imports no other sie package.
 """
 
 from sie.tokenization.tokenizer import (
@@ -9,6 +10,7 @@ from sie.tokenization.tokenizer import (
     TextTokenizer,
     TokenizedText,
     TokenizerError,
+    length_groups,
     pad_batch,
     prepare_text,
     tokenizer_id_for,
@@ -19,6 +21,7 @@ __all__ = [
     "TextTokenizer",
     "TokenizedText",
     "TokenizerError",
+    "length_groups",
     "pad_batch",
     "prepare_text",
     "tokenizer_id_for",

@@ -173,7 +173,8 @@ def build_gateway_app(
         middleware=[
             # Outermost: it times what the client sees, auth refusals and drain 503s included.
             Middleware(ObservedRequests, observers=_request_observers(sources.metrics, traffic)),
-            Middleware(AuthMiddleware, auth=sources.auth),
+            # Auth off (no token mode, no admin token): no middleware frame at all on the request path.
+            *([Middleware(AuthMiddleware, auth=sources.auth)] if sources.auth.enforcing else []),
             Middleware(ShutdownMiddleware, serving=serving),
         ],
         exception_handlers={HTTPException: _http_error, Exception: _unexpected},

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import attrs
 import numpy as np
 
-from sie.tokenization import PaddedBatch, TokenizedText, pad_batch, prepare_text
+from sie.tokenization import PaddedBatch, TokenizedText, length_groups, pad_batch, prepare_text
 from sie.wire import codes
 from sie.wire.ipc_batch import OP_ENCODE, OP_SCORE
 from sie.worker.adapters.base import Adapter, BatchResult, ItemResult, Stopwatch, invalid
@@ -72,14 +72,17 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
         return watch.finish(results)
 
     def _encode_runnable(self, runnable: list, results: list[ItemResult], watch: Stopwatch) -> None:
-        indices, specs, tokens = zip(*runnable, strict=True)
-        batch = pad_batch([t.input_ids for t in tokens], [t.token_type_ids for t in tokens], self.tokenizer.pad_id)
-        with watch.stage("inference"):
-            outputs = self.forward(batch)
-        with watch.stage("postprocessing"):
-            encoded = self.represent(outputs, batch, list(specs))
-        for index, token_list, result in zip(indices, tokens, encoded, strict=True):
-            results[index] = ItemResult(result=result, input_tokens=len(token_list))
+        """One forward pass per run of similar lengths (`length_groups`): rows do not interact, so each row's
+        result is what the whole batch would give, with less padding computed."""
+        for group in length_groups([len(tokenized.input_ids) for _, _, tokenized in runnable]):
+            indices, specs, tokens = zip(*(runnable[row] for row in group), strict=True)
+            batch = pad_batch([t.input_ids for t in tokens], [t.token_type_ids for t in tokens], self.tokenizer.pad_id)
+            with watch.stage("inference"):
+                outputs = self.forward(batch)
+            with watch.stage("postprocessing"):
+                encoded = self.represent(outputs, batch, list(specs))
+            for index, token_list, result in zip(indices, tokens, encoded, strict=True):
+                results[index] = ItemResult(result=result, input_tokens=len(token_list))
 
     def _encode_spec(self, item: Any) -> EncodeSpec | ItemResult:
         text = item_text(item.item)
