@@ -90,7 +90,7 @@ async def gateway(
             DemandTracker(settings.demand_ttl_s), pools.warm_floors, status.workers, pools.pinned_models_loaded
         )
         telemetry = Telemetry()
-        metrics = GatewayMetrics(telemetry.meter, ModelLabels(), signals)
+        metrics = GatewayMetrics(telemetry, ModelLabels(), signals)
         sources = GatewaySources(lambda: catalog, transport, QueueConsumers(transport), status, metrics=metrics,
                                  pools=pools, signals=signals)  # fmt: skip
         app = build_gateway_app(sources, GatewaySettings(request_timeout_s=5.0), LaneSettings(), "gw-p", (), settings)

@@ -24,7 +24,7 @@ def test_instruments_are_pushed_with_the_configured_resource(variable: str) -> N
             resource_attributes=(("deployment.environment", "test"), ("service.namespace", "sie")), **endpoint
         )
         telemetry = Telemetry("sie-gateway", settings)
-        metrics = GatewayMetrics(telemetry.meter, ModelLabels())
+        metrics = GatewayMetrics(telemetry, ModelLabels())
         metrics.admission(AdmissionDecision.QUEUE_FULL)
         metrics.admission(AdmissionDecision.QUEUE_FULL)
         metrics.http.request("/v1/encode/{model:path}", "m", 200, 0.012)

@@ -79,7 +79,7 @@ async def test_metrics_answers_only_its_path_and_get() -> None:
 
 async def test_requests_are_counted_by_route_template_model_and_status() -> None:
     telemetry = Telemetry()
-    metrics = GatewayMetrics(telemetry.meter, ModelLabels(lambda model: model if model == "org/known" else None))
+    metrics = GatewayMetrics(telemetry, ModelLabels(lambda model: model if model == "org/known" else None))
 
     async def encode(request: Request) -> Response:
         return PlainTextResponse("ok")
@@ -114,7 +114,7 @@ async def test_lane_depths_refresh_and_keep_the_last_value_of_a_failed_read() ->
     telemetry = Telemetry()
     demand = DemandTracker(60.0)
     signals = LaneSignals(demand, lambda: {("gpu", "l4", "default"): 2}, lambda: [])
-    GatewayMetrics(telemetry.meter, ModelLabels(), signals)
+    GatewayMetrics(telemetry, ModelLabels(), signals)
     healthy, flaky = Lane("default", "l4", "default"), Lane("default", "a100", "big")
     answers = {healthy: [LaneDepth(3, 2), LaneDepth(0, 1)], flaky: [LaneDepth(5, 0), None]}
 
@@ -143,7 +143,7 @@ def test_pending_demand_and_warm_floors_are_lane_gauges() -> None:
     telemetry = Telemetry()
     demand = DemandTracker(60.0)
     signals = LaneSignals(demand, lambda: {("gpu", "l4", "default"): 2}, lambda: [])
-    metrics = GatewayMetrics(telemetry.meter, ModelLabels(), signals)
+    metrics = GatewayMetrics(telemetry, ModelLabels(), signals)
     demand.record(("gpu", "l4", "default"))
     demand.record(("gpu", "l4", "default"))
     metrics.lane_admission(("gpu", "l4", "default"), LaneDecision.SHED)
@@ -160,7 +160,7 @@ def test_pending_demand_and_warm_floors_are_lane_gauges() -> None:
 @pytest.mark.parametrize("decision", ["admitted", "queue_full"])
 async def test_admission_decisions_count(decision: str) -> None:
     telemetry = Telemetry()
-    metrics = GatewayMetrics(telemetry.meter, ModelLabels())
+    metrics = GatewayMetrics(telemetry, ModelLabels())
     metrics.admission(AdmissionDecision(decision))
     found = parse(telemetry.prometheus_text().decode())
     assert found[("sie_gateway_admission_decisions_total", frozenset({("decision", decision)}))] == 1.0

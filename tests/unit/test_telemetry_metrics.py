@@ -4,6 +4,7 @@ names, bounded labels and values; each `Telemetry` owns its own registry.
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -138,3 +139,44 @@ def test_worker_series_read_the_holder_at_each_collection() -> None:
     holder.loading_models = []
     assert samples(telemetry)[("sie_worker_models_loaded", frozenset())] == 2.0
     assert "sie_worker_model_load_duration_seconds_bucket" in metrics.text()
+
+
+def _family_samples(telemetry: Telemetry, name: str) -> list[tuple[str, dict[str, str], float]]:
+    text = telemetry.prometheus_text().decode()
+    (family,) = [family for family in text_string_to_metric_families(text) if family.name == name]
+    return [(sample.name.removeprefix(name), sample.labels, sample.value) for sample in family.samples]
+
+
+def test_a_distribution_renders_as_the_sdk_histogram_would() -> None:
+    telemetry = Telemetry()
+    bounds = (16, 32, 0.5 * 128)
+    sdk = telemetry.meter.create_histogram(
+        "sie.test.sdk", unit="s", description="d", explicit_bucket_boundaries_advisory=bounds
+    )
+    local = telemetry.distribution("sie.test.local", "s", "d", ("model",), bounds)
+    for value in (1, 16, 16.5, 40, 64, 1000):  # a value on a bound counts in that bound's bucket
+        sdk.record(value, {"model": "m"})
+        local.record(value, ("m",))
+    expected = _family_samples(telemetry, "sie_test_sdk_seconds")
+    assert _family_samples(telemetry, "sie_test_local_seconds") == expected
+    assert ("_bucket", {"model": "m", "le": "16"}, 2.0) in expected
+    assert ("_count", {"model": "m"}, 6.0) in expected
+
+
+def test_distributions_are_pushed_as_otlp_histograms() -> None:
+    telemetry = Telemetry()
+    tokens = telemetry.distribution("sie.test.tokens", "{token}", "Tokens.", ("model",), (16, 32))
+    telemetry.distribution("sie.test.unused", "s", "Never recorded.", ("model",), (1.0,))
+    tokens.record(20, ("a",))
+    tokens.record(40, ("a",))
+    (metric,) = telemetry.distributions.otlp_metrics()
+    (point,) = metric.data.data_points
+    assert (metric.name, metric.unit) == ("sie.test.tokens", "{token}")
+    assert point.attributes == {"model": "a"}
+    assert (point.count, point.sum, point.min, point.max) == (2, 60, 20, 40)
+    assert (list(point.bucket_counts), list(point.explicit_bounds)) == ([0, 1, 1], [16.0, 32.0])
+
+
+def test_a_distribution_unit_without_a_prometheus_name_fails_at_creation() -> None:
+    with pytest.raises(ValueError, match="unit 'By'"):
+        Telemetry().distribution("sie.test.bytes", "By", "Bytes.", (), (1.0,))

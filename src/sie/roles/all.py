@@ -42,7 +42,7 @@ async def serve_all(settings: Settings) -> None:
         telemetry.register(PlacementCollector(fleet.snapshot))
         transport = await stack.enter_async_context(LoopbackTransport(settings.stream))
         dead_letters = await stack.enter_async_context(DeadLetterQueue(transport, settings.gateway.request_timeout_s))
-        sidecar_metrics = SidecarMetrics(telemetry.meter) if telemetry.enabled else None
+        sidecar_metrics = SidecarMetrics(telemetry) if telemetry.enabled else None
         sidecar = await stack.enter_async_context(
             Sidecar.from_settings(transport, fleet, settings, WorkerHooks(replicas=fleet.replicas), tracing,
                                   sidecar_metrics)

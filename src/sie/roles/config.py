@@ -87,7 +87,7 @@ def request_metrics(telemetry: Telemetry, registry: ModelRegistry) -> HttpMetric
         model = registry.state.find_model(model_id) if registry.available else None
         return model.sie_id if model is not None else None
 
-    return HttpMetrics(telemetry.meter, "sie.config", ModelLabels(registry_id)) if telemetry.enabled else None
+    return HttpMetrics(telemetry, "sie.config", ModelLabels(registry_id)) if telemetry.enabled else None
 
 
 async def serve_config(settings: Settings) -> None:

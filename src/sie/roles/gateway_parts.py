@@ -83,4 +83,4 @@ def open_gateway_metrics(
     values read from `lanes`."""
     if not telemetry.enabled:
         return None
-    return GatewayMetrics(telemetry.meter, catalogue_labels(catalog), lanes)
+    return GatewayMetrics(telemetry, catalogue_labels(catalog), lanes)

@@ -39,7 +39,7 @@ async def serve_sidecar(settings: Settings) -> None:
     async with AsyncExitStack() as stack:
         tracing = open_tracing(stack, settings, "sie-sidecar")
         telemetry = open_telemetry(stack, settings, "sie-sidecar")
-        metrics = SidecarMetrics(telemetry.meter) if telemetry.enabled else None
+        metrics = SidecarMetrics(telemetry) if telemetry.enabled else None
         nats, streams, name = settings.nats, settings.stream, f"sie-sidecar-{worker_id}"
         transport = await stack.enter_async_context(
             ReconnectingTransport(lambda: NatsTransport(nats, streams, name=name), description=f"NATS at {nats.url}")

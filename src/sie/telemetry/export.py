@@ -9,12 +9,20 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Mapping
-from typing import Final
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
 
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    Metric,
+    MetricExportResult,
+    MetricsData,
+    PeriodicExportingMetricReader,
+    ResourceMetrics,
+    ScopeMetrics,
+)
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from sie.settings import TelemetrySettings
 
@@ -51,12 +59,50 @@ def service_resource(
     return Resource(resource)
 
 
-def otlp_metric_reader(settings: TelemetrySettings) -> PeriodicExportingMetricReader | None:
-    """A reader pushing every instrument over OTLP/HTTP protobuf, or None when no endpoint is set."""
+# The instrumentation scope of the metrics the SDK does not aggregate (sie.telemetry.metrics.Distribution): the
+# meter's own (sie.telemetry.metrics.METER_NAME).
+LOCAL_SCOPE: Final = InstrumentationScope("sie")
+
+ExtraMetrics = Callable[[], Sequence[Metric]]
+
+
+class _PushWithExtras(OTLPMetricExporter):
+    """The OTLP exporter, each push carrying `extras()` beside what the SDK collected (in the first resource's
+    metrics: one MeterProvider, one resource)."""
+
+    def __init__(self, extras: ExtraMetrics, **options: Any) -> None:
+        super().__init__(**options)
+        self._extras = extras
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float | None = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        extra = list(self._extras())
+        if extra and metrics_data.resource_metrics:
+            first, *rest = metrics_data.resource_metrics
+            # Into the SDK's own scope of that name when it has one: the encoder keeps one scope per name.
+            scopes = [scope for scope in first.scope_metrics if scope.scope.name != LOCAL_SCOPE.name]
+            same = next((scope for scope in first.scope_metrics if scope.scope.name == LOCAL_SCOPE.name), None)
+            if same is None:
+                scopes.append(ScopeMetrics(scope=LOCAL_SCOPE, metrics=extra, schema_url=""))
+            else:
+                scopes.append(
+                    ScopeMetrics(scope=same.scope, metrics=[*same.metrics, *extra], schema_url=same.schema_url)
+                )
+            merged = ResourceMetrics(resource=first.resource, scope_metrics=scopes, schema_url=first.schema_url)
+            metrics_data = MetricsData(resource_metrics=[merged, *rest])
+        return super().export(metrics_data, timeout_millis, **kwargs)
+
+
+def otlp_metric_reader(
+    settings: TelemetrySettings, extras: ExtraMetrics | None = None
+) -> PeriodicExportingMetricReader | None:
+    """A reader pushing every instrument over OTLP/HTTP protobuf, and `extras()` with each push, or None when no
+    endpoint is set."""
     endpoint = metrics_endpoint(settings)
     if endpoint is None:
         return None
-    exporter = OTLPMetricExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_S)
+    exporter = _PushWithExtras(extras or list, endpoint=endpoint, timeout=EXPORT_TIMEOUT_S)
     interval_ms = settings.otlp_metric_export_interval_ms
     return PeriodicExportingMetricReader(
         exporter, export_interval_millis=interval_ms, export_timeout_millis=EXPORT_TIMEOUT_S * 1000

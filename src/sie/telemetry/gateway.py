@@ -13,10 +13,10 @@ import enum
 from collections.abc import Iterable, Mapping
 from typing import Final, Protocol
 
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import CallbackOptions, Observation
 
 from sie.telemetry.http import HttpMetrics
-from sie.telemetry.metrics import ModelLabels, Tally
+from sie.telemetry.metrics import ModelLabels, Tally, Telemetry
 
 _LANE_LABELS: Final = ("pool", "machine_profile", "bundle")
 # (pool, machine_profile, bundle)
@@ -75,8 +75,9 @@ class GatewayMetrics:
     """HTTP requests (`http`, recorded by its middleware), admission decisions, and the per-lane values of `lanes`;
     `models` bounds the model label to the catalogue."""
 
-    def __init__(self, meter: Meter, models: ModelLabels, lanes: LaneValues | None = None) -> None:
-        self.http = HttpMetrics(meter, "sie.gateway", models)
+    def __init__(self, telemetry: Telemetry, models: ModelLabels, lanes: LaneValues | None = None) -> None:
+        meter = telemetry.meter
+        self.http = HttpMetrics(telemetry, "sie.gateway", models)
         self._lanes = lanes or _NoLanes()
         # Why requests were refused before any work was queued: provisioning is the scale-from-zero signal,
         # queue_full the overload one.

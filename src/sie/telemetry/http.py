@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from opentelemetry.metrics import Meter
-
-from sie.telemetry.metrics import OTHER, ModelLabels, Tally
+from sie.telemetry.metrics import OTHER, ModelLabels, Tally, Telemetry
 from sie.telemetry.requests import RequestRecord, Scope, noted_model
 
 # Request latencies from a probe (sub-millisecond) to a long batch (the 30 s default request timeout and over).
@@ -24,22 +22,23 @@ _LABELS: Final = ("route", "model", "status")
 class HttpMetrics:
     """`{prefix}.requests` and `{prefix}.request.duration`: prefix `sie.gateway` or `sie.config`."""
 
-    def __init__(self, meter: Meter, prefix: str, models: ModelLabels) -> None:
+    def __init__(self, telemetry: Telemetry, prefix: str, models: ModelLabels) -> None:
         self.models = models
         # Requests by outcome: the error rate per route and model, and which models are used at all.
-        self._requests = Tally(meter, f"{prefix}.requests", "{request}", "HTTP requests answered.", _LABELS)
+        self._requests = Tally(telemetry.meter, f"{prefix}.requests", "{request}", "HTTP requests answered.", _LABELS)
         # Latency as the client sees it, queueing and inference included: the SLO series.
-        self._duration = meter.create_histogram(
+        self._duration = telemetry.distribution(
             f"{prefix}.request.duration",
-            unit="s",
-            description="Time from a request's arrival to the end of its answer.",
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
+            "s",
+            "Time from a request's arrival to the end of its answer.",
+            _LABELS,
+            DURATION_BUCKETS_S,
         )
 
     def request(self, route: str, model: str, status: int, seconds: float) -> None:
         labels = (route, model, str(status))
         self._requests.add(labels)
-        self._duration.record(seconds, dict(zip(_LABELS, labels, strict=True)))
+        self._duration.record(seconds, labels)
 
     def observe(self, scope: Scope, record: RequestRecord, status: int, seconds: float) -> None:
         """Record one answered request (a `RequestObserver`)."""

@@ -1,6 +1,7 @@
 """The one telemetry facade (DESIGN §8; STYLE habit 14): OpenTelemetry instruments on a per-process
 `MeterProvider`, Prometheus exposition rendered from those same instruments, and their OTLP push when an endpoint
-is configured (`sie.telemetry.export`).
+is configured (`sie.telemetry.export`). Counts and histograms recorded on the request and batch paths aggregate in
+plain Python instead (`Tally`, `Distribution`: a dict increment, a bisect) and join both outputs at collection.
 
 A role creates one `Telemetry` and passes it down; nothing here mutates module-level or OpenTelemetry-global
 state, so several `Telemetry` objects (one per test, one per in-process worker child) never share series.
@@ -13,15 +14,21 @@ wire strings cannot grow the label space. Why each metric exists is said where i
 
 from __future__ import annotations
 
+import bisect
 import enum
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Final
 
+import attrs
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader
+from opentelemetry.sdk.metrics.export import AggregationTemporality, HistogramDataPoint, MetricReader
+from opentelemetry.sdk.metrics.export import Histogram as HistogramData
+from opentelemetry.sdk.metrics.export import Metric as OtlpMetric
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from sie.settings import TelemetrySettings
@@ -108,6 +115,128 @@ class Tally:
         return [Observation(total, dict(zip(self._label_names, labels, strict=True))) for labels, total in totals]
 
 
+@attrs.define
+class _Series:
+    """One label set of a Distribution: per-bucket counts (the last one above every bound), sum, count, extremes."""
+
+    counts: list[int]
+    total: float = 0.0
+    count: int = 0
+    low: float = float("inf")
+    high: float = float("-inf")
+
+
+class Distribution:
+    """A histogram whose `record` is a bisect and a few additions on plain numbers, for the request and batch
+    paths: an SDK `Histogram.record` spends about 21 µs on its attribute set and measurement objects (a
+    sequential request paid a quarter of a millisecond for the seven it recorded), this about 1 µs. It is
+    reported at each collection as the family the SDK would give: cumulative buckets on `/metrics` (through
+    `Distributions.collect`) and an OTLP histogram in each push (`Distributions.otlp_metrics`).
+
+    `labels` are values in the order of `label_names`, already bounded; `bounds` are the explicit bucket bounds
+    (a value equal to a bound counts in that bound's bucket, as in OpenTelemetry and Prometheus).
+    """
+
+    def __init__(
+        self, name: str, unit: str, description: str, label_names: Sequence[str], bounds: Sequence[float]
+    ) -> None:
+        self.name = name
+        self.unit = unit
+        self.description = description
+        self.label_names = tuple(label_names)
+        self.bounds = tuple(bounds)
+        self.started_ns = time.time_ns()
+        self._series: dict[tuple[str, ...], _Series] = {}
+
+    def record(self, value: float, labels: tuple[str, ...] = ()) -> None:
+        series = self._series.get(labels)
+        if series is None:
+            series = self._series[labels] = _Series([0] * (len(self.bounds) + 1))
+        series.counts[bisect.bisect_left(self.bounds, value)] += 1
+        series.total += value
+        series.count += 1
+        if value < series.low:
+            series.low = value
+        if value > series.high:
+            series.high = value
+
+    def snapshot(self) -> list[tuple[tuple[str, ...], _Series]]:
+        """A copy of every series (taken in single steps, so a push thread never sees a dict change under it)."""
+        return [
+            (labels, attrs.evolve(series, counts=list(series.counts))) for labels, series in list(self._series.items())
+        ]
+
+
+def prometheus_name(name: str, unit: str) -> str:
+    """The exposition name the OpenTelemetry Prometheus exporter gives an instrument: dots to underscores, and
+    `_seconds` for unit `s` (`1` and `{annotation}` units add nothing)."""
+    base = name.replace(".", "_")
+    if unit == "s":
+        return f"{base}_seconds"
+    if unit == "1" or (unit.startswith("{") and unit.endswith("}")):
+        return base
+    raise ValueError(f"no Prometheus suffix known for unit {unit!r} of {name}")
+
+
+class Distributions:
+    """The Distributions of one Telemetry; a prometheus_client collector of their families, and their OTLP
+    histogram metrics for the push exporter."""
+
+    def __init__(self) -> None:
+        self._all: list[Distribution] = []
+
+    def create(
+        self, name: str, unit: str, description: str, label_names: Sequence[str], bounds: Sequence[float]
+    ) -> Distribution:
+        prometheus_name(name, unit)  # an unknown unit fails here, at start-up, not at the first scrape
+        distribution = Distribution(name, unit, description, label_names, bounds)
+        self._all.append(distribution)
+        return distribution
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        for distribution in self._all:
+            series = distribution.snapshot()
+            if not series:
+                continue
+            family = HistogramMetricFamily(
+                prometheus_name(distribution.name, distribution.unit),
+                distribution.description,
+                labels=distribution.label_names,
+            )
+            for labels, values in series:
+                cumulative, buckets = 0, []
+                for bound, count in zip(distribution.bounds, values.counts, strict=False):
+                    cumulative += count
+                    buckets.append((str(bound), cumulative))  # `16`, `0.5`: as the SDK's exporter writes them
+                buckets.append(("+Inf", values.count))
+                family.add_metric(list(labels), buckets, values.total)
+            yield family
+
+    def otlp_metrics(self) -> list[OtlpMetric]:
+        """Every Distribution with data as a cumulative OTLP histogram, stamped now."""
+        now = time.time_ns()
+        metrics = []
+        for distribution in self._all:
+            points = [
+                HistogramDataPoint(
+                    attributes=dict(zip(distribution.label_names, labels, strict=True)),
+                    start_time_unix_nano=distribution.started_ns,
+                    time_unix_nano=now,
+                    count=values.count,
+                    sum=values.total,
+                    bucket_counts=values.counts,
+                    explicit_bounds=[float(bound) for bound in distribution.bounds],
+                    min=values.low,
+                    max=values.high,
+                )
+                for labels, values in distribution.snapshot()
+            ]
+            if points:
+                data = HistogramData(data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE)
+                metrics.append(OtlpMetric(distribution.name, distribution.description, distribution.unit, data))
+        return metrics
+
+
 class Telemetry:
     """Owns a MeterProvider, its Prometheus reader and registry, the OTLP push reader when configured, and the
     config-sync instruments; the roles' recorders (`sie.telemetry.gateway`, `.sidecar`, `.worker`) create theirs
@@ -123,9 +252,11 @@ class Telemetry:
         self.enabled = settings.metrics_enabled
         self._registry = CollectorRegistry(auto_describe=True)
         self._provider: MeterProvider | None = None
+        self.distributions = Distributions()
         if self.enabled:
             readers: list[MetricReader] = [PrometheusMetricReader(scope_info_enabled=False, registry=self._registry)]
-            push = otlp_metric_reader(settings)
+            self._registry.register(self.distributions)
+            push = otlp_metric_reader(settings, self.distributions.otlp_metrics)
             if push is not None:
                 readers.append(push)
             self._provider = MeterProvider(
@@ -173,6 +304,12 @@ class Telemetry:
             unit="1",
             description="1 while the process is connected to NATS.",
         )
+
+    def distribution(
+        self, name: str, unit: str, description: str, label_names: Sequence[str], bounds: Sequence[float]
+    ) -> Distribution:
+        """A histogram for the request and batch paths (see Distribution), exported beside the instruments."""
+        return self.distributions.create(name, unit, description, label_names, bounds)
 
     def register(self, collector: Collector) -> None:
         """Serve a prometheus_client collector's families on `/metrics` beside the instruments (the placement

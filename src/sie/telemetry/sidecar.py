@@ -12,9 +12,8 @@ import enum
 from typing import Final
 
 import attrs
-from opentelemetry.metrics import Histogram, Meter
 
-from sie.telemetry.metrics import ModelLabels, Tally
+from sie.telemetry.metrics import Distribution, ModelLabels, Tally, Telemetry
 
 SECONDS_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TOKEN_BUCKETS: Final = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -66,30 +65,37 @@ class BatchRecord:
 class SidecarMetrics:
     """Batches, admission, IPC and result transport of one sidecar (or of the `all` role's)."""
 
-    def __init__(self, meter: Meter, models: ModelLabels | None = None) -> None:
+    def __init__(self, telemetry: Telemetry, models: ModelLabels | None = None) -> None:
         self._models = models if models is not None else ModelLabels()
+        meter = telemetry.meter
         # Batches by model and whether the RunBatch call came back (`ok`; items may still fail one by one) or
         # failed whole (its items NAKed): the dispatch rate and the IPC failures.
         self._batches = Tally(meter, "sie.worker.batches", "{batch}", "RunBatch calls by result.", ("model", "result"))
         # How deep batches are in the unit the budget counts (SIE_MAX_BATCH_TOKENS): padding shows here.
         self._tokens = _histogram(
-            meter, "sie.worker.batch.tokens", "{token}", "Padded tokens per batch.", TOKEN_BUCKETS
+            telemetry, "sie.worker.batch.tokens", "{token}", "Padded tokens per batch.", TOKEN_BUCKETS
         )
         # Whether batching works: near 1 under load, low when batches leave early or traffic is thin.
-        self._fill = _histogram(meter, "sie.worker.batch.fill", "1", "Share of the batch budget used.", FILL_BUCKETS)
+        self._fill = _histogram(
+            telemetry, "sie.worker.batch.fill", "1", "Share of the batch budget used.", FILL_BUCKETS
+        )
         # Where a request's time goes inside a worker pod (the X-Queue/Tokenization/Inference-Time headers' sums).
         self._queue = _histogram(
-            meter, "sie.worker.queue.duration", "s", "Publish to dispatch, oldest item of a batch.", SECONDS_BUCKETS
+            telemetry, "sie.worker.queue.duration", "s", "Publish to dispatch, oldest item of a batch.", SECONDS_BUCKETS
         )
         self._tokenization = _histogram(
-            meter, "sie.worker.tokenization.duration", "s", "Tokenization, longest item of a batch.", SECONDS_BUCKETS
+            telemetry,
+            "sie.worker.tokenization.duration",
+            "s",
+            "Tokenization, longest item of a batch.",
+            SECONDS_BUCKETS,
         )
         self._inference = _histogram(
-            meter, "sie.worker.inference.duration", "s", "Model time of a batch on the worker.", SECONDS_BUCKETS
+            telemetry, "sie.worker.inference.duration", "s", "Model time of a batch on the worker.", SECONDS_BUCKETS
         )
         # The RunBatch call as the sidecar waits for it: its excess over inference is IPC and worker queueing.
         self._round_trip = _histogram(
-            meter, "sie.worker.batch.duration", "s", "RunBatch round trip of a batch.", SECONDS_BUCKETS
+            telemetry, "sie.worker.batch.duration", "s", "RunBatch round trip of a batch.", SECONDS_BUCKETS
         )
         # Deliveries refused for the per-model pending cap (SIE_MAX_PENDING_ITEMS): a lane fetching more than its
         # worker keeps up with; or by the pool admission gate: logical-pool work reaching a worker not assigned to it.
@@ -109,7 +115,7 @@ class SidecarMetrics:
     def batch(self, record: BatchRecord) -> None:
         model = self._models(record.model_id)
         self._batches.add((model, "failed" if record.inference_s is None else "ok"))
-        labels = {"model": model}
+        labels = (model,)
         self._tokens.record(record.tokens, labels)
         self._fill.record(record.fill, labels)
         self._queue.record(record.queue_s, labels)
@@ -132,5 +138,7 @@ class SidecarMetrics:
         self._results.add((transport.value,))
 
 
-def _histogram(meter: Meter, name: str, unit: str, description: str, buckets: tuple[float, ...]) -> Histogram:
-    return meter.create_histogram(name, unit=unit, description=description, explicit_bucket_boundaries_advisory=buckets)
+def _histogram(
+    telemetry: Telemetry, name: str, unit: str, description: str, buckets: tuple[float, ...]
+) -> Distribution:
+    return telemetry.distribution(name, unit, description, ("model",), buckets)
