@@ -57,9 +57,9 @@ $(HELM): scripts/helm.py | $(BIN)/python
 run: run-setup
 	$(BIN)/sie run --role all
 
-# Debian tools the slow tests drive for real: headless chromium and its chromedriver (the status page), and
-# prometheus with promtool (scraping /metrics).
-tools:
+# Debian tools the tests drive for real: headless chromium and its chromedriver (the status page), prometheus
+# with promtool (scraping /metrics), and wrk (the benchmarks' load generator, tests/integration/test_bench_wrk.py).
+tools: bench-tools
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver)
 	command -v prometheus >/dev/null && command -v promtool >/dev/null || \
