@@ -62,22 +62,12 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def topology_pids(topology: Topology) -> list[int]:
-    if topology._server is not None:  # noqa: SLF001 - the benchmark's own helper class
-        return [topology._server.pid]  # noqa: SLF001
-    cluster = topology._cluster  # noqa: SLF001
-    pids = [process.pid for process in cluster.roles.values()]
-    if cluster.nats is not None:
-        pids.append(cluster.nats.process.pid)
-    return pids
-
-
 def measure(topology: Topology, model: str, clients: int, seconds: int) -> tuple[float, int]:
     """(server CPU µs per answered request, failures)."""
     path = f"/v1/encode/{model}"
     bodies = encode_bodies(1)
     run_wrk(topology.url, path, bodies, clients, 1, 1)
-    pids = topology_pids(topology)
+    pids = topology.pids()
     before = cpu_seconds(pids)
     stats = run_wrk(topology.url, path, bodies, clients, seconds, 1)
     spent = cpu_seconds(pids) - before

@@ -67,6 +67,17 @@ class Topology:
         except (RuntimeError, TimeoutError) as exc:
             raise SystemExit(f"{self.kind} topology did not start; logs in {self.directory}") from exc
 
+    def pids(self) -> list[int]:
+        """The processes of the topology (the broker included): what its CPU time is read from."""
+        if self._server is not None:
+            return [self._server.pid]
+        if self._cluster is None:
+            return []
+        pids = [process.pid for process in self._cluster.roles.values()]
+        if self._cluster.nats is not None:
+            pids.append(self._cluster.nats.process.pid)
+        return pids
+
     def stop(self) -> None:
         if self._cluster is not None:
             self._cluster.close()
