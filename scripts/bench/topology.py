@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -18,10 +19,11 @@ class Topology:
     """One running topology: `url` serves the HTTP API; `stop()` ends every process.
 
     `source` is another checkout's `src/` directory to run instead of this one (before/after comparisons in one
-    run; its catalogue is that checkout's `config/`), on this checkout's virtual environment.
+    run; its catalogue is that checkout's `config/`), on this checkout's virtual environment. `env` goes to every
+    `sie run` process (not to nats-server); a PYTHONPATH in it comes before `source`.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - a topology's options, each with a default but the first four
         self,
         kind: str,
         model: str,
@@ -29,6 +31,7 @@ class Topology:
         extra: list[str],
         http_server: str = "hypercorn",
         source: Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.kind = kind
         self.model = model
@@ -37,19 +40,21 @@ class Topology:
         self.directory = Path(tempfile.mkdtemp(prefix=f"sie-bench-{kind}-"))
         self._server: RoleProcess | None = None
         self._cluster: Cluster | None = None
+        extra_env = dict(env or {})
+        paths = [path for path in (extra_env.pop("PYTHONPATH", None), source) if path is not None]
+        if paths:
+            extra_env["PYTHONPATH"] = ":".join(str(path) for path in paths)
         server = {"SIE_HTTP_SERVER": http_server}
         worker_args = ["--backend", backend, *extra]
         if kind == "all":
-            if source is not None:
-                server["PYTHONPATH"] = str(source)
+            server.update(extra_env)
             port = free_port()
             args = ["--host", HOST, "--port", str(port), "--preload", model, *worker_args]
             self._server = RoleProcess("all", args, server, self.directory / "all.log")
             self.url = f"http://{HOST}:{port}"
             return
-        roles, broker = {}, {}
+        roles, broker = extra_env, {}
         if source is not None:
-            roles["PYTHONPATH"] = str(source)
             # Sidecars of the first wave read their probe port from this variable, not --port (default 9095, so
             # two of them would collide); today's reads --port, which the Cluster passes.
             broker["SIE_WORKER_PROBE_PORT"] = str(free_port())
