@@ -45,8 +45,11 @@ def make_session(graph: Path, threads: int) -> ort.InferenceSession:
     return ort.InferenceSession(str(graph), sess_options=options, providers=["CPUExecutionProvider"])
 
 
-def feeds_for(session: ort.InferenceSession, tokenizer: TextTokenizer, batch: int) -> dict[str, np.ndarray]:
-    texts = [SENTENCES[i % len(SENTENCES)] for i in range(batch)]
+def feeds_for(
+    session: ort.InferenceSession, tokenizer: TextTokenizer, batch: int, offset: int = 0
+) -> dict[str, np.ndarray]:
+    """The session's inputs for `batch` benchmark sentences from `offset` on (rotating), tokenized and padded."""
+    texts = [SENTENCES[(offset + i) % len(SENTENCES)] for i in range(batch)]
     tokens = tokenizer.encode_batch(texts)
     padded = pad_batch([t.input_ids for t in tokens], [t.token_type_ids for t in tokens], tokenizer.pad_id)
     available = {
@@ -74,17 +77,9 @@ def tokenized_runs(
     """What a server does at the least per request, timed: tokenize `batch` sentences (rotating through SENTENCES),
     pad, run. Until `seconds` have passed (at least 3 runs) after one warm-up; returns (sentences/s, the seconds of
     each run)."""
-    names = {node.name for node in session.get_inputs()}
 
     def run(offset: int) -> None:
-        tokens = tokenizer.encode_batch([SENTENCES[(offset + i) % len(SENTENCES)] for i in range(batch)])
-        padded = pad_batch([t.input_ids for t in tokens], [t.token_type_ids for t in tokens], tokenizer.pad_id)
-        available = {
-            "input_ids": padded.input_ids,
-            "attention_mask": padded.attention_mask,
-            "token_type_ids": padded.token_type_ids,
-        }
-        session.run(None, {name: array for name, array in available.items() if name in names})
+        session.run(None, feeds_for(session, tokenizer, batch, offset))
 
     run(0)
     durations: list[float] = []

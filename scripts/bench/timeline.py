@@ -21,6 +21,7 @@ import json
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -67,11 +68,13 @@ TRACED = (
 Calls = list[tuple[str, float, float]]
 
 
-def traced_run(topology_of: callable, seconds: int, model: str, targets: list[str]) -> tuple[float, Calls]:
+def traced_run(
+    topology_of: Callable[[dict[str, str]], Topology], seconds: int, model: str, targets: list[str]
+) -> tuple[float, Calls]:
     """(wrk's p50 in ms, every traced call of every process) for one topology under sequential load."""
     with tempfile.TemporaryDirectory(prefix="sie-bench-timeline-") as directory:
         env = {"PYTHONPATH": str(HOOK), "BENCH_TRACE": " ".join(targets), "BENCH_TRACE_OUT": f"{directory}/%p.json"}
-        topology: Topology = topology_of(env)
+        topology = topology_of(env)
         try:
             topology.wait_serving(model)
             bodies = encode_bodies(1)

@@ -59,20 +59,17 @@ def service_resource(
     return Resource(resource)
 
 
-# The instrumentation scope of the metrics the SDK does not aggregate (sie.telemetry.metrics.Distribution): the
-# meter's own (sie.telemetry.metrics.METER_NAME).
-LOCAL_SCOPE: Final = InstrumentationScope("sie")
-
 ExtraMetrics = Callable[[], Sequence[Metric]]
 
 
 class _PushWithExtras(OTLPMetricExporter):
-    """The OTLP exporter, each push carrying `extras()` beside what the SDK collected (in the first resource's
-    metrics: one MeterProvider, one resource)."""
+    """The OTLP exporter, each push carrying `extras()` in the scope named `scope` beside what the SDK collected (in
+    the first resource's metrics: one MeterProvider, one resource)."""
 
-    def __init__(self, extras: ExtraMetrics, **options: Any) -> None:
+    def __init__(self, extras: ExtraMetrics, scope: str, **options: Any) -> None:
         super().__init__(**options)
         self._extras = extras
+        self._scope = InstrumentationScope(scope)
 
     def export(
         self, metrics_data: MetricsData, timeout_millis: float | None = 10_000, **kwargs: Any
@@ -80,14 +77,15 @@ class _PushWithExtras(OTLPMetricExporter):
         extra = list(self._extras())
         if extra and metrics_data.resource_metrics:
             first, *rest = metrics_data.resource_metrics
+            scopes = list(first.scope_metrics)
             # Into the SDK's own scope of that name when it has one: the encoder keeps one scope per name.
-            scopes = [scope for scope in first.scope_metrics if scope.scope.name != LOCAL_SCOPE.name]
-            same = next((scope for scope in first.scope_metrics if scope.scope.name == LOCAL_SCOPE.name), None)
-            if same is None:
-                scopes.append(ScopeMetrics(scope=LOCAL_SCOPE, metrics=extra, schema_url=""))
+            index = next((i for i, scope in enumerate(scopes) if scope.scope.name == self._scope.name), None)
+            if index is None:
+                scopes.append(ScopeMetrics(scope=self._scope, metrics=extra, schema_url=""))
             else:
-                scopes.append(
-                    ScopeMetrics(scope=same.scope, metrics=[*same.metrics, *extra], schema_url=same.schema_url)
+                same = scopes[index]
+                scopes[index] = ScopeMetrics(
+                    scope=same.scope, metrics=[*same.metrics, *extra], schema_url=same.schema_url
                 )
             merged = ResourceMetrics(resource=first.resource, scope_metrics=scopes, schema_url=first.schema_url)
             metrics_data = MetricsData(resource_metrics=[merged, *rest])
@@ -95,14 +93,14 @@ class _PushWithExtras(OTLPMetricExporter):
 
 
 def otlp_metric_reader(
-    settings: TelemetrySettings, extras: ExtraMetrics | None = None
+    settings: TelemetrySettings, extras: ExtraMetrics | None = None, scope: str = "sie"
 ) -> PeriodicExportingMetricReader | None:
-    """A reader pushing every instrument over OTLP/HTTP protobuf, and `extras()` with each push, or None when no
-    endpoint is set."""
+    """A reader pushing every instrument over OTLP/HTTP protobuf, and `extras()` in the instrumentation scope `scope`
+    (the meter's) with each push, or None when no endpoint is set."""
     endpoint = metrics_endpoint(settings)
     if endpoint is None:
         return None
-    exporter = _PushWithExtras(extras or list, endpoint=endpoint, timeout=EXPORT_TIMEOUT_S)
+    exporter = _PushWithExtras(extras or list, scope, endpoint=endpoint, timeout=EXPORT_TIMEOUT_S)
     interval_ms = settings.otlp_metric_export_interval_ms
     return PeriodicExportingMetricReader(
         exporter, export_interval_millis=interval_ms, export_timeout_millis=EXPORT_TIMEOUT_S * 1000

@@ -256,7 +256,7 @@ class Telemetry:
         if self.enabled:
             readers: list[MetricReader] = [PrometheusMetricReader(scope_info_enabled=False, registry=self._registry)]
             self._registry.register(self.distributions)
-            push = otlp_metric_reader(settings, self.distributions.otlp_metrics)
+            push = otlp_metric_reader(settings, self.distributions.otlp_metrics, METER_NAME)
             if push is not None:
                 readers.append(push)
             self._provider = MeterProvider(
