@@ -1,22 +1,27 @@
-"""The gateway app served on a real socket by each SIE_HTTP_SERVER: hypercorn over HTTP/1.1 and h2c (HTTP/2
-prior knowledge), uvicorn over HTTP/1.1; stopping the server lets an in-flight request finish."""
+"""The gateway app served on a real socket by each SIE_HTTP_SERVER, over HTTP/1.1 and h2c (HTTP/2 prior knowledge:
+hypercorn's own, or handed from uvicorn's bind to hypercorn's HTTP/2 stack); stopping the server lets an in-flight
+request finish on either protocol."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+import uvloop
 
 from launcher import free_port
 from sie.catalog import load_catalog
 from sie.gateway.http.app import GatewaySources, build_gateway_app
 from sie.gateway.publisher import QueueConsumers
+from sie.http.h2c import asks_for_h2c
 from sie.http.serving import HttpListener, serve_http
 from sie.settings import GatewaySettings, LaneSettings
 from sie.transport.base import Lane
@@ -28,6 +33,18 @@ from support.polling import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 ENCODE = "/v1/encode/sentence-transformers/all-MiniLM-L6-v2"
+
+
+def on_uvloop(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """Run an async test on uvloop, the loop the roles run on (SIE_EVENT_LOOP=auto): its transports are not
+    subclasses of asyncio's, which the server code must not assume."""
+
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> None:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(test(*args, **kwargs))
+
+    return run
 
 
 async def answer_forever(transport: LoopbackTransport, delay_s: float = 0.0) -> None:
@@ -76,8 +93,10 @@ async def serving(server_name: str, answer_delay_s: float = 0.0) -> AsyncIterato
         ("hypercorn", True, False, "HTTP/1.1"),
         ("hypercorn", False, True, "HTTP/2"),
         ("uvicorn", True, False, "HTTP/1.1"),
+        ("uvicorn", False, True, "HTTP/2"),
     ],
 )
+@on_uvloop
 async def test_encode_over_each_server_and_protocol(server_name: str, http1: bool, http2: bool, version: str) -> None:
     async with (
         serving(server_name) as served,
@@ -93,8 +112,13 @@ async def test_encode_over_each_server_and_protocol(server_name: str, http1: boo
 
 
 @pytest.mark.parametrize("server_name", ["hypercorn", "uvicorn"])
-async def test_stopping_the_server_finishes_the_request_in_flight(server_name: str) -> None:
-    async with serving(server_name, answer_delay_s=0.5) as served, httpx.AsyncClient(base_url=served.url) as client:
+@pytest.mark.parametrize("http2", [False, True], ids=["http1", "h2c"])
+@on_uvloop
+async def test_stopping_the_server_finishes_the_request_in_flight(server_name: str, http2: bool) -> None:
+    async with (
+        serving(server_name, answer_delay_s=0.5) as served,
+        httpx.AsyncClient(base_url=served.url, http1=not http2, http2=http2) as client,
+    ):
         await wait_ready(client)
         in_flight = asyncio.ensure_future(client.post(ENCODE, json={"items": [{"text": "slow"}]}))
         await asyncio.sleep(0.2)
@@ -105,6 +129,74 @@ async def test_stopping_the_server_finishes_the_request_in_flight(server_name: s
         await asyncio.wait_for(served.server, 10.0)
         with pytest.raises(httpx.TransportError):
             await client.get("/healthz")
+
+
+@on_uvloop
+async def test_uvicorn_reads_a_preface_sent_in_pieces_and_leaves_other_openings_to_http1() -> None:
+    """The first bytes decide the protocol however they arrive; an HTTP/1.1 request whose method shares the preface's
+    first letter (POST, PUT) is served over HTTP/1.1."""
+    async with serving("uvicorn") as served, httpx.AsyncClient(base_url=served.url) as client:
+        await wait_ready(client)
+        port = int(served.url.rsplit(":", 1)[1])
+        # HTTP/2 by prior knowledge, the preface in three writes: the server answers with its SETTINGS frame.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for piece in (b"P", b"RI * HTTP/2.0\r\n", b"\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"):
+            writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        frame = await asyncio.wait_for(reader.readexactly(9), 5.0)
+        assert frame[3] == 0x04  # SETTINGS
+        writer.close()
+        # HTTP/1.1 starting with the same letter, sent byte by byte at first.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        body = b'{"items": [{"text": "piecewise"}]}'
+        head = f"POST {ENCODE} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        request = head.encode() + b"Content-Length: %d\r\n\r\n" % len(body) + body
+        for byte in request[:3]:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.02)
+        writer.write(request[3:])
+        status = await asyncio.wait_for(reader.readline(), 5.0)
+        assert status.startswith(b"HTTP/1.1 200")
+        writer.close()
+
+
+@pytest.mark.parametrize("server_name", ["hypercorn", "uvicorn"])
+@on_uvloop
+async def test_an_upgrade_to_h2c_is_honoured_and_a_request_body_beside_it_kept(server_name: str) -> None:
+    """`curl --http2` on http:// asks to upgrade its first request: without a body the answer comes over HTTP/2
+    (101, then the response on stream 1); with a body, over HTTP/1.1 — and the body is read, not dropped."""
+    upgrade = {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAMAAABkAARAAAAAAAIAAAAA"}
+    async with serving(server_name) as served:
+        async with httpx.AsyncClient(base_url=served.url) as client:
+            await wait_ready(client)
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(served.url.rsplit(":", 1)[1]))
+        head = "GET /healthz HTTP/1.1\r\nHost: gw\r\n" + "".join(f"{k}: {v}\r\n" for k, v in upgrade.items())
+        writer.write(head.encode() + b"\r\n")
+        assert (await asyncio.wait_for(reader.readline(), 5.0)).startswith(b"HTTP/1.1 101")
+        writer.close()
+        async with httpx.AsyncClient(base_url=served.url) as fresh:  # the upgrade rides a connection's first request
+            with_body = await fresh.post(ENCODE, json={"items": [{"text": "upgrade"}]}, headers=upgrade)
+        assert (with_body.http_version, with_body.status_code) == ("HTTP/1.1", 200)
+        assert with_body.json()["items"][0]["dense"]["values"] == [0.5, -1.0, 2.0]
+
+
+def test_only_an_upgrade_header_naming_h2c_asks_for_it() -> None:
+    assert asks_for_h2c(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUPGRADE:  websocket , H2C")
+    assert not asks_for_h2c(b"GET /h2c HTTP/1.1\r\nHost: h2c\r\nUpgrade: websocket\r\nX-Note: h2c")
+    assert not asks_for_h2c(b"GET / HTTP/1.1\r\nHost: a")
+
+
+@on_uvloop
+async def test_uvicorn_closes_a_silent_connection_when_it_stops() -> None:
+    async with serving("uvicorn") as served, httpx.AsyncClient(base_url=served.url) as client:
+        await wait_ready(client)
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(served.url.rsplit(":", 1)[1]))
+        served.stop.set()
+        await asyncio.wait_for(served.server, 10.0)
+        assert await asyncio.wait_for(reader.read(), 5.0) == b""
+        writer.close()
 
 
 def test_an_unknown_server_name_is_refused() -> None:
@@ -125,6 +217,7 @@ async def wait_ready(client: httpx.AsyncClient) -> None:
 
 
 @pytest.mark.parametrize("server_name", ["hypercorn", "uvicorn"])
+@on_uvloop
 async def test_a_client_leaving_mid_upload_is_an_info_line_not_an_error(
     server_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:

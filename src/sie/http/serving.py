@@ -1,16 +1,18 @@
 """Serve an ASGI app over HTTP until SIGTERM/SIGINT, then shut down gracefully: refuse new requests, let
 in-flight ones finish up to the grace period, then stop the listener.
 
-Two servers, picked by SIE_HTTP_SERVER: hypercorn (HTTP/1.1 and h2c on one bind, the default) and
-uvicorn with the httptools parser (HTTP/1.1 only, far less CPU per request). Both run on the role's
-own event loop; the role, not the server, owns the signals. Each request gets one access line (sie.access);
-the servers' own access logs stay off.
+Two servers, picked by SIE_HTTP_SERVER: uvicorn (the default) serves HTTP/1.1 with the httptools parser, far less
+CPU per request than hypercorn, and hands the connections that ask for HTTP/2 on the same bind to hypercorn
+(`sie.http.h2c`); hypercorn serves HTTP/1.1 and h2c all by itself. Both run on the role's own event loop; the role,
+not the server, owns the signals. Each request gets one access line (sie.access); the servers' own access logs
+stay off.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterator
@@ -21,6 +23,7 @@ import hypercorn.asyncio
 import hypercorn.config
 import uvicorn
 
+from sie.http.h2c import FirstBytes, H2cHandOff
 from sie.http.unread_body import CloseOnUnreadBody
 
 logger = logging.getLogger(__name__)
@@ -38,7 +41,7 @@ class HttpListener:
     host: str
     port: int
     grace_s: float
-    server: str = "hypercorn"
+    server: str = "uvicorn"
 
 
 async def serve_http(app: App, listener: HttpListener, stop: asyncio.Event) -> None:
@@ -106,12 +109,14 @@ class _EmbeddedUvicorn(uvicorn.Server):
 
 
 def uvicorn_config(app: App, listener: HttpListener) -> uvicorn.Config:
+    # Each new connection starts as FirstBytes: HTTP/1.1 becomes uvicorn's httptools protocol, h2c goes to hypercorn.
+    first_bytes = functools.partial(FirstBytes, h2c=H2cHandOff(app, hypercorn_config(listener)))
     return uvicorn.Config(
         app,
         host=listener.host,
         port=listener.port,
         loop="none",  # already running: the role's loop (SIE_EVENT_LOOP)
-        http="httptools",
+        http=first_bytes,  # type: ignore[arg-type]  # uvicorn calls it as it would a protocol class
         ws="wsproto",  # the status page's /ws/cluster-status
         lifespan="on",
         timeout_keep_alive=KEEP_ALIVE_S,

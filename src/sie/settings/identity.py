@@ -83,13 +83,15 @@ class ProcessSettings:
         Env(
             "SIE_HTTP_SERVER",
             choice("hypercorn", "uvicorn"),
-            "The HTTP server of the gateway and config roles: `hypercorn` serves HTTP/1.1 and h2c (HTTP/2 "
-            "without TLS) on one bind; `uvicorn` (httptools parser) serves HTTP/1.1 only, with about a fifth "
-            "of hypercorn's CPU per request, which leaves more of a small machine to the model.",
+            "The HTTP server of the gateway and config roles. Both serve HTTP/1.1 and h2c (HTTP/2 without TLS, "
+            "by prior knowledge or a first request's `Upgrade: h2c`) on one bind. `uvicorn`: HTTP/1.1 through "
+            "the httptools parser, about a fifth of hypercorn's CPU per request (more of a small machine left to "
+            "the model); a connection that asks for HTTP/2 is handed to hypercorn's HTTP/2 stack. `hypercorn`: "
+            "every connection in hypercorn (pure-Python HTTP/1.1).",
             roles=("gateway", "config", "all"),
             read_by=("sie.roles.serving",),
         ),
-        "hypercorn",
+        "uvicorn",
     )
     shutdown_grace_s: float = setting(
         Env(
