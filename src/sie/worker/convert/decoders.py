@@ -3,7 +3,7 @@ with its key/value cache (`model.onnx`), the rebuilt tokenizer (`tokenizer.json`
 chat template) and the `config.json` the causal-LM adapter reads. Its cache key and version are in `cache_keys`.
 
 It wires a family's config, weights and decoder graph (`llama.py`) to the GGUF reader and tokenizer. Like
-`convert_bert` it needs only `onnx`, numpy, `tokenizers` and the pure-Python `gguf` reader: never torch, llama.cpp
+`convert_encoder` it needs only `onnx`, numpy, `tokenizers` and the pure-Python `gguf` reader: never torch, llama.cpp
 or onnxruntime (the caller loads the result).
 """
 

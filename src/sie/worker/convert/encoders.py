@@ -1,8 +1,8 @@
-"""The encoder entry point, `convert_bert`: one BERT safetensors directory in, one ONNX file out with the head asked
-for. Its cache key and version are in `cache_keys`.
+"""The encoder entry point, `convert_encoder`: one checkpoint directory of a BERT-like family (`families.py`) in,
+one ONNX file out with the head asked for. Its cache key and version are in `cache_keys`.
 
-It wires a family's config, weights and encoder graph (`bert.py`) to a head (`heads.py`) and writes the file
-atomically. It needs only `onnx` and numpy: never torch, and never onnxruntime (the caller loads the result).
+It wires a family's config, weights and encoder graph (`encoder_graph.py`) to a head (`heads.py`) and writes the
+file atomically. It needs only `onnx` and numpy: never torch, and never onnxruntime (the caller loads the result).
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from pathlib import Path
 
 import attrs
 
-from sie.worker.convert.bert import BertWeights, build_encoder, graph_inputs, load_bert_config
+from sie.worker.convert.encoder_graph import EncoderWeights, build_encoder, graph_inputs
 from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.families import load_encoder_config
 from sie.worker.convert.graph_builder import GraphBuilder, save_graph
 from sie.worker.convert.heads import HEADS, HeadContext
-from sie.worker.convert.names import CONFIG_FILE, WEIGHTS_FILE
-from sie.worker.convert.safetensors_io import SafetensorsFile
+from sie.worker.convert.names import CONFIG_FILE
+from sie.worker.convert.safetensors_io import Checkpoint
 
 
 @attrs.frozen
@@ -29,16 +30,17 @@ class ConversionResult:
     labels: tuple[str, ...] = ()  # `id2label` in id order, for the classification heads
 
 
-def convert_bert(model_dir: Path, out_path: Path, head: str) -> ConversionResult:
-    """Convert `model_dir` (config.json + model.safetensors) into an opset-17 ONNX graph with `head`."""
+def convert_encoder(model_dir: Path, out_path: Path, head: str) -> ConversionResult:
+    """Convert `model_dir` (config.json + model.safetensors, or its shards) into an opset-17 ONNX graph with
+    `head`."""
     if head not in HEADS:
         raise ConversionError(f"unknown head {head!r}; expected one of {sorted(HEADS)}", source=str(model_dir))
     model_dir, out_path = Path(model_dir), Path(out_path)
-    config = load_bert_config(model_dir / CONFIG_FILE)
-    weights = BertWeights(SafetensorsFile(model_dir / WEIGHTS_FILE))
+    config = load_encoder_config(model_dir / CONFIG_FILE)
+    weights = EncoderWeights(Checkpoint(model_dir), config)
     builder = GraphBuilder()
     encoder = build_encoder(builder, config, weights)
     outputs = HEADS[head].build(HeadContext(builder, config, weights, encoder))
-    model = builder.model(f"bert_{head}", graph_inputs(), outputs)
+    model = builder.model(f"{config.family.name}_{head}", graph_inputs(), outputs)
     save_graph(model, out_path)
     return ConversionResult(path=out_path, head=head, output_names=tuple(o.name for o in outputs), labels=config.labels)

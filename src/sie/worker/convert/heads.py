@@ -1,7 +1,8 @@
 """Output heads added on top of the encoder: pooled sentence embeddings, classifiers and SPLADE.
 
-`HEADS` maps each head name to the outputs it declares and the function that builds it; every
-head reads its own weights (`pooler.*`, `classifier.*`, `cls.predictions.*`) through `BertWeights`.
+`HEADS` maps each head name to the outputs it declares and the function that builds it; every head reads its own
+weights through `EncoderWeights`, under the names the checkpoint's family uses (`families.py`: BERT's pooler and
+`classifier`, RoBERTa's and ELECTRA's `classifier.dense`/`out_proj`, DistilBERT's `pre_classifier`; the MLM heads).
 """
 
 from __future__ import annotations
@@ -14,8 +15,17 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from sie.worker.convert.bert import BATCH, SEQUENCE, BertConfig, BertWeights, EncoderOutput, gelu, layer_norm, linear
+from sie.worker.convert.encoder_graph import (
+    BATCH,
+    SEQUENCE,
+    EncoderOutput,
+    EncoderWeights,
+    gelu,
+    layer_norm,
+    linear,
+)
 from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.families import EncoderConfig, MlmHead
 from sie.worker.convert.graph_builder import GraphBuilder, tensor_info
 
 # sentence-transformers clamps the token count at 1e-9 and F.normalize clamps the norm at 1e-12.
@@ -29,8 +39,8 @@ class HeadContext:
     """Everything a head builder needs: the graph so far, the checkpoint and the encoder's tensors."""
 
     builder: GraphBuilder
-    config: BertConfig
-    weights: BertWeights
+    config: EncoderConfig
+    weights: EncoderWeights
     encoder: EncoderOutput
 
 
@@ -82,25 +92,37 @@ def _build_cls(ctx: HeadContext) -> list[onnx.ValueInfoProto]:
     return [_hidden_output(ctx), tensor_info("sentence_embedding", _FLOAT, [BATCH, ctx.config.hidden_size])]
 
 
-def _num_labels(ctx: HeadContext) -> int:
-    """Label count from `id2label`, or from the classifier's rows when the config has none."""
+def _num_labels(ctx: HeadContext, classifier: str = "classifier") -> int:
+    """Label count from `id2label`, or from the rows of the last classifier layer when the config has none."""
     if ctx.config.labels:
         return len(ctx.config.labels)
-    entry = ctx.weights.tensors.entries.get("classifier.weight")
+    name = f"{classifier}.weight"
+    entry = ctx.weights.tensors.entries.get(name)
     if entry is None or len(entry.shape) != 2:
-        raise ConversionError(
-            "required 2-D classifier weight is missing", source=ctx.weights.source, tensor="classifier.weight"
-        )
+        raise ConversionError("required 2-D classifier weight is missing", source=ctx.weights.source, tensor=name)
     return entry.shape[0]
 
 
 def _build_seq_cls(ctx: HeadContext) -> list[onnx.ValueInfoProto]:
-    """BERT pooler (dense + tanh on [CLS]) then the classifier: one logit row per sequence."""
-    b, width, labels = ctx.builder, ctx.config.hidden_size, _num_labels(ctx)
-    first = b.op("Gather", [ctx.encoder.hidden, b.const(0)], "pooler.cls", axis=1)
-    pooled = linear(b, first, ctx.weights.base_linear("pooler.dense", width, width), "pooler.dense")
-    pooled = b.op("Tanh", [pooled], "pooler.tanh")
-    linear(b, pooled, ctx.weights.linear("classifier", width, labels), "classifier", output="logits")
+    """The family's sequence classifier on the first token: one logit row per sequence."""
+    b, width, kind = ctx.builder, ctx.config.hidden_size, ctx.config.family.sequence_classifier
+    first = b.op("Gather", [ctx.encoder.hidden, b.const(0)], "classifier.first", axis=1)
+    if kind == "pooler":  # BERT: the pooler (dense + tanh), then `classifier`
+        labels = _num_labels(ctx)
+        pooled = linear(b, first, ctx.weights.base_linear("pooler.dense", width, width), "pooler.dense")
+        pooled = b.op("Tanh", [pooled], "pooler.tanh")
+        linear(b, pooled, ctx.weights.linear("classifier", width, labels), "classifier", output="logits")
+    elif kind == "relu":  # DistilBERT: `pre_classifier`, relu, `classifier`
+        labels = _num_labels(ctx)
+        inner = linear(b, first, ctx.weights.linear("pre_classifier", width, width), "pre_classifier")
+        inner = b.op("Relu", [inner], "pre_classifier.relu")
+        linear(b, inner, ctx.weights.linear("classifier", width, labels), "classifier", output="logits")
+    else:  # RoBERTa (tanh), ELECTRA (gelu): `classifier.dense`, the activation, `classifier.out_proj`
+        labels = _num_labels(ctx, "classifier.out_proj")
+        inner = linear(b, first, ctx.weights.linear("classifier.dense", width, width), "classifier.dense")
+        inner = b.op("Tanh", [inner], "classifier.tanh") if kind == "tanh" else gelu(b, inner, "classifier.gelu")
+        out_proj = ctx.weights.linear("classifier.out_proj", width, labels)
+        linear(b, inner, out_proj, "classifier.out_proj", output="logits")
     return [tensor_info("logits", _FLOAT, [BATCH, labels])]
 
 
@@ -111,35 +133,44 @@ def _build_token_cls(ctx: HeadContext) -> list[onnx.ValueInfoProto]:
     return [tensor_info("logits", _FLOAT, [BATCH, SEQUENCE, labels])]
 
 
-def _decoder_table(ctx: HeadContext) -> str:
+def _mlm_head(ctx: HeadContext) -> MlmHead:
+    head = ctx.config.family.mlm
+    if head is None:
+        raise ConversionError(
+            f"the {ctx.config.family.name} family has no masked-language-model head to build SPLADE on",
+            source=ctx.weights.source,
+        )
+    return head
+
+
+def _decoder_table(ctx: HeadContext, head: MlmHead) -> str:
     """The MLM decoder matrix: the shared word-embedding initializer unless the checkpoint unties it."""
-    name, shape = "cls.predictions.decoder.weight", (ctx.config.vocab_size, ctx.config.hidden_size)
-    if not ctx.weights.has(name):
+    shape = (ctx.config.vocab_size, ctx.config.hidden_size)
+    if not ctx.weights.has(head.decoder):
         return ctx.encoder.word_embeddings
-    decoder = ctx.weights.get(name, shape)
+    decoder = ctx.weights.get(head.decoder, shape)
     if np.array_equal(decoder, ctx.weights.base("embeddings.word_embeddings.weight", shape)):
         return ctx.encoder.word_embeddings
-    return ctx.builder.weight(name, decoder)
+    return ctx.builder.weight(head.decoder, decoder)
 
 
-def _decoder_bias(ctx: HeadContext) -> np.ndarray:
-    for name in ("cls.predictions.bias", "cls.predictions.decoder.bias"):
+def _decoder_bias(ctx: HeadContext, head: MlmHead) -> np.ndarray:
+    for name in head.biases:
         if ctx.weights.has(name):
             return ctx.weights.get(name, (ctx.config.vocab_size,))
-    raise ConversionError("required MLM bias is missing", source=ctx.weights.source, tensor="cls.predictions.bias")
+    raise ConversionError("required MLM bias is missing", source=ctx.weights.source, tensor=head.biases[0])
 
 
 def _mlm_logits(ctx: HeadContext) -> str:
-    """BertForMaskedLM's prediction head as [B*S, V] logits (dense, GELU, LayerNorm, tied decoder)."""
-    b, cfg, prefix = ctx.builder, ctx.config, "cls.predictions.transform"
+    """The family's masked-LM prediction head as [B*S, V] logits (dense, GELU, LayerNorm, tied decoder)."""
+    b, cfg, head = ctx.builder, ctx.config, _mlm_head(ctx)
     width = cfg.hidden_size
-    x = linear(b, ctx.encoder.tokens, ctx.weights.linear(f"{prefix}.dense", width, width), f"{prefix}.dense")
-    x = gelu(b, x, f"{prefix}.gelu")
-    norm = ctx.weights.layer_norm(f"{prefix}.LayerNorm", width)
-    x = layer_norm(b, x, norm, f"{prefix}.LayerNorm", cfg.layer_norm_eps)
-    bias = b.weight("cls.predictions.bias", _decoder_bias(ctx))
+    x = linear(b, ctx.encoder.tokens, ctx.weights.linear(head.dense, width, width), head.dense)
+    x = gelu(b, x, f"{head.dense}.gelu")
+    x = layer_norm(b, x, ctx.weights.layer_norm(head.norm, width), head.norm, cfg.layer_norm_eps)
+    bias = b.weight("mlm.bias", _decoder_bias(ctx, head))
     # Gemm with transB reads the [V, H] embedding table as stored, so the tie costs no second copy.
-    return b.op("Gemm", [x, _decoder_table(ctx), bias], "mlm.logits", transB=1)
+    return b.op("Gemm", [x, _decoder_table(ctx, head), bias], "mlm.logits", transB=1)
 
 
 def _build_mlm_splade(ctx: HeadContext) -> list[onnx.ValueInfoProto]:

@@ -10,6 +10,7 @@ from typing import Final
 
 CONFIG_FILE: Final = "config.json"
 WEIGHTS_FILE: Final = "model.safetensors"
+WEIGHTS_INDEX_FILE: Final = "model.safetensors.index.json"  # a sharded checkpoint's tensor -> file map
 GRAPH_FILE: Final = "model.onnx"
 TOKENIZER_FILE: Final = "tokenizer.json"
 TOKENIZER_CONFIG_FILE: Final = "tokenizer_config.json"

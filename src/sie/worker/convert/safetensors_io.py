@@ -1,4 +1,5 @@
-"""A minimal safetensors reader: the JSON header plus raw little-endian buffers, read per tensor.
+"""A minimal safetensors reader: the JSON header plus raw little-endian buffers, read per tensor, and a checkpoint's
+tensors across its files (`model.safetensors`, or the shards a `model.safetensors.index.json` lists).
 
 Floating tensors (F32, F16, BF16) come back as float32 numpy arrays. It owns no model knowledge and
 must not import torch or the `safetensors` package.
@@ -16,6 +17,7 @@ import attrs
 import numpy as np
 
 from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.names import WEIGHTS_FILE, WEIGHTS_INDEX_FILE
 
 # The format caps the header at 100 MB; anything larger is a corrupt length prefix.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -62,6 +64,67 @@ class SafetensorsFile:
         if len(raw) != entry.end - entry.start:
             raise ConversionError("file is truncated inside the tensor data", source=str(self.path), tensor=name)
         return decode_float(raw, entry.dtype).reshape(entry.shape)
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    """The files holding a checkpoint's tensors, in a stable order: `model.safetensors`, else the index followed by
+    the shards it names. ConversionError when there is neither, or the index is unreadable or names a missing
+    shard."""
+    model_dir = Path(model_dir)
+    single = model_dir / WEIGHTS_FILE
+    if single.is_file():
+        return [single]
+    index = model_dir / WEIGHTS_INDEX_FILE
+    if not index.is_file():
+        raise ConversionError(f"no {WEIGHTS_FILE} and no {WEIGHTS_INDEX_FILE}", source=str(model_dir))
+    shards = sorted(set(_weight_map(index).values()))
+    for shard in shards:
+        if not (model_dir / shard).is_file():
+            raise ConversionError(f"names shard {shard!r}, which is not in {model_dir}", source=str(index))
+    return [index, *(model_dir / shard for shard in shards)]
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    try:
+        raw = json.loads(index.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConversionError(f"cannot read file: {exc}", source=str(index)) from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConversionError(f"not valid JSON: {exc}", source=str(index)) from exc
+    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(shard, str) and shard and "/" not in shard and shard not in (".", "..")
+        for shard in weight_map.values()
+    ):
+        raise ConversionError("weight_map is not an object of tensor name -> shard file name", source=str(index))
+    return weight_map
+
+
+class Checkpoint:
+    """Every tensor of a checkpoint directory, whichever of its files holds it; read only when `load` asks."""
+
+    def __init__(self, model_dir: Path) -> None:
+        files = checkpoint_files(model_dir)
+        self.path = files[0]  # what errors name: model.safetensors, or the shard index
+        self._file_of: dict[str, SafetensorsFile] = {}
+        self.entries: dict[str, TensorEntry] = {}
+        for path in files:
+            if path.name == WEIGHTS_INDEX_FILE:
+                continue
+            shard = SafetensorsFile(path)
+            for name, entry in shard.entries.items():
+                self._file_of[name] = shard
+                self.entries[name] = entry
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries
+
+    def load(self, name: str) -> np.ndarray:
+        """The tensor `name` as a C-contiguous float32 array of its stored shape."""
+        shard = self._file_of.get(name)
+        if shard is None:
+            raise ConversionError("tensor not found", source=str(self.path), tensor=name)
+        return shard.load(name)
 
 
 def decode_float(raw: bytes, dtype: str) -> np.ndarray:

@@ -1,18 +1,16 @@
-"""The BERT encoder family, config + weights + graph: `BertConfig` (the fields of a Hugging Face BERT `config.json`
-that shape the graph, checked for what the builder cannot handle), `BertWeights` (tensors by their canonical names,
-shapes checked) and the encoder as an opset-17 ONNX graph (embeddings, additive attention mask, transformer layers).
+"""The encoder graph of the BERT-like families (`families.py`): `EncoderWeights` (a checkpoint's tensors by their
+canonical names, shapes checked) and the encoder as an opset-17 ONNX graph (embeddings, additive attention mask,
+post-LayerNorm transformer layers).
 
 The graph stops at the last hidden state; heads live in `heads.py`. Its layout lets onnxruntime's own fusions apply at
 load time (MatMul + bias into Gemm, the erf pattern into Gelu). It reads safetensors through `safetensors_io` and
-never imports torch.
+never imports torch. Every graph takes `input_ids`, `attention_mask` and `token_type_ids`, whether or not its
+family has token types, so every encoder is fed alike.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
-from typing import Any
 
 import attrs
 import numpy as np
@@ -20,126 +18,24 @@ import onnx
 from onnx import TensorProto
 
 from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.families import EncoderConfig
 from sie.worker.convert.graph_builder import GraphBuilder, tensor_info
-from sie.worker.convert.safetensors_io import SafetensorsFile
-
-# --- config -----------------------------------------------------------------------------------------------------------
-
-SUPPORTED_MODEL_TYPES = frozenset({"bert"})
-# Hugging Face's "gelu" is the exact erf form; the tanh approximations are different functions.
-SUPPORTED_ACTIVATIONS = frozenset({"gelu"})
-_REQUIRED_INTS = (
-    "hidden_size",
-    "num_attention_heads",
-    "num_hidden_layers",
-    "intermediate_size",
-    "max_position_embeddings",
-    "vocab_size",
-)
-
-
-@attrs.frozen
-class BertConfig:
-    """The architecture numbers of one BERT checkpoint, plus its label names in id order."""
-
-    hidden_size: int
-    num_attention_heads: int
-    num_hidden_layers: int
-    intermediate_size: int
-    max_position_embeddings: int
-    vocab_size: int
-    type_vocab_size: int = 2
-    layer_norm_eps: float = 1e-12
-    hidden_act: str = "gelu"
-    labels: tuple[str, ...] = ()
-
-    @property
-    def head_size(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-
-def load_bert_config(path: Path) -> BertConfig:
-    """Read and validate `config.json`; errors name the file and the field."""
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConversionError(f"cannot read file: {exc}", source=str(path)) from exc
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConversionError(f"not valid JSON: {exc}", source=str(path)) from exc
-    if not isinstance(raw, dict):
-        raise ConversionError("top level is not a JSON object", source=str(path))
-    return parse_bert_config(raw, source=str(path))
-
-
-def parse_bert_config(raw: dict[str, Any], *, source: str = "config.json") -> BertConfig:
-    """Build a `BertConfig` from the decoded JSON object."""
-    _check_architecture(raw, source)
-    numbers = {key: _positive_int(raw, key, source) for key in _REQUIRED_INTS}
-    if numbers["hidden_size"] % numbers["num_attention_heads"]:
-        raise ConversionError(
-            f"hidden_size {numbers['hidden_size']} is not a multiple of "
-            f"num_attention_heads {numbers['num_attention_heads']}",
-            source=source,
-        )
-    eps = raw.get("layer_norm_eps", 1e-12)
-    if not isinstance(eps, int | float) or isinstance(eps, bool) or eps <= 0:
-        raise ConversionError(f"layer_norm_eps {eps!r} is not a positive number", source=source)
-    type_vocab = _positive_int(raw, "type_vocab_size", source) if "type_vocab_size" in raw else 2
-    return BertConfig(
-        **numbers,
-        type_vocab_size=type_vocab,
-        layer_norm_eps=float(eps),
-        hidden_act=raw.get("hidden_act", "gelu"),
-        labels=_labels(raw.get("id2label"), source),
-    )
-
-
-def _check_architecture(raw: dict[str, Any], source: str) -> None:
-    model_type = raw.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ConversionError(f"model_type {model_type!r} is not one of {sorted(SUPPORTED_MODEL_TYPES)}", source=source)
-    act = raw.get("hidden_act", "gelu")
-    if act not in SUPPORTED_ACTIVATIONS:
-        raise ConversionError(f"hidden_act {act!r} is not supported (only erf 'gelu')", source=source)
-    position_type = raw.get("position_embedding_type", "absolute")
-    if position_type != "absolute":
-        raise ConversionError(f"position_embedding_type {position_type!r} is not 'absolute'", source=source)
-
-
-def _positive_int(raw: dict[str, Any], key: str, source: str) -> int:
-    value = raw.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConversionError(f"{key} {value!r} is missing or not a positive integer", source=source)
-    return value
-
-
-def _labels(id2label: Any, source: str) -> tuple[str, ...]:
-    if id2label is None:
-        return ()
-    if not isinstance(id2label, dict):
-        raise ConversionError(f"id2label {id2label!r} is not an object", source=source)
-    try:
-        by_id = {int(key): str(value) for key, value in id2label.items()}
-    except ValueError as exc:
-        raise ConversionError(f"id2label has a non-integer key: {exc}", source=source) from exc
-    if sorted(by_id) != list(range(len(by_id))):
-        raise ConversionError(f"id2label ids {sorted(by_id)} are not 0..{len(by_id) - 1}", source=source)
-    return tuple(by_id[index] for index in range(len(by_id)))
-
+from sie.worker.convert.safetensors_io import Checkpoint
 
 # --- weights ----------------------------------------------------------------------------------------------------------
 
 _OLD_LAYER_NORM_NAMES = {".LayerNorm.weight": ".LayerNorm.gamma", ".LayerNorm.bias": ".LayerNorm.beta"}
 
 
-class BertWeights:
-    """Tensor lookup over one safetensors file, with BERT's naming variants resolved: the `bert.` prefix of task
-    models and the old `gamma`/`beta` LayerNorm names, so the graph builder asks for one name per parameter."""
+class EncoderWeights:
+    """Tensor lookup over a checkpoint, with the naming variants resolved: the base-model prefix of task models
+    (`bert.`, `roberta.`, ...) and the old `gamma`/`beta` LayerNorm names, so the graph builder asks for one name per
+    parameter."""
 
-    def __init__(self, tensors: SafetensorsFile) -> None:
+    def __init__(self, tensors: Checkpoint, config: EncoderConfig) -> None:
         self.tensors = tensors
-        names = tensors.entries
-        self.prefix = "bert." if any(name.startswith("bert.embeddings.") for name in names) else ""
+        prefix = config.family.prefix
+        self.prefix = prefix if any(name.startswith(f"{prefix}embeddings.") for name in tensors.entries) else ""
 
     @property
     def source(self) -> str:
@@ -227,7 +123,7 @@ def graph_inputs() -> list[onnx.ValueInfoProto]:
 
 
 def build_encoder(
-    builder: GraphBuilder, config: BertConfig, weights: BertWeights, hidden_name: str = "last_hidden_state"
+    builder: GraphBuilder, config: EncoderConfig, weights: EncoderWeights, hidden_name: str = "last_hidden_state"
 ) -> EncoderOutput:
     """Add embeddings and every layer; the final [B,S,H] hidden state is named `hidden_name`.
 
@@ -249,7 +145,7 @@ def build_encoder(
     return EncoderOutput(hidden=hidden, tokens=tokens, mask=mask, padding_bias=padding_bias, word_embeddings=word_table)
 
 
-def _dynamic_shapes(builder: GraphBuilder, config: BertConfig) -> _Shapes:
+def _dynamic_shapes(builder: GraphBuilder, config: EncoderConfig) -> _Shapes:
     sequence = builder.op("Shape", ["input_ids"], "shape.sequence", start=1, end=2)
     per_head = builder.const([3, config.num_attention_heads, config.head_size])
     qkv_heads = builder.op("Concat", [builder.const([-1]), sequence, per_head], "shape.qkv_heads", axis=0)
@@ -279,30 +175,53 @@ def gelu(builder: GraphBuilder, x: str, name: str) -> str:
     return builder.op("Mul", [product, builder.const(0.5, np.float32)], name)
 
 
-def _embeddings(builder: GraphBuilder, config: BertConfig, weights: BertWeights, sequence: str) -> tuple[str, str]:
-    hidden = config.hidden_size
+def _embeddings(
+    builder: GraphBuilder, config: EncoderConfig, weights: EncoderWeights, sequence: str
+) -> tuple[str, str]:
+    """Word + position (+ token type) embeddings, LayerNorm, and ELECTRA's projection to the hidden size. Returns the
+    word table (a tied MLM decoder reuses it) and the embedded tokens [B, S, H]."""
+    width = config.embedding_width
     word_table = builder.weight(
         "embeddings.word_embeddings.weight",
-        weights.base("embeddings.word_embeddings.weight", (config.vocab_size, hidden)),
+        weights.base("embeddings.word_embeddings.weight", (config.vocab_size, width)),
     )
     position_table = builder.weight(
         "embeddings.position_embeddings.weight",
-        weights.base("embeddings.position_embeddings.weight", (config.max_position_embeddings, hidden)),
+        weights.base("embeddings.position_embeddings.weight", (config.max_position_embeddings, width)),
     )
-    type_table = builder.weight(
-        "embeddings.token_type_embeddings.weight",
-        weights.base("embeddings.token_type_embeddings.weight", (config.type_vocab_size, hidden)),
+    summed = builder.op("Gather", [word_table, "input_ids"], "embeddings.words")
+    if config.type_vocab_size:
+        type_rows = weights.base("embeddings.token_type_embeddings.weight", (config.type_vocab_size, width))
+        if config.type_vocab_size == 1:  # one token type: every token adds the same row, whatever its id says
+            types = builder.weight("embeddings.token_type_embeddings.weight", type_rows[0])
+        else:
+            type_table = builder.weight("embeddings.token_type_embeddings.weight", type_rows)
+            types = builder.op("Gather", [type_table, "token_type_ids"], "embeddings.types")
+        summed = builder.op("Add", [summed, types], "embeddings.word_type")
+    summed = builder.op("Add", [summed, _positions(builder, config, position_table, sequence)], "embeddings.sum")
+    params = weights.base_layer_norm("embeddings.LayerNorm", width)
+    embedded = layer_norm(builder, summed, params, "embeddings.LayerNorm", config.layer_norm_eps)
+    if config.embedding_size:
+        project = weights.base_linear("embeddings_project", width, config.hidden_size)
+        embedded = linear(builder, embedded, project, "embeddings_project")
+    return word_table, embedded
+
+
+def _positions(builder: GraphBuilder, config: EncoderConfig, table: str, sequence: str) -> str:
+    """The position embedding of every token: rows 0..S-1, or RoBERTa's (`padding_idx` for padding ids, then
+    padding_idx + 1, + 2, ... over the others, counted along the row)."""
+    if config.padding_idx is None:
+        # Positions are 0..S-1, so the first S rows of the table replace a Range + Gather.
+        return builder.op("Slice", [table, builder.const([0]), sequence, builder.const([0])], "embeddings.positions")
+    pad = builder.const(config.padding_idx)
+    is_pad = builder.op("Equal", ["input_ids", pad], "embeddings.is_pad")
+    real = builder.op(
+        "Cast", [builder.op("Not", [is_pad], "embeddings.is_real")], "embeddings.real", to=TensorProto.INT64
     )
-    words = builder.op("Gather", [word_table, "input_ids"], "embeddings.words")
-    types = builder.op("Gather", [type_table, "token_type_ids"], "embeddings.types")
-    # Positions are 0..S-1, so the first S rows of the table replace a Range + Gather.
-    positions = builder.op(
-        "Slice", [position_table, builder.const([0]), sequence, builder.const([0])], "embeddings.positions"
-    )
-    summed = builder.op("Add", [words, types], "embeddings.word_type")
-    summed = builder.op("Add", [summed, positions], "embeddings.sum")
-    params = weights.base_layer_norm("embeddings.LayerNorm", hidden)
-    return word_table, layer_norm(builder, summed, params, "embeddings.LayerNorm", config.layer_norm_eps)
+    counted = builder.op("CumSum", [real, builder.const(1)], "embeddings.counted")
+    counted = builder.op("Mul", [counted, real], "embeddings.counted_real")
+    position_ids = builder.op("Add", [counted, pad], "embeddings.position_ids")
+    return builder.op("Gather", [table, position_ids], "embeddings.positions")
 
 
 def _padding_bias(builder: GraphBuilder) -> tuple[str, str]:
@@ -316,49 +235,52 @@ class _Layer:
     """One transformer layer's sub-graphs; weights are read as each block is built."""
 
     def __init__(
-        self, builder: GraphBuilder, config: BertConfig, weights: BertWeights, index: int, shapes: _Shapes
+        self, builder: GraphBuilder, config: EncoderConfig, weights: EncoderWeights, index: int, shapes: _Shapes
     ) -> None:
         self.builder = builder
         self.config = config
         self.weights = weights
         self.shapes = shapes
-        self.prefix = f"encoder.layer.{index}"
+        self.family = config.family
+        self.prefix = config.family.layer.format(index=index)
 
     def attention(self, x: str, attention_bias: str) -> str:
         """Self-attention on [B*S, H] tokens, then output dense, residual and LayerNorm."""
         b, cfg, name = self.builder, self.config, f"{self.prefix}.attention"
-        qkv = linear(b, x, self._qkv_params(), f"{name}.self.qkv")
+        qkv = linear(b, x, self._qkv_params(), f"{name}.qkv")
         # One Reshape + Transpose serves Q, K and V: [B*S,3H] -> [3,B,heads,S,head_size].
-        split_heads = b.op("Reshape", [qkv, self.shapes.qkv_heads], f"{name}.self.heads")
-        split_heads = b.op("Transpose", [split_heads], f"{name}.self.heads_t", perm=[2, 0, 3, 1, 4])
-        parts = b.op_multi("Split", [split_heads], [f"{name}.self.{p}5d" for p in "qkv"], axis=0)
-        q, k, v = (
-            b.op("Squeeze", [part, b.const([0])], f"{name}.self.{p}") for part, p in zip(parts, "qkv", strict=True)
-        )
-        k_t = b.op("Transpose", [k], f"{name}.self.k_t", perm=[0, 1, 3, 2])
-        scores = b.op("MatMul", [q, k_t], f"{name}.self.scores")
-        scores = b.op("Add", [scores, attention_bias], f"{name}.self.masked_scores")
-        probs = b.op("Softmax", [scores], f"{name}.self.probs", axis=-1)
-        context = b.op("MatMul", [probs, v], f"{name}.self.context")
-        context = b.op("Transpose", [context], f"{name}.self.context_t", perm=[0, 2, 1, 3])
-        context = b.op("Reshape", [context, b.const([-1, cfg.hidden_size])], f"{name}.self.merged")
-        out = linear(b, context, self._dense(f"{name}.output.dense", cfg.hidden_size), f"{name}.output.dense")
-        return self._residual_norm(out, x, f"{name}.output.LayerNorm")
+        split_heads = b.op("Reshape", [qkv, self.shapes.qkv_heads], f"{name}.heads")
+        split_heads = b.op("Transpose", [split_heads], f"{name}.heads_t", perm=[2, 0, 3, 1, 4])
+        parts = b.op_multi("Split", [split_heads], [f"{name}.{p}5d" for p in "qkv"], axis=0)
+        q, k, v = (b.op("Squeeze", [part, b.const([0])], f"{name}.{p}") for part, p in zip(parts, "qkv", strict=True))
+        k_t = b.op("Transpose", [k], f"{name}.k_t", perm=[0, 1, 3, 2])
+        scores = b.op("MatMul", [q, k_t], f"{name}.scores")
+        scores = b.op("Add", [scores, attention_bias], f"{name}.masked_scores")
+        probs = b.op("Softmax", [scores], f"{name}.probs", axis=-1)
+        context = b.op("MatMul", [probs, v], f"{name}.context")
+        context = b.op("Transpose", [context], f"{name}.context_t", perm=[0, 2, 1, 3])
+        context = b.op("Reshape", [context, b.const([-1, cfg.hidden_size])], f"{name}.merged")
+        output = self._name(self.family.attention_output)
+        out = linear(b, context, self._dense(output, cfg.hidden_size), output)
+        return self._residual_norm(out, x, self._name(self.family.attention_norm))
 
     def feed_forward(self, x: str) -> str:
-        b, cfg, name = self.builder, self.config, f"{self.prefix}.intermediate.dense"
-        inner = linear(b, x, self._dense(name, cfg.intermediate_size), name)
-        activated = gelu(b, inner, f"{self.prefix}.intermediate.gelu")
-        params = self.weights.base_linear(f"{self.prefix}.output.dense", cfg.intermediate_size, cfg.hidden_size)
-        out = linear(b, activated, params, f"{self.prefix}.output.dense")
-        return self._residual_norm(out, x, f"{self.prefix}.output.LayerNorm")
+        b, cfg = self.builder, self.config
+        ffn_in, ffn_out = self._name(self.family.ffn_in), self._name(self.family.ffn_out)
+        inner = linear(b, x, self._dense(ffn_in, cfg.intermediate_size), ffn_in)
+        activated = gelu(b, inner, f"{self.prefix}.ffn.gelu")
+        out = linear(b, activated, self.weights.base_linear(ffn_out, cfg.intermediate_size, cfg.hidden_size), ffn_out)
+        return self._residual_norm(out, x, self._name(self.family.ffn_norm))
+
+    def _name(self, part: str) -> str:
+        return f"{self.prefix}.{part}"
 
     def _qkv_params(self) -> tuple[np.ndarray, np.ndarray]:
         """Q, K and V side by side as one [H, 3H] matrix; 1/sqrt(head_size) is folded into Q."""
         width = self.config.hidden_size
         (wq, bq), (wk, bk), (wv, bv) = (
-            self.weights.base_linear(f"{self.prefix}.attention.self.{part}", width, width)
-            for part in ("query", "key", "value")
+            self.weights.base_linear(self._name(part), width, width)
+            for part in (self.family.query, self.family.key, self.family.value)
         )
         scale = np.float32(1.0 / math.sqrt(self.config.head_size))
         return np.concatenate([wq * scale, wk, wv], axis=1), np.concatenate([bq * scale, bk, bv])

@@ -1,0 +1,269 @@
+"""The encoder families built like BERT (post-LayerNorm transformer layers over learned absolute positions): what
+tells them apart, as data. `EncoderConfig` is the architecture read from a Hugging Face `config.json`, checked for
+what the graph builder cannot do; `EncoderFamily` says where each family keeps its tensors and which task heads it
+carries.
+
+- bert (bert): the reference layout.
+- roberta (roberta, xlm-roberta, camembert): positions counted from `pad_token_id + 1` over the ids that are not
+  padding; one token type; classifier `dense`-tanh-`out_proj` on the first token; MLM head `lm_head`.
+- electra (electra): embeddings of `embedding_size` projected to the hidden size (`embeddings_project`); classifier
+  `dense`-gelu-`out_proj`; no MLM head (its MLM is the separate generator).
+- distilbert (distilbert): no token types; its own tensor and config names; classifier
+  `pre_classifier`-relu-`classifier`; MLM head `vocab_*`.
+
+Each entry was read from the family's `modeling_*.py` in transformers and is checked against transformers itself on a
+random checkpoint (tests/unit/test_convert_families.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+
+from sie.worker.convert.errors import ConversionError
+
+# Hugging Face's "gelu" is the exact erf form; the tanh approximations are different functions.
+SUPPORTED_ACTIVATIONS = frozenset({"gelu"})
+
+
+@attrs.frozen
+class MlmHead:
+    """Where a family keeps its masked-language-model head: dense, GELU, LayerNorm, then a decoder that is the
+    word-embedding table unless the checkpoint stores a different one, plus a bias (one of `biases`)."""
+
+    dense: str
+    norm: str
+    decoder: str
+    biases: tuple[str, ...]
+
+
+@attrs.frozen
+class EncoderFamily:
+    """Tensor names of one family, relative to its base-model prefix (`bert.`, `roberta.`, ...) for the encoder and
+    absolute for the task heads, as transformers saves them."""
+
+    name: str
+    model_types: tuple[str, ...]
+    prefix: str
+    layer: str  # "{index}" is the layer number
+    query: str
+    key: str
+    value: str
+    attention_output: str
+    attention_norm: str
+    ffn_in: str
+    ffn_out: str
+    ffn_norm: str
+    # "pooler" (BERT: pooler dense + tanh, then `classifier`), "tanh" / "gelu" (`classifier.dense`, the activation,
+    # `classifier.out_proj`), "relu" (DistilBERT: `pre_classifier`, relu, `classifier`)
+    sequence_classifier: str
+    mlm: MlmHead | None
+
+
+_BERT_LAYER = {
+    "layer": "encoder.layer.{index}",
+    "query": "attention.self.query",
+    "key": "attention.self.key",
+    "value": "attention.self.value",
+    "attention_output": "attention.output.dense",
+    "attention_norm": "attention.output.LayerNorm",
+    "ffn_in": "intermediate.dense",
+    "ffn_out": "output.dense",
+    "ffn_norm": "output.LayerNorm",
+}
+
+FAMILIES: Mapping[str, EncoderFamily] = MappingProxyType(
+    {
+        family.name: family
+        for family in (
+            EncoderFamily(
+                "bert",
+                ("bert",),
+                "bert.",
+                **_BERT_LAYER,
+                sequence_classifier="pooler",
+                mlm=MlmHead(
+                    "cls.predictions.transform.dense",
+                    "cls.predictions.transform.LayerNorm",
+                    "cls.predictions.decoder.weight",
+                    ("cls.predictions.bias", "cls.predictions.decoder.bias"),
+                ),
+            ),
+            EncoderFamily(
+                "roberta",
+                ("roberta", "xlm-roberta", "camembert"),
+                "roberta.",
+                **_BERT_LAYER,
+                sequence_classifier="tanh",
+                mlm=MlmHead(
+                    "lm_head.dense",
+                    "lm_head.layer_norm",
+                    "lm_head.decoder.weight",
+                    ("lm_head.bias", "lm_head.decoder.bias"),
+                ),
+            ),
+            EncoderFamily("electra", ("electra",), "electra.", **_BERT_LAYER, sequence_classifier="gelu", mlm=None),
+            EncoderFamily(
+                "distilbert",
+                ("distilbert",),
+                "distilbert.",
+                layer="transformer.layer.{index}",
+                query="attention.q_lin",
+                key="attention.k_lin",
+                value="attention.v_lin",
+                attention_output="attention.out_lin",
+                attention_norm="sa_layer_norm",
+                ffn_in="ffn.lin1",
+                ffn_out="ffn.lin2",
+                ffn_norm="output_layer_norm",
+                sequence_classifier="relu",
+                mlm=MlmHead("vocab_transform", "vocab_layer_norm", "vocab_projector.weight", ("vocab_projector.bias",)),
+            ),
+        )  # fmt: skip
+    }
+)
+FAMILY_OF_MODEL_TYPE: Mapping[str, EncoderFamily] = MappingProxyType(
+    {model_type: family for family in FAMILIES.values() for model_type in family.model_types}
+)
+
+
+@attrs.frozen
+class EncoderConfig:
+    """The architecture numbers of one checkpoint, plus its label names in id order."""
+
+    family: EncoderFamily
+    hidden_size: int
+    num_attention_heads: int
+    num_hidden_layers: int
+    intermediate_size: int
+    max_position_embeddings: int
+    vocab_size: int
+    type_vocab_size: int = 2  # 0: the family has no token-type embeddings
+    embedding_size: int = 0  # the embeddings' width where it differs from hidden_size (ELECTRA), else 0
+    # RoBERTa's positions: padding tokens sit at position `padding_idx`, real tokens count up from padding_idx + 1.
+    padding_idx: int | None = None
+    layer_norm_eps: float = 1e-12
+    hidden_act: str = "gelu"
+    labels: tuple[str, ...] = ()
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def embedding_width(self) -> int:
+        return self.embedding_size or self.hidden_size
+
+
+def load_encoder_config(path: Path) -> EncoderConfig:
+    """Read and validate `config.json`; errors name the file and the field."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConversionError(f"cannot read file: {exc}", source=str(path)) from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConversionError(f"not valid JSON: {exc}", source=str(path)) from exc
+    if not isinstance(raw, dict):
+        raise ConversionError("top level is not a JSON object", source=str(path))
+    return parse_encoder_config(raw, source=str(path))
+
+
+def parse_encoder_config(raw: dict[str, Any], *, source: str = "config.json") -> EncoderConfig:
+    """Build an `EncoderConfig` from the decoded JSON object; an unknown `model_type` names the supported ones."""
+    model_type = raw.get("model_type")
+    family = FAMILY_OF_MODEL_TYPE.get(model_type) if isinstance(model_type, str) else None
+    if family is None:
+        raise ConversionError(
+            f"model_type {model_type!r} is not an encoder family this converter builds "
+            f"(supported: {', '.join(sorted(FAMILY_OF_MODEL_TYPE))})",
+            source=source,
+        )
+    if family.name == "distilbert":
+        return _distilbert_config(raw, family, source)
+    act = raw.get("hidden_act", "gelu")
+    if act not in SUPPORTED_ACTIVATIONS:
+        raise ConversionError(f"hidden_act {act!r} is not supported (only erf 'gelu')", source=source)
+    position_type = raw.get("position_embedding_type", "absolute")
+    if position_type != "absolute":
+        raise ConversionError(f"position_embedding_type {position_type!r} is not 'absolute'", source=source)
+    numbers = {
+        key: _positive_int(raw, key, source)
+        for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
+                    "max_position_embeddings", "vocab_size")
+    }  # fmt: skip
+    _check_heads(numbers["hidden_size"], numbers["num_attention_heads"], source)
+    embedding_size = _positive_int(raw, "embedding_size", source) if raw.get("embedding_size") is not None else 0
+    padding_idx = None
+    if family.name == "roberta":
+        padding_idx = raw.get("pad_token_id", 1)
+        if not isinstance(padding_idx, int) or isinstance(padding_idx, bool) or padding_idx < 0:
+            raise ConversionError(f"pad_token_id {padding_idx!r} is not a non-negative integer", source=source)
+    return EncoderConfig(
+        family=family,
+        **numbers,
+        type_vocab_size=_positive_int(raw, "type_vocab_size", source) if "type_vocab_size" in raw else 2,
+        embedding_size=0 if embedding_size == numbers["hidden_size"] else embedding_size,
+        padding_idx=padding_idx,
+        layer_norm_eps=_positive_float(raw, "layer_norm_eps", 1e-12, source),
+        hidden_act=act,
+        labels=_labels(raw.get("id2label"), source),
+    )
+
+
+def _distilbert_config(raw: dict[str, Any], family: EncoderFamily, source: str) -> EncoderConfig:
+    act = raw.get("activation", "gelu")
+    if act not in SUPPORTED_ACTIVATIONS:
+        raise ConversionError(f"activation {act!r} is not supported (only erf 'gelu')", source=source)
+    hidden, heads = _positive_int(raw, "dim", source), _positive_int(raw, "n_heads", source)
+    _check_heads(hidden, heads, source)
+    return EncoderConfig(
+        family=family,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_hidden_layers=_positive_int(raw, "n_layers", source),
+        intermediate_size=_positive_int(raw, "hidden_dim", source),
+        max_position_embeddings=_positive_int(raw, "max_position_embeddings", source),
+        vocab_size=_positive_int(raw, "vocab_size", source),
+        type_vocab_size=0,
+        layer_norm_eps=1e-12,  # fixed in DistilBERT's modeling code
+        hidden_act=act,
+        labels=_labels(raw.get("id2label"), source),
+    )
+
+
+def _check_heads(hidden: int, heads: int, source: str) -> None:
+    if hidden % heads:
+        raise ConversionError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}", source=source)
+
+
+def _positive_int(raw: dict[str, Any], key: str, source: str) -> int:
+    value = raw.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConversionError(f"{key} {value!r} is missing or not a positive integer", source=source)
+    return value
+
+
+def _positive_float(raw: dict[str, Any], key: str, default: float, source: str) -> float:
+    value = raw.get(key, default)
+    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        raise ConversionError(f"{key} {value!r} is not a positive number", source=source)
+    return float(value)
+
+
+def _labels(id2label: Any, source: str) -> tuple[str, ...]:
+    if id2label is None:
+        return ()
+    if not isinstance(id2label, dict):
+        raise ConversionError(f"id2label {id2label!r} is not an object", source=source)
+    try:
+        by_id = {int(key): str(value) for key, value in id2label.items()}
+    except ValueError as exc:
+        raise ConversionError(f"id2label has a non-integer key: {exc}", source=source) from exc
+    if sorted(by_id) != list(range(len(by_id))):
+        raise ConversionError(f"id2label ids {sorted(by_id)} are not 0..{len(by_id) - 1}", source=source)
+    return tuple(by_id[index] for index in range(len(by_id)))

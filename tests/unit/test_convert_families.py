@@ -1,0 +1,191 @@
+"""Every BERT-like encoder family against transformers itself: a tiny checkpoint with random weights built and saved
+by transformers (`save_pretrained`: its own tensor names, prefixes, ties and shards), converted by us, run by
+onnxruntime, and compared with the transformers model on the same padded batch — max abs difference ≤ 1e-4 in
+float32 — for every head the family carries."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+import transformers
+
+from sie.worker.convert import ConversionError, conversion_cache_key, convert_encoder
+
+TOLERANCE = 1e-4
+HIDDEN, HEADS, LAYERS, INTERMEDIATE, VOCAB, POSITIONS, LABELS = 32, 4, 2, 64, 99, 40, 3
+# Three sequences of different lengths, right-padded as our tokenizer pads them.
+LENGTHS = (9, 4, 6)
+
+BERT_LIKE = {"hidden_size": HIDDEN, "num_attention_heads": HEADS, "num_hidden_layers": LAYERS,
+             "intermediate_size": INTERMEDIATE, "vocab_size": VOCAB, "max_position_embeddings": POSITIONS}  # fmt: skip
+
+
+def _family_configs() -> dict[str, Callable[[], transformers.PretrainedConfig]]:
+    return {
+        "bert": lambda: transformers.BertConfig(**BERT_LIKE, type_vocab_size=2, pad_token_id=0),
+        # RoBERTa's positions start after padding_idx: positions need padding_idx + 1 + length rows.
+        "roberta": lambda: transformers.RobertaConfig(**BERT_LIKE, type_vocab_size=1, pad_token_id=1),
+        "xlm-roberta": lambda: transformers.XLMRobertaConfig(**BERT_LIKE, type_vocab_size=1, pad_token_id=1),
+        "camembert": lambda: transformers.CamembertConfig(**BERT_LIKE, type_vocab_size=1, pad_token_id=1),
+        # ELECTRA with narrower embeddings than its hidden size: the projection is part of the graph.
+        "electra": lambda: transformers.ElectraConfig(
+            **BERT_LIKE, embedding_size=16, type_vocab_size=2, pad_token_id=0
+        ),  # fmt: skip
+        "distilbert": lambda: transformers.DistilBertConfig(
+            vocab_size=VOCAB,
+            max_position_embeddings=POSITIONS,
+            dim=HIDDEN,
+            n_heads=HEADS,
+            n_layers=LAYERS,
+            hidden_dim=INTERMEDIATE,
+            pad_token_id=0,
+        ),
+    }
+
+
+FAMILY_CONFIGS = _family_configs()
+TASK_MODELS = {  # head -> the transformers class whose checkpoint it is built from
+    "none": transformers.AutoModel,
+    "mean": transformers.AutoModel,
+    "cls": transformers.AutoModel,
+    "seq-cls": transformers.AutoModelForSequenceClassification,
+    "token-cls": transformers.AutoModelForTokenClassification,
+    "mlm-splade": transformers.AutoModelForMaskedLM,
+}
+
+
+def random_model(family: str, head: str, seed: int = 0) -> torch.nn.Module:
+    """The family's model for `head` with every parameter moved well away from its initial value (LayerNorm scales
+    included), so each tensor the converter reads changes the output."""
+    torch.manual_seed(seed)
+    config = FAMILY_CONFIGS[family]()
+    config.num_labels = LABELS
+    model = TASK_MODELS[head].from_config(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.2)
+    return model
+
+
+def padded_batch(config: transformers.PretrainedConfig, with_types: bool) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    pad = config.pad_token_id
+    width = max(LENGTHS)
+    ids = np.full((len(LENGTHS), width), pad, dtype=np.int64)
+    mask = np.zeros_like(ids)
+    types = np.zeros_like(ids)
+    for row, length in enumerate(LENGTHS):
+        real = rng.integers(2, VOCAB, size=length)  # never the padding id
+        ids[row, :length], mask[row, :length] = real, 1
+        if with_types:
+            types[row, length // 2 : length] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+def reference(model: torch.nn.Module, head: str, feeds: dict[str, np.ndarray], with_types: bool) -> np.ndarray:
+    """What our graph's output must equal, from the transformers model (and sentence-transformers' pooling math)."""
+    inputs = {
+        "input_ids": torch.from_numpy(feeds["input_ids"]),
+        "attention_mask": torch.from_numpy(feeds["attention_mask"]),
+    }
+    if with_types:
+        inputs["token_type_ids"] = torch.from_numpy(feeds["token_type_ids"])
+    mask = torch.from_numpy(feeds["attention_mask"]).float()
+    with torch.no_grad():
+        output = model(**inputs)
+        if head in ("seq-cls", "token-cls"):
+            return output.logits.numpy()
+        if head == "mlm-splade":
+            logits = output.logits.masked_fill(mask[..., None] == 0, float("-inf"))
+            return torch.log1p(torch.relu(logits.max(dim=1).values)).numpy()
+        hidden = output.last_hidden_state
+        if head == "none":
+            return hidden.numpy()
+        pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True) if head == "mean" else hidden[:, 0]
+        return torch.nn.functional.normalize(pooled, dim=-1).numpy()
+
+
+def run_graph(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def compared(ours: np.ndarray, theirs: np.ndarray, head: str, mask: np.ndarray) -> float:
+    """Max abs difference over what a client can see: per-token outputs at real tokens only."""
+    assert ours.shape == theirs.shape
+    if head in ("none", "token-cls"):
+        ours, theirs = ours[mask.astype(bool)], theirs[mask.astype(bool)]
+    return float(np.abs(ours - theirs).max())
+
+
+FAMILY_HEADS = [
+    pytest.param(family, head, id=f"{family}-{head}")
+    for family in FAMILY_CONFIGS
+    for head in TASK_MODELS
+    if not (family == "electra" and head == "mlm-splade")  # ELECTRA's MLM is its generator: no SPLADE model uses it
+]
+
+
+@pytest.mark.parametrize(("family", "head"), FAMILY_HEADS)
+def test_each_head_of_each_family_equals_transformers(family: str, head: str, tmp_path: Path) -> None:
+    model = random_model(family, head)
+    model.save_pretrained(tmp_path / "checkpoint")
+    with_types = model.config.model_type in ("bert", "electra")
+    feeds = padded_batch(model.config, with_types)
+    result = convert_encoder(tmp_path / "checkpoint", tmp_path / "model.onnx", head)
+    ours = run_graph(result.path, feeds)[-1]  # the head's own output comes last
+    difference = compared(ours, reference(model, head, feeds, with_types), head, feeds["attention_mask"])
+    assert difference <= TOLERANCE, f"{family} {head}: max abs difference {difference:.2e}"
+
+
+@pytest.mark.parametrize("family", ["roberta", "distilbert"])
+def test_a_sharded_half_precision_checkpoint_converts_to_the_same_model(family: str, tmp_path: Path) -> None:
+    """`save_pretrained` with a small shard size writes `model.safetensors.index.json` and several shards; in
+    float16, every tensor is read widened to float32, as transformers computes on the float32 model."""
+    model = random_model(family, "seq-cls").half()
+    model.save_pretrained(tmp_path / "checkpoint", max_shard_size="40KB")
+    shards = sorted(path.name for path in (tmp_path / "checkpoint").glob("*.safetensors"))
+    assert len(shards) > 1 and (tmp_path / "checkpoint" / "model.safetensors.index.json").is_file()
+    feeds = padded_batch(model.config, with_types=False)
+    result = convert_encoder(tmp_path / "checkpoint", tmp_path / "model.onnx", "seq-cls")
+    ours = run_graph(result.path, feeds)[0]
+    difference = compared(ours, reference(model.float(), "seq-cls", feeds, False), "seq-cls", feeds["attention_mask"])
+    assert difference <= TOLERANCE
+    key = conversion_cache_key(tmp_path / "checkpoint", "seq-cls")
+    (tmp_path / "checkpoint" / shards[-1]).write_bytes((tmp_path / "checkpoint" / shards[-1]).read_bytes() + b" ")
+    assert conversion_cache_key(tmp_path / "checkpoint", "seq-cls") != key  # every shard is part of the key
+
+
+def test_a_shard_the_index_names_but_the_directory_lacks_is_named(tmp_path: Path) -> None:
+    model = random_model("bert", "none")
+    model.save_pretrained(tmp_path, max_shard_size="40KB")
+    missing = sorted(tmp_path.glob("model-*.safetensors"))[0]
+    missing.unlink()
+    with pytest.raises(ConversionError, match=rf"index\.json: names shard '{missing.name}', which is not in"):
+        convert_encoder(tmp_path, tmp_path / "model.onnx", "none")
+
+
+def test_electra_has_no_splade_head_and_says_so(tmp_path: Path) -> None:
+    random_model("electra", "none").save_pretrained(tmp_path)
+    with pytest.raises(ConversionError, match="the electra family has no masked-language-model head"):
+        convert_encoder(tmp_path, tmp_path / "model.onnx", "mlm-splade")
+
+
+def test_roberta_positions_follow_the_padding_id_not_the_attention_mask(tmp_path: Path) -> None:
+    """transformers counts RoBERTa positions over the ids that are not `pad_token_id`: a padding id inside the
+    attended part keeps the padding position, as it does in transformers."""
+    model = random_model("roberta", "none")
+    model.save_pretrained(tmp_path)
+    feeds = padded_batch(model.config, with_types=False)
+    feeds["input_ids"][0, 3] = model.config.pad_token_id  # attended, but a padding id
+    result = convert_encoder(tmp_path, tmp_path / "model.onnx", "none")
+    ours = run_graph(result.path, feeds)[0]
+    difference = compared(ours, reference(model, "none", feeds, False), "none", feeds["attention_mask"])
+    assert difference <= TOLERANCE
