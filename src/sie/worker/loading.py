@@ -141,6 +141,7 @@ class ModelLoader:
             tokenizer_config_json=_read_json(files.tokenizer_dir / TOKENIZER_CONFIG_FILE),
             tokenizer_path=files.tokenizer_dir / TOKENIZER_FILE,
             generation_limits=self.generation_limits,
+            model_dir=files.model_dir,
         )
         try:
             adapter = adapter_class(resolved.adapter_path)(context)

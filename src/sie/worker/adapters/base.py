@@ -96,6 +96,8 @@ class AdapterContext:
     tokenizer_config_json: Mapping[str, Any] = attrs.field(factory=dict)
     tokenizer_path: Path | None = None
     generation_limits: DecoderLimits = attrs.Factory(DecoderLimits)
+    # The checkpoint's directory: where a sentence-transformers model keeps its module stack (`modules.json`).
+    model_dir: Path | None = None
 
 
 class Adapter:

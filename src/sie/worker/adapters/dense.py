@@ -1,4 +1,6 @@
-"""Dense sentence embeddings: pooled token states (mean, cls or last), optional L2 normalisation."""
+"""Dense sentence embeddings: pooled token states (mean, cls or last), a sentence-transformers model's Dense layers,
+optional L2 normalisation. The model's own stack (`modules.json`) sets the default pooling and normalisation; the
+profile's and the request's options come before it."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ import numpy as np
 from sie.catalog.adapters import DENSE
 from sie.tokenization import PaddedBatch
 from sie.worker.adapters.base import AdapterContext
-from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, first_output
+from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, check_width, first_output, output_width
 from sie.worker.adapters.feeds import bert_feeds
 from sie.worker.outputs import l2_normalize, pool, quantize
+from sie.worker.sentence_modules import SentenceModules, read_sentence_modules
 
 
 class DenseAdapter(TextEncoderAdapter):
@@ -23,12 +26,24 @@ class DenseAdapter(TextEncoderAdapter):
     def __init__(self, context: AdapterContext) -> None:
         super().__init__(context)
         self._token_states = first_output(self.session, rank=3, preferred=("last_hidden_state", "token_embeddings"))
+        stack = read_sentence_modules(context.model_dir) if context.model_dir is not None else None
+        self._stack = stack or SentenceModules(normalize=True)
+        if stack is not None:
+            if stack.pooling is not None:
+                self.runtime_options.setdefault("pooling", stack.pooling)
+            self.runtime_options.setdefault("normalize", stack.normalize)
+        hidden = output_width(self.session, self._token_states)
+        if self._stack.dense and hidden is not None and self._stack.dense[0].in_features != hidden:
+            raise ValueError(
+                f"the first Dense layer takes {self._stack.dense[0].in_features} inputs; the graph gives {hidden}"
+            )
+        check_width(self.model, "dense", None if hidden is None else self._stack.width(hidden), "the model gives")
 
     def forward(self, batch: PaddedBatch) -> list[np.ndarray]:
         return self.run_session(bert_feeds(batch), [self._token_states])
 
     def _vectors(self, hidden: np.ndarray, mask: np.ndarray, options: dict) -> np.ndarray:
-        vectors = pool(hidden, mask, str(options.get("pooling") or "mean"))
+        vectors = self._stack.project(pool(hidden, mask, str(options.get("pooling") or "mean")))
         return l2_normalize(vectors) if options.get("normalize", True) else vectors
 
     def represent(self, outputs: list[np.ndarray], batch: PaddedBatch, specs: list[EncodeSpec]) -> list[dict]:
@@ -37,7 +52,7 @@ class DenseAdapter(TextEncoderAdapter):
         for row, spec in enumerate(specs):
             key = (spec.options.get("pooling"), spec.options.get("normalize", True))
             groups.setdefault(key, []).append(row)
-        vectors = np.empty((len(specs), hidden.shape[-1]), dtype=np.float32)
+        vectors = np.empty((len(specs), self._stack.width(hidden.shape[-1])), dtype=np.float32)
         for rows in groups.values():
             options = specs[rows[0]].options
             vectors[rows] = self._vectors(hidden[rows], batch.attention_mask[rows], options)
@@ -54,7 +69,6 @@ class DenseAdapter(TextEncoderAdapter):
 
     def similarities(self, outputs: list[np.ndarray], batch: PaddedBatch, query: int, docs: range) -> np.ndarray:
         rows = [query, *docs]
-        vectors = l2_normalize(
-            pool(outputs[0][rows], batch.attention_mask[rows], str(self.runtime_options.get("pooling") or "mean"))
-        )
+        pooling = str(self.runtime_options.get("pooling") or "mean")
+        vectors = l2_normalize(self._stack.project(pool(outputs[0][rows], batch.attention_mask[rows], pooling)))
         return vectors[1:] @ vectors[0]

@@ -180,6 +180,23 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
         return query_index, range(query_index + 1, len(texts))
 
 
+def output_width(session: Any, name: str) -> int | None:
+    """The last dimension of output `name` when the graph fixes it, else None."""
+    width = next(node.shape[-1] for node in session.get_outputs() if node.name == name)
+    return width if isinstance(width, int) else None
+
+
+def check_width(model: Any, kind: str, width: int | None, what: str) -> None:
+    """A ValueError (a load failure) when the YAML declares a `kind` dim the model does not produce: a vector of
+    another width would be a silently wrong answer."""
+    declared = model.dims.get(kind)
+    if declared is not None and width is not None and width != declared:
+        raise ValueError(
+            f"{what} {width}-dimensional {kind} vectors, but the model's YAML declares dim {declared} "
+            f"(tasks.encode.{kind}.dim)"
+        )
+
+
 def first_output(session: Any, rank: int, preferred: Sequence[str] = ()) -> str:
     """The graph output to read: a preferred name if present, else the first float output of `rank` dims."""
     outputs = session.get_outputs()

@@ -9,7 +9,7 @@ import numpy as np
 from sie.catalog.adapters import MULTIVECTOR
 from sie.tokenization import PaddedBatch
 from sie.worker.adapters.base import AdapterContext
-from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, first_output
+from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, check_width, first_output, output_width
 from sie.worker.adapters.feeds import bert_feeds
 from sie.worker.outputs import l2_normalize, quantize
 
@@ -24,6 +24,8 @@ class MultivectorAdapter(TextEncoderAdapter):
         super().__init__(context)
         self._token_states = first_output(self.session, rank=3, preferred=("last_hidden_state", "token_embeddings"))
         self._special = self.tokenizer.special_id_array
+        # A ColBERT checkpoint served without its projection gives hidden-size token vectors: refused, not served.
+        check_width(self.model, "multivector", output_width(self.session, self._token_states), "the graph gives")
 
     def forward(self, batch: PaddedBatch) -> list[np.ndarray]:
         return self.run_session(bert_feeds(batch), [self._token_states])

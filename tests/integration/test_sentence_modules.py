@@ -1,0 +1,143 @@
+"""sentence-transformers models served as sentence-transformers itself encodes them: a tiny random model saved by
+`SentenceTransformer.save` (its `modules.json`, Pooling config, Dense weights, Normalize), loaded by our model loader
+(safetensors converted to ONNX) and encoded by the dense adapter, compared with `SentenceTransformer.encode` on the
+same texts (≤ 1e-4). What cannot be applied, or a width the YAML does not declare, fails the load with a message
+that names it — never a vector of another meaning or width."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer import modules as models
+from tokenizers import Tokenizer, pre_tokenizers, processors
+from tokenizers import models as tokenizer_models
+
+from sie.catalog import parse_model_config
+from sie.wire.ipc_batch import EncodeBatchItem
+from sie.worker.errors import ModelLoadError
+
+WORDS = [f"w{index}" for index in range(90)]
+TEXTS = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11", "w12 w13"]
+
+
+def write_base_model(directory: Path, model_type: str) -> None:
+    """A random `model_type` encoder with a word-level tokenizer, as transformers saves them."""
+    torch.manual_seed(0)
+    sizes = {"hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 64,
+             "vocab_size": 99, "max_position_embeddings": 40}  # fmt: skip
+    if model_type == "roberta":
+        config = transformers.RobertaConfig(**sizes, type_vocab_size=1, pad_token_id=1)
+    else:
+        config = transformers.BertConfig(**sizes, pad_token_id=0)
+    model = transformers.AutoModel.from_config(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.2)
+    model.save_pretrained(directory)
+    start, pad = ("<s>", "<pad>") if model_type == "roberta" else ("[CLS]", "[PAD]")
+    end, unknown = ("</s>", "<unk>") if model_type == "roberta" else ("[SEP]", "[UNK]")
+    tokens = [start, pad, end, unknown] if model_type == "roberta" else [pad, unknown, start, end]
+    vocab = {token: index for index, token in enumerate([*tokens, *WORDS])}
+    tokenizer = Tokenizer(tokenizer_models.WordLevel(vocab, unk_token=unknown))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{start} $A {end}", special_tokens=[(start, vocab[start]), (end, vocab[end])]
+    )
+    tokenizer.add_special_tokens([start, pad, end, unknown])
+    tokenizer.save(str(directory / "tokenizer.json"))
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(directory / "tokenizer.json"), pad_token=pad, unk_token=unknown, cls_token=start,
+        sep_token=end,
+    ).save_pretrained(directory)  # fmt: skip
+
+
+def save_stack(directory: Path, model_type: str, pooling: str, dense: list[tuple[int, torch.nn.Module]]) -> None:
+    """Transformer + Pooling (+ Dense layers) + Normalize, saved by sentence-transformers."""
+    write_base_model(directory / "base", model_type)
+    torch.manual_seed(1)
+    stack = [models.Transformer(str(directory / "base")), models.Pooling(32, pooling_mode=pooling)]
+    width = 32
+    for out_features, activation in dense:
+        stack.append(models.Dense(width, out_features, activation_function=activation))
+        width = out_features
+    stack.append(models.Normalize())
+    SentenceTransformer(modules=stack, device="cpu").save(str(directory / "st"))
+
+
+def model_yaml(directory: Path, dim: int) -> dict:
+    return {
+        "sie_id": "acme/st-stack",
+        "weights_path": str(directory),
+        "max_sequence_length": 32,
+        "tasks": {"encode": {"dense": {"dim": dim}}},
+        "profiles": {"default": {"adapter_path": "sie.adapters.dense:X", "max_batch_tokens": 256}},
+    }
+
+
+def encode_items(texts: list[str]) -> list[EncodeBatchItem]:
+    return [
+        EncodeBatchItem(
+            work_item_id=f"e.{index}",
+            request_id="e",
+            item_index=index,
+            total_items=len(texts),
+            timestamp=0.0,
+            item={"text": text},
+        )  # fmt: skip
+        for index, text in enumerate(texts)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("model_type", "pooling", "dense"),
+    [
+        pytest.param("bert", "mean", [(16, torch.nn.Tanh())], id="bert-mean-dense-tanh"),
+        pytest.param("roberta", "cls", [(24, torch.nn.Identity()), (8, torch.nn.ReLU())], id="roberta-cls-2-dense"),
+        pytest.param("bert", "lasttoken", [], id="bert-last-no-dense"),
+    ],
+)
+def test_a_saved_sentence_transformer_encodes_as_sentence_transformers_does(
+    model_loader, tmp_path: Path, model_type: str, pooling: str, dense: list
+) -> None:
+    save_stack(tmp_path, model_type, pooling, dense)
+    reference = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(TEXTS, convert_to_numpy=True)
+    width = dense[-1][0] if dense else 32
+    model = parse_model_config(model_yaml(tmp_path / "st", width))
+    loaded = model_loader.load(model, "default", model.sie_id)
+    results = loaded.adapter.encode(encode_items(TEXTS)).items
+    ours = np.stack([np.asarray(result.result["dense"]["values"]) for result in results])
+    assert ours.shape == reference.shape == (len(TEXTS), width)
+    assert float(np.abs(ours - reference).max()) <= 1e-4
+
+
+def test_a_width_the_yaml_does_not_declare_fails_the_load_naming_both(model_loader, tmp_path: Path) -> None:
+    save_stack(tmp_path, "bert", "mean", [(16, torch.nn.Tanh())])
+    model = parse_model_config(model_yaml(tmp_path / "st", 32))  # the Dense layer makes it 16
+    with pytest.raises(ModelLoadError, match=r"16-dimensional dense vectors, but the model's YAML declares dim 32"):
+        model_loader.load(model, "default", model.sie_id)
+
+
+def test_a_module_sie_cannot_apply_fails_the_load_naming_it(model_loader, tmp_path: Path) -> None:
+    save_stack(tmp_path, "bert", "mean", [])
+    modules_file = tmp_path / "st" / "modules.json"
+    modules = json.loads(modules_file.read_text())
+    modules.insert(2, {"idx": 2, "name": "2", "path": "2_LayerNorm", "type": "sentence_transformers.models.LayerNorm"})
+    modules_file.write_text(json.dumps(modules))
+    model = parse_model_config(model_yaml(tmp_path / "st", 32))
+    with pytest.raises(ModelLoadError, match=r"module 'sentence_transformers.models.LayerNorm' is not one SIE applies"):
+        model_loader.load(model, "default", model.sie_id)
+
+
+def test_dense_weights_only_in_a_pickle_fail_the_load_naming_the_files(model_loader, tmp_path: Path) -> None:
+    save_stack(tmp_path, "bert", "mean", [(16, torch.nn.Tanh())])
+    dense_dir = tmp_path / "st" / "2_Dense"
+    (dense_dir / "model.safetensors").rename(dense_dir / "pytorch_model.bin")
+    model = parse_model_config(model_yaml(tmp_path / "st", 16))
+    with pytest.raises(ModelLoadError, match=r"no model.safetensors for the Dense layer \(found \['config.json', "):
+        model_loader.load(model, "default", model.sie_id)
