@@ -12,54 +12,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import transformers
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer import modules as models
-from tokenizers import Tokenizer, pre_tokenizers, processors
-from tokenizers import models as tokenizer_models
 
 from sie.catalog import parse_model_config
 from sie.wire.ipc_batch import EncodeBatchItem
 from sie.worker.errors import ModelLoadError
+from support.encoder_checkpoints import save_checkpoint
 
-WORDS = [f"w{index}" for index in range(90)]
 TEXTS = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11", "w12 w13"]
-
-
-def write_base_model(directory: Path, model_type: str) -> None:
-    """A random `model_type` encoder with a word-level tokenizer, as transformers saves them."""
-    torch.manual_seed(0)
-    sizes = {"hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 64,
-             "vocab_size": 99, "max_position_embeddings": 40}  # fmt: skip
-    if model_type == "roberta":
-        config = transformers.RobertaConfig(**sizes, type_vocab_size=1, pad_token_id=1)
-    else:
-        config = transformers.BertConfig(**sizes, pad_token_id=0)
-    model = transformers.AutoModel.from_config(config)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.2)
-    model.save_pretrained(directory)
-    start, pad = ("<s>", "<pad>") if model_type == "roberta" else ("[CLS]", "[PAD]")
-    end, unknown = ("</s>", "<unk>") if model_type == "roberta" else ("[SEP]", "[UNK]")
-    tokens = [start, pad, end, unknown] if model_type == "roberta" else [pad, unknown, start, end]
-    vocab = {token: index for index, token in enumerate([*tokens, *WORDS])}
-    tokenizer = Tokenizer(tokenizer_models.WordLevel(vocab, unk_token=unknown))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{start} $A {end}", special_tokens=[(start, vocab[start]), (end, vocab[end])]
-    )
-    tokenizer.add_special_tokens([start, pad, end, unknown])
-    tokenizer.save(str(directory / "tokenizer.json"))
-    transformers.PreTrainedTokenizerFast(
-        tokenizer_file=str(directory / "tokenizer.json"), pad_token=pad, unk_token=unknown, cls_token=start,
-        sep_token=end,
-    ).save_pretrained(directory)  # fmt: skip
 
 
 def save_stack(directory: Path, model_type: str, pooling: str, dense: list[tuple[int, torch.nn.Module]]) -> None:
     """Transformer + Pooling (+ Dense layers) + Normalize, saved by sentence-transformers."""
-    write_base_model(directory / "base", model_type)
+    save_checkpoint(directory / "base", model_type, "none")
     torch.manual_seed(1)
     stack = [models.Transformer(str(directory / "base")), models.Pooling(32, pooling_mode=pooling)]
     width = 32

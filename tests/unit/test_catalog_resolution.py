@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from sie.catalog import BundleConflictError, Catalog, ModelNotFoundError, parse_bundle, parse_model_config
+from sie.catalog import BundleConflictError, Catalog, ModelNotFoundError, load_yaml, parse_bundle, parse_model_config
+from sie.catalog.adapters import ADAPTER_KINDS
 from sie.catalog.ids import parse_model_spec
 from sie.catalog.model import merge_adapter_options
 
@@ -106,3 +109,10 @@ def test_with_models_builds_a_new_snapshot(catalog: Catalog) -> None:
     added = catalog.with_models([_model("org/new", default={"adapter_path": "st.dense:D", "max_batch_tokens": 1})])
     assert "org/new" in added.models and "org/new" not in catalog.models
     assert added.bundle_config_hash("default") != catalog.bundle_config_hash("default")
+
+
+def test_the_default_bundle_runs_exactly_the_modules_an_adapter_kind_serves() -> None:
+    """`config/bundles/default.yaml` (what routes to a worker) and `sie.catalog.adapters` (what kind serves it) list
+    the same modules: a module in one list only would route and fail, or serve and never route."""
+    bundle = Path(__file__).resolve().parents[2] / "config" / "bundles" / "default.yaml"
+    assert set(load_yaml(bundle.read_text())["adapters"]) == set(ADAPTER_KINDS)

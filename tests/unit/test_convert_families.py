@@ -5,7 +5,6 @@ float32 — for every head the family carries."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -15,61 +14,11 @@ import torch
 import transformers
 
 from sie.worker.convert import ConversionError, conversion_cache_key, convert_encoder
+from support.encoder_checkpoints import FAMILY_CONFIGS, TASK_MODELS, VOCAB, random_model
 
 TOLERANCE = 1e-4
-HIDDEN, HEADS, LAYERS, INTERMEDIATE, VOCAB, POSITIONS, LABELS = 32, 4, 2, 64, 99, 40, 3
 # Three sequences of different lengths, right-padded as our tokenizer pads them.
 LENGTHS = (9, 4, 6)
-
-BERT_LIKE = {"hidden_size": HIDDEN, "num_attention_heads": HEADS, "num_hidden_layers": LAYERS,
-             "intermediate_size": INTERMEDIATE, "vocab_size": VOCAB, "max_position_embeddings": POSITIONS}  # fmt: skip
-
-
-def _family_configs() -> dict[str, Callable[[], transformers.PretrainedConfig]]:
-    return {
-        "bert": lambda: transformers.BertConfig(**BERT_LIKE, type_vocab_size=2, pad_token_id=0),
-        # RoBERTa's positions start after padding_idx: positions need padding_idx + 1 + length rows.
-        "roberta": lambda: transformers.RobertaConfig(**BERT_LIKE, type_vocab_size=1, pad_token_id=1),
-        "xlm-roberta": lambda: transformers.XLMRobertaConfig(**BERT_LIKE, type_vocab_size=1, pad_token_id=1),
-        "camembert": lambda: transformers.CamembertConfig(**BERT_LIKE, type_vocab_size=1, pad_token_id=1),
-        # ELECTRA with narrower embeddings than its hidden size: the projection is part of the graph.
-        "electra": lambda: transformers.ElectraConfig(
-            **BERT_LIKE, embedding_size=16, type_vocab_size=2, pad_token_id=0
-        ),  # fmt: skip
-        "distilbert": lambda: transformers.DistilBertConfig(
-            vocab_size=VOCAB,
-            max_position_embeddings=POSITIONS,
-            dim=HIDDEN,
-            n_heads=HEADS,
-            n_layers=LAYERS,
-            hidden_dim=INTERMEDIATE,
-            pad_token_id=0,
-        ),
-    }
-
-
-FAMILY_CONFIGS = _family_configs()
-TASK_MODELS = {  # head -> the transformers class whose checkpoint it is built from
-    "none": transformers.AutoModel,
-    "mean": transformers.AutoModel,
-    "cls": transformers.AutoModel,
-    "seq-cls": transformers.AutoModelForSequenceClassification,
-    "token-cls": transformers.AutoModelForTokenClassification,
-    "mlm-splade": transformers.AutoModelForMaskedLM,
-}
-
-
-def random_model(family: str, head: str, seed: int = 0) -> torch.nn.Module:
-    """The family's model for `head` with every parameter moved well away from its initial value (LayerNorm scales
-    included), so each tensor the converter reads changes the output."""
-    torch.manual_seed(seed)
-    config = FAMILY_CONFIGS[family]()
-    config.num_labels = LABELS
-    model = TASK_MODELS[head].from_config(config).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.2)
-    return model
 
 
 def padded_batch(config: transformers.PretrainedConfig, with_types: bool) -> dict[str, np.ndarray]:

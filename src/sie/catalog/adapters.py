@@ -27,6 +27,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     # public SIE module names served by the kinds above
     "sie_server.adapters.sentence_transformer": DENSE,
     "sie_server.adapters.bert_flash": DENSE,
+    "sie_server.adapters.xlm_roberta_flash": DENSE,
     "sie_server.adapters.pytorch_embedding": DENSE,
     "sie_server.adapters.splade_flash": SPARSE,
     "sie_server.adapters.splade_flash.adapter": SPARSE,

@@ -10,9 +10,7 @@ import typer
 from sie.catalog import BundleConflictError, Catalog, ModelNotFoundError, read_catalog
 from sie.settings import SettingsError, load_settings
 
-app = typer.Typer(
-    help="Check and inspect a model/bundle catalogue.", no_args_is_help=True, add_completion=False
-)
+app = typer.Typer(help="Check and inspect a model/bundle catalogue.", no_args_is_help=True, add_completion=False)
 
 DIR_HELP = "Catalogue directory holding bundles/ and models/ (default: SIE_BUNDLES_DIR and SIE_MODELS_DIR)."
 CatalogDir = Annotated[Path | None, typer.Argument(help=DIR_HELP)]

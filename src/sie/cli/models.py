@@ -11,9 +11,7 @@ from sie.catalog import Catalog, ModelNotFoundError, load_catalog
 from sie.catalog.errors import CatalogErrors
 from sie.settings import Settings, SettingsError, load_settings
 
-app = typer.Typer(
-    help="List and pre-fetch models.", no_args_is_help=True, add_completion=False
-)
+app = typer.Typer(help="List and pre-fetch models.", no_args_is_help=True, add_completion=False)
 console = Console(stderr=True)
 
 ModelArgs = Annotated[list[str] | None, typer.Argument(help="Model ids (variants `org/model:profile` too).")]

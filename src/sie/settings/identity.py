@@ -101,7 +101,11 @@ class ProcessSettings:
             "long its children may take to stop before they are killed).",
             roles=("gateway", "config", "sidecar", "worker", "all"),
             read_by=(
-                "sie.roles.serving", "sie.roles.sidecar", "sie.roles.all", "sie.roles.gateway", "sie.roles.worker"
+                "sie.roles.serving",
+                "sie.roles.sidecar",
+                "sie.roles.all",
+                "sie.roles.gateway",
+                "sie.roles.worker",
             ),
         ),
         20.0,

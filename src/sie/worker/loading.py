@@ -36,6 +36,7 @@ from sie.worker.artifacts import (
 )
 from sie.worker.convert.cache_keys import conversion_cache_key, gguf_cache_key
 from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.families import position_capacity
 from sie.worker.convert.names import (
     GRAPH_FILE,
     TOKENIZER_CONFIG_FILE,
@@ -229,6 +230,12 @@ class ModelLoader:
 
     def _tokenizer(self, model_id: str, directory: Path, model: ModelConfig, config_json: dict) -> TextTokenizer:
         max_length = model.max_sequence_length or DEFAULT_MAX_SEQUENCE_LENGTH
+        capacity = position_capacity(config_json)
+        if capacity is not None and capacity < max_length:
+            # More tokens than the model has positions would fail the whole batch in onnxruntime: truncate there.
+            logger.info("model %s holds %d tokens per sequence; max_sequence_length %d is cut to it",
+                        model_id, capacity, max_length)  # fmt: skip
+            max_length = capacity
         try:
             tokenizer = TextTokenizer.from_file(directory / "tokenizer.json", max_length=max_length)
         except TokenizerError as exc:

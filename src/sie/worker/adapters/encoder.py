@@ -116,6 +116,8 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
         tokens = getattr(item, "prepared_tokens", None)
         if tokens is None or tokens.tokenizer_id != self.tokenizer.tokenizer_id or not tokens.input_ids:
             return None
+        if len(tokens.input_ids[0]) > self.tokenizer.max_length:  # cut longer here (the model's positions)
+            return None
         if self.runtime_options.get("instruction") and not item.instruction:
             return None
         return self.tokenizer.prepared(tokens.input_ids[0], tokens.token_type_ids[0] if tokens.token_type_ids else None)

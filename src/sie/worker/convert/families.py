@@ -160,6 +160,19 @@ class EncoderConfig:
         return self.embedding_size or self.hidden_size
 
 
+def position_capacity(raw: dict[str, Any]) -> int | None:
+    """The most tokens one sequence of this checkpoint can hold (its learned positions; RoBERTa's start after
+    `pad_token_id`), or None when the config does not say (not one of these families, or no position count)."""
+    family = FAMILY_OF_MODEL_TYPE.get(raw.get("model_type"))  # type: ignore[arg-type]
+    positions = raw.get("max_position_embeddings")
+    if family is None or not isinstance(positions, int) or isinstance(positions, bool):
+        return None
+    if family.name == "roberta":
+        pad = raw.get("pad_token_id", 1)
+        return positions - pad - 1 if isinstance(pad, int) else None
+    return positions
+
+
 def load_encoder_config(path: Path) -> EncoderConfig:
     """Read and validate `config.json`; errors name the file and the field."""
     try:

@@ -1,0 +1,133 @@
+"""Each converted encoder family served end to end: `sie run --role all` over a catalogue of tiny random checkpoints
+in local `weights_path` directories (BERT, RoBERTa, XLM-RoBERTa through the public `xlm_roberta_flash` module,
+ELECTRA, DistilBERT, and an XLM-R cross-encoder scored like bge-reranker-v2-m3), asked through the public sie-sdk and
+the OpenAI client. Every vector and score equals what transformers computes on the same tokens (≤ 1e-4), a text
+longer than the model's positions included (cut to them, not failed). Marked slow: it starts a server process."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from launcher import REPO, serving_all
+from sie.catalog import dump_yaml
+from support.encoder_checkpoints import POSITIONS, ROBERTA_STYLE, WORDS, save_checkpoint
+
+pytestmark = pytest.mark.slow
+
+FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert")
+RERANKER = "tiny/xlm-roberta-reranker"
+TEXTS = ["w1 w2 w3", "w40", " ".join(WORDS[:60])]  # the last is longer than the models' 40 positions
+TOLERANCE = 1e-4
+
+
+def model_id(family: str) -> str:
+    return f"tiny/{family}"
+
+
+def write_yaml(models_dir: Path, sie_id: str, weights: Path, adapter_path: str, tasks: dict) -> None:
+    data = {
+        "sie_id": sie_id,
+        "weights_path": str(weights),
+        "max_sequence_length": 128,  # more than the checkpoints' positions: the loader cuts it to them
+        "tasks": tasks,
+        "profiles": {
+            "default": {
+                "adapter_path": adapter_path,
+                "max_batch_tokens": 1024,
+                "adapter_options": {"runtime": {"pooling": "mean", "normalize": True}},
+            }
+        },
+    }
+    (models_dir / f"{sie_id.replace('/', '__')}.yaml").write_text(dump_yaml(data))
+
+
+class Served:
+    def __init__(self, url: str, root: Path, models: dict[str, torch.nn.Module]) -> None:
+        self.url, self.root, self.models = url, root, models
+
+    def tokenizer(self, sie_id: str) -> Tokenizer:
+        directory = self.root / "weights" / sie_id.replace("/", "__")
+        tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        family = sie_id.removeprefix("tiny/").removesuffix("-reranker")
+        # The positions a sequence can use: RoBERTa's start after its padding id.
+        tokenizer.enable_truncation(POSITIONS - 2 if family in ROBERTA_STYLE else POSITIONS)
+        return tokenizer
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    root = tmp_path_factory.mktemp("families")
+    models_dir = root / "models"
+    models_dir.mkdir()
+    models = {}
+    for family in FAMILIES:
+        weights = root / "weights" / model_id(family).replace("/", "__")
+        models[model_id(family)] = save_checkpoint(weights, family, "none")
+        adapter = "sie_server.adapters.xlm_roberta_flash:XLMRobertaFlashAdapter" if family == "xlm-roberta" else (
+            "sie.adapters.dense:OnnxDenseAdapter"
+        )  # fmt: skip
+        write_yaml(models_dir, model_id(family), weights, adapter, {"encode": {"dense": {"dim": 32}}})
+    weights = root / "weights" / RERANKER.replace("/", "__")
+    models[RERANKER] = save_checkpoint(weights, "xlm-roberta", "seq-cls", num_labels=1)
+    write_yaml(models_dir, RERANKER, weights, "sie.adapters.cross_encoder:OnnxCrossEncoderAdapter", {"score": {}})
+    env = {"SIE_MODELS_DIR": str(models_dir), "SIE_MODEL_CACHE": str(root / "cache")}
+    with serving_all(root / "server.log", ["--bundles-dir", str(REPO / "config" / "bundles")], env) as url:
+        yield Served(url, root, models)
+
+
+def reference_vectors(served: Served, sie_id: str, texts: list[str]) -> np.ndarray:
+    tokenizer, model = served.tokenizer(sie_id), served.models[sie_id]
+    vectors = []
+    for text in texts:
+        ids = torch.tensor([tokenizer.encode(text).ids])
+        with torch.no_grad():
+            hidden = model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state[0]
+        vectors.append(torch.nn.functional.normalize(hidden.mean(0), dim=-1).numpy())
+    return np.stack(vectors)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_public_sdk_gets_what_transformers_computes(served: Served, public_sdk, family: str) -> None:
+    client = public_sdk.SIEClient(served.url, timeout_s=120)
+    try:
+        results = client.encode(model_id(family), [{"text": text} for text in TEXTS], wait_for_capacity=True)
+    finally:
+        client.close()
+    ours = np.stack([np.asarray(result["dense"], dtype=np.float32) for result in results])
+    expected = reference_vectors(served, model_id(family), TEXTS)
+    assert ours.shape == expected.shape == (len(TEXTS), 32)
+    assert float(np.abs(ours - expected).max()) <= TOLERANCE
+
+
+def test_the_openai_client_gets_the_same_vectors(served: Served) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", timeout=120, max_retries=3)
+    response = client.embeddings.create(model=model_id("xlm-roberta"), input=TEXTS)
+    ours = np.asarray([item.embedding for item in response.data], dtype=np.float32)
+    assert float(np.abs(ours - reference_vectors(served, model_id("xlm-roberta"), TEXTS)).max()) <= TOLERANCE
+
+
+def test_an_xlm_roberta_cross_encoder_scores_as_transformers_does(served: Served, public_sdk) -> None:
+    query, docs = "w1 w2", ["w1 w2 w3", "w7 w8", "w30 w31 w32 w33"]
+    client = public_sdk.SIEClient(served.url, timeout_s=120)
+    try:
+        scored = client.score(RERANKER, {"text": query}, [{"text": doc} for doc in docs], wait_for_capacity=True)
+    finally:
+        client.close()
+    tokenizer, model = served.tokenizer(RERANKER), served.models[RERANKER]
+    expected = {}
+    for index, doc in enumerate(docs):
+        ids = torch.tensor([tokenizer.encode(query, doc).ids])
+        with torch.no_grad():
+            logit = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0, 0]
+        expected[f"item-{index}"] = float(torch.sigmoid(logit))  # one label: sigmoid, as sentence-transformers does
+    ours = {row["item_id"]: row["score"] for row in scored["scores"]}
+    assert ours.keys() == expected.keys()
+    assert max(abs(ours[key] - expected[key]) for key in ours) <= TOLERANCE

@@ -1,0 +1,97 @@
+"""Tiny random checkpoints of each BERT-like encoder family, built and saved by transformers itself (its own tensor
+names, prefixes, ties and shards), and a word-level `tokenizer.json` in the family's style (`[CLS] … [SEP]` or
+`<s> … </s>`, its padding id). Shared by the converter tests, the sentence-transformers tests and the end-to-end
+family test; imports torch and transformers, which only the test extra installs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import transformers
+from tokenizers import Tokenizer, pre_tokenizers, processors
+from tokenizers import models as tokenizer_models
+
+HIDDEN, HEADS, LAYERS, INTERMEDIATE, VOCAB, POSITIONS, LABELS = 32, 4, 2, 64, 99, 40, 3
+WORDS = [f"w{index}" for index in range(VOCAB - 4)]
+
+BERT_LIKE = {"hidden_size": HIDDEN, "num_attention_heads": HEADS, "num_hidden_layers": LAYERS,
+             "intermediate_size": INTERMEDIATE, "vocab_size": VOCAB, "max_position_embeddings": POSITIONS}  # fmt: skip
+
+FAMILY_CONFIGS: dict[str, Callable[[], transformers.PretrainedConfig]] = {
+    "bert": lambda: transformers.BertConfig(**BERT_LIKE, type_vocab_size=2, pad_token_id=0),
+    # RoBERTa's positions start after padding_idx: positions need padding_idx + 1 + length rows.
+    "roberta": lambda: transformers.RobertaConfig(**BERT_LIKE, type_vocab_size=1, pad_token_id=1),
+    "xlm-roberta": lambda: transformers.XLMRobertaConfig(**BERT_LIKE, type_vocab_size=1, pad_token_id=1),
+    "camembert": lambda: transformers.CamembertConfig(**BERT_LIKE, type_vocab_size=1, pad_token_id=1),
+    # ELECTRA with narrower embeddings than its hidden size: the projection is part of the graph.
+    "electra": lambda: transformers.ElectraConfig(**BERT_LIKE, embedding_size=16, type_vocab_size=2, pad_token_id=0),
+    "distilbert": lambda: transformers.DistilBertConfig(
+        vocab_size=VOCAB, max_position_embeddings=POSITIONS, dim=HIDDEN, n_heads=HEADS, n_layers=LAYERS,
+        hidden_dim=INTERMEDIATE, pad_token_id=0,
+    ),
+}  # fmt: skip
+
+TASK_MODELS = {  # head -> the transformers class whose checkpoint it is built from
+    "none": transformers.AutoModel,
+    "mean": transformers.AutoModel,
+    "cls": transformers.AutoModel,
+    "seq-cls": transformers.AutoModelForSequenceClassification,
+    "token-cls": transformers.AutoModelForTokenClassification,
+    "mlm-splade": transformers.AutoModelForMaskedLM,
+}
+
+# The families whose tokenizers write RoBERTa's specials: <s>=0, <pad>=1, </s>=2, <unk>=3.
+ROBERTA_STYLE = ("roberta", "xlm-roberta", "camembert")
+
+
+def random_model(family: str, head: str, seed: int = 0, num_labels: int = LABELS) -> torch.nn.Module:
+    """The family's model for `head` with every parameter moved well away from its initial value (LayerNorm scales
+    included), so each tensor the converter reads changes the output."""
+    torch.manual_seed(seed)
+    config = FAMILY_CONFIGS[family]()
+    config.num_labels = num_labels
+    model = TASK_MODELS[head].from_config(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.2)
+    return model
+
+
+def write_tokenizer(directory: Path, family: str) -> Tokenizer:
+    """A word-level tokenizer over `w0 … w94` in the family's style, saved as `tokenizer.json` (plus the
+    transformers files a `from_pretrained` reads); its ids match the family config's `pad_token_id`."""
+    if family in ROBERTA_STYLE:
+        start, pad, end, unknown = "<s>", "<pad>", "</s>", "<unk>"
+        specials = [start, pad, end, unknown]
+    else:
+        start, pad, end, unknown = "[CLS]", "[PAD]", "[SEP]", "[UNK]"
+        specials = [pad, unknown, start, end]
+    vocab = {token: index for index, token in enumerate([*specials, *WORDS])}
+    tokenizer = Tokenizer(tokenizer_models.WordLevel(vocab, unk_token=unknown))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    pair_types = ":1" if family in ("bert", "electra") else ""
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{start} $A {end}",
+        pair=f"{start} $A {end} $B{pair_types} {end}{pair_types}",
+        special_tokens=[(start, vocab[start]), (end, vocab[end])],
+    )
+    tokenizer.add_special_tokens(specials)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(directory / "tokenizer.json"), pad_token=pad, unk_token=unknown, cls_token=start,
+        sep_token=end,
+    ).save_pretrained(directory)  # fmt: skip
+    return tokenizer
+
+
+def save_checkpoint(
+    directory: Path, family: str, head: str, seed: int = 0, num_labels: int = LABELS
+) -> torch.nn.Module:
+    """`random_model` saved with its tokenizer into `directory`; returns the model (the reference)."""
+    model = random_model(family, head, seed, num_labels)
+    model.save_pretrained(directory)
+    write_tokenizer(directory, family)
+    return model
