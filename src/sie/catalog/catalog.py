@@ -42,19 +42,31 @@ class Resolution:
 
 
 class Catalog:
-    """Bundles and models, read-only once built; derived indexes are computed lazily and cached."""
+    """Bundles and models, read-only once built; derived indexes are computed lazily and cached.
 
-    def __init__(self, bundles: Iterable[Bundle] = (), models: Iterable[ModelConfig] = ()) -> None:
+    `problems` are the model files (or profiles) left out of a catalogue read from disk, each with its reason: what a
+    server lists as not servable instead of refusing to start over one bad file.
+    """
+
+    def __init__(
+        self,
+        bundles: Iterable[Bundle] = (),
+        models: Iterable[ModelConfig] = (),
+        problems: Iterable[ConfigError] = (),
+    ) -> None:
         self.bundles: dict[str, Bundle] = {bundle.name: bundle for bundle in bundles}
         self.models: dict[str, ModelConfig] = {model.sie_id: model for model in models}
+        self.problems: tuple[ConfigError, ...] = tuple(problems)
 
     def with_models(self, models: Iterable[ModelConfig]) -> Catalog:
-        """A new catalog with these models added or replaced."""
-        return Catalog(self.bundles.values(), {**self.models, **{m.sie_id: m for m in models}}.values())
+        """A new catalog with these models added or replaced (a replaced model's problems go with it)."""
+        added = {model.sie_id: model for model in models}
+        problems = (problem for problem in self.problems if problem.model_id not in added)
+        return Catalog(self.bundles.values(), {**self.models, **added}.values(), problems)
 
     def with_bundles(self, bundles: Iterable[Bundle]) -> Catalog:
         """A new catalog with the bundle set replaced and the same models."""
-        return Catalog(bundles, self.models.values())
+        return Catalog(bundles, self.models.values(), self.problems)
 
     @cached_property
     def bundles_by_priority(self) -> list[Bundle]:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from sie.catalog.catalog import Catalog
 from sie.catalog.errors import CatalogErrors, ConfigError
@@ -17,7 +18,8 @@ def _yaml_files(directory: Path) -> list[Path]:
     return sorted(path for path in directory.glob("*.y*ml") if path.suffix in (".yaml", ".yml"))
 
 
-def _read_dir(directory: Path, parse, errors: list[ConfigError]) -> list:  # noqa: ANN001
+def _read_dir(directory: Path, parse, errors: list[ConfigError]) -> list[tuple[Any, str]]:  # noqa: ANN001
+    """`(parsed, source path)` for every file that parses; the others' errors go to `errors`."""
     parsed = []
     if not directory.is_dir():
         errors.append(ConfigError("directory not found", source=str(directory)))
@@ -25,7 +27,7 @@ def _read_dir(directory: Path, parse, errors: list[ConfigError]) -> list:  # noq
     for path in _yaml_files(directory):
         source = str(path)
         try:
-            parsed.append(parse(load_yaml(path.read_text(encoding="utf-8"), source), source))
+            parsed.append((parse(load_yaml(path.read_text(encoding="utf-8"), source), source), source))
         except CatalogErrors as exc:
             errors.extend(exc.errors)
         except ConfigError as exc:
@@ -46,18 +48,20 @@ def _check_duplicates(items: list, key: str, kind: str, errors: list[ConfigError
 def read_catalog(bundles_dir: Path, models_dir: Path) -> tuple[Catalog, list[ConfigError]]:
     """Parse every file that parses; return the catalog and the problems found (bad files left out)."""
     errors: list[ConfigError] = []
-    bundles = _read_dir(Path(bundles_dir), parse_bundle, errors)
-    models = _read_dir(Path(models_dir), parse_model_config, errors)
+    bundles = [bundle for bundle, _ in _read_dir(Path(bundles_dir), parse_bundle, errors)]
+    read_models = _read_dir(Path(models_dir), parse_model_config, errors)
+    models = [model for model, _ in read_models]
     _check_duplicates(bundles, "name", "bundle", errors)
     _check_duplicates(models, "sie_id", "model", errors)
     catalog = Catalog(bundles, models)
-    for model in models:
+    for model, source in read_models:
         for name in model.profiles:
             module = model.resolve_profile(name).adapter_module
             if module and not any(bundle.runs(module) for bundle in bundles):
                 errors.append(
                     ConfigError(
                         f"Adapter(s) not in any known bundle: {module}",
+                        source=source,
                         model_id=model.sie_id,
                         field=f"profiles.{name}.adapter_path",
                     )

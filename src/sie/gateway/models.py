@@ -50,8 +50,15 @@ def _generate_capabilities(model: ModelConfig) -> dict[str, Any]:
 
 
 def models_body(catalog: Catalog, status: ModelStatusSource) -> dict[str, Any]:
-    """`{"models": [ModelInfo]}` for every servable id, profile variants included."""
-    return {"models": [model_info(catalog, entry, status) for entry in catalog.entries.values()]}
+    """`{"models": [ModelInfo]}` for every servable id, profile variants included; `unservable` lists the model files
+    (or profiles) the catalogue left out, each with its reason, when there are any."""
+    body: dict[str, Any] = {"models": [model_info(catalog, entry, status) for entry in catalog.entries.values()]}
+    if catalog.problems:
+        body["unservable"] = [
+            {"model_id": problem.model_id, "source": problem.source or None, "reason": problem.describe()}
+            for problem in catalog.problems
+        ]
+    return body
 
 
 def model_body(catalog: Catalog, model_id: str, status: ModelStatusSource) -> dict[str, Any]:
