@@ -3,8 +3,8 @@ in local `weights_path` directories (BERT, RoBERTa, XLM-RoBERTa through the publ
 ELECTRA, DistilBERT, and an XLM-R cross-encoder scored like bge-reranker-v2-m3), asked through the public sie-sdk and
 the OpenAI client. Every vector and score equals what transformers computes on the same tokens (≤ 1e-4), a text
 longer than the model's positions included (cut to them, not failed). The catalogue also holds files the server
-cannot serve — one that does not parse, one naming an adapter module no bundle runs — which are listed as not
-servable while the rest is served. Marked slow: it starts a server process."""
+cannot serve — one that does not parse, one naming an adapter module no bundle runs (florence2) — which are listed
+as not servable while the rest is served. Marked slow: it starts a server process."""
 
 from __future__ import annotations
 
@@ -28,13 +28,13 @@ RERANKER = "tiny/xlm-roberta-reranker"
 TEXTS = ["w1 w2 w3", "w40", " ".join(WORDS[:60])]  # the last is longer than the models' 40 positions
 TOLERANCE = 1e-4
 BROKEN_FILE = "acme__broken.yaml"
-CANDLE_ONLY = "acme/candle-only"
-CANDLE_ONLY_YAML = """\
-sie_id: acme/candle-only
-hf_id: acme/candle-only
-tasks: {encode: {dense: {dim: 32}}}
+UNROUTED = "acme/florence-only"
+UNROUTED_YAML = """\
+sie_id: acme/florence-only
+hf_id: acme/florence-only
+tasks: {extract: {}}
 profiles:
-  default: {adapter_path: 'sie_server_rust.adapters.candle:CandleEmbeddingAdapter', max_batch_tokens: 1024}
+  default: {adapter_path: 'sie_server.adapters.florence2:Florence2Adapter', max_batch_tokens: 1024}
 """
 
 
@@ -89,7 +89,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     models[RERANKER] = save_checkpoint(weights, "xlm-roberta", "seq-cls", num_labels=1)
     write_yaml(models_dir, RERANKER, weights, "sie.adapters.cross_encoder:OnnxCrossEncoderAdapter", {"score": {}})
     (models_dir / BROKEN_FILE).write_text("sie_id: acme/broken\nprofiles: [unclosed\n")
-    (models_dir / "acme__candle-only.yaml").write_text(CANDLE_ONLY_YAML)
+    (models_dir / "acme__florence-only.yaml").write_text(UNROUTED_YAML)
     env = {"SIE_MODELS_DIR": str(models_dir), "SIE_MODEL_CACHE": str(root / "cache")}
     with serving_all(root / "server.log", ["--bundles-dir", str(REPO / "config" / "bundles")], env) as url:
         yield Served(url, root, models)
@@ -152,13 +152,13 @@ def test_files_it_cannot_serve_are_listed_with_their_reason_and_the_rest_is_serv
     names = {model["name"] for model in body["models"]}
     assert {model_id(family) for family in FAMILIES} <= names
     unservable = {Path(row["source"]).name: row for row in body["unservable"]}
-    assert unservable.keys() == {BROKEN_FILE, "acme__candle-only.yaml"}, body["unservable"]
+    assert unservable.keys() == {BROKEN_FILE, "acme__florence-only.yaml"}, body["unservable"]
     assert "acme__broken.yaml" in unservable[BROKEN_FILE]["reason"]
-    candle = unservable["acme__candle-only.yaml"]
-    assert candle["model_id"] == CANDLE_ONLY
-    assert "Adapter(s) not in any known bundle: sie_server_rust.adapters.candle" in candle["reason"]
+    unrouted = unservable["acme__florence-only.yaml"]
+    assert unrouted["model_id"] == UNROUTED
+    assert "Adapter(s) not in any known bundle: sie_server.adapters.florence2" in unrouted["reason"]
     log = (served.root / "server.log").read_text()
     refused = [line for line in log.splitlines() if "model config left out (not servable)" in line]
     assert len(refused) == 2, refused  # one line per file
-    answer = httpx.post(f"{served.url}/v1/encode/{CANDLE_ONLY}", json={"items": [{"text": "w1"}]}, timeout=30)
+    answer = httpx.post(f"{served.url}/v1/extract/{UNROUTED}", json={"items": [{"text": "w1"}]}, timeout=30)
     assert 400 <= answer.status_code < 500, answer.text

@@ -1,0 +1,140 @@
+"""How much of a model catalogue this SIE serves, per adapter module: how many YAMLs route to one of our adapter
+kinds, how many of those are of an encoder family our converter builds and is checked against transformers, and why
+each other one is not served.
+
+    .venv/bin/python scripts/catalog_coverage.py                # this project's config/models
+    .venv/bin/python scripts/catalog_coverage.py --public       # the public sie-server 0.10.1 wheel's catalogue
+    .venv/bin/python scripts/catalog_coverage.py DIR_OR_WHEEL [--details]
+
+The architecture of a YAML's checkpoint is its `config.json` `model_type`, which the YAML does not carry: it is read
+from a local `weights_path`, or else taken from what the public adapter module is written for (`ARCHITECTURE_OF`,
+from the module names of sie-server 0.10.1: `xlm_roberta_flash` serves XLM-R, ...). Modules that serve many
+architectures (`sentence_transformer`, `pytorch_embedding`, the Rust `candle`) leave it unknown: such a YAML routes,
+and its family is decided when the worker reads its `config.json` (an unsupported one fails that load by name).
+Each YAML is counted by its default profile, or its first one where it has no default (then it is served as the
+variant `model:profile` only, as the catalogue rules say).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import zipfile
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from sie.catalog import CatalogErrors, ConfigError, load_yaml, parse_model_config  # noqa: E402
+from sie.catalog.adapters import ADAPTER_KINDS, adapter_module  # noqa: E402
+from sie.worker.convert.families import FAMILY_OF_MODEL_TYPE  # noqa: E402
+
+PUBLIC_WHEEL = REPO / ".cache" / "wheels" / "sie_server-0.10.1-py3-none-any.whl"
+MODELS_IN_WHEEL = "sie_server/models/"
+
+# The architecture a public adapter module is written for (its name says so); "" where it serves many.
+ARCHITECTURE_OF = {
+    "sie_server.adapters.bert_flash": "bert",
+    "sie_server.adapters.bert_flash_cross_encoder": "bert",  # and XLM-R (bge-reranker-v2-m3): read config.json
+    "sie_server.adapters.xlm_roberta_flash": "xlm-roberta",
+    "sie_server.adapters.modernbert_flash": "modernbert",
+    "sie_server.adapters.modernbert_flash_cross_encoder": "modernbert",
+    "sie_server.adapters.colbert_modernbert_flash.adapter": "modernbert",
+    "sie_server.adapters.nomic_flash": "nomic_bert",
+    "sie_server.adapters.rope_flash": "new",  # GTE v1.5 "new" architecture (remote code)
+    "sie_server.adapters.colbert_rotary_flash": "new",
+    "sie_server.adapters.gte_sparse_flash": "new",
+    "sie_server.adapters.jina_flash_cross_encoder": "xlm-roberta",  # jina-reranker-v2: XLM-R with flash attention
+    "sie_server.adapters.bge_m3_flash": "xlm-roberta",
+    "sie_server.adapters.bge_m3_flag": "xlm-roberta",
+}
+
+
+def yaml_texts(source: Path) -> Iterator[tuple[str, str]]:
+    """`(name, text)` of every model YAML in a catalogue directory (its `models/`, or the directory itself) or a
+    wheel (`sie_server/models/*.yaml`)."""
+    if source.suffix == ".whl":
+        with zipfile.ZipFile(source) as wheel:
+            for name in sorted(wheel.namelist()):
+                if name.startswith(MODELS_IN_WHEEL) and name.endswith((".yaml", ".yml")):
+                    yield name.removeprefix(MODELS_IN_WHEEL), wheel.read(name).decode()
+        return
+    directory = source / "models" if (source / "models").is_dir() else source
+    for path in sorted(directory.glob("*.y*ml")):
+        yield path.name, path.read_text(encoding="utf-8")
+
+
+def architecture(data: dict, module: str) -> str:
+    """The checkpoint's `model_type`: a local `weights_path`'s config.json, else what the module implies; "" when
+    neither says."""
+    weights = data.get("weights_path")
+    if isinstance(weights, str) and (Path(weights) / "config.json").is_file():
+        return str(json.loads((Path(weights) / "config.json").read_text()).get("model_type", ""))
+    return ARCHITECTURE_OF.get(module, "")
+
+
+def status_of(name: str, text: str) -> tuple[str, str, str]:
+    """`(module, architecture, status)`; status is `converted family`, `routed` (family decided at load) or a
+    reason it is not served."""
+    try:
+        data = load_yaml(text, name)
+        model = parse_model_config(data, source=name)
+    except (CatalogErrors, ConfigError) as exc:
+        return "(does not parse)", "", f"not served: {str(exc).splitlines()[0]}"
+    profile = "default" if "default" in model.profiles else next(iter(model.profiles))
+    module = adapter_module(model.resolve_profile(profile).adapter_path)
+    arch = architecture(data, module)
+    if module not in ADAPTER_KINDS:
+        return module, arch, "not served: no SIE adapter for this module"
+    if not arch:
+        return module, arch, "routed"
+    if arch in FAMILY_OF_MODEL_TYPE:
+        return module, arch, "converted family"
+    return module, arch, f"not served: the converter does not build model_type {arch!r} yet"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("source", nargs="?", type=Path, default=REPO / "config", help="catalogue directory or wheel")
+    parser.add_argument("--public", action="store_true", help=f"the public catalogue ({PUBLIC_WHEEL.name})")
+    parser.add_argument("--details", action="store_true", help="list every YAML that is not served, with its reason")
+    args = parser.parse_args(argv)
+    source = PUBLIC_WHEEL if args.public else args.source
+    if not source.exists():
+        raise SystemExit(f"{source} does not exist (`make test` downloads the public wheel into .cache/wheels)")
+    rows: dict[str, Counter[str]] = defaultdict(Counter)
+    architectures: dict[str, set[str]] = defaultdict(set)
+    refused: list[tuple[str, str]] = []
+    for name, text in yaml_texts(source):
+        module, arch, status = status_of(name, text)
+        rows[module]["yamls"] += 1
+        architectures[module].add(arch or "?")
+        if status == "converted family":
+            rows[module]["routed"] += 1
+            rows[module]["converted"] += 1
+        elif status == "routed":
+            rows[module]["routed"] += 1
+        else:
+            refused.append((name, status))
+    print(f"catalogue: {source}")
+    print("| adapter module | architecture | YAMLs | routed | of a converted family |")
+    print("|---|---|---|---|---|")
+    for module, counts in sorted(rows.items(), key=lambda item: (-item[1]["routed"], -item[1]["yamls"], item[0])):
+        arch = ", ".join(sorted(architectures[module]))
+        print(f"| {module} | {arch} | {counts['yamls']} | {counts['routed']} | {counts['converted']} |")
+    total = sum(counts["yamls"] for counts in rows.values())
+    routed = sum(counts["routed"] for counts in rows.values())
+    converted = sum(counts["converted"] for counts in rows.values())
+    print(f"| **all** | | {total} | {routed} | {converted} |")
+    if args.details:
+        print("\nnot served:")
+        for name, status in refused:
+            print(f"- {name}: {status.removeprefix('not served: ')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
