@@ -23,7 +23,7 @@ from support.encoder_checkpoints import POSITIONS, ROBERTA_STYLE, WORDS, save_ch
 
 pytestmark = pytest.mark.slow
 
-FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert")
+FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert", "mpnet")
 RERANKER = "tiny/xlm-roberta-reranker"
 TEXTS = ["w1 w2 w3", "w40", " ".join(WORDS[:60])]  # the last is longer than the models' 40 positions
 TOLERANCE = 1e-4

@@ -27,6 +27,8 @@ FAMILY_CONFIGS: dict[str, Callable[[], transformers.PretrainedConfig]] = {
     "camembert": lambda: transformers.CamembertConfig(**BERT_LIKE, type_vocab_size=1, pad_token_id=1),
     # ELECTRA with narrower embeddings than its hidden size: the projection is part of the graph.
     "electra": lambda: transformers.ElectraConfig(**BERT_LIKE, embedding_size=16, type_vocab_size=2, pad_token_id=0),
+    # MPNet: relative position bias over T5-style buckets on top of RoBERTa-like positions (padding id 1).
+    "mpnet": lambda: transformers.MPNetConfig(**BERT_LIKE, pad_token_id=1),
     "distilbert": lambda: transformers.DistilBertConfig(
         vocab_size=VOCAB, max_position_embeddings=POSITIONS, dim=HIDDEN, n_heads=HEADS, n_layers=LAYERS,
         hidden_dim=INTERMEDIATE, pad_token_id=0,
@@ -43,7 +45,7 @@ TASK_MODELS = {  # head -> the transformers class whose checkpoint it is built f
 }
 
 # The families whose tokenizers write RoBERTa's specials: <s>=0, <pad>=1, </s>=2, <unk>=3.
-ROBERTA_STYLE = ("roberta", "xlm-roberta", "camembert")
+ROBERTA_STYLE = ("roberta", "xlm-roberta", "camembert", "mpnet")
 
 
 def random_model(family: str, head: str, seed: int = 0, num_labels: int = LABELS) -> torch.nn.Module:

@@ -138,3 +138,15 @@ def test_roberta_positions_follow_the_padding_id_not_the_attention_mask(tmp_path
     ours = run_graph(result.path, feeds)[0]
     difference = compared(ours, reference(model, "none", feeds, False), "none", feeds["attention_mask"])
     assert difference <= TOLERANCE
+
+
+def test_mpnet_distance_buckets_equal_the_modeling_code_for_every_distance() -> None:
+    """The buckets are a constant of the graph: computed in numpy, they must equal MPNet's own torch function for
+    every key-minus-query distance a 514-position checkpoint allows (float32 rounding at the log boundaries)."""
+    from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
+
+    from sie.worker.convert.encoder_graph import relative_position_buckets
+
+    distances = np.arange(-1023, 1024)
+    theirs = MPNetEncoder.relative_position_bucket(torch.from_numpy(distances)).numpy()
+    np.testing.assert_array_equal(relative_position_buckets(distances, 32), theirs)

@@ -1,5 +1,5 @@
 """Torch-free conversion of checkpoints to ONNX graphs (DESIGN §6): safetensors checkpoints of the BERT-like encoder
-families (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT: `families` says how they differ,
+families (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, MPNet: `families` says how they differ,
 `encoder_graph` builds them; entry point `encoders.convert_encoder`) and llama GGUF files to decoder graphs with a
 key/value cache plus their tokenizer (`llama`, entry point `decoders.convert_gguf`). Shared pieces sit beside them:
 `heads`, `graph_builder`, `safetensors_io`, `gguf_io`, `gguf_tokenizer`, `errors`, the `names` a converted graph and

@@ -18,7 +18,7 @@ import onnx
 from onnx import TensorProto
 
 from sie.worker.convert.errors import ConversionError
-from sie.worker.convert.families import EncoderConfig
+from sie.worker.convert.families import MPNET_BUCKETS, EncoderConfig
 from sie.worker.convert.graph_builder import GraphBuilder, tensor_info
 from sie.worker.convert.safetensors_io import Checkpoint
 
@@ -134,6 +134,9 @@ def build_encoder(
     word_table, embedded = _embeddings(builder, config, weights, shapes.sequence)
     mask, padding_bias = _padding_bias(builder)
     attention_bias = builder.op("Unsqueeze", [padding_bias, builder.const([1, 2])], "mask.attention_bias")
+    if config.relative_attention_buckets:  # [B,1,1,S] + [1,heads,S,S]: one [B,heads,S,S] bias for every layer
+        position_bias = _relative_position_bias(builder, config, weights, shapes.sequence)
+        attention_bias = builder.op("Add", [attention_bias, position_bias], "mask.attention_and_position_bias")
     tokens = builder.op("Reshape", [embedded, builder.const([-1, config.hidden_size])], "embeddings.tokens")
     for index in range(config.num_hidden_layers):
         layer = _Layer(builder, config, weights, index, shapes)
@@ -222,6 +225,47 @@ def _positions(builder: GraphBuilder, config: EncoderConfig, table: str, sequenc
     counted = builder.op("Mul", [counted, real], "embeddings.counted_real")
     position_ids = builder.op("Add", [counted, pad], "embeddings.position_ids")
     return builder.op("Gather", [table, position_ids], "embeddings.positions")
+
+
+def relative_position_buckets(relative: np.ndarray, num_buckets: int, max_distance: int = 128) -> np.ndarray:
+    """MPNet's (T5's) bucket of each key-minus-query distance: exact below a quarter of the buckets, then
+    logarithmic up to `max_distance`, with the sign in the upper half. Float32 arithmetic, as the modeling code."""
+    n = -relative.astype(np.int64)
+    half = num_buckets // 2
+    buckets = (n < 0).astype(np.int64) * half
+    n = np.abs(n)
+    max_exact = half // 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scaled = np.log(n.astype(np.float32) / np.float32(max_exact)) / np.float32(math.log(max_distance / max_exact))
+        large = max_exact + (scaled * np.float32(half - max_exact)).astype(np.int64)
+    large = np.minimum(large, half - 1)
+    return buckets + np.where(n < max_exact, n, large)
+
+
+def _relative_position_bias(
+    builder: GraphBuilder, config: EncoderConfig, weights: EncoderWeights, sequence: str
+) -> str:
+    """MPNet's learned bias of each head for each (query, key) pair, [1, heads, S, S]: the bucket of every distance
+    the positions allow is a constant, gathered by `key - query` and then through the learned table."""
+    positions = config.max_position_embeddings
+    offsets = np.arange(-(positions - 1), positions)  # key - query, shifted by positions - 1 to index from 0
+    buckets = builder.const(relative_position_buckets(offsets, MPNET_BUCKETS))
+    table = builder.weight(
+        "encoder.relative_attention_bias.weight",
+        weights.base(
+            config.family.relative_attention_bias, (config.relative_attention_buckets, config.num_attention_heads)
+        ),
+    )
+    length = builder.op("Squeeze", [sequence, builder.const([0])], "position_bias.length")
+    steps = builder.op("Range", [builder.const(0), length, builder.const(1)], "position_bias.steps")
+    keys = builder.op("Unsqueeze", [steps, builder.const([0])], "position_bias.keys")
+    queries = builder.op("Unsqueeze", [steps, builder.const([1])], "position_bias.queries")
+    distance = builder.op("Sub", [keys, queries], "position_bias.distance")
+    index = builder.op("Add", [distance, builder.const(positions - 1)], "position_bias.index")
+    bucket = builder.op("Gather", [buckets, index], "position_bias.bucket")
+    values = builder.op("Gather", [table, bucket], "position_bias.values")  # [S, S, heads]
+    values = builder.op("Transpose", [values], "position_bias.per_head", perm=[2, 0, 1])
+    return builder.op("Unsqueeze", [values, builder.const([0])], "position_bias")
 
 
 def _padding_bias(builder: GraphBuilder) -> tuple[str, str]:

@@ -10,6 +10,9 @@ carries.
   `dense`-gelu-`out_proj`; no MLM head (its MLM is the separate generator).
 - distilbert (distilbert): no token types; its own tensor and config names; classifier
   `pre_classifier`-relu-`classifier`; MLM head `vocab_*`.
+- mpnet (mpnet): RoBERTa's positions (padding id 1, fixed in its modeling code) and heads, no token types, attention
+  names `attention.attn.{q,k,v,o}`, and a learned bias per head for each query-key distance bucket
+  (`encoder.relative_attention_bias`, T5-style buckets: 32, up to a distance of 128), added to every layer's scores.
 
 Each entry was read from the family's `modeling_*.py` in transformers and is checked against transformers itself on a
 random checkpoint (tests/unit/test_convert_families.py).
@@ -29,6 +32,10 @@ from sie.worker.convert.errors import ConversionError
 
 # Hugging Face's "gelu" is the exact erf form; the tanh approximations are different functions.
 SUPPORTED_ACTIVATIONS = frozenset({"gelu"})
+# MPNet's modeling code fixes its padding id at 1 and computes 32 distance buckets whatever its config says (the
+# table has relative_attention_num_buckets rows).
+MPNET_PADDING_IDX = 1
+MPNET_BUCKETS = 32
 
 
 @attrs.frozen
@@ -63,6 +70,8 @@ class EncoderFamily:
     # `classifier.out_proj`), "relu" (DistilBERT: `pre_classifier`, relu, `classifier`)
     sequence_classifier: str
     mlm: MlmHead | None
+    # MPNet: the [buckets, heads] table of a relative position bias shared by every layer ("" for none)
+    relative_attention_bias: str = ""
 
 
 _BERT_LAYER = {
@@ -124,6 +133,28 @@ FAMILIES: Mapping[str, EncoderFamily] = MappingProxyType(
                 sequence_classifier="relu",
                 mlm=MlmHead("vocab_transform", "vocab_layer_norm", "vocab_projector.weight", ("vocab_projector.bias",)),
             ),
+            EncoderFamily(
+                "mpnet",
+                ("mpnet",),
+                "mpnet.",
+                layer="encoder.layer.{index}",
+                query="attention.attn.q",
+                key="attention.attn.k",
+                value="attention.attn.v",
+                attention_output="attention.attn.o",
+                attention_norm="attention.LayerNorm",
+                ffn_in="intermediate.dense",
+                ffn_out="output.dense",
+                ffn_norm="output.LayerNorm",
+                sequence_classifier="tanh",
+                mlm=MlmHead(
+                    "lm_head.dense",
+                    "lm_head.layer_norm",
+                    "lm_head.decoder.weight",
+                    ("lm_head.bias", "lm_head.decoder.bias"),
+                ),
+                relative_attention_bias="encoder.relative_attention_bias.weight",
+            ),
         )  # fmt: skip
     }
 )
@@ -150,6 +181,7 @@ class EncoderConfig:
     layer_norm_eps: float = 1e-12
     hidden_act: str = "gelu"
     labels: tuple[str, ...] = ()
+    relative_attention_buckets: int = 0  # rows of MPNet's relative position bias table; 0: no such bias
 
     @property
     def head_size(self) -> int:
@@ -170,6 +202,8 @@ def position_capacity(raw: dict[str, Any]) -> int | None:
     if family.name == "roberta":
         pad = raw.get("pad_token_id", 1)
         return positions - pad - 1 if isinstance(pad, int) else None
+    if family.name == "mpnet":
+        return positions - MPNET_PADDING_IDX - 1
     return positions
 
 
@@ -211,21 +245,34 @@ def parse_encoder_config(raw: dict[str, Any], *, source: str = "config.json") ->
     }  # fmt: skip
     _check_heads(numbers["hidden_size"], numbers["num_attention_heads"], source)
     embedding_size = _positive_int(raw, "embedding_size", source) if raw.get("embedding_size") is not None else 0
-    padding_idx = None
-    if family.name == "roberta":
-        padding_idx = raw.get("pad_token_id", 1)
-        if not isinstance(padding_idx, int) or isinstance(padding_idx, bool) or padding_idx < 0:
-            raise ConversionError(f"pad_token_id {padding_idx!r} is not a non-negative integer", source=source)
+    padding_idx, types, buckets = _positions(raw, family, source)
     return EncoderConfig(
         family=family,
         **numbers,
-        type_vocab_size=_positive_int(raw, "type_vocab_size", source) if "type_vocab_size" in raw else 2,
+        type_vocab_size=types,
+        relative_attention_buckets=buckets,
         embedding_size=0 if embedding_size == numbers["hidden_size"] else embedding_size,
         padding_idx=padding_idx,
         layer_norm_eps=_positive_float(raw, "layer_norm_eps", 1e-12, source),
         hidden_act=act,
         labels=_labels(raw.get("id2label"), source),
     )
+
+
+def _positions(raw: dict[str, Any], family: EncoderFamily, source: str) -> tuple[int | None, int, int]:
+    """`(padding_idx, type_vocab_size, relative_attention_buckets)`: how the family places tokens."""
+    if family.name == "mpnet":
+        buckets = raw.get("relative_attention_num_buckets", MPNET_BUCKETS)
+        if not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < MPNET_BUCKETS:
+            raise ConversionError(f"relative_attention_num_buckets {buckets!r} is under {MPNET_BUCKETS}", source=source)
+        return MPNET_PADDING_IDX, 0, buckets
+    types = _positive_int(raw, "type_vocab_size", source) if "type_vocab_size" in raw else 2
+    if family.name != "roberta":
+        return None, types, 0
+    padding_idx = raw.get("pad_token_id", 1)
+    if not isinstance(padding_idx, int) or isinstance(padding_idx, bool) or padding_idx < 0:
+        raise ConversionError(f"pad_token_id {padding_idx!r} is not a non-negative integer", source=source)
+    return padding_idx, types, 0
 
 
 def _distilbert_config(raw: dict[str, Any], family: EncoderFamily, source: str) -> EncoderConfig:
