@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from sie.catalog import CatalogErrors, ConfigError, load_yaml, parse_model_config  # noqa: E402
 from sie.catalog.adapters import ADAPTER_KINDS, adapter_module  # noqa: E402
-from sie.worker.convert.families import FAMILY_OF_MODEL_TYPE  # noqa: E402
+from sie.worker.convert.families import CONVERTED_MODEL_TYPES  # noqa: E402
 
 PUBLIC_WHEEL = REPO / ".cache" / "wheels" / "sie_server-0.10.1-py3-none-any.whl"
 MODELS_IN_WHEEL = "sie_server/models/"
@@ -91,7 +91,7 @@ def status_of(name: str, text: str) -> tuple[str, str, str]:
         return module, arch, "not served: no SIE adapter for this module"
     if not arch:
         return module, arch, "routed"
-    if arch in FAMILY_OF_MODEL_TYPE:
+    if arch in CONVERTED_MODEL_TYPES:
         return module, arch, "converted family"
     return module, arch, f"not served: the converter does not build model_type {arch!r} yet"
 

@@ -23,10 +23,15 @@ from support.encoder_checkpoints import POSITIONS, ROBERTA_STYLE, WORDS, save_ch
 
 pytestmark = pytest.mark.slow
 
-FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert", "mpnet")
+FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert", "mpnet", "modernbert")
 RERANKER = "tiny/xlm-roberta-reranker"
 TEXTS = ["w1 w2 w3", "w40", " ".join(WORDS[:60])]  # the last is longer than the models' 40 positions
 TOLERANCE = 1e-4
+# Families served through the public catalogue's module names, as its YAMLs name them.
+PUBLIC_MODULES = {
+    "xlm-roberta": "sie_server.adapters.xlm_roberta_flash:XLMRobertaFlashAdapter",
+    "modernbert": "sie_server.adapters.modernbert_flash:ModernBERTFlashAdapter",
+}
 BROKEN_FILE = "acme__broken.yaml"
 UNROUTED = "acme/florence-only"
 UNROUTED_YAML = """\
@@ -81,9 +86,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     for family in FAMILIES:
         weights = root / "weights" / model_id(family).replace("/", "__")
         models[model_id(family)] = save_checkpoint(weights, family, "none")
-        adapter = "sie_server.adapters.xlm_roberta_flash:XLMRobertaFlashAdapter" if family == "xlm-roberta" else (
-            "sie.adapters.dense:OnnxDenseAdapter"
-        )  # fmt: skip
+        adapter = PUBLIC_MODULES.get(family, "sie.adapters.dense:OnnxDenseAdapter")
         write_yaml(models_dir, model_id(family), weights, adapter, {"encode": {"dense": {"dim": 32}}})
     weights = root / "weights" / RERANKER.replace("/", "__")
     models[RERANKER] = save_checkpoint(weights, "xlm-roberta", "seq-cls", num_labels=1)

@@ -29,6 +29,11 @@ FAMILY_CONFIGS: dict[str, Callable[[], transformers.PretrainedConfig]] = {
     "electra": lambda: transformers.ElectraConfig(**BERT_LIKE, embedding_size=16, type_vocab_size=2, pad_token_id=0),
     # MPNet: relative position bias over T5-style buckets on top of RoBERTa-like positions (padding id 1).
     "mpnet": lambda: transformers.MPNetConfig(**BERT_LIKE, pad_token_id=1),
+    # ModernBERT: a global layer then two local ones with a window of +-2 tokens (shorter than the test texts), mean
+    # pooling before its classifier.
+    "modernbert": lambda: transformers.ModernBertConfig(
+        **BERT_LIKE | {"num_hidden_layers": 3}, local_attention=4, pad_token_id=0, classifier_pooling="mean",
+    ),
     "distilbert": lambda: transformers.DistilBertConfig(
         vocab_size=VOCAB, max_position_embeddings=POSITIONS, dim=HIDDEN, n_heads=HEADS, n_layers=LAYERS,
         hidden_dim=INTERMEDIATE, pad_token_id=0,

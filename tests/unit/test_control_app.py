@@ -402,7 +402,7 @@ async def test_variant_yaml_is_minimal(client: httpx.AsyncClient) -> None:
 async def test_bundles(client: httpx.AsyncClient) -> None:
     listed = (await client.get("/v1/configs/bundles")).json()["bundles"]
     assert listed == [
-        {"bundle_id": "default", "engine": "onnxruntime", "priority": 10, "adapter_count": 16, "source": "filesystem"}
+        {"bundle_id": "default", "engine": "onnxruntime", "priority": 10, "adapter_count": 18, "source": "filesystem"}
     ]
     one = await client.get("/v1/configs/bundles/default")
     assert one.headers["content-type"].startswith("application/x-yaml")

@@ -150,3 +150,23 @@ def test_mpnet_distance_buckets_equal_the_modeling_code_for_every_distance() -> 
     distances = np.arange(-1023, 1024)
     theirs = MPNetEncoder.relative_position_bucket(torch.from_numpy(distances)).numpy()
     np.testing.assert_array_equal(relative_position_buckets(distances, 32), theirs)
+
+
+def test_a_modernbert_config_in_the_hubs_older_layout_converts_to_the_same_model(tmp_path: Path) -> None:
+    """ModernBERT configs on the Hub say `global_attn_every_n_layers`, `global_rope_theta` and `local_rope_theta`
+    where transformers 5 writes `layer_types` and `rope_parameters`: both mean the same model."""
+    import json
+
+    model = random_model("modernbert", "none")
+    model.save_pretrained(tmp_path)
+    config_path = tmp_path / "config.json"
+    config = json.loads(config_path.read_text())
+    rope = config.pop("rope_parameters")
+    assert config.pop("layer_types") == ["full_attention", "sliding_attention", "sliding_attention"]
+    config |= {"global_attn_every_n_layers": 3, "global_rope_theta": rope["full_attention"]["rope_theta"],
+               "local_rope_theta": rope["sliding_attention"]["rope_theta"]}  # fmt: skip
+    config_path.write_text(json.dumps(config))
+    feeds = padded_batch(model.config, with_types=False)
+    ours = run_graph(convert_encoder(tmp_path, tmp_path / "model.onnx", "none").path, feeds)[0]
+    difference = compared(ours, reference(model, "none", feeds, False), "none", feeds["attention_mask"])
+    assert difference <= TOLERANCE

@@ -28,11 +28,13 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie_server.adapters.sentence_transformer": DENSE,
     "sie_server.adapters.bert_flash": DENSE,
     "sie_server.adapters.xlm_roberta_flash": DENSE,
+    "sie_server.adapters.modernbert_flash": DENSE,
     "sie_server.adapters.pytorch_embedding": DENSE,
     "sie_server.adapters.splade_flash": SPARSE,
     "sie_server.adapters.splade_flash.adapter": SPARSE,
     "sie_server.adapters.cross_encoder": CROSS_ENCODER,
     "sie_server.adapters.bert_flash_cross_encoder": CROSS_ENCODER,
+    "sie_server.adapters.modernbert_flash_cross_encoder": CROSS_ENCODER,
     "sie_server.adapters.colbert": MULTIVECTOR,
     # the public Rust engine's embedding module serves many encoder architectures; ours converts the checkpoint,
     # and one whose model_type it does not build fails that load naming it

@@ -1,10 +1,11 @@
-"""Torch-free conversion of checkpoints to ONNX graphs (DESIGN §6): safetensors checkpoints of the BERT-like encoder
-families (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, MPNet: `families` says how they differ,
-`encoder_graph` builds them; entry point `encoders.convert_encoder`) and llama GGUF files to decoder graphs with a
-key/value cache plus their tokenizer (`llama`, entry point `decoders.convert_gguf`). Shared pieces sit beside them:
-`heads`, `graph_builder`, `safetensors_io`, `gguf_io`, `gguf_tokenizer`, `errors`, the `names` a converted graph and
-directory use, and the `cache_keys` conversions are stored under. A family built like BERT is one more row in
-`families`; another architecture is one more module beside `encoder_graph.py`/`llama.py`, wired in by its entry point.
+"""Torch-free conversion of checkpoints to ONNX graphs (DESIGN §6): safetensors checkpoints of the encoder families
+(BERT, RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, MPNet: `families` says how they differ, `encoder_graph`
+builds them; ModernBERT: `modernbert`; entry point `encoders.convert_encoder`) and llama GGUF files to decoder graphs
+with a key/value cache plus their tokenizer (`llama`, entry point `decoders.convert_gguf`). Shared pieces sit beside
+them: `heads`, `graph_builder`, `safetensors_io`, `gguf_io`, `gguf_tokenizer`, `errors`, the `names` a converted
+graph and directory use, and the `cache_keys` conversions are stored under. A family built like BERT is one more
+entry in `families`; another architecture is one more module beside `encoder_graph.py`/`modernbert.py`/`llama.py`,
+wired in by its entry point.
 
 Public surface: `convert_encoder`, the `HEADS` it can attach, `conversion_cache_key` for content-keyed caches,
 `ConversionResult`; `convert_gguf`, `gguf_cache_key`, `DecoderConversion` and the decoder's input/output names;

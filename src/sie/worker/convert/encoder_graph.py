@@ -68,15 +68,19 @@ class EncoderWeights:
             raise ConversionError("contains NaN or infinite values", source=self.source, tensor=stored)
         return array
 
-    def linear(self, name: str, in_features: int, out_features: int) -> tuple[np.ndarray, np.ndarray]:
-        """`(weight [in, out], bias [out])` of the torch Linear `name`, transposed for `x @ W`."""
+    def linear(
+        self, name: str, in_features: int, out_features: int, bias: bool = True
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`(weight [in, out], bias [out])` of the torch Linear `name`, transposed for `x @ W`; a Linear built
+        without a bias (`bias=False`, as its config says) gets zeros, so it is one Gemm all the same."""
         weight = self.get(f"{name}.weight", (out_features, in_features))
-        bias = self.get(f"{name}.bias", (out_features,))
-        return np.ascontiguousarray(weight.T), bias
+        values = self.get(f"{name}.bias", (out_features,)) if bias else np.zeros(out_features, dtype=np.float32)
+        return np.ascontiguousarray(weight.T), values
 
-    def layer_norm(self, name: str, width: int) -> tuple[np.ndarray, np.ndarray]:
-        """`(scale, bias)` of the LayerNorm `name`."""
-        return self.get(f"{name}.weight", (width,)), self.get(f"{name}.bias", (width,))
+    def layer_norm(self, name: str, width: int, bias: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """`(scale, bias)` of the LayerNorm `name` (zeros for a LayerNorm built without a bias)."""
+        values = self.get(f"{name}.bias", (width,)) if bias else np.zeros(width, dtype=np.float32)
+        return self.get(f"{name}.weight", (width,)), values
 
     def _stored_name(self, name: str) -> str | None:
         if name in self.tensors:

@@ -1,5 +1,6 @@
-"""The encoder entry point, `convert_encoder`: one checkpoint directory of a BERT-like family (`families.py`) in,
-one ONNX file out with the head asked for. Its cache key and version are in `cache_keys`.
+"""The encoder entry point, `convert_encoder`: one checkpoint directory of an encoder family (the BERT-like ones of
+`families.py`, ModernBERT of `modernbert.py`) in, one ONNX file out with the head asked for. Its cache key and
+version are in `cache_keys`.
 
 It wires a family's config, weights and encoder graph (`encoder_graph.py`) to a head (`heads.py`) and writes the
 file atomically. It needs only `onnx` and numpy: never torch, and never onnxruntime (the caller loads the result).
@@ -13,9 +14,10 @@ import attrs
 
 from sie.worker.convert.encoder_graph import EncoderWeights, build_encoder, graph_inputs
 from sie.worker.convert.errors import ConversionError
-from sie.worker.convert.families import load_encoder_config
+from sie.worker.convert.families import EncoderConfig, parse_encoder_config, read_config_json
 from sie.worker.convert.graph_builder import GraphBuilder, save_graph
 from sie.worker.convert.heads import HEADS, HeadContext
+from sie.worker.convert.modernbert import ModernBertConfig, build_modernbert, parse_modernbert_config
 from sie.worker.convert.names import CONFIG_FILE
 from sie.worker.convert.safetensors_io import Checkpoint
 
@@ -36,10 +38,19 @@ def convert_encoder(model_dir: Path, out_path: Path, head: str) -> ConversionRes
     if head not in HEADS:
         raise ConversionError(f"unknown head {head!r}; expected one of {sorted(HEADS)}", source=str(model_dir))
     model_dir, out_path = Path(model_dir), Path(out_path)
-    config = load_encoder_config(model_dir / CONFIG_FILE)
+    config_path = model_dir / CONFIG_FILE
+    raw = read_config_json(config_path)
+    config: EncoderConfig | ModernBertConfig
+    if raw.get("model_type") == "modernbert":
+        config = parse_modernbert_config(raw, str(config_path))
+    else:
+        config = parse_encoder_config(raw, source=str(config_path))
     weights = EncoderWeights(Checkpoint(model_dir), config)
     builder = GraphBuilder()
-    encoder = build_encoder(builder, config, weights)
+    if isinstance(config, ModernBertConfig):
+        encoder = build_modernbert(builder, config, weights)
+    else:
+        encoder = build_encoder(builder, config, weights)
     outputs = HEADS[head].build(HeadContext(builder, config, weights, encoder))
     model = builder.model(f"{config.family.name}_{head}", graph_inputs(), outputs)
     save_graph(model, out_path)

@@ -47,6 +47,7 @@ class MlmHead:
     norm: str
     decoder: str
     biases: tuple[str, ...]
+    word_embeddings: str = "embeddings.word_embeddings.weight"  # the table a tied decoder shares
 
 
 @attrs.frozen
@@ -161,6 +162,9 @@ FAMILIES: Mapping[str, EncoderFamily] = MappingProxyType(
 FAMILY_OF_MODEL_TYPE: Mapping[str, EncoderFamily] = MappingProxyType(
     {model_type: family for family in FAMILIES.values() for model_type in family.model_types}
 )
+# Encoder families with a graph of their own (`modernbert.py`), beside the BERT-like ones above.
+OWN_GRAPH_MODEL_TYPES = ("modernbert",)
+CONVERTED_MODEL_TYPES = tuple(sorted([*FAMILY_OF_MODEL_TYPE, *OWN_GRAPH_MODEL_TYPES]))
 
 
 @attrs.frozen
@@ -182,6 +186,10 @@ class EncoderConfig:
     hidden_act: str = "gelu"
     labels: tuple[str, ...] = ()
     relative_attention_buckets: int = 0  # rows of MPNet's relative position bias table; 0: no such bias
+    # Whether the task heads' Linear and LayerNorm layers carry biases (ModernBERT's may not; these families' do).
+    classifier_bias: bool = True
+    norm_bias: bool = True
+    decoder_bias: bool = True
 
     @property
     def head_size(self) -> int:
@@ -197,7 +205,11 @@ def position_capacity(raw: dict[str, Any]) -> int | None:
     `pad_token_id`), or None when the config does not say (not one of these families, or no position count)."""
     family = FAMILY_OF_MODEL_TYPE.get(raw.get("model_type"))  # type: ignore[arg-type]
     positions = raw.get("max_position_embeddings")
-    if family is None or not isinstance(positions, int) or isinstance(positions, bool):
+    if not isinstance(positions, int) or isinstance(positions, bool):
+        return None
+    if raw.get("model_type") in OWN_GRAPH_MODEL_TYPES:
+        return positions  # rotary positions: the context it was trained for
+    if family is None:
         return None
     if family.name == "roberta":
         pad = raw.get("pad_token_id", 1)
@@ -209,6 +221,11 @@ def position_capacity(raw: dict[str, Any]) -> int | None:
 
 def load_encoder_config(path: Path) -> EncoderConfig:
     """Read and validate `config.json`; errors name the file and the field."""
+    return parse_encoder_config(read_config_json(path), source=str(path))
+
+
+def read_config_json(path: Path) -> dict[str, Any]:
+    """The decoded `config.json`; errors name the file."""
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -217,7 +234,7 @@ def load_encoder_config(path: Path) -> EncoderConfig:
         raise ConversionError(f"not valid JSON: {exc}", source=str(path)) from exc
     if not isinstance(raw, dict):
         raise ConversionError("top level is not a JSON object", source=str(path))
-    return parse_encoder_config(raw, source=str(path))
+    return raw
 
 
 def parse_encoder_config(raw: dict[str, Any], *, source: str = "config.json") -> EncoderConfig:
@@ -227,7 +244,7 @@ def parse_encoder_config(raw: dict[str, Any], *, source: str = "config.json") ->
     if family is None:
         raise ConversionError(
             f"model_type {model_type!r} is not an encoder family this converter builds "
-            f"(supported: {', '.join(sorted(FAMILY_OF_MODEL_TYPE))})",
+            f"(supported: {', '.join(CONVERTED_MODEL_TYPES)})",
             source=source,
         )
     if family.name == "distilbert":
@@ -239,12 +256,12 @@ def parse_encoder_config(raw: dict[str, Any], *, source: str = "config.json") ->
     if position_type != "absolute":
         raise ConversionError(f"position_embedding_type {position_type!r} is not 'absolute'", source=source)
     numbers = {
-        key: _positive_int(raw, key, source)
+        key: positive_int(raw, key, source)
         for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
                     "max_position_embeddings", "vocab_size")
     }  # fmt: skip
-    _check_heads(numbers["hidden_size"], numbers["num_attention_heads"], source)
-    embedding_size = _positive_int(raw, "embedding_size", source) if raw.get("embedding_size") is not None else 0
+    check_heads(numbers["hidden_size"], numbers["num_attention_heads"], source)
+    embedding_size = positive_int(raw, "embedding_size", source) if raw.get("embedding_size") is not None else 0
     padding_idx, types, buckets = _positions(raw, family, source)
     return EncoderConfig(
         family=family,
@@ -255,7 +272,7 @@ def parse_encoder_config(raw: dict[str, Any], *, source: str = "config.json") ->
         padding_idx=padding_idx,
         layer_norm_eps=_positive_float(raw, "layer_norm_eps", 1e-12, source),
         hidden_act=act,
-        labels=_labels(raw.get("id2label"), source),
+        labels=labels_of(raw.get("id2label"), source),
     )
 
 
@@ -266,7 +283,7 @@ def _positions(raw: dict[str, Any], family: EncoderFamily, source: str) -> tuple
         if not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < MPNET_BUCKETS:
             raise ConversionError(f"relative_attention_num_buckets {buckets!r} is under {MPNET_BUCKETS}", source=source)
         return MPNET_PADDING_IDX, 0, buckets
-    types = _positive_int(raw, "type_vocab_size", source) if "type_vocab_size" in raw else 2
+    types = positive_int(raw, "type_vocab_size", source) if "type_vocab_size" in raw else 2
     if family.name != "roberta":
         return None, types, 0
     padding_idx = raw.get("pad_token_id", 1)
@@ -279,29 +296,29 @@ def _distilbert_config(raw: dict[str, Any], family: EncoderFamily, source: str) 
     act = raw.get("activation", "gelu")
     if act not in SUPPORTED_ACTIVATIONS:
         raise ConversionError(f"activation {act!r} is not supported (only erf 'gelu')", source=source)
-    hidden, heads = _positive_int(raw, "dim", source), _positive_int(raw, "n_heads", source)
-    _check_heads(hidden, heads, source)
+    hidden, heads = positive_int(raw, "dim", source), positive_int(raw, "n_heads", source)
+    check_heads(hidden, heads, source)
     return EncoderConfig(
         family=family,
         hidden_size=hidden,
         num_attention_heads=heads,
-        num_hidden_layers=_positive_int(raw, "n_layers", source),
-        intermediate_size=_positive_int(raw, "hidden_dim", source),
-        max_position_embeddings=_positive_int(raw, "max_position_embeddings", source),
-        vocab_size=_positive_int(raw, "vocab_size", source),
+        num_hidden_layers=positive_int(raw, "n_layers", source),
+        intermediate_size=positive_int(raw, "hidden_dim", source),
+        max_position_embeddings=positive_int(raw, "max_position_embeddings", source),
+        vocab_size=positive_int(raw, "vocab_size", source),
         type_vocab_size=0,
         layer_norm_eps=1e-12,  # fixed in DistilBERT's modeling code
         hidden_act=act,
-        labels=_labels(raw.get("id2label"), source),
+        labels=labels_of(raw.get("id2label"), source),
     )
 
 
-def _check_heads(hidden: int, heads: int, source: str) -> None:
+def check_heads(hidden: int, heads: int, source: str) -> None:
     if hidden % heads:
         raise ConversionError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}", source=source)
 
 
-def _positive_int(raw: dict[str, Any], key: str, source: str) -> int:
+def positive_int(raw: dict[str, Any], key: str, source: str) -> int:
     value = raw.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConversionError(f"{key} {value!r} is missing or not a positive integer", source=source)
@@ -315,7 +332,7 @@ def _positive_float(raw: dict[str, Any], key: str, default: float, source: str) 
     return float(value)
 
 
-def _labels(id2label: Any, source: str) -> tuple[str, ...]:
+def labels_of(id2label: Any, source: str) -> tuple[str, ...]:
     if id2label is None:
         return ()
     if not isinstance(id2label, dict):

@@ -27,6 +27,7 @@ from sie.worker.convert.encoder_graph import (
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import EncoderConfig, MlmHead
 from sie.worker.convert.graph_builder import GraphBuilder, tensor_info
+from sie.worker.convert.modernbert import ModernBertConfig
 
 # sentence-transformers clamps the token count at 1e-9 and F.normalize clamps the norm at 1e-12.
 MIN_TOKEN_COUNT = 1e-9
@@ -39,7 +40,7 @@ class HeadContext:
     """Everything a head builder needs: the graph so far, the checkpoint and the encoder's tensors."""
 
     builder: GraphBuilder
-    config: EncoderConfig
+    config: EncoderConfig | ModernBertConfig
     weights: EncoderWeights
     encoder: EncoderOutput
 
@@ -117,6 +118,11 @@ def _build_seq_cls(ctx: HeadContext) -> list[onnx.ValueInfoProto]:
         inner = linear(b, first, ctx.weights.linear("pre_classifier", width, width), "pre_classifier")
         inner = b.op("Relu", [inner], "pre_classifier.relu")
         linear(b, inner, ctx.weights.linear("classifier", width, labels), "classifier", output="logits")
+    elif kind == "modernbert":  # ModernBERT: cls or mean pooling, its prediction head, then `classifier`
+        labels = _num_labels(ctx)
+        pooled = first if ctx.config.classifier_pooling == "cls" else _masked_mean(ctx, "classifier.mean")
+        pooled = _prediction_head(ctx, pooled)
+        linear(b, pooled, ctx.weights.linear("classifier", width, labels), "classifier", output="logits")
     else:  # RoBERTa (tanh), ELECTRA (gelu): `classifier.dense`, the activation, `classifier.out_proj`
         labels = _num_labels(ctx, "classifier.out_proj")
         inner = linear(b, first, ctx.weights.linear("classifier.dense", width, width), "classifier.dense")
@@ -126,10 +132,35 @@ def _build_seq_cls(ctx: HeadContext) -> list[onnx.ValueInfoProto]:
     return [tensor_info("logits", _FLOAT, [BATCH, labels])]
 
 
+def _masked_mean(ctx: HeadContext, name: str) -> str:
+    """The mean of the real tokens' hidden states, [B, H] (no normalisation)."""
+    b, mask = ctx.builder, ctx.encoder.mask
+    row_mask = b.op("Unsqueeze", [mask, b.const([1])], f"{name}.row_mask")
+    summed = b.op(
+        "Squeeze", [b.op("MatMul", [row_mask, ctx.encoder.hidden], f"{name}.sum3d"), b.const([1])], f"{name}.sum"
+    )
+    count = b.op("ReduceSum", [mask, b.const([1])], f"{name}.count", keepdims=1)
+    count = b.op("Max", [count, b.const(MIN_TOKEN_COUNT, np.float32)], f"{name}.count_clamped")
+    return b.op("Div", [summed, count], name)
+
+
+def _prediction_head(ctx: HeadContext, x: str) -> str:
+    """ModernBERT's `head` before its classifiers: dense, GELU, LayerNorm (biases as the config says)."""
+    b, cfg = ctx.builder, ctx.config
+    x = linear(
+        b, x, ctx.weights.linear("head.dense", cfg.hidden_size, cfg.hidden_size, cfg.classifier_bias), "head.dense"
+    )
+    params = ctx.weights.layer_norm("head.norm", cfg.hidden_size, cfg.norm_bias)
+    return layer_norm(b, gelu(b, x, "head.gelu"), params, "head.norm", cfg.layer_norm_eps)
+
+
 def _build_token_cls(ctx: HeadContext) -> list[onnx.ValueInfoProto]:
-    """The classifier on every token: one logit row per position."""
+    """The classifier on every token (after ModernBERT's prediction head): one logit row per position."""
     b, width, labels = ctx.builder, ctx.config.hidden_size, _num_labels(ctx)
-    linear(b, ctx.encoder.hidden, ctx.weights.linear("classifier", width, labels), "classifier", output="logits")
+    tokens = ctx.encoder.hidden
+    if ctx.config.family.sequence_classifier == "modernbert":
+        tokens = _prediction_head(ctx, tokens)
+    linear(b, tokens, ctx.weights.linear("classifier", width, labels), "classifier", output="logits")
     return [tensor_info("logits", _FLOAT, [BATCH, SEQUENCE, labels])]
 
 
@@ -149,12 +180,14 @@ def _decoder_table(ctx: HeadContext, head: MlmHead) -> str:
     if not ctx.weights.has(head.decoder):
         return ctx.encoder.word_embeddings
     decoder = ctx.weights.get(head.decoder, shape)
-    if np.array_equal(decoder, ctx.weights.base("embeddings.word_embeddings.weight", shape)):
+    if np.array_equal(decoder, ctx.weights.base(head.word_embeddings, shape)):
         return ctx.encoder.word_embeddings
     return ctx.builder.weight(head.decoder, decoder)
 
 
 def _decoder_bias(ctx: HeadContext, head: MlmHead) -> np.ndarray:
+    if not ctx.config.decoder_bias:  # ModernBERT's decoder_bias: false
+        return np.zeros(ctx.config.vocab_size, dtype=np.float32)
     for name in head.biases:
         if ctx.weights.has(name):
             return ctx.weights.get(name, (ctx.config.vocab_size,))
@@ -165,9 +198,9 @@ def _mlm_logits(ctx: HeadContext) -> str:
     """The family's masked-LM prediction head as [B*S, V] logits (dense, GELU, LayerNorm, tied decoder)."""
     b, cfg, head = ctx.builder, ctx.config, _mlm_head(ctx)
     width = cfg.hidden_size
-    x = linear(b, ctx.encoder.tokens, ctx.weights.linear(head.dense, width, width), head.dense)
+    x = linear(b, ctx.encoder.tokens, ctx.weights.linear(head.dense, width, width, cfg.classifier_bias), head.dense)
     x = gelu(b, x, f"{head.dense}.gelu")
-    x = layer_norm(b, x, ctx.weights.layer_norm(head.norm, width), head.norm, cfg.layer_norm_eps)
+    x = layer_norm(b, x, ctx.weights.layer_norm(head.norm, width, cfg.norm_bias), head.norm, cfg.layer_norm_eps)
     bias = b.weight("mlm.bias", _decoder_bias(ctx, head))
     # Gemm with transB reads the [V, H] embedding table as stored, so the tie costs no second copy.
     return b.op("Gemm", [x, _decoder_table(ctx, head), bias], "mlm.logits", transB=1)

@@ -1,0 +1,251 @@
+"""The ModernBERT encoder family, config + graph: pre-LayerNorm layers without biases (unless the config asks),
+rotary position embeddings with one base for global layers and another for local ones, local layers that attend
+only within a window (`|query - key| <= local_attention // 2`), a gated GELU feed-forward (`Wi` gives input and
+gate), a final LayerNorm; and its task heads (`head`: dense, activation, LayerNorm; then `classifier` or the tied
+`decoder`).
+
+Read from transformers' `modeling_modernbert.py` and `configuration_modernbert.py`; both config layouts are read:
+the Hub's (`global_attn_every_n_layers`, `global_rope_theta`, `local_rope_theta`) and transformers 5's
+(`layer_types`, `rope_parameters`). Checked against transformers itself (tests/unit/test_convert_families.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import numpy as np
+from onnx import TensorProto
+
+from sie.worker.convert.encoder_graph import MASK_NEGATIVE, EncoderOutput, EncoderWeights, gelu, layer_norm, linear
+from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.families import (
+    SUPPORTED_ACTIVATIONS,
+    EncoderFamily,
+    MlmHead,
+    check_heads,
+    labels_of,
+    positive_int,
+)
+from sie.worker.convert.graph_builder import GraphBuilder
+
+FAMILY = EncoderFamily(
+    "modernbert", ("modernbert",), "model.", layer="layers.{index}", query="", key="", value="",
+    attention_output="attn.Wo", attention_norm="attn_norm", ffn_in="mlp.Wi", ffn_out="mlp.Wo", ffn_norm="mlp_norm",
+    sequence_classifier="modernbert",
+    mlm=MlmHead("head.dense", "head.norm", "decoder.weight", ("decoder.bias",), "embeddings.tok_embeddings.weight"),
+)  # fmt: skip
+FULL, SLIDING = "full_attention", "sliding_attention"
+DEFAULT_THETA = {FULL: 160_000.0, SLIDING: 10_000.0}
+
+
+@attrs.frozen
+class ModernBertConfig:
+    """The architecture numbers of one ModernBERT checkpoint (the fields heads share with `EncoderConfig` first)."""
+
+    hidden_size: int
+    num_attention_heads: int
+    num_hidden_layers: int
+    intermediate_size: int
+    max_position_embeddings: int
+    vocab_size: int
+    layer_types: tuple[str, ...]
+    rope_theta: dict[str, float]
+    local_attention: int = 128
+    layer_norm_eps: float = 1e-5
+    norm_bias: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    classifier_pooling: str = "cls"
+    classifier_bias: bool = False
+    decoder_bias: bool = True
+    labels: tuple[str, ...] = ()
+    family: EncoderFamily = FAMILY
+    type_vocab_size: int = 0
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+def parse_modernbert_config(raw: dict[str, Any], source: str) -> ModernBertConfig:
+    numbers = {
+        key: positive_int(raw, key, source)
+        for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
+                    "max_position_embeddings", "vocab_size")
+    }  # fmt: skip
+    check_heads(numbers["hidden_size"], numbers["num_attention_heads"], source)
+    for key in ("hidden_activation", "classifier_activation"):
+        if raw.get(key, "gelu") not in SUPPORTED_ACTIVATIONS:
+            raise ConversionError(f"{key} {raw.get(key)!r} is not supported (only erf 'gelu')", source=source)
+    layers = numbers["num_hidden_layers"]
+    layer_types = raw.get("layer_types")
+    if layer_types is None:
+        every = positive_int(raw, "global_attn_every_n_layers", source) if "global_attn_every_n_layers" in raw else 3
+        layer_types = [SLIDING if index % every else FULL for index in range(layers)]
+    if not isinstance(layer_types, list) or len(layer_types) != layers or not set(layer_types) <= {FULL, SLIDING}:
+        raise ConversionError(
+            f"layer_types {layer_types!r} is not one of {FULL!r}/{SLIDING!r} per layer", source=source
+        )
+    rope = raw.get("rope_parameters") or {}
+    theta = {
+        FULL: (rope.get(FULL) or {}).get("rope_theta", raw.get("global_rope_theta", DEFAULT_THETA[FULL])),
+        SLIDING: (rope.get(SLIDING) or {}).get("rope_theta", raw.get("local_rope_theta", DEFAULT_THETA[SLIDING])),
+    }
+    for kind in (FULL, SLIDING):
+        rope_type = (rope.get(kind) or {}).get("rope_type", "default")
+        if rope_type != "default" or raw.get("rope_scaling"):
+            raise ConversionError(
+                f"rope type {rope_type!r} / rope_scaling is not supported (default only)", source=source
+            )
+    pooling = raw.get("classifier_pooling", "cls")
+    if pooling not in ("cls", "mean"):
+        raise ConversionError(f"classifier_pooling {pooling!r} is not 'cls' or 'mean'", source=source)
+    return ModernBertConfig(
+        **numbers,
+        layer_types=tuple(layer_types),
+        rope_theta={kind: float(value) for kind, value in theta.items()},
+        local_attention=positive_int(raw, "local_attention", source) if "local_attention" in raw else 128,
+        layer_norm_eps=float(raw.get("norm_eps", 1e-5)),
+        norm_bias=bool(raw.get("norm_bias", False)),
+        attention_bias=bool(raw.get("attention_bias", False)),
+        mlp_bias=bool(raw.get("mlp_bias", False)),
+        classifier_pooling=pooling,
+        classifier_bias=bool(raw.get("classifier_bias", False)),
+        decoder_bias=bool(raw.get("decoder_bias", True)),
+        labels=labels_of(raw.get("id2label"), source),
+    )
+
+
+def build_modernbert(builder: GraphBuilder, config: ModernBertConfig, weights: EncoderWeights) -> EncoderOutput:
+    """Embeddings, every layer and the final norm; the [B,S,H] output is `last_hidden_state`."""
+    b, cfg, width = builder, config, config.hidden_size
+    base = weights.prefix
+    word_table = b.weight(
+        "embeddings.tok_embeddings.weight", weights.base("embeddings.tok_embeddings.weight", (cfg.vocab_size, width))
+    )
+    embedded = b.op("Gather", [word_table, "input_ids"], "embeddings.words")
+    embedded = layer_norm(b, embedded, weights.layer_norm(f"{base}embeddings.norm", width, cfg.norm_bias),
+                          "embeddings.norm", cfg.layer_norm_eps)  # fmt: skip
+    mask = b.op("Cast", ["attention_mask"], "mask.float", to=TensorProto.FLOAT)
+    inverted = b.op("Sub", [b.const(1.0, np.float32), mask], "mask.inverted")
+    padding_bias = b.op("Mul", [inverted, b.const(MASK_NEGATIVE, np.float32)], "mask.padding_bias")
+    full_bias = b.op("Unsqueeze", [padding_bias, b.const([1, 2])], "mask.full")  # [B,1,1,S]
+    sequence = b.op("Shape", ["input_ids"], "shape.sequence", start=1, end=2)
+    length = b.op("Squeeze", [sequence, b.const([0])], "shape.length")
+    steps = b.op("Range", [b.const(0), length, b.const(1)], "shape.steps")
+    heads_shape = b.op(
+        "Concat", [b.const([-1]), sequence, b.const([3, cfg.num_attention_heads, cfg.head_size])], "shape.qkv", axis=0
+    )
+    shared = _Shared(
+        heads_shape=heads_shape,
+        biases={FULL: full_bias, SLIDING: _window_bias(b, cfg, full_bias, steps)},
+        rotary={kind: _rotary(b, cfg, steps, kind) for kind in set(cfg.layer_types)},
+    )
+    layers = _Layers(b, cfg, weights, shared)
+    tokens = b.op("Reshape", [embedded, b.const([-1, width])], "embeddings.tokens")
+    for index, kind in enumerate(cfg.layer_types):
+        prefix = f"{base}layers.{index}"
+        normed = tokens
+        if index:  # the first layer's attention norm is the identity (the embeddings were just normed)
+            normed = layer_norm(b, tokens, weights.layer_norm(f"{prefix}.attn_norm", width, cfg.norm_bias),
+                                f"{prefix}.attn_norm", cfg.layer_norm_eps)  # fmt: skip
+        attended = layers.attention(prefix, normed, kind)
+        tokens = b.op("Add", [tokens, attended], f"{prefix}.attn.residual")
+        normed = layer_norm(b, tokens, weights.layer_norm(f"{prefix}.mlp_norm", width, cfg.norm_bias),
+                            f"{prefix}.mlp_norm", cfg.layer_norm_eps)  # fmt: skip
+        tokens = b.op("Add", [tokens, layers.gated_mlp(prefix, normed)], f"{prefix}.mlp.residual")
+    tokens = layer_norm(b, tokens, weights.layer_norm(f"{base}final_norm", width, cfg.norm_bias), "final_norm",
+                        cfg.layer_norm_eps)  # fmt: skip
+    batch_sequence = b.op("Shape", ["input_ids"], "shape.batch_sequence")
+    hidden_shape = b.op("Concat", [batch_sequence, b.const([width])], "shape.hidden", axis=0)
+    hidden = b.op("Reshape", [tokens, hidden_shape], "last_hidden_state")
+    return EncoderOutput(hidden=hidden, tokens=tokens, mask=mask, padding_bias=padding_bias, word_embeddings=word_table)
+
+
+def _window_bias(b: GraphBuilder, cfg: ModernBertConfig, full_bias: str, steps: str) -> str:
+    """The padding bias plus MASK_NEGATIVE wherever |query - key| > local_attention // 2: [B,1,S,S]."""
+    keys = b.op("Unsqueeze", [steps, b.const([0])], "window.keys")
+    queries = b.op("Unsqueeze", [steps, b.const([1])], "window.queries")
+    distance = b.op("Abs", [b.op("Sub", [keys, queries], "window.offset")], "window.distance")
+    outside = b.op("Greater", [distance, b.const(cfg.local_attention // 2)], "window.outside")
+    outside = b.op("Cast", [outside], "window.outside_float", to=TensorProto.FLOAT)
+    window = b.op("Mul", [outside, b.const(MASK_NEGATIVE, np.float32)], "window.bias")  # [S,S]
+    # MASK_NEGATIVE twice would overflow to -inf (a row with nothing left would give NaN): take the minimum.
+    return b.op("Min", [full_bias, window], "mask.sliding")
+
+
+def _rotary(b: GraphBuilder, cfg: ModernBertConfig, steps: str, kind: str) -> tuple[str, str]:
+    """cos and sin of every position for this kind of layer, [S, head_size] (the frequencies twice, as
+    transformers' rotate-half layout)."""
+    half = np.arange(0, cfg.head_size, 2, dtype=np.float32) / np.float32(cfg.head_size)
+    inverse = (1.0 / (np.float32(cfg.rope_theta[kind]) ** half)).astype(np.float32)
+    positions = b.op("Cast", [b.op("Unsqueeze", [steps, b.const([1])], f"rope.{kind}.positions")],
+                     f"rope.{kind}.float", to=TensorProto.FLOAT)  # fmt: skip
+    angles = b.op("Mul", [positions, b.const(inverse, np.float32)], f"rope.{kind}.angles")
+    angles = b.op("Concat", [angles, angles], f"rope.{kind}.angles2", axis=1)
+    return b.op("Cos", [angles], f"rope.{kind}.cos"), b.op("Sin", [angles], f"rope.{kind}.sin")
+
+
+def _rotate(b: GraphBuilder, x: str, cos: str, sin: str, half: int, name: str) -> str:
+    """x * cos + rotate_half(x) * sin over the last axis of [B, heads, S, head_size]."""
+    first, second = b.op_multi("Split", [x, b.const([half, half])], [f"{name}.x1", f"{name}.x2"], axis=-1)
+    negated = b.op("Neg", [second], f"{name}.neg")
+    rotated = b.op("Concat", [negated, first], f"{name}.rotated", axis=-1)
+    return b.op("Add", [b.op("Mul", [x, cos], f"{name}.cos"), b.op("Mul", [rotated, sin], f"{name}.sin")], name)
+
+
+@attrs.frozen
+class _Shared:
+    """Tensors every layer reads: the Q/K/V split shape, and per kind of layer its attention bias and rotary cos/sin."""
+
+    heads_shape: str
+    biases: dict[str, str]
+    rotary: dict[str, tuple[str, str]]
+
+
+class _Layers:
+    """Builds each layer's attention and gated MLP over the shared tensors."""
+
+    def __init__(
+        self, builder: GraphBuilder, config: ModernBertConfig, weights: EncoderWeights, shared: _Shared
+    ) -> None:
+        self.b, self.cfg, self.weights, self.shared = builder, config, weights, shared
+
+    def attention(self, prefix: str, x: str, kind: str) -> str:
+        b, cfg, width = self.b, self.cfg, self.cfg.hidden_size
+        weight, bias_values = self.weights.linear(f"{prefix}.attn.Wqkv", width, 3 * width, cfg.attention_bias)
+        scale = np.float32(cfg.head_size**-0.5)  # on Q before the rotation: the rotation is linear
+        weight, bias_values = weight.copy(), bias_values.copy()
+        weight[:, :width] *= scale
+        bias_values[:width] *= scale
+        qkv = linear(b, x, (weight, bias_values), f"{prefix}.attn.Wqkv")
+        split = b.op("Transpose", [b.op("Reshape", [qkv, self.shared.heads_shape], f"{prefix}.attn.heads")],
+                     f"{prefix}.attn.heads_t", perm=[2, 0, 3, 1, 4])  # fmt: skip
+        parts = b.op_multi("Split", [split], [f"{prefix}.attn.{p}5d" for p in "qkv"], axis=0)
+        q, k, v = (
+            b.op("Squeeze", [part, b.const([0])], f"{prefix}.attn.{p}") for part, p in zip(parts, "qkv", strict=True)
+        )
+        cos, sin = self.shared.rotary[kind]
+        q = _rotate(b, q, cos, sin, cfg.head_size // 2, f"{prefix}.attn.q_rot")
+        k = _rotate(b, k, cos, sin, cfg.head_size // 2, f"{prefix}.attn.k_rot")
+        k_t = b.op("Transpose", [k], f"{prefix}.attn.k_t", perm=[0, 1, 3, 2])
+        scores = b.op("Add", [b.op("MatMul", [q, k_t], f"{prefix}.attn.scores"), self.shared.biases[kind]],
+                      f"{prefix}.attn.masked")  # fmt: skip
+        probs = b.op("Softmax", [scores], f"{prefix}.attn.probs", axis=-1)
+        context = b.op("Transpose", [b.op("MatMul", [probs, v], f"{prefix}.attn.context")],
+                       f"{prefix}.attn.context_t", perm=[0, 2, 1, 3])  # fmt: skip
+        context = b.op("Reshape", [context, b.const([-1, width])], f"{prefix}.attn.merged")
+        out = self.weights.linear(f"{prefix}.attn.Wo", width, width, cfg.attention_bias)
+        return linear(b, context, out, f"{prefix}.attn.Wo")
+
+    def gated_mlp(self, prefix: str, x: str) -> str:
+        """`Wo(gelu(input) * gate)`, input and gate the two halves of `Wi(x)`."""
+        b, cfg, inner = self.b, self.cfg, self.cfg.intermediate_size
+        wi = self.weights.linear(f"{prefix}.mlp.Wi", cfg.hidden_size, 2 * inner, cfg.mlp_bias)
+        both = linear(b, x, wi, f"{prefix}.mlp.Wi")
+        value, gate = b.op_multi("Split", [both, b.const([inner, inner])],
+                                 [f"{prefix}.mlp.input", f"{prefix}.mlp.gate"], axis=-1)  # fmt: skip
+        gated = b.op("Mul", [gelu(b, value, f"{prefix}.mlp.gelu"), gate], f"{prefix}.mlp.gated")
+        out = self.weights.linear(f"{prefix}.mlp.Wo", inner, cfg.hidden_size, cfg.mlp_bias)
+        return linear(b, gated, out, f"{prefix}.mlp.Wo")
