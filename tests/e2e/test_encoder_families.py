@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-import torch
 from tokenizers import Tokenizer
 
 from launcher import REPO, serving_all
@@ -65,7 +65,7 @@ def write_yaml(models_dir: Path, sie_id: str, weights: Path, adapter_path: str, 
 
 
 class Served:
-    def __init__(self, url: str, root: Path, models: dict[str, torch.nn.Module]) -> None:
+    def __init__(self, url: str, root: Path, models: dict[str, Any]) -> None:
         self.url, self.root, self.models = url, root, models
 
     def tokenizer(self, sie_id: str) -> Tokenizer:
@@ -99,6 +99,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 def reference_vectors(served: Served, sie_id: str, texts: list[str]) -> np.ndarray:
+    import torch
+
     tokenizer, model = served.tokenizer(sie_id), served.models[sie_id]
     vectors = []
     for text in texts:
@@ -132,6 +134,8 @@ def test_the_openai_client_gets_the_same_vectors(served: Served) -> None:
 
 
 def test_an_xlm_roberta_cross_encoder_scores_as_transformers_does(served: Served, public_sdk) -> None:
+    import torch
+
     query, docs = "w1 w2", ["w1 w2 w3", "w7 w8", "w30 w31 w32 w33"]
     client = public_sdk.SIEClient(served.url, timeout_s=120)
     try:

@@ -2,7 +2,8 @@
 `SentenceTransformer.save` (its `modules.json`, Pooling config, Dense weights, Normalize), loaded by our model loader
 (safetensors converted to ONNX) and encoded by the dense adapter, compared with `SentenceTransformer.encode` on the
 same texts (≤ 1e-4). What cannot be applied, or a width the YAML does not declare, fails the load with a message
-that names it — never a vector of another meaning or width."""
+that names it — never a vector of another meaning or width. torch and sentence-transformers are imported by the
+tests that use them, not at collection (every pytest-xdist worker collects every module)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from sentence_transformers import SentenceTransformer
-from sentence_transformers.sentence_transformer import modules as models
 
 from sie.catalog import parse_model_config
 from sie.wire.ipc_batch import EncodeBatchItem
@@ -23,14 +21,19 @@ from support.encoder_checkpoints import save_checkpoint
 TEXTS = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11", "w12 w13"]
 
 
-def save_stack(directory: Path, model_type: str, pooling: str, dense: list[tuple[int, torch.nn.Module]]) -> None:
-    """Transformer + Pooling (+ Dense layers) + Normalize, saved by sentence-transformers."""
+def save_stack(directory: Path, model_type: str, pooling: str, dense: list[tuple[int, str]]) -> None:
+    """Transformer + Pooling (+ Dense layers, each `(out_features, torch.nn activation name)`) + Normalize, saved by
+    sentence-transformers."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules as models
+
     save_checkpoint(directory / "base", model_type, "none")
     torch.manual_seed(1)
     stack = [models.Transformer(str(directory / "base")), models.Pooling(32, pooling_mode=pooling)]
     width = 32
     for out_features, activation in dense:
-        stack.append(models.Dense(width, out_features, activation_function=activation))
+        stack.append(models.Dense(width, out_features, activation_function=getattr(torch.nn, activation)()))
         width = out_features
     stack.append(models.Normalize())
     SentenceTransformer(modules=stack, device="cpu").save(str(directory / "st"))
@@ -63,14 +66,16 @@ def encode_items(texts: list[str]) -> list[EncodeBatchItem]:
 @pytest.mark.parametrize(
     ("model_type", "pooling", "dense"),
     [
-        pytest.param("bert", "mean", [(16, torch.nn.Tanh())], id="bert-mean-dense-tanh"),
-        pytest.param("roberta", "cls", [(24, torch.nn.Identity()), (8, torch.nn.ReLU())], id="roberta-cls-2-dense"),
+        pytest.param("bert", "mean", [(16, "Tanh")], id="bert-mean-dense-tanh"),
+        pytest.param("roberta", "cls", [(24, "Identity"), (8, "ReLU")], id="roberta-cls-2-dense"),
         pytest.param("bert", "lasttoken", [], id="bert-last-no-dense"),
     ],
 )
 def test_a_saved_sentence_transformer_encodes_as_sentence_transformers_does(
     model_loader, tmp_path: Path, model_type: str, pooling: str, dense: list
 ) -> None:
+    from sentence_transformers import SentenceTransformer
+
     save_stack(tmp_path, model_type, pooling, dense)
     reference = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(TEXTS, convert_to_numpy=True)
     width = dense[-1][0] if dense else 32
@@ -83,7 +88,7 @@ def test_a_saved_sentence_transformer_encodes_as_sentence_transformers_does(
 
 
 def test_a_width_the_yaml_does_not_declare_fails_the_load_naming_both(model_loader, tmp_path: Path) -> None:
-    save_stack(tmp_path, "bert", "mean", [(16, torch.nn.Tanh())])
+    save_stack(tmp_path, "bert", "mean", [(16, "Tanh")])
     model = parse_model_config(model_yaml(tmp_path / "st", 32))  # the Dense layer makes it 16
     with pytest.raises(ModelLoadError, match=r"16-dimensional dense vectors, but the model's YAML declares dim 32"):
         model_loader.load(model, "default", model.sie_id)
@@ -101,7 +106,7 @@ def test_a_module_sie_cannot_apply_fails_the_load_naming_it(model_loader, tmp_pa
 
 
 def test_dense_weights_only_in_a_pickle_fail_the_load_naming_the_files(model_loader, tmp_path: Path) -> None:
-    save_stack(tmp_path, "bert", "mean", [(16, torch.nn.Tanh())])
+    save_stack(tmp_path, "bert", "mean", [(16, "Tanh")])
     dense_dir = tmp_path / "st" / "2_Dense"
     (dense_dir / "model.safetensors").rename(dense_dir / "pytorch_model.bin")
     model = parse_model_config(model_yaml(tmp_path / "st", 16))

@@ -1,17 +1,19 @@
 """Tiny random checkpoints of each BERT-like encoder family, built and saved by transformers itself (its own tensor
 names, prefixes, ties and shards), and a word-level `tokenizer.json` in the family's style (`[CLS] … [SEP]` or
 `<s> … </s>`, its padding id). Shared by the converter tests, the sentence-transformers tests and the end-to-end
-family test; imports torch and transformers, which only the test extra installs."""
+family test. torch and transformers (the test extra) are imported when a model is built, not when this module is:
+pytest-xdist collects every module on every worker, and only the worker that runs these tests should pay for them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
-import transformers
 from tokenizers import Tokenizer, pre_tokenizers, processors
 from tokenizers import models as tokenizer_models
+
+if TYPE_CHECKING:
+    import torch
 
 HIDDEN, HEADS, LAYERS, INTERMEDIATE, VOCAB, POSITIONS, LABELS = 32, 4, 2, 64, 99, 40, 3
 WORDS = [f"w{index}" for index in range(VOCAB - 4)]
@@ -19,35 +21,51 @@ WORDS = [f"w{index}" for index in range(VOCAB - 4)]
 BERT_LIKE = {"hidden_size": HIDDEN, "num_attention_heads": HEADS, "num_hidden_layers": LAYERS,
              "intermediate_size": INTERMEDIATE, "vocab_size": VOCAB, "max_position_embeddings": POSITIONS}  # fmt: skip
 
-FAMILY_CONFIGS: dict[str, Callable[[], transformers.PretrainedConfig]] = {
-    "bert": lambda: transformers.BertConfig(**BERT_LIKE, type_vocab_size=2, pad_token_id=0),
-    # RoBERTa's positions start after padding_idx: positions need padding_idx + 1 + length rows.
-    "roberta": lambda: transformers.RobertaConfig(**BERT_LIKE, type_vocab_size=1, pad_token_id=1),
-    "xlm-roberta": lambda: transformers.XLMRobertaConfig(**BERT_LIKE, type_vocab_size=1, pad_token_id=1),
-    "camembert": lambda: transformers.CamembertConfig(**BERT_LIKE, type_vocab_size=1, pad_token_id=1),
-    # ELECTRA with narrower embeddings than its hidden size: the projection is part of the graph.
-    "electra": lambda: transformers.ElectraConfig(**BERT_LIKE, embedding_size=16, type_vocab_size=2, pad_token_id=0),
-    # MPNet: relative position bias over T5-style buckets on top of RoBERTa-like positions (padding id 1).
-    "mpnet": lambda: transformers.MPNetConfig(**BERT_LIKE, pad_token_id=1),
-    # ModernBERT: a global layer then two local ones with a window of +-2 tokens (shorter than the test texts), mean
-    # pooling before its classifier.
-    "modernbert": lambda: transformers.ModernBertConfig(
-        **BERT_LIKE | {"num_hidden_layers": 3}, local_attention=4, pad_token_id=0, classifier_pooling="mean",
-    ),
-    "distilbert": lambda: transformers.DistilBertConfig(
-        vocab_size=VOCAB, max_position_embeddings=POSITIONS, dim=HIDDEN, n_heads=HEADS, n_layers=LAYERS,
-        hidden_dim=INTERMEDIATE, pad_token_id=0,
-    ),
-}  # fmt: skip
+FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "mpnet", "modernbert", "distilbert")
+HEADS_BUILT = ("none", "mean", "cls", "seq-cls", "token-cls", "mlm-splade")
 
-TASK_MODELS = {  # head -> the transformers class whose checkpoint it is built from
-    "none": transformers.AutoModel,
-    "mean": transformers.AutoModel,
-    "cls": transformers.AutoModel,
-    "seq-cls": transformers.AutoModelForSequenceClassification,
-    "token-cls": transformers.AutoModelForTokenClassification,
-    "mlm-splade": transformers.AutoModelForMaskedLM,
-}
+
+def family_config(family: str) -> Any:
+    """The family's transformers config, tiny."""
+    import transformers
+
+    configs = {
+        "bert": lambda: transformers.BertConfig(**BERT_LIKE, type_vocab_size=2, pad_token_id=0),
+        # RoBERTa's positions start after padding_idx: positions need padding_idx + 1 + length rows.
+        "roberta": lambda: transformers.RobertaConfig(**BERT_LIKE, type_vocab_size=1, pad_token_id=1),
+        "xlm-roberta": lambda: transformers.XLMRobertaConfig(**BERT_LIKE, type_vocab_size=1, pad_token_id=1),
+        "camembert": lambda: transformers.CamembertConfig(**BERT_LIKE, type_vocab_size=1, pad_token_id=1),
+        # ELECTRA with narrower embeddings than its hidden size: the projection is part of the graph.
+        "electra": lambda: transformers.ElectraConfig(**BERT_LIKE, embedding_size=16, type_vocab_size=2,
+                                                      pad_token_id=0),
+        # MPNet: relative position bias over T5-style buckets on top of RoBERTa-like positions (padding id 1).
+        "mpnet": lambda: transformers.MPNetConfig(**BERT_LIKE, pad_token_id=1),
+        # ModernBERT: a global layer then two local ones with a window of +-2 tokens (shorter than the test texts),
+        # mean pooling before its classifier.
+        "modernbert": lambda: transformers.ModernBertConfig(
+            **BERT_LIKE | {"num_hidden_layers": 3}, local_attention=4, pad_token_id=0, classifier_pooling="mean",
+        ),
+        "distilbert": lambda: transformers.DistilBertConfig(
+            vocab_size=VOCAB, max_position_embeddings=POSITIONS, dim=HIDDEN, n_heads=HEADS, n_layers=LAYERS,
+            hidden_dim=INTERMEDIATE, pad_token_id=0,
+        ),
+    }  # fmt: skip
+    return configs[family]()
+
+
+def task_model_class(head: str) -> Any:
+    """The transformers class whose checkpoint a head is built from."""
+    import transformers
+
+    return {
+        "none": transformers.AutoModel,
+        "mean": transformers.AutoModel,
+        "cls": transformers.AutoModel,
+        "seq-cls": transformers.AutoModelForSequenceClassification,
+        "token-cls": transformers.AutoModelForTokenClassification,
+        "mlm-splade": transformers.AutoModelForMaskedLM,
+    }[head]
+
 
 # The families whose tokenizers write RoBERTa's specials: <s>=0, <pad>=1, </s>=2, <unk>=3.
 ROBERTA_STYLE = ("roberta", "xlm-roberta", "camembert", "mpnet")
@@ -56,10 +74,12 @@ ROBERTA_STYLE = ("roberta", "xlm-roberta", "camembert", "mpnet")
 def random_model(family: str, head: str, seed: int = 0, num_labels: int = LABELS) -> torch.nn.Module:
     """The family's model for `head` with every parameter moved well away from its initial value (LayerNorm scales
     included), so each tensor the converter reads changes the output."""
+    import torch
+
     torch.manual_seed(seed)
-    config = FAMILY_CONFIGS[family]()
+    config = family_config(family)
     config.num_labels = num_labels
-    model = TASK_MODELS[head].from_config(config).eval()
+    model = task_model_class(head).from_config(config).eval()
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.2)
@@ -87,6 +107,8 @@ def write_tokenizer(directory: Path, family: str) -> Tokenizer:
     tokenizer.add_special_tokens(specials)
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(directory / "tokenizer.json"))
+    import transformers
+
     transformers.PreTrainedTokenizerFast(
         tokenizer_file=str(directory / "tokenizer.json"), pad_token=pad, unk_token=unknown, cls_token=start,
         sep_token=end,

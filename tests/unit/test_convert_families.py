@@ -6,22 +6,21 @@ float32 — for every head the family carries."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 import pytest
-import torch
-import transformers
 
 from sie.worker.convert import ConversionError, conversion_cache_key, convert_encoder
-from support.encoder_checkpoints import FAMILY_CONFIGS, TASK_MODELS, VOCAB, random_model
+from support.encoder_checkpoints import FAMILIES, HEADS_BUILT, VOCAB, random_model
 
 TOLERANCE = 1e-4
 # Three sequences of different lengths, right-padded as our tokenizer pads them.
 LENGTHS = (9, 4, 6)
 
 
-def padded_batch(config: transformers.PretrainedConfig, with_types: bool) -> dict[str, np.ndarray]:
+def padded_batch(config: Any, with_types: bool) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(3)
     pad = config.pad_token_id
     width = max(LENGTHS)
@@ -36,8 +35,10 @@ def padded_batch(config: transformers.PretrainedConfig, with_types: bool) -> dic
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
 
-def reference(model: torch.nn.Module, head: str, feeds: dict[str, np.ndarray], with_types: bool) -> np.ndarray:
+def reference(model: Any, head: str, feeds: dict[str, np.ndarray], with_types: bool) -> np.ndarray:
     """What our graph's output must equal, from the transformers model (and sentence-transformers' pooling math)."""
+    import torch
+
     inputs = {
         "input_ids": torch.from_numpy(feeds["input_ids"]),
         "attention_mask": torch.from_numpy(feeds["attention_mask"]),
@@ -76,8 +77,8 @@ def compared(ours: np.ndarray, theirs: np.ndarray, head: str, mask: np.ndarray) 
 
 FAMILY_HEADS = [
     pytest.param(family, head, id=f"{family}-{head}")
-    for family in FAMILY_CONFIGS
-    for head in TASK_MODELS
+    for family in FAMILIES
+    for head in HEADS_BUILT
     if not (family == "electra" and head == "mlm-splade")  # ELECTRA's MLM is its generator: no SPLADE model uses it
 ]
 
@@ -143,6 +144,7 @@ def test_roberta_positions_follow_the_padding_id_not_the_attention_mask(tmp_path
 def test_mpnet_distance_buckets_equal_the_modeling_code_for_every_distance() -> None:
     """The buckets are a constant of the graph: computed in numpy, they must equal MPNet's own torch function for
     every key-minus-query distance a 514-position checkpoint allows (float32 rounding at the log boundaries)."""
+    import torch
     from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
 
     from sie.worker.convert.encoder_graph import relative_position_buckets

@@ -1,0 +1,130 @@
+"""Each converted encoder family under onnxruntime against transformers (torch) on the same checkpoint, side by side
+in one run: a random MiniLM-sized model of the family (6 layers, hidden 384, 12 heads) saved by transformers and
+converted by `sie.worker.convert`, both given the same threads, a batch of `--batch` × `--tokens` token ids, medians
+of interleaved rounds. Prints milliseconds per batch and the speed-up (torch time / ours); the goal is ≥ 1.3×.
+
+    .venv/bin/python scripts/bench/families.py [--families bert,roberta,...] [--rounds 5] [--threads 2]
+
+Needs the test extra (torch, transformers). What onnxruntime fuses at load (Attention is not fused: the graphs keep
+MatMul/Softmax; MatMul + bias into Gemm, the erf pattern into Gelu, LayerNormalization, SkipLayerNorm where the
+residual add precedes it) is printed per family from the optimized graph's operator counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+import transformers
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "tests"))
+from sie.worker.convert import convert_encoder  # noqa: E402
+from support.encoder_checkpoints import FAMILIES, family_config  # noqa: E402
+
+SIZE = {"hidden_size": 384, "num_attention_heads": 12, "num_hidden_layers": 6, "intermediate_size": 1536,
+        "vocab_size": 30522, "max_position_embeddings": 514}  # fmt: skip
+FUSED = ("Gemm", "Gelu", "FastGelu", "BiasGelu", "LayerNormalization", "SkipLayerNormalization", "Attention",
+         "MultiHeadAttention", "MatMul", "Softmax")  # fmt: skip
+
+
+def sized_config(family: str) -> transformers.PretrainedConfig:
+    """The family's test config grown to MiniLM size."""
+    config = family_config(family)
+    if family == "distilbert":
+        config.dim, config.n_heads, config.n_layers, config.hidden_dim = 384, 12, 6, 1536
+        config.vocab_size, config.max_position_embeddings = SIZE["vocab_size"], SIZE["max_position_embeddings"]
+        return config
+    for key, value in SIZE.items():
+        setattr(config, key, value)
+    if family == "modernbert":
+        config.local_attention = 128
+        config.layer_types = ["full_attention" if index % 3 == 0 else "sliding_attention" for index in range(6)]
+    if family == "electra":
+        config.embedding_size = 128
+    return config
+
+
+def timed(run, repeats: int) -> float:  # noqa: ANN001
+    """Median milliseconds of `repeats` calls."""
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        samples.append((time.perf_counter() - started) * 1000.0)
+    return statistics.median(samples)
+
+
+def fused_ops(path: Path, threads: int) -> str:
+    """Operator counts of the graph onnxruntime runs, after its load-time fusions."""
+    optimized = path.with_suffix(".optimized.onnx")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.optimized_model_filepath = str(optimized)
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    counts = Counter(node.op_type for node in onnx.load(str(optimized), load_external_data=False).graph.node)
+    return ", ".join(f"{op} {counts[op]}" for op in FUSED if counts[op])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per round and side")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rng = np.random.default_rng(0)
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for family in args.families.split(","):
+            torch.manual_seed(0)
+            model = transformers.AutoModel.from_config(sized_config(family)).eval()
+            directory = Path(scratch) / family
+            model.save_pretrained(directory)
+            graph = convert_encoder(directory, directory / "model.onnx", "none").path
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = args.threads
+            session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+            ids = rng.integers(5, 1000, size=(args.batch, args.tokens)).astype(np.int64)
+            feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+            inputs = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(feeds["attention_mask"])}
+
+            def ours(session=session, feeds=feeds) -> None:  # noqa: ANN001
+                session.run(None, feeds)
+
+            def theirs(model=model, inputs=inputs) -> None:  # noqa: ANN001
+                with torch.no_grad():
+                    model(**inputs)
+
+            ours(), theirs()  # warm up
+            ours_ms, theirs_ms = [], []
+            for _ in range(args.rounds):
+                ours_ms.append(timed(ours, args.repeats))
+                theirs_ms.append(timed(theirs, args.repeats))
+            ours_median, theirs_median = statistics.median(ours_ms), statistics.median(theirs_ms)
+            rows.append((family, theirs_median, ours_median, fused_ops(graph, args.threads)))
+            print(f"{family}: torch {theirs_median:.1f} ms, ours {ours_median:.1f} ms", file=sys.stderr)
+    print(f"batch {args.batch} x {args.tokens} tokens, {args.threads} threads, MiniLM-sized random models, "
+          f"medians of {args.rounds} interleaved rounds")  # fmt: skip
+    print("| family | transformers (torch) ms | ours (onnxruntime) ms | speed-up | operators after fusions |")
+    print("|---|---|---|---|---|")
+    for family, theirs_ms, ours_ms, ops in rows:
+        print(f"| {family} | {theirs_ms:.1f} | {ours_ms:.1f} | {theirs_ms / ours_ms:.2f}x | {ops} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
