@@ -20,7 +20,6 @@ random checkpoint (tests/unit/test_convert_families.py).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -29,6 +28,7 @@ from typing import Any
 import attrs
 
 from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.safetensors_io import read_json
 
 # Hugging Face's "gelu" is the exact erf form; the tanh approximations are different functions.
 SUPPORTED_ACTIVATIONS = frozenset({"gelu"})
@@ -87,6 +87,11 @@ _BERT_LAYER = {
     "ffn_norm": "output.LayerNorm",
 }
 
+# RoBERTa's and MPNet's masked-LM head.
+_LM_HEAD = MlmHead(
+    "lm_head.dense", "lm_head.layer_norm", "lm_head.decoder.weight", ("lm_head.bias", "lm_head.decoder.bias")
+)
+
 FAMILIES: Mapping[str, EncoderFamily] = MappingProxyType(
     {
         family.name: family
@@ -110,12 +115,7 @@ FAMILIES: Mapping[str, EncoderFamily] = MappingProxyType(
                 "roberta.",
                 **_BERT_LAYER,
                 sequence_classifier="tanh",
-                mlm=MlmHead(
-                    "lm_head.dense",
-                    "lm_head.layer_norm",
-                    "lm_head.decoder.weight",
-                    ("lm_head.bias", "lm_head.decoder.bias"),
-                ),
+                mlm=_LM_HEAD,
             ),
             EncoderFamily("electra", ("electra",), "electra.", **_BERT_LAYER, sequence_classifier="gelu", mlm=None),
             EncoderFamily(
@@ -148,12 +148,7 @@ FAMILIES: Mapping[str, EncoderFamily] = MappingProxyType(
                 ffn_out="output.dense",
                 ffn_norm="output.LayerNorm",
                 sequence_classifier="tanh",
-                mlm=MlmHead(
-                    "lm_head.dense",
-                    "lm_head.layer_norm",
-                    "lm_head.decoder.weight",
-                    ("lm_head.bias", "lm_head.decoder.bias"),
-                ),
+                mlm=_LM_HEAD,
                 relative_attention_bias="encoder.relative_attention_bias.weight",
             ),
         )  # fmt: skip
@@ -168,16 +163,26 @@ CONVERTED_MODEL_TYPES = tuple(sorted([*FAMILY_OF_MODEL_TYPE, *OWN_GRAPH_MODEL_TY
 
 
 @attrs.frozen
-class EncoderConfig:
-    """The architecture numbers of one checkpoint, plus its label names in id order."""
+class EncoderShape:
+    """The numbers every encoder family's graph and heads are sized by."""
 
-    family: EncoderFamily
     hidden_size: int
     num_attention_heads: int
     num_hidden_layers: int
     intermediate_size: int
     max_position_embeddings: int
     vocab_size: int
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+@attrs.frozen
+class EncoderConfig(EncoderShape):
+    """The architecture of one checkpoint of a BERT-like family, plus its label names in id order."""
+
+    family: EncoderFamily
     type_vocab_size: int = 2  # 0: the family has no token-type embeddings
     embedding_size: int = 0  # the embeddings' width where it differs from hidden_size (ELECTRA), else 0
     # RoBERTa's positions: padding tokens sit at position `padding_idx`, real tokens count up from padding_idx + 1.
@@ -190,10 +195,6 @@ class EncoderConfig:
     classifier_bias: bool = True
     norm_bias: bool = True
     decoder_bias: bool = True
-
-    @property
-    def head_size(self) -> int:
-        return self.hidden_size // self.num_attention_heads
 
     @property
     def embedding_width(self) -> int:
@@ -226,12 +227,7 @@ def load_encoder_config(path: Path) -> EncoderConfig:
 
 def read_config_json(path: Path) -> dict[str, Any]:
     """The decoded `config.json`; errors name the file."""
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConversionError(f"cannot read file: {exc}", source=str(path)) from exc
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConversionError(f"not valid JSON: {exc}", source=str(path)) from exc
+    raw = read_json(path)
     if not isinstance(raw, dict):
         raise ConversionError("top level is not a JSON object", source=str(path))
     return raw
@@ -255,12 +251,7 @@ def parse_encoder_config(raw: dict[str, Any], *, source: str = "config.json") ->
     position_type = raw.get("position_embedding_type", "absolute")
     if position_type != "absolute":
         raise ConversionError(f"position_embedding_type {position_type!r} is not 'absolute'", source=source)
-    numbers = {
-        key: positive_int(raw, key, source)
-        for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
-                    "max_position_embeddings", "vocab_size")
-    }  # fmt: skip
-    check_heads(numbers["hidden_size"], numbers["num_attention_heads"], source)
+    numbers = shape_numbers(raw, source)
     embedding_size = positive_int(raw, "embedding_size", source) if raw.get("embedding_size") is not None else 0
     padding_idx, types, buckets = _positions(raw, family, source)
     return EncoderConfig(
@@ -290,6 +281,17 @@ def _positions(raw: dict[str, Any], family: EncoderFamily, source: str) -> tuple
     if not isinstance(padding_idx, int) or isinstance(padding_idx, bool) or padding_idx < 0:
         raise ConversionError(f"pad_token_id {padding_idx!r} is not a non-negative integer", source=source)
     return padding_idx, types, 0
+
+
+def shape_numbers(raw: dict[str, Any], source: str) -> dict[str, int]:
+    """The `EncoderShape` fields of a config that names them as BERT does, checked."""
+    numbers = {
+        key: positive_int(raw, key, source)
+        for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
+                    "max_position_embeddings", "vocab_size")
+    }  # fmt: skip
+    check_heads(numbers["hidden_size"], numbers["num_attention_heads"], source)
+    return numbers
 
 
 def _distilbert_config(raw: dict[str, Any], family: EncoderFamily, source: str) -> EncoderConfig:

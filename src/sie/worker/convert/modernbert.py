@@ -22,10 +22,11 @@ from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import (
     SUPPORTED_ACTIVATIONS,
     EncoderFamily,
+    EncoderShape,
     MlmHead,
-    check_heads,
     labels_of,
     positive_int,
+    shape_numbers,
 )
 from sie.worker.convert.graph_builder import GraphBuilder
 
@@ -40,15 +41,9 @@ DEFAULT_THETA = {FULL: 160_000.0, SLIDING: 10_000.0}
 
 
 @attrs.frozen
-class ModernBertConfig:
-    """The architecture numbers of one ModernBERT checkpoint (the fields heads share with `EncoderConfig` first)."""
+class ModernBertConfig(EncoderShape):
+    """The architecture of one ModernBERT checkpoint; the heads read the same fields of it as of `EncoderConfig`."""
 
-    hidden_size: int
-    num_attention_heads: int
-    num_hidden_layers: int
-    intermediate_size: int
-    max_position_embeddings: int
-    vocab_size: int
     layer_types: tuple[str, ...]
     rope_theta: dict[str, float]
     local_attention: int = 128
@@ -63,18 +58,9 @@ class ModernBertConfig:
     family: EncoderFamily = FAMILY
     type_vocab_size: int = 0
 
-    @property
-    def head_size(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
 
 def parse_modernbert_config(raw: dict[str, Any], source: str) -> ModernBertConfig:
-    numbers = {
-        key: positive_int(raw, key, source)
-        for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
-                    "max_position_embeddings", "vocab_size")
-    }  # fmt: skip
-    check_heads(numbers["hidden_size"], numbers["num_attention_heads"], source)
+    numbers = shape_numbers(raw, source)
     for key in ("hidden_activation", "classifier_activation"):
         if raw.get(key, "gelu") not in SUPPORTED_ACTIVATIONS:
             raise ConversionError(f"{key} {raw.get(key)!r} is not supported (only erf 'gelu')", source=source)

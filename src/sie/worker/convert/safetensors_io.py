@@ -84,13 +84,18 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return [index, *(model_dir / shard for shard in shards)]
 
 
-def _weight_map(index: Path) -> dict[str, str]:
+def read_json(path: Path) -> Any:
+    """A checkpoint's JSON file (`config.json`, the shard index), decoded; errors name the file."""
     try:
-        raw = json.loads(index.read_text(encoding="utf-8"))
+        return json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ConversionError(f"cannot read file: {exc}", source=str(index)) from exc
+        raise ConversionError(f"cannot read file: {exc}", source=str(path)) from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConversionError(f"not valid JSON: {exc}", source=str(index)) from exc
+        raise ConversionError(f"not valid JSON: {exc}", source=str(path)) from exc
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    raw = read_json(index)
     weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
     if not isinstance(weight_map, dict) or not all(
         isinstance(shard, str) and shard and "/" not in shard and shard not in (".", "..")
