@@ -8,6 +8,7 @@ tests that use them, not at collection (every pytest-xdist worker collects every
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -87,26 +88,40 @@ def test_a_saved_sentence_transformer_encodes_as_sentence_transformers_does(
     assert float(np.abs(ours - reference).max()) <= 1e-4
 
 
-def test_a_width_the_yaml_does_not_declare_fails_the_load_naming_both(model_loader, tmp_path: Path) -> None:
-    save_stack(tmp_path, "bert", "mean", [(16, "Tanh")])
+@pytest.fixture(scope="module")
+def dense_stack(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A BERT + mean + Dense(16, tanh) + Normalize stack, saved once; each test changes a copy."""
+    directory = tmp_path_factory.mktemp("stack")
+    save_stack(directory, "bert", "mean", [(16, "Tanh")])
+    return directory
+
+
+@pytest.fixture
+def stack_copy(dense_stack: Path, tmp_path: Path) -> Path:
+    shutil.copytree(dense_stack, tmp_path, dirs_exist_ok=True)
+    return tmp_path
+
+
+def test_a_width_the_yaml_does_not_declare_fails_the_load_naming_both(model_loader, stack_copy: Path) -> None:
+    tmp_path = stack_copy
     model = parse_model_config(model_yaml(tmp_path / "st", 32))  # the Dense layer makes it 16
     with pytest.raises(ModelLoadError, match=r"16-dimensional dense vectors, but the model's YAML declares dim 32"):
         model_loader.load(model, "default", model.sie_id)
 
 
-def test_a_module_sie_cannot_apply_fails_the_load_naming_it(model_loader, tmp_path: Path) -> None:
-    save_stack(tmp_path, "bert", "mean", [])
+def test_a_module_sie_cannot_apply_fails_the_load_naming_it(model_loader, stack_copy: Path) -> None:
+    tmp_path = stack_copy
     modules_file = tmp_path / "st" / "modules.json"
     modules = json.loads(modules_file.read_text())
     modules.insert(2, {"idx": 2, "name": "2", "path": "2_LayerNorm", "type": "sentence_transformers.models.LayerNorm"})
     modules_file.write_text(json.dumps(modules))
-    model = parse_model_config(model_yaml(tmp_path / "st", 32))
+    model = parse_model_config(model_yaml(tmp_path / "st", 16))
     with pytest.raises(ModelLoadError, match=r"module 'sentence_transformers.models.LayerNorm' is not one SIE applies"):
         model_loader.load(model, "default", model.sie_id)
 
 
-def test_dense_weights_only_in_a_pickle_fail_the_load_naming_the_files(model_loader, tmp_path: Path) -> None:
-    save_stack(tmp_path, "bert", "mean", [(16, "Tanh")])
+def test_dense_weights_only_in_a_pickle_fail_the_load_naming_the_files(model_loader, stack_copy: Path) -> None:
+    tmp_path = stack_copy
     dense_dir = tmp_path / "st" / "2_Dense"
     (dense_dir / "model.safetensors").rename(dense_dir / "pytorch_model.bin")
     model = parse_model_config(model_yaml(tmp_path / "st", 16))
