@@ -531,7 +531,10 @@ async def test_lane_depth_counts_the_lanes_pending_and_unacknowledged_work(trans
         return await transport.lane_depth(lane) == expected
 
     await eventually(lambda: depth_is(LaneDepth(pending=3)), what="three pending items")
-    first, second = await consumer.fetch(2, LONG_WAIT_S)
+    # fetch returns up to its count: on a busy broker the second item may come with a second call.
+    delivered = await consumer.fetch(2, LONG_WAIT_S)
+    delivered += await consumer.fetch(1, LONG_WAIT_S) if len(delivered) == 1 else []
+    first, second = delivered
     await eventually(lambda: depth_is(LaneDepth(pending=1, ack_pending=2)), what="two delivered items")
     await first.ack()
     await eventually(lambda: depth_is(LaneDepth(pending=1, ack_pending=1)), what="one acknowledged item gone")
