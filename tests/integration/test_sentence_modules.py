@@ -127,3 +127,39 @@ def test_dense_weights_only_in_a_pickle_fail_the_load_naming_the_files(model_loa
     model = parse_model_config(model_yaml(tmp_path / "st", 16))
     with pytest.raises(ModelLoadError, match=r"no model.safetensors for the Dense layer \(found \['config.json', "):
         model_loader.load(model, "default", model.sie_id)
+
+
+def test_a_sparse_encoder_is_served_by_the_sparse_adapter_as_sentence_transformers_encodes_it(
+    model_loader, tmp_path: Path
+) -> None:
+    """The public catalogue's `sentence_transformer:SentenceTransformerSparseAdapter` (MLMTransformer + SpladePooling,
+    as prithivida/Splade_PP_en_v2 is saved) routes to the sparse adapter: its weights equal `SparseEncoder.encode`'s,
+    except on the special tokens' own vocabulary entries, which SIE's sparse output leaves out by design."""
+    from sentence_transformers.sparse_encoder import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    save_checkpoint(tmp_path / "base", "bert", "mlm-splade")
+    SparseEncoder(modules=[MLMTransformer(str(tmp_path / "base")), SpladePooling("max")], device="cpu").save(
+        str(tmp_path / "sparse")
+    )
+    reference = SparseEncoder(str(tmp_path / "sparse"), device="cpu").encode(TEXTS, convert_to_tensor=True)
+    reference = reference.to_dense().numpy()
+    model = parse_model_config(
+        {
+            "sie_id": "acme/sparse-stack",
+            "weights_path": str(tmp_path / "sparse"),
+            "max_sequence_length": 32,
+            "tasks": {"encode": {"sparse": {"dim": reference.shape[1]}}},
+            "profiles": {"default": {"adapter_path": "sie_server.adapters.sentence_transformer:"
+                                     "SentenceTransformerSparseAdapter", "max_batch_tokens": 256}},
+        }
+    )  # fmt: skip
+    loaded = model_loader.load(model, "default", model.sie_id)
+    results = loaded.adapter.encode(encode_items(TEXTS)).items
+    reference[:, sorted(loaded.tokenizer.special_ids)] = 0.0
+    for row, result in enumerate(results):
+        sparse = result.result["sparse"]
+        ours = np.zeros(reference.shape[1], dtype=np.float32)
+        ours[np.asarray(sparse["indices"])] = np.asarray(sparse["values"], dtype=np.float32)
+        assert np.count_nonzero(ours) > 10
+        assert float(np.abs(ours - reference[row]).max()) <= 1e-4, row

@@ -14,6 +14,8 @@ def test_adapter_paths_name_kinds_by_module() -> None:
     assert adapter_kind("sie_server.adapters.sentence_transformer:SentenceTransformerDenseAdapter") == DENSE
     assert adapter_kind("sie_server.adapters.splade_flash:SpladeFlashAdapter") == SPARSE
     assert adapter_kind("sie_server.adapters.colbert") == MULTIVECTOR
+    # one public module, two kinds: the class decides
+    assert adapter_kind("sie_server.adapters.sentence_transformer:SentenceTransformerSparseAdapter") == SPARSE
     assert adapter_kind("nowhere.adapters:X") is None
     assert adapter_kind(None) is None
 

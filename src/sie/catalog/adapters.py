@@ -1,6 +1,7 @@
 """Adapter kinds: which kind of model an `adapter_path` names, by its module part.
 
-A profile's `adapter_path` is `module:Class`; only the module selects the kind, so public SIE YAMLs
+A profile's `adapter_path` is `module:Class`; the module selects the kind (the class only where one public module
+serves two kinds: `ADAPTER_CLASS_KINDS`), so public SIE YAMLs
 (`sie_server.adapters.sentence_transformer:…`) name the same kinds as this project's `sie.adapters.*`.
 The worker maps each kind to the class that runs it; the gateway reads the kind to check a request's
 options before anything is queued (`sie.catalog.options`).
@@ -42,6 +43,12 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
 }
 
 
+# Where one public module serves several kinds, the class decides (`module:Class`, before the module's kind).
+ADAPTER_CLASS_KINDS: Final[dict[str, str]] = {
+    "sie_server.adapters.sentence_transformer:SentenceTransformerSparseAdapter": SPARSE,
+}
+
+
 def adapter_module(adapter_path: str | None) -> str:
     """The module part of `module:Class` ("" for none)."""
     return (adapter_path or "").split(":", 1)[0]
@@ -49,4 +56,4 @@ def adapter_module(adapter_path: str | None) -> str:
 
 def adapter_kind(adapter_path: str | None) -> str | None:
     """The kind of model `adapter_path` runs, or None for a module SIE does not serve."""
-    return ADAPTER_KINDS.get(adapter_module(adapter_path))
+    return ADAPTER_CLASS_KINDS.get(adapter_path or "") or ADAPTER_KINDS.get(adapter_module(adapter_path))
