@@ -15,7 +15,7 @@ from sie.catalog.errors import (
 )
 from sie.catalog.hashing import bundle_config_hash, bundle_config_hashes_hash, bundles_hash
 from sie.catalog.ids import normalize_model_id, parse_model_spec, validate_model_id
-from sie.catalog.loader import load_catalog, read_catalog
+from sie.catalog.loader import bundle_errors, load_catalog, read_catalog
 from sie.catalog.model import ModelConfig, Profile
 from sie.catalog.parse import parse_bundle, parse_model_config
 from sie.catalog.yamlio import dump_yaml, load_yaml
@@ -37,6 +37,7 @@ __all__ = [
     "bundle_config_hashes_hash",
     "bundles_hash",
     "dump_yaml",
+    "bundle_errors",
     "load_catalog",
     "load_yaml",
     "normalize_model_id",

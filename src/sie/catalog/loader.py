@@ -46,14 +46,14 @@ def _check_duplicates(items: list, key: str, kind: str, errors: list[ConfigError
 
 
 def read_catalog(bundles_dir: Path, models_dir: Path) -> tuple[Catalog, list[ConfigError]]:
-    """Parse every file that parses; return the catalog and the problems found (bad files left out)."""
+    """Parse every file that parses; return the catalog and the problems found (bad files left out; the catalog
+    carries them as `problems`)."""
     errors: list[ConfigError] = []
     bundles = [bundle for bundle, _ in _read_dir(Path(bundles_dir), parse_bundle, errors)]
     read_models = _read_dir(Path(models_dir), parse_model_config, errors)
     models = [model for model, _ in read_models]
     _check_duplicates(bundles, "name", "bundle", errors)
     _check_duplicates(models, "sie_id", "model", errors)
-    catalog = Catalog(bundles, models)
     for model, source in read_models:
         for name in model.profiles:
             module = model.resolve_profile(name).adapter_module
@@ -66,7 +66,12 @@ def read_catalog(bundles_dir: Path, models_dir: Path) -> tuple[Catalog, list[Con
                         field=f"profiles.{name}.adapter_path",
                     )
                 )
-    return catalog, errors
+    return Catalog(bundles, models, errors), errors
+
+
+def bundle_errors(errors: list[ConfigError], bundles_dir: Path) -> list[ConfigError]:
+    """The problems of `read_catalog` that are about the bundle files (what every model routes to)."""
+    return [error for error in errors if error.source and Path(error.source).is_relative_to(bundles_dir)]
 
 
 def load_catalog(bundles_dir: Path, models_dir: Path) -> Catalog:

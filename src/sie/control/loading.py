@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from sie.catalog import CatalogErrors, ConfigError, load_yaml, parse_model_config, read_catalog
+from sie.catalog import CatalogErrors, ConfigError, bundle_errors, load_yaml, parse_model_config, read_catalog
 from sie.control.errors import UnrestoredStoreError
 from sie.control.registry import ModelRegistry, RegistryState
 from sie.stores.config_store import ConfigStore
@@ -20,16 +20,12 @@ from sie.stores.config_store import ConfigStore
 logger = logging.getLogger(__name__)
 
 
-def _is_under(source: str, directory: Path) -> bool:
-    return source == str(directory) or source.startswith(str(directory).rstrip("/") + "/")
-
-
 def load_registry(bundles_dir: Path, models_dir: Path) -> ModelRegistry:
     """The filesystem baseline; unavailable (with the reason) when any bundle file failed to load."""
     catalog, errors = read_catalog(Path(bundles_dir), Path(models_dir))
-    bundle_errors = [error for error in errors if _is_under(error.source, Path(bundles_dir))]
-    if bundle_errors:
-        reason = "; ".join(error.describe() for error in bundle_errors)
+    failed_bundles = bundle_errors(errors, Path(bundles_dir))
+    if failed_bundles:
+        reason = "; ".join(error.describe() for error in failed_bundles)
         logger.error("bundles failed to load, the config registry is unavailable: %s", reason)
         return ModelRegistry.unavailable(reason)
     for error in errors:

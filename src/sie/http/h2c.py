@@ -133,8 +133,8 @@ class FirstBytes(asyncio.Protocol):
         if len(opening) < len(PREFACE) and PREFACE.startswith(opening):
             self._opening = opening  # could still be the preface
             return
-        head_end = opening.find(b"\r\n\r\n")
-        if head_end < 0 and len(opening) < MAX_OPENING_HEAD and not opening.startswith(PREFACE):
+        head_end = opening.find(b"\r\n\r\n")  # the preface holds one too: a whole preface never waits here
+        if head_end < 0 and len(opening) < MAX_OPENING_HEAD:
             self._opening = opening  # the first request's head is not all here yet
             return
         self._settled()

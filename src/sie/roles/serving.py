@@ -10,12 +10,11 @@ import logging
 import sys
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from contextlib import AsyncExitStack
-from pathlib import Path
 from typing import Any
 
 from starlette.routing import Route
 
-from sie.catalog import Catalog, read_catalog
+from sie.catalog import Catalog, bundle_errors, read_catalog
 from sie.http.handlers import plain_handler_routes
 from sie.http.serving import HttpListener
 from sie.ipc.sockets import SocketPathError
@@ -56,15 +55,14 @@ def baseline_catalog(settings: Settings) -> Catalog:
     serve (invalid, or naming an adapter module no bundle runs) is logged once with its path and reason and left
     out, and the rest is served (`Catalog.problems` lists it); a bundle file that fails stops the role
     (RoleSetupError), since what every model routes to depends on the bundles."""
-    bundles_dir, models_dir = settings.catalog.bundles_dir, settings.catalog.models_dir
-    catalog, errors = read_catalog(bundles_dir, models_dir)
-    bundle_errors = [error for error in errors if error.source and Path(error.source).is_relative_to(bundles_dir)]
-    if bundle_errors:
-        raise RoleSetupError("bundles failed to load: " + "; ".join(error.describe() for error in bundle_errors))
+    catalog, errors = read_catalog(settings.catalog.bundles_dir, settings.catalog.models_dir)
+    failed_bundles = bundle_errors(errors, settings.catalog.bundles_dir)
+    if failed_bundles:
+        raise RoleSetupError("bundles failed to load: " + "; ".join(error.describe() for error in failed_bundles))
     for error in errors:
         fields = log_fields(event="model_config_refused", model=error.model_id, source=error.source)
         logger.warning("model config left out (not servable): %s", error.describe(), extra=fields)
-    return Catalog(catalog.bundles.values(), catalog.models.values(), errors)
+    return catalog
 
 
 def open_tracing(stack: AsyncExitStack, settings: Settings, service_name: str) -> Tracing:

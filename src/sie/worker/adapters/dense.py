@@ -27,7 +27,7 @@ class DenseAdapter(TextEncoderAdapter):
         super().__init__(context)
         self._token_states = first_output(self.session, rank=3, preferred=("last_hidden_state", "token_embeddings"))
         stack = read_sentence_modules(context.model_dir) if context.model_dir is not None else None
-        self._stack = stack or SentenceModules(normalize=True)
+        self._stack = stack or SentenceModules()  # no stack: pool, then normalise as the options say
         if stack is not None:
             if stack.pooling is not None:
                 self.runtime_options.setdefault("pooling", stack.pooling)
