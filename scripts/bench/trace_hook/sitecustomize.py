@@ -6,6 +6,7 @@ writes them as JSON to BENCH_TRACE_OUT (`%p` becomes the process id) when the pr
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import functools
 import importlib.abc
@@ -26,6 +27,7 @@ for _target in os.environ.get("BENCH_TRACE", "").split():
 
 def _timed(name: str, function: Any) -> Any:
     if inspect.iscoroutinefunction(function):
+        signature = inspect.signature(function)
 
         @functools.wraps(function)
         async def timed_coroutine(*args: Any, **kwargs: Any) -> Any:
@@ -35,7 +37,15 @@ def _timed(name: str, function: Any) -> Any:
             finally:
                 _CALLS.append((name, start, time.perf_counter()))
 
-        return timed_coroutine
+        @functools.wraps(function)
+        def checked_call(*args: Any, **kwargs: Any) -> Any:
+            # A coroutine function refuses wrong arguments when called, not when awaited; servers rely on it
+            # (uvicorn calls the app with none to tell an app from an app factory).
+            signature.bind(*args, **kwargs)
+            return timed_coroutine(*args, **kwargs)
+
+        checked_call._is_coroutine = asyncio.coroutines._is_coroutine  # type: ignore[attr-defined]
+        return checked_call
 
     @functools.wraps(function)
     def timed(*args: Any, **kwargs: Any) -> Any:
