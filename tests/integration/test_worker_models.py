@@ -217,6 +217,19 @@ def test_long_input_is_truncated_or_rejected(load_model) -> None:
     assert rejected.error_code == codes.INPUT_TOO_LONG
 
 
+def test_max_seq_length_cuts_a_text_as_truncation_at_that_length_would(load_model) -> None:
+    """The option keeps the first tokens and the closing [SEP]: the vector of the text cut to two words."""
+    adapter = load_model(MINILM).adapter
+    cut, short = adapter.encode(
+        [*encode_items(["Hello world and more words"], options={"max_seq_length": 4}), *encode_items(["Hello world"])]
+    ).items
+    assert cut.input_tokens == short.input_tokens == 4
+    assert np.allclose(cut.result["dense"]["values"], short.result["dense"]["values"], atol=1e-6)
+    options = {"max_seq_length": 4, "truncate": False}
+    (rejected,) = adapter.encode(encode_items(["Hello world and more"], options=options)).items
+    assert rejected.error_code == codes.INPUT_TOO_LONG and "longer than 4 tokens" in rejected.error
+
+
 def test_prepared_tokens_are_reused_only_from_the_same_tokenizer(load_model) -> None:
     loaded = load_model(MINILM)
     (tokens,) = loaded.tokenizer.encode_batch(["Hello world"])

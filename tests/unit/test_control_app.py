@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from sie.catalog import load_yaml
+from sie.catalog.adapters import ADAPTER_KINDS
 from sie.catalog.names import CONFIG_ALL_SUBJECT, config_subject
 from sie.control.auth import AccessPolicy
 from sie.control.http.app import build_control_app
@@ -402,7 +403,13 @@ async def test_variant_yaml_is_minimal(client: httpx.AsyncClient) -> None:
 async def test_bundles(client: httpx.AsyncClient) -> None:
     listed = (await client.get("/v1/configs/bundles")).json()["bundles"]
     assert listed == [
-        {"bundle_id": "default", "engine": "onnxruntime", "priority": 10, "adapter_count": 18, "source": "filesystem"}
+        {
+            "bundle_id": "default",
+            "engine": "onnxruntime",
+            "priority": 10,
+            "adapter_count": len(ADAPTER_KINDS),
+            "source": "filesystem",
+        }
     ]
     one = await client.get("/v1/configs/bundles/default")
     assert one.headers["content-type"].startswith("application/x-yaml")

@@ -37,6 +37,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie_server.adapters.bert_flash_cross_encoder": CROSS_ENCODER,
     "sie_server.adapters.modernbert_flash_cross_encoder": CROSS_ENCODER,
     "sie_server.adapters.colbert": MULTIVECTOR,
+    "sie_server.adapters.colbert_modernbert_flash.adapter": MULTIVECTOR,
     # the public Rust engine's embedding module serves many encoder architectures; ours converts the checkpoint,
     # and one whose model_type it does not build fails that load naming it
     "sie_server_rust.adapters.candle": DENSE,

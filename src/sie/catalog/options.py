@@ -66,6 +66,10 @@ def _is_output_types(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(kind in ENCODE_OUTPUTS for kind in value)
 
 
+def _is_token_count(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+
+
 def _is_unset(value: Any) -> bool:
     return value is None or value is False or value == ""
 
@@ -83,6 +87,9 @@ RULES: Final[dict[str, OptionRule]] = {
     "pooling": _one_of(POOLING_MODES),
     "normalize": OptionRule("true or false", _is_bool),
     "threshold": OptionRule("a number from 0 to 1", _is_probability),
+    # Token limits below the model's own: every text of a text encoder, and a multi-vector model's queries.
+    "max_seq_length": OptionRule("null or a whole number of tokens (at least 1)", _is_token_count),
+    "query_max_length": OptionRule("null or a whole number of tokens (at least 1)", _is_token_count),
     # Features of the public server this one does not have: only their "off" values are accepted.
     "lora_id": OptionRule("null (LoRA adapters are not supported)", _is_unset),
     "lora": OptionRule("null (LoRA adapters are not supported)", _is_unset),
@@ -97,18 +104,19 @@ _TEXT_ENCODER: Final = _EVERY_KIND | {
     "truncate",
     "output_types",
     "output_dtype",
+    "max_seq_length",
 }
 # The options each kind of model reads (`sie.catalog.adapters`) in its own operation: encode for the text
 # encoders, score for the cross-encoder, extract for entity extraction.
 READ_BY_KIND: Final[dict[str, frozenset[str]]] = {
     DENSE: _TEXT_ENCODER | {"pooling", "normalize"},
     SPARSE: _TEXT_ENCODER,
-    MULTIVECTOR: _TEXT_ENCODER,
+    MULTIVECTOR: _TEXT_ENCODER | {"query_max_length"},
     CROSS_ENCODER: _EVERY_KIND | {"instruction"},
     TOKEN_CLASSIFICATION: _EVERY_KIND | {"threshold"},
 }
 # A text encoder scoring compares normalised representations: no vectors are returned, so nothing shapes them.
-READ_WHEN_SCORING: Final = _EVERY_KIND | {"instruction", "query_template", "doc_template"}
+READ_WHEN_SCORING: Final = _EVERY_KIND | {"instruction", "query_template", "doc_template", "max_seq_length"}
 _TEXT_ENCODERS: Final = frozenset({DENSE, SPARSE, MULTIVECTOR})
 _KIND_NAMES: Final = {
     DENSE: "a dense embedding model",
@@ -122,7 +130,7 @@ _KIND_NAMES: Final = {
 def options_read(kind: str | None, operation: str) -> frozenset[str] | None:
     """The options a model of `kind` reads in `operation`; None for a kind SIE does not know."""
     if kind in _TEXT_ENCODERS and operation == OPERATION_SCORE:
-        return READ_WHEN_SCORING
+        return READ_WHEN_SCORING | {"query_max_length"} if kind == MULTIVECTOR else READ_WHEN_SCORING
     return READ_BY_KIND.get(kind or "")
 
 

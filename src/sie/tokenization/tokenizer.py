@@ -117,6 +117,24 @@ class TextTokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self._tokenizer.id_to_token(token_id)
 
+    def token_to_id(self, token: str) -> int | None:
+        """The id of one vocabulary entry (added tokens included), None when `token` is not one."""
+        return self._tokenizer.token_to_id(token)
+
+    def cut(self, tokenized: TokenizedText, limit: int) -> TokenizedText:
+        """`tokenized` kept to `limit` tokens as truncation at `limit` would have made it: the first tokens, and the
+        closing special token ([SEP], </s>) when the text ends with one. Unchanged when it fits."""
+        if len(tokenized) <= limit:
+            return tokenized
+        ids, type_ids = tokenized.input_ids, tokenized.token_type_ids
+        last = int(ids[-1])
+        if limit > 1 and last < len(self._special_table) and self._special_table[last]:
+            ids = np.concatenate([ids[: limit - 1], ids[-1:]])
+            type_ids = np.concatenate([type_ids[: limit - 1], type_ids[-1:]])
+        else:
+            ids, type_ids = ids[:limit], type_ids[:limit]
+        return TokenizedText(ids, type_ids, self._special_table, truncated=True)
+
     def encode_batch(self, texts: Sequence[str | tuple[str, str]]) -> list[TokenizedText]:
         """Encode texts (or `(query, document)` pairs) in one call, truncated to `max_length`.
 
@@ -130,10 +148,12 @@ class TextTokenizer:
         encodings = self._tokenizer.encode_batch(inputs)
         return [self._tokenized(encoding, was_cut) for encoding, was_cut in zip(encodings, cut, strict=True)]
 
-    def prepared(self, input_ids: np.ndarray, token_type_ids: np.ndarray | None = None) -> TokenizedText:
+    def prepared(
+        self, input_ids: np.ndarray, token_type_ids: np.ndarray | None = None, truncated: bool = False
+    ) -> TokenizedText:
         """A TokenizedText for ids this tokenizer made elsewhere (the sidecar's prepared tokens)."""
         type_ids = token_type_ids if token_type_ids is not None else np.zeros_like(input_ids)
-        return TokenizedText(input_ids, type_ids, self._special_table)
+        return TokenizedText(input_ids, type_ids, self._special_table, truncated)
 
     def _tokenized(self, encoding: tokenizers.Encoding, was_cut: bool = False) -> TokenizedText:
         ids = np.array(encoding.ids, dtype=np.int64)

@@ -57,11 +57,12 @@ class SentenceModulesError(ValueError):
 
 @attrs.frozen
 class DenseStage:
-    """One `Dense` module: `activation(x @ weight + bias)`."""
+    """One `Dense` module: `activation(x @ weight + bias)`, plus `x @ residual` for PyLate's residual Dense."""
 
     weight: np.ndarray  # [in, out]
     bias: np.ndarray | None
     activation: str
+    residual: np.ndarray | None = None  # [in, out]: the identity when the widths are equal
 
     @property
     def in_features(self) -> int:
@@ -75,7 +76,8 @@ class DenseStage:
         out = vectors @ self.weight
         if self.bias is not None:
             out = out + self.bias
-        return ACTIVATIONS[self.activation](out).astype(np.float32)
+        out = ACTIVATIONS[self.activation](out).astype(np.float32)
+        return out if self.residual is None else out + vectors @ self.residual
 
 
 @attrs.frozen
@@ -179,7 +181,20 @@ def _dense(directory: Path) -> DenseStage:
         raise SentenceModulesError(
             f"{weights}: linear weights of shape {list(weight.shape)} do not match {in_features} -> {out_features}"
         )
-    return DenseStage(np.ascontiguousarray(weight.T), bias, activation)
+    residual = _residual(tensors, weights, in_features, out_features) if config.get("use_residual") else None
+    return DenseStage(np.ascontiguousarray(weight.T), bias, activation, residual)
+
+
+def _residual(tensors: SafetensorsFile, weights: Path, in_features: int, out_features: int) -> np.ndarray:
+    """PyLate's residual Dense adds its input back: as it is when the widths are equal, else projected."""
+    if in_features == out_features:
+        return np.eye(in_features, dtype=np.float32)
+    if "residual.weight" not in tensors:
+        raise SentenceModulesError(f"{weights}: use_residual is set but there is no residual.weight")
+    residual = np.ascontiguousarray(tensors.load("residual.weight").T)
+    if residual.shape != (in_features, out_features):
+        raise SentenceModulesError(f"{weights}: residual weights of shape {list(residual.shape)} do not fit")
+    return residual
 
 
 def _json(path: Path) -> Any:

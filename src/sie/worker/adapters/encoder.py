@@ -5,7 +5,7 @@ and query/document scoring by comparing their representations (dense cosine, spa
 from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import attrs
@@ -62,9 +62,9 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
                 tokens = self._tokens(chosen)
             for index, spec, tokenized in zip(valid, chosen, tokens, strict=True):
                 if tokenized.truncated and spec.options.get("truncate") is False:
+                    limit = self.token_limit(spec.is_query, spec.options)
                     results[index] = invalid(
-                        f"Input is longer than {self.tokenizer.max_length} tokens and truncate is false",
-                        codes.INPUT_TOO_LONG,
+                        f"Input is longer than {limit} tokens and truncate is false", codes.INPUT_TOO_LONG
                     )
             runnable = [(i, s, t) for i, s, t in zip(valid, chosen, tokens, strict=True) if results[i].ok]
             if runnable:
@@ -76,7 +76,7 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
         result is what the whole batch would give, with less padding computed."""
         for group in length_groups([len(tokenized.input_ids) for _, _, tokenized in runnable]):
             indices, specs, tokens = zip(*(runnable[row] for row in group), strict=True)
-            batch = pad_batch([t.input_ids for t in tokens], [t.token_type_ids for t in tokens], self.tokenizer.pad_id)
+            batch = self.pad(list(tokens), [(spec.is_query, spec.options) for spec in specs])
             with watch.stage("inference"):
                 outputs = self.forward(batch)
             with watch.stage("postprocessing"):
@@ -108,7 +108,10 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
             query_template=options.get("query_template"),
             doc_template=options.get("doc_template"),
         )
-        return EncodeSpec(text, output_types, output_dtype, options, item.is_query, prepared)
+        marked = self.marked_text(text, item.is_query)
+        if marked != text:
+            prepared = None  # the sidecar tokenized the text without its marker
+        return EncodeSpec(marked, output_types, output_dtype, options, item.is_query, prepared)
 
     def _prepared(self, item: Any) -> TokenizedText | None:
         """Sidecar tokens are reused only when they come from this exact tokenizer and text preparation
@@ -123,12 +126,26 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
         return self.tokenizer.prepared(tokens.input_ids[0], tokens.token_type_ids[0] if tokens.token_type_ids else None)
 
     def _tokens(self, specs: Sequence[EncodeSpec]) -> list[TokenizedText]:
-        missing = [index for index, spec in enumerate(specs) if spec.prepared is None]
-        encoded = self.tokenizer.encode_batch([specs[index].text for index in missing]) if missing else []
-        tokens: list[TokenizedText | None] = [spec.prepared for spec in specs]
-        for index, tokenized in zip(missing, encoded, strict=True):
-            tokens[index] = tokenized
-        return tokens  # type: ignore[return-value]
+        """Each spec's tokens as the model reads them: the sidecar's where it sent them, else tokenized here."""
+        missing = [spec.text for spec in specs if spec.prepared is None]
+        fresh = iter(self.tokenizer.encode_batch(missing) if missing else [])
+        return [
+            self.fit(spec.prepared if spec.prepared is not None else next(fresh), spec.is_query, spec.options)
+            for spec in specs
+        ]
+
+    def token_limit(self, is_query: bool, options: Mapping[str, Any]) -> int:
+        """The most tokens one text keeps: the options' `max_seq_length` when below the model's own limit."""
+        limit = options.get("max_seq_length")
+        return min(int(limit), self.tokenizer.max_length) if limit else self.tokenizer.max_length
+
+    def fit(self, tokenized: TokenizedText, is_query: bool, options: Mapping[str, Any]) -> TokenizedText:
+        """The tokens the model reads for one tokenized text (cut to `token_limit`)."""
+        return self.tokenizer.cut(tokenized, self.token_limit(is_query, options))
+
+    def pad(self, tokens: Sequence[TokenizedText], roles: Sequence[tuple[bool, Mapping[str, Any]]]) -> PaddedBatch:
+        """One padded batch of fitted texts; `roles` gives each text's `(is_query, options)`."""
+        return pad_batch([t.input_ids for t in tokens], [t.token_type_ids for t in tokens], self.tokenizer.pad_id)
 
     @abstractmethod
     def forward(self, batch: PaddedBatch) -> list[np.ndarray]:
@@ -147,16 +164,18 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
         watch = Stopwatch()
         results: list[ItemResult] = []
         texts: list[str] = []
+        roles: list[tuple[bool, Mapping[str, Any]]] = []
         spans: list[tuple[int, range] | None] = []
         for item in items:
             refused = self.refused_options(item.options, OP_SCORE)
-            span = None if refused else self._score_texts(item, texts)
+            span = None if refused else self._score_texts(item, texts, roles)
             spans.append(span)
             results.append(refused or (ItemResult() if span else invalid("Score needs a text query and text items")))
         if texts:
             with watch.stage("tokenization"):
-                tokens = self.tokenizer.encode_batch(texts)
-            batch = pad_batch([t.input_ids for t in tokens], [t.token_type_ids for t in tokens], self.tokenizer.pad_id)
+                encoded = self.tokenizer.encode_batch(texts)
+                tokens = [self.fit(t, is_query, options) for t, (is_query, options) in zip(encoded, roles, strict=True)]
+            batch = self.pad(tokens, roles)
             with watch.stage("inference"):
                 outputs = self.forward(batch)
             with watch.stage("postprocessing"):
@@ -167,7 +186,9 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
                         results[index] = ItemResult(ranked_scores(scores, item.score_items), input_tokens=n_tokens)
         return watch.finish(results)
 
-    def _score_texts(self, item: Any, texts: list[str]) -> tuple[int, range] | None:
+    def _score_texts(
+        self, item: Any, texts: list[str], roles: list[tuple[bool, Mapping[str, Any]]]
+    ) -> tuple[int, range] | None:
         query = item_text(item.query_item)
         docs = [item_text(doc) for doc in item.score_items]
         if query is None or not docs or any(doc is None for doc in docs):
@@ -175,11 +196,18 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
         options = self.options_for(item.options)
         instruction = item.instruction or options.get("instruction")
         query_index = len(texts)
-        texts.append(
-            prepare_text(query, is_query=True, instruction=instruction, query_template=options.get("query_template"))
+        query = prepare_text(
+            query, is_query=True, instruction=instruction, query_template=options.get("query_template")
         )
-        texts.extend(prepare_text(doc, doc_template=options.get("doc_template")) for doc in docs)
+        texts.append(self.marked_text(query, True))
+        doc_template = options.get("doc_template")
+        texts.extend(self.marked_text(prepare_text(doc, doc_template=doc_template), False) for doc in docs)
+        roles.extend([(True, options)] + [(False, options)] * len(docs))
         return query_index, range(query_index + 1, len(texts))
+
+    def marked_text(self, text: str, is_query: bool) -> str:
+        """The text as tokenized, for adapters that mark queries or documents with a text prefix."""
+        return text
 
 
 def output_width(session: Any, name: str) -> int | None:

@@ -1,17 +1,28 @@
-"""Multi-vector embeddings: one L2-normalised vector per real token (special and padding tokens dropped)."""
+"""Multi-vector embeddings (ColBERT): one L2-normalised vector per returned token, projected to the model's token
+width; scoring is MaxSim. Markers, query expansion, token limits and the skiplist follow ColBERT's conventions
+(`sie.worker.late_interaction`), set by the profile's options (`query_prefix`, `doc_prefix`, `query_expansion`,
+`query_max_length`, `max_seq_length`, `skip_special_tokens`, `doc_punctuation_skiplist`, `normalize`)."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Final
 
 import numpy as np
 
 from sie.catalog.adapters import MULTIVECTOR
-from sie.tokenization import PaddedBatch
+from sie.tokenization import PaddedBatch, TokenizedText
 from sie.worker.adapters.base import AdapterContext
 from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, check_width, first_output, output_width
 from sie.worker.adapters.feeds import bert_feeds
+from sie.worker.late_interaction import LateInteraction, read_projection
 from sie.worker.outputs import l2_normalize, quantize
+
+# Public modules whose adapter expands queries when the YAML does not say (its generic ColBERT adapter: ColBERT v2
+# checkpoints were trained with query augmentation); the others, ours included, do not.
+EXPANDING_MODULES: Final = frozenset({"sie_server.adapters.colbert"})
+# Load-time options that requests may also set per call: the load-time value is the default.
+PER_REQUEST: Final = ("query_max_length", "max_seq_length", "normalize")
 
 
 class MultivectorAdapter(TextEncoderAdapter):
@@ -22,22 +33,57 @@ class MultivectorAdapter(TextEncoderAdapter):
 
     def __init__(self, context: AdapterContext) -> None:
         super().__init__(context)
+        loadtime = context.profile.loadtime_options
+        self.runtime_options = {key: loadtime[key] for key in PER_REQUEST if key in loadtime} | self.runtime_options
         self._token_states = first_output(self.session, rank=3, preferred=("last_hidden_state", "token_embeddings"))
-        self._special = self.tokenizer.special_id_array
+        projection = read_projection(context.model_dir)
+        hidden = output_width(self.session, self._token_states)
+        if projection and hidden is not None and projection[0].in_features != hidden:
+            raise ValueError(
+                f"the ColBERT projection takes {projection[0].in_features} inputs; the graph gives {hidden}"
+            )
+        self._late = LateInteraction(
+            self.tokenizer,
+            {**loadtime, **self.runtime_options},
+            projection,
+            expands_queries=self.profile.adapter_module in EXPANDING_MODULES,
+        )
         # A ColBERT checkpoint served without its projection gives hidden-size token vectors: refused, not served.
-        check_width(self.model, "multivector", output_width(self.session, self._token_states), "the graph gives")
+        width = None if hidden is None else self._late.width(hidden)
+        check_width(self.model, "multivector", width, "the model gives")
+
+    def token_limit(self, is_query: bool, options: Mapping[str, Any]) -> int:
+        limit = options.get("query_max_length") if is_query else None
+        if limit:
+            return min(int(limit), self.tokenizer.max_length)
+        return super().token_limit(is_query, options)
+
+    def marked_text(self, text: str, is_query: bool) -> str:
+        return self._late.marked_text(text, is_query)
+
+    def fit(self, tokenized: TokenizedText, is_query: bool, options: Mapping[str, Any]) -> TokenizedText:
+        return self._late.fit(tokenized, is_query, self.token_limit(is_query, options))
+
+    def pad(self, tokens: Sequence[TokenizedText], roles: Sequence[tuple[bool, Mapping[str, Any]]]) -> PaddedBatch:
+        expand_to = [
+            self.token_limit(is_query, options) if is_query and self._late.expands_queries else 0
+            for is_query, options in roles
+        ]
+        return self._late.pad(tokens, expand_to)
 
     def forward(self, batch: PaddedBatch) -> list[np.ndarray]:
         return self.run_session(bert_feeds(batch), [self._token_states])
 
-    def _token_vectors(self, hidden: np.ndarray, batch: PaddedBatch, row: int) -> np.ndarray:
-        keep = (batch.attention_mask[row] == 1) & ~np.isin(batch.input_ids[row], self._special)
-        return l2_normalize(hidden[row][keep])
+    def _token_vectors(
+        self, hidden: np.ndarray, batch: PaddedBatch, row: int, is_query: bool, normalize: bool
+    ) -> np.ndarray:
+        vectors = self._late.project(hidden[row][self._late.kept(batch, row, is_query)])
+        return l2_normalize(vectors) if normalize else vectors
 
     def represent(self, outputs: list[np.ndarray], batch: PaddedBatch, specs: list[EncodeSpec]) -> list[dict]:
         results = []
         for row, spec in enumerate(specs):
-            vectors = self._token_vectors(outputs[0], batch, row)
+            vectors = self._token_vectors(outputs[0], batch, row, spec.is_query, spec.options.get("normalize", True))
             results.append(
                 {
                     "multivector": {
@@ -51,10 +97,10 @@ class MultivectorAdapter(TextEncoderAdapter):
         return results
 
     def similarities(self, outputs: list[np.ndarray], batch: PaddedBatch, query: int, docs: range) -> np.ndarray:
-        query_vectors = self._token_vectors(outputs[0], batch, query)
+        query_vectors = self._token_vectors(outputs[0], batch, query, True, True)
         scores = []
         for row in docs:
-            doc_vectors = self._token_vectors(outputs[0], batch, row)
+            doc_vectors = self._token_vectors(outputs[0], batch, row, False, True)
             best = (query_vectors @ doc_vectors.T).max(axis=1) if doc_vectors.size else np.zeros(len(query_vectors))
             scores.append(float(best.sum()))
         return np.asarray(scores, dtype=np.float32)
