@@ -141,6 +141,9 @@ def build_encoder(
     if config.relative_attention_buckets:  # [B,1,1,S] + [1,heads,S,S]: one [B,heads,S,S] bias for every layer
         position_bias = _relative_position_bias(builder, config, weights, shapes.sequence)
         attention_bias = builder.op("Add", [attention_bias, position_bias], "mask.attention_and_position_bias")
+    elif config.alibi:
+        position_bias = _alibi_bias(builder, config, shapes.sequence)
+        attention_bias = builder.op("Add", [attention_bias, position_bias], "mask.attention_and_position_bias")
     tokens = builder.op("Reshape", [embedded, builder.const([-1, config.hidden_size])], "embeddings.tokens")
     for index in range(config.num_hidden_layers):
         layer = _Layer(builder, config, weights, index, shapes)
@@ -192,10 +195,6 @@ def _embeddings(
         "embeddings.word_embeddings.weight",
         weights.base("embeddings.word_embeddings.weight", (config.vocab_size, width)),
     )
-    position_table = builder.weight(
-        "embeddings.position_embeddings.weight",
-        weights.base("embeddings.position_embeddings.weight", (config.max_position_embeddings, width)),
-    )
     summed = builder.op("Gather", [word_table, "input_ids"], "embeddings.words")
     if config.type_vocab_size:
         type_rows = weights.base("embeddings.token_type_embeddings.weight", (config.type_vocab_size, width))
@@ -205,7 +204,12 @@ def _embeddings(
             type_table = builder.weight("embeddings.token_type_embeddings.weight", type_rows)
             types = builder.op("Gather", [type_table, "token_type_ids"], "embeddings.types")
         summed = builder.op("Add", [summed, types], "embeddings.word_type")
-    summed = builder.op("Add", [summed, _positions(builder, config, position_table, sequence)], "embeddings.sum")
+    if not config.alibi:  # ALiBi places tokens by biasing attention, not by embeddings
+        position_table = builder.weight(
+            "embeddings.position_embeddings.weight",
+            weights.base("embeddings.position_embeddings.weight", (config.max_position_embeddings, width)),
+        )
+        summed = builder.op("Add", [summed, _positions(builder, config, position_table, sequence)], "embeddings.sum")
     params = weights.base_layer_norm("embeddings.LayerNorm", width)
     embedded = layer_norm(builder, summed, params, "embeddings.LayerNorm", config.layer_norm_eps)
     if config.embedding_size:
@@ -272,6 +276,33 @@ def _relative_position_bias(
     return builder.op("Unsqueeze", [values, builder.const([0])], "position_bias")
 
 
+def alibi_slopes(heads: int) -> np.ndarray:
+    """ALiBi's slope of each head: the geometric series 2^(-8/n), 2^(-16/n), ... for n heads when n is a power of
+    two; otherwise those of the power of two below, then every other slope of the power of two above."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
+        return [start ** (index + 1) for index in range(n)]
+
+    if math.log2(heads).is_integer():
+        return np.asarray(power_of_two(heads), dtype=np.float32)
+    below = 2 ** math.floor(math.log2(heads))
+    extra = alibi_slopes(2 * below)[0::2][: heads - below]
+    return np.concatenate([np.asarray(power_of_two(below), dtype=np.float32), extra])
+
+
+def _alibi_bias(builder: GraphBuilder, config: EncoderConfig, sequence: str) -> str:
+    """JinaBERT's ALiBi, [1, heads, S, S]: `-slope[head] * |query - key|`, symmetric (every token sees both ways)."""
+    length = builder.op("Squeeze", [sequence, builder.const([0])], "alibi.length")
+    steps = builder.op("Range", [builder.const(0), length, builder.const(1)], "alibi.steps")
+    keys = builder.op("Unsqueeze", [steps, builder.const([0])], "alibi.keys")
+    queries = builder.op("Unsqueeze", [steps, builder.const([1])], "alibi.queries")
+    distance = builder.op("Abs", [builder.op("Sub", [keys, queries], "alibi.offset")], "alibi.distance")
+    distance = builder.op("Cast", [distance], "alibi.distance_float", to=TensorProto.FLOAT)
+    slopes = builder.const(-alibi_slopes(config.num_attention_heads).reshape(1, -1, 1, 1), np.float32)
+    return builder.op("Mul", [slopes, distance], "alibi")
+
+
 def _padding_bias(builder: GraphBuilder) -> tuple[str, str]:
     """The float mask [B,S] and the additive bias (1 - mask) * MASK_NEGATIVE, also [B,S]."""
     mask = builder.op("Cast", ["attention_mask"], "mask.float", to=TensorProto.FLOAT)
@@ -315,10 +346,27 @@ class _Layer:
     def feed_forward(self, x: str) -> str:
         b, cfg = self.builder, self.config
         ffn_in, ffn_out = self._name(self.family.ffn_in), self._name(self.family.ffn_out)
-        inner = linear(b, x, self._dense(ffn_in, cfg.intermediate_size), ffn_in)
-        activated = gelu(b, inner, f"{self.prefix}.ffn.gelu")
+        if cfg.gated_activation:
+            activated = self._gated(x, ffn_in)
+        else:
+            inner = linear(b, x, self._dense(ffn_in, cfg.intermediate_size), ffn_in)
+            activated = gelu(b, inner, f"{self.prefix}.ffn.gelu")
         out = linear(b, activated, self.weights.base_linear(ffn_out, cfg.intermediate_size, cfg.hidden_size), ffn_out)
         return self._residual_norm(out, x, self._name(self.family.ffn_norm))
+
+    def _gated(self, x: str, name: str) -> str:
+        """JinaBERT's gated feed-forward input: one bias-free [H, 2I] product, the activation of its first half
+        times its second half."""
+        b, cfg = self.builder, self.config
+        weight = self.weights.base(f"{name}.weight", (2 * cfg.intermediate_size, cfg.hidden_size))
+        both = b.op("MatMul", [x, b.weight(f"{name}.weight", np.ascontiguousarray(weight.T))], f"{name}.matmul")
+        halves = b.const([cfg.intermediate_size] * 2)
+        gated, plain = b.op_multi("Split", [both, halves], [f"{name}.gated", f"{name}.plain"], axis=-1)
+        if cfg.gated_activation == "relu":
+            activated = b.op("Relu", [gated], f"{name}.relu")
+        else:
+            activated = gelu(b, gated, f"{name}.gelu")
+        return b.op("Mul", [activated, plain], f"{name}.product")
 
     def _name(self, part: str) -> str:
         return f"{self.prefix}.{part}"

@@ -13,9 +13,15 @@ carries.
 - mpnet (mpnet): RoBERTa's positions (padding id 1, fixed in its modeling code) and heads, no token types, attention
   names `attention.attn.{q,k,v,o}`, and a learned bias per head for each query-key distance bucket
   (`encoder.relative_attention_bias`, T5-style buckets: 32, up to a distance of 128), added to every layer's scores.
+- jina_bert (JinaBERT v2: `model_type: bert` with `position_embedding_type: alibi`, remote code
+  `jinaai/jina-bert-implementation`): no learned positions but ALiBi, a bias of `-slope[head] * |query - key|` on
+  every layer's scores (slopes as in the ALiBi paper, interleaved for a head count that is not a power of two); a
+  gated feed-forward (`feed_forward_type` geglu or reglu): `mlp.gated_layers` (no bias) gives the gated half first,
+  its GELU (ReLU) times the other half goes through `mlp.wo`, then residual and `mlp.layernorm`.
 
 Each entry was read from the family's `modeling_*.py` in transformers and is checked against transformers itself on a
-random checkpoint (tests/unit/test_convert_families.py).
+random checkpoint (tests/unit/test_convert_families.py); JinaBERT, whose code is not in transformers, against a numpy
+reference of its modeling code (tests/unit/test_convert_jina.py).
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from sie.worker.convert.safetensors_io import read_json
 
 # Hugging Face's "gelu" is the exact erf form; the tanh approximations are different functions.
 SUPPORTED_ACTIVATIONS = frozenset({"gelu"})
+# JinaBERT's feed-forward types -> the activation of the gated half ("" for BERT's own feed-forward).
+JINA_FEED_FORWARD = {"original": "", "geglu": "gelu", "reglu": "relu"}
 # MPNet's modeling code fixes its padding id at 1 and computes 32 distance buckets whatever its config says (the
 # table has relative_attention_num_buckets rows).
 MPNET_PADDING_IDX = 1
@@ -91,24 +99,27 @@ _BERT_LAYER = {
 _LM_HEAD = MlmHead(
     "lm_head.dense", "lm_head.layer_norm", "lm_head.decoder.weight", ("lm_head.bias", "lm_head.decoder.bias")
 )
+_BERT_MLM = MlmHead(
+    "cls.predictions.transform.dense",
+    "cls.predictions.transform.LayerNorm",
+    "cls.predictions.decoder.weight",
+    ("cls.predictions.bias", "cls.predictions.decoder.bias"),
+)
+# JinaBERT v2: BERT's names, but its gated feed-forward's own. Chosen by the config (model_type is "bert").
+JINA_BERT = EncoderFamily(
+    "jina_bert",
+    (),
+    "bert.",
+    **_BERT_LAYER | {"ffn_in": "mlp.gated_layers", "ffn_out": "mlp.wo", "ffn_norm": "mlp.layernorm"},
+    sequence_classifier="pooler",
+    mlm=_BERT_MLM,
+)
 
 FAMILIES: Mapping[str, EncoderFamily] = MappingProxyType(
     {
         family.name: family
         for family in (
-            EncoderFamily(
-                "bert",
-                ("bert",),
-                "bert.",
-                **_BERT_LAYER,
-                sequence_classifier="pooler",
-                mlm=MlmHead(
-                    "cls.predictions.transform.dense",
-                    "cls.predictions.transform.LayerNorm",
-                    "cls.predictions.decoder.weight",
-                    ("cls.predictions.bias", "cls.predictions.decoder.bias"),
-                ),
-            ),
+            EncoderFamily("bert", ("bert",), "bert.", **_BERT_LAYER, sequence_classifier="pooler", mlm=_BERT_MLM),
             EncoderFamily(
                 "roberta",
                 ("roberta", "xlm-roberta", "camembert"),
@@ -151,6 +162,7 @@ FAMILIES: Mapping[str, EncoderFamily] = MappingProxyType(
                 mlm=_LM_HEAD,
                 relative_attention_bias="encoder.relative_attention_bias.weight",
             ),
+            JINA_BERT,
         )  # fmt: skip
     }
 )
@@ -191,6 +203,8 @@ class EncoderConfig(EncoderShape):
     hidden_act: str = "gelu"
     labels: tuple[str, ...] = ()
     relative_attention_buckets: int = 0  # rows of MPNet's relative position bias table; 0: no such bias
+    alibi: bool = False  # JinaBERT: ALiBi distance biases instead of learned positions
+    gated_activation: str = ""  # JinaBERT: the activation of its gated feed-forward ("" for BERT's own)
     # Whether the task heads' Linear and LayerNorm layers carry biases (ModernBERT's may not; these families' do).
     classifier_bias: bool = True
     norm_bias: bool = True
@@ -215,6 +229,7 @@ def position_capacity(raw: dict[str, Any]) -> int | None:
     if family.name == "roberta":
         pad = raw.get("pad_token_id", 1)
         return positions - pad - 1 if isinstance(pad, int) else None
+    # ALiBi (JinaBERT) has no position table: its config's count is the context it was trained for, as here.
     if family.name == "mpnet":
         return positions - MPNET_PADDING_IDX - 1
     return positions
@@ -249,8 +264,20 @@ def parse_encoder_config(raw: dict[str, Any], *, source: str = "config.json") ->
     if act not in SUPPORTED_ACTIVATIONS:
         raise ConversionError(f"hidden_act {act!r} is not supported (only erf 'gelu')", source=source)
     position_type = raw.get("position_embedding_type", "absolute")
-    if position_type != "absolute":
-        raise ConversionError(f"position_embedding_type {position_type!r} is not 'absolute'", source=source)
+    alibi = position_type == "alibi" and family.name == "bert"
+    if position_type != "absolute" and not alibi:
+        raise ConversionError(
+            f"position_embedding_type {position_type!r} is not 'absolute' (or 'alibi' for JinaBERT)", source=source
+        )
+    gated = ""
+    if alibi:
+        feed_forward = raw.get("feed_forward_type", "original")
+        if feed_forward not in JINA_FEED_FORWARD:
+            raise ConversionError(
+                f"feed_forward_type {feed_forward!r} is not one of {sorted(JINA_FEED_FORWARD)}", source=source
+            )
+        gated = JINA_FEED_FORWARD[feed_forward]
+        family = JINA_BERT if gated else family
     numbers = shape_numbers(raw, source)
     embedding_size = positive_int(raw, "embedding_size", source) if raw.get("embedding_size") is not None else 0
     padding_idx, types, buckets = _positions(raw, family, source)
@@ -264,6 +291,8 @@ def parse_encoder_config(raw: dict[str, Any], *, source: str = "config.json") ->
         layer_norm_eps=_positive_float(raw, "layer_norm_eps", 1e-12, source),
         hidden_act=act,
         labels=labels_of(raw.get("id2label"), source),
+        alibi=alibi,
+        gated_activation=gated,
     )
 
 
