@@ -1,9 +1,10 @@
-"""sentence-transformers models served as sentence-transformers itself encodes them: a tiny random model saved by
-`SentenceTransformer.save` (its `modules.json`, Pooling config, Dense weights, Normalize), loaded by our model loader
-(safetensors converted to ONNX) and encoded by the dense adapter, compared with `SentenceTransformer.encode` on the
-same texts (≤ 1e-4). What cannot be applied, or a width the YAML does not declare, fails the load with a message
-that names it — never a vector of another meaning or width. torch and sentence-transformers are imported by the
-tests that use them, not at collection (every pytest-xdist worker collects every module)."""
+"""sentence-transformers models served as sentence-transformers itself encodes them (and a CrossEncoder scores
+them): a tiny random model saved by `SentenceTransformer.save` (its `modules.json`, Pooling config, Dense weights,
+Normalize), loaded by our model loader (safetensors converted to ONNX) and encoded by the dense adapter, compared with
+`SentenceTransformer.encode` on the same texts (≤ 1e-4). What cannot be applied, or a width the YAML does not declare,
+fails the load with a message that names it — never a vector of another meaning or width. torch and
+sentence-transformers are imported by the tests that use them, not at collection (every pytest-xdist worker collects
+every module)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 from sie.catalog import parse_model_config
-from sie.wire.ipc_batch import EncodeBatchItem
+from sie.wire.ipc_batch import EncodeBatchItem, ScoreBatchItem
 from sie.worker.errors import ModelLoadError
 from support.encoder_checkpoints import save_checkpoint
 
@@ -163,3 +164,60 @@ def test_a_sparse_encoder_is_served_by_the_sparse_adapter_as_sentence_transforme
         ours[np.asarray(sparse["indices"])] = np.asarray(sparse["values"], dtype=np.float32)
         assert np.count_nonzero(ours) > 10
         assert float(np.abs(ours - reference[row]).max()) <= 1e-4, row
+
+
+PAIRS = [("w1 w2", "w3 w4 w5"), ("w1 w2", "w6"), ("w1 w2", "w7 w8 w9 w10")]
+
+
+@pytest.mark.parametrize(
+    ("labels", "activation"),
+    [pytest.param(1, "Identity", id="one-label-identity"), pytest.param(1, None, id="one-label-default-sigmoid"),
+     pytest.param(3, "Tanh", id="three-labels-tanh")],
+)  # fmt: skip
+def test_a_saved_cross_encoder_scores_as_sentence_transformers_predicts(
+    model_loader, tmp_path: Path, labels: int, activation: str | None
+) -> None:
+    """The activation the cross-encoder was saved with (or sentence-transformers' default) gives the score; with more
+    labels, the last label's activated value."""
+    import torch
+    from sentence_transformers.cross_encoder import CrossEncoder
+
+    save_checkpoint(tmp_path / "base", "bert", "seq-cls", num_labels=labels)
+    function = getattr(torch.nn, activation)() if activation else None
+    CrossEncoder(str(tmp_path / "base"), activation_fn=function, device="cpu").save(str(tmp_path / "ce"))
+    reference = CrossEncoder(str(tmp_path / "ce"), device="cpu").predict(PAIRS, convert_to_numpy=True)
+    reference = reference.reshape(len(PAIRS), -1)[:, -1]
+    model = parse_model_config(
+        {
+            "sie_id": "acme/ce",
+            "weights_path": str(tmp_path / "ce"),
+            "max_sequence_length": 32,
+            "tasks": {"score": {}},
+            "profiles": {"default": {"adapter_path": "sie.adapters.cross_encoder:X", "max_batch_tokens": 256}},
+        }
+    )
+    loaded = model_loader.load(model, "default", model.sie_id)
+    docs = [{"text": doc} for _, doc in PAIRS]
+    item = ScoreBatchItem(work_item_id="s.0", request_id="s", item_index=0, total_items=1, timestamp=0.0,
+                          query_item={"text": PAIRS[0][0]}, score_items=docs)  # fmt: skip
+    (result,) = loaded.adapter.score([item]).items
+    ours = {row["item_id"]: row["score"] for row in result.result}
+    assert [ours[f"item-{index}"] for index in range(len(PAIRS))] == pytest.approx(list(reference), abs=1e-4)
+
+
+def test_a_cross_encoder_activation_sie_does_not_apply_fails_the_load_naming_it(model_loader, tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, "bert", "seq-cls", num_labels=1)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["sentence_transformers"] = {"activation_fn": "acme.layers.Swish"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = parse_model_config(
+        {
+            "sie_id": "acme/ce",
+            "weights_path": str(tmp_path),
+            "max_sequence_length": 32,
+            "tasks": {"score": {}},
+            "profiles": {"default": {"adapter_path": "sie.adapters.cross_encoder:X", "max_batch_tokens": 256}},
+        }
+    )
+    with pytest.raises(ModelLoadError, match=r"activation 'acme.layers.Swish' is not one SIE applies"):
+        model_loader.load(model, "default", model.sie_id)

@@ -109,9 +109,11 @@ def write_tokenizer(directory: Path, family: str) -> Tokenizer:
     tokenizer.save(str(directory / "tokenizer.json"))
     import transformers
 
+    # The families with token types hand them to the model, as their own tokenizers do (a pair's second text is 1).
+    inputs = ["input_ids", "token_type_ids", "attention_mask"] if pair_types else ["input_ids", "attention_mask"]
     transformers.PreTrainedTokenizerFast(
         tokenizer_file=str(directory / "tokenizer.json"), pad_token=pad, unk_token=unknown, cls_token=start,
-        sep_token=end,
+        sep_token=end, model_input_names=inputs,
     ).save_pretrained(directory)  # fmt: skip
     return tokenizer
 
