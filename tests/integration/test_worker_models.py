@@ -241,6 +241,20 @@ def test_prepared_tokens_are_reused_only_from_the_same_tokenizer(load_model) -> 
     assert np.allclose(results[0].result["dense"]["values"], results[1].result["dense"]["values"], atol=1e-6)
 
 
+def test_a_template_placing_the_instruction_gets_the_default_one_and_is_tokenized_here(load_model) -> None:
+    """stella's query template (`Instruct: {instruction}\nQuery: {text}`) with its `default_instruction`: the sidecar
+    cannot know the default, so tokens it prepared from the bare template are not reused."""
+    loaded = load_model(MINILM)
+    options = {"query_template": "Instruct: {instruction}\nQuery: {text}", "default_instruction": "find the city"}
+    (bare,) = loaded.tokenizer.encode_batch(["Instruct: \nQuery: Paris"])
+    prepared = PreparedTokens(input_ids=[bare.input_ids], tokenizer_id=loaded.tokenizer.tokenizer_id)
+    templated, spelled = loaded.adapter.encode(
+        encode_items(["Paris"], options=options, is_query=True, prepared_tokens=prepared)
+        + encode_items(["Instruct: find the city\nQuery: Paris"])
+    ).items
+    assert np.allclose(templated.result["dense"]["values"], spelled.result["dense"]["values"], atol=1e-6)
+
+
 def test_operations_the_model_lacks_are_invalid_input(load_model) -> None:
     (item,) = load_model(RAMPART).adapter.encode(encode_items(["Hello"])).items
     assert item.error_code == codes.INVALID_INPUT and "does not support encode" in item.error

@@ -34,7 +34,7 @@ def test_a_directory_catalogue_reads_the_architecture_from_a_local_checkpoint(
 ) -> None:
     weights = tmp_path / "weights"
     weights.mkdir()
-    (weights / "config.json").write_text('{"model_type": "nomic_bert"}')
+    (weights / "config.json").write_text('{"model_type": "deberta-v2"}')
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "a.yaml").write_text(
         f"sie_id: acme/m\nweights_path: {weights}\ntasks: {{encode: {{dense: {{dim: 8}}}}}}\n"
@@ -43,6 +43,6 @@ def test_a_directory_catalogue_reads_the_architecture_from_a_local_checkpoint(
     (tmp_path / "models" / "b.yaml").write_text("sie_id: [broken\n")
     assert catalog_coverage.main([str(tmp_path), "--details"]) == 0
     output = capsys.readouterr().out
-    assert rows(output)["sie.adapters.dense"] == ["nomic_bert", "1", "0", "0"]
-    assert "a.yaml: the converter does not build model_type 'nomic_bert' yet" in output
+    assert rows(output)["sie.adapters.dense"] == ["deberta-v2", "1", "0", "0"]
+    assert "a.yaml: the converter does not build model_type 'deberta-v2' yet" in output
     assert "- b.yaml: " in output

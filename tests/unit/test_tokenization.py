@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
-from sie.tokenization import TextTokenizer, TokenizerError, length_groups, pad_batch, tokenizer_id_for
+from sie.tokenization import TextTokenizer, TokenizerError, length_groups, pad_batch, prepare_text, tokenizer_id_for
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello", "world", "the", "cat", "sat", "on", "mat", "##s"]
 
@@ -140,3 +140,27 @@ def test_prepared_ids_get_their_special_mask_by_id_and_no_offsets(tmp_path: Path
 def test_missing_file_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(TokenizerError, match="missing.json"):
         TextTokenizer.from_file(tmp_path / "missing.json", max_length=8)
+
+
+def test_cut_keeps_the_closing_special_token_as_truncation_would(tokenizer_file: Path) -> None:
+    tokenizer = TextTokenizer.from_file(tokenizer_file, max_length=64)
+    (long,) = tokenizer.encode_batch(["hello world and more words"])
+    (short,) = tokenizer.encode_batch(["hello world"])
+    cut = tokenizer.cut(long, len(short))
+    assert cut.input_ids.tolist() == short.input_ids.tolist() and cut.truncated
+    assert tokenizer.cut(short, len(short)) is short
+
+
+def test_a_template_placing_the_instruction_gets_it_or_the_default_and_no_prefix() -> None:
+    template = "Instruct: {instruction}\nQuery: {text}"
+    assert prepare_text("q", is_query=True, query_template=template, default_instruction="find") == (
+        "Instruct: find\nQuery: q"
+    )
+    assert prepare_text("q", is_query=True, query_template=template, instruction="rank", default_instruction="x") == (
+        "Instruct: rank\nQuery: q"
+    )
+    # placeholders inside the text or the instruction are left as they are
+    assert prepare_text("{instruction}", is_query=True, query_template=template, instruction="{text}") == (
+        "Instruct: {text}\nQuery: {instruction}"
+    )
+    assert prepare_text("d", query_template=template, instruction="rank") == "rank d"  # documents: no template

@@ -30,6 +30,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie_server.adapters.bert_flash": DENSE,
     "sie_server.adapters.xlm_roberta_flash": DENSE,
     "sie_server.adapters.modernbert_flash": DENSE,
+    "sie_server.adapters.rope_flash": DENSE,
     "sie_server.adapters.pytorch_embedding": DENSE,
     "sie_server.adapters.splade_flash": SPARSE,
     "sie_server.adapters.splade_flash.adapter": SPARSE,

@@ -6,6 +6,7 @@ padding to the batch's longest item (rows of very different lengths split into r
 """
 
 from sie.tokenization.tokenizer import (
+    INSTRUCTION_PLACEHOLDER,
     PaddedBatch,
     TextTokenizer,
     TokenizedText,
@@ -17,6 +18,7 @@ from sie.tokenization.tokenizer import (
 )
 
 __all__ = [
+    "INSTRUCTION_PLACEHOLDER",
     "PaddedBatch",
     "TextTokenizer",
     "TokenizedText",

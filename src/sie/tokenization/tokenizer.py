@@ -127,8 +127,7 @@ class TextTokenizer:
         if len(tokenized) <= limit:
             return tokenized
         ids, type_ids = tokenized.input_ids, tokenized.token_type_ids
-        last = int(ids[-1])
-        if limit > 1 and last < len(self._special_table) and self._special_table[last]:
+        if limit > 1 and tokenized.special_tokens_mask[-1]:
             ids = np.concatenate([ids[: limit - 1], ids[-1:]])
             type_ids = np.concatenate([type_ids[: limit - 1], type_ids[-1:]])
         else:
@@ -219,21 +218,31 @@ def length_groups(lengths: Sequence[int]) -> list[list[int]]:
     return groups
 
 
-def prepare_text(
+TEXT_PLACEHOLDER: Final = "{text}"
+INSTRUCTION_PLACEHOLDER: Final = "{instruction}"
+
+
+def prepare_text(  # noqa: PLR0913 - the parts of one text's preparation
     text: str,
     *,
     is_query: bool = False,
     instruction: str | None = None,
     query_template: str | None = None,
     doc_template: str | None = None,
+    default_instruction: str | None = None,
 ) -> str:
-    """The exact text a model sees: the query/doc template (with `{text}`), then the instruction prefix.
+    """The exact text a model sees: the query/doc template (with `{text}`), then the instruction prefix. A template
+    that places the instruction itself (`Instruct: {instruction}\nQuery: {text}`, as stella's) gets the instruction,
+    else `default_instruction`, there and no prefix.
 
     The sidecar and the worker both call this, so prepared tokens match a worker-side re-tokenization.
     """
     template = query_template if is_query else doc_template
+    if template and INSTRUCTION_PLACEHOLDER in template:
+        filled = instruction or default_instruction or ""
+        return text.join(part.replace(INSTRUCTION_PLACEHOLDER, filled) for part in template.split(TEXT_PLACEHOLDER))
     if template:
-        text = template.replace("{text}", text)
+        text = template.replace(TEXT_PLACEHOLDER, text)
     if instruction:
         text = f"{instruction} {text}"
     return text

@@ -11,7 +11,14 @@ from typing import Any, ClassVar
 import attrs
 import numpy as np
 
-from sie.tokenization import PaddedBatch, TokenizedText, length_groups, pad_batch, prepare_text
+from sie.tokenization import (
+    INSTRUCTION_PLACEHOLDER,
+    PaddedBatch,
+    TokenizedText,
+    length_groups,
+    pad_batch,
+    prepare_text,
+)
 from sie.wire import codes
 from sie.wire.ipc_batch import OP_ENCODE, OP_SCORE
 from sie.worker.adapters.base import Adapter, BatchResult, ItemResult, Stopwatch, invalid
@@ -107,6 +114,7 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
             instruction=item.instruction or options.get("instruction"),
             query_template=options.get("query_template"),
             doc_template=options.get("doc_template"),
+            default_instruction=options.get("default_instruction"),
         )
         marked = self.marked_text(text, item.is_query)
         if marked != text:
@@ -122,6 +130,10 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
         if len(tokens.input_ids[0]) > self.tokenizer.max_length:  # cut longer here (the model's positions)
             return None
         if self.runtime_options.get("instruction") and not item.instruction:
+            return None
+        options = self.options_for(item.options)
+        template = options.get("query_template" if item.is_query else "doc_template")
+        if template and INSTRUCTION_PLACEHOLDER in template:  # filled from options the descriptor does not carry
             return None
         return self.tokenizer.prepared(tokens.input_ids[0], tokens.token_type_ids[0] if tokens.token_type_ids else None)
 
@@ -197,7 +209,11 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
         instruction = item.instruction or options.get("instruction")
         query_index = len(texts)
         query = prepare_text(
-            query, is_query=True, instruction=instruction, query_template=options.get("query_template")
+            query,
+            is_query=True,
+            instruction=instruction,
+            query_template=options.get("query_template"),
+            default_instruction=options.get("default_instruction"),
         )
         texts.append(self.marked_text(query, True))
         doc_template = options.get("doc_template")

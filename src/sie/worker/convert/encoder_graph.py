@@ -136,7 +136,7 @@ def build_encoder(
     """
     shapes = _dynamic_shapes(builder, config)
     word_table, embedded = _embeddings(builder, config, weights, shapes.sequence)
-    mask, padding_bias = _padding_bias(builder)
+    mask, padding_bias = padding_biases(builder)
     attention_bias = builder.op("Unsqueeze", [padding_bias, builder.const([1, 2])], "mask.attention_bias")
     if config.relative_attention_buckets:  # [B,1,1,S] + [1,heads,S,S]: one [B,heads,S,S] bias for every layer
         position_bias = _relative_position_bias(builder, config, weights, shapes.sequence)
@@ -196,14 +196,7 @@ def _embeddings(
         weights.base("embeddings.word_embeddings.weight", (config.vocab_size, width)),
     )
     summed = builder.op("Gather", [word_table, "input_ids"], "embeddings.words")
-    if config.type_vocab_size:
-        type_rows = weights.base("embeddings.token_type_embeddings.weight", (config.type_vocab_size, width))
-        if config.type_vocab_size == 1:  # one token type: every token adds the same row, whatever its id says
-            types = builder.weight("embeddings.token_type_embeddings.weight", type_rows[0])
-        else:
-            type_table = builder.weight("embeddings.token_type_embeddings.weight", type_rows)
-            types = builder.op("Gather", [type_table, "token_type_ids"], "embeddings.types")
-        summed = builder.op("Add", [summed, types], "embeddings.word_type")
+    summed = add_token_types(builder, summed, weights, config.type_vocab_size, width)
     if not config.alibi:  # ALiBi places tokens by biasing attention, not by embeddings
         position_table = builder.weight(
             "embeddings.position_embeddings.weight",
@@ -216,6 +209,19 @@ def _embeddings(
         project = weights.base_linear("embeddings_project", width, config.hidden_size)
         embedded = linear(builder, embedded, project, "embeddings_project")
     return word_table, embedded
+
+
+def add_token_types(builder: GraphBuilder, embedded: str, weights: EncoderWeights, types: int, width: int) -> str:
+    """`embedded` plus each token's type embedding (`embeddings.token_type_embeddings`); as it is for no types."""
+    if not types:
+        return embedded
+    rows = weights.base("embeddings.token_type_embeddings.weight", (types, width))
+    if types == 1:  # one token type: every token adds the same row, whatever its id says
+        added = builder.weight("embeddings.token_type_embeddings.weight", rows[0])
+    else:
+        table = builder.weight("embeddings.token_type_embeddings.weight", rows)
+        added = builder.op("Gather", [table, "token_type_ids"], "embeddings.types")
+    return builder.op("Add", [embedded, added], "embeddings.word_type")
 
 
 def _positions(builder: GraphBuilder, config: EncoderConfig, table: str, sequence: str) -> str:
@@ -303,7 +309,7 @@ def _alibi_bias(builder: GraphBuilder, config: EncoderConfig, sequence: str) -> 
     return builder.op("Mul", [slopes, distance], "alibi")
 
 
-def _padding_bias(builder: GraphBuilder) -> tuple[str, str]:
+def padding_biases(builder: GraphBuilder) -> tuple[str, str]:
     """The float mask [B,S] and the additive bias (1 - mask) * MASK_NEGATIVE, also [B,S]."""
     mask = builder.op("Cast", ["attention_mask"], "mask.float", to=TensorProto.FLOAT)
     inverted = builder.op("Sub", [builder.const(1.0, np.float32), mask], "mask.inverted")

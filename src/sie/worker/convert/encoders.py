@@ -1,6 +1,6 @@
 """The encoder entry point, `convert_encoder`: one checkpoint directory of an encoder family (the BERT-like ones of
-`families.py`, ModernBERT of `modernbert.py`) in, one ONNX file out with the head asked for. Its cache key and
-version are in `cache_keys`.
+`families.py`, ModernBERT of `modernbert.py`, GTE and NomicBERT of `rotary_glu.py`) in, one ONNX file out with the
+head asked for. Its cache key and version are in `cache_keys`.
 
 It wires a family's config, weights and encoder graph (`encoder_graph.py`) to a head (`heads.py`) and writes the
 file atomically. It needs only `onnx` and numpy: never torch, and never onnxruntime (the caller loads the result).
@@ -19,6 +19,12 @@ from sie.worker.convert.graph_builder import GraphBuilder, save_graph
 from sie.worker.convert.heads import HEADS, HeadContext
 from sie.worker.convert.modernbert import ModernBertConfig, build_modernbert, parse_modernbert_config
 from sie.worker.convert.names import CONFIG_FILE
+from sie.worker.convert.rotary_glu import (
+    ROTARY_GLU_MODEL_TYPES,
+    RotaryGluConfig,
+    build_rotary_glu,
+    parse_rotary_glu_config,
+)
 from sie.worker.convert.safetensors_io import Checkpoint
 
 
@@ -40,15 +46,19 @@ def convert_encoder(model_dir: Path, out_path: Path, head: str) -> ConversionRes
     model_dir, out_path = Path(model_dir), Path(out_path)
     config_path = model_dir / CONFIG_FILE
     raw = read_config_json(config_path)
-    config: EncoderConfig | ModernBertConfig
+    config: EncoderConfig | ModernBertConfig | RotaryGluConfig
     if raw.get("model_type") == "modernbert":
         config = parse_modernbert_config(raw, str(config_path))
+    elif raw.get("model_type") in ROTARY_GLU_MODEL_TYPES:
+        config = parse_rotary_glu_config(raw, str(config_path))
     else:
         config = parse_encoder_config(raw, source=str(config_path))
     weights = EncoderWeights(Checkpoint(model_dir), config)
     builder = GraphBuilder()
     if isinstance(config, ModernBertConfig):
         encoder = build_modernbert(builder, config, weights)
+    elif isinstance(config, RotaryGluConfig):
+        encoder = build_rotary_glu(builder, config, weights)
     else:
         encoder = build_encoder(builder, config, weights)
     outputs = HEADS[head].build(HeadContext(builder, config, weights, encoder))

@@ -169,8 +169,9 @@ FAMILIES: Mapping[str, EncoderFamily] = MappingProxyType(
 FAMILY_OF_MODEL_TYPE: Mapping[str, EncoderFamily] = MappingProxyType(
     {model_type: family for family in FAMILIES.values() for model_type in family.model_types}
 )
-# Encoder families with a graph of their own (`modernbert.py`), beside the BERT-like ones above.
-OWN_GRAPH_MODEL_TYPES = ("modernbert",)
+# Encoder families with a graph of their own (`modernbert.py`, `rotary_glu.py`: GTE "new", NomicBERT), beside the
+# BERT-like ones above.
+OWN_GRAPH_MODEL_TYPES = ("modernbert", "new", "nomic_bert")
 CONVERTED_MODEL_TYPES = tuple(sorted([*FAMILY_OF_MODEL_TYPE, *OWN_GRAPH_MODEL_TYPES]))
 
 
@@ -219,11 +220,11 @@ def position_capacity(raw: dict[str, Any]) -> int | None:
     """The most tokens one sequence of this checkpoint can hold (its learned positions; RoBERTa's start after
     `pad_token_id`), or None when the config does not say (not one of these families, or no position count)."""
     family = FAMILY_OF_MODEL_TYPE.get(raw.get("model_type"))  # type: ignore[arg-type]
-    positions = raw.get("max_position_embeddings")
+    positions = raw.get("n_positions" if raw.get("model_type") == "nomic_bert" else "max_position_embeddings")
     if not isinstance(positions, int) or isinstance(positions, bool):
         return None
     if raw.get("model_type") in OWN_GRAPH_MODEL_TYPES:
-        return positions  # rotary positions: the context it was trained for
+        return positions  # rotary positions: the context it was trained for (NomicBERT's `n_positions`)
     if family is None:
         return None
     if family.name == "roberta":

@@ -28,6 +28,7 @@ from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import EncoderConfig, MlmHead
 from sie.worker.convert.graph_builder import GraphBuilder, tensor_info
 from sie.worker.convert.modernbert import ModernBertConfig
+from sie.worker.convert.rotary_glu import RotaryGluConfig
 
 # sentence-transformers clamps the token count at 1e-9 and F.normalize clamps the norm at 1e-12.
 MIN_TOKEN_COUNT = 1e-9
@@ -40,7 +41,7 @@ class HeadContext:
     """Everything a head builder needs: the graph so far, the checkpoint and the encoder's tensors."""
 
     builder: GraphBuilder
-    config: EncoderConfig | ModernBertConfig
+    config: EncoderConfig | ModernBertConfig | RotaryGluConfig
     weights: EncoderWeights
     encoder: EncoderOutput
 

@@ -17,7 +17,15 @@ import attrs
 import numpy as np
 from onnx import TensorProto
 
-from sie.worker.convert.encoder_graph import MASK_NEGATIVE, EncoderOutput, EncoderWeights, gelu, layer_norm, linear
+from sie.worker.convert.encoder_graph import (
+    MASK_NEGATIVE,
+    EncoderOutput,
+    EncoderWeights,
+    gelu,
+    layer_norm,
+    linear,
+    padding_biases,
+)
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import (
     SUPPORTED_ACTIVATIONS,
@@ -29,6 +37,7 @@ from sie.worker.convert.families import (
     shape_numbers,
 )
 from sie.worker.convert.graph_builder import GraphBuilder
+from sie.worker.convert.rotary import inverse_frequencies, qkv_heads_shape, rotary_attention, rotary_tables
 
 FAMILY = EncoderFamily(
     "modernbert", ("modernbert",), "model.", layer="layers.{index}", query="", key="", value="",
@@ -113,20 +122,18 @@ def build_modernbert(builder: GraphBuilder, config: ModernBertConfig, weights: E
     embedded = b.op("Gather", [word_table, "input_ids"], "embeddings.words")
     embedded = layer_norm(b, embedded, weights.layer_norm(f"{base}embeddings.norm", width, cfg.norm_bias),
                           "embeddings.norm", cfg.layer_norm_eps)  # fmt: skip
-    mask = b.op("Cast", ["attention_mask"], "mask.float", to=TensorProto.FLOAT)
-    inverted = b.op("Sub", [b.const(1.0, np.float32), mask], "mask.inverted")
-    padding_bias = b.op("Mul", [inverted, b.const(MASK_NEGATIVE, np.float32)], "mask.padding_bias")
+    mask, padding_bias = padding_biases(b)
     full_bias = b.op("Unsqueeze", [padding_bias, b.const([1, 2])], "mask.full")  # [B,1,1,S]
     sequence = b.op("Shape", ["input_ids"], "shape.sequence", start=1, end=2)
     length = b.op("Squeeze", [sequence, b.const([0])], "shape.length")
     steps = b.op("Range", [b.const(0), length, b.const(1)], "shape.steps")
-    heads_shape = b.op(
-        "Concat", [b.const([-1]), sequence, b.const([3, cfg.num_attention_heads, cfg.head_size])], "shape.qkv", axis=0
-    )
     shared = _Shared(
-        heads_shape=heads_shape,
+        heads_shape=qkv_heads_shape(b, cfg.num_attention_heads, cfg.head_size),
         biases={FULL: full_bias, SLIDING: _window_bias(b, cfg, full_bias, steps)},
-        rotary={kind: _rotary(b, cfg, steps, kind) for kind in set(cfg.layer_types)},
+        rotary={
+            kind: rotary_tables(b, steps, inverse_frequencies(cfg.head_size, cfg.rope_theta[kind]), f"rope.{kind}")
+            for kind in set(cfg.layer_types)
+        },
     )
     layers = _Layers(b, cfg, weights, shared)
     tokens = b.op("Reshape", [embedded, b.const([-1, width])], "embeddings.tokens")
@@ -161,26 +168,6 @@ def _window_bias(b: GraphBuilder, cfg: ModernBertConfig, full_bias: str, steps: 
     return b.op("Min", [full_bias, window], "mask.sliding")
 
 
-def _rotary(b: GraphBuilder, cfg: ModernBertConfig, steps: str, kind: str) -> tuple[str, str]:
-    """cos and sin of every position for this kind of layer, [S, head_size] (the frequencies twice, as
-    transformers' rotate-half layout)."""
-    half = np.arange(0, cfg.head_size, 2, dtype=np.float32) / np.float32(cfg.head_size)
-    inverse = (1.0 / (np.float32(cfg.rope_theta[kind]) ** half)).astype(np.float32)
-    positions = b.op("Cast", [b.op("Unsqueeze", [steps, b.const([1])], f"rope.{kind}.positions")],
-                     f"rope.{kind}.float", to=TensorProto.FLOAT)  # fmt: skip
-    angles = b.op("Mul", [positions, b.const(inverse, np.float32)], f"rope.{kind}.angles")
-    angles = b.op("Concat", [angles, angles], f"rope.{kind}.angles2", axis=1)
-    return b.op("Cos", [angles], f"rope.{kind}.cos"), b.op("Sin", [angles], f"rope.{kind}.sin")
-
-
-def _rotate(b: GraphBuilder, x: str, cos: str, sin: str, half: int, name: str) -> str:
-    """x * cos + rotate_half(x) * sin over the last axis of [B, heads, S, head_size]."""
-    first, second = b.op_multi("Split", [x, b.const([half, half])], [f"{name}.x1", f"{name}.x2"], axis=-1)
-    negated = b.op("Neg", [second], f"{name}.neg")
-    rotated = b.op("Concat", [negated, first], f"{name}.rotated", axis=-1)
-    return b.op("Add", [b.op("Mul", [x, cos], f"{name}.cos"), b.op("Mul", [rotated, sin], f"{name}.sin")], name)
-
-
 @attrs.frozen
 class _Shared:
     """Tensors every layer reads: the Q/K/V split shape, and per kind of layer its attention bias and rotary cos/sin."""
@@ -199,31 +186,11 @@ class _Layers:
         self.b, self.cfg, self.weights, self.shared = builder, config, weights, shared
 
     def attention(self, prefix: str, x: str, kind: str) -> str:
-        b, cfg, width = self.b, self.cfg, self.cfg.hidden_size
-        weight, bias_values = self.weights.linear(f"{prefix}.attn.Wqkv", width, 3 * width, cfg.attention_bias)
-        scale = np.float32(cfg.head_size**-0.5)  # on Q before the rotation: the rotation is linear
-        weight, bias_values = weight.copy(), bias_values.copy()
-        weight[:, :width] *= scale
-        bias_values[:width] *= scale
-        qkv = linear(b, x, (weight, bias_values), f"{prefix}.attn.Wqkv")
-        split = b.op("Transpose", [b.op("Reshape", [qkv, self.shared.heads_shape], f"{prefix}.attn.heads")],
-                     f"{prefix}.attn.heads_t", perm=[2, 0, 3, 1, 4])  # fmt: skip
-        parts = b.op_multi("Split", [split], [f"{prefix}.attn.{p}5d" for p in "qkv"], axis=0)
-        q, k, v = (
-            b.op("Squeeze", [part, b.const([0])], f"{prefix}.attn.{p}") for part, p in zip(parts, "qkv", strict=True)
-        )
-        cos, sin = self.shared.rotary[kind]
-        q = _rotate(b, q, cos, sin, cfg.head_size // 2, f"{prefix}.attn.q_rot")
-        k = _rotate(b, k, cos, sin, cfg.head_size // 2, f"{prefix}.attn.k_rot")
-        k_t = b.op("Transpose", [k], f"{prefix}.attn.k_t", perm=[0, 1, 3, 2])
-        scores = b.op("Add", [b.op("MatMul", [q, k_t], f"{prefix}.attn.scores"), self.shared.biases[kind]],
-                      f"{prefix}.attn.masked")  # fmt: skip
-        probs = b.op("Softmax", [scores], f"{prefix}.attn.probs", axis=-1)
-        context = b.op("Transpose", [b.op("MatMul", [probs, v], f"{prefix}.attn.context")],
-                       f"{prefix}.attn.context_t", perm=[0, 2, 1, 3])  # fmt: skip
-        context = b.op("Reshape", [context, b.const([-1, width])], f"{prefix}.attn.merged")
+        cfg, width, shared = self.cfg, self.cfg.hidden_size, self.shared
+        qkv = self.weights.linear(f"{prefix}.attn.Wqkv", width, 3 * width, cfg.attention_bias)
         out = self.weights.linear(f"{prefix}.attn.Wo", width, width, cfg.attention_bias)
-        return linear(b, context, out, f"{prefix}.attn.Wo")
+        return rotary_attention(self.b, x, qkv, out, shared.heads_shape, shared.rotary[kind], shared.biases[kind],
+                                cfg.head_size, f"{prefix}.attn")  # fmt: skip
 
     def gated_mlp(self, prefix: str, x: str) -> str:
         """`Wo(gelu(input) * gate)`, input and gate the two halves of `Wi(x)`."""

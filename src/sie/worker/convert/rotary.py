@@ -1,0 +1,84 @@
+"""Rotary position embeddings and the self-attention block of the rotary encoder families (ModernBERT, GTE,
+NomicBERT): Q, K and V from one fused projection with 1/sqrt(head_size) folded into Q, Q and K rotated by their
+position (the rotate-half layout of GPT-NeoX and transformers: the frequencies repeated over the two halves of a
+head), an additive attention bias (padding, a local window), softmax, and the output projection.
+
+The hidden state stays a [B*S, H] matrix, as in `encoder_graph`, so onnxruntime fuses every projection into a Gemm.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from sie.worker.convert.encoder_graph import linear
+from sie.worker.convert.graph_builder import GraphBuilder
+
+
+def inverse_frequencies(head_size: int, theta: float, ntk_factor: float = 1.0) -> np.ndarray:
+    """The rotary frequency of each pair of dimensions, [head_size / 2], float32 as the modeling code computes them;
+    fixed NTK scaling (GTE's) raises the base by `factor` and divides by `factor ** (2 / head_size)`."""
+    exponents = np.arange(0, head_size, 2, dtype=np.float32) / np.float32(head_size)
+    inverse = (np.float32(1.0) / np.float32(theta * ntk_factor) ** exponents).astype(np.float32)
+    if ntk_factor != 1.0:
+        inverse = (inverse / np.float32(ntk_factor ** (2 / head_size))).astype(np.float32)
+    return inverse
+
+
+def rotary_tables(b: GraphBuilder, steps: str, inverse: np.ndarray, name: str) -> tuple[str, str]:
+    """cos and sin of every position in `steps` (int64 [S]), [S, head_size]: the frequencies twice."""
+    positions = b.op("Cast", [b.op("Unsqueeze", [steps, b.const([1])], f"{name}.positions")], f"{name}.float",
+                     to=TensorProto.FLOAT)  # fmt: skip
+    angles = b.op("Mul", [positions, b.const(inverse, np.float32)], f"{name}.angles")
+    angles = b.op("Concat", [angles, angles], f"{name}.angles2", axis=1)
+    return b.op("Cos", [angles], f"{name}.cos"), b.op("Sin", [angles], f"{name}.sin")
+
+
+def rotate_half(b: GraphBuilder, x: str, cos: str, sin: str, head_size: int, name: str) -> str:
+    """x * cos + rotate_half(x) * sin over the last axis of [B, heads, S, head_size]."""
+    half = head_size // 2
+    first, second = b.op_multi("Split", [x, b.const([half, half])], [f"{name}.x1", f"{name}.x2"], axis=-1)
+    negated = b.op("Neg", [second], f"{name}.neg")
+    rotated = b.op("Concat", [negated, first], f"{name}.rotated", axis=-1)
+    return b.op("Add", [b.op("Mul", [x, cos], f"{name}.cos"), b.op("Mul", [rotated, sin], f"{name}.sin")], name)
+
+
+def qkv_heads_shape(b: GraphBuilder, heads: int, head_size: int) -> str:
+    """[-1, S, 3, heads, head_size]: how a fused Q/K/V projection of [B*S, 3H] splits into heads."""
+    sequence = b.op("Shape", ["input_ids"], "shape.sequence", start=1, end=2)
+    return b.op("Concat", [b.const([-1]), sequence, b.const([3, heads, head_size])], "shape.qkv", axis=0)
+
+
+def rotary_attention(  # noqa: PLR0913 - one attention block's parts
+    b: GraphBuilder,
+    x: str,
+    qkv: tuple[np.ndarray, np.ndarray],
+    out: tuple[np.ndarray, np.ndarray],
+    heads_shape: str,
+    rotary: tuple[str, str],
+    bias: str,
+    head_size: int,
+    name: str,
+) -> str:
+    """Self-attention of [B*S, H] tokens: `qkv` is the fused projection as `(weight [H, 3H], bias [3H])`, Q then K
+    then V; `bias` is added to the scores ([B or 1, 1, S or 1, S]); returns the output projection's [B*S, H]."""
+    width = qkv[0].shape[0]
+    weight, bias_values = qkv[0].copy(), qkv[1].copy()
+    scale = np.float32(head_size**-0.5)  # on Q before the rotation: the rotation is linear
+    weight[:, :width] *= scale
+    bias_values[:width] *= scale
+    projected = linear(b, x, (weight, bias_values), f"{name}.qkv")
+    split = b.op("Transpose", [b.op("Reshape", [projected, heads_shape], f"{name}.heads")], f"{name}.heads_t",
+                 perm=[2, 0, 3, 1, 4])  # fmt: skip
+    parts = b.op_multi("Split", [split], [f"{name}.{p}5d" for p in "qkv"], axis=0)
+    q, k, v = (b.op("Squeeze", [part, b.const([0])], f"{name}.{p}") for part, p in zip(parts, "qkv", strict=True))
+    cos, sin = rotary
+    q = rotate_half(b, q, cos, sin, head_size, f"{name}.q_rot")
+    k = rotate_half(b, k, cos, sin, head_size, f"{name}.k_rot")
+    k_t = b.op("Transpose", [k], f"{name}.k_t", perm=[0, 1, 3, 2])
+    scores = b.op("Add", [b.op("MatMul", [q, k_t], f"{name}.scores"), bias], f"{name}.masked")
+    probs = b.op("Softmax", [scores], f"{name}.probs", axis=-1)
+    context = b.op("Transpose", [b.op("MatMul", [probs, v], f"{name}.context")], f"{name}.context_t",
+                   perm=[0, 2, 1, 3])  # fmt: skip
+    context = b.op("Reshape", [context, b.const([-1, width])], f"{name}.merged")
+    return linear(b, context, out, f"{name}.out")
