@@ -14,6 +14,7 @@ from typing import Final
 DENSE: Final = "dense"
 SPARSE: Final = "sparse"
 MULTIVECTOR: Final = "multivector"
+HYBRID: Final = "hybrid"  # dense, sparse and multi-vector from one forward pass (BGE-M3)
 CROSS_ENCODER: Final = "cross_encoder"
 TOKEN_CLASSIFICATION: Final = "token_classification"
 CAUSAL_LM: Final = "causal_lm"
@@ -22,6 +23,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie.adapters.dense": DENSE,
     "sie.adapters.sparse": SPARSE,
     "sie.adapters.multivector": MULTIVECTOR,
+    "sie.adapters.hybrid": HYBRID,
     "sie.adapters.cross_encoder": CROSS_ENCODER,
     "sie.adapters.token_classification": TOKEN_CLASSIFICATION,
     "sie.adapters.causal_lm": CAUSAL_LM,
@@ -39,6 +41,9 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie_server.adapters.modernbert_flash_cross_encoder": CROSS_ENCODER,
     "sie_server.adapters.colbert": MULTIVECTOR,
     "sie_server.adapters.colbert_modernbert_flash.adapter": MULTIVECTOR,
+    "sie_server.adapters.bge_m3_flash": HYBRID,
+    "sie_server.adapters.bge_m3": HYBRID,
+    "sie_server.adapters.bge_m3_flag": HYBRID,
     # the public Rust engine's embedding module serves many encoder architectures; ours converts the checkpoint,
     # and one whose model_type it does not build fails that load naming it
     "sie_server_rust.adapters.candle": DENSE,

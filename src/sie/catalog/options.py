@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import attrs
 
-from sie.catalog.adapters import CROSS_ENCODER, DENSE, MULTIVECTOR, SPARSE, TOKEN_CLASSIFICATION
+from sie.catalog.adapters import CROSS_ENCODER, DENSE, HYBRID, MULTIVECTOR, SPARSE, TOKEN_CLASSIFICATION
 from sie.catalog.model import ENCODE_OUTPUTS
 from sie.wire.http import OUTPUT_DTYPES
 from sie.wire.queue import OPERATION_SCORE
@@ -112,16 +112,18 @@ READ_BY_KIND: Final[dict[str, frozenset[str]]] = {
     DENSE: _TEXT_ENCODER | {"pooling", "normalize"},
     SPARSE: _TEXT_ENCODER,
     MULTIVECTOR: _TEXT_ENCODER | {"query_max_length"},
+    HYBRID: _TEXT_ENCODER | {"pooling", "normalize"},
     CROSS_ENCODER: _EVERY_KIND | {"instruction"},
     TOKEN_CLASSIFICATION: _EVERY_KIND | {"threshold"},
 }
 # A text encoder scoring compares normalised representations: no vectors are returned, so nothing shapes them.
 READ_WHEN_SCORING: Final = _EVERY_KIND | {"instruction", "query_template", "doc_template", "max_seq_length"}
-_TEXT_ENCODERS: Final = frozenset({DENSE, SPARSE, MULTIVECTOR})
+_TEXT_ENCODERS: Final = frozenset({DENSE, SPARSE, MULTIVECTOR, HYBRID})
 _KIND_NAMES: Final = {
     DENSE: "a dense embedding model",
     SPARSE: "a sparse embedding model",
     MULTIVECTOR: "a multi-vector model",
+    HYBRID: "a dense, sparse and multi-vector model",
     CROSS_ENCODER: "a cross-encoder",
     TOKEN_CLASSIFICATION: "an entity extraction model",
 }

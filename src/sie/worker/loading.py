@@ -41,6 +41,7 @@ from sie.worker.convert.names import (
     GRAPH_FILE,
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
+    TORCH_WEIGHTS_FILE,
     WEIGHTS_FILE,
     WEIGHTS_INDEX_FILE,
 )
@@ -174,10 +175,11 @@ class ModelLoader:
         for name in GRAPH_NAMES:
             if (model_dir / name).is_file():
                 return model_dir / name
-        if not (model_dir / WEIGHTS_FILE).is_file() and not (model_dir / WEIGHTS_INDEX_FILE).is_file():
+        if not any((model_dir / name).is_file() for name in (WEIGHTS_FILE, WEIGHTS_INDEX_FILE, TORCH_WEIGHTS_FILE)):
             raise ModelLoadError(
                 "NOT_FOUND",
-                f"Model '{model_id}': no ONNX graph, no {WEIGHTS_FILE} and no {WEIGHTS_INDEX_FILE} in {model_dir}",
+                f"Model '{model_id}': no ONNX graph, no {WEIGHTS_FILE}, no {WEIGHTS_INDEX_FILE} and no "
+                f"{TORCH_WEIGHTS_FILE} in {model_dir}",
             )
         return self._convert(model_id, model_dir, head)
 

@@ -9,6 +9,7 @@ from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemR
 from sie.worker.adapters.causal_lm import CausalLMAdapter, GenerationInputError, PreparedGeneration
 from sie.worker.adapters.cross_encoder import CrossEncoderAdapter
 from sie.worker.adapters.dense import DenseAdapter
+from sie.worker.adapters.hybrid import HybridAdapter
 from sie.worker.adapters.multivector import MultivectorAdapter
 from sie.worker.adapters.sparse import SpladeAdapter
 from sie.worker.adapters.token_classification import TokenClassificationAdapter
@@ -21,6 +22,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
         DenseAdapter,
         SpladeAdapter,
         MultivectorAdapter,
+        HybridAdapter,
         CrossEncoderAdapter,
         TokenClassificationAdapter,
         CausalLMAdapter,
@@ -32,6 +34,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
 CONVERSION_HEADS: dict[type[Adapter], str] = {
     DenseAdapter: "none",
     MultivectorAdapter: "none",
+    HybridAdapter: "none",
     SpladeAdapter: "mlm-splade",
     CrossEncoderAdapter: "seq-cls",
     TokenClassificationAdapter: "token-cls",

@@ -11,6 +11,7 @@ from typing import Final
 CONFIG_FILE: Final = "config.json"
 WEIGHTS_FILE: Final = "model.safetensors"
 WEIGHTS_INDEX_FILE: Final = "model.safetensors.index.json"  # a sharded checkpoint's tensor -> file map
+TORCH_WEIGHTS_FILE: Final = "pytorch_model.bin"  # a checkpoint without safetensors: torch.save's zip
 GRAPH_FILE: Final = "model.onnx"
 TOKENIZER_FILE: Final = "tokenizer.json"
 TOKENIZER_CONFIG_FILE: Final = "tokenizer_config.json"

@@ -1,5 +1,6 @@
 """A minimal safetensors reader: the JSON header plus raw little-endian buffers, read per tensor, and a checkpoint's
-tensors across its files (`model.safetensors`, or the shards a `model.safetensors.index.json` lists).
+tensors across its files (`model.safetensors`, the shards a `model.safetensors.index.json` lists, or a
+`pytorch_model.bin` zip through `torch_zip`).
 
 Floating tensors (F32, F16, BF16) come back as float32 numpy arrays. It owns no model knowledge and
 must not import torch or the `safetensors` package.
@@ -17,7 +18,8 @@ import attrs
 import numpy as np
 
 from sie.worker.convert.errors import ConversionError
-from sie.worker.convert.names import WEIGHTS_FILE, WEIGHTS_INDEX_FILE
+from sie.worker.convert.names import TORCH_WEIGHTS_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE
+from sie.worker.convert.torch_zip import TorchTensorEntry, TorchZipFile
 
 # The format caps the header at 100 MB; anything larger is a corrupt length prefix.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -68,15 +70,19 @@ class SafetensorsFile:
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
     """The files holding a checkpoint's tensors, in a stable order: `model.safetensors`, else the index followed by
-    the shards it names. ConversionError when there is neither, or the index is unreadable or names a missing
-    shard."""
+    the shards it names, else `pytorch_model.bin` (read by `torch_zip`). ConversionError when there is none of them,
+    or the index is unreadable or names a missing shard."""
     model_dir = Path(model_dir)
     single = model_dir / WEIGHTS_FILE
     if single.is_file():
         return [single]
     index = model_dir / WEIGHTS_INDEX_FILE
     if not index.is_file():
-        raise ConversionError(f"no {WEIGHTS_FILE} and no {WEIGHTS_INDEX_FILE}", source=str(model_dir))
+        if (model_dir / TORCH_WEIGHTS_FILE).is_file():
+            return [model_dir / TORCH_WEIGHTS_FILE]
+        raise ConversionError(
+            f"no {WEIGHTS_FILE}, no {WEIGHTS_INDEX_FILE} and no {TORCH_WEIGHTS_FILE}", source=str(model_dir)
+        )
     shards = sorted(set(_weight_map(index).values()))
     for shard in shards:
         if not (model_dir / shard).is_file():
@@ -110,13 +116,13 @@ class Checkpoint:
 
     def __init__(self, model_dir: Path) -> None:
         files = checkpoint_files(model_dir)
-        self.path = files[0]  # what errors name: model.safetensors, or the shard index
-        self._file_of: dict[str, SafetensorsFile] = {}
-        self.entries: dict[str, TensorEntry] = {}
+        self.path = files[0]  # what errors name: model.safetensors, the shard index or pytorch_model.bin
+        self._file_of: dict[str, SafetensorsFile | TorchZipFile] = {}
+        self.entries: dict[str, TensorEntry | TorchTensorEntry] = {}
         for path in files:
             if path.name == WEIGHTS_INDEX_FILE:
                 continue
-            shard = SafetensorsFile(path)
+            shard = TorchZipFile(path) if path.name == TORCH_WEIGHTS_FILE else SafetensorsFile(path)
             for name, entry in shard.entries.items():
                 self._file_of[name] = shard
                 self.entries[name] = entry
