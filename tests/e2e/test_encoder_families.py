@@ -1,10 +1,11 @@
 """Converted encoder families served end to end: `sie run --role all` over a catalogue of tiny random checkpoints
 in local `weights_path` directories (BERT, XLM-RoBERTa through the public `xlm_roberta_flash` module, MPNet,
-ModernBERT through `modernbert_flash`, and an XLM-R cross-encoder scored like bge-reranker-v2-m3), asked through the
-public sie-sdk and the OpenAI client. Every vector and score equals what transformers computes on the same tokens
-(≤ 1e-4), a text longer than the model's positions included (cut to them, not failed). The catalogue also holds
-files the server cannot serve — one that does not parse, one naming an adapter module no bundle runs (florence2) —
-which are listed as not servable while the rest is served. Marked slow: it starts a server process."""
+ModernBERT through `modernbert_flash`, an XLM-R cross-encoder scored like bge-reranker-v2-m3, and a BGE-M3 through
+`bge_m3_flash` with its three outputs), asked through the public sie-sdk and the OpenAI client. Every vector and
+score equals what transformers computes on the same tokens (≤ 1e-4), a text longer than the model's positions
+included (cut to them, not failed). The catalogue also holds files the server cannot serve — one that does not parse,
+one naming an adapter module no bundle runs (florence2) — which are listed as not servable while the rest is served.
+Marked slow: it starts a server process."""
 
 from __future__ import annotations
 
@@ -19,7 +20,16 @@ from tokenizers import Tokenizer
 
 from launcher import REPO, serving_all
 from sie.catalog import dump_yaml
-from support.encoder_checkpoints import POSITIONS, ROBERTA_STYLE, WORDS, save_checkpoint
+from support.encoder_checkpoints import (
+    BGE_M3_COLBERT_DIM,
+    POSITIONS,
+    ROBERTA_STYLE,
+    VOCAB,
+    WORDS,
+    bge_m3_reference,
+    save_bge_m3,
+    save_checkpoint,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +37,7 @@ pytestmark = pytest.mark.slow
 # ModernBERT through the public modules, MPNet (its own positions), and a cross-encoder below.
 FAMILIES = ("bert", "xlm-roberta", "mpnet", "modernbert")
 RERANKER = "tiny/xlm-roberta-reranker"
+BGE_M3 = "tiny/bge-m3"
 TEXTS = ["w1 w2 w3", "w40", " ".join(WORDS[:60])]  # the last is longer than the models' 40 positions
 TOLERANCE = 1e-4
 # Families served through the public catalogue's module names, as its YAMLs name them.
@@ -73,7 +84,7 @@ class Served:
     def tokenizer(self, sie_id: str) -> Tokenizer:
         directory = self.root / "weights" / sie_id.replace("/", "__")
         tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-        family = sie_id.removeprefix("tiny/").removesuffix("-reranker")
+        family = {BGE_M3: "xlm-roberta"}.get(sie_id) or sie_id.removeprefix("tiny/").removesuffix("-reranker")
         # The positions a sequence can use: RoBERTa's start after its padding id.
         tokenizer.enable_truncation(POSITIONS - 2 if family in ROBERTA_STYLE else POSITIONS)
         return tokenizer
@@ -93,6 +104,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     weights = root / "weights" / RERANKER.replace("/", "__")
     models[RERANKER] = save_checkpoint(weights, "xlm-roberta", "seq-cls", num_labels=1)
     write_yaml(models_dir, RERANKER, weights, "sie.adapters.cross_encoder:OnnxCrossEncoderAdapter", {"score": {}})
+    weights = root / "weights" / BGE_M3.replace("/", "__")
+    models[BGE_M3] = save_bge_m3(weights)
+    tasks = {"encode": {"dense": {"dim": 32}, "sparse": {"dim": VOCAB}, "multivector": {"dim": BGE_M3_COLBERT_DIM}}}
+    write_yaml(models_dir, BGE_M3, weights, "sie_server.adapters.bge_m3_flash:BGEM3FlashAdapter", tasks)
     (models_dir / BROKEN_FILE).write_text("sie_id: acme/broken\nprofiles: [unclosed\n")
     (models_dir / "acme__florence-only.yaml").write_text(UNROUTED_YAML)
     env = {"SIE_MODELS_DIR": str(models_dir), "SIE_MODEL_CACHE": str(root / "cache")}
@@ -154,6 +169,32 @@ def test_an_xlm_roberta_cross_encoder_scores_as_transformers_does(served: Served
     ours = {row["item_id"]: row["score"] for row in scored["scores"]}
     assert ours.keys() == expected.keys()
     assert max(abs(ours[key] - expected[key]) for key in ours) <= TOLERANCE
+
+
+def test_bge_m3_gives_its_three_outputs_through_the_public_sdk(served: Served, public_sdk) -> None:
+    """Dense (the profile here pools by mean: the YAML's options are honoured), sparse and multi-vector in one call."""
+    import torch
+
+    client = public_sdk.SIEClient(served.url, timeout_s=120)
+    try:
+        results = client.encode(BGE_M3, [{"text": text} for text in TEXTS[:2]],
+                                output_types=["dense", "sparse", "multivector"], wait_for_capacity=True)  # fmt: skip
+    finally:
+        client.close()
+    tokenizer, (model, sparse, colbert) = served.tokenizer(BGE_M3), served.models[BGE_M3]
+    for text, result in zip(TEXTS[:2], results, strict=True):
+        ids = tokenizer.encode(text).ids
+        expected = bge_m3_reference(model, sparse, colbert, ids)
+        with torch.no_grad():
+            hidden = model(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids))).last_hidden_state
+        dense = torch.nn.functional.normalize(hidden[0].mean(0), dim=-1).numpy()
+        assert float(np.abs(np.asarray(result["dense"], dtype=np.float32) - dense).max()) <= TOLERANCE
+        indices = [int(index) for index in result["sparse"]["indices"]]
+        assert indices == sorted(expected["sparse"])
+        assert np.allclose(result["sparse"]["values"], [expected["sparse"][i] for i in indices], atol=TOLERANCE)
+        vectors = np.asarray(result["multivector"], dtype=np.float32)
+        assert vectors.shape == expected["multivector"].shape
+        assert float(np.abs(vectors - expected["multivector"]).max()) <= TOLERANCE
 
 
 def test_files_it_cannot_serve_are_listed_with_their_reason_and_the_rest_is_served(served: Served) -> None:

@@ -16,22 +16,11 @@ import pytest
 from sie.catalog import parse_model_config
 from sie.wire.ipc_batch import EncodeBatchItem, ScoreBatchItem
 from sie.worker.errors import ModelLoadError
-from support.encoder_checkpoints import HIDDEN, VOCAB, save_checkpoint
+from support.encoder_checkpoints import BGE_M3_COLBERT_DIM, HIDDEN, VOCAB, bge_m3_reference, save_bge_m3
 
-COLBERT_DIM = 16
+COLBERT_DIM = BGE_M3_COLBERT_DIM
 # Repeated words: a token id whose occurrences weigh differently shows the max is taken, not the sum.
 TEXTS = ["w1 w2 w3 w1 w2 w1", "w4", "w5 w6 w7 w8 w9 w10 w11 w5 w5 w6"]
-
-
-def save_bge_m3(directory: Path) -> tuple[Any, Any, Any]:
-    import torch
-
-    model = save_checkpoint(directory, "xlm-roberta", "none")
-    torch.manual_seed(9)
-    sparse, colbert = torch.nn.Linear(HIDDEN, 1), torch.nn.Linear(HIDDEN, COLBERT_DIM)
-    torch.save(sparse.state_dict(), directory / "sparse_linear.pt")
-    torch.save(colbert.state_dict(), directory / "colbert_linear.pt")
-    return model, sparse, colbert
 
 
 def model_yaml(directory: Path, multivector_dim: int = COLBERT_DIM) -> Any:
@@ -49,29 +38,17 @@ def model_yaml(directory: Path, multivector_dim: int = COLBERT_DIM) -> Any:
     )  # fmt: skip
 
 
-def reference(model: Any, sparse: Any, colbert: Any, ids: list[int]) -> dict[str, Any]:
-    """BGEM3Model's three outputs for one text (FlagEmbedding's math; its unused tokens: cls, eos, pad, unk)."""
-    import torch
-
-    with torch.no_grad():
-        hidden = model(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids))).last_hidden_state
-        dense = torch.nn.functional.normalize(hidden[:, 0], dim=-1)[0].numpy()
-        token_weights = torch.relu(sparse(hidden))[0, :, 0].numpy()
-        vectors = torch.nn.functional.normalize(colbert(hidden[:, 1:]), dim=-1)[0].numpy()
-    unused = {0, 1, 2, 3}  # <s>, <pad>, </s>, <unk> of the test tokenizer
-    weights: dict[int, float] = {}
-    repeated = 0
-    for token, weight in zip(ids, token_weights, strict=True):
-        if token not in unused and weight > 0:
-            repeated += token in weights
-            weights[token] = max(weights.get(token, 0.0), float(weight))
-    return {"dense": dense, "sparse": weights, "multivector": vectors[: len(ids) - 1], "repeated": repeated}
-
-
 def encode_items(texts: list[str], output_types: list[str]) -> list[EncodeBatchItem]:
     return [
-        EncodeBatchItem(work_item_id=f"e.{index}", request_id="e", item_index=index, total_items=len(texts),
-                        timestamp=0.0, item={"text": text}, output_types=output_types)  # fmt: skip
+        EncodeBatchItem(
+            work_item_id=f"e.{index}",
+            request_id="e",
+            item_index=index,
+            total_items=len(texts),
+            timestamp=0.0,
+            item={"text": text},
+            output_types=output_types,
+        )  # fmt: skip
         for index, text in enumerate(texts)
     ]
 
@@ -84,11 +61,11 @@ def test_dense_sparse_and_multivector_equal_bge_m3s_own_math(model_loader, tmp_p
     loaded = model_loader.load(config, "default", config.sie_id)
     tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
     results = loaded.adapter.encode(encode_items(TEXTS, ["dense", "sparse", "multivector"])).items
-    expected_all = [reference(model, sparse, colbert, tokenizer.encode(text).ids) for text in TEXTS]
+    expected_all = [bge_m3_reference(model, sparse, colbert, tokenizer.encode(text).ids) for text in TEXTS]
     assert sum(expected["repeated"] for expected in expected_all) > 0  # some id weighs twice: max, not sum
     for text, result in zip(TEXTS, results, strict=True):
         assert result.ok, result.error
-        expected = reference(model, sparse, colbert, tokenizer.encode(text).ids)
+        expected = bge_m3_reference(model, sparse, colbert, tokenizer.encode(text).ids)
         assert float(np.abs(np.asarray(result.result["dense"]["values"]) - expected["dense"]).max()) <= 1e-4
         ours_sparse = result.result["sparse"]
         assert ours_sparse["dims"] == VOCAB

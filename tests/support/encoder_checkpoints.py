@@ -126,3 +126,38 @@ def save_checkpoint(
     model.save_pretrained(directory)
     write_tokenizer(directory, family)
     return model
+
+
+BGE_M3_COLBERT_DIM = 16
+
+
+def save_bge_m3(directory: Path) -> tuple[Any, Any, Any]:
+    """BAAI/bge-m3's layout, tiny: an XLM-R checkpoint with `sparse_linear.pt` and `colbert_linear.pt` saved by
+    `torch.save`; returns the model and the two heads (the reference)."""
+    import torch
+
+    model = save_checkpoint(directory, "xlm-roberta", "none")
+    torch.manual_seed(9)
+    sparse, colbert = torch.nn.Linear(HIDDEN, 1), torch.nn.Linear(HIDDEN, BGE_M3_COLBERT_DIM)
+    torch.save(sparse.state_dict(), directory / "sparse_linear.pt")
+    torch.save(colbert.state_dict(), directory / "colbert_linear.pt")
+    return model, sparse, colbert
+
+
+def bge_m3_reference(model: Any, sparse: Any, colbert: Any, ids: list[int]) -> dict[str, Any]:
+    """BGEM3Model's three outputs for one text (FlagEmbedding's math; its unused tokens: cls, eos, pad, unk)."""
+    import torch
+
+    with torch.no_grad():
+        hidden = model(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids))).last_hidden_state
+        dense = torch.nn.functional.normalize(hidden[:, 0], dim=-1)[0].numpy()
+        token_weights = torch.relu(sparse(hidden))[0, :, 0].numpy()
+        vectors = torch.nn.functional.normalize(colbert(hidden[:, 1:]), dim=-1)[0].numpy()
+    unused = {0, 1, 2, 3}  # <s>, <pad>, </s>, <unk> of the test tokenizer
+    weights: dict[int, float] = {}
+    repeated = 0
+    for token, weight in zip(ids, token_weights, strict=True):
+        if token not in unused and weight > 0:
+            repeated += token in weights
+            weights[token] = max(weights.get(token, 0.0), float(weight))
+    return {"dense": dense, "sparse": weights, "multivector": vectors[: len(ids) - 1], "repeated": repeated}
