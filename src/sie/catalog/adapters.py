@@ -36,6 +36,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie_server.adapters.pytorch_embedding": DENSE,
     "sie_server.adapters.splade_flash": SPARSE,
     "sie_server.adapters.splade_flash.adapter": SPARSE,
+    "sie_server.adapters.gte_sparse_flash": SPARSE,
     "sie_server.adapters.cross_encoder": CROSS_ENCODER,
     "sie_server.adapters.bert_flash_cross_encoder": CROSS_ENCODER,
     "sie_server.adapters.modernbert_flash_cross_encoder": CROSS_ENCODER,

@@ -1,5 +1,10 @@
 """SPLADE sparse embeddings: vocabulary weights log(1 + ReLU(logits)) max-pooled over tokens, as indices/values.
 
+Inference-free models (OpenSearch's `doc-*` sparse encoders) ship the weight of each query token (`idf.json`, or
+`query_token_weights.txt`): their queries are not run through the model but weigh each distinct token of the query by
+that table, as OpenSearch encodes them; documents go through the model. The public `gte_sparse_flash` module's model
+(opensearch doc-v3-gte) takes one more log: log(1 + log(1 + ReLU(logits))).
+
 The MLM head allocates rows × sequence × vocabulary floats (30,522 per token for BERT), inside the graph when
 it pools itself and as its output when it does not: 32 documents of 330 tokens are 1.3 GB. A batch runs in
 slices whose logits stay under LOGITS_BUDGET_BYTES, each pooled before the next runs, so memory follows the
@@ -8,14 +13,17 @@ budget, not the batch (issue 13 §1).
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Iterator
+from pathlib import Path
 from typing import ClassVar, Final
 
 import numpy as np
 
 from sie.catalog.adapters import SPARSE
-from sie.tokenization import PaddedBatch
-from sie.worker.adapters.base import AdapterContext
+from sie.tokenization import PaddedBatch, TextTokenizer
+from sie.worker.adapters.base import AdapterContext, ItemResult, Stopwatch
 from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, first_output
 from sie.worker.adapters.feeds import bert_feeds
 from sie.worker.outputs import quantize, sparse_dtype, sparse_rows
@@ -24,6 +32,9 @@ from sie.worker.outputs import quantize, sparse_dtype, sparse_rows
 # splade-tiny, 64 documents of 1.5 KB: peak RSS 328 MiB at 64 MiB, 1.2 GiB at 256 MiB, 5.2 GiB unsliced, no slower.
 LOGITS_BUDGET_BYTES: Final = 64 * 2**20
 _FLOAT32_BYTES: Final = 4
+QUERY_WEIGHT_FILES: Final = ("query_token_weights.txt", "idf.json")
+# Public modules whose model takes log(1 + ...) twice (opensearch doc-v3-gte, as the public adapter serves it).
+DOUBLE_LOG_MODULES: Final = frozenset({"sie_server.adapters.gte_sparse_flash"})
 
 
 def rows_per_run(sequence_length: int, vocab_size: int, budget_bytes: int = LOGITS_BUDGET_BYTES) -> int:
@@ -41,6 +52,40 @@ def row_slices(batch: PaddedBatch, rows: int) -> Iterator[PaddedBatch]:
             attention_mask=mask[:, :longest],
             token_type_ids=batch.token_type_ids[start : start + rows, :longest],
         )
+
+
+def read_query_weights(model_dir: Path | None, tokenizer: TextTokenizer) -> np.ndarray | None:
+    """The weight of each vocabulary id for inference-free queries ([vocab], special tokens 0) from the first of
+    QUERY_WEIGHT_FILES in `model_dir`; None when it has neither. ValueError naming a file that cannot be read."""
+    for name in QUERY_WEIGHT_FILES:
+        path = model_dir / name if model_dir is not None else None
+        if path is None or not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+            if name.endswith(".json"):
+                table = {str(token): float(weight) for token, weight in json.loads(text).items()}
+            else:
+                rows = (line.split("\t") for line in text.splitlines() if line.strip())
+                table = {token: float(weight) for token, weight in rows}
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ValueError(f"{path}: not a table of token weights: {exc}") from exc
+        weights = np.zeros(tokenizer.vocab_size, dtype=np.float32)
+        for token, weight in table.items():
+            token_id = tokenizer.token_to_id(token)
+            if token_id is not None and token_id < len(weights) and math.isfinite(weight):
+                weights[token_id] = weight
+        weights[sorted(tokenizer.special_ids)] = 0.0
+        return weights
+    return None
+
+
+def weigh_query(weights: np.ndarray, input_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An inference-free query: each distinct token id with its table weight, those above zero."""
+    ids = np.unique(input_ids[input_ids < len(weights)])
+    values = weights[ids]
+    keep = values > 0
+    return ids[keep].astype(np.int32), values[keep]
 
 
 def splade_pool(logits: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
@@ -61,6 +106,25 @@ class SpladeAdapter(TextEncoderAdapter):
         self._pooled = "sparse_embedding" in names
         self._output = "sparse_embedding" if self._pooled else first_output(self.session, rank=3, preferred=("logits",))
         self._special = sorted(self.tokenizer.special_ids)
+        self._query_weights = read_query_weights(context.model_dir, self.tokenizer)
+        self._double_log = self.profile.adapter_module in DOUBLE_LOG_MODULES
+
+    def _encode_runnable(self, runnable: list, results: list[ItemResult], watch: Stopwatch) -> None:
+        """Queries of an inference-free model are weighed by its table; everything else runs the model."""
+        if self._query_weights is not None:
+            with watch.stage("postprocessing"):
+                for index, spec, tokenized in runnable:
+                    if spec.is_query:
+                        result = self._sparse_result(*weigh_query(self._query_weights, tokenized.input_ids), spec)
+                        results[index] = ItemResult(result=result, input_tokens=len(tokenized))
+            runnable = [entry for entry in runnable if not entry[1].is_query]
+        if runnable:
+            super()._encode_runnable(runnable, results, watch)
+
+    def _sparse_result(self, indices: np.ndarray, values: np.ndarray, spec: EncodeSpec) -> dict:
+        dtype = sparse_dtype(spec.output_dtype)
+        dims = self.tokenizer.vocab_size if self._query_weights is None else len(self._query_weights)
+        return {"sparse": {"dims": dims, "dtype": dtype, "indices": indices, "values": quantize(values, dtype)}}
 
     def forward(self, batch: PaddedBatch) -> list[np.ndarray]:
         # Whether the graph pools itself or returns logits, it computes [rows, sequence, vocab] inside: slice.
@@ -70,7 +134,8 @@ class SpladeAdapter(TextEncoderAdapter):
             (output,) = self.run_session(bert_feeds(part), [self._output])
             pooled.append(output if self._pooled else splade_pool(output, part.attention_mask))
             del output  # the next slice reuses the memory
-        return [pooled[0] if len(pooled) == 1 else np.concatenate(pooled)]
+        weights = pooled[0] if len(pooled) == 1 else np.concatenate(pooled)
+        return [np.log1p(weights) if self._double_log else weights]
 
     def represent(self, outputs: list[np.ndarray], batch: PaddedBatch, specs: list[EncodeSpec]) -> list[dict]:
         dims = int(outputs[0].shape[1])
@@ -85,4 +150,7 @@ class SpladeAdapter(TextEncoderAdapter):
     def similarities(self, outputs: list[np.ndarray], batch: PaddedBatch, query: int, docs: range) -> np.ndarray:
         weights = outputs[0].copy()
         weights[:, self._special] = 0.0
-        return weights[list(docs)] @ weights[query]
+        if self._query_weights is None:
+            return weights[list(docs)] @ weights[query]
+        ids, values = weigh_query(self._query_weights, batch.input_ids[query][batch.attention_mask[query] == 1])
+        return weights[list(docs)][:, ids] @ values
