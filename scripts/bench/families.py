@@ -5,9 +5,9 @@ of interleaved rounds. Prints milliseconds per batch and the speed-up (torch tim
 
     .venv/bin/python scripts/bench/families.py [--families bert,roberta,...] [--rounds 5] [--threads 2]
 
-Needs the test extra (torch, transformers). What onnxruntime fuses at load (Attention is not fused: the graphs keep
-MatMul/Softmax; MatMul + bias into Gemm, the erf pattern into Gelu, LayerNormalization, SkipLayerNorm where the
-residual add precedes it) is printed per family from the optimized graph's operator counts.
+Needs the test extra (torch, transformers). The operators after onnxruntime's load-time fusions are printed per
+family from the optimized graph (the BERT-like graphs carry the fused `Attention` and `SkipLayerNormalization`
+themselves; MatMul + bias become Gemm and the erf pattern Gelu at load).
 """
 
 from __future__ import annotations

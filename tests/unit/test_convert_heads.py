@@ -106,7 +106,7 @@ def test_graph_is_opset_17_with_dynamic_int64_inputs(tmp_path: Path) -> None:
     write_checkpoint(tmp_path, "F32")
     model = onnx.load(str(convert_encoder(tmp_path, tmp_path / "model.onnx", "mean").path))
     onnx.checker.check_model(model, full_check=True)
-    assert [(o.domain, o.version) for o in model.opset_import] == [("", 17)]
+    assert [(o.domain, o.version) for o in model.opset_import] == [("", 17), ("com.microsoft", 1)]
     inputs = [
         (value.name, value.type.tensor_type.elem_type, [d.dim_param for d in value.type.tensor_type.shape.dim])
         for value in model.graph.input
@@ -118,16 +118,19 @@ def test_graph_is_opset_17_with_dynamic_int64_inputs(tmp_path: Path) -> None:
     assert [o.name for o in model.graph.output] == ["last_hidden_state", "sentence_embedding"]
 
 
-def test_attention_needs_three_transposes_per_layer(tmp_path: Path) -> None:
+def test_each_layer_is_one_fused_attention_and_two_fused_residual_norms(tmp_path: Path) -> None:
     write_checkpoint(tmp_path, "F32")
     model = onnx.load(str(convert_encoder(tmp_path, tmp_path / "model.onnx", "none").path))
-    ops = Counter(node.op_type for node in model.graph.node)
-    assert ops["Transpose"] == 3 * LAYERS
-    assert ops["LayerNormalization"] == 1 + 2 * LAYERS
+    ops = Counter((node.domain, node.op_type) for node in model.graph.node)
+    assert ops["com.microsoft", "Attention"] == LAYERS
+    assert ops["com.microsoft", "SkipLayerNormalization"] == 2 * LAYERS
+    assert ops["", "LayerNormalization"] == 1  # the embeddings'
+    assert ops["", "Transpose"] == ops["", "Softmax"] == 0
 
 
 def test_onnxruntime_fuses_bias_and_gelu(tmp_path: Path) -> None:
-    """ORT_ENABLE_ALL rewrites MatMul + bias Add into Gemm and the erf pattern into a Gelu kernel."""
+    """ORT_ENABLE_ALL rewrites MatMul + bias Add into Gemm and the erf pattern into a Gelu kernel (Q/K/V is inside
+    the fused Attention)."""
     write_checkpoint(tmp_path, "F32")
     result = convert_encoder(tmp_path, tmp_path / "model.onnx", "mean")
     options = ort.SessionOptions()
@@ -136,7 +139,8 @@ def test_onnxruntime_fuses_bias_and_gelu(tmp_path: Path) -> None:
     options.log_severity_level = 3  # ORT warns that an ENABLE_ALL graph is hardware specific
     ort.InferenceSession(str(result.path), options, providers=["CPUExecutionProvider"])
     ops = Counter(node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node)
-    assert ops["Gemm"] == 4 * LAYERS  # QKV, attention output, intermediate, output
+    assert ops["Gemm"] == 3 * LAYERS  # attention output, intermediate, output
+    assert ops["Attention"] == LAYERS
     assert ops["Gelu"] + ops["BiasGelu"] == LAYERS
     assert ops["Erf"] == 0
 

@@ -18,7 +18,8 @@ from sie.worker.convert.names import CONFIG_FILE
 from sie.worker.convert.safetensors_io import checkpoint_files
 
 # 2: the BERT-like families (RoBERTa, XLM-R, ELECTRA, DistilBERT, MPNet), ModernBERT, sharded checkpoints
-CONVERTER_VERSION = "sie-encoder-onnx/2"
+# 3: the BERT-like families' attention and residual norms as onnxruntime's fused contrib operators
+CONVERTER_VERSION = "sie-encoder-onnx/3"
 GGUF_CONVERTER_VERSION: Final = "sie-llama-onnx/2"  # 2: logits of the last position only
 _HASH_CHUNK = 1 << 20
 

@@ -20,6 +20,8 @@ from onnx import TensorProto, helper, numpy_helper
 from sie.worker.convert.errors import ConversionError
 
 OPSET = 17
+# onnxruntime's contrib operators (fused Attention, SkipLayerNormalization), on CPU and CUDA alike.
+CONTRIB_DOMAIN = "com.microsoft"
 # IR 8 is the oldest IR that opset 17 allows; it keeps the file loadable by older onnxruntime builds.
 IR_VERSION = 8
 PRODUCER = "sie.worker.convert"
@@ -77,7 +79,10 @@ class GraphBuilder:
     ) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, graph_name, list(inputs), list(outputs), self.initializers)
         return helper.make_model(
-            graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name=PRODUCER, ir_version=IR_VERSION
+            graph,
+            opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(CONTRIB_DOMAIN, 1)],
+            producer_name=PRODUCER,
+            ir_version=IR_VERSION,
         )
 
 
