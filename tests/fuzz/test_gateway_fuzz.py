@@ -72,6 +72,8 @@ PRELOAD: Final = (MINILM, SPLADE, RAMPART)
 NATIVE: Final = "native"
 OPENAI: Final = "openai"
 PLACEMENT: Final = "placement"
+# The dialects' error bodies (gateway/http/replies.py): their keys.
+DIALECT_ENVELOPES: Final = {"tei": {"error", "error_type"}, "cohere": {"message"}, "ollama": {"error"}}
 
 JSON_TYPE: Final = "application/json"
 MSGPACK_TYPE: Final = "application/msgpack"
@@ -206,6 +208,11 @@ def assert_envelope(body: Any, surface: str, reply: Reply) -> None:
         return
     if surface == PLACEMENT:
         assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}, reply.describe()
+        return
+    if surface in DIALECT_ENVELOPES:
+        assert set(body) == DIALECT_ENVELOPES[surface], reply.describe()
+        assert all(isinstance(body[key], str) and body[key] for key in body), reply.describe()
+        assert reply.headers.get("x-sie-error-code"), reply.describe()
         return
     # SIE-native: `detail` for refusals, the SDK's retry envelope `error` for 503s.
     key = "error" if reply.status >= 500 else "detail"
@@ -505,6 +512,51 @@ def test_openai_embeddings(gateway: Gateway, body: Any, encoding: str, accept: s
         sent = body["input"]
         single = isinstance(sent, str) or all(isinstance(token, int) for token in sent)  # a text or one id array
         assert len(decoded["data"]) == (1 if single else len(sent)), reply.describe()
+
+
+# (path, envelope, body): each dialect route with bodies near its own shape.
+dialect_texts = st.one_of(texts, st.lists(texts, max_size=4))
+dialect_calls = st.one_of(
+    st.tuples(
+        st.sampled_from((f"/{MINILM}/embed", f"/{MINILM}", f"/{SPLADE}/embed_sparse",
+                         f"/{MINILM}:multivector/embed_all", "/acme/none/embed")),
+        st.just("tei"),
+        fuzzed(st.fixed_dictionaries({"inputs": dialect_texts}, optional={
+            "normalize": st.booleans(), "truncate": st.booleans(), "prompt_name": texts, "dimensions": numbers})),
+    ),
+    st.tuples(
+        st.just(f"/{MINILM}/rerank"), st.just("tei"),
+        fuzzed(st.fixed_dictionaries({"query": texts, "texts": dialect_texts},
+                                     optional={"return_text": st.booleans(), "raw_scores": st.booleans()})),
+    ),
+    st.tuples(
+        st.sampled_from(("/v1/rerank", "/v2/rerank", "/rerank")), st.just("cohere"),
+        fuzzed(st.fixed_dictionaries({"model": dense_models, "query": texts, "documents": dialect_texts},
+                                     optional={"top_n": numbers, "return_documents": st.booleans()})),
+    ),
+    st.tuples(
+        st.just("/v2/embed"), st.just("cohere"),
+        fuzzed(st.fixed_dictionaries(
+            {"model": dense_models, "texts": dialect_texts,
+             "input_type": st.sampled_from(("search_query", "search_document", "x"))},
+            optional={"embedding_types": st.lists(st.sampled_from(("float", "int8", "ubinary", "f")), max_size=3),
+                      "output_dimension": numbers, "truncate": st.sampled_from(("END", "NONE", "START"))})),
+    ),
+    st.tuples(
+        st.sampled_from(("/api/embed", "/api/embeddings")), st.just("ollama"),
+        fuzzed(st.fixed_dictionaries({"model": dense_models}, optional={
+            "input": dialect_texts, "prompt": texts, "truncate": st.booleans(), "dimensions": numbers})),
+    ),
+)  # fmt: skip
+
+
+@fuzz(max_examples=80)
+@given(call=dialect_calls, encoding=encodings)
+def test_dialect_routes(gateway: Gateway, call: tuple[str, str, Any], encoding: str) -> None:
+    """TEI, Cohere/Jina and Ollama bodies near their shapes: answered, or refused in the dialect's envelope."""
+    path, surface, body = call
+    content, headers = encode(body, encoding)
+    check(gateway.send("POST", path, content, headers), surface)
 
 
 clean_texts = st.one_of(st.text(max_size=MAX_ITEM_CHARS), st.sampled_from(SPECIAL_TEXTS)).filter(echo_safe)

@@ -51,6 +51,9 @@ ROUTES = [
     ("GET", "/docs", None, "operational"),
     ("POST", f"/v1/encode/{MINILM}", ENCODE_BODY, "inference"),
     ("POST", "/v1/embeddings", {"model": MINILM, "input": "Hello world"}, "inference"),
+    ("POST", f"/{MINILM}/embed", {"inputs": "Hello world"}, "inference"),
+    ("POST", "/v2/rerank", {"model": MINILM, "query": "Hello", "documents": ["world"]}, "inference"),
+    ("POST", "/api/embed", {"model": MINILM, "input": "Hello world"}, "inference"),
     ("GET", "/v1/models", None, "inference"),
     ("GET", "/v1/configs/models", None, "inference"),
     ("POST", "/v1/configs/resolve", {"model": MINILM}, "inference"),
@@ -62,6 +65,9 @@ ROUTES = [
     ("DELETE", "/v1/pools/p1", None, "admin"),
     ("POST", "/v1/placement/policy", {"hysteresis": 0.15}, "admin"),
 ]
+
+
+DIALECT_ENVELOPES = {f"/{MINILM}/embed": {"error", "error_type"}, "/v2/rerank": {"message"}, "/api/embed": {"error"}}
 
 
 def refusal(kind: str, mode: str, exempt: bool, token: str) -> int | None:
@@ -101,6 +107,9 @@ def check_refusal(response: httpx.Response, status: int, path: str) -> None:
     if path == "/v1/embeddings":  # OpenAI's envelope, which OpenAI clients read
         error = response.json()["error"]
         assert error["type"] == "invalid_request_error" and error["code"] == "invalid_api_key" and error["message"]
+    elif path in DIALECT_ENVELOPES:  # each dialect's own, the code in the header
+        assert set(response.json()) == DIALECT_ENVELOPES[path]
+        assert response.headers["x-sie-error-code"] == ("UNAUTHORIZED" if status == 401 else "FORBIDDEN")
     else:
         detail = response.json()["detail"]
         assert detail["code"] == ("UNAUTHORIZED" if status == 401 else "FORBIDDEN") and detail["message"]

@@ -20,6 +20,7 @@ SHARED_SERVER_FIXTURES: Final = frozenset({"all_server", "shared_cluster"})
 SHARED_SERVER_MODULES: Final = frozenset(
     {
         "tests/e2e/test_all_role.py",
+        "tests/e2e/test_dialects.py",
         "tests/e2e/test_distributed.py",
         "tests/e2e/test_generation.py",
         "tests/e2e/test_hostile_neighbours.py",

@@ -162,3 +162,8 @@ def score_body(model: str, query_id: str | None, result: WorkResult) -> dict[str
     ranked = sorted(entries, key=lambda entry: -entry["score"])
     scores = [{"item_id": entry["item_id"], "score": entry["score"], "rank": rank} for rank, entry in enumerate(ranked)]
     return {"model": model, "query_id": query_id, "scores": scores}
+
+
+def input_tokens(results: Sequence[WorkResult]) -> int:
+    """The tokens the model read for these results (what the compatibility dialects report as usage)."""
+    return sum(result.units.input_tokens for result in results if result.units is not None)

@@ -1,7 +1,7 @@
 """Encode, score and extract (seed 000 §2, §16.2): each checks its request against the limits and the routed model,
 builds its work items and answers from the results the dispatch core collects. One method per operation; each is
-the single domain call a handler makes (the compatibility dialects call `encode_results` and shape the answer
-themselves). No web framework, no status codes: failures are the typed exceptions in errors.py.
+the single domain call a handler makes (the compatibility dialects call `encode_results` / `score_results` and shape
+the answer themselves). No web framework, no status codes: failures are the typed exceptions in errors.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from sie.wire.queue import OPERATION_ENCODE, OPERATION_EXTRACT, OPERATION_SCORE
 class Served:
     """A successful answer: the body to render and the timings for its headers."""
 
-    body: dict[str, Any]
+    body: Any  # a JSON-ready object (a bare list for the dialects that answer one)
     meta: ResponseMetadata
 
 
@@ -79,6 +79,14 @@ class InferenceService:
     async def score(
         self, spec: str, request: ScoreRequest, hints: LaneHints, trace: TraceHeaders | None = None
     ) -> Served:
+        collected = await self.score_results(spec, request, hints, trace)
+        body = assembly.score_body(collected.route.model, request.query.id, collected.results[0])
+        return Served(body, collected.meta)
+
+    async def score_results(
+        self, spec: str, request: ScoreRequest, hints: LaneHints, trace: TraceHeaders | None = None
+    ) -> Collected:
+        """The one result of a score (a compatibility dialect reshapes it itself), its failure already raised."""
         note_request(model=spec, items=len(request.items))
         self._limits.check(request.items, request.query)
         route = await self._dispatcher.route(spec, _profile(request.options), hints)
@@ -88,8 +96,7 @@ class InferenceService:
             route, lambda ticket: workitems.score_work(route, ticket, request), trace
         )
         assembly.check_failures(collected.results, per_item=False)
-        body = assembly.score_body(route.model, request.query.id, collected.results[0])
-        return Served(body, collected.meta)
+        return collected
 
     async def extract(
         self, spec: str, request: ExtractRequest, hints: LaneHints, trace: TraceHeaders | None = None

@@ -24,6 +24,7 @@ from sie.gateway.dead_letters import DeadLetterQueue
 from sie.gateway.dispatch import Dispatcher
 from sie.gateway.generation import GenerationService
 from sie.gateway.http.auth import AuthMiddleware, GatewayAuth
+from sie.gateway.http.compat import DialectHandlers, dialect_routes
 from sie.gateway.http.config import config_routes
 from sie.gateway.http.dead_letters import dead_letter_routes
 from sie.gateway.http.edge import reply_response
@@ -143,7 +144,9 @@ def build_gateway_app(
     limits = RequestLimits(settings.max_items, settings.max_item_chars)
     offload = sources.offload or PayloadOffload(None, lambda: None)
     dispatcher = Dispatcher(router, pools, publisher, collector, settings.request_timeout_s, offload)
-    inference = InferenceHandlers(InferenceService(dispatcher, limits), settings.max_body_bytes, sources.tracing)
+    service = InferenceService(dispatcher, limits)
+    inference = InferenceHandlers(service, settings.max_body_bytes, sources.tracing)
+    dialects = DialectHandlers(service, settings.max_body_bytes, sources.tracing)
     generation = GenerationHandlers(GenerationService(dispatcher, limits), settings.max_body_bytes, sources.tracing)
     read = ReadHandlers(sources.catalog, sources.status, serving, settings.configured_gpus, sources.unready_reason)
     traffic = TrafficWindow()  # inference requests per second and their latency, for the status page
@@ -169,6 +172,7 @@ def build_gateway_app(
             *scaling_routes(signals),
             *extra_routes,
             *status_routes(StatusPages(ClusterStatus(cluster, traffic), serving)),
+            *dialect_routes(dialects),  # last: TEI's routes take any other path as a model
         ],
         middleware=[
             # Outermost: it times what the client sees, auth refusals and drain 503s included.

@@ -111,23 +111,30 @@ async def with_decoded_tokens(call: EmbeddingsCall) -> EmbeddingsCall:
 
 
 def check_dimensions(call: EmbeddingsCall, model: ModelConfig | None) -> None:
-    """Refuse, before any work, a `dimensions` this model cannot honour: wider than its dense vector, or
-    narrower when the vector was not trained to be truncated (`tasks.encode.dense.matryoshka`)."""
-    if call.dimensions is None:
+    """Refuse, before any work, a `dimensions` this model cannot honour (`check_truncation`)."""
+    check_truncation(call.dimensions, call.model, model)
+
+
+def check_truncation(
+    dimensions: int | None, model_name: str, model: ModelConfig | None, param: str = "dimensions"
+) -> None:
+    """Refuse a requested width (`param`) wider than the model's dense vector, or narrower when the vector was not
+    trained to be truncated (`tasks.encode.dense.matryoshka`); the OpenAI, TEI, Cohere and Ollama dialects share it."""
+    if dimensions is None:
         return
     native = model.dims.get("dense") if model is not None else None
     if native is None:
-        raise InvalidRequestError(f"Model '{call.model}' declares no dense embedding width", param="dimensions")
-    if call.dimensions > native:
+        raise InvalidRequestError(f"Model '{model_name}' declares no dense embedding width", param=param)
+    if dimensions > native:
         raise InvalidRequestError(
-            f"Field 'dimensions' ({call.dimensions}) is larger than the {native} dimensions of model '{call.model}'",
-            param="dimensions",
+            f"Field '{param}' ({dimensions}) is larger than the {native} dimensions of model '{model_name}'",
+            param=param,
         )
-    if call.dimensions < native and not (model is not None and model.tasks.matryoshka):
+    if dimensions < native and not (model is not None and model.tasks.matryoshka):
         raise InvalidRequestError(
-            f"Model '{call.model}' returns {native}-dimensional embeddings and was not trained to be truncated "
-            f"(Matryoshka); omit 'dimensions' or set it to {native}",
-            param="dimensions",
+            f"Model '{model_name}' returns {native}-dimensional embeddings and was not trained to be truncated "
+            f"(Matryoshka); omit '{param}' or set it to {native}",
+            param=param,
         )
 
 
@@ -145,13 +152,13 @@ def check_reply_size(results: Sequence[WorkResult]) -> None:
 def _embedding(decoded: Any, encoding_format: str, dimensions: int | None) -> Any:
     values = np.asarray(decoded["dense"]["values"], dtype=np.float32)
     if dimensions is not None and dimensions < values.shape[0]:
-        values = _truncated(values, dimensions)
+        values = truncated(values, dimensions)
     if encoding_format == "base64":
         return base64.b64encode(values.astype("<f4", copy=False).tobytes()).decode("ascii")
     return values
 
 
-def _truncated(values: np.ndarray, dimensions: int) -> np.ndarray:
+def truncated(values: np.ndarray, dimensions: int) -> np.ndarray:
     """The leading `dimensions` values, scaled back to unit length (a zero vector stays zero)."""
     head = values[:dimensions]
     norm = float(np.linalg.norm(head))

@@ -100,6 +100,37 @@ _SAMPLING_FIELDS = {
 _LETTER = _path_param("letter_id", "Dead letter id.")
 _ADMIN = "Needs `Authorization: Bearer <SIE_ADMIN_TOKEN>` when the admin token is set."
 
+_TEI_MODEL = _path_param("model", "The model, as a TEI base URL's path: `http://host:8080/{model}`.")
+_TEI_ERRORS = "TEI error `{error, error_type}` (validation failures 422); the SIE code in `X-SIE-Error-Code`"
+_COHERE_ERRORS = "`{message}`; the SIE code in `X-SIE-Error-Code`"
+_OLLAMA_ERRORS = "`{error}`; the SIE code in `X-SIE-Error-Code`"
+# The other servers' dialects (`compat.py`): (starlette template, OpenAPI path, summary, answer, errors).
+_DIALECT_ROUTES: Final = (
+    ("/{model:tei_model}/embed", "/{model}/embed", "TEI embed: `inputs`, `normalize`, `truncate`, `prompt_name`, "
+     "`dimensions`", "`[[float]]`", _TEI_ERRORS),
+    ("/{model:tei_model}/embed_sparse", "/{model}/embed_sparse", "TEI sparse embed (SPLADE, BGE-M3)",
+     "`[[{index, value}]]`", _TEI_ERRORS),
+    ("/{model:tei_model}/embed_all", "/{model}/embed_all", "TEI token vectors (a multi-vector model or variant)",
+     "`[[[float]]]`", _TEI_ERRORS),
+    ("/{model:tei_model}/rerank", "/{model}/rerank", "TEI rerank: `query`, `texts`, `return_text`",
+     "`[{index, score, text?}]`, best first", _TEI_ERRORS),
+    ("/{model:tei_model}", "/{model}", "TEI's root route: embeds, as `/{model}/embed`", "`[[float]]`", _TEI_ERRORS),
+    ("/v1/rerank", "/v1/rerank", "Cohere v1 / Jina rerank: `model`, `query`, `documents`, `top_n`, "
+     "`return_documents` (default true)", "`{id, model, results: [{index, relevance_score, document?}], meta, usage}`",
+     _COHERE_ERRORS),
+    ("/v2/rerank", "/v2/rerank", "Cohere v2 rerank (`return_documents` default false)",
+     "`{id, model, results, meta, usage}`", _COHERE_ERRORS),
+    ("/rerank", "/rerank", "Jina rerank (`model`, `documents`); TEI's rerank is `/{model}/rerank`",
+     "`{id, model, results, meta, usage}`", _COHERE_ERRORS),
+    ("/v2/embed", "/v2/embed", "Cohere v2 embed: `model`, `texts`, `input_type`, `embedding_types`, "
+     "`output_dimension`, `truncate`", "`{id, embeddings: {type: [[...]]}, texts, meta, response_type}`",
+     _COHERE_ERRORS),
+    ("/api/embed", "/api/embed", "Ollama embed: `model`, `input`, `truncate`, `dimensions`",
+     "`{model, embeddings, total_duration, load_duration, prompt_eval_count}`", _OLLAMA_ERRORS),
+    ("/api/embeddings", "/api/embeddings", "Ollama's older embeddings: `model`, `prompt`", "`{embedding}`",
+     _OLLAMA_ERRORS),
+)  # fmt: skip
+
 # Starlette route template -> OpenAPI path -> method -> operation.
 OPERATIONS: Final[Mapping[str, Mapping[str, Mapping[str, Any]]]] = {
     "/v1/encode/{model:path}": {
@@ -126,6 +157,20 @@ OPERATIONS: Final[Mapping[str, Mapping[str, Mapping[str, Any]]]] = {
                 responses={"200": _answer("OpenAI embeddings list"), "400": _answer("OpenAI error envelope")},
             )
         }
+    },
+    **{
+        template: {
+            path: {
+                "post": _operation(
+                    "dialects",
+                    summary,
+                    requestBody={"content": {"application/json": {"schema": {"type": "object"}}}},
+                    responses={"200": _answer(answer), "4XX": _answer(errors), "5XX": _answer(errors)},
+                    **({"parameters": [_TEI_MODEL]} if "{model}" in path else {}),
+                )
+            }
+        }
+        for template, path, summary, answer, errors in _DIALECT_ROUTES
     },
     "/v1/generate/{model:path}": {
         "/v1/generate/{model}": {

@@ -62,6 +62,15 @@ class Surface(enum.Enum):
 
     NATIVE = "native"
     OPENAI = "openai"
+    TEI = "tei"  # {"error", "error_type"}, validation failures as 422
+    COHERE = "cohere"  # {"message"}: Cohere's and Jina's rerank/embed
+    OLLAMA = "ollama"  # {"error"}
+
+
+# The dialect routes, for errors answered before a route is matched (authentication, body limits).
+COHERE_PATHS: Final = frozenset({"/v1/rerank", "/v2/rerank", "/v2/embed"})
+OLLAMA_PATHS: Final = frozenset({"/api/embed", "/api/embeddings"})
+TEI_SUFFIXES: Final = ("/embed", "/embed_sparse", "/embed_all", "/rerank")
 
 
 class Envelope(enum.Enum):
@@ -175,6 +184,10 @@ def error_reply(exc: BaseException, surface: Surface = Surface.NATIVE) -> ErrorR
         headers[ERROR_CODE] = code
     if isinstance(exc, UnauthorizedError):
         headers[WWW_AUTHENTICATE] = BEARER_CHALLENGE
+    if surface in (Surface.TEI, Surface.COHERE, Surface.OLLAMA):
+        # Their bodies carry no code: the SIE code rides in the header, as for OpenAI.
+        headers.setdefault(ERROR_CODE, code)
+        return _dialect(surface, rule.status, message, headers)
     if surface is Surface.OPENAI:
         # OpenAI's body code is coarser (`invalid_request` for every 400): the SIE code rides in the header, which
         # SIE clients read first (an INPUT_TOO_LONG stays one).
@@ -205,9 +218,26 @@ def _openai(exc: BaseException, status: int, code: str, message: str) -> Any:
     return openai_body(message, error_type, param, _OPENAI_CODES.get(status, code))
 
 
+def _dialect(surface: Surface, status: int, message: str, headers: dict[str, str]) -> ErrorReply:
+    if surface is Surface.TEI:  # TEI answers validation failures 422, overload 429-like as "Overloaded"
+        error_type = "Validation" if status < 500 else ("Overloaded" if status == 503 else "Backend")
+        return ErrorReply(422 if status == 400 else status, {"error": message, "error_type": error_type}, headers)
+    if surface is Surface.COHERE:
+        return ErrorReply(status, {"message": message}, headers)
+    return ErrorReply(status, {"error": message}, headers)
+
+
 def surface_for_path(path: str) -> Surface:
     """The envelope family of a request path (used where no route has been matched yet)."""
-    return Surface.OPENAI if path in OPENAI_PATHS or path.startswith(OPENAI_PREFIXES) else Surface.NATIVE
+    if path in OPENAI_PATHS or path.startswith(OPENAI_PREFIXES):
+        return Surface.OPENAI
+    if path in COHERE_PATHS:
+        return Surface.COHERE
+    if path in OLLAMA_PATHS:
+        return Surface.OLLAMA
+    if path.endswith(TEI_SUFFIXES) and not path.startswith("/v1/"):
+        return Surface.TEI
+    return Surface.NATIVE
 
 
 def stream_error(exc: BaseException) -> dict[str, Any]:

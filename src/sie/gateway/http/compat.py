@@ -1,0 +1,129 @@
+"""The routes of the other servers' dialects (TEI, Cohere/Jina, Ollama): each handler decodes the body, makes the
+dialect's one call over `InferenceService` (`tei`, `cohere`, `ollama` shape them) and renders JSON; its failures
+answer in the dialect's own error envelope (`Surface`). Routing, admission, batching, limits, auth, metrics and
+tracing are the native routes' own: nothing below the handler differs.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+from starlette.convertors import Convertor, register_url_convertor
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from sie.gateway.errors import InvalidRequestError
+from sie.gateway.http import cohere, ollama, tei
+from sie.gateway.http.edge import endpoint, lane_hints, served_response
+from sie.gateway.http.inference import InferenceHandlers
+from sie.gateway.http.negotiation import decode_data
+from sie.gateway.http.replies import Surface
+from sie.http.bodies import read_body
+from sie.telemetry.requests import note_request
+
+TEI_EMBED_ROUTES = tuple(tei.EMBED_OUTPUTS)  # embed, embed_sparse, embed_all
+# First path segments of the server's own routes: a TEI base URL's model path never starts with one, so a POST to
+# an unknown native path stays a 404/405, not a model lookup.
+RESERVED_SEGMENTS = ("v1", "v2", "api", "ws", "health", "healthz", "readyz", "metrics", "docs", "openapi.json")
+
+
+class TeiModelConvertor(Convertor[str]):
+    """A model id in a TEI base URL: any path not starting with one of RESERVED_SEGMENTS."""
+
+    regex = "(?!(?:" + "|".join(segment.replace(".", "\\.") for segment in RESERVED_SEGMENTS) + ")(?:/|$))[^/].*"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("tei_model", TeiModelConvertor())
+
+
+class DialectHandlers(InferenceHandlers):
+    """The dialect routes over the same inference service as the native ones."""
+
+    async def _data(self, request: Request) -> object:
+        raw = await read_body(request, self._max_body_bytes)
+        return decode_data(raw, request.headers.get("content-type"))
+
+    # --- TEI: the model is the base URL's path --------------------------------------------------------------------
+
+    @endpoint(Surface.TEI)
+    async def tei_embed(self, request: Request) -> Response:
+        started = time.perf_counter()
+        route = request.url.path.rsplit("/", 1)[-1]
+        call = tei.parse_embed(request.path_params["model"], route, await self._data(request))
+        work = functools.partial(tei.embed, self._service, call, lane_hints(request))
+        return served_response(await self._serve(request, work, call.model), None, started)
+
+    @endpoint(Surface.TEI)
+    async def tei_root(self, request: Request) -> Response:
+        """TEI's `POST /`: here it embeds (the route every TEI client can reach with only a base URL)."""
+        started = time.perf_counter()
+        call = tei.parse_embed(request.path_params["model"], "embed", await self._data(request))
+        work = functools.partial(tei.embed, self._service, call, lane_hints(request))
+        return served_response(await self._serve(request, work, call.model), None, started)
+
+    @endpoint(Surface.TEI)
+    async def tei_rerank(self, request: Request) -> Response:
+        started = time.perf_counter()
+        call = tei.parse_rerank(request.path_params["model"], await self._data(request))
+        work = functools.partial(tei.rerank, self._service, call, lane_hints(request))
+        return served_response(await self._serve(request, work, call.model), None, started)
+
+    # --- Cohere / Jina: the model is the body's ---------------------------------------------------------------------
+
+    @endpoint(Surface.COHERE)
+    async def rerank(self, request: Request) -> Response:
+        """`/v1/rerank`, `/v2/rerank` and `/rerank`: Cohere's and Jina's shape (a `/rerank` body with TEI's `texts`
+        has no model to go to: the TEI routes are `/{model}/rerank`)."""
+        started = time.perf_counter()
+        data = await self._data(request)
+        if request.url.path == "/rerank" and isinstance(data, dict) and "texts" in data and "documents" not in data:
+            raise InvalidRequestError(
+                "A TEI rerank names its model in the base URL: POST /{model}/rerank (this path takes Cohere's and "
+                "Jina's 'model' and 'documents')"
+            )
+        call = cohere.parse_rerank(data, return_documents_default=not request.url.path.startswith("/v2/"))
+        note_request(model=call.model)
+        work = functools.partial(cohere.rerank, self._service, call, lane_hints(request))
+        return served_response(await self._serve(request, work, call.model), None, started)
+
+    @endpoint(Surface.COHERE)
+    async def cohere_embed(self, request: Request) -> Response:
+        started = time.perf_counter()
+        call = cohere.parse_embed(await self._data(request))
+        note_request(model=call.model)
+        work = functools.partial(cohere.embed, self._service, call, lane_hints(request))
+        return served_response(await self._serve(request, work, call.model), None, started)
+
+    # --- Ollama -------------------------------------------------------------------------------------------------------
+
+    @endpoint(Surface.OLLAMA)
+    async def ollama_embed(self, request: Request) -> Response:
+        started = time.perf_counter()
+        data = await self._data(request)
+        call = ollama.parse_embeddings(data) if request.url.path.endswith("/embeddings") else ollama.parse_embed(data)
+        note_request(model=call.model)
+        work = functools.partial(ollama.embed, self._service, call, lane_hints(request))
+        return served_response(await self._serve(request, work, call.model), None, started)
+
+
+def dialect_routes(handlers: DialectHandlers) -> list[Route]:
+    """The dialects' routes; the TEI ones match any model path, so they go after every other route."""
+    return [
+        Route("/v1/rerank", handlers.rerank, methods=["POST"]),
+        Route("/v2/rerank", handlers.rerank, methods=["POST"]),
+        Route("/rerank", handlers.rerank, methods=["POST"]),
+        Route("/v2/embed", handlers.cohere_embed, methods=["POST"]),
+        Route("/api/embed", handlers.ollama_embed, methods=["POST"]),
+        Route("/api/embeddings", handlers.ollama_embed, methods=["POST"]),
+        *(Route(f"/{{model:tei_model}}/{name}", handlers.tei_embed, methods=["POST"]) for name in TEI_EMBED_ROUTES),
+        Route("/{model:tei_model}/rerank", handlers.tei_rerank, methods=["POST"]),
+        Route("/{model:tei_model}", handlers.tei_root, methods=["POST"]),
+    ]

@@ -1,0 +1,127 @@
+"""The other servers' dialects on `sie run --role all`, through each dialect's real client where one exists: TEI
+(`huggingface_hub.InferenceClient` with the model in its base URL; `/embed_sparse`, `/embed_all` and `/rerank` as TEI
+answers them), Cohere (`cohere.ClientV2` with a `base_url`: `rerank`, `embed`), Jina's rerank body, and Ollama
+(`ollama.Client`: `embed`, `embeddings`). Each answer equals what `/v1/encode` and `/v1/score` give for the same
+model and inputs, and each dialect's errors come in its own envelope with the SIE code in `X-SIE-Error-Code`.
+Marked slow: it uses the shared all-in-one server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+SPLADE = "rasyosef/splade-tiny"
+TEXTS = ["The cat sat on the mat.", "Paris is the capital of France."]
+QUERY = "Which city is France's capital?"
+DOCS = ["Berlin is the capital of Germany.", "Paris is the capital of France.", "Cats like warm places."]
+
+
+def native_dense(url: str, texts: list[str], **params: Any) -> np.ndarray:
+    body = {"items": [{"text": text} for text in texts], "params": {"output_types": ["dense"], **params}}
+    answer = httpx.post(f"{url}/v1/encode/{MINILM}", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    return np.asarray([item["dense"]["values"] for item in answer.json()["items"]], dtype=np.float32)
+
+
+def native_scores(url: str) -> dict[int, float]:
+    body = {"query": {"text": QUERY}, "items": [{"id": str(index), "text": doc} for index, doc in enumerate(DOCS)]}
+    answer = httpx.post(f"{url}/v1/score/{MINILM}", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    return {int(row["item_id"]): row["score"] for row in answer.json()["scores"]}
+
+
+def test_tei_through_huggingface_hub_with_the_model_in_the_base_url(all_server: str) -> None:
+    from huggingface_hub import InferenceClient
+
+    with InferenceClient(model=f"{all_server}/{MINILM}", timeout=60) as client:
+        vector = np.asarray(client.feature_extraction(TEXTS[0]), dtype=np.float32).reshape(-1)
+    assert np.allclose(vector, native_dense(all_server, TEXTS[:1])[0], atol=1e-5)
+    embedded = httpx.post(f"{all_server}/{MINILM}/embed", json={"inputs": TEXTS, "normalize": True}, timeout=60)
+    assert embedded.status_code == 200
+    assert np.allclose(np.asarray(embedded.json(), dtype=np.float32), native_dense(all_server, TEXTS), atol=1e-5)
+
+
+def test_tei_rerank_sparse_and_token_vectors(all_server: str) -> None:
+    reranked = httpx.post(
+        f"{all_server}/{MINILM}/rerank", json={"query": QUERY, "texts": DOCS, "return_text": True}, timeout=60
+    ).json()
+    native = native_scores(all_server)
+    assert [row["index"] for row in reranked] == sorted(native, key=lambda index: -native[index])
+    assert all(row["score"] == pytest.approx(native[row["index"]], abs=1e-6) for row in reranked)
+    assert reranked[0]["text"] == DOCS[1]
+    sparse = httpx.post(f"{all_server}/{SPLADE}/embed_sparse", json={"inputs": TEXTS[0]}, timeout=60).json()
+    native = httpx.post(f"{all_server}/v1/encode/{SPLADE}", json={"items": [{"text": TEXTS[0]}]}, timeout=60).json()
+    expected = native["items"][0]["sparse"]
+    assert [entry["index"] for entry in sparse[0]] == list(expected["indices"])
+    assert np.allclose([entry["value"] for entry in sparse[0]], expected["values"], atol=1e-6)
+    # token vectors come from a multi-vector model or variant (MiniLM's `:multivector` profile)
+    tokens = httpx.post(f"{all_server}/{MINILM}:multivector/embed_all", json={"inputs": [TEXTS[0]]}, timeout=60)
+    assert tokens.status_code == 200, tokens.text
+    assert np.asarray(tokens.json()[0]).ndim == 2 and np.asarray(tokens.json()[0]).shape[1] == 384
+
+
+def test_cohere_client_reranks_and_embeds(all_server: str) -> None:
+    import cohere
+
+    with httpx.Client(timeout=60) as http:
+        client = cohere.ClientV2(api_key="unused", base_url=all_server, httpx_client=http)
+        reranked = client.rerank(model=MINILM, query=QUERY, documents=DOCS, top_n=2)
+        embedded = client.embed(model=MINILM, texts=TEXTS, input_type="search_document", embedding_types=["float"])
+    native = native_scores(all_server)
+    best = sorted(native, key=lambda index: -native[index])[:2]
+    assert [result.index for result in reranked.results] == best
+    assert [result.relevance_score for result in reranked.results] == pytest.approx([native[i] for i in best], abs=1e-6)
+    assert np.allclose(np.asarray(embedded.embeddings.float_, dtype=np.float32), native_dense(all_server, TEXTS),
+                       atol=1e-5)  # fmt: skip
+
+
+def test_jinas_rerank_body_gets_documents_and_usage(all_server: str) -> None:
+    answer = httpx.post(
+        f"{all_server}/v1/rerank",
+        json={"model": MINILM, "query": QUERY, "documents": [{"text": doc} for doc in DOCS], "top_n": 1},
+        timeout=60,
+    ).json()
+    assert answer["results"][0]["index"] == 1 and answer["results"][0]["document"] == {"text": DOCS[1]}
+    assert answer["usage"]["total_tokens"] > 0
+
+
+def test_ollama_client_embeds(all_server: str) -> None:
+    import ollama
+
+    with ollama.Client(host=all_server, timeout=60) as client:
+        embedded = client.embed(model=MINILM, input=TEXTS)
+        legacy = client.embeddings(model=MINILM, prompt=TEXTS[0])
+    assert np.allclose(np.asarray(embedded.embeddings, dtype=np.float32), native_dense(all_server, TEXTS), atol=1e-5)
+    assert embedded.prompt_eval_count and embedded.prompt_eval_count > 0
+    expected = native_dense(all_server, TEXTS[:1])[0]
+    assert np.allclose(np.asarray(legacy.embedding, dtype=np.float32), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "envelope"),
+    [
+        (f"/{MINILM}/embed", {"inputs": 3}, 422, {"error", "error_type"}),
+        ("/acme/missing/embed", {"inputs": "x"}, 404, {"error", "error_type"}),
+        ("/v2/rerank", {"model": "acme/missing", "query": "q", "documents": ["d"]}, 404, {"message"}),
+        ("/v2/embed", {"model": MINILM, "texts": ["x"], "input_type": "poetry"}, 400, {"message"}),
+        ("/api/embed", {"model": MINILM}, 400, {"error"}),
+        ("/rerank", {"query": "q", "texts": ["d"]}, 400, {"message"}),
+    ],
+)
+def test_each_dialect_answers_errors_in_its_own_envelope(
+    all_server: str, path: str, body: dict, status: int, envelope: set[str]
+) -> None:
+    answer = httpx.post(f"{all_server}{path}", json=body, timeout=60)
+    assert answer.status_code == status, answer.text
+    assert set(answer.json()) == envelope
+    assert answer.headers.get("x-sie-error-code")
+
+
+def test_a_post_to_an_unknown_native_path_is_not_taken_for_a_model(all_server: str) -> None:
+    assert httpx.post(f"{all_server}/v1/models", json={}, timeout=10).status_code == 405
