@@ -2,8 +2,9 @@
 (`huggingface_hub.InferenceClient` with the model in its base URL; `/embed_sparse`, `/embed_all` and `/rerank` as TEI
 answers them), Cohere (`cohere.ClientV2` with a `base_url`: `rerank`, `embed`), Jina's rerank body, and Ollama
 (`ollama.Client`: `embed`, `embeddings`). Each answer equals what `/v1/encode` and `/v1/score` give for the same
-model and inputs, and each dialect's errors come in its own envelope with the SIE code in `X-SIE-Error-Code`.
-Marked slow: it uses the shared all-in-one server."""
+model and inputs, and each dialect's errors come in its own envelope with the SIE code in `X-SIE-Error-Code`; the
+distributed deployment (gateway, NATS, sidecar, worker) answers the dialects alike. Marked slow: it uses the shared
+all-in-one server and cluster."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+
+from launcher import Cluster
 
 pytestmark = pytest.mark.slow
 
@@ -125,3 +128,19 @@ def test_each_dialect_answers_errors_in_its_own_envelope(
 
 def test_a_post_to_an_unknown_native_path_is_not_taken_for_a_model(all_server: str) -> None:
     assert httpx.post(f"{all_server}/v1/models", json={}, timeout=10).status_code == 405
+
+
+def test_the_dialects_run_through_the_distributed_path(cluster: Cluster) -> None:
+    """Gateway, NATS, sidecar and worker: Cohere's rerank and Ollama's embed answer as the native routes do."""
+    import cohere
+    import ollama
+
+    with httpx.Client(timeout=60) as http:
+        reranked = cohere.ClientV2(api_key="unused", base_url=cluster.url, httpx_client=http).rerank(
+            model=MINILM, query=QUERY, documents=DOCS
+        )
+    native = native_scores(cluster.url)
+    assert [result.index for result in reranked.results] == sorted(native, key=lambda index: -native[index])
+    with ollama.Client(host=cluster.url, timeout=60) as client:
+        embedded = client.embed(model=MINILM, input=TEXTS)
+    assert np.allclose(np.asarray(embedded.embeddings, dtype=np.float32), native_dense(cluster.url, TEXTS), atol=1e-5)
