@@ -144,3 +144,38 @@ def test_the_dialects_run_through_the_distributed_path(cluster: Cluster) -> None
     with ollama.Client(host=cluster.url, timeout=60) as client:
         embedded = client.embed(model=MINILM, input=TEXTS)
     assert np.allclose(np.asarray(embedded.embeddings, dtype=np.float32), native_dense(cluster.url, TEXTS), atol=1e-5)
+
+
+def test_tritons_http_client_speaks_the_open_inference_protocol(all_server: str) -> None:
+    """KServe V2: health, metadata, and infer with binary tensor data both ways (tritonclient's default) and JSON."""
+    import tritonclient.http as triton
+
+    client = triton.InferenceServerClient(url=all_server.removeprefix("http://"), network_timeout=60.0)
+    try:
+        assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(MINILM)
+        metadata = client.get_model_metadata(MINILM)
+        assert {"name": "dense", "datatype": "FP32", "shape": [-1, 384]} in metadata["outputs"]
+        for binary in (True, False):
+            text = triton.InferInput("text", [len(TEXTS)], "BYTES")
+            text.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=object), binary_data=binary)
+            result = client.infer(MINILM, [text], outputs=[triton.InferRequestedOutput("dense", binary_data=binary)])
+            assert np.allclose(result.as_numpy("dense"), native_dense(all_server, TEXTS), atol=1e-5)
+        query = triton.InferInput("query", [1], "BYTES")
+        query.set_data_from_numpy(np.array([QUERY.encode()], dtype=object))
+        docs = triton.InferInput("text", [len(DOCS)], "BYTES")
+        docs.set_data_from_numpy(np.array([doc.encode() for doc in DOCS], dtype=object))
+        scores = client.infer(MINILM, [query, docs]).as_numpy("scores")
+        native = native_scores(all_server)
+        assert np.allclose(scores, [native[index] for index in range(len(DOCS))], atol=1e-6)
+    finally:
+        client.close()
+
+
+def test_the_open_inference_protocol_refuses_in_its_envelope(all_server: str) -> None:
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["x"]}],
+            "outputs": [{"name": "sparse"}]}  # fmt: skip
+    answer = httpx.post(f"{all_server}/v2/models/{MINILM}/infer", json=body, timeout=60)
+    assert answer.status_code == 400 and set(answer.json()) == {"error"} and "ragged" in answer.json()["error"]
+    missing = httpx.get(f"{all_server}/v2/models/acme/missing", timeout=60)
+    assert missing.status_code == 404 and set(missing.json()) == {"error"}
+    assert httpx.get(f"{all_server}/v2/models/{MINILM}/versions/2", timeout=60).status_code == 404

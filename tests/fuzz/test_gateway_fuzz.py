@@ -73,7 +73,9 @@ NATIVE: Final = "native"
 OPENAI: Final = "openai"
 PLACEMENT: Final = "placement"
 # The dialects' error bodies (gateway/http/replies.py): their keys.
-DIALECT_ENVELOPES: Final = {"tei": {"error", "error_type"}, "cohere": {"message"}, "ollama": {"error"}}
+DIALECT_ENVELOPES: Final = {
+    "tei": {"error", "error_type"}, "cohere": {"message"}, "ollama": {"error"}, "kserve": {"error"}
+}  # fmt: skip
 
 JSON_TYPE: Final = "application/json"
 MSGPACK_TYPE: Final = "application/msgpack"
@@ -541,6 +543,18 @@ dialect_calls = st.one_of(
              "input_type": st.sampled_from(("search_query", "search_document", "x"))},
             optional={"embedding_types": st.lists(st.sampled_from(("float", "int8", "ubinary", "f")), max_size=3),
                       "output_dimension": numbers, "truncate": st.sampled_from(("END", "NONE", "START"))})),
+    ),
+    st.tuples(
+        st.sampled_from((f"/v2/models/{MINILM}/infer", f"/v2/models/{MINILM}/versions/1/infer")), st.just("kserve"),
+        fuzzed(st.fixed_dictionaries(
+            {"inputs": st.lists(st.fixed_dictionaries({
+                "name": st.sampled_from(("text", "query", "x")), "datatype": st.sampled_from(("BYTES", "FP32")),
+                "shape": st.lists(st.integers(-1, 4), max_size=2), "data": st.lists(texts, max_size=3)}),
+                max_size=3)},
+            optional={"outputs": st.lists(st.fixed_dictionaries({"name": st.sampled_from(("dense", "scores", "y"))}),
+                                          max_size=2),
+                      "parameters": st.fixed_dictionaries({}, optional={"is_query": st.booleans(),
+                                                                         "binary_data_output": st.booleans()})})),
     ),
     st.tuples(
         st.sampled_from(("/api/embed", "/api/embeddings")), st.just("ollama"),

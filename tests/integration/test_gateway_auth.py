@@ -54,6 +54,8 @@ ROUTES = [
     ("POST", f"/{MINILM}/embed", {"inputs": "Hello world"}, "inference"),
     ("POST", "/v2/rerank", {"model": MINILM, "query": "Hello", "documents": ["world"]}, "inference"),
     ("POST", "/api/embed", {"model": MINILM, "input": "Hello world"}, "inference"),
+    ("POST", f"/v2/models/{MINILM}/infer",
+     {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["Hello"]}]}, "inference"),
     ("GET", "/v1/models", None, "inference"),
     ("GET", "/v1/configs/models", None, "inference"),
     ("POST", "/v1/configs/resolve", {"model": MINILM}, "inference"),
@@ -67,7 +69,8 @@ ROUTES = [
 ]
 
 
-DIALECT_ENVELOPES = {f"/{MINILM}/embed": {"error", "error_type"}, "/v2/rerank": {"message"}, "/api/embed": {"error"}}
+DIALECT_ENVELOPES = {f"/{MINILM}/embed": {"error", "error_type"}, "/v2/rerank": {"message"}, "/api/embed": {"error"},
+                     f"/v2/models/{MINILM}/infer": {"error"}}  # fmt: skip
 
 
 def refusal(kind: str, mode: str, exempt: bool, token: str) -> int | None:

@@ -30,6 +30,7 @@ from sie.gateway.http.dead_letters import dead_letter_routes
 from sie.gateway.http.edge import reply_response
 from sie.gateway.http.generation import GenerationHandlers
 from sie.gateway.http.inference import InferenceHandlers
+from sie.gateway.http.kserve import KServeHandlers, kserve_routes
 from sie.gateway.http.pools import pool_routes
 from sie.gateway.http.reads import ReadHandlers
 from sie.gateway.http.replies import error_reply, route_error_reply, surface_for_path
@@ -149,6 +150,7 @@ def build_gateway_app(
     dialects = DialectHandlers(service, settings.max_body_bytes, sources.tracing)
     generation = GenerationHandlers(GenerationService(dispatcher, limits), settings.max_body_bytes, sources.tracing)
     read = ReadHandlers(sources.catalog, sources.status, serving, settings.configured_gpus, sources.unready_reason)
+    kserve = KServeHandlers(service, settings.max_body_bytes, sources.tracing, sources.catalog, read.is_ready)
     traffic = TrafficWindow()  # inference requests per second and their latency, for the status page
     cluster = ClusterSources(
         sources.catalog, sources.status, sources.transport, lambda: len(collector), lane.pool, settings.configured_gpus
@@ -172,6 +174,7 @@ def build_gateway_app(
             *scaling_routes(signals),
             *extra_routes,
             *status_routes(StatusPages(ClusterStatus(cluster, traffic), serving)),
+            *kserve_routes(kserve),
             *dialect_routes(dialects),  # last: TEI's routes take any other path as a model
         ],
         middleware=[

@@ -131,6 +131,28 @@ _DIALECT_ROUTES: Final = (
      _OLLAMA_ERRORS),
 )  # fmt: skip
 
+_KSERVE_ERRORS = "`{error}`; the SIE code in `X-SIE-Error-Code`"
+_VERSION = _path_param("version", "The model version: only 1.")
+_VERSIONED = "/v2/models/{model:path}/versions/{version}"
+# The KServe V2 / Open Inference Protocol (`kserve.py`): (starlette template, OpenAPI path, method, summary, answer).
+_KSERVE_ROUTES: Final = (
+    ("/v2", "/v2", "get", "Server metadata", "`{name, version, extensions}`"),
+    ("/v2/health/live", "/v2/health/live", "get", "Liveness", "`{live}`"),
+    ("/v2/health/ready", "/v2/health/ready", "get", "Readiness (503 when not ready)", "`{ready}`"),
+    ("/v2/models/{model:path}", "/v2/models/{model}", "get", "Model metadata: its tensors",
+     "`{name, versions, platform, inputs, outputs}`"),
+    ("/v2/models/{model:path}/ready", "/v2/models/{model}/ready", "get", "Model readiness", "`{name, ready}`"),
+    ("/v2/models/{model:path}/infer", "/v2/models/{model}/infer", "post",
+     "Inference: BYTES `text` (and `query` to score) in, FP32 `dense` or `scores` out; binary tensor data accepted",
+     "`{model_name, model_version, id, outputs}`, or the binary extension"),
+    (_VERSIONED, "/v2/models/{model}/versions/{version}", "get", "Model metadata (version 1)",
+     "`{name, versions, platform, inputs, outputs}`"),
+    (f"{_VERSIONED}/ready", "/v2/models/{model}/versions/{version}/ready", "get", "Model readiness (version 1)",
+     "`{name, ready}`"),
+    (f"{_VERSIONED}/infer", "/v2/models/{model}/versions/{version}/infer", "post", "Inference (version 1)",
+     "`{model_name, model_version, id, outputs}`"),
+)  # fmt: skip
+
 # Starlette route template -> OpenAPI path -> method -> operation.
 OPERATIONS: Final[Mapping[str, Mapping[str, Mapping[str, Any]]]] = {
     "/v1/encode/{model:path}": {
@@ -171,6 +193,22 @@ OPERATIONS: Final[Mapping[str, Mapping[str, Mapping[str, Any]]]] = {
             }
         }
         for template, path, summary, answer, errors in _DIALECT_ROUTES
+    },
+    **{
+        template: {
+            path: {
+                method: _operation(
+                    "kserve",
+                    summary,
+                    **({"parameters": [_MODEL, *([_VERSION] if "{version}" in path else [])]}
+                       if "{model}" in path else {}),
+                    **({"requestBody": {"content": {"application/json": {}, "application/octet-stream": {}}}}
+                       if method == "post" else {}),
+                    responses={"200": _answer(answer), "4XX": _answer(_KSERVE_ERRORS), "5XX": _answer(_KSERVE_ERRORS)},
+                )
+            }
+        }
+        for template, path, method, summary, answer in _KSERVE_ROUTES
     },
     "/v1/generate/{model:path}": {
         "/v1/generate/{model}": {

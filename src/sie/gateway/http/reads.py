@@ -51,9 +51,19 @@ class ReadHandlers:
     async def healthz(self, request: Request) -> Response:
         return PlainTextResponse("ok", headers=VERSION_HEADERS)
 
-    async def readyz(self, request: Request) -> Response:
+    def not_ready_because(self) -> str | None:
+        """Why the gateway cannot serve now ("" when it is not started or is draining); None when it can."""
         reason = self._unready_reason() if self._unready_reason is not None else None
-        if self._serving.ready and reason is None:
+        if reason is not None:
+            return reason
+        return None if self._serving.ready else ""
+
+    def is_ready(self) -> bool:
+        return self.not_ready_because() is None
+
+    async def readyz(self, request: Request) -> Response:
+        reason = self.not_ready_because()
+        if reason is None:
             return PlainTextResponse("ok", headers=VERSION_HEADERS)
-        text = "not ready" if reason is None else f"not ready: {reason}"
+        text = f"not ready: {reason}" if reason else "not ready"
         return PlainTextResponse(text, status_code=503, headers=VERSION_HEADERS)

@@ -65,6 +65,7 @@ class Surface(enum.Enum):
     TEI = "tei"  # {"error", "error_type"}, validation failures as 422
     COHERE = "cohere"  # {"message"}: Cohere's and Jina's rerank/embed
     OLLAMA = "ollama"  # {"error"}
+    KSERVE = "kserve"  # {"error"}: the Open Inference Protocol's
 
 
 # The dialect routes, for errors answered before a route is matched (authentication, body limits).
@@ -184,7 +185,7 @@ def error_reply(exc: BaseException, surface: Surface = Surface.NATIVE) -> ErrorR
         headers[ERROR_CODE] = code
     if isinstance(exc, UnauthorizedError):
         headers[WWW_AUTHENTICATE] = BEARER_CHALLENGE
-    if surface in (Surface.TEI, Surface.COHERE, Surface.OLLAMA):
+    if surface in (Surface.TEI, Surface.COHERE, Surface.OLLAMA, Surface.KSERVE):
         # Their bodies carry no code: the SIE code rides in the header, as for OpenAI.
         headers.setdefault(ERROR_CODE, code)
         return _dialect(surface, rule.status, message, headers)
@@ -235,6 +236,8 @@ def surface_for_path(path: str) -> Surface:
         return Surface.COHERE
     if path in OLLAMA_PATHS:
         return Surface.OLLAMA
+    if path == "/v2" or path.startswith(("/v2/models/", "/v2/health/")):
+        return Surface.KSERVE
     if path.endswith(TEI_SUFFIXES) and not path.startswith("/v1/"):
         return Surface.TEI
     return Surface.NATIVE
