@@ -564,7 +564,7 @@ dialect_calls = st.one_of(
 )  # fmt: skip
 
 
-@fuzz(max_examples=80)
+@fuzz(max_examples=40)
 @given(call=dialect_calls, encoding=encodings)
 def test_dialect_routes(gateway: Gateway, call: tuple[str, str, Any], encoding: str) -> None:
     """TEI, Cohere/Jina and Ollama bodies near their shapes: answered, or refused in the dialect's envelope."""

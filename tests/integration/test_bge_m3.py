@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from sie.catalog import parse_model_config
-from sie.wire.ipc_batch import EncodeBatchItem, ScoreBatchItem
+from sie.wire.ipc_batch import ScoreBatchItem
 from sie.worker.errors import ModelLoadError
 from support.encoder_checkpoints import BGE_M3_COLBERT_DIM, HIDDEN, VOCAB, bge_m3_reference, save_bge_m3
+from support.worker_items import encode_items
 
 COLBERT_DIM = BGE_M3_COLBERT_DIM
 # Repeated words: a token id whose occurrences weigh differently shows the max is taken, not the sum.
@@ -38,21 +39,6 @@ def model_yaml(directory: Path, multivector_dim: int = COLBERT_DIM) -> Any:
     )  # fmt: skip
 
 
-def encode_items(texts: list[str], output_types: list[str]) -> list[EncodeBatchItem]:
-    return [
-        EncodeBatchItem(
-            work_item_id=f"e.{index}",
-            request_id="e",
-            item_index=index,
-            total_items=len(texts),
-            timestamp=0.0,
-            item={"text": text},
-            output_types=output_types,
-        )  # fmt: skip
-        for index, text in enumerate(texts)
-    ]
-
-
 def test_dense_sparse_and_multivector_equal_bge_m3s_own_math(model_loader, tmp_path: Path) -> None:
     from tokenizers import Tokenizer
 
@@ -60,7 +46,7 @@ def test_dense_sparse_and_multivector_equal_bge_m3s_own_math(model_loader, tmp_p
     config = model_yaml(tmp_path)
     loaded = model_loader.load(config, "default", config.sie_id)
     tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
-    results = loaded.adapter.encode(encode_items(TEXTS, ["dense", "sparse", "multivector"])).items
+    results = loaded.adapter.encode(encode_items(TEXTS, output_types=["dense", "sparse", "multivector"])).items
     expected_all = [bge_m3_reference(model, sparse, colbert, tokenizer.encode(text).ids) for text in TEXTS]
     assert sum(expected["repeated"] for expected in expected_all) > 0  # some id weighs twice: max, not sum
     for text, result in zip(TEXTS, results, strict=True):
@@ -81,9 +67,9 @@ def test_each_output_alone_and_dense_scoring(model_loader, tmp_path: Path) -> No
     save_bge_m3(tmp_path)
     config = model_yaml(tmp_path)
     loaded = model_loader.load(config, "default", config.sie_id)
-    (only_sparse,) = loaded.adapter.encode(encode_items(TEXTS[:1], ["sparse"])).items
+    (only_sparse,) = loaded.adapter.encode(encode_items(TEXTS[:1], output_types=["sparse"])).items
     assert set(only_sparse.result) == {"sparse"}
-    encoded = loaded.adapter.encode(encode_items(TEXTS, ["dense"])).items
+    encoded = loaded.adapter.encode(encode_items(TEXTS, output_types=["dense"])).items
     dense = [np.asarray(result.result["dense"]["values"]) for result in encoded]
     item = ScoreBatchItem(work_item_id="s.0", request_id="s", item_index=0, total_items=1, timestamp=0.0,
                           query_item={"text": TEXTS[0]}, score_items=[{"text": t} for t in TEXTS[1:]])  # fmt: skip

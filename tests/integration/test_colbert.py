@@ -20,8 +20,9 @@ from tokenizers import AddedToken, Tokenizer, pre_tokenizers, processors
 from tokenizers import models as tokenizer_models
 
 from sie.catalog import parse_model_config
-from sie.wire.ipc_batch import EncodeBatchItem, ScoreBatchItem
+from sie.wire.ipc_batch import ScoreBatchItem
 from sie.worker.errors import ModelLoadError
+from support.worker_items import encode_items
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 VOCAB = [*SPECIALS, "[unused0]", "[unused1]", *(f"w{index}" for index in range(40)), ".", ",", "!", "?"]
@@ -154,23 +155,8 @@ def reference_vectors(
     return vectors[keep]
 
 
-def encode_items(texts: list[str], is_query: bool) -> list[EncodeBatchItem]:
-    return [
-        EncodeBatchItem(
-            work_item_id=f"e.{index}",
-            request_id="e",
-            item_index=index,
-            total_items=len(texts),
-            timestamp=0.0,
-            item={"text": text},
-            is_query=is_query,
-        )  # fmt: skip
-        for index, text in enumerate(texts)
-    ]
-
-
 def multivectors(loaded: Any, texts: list[str], is_query: bool) -> list[np.ndarray]:
-    results = loaded.adapter.encode(encode_items(texts, is_query)).items
+    results = loaded.adapter.encode(encode_items(texts, is_query=is_query)).items
     assert all(result.ok for result in results), [result.error for result in results]
     return [np.asarray(result.result["multivector"]["values"]) for result in results]
 

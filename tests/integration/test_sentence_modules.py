@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 from sie.catalog import parse_model_config
-from sie.wire.ipc_batch import EncodeBatchItem, ScoreBatchItem
+from sie.wire.ipc_batch import ScoreBatchItem
 from sie.worker.errors import ModelLoadError
 from support.encoder_checkpoints import save_checkpoint
+from support.worker_items import encode_items
 
 TEXTS = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11", "w12 w13"]
 
@@ -49,20 +50,6 @@ def model_yaml(directory: Path, dim: int) -> dict:
         "tasks": {"encode": {"dense": {"dim": dim}}},
         "profiles": {"default": {"adapter_path": "sie.adapters.dense:X", "max_batch_tokens": 256}},
     }
-
-
-def encode_items(texts: list[str]) -> list[EncodeBatchItem]:
-    return [
-        EncodeBatchItem(
-            work_item_id=f"e.{index}",
-            request_id="e",
-            item_index=index,
-            total_items=len(texts),
-            timestamp=0.0,
-            item={"text": text},
-        )  # fmt: skip
-        for index, text in enumerate(texts)
-    ]
 
 
 @pytest.mark.parametrize(

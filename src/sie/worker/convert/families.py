@@ -289,7 +289,7 @@ def parse_encoder_config(raw: dict[str, Any], *, source: str = "config.json") ->
         relative_attention_buckets=buckets,
         embedding_size=0 if embedding_size == numbers["hidden_size"] else embedding_size,
         padding_idx=padding_idx,
-        layer_norm_eps=_positive_float(raw, "layer_norm_eps", 1e-12, source),
+        layer_norm_eps=positive_float(raw, "layer_norm_eps", 1e-12, source),
         hidden_act=act,
         labels=labels_of(raw.get("id2label"), source),
         alibi=alibi,
@@ -357,7 +357,7 @@ def positive_int(raw: dict[str, Any], key: str, source: str) -> int:
     return value
 
 
-def _positive_float(raw: dict[str, Any], key: str, default: float, source: str) -> float:
+def positive_float(raw: dict[str, Any], key: str, default: float | None, source: str) -> float:
     value = raw.get(key, default)
     if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
         raise ConversionError(f"{key} {value!r} is not a positive number", source=source)

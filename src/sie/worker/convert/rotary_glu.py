@@ -45,6 +45,7 @@ from sie.worker.convert.families import (
     MlmHead,
     check_heads,
     labels_of,
+    positive_float,
     positive_int,
     shape_numbers,
 )
@@ -117,10 +118,10 @@ def parse_rotary_glu_config(raw: dict[str, Any], source: str) -> RotaryGluConfig
     return RotaryGluConfig(
         **shape_numbers(raw, source),
         family=GTE,
-        rope_theta=_positive_number(raw.get("rope_theta", 10_000.0), "rope_theta", source),
+        rope_theta=positive_float(raw, "rope_theta", 10_000.0, source),
         ntk_factor=_ntk_factor(raw.get("rope_scaling"), source),
         type_vocab_size=_type_count(raw, "type_vocab_size", 1, source),
-        layer_norm_eps=_positive_number(raw.get("layer_norm_eps", 1e-12), "layer_norm_eps", source),
+        layer_norm_eps=positive_float(raw, "layer_norm_eps", 1e-12, source),
         labels=labels_of(raw.get("id2label"), source),
     )
 
@@ -144,9 +145,9 @@ def _nomic_config(raw: dict[str, Any], source: str) -> RotaryGluConfig:
         max_position_embeddings=positive_int(raw, "n_positions", source),
         vocab_size=positive_int(raw, "vocab_size", source),
         family=NOMIC_BERT,
-        rope_theta=_positive_number(raw.get("rotary_emb_base", 10_000.0), "rotary_emb_base", source),
+        rope_theta=positive_float(raw, "rotary_emb_base", 10_000.0, source),
         type_vocab_size=_type_count(raw, "type_vocab_size", 2, source),
-        layer_norm_eps=_positive_number(raw.get("layer_norm_epsilon", 1e-5), "layer_norm_epsilon", source),
+        layer_norm_eps=positive_float(raw, "layer_norm_epsilon", 1e-5, source),
         gate_activation="silu",
         attention_bias=bool(raw.get("qkv_proj_bias", True)),
         fc1_bias=bool(raw.get("mlp_fc1_bias", True)),
@@ -182,16 +183,10 @@ def _ntk_factor(scaling: Any, source: str) -> float:
         raise ConversionError(f"rope_scaling type {kind!r} is not supported (only 'ntk')", source=source)
     if scaling.get("mixed_b") is not None:
         raise ConversionError(f"rope_scaling mixed_b {scaling['mixed_b']!r} is not supported", source=source)
-    factor = _positive_number(scaling.get("factor"), "rope_scaling factor", source)
+    factor = positive_float({"rope_scaling factor": scaling.get("factor")}, "rope_scaling factor", None, source)
     if factor < 1.0:
         raise ConversionError(f"rope_scaling factor {factor!r} is under 1", source=source)
     return factor
-
-
-def _positive_number(value: Any, key: str, source: str) -> float:
-    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-        raise ConversionError(f"{key} {value!r} is missing or not a positive number", source=source)
-    return float(value)
 
 
 def build_rotary_glu(builder: GraphBuilder, config: RotaryGluConfig, weights: EncoderWeights) -> EncoderOutput:
