@@ -50,6 +50,13 @@ def test_tei_through_huggingface_hub_with_the_model_in_the_base_url(all_server: 
     assert np.allclose(np.asarray(embedded.json(), dtype=np.float32), native_dense(all_server, TEXTS), atol=1e-5)
 
 
+def test_tei_info_describes_the_model_in_the_base_url(all_server: str) -> None:
+    info = httpx.get(f"{all_server}/{MINILM}/info", timeout=60).json()
+    assert info["model_id"] == MINILM and info["model_type"] == {"embedding": {"pooling": "mean"}}
+    assert info["max_input_length"] == 256 and info["max_client_batch_size"] > 0
+    assert httpx.get(f"{all_server}/acme/missing/info", timeout=60).status_code == 404
+
+
 def test_tei_rerank_sparse_and_token_vectors(all_server: str) -> None:
     reranked = httpx.post(
         f"{all_server}/{MINILM}/rerank", json={"query": QUERY, "texts": DOCS, "return_text": True}, timeout=60

@@ -16,12 +16,15 @@ from starlette.routing import Route
 
 from sie.gateway.errors import InvalidRequestError
 from sie.gateway.http import cohere, ollama, tei
-from sie.gateway.http.edge import endpoint, lane_hints, served_response
+from sie.gateway.http.edge import endpoint, json_response, lane_hints, served_response
 from sie.gateway.http.inference import InferenceHandlers
 from sie.gateway.http.negotiation import decode_data
 from sie.gateway.http.replies import Surface
+from sie.gateway.inference import InferenceService
+from sie.gateway.router import CatalogSource
 from sie.http.bodies import read_body
 from sie.telemetry.requests import note_request
+from sie.telemetry.tracing import Tracing
 
 TEI_EMBED_ROUTES = tuple(tei.EMBED_OUTPUTS)  # embed, embed_sparse, embed_all
 # First path segments of the server's own routes: a TEI base URL's model path never starts with one, so a POST to
@@ -45,7 +48,19 @@ register_url_convertor("tei_model", TeiModelConvertor())
 
 
 class DialectHandlers(InferenceHandlers):
-    """The dialect routes over the same inference service as the native ones."""
+    """The dialect routes over the same inference service as the native ones (TEI's `/info` reads the catalogue)."""
+
+    def __init__(
+        self,
+        service: InferenceService,
+        max_body_bytes: int,
+        tracing: Tracing | None,
+        catalog: CatalogSource,
+        max_items: int,
+    ) -> None:
+        super().__init__(service, max_body_bytes, tracing)
+        self._catalog = catalog
+        self._max_items = max_items
 
     async def _data(self, request: Request) -> object:
         raw = await read_body(request, self._max_body_bytes)
@@ -68,6 +83,13 @@ class DialectHandlers(InferenceHandlers):
         call = tei.parse_embed(request.path_params["model"], "embed", await self._data(request))
         work = functools.partial(tei.embed, self._service, call, lane_hints(request))
         return served_response(await self._serve(request, work, call.model), None, started)
+
+    @endpoint(Surface.TEI)
+    async def tei_info(self, request: Request) -> Response:
+        spec = request.path_params["model"]
+        entry = self._catalog().resolve(spec).entry
+        pooling = entry.model.resolve_profile(entry.profile).runtime_options.get("pooling")
+        return json_response(tei.info_body(entry.model_id, entry.model, pooling, self._max_items))
 
     @endpoint(Surface.TEI)
     async def tei_rerank(self, request: Request) -> Response:
@@ -125,5 +147,6 @@ def dialect_routes(handlers: DialectHandlers) -> list[Route]:
         Route("/api/embeddings", handlers.ollama_embed, methods=["POST"]),
         *(Route(f"/{{model:tei_model}}/{name}", handlers.tei_embed, methods=["POST"]) for name in TEI_EMBED_ROUTES),
         Route("/{model:tei_model}/rerank", handlers.tei_rerank, methods=["POST"]),
+        Route("/{model:tei_model}/info", handlers.tei_info, methods=["GET"]),
         Route("/{model:tei_model}", handlers.tei_root, methods=["POST"]),
     ]

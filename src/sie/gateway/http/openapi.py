@@ -194,16 +194,35 @@ OPERATIONS: Final[Mapping[str, Mapping[str, Mapping[str, Any]]]] = {
         }
         for template, path, summary, answer, errors in _DIALECT_ROUTES
     },
+    "/{model:tei_model}/info": {
+        "/{model}/info": {
+            "get": _operation(
+                "dialects",
+                "TEI model information",
+                parameters=[_TEI_MODEL],
+                responses={
+                    "200": _answer("`{model_id, model_type, max_input_length, max_client_batch_size, version}`"),
+                    "404": _answer(_TEI_ERRORS),
+                },
+            )
+        }
+    },
     **{
         template: {
             path: {
                 method: _operation(
                     "kserve",
                     summary,
-                    **({"parameters": [_MODEL, *([_VERSION] if "{version}" in path else [])]}
-                       if "{model}" in path else {}),
-                    **({"requestBody": {"content": {"application/json": {}, "application/octet-stream": {}}}}
-                       if method == "post" else {}),
+                    **(
+                        {"parameters": [_MODEL, *([_VERSION] if "{version}" in path else [])]}
+                        if "{model}" in path
+                        else {}
+                    ),
+                    **(
+                        {"requestBody": {"content": {"application/json": {}, "application/octet-stream": {}}}}
+                        if method == "post"
+                        else {}
+                    ),
                     responses={"200": _answer(answer), "4XX": _answer(_KSERVE_ERRORS), "5XX": _answer(_KSERVE_ERRORS)},
                 )
             }

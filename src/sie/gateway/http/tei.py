@@ -1,5 +1,5 @@
 """The Text Embeddings Inference (TEI) dialect over encode and score: the request fields and answer shapes of TEI's
-`/embed`, `/embed_sparse`, `/embed_all`, `/rerank` and its root route. TEI serves one model per process and its
+`/embed`, `/embed_sparse`, `/embed_all`, `/rerank`, `/info` and its root route. TEI serves one model per process and its
 clients take a base URL, so here the base URL names the model: `http://host:8080/{model}` (`/{model}/embed`,
 `/{model}/rerank`, `POST /{model}` embeds). Every item must succeed, as in TEI.
 
@@ -21,6 +21,7 @@ import numpy as np
 
 from sie.gateway import assembly
 from sie.gateway.errors import InvalidRequestError
+from sie.gateway.http.headers import SIE_VERSION
 from sie.gateway.http.openai import check_reply_size, check_truncation, truncated
 from sie.gateway.inference import InferenceService, Served
 from sie.gateway.router import LaneHints, Route
@@ -173,3 +174,20 @@ def rerank_body(call: RerankCall, result: WorkResult) -> list[dict[str, Any]]:
 async def rerank(service: InferenceService, call: RerankCall, hints: LaneHints, trace: TraceHeaders | None) -> Served:
     collected = await service.score_results(call.model, call.score_request(), hints, trace)
     return Served(rerank_body(call, collected.results[0]), collected.meta)
+
+
+def info_body(model_id: str, model: Any, pooling: str | None, max_client_batch_size: int) -> dict[str, Any]:
+    """TEI's `/info` for a catalogue model: its kind (`embedding` with its pooling, or `reranker`), its input
+    length and batch limits."""
+    model_type: dict[str, Any] = (
+        {"embedding": {"pooling": pooling or "mean"}} if model.tasks.encode else {"reranker": {"id2label": {}}}
+    )
+    return {
+        "model_id": model_id,
+        "model_sha": None,
+        "model_dtype": "float32",
+        "model_type": model_type,
+        "max_input_length": model.max_sequence_length,
+        "max_client_batch_size": max_client_batch_size,
+        "version": SIE_VERSION,
+    }
