@@ -117,8 +117,9 @@ def test_dense_weights_only_in_a_pickle_fail_the_load_naming_the_files(model_loa
         model_loader.load(model, "default", model.sie_id)
 
 
+@pytest.mark.parametrize("activation", ["relu", "log1p_relu"])
 def test_a_sparse_encoder_is_served_by_the_sparse_adapter_as_sentence_transformers_encodes_it(
-    model_loader, tmp_path: Path
+    model_loader, tmp_path: Path, activation: str
 ) -> None:
     """The public catalogue's `sentence_transformer:SentenceTransformerSparseAdapter` (MLMTransformer + SpladePooling,
     as prithivida/Splade_PP_en_v2 is saved) routes to the sparse adapter: its weights equal `SparseEncoder.encode`'s,
@@ -127,9 +128,8 @@ def test_a_sparse_encoder_is_served_by_the_sparse_adapter_as_sentence_transforme
     from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
 
     save_checkpoint(tmp_path / "base", "bert", "mlm-splade")
-    SparseEncoder(modules=[MLMTransformer(str(tmp_path / "base")), SpladePooling("max")], device="cpu").save(
-        str(tmp_path / "sparse")
-    )
+    stack = [MLMTransformer(str(tmp_path / "base")), SpladePooling("max", activation_function=activation)]
+    SparseEncoder(modules=stack, device="cpu").save(str(tmp_path / "sparse"))
     reference = SparseEncoder(str(tmp_path / "sparse"), device="cpu").encode(TEXTS, convert_to_tensor=True)
     reference = reference.to_dense().numpy()
     model = parse_model_config(
@@ -151,6 +151,26 @@ def test_a_sparse_encoder_is_served_by_the_sparse_adapter_as_sentence_transforme
         ours[np.asarray(sparse["indices"])] = np.asarray(sparse["values"], dtype=np.float32)
         assert np.count_nonzero(ours) > 10
         assert float(np.abs(ours - reference[row]).max()) <= 1e-4, row
+
+
+def test_a_sparse_encoder_pooling_by_sum_fails_the_load_naming_it(model_loader, tmp_path: Path) -> None:
+    from sentence_transformers.sparse_encoder import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    save_checkpoint(tmp_path / "base", "bert", "mlm-splade")
+    stack = [MLMTransformer(str(tmp_path / "base")), SpladePooling("sum")]
+    SparseEncoder(modules=stack, device="cpu").save(str(tmp_path / "sparse"))
+    model = parse_model_config(
+        {
+            "sie_id": "acme/sparse-sum",
+            "weights_path": str(tmp_path / "sparse"),
+            "max_sequence_length": 32,
+            "tasks": {"encode": {"sparse": {"dim": 99}}},
+            "profiles": {"default": {"adapter_path": "sie.adapters.sparse:X", "max_batch_tokens": 256}},
+        }
+    )
+    with pytest.raises(ModelLoadError, match=r"pooling_strategy 'sum' is not built"):
+        model_loader.load(model, "default", model.sie_id)
 
 
 PAIRS = [("w1 w2", "w3 w4 w5"), ("w1 w2", "w6"), ("w1 w2", "w7 w8 w9 w10")]

@@ -3,7 +3,8 @@
 Inference-free models (OpenSearch's `doc-*` sparse encoders) ship the weight of each query token (`idf.json`, or
 `query_token_weights.txt`): their queries are not run through the model but weigh each distinct token of the query by
 that table, as OpenSearch encodes them; documents go through the model. The public `gte_sparse_flash` module's model
-(opensearch doc-v3-gte) takes one more log: log(1 + log(1 + ReLU(logits))).
+(opensearch doc-v3-gte), and a sentence-transformers stack whose `SpladePooling` says `log1p_relu`, take one more
+log: log(1 + log(1 + ReLU(logits))); a stack that pools by sum fails to load naming it.
 
 The MLM head allocates rows × sequence × vocabulary floats (30,522 per token for BERT), inside the graph when
 it pools itself and as its output when it does not: 32 documents of 330 tokens are 1.3 GB. A batch runs in
@@ -80,6 +81,31 @@ def read_query_weights(model_dir: Path | None, tokenizer: TextTokenizer) -> np.n
     return None
 
 
+def splade_activation(model_dir: Path | None) -> str:
+    """The activation a sentence-transformers SPLADE stack was saved with (`SpladePooling`: `relu`, i.e.
+    log1p(relu), or `log1p_relu`, one more log1p); `relu` without such a module. ValueError naming what is not built
+    (sum pooling)."""
+    modules = model_dir / "modules.json" if model_dir is not None else None
+    if modules is None or not modules.is_file():
+        return "relu"
+    try:
+        entries = json.loads(modules.read_text(encoding="utf-8"))
+        entry = next((e for e in entries if str(e.get("type", "")).endswith("SpladePooling")), None)
+        if entry is None:
+            return "relu"
+        config_path = model_dir / str(entry.get("path", "")) / "config.json"  # type: ignore[operator]
+        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        raise ValueError(f"{modules}: cannot read the SpladePooling module: {exc}") from exc
+    if config.get("pooling_strategy", "max") != "max":
+        raise ValueError(f"{config_path}: SpladePooling pooling_strategy {config['pooling_strategy']!r} is not built "
+                         "(max only)")  # fmt: skip
+    activation = config.get("activation_function", "relu")
+    if activation not in ("relu", "log1p_relu"):
+        raise ValueError(f"{config_path}: SpladePooling activation_function {activation!r} is not built")
+    return str(activation)
+
+
 def weigh_query(weights: np.ndarray, input_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """An inference-free query: each distinct token id with its table weight, those above zero."""
     ids = np.unique(input_ids[input_ids < len(weights)])
@@ -107,7 +133,8 @@ class SpladeAdapter(TextEncoderAdapter):
         self._output = "sparse_embedding" if self._pooled else first_output(self.session, rank=3, preferred=("logits",))
         self._special = sorted(self.tokenizer.special_ids)
         self._query_weights = read_query_weights(context.model_dir, self.tokenizer)
-        self._double_log = self.profile.adapter_module in DOUBLE_LOG_MODULES
+        activation = splade_activation(context.model_dir)
+        self._double_log = self.profile.adapter_module in DOUBLE_LOG_MODULES or activation == "log1p_relu"
 
     def _encode_runnable(self, runnable: list, results: list[ItemResult], watch: Stopwatch) -> None:
         """Queries of an inference-free model are weighed by its table; everything else runs the model."""
