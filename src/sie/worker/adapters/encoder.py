@@ -107,7 +107,7 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
                 f"Supported: {set(self.encode_outputs)}"
             )
         output_dtype = options.get("output_dtype") or "float32"
-        prepared = self._prepared(item)
+        prepared = self._prepared(item, options)
         text = prepare_text(
             text,
             is_query=item.is_query,
@@ -121,7 +121,7 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
             prepared = None  # the sidecar tokenized the text without its marker
         return EncodeSpec(marked, output_types, output_dtype, options, item.is_query, prepared)
 
-    def _prepared(self, item: Any) -> TokenizedText | None:
+    def _prepared(self, item: Any, options: Mapping[str, Any]) -> TokenizedText | None:
         """Sidecar tokens are reused only when they come from this exact tokenizer and text preparation
         (the descriptor carries no default instruction, so a profile with one re-tokenizes here)."""
         tokens = getattr(item, "prepared_tokens", None)
@@ -131,7 +131,6 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
             return None
         if self.runtime_options.get("instruction") and not item.instruction:
             return None
-        options = self.options_for(item.options)
         template = options.get("query_template" if item.is_query else "doc_template")
         if template and INSTRUCTION_PLACEHOLDER in template:  # filled from options the descriptor does not carry
             return None
