@@ -9,7 +9,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from sie.settings import load_role_settings
 from sie.worker.errors import ModelLoadError
+from sie.worker.loading import ModelLoader
 from sie.worker.session import SessionOptions, create_session, providers_for
 
 
@@ -63,3 +65,22 @@ def test_device_parsing() -> None:
     assert providers_for("cuda:1")[0] == ("CUDAExecutionProvider", {"device_id": 1})
     with pytest.raises(ModelLoadError, match="unknown device"):
         providers_for("tpu:0")
+
+
+@pytest.mark.parametrize("spinning", [True, False])
+def test_intra_op_spinning_lasts_only_while_a_run_is_active(relu_graph: Path, spinning: bool) -> None:
+    session = create_session(relu_graph, SessionOptions(intra_op_threads=2, intra_op_spinning=spinning))
+    options = session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == ("1" if spinning else "0")
+    assert options.get_session_config_entry("session.force_spinning_stop") == "1"
+    assert options.enable_cpu_mem_arena is False
+
+
+@pytest.mark.parametrize(("environ", "arguments", "spinning"), [
+    ({}, [], True),
+    ({"SIE_ORT_INTRA_OP_SPINNING": "false"}, [], False),
+    ({}, ["--intra-op-spinning", "no"], False),
+])  # fmt: skip
+def test_the_loader_sessions_spin_as_the_settings_say(environ: dict, arguments: list[str], spinning: bool) -> None:
+    settings = load_role_settings(["--role", "worker", *arguments], environ)
+    assert ModelLoader.from_settings(settings.worker).session_options.intra_op_spinning is spinning

@@ -101,7 +101,9 @@ class ModelLoader:
     def from_settings(cls, worker: WorkerSettings, device: str = "cpu") -> ModelLoader:
         """The loader a worker (or `sie models pull`) builds from its settings."""
         resolver = ArtifactResolver(worker.model_cache, hf_offline=not worker.hf_fallback)
-        options = SessionOptions(device, worker.intra_op_threads, worker.inter_op_threads, worker.run_memory_bytes)
+        options = SessionOptions(
+            device, worker.intra_op_threads, worker.inter_op_threads, worker.run_memory_bytes, worker.intra_op_spinning
+        )
         limits = DecoderLimits(worker.generation_max_sequences, worker.generation_cache_bytes)
         return cls(resolver, worker.model_cache / "converted", options, limits)
 

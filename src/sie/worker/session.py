@@ -20,13 +20,15 @@ CUDA_PROVIDER = "CUDAExecutionProvider"
 
 @attrs.frozen
 class SessionOptions:
-    """Per-session knobs from settings: the device, onnxruntime thread pools (None = onnxruntime's default) and
-    the activation memory one run may take (SIE_WORKER_RUN_MEMORY_BYTES)."""
+    """Per-session knobs from settings: the device, onnxruntime thread pools (None = onnxruntime's default), the
+    activation memory one run may take (SIE_WORKER_RUN_MEMORY_BYTES) and whether intra-op threads spin within a
+    run (SIE_ORT_INTRA_OP_SPINNING)."""
 
     device: str = "cpu"
     intra_op_threads: int | None = None
     inter_op_threads: int | None = None
     run_memory_bytes: int = DEFAULT_RUN_MEMORY_BYTES
+    intra_op_spinning: bool = True
 
 
 def _import_onnxruntime():  # noqa: ANN202 - returns the module
@@ -73,8 +75,11 @@ def create_session(path: Path, options: SessionOptions):  # noqa: ANN201 - onnxr
         )
     session_options = ort.SessionOptions()
     session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # Spinning intra-op threads would burn the cores the event loop and tokenizer share with them.
-    session_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # Spinning (when on) lasts while a run is active: between runs the threads sleep and leave the cores to the
+    # event loop and the tokenizer.
+    spinning = "1" if options.intra_op_spinning else "0"
+    session_options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
+    session_options.add_session_config_entry("session.force_spinning_stop", "1")
     # No CPU arena: it keeps the largest batch's memory for good. Measured on `--role all` after a 20 MB encode,
     # extract and score: RSS back to 565 MiB (arena: 4 GiB held), peak 1.6 GiB (arena: 4 GiB), throughput the
     # same within noise (scripts/bench/serve.py --compare-src, 335 vs 332 items/s at 32 clients).
