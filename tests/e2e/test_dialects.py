@@ -57,6 +57,21 @@ def test_tei_info_describes_the_model_in_the_base_url(all_server: str) -> None:
     assert httpx.get(f"{all_server}/acme/missing/info", timeout=60).status_code == 404
 
 
+def test_teis_openai_route_takes_the_model_from_the_base_url(all_server: str) -> None:
+    import openai
+
+    with openai.OpenAI(base_url=f"{all_server}/{MINILM}/v1", api_key="unused", timeout=60) as client:
+        answer = client.embeddings.create(model="tei", input=TEXTS)
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.embeddings.create(model="tei", input=[])
+    assert answer.model == MINILM and answer.usage.prompt_tokens > 0
+    vectors = np.asarray([row.embedding for row in answer.data], dtype=np.float32)
+    assert np.allclose(vectors, native_dense(all_server, TEXTS), atol=1e-5)
+    assert refused.value.body["param"] == "input"
+    missing = httpx.post(f"{all_server}/acme/missing/v1/embeddings", json={"model": MINILM, "input": "x"}, timeout=60)
+    assert missing.status_code == 404 and set(missing.json()) == {"error"}
+
+
 def test_tei_rerank_sparse_and_token_vectors(all_server: str) -> None:
     reranked = httpx.post(
         f"{all_server}/{MINILM}/rerank", json={"query": QUERY, "texts": DOCS, "return_text": True}, timeout=60

@@ -557,6 +557,11 @@ dialect_calls = st.one_of(
                                                                          "binary_data_output": st.booleans()})})),
     ),
     st.tuples(
+        st.sampled_from((f"/{MINILM}/v1/embeddings", "/acme/none/v1/embeddings")), st.just(OPENAI),
+        fuzzed(st.fixed_dictionaries({"input": dialect_texts}, optional={
+            "model": texts, "encoding_format": st.sampled_from(("float", "base64", "x")), "dimensions": numbers})),
+    ),
+    st.tuples(
         st.sampled_from(("/api/embed", "/api/embeddings")), st.just("ollama"),
         fuzzed(st.fixed_dictionaries({"model": dense_models}, optional={
             "input": dialect_texts, "prompt": texts, "truncate": st.booleans(), "dimensions": numbers})),
@@ -567,7 +572,8 @@ dialect_calls = st.one_of(
 @fuzz(max_examples=40)
 @given(call=dialect_calls, encoding=encodings)
 def test_dialect_routes(gateway: Gateway, call: tuple[str, str, Any], encoding: str) -> None:
-    """TEI, Cohere/Jina and Ollama bodies near their shapes: answered, or refused in the dialect's envelope."""
+    """TEI (its OpenAI route too), Cohere/Jina, KServe and Ollama bodies near their shapes: answered, or refused in
+    the dialect's envelope."""
     path, surface, body = call
     content, headers = encode(body, encoding)
     check(gateway.send("POST", path, content, headers), surface)

@@ -15,7 +15,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from sie.gateway.errors import InvalidRequestError
-from sie.gateway.http import cohere, ollama, tei
+from sie.gateway.http import cohere, ollama, openai, tei
 from sie.gateway.http.edge import endpoint, json_response, lane_hints, served_response
 from sie.gateway.http.inference import InferenceHandlers
 from sie.gateway.http.negotiation import decode_data
@@ -84,6 +84,19 @@ class DialectHandlers(InferenceHandlers):
         work = functools.partial(tei.embed, self._service, call, lane_hints(request))
         return served_response(await self._serve(request, work, call.model), None, started)
 
+    @endpoint(Surface.OPENAI)
+    async def tei_openai_embeddings(self, request: Request) -> Response:
+        """TEI's OpenAI route under the model's base URL (`/{model}/v1/embeddings`, an OpenAI client's `base_url`
+        of `{server}/{model}/v1`): the path names the model, as a TEI server embeds with the one model it was
+        started with whatever the body's `model` says."""
+        started = time.perf_counter()
+        data = await self._data(request)
+        if isinstance(data, dict):
+            data = {**data, "model": request.path_params["model"]}
+        call = openai.parse_embeddings(data)
+        work = functools.partial(openai.embeddings, self._service, call, lane_hints(request))
+        return served_response(await self._serve(request, work, call.model), None, started)
+
     @endpoint(Surface.TEI)
     async def tei_info(self, request: Request) -> Response:
         spec = request.path_params["model"]
@@ -148,5 +161,6 @@ def dialect_routes(handlers: DialectHandlers) -> list[Route]:
         *(Route(f"/{{model:tei_model}}/{name}", handlers.tei_embed, methods=["POST"]) for name in TEI_EMBED_ROUTES),
         Route("/{model:tei_model}/rerank", handlers.tei_rerank, methods=["POST"]),
         Route("/{model:tei_model}/info", handlers.tei_info, methods=["GET"]),
+        Route("/{model:tei_model}/v1/embeddings", handlers.tei_openai_embeddings, methods=["POST"]),
         Route("/{model:tei_model}", handlers.tei_root, methods=["POST"]),
     ]

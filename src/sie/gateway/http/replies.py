@@ -72,6 +72,8 @@ class Surface(enum.Enum):
 COHERE_PATHS: Final = frozenset({"/v1/rerank", "/v2/rerank", "/v2/embed"})
 OLLAMA_PATHS: Final = frozenset({"/api/embed", "/api/embeddings"})
 TEI_SUFFIXES: Final = ("/embed", "/embed_sparse", "/embed_all", "/rerank")
+# TEI's OpenAI route under a model's base URL (/{model}/v1/embeddings) answers in OpenAI's envelope.
+TEI_OPENAI_SUFFIX: Final = "/v1/embeddings"
 
 
 class Envelope(enum.Enum):
@@ -230,7 +232,7 @@ def _dialect(surface: Surface, status: int, message: str, headers: dict[str, str
 
 def surface_for_path(path: str) -> Surface:
     """The envelope family of a request path (used where no route has been matched yet)."""
-    if path in OPENAI_PATHS or path.startswith(OPENAI_PREFIXES):
+    if path in OPENAI_PATHS or path.startswith(OPENAI_PREFIXES) or path.endswith(TEI_OPENAI_SUFFIX):
         return Surface.OPENAI
     if path in COHERE_PATHS:
         return Surface.COHERE
