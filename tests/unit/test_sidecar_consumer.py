@@ -1,13 +1,13 @@
 """The lane consumer: verdicts settle at once, unknown operations are answered, overflow beyond the
-per-model cap is NAKed before any tokenization, fetches are sized by admission, and the fetch timeout
-adapts to load."""
+per-model cap is NAKed before any tokenization, fetches are sized by admission, and every fetch waits the same
+(a fetch returns with its first delivery: a shorter wait after work would only end pull requests sooner)."""
 
 from __future__ import annotations
 
 import asyncio
 
 from sie.sidecar.admission import ADMISSION_NAK_DELAY_S, Admission
-from sie.sidecar.consumer import Consumer, ConsumerOptions, FetchTimeout
+from sie.sidecar.consumer import FETCH_WAIT_S, Consumer, ConsumerOptions
 from sie.sidecar.hashgate import WorkerHash
 from sie.sidecar.settlement import Settler
 from sie.sidecar.work import Work
@@ -131,11 +131,20 @@ async def test_fetch_size_follows_admission_room() -> None:
     assert len(admitted[0][1]) == 3 and not any(entry[0] == "nak" for entry in log)
 
 
-def test_fetch_timeout_is_short_when_busy_and_grows_when_idle() -> None:
-    timeout = FetchTimeout(minimum=0.001, maximum=0.1)
-    values = [timeout.update(0) for _ in range(10)]
-    assert values[0] == 0.002 and values[-1] == 0.1
-    assert timeout.update(5) == 0.001
+async def test_every_fetch_waits_the_same_right_after_work_too() -> None:
+    log: list = []
+    admission = Admission(max_pending_per_model=10)
+    lane = FakeLane([[FakeDelivery(item(0), log)], [], [FakeDelivery(item(1), log)]])
+    consumer, _, admitted = build(log, admission, lane)
+    task = asyncio.ensure_future(consumer.run())
+    for _ in range(100):
+        if len(lane.fetches) >= 5:
+            break
+        await asyncio.sleep(0.001)
+    consumer.stop()
+    await asyncio.wait_for(task, 2.0)
+    assert len(admitted) == 2 and len(lane.fetches) >= 5
+    assert {timeout for _, timeout in lane.fetches} == {FETCH_WAIT_S}
 
 
 async def test_work_for_another_config_is_naked_with_the_stream_delay_before_readiness() -> None:

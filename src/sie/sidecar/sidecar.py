@@ -33,7 +33,7 @@ from sie.sidecar.abandonment import (
     tombstone_horizon,
 )
 from sie.sidecar.admission import Admission
-from sie.sidecar.consumer import DIRECT_MAX_FETCH_TIMEOUT_S, Consumer, ConsumerOptions
+from sie.sidecar.consumer import DIRECT_FETCH_WAIT_S, Consumer, ConsumerOptions
 from sie.sidecar.dispatcher import BatchDispatcher
 from sie.sidecar.generation import GenerateSplit, Generations
 from sie.sidecar.hashgate import WorkerHash
@@ -173,7 +173,7 @@ def build_pipeline(
     consumer = Consumer(sources.lane, admission, settler, worker_hash, admitted, options)
     direct: Consumer | None = None
     if sources.direct is not None:
-        direct_options = attrs.evolve(options, idle_fetch_timeout_s=DIRECT_MAX_FETCH_TIMEOUT_S)
+        direct_options = attrs.evolve(options, fetch_wait_s=DIRECT_FETCH_WAIT_S)
         direct = Consumer(sources.direct, admission, settler, worker_hash, admitted, direct_options)
     readiness_options = ReadinessOptions.from_settings(stream, config.sidecar, config.worker_id)
     generations = Generations(worker, settler, abandonment, config.worker_id, stream.nak_delay_s)
