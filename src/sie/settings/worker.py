@@ -173,7 +173,7 @@ class WorkerSettings:
             boolean(),
             "Whether onnxruntime's intra-op threads spin between the parallel parts of a run instead of sleeping; "
             "they sleep between runs either way. Spinning takes the kernel's wake-ups out of a run (measured on "
-            "all-MiniLM-L6-v2, 2 cores: a single sentence 0.3-1 ms sooner, throughput the same or better) for the "
+            "all-MiniLM-L6-v2, 2 cores: a single sentence 0.3-1 ms sooner, throughput within the noise) for the "
             "CPU the threads burn while they wait within a run.",
             flag="--intra-op-spinning",
             roles=_MODEL_ROLES,
