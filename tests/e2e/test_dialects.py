@@ -57,7 +57,7 @@ def test_tei_info_describes_the_model_in_the_base_url(all_server: str) -> None:
     assert httpx.get(f"{all_server}/acme/missing/info", timeout=60).status_code == 404
 
 
-def test_teis_openai_route_takes_the_model_from_the_base_url(all_server: str) -> None:
+def test_teis_openai_routes_take_the_model_from_the_base_url(all_server: str) -> None:
     import openai
 
     with openai.OpenAI(base_url=f"{all_server}/{MINILM}/v1", api_key="unused", timeout=60) as client:
@@ -68,8 +68,12 @@ def test_teis_openai_route_takes_the_model_from_the_base_url(all_server: str) ->
     vectors = np.asarray([row.embedding for row in answer.data], dtype=np.float32)
     assert np.allclose(vectors, native_dense(all_server, TEXTS), atol=1e-5)
     assert refused.value.body["param"] == "input"
-    missing = httpx.post(f"{all_server}/acme/missing/v1/embeddings", json={"model": MINILM, "input": "x"}, timeout=60)
-    assert missing.status_code == 404 and set(missing.json()) == {"error"}
+    plain = httpx.post(f"{all_server}/{MINILM}/embeddings", json={"model": "tei", "input": TEXTS}, timeout=60)
+    assert plain.status_code == 200 and plain.json()["model"] == MINILM
+    assert np.allclose([row["embedding"] for row in plain.json()["data"]], vectors, atol=1e-6)
+    for path in ("v1/embeddings", "embeddings"):
+        missing = httpx.post(f"{all_server}/acme/missing/{path}", json={"model": MINILM, "input": "x"}, timeout=60)
+        assert missing.status_code == 404 and set(missing.json()) == {"error"}
 
 
 def test_tei_rerank_sparse_and_token_vectors(all_server: str) -> None:

@@ -557,7 +557,8 @@ dialect_calls = st.one_of(
                                                                          "binary_data_output": st.booleans()})})),
     ),
     st.tuples(
-        st.sampled_from((f"/{MINILM}/v1/embeddings", "/acme/none/v1/embeddings")), st.just(OPENAI),
+        st.sampled_from((f"/{MINILM}/v1/embeddings", f"/{MINILM}/embeddings", "/acme/none/v1/embeddings")),
+        st.just(OPENAI),
         fuzzed(st.fixed_dictionaries({"input": dialect_texts}, optional={
             "model": texts, "encoding_format": st.sampled_from(("float", "base64", "x")), "dimensions": numbers})),
     ),

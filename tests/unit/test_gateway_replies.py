@@ -158,3 +158,16 @@ def test_route_errors_and_surfaces() -> None:
     assert loads_json(route_error_reply(404, "Not Found").content()) == {"detail": "Not Found"}
     assert surface_for_path("/v1/embeddings") is Surface.OPENAI
     assert surface_for_path("/v1/encode/x") is Surface.NATIVE
+
+
+@pytest.mark.parametrize(("path", "surface"), [
+    ("/org/model/v1/embeddings", Surface.OPENAI),
+    ("/org/model/embeddings", Surface.OPENAI),
+    ("/api/embeddings", Surface.OLLAMA),
+    ("/org/model/embed", Surface.TEI),
+    ("/v2/rerank", Surface.COHERE),
+    ("/v2/models/org/model/infer", Surface.KSERVE),
+    ("/v1/encode/org/embeddings", Surface.NATIVE),
+])  # fmt: skip
+def test_a_dialect_path_is_answered_in_its_envelope_before_any_route_matched(path: str, surface: Surface) -> None:
+    assert surface_for_path(path) is surface

@@ -86,9 +86,9 @@ class DialectHandlers(InferenceHandlers):
 
     @endpoint(Surface.OPENAI)
     async def tei_openai_embeddings(self, request: Request) -> Response:
-        """TEI's OpenAI route under the model's base URL (`/{model}/v1/embeddings`, an OpenAI client's `base_url`
-        of `{server}/{model}/v1`): the path names the model, as a TEI server embeds with the one model it was
-        started with whatever the body's `model` says."""
+        """TEI's OpenAI routes under the model's base URL (`/{model}/v1/embeddings`, an OpenAI client's `base_url`
+        of `{server}/{model}/v1`, and `/{model}/embeddings`): the path names the model, as a TEI server embeds with
+        the one model it was started with whatever the body's `model` says."""
         started = time.perf_counter()
         data = await self._data(request)
         if isinstance(data, dict):
@@ -161,6 +161,7 @@ def dialect_routes(handlers: DialectHandlers) -> list[Route]:
         *(Route(f"/{{model:tei_model}}/{name}", handlers.tei_embed, methods=["POST"]) for name in TEI_EMBED_ROUTES),
         Route("/{model:tei_model}/rerank", handlers.tei_rerank, methods=["POST"]),
         Route("/{model:tei_model}/info", handlers.tei_info, methods=["GET"]),
-        Route("/{model:tei_model}/v1/embeddings", handlers.tei_openai_embeddings, methods=["POST"]),
+        *(Route(f"/{{model:tei_model}}/{path}", handlers.tei_openai_embeddings, methods=["POST"])
+          for path in ("v1/embeddings", "embeddings")),
         Route("/{model:tei_model}", handlers.tei_root, methods=["POST"]),
     ]

@@ -114,9 +114,9 @@ _DIALECT_ROUTES: Final = (
      "`[[[float]]]`", _TEI_ERRORS),
     ("/{model:tei_model}/rerank", "/{model}/rerank", "TEI rerank: `query`, `texts`, `return_text`",
      "`[{index, score, text?}]`, best first", _TEI_ERRORS),
-    ("/{model:tei_model}/v1/embeddings", "/{model}/v1/embeddings", "TEI's OpenAI route: `/v1/embeddings` with the "
-     "model from the path (the body's `model` is not read)", "OpenAI `{object, data, model, usage}`",
-     "OpenAI `{error: {message, type, param, code}}`"),
+    *((f"/{{model:tei_model}}/{path}", f"/{{model}}/{path}", "TEI's OpenAI route: `/v1/embeddings` with the model from "
+       "the path (the body's `model` is not read)", "OpenAI `{object, data, model, usage}`",
+       "OpenAI `{error: {message, type, param, code}}`") for path in ("v1/embeddings", "embeddings")),
     ("/{model:tei_model}", "/{model}", "TEI's root route: embeds, as `/{model}/embed`", "`[[float]]`", _TEI_ERRORS),
     ("/v1/rerank", "/v1/rerank", "Cohere v1 / Jina rerank: `model`, `query`, `documents`, `top_n`, "
      "`return_documents` (default true)", "`{id, model, results: [{index, relevance_score, document?}], meta, usage}`",

@@ -72,8 +72,9 @@ class Surface(enum.Enum):
 COHERE_PATHS: Final = frozenset({"/v1/rerank", "/v2/rerank", "/v2/embed"})
 OLLAMA_PATHS: Final = frozenset({"/api/embed", "/api/embeddings"})
 TEI_SUFFIXES: Final = ("/embed", "/embed_sparse", "/embed_all", "/rerank")
-# TEI's OpenAI route under a model's base URL (/{model}/v1/embeddings) answers in OpenAI's envelope.
-TEI_OPENAI_SUFFIX: Final = "/v1/embeddings"
+# TEI's OpenAI routes under a model's base URL (/{model}/v1/embeddings, /{model}/embeddings) answer in OpenAI's
+# envelope (Ollama's /api/embeddings is matched before them).
+TEI_OPENAI_SUFFIX: Final = "/embeddings"
 
 
 class Envelope(enum.Enum):
@@ -232,7 +233,7 @@ def _dialect(surface: Surface, status: int, message: str, headers: dict[str, str
 
 def surface_for_path(path: str) -> Surface:
     """The envelope family of a request path (used where no route has been matched yet)."""
-    if path in OPENAI_PATHS or path.startswith(OPENAI_PREFIXES) or path.endswith(TEI_OPENAI_SUFFIX):
+    if path in OPENAI_PATHS or path.startswith(OPENAI_PREFIXES):
         return Surface.OPENAI
     if path in COHERE_PATHS:
         return Surface.COHERE
@@ -240,6 +241,8 @@ def surface_for_path(path: str) -> Surface:
         return Surface.OLLAMA
     if path == "/v2" or path.startswith(("/v2/models/", "/v2/health/")):
         return Surface.KSERVE
+    if path.endswith(TEI_OPENAI_SUFFIX) and not path.startswith(("/v1/", "/v2/")):
+        return Surface.OPENAI
     if path.endswith(TEI_SUFFIXES) and not path.startswith("/v1/"):
         return Surface.TEI
     return Surface.NATIVE
