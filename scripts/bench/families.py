@@ -3,7 +3,11 @@ in one run: a random MiniLM-sized model of the family (6 layers, hidden 384, 12 
 converted by `sie.worker.convert`, both given the same threads, a batch of `--batch` × `--tokens` token ids, medians
 of interleaved rounds. Prints milliseconds per batch and the speed-up (torch time / ours); the goal is ≥ 1.3×.
 
-    .venv/bin/python scripts/bench/families.py [--families bert,roberta,...] [--rounds 5] [--threads 2]
+    .venv/bin/python scripts/bench/families.py [--families bert,roberta,...] [--rounds 5] [--threads 2] [--served]
+
+With `--served`, a second table: each family's checkpoint (with a word-level tokenizer) served by one
+`sie run --role all` from a local `weights_path` catalogue, 32 wrk connections × one text of `--tokens` tokens, against
+the same graph run in-process at batch 32 (tokens already made), interleaved rounds; the goal is ≥ 0.9.
 
 Needs the test extra (torch, transformers). The operators after onnxruntime's load-time fusions are printed per
 family from the optimized graph (the BERT-like graphs carry the fused `Attention` and `SkipLayerNormalization`
@@ -29,8 +33,18 @@ import transformers
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "scripts" / "bench"))
+import orjson  # noqa: E402
+from wrk import run_wrk, wrk_binary  # noqa: E402
+
+from launcher import serving_all  # noqa: E402
+from sie.catalog import dump_yaml  # noqa: E402
 from sie.worker.convert import convert_encoder  # noqa: E402
-from support.encoder_checkpoints import FAMILIES, family_config  # noqa: E402
+from support.encoder_checkpoints import FAMILIES, WORDS, family_config, write_tokenizer  # noqa: E402
+
+SERVED_CONNECTIONS = 32
+SERVED_WARM_UP_S = 2
 
 SIZE = {"hidden_size": 384, "num_attention_heads": 12, "num_hidden_layers": 6, "intermediate_size": 1536,
         "vocab_size": 30522, "max_position_embeddings": 514}  # fmt: skip
@@ -76,6 +90,62 @@ def fused_ops(path: Path, threads: int) -> str:
     return ", ".join(f"{op} {counts[op]}" for op in FUSED if counts[op])
 
 
+def served_id(family: str) -> str:
+    return f"bench/{family}"
+
+
+def write_served_yaml(models_dir: Path, family: str, weights: Path, tokens: int) -> None:
+    """The family's catalogue entry: our dense adapter over `weights`, batches of up to 32 texts of `tokens`."""
+    data = {
+        "sie_id": served_id(family),
+        "weights_path": str(weights),
+        "max_sequence_length": tokens,
+        "tasks": {"encode": {"dense": {"dim": SIZE["hidden_size"]}}},
+        "profiles": {"default": {"adapter_path": "sie.adapters.dense:OnnxDenseAdapter",
+                                 "max_batch_tokens": SERVED_CONNECTIONS * tokens,
+                                 "adapter_options": {"runtime": {"pooling": "mean", "normalize": True}}}},
+    }  # fmt: skip
+    models_dir.mkdir(exist_ok=True)
+    (models_dir / f"bench__{family}.yaml").write_text(dump_yaml(data))
+
+
+def served_table(scratch: Path, sessions: dict[str, ort.InferenceSession], args: argparse.Namespace) -> None:
+    """Served (`--role all`, 32 connections × 1 text) against the raw graph at batch 32, interleaved rounds."""
+    wrk_binary()
+    text = " ".join(WORDS[index % len(WORDS)] for index in range(args.tokens - 2))  # + the two special tokens
+    bodies = [orjson.dumps({"items": [{"text": text}]})]
+    rng = np.random.default_rng(1)
+    env = {"SIE_MODELS_DIR": str(scratch / "models"), "SIE_MODEL_CACHE": str(scratch / "cache"),
+           "SIE_HTTP_SERVER": "uvicorn"}  # fmt: skip
+    served: dict[str, list[float]] = {family: [] for family in sessions}
+    raw: dict[str, list[float]] = {family: [] for family in sessions}
+    arguments = ["--bundles-dir", str(REPO / "config" / "bundles"), "--preload", ",".join(map(served_id, sessions))]
+    with serving_all(scratch / "server.log", arguments, env) as url:
+        for round_index in range(args.rounds):
+            print(f"served round {round_index + 1}/{args.rounds}", file=sys.stderr)
+            for family, session in sessions.items():
+                ids = rng.integers(5, len(WORDS), size=(SERVED_CONNECTIONS, args.tokens)).astype(np.int64)
+                feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+                feeds = {node.name: feeds[node.name] for node in session.get_inputs()}
+                session.run(None, feeds)
+                batch_ms = timed(lambda session=session, feeds=feeds: session.run(None, feeds), 2)
+                raw[family].append(SERVED_CONNECTIONS * 1000.0 / batch_ms)
+                path = f"/v1/encode/{served_id(family)}"
+                run_wrk(url, path, bodies, SERVED_CONNECTIONS, SERVED_WARM_UP_S, 1)
+                stats = run_wrk(url, path, bodies, SERVED_CONNECTIONS, args.served_seconds, 1)
+                if stats.failures:
+                    raise SystemExit(f"{family}: {stats.failures} failed requests; see {scratch / 'server.log'}")
+                served[family].append(stats.items_per_second)
+    print(f"\nserved: `sie run --role all` (uvicorn), {SERVED_CONNECTIONS} connections x 1 text of {args.tokens} "
+          f"tokens, against the same graph in-process at batch {SERVED_CONNECTIONS}; medians of {args.rounds} "
+          "interleaved rounds")  # fmt: skip
+    print("| family | raw graph texts/s | served texts/s | served / raw |")
+    print("|---|---|---|---|")
+    for family in sessions:
+        raw_rate, served_rate = statistics.median(raw[family]), statistics.median(served[family])
+        print(f"| {family} | {raw_rate:.1f} | {served_rate:.1f} | {served_rate / raw_rate:.2f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", default=",".join(FAMILIES))
@@ -84,17 +154,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--served", action="store_true", help="also the served-vs-raw table (needs wrk)")
+    parser.add_argument("--served-seconds", type=int, default=6, help="measured wrk seconds per family and round")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     rows = []
+    sessions: dict[str, ort.InferenceSession] = {}
     with tempfile.TemporaryDirectory() as scratch:
         for family in args.families.split(","):
             torch.manual_seed(0)
             model = transformers.AutoModel.from_config(sized_config(family)).eval()
             directory = Path(scratch) / family
             model.save_pretrained(directory)
-            graph = convert_encoder(directory, directory / "model.onnx", "none").path
+            if args.served:
+                write_tokenizer(directory, family)
+                write_served_yaml(Path(scratch) / "models", family, directory, args.tokens)
+            graph = convert_encoder(directory, Path(scratch) / f"{family}.onnx", "none").path
             options = ort.SessionOptions()
             options.intra_op_num_threads = args.threads
             session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
@@ -116,14 +192,21 @@ def main(argv: list[str] | None = None) -> int:
                 theirs_ms.append(timed(theirs, args.repeats))
             ours_median, theirs_median = statistics.median(ours_ms), statistics.median(theirs_ms)
             rows.append((family, theirs_median, ours_median, fused_ops(graph, args.threads)))
+            sessions[family] = session
             print(f"{family}: torch {theirs_median:.1f} ms, ours {ours_median:.1f} ms", file=sys.stderr)
+        print_speed_table(rows, args)
+        if args.served:
+            served_table(Path(scratch), sessions, args)
+    return 0
+
+
+def print_speed_table(rows: list[tuple[str, float, float, str]], args: argparse.Namespace) -> None:
     print(f"batch {args.batch} x {args.tokens} tokens, {args.threads} threads, MiniLM-sized random models, "
           f"medians of {args.rounds} interleaved rounds")  # fmt: skip
     print("| family | transformers (torch) ms | ours (onnxruntime) ms | speed-up | operators after fusions |")
     print("|---|---|---|---|---|")
     for family, theirs_ms, ours_ms, ops in rows:
         print(f"| {family} | {theirs_ms:.1f} | {ours_ms:.1f} | {theirs_ms / ours_ms:.2f}x | {ops} |")
-    return 0
 
 
 if __name__ == "__main__":
