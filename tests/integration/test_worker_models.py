@@ -10,6 +10,7 @@ from sie.tokenization import pad_batch
 from sie.wire import codes
 from sie.wire.ipc_batch import EncodeBatchItem, ExtractBatchItem, PreparedTokens, ScoreBatchItem
 from sie.worker.adapters.sparse import rows_per_run
+from support.worker_items import encode_items
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 L3 = "sentence-transformers/paraphrase-MiniLM-L3-v2"
@@ -27,16 +28,6 @@ FRANCE_DOCS = [
     {"text": "Berlin is the capital of Germany."},
     {"text": "Mitochondria are the powerhouse of the cell."},
 ]
-
-
-def encode_items(texts, **fields):
-    return [
-        EncodeBatchItem(
-            work_item_id=f"r.{i}", request_id="r", item_index=i, total_items=len(texts), timestamp=0.0,
-            item={"text": text}, **fields,
-        )
-        for i, text in enumerate(texts)
-    ]  # fmt: skip
 
 
 def score_item(query, docs, **fields):
