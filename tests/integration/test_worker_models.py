@@ -199,6 +199,20 @@ def test_an_unknown_pooling_is_the_items_invalid_input_not_a_failed_batch(load_m
     assert second.error_code == codes.INVALID_INPUT and "pooling" in second.error
 
 
+def test_rows_of_one_batch_with_different_pooling_get_each_their_own(load_model) -> None:
+    adapter = load_model(MINILM).adapter
+    texts = ["A cat sits on the mat.", "Quarterly revenue grew by ten percent.", "Hello"]
+    options = [{}, {"pooling": "cls", "normalize": False}, {"normalize": False}]
+    items = [encode_items([text], options=option)[0] for text, option in zip(texts, options, strict=True)]
+    together = [item.result["dense"]["values"] for item in adapter.encode(items).items]
+    alone = [adapter.encode([item]).items[0].result["dense"]["values"] for item in items]
+    for mixed, single in zip(together, alone, strict=True):
+        assert np.allclose(mixed, single, atol=1e-5)
+    assert np.isclose(np.linalg.norm(together[0]), 1.0, atol=1e-5)
+    assert not np.isclose(np.linalg.norm(together[1]), 1.0, atol=1e-2)
+    assert not np.allclose(together[1], together[0], atol=1e-2)
+
+
 def test_long_input_is_truncated_or_rejected(load_model) -> None:
     long_text = "word " * 2000
     adapter = load_model(MINILM).adapter

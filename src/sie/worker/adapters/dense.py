@@ -52,10 +52,12 @@ class DenseAdapter(TextEncoderAdapter):
         for row, spec in enumerate(specs):
             key = (spec.options.get("pooling"), spec.options.get("normalize", True))
             groups.setdefault(key, []).append(row)
-        vectors = np.empty((len(specs), self._stack.width(hidden.shape[-1])), dtype=np.float32)
-        for rows in groups.values():
-            options = specs[rows[0]].options
-            vectors[rows] = self._vectors(hidden[rows], batch.attention_mask[rows], options)
+        if len(groups) == 1:  # the usual batch: one set of options, no row gathering and scattering
+            vectors = self._vectors(hidden, batch.attention_mask, specs[0].options)
+        else:
+            vectors = np.empty((len(specs), self._stack.width(hidden.shape[-1])), dtype=np.float32)
+            for rows in groups.values():
+                vectors[rows] = self._vectors(hidden[rows], batch.attention_mask[rows], specs[rows[0]].options)
         return [
             {
                 "dense": {
