@@ -162,6 +162,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         "SIE_GATEWAY_MAX_ITEMS": str(MAX_ITEMS),
         "SIE_GATEWAY_MAX_ITEM_CHARS": str(MAX_ITEM_CHARS),
         "SIE_GATEWAY_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
+        "SIE_COMPAT_DEFAULT_MODELS": f"embed={MINILM},rerank={MINILM}",  # `/embed_all` has none: a TEI 400
     }
     process = RoleProcess("all", args, env, tmp_path_factory.mktemp("fuzz") / "server.log")
     client = Gateway(process, f"http://127.0.0.1:{port}")
@@ -521,7 +522,7 @@ dialect_texts = st.one_of(texts, st.lists(texts, max_size=4))
 dialect_calls = st.one_of(
     st.tuples(
         st.sampled_from((f"/{MINILM}/embed", f"/{MINILM}", f"/{SPLADE}/embed_sparse",
-                         f"/{MINILM}:multivector/embed_all", "/acme/none/embed")),
+                         f"/{MINILM}:multivector/embed_all", "/acme/none/embed", "/embed", "/embed_all")),
         st.just("tei"),
         fuzzed(st.fixed_dictionaries({"inputs": dialect_texts}, optional={
             "normalize": st.booleans(), "truncate": st.booleans(), "prompt_name": texts, "dimensions": numbers})),

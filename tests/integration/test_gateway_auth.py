@@ -52,12 +52,18 @@ ROUTES = [
     ("POST", f"/v1/encode/{MINILM}", ENCODE_BODY, "inference"),
     ("POST", "/v1/embeddings", {"model": MINILM, "input": "Hello world"}, "inference"),
     ("POST", f"/{MINILM}/embed", {"inputs": "Hello world"}, "inference"),
+    ("POST", "/embed", {"inputs": "Hello world"}, "inference"),
+    ("POST", "/rerank", {"query": "Hello", "texts": ["world"]}, "inference"),
     ("POST", "/v2/rerank", {"model": MINILM, "query": "Hello", "documents": ["world"]}, "inference"),
     ("POST", "/api/embed", {"model": MINILM, "input": "Hello world"}, "inference"),
     ("POST", f"/{MINILM}/v1/embeddings", {"model": "tei", "input": "Hello world"}, "inference"),
     ("POST", f"/{MINILM}/embeddings", {"model": "tei", "input": "Hello world"}, "inference"),
-    ("POST", f"/v2/models/{MINILM}/infer",
-     {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["Hello"]}]}, "inference"),
+    (
+        "POST",
+        f"/v2/models/{MINILM}/infer",
+        {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["Hello"]}]},
+        "inference",
+    ),
     ("GET", "/v1/models", None, "inference"),
     ("GET", "/v1/configs/models", None, "inference"),
     ("POST", "/v1/configs/resolve", {"model": MINILM}, "inference"),
@@ -71,7 +77,9 @@ ROUTES = [
 ]
 
 
-DIALECT_ENVELOPES = {f"/{MINILM}/embed": {"error", "error_type"}, "/v2/rerank": {"message"}, "/api/embed": {"error"},
+# (a refusal comes before the body is read: `/rerank`, TEI's or Jina's by its body, answers in TEI's envelope)
+DIALECT_ENVELOPES = {f"/{MINILM}/embed": {"error", "error_type"}, "/embed": {"error", "error_type"},
+                     "/v2/rerank": {"message"}, "/rerank": {"error", "error_type"}, "/api/embed": {"error"},
                      f"/v2/models/{MINILM}/infer": {"error"}}  # fmt: skip
 
 

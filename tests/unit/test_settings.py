@@ -125,11 +125,16 @@ def test_lists_are_comma_separated_and_trimmed() -> None:
             "SIE_NATS_CONFIG_TRUSTED_PRODUCERS": " sie-config , sie-sie-cluster-config,, ",
             "SIE_PRELOAD_MODELS": "BAAI/bge-m3,  sentence-transformers/all-MiniLM-L6-v2",
             "SIE_GATEWAY_CONFIGURED_GPUS": "L4, a100-80gb",
+            "SIE_COMPAT_DEFAULT_MODELS": " Rerank = cross-encoder/ms-marco-MiniLM-L6-v2 ,, embed=BAAI/bge-m3:sparse",
         }
     )
     assert s.config_sync.trusted_producers == ("sie-config", "sie-sie-cluster-config")
     assert s.worker.preload_models == ("BAAI/bge-m3", "sentence-transformers/all-MiniLM-L6-v2")
     assert s.gateway.configured_gpus == ("l4", "a100-80gb")
+    assert s.gateway.compat_default_models == (
+        ("rerank", "cross-encoder/ms-marco-MiniLM-L6-v2"),
+        ("embed", "BAAI/bge-m3:sparse"),
+    )
 
 
 def test_blank_values_count_as_unset() -> None:
@@ -237,6 +242,9 @@ def test_every_bad_variable_is_reported_together() -> None:
         ("SIE_CONFIG_SERVICE_URL", "localhost:8081", "is not an http(s) URL"),
         ("SIE_GATEWAY_CONFIGURED_GPUS", "ok,no!", "has an item 'no!' that is not a valid name"),
         ("SIE_MAX_BATCH_WAIT_MS", "-1", "is out of range; expected milliseconds >= 0"),
+        ("SIE_COMPAT_DEFAULT_MODELS", "rerank", "has an entry 'rerank' that is not key=value"),
+        ("SIE_COMPAT_DEFAULT_MODELS", "score=m", "has an entry 'score=m' whose key is not one of: embed,"),
+        ("SIE_COMPAT_DEFAULT_MODELS", "embed=a,embed=b", "names 'embed' twice"),
     ],
 )
 def test_invalid_values_name_variable_value_and_what_is_allowed(name: str, raw: str, fragment: str) -> None:

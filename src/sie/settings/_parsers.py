@@ -193,6 +193,32 @@ def string_list(item: Parser | None = None) -> Parser:
     return Parser(f"list of {each.kind}s", convert)
 
 
+def key_values(keys: tuple[str, ...]) -> Parser:
+    """Comma-separated `key=value` entries, each key one of `keys` and named once; the value is kept as written
+    (trimmed). The result is a tuple of (key, value) pairs in the order given."""
+
+    def convert(raw: str) -> tuple[tuple[str, str], ...]:
+        pairs: dict[str, str] = {}
+        for part in (piece.strip() for piece in raw.split(",")):
+            if not part:
+                continue
+            key, equals, value = part.partition("=")
+            key, value = key.strip().lower(), value.strip()
+            if not equals or not value:
+                raise ValueError(f"has an entry {part!r} that is not key=value; expected e.g. {keys[0]}=org/model")
+            if key not in keys:
+                raise ValueError(f"has an entry {part!r} whose key is not one of: {', '.join(keys)}")
+            if key in pairs:
+                raise ValueError(f"names {key!r} twice")
+            pairs[key] = value
+        return tuple(pairs.items())
+
+    def render(value: Any) -> str:
+        return ",".join(f"{key}={item}" for key, item in value) if value else "empty"
+
+    return Parser(f"list of key=value ({' | '.join(keys)})", convert, render)
+
+
 _UNITS = {
     "": 1,
     "b": 1,

@@ -147,7 +147,10 @@ def build_gateway_app(
     dispatcher = Dispatcher(router, pools, publisher, collector, settings.request_timeout_s, offload)
     service = InferenceService(dispatcher, limits)
     inference = InferenceHandlers(service, settings.max_body_bytes, sources.tracing)
-    dialects = DialectHandlers(service, settings.max_body_bytes, sources.tracing, sources.catalog, settings.max_items)
+    dialects = DialectHandlers(
+        service, settings.max_body_bytes, sources.tracing, sources.catalog, settings.max_items,
+        dict(settings.compat_default_models),
+    )  # fmt: skip
     generation = GenerationHandlers(GenerationService(dispatcher, limits), settings.max_body_bytes, sources.tracing)
     read = ReadHandlers(sources.catalog, sources.status, serving, settings.configured_gpus, sources.unready_reason)
     kserve = KServeHandlers(service, settings.max_body_bytes, sources.tracing, sources.catalog, read.is_ready)

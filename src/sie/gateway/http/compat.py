@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Mapping
 
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
@@ -57,10 +58,22 @@ class DialectHandlers(InferenceHandlers):
         tracing: Tracing | None,
         catalog: CatalogSource,
         max_items: int,
+        default_models: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(service, max_body_bytes, tracing)
         self._catalog = catalog
         self._max_items = max_items
+        self._default_models = dict(default_models or {})
+
+    def _default_model(self, route: str) -> str:
+        """The model a TEI request at the root's `/{route}` goes to (SIE_COMPAT_DEFAULT_MODELS), or a 400."""
+        model = self._default_models.get(route)
+        if model is None:
+            raise InvalidRequestError(
+                f"POST /{route} names no model: use the model's TEI base URL (POST /{{model}}/{route}), or set "
+                f"SIE_COMPAT_DEFAULT_MODELS={route}=<model> on the server"
+            )
+        return model
 
     async def _data(self, request: Request) -> object:
         raw = await read_body(request, self._max_body_bytes)
@@ -73,6 +86,16 @@ class DialectHandlers(InferenceHandlers):
         started = time.perf_counter()
         route = request.url.path.rsplit("/", 1)[-1]
         call = tei.parse_embed(request.path_params["model"], route, await self._data(request))
+        work = functools.partial(tei.embed, self._service, call, lane_hints(request))
+        return served_response(await self._serve(request, work, call.model), None, started)
+
+    @endpoint(Surface.TEI)
+    async def tei_default_embed(self, request: Request) -> Response:
+        """`/embed`, `/embed_sparse`, `/embed_all` at the root: the route's SIE_COMPAT_DEFAULT_MODELS model."""
+        started = time.perf_counter()
+        route = request.url.path.rsplit("/", 1)[-1]
+        call = tei.parse_embed(self._default_model(route), route, await self._data(request))
+        note_request(model=call.model)
         work = functools.partial(tei.embed, self._service, call, lane_hints(request))
         return served_response(await self._serve(request, work, call.model), None, started)
 
@@ -115,18 +138,22 @@ class DialectHandlers(InferenceHandlers):
 
     @endpoint(Surface.COHERE)
     async def rerank(self, request: Request) -> Response:
-        """`/v1/rerank`, `/v2/rerank` and `/rerank`: Cohere's and Jina's shape (a `/rerank` body with TEI's `texts`
-        has no model to go to: the TEI routes are `/{model}/rerank`)."""
+        """`/v1/rerank`, `/v2/rerank` and `/rerank`: Cohere's and Jina's shape; a `/rerank` body with TEI's `texts` is
+        TEI's, for the SIE_COMPAT_DEFAULT_MODELS `rerank` model."""
         started = time.perf_counter()
         data = await self._data(request)
         if request.url.path == "/rerank" and isinstance(data, dict) and "texts" in data and "documents" not in data:
-            raise InvalidRequestError(
-                "A TEI rerank names its model in the base URL: POST /{model}/rerank (this path takes Cohere's and "
-                "Jina's 'model' and 'documents')"
-            )
+            return await self._tei_default_rerank(request, data, started)
         call = cohere.parse_rerank(data, return_documents_default=not request.url.path.startswith("/v2/"))
         note_request(model=call.model)
         work = functools.partial(cohere.rerank, self._service, call, lane_hints(request))
+        return served_response(await self._serve(request, work, call.model), None, started)
+
+    @endpoint(Surface.TEI)
+    async def _tei_default_rerank(self, request: Request, data: object, started: float) -> Response:
+        call = tei.parse_rerank(self._default_model("rerank"), data)
+        note_request(model=call.model)
+        work = functools.partial(tei.rerank, self._service, call, lane_hints(request))
         return served_response(await self._serve(request, work, call.model), None, started)
 
     @endpoint(Surface.COHERE)
@@ -158,10 +185,13 @@ def dialect_routes(handlers: DialectHandlers) -> list[Route]:
         Route("/v2/embed", handlers.cohere_embed, methods=["POST"]),
         Route("/api/embed", handlers.ollama_embed, methods=["POST"]),
         Route("/api/embeddings", handlers.ollama_embed, methods=["POST"]),
+        *(Route(f"/{name}", handlers.tei_default_embed, methods=["POST"]) for name in TEI_EMBED_ROUTES),
         *(Route(f"/{{model:tei_model}}/{name}", handlers.tei_embed, methods=["POST"]) for name in TEI_EMBED_ROUTES),
         Route("/{model:tei_model}/rerank", handlers.tei_rerank, methods=["POST"]),
         Route("/{model:tei_model}/info", handlers.tei_info, methods=["GET"]),
-        *(Route(f"/{{model:tei_model}}/{path}", handlers.tei_openai_embeddings, methods=["POST"])
-          for path in ("v1/embeddings", "embeddings")),
+        *(
+            Route(f"/{{model:tei_model}}/{path}", handlers.tei_openai_embeddings, methods=["POST"])
+            for path in ("v1/embeddings", "embeddings")
+        ),
         Route("/{model:tei_model}", handlers.tei_root, methods=["POST"]),
     ]

@@ -123,8 +123,13 @@ _DIALECT_ROUTES: Final = (
      _COHERE_ERRORS),
     ("/v2/rerank", "/v2/rerank", "Cohere v2 rerank (`return_documents` default false)",
      "`{id, model, results, meta, usage}`", _COHERE_ERRORS),
-    ("/rerank", "/rerank", "Jina rerank (`model`, `documents`); TEI's rerank is `/{model}/rerank`",
-     "`{id, model, results, meta, usage}`", _COHERE_ERRORS),
+    ("/rerank", "/rerank", "Jina rerank (`model`, `documents`); a body with TEI's `texts` is TEI's rerank of the "
+     "SIE_COMPAT_DEFAULT_MODELS `rerank` model", "`{id, model, results, meta, usage}`, or TEI's `[{index, score, "
+     "text?}]`", _COHERE_ERRORS),
+    *((f"/{route}", f"/{route}", f"TEI `/{route}` at the root: the SIE_COMPAT_DEFAULT_MODELS `{route}` model (400 "
+       f"without one; `/{{model}}/{route}` needs none)", answer, _TEI_ERRORS)
+      for route, answer in (("embed", "`[[float]]`"), ("embed_sparse", "`[[{index, value}]]`"),
+                            ("embed_all", "`[[[float]]]`"))),
     ("/v2/embed", "/v2/embed", "Cohere v2 embed: `model`, `texts`, `input_type`, `embedding_types`, "
      "`output_dimension`, `truncate`", "`{id, embeddings: {type: [[...]]}, texts, meta, response_type}`",
      _COHERE_ERRORS),
