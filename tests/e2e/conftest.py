@@ -44,8 +44,10 @@ def all_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     shutil.copytree(REPO / "config" / "models", models)
     (models / "acme__ghost.yaml").write_text(GHOST_MODEL)
     (models / "acme__minilm-matryoshka.yaml").write_text(matryoshka_variant())
-    args = ["--preload", "sentence-transformers/all-MiniLM-L6-v2"]
-    with serving_all(root / "server.log", args, {"SIE_MODELS_DIR": str(models)}) as url:
+    minilm = "sentence-transformers/all-MiniLM-L6-v2"
+    # the models of TEI's root routes, for clients that drop a base URL's path (test_integrations.py)
+    env = {"SIE_MODELS_DIR": str(models), "SIE_COMPAT_DEFAULT_MODELS": f"embed={minilm},rerank={minilm}"}
+    with serving_all(root / "server.log", ["--preload", minilm], env) as url:
         yield url
 
 

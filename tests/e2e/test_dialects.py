@@ -8,35 +8,14 @@ all-in-one server and cluster."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx
 import numpy as np
 import pytest
 
 from launcher import Cluster
+from support.dialect_answers import DOCS, MINILM, QUERY, SPLADE, TEXTS, native_dense, native_scores
 
 pytestmark = pytest.mark.slow
-
-MINILM = "sentence-transformers/all-MiniLM-L6-v2"
-SPLADE = "rasyosef/splade-tiny"
-TEXTS = ["The cat sat on the mat.", "Paris is the capital of France."]
-QUERY = "Which city is France's capital?"
-DOCS = ["Berlin is the capital of Germany.", "Paris is the capital of France.", "Cats like warm places."]
-
-
-def native_dense(url: str, texts: list[str], **params: Any) -> np.ndarray:
-    body = {"items": [{"text": text} for text in texts], "params": {"output_types": ["dense"], **params}}
-    answer = httpx.post(f"{url}/v1/encode/{MINILM}", json=body, timeout=60)
-    assert answer.status_code == 200, answer.text
-    return np.asarray([item["dense"]["values"] for item in answer.json()["items"]], dtype=np.float32)
-
-
-def native_scores(url: str) -> dict[int, float]:
-    body = {"query": {"text": QUERY}, "items": [{"id": str(index), "text": doc} for index, doc in enumerate(DOCS)]}
-    answer = httpx.post(f"{url}/v1/score/{MINILM}", json=body, timeout=60)
-    assert answer.status_code == 200, answer.text
-    return {int(row["item_id"]): row["score"] for row in answer.json()["scores"]}
 
 
 def test_tei_through_huggingface_hub_with_the_model_in_the_base_url(all_server: str) -> None:
@@ -140,7 +119,7 @@ def test_ollama_client_embeds(all_server: str) -> None:
         ("/v2/rerank", {"model": "acme/missing", "query": "q", "documents": ["d"]}, 404, {"message"}),
         ("/v2/embed", {"model": MINILM, "texts": ["x"], "input_type": "poetry"}, 400, {"message"}),
         ("/api/embed", {"model": MINILM}, 400, {"error"}),
-        ("/rerank", {"query": "q", "texts": ["d"]}, 400, {"message"}),
+        ("/embed_sparse", {"inputs": "x"}, 422, {"error", "error_type"}),  # the root route has no default model
     ],
 )
 def test_each_dialect_answers_errors_in_its_own_envelope(

@@ -24,6 +24,7 @@ SHARED_SERVER_MODULES: Final = frozenset(
         "tests/e2e/test_distributed.py",
         "tests/e2e/test_generation.py",
         "tests/e2e/test_hostile_neighbours.py",
+        "tests/e2e/test_integrations.py",
         "tests/e2e/test_metrics.py",
         "tests/e2e/test_status_page.py",
     }
