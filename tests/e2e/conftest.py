@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from launcher import REPO, Cluster, serving_all, serving_cluster
+from launcher import REPO, Cluster, free_port, serving_all, serving_cluster
 
 GHOST_MODEL = """\
 sie_id: acme/ghost
@@ -36,6 +36,15 @@ def matryoshka_variant() -> str:
     return declared
 
 
+ALL_SERVER_GRPC_PORT = free_port()  # the shared server's KServe gRPC service (test_dialects.py)
+
+
+@pytest.fixture(scope="session")
+def all_server_grpc(all_server: str) -> str:
+    """`host:port` of the shared all-in-one server's KServe V2 gRPC service."""
+    return f"127.0.0.1:{ALL_SERVER_GRPC_PORT}"
+
+
 @pytest.fixture(scope="session")
 def all_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Base URL of an all-in-one server; on teardown it must exit 0 after SIGTERM (graceful shutdown)."""
@@ -46,7 +55,8 @@ def all_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     (models / "acme__minilm-matryoshka.yaml").write_text(matryoshka_variant())
     minilm = "sentence-transformers/all-MiniLM-L6-v2"
     # the models of TEI's root routes, for clients that drop a base URL's path (test_integrations.py)
-    env = {"SIE_MODELS_DIR": str(models), "SIE_COMPAT_DEFAULT_MODELS": f"embed={minilm},rerank={minilm}"}
+    env = {"SIE_MODELS_DIR": str(models), "SIE_COMPAT_DEFAULT_MODELS": f"embed={minilm},rerank={minilm}",
+           "SIE_GATEWAY_GRPC_PORT": str(ALL_SERVER_GRPC_PORT)}  # fmt: skip
     with serving_all(root / "server.log", ["--preload", minilm], env) as url:
         yield url
 

@@ -176,6 +176,44 @@ def test_tritons_http_client_speaks_the_open_inference_protocol(all_server: str)
         client.close()
 
 
+def test_tritons_grpc_client_speaks_the_open_inference_protocol(all_server: str, all_server_grpc: str) -> None:
+    """KServe V2 over gRPC (SIE_GATEWAY_GRPC_PORT): health, metadata, infer (raw tensor contents, tritonclient's
+    default) and score; failures as gRPC statuses with the SIE code in the trailing metadata."""
+    import tritonclient.grpc as triton
+    from tritonclient.utils import InferenceServerException
+
+    with triton.InferenceServerClient(url=all_server_grpc) as client:
+        assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(MINILM)
+        assert client.get_server_metadata().name == "sie"
+        metadata = client.get_model_metadata(MINILM)
+        dense = next(output for output in metadata.outputs if output.name == "dense")
+        assert dense.datatype == "FP32" and list(dense.shape) == [-1, 384]
+        text = triton.InferInput("text", [len(TEXTS)], "BYTES")
+        text.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=object))
+        result = client.infer(MINILM, [text], outputs=[triton.InferRequestedOutput("dense")], request_id="r-1")
+        assert result.get_response().id == "r-1" and result.get_response().model_name == MINILM
+        assert np.allclose(result.as_numpy("dense"), native_dense(all_server, TEXTS), atol=1e-5)
+        query = triton.InferInput("query", [1], "BYTES")
+        query.set_data_from_numpy(np.array([QUERY.encode()], dtype=object))
+        docs = triton.InferInput("text", [len(DOCS)], "BYTES")
+        docs.set_data_from_numpy(np.array([doc.encode() for doc in DOCS], dtype=object))
+        scores = client.infer(MINILM, [query, docs]).as_numpy("scores")
+        native = native_scores(all_server)
+        assert np.allclose(scores, [native[index] for index in range(len(DOCS))], atol=1e-6)
+        queried = client.infer(MINILM, [text], parameters={"is_query": True}).as_numpy("dense")
+        assert np.allclose(queried, native_dense(all_server, TEXTS, options={"is_query": True}), atol=1e-5)
+
+        with pytest.raises(InferenceServerException) as missing:
+            client.get_model_metadata("acme/missing")
+        assert missing.value.status() == "StatusCode.NOT_FOUND"
+        with pytest.raises(InferenceServerException) as ragged:
+            client.infer(MINILM, [text], outputs=[triton.InferRequestedOutput("sparse")])
+        assert ragged.value.status() == "StatusCode.INVALID_ARGUMENT" and "ragged" in ragged.value.message()
+        with pytest.raises(InferenceServerException) as unserved:
+            client.get_model_config(MINILM)
+        assert unserved.value.status() == "StatusCode.UNIMPLEMENTED"
+
+
 def test_the_open_inference_protocol_refuses_in_its_envelope(all_server: str) -> None:
     body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["x"]}],
             "outputs": [{"name": "sparse"}]}  # fmt: skip

@@ -119,6 +119,21 @@ def test_gateway_roles_refuse_auth_settings_they_cannot_serve(
     assert named in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("role", ["gateway", "all"])
+def test_gateway_roles_refuse_a_grpc_port_without_grpcio(monkeypatch, no_sie_variables: None, role: str) -> None:
+    """SIE_GATEWAY_GRPC_PORT without the `grpc` extra: exit 2 naming the extra, before anything starts."""
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "grpc" else real_find_spec(name, *a)
+    )
+    monkeypatch.setenv("SIE_GATEWAY_GRPC_PORT", "8001")
+    result = runner.invoke(app, ["run", "--role", role])
+    assert result.exit_code == 2, result.output
+    assert "pip install 'sie[grpc]'" in result.output and "Traceback" not in result.output
+
+
 def test_run_refuses_a_flag_of_another_role(no_sie_variables: None) -> None:
     result = runner.invoke(app, ["run", "--role", "config", "--preload", "m"])
     assert result.exit_code == 2

@@ -60,8 +60,9 @@ async def serve_all(settings: Settings) -> None:
             *plain_handler_routes(PlacementApi(fleet).handle, [PLACEMENT_PATH]),
             *metrics_routes(telemetry, fleet.metric_sources),
         ]
+        host = settings.gateway.host or LOOPBACK_HOST
         app = build_gateway_app(
-            sources, settings.gateway, settings.lane, settings.process.router_id, routes, settings.pools
+            sources, settings.gateway, settings.lane, settings.process.router_id, routes, settings.pools, host
         )
         grace = settings.process.shutdown_grace_s
 
@@ -69,7 +70,7 @@ async def serve_all(settings: Settings) -> None:
             await serving_state(app).drain(grace)
             await sidecar.drain(grace)
 
-        listener = http_listener(settings.gateway.host or LOOPBACK_HOST, settings.gateway.port, settings)
+        listener = http_listener(host, settings.gateway.port, settings)
         freeze_startup_heap()
         await serve_until_signalled(app, listener, drain)
 

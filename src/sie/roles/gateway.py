@@ -63,15 +63,16 @@ async def serve_gateway(settings: Settings) -> None:
             dead_letters=dead_letters, auth=auth, tracing=tracing, metrics=metrics, pools=pools.directory,
             signals=pools.signals,
         )  # fmt: skip
+        host = settings.gateway.host or CONTAINER_HOST
         app = build_gateway_app(
-            sources, settings.gateway, settings.lane, router_id, metrics_routes(telemetry), settings.pools
+            sources, settings.gateway, settings.lane, router_id, metrics_routes(telemetry), settings.pools, host
         )
         grace = settings.process.shutdown_grace_s
 
         async def drain() -> None:
             await serving_state(app).drain(grace)
 
-        listener = http_listener(settings.gateway.host or CONTAINER_HOST, settings.gateway.port, settings)
+        listener = http_listener(host, settings.gateway.port, settings)
         freeze_startup_heap()
         await serve_until_signalled(app, listener, drain)
 

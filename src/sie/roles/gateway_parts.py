@@ -4,6 +4,7 @@ the pool store, the pool directory with the lane signals refreshed over it, and 
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections.abc import Callable
 from contextlib import AsyncExitStack
@@ -25,11 +26,17 @@ from sie.telemetry.metrics import Telemetry
 
 def run_gateway_main(main: RoleMain, settings: Settings) -> int:
     """`run_main` for the roles that serve the gateway; exit status 2, before anything starts, when the auth
-    settings cannot be served (token mode without an inference token, an unreadable tokens file)."""
+    settings cannot be served (token mode without an inference token, an unreadable tokens file) or the gRPC port
+    is set without grpcio."""
     try:
         check_auth_settings(settings.auth)
     except AuthSettingsError as exc:
         print(f"sie: {exc}", file=sys.stderr)
+        return 2
+    if settings.gateway.grpc_port is not None and importlib.util.find_spec("grpc") is None:
+        print(
+            "sie: SIE_GATEWAY_GRPC_PORT is set, but grpcio is not installed: pip install 'sie[grpc]'", file=sys.stderr
+        )
         return 2
     return run_main(main, settings)
 

@@ -60,6 +60,18 @@ class GatewaySettings:
         ),
         8080,
     )
+    grpc_port: int | None = setting(
+        Env(
+            "SIE_GATEWAY_GRPC_PORT",
+            integer(0, 65535),
+            "Port of the KServe V2 / Open Inference Protocol gRPC service (`inference.GRPCInferenceService`, "
+            "for Triton's gRPC clients), on the HTTP server's interface; needs the `grpc` extra "
+            "(`pip install 'sie[grpc]'`). Unset: no gRPC service (the protocol's HTTP routes are always served).",
+            roles=_GATEWAY_ROLES,
+            read_by=("sie.gateway.http.app", "sie.roles.gateway_parts"),
+        ),
+        None,
+    )
     request_timeout_s: float = setting(
         Env(
             "SIE_GATEWAY_REQUEST_TIMEOUT",

@@ -31,6 +31,7 @@ from sie.gateway.http.edge import reply_response
 from sie.gateway.http.generation import GenerationHandlers
 from sie.gateway.http.inference import InferenceHandlers
 from sie.gateway.http.kserve import KServeHandlers, kserve_routes
+from sie.gateway.http.kserve_grpc import KServeGrpc, grpc_authorizer
 from sie.gateway.http.pools import pool_routes
 from sie.gateway.http.reads import ReadHandlers
 from sie.gateway.http.replies import error_reply, route_error_reply, surface_for_path
@@ -48,6 +49,7 @@ from sie.gateway.status import ModelStatusSource
 from sie.gateway.traffic import TrafficWindow
 from sie.pools import DemandTracker, MemoryPoolStore
 from sie.settings import GatewaySettings, LaneSettings, PoolSettings
+from sie.settings.gateway import LOOPBACK_HOST
 from sie.telemetry.access import log_access
 from sie.telemetry.gateway import GatewayMetrics
 from sie.telemetry.requests import ObservedRequests, RequestObserver
@@ -108,16 +110,18 @@ class GatewaySources:
     signals: LaneSignals | None = None  # pending demand, queue depths, warm floors; None: built over `pools`
 
 
-def build_gateway_app(
+def build_gateway_app(  # noqa: PLR0913 - the sources, the settings, and what each role adds
     sources: GatewaySources,
     settings: GatewaySettings,
     lane: LaneSettings,
     router_id: str,
     extra_routes: Sequence[BaseRoute] = (),
     pool_settings: PoolSettings | None = None,
+    grpc_host: str = LOOPBACK_HOST,
 ) -> Starlette:
     """The gateway ASGI app; `lane` is where requests go whose headers name none. `extra_routes` are served
-    beside the API (in `--role all`, the placement control surface and `/metrics` of the worker children)."""
+    beside the API (in `--role all`, the placement control surface and `/metrics` of the worker children). With
+    `settings.grpc_port` set, its lifespan also serves the KServe gRPC service on `grpc_host` (the HTTP server's)."""
     pool_settings = pool_settings or PoolSettings()
     serving = ServingState()
     collector = Collector(sources.transport, router_id)
@@ -154,6 +158,10 @@ def build_gateway_app(
     generation = GenerationHandlers(GenerationService(dispatcher, limits), settings.max_body_bytes, sources.tracing)
     read = ReadHandlers(sources.catalog, sources.status, serving, settings.configured_gpus, sources.unready_reason)
     kserve = KServeHandlers(service, settings.max_body_bytes, sources.tracing, sources.catalog, read.is_ready)
+    kserve_grpc = None
+    if settings.grpc_port is not None:
+        authorize = grpc_authorizer(sources.auth)
+        kserve_grpc = KServeGrpc(service, sources.catalog, serving, read.is_ready, authorize, settings.max_body_bytes)
     traffic = TrafficWindow()  # inference requests per second and their latency, for the status page
     cluster = ClusterSources(
         sources.catalog, sources.status, sources.transport, lambda: len(collector), lane.pool, settings.configured_gpus
@@ -162,11 +170,15 @@ def build_gateway_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with collector, pools if own_pools else contextlib.nullcontext():
+            if kserve_grpc is not None:
+                app.state.grpc_port = await kserve_grpc.start(grpc_host, settings.grpc_port)
             serving.started = True
             try:
                 yield
             finally:
                 serving.started = False
+                if kserve_grpc is not None:
+                    await kserve_grpc.stop()
 
     app = Starlette(
         routes=[

@@ -65,8 +65,9 @@ def _split_body(raw: bytes, header_length: str | None) -> tuple[Any, bytes]:
     return orjson.loads(raw[:length]), raw[length:]
 
 
-def _bytes_elements(blob: bytes) -> list[str]:
-    """BYTES tensor data in the binary extension: repeated (uint32 little-endian length, bytes)."""
+def bytes_elements(blob: bytes) -> list[str]:
+    """BYTES tensor data in binary form (the HTTP extension, gRPC's raw contents): repeated (uint32 little-endian
+    length, UTF-8 bytes)."""
     elements, offset = [], 0
     while offset < len(blob):
         if offset + 4 > len(blob):
@@ -75,7 +76,10 @@ def _bytes_elements(blob: bytes) -> list[str]:
         offset += 4
         if offset + size > len(blob):
             raise InvalidRequestError("BYTES tensor data ends inside an element")
-        elements.append(blob[offset : offset + size].decode("utf-8", errors="strict"))
+        try:
+            elements.append(blob[offset : offset + size].decode("utf-8", errors="strict"))
+        except UnicodeDecodeError as exc:
+            raise InvalidRequestError("BYTES tensor data is not UTF-8 text") from exc
         offset += size
     return elements
 
@@ -108,10 +112,7 @@ def _input_values(entry: dict[str, Any], binary: bytes, offset: int) -> tuple[li
     if size is not None:
         if type(size) is not int or size < 0 or offset + size > len(binary):
             raise InvalidRequestError(f"Input '{entry['name']}' binary_data_size {size!r} runs past the body")
-        try:
-            return _bytes_elements(binary[offset : offset + size]), offset + size
-        except UnicodeDecodeError as exc:
-            raise InvalidRequestError("BYTES tensor data is not UTF-8 text") from exc
+        return bytes_elements(binary[offset : offset + size]), offset + size
     values = entry.get("data")
     if type(values) is list and values and type(values[0]) is list:  # [[...]] for shape [n, 1]
         values = [value for row in values for value in (row if type(row) is list else [row])]
@@ -139,6 +140,25 @@ class InferCall:
 
 def parse_infer(model: str, raw: bytes, header_length: str | None) -> InferCall:
     data, tensors = parse_inputs(raw, header_length)
+    parameters = data.get("parameters") or {}
+    if type(parameters) is not dict:
+        raise InvalidRequestError("'parameters' must be an object")
+    wanted = data.get("outputs") or []
+    if type(wanted) is not list or not all(type(entry) is dict for entry in wanted):
+        raise InvalidRequestError("'outputs' must be a list of objects with a 'name'")
+    request_id = data.get("id") if type(data.get("id")) is str else None
+    call = infer_call(model, tensors, parameters, [entry.get("name") for entry in wanted], request_id)
+    binary = {entry["name"] for entry in wanted if (entry.get("parameters") or {}).get("binary_data") is True}
+    if parameters.get("binary_data_output") is True:
+        binary.add(call.output)
+    return attrs.evolve(call, binary_outputs=frozenset(binary))
+
+
+def infer_call(
+    model: str, tensors: list[Tensor], parameters: dict[str, Any], outputs: list[Any], request_id: str | None
+) -> InferCall:
+    """An infer request as SIE serves it, from its decoded parts (HTTP's JSON or gRPC's messages): a `text` input
+    (or the only one) to encode, with a one-text `query` input to score against; `outputs` the names asked for."""
     by_name = {tensor.name: tensor for tensor in tensors}
     query = by_name.pop("query", None)
     if query is not None and len(query.data) != 1:
@@ -146,33 +166,16 @@ def parse_infer(model: str, raw: bytes, header_length: str | None) -> InferCall:
     texts = by_name.pop("text", None) or (by_name.popitem()[1] if len(by_name) == 1 else None)
     if texts is None or by_name:
         raise InvalidRequestError("Send one BYTES input 'text' (and 'query' to score the texts against it)")
-    parameters = data.get("parameters") or {}
-    if type(parameters) is not dict:
-        raise InvalidRequestError("'parameters' must be an object")
-    wanted = data.get("outputs") or []
     expected = "scores" if query is not None else "dense"
-    binary = {name for name in (_output_name(entry, expected) for entry in wanted) if _wants_binary(wanted, name)}
-    if parameters.get("binary_data_output") is True:
-        binary.add(expected)
+    for name in outputs:
+        if name != expected:
+            raise InvalidRequestError(
+                f"Output {name!r} is not served here: an encode answers 'dense' (sparse and multi-vector results "
+                f"are ragged: use /v1/encode), a score 'scores'"
+            )
     params = {key: parameters[key] for key in PARAMETER_PARAMS if key in parameters}
     options = {key: value for key, value in parameters.items() if key not in {*PARAMETER_PARAMS, "binary_data_output"}}
-    request_id = data.get("id") if type(data.get("id")) is str else None
-    return InferCall(model, texts.data, query.data[0] if query else None, request_id, params, options,
-                     frozenset(binary))  # fmt: skip
-
-
-def _output_name(entry: Any, expected: str) -> str:
-    name = entry.get("name") if type(entry) is dict else None
-    if name != expected:
-        raise InvalidRequestError(
-            f"Output {name!r} is not served here: an encode answers 'dense' (sparse and multi-vector results are "
-            f"ragged: use /v1/encode), a score 'scores'"
-        )
-    return name
-
-
-def _wants_binary(wanted: list[Any], name: str) -> bool:
-    return any((entry.get("parameters") or {}).get("binary_data") is True for entry in wanted if entry["name"] == name)
+    return InferCall(model, texts.data, query.data[0] if query else None, request_id, params, options)
 
 
 async def infer(service: InferenceService, call: InferCall, hints: LaneHints, trace: TraceHeaders | None) -> Served:
@@ -217,6 +220,28 @@ def render(served: Served, binary_outputs: frozenset[str], started: float) -> Re
     return Response(header + b"".join(blobs), media_type="application/octet-stream", headers=headers)
 
 
+def resolve_model(catalog: CatalogSource, name: str, version: str | None) -> Any:
+    """The catalogue entry of `name` (ModelNotFoundError for an unknown one, or a version but the one there is)."""
+    if version not in (None, "", MODEL_VERSION):
+        raise ModelNotFoundError(name, f"Model '{name}' has only version {MODEL_VERSION}, not {version!r}")
+    return catalog().resolve(name).entry
+
+
+def model_metadata(entry: Any) -> dict[str, Any]:
+    """A catalogue entry's model metadata: `text` in, `dense` out; `query` in and `scores` out when it scores."""
+    model = entry.model
+    dim = model.dims.get("dense")
+    inputs = [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    outputs = []
+    if dim is not None:
+        outputs.append({"name": "dense", "datatype": "FP32", "shape": [-1, dim]})
+    if model.tasks.score:
+        inputs.append({"name": "query", "datatype": "BYTES", "shape": [1]})
+        outputs.append({"name": "scores", "datatype": "FP32", "shape": [-1]})
+    return {"name": entry.model_id, "versions": [MODEL_VERSION], "platform": "sie", "inputs": inputs,
+            "outputs": outputs}  # fmt: skip
+
+
 class KServeHandlers(InferenceHandlers):
     """The Open Inference Protocol routes: metadata from the catalogue, readiness from the gateway's own."""
 
@@ -248,26 +273,11 @@ class KServeHandlers(InferenceHandlers):
         return response
 
     def _model(self, request: Request) -> Any:
-        version = request.path_params.get("version", MODEL_VERSION)
-        name = request.path_params["model"]
-        if version != MODEL_VERSION:
-            raise ModelNotFoundError(name, f"Model '{name}' has only version {MODEL_VERSION}, not {version!r}")
-        return self._catalog().resolve(name).entry
+        return resolve_model(self._catalog, request.path_params["model"], request.path_params.get("version"))
 
     @endpoint(Surface.KSERVE)
     async def model(self, request: Request) -> Response:
-        entry = self._model(request)
-        model = entry.model
-        dim = model.dims.get("dense")
-        inputs = [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
-        outputs = []
-        if dim is not None:
-            outputs.append({"name": "dense", "datatype": "FP32", "shape": [-1, dim]})
-        if model.tasks.score:
-            inputs.append({"name": "query", "datatype": "BYTES", "shape": [1]})
-            outputs.append({"name": "scores", "datatype": "FP32", "shape": [-1]})
-        return json_response({"name": entry.model_id, "versions": [MODEL_VERSION], "platform": "sie",
-                              "inputs": inputs, "outputs": outputs})  # fmt: skip
+        return json_response(model_metadata(self._model(request)))
 
     @endpoint(Surface.KSERVE)
     async def model_ready(self, request: Request) -> Response:
