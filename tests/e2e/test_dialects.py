@@ -149,6 +149,43 @@ def test_the_dialects_run_through_the_distributed_path(cluster: Cluster) -> None
     with ollama.Client(host=cluster.url, timeout=60) as client:
         embedded = client.embed(model=MINILM, input=TEXTS)
     assert np.allclose(np.asarray(embedded.embeddings, dtype=np.float32), native_dense(cluster.url, TEXTS), atol=1e-5)
+    # TEI's tokenize and decode cross NATS to the sidecar, which answers them with the model's tokenizer
+    tokens = httpx.post(f"{cluster.url}/{MINILM}/tokenize", json={"inputs": "Hello world"}, timeout=60)
+    assert tokens.status_code == 200, tokens.text
+    assert [token["id"] for token in tokens.json()[0]] == HELLO_WORLD_IDS
+    decoded = httpx.post(f"{cluster.url}/{MINILM}/decode", json={"ids": HELLO_WORLD_IDS}, timeout=60)
+    assert decoded.status_code == 200 and decoded.json() == ["hello world"]
+
+
+# bert-base-uncased's WordPiece ids, which MiniLM's tokenizer keeps: [CLS] hello world [SEP]
+HELLO_WORLD_IDS = [101, 7592, 2088, 102]
+
+
+def test_tei_tokenize_and_decode_use_the_models_tokenizer(all_server: str) -> None:
+    text = "Hello world, naïve café!"
+    answer = httpx.post(f"{all_server}/{MINILM}/tokenize", json={"inputs": [text, "Hello world"]}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    first, second = answer.json()
+    assert [token["id"] for token in second] == HELLO_WORLD_IDS
+    assert first[0] == {"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None}
+    assert all(text[token["start"] : token["stop"]] == token["text"] for token in first if not token["special"])
+    assert [token["text"] for token in first[1:-1]] == ["Hello", "world", ",", "naïve", "café", "!"]
+    plain = httpx.post(f"{all_server}/{MINILM}/tokenize", json={"inputs": "Hello world", "add_special_tokens": False},
+                       timeout=60).json()  # fmt: skip
+    assert [token["id"] for token in plain[0]] == HELLO_WORLD_IDS[1:-1]
+    long = httpx.post(f"{all_server}/{MINILM}/tokenize", json={"inputs": "word " * 1000}, timeout=60).json()
+    assert len(long[0]) == 256  # as the model reads it: cut at its max length
+
+    decoded = httpx.post(f"{all_server}/{MINILM}/decode", json={"ids": [HELLO_WORLD_IDS, [7592]]}, timeout=60)
+    assert decoded.status_code == 200 and decoded.json() == ["hello world", "hello"]
+    kept = httpx.post(f"{all_server}/{MINILM}/decode", json={"ids": HELLO_WORLD_IDS, "skip_special_tokens": False},
+                      timeout=60)  # fmt: skip
+    assert kept.json() == ["[CLS] hello world [SEP]"]
+    unknown = httpx.post(f"{all_server}/{MINILM}/decode", json={"ids": [7592, 10**9]}, timeout=60)
+    assert unknown.status_code == 422 and str(10**9) in unknown.json()["error"]
+    assert unknown.headers["x-sie-error-code"] == "INVALID_INPUT"
+    assert httpx.post(f"{all_server}/acme/missing/tokenize", json={"inputs": "x"}, timeout=60).status_code == 404
+    assert httpx.post(f"{all_server}/{MINILM}/decode", json={"ids": "x"}, timeout=60).status_code == 422
 
 
 def test_tritons_http_client_speaks_the_open_inference_protocol(all_server: str) -> None:

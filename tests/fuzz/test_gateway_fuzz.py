@@ -528,6 +528,18 @@ dialect_calls = st.one_of(
             "normalize": st.booleans(), "truncate": st.booleans(), "prompt_name": texts, "dimensions": numbers})),
     ),
     st.tuples(
+        st.sampled_from((f"/{MINILM}/tokenize", f"/{SPLADE}/tokenize", "/tokenize")), st.just("tei"),
+        fuzzed(st.fixed_dictionaries({"inputs": dialect_texts}, optional={
+            "add_special_tokens": st.booleans(), "prompt_name": st.sampled_from(("query", "passage", "x"))})),
+    ),
+    st.tuples(
+        st.sampled_from((f"/{MINILM}/decode", "/decode")), st.just("tei"),
+        fuzzed(st.fixed_dictionaries({"ids": st.one_of(
+            st.lists(st.integers(-5, 40_000), max_size=6),
+            st.lists(st.lists(st.integers(0, 40_000), max_size=4), max_size=3))},
+            optional={"skip_special_tokens": st.booleans()})),
+    ),
+    st.tuples(
         st.just(f"/{MINILM}/rerank"), st.just("tei"),
         fuzzed(st.fixed_dictionaries({"query": texts, "texts": dialect_texts},
                                      optional={"return_text": st.booleans(), "raw_scores": st.booleans()})),

@@ -53,6 +53,7 @@ ROUTES = [
     ("POST", "/v1/embeddings", {"model": MINILM, "input": "Hello world"}, "inference"),
     ("POST", f"/{MINILM}/embed", {"inputs": "Hello world"}, "inference"),
     ("POST", "/embed", {"inputs": "Hello world"}, "inference"),
+    ("POST", f"/{MINILM}/tokenize", {"inputs": "Hello world"}, "inference"),
     ("POST", "/rerank", {"query": "Hello", "texts": ["world"]}, "inference"),
     ("POST", "/v2/rerank", {"model": MINILM, "query": "Hello", "documents": ["world"]}, "inference"),
     ("POST", "/api/embed", {"model": MINILM, "input": "Hello world"}, "inference"),
@@ -79,6 +80,7 @@ ROUTES = [
 
 # (a refusal comes before the body is read: `/rerank`, TEI's or Jina's by its body, answers in TEI's envelope)
 DIALECT_ENVELOPES = {f"/{MINILM}/embed": {"error", "error_type"}, "/embed": {"error", "error_type"},
+                     f"/{MINILM}/tokenize": {"error", "error_type"},
                      "/v2/rerank": {"message"}, "/rerank": {"error", "error_type"}, "/api/embed": {"error"},
                      f"/v2/models/{MINILM}/infer": {"error"}}  # fmt: skip
 

@@ -81,6 +81,11 @@ async def test_failures_are_statuses_with_the_sie_code_and_retry_after(baseline_
             await call(channel, "ModelInfer", bad)
         assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "BYTES" in invalid.value.details()
         assert ("x-sie-error-code", "INVALID_INPUT") in tuple(invalid.value.trailing_metadata())
+        empty = messages.ModelInferRequest(model_name=MINILM)
+        empty.inputs.add(name="text", datatype="BYTES", shape=[0])
+        with pytest.raises(grpc.aio.AioRpcError) as nothing:
+            await call(channel, "ModelInfer", empty)
+        assert nothing.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "no texts" in nothing.value.details()
         with pytest.raises(grpc.aio.AioRpcError) as no_worker:  # nobody consumes the lane: a retryable 503
             await call(channel, "ModelInfer", infer_request())
         assert no_worker.value.code() == grpc.StatusCode.UNAVAILABLE

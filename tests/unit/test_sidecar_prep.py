@@ -220,3 +220,98 @@ async def test_a_group_that_fails_to_prepare_is_prepared_item_by_item_and_only_t
     assert failed == ["r1.0"]
     assert [work.item.work_item_id for work in works] == ["r0.0", "r2.0"]
     assert all(work.run_item is not None for work in works)
+
+
+# --- tokenize and decode items: answered here, never scheduled ---------------------------------------------
+
+
+async def answered_by_the_stage(model: ReadyModel, group: list[Work]) -> tuple[list, list[Work], list[str]]:
+    """(the results the stage answered, the works it passed on, the work ids it failed) for one group."""
+    inbox: Channel[ReadyGroup] = Channel(2)
+    out: Channel[ReadyGroup] = Channel(2)
+    answers: list = []
+    failed: list[str] = []
+
+    async def answer(replies) -> None:
+        answers.extend(replies)
+
+    async def fail(works: list[Work]) -> None:
+        failed.extend(work.item.work_item_id for work in works)
+
+    with ThreadPoolExecutor(2) as executor:
+        stage = Preparer(executor, out, fail, answer=answer, worker_id="w-1")
+        serving = asyncio.ensure_future(stage.serve(inbox))
+        try:
+            await inbox.put((model, group))
+            passed: list[Work] = []
+            if any(work.item.operation not in ("tokenize", "decode") for work in group):
+                _, passed = await asyncio.wait_for(out.get(), 5.0)
+            for _ in range(50):
+                if len(answers) + len(failed) >= len(group) - len(passed):
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            serving.cancel()
+            await asyncio.gather(serving, return_exceptions=True)
+    return answers, passed, failed
+
+
+@pytest.fixture()
+def special_tokenizer_file(tokenizer_file: Path) -> Path:
+    """The same tokenizer with [PAD], [CLS] and [SEP] registered as special tokens (as real ones are)."""
+    tok = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+    tok.add_special_tokens(["[PAD]", "[CLS]", "[SEP]"])
+    tok.save(str(tokenizer_file))
+    return tokenizer_file
+
+
+async def test_tokenize_and_decode_items_are_answered_with_the_models_tokenizer(special_tokenizer_file: Path) -> None:
+    tokenizer_file = special_tokenizer_file
+    group = [
+        Work(_Delivery(item(0, operation="tokenize", item={"text": "hello world"})), 0.0),
+        Work(_Delivery(item(1, item={"text": "hello"})), 0.0),
+        Work(_Delivery(item(2, operation="tokenize", item={"text": "hello"}, options={"add_special_tokens": False})),
+             0.0),
+        Work(_Delivery(item(3, operation="decode", item={"ids": [2, 4, 5, 3]})), 0.0),
+        Work(_Delivery(item(4, operation="decode", item={"ids": [2, 4, 3]}, options={"skip_special_tokens": False})),
+             0.0),
+        Work(_Delivery(item(5, operation="decode", item={"ids": [4, 999]})), 0.0),
+    ]  # fmt: skip
+    answers, passed, failed = await answered_by_the_stage(ready(tokenizer_file), group)
+    assert [work.item.work_item_id for work in passed] == ["r1.0"] and failed == []
+    results = {work.item.work_item_id: result for work, result in answers}
+    assert all(result.worker_id == "w-1" for result in results.values())
+    tokens = results["r0.0"].result_msgpack.value["tokens"]
+    assert [(t["id"], t["text"], t["special"], t["start"], t["stop"]) for t in tokens] == [
+        (2, "[CLS]", True, None, None), (4, "hello", False, 0, 5), (5, "world", False, 6, 11),
+        (3, "[SEP]", True, None, None),
+    ]  # fmt: skip
+    assert results["r0.0"].units.input_tokens == 4
+    assert [t["id"] for t in results["r2.0"].result_msgpack.value["tokens"]] == [4]
+    assert results["r3.0"].result_msgpack.value == {"text": "hello world"}
+    assert results["r4.0"].result_msgpack.value == {"text": "[CLS] hello [SEP]"}
+    refused = results["r5.0"]
+    assert not refused.success and refused.error_code == "INVALID_INPUT" and "999" in refused.error
+
+
+async def test_a_tokenize_item_reads_the_text_the_model_would(tokenizer_file: Path) -> None:
+    """The model's query template applies to a query's tokens, as it does to its encode; no tokenizer: refused."""
+    query = item(0, operation="tokenize", item={"text": "world"}, is_query=True)
+    answers, _, _ = await answered_by_the_stage(ready(tokenizer_file, default_query_template="hello {text}"),
+                                                [Work(_Delivery(query), 0.0)])  # fmt: skip
+    assert [t["text"] for t in answers[0][1].result_msgpack.value["tokens"]] == ["[CLS]", "hello", "world", "[SEP]"]
+    answers, _, _ = await answered_by_the_stage(ready(None), [Work(_Delivery(query), 0.0)])
+    assert answers[0][1].error_code == "INVALID_INPUT" and "no text tokenizer" in answers[0][1].error
+
+
+async def test_a_tokenizer_bug_fails_only_the_token_items(
+    tokenizer_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self, text, add_special_tokens=True):
+        raise RuntimeError("the tokenizer choked")
+
+    monkeypatch.setattr(TextTokenizer, "tokens", broken)
+    group = [Work(_Delivery(item(0, operation="tokenize", item={"text": "hello"})), 0.0),
+             Work(_Delivery(item(1, item={"text": "hello"})), 0.0)]  # fmt: skip
+    answers, passed, failed = await answered_by_the_stage(ready(tokenizer_file), group)
+    assert answers == [] and failed == ["r0.0"] and [work.item.work_item_id for work in passed] == ["r1.0"]

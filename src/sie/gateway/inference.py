@@ -18,8 +18,14 @@ from sie.gateway.metadata import ResponseMetadata
 from sie.gateway.router import LaneHints, Route
 from sie.telemetry.requests import note_request
 from sie.telemetry.tracing import TraceHeaders
-from sie.wire.http import EncodeParams, EncodeRequest, ExtractParams, ExtractRequest, ScoreRequest
-from sie.wire.queue import OPERATION_ENCODE, OPERATION_EXTRACT, OPERATION_SCORE
+from sie.wire.http import EncodeParams, EncodeRequest, ExtractParams, ExtractRequest, Item, ScoreRequest
+from sie.wire.queue import (
+    OPERATION_DECODE,
+    OPERATION_ENCODE,
+    OPERATION_EXTRACT,
+    OPERATION_SCORE,
+    OPERATION_TOKENIZE,
+)
 
 
 @attrs.frozen
@@ -96,6 +102,55 @@ class InferenceService:
             route, lambda ticket: workitems.score_work(route, ticket, request), trace
         )
         assembly.check_failures(collected.results, per_item=False)
+        return collected
+
+    async def tokenize(
+        self,
+        spec: str,
+        texts: list[str],
+        options: dict[str, Any],
+        hints: LaneHints,
+        trace: TraceHeaders | None = None,
+        *,
+        is_query: bool = False,
+    ) -> Served:
+        """Each text's tokens as the routed model reads them (`TextTokenizer.tokens`), answered by its sidecar: a
+        list of token lists."""
+        self._limits.check([Item(text=text) for text in texts])
+        bodies = [{"text": text} for text in texts]
+        collected = await self._tokens(spec, OPERATION_TOKENIZE, bodies, options, hints, trace, is_query)
+        return Served([assembly.decode_result(result)["tokens"] for result in collected.results], collected.meta)
+
+    async def decode(
+        self,
+        spec: str,
+        sequences: list[list[int]],
+        options: dict[str, Any],
+        hints: LaneHints,
+        trace: TraceHeaders | None = None,
+    ) -> Served:
+        """The text of each token-id sequence, with the routed model's tokenizer: a list of strings."""
+        self._limits.check([Item() for _ in sequences])
+        bodies = [{"ids": ids} for ids in sequences]
+        collected = await self._tokens(spec, OPERATION_DECODE, bodies, options, hints, trace, False)
+        return Served([assembly.decode_result(result)["text"] for result in collected.results], collected.meta)
+
+    async def _tokens(  # noqa: PLR0913 - one token operation's request
+        self,
+        spec: str,
+        operation: str,
+        bodies: list[dict[str, Any]],
+        options: dict[str, Any],
+        hints: LaneHints,
+        trace: TraceHeaders | None,
+        is_query: bool,
+    ) -> Collected:
+        note_request(model=spec, items=len(bodies))
+        route = await self._dispatcher.route(spec, None, hints)
+        collected = await self._dispatcher.collect(
+            route, lambda ticket: workitems.token_work(route, ticket, operation, bodies, options, is_query), trace
+        )
+        assembly.check_failures(collected.results, strict=True)
         return collected
 
     async def extract(

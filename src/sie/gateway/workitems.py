@@ -14,10 +14,12 @@ from sie.telemetry.tracing import TraceHeaders
 from sie.wire import unstructure
 from sie.wire.http import EncodeRequest, ExtractRequest, Item, ScoreRequest
 from sie.wire.queue import (
+    OPERATION_DECODE,
     OPERATION_ENCODE,
     OPERATION_EXTRACT,
     OPERATION_GENERATE,
     OPERATION_SCORE,
+    OPERATION_TOKENIZE,
     GenerateParams,
     WorkItem,
 )
@@ -110,6 +112,21 @@ def score_work(route: Route, ticket: Ticket, request: ScoreRequest) -> list[Work
         **common,
     )
     return [item]
+
+
+def token_work(
+    route: Route, ticket: Ticket, operation: str, bodies: list[dict[str, Any]], options: dict[str, Any], is_query: bool
+) -> list[WorkItem]:
+    """One tokenize (`{"text"}`) or decode (`{"ids"}`) item per input; the sidecar answers them itself."""
+    if operation not in (OPERATION_TOKENIZE, OPERATION_DECODE):
+        raise ValueError(f"not a token operation: {operation!r}")
+    common = _common(route, ticket, operation, len(bodies))
+    common.update(options=options or None, is_query=is_query)
+    request_id = common["request_id"]
+    return [
+        WorkItem(work_item_id=f"{request_id}.{index}", item_index=index, item=body, **common)
+        for index, body in enumerate(bodies)
+    ]
 
 
 def generate_work(route: Route, ticket: Ticket, params: GenerateParams) -> WorkItem:

@@ -20,6 +20,7 @@ from sie.sidecar.hashgate import WorkerHash
 from sie.sidecar.pool_admission import PoolGate
 from sie.sidecar.results import unknown_operation_result
 from sie.sidecar.settlement import Settler, Verdict, verdict
+from sie.sidecar.token_ops import TOKEN_OPERATIONS
 from sie.sidecar.work import AdmittedGroup, Outbox, Work
 from sie.transport.base import Delivery, LaneConsumer
 from sie.wire.ipc_batch import OP_ENCODE, OP_EXTRACT, OP_SCORE
@@ -36,7 +37,7 @@ FETCH_WAIT_S: Final = 0.1
 # then, still under the sidecar's one-second wait for its fetch loops to stop.
 DIRECT_FETCH_WAIT_S: Final = 0.5
 FETCH_ERROR_BACKOFF_S: Final = 0.5
-OPERATIONS: Final = frozenset({OP_ENCODE, OP_SCORE, OP_EXTRACT, OPERATION_GENERATE})
+OPERATIONS: Final = frozenset({OP_ENCODE, OP_SCORE, OP_EXTRACT, OPERATION_GENERATE, *TOKEN_OPERATIONS})
 
 
 class Sorted:

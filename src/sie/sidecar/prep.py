@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from sie.catalog.options import option_problem
 from sie.sidecar.payloads import PayloadResolver
+from sie.sidecar.token_ops import TOKEN_OPERATIONS, token_result
 from sie.sidecar.work import Channel, Outbox, ReadyGroup, ReadyModel, Work
 from sie.telemetry.tracing import SIDECAR_PREPARE, Tracing
 from sie.tokenization import TextTokenizer, TokenizerError, prepare_text
@@ -32,7 +33,7 @@ from sie.wire.ipc_batch import (
     ScoreBatchItem,
 )
 from sie.wire.ipc_control import ModelDescriptor
-from sie.wire.queue import WorkItem
+from sie.wire.queue import WorkItem, WorkResult
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ _MEDIA_KEYS: Final = ("images", "image", "audio", "video", "documents", "documen
 Fail = Callable[[list[Work]], Awaitable[None]]
 # The works of a group somebody still waits for (the others settled): `Settler.live`.
 Live = Callable[[list[Work]], Awaitable[list[Work]]]
+# Publish the results of works answered here (tokenize, decode): `Settler.reply`.
+Answer = Callable[[list[tuple[Work, WorkResult]]], Awaitable[None]]
 
 
 # --- costs -----------------------------------------------------------------------------------------
@@ -203,10 +206,11 @@ def _load_tokenizer(path: str, max_seq_len: int | None, expected_id: str) -> Tex
 class Preparer:
     """The preparation stage: prepares each ready group and passes it to `out` (the scheduler); when a group's
     preparation fails, its items are prepared one by one and those that still fail go to `fail` (answered).
+    Tokenize and decode items are answered here through `answer` (token_ops.py; results stamped `worker_id`).
     Several `serve` loops may share one inbox. With `payloads`, offloaded payloads are fetched back before
     anything else is done with them. With `tracing` on, each group is a `sidecar.prepare` span."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the stage's collaborators, each optional but the first three
         self,
         executor: Executor,
         out: Outbox[ReadyGroup],
@@ -214,12 +218,17 @@ class Preparer:
         live: Live | None = None,
         payloads: PayloadResolver | None = None,
         tracing: Tracing | None = None,
+        *,
+        answer: Answer | None = None,
+        worker_id: str = "",
     ) -> None:
         self._executor = executor
         self._live = live
         self._payloads = payloads
         self._out = out
         self._fail = fail
+        self._answer = answer
+        self._worker_id = worker_id
         self._tokenizers = TokenizerCache(executor)
         self._tracing = tracing or Tracing.off()
 
@@ -238,6 +247,8 @@ class Preparer:
                 works = await self._live(works)
             if self._payloads is not None and works:
                 works = await self._payloads.resolve(works)
+            if any(work.item.operation in TOKEN_OPERATIONS for work in works):
+                works = await self._answer_token_works(model, works)
             if works:
                 await self.prepare(model, works)
         except Exception:  # noqa: BLE001 - a preparation bug must not kill the stage: each item on its own
@@ -245,6 +256,27 @@ class Preparer:
                            model.model_id, exc_info=True)  # fmt: skip
             works = await self._prepare_one_by_one(model, works)
         return works
+
+    async def _answer_token_works(self, model: ReadyModel, works: list[Work]) -> list[Work]:
+        """Answer the group's tokenize and decode items with the model's tokenizer; the other works, to prepare."""
+        if self._answer is None:
+            raise RuntimeError("tokenize and decode items reached a preparation stage that cannot answer; a bug")
+        answered = [work for work in works if work.item.operation in TOKEN_OPERATIONS]
+        rest = [work for work in works if work.item.operation not in TOKEN_OPERATIONS]
+        descriptor = model.descriptor
+
+        def results(tokenizer: TextTokenizer | None) -> list[WorkResult]:
+            return [token_result(work.item, tokenizer, descriptor, self._worker_id) for work in answered]
+
+        try:
+            tokenizer = await self._tokenizers.get(descriptor)
+            computed = await asyncio.get_running_loop().run_in_executor(self._executor, results, tokenizer)
+        except Exception:  # noqa: BLE001 - a bug answers these items (logged), never their batch-mates
+            logger.exception("tokenizing or decoding %d items of %s failed", len(answered), model.model_id)
+            await self._fail(answered)
+            return rest
+        await self._answer(list(zip(answered, computed, strict=True)))
+        return rest
 
     async def _prepare_traced(self, model: ReadyModel, works: list[Work]) -> list[Work]:
         """`_prepare_group` in a span continuing the items' traces; with tracing on, stamps when each work's batch
@@ -263,7 +295,9 @@ class Preparer:
         """The items of a failed group that prepare alone; the others go to `fail` (answered, never redelivered
         into the same failure), so one bad item does not hold back its batch-mates."""
         prepared, failed = [], []
-        for work in works:
+        # Tokenize and decode items are answered before anything can fail here; one still here is unsettled (its
+        # answer could not be published) and is left for redelivery.
+        for work in (work for work in works if work.item.operation not in TOKEN_OPERATIONS):
             try:
                 await self.prepare(model, [work])
             except Exception:  # noqa: BLE001 - logged with its traceback, answered through `fail`

@@ -84,7 +84,7 @@ def preparation_failed_result(item: WorkItem, worker_id: str) -> WorkResult:
 
 
 def unknown_operation_result(item: WorkItem, worker_id: str) -> WorkResult:
-    message = f"Unknown operation {item.operation!r}; expected encode, score, extract or generate"
+    message = f"Unknown operation {item.operation!r}; expected encode, score, extract, generate, tokenize or decode"
     return error_result(item, codes.INVALID_INPUT, message, worker_id)
 
 

@@ -185,7 +185,10 @@ def build_pipeline(
     async def preparation_failed(works: list[Work]) -> None:
         await settler.reply([(work, preparation_failed_result(work.item, config.worker_id)) for work in works])
 
-    preparer = Preparer(executor, prepared, preparation_failed, settler.live, payloads, config.tracing)
+    preparer = Preparer(
+        executor, prepared, preparation_failed, settler.live, payloads, config.tracing, answer=settler.reply,
+        worker_id=config.worker_id,
+    )  # fmt: skip
     scheduler = Scheduler(
         dispatcher.dispatch,
         batching.max_batch_wait_s,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import attrs
 import blake3
@@ -146,6 +146,31 @@ class TextTokenizer:
         inputs = [_prefix(text, limit) for text in texts] if any(cut) else list(texts)
         encodings = self._tokenizer.encode_batch(inputs)
         return [self._tokenized(encoding, was_cut) for encoding, was_cut in zip(encodings, cut, strict=True)]
+
+    def tokens(self, text: str, add_special_tokens: bool = True) -> list[dict[str, Any]]:
+        """The tokens of `text` as the model reads them (cut at `max_length`): `id`, `text` (a special token's own
+        string, else the characters of `text` it covers), `special`, and `start`/`stop` character offsets in `text`
+        (None for a special token)."""
+        limit = self.max_length * MAX_CHARS_PER_TOKEN
+        encoding = self._tokenizer.encode(text[:limit], add_special_tokens=add_special_tokens)
+        tokens = []
+        for token_id, token, special, (start, stop) in zip(
+            encoding.ids, encoding.tokens, encoding.special_tokens_mask, encoding.offsets, strict=True
+        ):
+            if special:
+                tokens.append({"id": token_id, "text": token, "special": True, "start": None, "stop": None})
+            else:
+                tokens.append({"id": token_id, "text": text[start:stop], "special": False, "start": start,
+                               "stop": stop})  # fmt: skip
+        return tokens
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """The text of token `ids`; ValueError names the first id that is not in the vocabulary."""
+        size = self.vocab_size
+        bad = next((token_id for token_id in ids if not 0 <= token_id < size), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is not in this model's vocabulary of {size}")
+        return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def prepared(
         self, input_ids: np.ndarray, token_type_ids: np.ndarray | None = None, truncated: bool = False

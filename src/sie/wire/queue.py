@@ -18,6 +18,9 @@ OPERATION_SCORE: Final = "score"
 OPERATION_EXTRACT: Final = "extract"
 OPERATION_LOAD: Final = "load"
 OPERATION_GENERATE: Final = "generate"
+# Answered by the sidecar with the model's tokenizer, never sent to a worker (TEI's /tokenize and /decode).
+OPERATION_TOKENIZE: Final = "tokenize"
+OPERATION_DECODE: Final = "decode"
 
 RESULT_CHUNK_KIND: Final = "result_chunk_v1"
 # Bounds of one v1 transfer (seed 001, Preparation And Framing).

@@ -100,6 +100,28 @@ class DialectHandlers(InferenceHandlers):
         return served_response(await self._serve(request, work, call.model), None, started)
 
     @endpoint(Surface.TEI)
+    async def tei_tokenize(self, request: Request) -> Response:
+        """`/{model}/tokenize`, or `/tokenize` for the SIE_COMPAT_DEFAULT_MODELS `tokenize` model."""
+        started = time.perf_counter()
+        call = tei.parse_tokenize(self._path_model(request, "tokenize"), await self._data(request))
+        note_request(model=call.model, items=len(call.texts))
+        work = functools.partial(tei.tokenize, self._service, call, lane_hints(request))
+        return served_response(await self._serve(request, work, call.model), None, started)
+
+    @endpoint(Surface.TEI)
+    async def tei_decode(self, request: Request) -> Response:
+        """`/{model}/decode`, or `/decode` for the SIE_COMPAT_DEFAULT_MODELS `decode` model."""
+        started = time.perf_counter()
+        call = tei.parse_decode(self._path_model(request, "decode"), await self._data(request))
+        note_request(model=call.model, items=len(call.sequences))
+        work = functools.partial(tei.decode, self._service, call, lane_hints(request))
+        return served_response(await self._serve(request, work, call.model), None, started)
+
+    def _path_model(self, request: Request, route: str) -> str:
+        model = request.path_params.get("model")
+        return model if model is not None else self._default_model(route)
+
+    @endpoint(Surface.TEI)
     async def tei_root(self, request: Request) -> Response:
         """TEI's `POST /`: here it embeds (the route every TEI client can reach with only a base URL)."""
         started = time.perf_counter()
@@ -186,8 +208,12 @@ def dialect_routes(handlers: DialectHandlers) -> list[Route]:
         Route("/api/embed", handlers.ollama_embed, methods=["POST"]),
         Route("/api/embeddings", handlers.ollama_embed, methods=["POST"]),
         *(Route(f"/{name}", handlers.tei_default_embed, methods=["POST"]) for name in TEI_EMBED_ROUTES),
+        Route("/tokenize", handlers.tei_tokenize, methods=["POST"]),
+        Route("/decode", handlers.tei_decode, methods=["POST"]),
         *(Route(f"/{{model:tei_model}}/{name}", handlers.tei_embed, methods=["POST"]) for name in TEI_EMBED_ROUTES),
         Route("/{model:tei_model}/rerank", handlers.tei_rerank, methods=["POST"]),
+        Route("/{model:tei_model}/tokenize", handlers.tei_tokenize, methods=["POST"]),
+        Route("/{model:tei_model}/decode", handlers.tei_decode, methods=["POST"]),
         Route("/{model:tei_model}/info", handlers.tei_info, methods=["GET"]),
         *(
             Route(f"/{{model:tei_model}}/{path}", handlers.tei_openai_embeddings, methods=["POST"])

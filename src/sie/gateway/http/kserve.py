@@ -166,6 +166,8 @@ def infer_call(
     texts = by_name.pop("text", None) or (by_name.popitem()[1] if len(by_name) == 1 else None)
     if texts is None or by_name:
         raise InvalidRequestError("Send one BYTES input 'text' (and 'query' to score the texts against it)")
+    if not texts.data:
+        raise InvalidRequestError(f"Input '{texts.name}' holds no texts")
     expected = "scores" if query is not None else "dense"
     for name in outputs:
         if name != expected:

@@ -114,6 +114,11 @@ _DIALECT_ROUTES: Final = (
      "`[[[float]]]`", _TEI_ERRORS),
     ("/{model:tei_model}/rerank", "/{model}/rerank", "TEI rerank: `query`, `texts`, `return_text`",
      "`[{index, score, text?}]`, best first", _TEI_ERRORS),
+    ("/{model:tei_model}/tokenize", "/{model}/tokenize", "TEI tokenize: `inputs`, `add_special_tokens`, "
+     "`prompt_name` (the model's tokenizer, cut at its length)", "`[[{id, text, special, start, stop}]]`",
+     _TEI_ERRORS),
+    ("/{model:tei_model}/decode", "/{model}/decode", "TEI decode: `ids` (a list, or a list of lists), "
+     "`skip_special_tokens`", "`[text]`", _TEI_ERRORS),
     *((f"/{{model:tei_model}}/{path}", f"/{{model}}/{path}", "TEI's OpenAI route: `/v1/embeddings` with the model from "
        "the path (the body's `model` is not read)", "OpenAI `{object, data, model, usage}`",
        "OpenAI `{error: {message, type, param, code}}`") for path in ("v1/embeddings", "embeddings")),
@@ -129,7 +134,8 @@ _DIALECT_ROUTES: Final = (
     *((f"/{route}", f"/{route}", f"TEI `/{route}` at the root: the SIE_COMPAT_DEFAULT_MODELS `{route}` model (400 "
        f"without one; `/{{model}}/{route}` needs none)", answer, _TEI_ERRORS)
       for route, answer in (("embed", "`[[float]]`"), ("embed_sparse", "`[[{index, value}]]`"),
-                            ("embed_all", "`[[[float]]]`"))),
+                            ("embed_all", "`[[[float]]]`"), ("tokenize", "`[[{id, text, special, start, stop}]]`"),
+                            ("decode", "`[text]`"))),
     ("/v2/embed", "/v2/embed", "Cohere v2 embed: `model`, `texts`, `input_type`, `embedding_types`, "
      "`output_dimension`, `truncate`", "`{id, embeddings: {type: [[...]]}, texts, meta, response_type}`",
      _COHERE_ERRORS),

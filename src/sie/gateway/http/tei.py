@@ -10,6 +10,8 @@ clients take a base URL, so here the base URL names the model: `http://host:8080
   multi-vector model or variant: `/{model}:multivector/embed_all`).
 - `/rerank`: `query`, `texts`, `return_text`; `raw_scores` true and `truncate` false are refused (SIE's scores are
   the model's activated ones, and pairs are cut at the model's length) → `[{index, score, text?}]`, best first.
+- `/tokenize`: `inputs`, `add_special_tokens`, `prompt_name` → `[[{id, text, special, start, stop}]]`; `/decode`:
+  `ids`, `skip_special_tokens` → `[text]`. The model's own tokenizer answers them on its sidecar (no worker run).
 """
 
 from __future__ import annotations
@@ -174,6 +176,64 @@ def rerank_body(call: RerankCall, result: WorkResult) -> list[dict[str, Any]]:
 async def rerank(service: InferenceService, call: RerankCall, hints: LaneHints, trace: TraceHeaders | None) -> Served:
     collected = await service.score_results(call.model, call.score_request(), hints, trace)
     return Served(rerank_body(call, collected.results[0]), collected.meta)
+
+
+@attrs.frozen
+class TokenizeCall:
+    """A TEI `/tokenize`: `inputs` (a string or a list), `add_special_tokens` (default true), `prompt_name`."""
+
+    model: str
+    texts: list[str]
+    add_special_tokens: bool = True
+    is_query: bool = False
+
+
+def parse_tokenize(model: str, data: Any) -> TokenizeCall:
+    data = _object(data)
+    prompt = data.get("prompt_name")
+    if prompt is not None and prompt not in PROMPT_ROLES:
+        raise InvalidRequestError(
+            f"Field 'prompt_name' must be one of {sorted(PROMPT_ROLES)}, got {prompt!r}", param="prompt_name"
+        )
+    texts = _texts(data.get("inputs"), "inputs")
+    return TokenizeCall(model, texts, _flag(data, "add_special_tokens", True), bool(prompt and PROMPT_ROLES[prompt]))
+
+
+async def tokenize(
+    service: InferenceService, call: TokenizeCall, hints: LaneHints, trace: TraceHeaders | None
+) -> Served:
+    """`[[{id, text, special, start, stop}]]`: one token list per input, as the model reads it (cut at its length);
+    `start`/`stop` are character offsets (TEI counts bytes: the same for ASCII text), None for special tokens."""
+    options = {"add_special_tokens": call.add_special_tokens}
+    return await service.tokenize(call.model, call.texts, options, hints, trace, is_query=call.is_query)
+
+
+@attrs.frozen
+class DecodeCall:
+    """A TEI `/decode`: `ids` (one id list, or a list of them), `skip_special_tokens` (default true)."""
+
+    model: str
+    sequences: list[list[int]]
+    skip_special_tokens: bool = True
+
+
+def parse_decode(model: str, data: Any) -> DecodeCall:
+    data = _object(data)
+    ids = data.get("ids")
+    if type(ids) is list and ids and all(type(token) is int for token in ids):
+        sequences = [ids]
+    elif type(ids) is list and ids and all(type(row) is list and all(type(t) is int for t in row) for row in ids):
+        sequences = ids
+    else:
+        raise InvalidRequestError("Field 'ids' must be a non-empty list of token ids, or a list of them", param="ids")
+    return DecodeCall(model, sequences, _flag(data, "skip_special_tokens", True))
+
+
+async def decode(service: InferenceService, call: DecodeCall, hints: LaneHints, trace: TraceHeaders | None) -> Served:
+    """`[text]`, one per id list (TEI answers a list for a single list of ids too)."""
+    return await service.decode(
+        call.model, call.sequences, {"skip_special_tokens": call.skip_special_tokens}, hints, trace
+    )
 
 
 def info_body(model_id: str, model: Any, pooling: str | None, max_client_batch_size: int) -> dict[str, Any]:
