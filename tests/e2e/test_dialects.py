@@ -161,6 +161,20 @@ def test_the_dialects_run_through_the_distributed_path(cluster: Cluster) -> None
 HELLO_WORLD_IDS = [101, 7592, 2088, 102]
 
 
+def test_tei_predict_scores_pairs_as_the_score_route(all_server: str) -> None:
+    pairs = [[QUERY, doc] for doc in DOCS] + [[TEXTS[0], DOCS[2]]]
+    answer = httpx.post(f"{all_server}/{MINILM}/predict", json={"inputs": pairs}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    native = native_scores(all_server)
+    rows = answer.json()
+    assert all(len(row) == 1 and row[0]["label"] == "LABEL_0" for row in rows)
+    assert [row[0]["score"] for row in rows[:3]] == pytest.approx([native[i] for i in range(len(DOCS))], abs=1e-6)
+    single = httpx.post(f"{all_server}/{MINILM}/predict", json={"inputs": [QUERY, DOCS[1]]}, timeout=60).json()
+    assert single[0][0]["score"] == pytest.approx(native[1], abs=1e-6)
+    refused = httpx.post(f"{all_server}/{MINILM}/predict", json={"inputs": "just one text"}, timeout=60)
+    assert refused.status_code == 422 and "pair" in refused.json()["error"]
+
+
 def test_tei_tokenize_and_decode_use_the_models_tokenizer(all_server: str) -> None:
     text = "Hello world, naïve café!"
     answer = httpx.post(f"{all_server}/{MINILM}/tokenize", json={"inputs": [text, "Hello world"]}, timeout=60)

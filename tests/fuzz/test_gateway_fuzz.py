@@ -533,6 +533,13 @@ dialect_calls = st.one_of(
             "add_special_tokens": st.booleans(), "prompt_name": st.sampled_from(("query", "passage", "x"))})),
     ),
     st.tuples(
+        st.sampled_from((f"/{MINILM}/predict", "/predict")), st.just("tei"),
+        fuzzed(st.fixed_dictionaries({"inputs": st.one_of(
+            texts, st.lists(texts, min_size=2, max_size=2), st.lists(st.lists(texts, min_size=2, max_size=2),
+                                                                     max_size=3))},
+            optional={"raw_scores": st.booleans(), "truncate": st.booleans()})),
+    ),
+    st.tuples(
         st.sampled_from((f"/{MINILM}/decode", "/decode")), st.just("tei"),
         fuzzed(st.fixed_dictionaries({"ids": st.one_of(
             st.lists(st.integers(-5, 40_000), max_size=6),

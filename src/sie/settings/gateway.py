@@ -29,7 +29,7 @@ _GATEWAY_ROLES = ("gateway", "all")
 LOOPBACK_HOST: Final = "127.0.0.1"
 CONTAINER_HOST: Final = "0.0.0.0"
 # The TEI routes a request at the server's root may reach without a model in its path (SIE_COMPAT_DEFAULT_MODELS).
-COMPAT_DEFAULT_ROUTES: Final = ("embed", "embed_sparse", "embed_all", "rerank", "tokenize", "decode")
+COMPAT_DEFAULT_ROUTES: Final = ("embed", "embed_sparse", "embed_all", "rerank", "predict", "tokenize", "decode")
 
 
 @attrs.frozen
@@ -132,9 +132,9 @@ class GatewaySettings:
             "The model each TEI route at the server's root serves, for TEI clients that join the route to the "
             "host and drop a base URL's path (Haystack's TEI ranker posts to `/rerank`), e.g. "
             "`rerank=cross-encoder/ms-marco-MiniLM-L6-v2,embed=BAAI/bge-small-en-v1.5`. Keys: `embed`, "
-            "`embed_sparse`, `embed_all`, `tokenize`, `decode`, `rerank` (a `/rerank` body with TEI's `texts`; "
-            "one with `documents` is Cohere's or Jina's and names its model). A root route without one answers "
-            "TEI's 422 (`INVALID_INPUT`) naming the `/{model}/…` form, which needs no setting.",
+            "`embed_sparse`, `embed_all`, `predict`, `tokenize`, `decode`, `rerank` (a `/rerank` body with TEI's "
+            "`texts`; one with `documents` is Cohere's or Jina's and names its model). A root route without one "
+            "answers TEI's 422 (`INVALID_INPUT`) naming the `/{model}/…` form, which needs no setting.",
             roles=_GATEWAY_ROLES,
             read_by=("sie.gateway.http.app",),
         ),

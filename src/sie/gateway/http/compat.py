@@ -100,6 +100,15 @@ class DialectHandlers(InferenceHandlers):
         return served_response(await self._serve(request, work, call.model), None, started)
 
     @endpoint(Surface.TEI)
+    async def tei_predict(self, request: Request) -> Response:
+        """`/{model}/predict`, or `/predict` for the SIE_COMPAT_DEFAULT_MODELS `predict` model."""
+        started = time.perf_counter()
+        call = tei.parse_predict(self._path_model(request, "predict"), await self._data(request))
+        note_request(model=call.model, items=len(call.pairs))
+        work = functools.partial(tei.predict, self._service, call, lane_hints(request))
+        return served_response(await self._serve(request, work, call.model), None, started)
+
+    @endpoint(Surface.TEI)
     async def tei_tokenize(self, request: Request) -> Response:
         """`/{model}/tokenize`, or `/tokenize` for the SIE_COMPAT_DEFAULT_MODELS `tokenize` model."""
         started = time.perf_counter()
@@ -208,10 +217,12 @@ def dialect_routes(handlers: DialectHandlers) -> list[Route]:
         Route("/api/embed", handlers.ollama_embed, methods=["POST"]),
         Route("/api/embeddings", handlers.ollama_embed, methods=["POST"]),
         *(Route(f"/{name}", handlers.tei_default_embed, methods=["POST"]) for name in TEI_EMBED_ROUTES),
+        Route("/predict", handlers.tei_predict, methods=["POST"]),
         Route("/tokenize", handlers.tei_tokenize, methods=["POST"]),
         Route("/decode", handlers.tei_decode, methods=["POST"]),
         *(Route(f"/{{model:tei_model}}/{name}", handlers.tei_embed, methods=["POST"]) for name in TEI_EMBED_ROUTES),
         Route("/{model:tei_model}/rerank", handlers.tei_rerank, methods=["POST"]),
+        Route("/{model:tei_model}/predict", handlers.tei_predict, methods=["POST"]),
         Route("/{model:tei_model}/tokenize", handlers.tei_tokenize, methods=["POST"]),
         Route("/{model:tei_model}/decode", handlers.tei_decode, methods=["POST"]),
         Route("/{model:tei_model}/info", handlers.tei_info, methods=["GET"]),

@@ -114,6 +114,8 @@ _DIALECT_ROUTES: Final = (
      "`[[[float]]]`", _TEI_ERRORS),
     ("/{model:tei_model}/rerank", "/{model}/rerank", "TEI rerank: `query`, `texts`, `return_text`",
      "`[{index, score, text?}]`, best first", _TEI_ERRORS),
+    ("/{model:tei_model}/predict", "/{model}/predict", "TEI predict: `inputs` a `[text, text_pair]` pair or a list "
+     "of them (a model that scores)", "`[[{score, label}]]`", _TEI_ERRORS),
     ("/{model:tei_model}/tokenize", "/{model}/tokenize", "TEI tokenize: `inputs`, `add_special_tokens`, "
      "`prompt_name` (the model's tokenizer, cut at its length)", "`[[{id, text, special, start, stop}]]`",
      _TEI_ERRORS),
@@ -134,7 +136,8 @@ _DIALECT_ROUTES: Final = (
     *((f"/{route}", f"/{route}", f"TEI `/{route}` at the root: the SIE_COMPAT_DEFAULT_MODELS `{route}` model (400 "
        f"without one; `/{{model}}/{route}` needs none)", answer, _TEI_ERRORS)
       for route, answer in (("embed", "`[[float]]`"), ("embed_sparse", "`[[{index, value}]]`"),
-                            ("embed_all", "`[[[float]]]`"), ("tokenize", "`[[{id, text, special, start, stop}]]`"),
+                            ("embed_all", "`[[[float]]]`"), ("predict", "`[[{score, label}]]`"),
+                            ("tokenize", "`[[{id, text, special, start, stop}]]`"),
                             ("decode", "`[text]`"))),
     ("/v2/embed", "/v2/embed", "Cohere v2 embed: `model`, `texts`, `input_type`, `embedding_types`, "
      "`output_dimension`, `truncate`", "`{id, embeddings: {type: [[...]]}, texts, meta, response_type}`",

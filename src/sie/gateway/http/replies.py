@@ -71,7 +71,7 @@ class Surface(enum.Enum):
 # The dialect routes, for errors answered before a route is matched (authentication, body limits).
 COHERE_PATHS: Final = frozenset({"/v1/rerank", "/v2/rerank", "/v2/embed"})
 OLLAMA_PATHS: Final = frozenset({"/api/embed", "/api/embeddings"})
-TEI_SUFFIXES: Final = ("/embed", "/embed_sparse", "/embed_all", "/rerank", "/tokenize", "/decode")
+TEI_SUFFIXES: Final = ("/embed", "/embed_sparse", "/embed_all", "/rerank", "/predict", "/tokenize", "/decode")
 # TEI's OpenAI routes under a model's base URL (/{model}/v1/embeddings, /{model}/embeddings) answer in OpenAI's
 # envelope (Ollama's /api/embeddings is matched before them).
 TEI_OPENAI_SUFFIX: Final = "/embeddings"

@@ -10,6 +10,8 @@ clients take a base URL, so here the base URL names the model: `http://host:8080
   multi-vector model or variant: `/{model}:multivector/embed_all`).
 - `/rerank`: `query`, `texts`, `return_text`; `raw_scores` true and `truncate` false are refused (SIE's scores are
   the model's activated ones, and pairs are cut at the model's length) → `[{index, score, text?}]`, best first.
+- `/predict`: `inputs` a `[text, text_pair]` pair or a list of them → `[[{score, label}]]` from the model's relevance
+  head (a cross-encoder's one label, `LABEL_0`); a single text is refused (no single-text classifier is served).
 - `/tokenize`: `inputs`, `add_special_tokens`, `prompt_name` → `[[{id, text, special, start, stop}]]`; `/decode`:
   `ids`, `skip_special_tokens` → `[text]`. The model's own tokenizer answers them on its sidecar (no worker run).
 """
@@ -176,6 +178,58 @@ def rerank_body(call: RerankCall, result: WorkResult) -> list[dict[str, Any]]:
 async def rerank(service: InferenceService, call: RerankCall, hints: LaneHints, trace: TraceHeaders | None) -> Served:
     collected = await service.score_results(call.model, call.score_request(), hints, trace)
     return Served(rerank_body(call, collected.results[0]), collected.meta)
+
+
+@attrs.frozen
+class PredictCall:
+    """A TEI `/predict` on a model that scores: `inputs` a `[text, text_pair]` pair or a list of them."""
+
+    model: str
+    pairs: list[tuple[str, str]]
+
+
+def _pair(value: Any) -> tuple[str, str] | None:
+    if type(value) is list and len(value) == 2 and all(type(text) is str for text in value):
+        return value[0], value[1]
+    return None
+
+
+def parse_predict(model: str, data: Any) -> PredictCall:
+    """Pairs only: SIE classifies with the model's relevance head (a cross-encoder's one label); a single text has
+    no pair to score (TEI's single-text classifiers are not served)."""
+    data = _object(data)
+    if _flag(data, "raw_scores", False):
+        raise InvalidRequestError("raw_scores is not supported: scores are the model's own activated relevance")
+    if not _flag(data, "truncate", True):
+        raise InvalidRequestError("truncate false is not supported: pairs are cut at the model's length")
+    inputs = data.get("inputs")
+    single = _pair(inputs)
+    pairs = [single] if single is not None else [_pair(value) for value in inputs] if type(inputs) is list else []
+    if not pairs or any(pair is None for pair in pairs):
+        raise InvalidRequestError(
+            "Field 'inputs' must be a [text, text_pair] pair or a non-empty list of them: SIE predicts with a "
+            "model's relevance head on pairs (single-text classification is not served)",
+            param="inputs",
+        )
+    return PredictCall(model, pairs)  # type: ignore[arg-type]
+
+
+async def predict(service: InferenceService, call: PredictCall, hints: LaneHints, trace: TraceHeaders | None) -> Served:
+    """`[[{score, label}]]` per pair (a cross-encoder's one label, `LABEL_0`); one score request per distinct first
+    text, its pairs' second texts as its documents."""
+    by_query: dict[str, list[int]] = {}
+    for index, (query, _) in enumerate(call.pairs):
+        by_query.setdefault(query, []).append(index)
+    scores = [0.0] * len(call.pairs)
+    meta = None
+    for query, indices in by_query.items():
+        items = [Item(id=str(index), text=call.pairs[index][1]) for index in indices]
+        collected = await service.score_results(call.model, ScoreRequest(query=Item(text=query), items=items), hints,
+                                                trace)  # fmt: skip
+        meta = meta or collected.meta
+        for entry in assembly.decode_result(collected.results[0]):
+            scores[int(entry["item_id"])] = float(entry["score"])
+    return Served([[{"score": score, "label": "LABEL_0"}] for score in scores], meta)
 
 
 @attrs.frozen
