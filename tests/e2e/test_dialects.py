@@ -263,6 +263,10 @@ def test_tritons_grpc_client_speaks_the_open_inference_protocol(all_server: str,
         with pytest.raises(InferenceServerException) as unserved:
             client.get_model_config(MINILM)
         assert unserved.value.status() == "StatusCode.UNIMPLEMENTED"
+    # counted with the HTTP requests, by the call's path and the HTTP status of its outcome
+    metrics = httpx.get(f"{all_server}/metrics", timeout=60).text
+    assert f'model="{MINILM}",route="/inference.GRPCInferenceService/ModelInfer",status="200"' in metrics
+    assert 'model="other",route="/inference.GRPCInferenceService/ModelMetadata",status="404"' in metrics
 
 
 def test_the_open_inference_protocol_refuses_in_its_envelope(all_server: str) -> None:

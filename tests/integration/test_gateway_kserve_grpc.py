@@ -6,6 +6,7 @@ tests/e2e/test_dialects.py. The messages are checked on the wire against tritonc
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -20,6 +21,7 @@ from sie.gateway.http.app import GatewaySources, build_gateway_app, serving_stat
 from sie.gateway.http.auth import GatewayAuth
 from sie.gateway.publisher import QueueConsumers
 from sie.settings import GatewaySettings, LaneSettings, StreamSettings
+from sie.telemetry.access import ACCESS_LOGGER
 from sie.transport.loopback import LoopbackTransport
 from support.gateway_fakes import NoWorkers
 
@@ -97,6 +99,20 @@ async def test_failures_are_statuses_with_the_sie_code_and_retry_after(baseline_
         assert draining.value.code() == grpc.StatusCode.UNAVAILABLE
         assert ("x-sie-error-code", "SHUTTING_DOWN") in tuple(draining.value.trailing_metadata())
         assert serving_state(app).in_flight == 0
+
+
+async def test_each_call_gets_an_access_line_like_an_http_request(
+    baseline_catalog: Catalog, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    async with grpc_gateway(baseline_catalog, GatewayAuth()) as (_, channel):
+        await call(channel, "ServerLive", messages.message_class("ServerLiveRequest")())
+        with pytest.raises(grpc.aio.AioRpcError):
+            await call(channel, "ModelInfer", infer_request("acme/missing"))
+    lines = [record.getMessage() for record in caplog.records if record.name == ACCESS_LOGGER]
+    assert any('"POST /inference.GRPCInferenceService/ServerLive" 200' in line for line in lines), lines
+    missing = next(line for line in lines if "/inference.GRPCInferenceService/ModelInfer" in line)
+    assert '" 404 ' in missing and "model=acme/missing" in missing and missing.startswith("127.0.0.1:")
 
 
 def test_the_messages_are_the_protocols_on_the_wire() -> None:

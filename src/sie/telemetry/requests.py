@@ -66,6 +66,25 @@ def noted_model(scope: Scope, record: RequestRecord) -> str | None:
     return model if isinstance(model, str) else None
 
 
+class Observation:
+    """One request observed outside the ASGI middleware (the KServe gRPC service): while it is open `note_request`
+    writes into its record; `finish(status)` tells each observer, with `scope` standing in for an HTTP one (`type`,
+    `method`, `path`, `route` with its `path` template, `path_params`, `client`)."""
+
+    def __init__(self, scope: Scope, observers: Sequence[RequestObserver]) -> None:
+        self._scope = scope
+        self._observers = tuple(observers)
+        self.record = RequestRecord()
+        self._token = _current.set(self.record)
+        self._started = time.perf_counter()
+
+    def finish(self, status: int) -> None:
+        _current.reset(self._token)
+        seconds = time.perf_counter() - self._started
+        for observe in self._observers:
+            observe(self._scope, self.record, status, seconds)
+
+
 class ObservedRequests:
     """Times every HTTP request of the app it wraps and tells each observer its outcome; websocket and lifespan
     scopes pass through untouched."""

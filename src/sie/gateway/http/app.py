@@ -158,11 +158,12 @@ def build_gateway_app(  # noqa: PLR0913 - the sources, the settings, and what ea
     generation = GenerationHandlers(GenerationService(dispatcher, limits), settings.max_body_bytes, sources.tracing)
     read = ReadHandlers(sources.catalog, sources.status, serving, settings.configured_gpus, sources.unready_reason)
     kserve = KServeHandlers(service, settings.max_body_bytes, sources.tracing, sources.catalog, read.is_ready)
+    traffic = TrafficWindow()  # inference requests per second and their latency, for the status page
     kserve_grpc = None
     if settings.grpc_port is not None:
         authorize = grpc_authorizer(sources.auth)
-        kserve_grpc = KServeGrpc(service, sources.catalog, serving, read.is_ready, authorize, settings.max_body_bytes)
-    traffic = TrafficWindow()  # inference requests per second and their latency, for the status page
+        kserve_grpc = KServeGrpc(service, sources.catalog, serving, read.is_ready, authorize, settings.max_body_bytes,
+                                 _request_observers(sources.metrics, traffic))  # fmt: skip
     cluster = ClusterSources(
         sources.catalog, sources.status, sources.transport, lambda: len(collector), lane.pool, settings.configured_gpus
     )

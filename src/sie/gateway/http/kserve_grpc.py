@@ -15,10 +15,12 @@ what the HTTP routes answer (kserve.py), through the same inference service, cat
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
+import attrs
 import numpy as np
 
 from sie.gateway.errors import InvalidRequestError, ShuttingDownError
@@ -38,6 +40,7 @@ from sie.gateway.http.replies import Surface, error_reply
 from sie.gateway.http.shutdown import ServingState
 from sie.gateway.inference import InferenceService
 from sie.gateway.router import CatalogSource, LaneHints
+from sie.telemetry.requests import CLIENT_CLOSED, Observation, RequestObserver
 from sie.telemetry.tracing import TRACEPARENT, TRACESTATE, trace_headers
 
 logger = logging.getLogger(__name__)
@@ -105,6 +108,22 @@ def _tensors(request: Any) -> list[Tensor]:
     return tensors
 
 
+@attrs.frozen
+class _GrpcRoute:
+    """What the request observers read of a matched route: its path template (the metrics' route label)."""
+
+    path: str
+
+
+def _client(peer: str) -> tuple[str, int] | None:
+    """`ipv4:127.0.0.1:5000` (gRPC's peer string) as an ASGI client pair; None for another kind."""
+    kind, _, address = peer.partition(":")
+    host, _, port = address.rpartition(":")
+    if kind not in ("ipv4", "ipv6") or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
 class KServeGrpc:
     """The gRPC service over `service`; `start(host, port)` serves it until `stop()`. Its calls count as the
     gateway's in-flight requests (`serving`): a draining gateway refuses new ones (UNAVAILABLE) and waits for these."""
@@ -117,6 +136,7 @@ class KServeGrpc:
         ready: Callable[[], bool],
         authorize: Authorize | None,
         max_message_bytes: int,
+        observers: Sequence[RequestObserver] = (),
     ) -> None:
         self._service = service
         self._catalog = catalog
@@ -124,6 +144,7 @@ class KServeGrpc:
         self._ready = ready
         self._authorize = authorize
         self._max_message_bytes = max_message_bytes
+        self._observers = tuple(observers)
         self._server: Any = None
 
     async def start(self, host: str, port: int) -> int:
@@ -134,7 +155,7 @@ class KServeGrpc:
         server = grpc.aio.server(options=limits)
         handlers = {
             method: grpc.unary_unary_rpc_method_handler(
-                self._call(getattr(self, f"_{method}")),
+                self._call(method, getattr(self, f"_{method}")),
                 request_deserializer=messages.message_class(request).FromString,
                 response_serializer=lambda response: response.SerializeToString(),
             )
@@ -154,12 +175,23 @@ class KServeGrpc:
             await self._server.stop(grace_s)
             self._server = None
 
-    def _call(self, method: Callable[[Any, dict[str, str]], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
-        """A handler: check the caller's token, run `method`, and turn a failure into its gRPC status."""
+    def _call(
+        self, name: str, method: Callable[[Any, dict[str, str]], Awaitable[Any]]
+    ) -> Callable[[Any, Any], Awaitable[Any]]:
+        """A handler: check the caller's token, run `method`, turn a failure into its gRPC status, and tell the
+        request observers (access log, request metrics, status page) as an HTTP request would, its path
+        `/inference.GRPCInferenceService/{name}` and its status the HTTP one of the same outcome."""
         grpc = _grpc()
+        path = f"/{messages.SERVICE}/{name}"
+        route = _GrpcRoute(path)
 
         async def handle(request: Any, context: Any) -> Any:
             metadata = {key: value for key, value in context.invocation_metadata() if isinstance(value, str)}
+            model = getattr(request, "model_name", None) or getattr(request, "name", None)
+            scope = {"type": "grpc", "method": "POST", "path": path, "raw_path": path.encode(), "route": route,
+                     "path_params": {"model": model} if model else {}, "client": _client(context.peer())}  # fmt: skip
+            observation = Observation(scope, self._observers)
+            status = 200
             self._serving.enter()
             try:
                 if self._authorize is not None:
@@ -167,13 +199,18 @@ class KServeGrpc:
                 if self._serving.draining:
                     raise ShuttingDownError("The gateway is shutting down; retry the request")
                 return await method(request, metadata)
+            except asyncio.CancelledError:
+                status = CLIENT_CLOSED
+                raise
             except Exception as exc:  # noqa: BLE001 - every failure is answered as a status (replies.py logs bugs)
                 reply = error_reply(exc, Surface.KSERVE)
+                status = reply.status
                 trailers = tuple((key, reply.headers[key]) for key in (ERROR_CODE, RETRY_AFTER) if key in reply.headers)
                 code = getattr(grpc.StatusCode, STATUS_CODES.get(reply.status, "INTERNAL"))
                 await context.abort(code, reply.body["error"], trailing_metadata=trailers)
             finally:
                 self._serving.leave()
+                observation.finish(status)
 
         return handle
 
