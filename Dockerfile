@@ -31,16 +31,16 @@ COPY pyproject.toml README.md ./
 COPY src ./src
 
 FROM source AS install-cpu
-RUN pip install --no-cache-dir "./[cpu]"
+RUN pip install --no-cache-dir "./[cpu,grpc]"
 
 FROM source AS install-cuda
-RUN pip install --no-cache-dir "./[gpu-cuda]"
+RUN pip install --no-cache-dir "./[gpu-cuda,grpc]"
 
 FROM runtime AS cuda
 COPY --from=install-cuda /opt/sie /opt/sie
 USER 10001
 WORKDIR /var/cache/sie
-EXPOSE 8080
+EXPOSE 8080 8001
 HEALTHCHECK --interval=10s --timeout=3s CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2)"]
 ENTRYPOINT ["sie"]
 # `all` listens on 127.0.0.1 unless told otherwise; in the container it must be reachable through the port.
@@ -51,7 +51,7 @@ FROM runtime AS cpu
 COPY --from=install-cpu /opt/sie /opt/sie
 USER 10001
 WORKDIR /var/cache/sie
-EXPOSE 8080
+EXPOSE 8080 8001
 HEALTHCHECK --interval=10s --timeout=3s CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2)"]
 ENTRYPOINT ["sie"]
 CMD ["run", "--role", "all", "--host", "0.0.0.0"]

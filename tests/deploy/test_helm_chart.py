@@ -336,6 +336,21 @@ def test_gpu_lanes_are_canonical_and_get_gpus() -> None:
     assert _container(workers["l4"], "worker")["image"].endswith(":0.1.0-cuda")
 
 
+def test_the_grpc_service_gets_its_port_setting_and_service_port(tmp_path: Path) -> None:
+    manifests = render(CHART, _values_path(tmp_path, "gateway:\n  grpc:\n    enabled: true\n    port: 9001\n"))
+    (gateway,) = [container for _, container in _containers(manifests) if _sie_role(container) == "gateway"]
+    assert _literal_env(gateway)["SIE_GATEWAY_GRPC_PORT"] == "9001"
+    assert {"name": "grpc", "containerPort": 9001} in gateway["ports"]
+    (service,) = [svc for svc in _of_kind(manifests, "Service") if svc["metadata"]["name"].endswith("gateway")]
+    assert {"name": "grpc", "port": 9001, "targetPort": "grpc"} in service["spec"]["ports"]
+    assert not _env_problems(manifests)[0]
+    for manifest in manifests:
+        if manifest["kind"] in ("Deployment", "Service"):
+            kubernetes_validate.validate(manifest, KUBERNETES_VERSIONS[0], strict=True)
+    default = render(CHART)
+    assert all("SIE_GATEWAY_GRPC_PORT" not in _literal_env(c) for _, c in _containers(default))
+
+
 def test_external_nats_replaces_the_bundled_server() -> None:
     manifests = render(CHART, CHART / "ci" / "external-nats.yaml")
     assert not _of_kind(manifests, "StatefulSet")

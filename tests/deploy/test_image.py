@@ -66,12 +66,12 @@ def _instruction(stage: list[str], keyword: str) -> str:
     return found.split(maxsplit=1)[1]
 
 
-def _installed_extra(stages: dict[str, list[str]], target: str) -> str:
-    """The pyproject extra installed in the stage whose /opt/sie the target copies."""
+def _installed_extras(stages: dict[str, list[str]], target: str) -> list[str]:
+    """The pyproject extras installed in the stage whose /opt/sie the target copies."""
     copied = re.fullmatch(r"--from=([\w.-]+)\s+/opt/sie\s+/opt/sie", _instruction(stages[target], "COPY"))
     assert copied, stages[target]
-    (extra,) = re.findall(r"\./\[([\w-]+)\]", _instruction(stages[copied.group(1)], "RUN"))
-    return extra
+    (extras,) = re.findall(r"\./\[([\w,-]+)\]", _instruction(stages[copied.group(1)], "RUN"))
+    return extras.split(",")
 
 
 def test_dockerfile_passes_hadolint() -> None:
@@ -83,12 +83,13 @@ def test_dockerfile_passes_hadolint() -> None:
     assert linted.returncode == 0, linted.stdout + linted.stderr
 
 
-def test_cpu_is_the_default_target_and_cuda_installs_the_gpu_cuda_extra() -> None:
+def test_cpu_is_the_default_target_and_cuda_installs_the_gpu_cuda_extra_both_with_grpc() -> None:
     stages = _stages()
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert list(stages)[-1] == "cpu"  # `docker build .` without --target builds the last stage
-    assert _installed_extra(stages, "cpu") == "cpu" and "cpu" in extras
-    assert _installed_extra(stages, "cuda") == "gpu-cuda" and "gpu-cuda" in extras
+    # each with the gRPC service's extra, so gateway.grpc.enabled in the chart needs no other image
+    assert _installed_extras(stages, "cpu") == ["cpu", "grpc"] and {"cpu", "grpc"} <= extras.keys()
+    assert _installed_extras(stages, "cuda") == ["gpu-cuda", "grpc"] and "gpu-cuda" in extras
 
 
 @pytest.mark.parametrize("target", ["cpu", "cuda"])
