@@ -118,17 +118,19 @@ def test_dense_weights_only_in_a_pickle_fail_the_load_naming_the_files(model_loa
 
 
 @pytest.mark.parametrize("activation", ["relu", "log1p_relu"])
+@pytest.mark.parametrize("strategy", ["max", "sum"])
 def test_a_sparse_encoder_is_served_by_the_sparse_adapter_as_sentence_transformers_encodes_it(
-    model_loader, tmp_path: Path, activation: str
+    model_loader, tmp_path: Path, strategy: str, activation: str
 ) -> None:
     """The public catalogue's `sentence_transformer:SentenceTransformerSparseAdapter` (MLMTransformer + SpladePooling,
     as prithivida/Splade_PP_en_v2 is saved) routes to the sparse adapter: its weights equal `SparseEncoder.encode`'s,
-    except on the special tokens' own vocabulary entries, which SIE's sparse output leaves out by design."""
+    except on the special tokens' own vocabulary entries, which SIE's sparse output leaves out by design. Pooling by
+    max or by sum, with either activation."""
     from sentence_transformers.sparse_encoder import SparseEncoder
     from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
 
     save_checkpoint(tmp_path / "base", "bert", "mlm-splade")
-    stack = [MLMTransformer(str(tmp_path / "base")), SpladePooling("max", activation_function=activation)]
+    stack = [MLMTransformer(str(tmp_path / "base")), SpladePooling(strategy, activation_function=activation)]
     SparseEncoder(modules=stack, device="cpu").save(str(tmp_path / "sparse"))
     reference = SparseEncoder(str(tmp_path / "sparse"), device="cpu").encode(TEXTS, convert_to_tensor=True)
     reference = reference.to_dense().numpy()
@@ -153,23 +155,25 @@ def test_a_sparse_encoder_is_served_by_the_sparse_adapter_as_sentence_transforme
         assert float(np.abs(ours - reference[row]).max()) <= 1e-4, row
 
 
-def test_a_sparse_encoder_pooling_by_sum_fails_the_load_naming_it(model_loader, tmp_path: Path) -> None:
+def test_a_sparse_encoder_pooling_another_way_fails_the_load_naming_it(model_loader, tmp_path: Path) -> None:
     from sentence_transformers.sparse_encoder import SparseEncoder
     from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
 
     save_checkpoint(tmp_path / "base", "bert", "mlm-splade")
     stack = [MLMTransformer(str(tmp_path / "base")), SpladePooling("sum")]
     SparseEncoder(modules=stack, device="cpu").save(str(tmp_path / "sparse"))
+    (pooling_config,) = (tmp_path / "sparse").glob("*SpladePooling/config.json")
+    pooling_config.write_text(json.dumps({**json.loads(pooling_config.read_text()), "pooling_strategy": "mean"}))
     model = parse_model_config(
         {
-            "sie_id": "acme/sparse-sum",
+            "sie_id": "acme/sparse-mean",
             "weights_path": str(tmp_path / "sparse"),
             "max_sequence_length": 32,
             "tasks": {"encode": {"sparse": {"dim": 99}}},
             "profiles": {"default": {"adapter_path": "sie.adapters.sparse:X", "max_batch_tokens": 256}},
         }
     )
-    with pytest.raises(ModelLoadError, match=r"pooling_strategy 'sum' is not built"):
+    with pytest.raises(ModelLoadError, match=r"pooling_strategy 'mean' is not built \(max or sum\)"):
         model_loader.load(model, "default", model.sie_id)
 
 

@@ -25,7 +25,7 @@ from sie.catalog.model import ModelConfig, Profile
 from sie.settings import WorkerSettings
 from sie.telemetry.logs import log_fields
 from sie.tokenization import TextTokenizer, TokenizerError
-from sie.worker.adapters import CONVERSION_HEADS, Adapter, AdapterContext, adapter_class
+from sie.worker.adapters import Adapter, AdapterContext, adapter_class, conversion_head
 from sie.worker.artifacts import (
     STAGE_CONVERT,
     ArtifactError,
@@ -122,7 +122,7 @@ class ModelLoader:
         adapter_type = adapter_class(resolved.adapter_path)
         model_dir = self._fetch(artifacts.model, on_progress)
         tokenizer_dir = self._fetch(artifacts.tokenizer, on_progress) if artifacts.tokenizer else model_dir
-        head = resolved.loadtime_options.get("onnx_head") or CONVERSION_HEADS[adapter_type]
+        head = resolved.loadtime_options.get("onnx_head") or conversion_head(adapter_type, model_dir)
         graph = self._graph(model_id, model_dir, artifacts.onnx_file, str(head))
         return PreparedFiles(graph, tokenizer_dir, model_dir)
 

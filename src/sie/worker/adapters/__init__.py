@@ -4,6 +4,8 @@ public SIE module names map too, so their YAMLs run unchanged) and the kind sele
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sie.catalog.adapters import ADAPTER_KINDS, adapter_kind, adapter_module
 from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult
 from sie.worker.adapters.causal_lm import CausalLMAdapter, GenerationInputError, PreparedGeneration
@@ -11,7 +13,7 @@ from sie.worker.adapters.cross_encoder import CrossEncoderAdapter
 from sie.worker.adapters.dense import DenseAdapter
 from sie.worker.adapters.hybrid import HybridAdapter
 from sie.worker.adapters.multivector import MultivectorAdapter
-from sie.worker.adapters.sparse import SpladeAdapter
+from sie.worker.adapters.sparse import SpladeAdapter, read_splade_stack
 from sie.worker.adapters.token_classification import TokenClassificationAdapter
 from sie.worker.errors import ModelLoadError
 
@@ -41,6 +43,17 @@ CONVERSION_HEADS: dict[type[Adapter], str] = {
 }
 
 
+def conversion_head(adapter: type[Adapter], model_dir: Path) -> str:
+    """The ONNX head a safetensors checkpoint in `model_dir` is converted with for `adapter`: CONVERSION_HEADS's,
+    but a SPLADE stack that pools by sum gets a summing head (sparse.py)."""
+    if adapter is SpladeAdapter:
+        try:
+            return read_splade_stack(model_dir).conversion_head
+        except ValueError as exc:
+            raise ModelLoadError("UNKNOWN", str(exc)) from exc
+    return CONVERSION_HEADS[adapter]
+
+
 def adapter_class(adapter_path: str | None) -> type[Adapter]:
     """The adapter for `module:Class`; an unknown module is a DEPENDENCY load failure."""
     kind = adapter_kind(adapter_path)
@@ -53,6 +66,7 @@ def adapter_class(adapter_path: str | None) -> type[Adapter]:
 __all__ = [
     "ADAPTERS",
     "CONVERSION_HEADS",
+    "conversion_head",
     "Adapter",
     "AdapterContext",
     "BatchResult",

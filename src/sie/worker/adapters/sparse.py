@@ -4,7 +4,8 @@ Inference-free models (OpenSearch's `doc-*` sparse encoders) ship the weight of 
 `query_token_weights.txt`): their queries are not run through the model but weigh each distinct token of the query by
 that table, as OpenSearch encodes them; documents go through the model. The public `gte_sparse_flash` module's model
 (opensearch doc-v3-gte), and a sentence-transformers stack whose `SpladePooling` says `log1p_relu`, take one more
-log: log(1 + log(1 + ReLU(logits))); a stack that pools by sum fails to load naming it.
+log: log(1 + log(1 + ReLU(logits))); a stack that pools by sum is converted with a summing head (its log taken
+per token, inside the graph).
 
 The MLM head allocates rows × sequence × vocabulary floats (30,522 per token for BERT), inside the graph when
 it pools itself and as its output when it does not: 32 documents of 330 tokens are 1.3 GB. A batch runs in
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar, Final
 
+import attrs
 import numpy as np
 
 from sie.catalog.adapters import SPARSE
@@ -81,29 +83,44 @@ def read_query_weights(model_dir: Path | None, tokenizer: TextTokenizer) -> np.n
     return None
 
 
-def splade_activation(model_dir: Path | None) -> str:
-    """The activation a sentence-transformers SPLADE stack was saved with (`SpladePooling`: `relu`, i.e.
-    log1p(relu), or `log1p_relu`, one more log1p); `relu` without such a module. ValueError naming what is not built
-    (sum pooling)."""
+@attrs.frozen
+class SpladeStack:
+    """How a sentence-transformers SPLADE stack pools (`SpladePooling`): `strategy` `max` or `sum` over the tokens,
+    `activation` `relu` (log1p(relu)) or `log1p_relu` (one more log1p). Without such a module: max and relu."""
+
+    strategy: str = "max"
+    activation: str = "relu"
+
+    @property
+    def conversion_head(self) -> str:
+        """The ONNX head that pools as the stack does (heads.py): a sum takes its activation inside the graph."""
+        if self.strategy == "max":
+            return "mlm-splade"
+        return "mlm-splade-sum-log1p" if self.activation == "log1p_relu" else "mlm-splade-sum"
+
+
+def read_splade_stack(model_dir: Path | None) -> SpladeStack:
+    """The SpladePooling module of `model_dir`'s modules.json; ValueError naming a strategy or activation that is
+    not built, or a module that cannot be read."""
     modules = model_dir / "modules.json" if model_dir is not None else None
     if modules is None or not modules.is_file():
-        return "relu"
+        return SpladeStack()
     try:
         entries = json.loads(modules.read_text(encoding="utf-8"))
         entry = next((e for e in entries if str(e.get("type", "")).endswith("SpladePooling")), None)
         if entry is None:
-            return "relu"
+            return SpladeStack()
         config_path = model_dir / str(entry.get("path", "")) / "config.json"  # type: ignore[operator]
         config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
     except (OSError, ValueError, AttributeError, TypeError) as exc:
         raise ValueError(f"{modules}: cannot read the SpladePooling module: {exc}") from exc
-    if config.get("pooling_strategy", "max") != "max":
-        raise ValueError(f"{config_path}: SpladePooling pooling_strategy {config['pooling_strategy']!r} is not built "
-                         "(max only)")  # fmt: skip
+    strategy = config.get("pooling_strategy", "max")
+    if strategy not in ("max", "sum"):
+        raise ValueError(f"{config_path}: SpladePooling pooling_strategy {strategy!r} is not built (max or sum)")
     activation = config.get("activation_function", "relu")
     if activation not in ("relu", "log1p_relu"):
         raise ValueError(f"{config_path}: SpladePooling activation_function {activation!r} is not built")
-    return str(activation)
+    return SpladeStack(str(strategy), str(activation))
 
 
 def weigh_query(weights: np.ndarray, input_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -133,8 +150,12 @@ class SpladeAdapter(TextEncoderAdapter):
         self._output = "sparse_embedding" if self._pooled else first_output(self.session, rank=3, preferred=("logits",))
         self._special = sorted(self.tokenizer.special_ids)
         self._query_weights = read_query_weights(context.model_dir, self.tokenizer)
-        activation = splade_activation(context.model_dir)
-        self._double_log = self.profile.adapter_module in DOUBLE_LOG_MODULES or activation == "log1p_relu"
+        stack = read_splade_stack(context.model_dir)
+        # A max commutes with log1p, so the second log of a max-pooled stack is taken here; a summing graph took it.
+        double_log = self.profile.adapter_module in DOUBLE_LOG_MODULES or stack.activation == "log1p_relu"
+        self._double_log = double_log and stack.strategy == "max"
+        if stack.strategy == "sum" and not self._pooled:
+            raise ValueError("a SpladePooling('sum') stack needs its graph to pool (onnx_head mlm-splade-sum)")
 
     def _encode_runnable(self, runnable: list, results: list[ItemResult], watch: Stopwatch) -> None:
         """Queries of an inference-free model are weighed by its table; everything else runs the model."""

@@ -207,12 +207,39 @@ def _mlm_logits(ctx: HeadContext) -> str:
     return b.op("Gemm", [x, _decoder_table(ctx, head), bias], "mlm.logits", transB=1)
 
 
-def _build_mlm_splade(ctx: HeadContext) -> list[onnx.ValueInfoProto]:
-    """SPLADE: max over real positions of log(1 + relu(MLM logits)), one vocab-wide row per sequence."""
+def _mlm_logits3d(ctx: HeadContext) -> str:
+    """The MLM logits as `[B, S, V]`."""
     b = ctx.builder
     batch_sequence = b.op("Shape", ["input_ids"], "mlm.batch_sequence")
     shape = b.op("Concat", [batch_sequence, b.const([ctx.config.vocab_size])], "mlm.shape", axis=0)
-    logits = b.op("Reshape", [_mlm_logits(ctx), shape], "mlm.logits3d")
+    return b.op("Reshape", [_mlm_logits(ctx), shape], "mlm.logits3d")
+
+
+def _splade_sum(double_log: bool) -> HeadBuild:
+    """SPLADE pooled by sum (sentence-transformers `SpladePooling("sum")`): the sum over real positions of
+    log(1 + relu(MLM logits)), with `double_log` its `log1p_relu` activation, log(1 + log(1 + relu(x))), taken
+    per token before the sum."""
+
+    def build(ctx: HeadContext) -> list[onnx.ValueInfoProto]:
+        b = ctx.builder
+        positive = b.op("Relu", [_mlm_logits3d(ctx)], "splade.relu")
+        weights = b.op("Log", [b.op("Add", [positive, b.const(1.0, np.float32)], "splade.plus1")], "splade.log1p")
+        if double_log:
+            weights = b.op("Log", [b.op("Add", [weights, b.const(1.0, np.float32)], "splade.plus1_again")],
+                           "splade.log1p_again")  # fmt: skip
+        # A [B,1,S] x [B,S,V] MatMul sums the real positions in one op, padding weighted 0.
+        row_mask = b.op("Unsqueeze", [ctx.encoder.mask, b.const([1])], "splade.row_mask")
+        summed = b.op("MatMul", [row_mask, weights], "splade.sum3d")
+        b.op("Squeeze", [summed, b.const([1])], "sparse_embedding")
+        return [tensor_info("sparse_embedding", _FLOAT, [BATCH, ctx.config.vocab_size])]
+
+    return build
+
+
+def _build_mlm_splade(ctx: HeadContext) -> list[onnx.ValueInfoProto]:
+    """SPLADE: max over real positions of log(1 + relu(MLM logits)), one vocab-wide row per sequence."""
+    b = ctx.builder
+    logits = _mlm_logits3d(ctx)
     # log(1 + relu(x)) never decreases as x grows, so it commutes with the max: take the max of the
     # raw logits first (padding pushed to MASK_NEGATIVE) and apply it to [B, V] instead of [B, S, V].
     position_bias = b.op("Unsqueeze", [ctx.encoder.padding_bias, b.const([2])], "splade.position_bias")
@@ -234,6 +261,8 @@ HEADS: Mapping[str, Head] = MappingProxyType(
             Head("seq-cls", ("logits",), _build_seq_cls),
             Head("token-cls", ("logits",), _build_token_cls),
             Head("mlm-splade", ("sparse_embedding",), _build_mlm_splade),
+            Head("mlm-splade-sum", ("sparse_embedding",), _splade_sum(double_log=False)),
+            Head("mlm-splade-sum-log1p", ("sparse_embedding",), _splade_sum(double_log=True)),
         )
     }
 )
