@@ -208,4 +208,9 @@ def reference_outputs(head: str, w: dict, ids: list[int], types: list[int]) -> d
         gelu(dense(hidden, w, "cls.predictions.transform.dense")), w, "cls.predictions.transform.LayerNorm"
     )
     logits = transformed @ w["cls.predictions.decoder.weight"].T + w["cls.predictions.bias"]
-    return {"sparse_embedding": np.log1p(np.maximum(logits, 0.0)).max(0)}
+    weights = np.log1p(np.maximum(logits, 0.0))
+    if head == "mlm-splade":
+        return {"sparse_embedding": weights.max(0)}
+    if head == "mlm-splade-sum-log1p":
+        weights = np.log1p(weights)
+    return {"sparse_embedding": weights.sum(0)}

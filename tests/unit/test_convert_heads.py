@@ -60,6 +60,8 @@ CASES = [  # head, dtype, name prefix, gamma/beta LayerNorm names, untied decode
     pytest.param("mean", "F16", "", False, False, id="mean-f16"),
     pytest.param("token-cls", "F16", "bert.", True, False, id="token-cls-f16-gamma-beta"),
     pytest.param("mlm-splade", "BF16", "bert.", False, False, id="mlm-splade-bf16"),
+    pytest.param("mlm-splade-sum", "F32", "bert.", False, False, id="mlm-splade-sum-f32"),
+    pytest.param("mlm-splade-sum-log1p", "F16", "bert.", False, True, id="mlm-splade-sum-log1p-f16-untied"),
     pytest.param("seq-cls", "BF16", "", True, False, id="seq-cls-bf16-gamma-beta"),
 ]
 
