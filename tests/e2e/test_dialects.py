@@ -8,6 +8,8 @@ all-in-one server and cluster."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import numpy as np
 import pytest
@@ -202,6 +204,18 @@ def test_tei_tokenize_and_decode_use_the_models_tokenizer(all_server: str) -> No
     assert httpx.post(f"{all_server}/{MINILM}/decode", json={"ids": "x"}, timeout=60).status_code == 422
 
 
+def assert_scores_as_native(triton: Any, client: Any, url: str) -> None:
+    """A score through Triton's client (`tritonclient.http` or `.grpc`: the same InferInput API): BYTES `query` and
+    `text` in, FP32 `scores` out, equal to `/v1/score`'s in document order."""
+    query = triton.InferInput("query", [1], "BYTES")
+    query.set_data_from_numpy(np.array([QUERY.encode()], dtype=object))
+    docs = triton.InferInput("text", [len(DOCS)], "BYTES")
+    docs.set_data_from_numpy(np.array([doc.encode() for doc in DOCS], dtype=object))
+    scores = client.infer(MINILM, [query, docs]).as_numpy("scores")
+    native = native_scores(url)
+    assert np.allclose(scores, [native[index] for index in range(len(DOCS))], atol=1e-6)
+
+
 def test_tritons_http_client_speaks_the_open_inference_protocol(all_server: str) -> None:
     """KServe V2: health, metadata, and infer with binary tensor data both ways (tritonclient's default) and JSON."""
     import tritonclient.http as triton
@@ -216,13 +230,7 @@ def test_tritons_http_client_speaks_the_open_inference_protocol(all_server: str)
             text.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=object), binary_data=binary)
             result = client.infer(MINILM, [text], outputs=[triton.InferRequestedOutput("dense", binary_data=binary)])
             assert np.allclose(result.as_numpy("dense"), native_dense(all_server, TEXTS), atol=1e-5)
-        query = triton.InferInput("query", [1], "BYTES")
-        query.set_data_from_numpy(np.array([QUERY.encode()], dtype=object))
-        docs = triton.InferInput("text", [len(DOCS)], "BYTES")
-        docs.set_data_from_numpy(np.array([doc.encode() for doc in DOCS], dtype=object))
-        scores = client.infer(MINILM, [query, docs]).as_numpy("scores")
-        native = native_scores(all_server)
-        assert np.allclose(scores, [native[index] for index in range(len(DOCS))], atol=1e-6)
+        assert_scores_as_native(triton, client, all_server)
     finally:
         client.close()
 
@@ -244,13 +252,7 @@ def test_tritons_grpc_client_speaks_the_open_inference_protocol(all_server: str,
         result = client.infer(MINILM, [text], outputs=[triton.InferRequestedOutput("dense")], request_id="r-1")
         assert result.get_response().id == "r-1" and result.get_response().model_name == MINILM
         assert np.allclose(result.as_numpy("dense"), native_dense(all_server, TEXTS), atol=1e-5)
-        query = triton.InferInput("query", [1], "BYTES")
-        query.set_data_from_numpy(np.array([QUERY.encode()], dtype=object))
-        docs = triton.InferInput("text", [len(DOCS)], "BYTES")
-        docs.set_data_from_numpy(np.array([doc.encode() for doc in DOCS], dtype=object))
-        scores = client.infer(MINILM, [query, docs]).as_numpy("scores")
-        native = native_scores(all_server)
-        assert np.allclose(scores, [native[index] for index in range(len(DOCS))], atol=1e-6)
+        assert_scores_as_native(triton, client, all_server)
         queried = client.infer(MINILM, [text], parameters={"is_query": True}).as_numpy("dense")
         assert np.allclose(queried, native_dense(all_server, TEXTS, options={"is_query": True}), atol=1e-5)
 
