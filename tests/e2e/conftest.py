@@ -36,13 +36,21 @@ def matryoshka_variant() -> str:
     return declared
 
 
-ALL_SERVER_GRPC_PORT = free_port()  # the shared server's KServe gRPC service (test_dialects.py)
+# The KServe gRPC services of the shared all-in-one server and of the shared cluster's gateway (test_dialects.py).
+ALL_SERVER_GRPC_PORT = free_port()
+CLUSTER_GRPC_PORT = free_port()
 
 
 @pytest.fixture(scope="session")
 def all_server_grpc(all_server: str) -> str:
     """`host:port` of the shared all-in-one server's KServe V2 gRPC service."""
     return f"127.0.0.1:{ALL_SERVER_GRPC_PORT}"
+
+
+@pytest.fixture()
+def cluster_grpc(cluster: Cluster) -> str:
+    """`host:port` of the shared cluster gateway's KServe V2 gRPC service."""
+    return f"127.0.0.1:{CLUSTER_GRPC_PORT}"
 
 
 @pytest.fixture(scope="session")
@@ -65,7 +73,7 @@ def all_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """nats-server, worker (MiniLM preloaded), sidecar and gateway, for every e2e module that needs a plain distributed
     deployment; `elsewhere` is a deploy-owned queue pool no worker serves."""
-    gateway_env = {"SIE_GATEWAY_STATIC_QUEUE_POOLS": "elsewhere"}
+    gateway_env = {"SIE_GATEWAY_STATIC_QUEUE_POOLS": "elsewhere", "SIE_GATEWAY_GRPC_PORT": str(CLUSTER_GRPC_PORT)}
     with serving_cluster(tmp_path_factory.mktemp("cluster"), gateway_env=gateway_env) as deployment:
         yield deployment
 

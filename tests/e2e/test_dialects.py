@@ -137,8 +137,9 @@ def test_a_post_to_an_unknown_native_path_is_not_taken_for_a_model(all_server: s
     assert httpx.post(f"{all_server}/v1/models", json={}, timeout=10).status_code == 405
 
 
-def test_the_dialects_run_through_the_distributed_path(cluster: Cluster) -> None:
-    """Gateway, NATS, sidecar and worker: Cohere's rerank and Ollama's embed answer as the native routes do."""
+def test_the_dialects_run_through_the_distributed_path(cluster: Cluster, cluster_grpc: str) -> None:
+    """Gateway, NATS, sidecar and worker: Cohere's rerank, Ollama's embed, KServe over gRPC and TEI's tokenize and
+    decode answer as the native routes do."""
     import cohere
     import ollama
 
@@ -151,6 +152,15 @@ def test_the_dialects_run_through_the_distributed_path(cluster: Cluster) -> None
     with ollama.Client(host=cluster.url, timeout=60) as client:
         embedded = client.embed(model=MINILM, input=TEXTS)
     assert np.allclose(np.asarray(embedded.embeddings, dtype=np.float32), native_dense(cluster.url, TEXTS), atol=1e-5)
+    # KServe over gRPC on the gateway role, through NATS to the worker
+    import tritonclient.grpc as triton
+
+    with triton.InferenceServerClient(url=cluster_grpc) as client:
+        assert client.is_server_ready() and client.is_model_ready(MINILM)
+        text = triton.InferInput("text", [len(TEXTS)], "BYTES")
+        text.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=object))
+        vectors = client.infer(MINILM, [text]).as_numpy("dense")
+    assert np.allclose(vectors, native_dense(cluster.url, TEXTS), atol=1e-5)
     # TEI's tokenize and decode cross NATS to the sidecar, which answers them with the model's tokenizer
     tokens = httpx.post(f"{cluster.url}/{MINILM}/tokenize", json={"inputs": "Hello world"}, timeout=60)
     assert tokens.status_code == 200, tokens.text
