@@ -99,6 +99,7 @@ test-fast: setup bytecode
 
 lint: $(TEST_INSTALLED)
 	$(BIN)/ruff check src tests scripts
+	$(BIN)/ruff format --check src tests scripts
 	$(BIN)/lint-imports
 
 clean:
