@@ -108,6 +108,23 @@ class RoleProcess:
             if not holds_within(answers_ok, timeout_s, interval_s=0.1):
                 raise TimeoutError(f"{url} not ready after {timeout_s} s:\n{self.log()}")
 
+    def wait_gateway_routing(self, url: str, timeout_s: float = 120.0) -> None:
+        """For a gateway at `url`: poll its `/health` until requests can be routed (broker connected, first round of
+        worker heartbeats over); its `/readyz` is the process's readiness only and says neither."""
+
+        with httpx.Client(timeout=2.0) as client:
+
+            def routes() -> bool:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"{self.role} exited with {self.process.returncode}:\n{self.log()}")
+                try:
+                    return client.get(f"{url}/health").json()["routing"]["ready"] is True
+                except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                    return False
+
+            if not holds_within(routes, timeout_s, interval_s=0.1):
+                raise TimeoutError(f"{url} routes no requests after {timeout_s} s:\n{self.log()}")
+
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
         """SIGTERM, then wait; returns the exit status (killed after the timeout)."""
         if self.process.poll() is None:

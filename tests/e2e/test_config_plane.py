@@ -82,6 +82,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     control = ControlPlane(tmp_path_factory.mktemp("control-plane"))
     try:
         control.gateway.wait_http_ready(f"{control.gateway_url}/readyz")
+        control.gateway.wait_gateway_routing(control.gateway_url)  # connected to NATS: config deltas reach it
         yield control
     finally:
         control.stop()

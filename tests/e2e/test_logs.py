@@ -197,6 +197,7 @@ def control_plane(tmp_path: Path) -> Iterator[dict[str, Any]]:
     try:
         processes["config"].wait_http_ready(f"{config_url}/readyz")
         processes["gateway"].wait_http_ready(f"http://127.0.0.1:{gateway_port}/readyz")
+        processes["gateway"].wait_gateway_routing(f"http://127.0.0.1:{gateway_port}")  # connected to NATS
         yield {"root": tmp_path, "config_url": config_url, "processes": processes}
     finally:
         for process in processes.values():

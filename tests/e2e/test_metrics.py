@@ -59,6 +59,7 @@ def test_prometheus_sees_the_gateway_and_sidecar_series_move_under_traffic(clust
         _rises_to(server, loaded, 1, cluster.logs())
         _rises_to(server, 'sie_worker_ipc_bytes_total{job="sidecar",direction="received"}', 1, cluster.logs())
         _rises_to(server, 'sie_nats_connected{job=~"gateway|sidecar"}', 2, cluster.logs())
+        _rises_to(server, 'sie_gateway_routing_ready{job="gateway"}', 1, cluster.logs())  # what /readyz no longer says
         lane = 'sie_gateway_lane_queue_depth{job="gateway",pool="default"}'
         if not holds_within(lambda: bool(server.query(lane)), WAIT_S, interval_s=0.5):
             raise AssertionError(f"no lane queue depth series\n{server.log()}")

@@ -41,6 +41,7 @@ def gateway_url(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactor
     url = f"http://127.0.0.1:{port}"
     try:
         process.wait_http_ready(f"{url}/readyz")
+        process.wait_gateway_routing(url)  # connected to NATS: the dead-letter stream is reachable
         yield url
     finally:
         process.stop()

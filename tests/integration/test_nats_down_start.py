@@ -1,5 +1,7 @@
-"""Gateway and sidecar started while NATS is down (issue 13 §3): the processes stay up, `/healthz` answers, `/readyz`
-says not ready, inference answers 503 QUEUE_UNAVAILABLE with Retry-After in each surface's envelope; once a
+"""Gateway and sidecar started while NATS is down (issue 13 §3): the processes stay up, `/healthz` answers, the
+gateway's `/readyz` answers 200 (process readiness only, seed 000 §4, so a load balancer keeps it) while its `/health`
+says why requests cannot be routed, the sidecar's `/readyz` says not ready, inference answers 503 QUEUE_UNAVAILABLE
+with Retry-After in each surface's envelope; once a
 nats-server comes up on the configured port they connect by themselves, and the subscriptions they made at start
 (heartbeats, config deltas, results, cancels) and the sidecar's lane consumer take effect."""
 
@@ -91,6 +93,11 @@ async def publish_late(url: str) -> None:
         await transport.flush()
 
 
+def routes(gateway: Gateway) -> bool:
+    """Whether the gateway's `/health` says requests can be routed (connected, first round of heartbeats over)."""
+    return httpx.get(f"{gateway.url}/health", timeout=10).json()["routing"]["ready"] is True
+
+
 def test_a_gateway_started_without_nats_answers_503_then_connects_by_itself(tmp_path: Path) -> None:
     nats_port, nats_url = nats_down(tmp_path / "nats")
     gateway = Gateway(tmp_path, nats_url)
@@ -98,14 +105,15 @@ def test_a_gateway_started_without_nats_answers_503_then_connects_by_itself(tmp_
     try:
         gateway.process.wait_http_ready(f"{gateway.url}/healthz", timeout_s=60.0)
         wait_warned(gateway.process)
-        not_ready = httpx.get(f"{gateway.url}/readyz", timeout=10)
-        assert not_ready.status_code == 503
-        assert f"not ready: NATS at {nats_url} is not connected (cannot connect to NATS at" in not_ready.text
+        assert gateway.status("/readyz") == 200  # the process serves: the load balancer keeps sending requests
+        health = httpx.get(f"{gateway.url}/health", timeout=10).json()
+        assert health["status"] == "degraded" and health["routing"]["ready"] is False
+        assert f"NATS at {nats_url} is not connected (cannot connect to NATS at" in health["routing"]["reason"]
         assert_queue_unavailable(gateway)
         assert gateway.process.process.poll() is None
 
         server = NatsServer(tmp_path / "nats", port=nats_port)
-        assert holds_within(lambda: gateway.status("/readyz") == 200, CONNECT_DEADLINE_S), gateway.process.log()
+        assert holds_within(lambda: routes(gateway), CONNECT_DEADLINE_S), gateway.process.log()
         # Reachable now: with no worker heard from yet the lane is PROVISIONING, no longer QUEUE_UNAVAILABLE.
         response = httpx.post(f"{gateway.url}/v1/encode/{MINILM}", json={"items": [{"text": "x"}]}, timeout=10)
         assert response.headers["x-sie-error-code"] == "PROVISIONING", response.text
@@ -152,7 +160,7 @@ def test_a_sidecar_and_gateway_started_without_nats_serve_once_it_comes_up(tmp_p
         assert holds_within(
             lambda: httpx.get(f"{probe_url}/readyz", timeout=10).status_code == 200, CONNECT_DEADLINE_S
         ), sidecar.log()
-        assert holds_within(lambda: gateway.status("/readyz") == 200, CONNECT_DEADLINE_S), gateway.process.log()
+        assert holds_within(lambda: routes(gateway), CONNECT_DEADLINE_S), gateway.process.log()
 
         answers: list[httpx.Response] = []
 

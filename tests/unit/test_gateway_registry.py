@@ -273,14 +273,14 @@ async def test_past_its_first_heartbeat_wait_a_registry_calls_a_lane_unserved(cl
 
 async def test_ready_once_a_first_round_of_heartbeats_has_passed_with_or_without_workers(clock: Clock) -> None:
     registry = WorkerRegistry(NullBus(), STALE_S, clock=clock, first_heartbeat_wait_s=2.5)
-    assert registry.unready_reason() == "not subscribed to worker heartbeats"
+    assert registry.routing_reason() == "not subscribed to worker heartbeats"
     async with registry:
-        assert registry.unready_reason() == "waiting 2.5 s more for the workers' first heartbeats"
+        assert registry.routing_reason() == "waiting 2.5 s more for the workers' first heartbeats"
         clock.now += 2.4
         registry.observe(beat())  # one worker heard: others may still be on their way
-        assert registry.unready_reason() == "waiting 0.1 s more for the workers' first heartbeats"
+        assert registry.routing_reason() == "waiting 0.1 s more for the workers' first heartbeats"
         clock.now += 0.1
-        assert registry.unready_reason() is None
+        assert registry.routing_reason() is None
         # Ready: an unserved lane is answered at once, the served one too.
         assert not await registry.has_consumer(Lane("default", "L4", "other"))
         assert await registry.has_consumer(LANE)
@@ -289,7 +289,7 @@ async def test_ready_once_a_first_round_of_heartbeats_has_passed_with_or_without
 async def test_a_registry_with_no_workers_becomes_ready_after_the_first_round(clock: Clock) -> None:
     async with WorkerRegistry(NullBus(), STALE_S, clock=clock, first_heartbeat_wait_s=2.5) as registry:
         clock.now += 2.5
-        assert registry.unready_reason() is None
+        assert registry.routing_reason() is None
         assert not await registry.has_consumer(LANE)  # scale-from-zero: PROVISIONING
 
 
@@ -300,15 +300,15 @@ async def test_the_first_round_starts_when_the_bus_can_deliver_and_again_after_a
     )
     async with registry:
         clock.now += 10.0
-        assert registry.unready_reason() == "NATS is not connected (connection refused)"
+        assert registry.routing_reason() == "NATS is not connected (connection refused)"
         reason[0] = None
-        assert registry.unready_reason() == "waiting 2.5 s more for the workers' first heartbeats"
+        assert registry.routing_reason() == "waiting 2.5 s more for the workers' first heartbeats"
         clock.now += 2.5
-        assert registry.unready_reason() is None
+        assert registry.routing_reason() is None
         reason[0] = "NATS is not connected (connection reset)"
-        assert registry.unready_reason() == reason[0]
+        assert registry.routing_reason() == reason[0]
         reason[0] = None
-        assert registry.unready_reason() == "waiting 2.5 s more for the workers' first heartbeats"
+        assert registry.routing_reason() == "waiting 2.5 s more for the workers' first heartbeats"
 
 
 def test_the_first_round_lasts_long_enough_for_a_beat_delayed_by_its_ping() -> None:

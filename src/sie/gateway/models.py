@@ -66,13 +66,19 @@ def model_body(catalog: Catalog, model_id: str, status: ModelStatusSource) -> di
     return model_info(catalog, catalog.get(model_id), status)
 
 
-def health_body(catalog: Catalog, status: ModelStatusSource, configured_gpus: Sequence[str]) -> dict[str, Any]:
-    """Gateway health: `type: "gateway"` (how the SDK tells a gateway from a worker), workers and models."""
+def health_body(
+    catalog: Catalog, status: ModelStatusSource, configured_gpus: Sequence[str], routing_reason: str | None = None
+) -> dict[str, Any]:
+    """Gateway health: `type: "gateway"` (how the SDK tells a gateway from a worker), whether requests can be
+    routed now (`routing`: the broker connected and the first round of worker heartbeats over; else why not),
+    workers and models."""
     workers = list(status.workers())
     loaded = {model for worker in workers for model in worker.loaded_models}
+    healthy = routing_reason is None and any(worker.healthy for worker in workers)
     return {
-        "status": "healthy" if any(worker.healthy for worker in workers) else "degraded",
+        "status": "healthy" if healthy else "degraded",
         "type": "gateway",
+        "routing": {"ready": routing_reason is None, "reason": routing_reason},
         "configured_gpu_types": list(configured_gpus),
         "live_gpu_types": sorted({worker.machine_profile for worker in workers}),
         "cluster": _cluster(workers, loaded),

@@ -9,9 +9,10 @@ instead of calling every lane unserved.
 just started listening waits out its first round of heartbeats for the lane's before calling it unserved. So a
 worker or gateway restart is not answered as a scale-from-zero with its 60 s Retry-After (issue 13 §4).
 
-`unready_reason` is the gateway's `/readyz` (issue 14 §3): not ready while the bus cannot deliver heartbeats or
-during that first round, so a ready gateway has heard every live worker at least once; after it, ready with or
-without workers (seed 000 §4: a gateway with none must take the request it answers PROVISIONING for scale-from-zero).
+`routing_reason` says why requests cannot be routed on the registry yet: the bus cannot deliver heartbeats, or that
+first round is not over (`/health` shows it; `/readyz` is the process's readiness only, seed 000 §4). A request
+arriving meanwhile is not refused for it: admission raises TransportUnavailable (a retryable 503) while the bus is
+down, and waits out the first round for its lane's heartbeats.
 """
 
 from __future__ import annotations
@@ -251,9 +252,10 @@ class WorkerRegistry:
             if eligible.admits(record.heartbeat) and self.serves(record, now)
         )
 
-    def unready_reason(self) -> str | None:
-        """Why the gateway should not take traffic yet (`/readyz`): the bus cannot deliver heartbeats, or the first
-        round of them since it could is not over. None after it, whether or not any worker was heard."""
+    def routing_reason(self) -> str | None:
+        """Why requests cannot be routed on what the registry knows yet (`/health`'s `routing`, the routing-ready
+        gauge): the bus cannot deliver heartbeats, or the first round of them since it could is not over. None after
+        it, whether or not any worker was heard."""
         if self._subscription is None:
             return "not subscribed to worker heartbeats"
         reason = self._bus_unavailable()

@@ -57,9 +57,9 @@ async def serve_gateway(settings: Settings) -> None:
         auth = await stack.enter_async_context(GatewayAuth.from_settings(settings.auth))
         store = pool_store(settings, transport.key_value(POOL_BUCKET))  # every gateway replica shares the bucket
         pools = await open_gateway_pools(stack, settings, store, registry, transport.lane_depth, state)
-        metrics = open_gateway_metrics(telemetry, state, pools.signals)
+        metrics = open_gateway_metrics(telemetry, state, pools.signals, registry.routing_reason)
         sources = GatewaySources(
-            state, transport, registry, registry, registry.healthy_workers, registry.unready_reason, offload=offload,
+            state, transport, registry, registry, registry.healthy_workers, registry.routing_reason, offload=offload,
             dead_letters=dead_letters, auth=auth, tracing=tracing, metrics=metrics, pools=pools.directory,
             signals=pools.signals,
         )  # fmt: skip

@@ -84,10 +84,13 @@ async def open_gateway_pools(
 
 
 def open_gateway_metrics(
-    telemetry: Telemetry, catalog: Callable[[], Catalog], lanes: LaneSignals
+    telemetry: Telemetry,
+    catalog: Callable[[], Catalog],
+    lanes: LaneSignals,
+    routing_reason: Callable[[], str | None] | None = None,
 ) -> GatewayMetrics | None:
     """The gateway's series on `telemetry` (None while metrics are off), model labels bounded by `catalog`, lane
-    values read from `lanes`."""
+    values read from `lanes`, whether requests can be routed from `routing_reason`."""
     if not telemetry.enabled:
         return None
-    return GatewayMetrics(telemetry, catalogue_labels(catalog), lanes)
+    return GatewayMetrics(telemetry, catalogue_labels(catalog), lanes, routing_reason)

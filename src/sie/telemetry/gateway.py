@@ -10,7 +10,7 @@ routed requests: bounded by the deployment and the pool store, never free text f
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Final, Protocol
 
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -75,10 +75,25 @@ class GatewayMetrics:
     """HTTP requests (`http`, recorded by its middleware), admission decisions, and the per-lane values of `lanes`;
     `models` bounds the model label to the catalogue."""
 
-    def __init__(self, telemetry: Telemetry, models: ModelLabels, lanes: LaneValues | None = None) -> None:
+    def __init__(
+        self,
+        telemetry: Telemetry,
+        models: ModelLabels,
+        lanes: LaneValues | None = None,
+        routing_reason: Callable[[], str | None] | None = None,
+    ) -> None:
         meter = telemetry.meter
         self.http = HttpMetrics(telemetry, "sie.gateway", models)
         self._lanes = lanes or _NoLanes()
+        self._routing_reason = routing_reason or (lambda: None)
+        # Whether requests can be routed now (the broker connected and the workers' first heartbeats heard): the
+        # signal `/readyz` does not carry, since it is the process's readiness only (seed 000 §4).
+        meter.create_observable_gauge(
+            "sie.gateway.routing.ready",
+            callbacks=[self._observe_routing],
+            unit="1",
+            description="1 while requests can be routed (broker connected, first round of worker heartbeats over).",
+        )
         # Why requests were refused before any work was queued: provisioning is the scale-from-zero signal,
         # queue_full the overload one.
         self._admission = Tally(
@@ -131,6 +146,9 @@ class GatewayMetrics:
 
     def lane_admission(self, lane: LaneKey, decision: LaneDecision) -> None:
         self._lane_admission.add((*lane, decision.value))
+
+    def _observe_routing(self, options: CallbackOptions) -> Iterable[Observation]:
+        yield Observation(1 if self._routing_reason() is None else 0)
 
     def _observe_depth(self, options: CallbackOptions) -> Iterable[Observation]:
         lanes = list(self._lanes.depths().items())

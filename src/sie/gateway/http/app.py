@@ -98,7 +98,7 @@ class GatewaySources:
     consumers: LaneConsumers  # whether a lane is served now (PROVISIONING otherwise)
     status: ModelStatusSource  # model and worker state for `/v1/models` and `/health`
     heartbeats: HeartbeatSource | None = None  # healthy workers' heartbeats, where the gateway hears them
-    unready_reason: Callable[[], str | None] | None = None  # why it cannot serve now (broker not connected), or None
+    routing_reason: Callable[[], str | None] | None = None  # why requests cannot be routed now (broker down), or None
     dead_letters: DeadLetterQueue | None = None  # work that used every delivery, served on `/v1/dlq`
     auth: GatewayAuth = attrs.field(factory=GatewayAuth)  # who may call which route; by default everyone, all
     offload: PayloadOffload | None = None  # large work-item payloads through the payload store (none: inline)
@@ -156,7 +156,7 @@ def build_gateway_app(  # noqa: PLR0913 - the sources, the settings, and what ea
         dict(settings.compat_default_models),
     )  # fmt: skip
     generation = GenerationHandlers(GenerationService(dispatcher, limits), settings.max_body_bytes, sources.tracing)
-    read = ReadHandlers(sources.catalog, sources.status, serving, settings.configured_gpus, sources.unready_reason)
+    read = ReadHandlers(sources.catalog, sources.status, serving, settings.configured_gpus, sources.routing_reason)
     kserve = KServeHandlers(service, settings.max_body_bytes, sources.tracing, sources.catalog, read.is_ready)
     traffic = TrafficWindow()  # inference requests per second and their latency, for the status page
     kserve_grpc = None

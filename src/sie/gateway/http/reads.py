@@ -19,8 +19,11 @@ from sie.gateway.status import ModelStatusSource
 
 
 class ReadHandlers:
-    """Model catalogue, health and probes; `unready_reason` (when given) says why the gateway cannot serve now,
-    say its broker is not connected yet, or None when it can."""
+    """Model catalogue, health and probes. `/readyz` is the process's readiness only (seed 000 §4): 200 once the
+    listener serves, until it drains, whatever the workers and the broker do, so a load balancer keeps sending the
+    requests the inference path answers with a retryable 503. `routing_reason` (when given) says why requests cannot
+    be routed now (the broker is not connected, the first round of worker heartbeats is not over), or None: `/health`
+    shows it."""
 
     def __init__(
         self,
@@ -28,13 +31,13 @@ class ReadHandlers:
         status: ModelStatusSource,
         serving: ServingState,
         configured_gpus: tuple[str, ...],
-        unready_reason: Callable[[], str | None] | None = None,
+        routing_reason: Callable[[], str | None] | None = None,
     ) -> None:
         self._catalog = catalog
         self._status = status
         self._serving = serving
         self._configured_gpus = configured_gpus
-        self._unready_reason = unready_reason
+        self._routing_reason = routing_reason
 
     @endpoint(Surface.NATIVE)
     async def list_models(self, request: Request) -> Response:
@@ -46,24 +49,18 @@ class ReadHandlers:
 
     @endpoint(Surface.NATIVE)
     async def health(self, request: Request) -> Response:
-        return json_response(models.health_body(self._catalog(), self._status, self._configured_gpus))
+        routing = self._routing_reason() if self._routing_reason is not None else None
+        return json_response(models.health_body(self._catalog(), self._status, self._configured_gpus, routing))
 
     async def healthz(self, request: Request) -> Response:
         return PlainTextResponse("ok", headers=VERSION_HEADERS)
 
-    def not_ready_because(self) -> str | None:
-        """Why the gateway cannot serve now ("" when it is not started or is draining); None when it can."""
-        reason = self._unready_reason() if self._unready_reason is not None else None
-        if reason is not None:
-            return reason
-        return None if self._serving.ready else ""
-
     def is_ready(self) -> bool:
-        return self.not_ready_because() is None
+        """The process serves and is not draining (`/readyz`, KServe's server and model readiness)."""
+        return self._serving.ready
 
     async def readyz(self, request: Request) -> Response:
-        reason = self.not_ready_because()
-        if reason is None:
+        if self.is_ready():
             return PlainTextResponse("ok", headers=VERSION_HEADERS)
-        text = f"not ready: {reason}" if reason else "not ready"
+        text = "not ready: draining" if self._serving.draining else "not ready: starting"
         return PlainTextResponse(text, status_code=503, headers=VERSION_HEADERS)
