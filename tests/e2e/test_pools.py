@@ -158,7 +158,7 @@ def test_a_capped_pools_work_goes_only_to_its_assigned_worker(deployment: Deploy
                                           for _ in range(count)))  # fmt: skip
 
     capped = asyncio.run(send(deployment.b, {"X-SIE-Pool": "capped"}, 40))
-    assert [r.status_code for r in capped] == [200] * 40, capped[0].text
+    assert [r.status_code for r in capped] == [200] * 40, [r.text for r in capped if r.status_code != 200][:2]
     assert {r.headers["x-sie-worker"] for r in capped} == set(assigned)
     # Sent on the assigned worker's own subject (seed 000 §8.2): no sidecar had to refuse (NAK) any of it.
     for probe in (deployment.probes["w-1"], deployment.probes["w-2"]):

@@ -10,6 +10,7 @@ and written back only when they change.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -83,7 +84,11 @@ class PoolDirectory:
         self._workers = workers
         self._clock = clock
         self._live: dict[str, Pool] = {}
+        # Pools this gateway learned (read through, created, renewed) since the current refresh listed the store: a
+        # refresh's listing may predate them, and must not take them away again until the next round.
+        self._learned: dict[str, Pool] = {}
         self._misses: dict[str, float] = {}
+        self._reading: dict[str, asyncio.Future[Pool | None]] = {}
         self._started = clock()
         outage = Outage("refreshing the pools", logger, (TransportError,), meanwhile="keeping the last pools")
         self._refreshing = PeriodicTask(self.refresh, refresh_interval_s, outage, first_run=FirstRun.AT_ENTRY)
@@ -103,12 +108,7 @@ class PoolDirectory:
         name = canonical_pool_name(requested)
         if name in self._static:
             return PoolTarget(name, name)
-        pool = self._live_pool(name)
-        if pool is None and self._may_recheck(name):
-            with _store_failures():
-                pool = await self._store.get(name)
-            if pool is not None:
-                self._live[name] = pool
+        pool = self._live_pool(name) or await self._read_through(name)
         if pool is None:
             return None
         return PoolTarget(name, pool.spec.queue_pool, tuple(sorted(pool.spec.machine_profiles)))
@@ -125,6 +125,30 @@ class PoolDirectory:
         if pool is not None and pool.expired(self._clock()):
             return None
         return pool
+
+    async def _read_through(self, name: str) -> Pool | None:
+        """`name` read from the store, one read at a time: requests that arrive while it is read wait for that read
+        (never taking it for a miss); a name the store did not have is not read again for MISS_RECHECK_S."""
+        reading = self._reading.get(name)
+        if reading is None:
+            if not self._may_recheck(name):
+                return None
+            reading = asyncio.ensure_future(self._fetch(name))
+            self._reading[name] = reading
+            reading.add_done_callback(lambda _: self._reading.pop(name, None))
+        return await asyncio.shield(reading)
+
+    async def _fetch(self, name: str) -> Pool | None:
+        with _store_failures():
+            pool = await self._store.get(name)
+        if pool is not None:
+            self._learn(pool)
+        return pool
+
+    def _learn(self, pool: Pool) -> None:
+        """Hold `pool` as live now, through the refresh in progress, and forget that its name was ever missed."""
+        self._live[pool.name] = self._learned[pool.name] = pool
+        self._misses.pop(pool.name, None)
 
     def _may_recheck(self, name: str) -> bool:
         now = self._clock()
@@ -172,8 +196,7 @@ class PoolDirectory:
                 stored, new = await self._store.create(pool), True
             except PoolExistsError:
                 stored, new = await self._store.replace(pool), False
-        self._live[stored.name] = stored
-        self._misses.pop(stored.name, None)
+        self._learn(stored)
         return stored, new
 
     def _pinned_model(self, model_id: str) -> str:
@@ -196,7 +219,7 @@ class PoolDirectory:
             return self._protected(name)
         with _store_failures():
             pool = await self._store.renew(name, self._clock())
-        self._live[name] = pool
+        self._learn(pool)
         return pool
 
     async def delete(self, requested: str) -> None:
@@ -206,6 +229,7 @@ class PoolDirectory:
         with _store_failures():
             deleted = await self._store.delete(name)
         self._live.pop(name, None)
+        self._learned.pop(name, None)
         if not deleted:
             raise PoolNotFoundError(f"pool '{name}' not found")
 
@@ -256,8 +280,10 @@ class PoolDirectory:
     # The background round
 
     async def refresh(self) -> None:
-        """Read every live pool, sweep expired leases, and write back assignments that changed."""
+        """Read every live pool, sweep expired leases, and write back assignments that changed. A pool learned while
+        this ran and missing from its listing (which may predate it) stays live until the next round."""
         now = self._clock()
+        self._learned = {}
         await self._store.sweep(now)
         live = {pool.name: pool for pool in await self._store.list()}
         for name, pool in list(live.items()):
@@ -268,6 +294,8 @@ class PoolDirectory:
                 live[name] = await self._store.replace(attrs.evolve(pool, assigned_workers=assigned))
             except PoolNotFoundError:
                 live.pop(name, None)
+        for name, pool in self._learned.items():
+            live.setdefault(name, pool)
         self._live = live
 
     def _assignment(self, spec: PoolSpec, previous: Sequence[AssignedWorker]) -> tuple[AssignedWorker, ...]:
