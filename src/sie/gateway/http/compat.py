@@ -83,18 +83,11 @@ class DialectHandlers(InferenceHandlers):
 
     @endpoint(Surface.TEI)
     async def tei_embed(self, request: Request) -> Response:
+        """`/{model}/embed`, `/embed_sparse`, `/embed_all`, or the same at the root for the route's
+        SIE_COMPAT_DEFAULT_MODELS model."""
         started = time.perf_counter()
         route = request.url.path.rsplit("/", 1)[-1]
-        call = tei.parse_embed(request.path_params["model"], route, await self._data(request))
-        work = functools.partial(tei.embed, self._service, call, lane_hints(request))
-        return served_response(await self._serve(request, work, call.model), None, started)
-
-    @endpoint(Surface.TEI)
-    async def tei_default_embed(self, request: Request) -> Response:
-        """`/embed`, `/embed_sparse`, `/embed_all` at the root: the route's SIE_COMPAT_DEFAULT_MODELS model."""
-        started = time.perf_counter()
-        route = request.url.path.rsplit("/", 1)[-1]
-        call = tei.parse_embed(self._default_model(route), route, await self._data(request))
+        call = tei.parse_embed(self._path_model(request, route), route, await self._data(request))
         note_request(model=call.model)
         work = functools.partial(tei.embed, self._service, call, lane_hints(request))
         return served_response(await self._serve(request, work, call.model), None, started)
@@ -161,7 +154,14 @@ class DialectHandlers(InferenceHandlers):
     @endpoint(Surface.TEI)
     async def tei_rerank(self, request: Request) -> Response:
         started = time.perf_counter()
-        call = tei.parse_rerank(request.path_params["model"], await self._data(request))
+        return await self._tei_rerank(request, await self._data(request), started)
+
+    @endpoint(Surface.TEI)
+    async def _tei_rerank(self, request: Request, data: object, started: float) -> Response:
+        """TEI's rerank of `data` for `/{model}/rerank`, or for the SIE_COMPAT_DEFAULT_MODELS `rerank` model when a
+        TEI body reaches the root's `/rerank` (read there by the Cohere/Jina handler)."""
+        call = tei.parse_rerank(self._path_model(request, "rerank"), data)
+        note_request(model=call.model)
         work = functools.partial(tei.rerank, self._service, call, lane_hints(request))
         return served_response(await self._serve(request, work, call.model), None, started)
 
@@ -174,17 +174,10 @@ class DialectHandlers(InferenceHandlers):
         started = time.perf_counter()
         data = await self._data(request)
         if request.url.path == "/rerank" and isinstance(data, dict) and "texts" in data and "documents" not in data:
-            return await self._tei_default_rerank(request, data, started)
+            return await self._tei_rerank(request, data, started)
         call = cohere.parse_rerank(data, return_documents_default=not request.url.path.startswith("/v2/"))
         note_request(model=call.model)
         work = functools.partial(cohere.rerank, self._service, call, lane_hints(request))
-        return served_response(await self._serve(request, work, call.model), None, started)
-
-    @endpoint(Surface.TEI)
-    async def _tei_default_rerank(self, request: Request, data: object, started: float) -> Response:
-        call = tei.parse_rerank(self._default_model("rerank"), data)
-        note_request(model=call.model)
-        work = functools.partial(tei.rerank, self._service, call, lane_hints(request))
         return served_response(await self._serve(request, work, call.model), None, started)
 
     @endpoint(Surface.COHERE)
@@ -216,7 +209,7 @@ def dialect_routes(handlers: DialectHandlers) -> list[Route]:
         Route("/v2/embed", handlers.cohere_embed, methods=["POST"]),
         Route("/api/embed", handlers.ollama_embed, methods=["POST"]),
         Route("/api/embeddings", handlers.ollama_embed, methods=["POST"]),
-        *(Route(f"/{name}", handlers.tei_default_embed, methods=["POST"]) for name in TEI_EMBED_ROUTES),
+        *(Route(f"/{name}", handlers.tei_embed, methods=["POST"]) for name in TEI_EMBED_ROUTES),
         Route("/predict", handlers.tei_predict, methods=["POST"]),
         Route("/tokenize", handlers.tei_tokenize, methods=["POST"]),
         Route("/decode", handlers.tei_decode, methods=["POST"]),

@@ -33,7 +33,6 @@ REPEATED = "repeated"
 MAP = "map"  # map<string, InferParameter>, as every `parameters` field of the protocol is
 
 # message -> [(field, number, type, label or message type)]; nested messages are "Outer.Inner".
-_PARAMETERS: Final = ("parameters",)
 MESSAGES: Final[dict[str, list[tuple[Any, ...]]]] = {
     "InferParameter": [("bool_param", 1, BOOL), ("int64_param", 2, INT64), ("string_param", 3, STRING),
                        ("double_param", 4, DOUBLE), ("uint64_param", 5, UINT64)],  # one of them: parameter_choice
