@@ -133,8 +133,8 @@ _DIALECT_ROUTES: Final = (
     ("/rerank", "/rerank", "Jina rerank (`model`, `documents`); a body with TEI's `texts` is TEI's rerank of the "
      "SIE_COMPAT_DEFAULT_MODELS `rerank` model", "`{id, model, results, meta, usage}`, or TEI's `[{index, score, "
      "text?}]`", _COHERE_ERRORS),
-    *((f"/{route}", f"/{route}", f"TEI `/{route}` at the root: the SIE_COMPAT_DEFAULT_MODELS `{route}` model (400 "
-       f"without one; `/{{model}}/{route}` needs none)", answer, _TEI_ERRORS)
+    *((f"/{route}", f"/{route}", f"TEI `/{route}` at the root: the SIE_COMPAT_DEFAULT_MODELS `{route}` model "
+       f"(TEI's 422 without one; `/{{model}}/{route}` needs none)", answer, _TEI_ERRORS)
       for route, answer in (("embed", "`[[float]]`"), ("embed_sparse", "`[[{index, value}]]`"),
                             ("embed_all", "`[[[float]]]`"), ("predict", "`[[{score, label}]]`"),
                             ("tokenize", "`[[{id, text, special, start, stop}]]`"),
