@@ -44,9 +44,9 @@ def test_options_a_model_reads_pass(options, kind, operation) -> None:
     ("options", "kind", "operation", "message"),
     [
         ({"pooling": "max"}, DENSE, OPERATION_ENCODE,
-         "Option 'pooling' must be null or one of ['mean', 'cls', 'last']; got 'max'"),
+         "Option 'pooling' must be null or one of ['mean', 'cls', 'last', 'last_token']; got 'max'"),
         ({"pooling": 5}, None, OPERATION_ENCODE,
-         "Option 'pooling' must be null or one of ['mean', 'cls', 'last']; got 5"),
+         "Option 'pooling' must be null or one of ['mean', 'cls', 'last', 'last_token']; got 5"),
         ({"doc_template": {"a": 1}}, DENSE, OPERATION_ENCODE,
          "Option 'doc_template' must be null or a string of at most 4096 characters holding {text} at most once; "
          "got {'a': 1}"),

@@ -205,7 +205,8 @@ def test_options_are_checked_against_the_models_adapter(router: Router) -> None:
         "dense", "sparse", "token_classification"
     )  # fmt: skip
     check_options(minilm, {"pooling": "cls", "normalize": False, "is_query": True, "future": 1}, "encode", "q:")
-    with pytest.raises(InvalidRequestError, match=r"Option 'pooling' must be null or one of \['mean', 'cls', 'last'\]"):
+    pooling = r"Option 'pooling' must be null or one of \['mean', 'cls', 'last', 'last_token'\]"
+    with pytest.raises(InvalidRequestError, match=pooling):
         check_options(minilm, {"pooling": "max"}, OPERATION_ENCODE, None)
     with pytest.raises(InvalidRequestError, match="Option 'pooling' does not apply to a sparse embedding model"):
         check_options(splade, {"pooling": "cls"}, OPERATION_ENCODE, None)

@@ -18,6 +18,7 @@ HYBRID: Final = "hybrid"  # dense, sparse and multi-vector from one forward pass
 CROSS_ENCODER: Final = "cross_encoder"
 TOKEN_CLASSIFICATION: Final = "token_classification"
 CAUSAL_LM: Final = "causal_lm"
+CAUSAL_RERANKER: Final = "causal_reranker"  # a decoder scoring pairs from its "yes"/"no" logits (Qwen3-Reranker)
 
 ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie.adapters.dense": DENSE,
@@ -27,6 +28,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie.adapters.cross_encoder": CROSS_ENCODER,
     "sie.adapters.token_classification": TOKEN_CLASSIFICATION,
     "sie.adapters.causal_lm": CAUSAL_LM,
+    "sie.adapters.causal_reranker": CAUSAL_RERANKER,
     # public SIE module names served by the kinds above
     "sie_server.adapters.sentence_transformer": DENSE,
     "sie_server.adapters.bert_flash": DENSE,
@@ -34,17 +36,25 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie_server.adapters.modernbert_flash": DENSE,
     "sie_server.adapters.rope_flash": DENSE,
     "sie_server.adapters.pytorch_embedding": DENSE,
+    # decoder embedders (Qwen3-Embedding, gte-Qwen2, e5-mistral, …): a decoder checkpoint converts to its hidden
+    # states, which the dense adapter pools (last token or mean)
+    "sie_server.adapters.qwen2_flash": DENSE,
+    "sie_server.adapters.sglang.embedding": DENSE,
     "sie_server.adapters.splade_flash": SPARSE,
     "sie_server.adapters.splade_flash.adapter": SPARSE,
     "sie_server.adapters.gte_sparse_flash": SPARSE,
     "sie_server.adapters.cross_encoder": CROSS_ENCODER,
     "sie_server.adapters.bert_flash_cross_encoder": CROSS_ENCODER,
     "sie_server.adapters.modernbert_flash_cross_encoder": CROSS_ENCODER,
+    "sie_server.adapters.qwen2_flash_cross_encoder.adapter": CAUSAL_RERANKER,
     "sie_server.adapters.colbert": MULTIVECTOR,
     "sie_server.adapters.colbert_modernbert_flash.adapter": MULTIVECTOR,
     "sie_server.adapters.bge_m3_flash": HYBRID,
     "sie_server.adapters.bge_m3": HYBRID,
     "sie_server.adapters.bge_m3_flag": HYBRID,
+    # generation of the decoder families the converter builds; a checkpoint of another architecture fails its load
+    # naming it
+    "sie_server.adapters.sglang.generation": CAUSAL_LM,
     # the public Rust engine's embedding module serves many encoder architectures; ours converts the checkpoint,
     # and one whose model_type it does not build fails that load naming it
     "sie_server_rust.adapters.candle": DENSE,

@@ -19,12 +19,21 @@ from typing import Any, Final
 
 import attrs
 
-from sie.catalog.adapters import CROSS_ENCODER, DENSE, HYBRID, MULTIVECTOR, SPARSE, TOKEN_CLASSIFICATION
+from sie.catalog.adapters import (
+    CAUSAL_RERANKER,
+    CROSS_ENCODER,
+    DENSE,
+    HYBRID,
+    MULTIVECTOR,
+    SPARSE,
+    TOKEN_CLASSIFICATION,
+)
 from sie.catalog.model import ENCODE_OUTPUTS
 from sie.wire.http import OUTPUT_DTYPES
 from sie.wire.queue import OPERATION_SCORE
 
-POOLING_MODES: Final = ("mean", "cls", "last")
+# "last_token" is the public catalogue's other spelling of "last".
+POOLING_MODES: Final = ("mean", "cls", "last", "last_token")
 # Instructions and templates are prefixes and wrappers of an item's text; one longer than this is no
 # instruction, and a template repeating `{text}` would multiply the item's size.
 MAX_OPTION_TEXT_CHARS: Final = 4096
@@ -114,6 +123,7 @@ READ_BY_KIND: Final[dict[str, frozenset[str]]] = {
     MULTIVECTOR: _TEXT_ENCODER | {"query_max_length"},
     HYBRID: _TEXT_ENCODER | {"pooling", "normalize"},
     CROSS_ENCODER: _EVERY_KIND | {"instruction"},
+    CAUSAL_RERANKER: _EVERY_KIND | {"instruction"},
     TOKEN_CLASSIFICATION: _EVERY_KIND | {"threshold"},
 }
 # A text encoder scoring compares normalised representations: no vectors are returned, so nothing shapes them.
@@ -125,6 +135,7 @@ _KIND_NAMES: Final = {
     MULTIVECTOR: "a multi-vector model",
     HYBRID: "a dense, sparse and multi-vector model",
     CROSS_ENCODER: "a cross-encoder",
+    CAUSAL_RERANKER: "a decoder reranker",
     TOKEN_CLASSIFICATION: "an entity extraction model",
 }
 

@@ -1,7 +1,8 @@
 """Load one model profile end to end: fetch its files, convert safetensors to ONNX when the checkpoint
-has no graph (or a GGUF decoder to an ONNX decoder with its tokenizer), open the onnxruntime session, load the
-tokenizer and build the adapter. Converted graphs are cached by content key; the converter (and `onnx`) is imported
-only when a conversion is not in the cache.
+has no graph (an encoder with its head; a decoder family's checkpoint to a generation graph for a causal LM, or to a
+hidden-state graph for the embedding and reranker adapters; a GGUF decoder to an ONNX decoder with its tokenizer),
+open the onnxruntime session, load the tokenizer and build the adapter. Converted graphs are cached by content key;
+the converter (and `onnx`) is imported only when a conversion is not in the cache.
 
 Blocking by design (downloads, conversion, session creation): the model manager runs it in an
 executor. Every failure leaves as a ModelLoadError with a class and a message naming the model.
@@ -25,7 +26,7 @@ from sie.catalog.model import ModelConfig, Profile
 from sie.settings import WorkerSettings
 from sie.telemetry.logs import log_fields
 from sie.tokenization import TextTokenizer, TokenizerError
-from sie.worker.adapters import Adapter, AdapterContext, adapter_class, conversion_head
+from sie.worker.adapters import Adapter, AdapterContext, CausalLMAdapter, adapter_class, conversion_head
 from sie.worker.artifacts import (
     STAGE_CONVERT,
     ArtifactError,
@@ -34,10 +35,13 @@ from sie.worker.artifacts import (
     ProgressEvent,
     profile_artifacts,
 )
-from sie.worker.convert.cache_keys import conversion_cache_key, gguf_cache_key
+from sie.worker.convert.cache_keys import conversion_cache_key, decoder_cache_key, gguf_cache_key
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import position_capacity
 from sie.worker.convert.names import (
+    CHAT_TEMPLATE_FILE,
+    CONFIG_FILE,
+    DECODER_MODEL_TYPES,
     GRAPH_FILE,
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
@@ -122,6 +126,11 @@ class ModelLoader:
         adapter_type = adapter_class(resolved.adapter_path)
         model_dir = self._fetch(artifacts.model, on_progress)
         tokenizer_dir = self._fetch(artifacts.tokenizer, on_progress) if artifacts.tokenizer else model_dir
+        if issubclass(adapter_type, CausalLMAdapter):
+            # The converted directory holds the graph and the config.json the adapter reads; the tokenizer and its
+            # chat template stay with the checkpoint.
+            decoder = self._decoder_checkpoint(model_id, model_dir)
+            return PreparedFiles(decoder / GRAPH_FILE, tokenizer_dir, decoder)
         head = resolved.loadtime_options.get("onnx_head") or conversion_head(adapter_type, model_dir)
         graph = self._graph(model_id, model_dir, artifacts.onnx_file, str(head))
         return PreparedFiles(graph, tokenizer_dir, model_dir)
@@ -142,7 +151,7 @@ class ModelLoader:
             tokenizer,
             config_json,
             run_memory_bytes=self.session_options.run_memory_bytes,
-            tokenizer_config_json=_read_json(files.tokenizer_dir / TOKENIZER_CONFIG_FILE),
+            tokenizer_config_json=_tokenizer_config(files.tokenizer_dir),
             tokenizer_path=files.tokenizer_dir / TOKENIZER_FILE,
             generation_limits=self.generation_limits,
             model_dir=files.model_dir,
@@ -186,32 +195,73 @@ class ModelLoader:
         return self._convert(model_id, model_dir, head)
 
     def _convert(self, model_id: str, model_dir: Path, head: str) -> Path:
+        decoder = _read_json(model_dir / CONFIG_FILE).get("model_type") in DECODER_MODEL_TYPES
+        if decoder and head != "none":
+            raise ModelLoadError(
+                "UNKNOWN",
+                f"Model '{model_id}': a decoder checkpoint converts to its hidden states, not a {head!r} head",
+            )
+        precision = self._decoder_precision()
         try:
-            target = self.converted_dir / f"{conversion_cache_key(model_dir, head)}.onnx"
+            key = (
+                decoder_cache_key(model_dir, "hidden", precision) if decoder else conversion_cache_key(model_dir, head)
+            )
+            target = self.converted_dir / f"{key}.onnx"
             if target.is_file():
                 return target
             # The converter imports `onnx` (about 1.4 s): only a cache miss pays for it.
+            from sie.worker.convert.decoders import convert_decoder_hidden
             from sie.worker.convert.encoders import convert_encoder
 
             self.converted_dir.mkdir(parents=True, exist_ok=True)
-            logger.info("converting model %s to ONNX (%s head)", model_id, head,
+            shown = "decoder hidden states" if decoder else f"{head} head"
+            logger.info("converting model %s to ONNX (%s)", model_id, shown,
                         extra=log_fields(event="model_converting", model=model_id, head=head))  # fmt: skip
             started = time.perf_counter()
             with tempfile.TemporaryDirectory(dir=self.converted_dir) as scratch:
                 staged = Path(scratch) / target.name
-                convert_encoder(model_dir, staged, head)
+                if decoder:
+                    convert_decoder_hidden(model_dir, staged, precision)
+                else:
+                    convert_encoder(model_dir, staged, head)
                 os.replace(staged, target)  # atomic: a reader sees no graph or the whole graph
             _log_converted(model_id, target, time.perf_counter() - started)
             return target
         except ConversionError as exc:
             raise ModelLoadError("UNKNOWN", f"Model '{model_id}': cannot convert to ONNX: {exc}") from exc
 
+    def _decoder_precision(self) -> str:
+        """A converted decoder's precision: float16 weights and cache on a GPU, float32 on CPU."""
+        return "float32" if self.session_options.device == "cpu" else "float16"
+
+    def _decoder_checkpoint(self, model_id: str, model_dir: Path) -> Path:
+        """The cached conversion of a decoder family's checkpoint into a generation graph and its config.json."""
+        precision = self._decoder_precision()
+        try:
+            target = self.converted_dir / f"{decoder_cache_key(model_dir, 'generate', precision)}-decoder"
+            if (target / GRAPH_FILE).is_file():
+                return target
+            from sie.worker.convert.decoders import convert_decoder_checkpoint
+
+            self.converted_dir.mkdir(parents=True, exist_ok=True)
+            logger.info("converting model %s to an ONNX decoder (%s)", model_id, precision,
+                        extra=log_fields(event="model_converting", model=model_id, head="decoder"))  # fmt: skip
+            started = time.perf_counter()
+            with tempfile.TemporaryDirectory(dir=self.converted_dir) as scratch:
+                staged = Path(scratch) / target.name
+                convert_decoder_checkpoint(model_dir, staged, precision)
+                _publish_dir(staged, target)
+            _log_converted(model_id, target / GRAPH_FILE, time.perf_counter() - started)
+            return target
+        except ConversionError as exc:
+            raise ModelLoadError("UNKNOWN", f"Model '{model_id}': cannot convert to ONNX: {exc}") from exc
+
     def _decoder(self, model_id: str, model_dir: Path, gguf_file: str, on_progress: ProgressCallback | None) -> Path:
-        """The cached conversion of a GGUF decoder (float16 weights and cache on a GPU, float32 on CPU)."""
+        """The cached conversion of a GGUF decoder (`_decoder_precision`)."""
         source = model_dir / gguf_file
         if not source.is_file():
             raise ModelLoadError("NOT_FOUND", f"Model '{model_id}': GGUF file {gguf_file!r} not in {model_dir}")
-        precision = "float32" if self.session_options.device == "cpu" else "float16"
+        precision = self._decoder_precision()
         try:
             target = self.converted_dir / f"{gguf_cache_key(source, precision)}-decoder"
             if (target / GRAPH_FILE).is_file():
@@ -275,6 +325,15 @@ def _log_converted(model_id: str, graph: Path, seconds: float) -> None:
     size = graph.stat().st_size
     fields = log_fields(event="model_converted", model=model_id, seconds=round(seconds, 3), bytes=size)
     logger.info("converted model %s to ONNX in %.2fs (%d bytes)", model_id, seconds, size, extra=fields)
+
+
+def _tokenizer_config(directory: Path) -> dict:
+    """tokenizer_config.json, with the chat template from chat_template.jinja where transformers 5 saved it."""
+    config = _read_json(directory / TOKENIZER_CONFIG_FILE)
+    template = directory / CHAT_TEMPLATE_FILE
+    if not config.get("chat_template") and template.is_file():
+        config["chat_template"] = template.read_text(encoding="utf-8")
+    return config
 
 
 def _read_json(path: Path) -> dict:

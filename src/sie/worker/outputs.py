@@ -20,7 +20,7 @@ def pool(hidden: np.ndarray, attention_mask: np.ndarray, mode: str) -> np.ndarra
     if mode == "cls":
         return hidden[:, 0, :]
     mask = attention_mask.astype(hidden.dtype)
-    if mode == "last":
+    if mode in ("last", "last_token"):
         last = np.maximum(attention_mask.sum(axis=1) - 1, 0)
         return hidden[np.arange(hidden.shape[0]), last, :]
     if mode != "mean":

@@ -9,6 +9,7 @@ from pathlib import Path
 from sie.catalog.adapters import ADAPTER_KINDS, adapter_kind, adapter_module
 from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult
 from sie.worker.adapters.causal_lm import CausalLMAdapter, GenerationInputError, PreparedGeneration
+from sie.worker.adapters.causal_reranker import CausalRerankerAdapter
 from sie.worker.adapters.cross_encoder import CrossEncoderAdapter
 from sie.worker.adapters.dense import DenseAdapter
 from sie.worker.adapters.hybrid import HybridAdapter
@@ -28,6 +29,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
         CrossEncoderAdapter,
         TokenClassificationAdapter,
         CausalLMAdapter,
+        CausalRerankerAdapter,
     )
     if adapter.kind is not None
 }
@@ -40,6 +42,7 @@ CONVERSION_HEADS: dict[type[Adapter], str] = {
     SpladeAdapter: "mlm-splade",
     CrossEncoderAdapter: "seq-cls",
     TokenClassificationAdapter: "token-cls",
+    CausalRerankerAdapter: "none",  # a decoder checkpoint converts to its hidden states
 }
 
 

@@ -55,6 +55,10 @@ def _token_text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _positive(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
@@ -74,10 +78,14 @@ class CausalLMAdapter(Adapter):
         self._template = ChatTemplate(source) if isinstance(source, str) and source else None
         self.bos_token = _token_text(config.get("bos_token"))
         self.eos_token = _token_text(config.get("eos_token"))
-        eos_id = self._tokenizer.token_to_id(self.eos_token) if self.eos_token else None
-        if eos_id is None:
-            eos_id = _positive(context.model_config_json.get("eos_token_id"))
-        self.eos_token_id = eos_id
+        # The tokenizer's end-of-sequence token and every id config.json lists (a chat model's end of turn and
+        # its end of text): any of them ends a generation.
+        configured = context.model_config_json.get("eos_token_id")
+        end_ids = {_id for _id in (configured if isinstance(configured, list) else [configured]) if _is_id(_id)}
+        tokenizer_end = self._tokenizer.token_to_id(self.eos_token) if self.eos_token else None
+        if tokenizer_end is not None:
+            end_ids.add(tokenizer_end)
+        self.eos_token_ids = frozenset(end_ids)
         generate = (self.model.raw.get("tasks") or {}).get("generate") or {}
         self.context_length = (
             _positive(generate.get("context_length"))
@@ -138,8 +146,7 @@ class CausalLMAdapter(Adapter):
                 f"'{self.model.sie_id}''s context of {self.context_length} tokens",
             )
         stop_ids = set(params.stop_token_ids or ())
-        if self.eos_token_id is not None:
-            stop_ids.add(self.eos_token_id)
+        stop_ids.update(self.eos_token_ids)
         chosen = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
         try:
             return SamplingParams(

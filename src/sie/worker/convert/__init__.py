@@ -1,11 +1,13 @@
 """Torch-free conversion of checkpoints to ONNX graphs (DESIGN §6): safetensors checkpoints of the encoder families
 (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, MPNet: `families` says how they differ, `encoder_graph`
-builds them; ModernBERT: `modernbert`; entry point `encoders.convert_encoder`) and llama GGUF files to decoder graphs
-with a key/value cache plus their tokenizer (`llama`, entry point `decoders.convert_gguf`). Shared pieces sit beside
+builds them; ModernBERT: `modernbert`; entry point `encoders.convert_encoder`) and decoders (`decoder_graph`) from
+llama GGUF files (`llama`, entry point `decoders.convert_gguf`, which rebuilds the tokenizer too) and from Llama,
+Mistral, Qwen2 and Qwen3 checkpoints (`decoder_families`, entry points `decoders.convert_decoder_checkpoint` for
+generation and `decoders.convert_decoder_hidden` for embeddings and rerankers). Shared pieces sit beside
 them: `heads`, `graph_builder`, `safetensors_io`, `gguf_io`, `gguf_tokenizer`, `errors`, the `names` a converted
 graph and directory use, and the `cache_keys` conversions are stored under. A family built like BERT is one more
-entry in `families`; another architecture is one more module beside `encoder_graph.py`/`modernbert.py`/`llama.py`,
-wired in by its entry point.
+entry in `families`, a decoder like Llama one more row in `decoder_families`; another architecture is one more
+module beside `encoder_graph.py`/`modernbert.py`/`decoder_graph.py`, wired in by its entry point.
 
 Public surface: `convert_encoder`, the `HEADS` it can attach, `conversion_cache_key` for content-keyed caches,
 `ConversionResult`; `convert_gguf`, `gguf_cache_key`, `DecoderConversion` and the decoder's input/output names;
@@ -43,10 +45,15 @@ from sie.worker.convert.names import (
 )
 
 if TYPE_CHECKING:
-    from sie.worker.convert.decoders import DecoderConversion, convert_gguf
+    from sie.worker.convert.decoder_graph import PRECISIONS
+    from sie.worker.convert.decoders import (
+        DecoderConversion,
+        convert_decoder_checkpoint,
+        convert_decoder_hidden,
+        convert_gguf,
+    )
     from sie.worker.convert.encoders import ConversionResult, convert_encoder
     from sie.worker.convert.heads import HEADS, Head
-    from sie.worker.convert.llama import PRECISIONS
 
 # The public names that import `onnx`, by the module that defines them.
 _LOADED_ON_USE = {
@@ -54,9 +61,11 @@ _LOADED_ON_USE = {
     "convert_encoder": "encoders",
     "DecoderConversion": "decoders",
     "convert_gguf": "decoders",
+    "convert_decoder_checkpoint": "decoders",
+    "convert_decoder_hidden": "decoders",
     "HEADS": "heads",
     "Head": "heads",
-    "PRECISIONS": "llama",
+    "PRECISIONS": "decoder_graph",
 }
 
 
@@ -88,6 +97,8 @@ __all__ = [
     "DecoderConversion",
     "Head",
     "conversion_cache_key",
+    "convert_decoder_checkpoint",
+    "convert_decoder_hidden",
     "convert_encoder",
     "convert_gguf",
     "gguf_cache_key",

@@ -4,7 +4,7 @@ conversion without converting, or importing `onnx`: this module imports neither 
 
 Bump a version whenever its converter's output changes, so content-keyed caches rebuild: CONVERTER_VERSION for
 `encoders.convert_encoder` (the graph), GGUF_CONVERTER_VERSION for `decoders.convert_gguf` (the graph, tokenizer or
-config.json).
+config.json), DECODER_CONVERTER_VERSION for `decoders.convert_decoder_checkpoint` and `convert_decoder_hidden`.
 """
 
 from __future__ import annotations
@@ -14,24 +14,37 @@ from pathlib import Path
 from typing import Final
 
 from sie.worker.convert.errors import ConversionError
-from sie.worker.convert.names import CONFIG_FILE
+from sie.worker.convert.names import CONFIG_FILE, GENERATION_CONFIG_FILE
 from sie.worker.convert.safetensors_io import checkpoint_files
 
 # 2: the BERT-like families (RoBERTa, XLM-R, ELECTRA, DistilBERT, MPNet), ModernBERT, sharded checkpoints
 # 3: the BERT-like families' attention and residual norms as onnxruntime's fused contrib operators
 CONVERTER_VERSION = "sie-encoder-onnx/3"
-GGUF_CONVERTER_VERSION: Final = "sie-llama-onnx/2"  # 2: logits of the last position only
+# 2: logits of the last position only; 3: config.json in the decoder graph's terms (model_type, sie_graph)
+GGUF_CONVERTER_VERSION: Final = "sie-llama-onnx/3"
+DECODER_CONVERTER_VERSION: Final = "sie-decoder-onnx/1"
 _HASH_CHUNK = 1 << 20
 
 
 def conversion_cache_key(model_dir: Path, head: str) -> str:
     """sha256 over converter version, head, and the bytes of config.json and of every checkpoint file (the single
     model.safetensors, or the shard index and its shards)."""
+    return _checkpoint_key(model_dir, CONVERTER_VERSION, head)
+
+
+def decoder_cache_key(model_dir: Path, graph: str, precision: str) -> str:
+    """As `conversion_cache_key`, for a decoder checkpoint's `graph` shape (`generate`, `hidden`) in `precision`;
+    generation_config.json counts too (its end-of-sequence ids go into the converted config.json)."""
+    extra = [Path(model_dir) / GENERATION_CONFIG_FILE] if graph == "generate" else []
+    return _checkpoint_key(model_dir, DECODER_CONVERTER_VERSION, f"{graph}/{precision}", extra)
+
+
+def _checkpoint_key(model_dir: Path, version: str, variant: str, extra: list[Path] | None = None) -> str:
     digest = hashlib.sha256()
-    for part in (CONVERTER_VERSION.encode(), head.encode()):
+    for part in (version.encode(), variant.encode()):
         digest.update(len(part).to_bytes(8, "little") + part)
     _hash_file(digest, Path(model_dir) / CONFIG_FILE)
-    for path in checkpoint_files(model_dir):
+    for path in [*checkpoint_files(model_dir), *(path for path in extra or () if path.is_file())]:
         _hash_file(digest, path)
     return digest.hexdigest()
 

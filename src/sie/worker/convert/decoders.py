@@ -1,10 +1,13 @@
-"""The decoder entry point, `convert_gguf`: one llama GGUF file in, one directory out holding the decoder graph
+"""The decoder entry points. `convert_gguf`: one llama GGUF file in, one directory out holding the decoder graph
 with its key/value cache (`model.onnx`), the rebuilt tokenizer (`tokenizer.json`, `tokenizer_config.json` with the
-chat template) and the `config.json` the causal-LM adapter reads. Its cache key and version are in `cache_keys`.
+chat template) and the `config.json` the causal-LM adapter reads. `convert_decoder_checkpoint`: a transformers
+checkpoint of a decoder family (`decoder_families`) in, the same directory out but for the tokenizer, which stays
+with the checkpoint. `convert_decoder_hidden`: the same checkpoint to one graph of its last hidden states, which
+the embedding and reranker adapters pool. Their cache keys and versions are in `cache_keys`.
 
-It wires a family's config, weights and decoder graph (`llama.py`) to the GGUF reader and tokenizer. Like
-`convert_encoder` it needs only `onnx`, numpy, `tokenizers` and the pure-Python `gguf` reader: never torch, llama.cpp
-or onnxruntime (the caller loads the result).
+They wire a source's config and weights (`llama.py` for GGUF, `decoder_families.py` for checkpoints) to the decoder
+graph (`decoder_graph.py`). Like `convert_encoder` they need only `onnx`, numpy, `tokenizers` and the pure-Python
+`gguf` reader: never torch, llama.cpp or onnxruntime (the caller loads the result).
 """
 
 from __future__ import annotations
@@ -15,20 +18,27 @@ from pathlib import Path
 
 import attrs
 
+from sie.worker.convert.decoder_families import checkpoint_weights, parse_decoder_config
+from sie.worker.convert.decoder_graph import (
+    DecoderConfig,
+    DecoderShape,
+    DecoderWeights,
+    Precision,
+    build_decoder,
+    decoder_inputs,
+    decoder_outputs,
+    precision_named,
+)
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.gguf_io import GgufFile
 from sie.worker.convert.gguf_tokenizer import gguf_tokenizer
 from sie.worker.convert.graph_builder import GraphBuilder, save_graph
-from sie.worker.convert.llama import (
-    LlamaConfig,
-    LlamaWeights,
-    build_decoder,
-    decoder_inputs,
-    decoder_outputs,
-    llama_config,
-    precision_named,
-)
-from sie.worker.convert.names import CONFIG_FILE, GRAPH_FILE
+from sie.worker.convert.llama import gguf_weights, llama_config
+from sie.worker.convert.names import CONFIG_FILE, GENERATION_CONFIG_FILE, GRAPH_FILE
+from sie.worker.convert.safetensors_io import Checkpoint, read_json
+
+# The special token ids a checkpoint's config.json carries, copied into the converted one.
+SPECIAL_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 @attrs.frozen
@@ -36,7 +46,7 @@ class DecoderConversion:
     """Where a converted decoder was written, its architecture and the precision of its weights and cache."""
 
     directory: Path
-    config: LlamaConfig
+    config: DecoderConfig
     precision: str
 
     @property
@@ -53,15 +63,60 @@ def convert_gguf(
     gguf = GgufFile(gguf_path, on_read=on_progress)
     config = llama_config(gguf)
     tokenizer = gguf_tokenizer(gguf, config.max_position_embeddings)
-    builder = GraphBuilder()
-    build_decoder(builder, config, LlamaWeights(gguf, config), chosen)
-    model = builder.model("llama_decoder", decoder_inputs(config, chosen), decoder_outputs(config, chosen))
-    del builder  # its initializers now belong to `model`: keep one copy of the weights in memory, not two
-    save_graph(model, out_dir / GRAPH_FILE)
+    _write_graph(config, gguf_weights(gguf, config), chosen, DecoderShape.GENERATE, out_dir / GRAPH_FILE)
     tokenizer.save(out_dir)
-    config_json = json.dumps(config.to_json(tokenizer.special_ids, chosen.name), indent=2)
+    _write_config(out_dir, config.to_json(tokenizer.special_ids, chosen.name, DecoderShape.GENERATE))
+    return DecoderConversion(out_dir, config, chosen.name)
+
+
+def convert_decoder_checkpoint(model_dir: Path, out_dir: Path, precision: str = "float32") -> DecoderConversion:
+    """Convert the checkpoint in `model_dir` into a generation graph and its `config.json` in `out_dir` (created).
+    The special token ids come from the checkpoint's config.json, the end-of-sequence ids of its
+    generation_config.json joined to them (a model that ends a chat turn with its own token lists both)."""
+    chosen = precision_named(precision)
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    raw = read_json(model_dir / CONFIG_FILE)
+    config = parse_decoder_config(raw, str(model_dir / CONFIG_FILE))
+    _write_graph(config, checkpoint_weights(Checkpoint(model_dir), config), chosen, DecoderShape.GENERATE,
+                 out_dir / GRAPH_FILE)  # fmt: skip
+    special = {key: raw[key] for key in SPECIAL_ID_KEYS if raw.get(key) is not None}
+    if (model_dir / GENERATION_CONFIG_FILE).is_file():
+        generation = read_json(model_dir / GENERATION_CONFIG_FILE)
+        ends = [*_ids(special.get("eos_token_id")), *_ids(generation.get("eos_token_id"))]
+        if ends:
+            special["eos_token_id"] = sorted(set(ends))
+    _write_config(out_dir, config.to_json(special, chosen.name, DecoderShape.GENERATE))
+    return DecoderConversion(out_dir, config, chosen.name)
+
+
+def convert_decoder_hidden(model_dir: Path, out_path: Path, precision: str = "float32") -> DecoderConfig:
+    """Convert the checkpoint in `model_dir` into one graph of its last hidden states at `out_path`."""
+    model_dir = Path(model_dir)
+    config = parse_decoder_config(read_json(model_dir / CONFIG_FILE), str(model_dir / CONFIG_FILE))
+    weights = checkpoint_weights(Checkpoint(model_dir), config)
+    _write_graph(config, weights, precision_named(precision), DecoderShape.HIDDEN, Path(out_path))
+    return config
+
+
+def _ids(value: object) -> list[int]:
+    """A config's token id field (one id or a list) as a list of ids."""
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
+
+
+def _write_graph(
+    config: DecoderConfig, weights: DecoderWeights, precision: Precision, shape: DecoderShape, path: Path
+) -> None:
+    builder = GraphBuilder()
+    build_decoder(builder, config, weights, precision, shape)
+    model = builder.model(f"{config.model_type}_decoder", decoder_inputs(config, precision, shape),
+                          decoder_outputs(config, precision, shape))  # fmt: skip
+    del builder  # its initializers now belong to `model`: keep one copy of the weights in memory, not two
+    save_graph(model, path)
+
+
+def _write_config(out_dir: Path, config_json: dict) -> None:
     try:
-        (out_dir / CONFIG_FILE).write_text(config_json + "\n", encoding="utf-8")
+        (out_dir / CONFIG_FILE).write_text(json.dumps(config_json, indent=2) + "\n", encoding="utf-8")
     except OSError as exc:
         raise ConversionError(f"cannot write {CONFIG_FILE}: {exc}", source=str(out_dir)) from exc
-    return DecoderConversion(out_dir, config, chosen.name)

@@ -15,6 +15,11 @@ TORCH_WEIGHTS_FILE: Final = "pytorch_model.bin"  # a checkpoint without safetens
 GRAPH_FILE: Final = "model.onnx"
 TOKENIZER_FILE: Final = "tokenizer.json"
 TOKENIZER_CONFIG_FILE: Final = "tokenizer_config.json"
+GENERATION_CONFIG_FILE: Final = "generation_config.json"
+CHAT_TEMPLATE_FILE: Final = "chat_template.jinja"  # where transformers 5 saves a chat template
+
+# The `model_type`s of the decoder families converted from a checkpoint (`decoder_families`).
+DECODER_MODEL_TYPES: Final = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 INPUT_IDS: Final = "input_ids"
 ATTENTION_MASK: Final = "attention_mask"

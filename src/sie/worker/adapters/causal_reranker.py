@@ -1,0 +1,168 @@
+"""Decoder rerankers (Qwen3-Reranker, R3-rerank, mxbai-rerank-v2): each (query, document) pair is written into the
+model's prompt, the decoder reads it (its hidden-state graph), and the pair's relevance comes from the output head's
+logits of two tokens at the last position, a "yes" and a "no" (`1`/`0` for mxbai): P(yes) of their softmax
+(`score_mode: log_softmax`), or yes − no (`logit_diff`).
+
+The prompt formats (`input_format`), as the models' cards build them, the prompt's parts tokenized one by one and
+joined, so a part's first token never merges with the one before it:
+
+- `qwen3`: `<|im_start|>system\\n{judge}<|im_end|>\\n<|im_start|>user\\n` + `<Instruct>: {instruction}\\n<Query>:
+  {query}\\n<Document>: {document}` + `<|im_end|>\\n<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n`; the
+  instruction is the request's, else the profile's `default_instruction`, else the model card's. A pair longer than
+  the context loses the end of its middle part, as the card's `truncation` does.
+- `mxbai` (the default): a system turn, `query: {query}`, `\\n`, `document: {document}`, `\\n`, the relevance task
+  prompt, and an open assistant turn. A pair longer than the context keeps its query and cuts its document.
+
+The two tokens' rows of the output head (`lm_head.weight`, or the tied embeddings) are read from the checkpoint at
+load, and nothing else of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Final
+
+import numpy as np
+import tokenizers
+
+from sie.catalog.adapters import CAUSAL_RERANKER
+from sie.tokenization import pad_batch
+from sie.wire.ipc_batch import OP_SCORE
+from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult, Stopwatch, invalid
+from sie.worker.adapters.encoder import first_output, item_text, ranked_scores
+from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.safetensors_io import Checkpoint
+
+QWEN3_JUDGE: Final = (
+    "Judge whether the Document meets the requirements based on the Query and the Instruct provided. Note that the "
+    'answer can only be "yes" or "no".'
+)
+QWEN3_DEFAULT_INSTRUCTION: Final = "Given a web search query, retrieve relevant passages that answer the query"
+MXBAI_SYSTEM: Final = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+MXBAI_TASK: Final = (
+    "You are a search relevance expert who evaluates how well documents match search queries. For each "
+    "query-document pair, carefully analyze the semantic relationship between them, then provide your binary "
+    "relevance judgment (0 for not relevant, 1 for relevant).\nRelevance:"
+)
+INPUT_FORMATS: Final = ("mxbai", "qwen3")
+SCORE_MODES: Final = ("logit_diff", "log_softmax")
+# Per format: (yes token, no token, score mode) when the profile names none.
+FORMAT_DEFAULTS: Final = {"qwen3": ("yes", "no", "log_softmax"), "mxbai": ("1", "0", "logit_diff")}
+
+
+class CausalRerankerAdapter(Adapter):
+    """`qwen2_flash_cross_encoder`: score only."""
+
+    kind: ClassVar[str | None] = CAUSAL_RERANKER
+    supports_score: ClassVar[bool] = True
+
+    def __init__(self, context: AdapterContext) -> None:
+        super().__init__(context)
+        if context.tokenizer_path is None or context.model_dir is None:
+            raise ValueError("a decoder reranker needs its tokenizer.json and checkpoint")
+        self._hidden = first_output(self.session, rank=3, preferred=("last_hidden_state",))
+        self._tokenizer = tokenizers.Tokenizer.from_file(str(context.tokenizer_path))
+        options = {**context.profile.loadtime_options}
+        self.input_format = str(options.get("input_format") or "mxbai")
+        if self.input_format not in INPUT_FORMATS:
+            raise ValueError(f"input_format {self.input_format!r} is not one of {list(INPUT_FORMATS)}")
+        yes, no, mode = FORMAT_DEFAULTS[self.input_format]
+        self.score_mode = str(options.get("score_mode") or mode)
+        if self.score_mode not in SCORE_MODES:
+            raise ValueError(f"score_mode {self.score_mode!r} is not one of {list(SCORE_MODES)}")
+        self.default_instruction = str(options.get("default_instruction") or QWEN3_DEFAULT_INSTRUCTION)
+        # [no, yes] token ids: the first token of each word, as the models' cards take them
+        self.token_ids = [self._first_token(str(options.get(key) or default)) for key, default in
+                          (("no_token", no), ("yes_token", yes))]  # fmt: skip
+        self._rows = _head_rows(context.model_dir, context.model_config_json, self.token_ids)
+        self.max_length = self.tokenizer.max_length
+        if self.input_format == "qwen3":
+            prefix = f"<|im_start|>system\n{QWEN3_JUDGE}<|im_end|>\n<|im_start|>user\n"
+            suffix = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        else:
+            prefix = f"<|im_start|>system\n{MXBAI_SYSTEM}<|im_end|>\n<|im_start|>user\n"
+            suffix = "<|im_end|>\n<|im_start|>assistant\n"
+        self._prefix, self._suffix = self._ids(prefix), self._ids(suffix)
+        self._newline, self._task = self._ids("\n"), self._ids(MXBAI_TASK)
+
+    def _ids(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def _first_token(self, text: str) -> int:
+        ids = self._ids(text)
+        if not ids:
+            raise ValueError(f"the score token {text!r} is no token of this tokenizer")
+        return ids[0]
+
+    def pair_ids(self, query: str, document: str, instruction: str | None) -> list[int]:
+        """The prompt's token ids for one pair, cut to the model's context where the document ends."""
+        if self.input_format == "qwen3":
+            middle = f"<Instruct>: {instruction or self.default_instruction}\n<Query>: {query}\n<Document>: {document}"
+            head, body, tail = self._prefix, self._ids(middle), self._suffix
+        else:
+            head = self._prefix + self._ids(f"query: {query}") + self._newline
+            body, tail = self._ids(f"document: {document}"), self._newline + self._task + self._suffix
+        room = self.max_length - len(head) - len(tail)
+        if room <= 0:
+            raise ValueError(
+                f"the query and the prompt take {len(head) + len(tail)} tokens of the model's {self.max_length}"
+            )
+        return head + body[:room] + tail
+
+    def score(self, items: Sequence[Any]) -> BatchResult:
+        watch = Stopwatch()
+        rows: list[list[int]] = []
+        spans: list[range | None] = []
+        results: list[ItemResult | None] = []
+        with watch.stage("tokenization"):
+            for item in items:
+                refused = self.refused_options(item.options, OP_SCORE)
+                query, docs = item_text(item.query_item), [item_text(doc) for doc in item.score_items]
+                if refused or query is None or not docs or any(doc is None for doc in docs):
+                    spans.append(None)
+                    results.append(refused or invalid("Score needs a text query and text items"))
+                    continue
+                instruction = item.instruction or self.options_for(item.options).get("instruction")
+                try:
+                    pairs = [self.pair_ids(query, doc, instruction) for doc in docs]
+                except ValueError as exc:
+                    spans.append(None)
+                    results.append(invalid(str(exc)))
+                    continue
+                spans.append(range(len(rows), len(rows) + len(pairs)))
+                rows.extend(pairs)
+                results.append(None)
+        if rows:
+            with watch.stage("inference"):
+                batch = pad_batch(rows, None, 0)
+                (hidden,) = self.run_session({"input_ids": batch.input_ids, "attention_mask": batch.attention_mask},
+                                             [self._hidden])  # fmt: skip
+            with watch.stage("postprocessing"):
+                last = hidden[np.arange(len(rows)), batch.attention_mask.sum(axis=1) - 1].astype(np.float32)
+                logits = last @ self._rows.T  # [pairs, (no, yes)]
+                difference = logits[:, 1] - logits[:, 0]
+                # P(yes) of the two tokens' softmax is the sigmoid of their difference
+                scores = 1.0 / (1.0 + np.exp(-difference)) if self.score_mode == "log_softmax" else difference
+                for index, (item, span) in enumerate(zip(items, spans, strict=True)):
+                    if span is not None:
+                        n_tokens = sum(len(rows[i]) for i in span)
+                        results[index] = ItemResult(
+                            ranked_scores(scores[span], item.score_items), input_tokens=n_tokens
+                        )
+        return watch.finish([result for result in results if result is not None])
+
+
+def _head_rows(model_dir: Path, config_json: Any, token_ids: list[int]) -> np.ndarray:
+    """The output head's rows of `token_ids`, [len, hidden] float32: `lm_head.weight`, or the input embeddings when
+    the checkpoint ties them (or has no separate head)."""
+    checkpoint = Checkpoint(model_dir)
+    for name in ("lm_head.weight", "model.embed_tokens.weight", "embed_tokens.weight"):
+        if name == "lm_head.weight" and config_json.get("tie_word_embeddings"):
+            continue
+        if name in checkpoint:
+            try:
+                return checkpoint.load_rows(name, token_ids)
+            except ConversionError as exc:
+                raise ValueError(str(exc)) from exc
+    raise ValueError(f"the checkpoint in {model_dir} has no output head (lm_head.weight) or embeddings")

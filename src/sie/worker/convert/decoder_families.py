@@ -1,0 +1,132 @@
+"""The decoder families read from a transformers checkpoint: Llama, Mistral, Qwen2 and Qwen3. `parse_decoder_config`
+reads `config.json` (either RoPE layout: transformers 5's `rope_parameters` or the Hub's `rope_theta` +
+`rope_scaling`) into the `DecoderConfig` the graph builds from, with each family's differences:
+
+| family | q/k/v bias | output bias | q/k norm | sliding window |
+|---|---|---|---|---|
+| llama | `attention_bias` | `attention_bias` | no | no |
+| mistral | no | no | no | `sliding_window`, every layer |
+| qwen2 | yes | no | no | `sliding_window` on `layer_types`' sliding layers, when `use_sliding_window` |
+| qwen3 | `attention_bias` | `attention_bias` | yes | as qwen2 |
+
+`checkpoint_weights` serves a checkpoint's tensors under the graph's names, whether it was saved from the causal-LM
+class (`model.layers.…`, `lm_head.weight`) or the bare model (`layers.…`, as the embedding models ship).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from sie.worker.convert.decoder_graph import DecoderConfig, DecoderWeights
+from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.names import DECODER_MODEL_TYPES
+from sie.worker.convert.safetensors_io import Checkpoint
+
+MODEL_PREFIX: Final = "model."
+
+
+def is_decoder_config(raw: Mapping[str, Any]) -> bool:
+    """Whether a checkpoint's config.json names a decoder family this converter builds."""
+    return raw.get("model_type") in DECODER_MODEL_TYPES
+
+
+def parse_decoder_config(raw: Mapping[str, Any], source: str) -> DecoderConfig:
+    """The DecoderConfig of a decoder checkpoint's config.json; ConversionError names what is missing or unsupported."""
+    model_type = raw.get("model_type")
+    if model_type not in DECODER_MODEL_TYPES:
+        raise ConversionError(
+            f"model_type {model_type!r} is not a decoder family this converter builds; expected one of "
+            f"{sorted(DECODER_MODEL_TYPES)}",
+            source=source,
+        )
+
+    def number(key: str, default: Any = None) -> int:
+        value = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConversionError(f"{key} must be a positive integer, got {value!r}", source=source)
+        return value
+
+    hidden, heads, layers = number("hidden_size"), number("num_attention_heads"), number("num_hidden_layers")
+    kv_heads = number("num_key_value_heads", heads) if raw.get("num_key_value_heads") is not None else heads
+    head_dim = number("head_dim") if raw.get("head_dim") is not None else hidden // heads
+    if raw.get("head_dim") is None and hidden % heads:
+        raise ConversionError(f"hidden size {hidden} does not split into {heads} heads", source=source)
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ConversionError(f"hidden_act {raw.get('hidden_act')!r} is not supported; expected 'silu'", source=source)
+    rope_theta, rope_scaling = _rope(raw, source)
+    attention_bias = bool(raw.get("attention_bias", False))
+    config = DecoderConfig(
+        model_type=str(model_type),
+        hidden_size=hidden,
+        intermediate_size=number("intermediate_size"),
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=number("vocab_size"),
+        max_position_embeddings=number("max_position_embeddings", 2048),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        qkv_bias=model_type == "qwen2" or (model_type in ("llama", "qwen3") and attention_bias),
+        output_bias=model_type in ("llama", "qwen3") and attention_bias,
+        mlp_bias=model_type == "llama" and bool(raw.get("mlp_bias", False)),
+        qk_norm=model_type == "qwen3",
+        layer_windows=_layer_windows(raw, str(model_type), layers, source),
+    )
+    config.check(source)
+    return config
+
+
+def _rope(raw: Mapping[str, Any], source: str) -> tuple[float, dict[str, Any]]:
+    """The RoPE base and scaling parameters from either layout; `{}` means unscaled."""
+    parameters = dict(raw.get("rope_parameters") or {})
+    if raw.get("rope_scaling"):
+        parameters.update(raw["rope_scaling"])
+    theta = parameters.pop("rope_theta", raw.get("rope_theta", 10_000.0))
+    if "type" in parameters and "rope_type" not in parameters:  # the older spelling
+        parameters["rope_type"] = parameters.pop("type")
+    if parameters.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ConversionError("partial rotary embeddings are not supported", source=source)
+    if parameters.get("rope_type", "default") == "default":
+        parameters = {}
+    if not isinstance(theta, int | float) or theta <= 0:
+        raise ConversionError(f"rope_theta must be a positive number, got {theta!r}", source=source)
+    return float(theta), parameters
+
+
+def _layer_windows(raw: Mapping[str, Any], model_type: str, layers: int, source: str) -> tuple[int | None, ...]:
+    window = raw.get("sliding_window")
+    if model_type in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
+        window = None
+    if window is None:
+        return ()
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise ConversionError(f"sliding_window must be a positive integer or null, got {window!r}", source=source)
+    if model_type == "mistral":
+        return (window,) * layers
+    types = raw.get("layer_types")
+    if types is None:
+        first_sliding = raw.get("max_window_layers", layers)
+        types = ["sliding_attention" if index >= first_sliding else "full_attention" for index in range(layers)]
+    if not isinstance(types, list) or len(types) != layers:
+        raise ConversionError(f"layer_types must list one type per layer ({layers})", source=source)
+    return tuple(window if kind == "sliding_attention" else None for kind in types)
+
+
+def checkpoint_weights(checkpoint: Checkpoint, config: DecoderConfig) -> DecoderWeights:
+    """The checkpoint's tensors under the graph's names: a bare model's (`layers.0…`, `embed_tokens.weight`) get the
+    `model.` prefix a causal LM's carry."""
+    bare = "model.embed_tokens.weight" not in checkpoint and "embed_tokens.weight" in checkpoint
+
+    def stored(name: str) -> str:
+        return name.removeprefix(MODEL_PREFIX) if bare and name.startswith(MODEL_PREFIX) else name
+
+    return DecoderWeights(
+        config,
+        lambda name: checkpoint.load(stored(name)),
+        lambda name: stored(name) in checkpoint,
+        str(checkpoint.path),
+    )

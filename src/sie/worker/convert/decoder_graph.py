@@ -1,0 +1,507 @@
+"""The decoder graph every decoder family converts to (Llama, Mistral, Qwen2, Qwen3; GGUF llama files too): its
+architecture numbers (`DecoderConfig`), its tensors by role (`DecoderWeights`, in transformers' names and `[out, in]`
+layout, whatever file they come from) and the opset-17 ONNX graph, in one of two shapes (`DecoderShape`):
+
+- `generate`: inputs `input_ids [batch, sequence]`, `attention_mask [batch, past + sequence]` (1 = real token, left
+  padding allowed), `position_ids [batch, sequence]`, `past_key_values.{i}.key|value [batch, kv_heads, past,
+  head_dim]`; outputs `logits [batch, 1, vocab]` (float32) of the last position only (all a decoder samples from:
+  a prefill pays the output head once per prompt) and `present.{i}.key|value [batch, kv_heads, past + sequence,
+  head_dim]`.
+- `hidden`: inputs `input_ids`, `attention_mask [batch, sequence]` (right padding: a causal decoder's real tokens
+  never see the padding after them, so they keep positions 0…n−1 and the states they have unpadded); output
+  `last_hidden_state [batch, sequence, hidden]` after the final norm, which the embedding and reranker adapters pool.
+
+Each layer: RMSNorm, grouped-query attention with rotary positions (rotate-half; the inverse frequencies of the
+config's RoPE type, `rope_frequencies`), optional q/k/v biases (Qwen2), per-head q/k RMSNorm (Qwen3), a sliding
+window per layer (Mistral, Qwen2's `layer_types`), then RMSNorm and a SwiGLU MLP. In a float16 graph the weights,
+matrix products and cache are float16 while the residual stream, norms, softmax and logits stay float32. Standard
+ONNX operators only; onnxruntime fuses the RMSNorm and the transposed-key product at load time.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import attrs
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.graph_builder import GraphBuilder, tensor_info
+from sie.worker.convert.names import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    LOGITS,
+    POSITION_IDS,
+    past_key_name,
+    past_value_name,
+    present_key_name,
+    present_value_name,
+)
+
+HIDDEN_STATE: Final = "last_hidden_state"
+ROPE_TYPES: Final = frozenset({"default", "linear", "llama3", "yarn"})
+
+
+class DecoderShape(enum.Enum):
+    """What a converted decoder graph takes and gives (module docstring)."""
+
+    GENERATE = "generate"
+    HIDDEN = "hidden"
+
+
+@attrs.frozen
+class DecoderConfig:
+    """One decoder's shape and options, in transformers' config names."""
+
+    model_type: str
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    rope_theta: float = 10_000.0
+    rope_scaling: Mapping[str, Any] = attrs.field(factory=dict)  # rope_type and its parameters; {} = default
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = True
+    qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2; Llama's attention_bias)
+    output_bias: bool = False  # a bias on the attention's output projection (Llama's attention_bias)
+    mlp_bias: bool = False  # biases on the gate, up and down projections (Llama's mlp_bias)
+    qk_norm: bool = False  # RMSNorm over each query and key head before the rotation (Qwen3)
+    layer_windows: tuple[int | None, ...] = ()  # per layer: the sliding window in tokens, None for full attention
+
+    @property
+    def query_groups(self) -> int:
+        """Query heads that share one key/value head (grouped-query attention)."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+    def window(self, layer: int) -> int | None:
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    def check(self, source: str) -> None:
+        """ConversionError for shapes the graph cannot build."""
+        if self.head_dim % 2:
+            raise ConversionError(f"head size {self.head_dim} is odd; rotary positions need pairs", source=source)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConversionError(
+                f"{self.num_attention_heads} query heads do not group over {self.num_key_value_heads} key/value heads",
+                source=source,
+            )
+        if self.layer_windows and len(self.layer_windows) != self.num_hidden_layers:
+            raise ConversionError(
+                f"{len(self.layer_windows)} layer types for {self.num_hidden_layers} layers", source=source
+            )
+        rope_type = self.rope_scaling.get("rope_type", "default")
+        if rope_type not in ROPE_TYPES:
+            raise ConversionError(
+                f"RoPE type {rope_type!r} is not supported; expected one of {sorted(ROPE_TYPES)}", source=source
+            )
+
+    def to_json(self, special_ids: Mapping[str, Any], dtype: str, shape: DecoderShape) -> dict[str, Any]:
+        """The converted directory's `config.json`: transformers' names, the dtype of the graph's key/value cache and
+        the graph's shape, plus the checkpoint's special token ids."""
+        return {
+            "model_type": self.model_type,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_theta": self.rope_theta,
+            "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "torch_dtype": dtype,
+            "sie_graph": shape.value,
+            **special_ids,
+        }
+
+
+def rope_frequencies(config: DecoderConfig) -> tuple[np.ndarray, float]:
+    """The inverse frequency of each pair of head dimensions ([head_dim / 2], float64) and the factor cos and sin are
+    scaled by, for the config's RoPE type, as transformers' `modeling_rope_utils` computes them."""
+    parameters = config.rope_scaling
+    rope_type = parameters.get("rope_type", "default")
+    dim = config.head_dim
+    base = config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    inverse = 1.0 / base
+    if rope_type == "default":
+        return inverse, 1.0
+    factor = float(parameters["factor"])
+    if rope_type == "linear":
+        return inverse / factor, 1.0
+    original = float(parameters.get("original_max_position_embeddings") or config.max_position_embeddings)
+    if rope_type == "llama3":
+        low, high = float(parameters["low_freq_factor"]), float(parameters["high_freq_factor"])
+        wavelength = 2 * math.pi / inverse
+        scaled = np.where(wavelength > original / low, inverse / factor, inverse)
+        smooth = (original / wavelength - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelength >= original / high) & (wavelength <= original / low)
+        return np.where(medium, smoothed, scaled), 1.0
+    # yarn: interpolation below a band of dimensions, extrapolation above it, a linear ramp between
+    attention_factor = parameters.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = parameters.get("mscale"), parameters.get("mscale_all_dim")
+
+        def get_mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        if mscale and mscale_all_dim:
+            attention_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+        else:
+            attention_factor = get_mscale(factor)
+    beta_fast = parameters.get("beta_fast") or 32
+    beta_slow = parameters.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(config.rope_theta))
+
+    low_dim, high_dim = correction_dim(beta_fast), correction_dim(beta_slow)
+    if parameters.get("truncate", True):
+        low_dim, high_dim = math.floor(low_dim), math.ceil(high_dim)
+    low_dim, high_dim = max(low_dim, 0), min(high_dim, dim - 1)
+    if low_dim == high_dim:
+        high_dim += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low_dim) / (high_dim - low_dim), 0, 1)
+    extrapolation = 1 - ramp
+    return inverse / factor * (1 - extrapolation) + inverse * extrapolation, float(attention_factor)
+
+
+# --- weights ----------------------------------------------------------------------------------------------------------
+
+
+class DecoderWeights:
+    """A decoder's tensors under transformers' names (`model.layers.{i}.self_attn.q_proj.weight`, …) in its layout,
+    float32, each read when the graph builder asks for it and checked against the config's shape. `load(name)`
+    reads one tensor by that name and `has(name)` says whether the source holds it; a source with other names
+    (GGUF) translates in them."""
+
+    def __init__(
+        self, config: DecoderConfig, load: Callable[[str], np.ndarray], has: Callable[[str], bool], source: str
+    ) -> None:
+        self.config = config
+        self._load = load
+        self._has = has
+        self.source = source
+
+    def tensor(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        array = self._load(name)
+        if array.shape != shape:
+            raise ConversionError(
+                f"shape {list(array.shape)} does not match the config's {list(shape)}", source=self.source, tensor=name
+            )
+        return array
+
+    def has(self, name: str) -> bool:
+        return self._has(name)
+
+
+# --- graph ------------------------------------------------------------------------------------------------------------
+
+BATCH, SEQUENCE, PAST, TOTAL = "batch", "sequence", "past_sequence", "total_sequence"
+
+
+@attrs.frozen
+class Precision:
+    """The dtype of a graph's weights, matrix products and key/value cache."""
+
+    name: str
+    numpy: type[np.floating]
+    onnx: int
+
+
+PRECISIONS: Final[dict[str, Precision]] = {
+    "float32": Precision("float32", np.float32, TensorProto.FLOAT),
+    "float16": Precision("float16", np.float16, TensorProto.FLOAT16),
+}
+# Added (in float32, whatever the precision) to the scores of keys a query must not see: exp() of it is exactly 0,
+# and it stays finite, so a row with no visible key (a left-padding query) gives a uniform softmax, not NaN.
+MASK_NEGATIVE: Final = float(np.finfo(np.float32).min)
+
+
+def precision_named(name: str) -> Precision:
+    if name not in PRECISIONS:
+        raise ConversionError(f"unknown precision {name!r}; expected one of {sorted(PRECISIONS)}")
+    return PRECISIONS[name]
+
+
+def decoder_inputs(config: DecoderConfig, precision: Precision, shape: DecoderShape) -> list[onnx.ValueInfoProto]:
+    if shape is DecoderShape.HIDDEN:
+        return [tensor_info(INPUT_IDS, TensorProto.INT64, [BATCH, SEQUENCE]),
+                tensor_info(ATTENTION_MASK, TensorProto.INT64, [BATCH, SEQUENCE])]  # fmt: skip
+    cache_shape = [BATCH, config.num_key_value_heads, PAST, config.head_dim]
+    inputs = [
+        tensor_info(INPUT_IDS, TensorProto.INT64, [BATCH, SEQUENCE]),
+        tensor_info(ATTENTION_MASK, TensorProto.INT64, [BATCH, TOTAL]),
+        tensor_info(POSITION_IDS, TensorProto.INT64, [BATCH, SEQUENCE]),
+    ]
+    for layer in range(config.num_hidden_layers):
+        inputs.append(tensor_info(past_key_name(layer), precision.onnx, cache_shape))
+        inputs.append(tensor_info(past_value_name(layer), precision.onnx, cache_shape))
+    return inputs
+
+
+def decoder_outputs(config: DecoderConfig, precision: Precision, shape: DecoderShape) -> list[onnx.ValueInfoProto]:
+    if shape is DecoderShape.HIDDEN:
+        return [tensor_info(HIDDEN_STATE, TensorProto.FLOAT, [BATCH, SEQUENCE, config.hidden_size])]
+    cache_shape = [BATCH, config.num_key_value_heads, TOTAL, config.head_dim]
+    outputs = [tensor_info(LOGITS, TensorProto.FLOAT, [BATCH, 1, config.vocab_size])]
+    for layer in range(config.num_hidden_layers):
+        outputs.append(tensor_info(present_key_name(layer), precision.onnx, cache_shape))
+        outputs.append(tensor_info(present_value_name(layer), precision.onnx, cache_shape))
+    return outputs
+
+
+@attrs.frozen
+class _Shared:
+    """Tensors computed once per run and read by every layer."""
+
+    cos: str  # [B or 1, 1, S, head_dim]
+    sin: str  # [B or 1, 1, S, head_dim], its first half negated: rotate_half(x) * sin == swap_halves(x) * sin
+    biases: dict[int | None, str]  # float32 [B, 1, 1, S, T] per window: 0 where a query sees a key, else negative
+
+
+class _Decoder:
+    """Emits the decoder into a GraphBuilder; weights are read layer by layer as the nodes are added."""
+
+    def __init__(
+        self,
+        builder: GraphBuilder,
+        config: DecoderConfig,
+        weights: DecoderWeights,
+        precision: Precision,
+        shape: DecoderShape,
+    ) -> None:
+        self.b = builder
+        self.config = config
+        self.weights = weights
+        self.precision = precision
+        self.cached = shape is DecoderShape.GENERATE
+
+    def build(self) -> None:
+        b, cfg, w = self.b, self.config, self.weights
+        embeddings = w.tensor("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
+        table = b.weight("model.embed_tokens.weight", embeddings, self.precision.numpy)
+        x = self._to_float(b.op("Gather", [table, INPUT_IDS], "model.embed_tokens"), "model.embed_tokens.float")
+        positions = POSITION_IDS if self.cached else self._positions()
+        windows = {cfg.window(layer) for layer in range(cfg.num_hidden_layers)}
+        shared = _Shared(*self._rotary(positions), {window: self._attention_bias(window) for window in windows})
+        for layer in range(cfg.num_hidden_layers):
+            x = self._attention(x, layer, shared)
+            x = self._mlp(x, layer)
+        final = w.tensor("model.norm.weight", (cfg.hidden_size,))
+        if not self.cached:
+            self._rms_norm(x, final, HIDDEN_STATE)
+            return
+        hidden = self._to_compute(self._rms_norm(x, final, "model.norm"), "model.norm.cast")
+        if cfg.tie_word_embeddings:
+            head = table
+        else:
+            head = self._weight("lm_head.weight", w.tensor("lm_head.weight", (cfg.vocab_size, cfg.hidden_size)))
+        # The last position only (left padding keeps every row's last token there).
+        last = b.op("Slice", [hidden, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1])], "lm_head.last")
+        rows = b.op("Reshape", [last, b.const([-1, cfg.hidden_size])], "lm_head.rows")
+        logits = self._to_float(b.op("Gemm", [rows, head], "lm_head", transB=1), "lm_head.float")
+        b.op("Reshape", [logits, b.const([-1, 1, cfg.vocab_size])], LOGITS)
+
+    def _to_compute(self, x: str, name: str) -> str:
+        """`x` (float32) in the graph's precision: a Cast in a float16 graph, nothing in a float32 one."""
+        if self.precision.onnx == TensorProto.FLOAT:
+            return x
+        return self.b.op("Cast", [x], name, to=self.precision.onnx)
+
+    def _to_float(self, x: str, name: str) -> str:
+        if self.precision.onnx == TensorProto.FLOAT:
+            return x
+        return self.b.op("Cast", [x], name, to=TensorProto.FLOAT)
+
+    def _rms_norm(self, x: str, scale: np.ndarray, name: str) -> str:
+        """x / sqrt(mean(x²) + eps) * scale in float32, spelled as onnxruntime's SimplifiedLayerNormFusion expects."""
+        b = self.b
+        squared = b.op("Pow", [x, b.const(2.0, np.float32)], f"{name}.pow")
+        mean = b.op("ReduceMean", [squared], f"{name}.mean", axes=[-1], keepdims=1)
+        shifted = b.op("Add", [mean, b.const(self.config.rms_norm_eps, np.float32)], f"{name}.add")
+        root = b.op("Sqrt", [shifted], f"{name}.sqrt")
+        normed = b.op("Div", [x, root], f"{name}.div")
+        return b.op("Mul", [normed, b.weight(f"{name}.weight", scale)], name)
+
+    def _positions(self) -> str:
+        """[1, S]: 0 … S-1, the positions of a right-padded row's real tokens."""
+        b = self.b
+        length = b.op("Squeeze", [b.op("Shape", [INPUT_IDS], "positions.s_1d", start=1, end=2), b.const([0])],
+                      "positions.s")  # fmt: skip
+        steps = b.op("Range", [b.const(0), length, b.const(1)], "positions.range")
+        return b.op("Unsqueeze", [steps, b.const([0])], "positions")
+
+    def _rotary(self, positions: str) -> tuple[str, str]:
+        """cos and (half-negated) sin of position × inverse frequency, duplicated over both halves (HF layout)."""
+        b, cfg = self.b, self.config
+        half = cfg.head_dim // 2
+        inverse, attention_factor = rope_frequencies(cfg)
+        # transformers computes the frequencies in float32 and the angles from them
+        inverse = inverse.astype(np.float32)
+        positions = b.op("Cast", [positions], "rotary.positions", to=TensorProto.FLOAT)
+        positions = b.op("Unsqueeze", [positions, b.const([2])], "rotary.positions_3d")
+        angles = b.op("Mul", [positions, b.const(np.concatenate([inverse, inverse]), np.float32)], "rotary.angles")
+        sign = np.concatenate([-np.ones(half), np.ones(half)])
+        cos = b.op("Cos", [angles], "rotary.cos_raw")
+        sin = b.op("Sin", [angles], "rotary.sin_raw")
+        if attention_factor != 1.0:
+            cos = b.op("Mul", [cos, b.const(attention_factor, np.float32)], "rotary.cos_scaled")
+            sin = b.op("Mul", [sin, b.const(attention_factor, np.float32)], "rotary.sin_scaled")
+        sin = b.op("Mul", [sin, b.const(sign, np.float32)], "rotary.sin_3d")
+        cos = self._to_compute(b.op("Unsqueeze", [cos, b.const([1])], "rotary.cos_f32"), "rotary.cos")
+        sin = self._to_compute(b.op("Unsqueeze", [sin, b.const([1])], "rotary.sin_f32"), "rotary.sin")
+        return cos, sin
+
+    def _attention_bias(self, window: int | None) -> str:
+        """Causal by cache index (query i of this run sits at past + i), blind to padded keys and, with a sliding
+        window, to keys `window` or more tokens back."""
+        b = self.b
+        name = "mask" if window is None else f"mask_window{window}"
+        sequence = b.op("Squeeze", [b.op("Shape", [INPUT_IDS], f"{name}.s_1d", start=1, end=2), b.const([0])],
+                        f"{name}.s")  # fmt: skip
+        total = b.op("Squeeze", [b.op("Shape", [ATTENTION_MASK], f"{name}.t_1d", start=1, end=2), b.const([0])],
+                     f"{name}.t")  # fmt: skip
+        past = b.op("Sub", [total, sequence], f"{name}.past")
+        one = b.const(1)
+        keys = b.op("Range", [b.const(0), total, one], f"{name}.keys")
+        queries = b.op(
+            "Unsqueeze", [b.op("Range", [past, total, one], f"{name}.queries_1d"), b.const([1])], f"{name}.queries"
+        )
+        visible = b.op("LessOrEqual", [keys, queries], f"{name}.causal")
+        if window is not None:
+            recent = b.op("Greater", [keys, b.op("Sub", [queries, b.const(window)], f"{name}.start")],
+                          f"{name}.recent")  # fmt: skip
+            visible = b.op("And", [visible, recent], f"{name}.windowed")
+        present = b.op("Cast", [ATTENTION_MASK], f"{name}.present_2d", to=TensorProto.BOOL)
+        present = b.op("Unsqueeze", [present, b.const([1, 2, 3])], f"{name}.present")
+        visible = b.op("And", [visible, present], f"{name}.visible")
+        zero, negative = b.const(0.0, np.float32), b.const(MASK_NEGATIVE, np.float32)
+        return b.op("Where", [visible, zero, negative], f"{name}.bias")
+
+    def _projections(self, layer: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """The fused q/k/v projection `[hidden, (heads + 2 * kv_heads) * head_dim]` and its bias, 1/sqrt(head_dim)
+        folded into the query (RoPE is linear, so the scale commutes) unless a q norm follows, which takes it."""
+        cfg, w = self.config, self.weights
+        prefix = f"model.layers.{layer}.self_attn"
+        d, hidden = cfg.head_dim, cfg.hidden_size
+        widths = {"q": cfg.num_attention_heads * d, "k": cfg.num_key_value_heads * d, "v": cfg.num_key_value_heads * d}
+        scale = np.float32(1.0 / math.sqrt(d))
+        query_scale = np.float32(1.0) if cfg.qk_norm else scale
+        weights = [w.tensor(f"{prefix}.{p}_proj.weight", (width, hidden)) for p, width in widths.items()]
+        weights[0] = weights[0] * query_scale
+        bias = None
+        if cfg.qkv_bias:
+            biases = [w.tensor(f"{prefix}.{p}_proj.bias", (width,)) for p, width in widths.items()]
+            biases[0] = biases[0] * query_scale
+            bias = np.concatenate(biases)
+        return np.concatenate(weights, axis=0).T, bias
+
+    def _attention(self, x: str, layer: int, shared: _Shared) -> str:
+        b, cfg, w, name = self.b, self.config, self.weights, f"model.layers.{layer}.self_attn"
+        heads, kv_heads, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        norm = w.tensor(f"model.layers.{layer}.input_layernorm.weight", (cfg.hidden_size,))
+        hidden = self._to_compute(self._rms_norm(x, norm, f"model.layers.{layer}.input_layernorm"), f"{name}.input")
+        weight, bias = self._projections(layer)
+        qkv = b.op("MatMul", [hidden, self._weight(f"{name}.qkv_proj.weight", weight)], f"{name}.qkv")
+        if bias is not None:
+            qkv = b.op("Add", [qkv, self._weight(f"{name}.qkv_proj.bias", bias)], f"{name}.qkv_biased")
+        qkv = b.op("Reshape", [qkv, b.const([0, 0, heads + 2 * kv_heads, d])], f"{name}.qkv_heads")  # [B, S, ., d]
+        if cfg.qk_norm:
+            query, key, value = b.op_multi("Split", [qkv, b.const([heads, kv_heads, kv_heads])],
+                                           [f"{name}.q_raw", f"{name}.k_raw", f"{name}.v_raw"], axis=2)  # fmt: skip
+            scale = np.float32(1.0 / math.sqrt(d))
+            query = self._head_norm(query, w.tensor(f"{name}.q_norm.weight", (d,)) * scale, f"{name}.q_norm")
+            key = self._head_norm(key, w.tensor(f"{name}.k_norm.weight", (d,)), f"{name}.k_norm")
+            qk = b.op("Concat", [query, key], f"{name}.qk_normed", axis=2)
+        else:
+            qk, value = b.op_multi("Split", [qkv, b.const([heads + kv_heads, kv_heads])], [f"{name}.qk_raw",
+                                   f"{name}.v_raw"], axis=2)  # fmt: skip
+        qk = b.op("Transpose", [qk], f"{name}.qk", perm=[0, 2, 1, 3])  # [B, heads + kv_heads, S, d]
+        value = b.op("Transpose", [value], f"{name}.v", perm=[0, 2, 1, 3])
+        qk = self._rotate(qk, shared, name)
+        query, key = b.op_multi("Split", [qk, b.const([heads, kv_heads])], [f"{name}.q", f"{name}.k"], axis=1)
+        if self.cached:
+            key = b.op("Concat", [past_key_name(layer), key], present_key_name(layer), axis=2)
+            value = b.op("Concat", [past_value_name(layer), value], present_value_name(layer), axis=2)
+        # Grouped-query attention without copying the cache: the query heads of one key/value head form a group
+        # axis, and MatMul broadcasts each key/value head over its group.
+        grouped = b.op("Reshape", [query, b.const([0, kv_heads, cfg.query_groups, -1, d])], f"{name}.q_groups")
+        key_t = b.op("Transpose", [b.op("Unsqueeze", [key, b.const([2])], f"{name}.k_5d")], f"{name}.k_t",
+                     perm=[0, 1, 2, 4, 3])  # fmt: skip
+        scores = self._to_float(b.op("MatMul", [grouped, key_t], f"{name}.scores"), f"{name}.scores_f32")
+        scores = b.op("Add", [scores, shared.biases[cfg.window(layer)]], f"{name}.masked_scores")
+        probs = self._to_compute(b.op("Softmax", [scores], f"{name}.probs", axis=-1), f"{name}.probs_cast")
+        value_5d = b.op("Unsqueeze", [value, b.const([2])], f"{name}.v_5d")
+        context = b.op("MatMul", [probs, value_5d], f"{name}.context")  # [B, kv, groups, S, d]
+        context = b.op("Reshape", [context, b.const([0, heads, -1, d])], f"{name}.context_heads")
+        context = b.op("Transpose", [context], f"{name}.context_t", perm=[0, 2, 1, 3])
+        context = b.op("Reshape", [context, b.const([0, 0, heads * d])], f"{name}.context_merged")
+        out_weight = w.tensor(f"{name}.o_proj.weight", (cfg.hidden_size, heads * d)).T
+        out = b.op("MatMul", [context, self._weight(f"{name}.o_proj.weight", out_weight)], f"{name}.o_proj")
+        if cfg.output_bias:
+            bias = self._weight(f"{name}.o_proj.bias", w.tensor(f"{name}.o_proj.bias", (cfg.hidden_size,)))
+            out = b.op("Add", [out, bias], f"{name}.o_proj_biased")
+        return b.op("Add", [x, self._to_float(out, f"{name}.o_proj_f32")], f"model.layers.{layer}.attn_residual")
+
+    def _head_norm(self, x: str, scale: np.ndarray, name: str) -> str:
+        """RMSNorm over each head's `head_dim` values of [B, S, heads, d], in float32."""
+        normed = self._rms_norm(self._to_float(x, f"{name}.f32"), scale, name)
+        return self._to_compute(normed, f"{name}.cast")
+
+    def _rotate(self, x: str, shared: _Shared, name: str) -> str:
+        """x * cos + rotate_half(x) * sin, with the sign of rotate_half already in `shared.sin`."""
+        b, half = self.b, self.config.head_dim // 2
+        first, second = b.op_multi("Split", [x, b.const([half, half])], [f"{name}.rot_a", f"{name}.rot_b"], axis=-1)
+        swapped = b.op("Concat", [second, first], f"{name}.rot_swapped", axis=-1)
+        return b.op("Add", [b.op("Mul", [x, shared.cos], f"{name}.rot_cos"),
+                            b.op("Mul", [swapped, shared.sin], f"{name}.rot_sin")], f"{name}.rotated")  # fmt: skip
+
+    def _mlp(self, x: str, layer: int) -> str:
+        b, cfg, w, name = self.b, self.config, self.weights, f"model.layers.{layer}.mlp"
+        norm = w.tensor(f"model.layers.{layer}.post_attention_layernorm.weight", (cfg.hidden_size,))
+        normed = self._rms_norm(x, norm, f"model.layers.{layer}.post_attention_layernorm")
+        hidden = self._to_compute(normed, f"{name}.input")
+        size, width = cfg.intermediate_size, cfg.hidden_size
+        gate_up = np.concatenate([w.tensor(f"{name}.gate_proj.weight", (size, width)),
+                                  w.tensor(f"{name}.up_proj.weight", (size, width))], axis=0).T  # fmt: skip
+        projected = b.op("MatMul", [hidden, self._weight(f"{name}.gate_up_proj.weight", gate_up)], f"{name}.gate_up")
+        if cfg.mlp_bias:
+            bias = np.concatenate(
+                [w.tensor(f"{name}.gate_proj.bias", (size,)), w.tensor(f"{name}.up_proj.bias", (size,))]
+            )
+            projected = b.op("Add", [projected, self._weight(f"{name}.gate_up_proj.bias", bias)], f"{name}.gate_up_b")
+        gate, up = b.op_multi("Split", [projected, b.const([size, size])], [f"{name}.gate", f"{name}.up"], axis=-1)
+        silu = b.op("Mul", [gate, b.op("Sigmoid", [gate], f"{name}.sigmoid")], f"{name}.silu")
+        activated = b.op("Mul", [silu, up], f"{name}.act")
+        down = w.tensor(f"{name}.down_proj.weight", (width, size)).T
+        out = b.op("MatMul", [activated, self._weight(f"{name}.down_proj.weight", down)], f"{name}.down")
+        if cfg.mlp_bias:
+            bias = self._weight(f"{name}.down_proj.bias", w.tensor(f"{name}.down_proj.bias", (width,)))
+            out = b.op("Add", [out, bias], f"{name}.down_biased")
+        return b.op("Add", [x, self._to_float(out, f"{name}.down_f32")], f"model.layers.{layer}.mlp_residual")
+
+    def _weight(self, name: str, array: np.ndarray) -> str:
+        return self.b.weight(name, array, self.precision.numpy)
+
+
+def build_decoder(
+    builder: GraphBuilder,
+    config: DecoderConfig,
+    weights: DecoderWeights,
+    precision: Precision,
+    shape: DecoderShape = DecoderShape.GENERATE,
+) -> None:
+    """Add the whole decoder to `builder`; its outputs carry the names `decoder_outputs` declares."""
+    _Decoder(builder, config, weights, precision, shape).build()

@@ -1,0 +1,384 @@
+"""The decoder families (Llama, Mistral, Qwen2, Qwen3) from transformers checkpoints against transformers on the same
+tiny random checkpoints: the generation graph's logits on a left-padded batch and step by step through its key/value
+cache, the hidden-state graph, greedy generation of 32 tokens through the model loader and the continuous-batching
+engine (alone and four prompts of different lengths together), embeddings through the public catalogue's decoder
+embedding modules, sharded and GGUF checkpoints of the same weights, and the load errors of what is not built."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from sie.catalog import parse_model_config
+from sie.wire.queue import GenerateParams
+from sie.worker.convert import convert_decoder_checkpoint, convert_decoder_hidden, convert_gguf
+from sie.worker.errors import ModelLoadError
+from sie.worker.generation.kv_cache import CacheShape, empty_cache, next_cache
+from sie.worker.loading import ModelLoader
+from support import llama_reference
+from support.decoder_checkpoints import (
+    FAMILIES,
+    VOCAB,
+    family_config,
+    save_base_model,
+    save_causal_lm,
+    write_tokenizer,
+)
+from support.worker_items import encode_items
+
+TOLERANCE = 1e-4
+LENGTHS = [7, 3, 5]  # left-padded to 7: longer than the sliding window
+
+
+def session(path: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def reference_logits(model: Any, ids: list[int]) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, -1].numpy()
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Any]:
+    directory = tmp_path_factory.mktemp(request.param)
+    return request.param, directory, save_causal_lm(directory, request.param)
+
+
+def run_generation_graph(graph: ort.InferenceSession, shape: CacheShape, prompts: list[list[int]], steps: int):
+    """Logits of the last position for a left-padded batch of `prompts`, then `steps` greedy steps through the
+    cache; yields (the ids each row has seen, their logits) per run."""
+    width = max(map(len, prompts))
+    ids = np.zeros((len(prompts), width), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = prompt
+        mask[row, width - len(prompt) :] = 1
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    cache = empty_cache(shape, len(prompts))
+    seen = [list(prompt) for prompt in prompts]
+    names = [output.name for output in graph.get_outputs()]
+    for _ in range(steps + 1):
+        outputs = graph.run(None, {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **cache})
+        logits = outputs[names.index("logits")][:, 0]
+        yield [list(row) for row in seen], logits
+        chosen = logits.argmax(axis=1)
+        for row, token in enumerate(chosen):
+            seen[row].append(int(token))
+        ids = chosen[:, None].astype(np.int64)
+        mask = np.concatenate([mask, np.ones((len(prompts), 1), dtype=np.int64)], axis=1)
+        positions = positions[:, -1:] + 1
+        cache = next_cache(names, outputs)
+
+
+def test_the_generation_graph_equals_transformers(checkpoint, tmp_path: Path) -> None:
+    family, directory, model = checkpoint
+    converted = convert_decoder_checkpoint(directory, tmp_path / "decoder")
+    config = json.loads((converted.directory / "config.json").read_text())
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(4, VOCAB, size=length).tolist() for length in LENGTHS]
+    runs = 0
+    for seen, logits in run_generation_graph(session(converted.graph), CacheShape.from_config(config), prompts, 4):
+        for row, ids in enumerate(seen):
+            assert float(np.abs(logits[row] - reference_logits(model, ids)).max()) <= TOLERANCE, (family, ids)
+        runs += 1
+    assert runs == 5
+    reference = family_config(family)
+    head_dim = getattr(reference, "head_dim", None) or reference.hidden_size // reference.num_attention_heads
+    assert (config["model_type"], config["sie_graph"], config["head_dim"]) == (family, "generate", head_dim)
+
+
+def test_a_sliding_window_is_applied(tmp_path: Path) -> None:
+    """The check above can fail on the window: the same Mistral weights without it answer differently."""
+    import transformers
+
+    model = save_causal_lm(tmp_path / "mistral", "mistral")
+    converted = convert_decoder_checkpoint(tmp_path / "mistral", tmp_path / "decoder")
+    graph = session(converted.graph)
+    shape = CacheShape.from_config(json.loads((converted.directory / "config.json").read_text()))
+    prompt = list(range(4, 4 + LENGTHS[0]))
+    _, logits = next(run_generation_graph(graph, shape, [prompt], 0))
+    full = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "mistral", sliding_window=None).eval()
+    assert float(np.abs(logits[0] - reference_logits(model, prompt)).max()) <= TOLERANCE
+    assert float(np.abs(logits[0] - reference_logits(full, prompt)).max()) > 100 * TOLERANCE
+
+
+def test_the_hidden_state_graph_equals_transformers(checkpoint, tmp_path: Path) -> None:
+    import torch
+
+    family, directory, model = checkpoint
+    convert_decoder_hidden(directory, tmp_path / "hidden.onnx")
+    rng = np.random.default_rng(2)
+    width = max(LENGTHS)
+    ids = np.zeros((len(LENGTHS), width), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, length in enumerate(LENGTHS):
+        ids[row, :length] = rng.integers(4, VOCAB, size=length)
+        mask[row, :length] = 1
+    (hidden,) = session(tmp_path / "hidden.onnx").run(None, {"input_ids": ids, "attention_mask": mask})
+    for row, length in enumerate(LENGTHS):
+        with torch.no_grad():
+            expected = model.model(torch.tensor(ids[row : row + 1, :length])).last_hidden_state[0].numpy()
+        assert float(np.abs(hidden[row, :length] - expected).max()) <= TOLERANCE, family
+
+
+def generation_yaml(directory: Path, family: str) -> Any:
+    return parse_model_config(
+        {
+            "sie_id": f"acme/{family}-chat",
+            "weights_path": str(directory),
+            "tasks": {"generate": {"max_output_tokens": 64}},
+            "profiles": {"default": {"adapter_path": "sie_server.adapters.sglang.generation:SGLangGenerationAdapter",
+                                     "max_batch_tokens": 1024}},
+        }
+    )  # fmt: skip
+
+
+async def generate_all(adapter: Any, requests: list[GenerateParams]) -> list[str]:
+    async def one(index: int, params: GenerateParams) -> str:
+        prepared = await asyncio.to_thread(adapter.prepare, params)
+        stream = adapter.start(prepared, f"r{index}", f"s{index}")
+        texts = []
+        while not (event := await stream.next()).done:
+            texts.append(event.text)
+        assert event.error is None and event.finish_reason == "length"
+        return "".join(texts) + event.text
+
+    return await asyncio.gather(*(one(index, params) for index, params in enumerate(requests)))
+
+
+async def test_greedy_generation_equals_transformers_generate_alone_and_in_a_batch(
+    checkpoint, model_loader: ModelLoader
+) -> None:
+    import torch
+
+    family, directory, model = checkpoint
+    loaded = model_loader.load(generation_yaml(directory, family), "default", f"acme/{family}-chat")
+    try:
+        adapter = loaded.adapter
+        prompts = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11 w12 w13", "w14 w15"]
+        expected = []
+        for prompt in prompts:
+            ids = loaded.tokenizer.encode_batch([prompt])[0].input_ids.tolist()
+            with torch.no_grad():
+                out = model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, min_new_tokens=32,
+                                     pad_token_id=0)  # fmt: skip
+            expected.append(adapter.decode_text(out[0, len(ids) :].tolist()))
+        requests = [GenerateParams(prompt=prompt, max_new_tokens=32, temperature=0.0) for prompt in prompts]
+        alone = await generate_all(adapter, requests[:1])
+        together = await generate_all(adapter, requests)
+        assert alone == expected[:1]
+        assert together == expected
+        # a chat renders with the checkpoint's template and decodes like its rendered prompt
+        chat = GenerateParams(messages=[{"role": "user", "content": "w3 w4"}], max_new_tokens=8, temperature=0.0)
+        rendered = GenerateParams(prompt="<|im_start|>user w3 w4<|im_end|><|im_start|>assistant", max_new_tokens=8,
+                                  temperature=0.0)  # fmt: skip
+        assert await generate_all(adapter, [chat]) == await generate_all(adapter, [rendered])
+    finally:
+        loaded.close()
+
+
+def test_a_sharded_checkpoint_converts_to_the_same_decoder(tmp_path: Path) -> None:
+    save_causal_lm(tmp_path / "single", "qwen3")
+    save_causal_lm(tmp_path / "sharded", "qwen3", max_shard_size="40KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    graphs = [
+        convert_decoder_checkpoint(tmp_path / name, tmp_path / f"{name}-out").graph for name in ("single", "sharded")
+    ]
+    shape = CacheShape.from_config(json.loads((tmp_path / "single-out" / "config.json").read_text()))
+    prompt = [[5, 6, 7, 8]]
+    (_, first), (_, second) = (next(run_generation_graph(session(graph), shape, prompt, 0)) for graph in graphs)
+    np.testing.assert_array_equal(first, second)
+
+
+def test_a_gguf_and_a_checkpoint_of_the_same_weights_give_the_same_logits(tmp_path: Path) -> None:
+    import torch
+    import transformers
+
+    tiny = llama_reference.random_llama()
+    gguf_out = convert_gguf(llama_reference.write_gguf(tiny, tmp_path / "tiny.gguf"), tmp_path / "from-gguf")
+    config = transformers.LlamaConfig(
+        hidden_size=llama_reference.HIDDEN, intermediate_size=llama_reference.INTERMEDIATE,
+        num_hidden_layers=llama_reference.LAYERS, num_attention_heads=llama_reference.HEADS,
+        num_key_value_heads=llama_reference.KV_HEADS, vocab_size=llama_reference.VOCAB,
+        max_position_embeddings=llama_reference.CONTEXT, rope_theta=llama_reference.ROPE_BASE,
+        rms_norm_eps=llama_reference.RMS_EPS, tie_word_embeddings=True,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).eval()
+    state = {"model.embed_tokens.weight": tiny.embeddings, "model.norm.weight": tiny.final_norm}
+    for index, layer in enumerate(tiny.layers):
+        parts = {"input_layernorm": layer.attn_norm, "self_attn.q_proj": layer.q, "self_attn.k_proj": layer.k,
+                 "self_attn.v_proj": layer.v, "self_attn.o_proj": layer.o, "post_attention_layernorm": layer.ffn_norm,
+                 "mlp.gate_proj": layer.gate, "mlp.up_proj": layer.up, "mlp.down_proj": layer.down}  # fmt: skip
+        state |= {f"model.layers.{index}.{part}.weight": array for part, array in parts.items()}
+    model.load_state_dict({name: torch.from_numpy(array) for name, array in state.items()}, strict=False)
+    model.tie_weights()
+    model.save_pretrained(tmp_path / "checkpoint")
+    checkpoint_out = convert_decoder_checkpoint(tmp_path / "checkpoint", tmp_path / "from-checkpoint")
+    shape = CacheShape.from_config(json.loads((checkpoint_out.directory / "config.json").read_text()))
+    prompts = [[5, 6, 7, 8, 9], [10, 11]]
+    for (seen, ours), (_, theirs) in zip(
+        run_generation_graph(session(gguf_out.graph), shape, prompts, 3),
+        run_generation_graph(session(checkpoint_out.graph), shape, prompts, 3),
+        strict=True,
+    ):
+        assert float(np.abs(ours - theirs).max()) <= 1e-5
+        assert float(np.abs(theirs[0] - reference_logits(model, seen[0])).max()) <= TOLERANCE
+
+
+# (family, public adapter module, pooling, query template): as the public catalogue's YAMLs of Qwen3-Embedding,
+# e5-mistral and gte-Qwen2 configure them
+EMBEDDERS = {
+    "qwen3": ("sie_server.adapters.qwen2_flash:Qwen2FlashAdapter", "last", "Instruct: {instruction}\nQuery:{text}"),
+    "mistral": ("sie_server.adapters.sglang.embedding:SGLangEmbeddingAdapter", "last_token",
+                "Instruct: {instruction}\nQuery: {text}"),
+    "qwen2": ("sie_server.adapters.pytorch_embedding:PyTorchEmbeddingAdapter", "mean", None),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", sorted(EMBEDDERS))
+def test_decoder_embeddings_equal_transformers_pooled(family: str, model_loader: ModelLoader, tmp_path: Path) -> None:
+    import torch
+
+    adapter_path, pooling, template = EMBEDDERS[family]
+    base = save_base_model(tmp_path / "model", family)
+    runtime = {"pooling": pooling, "normalize": True, "default_instruction": "w7 w8"}
+    if template:
+        runtime["query_template"] = template
+    model = parse_model_config(
+        {
+            "sie_id": f"acme/{family}-embed",
+            "weights_path": str(tmp_path / "model"),
+            "max_sequence_length": 64,
+            "tasks": {"encode": {"dense": {"dim": 32}}},
+            "profiles": {"default": {"adapter_path": adapter_path, "max_batch_tokens": 1024,
+                                     "adapter_options": {"loadtime": {"causal": True}, "runtime": runtime}}},
+        }
+    )  # fmt: skip
+    loaded = model_loader.load(model, "default", model.sie_id)
+    tokenizer = write_tokenizer(tmp_path / "reference-tokenizer", end_with_eos=True)
+    texts = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11"]
+    for is_query in (True, False):
+        results = loaded.adapter.encode(encode_items(texts, is_query=is_query)).items
+        for text, result in zip(texts, results, strict=True):
+            assert result.ok, result.error
+            seen = template.replace("{instruction}", "w7 w8").replace("{text}", text) if template and is_query else text
+            ids = tokenizer.encode(seen).ids
+            with torch.no_grad():
+                hidden = base(torch.tensor([ids])).last_hidden_state[0].numpy()
+            pooled = hidden.mean(0) if pooling == "mean" else hidden[-1]
+            expected = pooled / np.linalg.norm(pooled)
+            assert float(np.abs(np.asarray(result.result["dense"]["values"]) - expected).max()) <= TOLERANCE
+
+
+@pytest.mark.parametrize(
+    ("model_type", "named"),
+    [("qwen3_moe", "qwen3_moe"), ("gemma3_text", "gemma3_text")],
+)
+def test_a_decoder_that_is_not_built_fails_its_load_naming_it(
+    model_type: str, named: str, model_loader: ModelLoader, tmp_path: Path
+) -> None:
+    directory = tmp_path / "model"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"model_type": model_type, "hidden_size": 32}))
+    (directory / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    write_tokenizer(directory)
+    with pytest.raises(ModelLoadError, match=named):
+        model_loader.load(generation_yaml(directory, model_type), "default", f"acme/{model_type}-chat")
+
+
+RERANK_CONTEXT = 120
+RERANKER = "sie_server.adapters.qwen2_flash_cross_encoder.adapter:Qwen2FlashCrossEncoderAdapter"
+QWEN3_PREFIX = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+    'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+)
+QWEN3_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def qwen3_card_ids(tokenizer: Any, instruction: str, query: str, document: str, room: int) -> list[int]:
+    """Qwen3-Reranker's model card: prefix tokens + the formatted pair's tokens (cut to `room`) + suffix tokens."""
+    middle = tokenizer.encode(f"<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}").ids
+    return tokenizer.encode(QWEN3_PREFIX).ids + middle[:room] + tokenizer.encode(QWEN3_SUFFIX).ids
+
+
+MXBAI_SYSTEM = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+MXBAI_TASK = (
+    "You are a search relevance expert who evaluates how well documents match search queries. For each "
+    "query-document pair, carefully analyze the semantic relationship between them, then provide your binary "
+    "relevance judgment (0 for not relevant, 1 for relevant).\nRelevance:"
+)
+
+
+def mxbai_ids(tokenizer: Any, query: str, document: str, context: int) -> list[int]:
+    """mxbai-rerank-v2's format, its parts tokenized one by one; the document cut to what the context leaves."""
+
+    def ids(text: str) -> list[int]:
+        return tokenizer.encode(text).ids
+
+    head = ids(MXBAI_SYSTEM + "<|im_start|>user\n") + ids(f"query: {query}") + ids("\n")
+    tail = ids("\n") + ids(MXBAI_TASK) + ids("<|im_end|>\n<|im_start|>assistant\n")
+    return head + ids(f"document: {document}")[: context - len(head) - len(tail)] + tail
+
+
+# (family, loadtime options, how the reference builds a pair's ids, [no, yes] words, score of the two logits)
+RERANKERS = {
+    # Qwen3-Reranker's YAML; a tied output head
+    "qwen3": ("qwen3", {"yes_token": "yes", "no_token": "no", "input_format": "qwen3", "score_mode": "log_softmax",
+                        "default_instruction": "w9 w10"}, ("no", "yes")),
+    # mxbai-rerank-v2's YAML (no options: its format, "1"/"0" and yes − no are the defaults); an untied head
+    "mxbai": ("qwen2", {}, ("0", "1")),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", sorted(RERANKERS))
+def test_a_decoder_reranker_scores_as_its_model_card_computes(
+    variant: str, model_loader: ModelLoader, tmp_path: Path
+) -> None:
+    import torch
+
+    family, loadtime, (no_word, yes_word) = RERANKERS[variant]
+    model = save_causal_lm(tmp_path / "model", family)
+    entry = parse_model_config(
+        {
+            "sie_id": f"acme/{variant}-rerank",
+            "weights_path": str(tmp_path / "model"),
+            "max_sequence_length": RERANK_CONTEXT,
+            "tasks": {"score": {}},
+            "profiles": {"default": {"adapter_path": RERANKER, "max_batch_tokens": 4096,
+                                     "adapter_options": {"loadtime": loadtime, "runtime": {}}}},
+        }
+    )  # fmt: skip
+    loaded = model_loader.load(entry, "default", entry.sie_id)
+    tokenizer = write_tokenizer(tmp_path / "reference-tokenizer")
+    no_id, yes_id = tokenizer.token_to_id(no_word), tokenizer.token_to_id(yes_word)
+    query, documents = "w1 w2 w3", ["w4 w5", "w6", " ".join(f"w{i % 50}" for i in range(80))]  # the last one is cut
+    item = SimpleNamespace(query_item={"text": query}, score_items=[{"text": d} for d in documents], options=None,
+                           instruction=None)  # fmt: skip
+    (result,) = loaded.adapter.score([item]).items
+    assert result.ok, result.error
+    scores = {row["item_id"]: row["score"] for row in result.result}
+    for index, document in enumerate(documents):
+        if variant == "qwen3":
+            fixed = len(tokenizer.encode(QWEN3_PREFIX).ids) + len(tokenizer.encode(QWEN3_SUFFIX).ids)
+            ids = qwen3_card_ids(tokenizer, "w9 w10", query, document, RERANK_CONTEXT - fixed)
+        else:
+            ids = mxbai_ids(tokenizer, query, document, RERANK_CONTEXT)
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, -1, [no_id, yes_id]]
+        expected = (
+            torch.log_softmax(logits, -1)[1].exp().item() if variant == "qwen3" else (logits[1] - logits[0]).item()
+        )
+        assert abs(scores[f"item-{index}"] - expected) <= TOLERANCE
+    assert len(loaded.adapter.pair_ids(query, documents[2], None)) == RERANK_CONTEXT

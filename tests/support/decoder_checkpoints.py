@@ -1,0 +1,111 @@
+"""Tiny random checkpoints of each decoder family (Llama, Mistral, Qwen2, Qwen3), built and saved by transformers
+itself with the family's real options switched on (biases, q/k norms, sliding windows shorter than the test
+prompts, explicit head sizes, tied embeddings, each RoPE scaling type), and a word-level `tokenizer.json` with a
+ChatML template. torch and transformers (the test extra) are imported when a model is built, not when this module is
+imported: pytest-xdist collects every module on every worker."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tokenizers import Tokenizer, pre_tokenizers, processors
+from tokenizers import models as tokenizer_models
+
+if TYPE_CHECKING:
+    import torch
+
+VOCAB = 64
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>")
+SCORE_WORDS = ("yes", "no", "1", "0")  # the rerankers' score tokens
+WORDS = [*SCORE_WORDS, *(f"w{index}" for index in range(VOCAB - len(SPECIALS) - len(SCORE_WORDS)))]
+END_OF_TEXT, IM_START, IM_END = 0, 1, 2
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + ' ' + message['content'] + '<|im_end|>'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{'<|im_start|>assistant'}}{% endif %}"
+)
+
+COMMON = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "vocab_size": VOCAB, "max_position_embeddings": 128,
+          "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}  # fmt: skip
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+WINDOW = 3  # tokens: shorter than the test prompts, so a window that is not applied changes the answer
+
+
+def family_config(family: str) -> Any:
+    """The family's transformers config, tiny, with the options that set it apart."""
+    import transformers
+
+    configs = {
+        # biases on attention and MLP; Llama 3.1's RoPE scaling
+        "llama": lambda: transformers.LlamaConfig(
+            **COMMON, attention_bias=True, mlp_bias=True, rope_theta=500.0,
+            rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 32},
+        ),
+        # a sliding window on every layer; a head size that is not hidden / heads
+        "mistral": lambda: transformers.MistralConfig(**COMMON, sliding_window=WINDOW, head_dim=16),
+        # q/k/v biases; the window on the second layer only; YaRN
+        "qwen2": lambda: transformers.Qwen2Config(
+            **COMMON, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1,
+            rope_scaling={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64},
+        ),
+        # q/k RMSNorm per head; head size 12 (hidden / heads is 8); tied embeddings; linear RoPE scaling
+        "qwen3": lambda: transformers.Qwen3Config(
+            **COMMON, head_dim=12, tie_word_embeddings=True, rope_scaling={"rope_type": "linear", "factor": 2.0},
+        ),
+    }  # fmt: skip
+    return configs[family]()
+
+
+def random_causal_lm(family: str, seed: int = 0) -> torch.nn.Module:
+    """The family's causal LM with every parameter moved well away from its initial value (norm scales included),
+    so each tensor the converter reads changes the output."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(family_config(family)).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.2)
+    return model
+
+
+def write_tokenizer(directory: Path, end_with_eos: bool = False) -> Tokenizer:
+    """A word-level tokenizer over `<|endoftext|> <|im_start|> <|im_end|> <unk> yes no 1 0 w0 … w55` (the model's
+    vocabulary),
+    saved as `tokenizer.json` with a `tokenizer_config.json` holding the chat template; `end_with_eos` appends
+    `<|endoftext|>` to every text, as the Qwen3-Embedding tokenizer does."""
+    vocab = {token: index for index, token in enumerate([*SPECIALS, *WORDS])}
+    tokenizer = Tokenizer(tokenizer_models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens(list(SPECIALS))
+    if end_with_eos:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="$A <|endoftext|>", special_tokens=[("<|endoftext|>", END_OF_TEXT)]
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = {"chat_template": CHAT_TEMPLATE, "bos_token": None, "eos_token": None, "pad_token": "<|endoftext|>",
+              "tokenizer_class": "PreTrainedTokenizerFast"}  # fmt: skip
+    (directory / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return tokenizer
+
+
+def save_causal_lm(directory: Path, family: str, seed: int = 0, **save_options: Any) -> torch.nn.Module:
+    """`random_causal_lm` saved with its tokenizer into `directory`; returns the model (the reference)."""
+    model = random_causal_lm(family, seed)
+    model.save_pretrained(directory, **save_options)
+    write_tokenizer(directory)
+    return model
+
+
+def save_base_model(directory: Path, family: str, seed: int = 0) -> torch.nn.Module:
+    """The causal LM's bare model (no `model.` prefix, no output head: how embedding models ship) saved with a
+    tokenizer that ends every text with `<|endoftext|>`; returns the bare model (the reference)."""
+    base = random_causal_lm(family, seed).model
+    base.save_pretrained(directory)
+    write_tokenizer(directory, end_with_eos=True)
+    return base
