@@ -423,3 +423,106 @@ async def test_the_public_sdk_generates_and_streams_over_a_server(gw: Gateway, p
         result, chunks = await asyncio.to_thread(calls, url)
     assert (result["text"], result["ttft_ms"]) == ("Hello world", 12.5)
     assert [c["text_delta"] for c in chunks] == ["Hello", " world", ""] and chunks[-1]["done"] is True
+
+
+# --- the Responses API --------------------------------------------------------------------------------------
+
+
+def named_events(response: httpx.Response) -> list[tuple[str, dict]]:
+    """The `(event, data)` pairs of a Responses SSE body: every block names its event, which its data's `type`
+    repeats; no `[DONE]`."""
+    assert response.headers["content-type"].startswith("text/event-stream")
+    pairs = []
+    for block in response.text.split("\n\n"):
+        if block:
+            event_line, data_line = block.split("\n")
+            pairs.append((event_line.removeprefix("event: "), json.loads(data_line.removeprefix("data: "))))
+    assert all(name == data["type"] for name, data in pairs)
+    assert [data["sequence_number"] for _, data in pairs] == list(range(len(pairs)))
+    return pairs
+
+
+RESPONSE = {"model": SMOL, "input": "Say hi", "instructions": "Be brief", "max_output_tokens": 8}
+
+
+async def test_responses_buffered_and_streamed(gw: Gateway) -> None:
+    body = (await gw.client.post("/v1/responses", json=RESPONSE)).json()
+    assert body["id"].startswith("resp_") and body["object"] == "response" and body["status"] == "completed"
+    (message,) = body["output"]
+    assert message["role"] == "assistant" and message["content"][0]["text"] == "Hello world"
+    assert body["usage"]["input_tokens"] == 5 and body["usage"]["output_tokens"] == 2
+    assert body["usage"]["total_tokens"] == 7 and body["max_output_tokens"] == 8
+    item = gw.worker.items[0].generate
+    assert item.messages == [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "Say hi"}]
+    assert item.max_new_tokens == 8
+    pairs = named_events(await gw.client.post("/v1/responses", json={**RESPONSE, "stream": True}))
+    assert [name for name, _ in pairs] == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done", "response.completed",
+    ]  # fmt: skip
+    assert [data["delta"] for name, data in pairs if name == "response.output_text.delta"] == ["Hello", " world"]
+    assert pairs[-1][1]["response"]["output"][0]["content"][0]["text"] == "Hello world"
+    assert pairs[0][1]["response"]["status"] == "in_progress"
+
+
+async def test_responses_cut_by_max_output_tokens_are_incomplete_and_input_lists_are_read(gw: Gateway) -> None:
+    gw.worker.script = lambda item: [chunk(item, 0, "Hello"), last(item, 1, finish="length")]
+    conversation = [
+        {"role": "user", "content": "Hi"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello"}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "Again"}]},
+    ]
+    body = (await gw.client.post("/v1/responses", json={"model": SMOL, "input": conversation})).json()
+    assert body["status"] == "incomplete" and body["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert gw.worker.items[0].generate.messages == [
+        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "Again"},
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": SMOL}, "input"),
+        ({"model": SMOL, "input": []}, "input"),
+        ({"model": SMOL, "input": [{"type": "function_call_output", "output": "x"}]}, "input[0]"),
+        ({"model": SMOL, "input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content"),
+        ({"model": SMOL, "input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"model": SMOL, "input": "x", "tools": [{"type": "web_search"}]}, "tools"),
+        ({"model": SMOL, "input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+        ({"model": SMOL, "input": "x", "instructions": 3}, "instructions"),
+        ({"model": SMOL, "input": "x", "frobnicate": 1}, "frobnicate"),
+    ],
+)
+async def test_responses_refusals_name_the_field(gw: Gateway, body: dict, param: str) -> None:
+    error = openai_error(await gw.client.post("/v1/responses", json=body), 400)
+    assert error["param"] == param, error
+
+
+async def test_responses_that_ask_for_nothing_unsupported_are_served(gw: Gateway) -> None:
+    body = {**RESPONSE, "tools": [], "tool_choice": "auto", "text": {"format": {"type": "text"}}, "store": False,
+            "truncation": "disabled", "metadata": {"k": "v"}, "user": "u1"}  # fmt: skip
+    assert (await gw.client.post("/v1/responses", json=body)).status_code == 200
+
+
+async def test_a_worker_error_after_text_is_a_response_failed_event(gw: Gateway) -> None:
+    gw.worker.script = lambda item: [chunk(item, 0, "Hel"), last(item, 1, finish="error", error="oom",
+                                                                  error_code="RESOURCE_EXHAUSTED")]  # fmt: skip
+    pairs = named_events(await gw.client.post("/v1/responses", json={**RESPONSE, "stream": True}))
+    name, failed = pairs[-1]
+    assert name == "response.failed" and failed["response"]["status"] == "failed"
+    assert failed["response"]["error"] == {"code": "RESOURCE_EXHAUSTED", "message": "oom"}
+
+
+async def test_the_openai_client_parses_responses(gw: Gateway) -> None:
+    async with served(gw) as url, openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused") as client:
+        response = await client.responses.create(model=SMOL, input="Say hi", instructions="Be brief")
+        assert response.output_text == "Hello world" and response.status == "completed"
+        assert response.usage.output_tokens == 2
+        stream = await client.responses.create(model=SMOL, input="Say hi", stream=True)
+        events = [event async for event in stream]
+        assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "Hello world"
+        assert events[-1].type == "response.completed" and events[-1].response.output_text == "Hello world"
+        with pytest.raises(openai.NotFoundError):
+            await client.responses.create(model="acme/none", input="x")

@@ -65,6 +65,7 @@ def _routes(inference: InferenceHandlers, generation: GenerationHandlers, read: 
         Route("/v1/embeddings", inference.embeddings, methods=["POST"]),
         Route("/v1/generate/{model:path}", generation.generate, methods=["POST"]),
         Route("/v1/chat/completions", generation.chat_completions, methods=["POST"]),
+        Route("/v1/responses", generation.responses, methods=["POST"]),
         Route("/v1/completions", generation.completions, methods=["POST"]),
         Route("/v1/models", read.list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", read.get_model, methods=["GET"]),

@@ -1,9 +1,11 @@
-"""HTTP of text generation: `POST /v1/generate/{model:path}` (SIE-native), `POST /v1/chat/completions` and
-`POST /v1/completions` (OpenAI), each buffered or, with `stream: true`, as server-sent events (seed 000 §2).
+"""HTTP of text generation: `POST /v1/generate/{model:path}` (SIE-native), `POST /v1/chat/completions`,
+`POST /v1/completions` and `POST /v1/responses` (OpenAI), each buffered or, with `stream: true`, as server-sent
+events (seed 000 §2).
 
 The handler waits for the first chunk before it answers, so every failure up to then is an HTTP error in the
-OpenAI envelope; once events flow, a failure is one terminal event carrying `error` and then `data: [DONE]`. Each
-surface's shape (native, chat, completion) renders the chunks; replies.py maps failures.
+OpenAI envelope; once events flow, a failure is one terminal event carrying `error` (then `data: [DONE]`; the
+Responses API's named events end with `response.failed` instead). Each surface's shape (native, chat, completion,
+response) renders the chunks; replies.py maps failures.
 """
 
 from __future__ import annotations
@@ -76,16 +78,28 @@ def sse(event: dict[str, Any]) -> bytes:
 
 
 class Shape(Protocol):
-    """How one surface renders a generation."""
+    """How one surface renders a generation: its buffered body, its events, and how an event is framed."""
+
+    closing: bytes  # what ends the event stream after the last event
 
     def body(self, outcome: Outcome) -> dict[str, Any]: ...
     def opening(self) -> list[dict[str, Any]]: ...
     def events(self, chunk: GenerateChunk) -> list[dict[str, Any]]: ...
     def error(self, exc: BaseException) -> dict[str, Any]: ...
+    def frame(self, event: dict[str, Any]) -> bytes: ...
+
+
+class DataEvents:
+    """Events framed as `data: {json}` lines, ended by `data: [DONE]` (the chat, completion and native shapes)."""
+
+    closing: bytes = DONE_EVENT
+
+    def frame(self, event: dict[str, Any]) -> bytes:
+        return sse(event)
 
 
 @attrs.frozen
-class NativeShape:
+class NativeShape(DataEvents):
     """`{model, text, finish_reason, usage, attempt_id, ttft_ms, tpot_ms}`; events mirror the worker's chunks."""
 
     model: str
@@ -112,7 +126,7 @@ class NativeShape:
 
 
 @attrs.frozen
-class ChatShape:
+class ChatShape(DataEvents):
     """OpenAI `chat.completion` and its `chat.completion.chunk` events."""
 
     model: str
@@ -153,7 +167,7 @@ def _delta(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str,
 
 
 @attrs.frozen
-class CompletionShape:
+class CompletionShape(DataEvents):
     """OpenAI `text_completion`, buffered and as events."""
 
     model: str
@@ -187,6 +201,92 @@ def _text(text: str, finish_reason: str | None) -> dict[str, Any]:
     return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
 
 
+class ResponseShape:
+    """OpenAI's `response` object (one assistant message of `output_text`) and its named events: `response.created`,
+    `response.in_progress`, the message and its text part added, `response.output_text.delta` per chunk, then the
+    text, part and message done and `response.completed` (`response.failed` after a failure). A generation cut by
+    `max_output_tokens` is `incomplete`. Stateful: one per request (event sequence numbers, the text so far)."""
+
+    closing: bytes = b""
+
+    def __init__(self, call: GenerateCall, response_id: str, created: int) -> None:
+        self.call = call
+        self.response_id = response_id
+        self.message_id = f"msg_{response_id.removeprefix('resp_')}"
+        self.created = created
+        self._sequence = 0
+        self._texts: list[str] = []
+
+    def frame(self, event: dict[str, Any]) -> bytes:
+        return b"event: " + event["type"].encode() + b"\n" + sse(event)
+
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        event = {"type": kind, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        return event
+
+    def _message(self, text: str | None) -> dict[str, Any]:
+        content = [] if text is None else [_output_text(text)]
+        status = "in_progress" if text is None else "completed"
+        return {"type": "message", "id": self.message_id, "status": status, "role": "assistant", "content": content}
+
+    def _response(self, status: str, text: str | None = None, **fields: Any) -> dict[str, Any]:
+        params = self.call.params
+        return {"id": self.response_id, "object": "response", "created_at": self.created, "status": status,
+                "error": None, "incomplete_details": None, "instructions": None, "model": self.call.model,
+                "output": [] if text is None else [self._message(text)], "parallel_tool_calls": False,
+                "temperature": params.temperature, "top_p": params.top_p, "max_output_tokens": params.max_new_tokens,
+                "tool_choice": "none", "tools": [], "text": {"format": {"type": "text"}}, "truncation": "disabled",
+                "metadata": {}, "usage": None, **fields}  # fmt: skip
+
+    def _finished(self, text: str, finish_reason: str | None, usage: GenerationUsage | None) -> dict[str, Any]:
+        cut = finish_reason == "length"
+        return self._response("incomplete" if cut else "completed", text, usage=_response_usage(usage),
+                              incomplete_details={"reason": "max_output_tokens"} if cut else None)  # fmt: skip
+
+    def body(self, outcome: Outcome) -> dict[str, Any]:
+        return self._finished(outcome.text, outcome.finish_reason, outcome.usage)
+
+    def opening(self) -> list[dict[str, Any]]:
+        started = self._response("in_progress")
+        return [self._event("response.created", response=started),
+                self._event("response.in_progress", response=started),
+                self._event("response.output_item.added", output_index=0, item=self._message(None)),
+                self._event("response.content_part.added", item_id=self.message_id, output_index=0, content_index=0,
+                            part=_output_text(""))]  # fmt: skip
+
+    def events(self, chunk: GenerateChunk) -> list[dict[str, Any]]:
+        where = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
+        events = []
+        if chunk.text_delta:
+            self._texts.append(chunk.text_delta)
+            events.append(self._event("response.output_text.delta", **where, delta=chunk.text_delta, logprobs=[]))
+        if chunk.done:
+            text = "".join(self._texts)
+            events += [self._event("response.output_text.done", **where, text=text, logprobs=[]),
+                       self._event("response.content_part.done", **where, part=_output_text(text)),
+                       self._event("response.output_item.done", output_index=0, item=self._message(text)),
+                       self._event("response.completed" if chunk.finish_reason != "length" else "response.incomplete",
+                                   response=self._finished(text, chunk.finish_reason, chunk.usage))]  # fmt: skip
+        return events
+
+    def error(self, exc: BaseException) -> dict[str, Any]:
+        failure = stream_error(exc)
+        error = {"code": failure["code"], "message": failure["message"]}
+        return self._event("response.failed", response=self._response("failed", error=error))
+
+
+def _output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _response_usage(usage: GenerationUsage | None) -> dict[str, Any]:
+    counts = _usage(usage)
+    return {"input_tokens": counts["prompt_tokens"], "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": counts["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": counts["total_tokens"]}  # fmt: skip
+
+
 class EventStream(StreamingResponse):
     """Server-sent events that end when the generation does or the client leaves, whichever is first; either way
     `on_close` runs (the generation is closed, announcing the cancel if the worker is still decoding). The client
@@ -217,18 +317,19 @@ class EventStream(StreamingResponse):
 
 async def _events(generation: Streamed, shape: Shape, first: GenerateChunk) -> AsyncIterator[bytes]:
     for event in shape.opening():
-        yield sse(event)
+        yield shape.frame(event)
     chunk = first
     try:
         while True:
             for event in shape.events(chunk):
-                yield sse(event)
+                yield shape.frame(event)
             if chunk.done:
                 break
             chunk = await generation.next()
     except Exception as exc:  # noqa: BLE001 - after the first event every failure is one terminal error event
-        yield sse(shape.error(exc))
-    yield DONE_EVENT
+        yield shape.frame(shape.error(exc))
+    if shape.closing:
+        yield shape.closing
 
 
 async def _outcome(generation: Streamed, first: GenerateChunk) -> Outcome:
@@ -241,9 +342,9 @@ async def _outcome(generation: Streamed, first: GenerateChunk) -> Outcome:
 
 
 class GenerationHandlers:
-    """The three generation routes over one GenerationService. With `tracing` on, each request is a
-    `gateway.proxy_chat` (chat) or `gateway.proxy_generate` (native, text completion) span lasting as long as its
-    answer, streamed or not, whose context its work item carries to the worker."""
+    """The generation routes over one GenerationService. With `tracing` on, each request is a `gateway.proxy_chat`
+    (chat, responses) or `gateway.proxy_generate` (native, text completion) span lasting as long as its answer,
+    streamed or not, whose context its work item carries to the worker."""
 
     def __init__(self, service: GenerationService, max_body_bytes: int, tracing: Tracing | None = None) -> None:
         self._service = service
@@ -268,6 +369,11 @@ class GenerationHandlers:
     async def completions(self, request: Request) -> Response:
         call = generation_requests.parse_completion(await self._body(request))
         return await self._serve(request, call, functools.partial(_completion_shape, call), GATEWAY_PROXY_GENERATE)
+
+    @endpoint(Surface.OPENAI)
+    async def responses(self, request: Request) -> Response:
+        call = generation_requests.parse_responses(await self._body(request))
+        return await self._serve(request, call, functools.partial(_response_shape, call), GATEWAY_PROXY_CHAT)
 
     async def _serve(
         self, request: Request, call: GenerateCall, shape_of: Callable[[Streamed], Shape], span_name: str
@@ -341,6 +447,10 @@ def _chat_shape(call: GenerateCall, running: Streamed) -> Shape:
 
 def _completion_shape(call: GenerateCall, running: Streamed) -> Shape:
     return CompletionShape(call.model, f"cmpl-{uuid.uuid4().hex}", int(time.time()), call.include_usage)
+
+
+def _response_shape(call: GenerateCall, running: Streamed) -> Shape:
+    return ResponseShape(call, f"resp_{uuid.uuid4().hex}", int(time.time()))
 
 
 def _finish(running: Streamed, span: Span) -> None:

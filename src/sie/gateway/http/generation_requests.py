@@ -1,7 +1,7 @@
-"""The three generation request shapes parsed into one GenerateCall: SIE-native `POST /v1/generate/{model}` and
-OpenAI's `POST /v1/chat/completions` and `POST /v1/completions` (their text subset). Every refusal names the field
-the caller wrote (OpenAI `param`); fields that ask for something this server does not do are refused, fields that
-ask for nothing are accepted. Pure: builds plain data from decoded JSON.
+"""The generation request shapes parsed into one GenerateCall: SIE-native `POST /v1/generate/{model}` and
+OpenAI's `POST /v1/chat/completions`, `POST /v1/completions` and `POST /v1/responses` (their text subset). Every
+refusal names the field the caller wrote (OpenAI `param`); fields that ask for something this server does not do are
+refused, fields that ask for nothing are accepted. Pure: builds plain data from decoded JSON.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ _NEUTRAL: Final[dict[str, tuple[Any, ...]]] = {
 }  # fmt: skip
 
 
-def _unsupported(name: str, value: Any) -> bool:
+def _unsupported(name: str, value: Any, neutral: dict[str, tuple[Any, ...]] = _NEUTRAL) -> bool:
     """Whether a field SIE does not serve asks for something (grammar, lora_adapter, suffix: any value does)."""
     if value is None or (type(value) in (list, dict) and not value):
         return False
-    return value not in _NEUTRAL.get(name, ())
+    return value not in neutral.get(name, ())
 
 
 _UNSUPPORTED_NATIVE: Final = frozenset(
@@ -59,16 +59,31 @@ _SAMPLING: Final = frozenset({"temperature", "top_p", "top_k", "stop", "seed", "
 _NATIVE_FIELDS: Final = _SAMPLING | {"prompt", "max_new_tokens", "options"}
 _CHAT_FIELDS: Final = _SAMPLING | {"model", "messages", "max_tokens", "max_completion_tokens", "n", "stream_options"}
 _COMPLETIONS_FIELDS: Final = _SAMPLING | {"model", "prompt", "max_tokens", "n", "stream_options"}
+_RESPONSES_FIELDS: Final = frozenset({"model", "input", "instructions", "max_output_tokens", "temperature", "top_p",
+                                      "stream"})  # fmt: skip
+# Responses fields that ask for state or tools this server does not keep or run; their empty values are accepted.
+_UNSUPPORTED_RESPONSES: Final = frozenset(
+    {"previous_response_id", "conversation", "tools", "tool_choice", "reasoning", "text", "include", "background",
+     "prompt", "max_tool_calls", "top_logprobs", "truncation", "stream_options"}
+)  # fmt: skip
+_NEUTRAL_RESPONSES: Final[dict[str, tuple[Any, ...]]] = {
+    "tool_choice": ("none", "auto"), "text": ({"format": {"type": "text"}},), "truncation": ("disabled",),
+    "top_logprobs": (0,), "background": (False,),
+}  # fmt: skip
 
 
 def _check_fields(
-    data: dict[str, Any], known: frozenset[str], ignored: frozenset[str], refused: frozenset[str]
+    data: dict[str, Any],
+    known: frozenset[str],
+    ignored: frozenset[str],
+    refused: frozenset[str],
+    neutral: dict[str, tuple[Any, ...]] = _NEUTRAL,
 ) -> None:
     for name, value in data.items():
         if name in known or name in ignored:
             continue
         if name in refused:
-            if _unsupported(name, value):
+            if _unsupported(name, value, neutral):
                 raise InvalidRequestError(f"Field '{name}' is not supported by this server", param=name)
             continue
         raise InvalidRequestError(f"Unknown field '{name}'", param=name)
@@ -185,8 +200,8 @@ def _messages(value: Any) -> list[dict[str, Any]]:
     return [_message(index, message) for index, message in enumerate(value)]
 
 
-def _message(index: int, message: Any) -> dict[str, Any]:
-    where = f"messages[{index}]"
+def _message(index: int, message: Any, field: str = "messages") -> dict[str, Any]:
+    where = f"{field}[{index}]"
     if type(message) is not dict:
         raise InvalidRequestError(f"Field '{where}' must be an object with 'role' and 'content'", param=where)
     role = message.get("role")
@@ -220,3 +235,44 @@ def parse_completion(data: Any) -> GenerateCall:
     max_tokens = _int(data, "max_tokens", 1, COMPLETIONS_DEFAULT_MAX_TOKENS)
     params = _sampling(data, max_tokens, prompt=prompt)
     return GenerateCall(model, params, _stream(data), _include_usage(data), max_tokens_field="max_tokens")
+
+
+def parse_responses(data: Any) -> GenerateCall:
+    """`POST /v1/responses` (the text subset of OpenAI's Responses API, stateless): `input` is a string (one user
+    message) or a list of messages whose content is a string or `input_text`/`output_text` parts; `instructions`
+    becomes a system message before them. State (`previous_response_id`, `conversation`), tools and reasoning
+    settings are refused by name."""
+    data = _object(data)
+    _check_fields(data, _RESPONSES_FIELDS, _IGNORED_OPENAI, _UNSUPPORTED_RESPONSES, _NEUTRAL_RESPONSES)
+    model = _model(data)
+    messages = _input_messages(data.get("input"))
+    instructions = data.get("instructions")
+    if instructions is not None:
+        if type(instructions) is not str:
+            raise InvalidRequestError("Field 'instructions' must be a string", param="instructions")
+        messages.insert(0, {"role": "system", "content": instructions})
+    params = _sampling(data, _int(data, "max_output_tokens", 1), messages=messages)
+    return GenerateCall(model, params, _stream(data), max_tokens_field="max_output_tokens")
+
+
+_INPUT_PART_TYPES: Final = frozenset({"input_text", "output_text", "text"})
+
+
+def _input_messages(value: Any) -> list[dict[str, Any]]:
+    if type(value) is str:
+        return [{"role": "user", "content": value}]
+    if type(value) is not list or not value:
+        raise InvalidRequestError("Field 'input' must be a string or a non-empty list of messages", param="input")
+    messages = []
+    for index, item in enumerate(value):
+        where = f"input[{index}]"
+        if type(item) is not dict or item.get("type", "message") != "message":
+            raise InvalidRequestError(f"Field '{where}' must be a message (role and content)", param=where)
+        content = item.get("content")
+        if type(content) is list:
+            if not all(type(part) is dict and part.get("type") in _INPUT_PART_TYPES and type(part.get("text")) is str
+                       for part in content):  # fmt: skip
+                raise InvalidRequestError(f"Field '{where}.content' may hold text parts only", param=f"{where}.content")
+            item = {**item, "content": "".join(part["text"] for part in content)}
+        messages.append(_message(index, {"role": item.get("role"), "content": item.get("content")}, "input"))
+    return messages

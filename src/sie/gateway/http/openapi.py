@@ -275,6 +275,18 @@ OPERATIONS: Final[Mapping[str, Mapping[str, Mapping[str, Any]]]] = {
             )
         }
     },
+    "/v1/responses": {
+        "/v1/responses": {
+            "post": _operation(
+                "inference",
+                "OpenAI-compatible Responses API (text in, text out, stateless); `stream: true` answers with its "
+                "named server-sent events",
+                parameters=_LANE_HEADERS,
+                requestBody=_body("ResponsesRequest", ["application/json"]),
+                responses={"200": _answer("`response`, or `response.*` events"), **_OPENAI_ERRORS},
+            )
+        }
+    },
     "/v1/completions": {
         "/v1/completions": {
             "post": _operation(
@@ -583,6 +595,19 @@ _SCHEMAS: Final = {
             "max_tokens": {"type": "integer", "minimum": 1, "default": 16},
             **_SAMPLING_FIELDS,
             "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+        },
+    },
+    "ResponsesRequest": {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": {
+            "model": {"type": "string"},
+            "input": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "object"}}]},
+            "instructions": {"type": "string"},
+            "max_output_tokens": {"type": "integer", "minimum": 1},
+            "temperature": {"type": "number", "minimum": 0},
+            "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+            "stream": {"type": "boolean"},
         },
     },
     "ResolveRequest": {"type": "object", "properties": {"models": {"type": "array", "items": {"type": "string"}}}},

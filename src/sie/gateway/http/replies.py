@@ -47,7 +47,7 @@ from sie.wire.envelopes import all_items_failed_body, detail_body, openai_body, 
 
 logger = logging.getLogger(__name__)
 
-OPENAI_PATHS: Final = frozenset({"/v1/embeddings", "/v1/chat/completions", "/v1/completions"})
+OPENAI_PATHS: Final = frozenset({"/v1/embeddings", "/v1/chat/completions", "/v1/completions", "/v1/responses"})
 # Seed 000 §2: SIE-native generation answers errors in the OpenAI envelope too.
 OPENAI_PREFIXES: Final = ("/v1/generate/",)
 OPENAI_SERVER_ERROR: Final = "server_error"

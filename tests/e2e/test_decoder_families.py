@@ -1,0 +1,138 @@
+"""Decoder families served end to end: `sie run --role all` over YAMLs shaped like the public catalogue's Qwen3
+ones, each pointing at a tiny random Qwen3 checkpoint in a local `weights_path` — a chat model (`sglang.generation`),
+an embedder (`qwen2_flash`, last-token pooling with an instruction template) and a reranker
+(`qwen2_flash_cross_encoder`, the Qwen3-Reranker prompt) — asked through the `openai` client (chat completions,
+streamed too, and the Responses API) and the public sie-sdk (encode, score). Greedy text equals
+`transformers.generate` on the same checkpoint and rendered prompt; vectors and scores equal transformers ≤ 1e-4.
+Marked slow: it starts a server process."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from launcher import REPO, serving_all
+from sie.catalog import dump_yaml
+from support.decoder_checkpoints import save_base_model, save_causal_lm, write_tokenizer
+
+pytestmark = pytest.mark.slow
+
+CHAT, EMBED, RERANK = "tiny/qwen3-chat", "tiny/qwen3-embedding", "tiny/qwen3-reranker"
+INSTRUCTION = "w7 w8"
+TOLERANCE = 1e-4
+
+
+def write_yaml(models_dir: Path, sie_id: str, weights: Path, tasks: dict, adapter_path: str, options: dict) -> None:
+    data = {"sie_id": sie_id, "weights_path": str(weights), "max_sequence_length": 96, "tasks": tasks,
+            "profiles": {"default": {"adapter_path": adapter_path, "max_batch_tokens": 2048,
+                                     "adapter_options": options}}}  # fmt: skip
+    (models_dir / f"{sie_id.replace('/', '__')}.yaml").write_text(dump_yaml(data))
+
+
+class Served:
+    def __init__(self, url: str, root: Path, models: dict[str, Any]) -> None:
+        self.url, self.root, self.models = url, root, models
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    root = tmp_path_factory.mktemp("decoders")
+    models_dir = root / "models"
+    models_dir.mkdir()
+    weights = {name: root / "weights" / name.replace("/", "__") for name in (CHAT, EMBED, RERANK)}
+    models = {
+        CHAT: save_causal_lm(weights[CHAT], "qwen3"),
+        EMBED: save_base_model(weights[EMBED], "qwen3", seed=1),
+        RERANK: save_causal_lm(weights[RERANK], "qwen3", seed=2),
+    }
+    write_yaml(models_dir, CHAT, weights[CHAT], {"generate": {"context_length": 96, "max_output_tokens": 32}},
+               "sie_server.adapters.sglang.generation:SGLangGenerationAdapter", {})  # fmt: skip
+    embed_options = {"loadtime": {"causal": True}, "runtime": {
+        "pooling": "last", "normalize": True, "query_template": "Instruct: {instruction}\nQuery:{text}",
+        "default_instruction": INSTRUCTION}}  # fmt: skip
+    write_yaml(models_dir, EMBED, weights[EMBED], {"encode": {"dense": {"dim": 32}}},
+               "sie_server.adapters.qwen2_flash:Qwen2FlashAdapter", embed_options)  # fmt: skip
+    rerank_options = {"loadtime": {"yes_token": "yes", "no_token": "no", "input_format": "qwen3",
+                                   "score_mode": "log_softmax", "default_instruction": INSTRUCTION}}  # fmt: skip
+    write_yaml(models_dir, RERANK, weights[RERANK], {"score": {}},
+               "sie_server.adapters.qwen2_flash_cross_encoder.adapter:Qwen2FlashCrossEncoderAdapter",
+               rerank_options)  # fmt: skip
+    env = {"SIE_MODELS_DIR": str(models_dir), "SIE_MODEL_CACHE": str(root / "cache")}
+    with serving_all(root / "server.log", ["--bundles-dir", str(REPO / "config" / "bundles")], env) as url:
+        yield Served(url, root, models)
+
+
+def reference_text(served: Served, prompt: str, tokens: int) -> str:
+    import torch
+
+    tokenizer = write_tokenizer(served.root / "reference-tokenizer")
+    ids = tokenizer.encode(prompt, add_special_tokens=False).ids
+    with torch.no_grad():
+        out = served.models[CHAT].generate(torch.tensor([ids]), max_new_tokens=tokens, min_new_tokens=tokens,
+                                           do_sample=False, pad_token_id=0)  # fmt: skip
+    return tokenizer.decode(out[0, len(ids) :].tolist(), skip_special_tokens=True)
+
+
+def test_the_openai_client_chats_as_transformers_generates(served: Served) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", timeout=120, max_retries=3)
+    messages = [{"role": "user", "content": "w3 w4 w5"}]
+    # the checkpoint's chat template renders one user turn and opens the assistant's
+    expected = reference_text(served, "<|im_start|>user w3 w4 w5<|im_end|><|im_start|>assistant", 16)
+    reply = client.chat.completions.create(model=CHAT, messages=messages, temperature=0, max_tokens=16)
+    assert reply.choices[0].message.content == expected and reply.choices[0].finish_reason == "length"
+    stream = client.chat.completions.create(model=CHAT, messages=messages, temperature=0, max_tokens=16, stream=True)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == expected
+    response = client.responses.create(model=CHAT, input="w3 w4 w5", temperature=0, max_output_tokens=16)
+    assert response.output_text == expected and response.status == "incomplete"
+    streamed = client.responses.create(model=CHAT, input="w3 w4 w5", temperature=0, max_output_tokens=16, stream=True)
+    assert "".join(event.delta for event in streamed if event.type == "response.output_text.delta") == expected
+
+
+def test_the_public_sdk_encodes_with_the_instruction_template_and_last_token(served: Served, public_sdk) -> None:
+    import torch
+
+    texts = ["w1 w2 w3", "w9"]
+    client = public_sdk.SIEClient(served.url, timeout_s=120)
+    try:
+        queries = client.encode(EMBED, [{"text": t} for t in texts], is_query=True, wait_for_capacity=True)
+        documents = client.encode(EMBED, [{"text": t} for t in texts], wait_for_capacity=True)
+    finally:
+        client.close()
+    tokenizer = write_tokenizer(served.root / "embed-tokenizer", end_with_eos=True)
+    for text, query, document in zip(texts, queries, documents, strict=True):
+        for seen, result in ((f"Instruct: {INSTRUCTION}\nQuery:{text}", query), (text, document)):
+            with torch.no_grad():
+                hidden = served.models[EMBED](torch.tensor([tokenizer.encode(seen).ids])).last_hidden_state[0, -1]
+            expected = torch.nn.functional.normalize(hidden, dim=-1).numpy()
+            assert float(np.abs(np.asarray(result["dense"], dtype=np.float32) - expected).max()) <= TOLERANCE
+
+
+def test_the_public_sdk_scores_with_the_qwen3_reranker_prompt(served: Served, public_sdk) -> None:
+    import torch
+
+    query, documents = "w1 w2", ["w1 w2 w3", "w20 w21"]
+    client = public_sdk.SIEClient(served.url, timeout_s=120)
+    try:
+        scored = client.score(RERANK, {"text": query}, [{"text": d} for d in documents], wait_for_capacity=True)
+    finally:
+        client.close()
+    tokenizer = write_tokenizer(served.root / "rerank-tokenizer")
+    prefix = (
+        "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
+        'Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+    )
+    suffix = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"  # fmt: skip
+    ours = {row["item_id"]: row["score"] for row in scored["scores"]}
+    for index, document in enumerate(documents):
+        middle = f"<Instruct>: {INSTRUCTION}\n<Query>: {query}\n<Document>: {document}"
+        ids = tokenizer.encode(prefix).ids + tokenizer.encode(middle).ids + tokenizer.encode(suffix).ids
+        with torch.no_grad():
+            logits = served.models[RERANK](torch.tensor([ids])).logits[0, -1]
+        pair = logits[[tokenizer.token_to_id("no"), tokenizer.token_to_id("yes")]]
+        assert abs(ours[f"item-{index}"] - torch.softmax(pair, -1)[1].item()) <= TOLERANCE

@@ -1,0 +1,92 @@
+"""Reading a decoder checkpoint's config.json (sie.worker.convert.decoder_families): each family's options, both RoPE
+layouts, the sliding window per layer, and the errors that name what is not built."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from sie.worker.convert import ConversionError
+from sie.worker.convert.decoder_families import is_decoder_config, parse_decoder_config
+from sie.worker.convert.decoder_graph import rope_frequencies
+
+BASE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 8,
+        "num_key_value_heads": 2, "vocab_size": 100, "max_position_embeddings": 512}  # fmt: skip
+
+
+def parse(model_type: str, **fields: object):
+    return parse_decoder_config({"model_type": model_type, **BASE, **fields}, "config.json")
+
+
+def test_each_family_gets_its_own_options() -> None:
+    llama = parse("llama", attention_bias=True, mlp_bias=True)
+    assert (llama.qkv_bias, llama.output_bias, llama.mlp_bias, llama.qk_norm) == (True, True, True, False)
+    qwen2 = parse("qwen2", attention_bias=True)  # Qwen2 has q/k/v biases whatever the config says, never o_proj's
+    assert (qwen2.qkv_bias, qwen2.output_bias, qwen2.mlp_bias, qwen2.qk_norm) == (True, False, False, False)
+    qwen3 = parse("qwen3", head_dim=32)
+    assert (qwen3.qkv_bias, qwen3.qk_norm, qwen3.head_dim, qwen3.query_groups) == (False, True, 32, 4)
+    mistral = parse("mistral", sliding_window=16)
+    assert (mistral.qkv_bias, mistral.layer_windows, mistral.head_dim) == (False, (16, 16, 16, 16), 8)
+    assert parse("llama").tie_word_embeddings is False and parse("qwen3", tie_word_embeddings=True).tie_word_embeddings
+
+
+def test_qwen_windows_follow_use_sliding_window_and_the_layer_types() -> None:
+    assert parse("qwen2", sliding_window=16).layer_windows == ()  # use_sliding_window is off by default
+    assert parse("qwen2", sliding_window=16, use_sliding_window=True, max_window_layers=2).layer_windows == (
+        None, None, 16, 16,
+    )  # fmt: skip
+    types = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+    windowed = parse("qwen3", sliding_window=8, use_sliding_window=True, layer_types=types)
+    assert windowed.layer_windows == (8, None, 8, None)
+    with pytest.raises(ConversionError, match="one type per layer"):
+        parse("qwen3", sliding_window=8, use_sliding_window=True, layer_types=["full_attention"])
+
+
+def test_both_rope_layouts_read_the_same() -> None:
+    hub = parse("llama", rope_theta=500_000.0,
+                rope_scaling={"type": "linear", "factor": 2.0})  # fmt: skip
+    current = parse("llama", rope_parameters={"rope_type": "linear", "rope_theta": 500_000.0, "factor": 2.0})
+    assert hub.rope_theta == current.rope_theta == 500_000.0
+    assert dict(hub.rope_scaling) == dict(current.rope_scaling) == {"rope_type": "linear", "factor": 2.0}
+    assert parse("qwen3", rope_parameters={"rope_type": "default", "rope_theta": 1e6}).rope_scaling == {}
+
+
+def test_rope_frequencies_of_each_type() -> None:
+    default, factor = rope_frequencies(parse("llama", rope_theta=10_000.0))
+    assert factor == 1.0 and default[0] == 1.0 and math.isclose(default[1], 10_000.0 ** (-2 / 8))
+    linear, _ = rope_frequencies(parse("llama", rope_scaling={"rope_type": "linear", "factor": 4.0}))
+    np.testing.assert_allclose(linear, default / 4)
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}  # fmt: skip
+    llama3, _ = rope_frequencies(parse("llama", rope_scaling=scaling))
+    wavelengths = 2 * math.pi / default
+    assert llama3[wavelengths < 16][0] == default[0]  # high frequencies kept
+    np.testing.assert_allclose(llama3[wavelengths > 64], default[wavelengths > 64] / 8)  # low ones divided
+    _, yarn_factor = rope_frequencies(
+        parse("qwen3", rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128})
+    )
+    assert math.isclose(yarn_factor, 0.1 * math.log(4.0) + 1.0)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"model_type": "qwen3_moe", **BASE}, "model_type 'qwen3_moe' is not a decoder family"),
+        ({"model_type": "gemma3_text", **BASE}, "model_type 'gemma3_text'"),
+        ({"model_type": "llama", **BASE, "hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        ({"model_type": "llama", **BASE, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "'dynamic'"),
+        ({"model_type": "llama", **BASE, "rope_parameters": {"partial_rotary_factor": 0.5}}, "partial rotary"),
+        ({"model_type": "llama", **BASE, "num_key_value_heads": 3}, "do not group"),
+        ({"model_type": "llama", **BASE, "vocab_size": 0}, "vocab_size must be a positive integer"),
+        ({"model_type": "mistral", **BASE, "sliding_window": -1}, "sliding_window"),
+    ],
+)  # fmt: skip
+def test_what_is_not_built_is_named(config: dict, message: str) -> None:
+    with pytest.raises(ConversionError, match=message):
+        parse_decoder_config(config, "config.json")
+
+
+def test_decoder_configs_are_told_from_encoder_ones() -> None:
+    assert is_decoder_config({"model_type": "qwen2"}) and not is_decoder_config({"model_type": "bert"})
