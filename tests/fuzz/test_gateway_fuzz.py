@@ -582,6 +582,17 @@ dialect_calls = st.one_of(
         fuzzed(st.fixed_dictionaries({"input": dialect_texts}, optional={
             "model": texts, "encoding_format": st.sampled_from(("float", "base64", "x")), "dimensions": numbers})),
     ),
+    st.tuples(  # the Responses API's parsing (no model here generates: each body ends in a refusal)
+        st.just("/v1/responses"), st.just(OPENAI),
+        fuzzed(st.fixed_dictionaries({"model": st.one_of(dense_models, st.just("acme/none"))}, optional={
+            "input": st.one_of(dialect_texts, st.lists(st.fixed_dictionaries(
+                {"role": st.sampled_from(("user", "assistant", "system", "tool")),
+                 "content": st.one_of(texts, st.lists(st.fixed_dictionaries(
+                     {"type": st.sampled_from(("input_text", "output_text", "input_image")), "text": texts}),
+                     max_size=2))}, optional={"type": st.sampled_from(("message", "function_call"))}), max_size=3)),
+            "instructions": texts, "max_output_tokens": numbers, "temperature": numbers, "stream": st.booleans(),
+            "tools": st.lists(st.just({"type": "web_search"}), max_size=1)})),
+    ),
     st.tuples(
         st.sampled_from(("/api/embed", "/api/embeddings")), st.just("ollama"),
         fuzzed(st.fixed_dictionaries({"model": dense_models}, optional={
@@ -593,8 +604,8 @@ dialect_calls = st.one_of(
 @fuzz(max_examples=40)
 @given(call=dialect_calls, encoding=encodings)
 def test_dialect_routes(gateway: Gateway, call: tuple[str, str, Any], encoding: str) -> None:
-    """TEI (its OpenAI route too), Cohere/Jina, KServe and Ollama bodies near their shapes: answered, or refused in
-    the dialect's envelope."""
+    """TEI (its OpenAI route too), Cohere/Jina, KServe, Ollama and OpenAI Responses bodies near their shapes:
+    answered, or refused in the dialect's envelope."""
     path, surface, body = call
     content, headers = encode(body, encoding)
     check(gateway.send("POST", path, content, headers), surface)
@@ -646,6 +657,9 @@ POST_ROUTES: Final = (
     (f"/v1/score/{SPLADE}", NATIVE),
     (f"/v1/extract/{RAMPART}", NATIVE),
     ("/v1/embeddings", OPENAI),
+    ("/v1/chat/completions", OPENAI),
+    ("/v1/completions", OPENAI),
+    ("/v1/responses", OPENAI),
     ("/v1/configs/resolve", NATIVE),
     ("/v1/placement/policy", PLACEMENT),
     ("/v1/placement/models/fuzz-garbage", PLACEMENT),

@@ -51,6 +51,7 @@ ROUTES = [
     ("GET", "/docs", None, "operational"),
     ("POST", f"/v1/encode/{MINILM}", ENCODE_BODY, "inference"),
     ("POST", "/v1/embeddings", {"model": MINILM, "input": "Hello world"}, "inference"),
+    ("POST", "/v1/responses", {"model": MINILM, "input": "Hello world"}, "inference"),
     ("POST", f"/{MINILM}/embed", {"inputs": "Hello world"}, "inference"),
     ("POST", "/embed", {"inputs": "Hello world"}, "inference"),
     ("POST", f"/{MINILM}/tokenize", {"inputs": "Hello world"}, "inference"),
@@ -119,7 +120,8 @@ async def call(client: httpx.AsyncClient, method: str, path: str, body: object, 
 
 def check_refusal(response: httpx.Response, status: int, path: str) -> None:
     assert response.status_code == status, response.text
-    if path.endswith("/embeddings") and path != "/api/embeddings":  # OpenAI's envelope (TEI's OpenAI routes too)
+    openai_path = path == "/v1/responses" or (path.endswith("/embeddings") and path != "/api/embeddings")
+    if openai_path:  # OpenAI's envelope (TEI's OpenAI routes too)
         error = response.json()["error"]
         assert error["type"] == "invalid_request_error" and error["code"] == "invalid_api_key" and error["message"]
     elif path in DIALECT_ENVELOPES:  # each dialect's own, the code in the header
