@@ -7,8 +7,10 @@ each other one is not served.
     .venv/bin/python scripts/catalog_coverage.py DIR_OR_WHEEL [--details]
 
 The architecture of a YAML's checkpoint is its `config.json` `model_type`, which the YAML does not carry: it is read
-from a local `weights_path`, or else taken from what the public adapter module is written for (`ARCHITECTURE_OF`,
-from the module names of sie-server 0.10.1: `xlm_roberta_flash` serves XLM-R, ...). Modules that serve many
+from a local `weights_path`, else taken from what the public adapter module is written for (`ARCHITECTURE_OF`,
+from the module names of sie-server 0.10.1: `xlm_roberta_flash` serves XLM-R, ...), else, for the decoder models
+the public catalogue serves through modules of many architectures (`sglang.*`, `qwen2_flash`, ...), from the
+`model_type` each model's published `config.json` names (`ARCHITECTURE_OF_MODEL`). Other modules that serve many
 architectures (`sentence_transformer`, `pytorch_embedding`, the Rust `candle`) leave it unknown: such a YAML routes,
 and its family is decided when the worker reads its `config.json` (an unsupported one fails that load by name).
 Each YAML is counted by its default profile, or its first one where it has no default (then it is served as the
@@ -31,6 +33,7 @@ sys.path.insert(0, str(REPO / "src"))
 from sie.catalog import CatalogErrors, ConfigError, load_yaml, parse_model_config  # noqa: E402
 from sie.catalog.adapters import ADAPTER_KINDS, adapter_module  # noqa: E402
 from sie.worker.convert.families import CONVERTED_MODEL_TYPES  # noqa: E402
+from sie.worker.convert.names import DECODER_MODEL_TYPES  # noqa: E402
 
 PUBLIC_WHEEL = REPO / ".cache" / "wheels" / "sie_server-0.10.1-py3-none-any.whl"
 MODELS_IN_WHEEL = "sie_server/models/"
@@ -53,6 +56,37 @@ ARCHITECTURE_OF = {
 }
 
 
+# The `model_type` of the decoder checkpoints the public catalogue names (their published config.json), by hf_id.
+ARCHITECTURE_OF_MODEL = {
+    "Qwen/Qwen3-0.6B": "qwen3",
+    "Qwen/Qwen3-4B-Instruct-2507": "qwen3",
+    "Qwen/Qwen3Guard-Gen-0.6B": "qwen3",
+    "Qwen/Qwen3Guard-Gen-4B": "qwen3",
+    "Qwen/Qwen3-Embedding-0.6B": "qwen3",
+    "Qwen/Qwen3-Embedding-4B": "qwen3",
+    "Qwen/Qwen3-Embedding-8B": "qwen3",
+    "Qwen/Qwen3-Reranker-0.6B": "qwen3",
+    "Qwen/Qwen3-Reranker-4B": "qwen3",
+    "tencent/R3-embedding-0.6b": "qwen3",
+    "tencent/R3-rerank-0.6b": "qwen3",
+    "Qwen/Qwen3-VL-8B-Instruct": "qwen3_vl",  # a vision-language model
+    "Qwen/Qwen3.5-4B": "qwen3_5",  # hybrid linear attention
+    "NovaSearch/stella_en_1.5B_v5": "qwen2",
+    "Alibaba-NLP/gte-Qwen2-1.5B-instruct": "qwen2",
+    "Alibaba-NLP/gte-Qwen2-7B-instruct": "qwen2",
+    "mixedbread-ai/mxbai-rerank-base-v2": "qwen2",
+    "mixedbread-ai/mxbai-rerank-large-v2": "qwen2",
+    "intfloat/e5-mistral-7b-instruct": "mistral",
+    "Salesforce/SFR-Embedding-Mistral": "mistral",
+    "Salesforce/SFR-Embedding-2_R": "mistral",
+    "Linq-AI-Research/Linq-Embed-Mistral": "mistral",
+    "defog/sqlcoder-7b-2": "llama",
+    "google/translategemma-4b-it": "gemma3",
+    "ibm-granite/granite-guardian-3.0-2b": "granite",
+    "tencent/Hy-MT2-1.8B": "hunyuan_v1_dense",
+}
+
+
 def yaml_texts(source: Path) -> Iterator[tuple[str, str]]:
     """`(name, text)` of every model YAML in a catalogue directory (its `models/`, or the directory itself) or a
     wheel (`sie_server/models/*.yaml`)."""
@@ -68,12 +102,12 @@ def yaml_texts(source: Path) -> Iterator[tuple[str, str]]:
 
 
 def architecture(data: dict, module: str) -> str:
-    """The checkpoint's `model_type`: a local `weights_path`'s config.json, else what the module implies; "" when
-    neither says."""
+    """The checkpoint's `model_type`: a local `weights_path`'s config.json, else what the module implies, else the
+    published one of a known decoder model; "" when none says."""
     weights = data.get("weights_path")
     if isinstance(weights, str) and (Path(weights) / "config.json").is_file():
         return str(json.loads((Path(weights) / "config.json").read_text()).get("model_type", ""))
-    return ARCHITECTURE_OF.get(module, "")
+    return ARCHITECTURE_OF.get(module) or ARCHITECTURE_OF_MODEL.get(str(data.get("hf_id") or ""), "")
 
 
 def status_of(name: str, text: str) -> tuple[str, str, str]:
@@ -91,7 +125,7 @@ def status_of(name: str, text: str) -> tuple[str, str, str]:
         return module, arch, "not served: no SIE adapter for this module"
     if not arch:
         return module, arch, "routed"
-    if arch in CONVERTED_MODEL_TYPES:
+    if arch in CONVERTED_MODEL_TYPES or arch in DECODER_MODEL_TYPES:
         return module, arch, "converted family"
     return module, arch, f"not served: the converter does not build model_type {arch!r} yet"
 
