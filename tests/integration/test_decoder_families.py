@@ -237,13 +237,15 @@ def test_a_gguf_and_a_checkpoint_of_the_same_weights_give_the_same_logits(tmp_pa
         assert float(np.abs(theirs[0] - reference_logits(model, seen[0])).max()) <= TOLERANCE
 
 
-# (family, public adapter module, pooling, query template): as the public catalogue's YAMLs of Qwen3-Embedding,
-# e5-mistral and gte-Qwen2 configure them
+# (family, public adapter module, pooling, query template, append_eos): as the public catalogue's YAMLs of
+# Qwen3-Embedding (its tokenizer ends texts with <|endoftext|>), e5-mistral (the server appends the end token) and
+# gte-Qwen2 configure them
 EMBEDDERS = {
-    "qwen3": ("sie_server.adapters.qwen2_flash:Qwen2FlashAdapter", "last", "Instruct: {instruction}\nQuery:{text}"),
+    "qwen3": ("sie_server.adapters.qwen2_flash:Qwen2FlashAdapter", "last", "Instruct: {instruction}\nQuery:{text}",
+              False),
     "mistral": ("sie_server.adapters.sglang.embedding:SGLangEmbeddingAdapter", "last_token",
-                "Instruct: {instruction}\nQuery: {text}"),
-    "qwen2": ("sie_server.adapters.pytorch_embedding:PyTorchEmbeddingAdapter", "mean", None),
+                "Instruct: {instruction}\nQuery: {text}", True),
+    "qwen2": ("sie_server.adapters.pytorch_embedding:PyTorchEmbeddingAdapter", "mean", None, False),
 }  # fmt: skip
 
 
@@ -251,8 +253,8 @@ EMBEDDERS = {
 def test_decoder_embeddings_equal_transformers_pooled(family: str, model_loader: ModelLoader, tmp_path: Path) -> None:
     import torch
 
-    adapter_path, pooling, template = EMBEDDERS[family]
-    base = save_base_model(tmp_path / "model", family)
+    adapter_path, pooling, template, append_eos = EMBEDDERS[family]
+    base = save_base_model(tmp_path / "model", family, end_with_eos=not append_eos)
     runtime = {"pooling": pooling, "normalize": True, "default_instruction": "w7 w8"}
     if template:
         runtime["query_template"] = template
@@ -262,24 +264,42 @@ def test_decoder_embeddings_equal_transformers_pooled(family: str, model_loader:
             "weights_path": str(tmp_path / "model"),
             "max_sequence_length": 64,
             "tasks": {"encode": {"dense": {"dim": 32}}},
-            "profiles": {"default": {"adapter_path": adapter_path, "max_batch_tokens": 1024,
-                                     "adapter_options": {"loadtime": {"causal": True}, "runtime": runtime}}},
+            "profiles": {"default": {"adapter_path": adapter_path, "max_batch_tokens": 1024, "adapter_options": {
+                "loadtime": {"causal": True, "append_eos": append_eos}, "runtime": runtime}}},
         }
     )  # fmt: skip
     loaded = model_loader.load(model, "default", model.sie_id)
-    tokenizer = write_tokenizer(tmp_path / "reference-tokenizer", end_with_eos=True)
-    texts = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11"]
+    tokenizer = write_tokenizer(tmp_path / "reference-tokenizer", end_with_eos=True)  # every text ends <|endoftext|>
+    texts = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11", " ".join(["w9"] * 80)]  # the last one is cut at 64
     for is_query in (True, False):
         results = loaded.adapter.encode(encode_items(texts, is_query=is_query)).items
         for text, result in zip(texts, results, strict=True):
             assert result.ok, result.error
             seen = template.replace("{instruction}", "w7 w8").replace("{text}", text) if template and is_query else text
             ids = tokenizer.encode(seen).ids
+            if len(ids) > 64:
+                ids = ids[:63] + ids[-1:]  # cut as the tokenizer cuts: the closing token kept
             with torch.no_grad():
                 hidden = base(torch.tensor([ids])).last_hidden_state[0].numpy()
             pooled = hidden.mean(0) if pooling == "mean" else hidden[-1]
             expected = pooled / np.linalg.norm(pooled)
             assert float(np.abs(np.asarray(result.result["dense"]["values"]) - expected).max()) <= TOLERANCE
+
+
+def test_append_eos_needs_a_template_post_processor_or_none(model_loader: ModelLoader, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, processors
+
+    save_base_model(tmp_path / "model", "qwen3", end_with_eos=False)
+    tokenizer = Tokenizer.from_file(str(tmp_path / "model" / "tokenizer.json"))
+    tokenizer.post_processor = processors.ByteLevel()
+    tokenizer.save(str(tmp_path / "model" / "tokenizer.json"))
+    model = parse_model_config(
+        {"sie_id": "acme/eos", "weights_path": str(tmp_path / "model"), "tasks": {"encode": {"dense": {"dim": 32}}},
+         "profiles": {"default": {"adapter_path": EMBEDDERS["mistral"][0], "max_batch_tokens": 1024,
+                                  "adapter_options": {"loadtime": {"append_eos": True}}}}}
+    )  # fmt: skip
+    with pytest.raises(ModelLoadError, match="append_eos: cannot append '<|endoftext|>': the post-processor is a"):
+        model_loader.load(model, "default", model.sie_id)
 
 
 @pytest.mark.parametrize(

@@ -73,11 +73,11 @@ def random_causal_lm(family: str, seed: int = 0) -> torch.nn.Module:
     return model
 
 
-def write_tokenizer(directory: Path, end_with_eos: bool = False) -> Tokenizer:
+def write_tokenizer(directory: Path, end_with_eos: bool = False, eos_token: str | None = None) -> Tokenizer:
     """A word-level tokenizer over `<|endoftext|> <|im_start|> <|im_end|> <unk> yes no 1 0 w0 … w55` (the model's
     vocabulary),
-    saved as `tokenizer.json` with a `tokenizer_config.json` holding the chat template; `end_with_eos` appends
-    `<|endoftext|>` to every text, as the Qwen3-Embedding tokenizer does."""
+    saved as `tokenizer.json` with a `tokenizer_config.json` holding the chat template (and `eos_token`); `end_with_eos`
+    appends `<|endoftext|>` to every text, as the Qwen3-Embedding tokenizer does."""
     vocab = {token: index for index, token in enumerate([*SPECIALS, *WORDS])}
     tokenizer = Tokenizer(tokenizer_models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -88,7 +88,7 @@ def write_tokenizer(directory: Path, end_with_eos: bool = False) -> Tokenizer:
         )
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(directory / "tokenizer.json"))
-    config = {"chat_template": CHAT_TEMPLATE, "bos_token": None, "eos_token": None, "pad_token": "<|endoftext|>",
+    config = {"chat_template": CHAT_TEMPLATE, "bos_token": None, "eos_token": eos_token, "pad_token": "<|endoftext|>",
               "tokenizer_class": "PreTrainedTokenizerFast"}  # fmt: skip
     (directory / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
     return tokenizer
@@ -102,10 +102,11 @@ def save_causal_lm(directory: Path, family: str, seed: int = 0, **save_options: 
     return model
 
 
-def save_base_model(directory: Path, family: str, seed: int = 0) -> torch.nn.Module:
+def save_base_model(directory: Path, family: str, seed: int = 0, end_with_eos: bool = True) -> torch.nn.Module:
     """The causal LM's bare model (no `model.` prefix, no output head: how embedding models ship) saved with a
-    tokenizer that ends every text with `<|endoftext|>`; returns the bare model (the reference)."""
+    tokenizer that ends every text with `<|endoftext|>` (or, without `end_with_eos`, one that only names it as its
+    `eos_token`, as e5-mistral's); returns the bare model (the reference)."""
     base = random_causal_lm(family, seed).model
     base.save_pretrained(directory)
-    write_tokenizer(directory, end_with_eos=True)
+    write_tokenizer(directory, end_with_eos=end_with_eos, eos_token="<|endoftext|>")
     return base

@@ -15,6 +15,7 @@ from sie.tokenization.tokenizer import (
     pad_batch,
     prepare_text,
     tokenizer_id_for,
+    with_end_token,
 )
 
 __all__ = [
@@ -27,4 +28,5 @@ __all__ = [
     "pad_batch",
     "prepare_text",
     "tokenizer_id_for",
+    "with_end_token",
 ]

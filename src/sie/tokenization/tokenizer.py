@@ -8,6 +8,7 @@ list is rebuilt per token on the way.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -271,3 +272,31 @@ def prepare_text(  # noqa: PLR0913 - the parts of one text's preparation
     if instruction:
         text = f"{instruction} {text}"
     return text
+
+
+def with_end_token(tokenizer_json: str, token: str) -> str:
+    """`tokenizer_json` (a tokenizer.json's text) rewritten to end every text with `token`, a vocabulary entry (a
+    decoder embedder's end of sequence, which its last-token pooling reads): appended to the post-processor's
+    template, or a template of its own where the file has no post-processor. Truncation keeps it, as it keeps every
+    template token. TokenizerError for a token the vocabulary lacks or a post-processor that is not a template."""
+    try:
+        data = json.loads(tokenizer_json)
+        token_id = tokenizers.Tokenizer.from_str(tokenizer_json).token_to_id(token)
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception on bad files
+        raise TokenizerError(f"cannot read the tokenizer: {exc}") from exc
+    if token_id is None:
+        raise TokenizerError(f"the end token {token!r} is not in the tokenizer's vocabulary")
+    special = {"SpecialToken": {"id": token, "type_id": 0}}
+    post = data.get("post_processor")
+    if post is None:
+        post = {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {}}  # fmt: skip
+    if post.get("type") != "TemplateProcessing":
+        raise TokenizerError(f"cannot append {token!r}: the post-processor is a {post.get('type')}, not a template")
+    if post["single"][-1] != special:
+        post["single"] = [*post["single"], special]
+        post["pair"] = [*post["pair"], {"SpecialToken": {"id": token, "type_id": 1}}]
+    post["special_tokens"] = {**post["special_tokens"], token: {"id": token, "ids": [token_id], "tokens": [token]}}
+    data["post_processor"] = post
+    return json.dumps(data, ensure_ascii=False)

@@ -10,6 +10,7 @@ executor. Every failure leaves as a ModelLoadError with a class and a message na
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ from sie.catalog.errors import ConfigError
 from sie.catalog.model import ModelConfig, Profile
 from sie.settings import WorkerSettings
 from sie.telemetry.logs import log_fields
-from sie.tokenization import TextTokenizer, TokenizerError
+from sie.tokenization import TextTokenizer, TokenizerError, with_end_token
 from sie.worker.adapters import Adapter, AdapterContext, CausalLMAdapter, adapter_class, conversion_head
 from sie.worker.artifacts import (
     STAGE_CONVERT,
@@ -142,6 +143,8 @@ class ModelLoader:
         resolved = self._resolve(model, profile, model_id)
         files = self.prepare(model, profile, model_id, on_progress)
         config_json = _read_json(files.model_dir / "config.json")
+        if resolved.loadtime_options.get("append_eos"):
+            files = attrs.evolve(files, tokenizer_dir=self._end_token_tokenizer(model_id, files.tokenizer_dir))
         tokenizer = self._tokenizer(model_id, files.tokenizer_dir, model, config_json)
         session = create_session(files.graph, self.session_options)
         context = AdapterContext(
@@ -281,6 +284,37 @@ class ModelLoader:
             return target
         except ConversionError as exc:
             raise ModelLoadError("UNKNOWN", f"Model '{model_id}': cannot convert to ONNX: {exc}") from exc
+
+    def _end_token_tokenizer(self, model_id: str, directory: Path) -> Path:
+        """A copy of the tokenizer directory whose tokenizer ends every text with the model's end-of-sequence token
+        (`append_eos`: a decoder embedder that pools its last token and whose tokenizer does not add it, as
+        e5-mistral's); the sidecar and the worker both read it, so both tokenize alike. Cached by content."""
+        config = _tokenizer_config(directory)
+        end = config.get("eos_token")
+        end = end.get("content") if isinstance(end, dict) else end
+        if not isinstance(end, str) or not end:
+            raise ModelLoadError("UNKNOWN", f"Model '{model_id}': append_eos needs an eos_token in "
+                                            f"{TOKENIZER_CONFIG_FILE}")  # fmt: skip
+        source = (directory / TOKENIZER_FILE).read_text(encoding="utf-8")
+        try:
+            rewritten = with_end_token(source, end)
+        except TokenizerError as exc:
+            raise ModelLoadError("UNKNOWN", f"Model '{model_id}': append_eos: {exc}") from exc
+        key = hashlib.sha256(rewritten.encode()).hexdigest()
+        target = self.converted_dir / f"{key}-tokenizer"
+        if not (target / TOKENIZER_FILE).is_file():
+            self.converted_dir.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=self.converted_dir) as scratch:
+                staged = Path(scratch) / target.name
+                staged.mkdir()
+                (staged / TOKENIZER_FILE).write_text(rewritten, encoding="utf-8")
+                (staged / TOKENIZER_CONFIG_FILE).write_text(json.dumps(config), encoding="utf-8")
+                try:
+                    os.replace(staged, target)
+                except OSError:
+                    if not (target / TOKENIZER_FILE).is_file():  # another loader's rename is as good
+                        raise
+        return target
 
     def _tokenizer(self, model_id: str, directory: Path, model: ModelConfig, config_json: dict) -> TextTokenizer:
         max_length = model.max_sequence_length or DEFAULT_MAX_SEQUENCE_LENGTH
