@@ -81,7 +81,8 @@ ARCHITECTURE_OF_MODEL = {
     "Salesforce/SFR-Embedding-2_R": "mistral",
     "Linq-AI-Research/Linq-Embed-Mistral": "mistral",
     "defog/sqlcoder-7b-2": "llama",
-    "google/translategemma-4b-it": "gemma3",
+    "google/embeddinggemma-300m": "gemma3_text",
+    "google/translategemma-4b-it": "gemma3",  # Gemma 3 with its vision tower
     "ibm-granite/granite-guardian-3.0-2b": "granite",
     "tencent/Hy-MT2-1.8B": "hunyuan_v1_dense",
 }

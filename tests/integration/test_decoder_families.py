@@ -27,6 +27,8 @@ from support.decoder_checkpoints import (
     FAMILIES,
     VOCAB,
     family_config,
+    gemma3_config,
+    random_causal_lm,
     save_base_model,
     save_causal_lm,
     write_tokenizer,
@@ -96,7 +98,8 @@ def test_the_generation_graph_equals_transformers(checkpoint, tmp_path: Path) ->
     assert runs == 5
     reference = family_config(family)
     head_dim = getattr(reference, "head_dim", None) or reference.hidden_size // reference.num_attention_heads
-    assert (config["model_type"], config["sie_graph"], config["head_dim"]) == (family, "generate", head_dim)
+    model_type = {"gemma3": "gemma3_text"}.get(family, family)
+    assert (config["model_type"], config["sie_graph"], config["head_dim"]) == (model_type, "generate", head_dim)
 
 
 def test_a_sliding_window_is_applied(tmp_path: Path) -> None:
@@ -286,6 +289,43 @@ def test_decoder_embeddings_equal_transformers_pooled(family: str, model_loader:
             assert float(np.abs(np.asarray(result.result["dense"]["values"]) - expected).max()) <= TOLERANCE
 
 
+SENTENCE_TRANSFORMER = "sie_server.adapters.sentence_transformer:SentenceTransformerDenseAdapter"
+
+
+def test_an_embeddinggemma_stack_equals_sentence_transformers(model_loader: ModelLoader, tmp_path: Path) -> None:
+    """embeddinggemma's shape: a Gemma 3 that attends both ways (its sliding layers within half the window either
+    side), mean pooling, two Dense layers without bias and Normalize, saved by sentence-transformers and served
+    through the public `sentence_transformer` module, as the catalogue's YAML does."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules as models
+
+    base = random_causal_lm("gemma3", config=gemma3_config(bidirectional=True)).model
+    base.save_pretrained(tmp_path / "base")
+    write_tokenizer(tmp_path / "base", end_with_eos=True, eos_token="<|endoftext|>")
+    torch.manual_seed(1)
+    stack = [models.Transformer(str(tmp_path / "base")), models.Pooling(32, pooling_mode="mean"),
+             models.Dense(32, 64, bias=False, activation_function=torch.nn.Identity()),
+             models.Dense(64, 32, bias=False, activation_function=torch.nn.Identity()), models.Normalize()]  # fmt: skip
+    SentenceTransformer(modules=stack, device="cpu").save(str(tmp_path / "st"))
+    model = parse_model_config(
+        {"sie_id": "acme/embeddinggemma", "weights_path": str(tmp_path / "st"), "max_sequence_length": 64,
+         "tasks": {"encode": {"dense": {"dim": 32}}},
+         "profiles": {"default": {"adapter_path": SENTENCE_TRANSFORMER, "max_batch_tokens": 1024}}}
+    )  # fmt: skip
+    loaded = model_loader.load(model, "default", model.sie_id)
+    texts = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11 w12 w13"]  # longer than the window: it matters
+    ours = [item.result["dense"]["values"] for item in loaded.adapter.encode(encode_items(texts)).items]
+    reference = SentenceTransformer(str(tmp_path / "st"), device="cpu").eval()
+    tokenizer = write_tokenizer(tmp_path / "reference-tokenizer", end_with_eos=True)
+    for text, vector in zip(texts, ours, strict=True):
+        # the stack on the tokens our tokenizer.json makes (transformers' tokenizer class for gemma3 adds its own)
+        ids = torch.tensor([tokenizer.encode(text).ids])
+        with torch.no_grad():
+            expected = reference({"input_ids": ids, "attention_mask": torch.ones_like(ids)})["sentence_embedding"][0]
+        assert float(np.abs(np.asarray(vector) - expected.numpy()).max()) <= TOLERANCE
+
+
 def test_append_eos_needs_a_template_post_processor_or_none(model_loader: ModelLoader, tmp_path: Path) -> None:
     from tokenizers import Tokenizer, processors
 
@@ -304,7 +344,7 @@ def test_append_eos_needs_a_template_post_processor_or_none(model_loader: ModelL
 
 @pytest.mark.parametrize(
     ("model_type", "named"),
-    [("qwen3_moe", "qwen3_moe"), ("gemma3_text", "gemma3_text")],
+    [("qwen3_moe", "qwen3_moe"), ("gemma3", "gemma3"), ("qwen3_vl", "qwen3_vl")],
 )
 def test_a_decoder_that_is_not_built_fails_its_load_naming_it(
     model_type: str, named: str, model_loader: ModelLoader, tmp_path: Path

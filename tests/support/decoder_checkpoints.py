@@ -1,8 +1,9 @@
-"""Tiny random checkpoints of each decoder family (Llama, Mistral, Qwen2, Qwen3), built and saved by transformers
-itself with the family's real options switched on (biases, q/k norms, sliding windows shorter than the test
-prompts, explicit head sizes, tied embeddings, each RoPE scaling type), and a word-level `tokenizer.json` with a
-ChatML template. torch and transformers (the test extra) are imported when a model is built, not when this module is
-imported: pytest-xdist collects every module on every worker."""
+"""Tiny random checkpoints of each decoder family (Llama, Mistral, Qwen2, Qwen3, Granite, Gemma 3), built and saved
+by transformers itself with the family's real options switched on (biases, q/k norms, sliding windows shorter than
+the test prompts, explicit head sizes, tied embeddings, each RoPE scaling type, Granite's multipliers, Gemma's
+norms), and a word-level `tokenizer.json` with a ChatML template. torch and transformers (the test extra) are
+imported when a model is built, not when this module is imported: pytest-xdist collects every module on every
+worker."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ CHAT_TEMPLATE = (
 COMMON = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
           "num_key_value_heads": 2, "vocab_size": VOCAB, "max_position_embeddings": 128,
           "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}  # fmt: skip
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "gemma3")
 WINDOW = 3  # tokens: shorter than the test prompts, so a window that is not applied changes the answer
 
 
@@ -55,18 +56,37 @@ def family_config(family: str) -> Any:
         "qwen3": lambda: transformers.Qwen3Config(
             **COMMON, head_dim=12, tie_word_embeddings=True, rope_scaling={"rope_type": "linear", "factor": 2.0},
         ),
+        # Llama with its four multipliers (embeddings, attention, residual, logits)
+        "granite": lambda: transformers.GraniteConfig(
+            **COMMON, embedding_multiplier=3.0, attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=4.0,
+        ),
+        # (1 + w) norms around attention and MLP, scaled embeddings, query_pre_attn_scalar, a tanh-GELU gate,
+        # windowed layers with their own RoPE base around a full one with linear scaling, a soft cap on the logits
+        "gemma3": lambda: gemma3_config(),
     }  # fmt: skip
     return configs[family]()
 
 
-def random_causal_lm(family: str, seed: int = 0) -> torch.nn.Module:
-    """The family's causal LM with every parameter moved well away from its initial value (norm scales included),
-    so each tensor the converter reads changes the output."""
+def gemma3_config(bidirectional: bool = False) -> Any:
+    """Gemma 3's text config, tiny; `bidirectional` as embeddinggemma's (no logit cap there)."""
+    import transformers
+
+    return transformers.Gemma3TextConfig(
+        **COMMON | {"num_hidden_layers": 3}, head_dim=12, query_pre_attn_scalar=16, sliding_window=WINDOW + 1,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], rope_theta=10_000.0,
+        rope_local_base_freq=100.0, rope_scaling={"rope_type": "linear", "factor": 2.0},
+        final_logit_softcapping=None if bidirectional else 5.0, use_bidirectional_attention=bidirectional,
+    )  # fmt: skip
+
+
+def random_causal_lm(family: str, seed: int = 0, config: Any = None) -> torch.nn.Module:
+    """The family's causal LM (of `config`, else the family's) with every parameter moved well away from its initial
+    value (norm scales included), so each tensor the converter reads changes the output."""
     import torch
     import transformers
 
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(family_config(family)).eval()
+    model = transformers.AutoModelForCausalLM.from_config(config or family_config(family)).eval()
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.2)

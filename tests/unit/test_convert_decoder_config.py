@@ -32,6 +32,32 @@ def test_each_family_gets_its_own_options() -> None:
     assert parse("llama").tie_word_embeddings is False and parse("qwen3", tie_word_embeddings=True).tie_word_embeddings
 
 
+def test_gemma3_reads_its_own_layout() -> None:
+    hub = parse("gemma3_text", head_dim=16, query_pre_attn_scalar=64, sliding_window=512, sliding_window_pattern=2,
+                rope_theta=1e6, rope_local_base_freq=1e4, rope_scaling={"rope_type": "linear", "factor": 8.0},
+                hidden_activation="gelu_pytorch_tanh")  # fmt: skip
+    assert hub.layer_windows == (512, None, 512, None) and (hub.rope_theta, hub.local_rope_theta) == (1e6, 1e4)
+    assert dict(hub.rope_scaling) == {"rope_type": "linear", "factor": 8.0} and hub.query_scale == 64**-0.5
+    assert (hub.norm_offset, hub.sandwich_norms, hub.activation, hub.causal, hub.qk_norm) == (
+        1.0, True, "gelu_tanh", True, True,
+    )  # fmt: skip
+    assert math.isclose(hub.embedding_multiplier, 8.0) and hub.tie_word_embeddings  # sqrt(64)
+    assert [hub.rope_of(layer) for layer in range(4)] == ["local", "global", "local", "global"]
+    rope_parameters = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                       "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}  # fmt: skip
+    embedding = parse(
+        "gemma3_text",
+        head_dim=16,
+        sliding_window=512,
+        use_bidirectional_attention=True,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        rope_parameters=rope_parameters,
+    )
+    assert not embedding.causal and embedding.layer_windows == (257, None, 257, None)  # |q - k| < 512 // 2 + 1
+    with pytest.raises(ConversionError, match="expected a tanh GELU"):
+        parse("gemma3_text", hidden_activation="relu")
+
+
 def test_qwen_windows_follow_use_sliding_window_and_the_layer_types() -> None:
     assert parse("qwen2", sliding_window=16).layer_windows == ()  # use_sliding_window is off by default
     assert parse("qwen2", sliding_window=16, use_sliding_window=True, max_window_layers=2).layer_windows == (
@@ -74,7 +100,7 @@ def test_rope_frequencies_of_each_type() -> None:
     ("config", "message"),
     [
         ({"model_type": "qwen3_moe", **BASE}, "model_type 'qwen3_moe' is not a decoder family"),
-        ({"model_type": "gemma3_text", **BASE}, "model_type 'gemma3_text'"),
+        ({"model_type": "gemma3", **BASE}, "model_type 'gemma3'"),
         ({"model_type": "llama", **BASE, "hidden_act": "gelu"}, "hidden_act 'gelu'"),
         ({"model_type": "llama", **BASE, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "'dynamic'"),
         ({"model_type": "llama", **BASE, "rope_parameters": {"partial_rotary_factor": 0.5}}, "partial rotary"),

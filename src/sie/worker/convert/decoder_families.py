@@ -1,13 +1,25 @@
-"""The decoder families read from a transformers checkpoint: Llama, Mistral, Qwen2 and Qwen3. `parse_decoder_config`
-reads `config.json` (either RoPE layout: transformers 5's `rope_parameters` or the Hub's `rope_theta` +
-`rope_scaling`) into the `DecoderConfig` the graph builds from, with each family's differences:
+"""The decoder families read from a transformers checkpoint: Llama, Mistral, Qwen2, Qwen3, Granite and Gemma 3 (text).
+`parse_decoder_config` reads `config.json` (either RoPE layout: transformers 5's `rope_parameters` or the Hub's
+`rope_theta` + `rope_scaling`) into the `DecoderConfig` the graph builds from, with each family's differences:
 
 | family | q/k/v bias | output bias | q/k norm | sliding window |
 |---|---|---|---|---|
 | llama | `attention_bias` | `attention_bias` | no | no |
+| granite | `attention_bias` | `attention_bias` | no | no |
 | mistral | no | no | no | `sliding_window`, every layer |
 | qwen2 | yes | no | no | `sliding_window` on `layer_types`' sliding layers, when `use_sliding_window` |
 | qwen3 | `attention_bias` | `attention_bias` | yes | as qwen2 |
+| gemma3_text | `attention_bias` | `attention_bias` | yes | `sliding_window` on `layer_types`' sliding layers (†) |
+
+(†) or, without `layer_types`, on every layer but each `sliding_window_pattern`-th.
+
+Granite is Llama with four multipliers: `embedding_multiplier` on the embeddings, `attention_multiplier` as the
+query scale, `residual_multiplier` on each block's output before its residual add, and logits divided by
+`logits_scaling`. Gemma 3 also: norms that scale by 1 + weight, embeddings times sqrt(hidden), queries scaled by
+`query_pre_attn_scalar ** -0.5`, norms after attention and around the MLP, a tanh-GELU gate, the sliding layers'
+own RoPE base (`rope_local_base_freq`, or `rope_parameters.sliding_attention`), `final_logit_softcapping`; with
+`use_bidirectional_attention` (embeddinggemma) every token sees every other, and a sliding layer those within
+`sliding_window // 2` tokens either side, as transformers reads that config.
 
 `checkpoint_weights` serves a checkpoint's tensors under the graph's names, whether it was saved from the causal-LM
 class (`model.layers.…`, `lm_head.weight`) or the bare model (`layers.…`, as the embedding models ship).
@@ -17,6 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Final
+
+import numpy as np
 
 from sie.worker.convert.decoder_graph import DecoderConfig, DecoderWeights
 from sie.worker.convert.errors import ConversionError
@@ -49,6 +63,8 @@ def parse_decoder_config(raw: Mapping[str, Any], source: str) -> DecoderConfig:
 
     hidden, heads, layers = number("hidden_size"), number("num_attention_heads"), number("num_hidden_layers")
     kv_heads = number("num_key_value_heads", heads) if raw.get("num_key_value_heads") is not None else heads
+    if model_type == "gemma3_text":
+        return _gemma3(raw, hidden, heads, kv_heads, layers, source, number)
     head_dim = number("head_dim") if raw.get("head_dim") is not None else hidden // heads
     if raw.get("head_dim") is None and hidden % heads:
         raise ConversionError(f"hidden size {hidden} does not split into {heads} heads", source=source)
@@ -70,14 +86,94 @@ def parse_decoder_config(raw: Mapping[str, Any], source: str) -> DecoderConfig:
         rope_scaling=rope_scaling,
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        qkv_bias=model_type == "qwen2" or (model_type in ("llama", "qwen3") and attention_bias),
-        output_bias=model_type in ("llama", "qwen3") and attention_bias,
-        mlp_bias=model_type == "llama" and bool(raw.get("mlp_bias", False)),
+        qkv_bias=model_type == "qwen2" or (model_type in ("llama", "granite", "qwen3") and attention_bias),
+        output_bias=model_type in ("llama", "granite", "qwen3") and attention_bias,
+        mlp_bias=model_type in ("llama", "granite") and bool(raw.get("mlp_bias", False)),
         qk_norm=model_type == "qwen3",
         layer_windows=_layer_windows(raw, str(model_type), layers, source),
+        **(_granite_multipliers(raw, source) if model_type == "granite" else {}),
     )
     config.check(source)
     return config
+
+
+def _granite_multipliers(raw: Mapping[str, Any], source: str) -> dict[str, float]:
+    def positive(key: str) -> float:
+        value = raw.get(key, 1.0)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ConversionError(f"{key} must be a positive number, got {value!r}", source=source)
+        return float(value)
+
+    return {"embedding_multiplier": positive("embedding_multiplier"),
+            "attention_scale": positive("attention_multiplier"),
+            "residual_multiplier": positive("residual_multiplier"),
+            "logits_divisor": positive("logits_scaling")}  # fmt: skip
+
+
+def _gemma3(  # noqa: PLR0913 - the numbers parse_decoder_config read already
+    raw: Mapping[str, Any], hidden: int, heads: int, kv_heads: int, layers: int, source: str, number: Any
+) -> DecoderConfig:
+    activation = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
+    if activation not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ConversionError(f"hidden_activation {activation!r} is not supported; expected a tanh GELU", source=source)
+    if raw.get("attn_logit_softcapping") is not None:
+        raise ConversionError("attn_logit_softcapping is not supported", source=source)
+    parameters = raw.get("rope_parameters") or {}
+    if "full_attention" in parameters:  # transformers 5: one RoPE per layer type
+        global_rope = dict(parameters["full_attention"])
+        local_rope = dict(parameters.get("sliding_attention") or {})
+    else:
+        global_rope = {**dict(raw.get("rope_scaling") or {}), "rope_theta": raw.get("rope_theta", 1_000_000.0)}
+        local_rope = {"rope_theta": raw.get("rope_local_base_freq", 10_000.0)}
+    if local_rope.get("rope_type", "default") != "default":
+        raise ConversionError("a scaled RoPE on the sliding layers is not supported", source=source)
+    theta, scaling = _rope({"rope_parameters": global_rope}, source)
+    bidirectional = bool(raw.get("use_bidirectional_attention", False))
+    window = raw.get("sliding_window", 4096)
+    if isinstance(window, int) and not isinstance(window, bool) and bidirectional:
+        window = window // 2 + 1  # transformers' reading: |query - key| < window // 2 + 1
+    types = raw.get("layer_types")
+    if types is None:
+        pattern = raw.get("sliding_window_pattern", 6)
+        types = ["sliding_attention" if (index + 1) % pattern else "full_attention" for index in range(layers)]
+    attention_bias = bool(raw.get("attention_bias", False))
+    config = DecoderConfig(
+        model_type="gemma3_text",
+        hidden_size=hidden,
+        intermediate_size=number("intermediate_size"),
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=number("head_dim", 256),
+        vocab_size=number("vocab_size"),
+        max_position_embeddings=number("max_position_embeddings", 131_072),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
+        qkv_bias=attention_bias,
+        output_bias=attention_bias,
+        qk_norm=True,
+        layer_windows=_windows_of_types(types, window, layers, source),
+        norm_offset=1.0,
+        embedding_multiplier=float(np.float32(hidden**0.5)),
+        attention_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5,
+        sandwich_norms=True,
+        activation="gelu_tanh",
+        local_rope_theta=float(local_rope.get("rope_theta", 10_000.0)),
+        final_logit_softcap=raw.get("final_logit_softcapping"),
+        causal=not bidirectional,
+    )
+    config.check(source)
+    return config
+
+
+def _windows_of_types(types: Any, window: Any, layers: int, source: str) -> tuple[int | None, ...]:
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise ConversionError(f"sliding_window must be a positive integer, got {window!r}", source=source)
+    if not isinstance(types, list) or len(types) != layers:
+        raise ConversionError(f"layer_types must list one type per layer ({layers})", source=source)
+    return tuple(window if kind == "sliding_attention" else None for kind in types)
 
 
 def _rope(raw: Mapping[str, Any], source: str) -> tuple[float, dict[str, Any]]:
@@ -111,9 +207,7 @@ def _layer_windows(raw: Mapping[str, Any], model_type: str, layers: int, source:
     if types is None:
         first_sliding = raw.get("max_window_layers", layers)
         types = ["sliding_attention" if index >= first_sliding else "full_attention" for index in range(layers)]
-    if not isinstance(types, list) or len(types) != layers:
-        raise ConversionError(f"layer_types must list one type per layer ({layers})", source=source)
-    return tuple(window if kind == "sliding_attention" else None for kind in types)
+    return _windows_of_types(types, window, layers, source)
 
 
 def checkpoint_weights(checkpoint: Checkpoint, config: DecoderConfig) -> DecoderWeights:

@@ -45,6 +45,7 @@ from sie.worker.convert.names import (
 
 HIDDEN_STATE: Final = "last_hidden_state"
 ROPE_TYPES: Final = frozenset({"default", "linear", "llama3", "yarn"})
+ACTIVATIONS: Final = frozenset({"silu", "gelu_tanh"})
 
 
 class DecoderShape(enum.Enum):
@@ -74,16 +75,39 @@ class DecoderConfig:
     qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2; Llama's attention_bias)
     output_bias: bool = False  # a bias on the attention's output projection (Llama's attention_bias)
     mlp_bias: bool = False  # biases on the gate, up and down projections (Llama's mlp_bias)
-    qk_norm: bool = False  # RMSNorm over each query and key head before the rotation (Qwen3)
+    qk_norm: bool = False  # RMSNorm over each query and key head before the rotation (Qwen3, Gemma 3)
     layer_windows: tuple[int | None, ...] = ()  # per layer: the sliding window in tokens, None for full attention
+    # Gemma 3's differences: norms scale by (1 + weight), embeddings are multiplied by sqrt(hidden), queries scaled by
+    # query_pre_attn_scalar ** -0.5, a norm after attention and around the MLP ("sandwich"), a tanh-GELU gate, the
+    # windowed layers' own RoPE base, a soft cap on the logits; embeddinggemma attends both ways.
+    norm_offset: float = 0.0
+    embedding_multiplier: float = 1.0
+    attention_scale: float | None = None  # None: head_dim ** -0.5
+    sandwich_norms: bool = False
+    activation: str = "silu"  # or "gelu_tanh"
+    local_rope_theta: float | None = None  # the windowed layers' RoPE base (default type), where it differs
+    final_logit_softcap: float | None = None
+    causal: bool = True
+    # Granite's: each block's output scaled before its residual add, the logits divided (embedding_multiplier and
+    # attention_scale above are its embedding and attention multipliers)
+    residual_multiplier: float = 1.0
+    logits_divisor: float = 1.0
 
     @property
     def query_groups(self) -> int:
         """Query heads that share one key/value head (grouped-query attention)."""
         return self.num_attention_heads // self.num_key_value_heads
 
+    @property
+    def query_scale(self) -> float:
+        return self.attention_scale if self.attention_scale is not None else self.head_dim**-0.5
+
     def window(self, layer: int) -> int | None:
         return self.layer_windows[layer] if self.layer_windows else None
+
+    def rope_of(self, layer: int) -> str:
+        """Which rotary table a layer reads: `local` (the windowed layers' own base) or `global`."""
+        return "local" if self.local_rope_theta is not None and self.window(layer) is not None else "global"
 
     def check(self, source: str) -> None:
         """ConversionError for shapes the graph cannot build."""
@@ -98,6 +122,8 @@ class DecoderConfig:
             raise ConversionError(
                 f"{len(self.layer_windows)} layer types for {self.num_hidden_layers} layers", source=source
             )
+        if self.activation not in ACTIVATIONS:
+            raise ConversionError(f"activation {self.activation!r} is not one of {sorted(ACTIVATIONS)}", source=source)
         rope_type = self.rope_scaling.get("rope_type", "default")
         if rope_type not in ROPE_TYPES:
             raise ConversionError(
@@ -126,13 +152,15 @@ class DecoderConfig:
         }
 
 
-def rope_frequencies(config: DecoderConfig) -> tuple[np.ndarray, float]:
+def rope_frequencies(config: DecoderConfig, table: str = "global") -> tuple[np.ndarray, float]:
     """The inverse frequency of each pair of head dimensions ([head_dim / 2], float64) and the factor cos and sin are
-    scaled by, for the config's RoPE type, as transformers' `modeling_rope_utils` computes them."""
-    parameters = config.rope_scaling
+    scaled by, for the config's RoPE type, as transformers' `modeling_rope_utils` computes them; the `local` table
+    (the windowed layers', where they have their own base) is unscaled."""
+    parameters = config.rope_scaling if table == "global" else {}
+    theta = config.rope_theta if table == "global" else float(config.local_rope_theta or config.rope_theta)
     rope_type = parameters.get("rope_type", "default")
     dim = config.head_dim
-    base = config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    base = theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
     inverse = 1.0 / base
     if rope_type == "default":
         return inverse, 1.0
@@ -164,7 +192,7 @@ def rope_frequencies(config: DecoderConfig) -> tuple[np.ndarray, float]:
     beta_slow = parameters.get("beta_slow") or 1
 
     def correction_dim(rotations: float) -> float:
-        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(config.rope_theta))
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(theta))
 
     low_dim, high_dim = correction_dim(beta_fast), correction_dim(beta_slow)
     if parameters.get("truncate", True):
@@ -266,8 +294,9 @@ def decoder_outputs(config: DecoderConfig, precision: Precision, shape: DecoderS
 class _Shared:
     """Tensors computed once per run and read by every layer."""
 
-    cos: str  # [B or 1, 1, S, head_dim]
-    sin: str  # [B or 1, 1, S, head_dim], its first half negated: rotate_half(x) * sin == swap_halves(x) * sin
+    # per rotary table (`global`, `local`): cos and sin [B or 1, 1, S, head_dim], sin's first half negated
+    # (rotate_half(x) * sin == swap_halves(x) * sin)
+    rotary: dict[str, tuple[str, str]]
     biases: dict[int | None, str]  # float32 [B, 1, 1, S, T] per window: 0 where a query sees a key, else negative
 
 
@@ -287,19 +316,25 @@ class _Decoder:
         self.weights = weights
         self.precision = precision
         self.cached = shape is DecoderShape.GENERATE
+        if self.cached and not config.causal:
+            raise ConversionError("a model that attends both ways (an embedding model) cannot generate")
 
     def build(self) -> None:
-        b, cfg, w = self.b, self.config, self.weights
-        embeddings = w.tensor("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
+        b, cfg = self.b, self.config
+        embeddings = self.weights.tensor("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
         table = b.weight("model.embed_tokens.weight", embeddings, self.precision.numpy)
         x = self._to_float(b.op("Gather", [table, INPUT_IDS], "model.embed_tokens"), "model.embed_tokens.float")
+        if cfg.embedding_multiplier != 1.0:
+            x = b.op("Mul", [x, b.const(cfg.embedding_multiplier, np.float32)], "model.embed_tokens.scaled")
         positions = POSITION_IDS if self.cached else self._positions()
-        windows = {cfg.window(layer) for layer in range(cfg.num_hidden_layers)}
-        shared = _Shared(*self._rotary(positions), {window: self._attention_bias(window) for window in windows})
-        for layer in range(cfg.num_hidden_layers):
+        layers = range(cfg.num_hidden_layers)
+        rotary = {table: self._rotary(positions, table) for table in {cfg.rope_of(layer) for layer in layers}}
+        biases = {window: self._attention_bias(window) for window in {cfg.window(layer) for layer in layers}}
+        shared = _Shared(rotary, biases)
+        for layer in layers:
             x = self._attention(x, layer, shared)
             x = self._mlp(x, layer)
-        final = w.tensor("model.norm.weight", (cfg.hidden_size,))
+        final = self._norm_weight("model.norm.weight")
         if not self.cached:
             self._rms_norm(x, final, HIDDEN_STATE)
             return
@@ -307,12 +342,24 @@ class _Decoder:
         if cfg.tie_word_embeddings:
             head = table
         else:
-            head = self._weight("lm_head.weight", w.tensor("lm_head.weight", (cfg.vocab_size, cfg.hidden_size)))
+            output = self.weights.tensor("lm_head.weight", (cfg.vocab_size, cfg.hidden_size))
+            head = self._weight("lm_head.weight", output)
         # The last position only (left padding keeps every row's last token there).
         last = b.op("Slice", [hidden, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1])], "lm_head.last")
         rows = b.op("Reshape", [last, b.const([-1, cfg.hidden_size])], "lm_head.rows")
         logits = self._to_float(b.op("Gemm", [rows, head], "lm_head", transB=1), "lm_head.float")
+        if cfg.logits_divisor != 1.0:
+            logits = b.op("Div", [logits, b.const(cfg.logits_divisor, np.float32)], "lm_head.divided")
+        if cfg.final_logit_softcap is not None:  # cap * tanh(logits / cap)
+            cap = b.const(cfg.final_logit_softcap, np.float32)
+            capped = b.op("Tanh", [b.op("Div", [logits, cap], "lm_head.cap_div")], "lm_head.cap_tanh")
+            logits = b.op("Mul", [capped, cap], "lm_head.capped")
         b.op("Reshape", [logits, b.const([-1, 1, cfg.vocab_size])], LOGITS)
+
+    def _norm_weight(self, name: str, size: int | None = None) -> np.ndarray:
+        """A norm's scale as the graph multiplies by it: Gemma's (1 + weight), everyone else's weight."""
+        scale = self.weights.tensor(name, (size or self.config.hidden_size,))
+        return scale + np.float32(self.config.norm_offset) if self.config.norm_offset else scale
 
     def _to_compute(self, x: str, name: str) -> str:
         """`x` (float32) in the graph's precision: a Cast in a float16 graph, nothing in a float32 one."""
@@ -343,30 +390,32 @@ class _Decoder:
         steps = b.op("Range", [b.const(0), length, b.const(1)], "positions.range")
         return b.op("Unsqueeze", [steps, b.const([0])], "positions")
 
-    def _rotary(self, positions: str) -> tuple[str, str]:
+    def _rotary(self, positions: str, table: str) -> tuple[str, str]:
         """cos and (half-negated) sin of position × inverse frequency, duplicated over both halves (HF layout)."""
         b, cfg = self.b, self.config
+        name = f"rotary_{table}"
         half = cfg.head_dim // 2
-        inverse, attention_factor = rope_frequencies(cfg)
+        inverse, attention_factor = rope_frequencies(cfg, table)
         # transformers computes the frequencies in float32 and the angles from them
         inverse = inverse.astype(np.float32)
-        positions = b.op("Cast", [positions], "rotary.positions", to=TensorProto.FLOAT)
-        positions = b.op("Unsqueeze", [positions, b.const([2])], "rotary.positions_3d")
-        angles = b.op("Mul", [positions, b.const(np.concatenate([inverse, inverse]), np.float32)], "rotary.angles")
+        positions = b.op("Cast", [positions], f"{name}.positions", to=TensorProto.FLOAT)
+        positions = b.op("Unsqueeze", [positions, b.const([2])], f"{name}.positions_3d")
+        angles = b.op("Mul", [positions, b.const(np.concatenate([inverse, inverse]), np.float32)], f"{name}.angles")
         sign = np.concatenate([-np.ones(half), np.ones(half)])
-        cos = b.op("Cos", [angles], "rotary.cos_raw")
-        sin = b.op("Sin", [angles], "rotary.sin_raw")
+        cos = b.op("Cos", [angles], f"{name}.cos_raw")
+        sin = b.op("Sin", [angles], f"{name}.sin_raw")
         if attention_factor != 1.0:
-            cos = b.op("Mul", [cos, b.const(attention_factor, np.float32)], "rotary.cos_scaled")
-            sin = b.op("Mul", [sin, b.const(attention_factor, np.float32)], "rotary.sin_scaled")
-        sin = b.op("Mul", [sin, b.const(sign, np.float32)], "rotary.sin_3d")
-        cos = self._to_compute(b.op("Unsqueeze", [cos, b.const([1])], "rotary.cos_f32"), "rotary.cos")
-        sin = self._to_compute(b.op("Unsqueeze", [sin, b.const([1])], "rotary.sin_f32"), "rotary.sin")
+            cos = b.op("Mul", [cos, b.const(attention_factor, np.float32)], f"{name}.cos_scaled")
+            sin = b.op("Mul", [sin, b.const(attention_factor, np.float32)], f"{name}.sin_scaled")
+        sin = b.op("Mul", [sin, b.const(sign, np.float32)], f"{name}.sin_3d")
+        cos = self._to_compute(b.op("Unsqueeze", [cos, b.const([1])], f"{name}.cos_f32"), f"{name}.cos")
+        sin = self._to_compute(b.op("Unsqueeze", [sin, b.const([1])], f"{name}.sin_f32"), f"{name}.sin")
         return cos, sin
 
     def _attention_bias(self, window: int | None) -> str:
         """Causal by cache index (query i of this run sits at past + i), blind to padded keys and, with a sliding
-        window, to keys `window` or more tokens back."""
+        window, to keys `window` or more tokens back. A model that attends both ways sees every real key, and with
+        a window those fewer than `window` tokens away on either side."""
         b = self.b
         name = "mask" if window is None else f"mask_window{window}"
         sequence = b.op("Squeeze", [b.op("Shape", [INPUT_IDS], f"{name}.s_1d", start=1, end=2), b.const([0])],
@@ -379,14 +428,18 @@ class _Decoder:
         queries = b.op(
             "Unsqueeze", [b.op("Range", [past, total, one], f"{name}.queries_1d"), b.const([1])], f"{name}.queries"
         )
-        visible = b.op("LessOrEqual", [keys, queries], f"{name}.causal")
+        present = b.op("Cast", [ATTENTION_MASK], f"{name}.present_2d", to=TensorProto.BOOL)
+        visible = b.op("Unsqueeze", [present, b.const([1, 2, 3])], f"{name}.present")
+        if self.config.causal:
+            causal = b.op("LessOrEqual", [keys, queries], f"{name}.causal")
+            visible = b.op("And", [visible, causal], f"{name}.visible_causal")
         if window is not None:
             recent = b.op("Greater", [keys, b.op("Sub", [queries, b.const(window)], f"{name}.start")],
                           f"{name}.recent")  # fmt: skip
             visible = b.op("And", [visible, recent], f"{name}.windowed")
-        present = b.op("Cast", [ATTENTION_MASK], f"{name}.present_2d", to=TensorProto.BOOL)
-        present = b.op("Unsqueeze", [present, b.const([1, 2, 3])], f"{name}.present")
-        visible = b.op("And", [visible, present], f"{name}.visible")
+            if not self.config.causal:
+                near = b.op("Less", [keys, b.op("Add", [queries, b.const(window)], f"{name}.end")], f"{name}.near")
+                visible = b.op("And", [visible, near], f"{name}.windowed_both")
         zero, negative = b.const(0.0, np.float32), b.const(MASK_NEGATIVE, np.float32)
         return b.op("Where", [visible, zero, negative], f"{name}.bias")
 
@@ -397,8 +450,7 @@ class _Decoder:
         prefix = f"model.layers.{layer}.self_attn"
         d, hidden = cfg.head_dim, cfg.hidden_size
         widths = {"q": cfg.num_attention_heads * d, "k": cfg.num_key_value_heads * d, "v": cfg.num_key_value_heads * d}
-        scale = np.float32(1.0 / math.sqrt(d))
-        query_scale = np.float32(1.0) if cfg.qk_norm else scale
+        query_scale = np.float32(1.0) if cfg.qk_norm else np.float32(cfg.query_scale)
         weights = [w.tensor(f"{prefix}.{p}_proj.weight", (width, hidden)) for p, width in widths.items()]
         weights[0] = weights[0] * query_scale
         bias = None
@@ -411,7 +463,7 @@ class _Decoder:
     def _attention(self, x: str, layer: int, shared: _Shared) -> str:
         b, cfg, w, name = self.b, self.config, self.weights, f"model.layers.{layer}.self_attn"
         heads, kv_heads, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        norm = w.tensor(f"model.layers.{layer}.input_layernorm.weight", (cfg.hidden_size,))
+        norm = self._norm_weight(f"model.layers.{layer}.input_layernorm.weight")
         hidden = self._to_compute(self._rms_norm(x, norm, f"model.layers.{layer}.input_layernorm"), f"{name}.input")
         weight, bias = self._projections(layer)
         qkv = b.op("MatMul", [hidden, self._weight(f"{name}.qkv_proj.weight", weight)], f"{name}.qkv")
@@ -421,16 +473,16 @@ class _Decoder:
         if cfg.qk_norm:
             query, key, value = b.op_multi("Split", [qkv, b.const([heads, kv_heads, kv_heads])],
                                            [f"{name}.q_raw", f"{name}.k_raw", f"{name}.v_raw"], axis=2)  # fmt: skip
-            scale = np.float32(1.0 / math.sqrt(d))
-            query = self._head_norm(query, w.tensor(f"{name}.q_norm.weight", (d,)) * scale, f"{name}.q_norm")
-            key = self._head_norm(key, w.tensor(f"{name}.k_norm.weight", (d,)), f"{name}.k_norm")
+            scale = np.float32(cfg.query_scale)
+            query = self._head_norm(query, self._norm_weight(f"{name}.q_norm.weight", d) * scale, f"{name}.q_norm")
+            key = self._head_norm(key, self._norm_weight(f"{name}.k_norm.weight", d), f"{name}.k_norm")
             qk = b.op("Concat", [query, key], f"{name}.qk_normed", axis=2)
         else:
             qk, value = b.op_multi("Split", [qkv, b.const([heads + kv_heads, kv_heads])], [f"{name}.qk_raw",
                                    f"{name}.v_raw"], axis=2)  # fmt: skip
         qk = b.op("Transpose", [qk], f"{name}.qk", perm=[0, 2, 1, 3])  # [B, heads + kv_heads, S, d]
         value = b.op("Transpose", [value], f"{name}.v", perm=[0, 2, 1, 3])
-        qk = self._rotate(qk, shared, name)
+        qk = self._rotate(qk, shared.rotary[cfg.rope_of(layer)], name)
         query, key = b.op_multi("Split", [qk, b.const([heads, kv_heads])], [f"{name}.q", f"{name}.k"], axis=1)
         if self.cached:
             key = b.op("Concat", [past_key_name(layer), key], present_key_name(layer), axis=2)
@@ -453,25 +505,38 @@ class _Decoder:
         if cfg.output_bias:
             bias = self._weight(f"{name}.o_proj.bias", w.tensor(f"{name}.o_proj.bias", (cfg.hidden_size,)))
             out = b.op("Add", [out, bias], f"{name}.o_proj_biased")
-        return b.op("Add", [x, self._to_float(out, f"{name}.o_proj_f32")], f"model.layers.{layer}.attn_residual")
+        out = self._to_float(out, f"{name}.o_proj_f32")
+        if cfg.sandwich_norms:
+            norm_name = f"model.layers.{layer}.post_attention_layernorm"
+            out = self._rms_norm(out, self._norm_weight(f"{norm_name}.weight"), norm_name)
+        return self._residual(x, out, f"model.layers.{layer}.attn_residual")
+
+    def _residual(self, x: str, out: str, name: str) -> str:
+        """x + out (Granite: x + out × residual_multiplier)."""
+        if self.config.residual_multiplier != 1.0:
+            out = self.b.op("Mul", [out, self.b.const(self.config.residual_multiplier, np.float32)], f"{name}.scaled")
+        return self.b.op("Add", [x, out], name)
 
     def _head_norm(self, x: str, scale: np.ndarray, name: str) -> str:
         """RMSNorm over each head's `head_dim` values of [B, S, heads, d], in float32."""
         normed = self._rms_norm(self._to_float(x, f"{name}.f32"), scale, name)
         return self._to_compute(normed, f"{name}.cast")
 
-    def _rotate(self, x: str, shared: _Shared, name: str) -> str:
-        """x * cos + rotate_half(x) * sin, with the sign of rotate_half already in `shared.sin`."""
+    def _rotate(self, x: str, rotary: tuple[str, str], name: str) -> str:
+        """x * cos + rotate_half(x) * sin, with the sign of rotate_half already in the sin table."""
         b, half = self.b, self.config.head_dim // 2
+        cos, sin = rotary
         first, second = b.op_multi("Split", [x, b.const([half, half])], [f"{name}.rot_a", f"{name}.rot_b"], axis=-1)
         swapped = b.op("Concat", [second, first], f"{name}.rot_swapped", axis=-1)
-        return b.op("Add", [b.op("Mul", [x, shared.cos], f"{name}.rot_cos"),
-                            b.op("Mul", [swapped, shared.sin], f"{name}.rot_sin")], f"{name}.rotated")  # fmt: skip
+        return b.op("Add", [b.op("Mul", [x, cos], f"{name}.rot_cos"),
+                            b.op("Mul", [swapped, sin], f"{name}.rot_sin")], f"{name}.rotated")  # fmt: skip
 
     def _mlp(self, x: str, layer: int) -> str:
         b, cfg, w, name = self.b, self.config, self.weights, f"model.layers.{layer}.mlp"
-        norm = w.tensor(f"model.layers.{layer}.post_attention_layernorm.weight", (cfg.hidden_size,))
-        normed = self._rms_norm(x, norm, f"model.layers.{layer}.post_attention_layernorm")
+        # the norm before the MLP: Llama's post_attention_layernorm, Gemma's pre_feedforward_layernorm
+        norm_name = f"model.layers.{layer}." + ("pre_feedforward_layernorm" if cfg.sandwich_norms
+                                                else "post_attention_layernorm")  # fmt: skip
+        normed = self._rms_norm(x, self._norm_weight(f"{norm_name}.weight"), norm_name)
         hidden = self._to_compute(normed, f"{name}.input")
         size, width = cfg.intermediate_size, cfg.hidden_size
         gate_up = np.concatenate([w.tensor(f"{name}.gate_proj.weight", (size, width)),
@@ -483,14 +548,30 @@ class _Decoder:
             )
             projected = b.op("Add", [projected, self._weight(f"{name}.gate_up_proj.bias", bias)], f"{name}.gate_up_b")
         gate, up = b.op_multi("Split", [projected, b.const([size, size])], [f"{name}.gate", f"{name}.up"], axis=-1)
-        silu = b.op("Mul", [gate, b.op("Sigmoid", [gate], f"{name}.sigmoid")], f"{name}.silu")
-        activated = b.op("Mul", [silu, up], f"{name}.act")
+        activated = b.op("Mul", [self._activation(gate, name), up], f"{name}.act")
         down = w.tensor(f"{name}.down_proj.weight", (width, size)).T
         out = b.op("MatMul", [activated, self._weight(f"{name}.down_proj.weight", down)], f"{name}.down")
         if cfg.mlp_bias:
             bias = self._weight(f"{name}.down_proj.bias", w.tensor(f"{name}.down_proj.bias", (width,)))
             out = b.op("Add", [out, bias], f"{name}.down_biased")
-        return b.op("Add", [x, self._to_float(out, f"{name}.down_f32")], f"model.layers.{layer}.mlp_residual")
+        out = self._to_float(out, f"{name}.down_f32")
+        if cfg.sandwich_norms:
+            norm_name = f"model.layers.{layer}.post_feedforward_layernorm"
+            out = self._rms_norm(out, self._norm_weight(f"{norm_name}.weight"), norm_name)
+        return self._residual(x, out, f"model.layers.{layer}.mlp_residual")
+
+    def _activation(self, gate: str, name: str) -> str:
+        """SiLU, or GELU's tanh approximation: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x³)))."""
+        b = self.b
+        if self.config.activation == "silu":
+            return b.op("Mul", [gate, b.op("Sigmoid", [gate], f"{name}.sigmoid")], f"{name}.silu")
+        dtype = self.precision.numpy
+        cubed = b.op("Mul", [b.op("Mul", [gate, gate], f"{name}.x2"), gate], f"{name}.x3")
+        inner = b.op("Add", [gate, b.op("Mul", [cubed, b.const(0.044715, dtype)], f"{name}.cx3")], f"{name}.inner")
+        tanh = b.op("Tanh", [b.op("Mul", [inner, b.const(math.sqrt(2 / math.pi), dtype)], f"{name}.scaled")],
+                    f"{name}.tanh")  # fmt: skip
+        half = b.op("Mul", [gate, b.const(0.5, dtype)], f"{name}.half")
+        return b.op("Mul", [half, b.op("Add", [tanh, b.const(1.0, dtype)], f"{name}.one_plus")], f"{name}.gelu")
 
     def _weight(self, name: str, array: np.ndarray) -> str:
         return self.b.weight(name, array, self.precision.numpy)

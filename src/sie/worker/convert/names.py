@@ -19,7 +19,7 @@ GENERATION_CONFIG_FILE: Final = "generation_config.json"
 CHAT_TEMPLATE_FILE: Final = "chat_template.jinja"  # where transformers 5 saves a chat template
 
 # The `model_type`s of the decoder families converted from a checkpoint (`decoder_families`).
-DECODER_MODEL_TYPES: Final = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+DECODER_MODEL_TYPES: Final = frozenset({"llama", "mistral", "qwen2", "qwen3", "granite", "gemma3_text"})
 
 INPUT_IDS: Final = "input_ids"
 ATTENTION_MASK: Final = "attention_mask"
