@@ -316,6 +316,7 @@ class _Decoder:
         self.weights = weights
         self.precision = precision
         self.cached = shape is DecoderShape.GENERATE
+        self._shapes: dict[tuple[int, ...], str] = {}
         if self.cached and not config.causal:
             raise ConversionError("a model that attends both ways (an embedding model) cannot generate")
 
@@ -326,6 +327,9 @@ class _Decoder:
         x = self._to_float(b.op("Gather", [table, INPUT_IDS], "model.embed_tokens"), "model.embed_tokens.float")
         if cfg.embedding_multiplier != 1.0:
             x = b.op("Mul", [x, b.const(cfg.embedding_multiplier, np.float32)], "model.embed_tokens.scaled")
+        # The residual stream is a [B*S, hidden] matrix: every projection is one 2-D product (a Gemm with its bias),
+        # which onnxruntime runs faster than the same product over [B, S, hidden].
+        x = b.op("Reshape", [x, b.const([-1, cfg.hidden_size])], "model.embed_tokens.rows")
         positions = POSITION_IDS if self.cached else self._positions()
         layers = range(cfg.num_hidden_layers)
         rotary = {table: self._rotary(positions, table) for table in {cfg.rope_of(layer) for layer in layers}}
@@ -335,10 +339,11 @@ class _Decoder:
             x = self._attention(x, layer, shared)
             x = self._mlp(x, layer)
         final = self._norm_weight("model.norm.weight")
+        hidden = b.op("Reshape", [self._rms_norm(x, final, "model.norm"), self._sequence_shape(cfg.hidden_size)],
+                      HIDDEN_STATE if not self.cached else "model.norm.sequences")  # fmt: skip
         if not self.cached:
-            self._rms_norm(x, final, HIDDEN_STATE)
             return
-        hidden = self._to_compute(self._rms_norm(x, final, "model.norm"), "model.norm.cast")
+        hidden = self._to_compute(hidden, "model.norm.cast")
         if cfg.tie_word_embeddings:
             head = table
         else:
@@ -355,6 +360,16 @@ class _Decoder:
             capped = b.op("Tanh", [b.op("Div", [logits, cap], "lm_head.cap_div")], "lm_head.cap_tanh")
             logits = b.op("Mul", [capped, cap], "lm_head.capped")
         b.op("Reshape", [logits, b.const([-1, 1, cfg.vocab_size])], LOGITS)
+
+    def _sequence_shape(self, *widths: int) -> str:
+        """[-1, S, *widths]: rows of the residual stream back into sequences (S: this run's input length); one
+        tensor per shape, shared by every layer."""
+        if widths not in self._shapes:
+            b = self.b
+            sequence = b.op("Shape", [INPUT_IDS], "shape.sequence", start=1, end=2)
+            self._shapes[widths] = b.op("Concat", [b.const([-1]), sequence, b.const(list(widths))], "shape.sequences",
+                                        axis=0)  # fmt: skip
+        return self._shapes[widths]
 
     def _norm_weight(self, name: str, size: int | None = None) -> np.ndarray:
         """A norm's scale as the graph multiplies by it: Gemma's (1 + weight), everyone else's weight."""
@@ -469,7 +484,7 @@ class _Decoder:
         qkv = b.op("MatMul", [hidden, self._weight(f"{name}.qkv_proj.weight", weight)], f"{name}.qkv")
         if bias is not None:
             qkv = b.op("Add", [qkv, self._weight(f"{name}.qkv_proj.bias", bias)], f"{name}.qkv_biased")
-        qkv = b.op("Reshape", [qkv, b.const([0, 0, heads + 2 * kv_heads, d])], f"{name}.qkv_heads")  # [B, S, ., d]
+        qkv = b.op("Reshape", [qkv, self._sequence_shape(heads + 2 * kv_heads, d)], f"{name}.qkv_heads")  # [B, S, ., d]
         if cfg.qk_norm:
             query, key, value = b.op_multi("Split", [qkv, b.const([heads, kv_heads, kv_heads])],
                                            [f"{name}.q_raw", f"{name}.k_raw", f"{name}.v_raw"], axis=2)  # fmt: skip
@@ -499,7 +514,7 @@ class _Decoder:
         context = b.op("MatMul", [probs, value_5d], f"{name}.context")  # [B, kv, groups, S, d]
         context = b.op("Reshape", [context, b.const([0, heads, -1, d])], f"{name}.context_heads")
         context = b.op("Transpose", [context], f"{name}.context_t", perm=[0, 2, 1, 3])
-        context = b.op("Reshape", [context, b.const([0, 0, heads * d])], f"{name}.context_merged")
+        context = b.op("Reshape", [context, b.const([-1, heads * d])], f"{name}.context_merged")
         out_weight = w.tensor(f"{name}.o_proj.weight", (cfg.hidden_size, heads * d)).T
         out = b.op("MatMul", [context, self._weight(f"{name}.o_proj.weight", out_weight)], f"{name}.o_proj")
         if cfg.output_bias:
@@ -539,15 +554,8 @@ class _Decoder:
         normed = self._rms_norm(x, self._norm_weight(f"{norm_name}.weight"), norm_name)
         hidden = self._to_compute(normed, f"{name}.input")
         size, width = cfg.intermediate_size, cfg.hidden_size
-        gate_up = np.concatenate([w.tensor(f"{name}.gate_proj.weight", (size, width)),
-                                  w.tensor(f"{name}.up_proj.weight", (size, width))], axis=0).T  # fmt: skip
-        projected = b.op("MatMul", [hidden, self._weight(f"{name}.gate_up_proj.weight", gate_up)], f"{name}.gate_up")
-        if cfg.mlp_bias:
-            bias = np.concatenate(
-                [w.tensor(f"{name}.gate_proj.bias", (size,)), w.tensor(f"{name}.up_proj.bias", (size,))]
-            )
-            projected = b.op("Add", [projected, self._weight(f"{name}.gate_up_proj.bias", bias)], f"{name}.gate_up_b")
-        gate, up = b.op_multi("Split", [projected, b.const([size, size])], [f"{name}.gate", f"{name}.up"], axis=-1)
+        # gate and up as two products, not one split afterwards: the split would copy [B*S, 2 * intermediate]
+        gate, up = (self._projection(hidden, f"{name}.{part}_proj", size, width) for part in ("gate", "up"))
         activated = b.op("Mul", [self._activation(gate, name), up], f"{name}.act")
         down = w.tensor(f"{name}.down_proj.weight", (width, size)).T
         out = b.op("MatMul", [activated, self._weight(f"{name}.down_proj.weight", down)], f"{name}.down")
@@ -559,6 +567,15 @@ class _Decoder:
             norm_name = f"model.layers.{layer}.post_feedforward_layernorm"
             out = self._rms_norm(out, self._norm_weight(f"{norm_name}.weight"), norm_name)
         return self._residual(x, out, f"model.layers.{layer}.mlp_residual")
+
+    def _projection(self, x: str, name: str, out_features: int, in_features: int) -> str:
+        """x @ weight.T (+ bias where the config has MLP biases) for the linear layer `name`."""
+        weight = self.weights.tensor(f"{name}.weight", (out_features, in_features)).T
+        out = self.b.op("MatMul", [x, self._weight(f"{name}.weight", weight)], name)
+        if self.config.mlp_bias:
+            bias = self._weight(f"{name}.bias", self.weights.tensor(f"{name}.bias", (out_features,)))
+            out = self.b.op("Add", [out, bias], f"{name}.biased")
+        return out
 
     def _activation(self, gate: str, name: str) -> str:
         """SiLU, or GELU's tanh approximation: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x³)))."""
