@@ -22,6 +22,7 @@ from sie.worker.convert import convert_decoder_checkpoint, convert_decoder_hidde
 from sie.worker.errors import ModelLoadError
 from sie.worker.generation.kv_cache import CacheShape, empty_cache, next_cache
 from sie.worker.loading import ModelLoader
+from sie.worker.session import SessionOptions
 from support import llama_reference
 from support.decoder_checkpoints import (
     FAMILIES,
@@ -442,3 +443,32 @@ def test_a_decoder_reranker_scores_as_its_model_card_computes(
         )
         assert abs(scores[f"item-{index}"] - expected) <= TOLERANCE
     assert len(loaded.adapter.pair_ids(query, documents[2], None)) == RERANK_CONTEXT
+
+
+def test_a_gpu_loader_converts_float16_weights_and_cache(model_loader: ModelLoader, tmp_path: Path) -> None:
+    """A loader for a CUDA device converts a checkpoint into float16 graphs (weights, products and cache; norms,
+    softmax and logits in float32); onnxruntime's CPU provider runs them too, so they are checked here against
+    transformers in float32 within float16's precision."""
+    import torch
+
+    model = save_causal_lm(tmp_path / "model", "qwen3")
+    gpu_loader = ModelLoader(model_loader.resolver, tmp_path / "converted", SessionOptions(device="cuda:0"))
+    files = gpu_loader.prepare(generation_yaml(tmp_path / "model", "qwen3"), "default", "acme/qwen3-chat")
+    config = json.loads((files.model_dir / "config.json").read_text())
+    assert config["torch_dtype"] == "float16"
+    graph = session(files.graph)
+    assert {i.type for i in graph.get_inputs() if i.name.startswith("past_key_values.")} == {"tensor(float16)"}
+    prompt = list(range(4, 4 + LENGTHS[0]))
+    for seen, logits in run_generation_graph(graph, CacheShape.from_config(config), [prompt], 3):
+        assert float(np.abs(logits[0] - reference_logits(model, seen[0])).max()) <= 3e-2
+    embedder = parse_model_config(
+        {"sie_id": "acme/qwen3-embed", "weights_path": str(tmp_path / "model"),
+         "tasks": {"encode": {"dense": {"dim": 32}}},
+         "profiles": {"default": {"adapter_path": EMBEDDERS["qwen3"][0], "max_batch_tokens": 1024}}}
+    )  # fmt: skip
+    hidden_graph = gpu_loader.prepare(embedder, "default", embedder.sie_id).graph
+    ids = np.asarray([prompt])
+    (hidden,) = session(hidden_graph).run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+    with torch.no_grad():
+        expected = model.model(torch.from_numpy(ids)).last_hidden_state.numpy()
+    assert hidden.dtype == np.float32 and float(np.abs(hidden - expected).max()) <= 3e-2
