@@ -3,7 +3,7 @@ in one run: a random model of the family at SmolLM2-135M's width (hidden 576, 9 
 a 49,152-token vocabulary; `--layers` layers) saved by transformers and converted by `sie.worker.convert`, both
 given the same threads, medians of interleaved rounds.
 
-    .venv/bin/python scripts/bench/decoders.py [--families llama,mistral,qwen2,qwen3] [--rounds 3] [--threads 2]
+    .venv/bin/python scripts/bench/decoders.py [--families llama,qwen3,...] [--rounds 3] [--threads 2] [--served]
 
 Per family:
 - prefill: one prompt of `--prompt` tokens through the generation graph (cache out) vs `model(ids, use_cache=True)`;
@@ -11,6 +11,12 @@ Per family:
   together through the key/value cache, tokens/s over the steps, vs torch's cached steps (goal ≥ 1.5×);
 - embed: a batch of 32 × `--prompt` tokens through the hidden-state graph vs the bare model's forward.
 Prints milliseconds (or tokens/s) per side and torch time / ours. Needs the test extra (torch, transformers).
+
+With `--served`, a second table: each family's bare model (with a word-level tokenizer that ends texts with its end
+token) served as a last-token embedder through the public `qwen2_flash` module by one `sie run --role all`, 32 wrk
+connections × one text of `--prompt` tokens, against the same hidden-state graph in-process at batch 32 (tokens
+already made), interleaved rounds; the goal is ≥ 0.9. (Served generation against the raw decode loop is
+`scripts/bench/generate.py`: the same engine serves every decoder family.)
 """
 
 from __future__ import annotations
@@ -32,9 +38,20 @@ import transformers
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "scripts" / "bench"))
+import orjson  # noqa: E402
+from wrk import run_wrk, wrk_binary  # noqa: E402
+
+from launcher import serving_all  # noqa: E402
+from sie.catalog import dump_yaml  # noqa: E402
 from sie.worker.convert import convert_decoder_checkpoint, convert_decoder_hidden  # noqa: E402
 from sie.worker.generation.kv_cache import CacheShape, empty_cache, next_cache  # noqa: E402
-from support.decoder_checkpoints import FAMILIES, family_config  # noqa: E402
+from support.decoder_checkpoints import FAMILIES, WORDS, family_config, write_tokenizer  # noqa: E402
+
+SERVED_CONNECTIONS = 32
+SERVED_WARM_UP_S = 2
+EMBEDDER = "sie_server.adapters.qwen2_flash:Qwen2FlashAdapter"
 
 SIZE = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536,
         "vocab_size": 49152, "max_position_embeddings": 2048}  # fmt: skip
@@ -135,6 +152,55 @@ def measure(
     return cells
 
 
+def write_served_yaml(models_dir: Path, family: str, weights: Path, tokens: int) -> None:
+    """The family's catalogue entry: a last-token embedder over `weights`, batches of up to 32 texts of `tokens`."""
+    data = {
+        "sie_id": f"bench/{family}",
+        "weights_path": str(weights),
+        "max_sequence_length": tokens,
+        "tasks": {"encode": {"dense": {"dim": SIZE["hidden_size"]}}},
+        "profiles": {"default": {"adapter_path": EMBEDDER, "max_batch_tokens": SERVED_CONNECTIONS * tokens,
+                                 "adapter_options": {"runtime": {"pooling": "last", "normalize": True}}}},
+    }  # fmt: skip
+    models_dir.mkdir(exist_ok=True)
+    (models_dir / f"bench__{family}.yaml").write_text(dump_yaml(data))
+
+
+def served_table(scratch: Path, graphs: dict[str, Ours], args: argparse.Namespace) -> None:
+    """Served (`--role all`, 32 connections × 1 text) against the raw hidden-state graph at batch 32, interleaved."""
+    wrk_binary()
+    text = " ".join(WORDS[index % len(WORDS)] for index in range(args.prompt - 1))  # + the end token
+    bodies = [orjson.dumps({"items": [{"text": text}]})]
+    env = {"SIE_MODELS_DIR": str(scratch / "models"), "SIE_MODEL_CACHE": str(scratch / "cache"),
+           "SIE_HTTP_SERVER": "uvicorn", "SIE_ORT_INTRA_OP_THREADS": str(args.threads)}  # fmt: skip
+    rng = np.random.default_rng(1)
+    served: dict[str, list[float]] = {family: [] for family in graphs}
+    raw: dict[str, list[float]] = {family: [] for family in graphs}
+    preload = ",".join(f"bench/{family}" for family in graphs)
+    arguments = ["--bundles-dir", str(REPO / "config" / "bundles"), "--preload", preload]
+    with serving_all(scratch / "server.log", arguments, env) as url:
+        for round_index in range(args.rounds):
+            print(f"served round {round_index + 1}/{args.rounds}", file=sys.stderr)
+            for family, ours in graphs.items():
+                ids = rng.integers(4, len(WORDS), size=(SERVED_CONNECTIONS, args.prompt)).astype(np.int64)
+                ours.embed(ids)
+                raw[family].append(SERVED_CONNECTIONS * 1000.0 / timed(lambda ours=ours, ids=ids: ours.embed(ids), 2))
+                path = f"/v1/encode/bench/{family}"
+                run_wrk(url, path, bodies, SERVED_CONNECTIONS, SERVED_WARM_UP_S, 1)
+                stats = run_wrk(url, path, bodies, SERVED_CONNECTIONS, args.served_seconds, 1)
+                if stats.failures:
+                    raise SystemExit(f"{family}: {stats.failures} failed requests; see {scratch / 'server.log'}")
+                served[family].append(stats.items_per_second)
+    print(f"\nserved: `sie run --role all` (uvicorn), {SERVED_CONNECTIONS} connections x 1 text of {args.prompt} "
+          f"tokens, against the same graph in-process at batch {SERVED_CONNECTIONS}; medians of {args.rounds} "
+          "interleaved rounds")  # fmt: skip
+    print("| family | raw graph texts/s | served texts/s | served / raw |")
+    print("|---|---|---|---|")
+    for family in graphs:
+        raw_rate, served_rate = statistics.median(raw[family]), statistics.median(served[family])
+        print(f"| {family} | {raw_rate:.1f} | {served_rate:.1f} | {served_rate / raw_rate:.2f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", default=",".join(FAMILIES))
@@ -145,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--steps", type=int, default=32, help="decode steps timed after the prefill")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--served", action="store_true", help="also the served-vs-raw embedding table (needs wrk)")
+    parser.add_argument("--served-seconds", type=int, default=6, help="measured wrk seconds per family and round")
+    parser.add_argument("--skip-torch", action="store_true", help="only the served table")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
@@ -152,15 +221,29 @@ def main(argv: list[str] | None = None) -> int:
     streams = rng.integers(10, SIZE["vocab_size"], size=(args.streams, args.prompt))
     batch = rng.integers(10, SIZE["vocab_size"], size=(32, args.prompt))
     rows = []
+    graphs: dict[str, Ours] = {}
     with tempfile.TemporaryDirectory() as scratch:
         for family in args.families.split(","):
             directory = Path(scratch) / family
             model = sized_model(family, args.layers)
             model.save_pretrained(directory)
             ours = Ours(directory, args.threads)
-            cells = measure(ours, model, (prompt, streams, batch), args)
-            medians = {key: statistics.median(values) for key, values in cells.items()}
-            rows.append((family, medians))
+            graphs[family] = ours
+            if args.served:
+                model.model.save_pretrained(Path(scratch) / "bare" / family)
+                write_tokenizer(Path(scratch) / "bare" / family, end_with_eos=True)
+                write_served_yaml(Path(scratch) / "models", family, Path(scratch) / "bare" / family, args.prompt)
+            if not args.skip_torch:
+                cells = measure(ours, model, (prompt, streams, batch), args)
+                rows.append((family, {key: statistics.median(values) for key, values in cells.items()}))
+        if rows:
+            print_table(rows, args)
+        if args.served:
+            served_table(Path(scratch), graphs, args)
+    return 0
+
+
+def print_table(rows: list[tuple[str, dict[str, float]]], args: argparse.Namespace) -> None:
     tokens = args.streams * args.steps
     print(f"\ndecoders at hidden 576, {args.layers} layers, {args.threads} threads; medians of {args.rounds} rounds")
     print(
@@ -173,7 +256,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {family} | {m['prefill']:.1f} / {m['prefill_t']:.1f} | {m['prefill_t'] / m['prefill']:.2f} "
               f"| {decode:.0f} / {decode_t:.0f} | {decode / decode_t:.2f} "
               f"| {m['embed']:.0f} / {m['embed_t']:.0f} | {m['embed_t'] / m['embed']:.2f} |")  # fmt: skip
-    return 0
 
 
 if __name__ == "__main__":
