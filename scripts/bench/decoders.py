@@ -40,17 +40,13 @@ sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "scripts" / "bench"))
-import orjson  # noqa: E402
-from wrk import run_wrk, wrk_binary  # noqa: E402
+from served_vs_raw import CONNECTIONS, served_vs_raw  # noqa: E402
 
-from launcher import serving_all  # noqa: E402
 from sie.catalog import dump_yaml  # noqa: E402
 from sie.worker.convert import convert_decoder_checkpoint, convert_decoder_hidden  # noqa: E402
 from sie.worker.generation.kv_cache import CacheShape, empty_cache, next_cache  # noqa: E402
 from support.decoder_checkpoints import FAMILIES, WORDS, family_config, write_tokenizer  # noqa: E402
 
-SERVED_CONNECTIONS = 32
-SERVED_WARM_UP_S = 2
 EMBEDDER = "sie_server.adapters.qwen2_flash:Qwen2FlashAdapter"
 
 SIZE = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536,
@@ -159,46 +155,11 @@ def write_served_yaml(models_dir: Path, family: str, weights: Path, tokens: int)
         "weights_path": str(weights),
         "max_sequence_length": tokens,
         "tasks": {"encode": {"dense": {"dim": SIZE["hidden_size"]}}},
-        "profiles": {"default": {"adapter_path": EMBEDDER, "max_batch_tokens": SERVED_CONNECTIONS * tokens,
+        "profiles": {"default": {"adapter_path": EMBEDDER, "max_batch_tokens": CONNECTIONS * tokens,
                                  "adapter_options": {"runtime": {"pooling": "last", "normalize": True}}}},
     }  # fmt: skip
     models_dir.mkdir(exist_ok=True)
     (models_dir / f"bench__{family}.yaml").write_text(dump_yaml(data))
-
-
-def served_table(scratch: Path, graphs: dict[str, Ours], args: argparse.Namespace) -> None:
-    """Served (`--role all`, 32 connections × 1 text) against the raw hidden-state graph at batch 32, interleaved."""
-    wrk_binary()
-    text = " ".join(WORDS[index % len(WORDS)] for index in range(args.prompt - 1))  # + the end token
-    bodies = [orjson.dumps({"items": [{"text": text}]})]
-    env = {"SIE_MODELS_DIR": str(scratch / "models"), "SIE_MODEL_CACHE": str(scratch / "cache"),
-           "SIE_HTTP_SERVER": "uvicorn", "SIE_ORT_INTRA_OP_THREADS": str(args.threads)}  # fmt: skip
-    rng = np.random.default_rng(1)
-    served: dict[str, list[float]] = {family: [] for family in graphs}
-    raw: dict[str, list[float]] = {family: [] for family in graphs}
-    preload = ",".join(f"bench/{family}" for family in graphs)
-    arguments = ["--bundles-dir", str(REPO / "config" / "bundles"), "--preload", preload]
-    with serving_all(scratch / "server.log", arguments, env) as url:
-        for round_index in range(args.rounds):
-            print(f"served round {round_index + 1}/{args.rounds}", file=sys.stderr)
-            for family, ours in graphs.items():
-                ids = rng.integers(4, len(WORDS), size=(SERVED_CONNECTIONS, args.prompt)).astype(np.int64)
-                ours.embed(ids)
-                raw[family].append(SERVED_CONNECTIONS * 1000.0 / timed(lambda ours=ours, ids=ids: ours.embed(ids), 2))
-                path = f"/v1/encode/bench/{family}"
-                run_wrk(url, path, bodies, SERVED_CONNECTIONS, SERVED_WARM_UP_S, 1)
-                stats = run_wrk(url, path, bodies, SERVED_CONNECTIONS, args.served_seconds, 1)
-                if stats.failures:
-                    raise SystemExit(f"{family}: {stats.failures} failed requests; see {scratch / 'server.log'}")
-                served[family].append(stats.items_per_second)
-    print(f"\nserved: `sie run --role all` (uvicorn), {SERVED_CONNECTIONS} connections x 1 text of {args.prompt} "
-          f"tokens, against the same graph in-process at batch {SERVED_CONNECTIONS}; medians of {args.rounds} "
-          "interleaved rounds")  # fmt: skip
-    print("| family | raw graph texts/s | served texts/s | served / raw |")
-    print("|---|---|---|---|")
-    for family in graphs:
-        raw_rate, served_rate = statistics.median(raw[family]), statistics.median(served[family])
-        print(f"| {family} | {raw_rate:.1f} | {served_rate:.1f} | {served_rate / raw_rate:.2f} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,7 +200,10 @@ def main(argv: list[str] | None = None) -> int:
         if rows:
             print_table(rows, args)
         if args.served:
-            served_table(Path(scratch), graphs, args)
+            text = " ".join(WORDS[index % len(WORDS)] for index in range(args.prompt - 1))  # + the end token
+            runs = {family: ours.embed for family, ours in graphs.items()}
+            served_vs_raw(Path(scratch), runs, text, len(WORDS), args.prompt, args.rounds, args.served_seconds,
+                          {"SIE_ORT_INTRA_OP_THREADS": str(args.threads)})  # fmt: skip
     return 0
 
 

@@ -17,6 +17,7 @@ themselves; MatMul + bias become Gemm and the erf pattern Gelu at load).
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import tempfile
@@ -35,16 +36,11 @@ sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "scripts" / "bench"))
-import orjson  # noqa: E402
-from wrk import run_wrk, wrk_binary  # noqa: E402
+from served_vs_raw import CONNECTIONS, served_vs_raw  # noqa: E402
 
-from launcher import serving_all  # noqa: E402
 from sie.catalog import dump_yaml  # noqa: E402
 from sie.worker.convert import convert_encoder  # noqa: E402
 from support.encoder_checkpoints import FAMILIES, WORDS, family_config, write_tokenizer  # noqa: E402
-
-SERVED_CONNECTIONS = 32
-SERVED_WARM_UP_S = 2
 
 SIZE = {"hidden_size": 384, "num_attention_heads": 12, "num_hidden_layers": 6, "intermediate_size": 1536,
         "vocab_size": 30522, "max_position_embeddings": 514}  # fmt: skip
@@ -102,48 +98,17 @@ def write_served_yaml(models_dir: Path, family: str, weights: Path, tokens: int)
         "max_sequence_length": tokens,
         "tasks": {"encode": {"dense": {"dim": SIZE["hidden_size"]}}},
         "profiles": {"default": {"adapter_path": "sie.adapters.dense:OnnxDenseAdapter",
-                                 "max_batch_tokens": SERVED_CONNECTIONS * tokens,
+                                 "max_batch_tokens": CONNECTIONS * tokens,
                                  "adapter_options": {"runtime": {"pooling": "mean", "normalize": True}}}},
     }  # fmt: skip
     models_dir.mkdir(exist_ok=True)
     (models_dir / f"bench__{family}.yaml").write_text(dump_yaml(data))
 
 
-def served_table(scratch: Path, sessions: dict[str, ort.InferenceSession], args: argparse.Namespace) -> None:
-    """Served (`--role all`, 32 connections × 1 text) against the raw graph at batch 32, interleaved rounds."""
-    wrk_binary()
-    text = " ".join(WORDS[index % len(WORDS)] for index in range(args.tokens - 2))  # + the two special tokens
-    bodies = [orjson.dumps({"items": [{"text": text}]})]
-    rng = np.random.default_rng(1)
-    env = {"SIE_MODELS_DIR": str(scratch / "models"), "SIE_MODEL_CACHE": str(scratch / "cache"),
-           "SIE_HTTP_SERVER": "uvicorn"}  # fmt: skip
-    served: dict[str, list[float]] = {family: [] for family in sessions}
-    raw: dict[str, list[float]] = {family: [] for family in sessions}
-    arguments = ["--bundles-dir", str(REPO / "config" / "bundles"), "--preload", ",".join(map(served_id, sessions))]
-    with serving_all(scratch / "server.log", arguments, env) as url:
-        for round_index in range(args.rounds):
-            print(f"served round {round_index + 1}/{args.rounds}", file=sys.stderr)
-            for family, session in sessions.items():
-                ids = rng.integers(5, len(WORDS), size=(SERVED_CONNECTIONS, args.tokens)).astype(np.int64)
-                feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
-                feeds = {node.name: feeds[node.name] for node in session.get_inputs()}
-                session.run(None, feeds)
-                batch_ms = timed(lambda session=session, feeds=feeds: session.run(None, feeds), 2)
-                raw[family].append(SERVED_CONNECTIONS * 1000.0 / batch_ms)
-                path = f"/v1/encode/{served_id(family)}"
-                run_wrk(url, path, bodies, SERVED_CONNECTIONS, SERVED_WARM_UP_S, 1)
-                stats = run_wrk(url, path, bodies, SERVED_CONNECTIONS, args.served_seconds, 1)
-                if stats.failures:
-                    raise SystemExit(f"{family}: {stats.failures} failed requests; see {scratch / 'server.log'}")
-                served[family].append(stats.items_per_second)
-    print(f"\nserved: `sie run --role all` (uvicorn), {SERVED_CONNECTIONS} connections x 1 text of {args.tokens} "
-          f"tokens, against the same graph in-process at batch {SERVED_CONNECTIONS}; medians of {args.rounds} "
-          "interleaved rounds")  # fmt: skip
-    print("| family | raw graph texts/s | served texts/s | served / raw |")
-    print("|---|---|---|---|")
-    for family in sessions:
-        raw_rate, served_rate = statistics.median(raw[family]), statistics.median(served[family])
-        print(f"| {family} | {raw_rate:.1f} | {served_rate:.1f} | {served_rate / raw_rate:.2f} |")
+def run_raw(session: ort.InferenceSession, ids: np.ndarray) -> None:
+    """The encoder graph on a batch of token ids (all real tokens, one token type)."""
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+    session.run(None, {node.name: feeds[node.name] for node in session.get_inputs()})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{family}: torch {theirs_median:.1f} ms, ours {ours_median:.1f} ms", file=sys.stderr)
         print_speed_table(rows, args)
         if args.served:
-            served_table(Path(scratch), sessions, args)
+            text = " ".join(WORDS[index % len(WORDS)] for index in range(args.tokens - 2))  # + the two specials
+            runs = {family: functools.partial(run_raw, session) for family, session in sessions.items()}
+            served_vs_raw(Path(scratch), runs, text, len(WORDS), args.tokens, args.rounds, args.served_seconds)
     return 0
 
 

@@ -240,24 +240,14 @@ class ModelLoader:
     def _decoder_checkpoint(self, model_id: str, model_dir: Path) -> Path:
         """The cached conversion of a decoder family's checkpoint into a generation graph and its config.json."""
         precision = self._decoder_precision()
-        try:
-            target = self.converted_dir / f"{decoder_cache_key(model_dir, 'generate', precision)}-decoder"
-            if (target / GRAPH_FILE).is_file():
-                return target
+
+        def convert(staged: Path) -> None:
             from sie.worker.convert.decoders import convert_decoder_checkpoint
 
-            self.converted_dir.mkdir(parents=True, exist_ok=True)
-            logger.info("converting model %s to an ONNX decoder (%s)", model_id, precision,
-                        extra=log_fields(event="model_converting", model=model_id, head="decoder"))  # fmt: skip
-            started = time.perf_counter()
-            with tempfile.TemporaryDirectory(dir=self.converted_dir) as scratch:
-                staged = Path(scratch) / target.name
-                convert_decoder_checkpoint(model_dir, staged, precision)
-                _publish_dir(staged, target)
-            _log_converted(model_id, target / GRAPH_FILE, time.perf_counter() - started)
-            return target
-        except ConversionError as exc:
-            raise ModelLoadError("UNKNOWN", f"Model '{model_id}': cannot convert to ONNX: {exc}") from exc
+            convert_decoder_checkpoint(model_dir, staged, precision)
+
+        return self._converted_decoder(model_id, lambda: decoder_cache_key(model_dir, "generate", precision),
+                                       precision, convert)  # fmt: skip
 
     def _decoder(self, model_id: str, model_dir: Path, gguf_file: str, on_progress: ProgressCallback | None) -> Path:
         """The cached conversion of a GGUF decoder (`_decoder_precision`)."""
@@ -265,20 +255,30 @@ class ModelLoader:
         if not source.is_file():
             raise ModelLoadError("NOT_FOUND", f"Model '{model_id}': GGUF file {gguf_file!r} not in {model_dir}")
         precision = self._decoder_precision()
-        try:
-            target = self.converted_dir / f"{gguf_cache_key(source, precision)}-decoder"
-            if (target / GRAPH_FILE).is_file():
-                return target
-            # The converter imports `onnx` (about 1.4 s): only a cache miss pays for it.
+
+        def convert(staged: Path) -> None:
             from sie.worker.convert.decoders import convert_gguf
 
+            convert_gguf(source, staged, precision, _convert_progress(on_progress, f"gguf {gguf_file}"))
+
+        return self._converted_decoder(model_id, lambda: gguf_cache_key(source, precision), precision, convert)
+
+    def _converted_decoder(
+        self, model_id: str, cache_key: Callable[[], str], precision: str, convert: Callable[[Path], None]
+    ) -> Path:
+        """The converted decoder directory under `cache_key()`, made by `convert(staged directory)` on a cache miss
+        (which imports the converter and `onnx`, about 1.4 s: only a miss pays for it)."""
+        try:
+            target = self.converted_dir / f"{cache_key()}-decoder"
+            if (target / GRAPH_FILE).is_file():
+                return target
             self.converted_dir.mkdir(parents=True, exist_ok=True)
             logger.info("converting model %s to an ONNX decoder (%s)", model_id, precision,
                         extra=log_fields(event="model_converting", model=model_id, head="decoder"))  # fmt: skip
             started = time.perf_counter()
             with tempfile.TemporaryDirectory(dir=self.converted_dir) as scratch:
                 staged = Path(scratch) / target.name
-                convert_gguf(source, staged, precision, _convert_progress(on_progress, f"gguf {gguf_file}"))
+                convert(staged)
                 _publish_dir(staged, target)
             _log_converted(model_id, target / GRAPH_FILE, time.perf_counter() - started)
             return target

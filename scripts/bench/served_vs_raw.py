@@ -1,0 +1,80 @@
+"""Served throughput against the raw graph, side by side: one `sie run --role all` over a scratch catalogue, 32 wrk
+connections × one text per request to each model's `/v1/encode` route, interleaved per round with the same graph run
+in-process at batch 32 on token ids already made. Shared by `families.py --served` and `decoders.py --served`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+from wrk import run_wrk, wrk_binary
+
+from launcher import serving_all
+
+CONNECTIONS = 32
+WARM_UP_S = 2
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _batch_ms(run: Callable[[], object], repeats: int = 2) -> float:
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        samples.append((time.perf_counter() - started) * 1000.0)
+    return statistics.median(samples)
+
+
+def served_vs_raw(  # noqa: PLR0913 - one run's parts
+    scratch: Path,
+    raw_runs: Mapping[str, Callable[[np.ndarray], object]],
+    text: str,
+    vocabulary: int,
+    tokens: int,
+    rounds: int,
+    seconds: int,
+    env: Mapping[str, str] | None = None,
+) -> None:
+    """Serve `scratch/models` (its models `bench/{name}` for each name of `raw_runs`), and print per model the raw
+    rate (`raw_runs[name](ids)` on a [32, tokens] batch of ids below `vocabulary`), the served rate (`text` per
+    request) and their ratio, medians of `rounds` interleaved rounds of `seconds` measured wrk seconds."""
+    wrk_binary()
+    bodies = [orjson.dumps({"items": [{"text": text}]})]
+    environment = {"SIE_MODELS_DIR": str(scratch / "models"), "SIE_MODEL_CACHE": str(scratch / "cache"),
+                   "SIE_HTTP_SERVER": "uvicorn", **(env or {})}  # fmt: skip
+    rng = np.random.default_rng(1)
+    served: dict[str, list[float]] = {name: [] for name in raw_runs}
+    raw: dict[str, list[float]] = {name: [] for name in raw_runs}
+    preload = ",".join(f"bench/{name}" for name in raw_runs)
+    arguments = ["--bundles-dir", str(REPO / "config" / "bundles"), "--preload", preload]
+    with serving_all(scratch / "server.log", arguments, environment) as url:
+        for name in raw_runs:  # loaded (converted on first use) before anything is timed
+            answer = httpx.post(f"{url}/v1/encode/bench/{name}", content=bodies[0], timeout=600,
+                                headers={"content-type": "application/json"})  # fmt: skip
+            answer.raise_for_status()
+        for round_index in range(rounds):
+            print(f"served round {round_index + 1}/{rounds}", file=sys.stderr)
+            for name, run in raw_runs.items():
+                ids = rng.integers(5, vocabulary, size=(CONNECTIONS, tokens)).astype(np.int64)
+                run(ids)  # warm up
+                raw[name].append(CONNECTIONS * 1000.0 / _batch_ms(lambda run=run, ids=ids: run(ids)))
+                path = f"/v1/encode/bench/{name}"
+                run_wrk(url, path, bodies, CONNECTIONS, WARM_UP_S, 1)
+                stats = run_wrk(url, path, bodies, CONNECTIONS, seconds, 1)
+                if stats.failures:
+                    raise SystemExit(f"{name}: {stats.failures} failed requests; see {scratch / 'server.log'}")
+                served[name].append(stats.items_per_second)
+    print(f"\nserved: `sie run --role all` (uvicorn), {CONNECTIONS} connections x 1 text of {tokens} tokens, against "
+          f"the same graph in-process at batch {CONNECTIONS}; medians of {rounds} interleaved rounds")  # fmt: skip
+    print("| family | raw graph texts/s | served texts/s | served / raw |")
+    print("|---|---|---|---|")
+    for name in raw_runs:
+        raw_rate, served_rate = statistics.median(raw[name]), statistics.median(served[name])
+        print(f"| {name} | {raw_rate:.1f} | {served_rate:.1f} | {served_rate / raw_rate:.2f} |")
