@@ -21,7 +21,7 @@ from sie.wire.queue import GenerateParams
 from sie.worker.convert import convert_decoder_checkpoint, convert_decoder_hidden, convert_gguf
 from sie.worker.errors import ModelLoadError
 from sie.worker.generation.kv_cache import CacheShape, empty_cache, next_cache
-from sie.worker.loading import ModelLoader
+from sie.worker.loading import ModelLoader, graph_bytes
 from sie.worker.session import SessionOptions
 from support import llama_reference
 from support.decoder_checkpoints import (
@@ -472,3 +472,28 @@ def test_a_gpu_loader_converts_float16_weights_and_cache(model_loader: ModelLoad
     with torch.no_grad():
         expected = model.model(torch.from_numpy(ids)).last_hidden_state.numpy()
     assert hidden.dtype == np.float32 and float(np.abs(hidden - expected).max()) <= 3e-2
+
+
+def test_a_checkpoint_over_the_memory_budget_is_refused_before_it_is_converted(
+    model_loader: ModelLoader, tmp_path: Path
+) -> None:
+    save_causal_lm(tmp_path / "model", "qwen3")
+    parameters = 64 * 32 + 2 * (32 * (4 * 12 + 2 * 2 * 12) + 4 * 12 * 32 + 3 * 32 * 48 + 2 * 32 + 2 * 12) + 32
+    small = ModelLoader(model_loader.resolver, tmp_path / "converted", SessionOptions(), memory_budget_bytes=4 * 1024)
+    with pytest.raises(ModelLoadError, match=f"has {parameters:,} parameters: {4 * parameters:,} bytes in float32, "
+                                             "more than this worker's memory budget of 4,096 bytes"):  # fmt: skip
+        small.load(generation_yaml(tmp_path / "model", "qwen3"), "default", "acme/qwen3-chat")
+    assert not (tmp_path / "converted").exists()  # nothing was converted
+    roomy = ModelLoader(model_loader.resolver, tmp_path / "converted", SessionOptions(), memory_budget_bytes=10**9)
+    loaded = roomy.load(generation_yaml(tmp_path / "model", "qwen3"), "default", "acme/qwen3-chat")
+    try:
+        assert loaded.memory_bytes >= 4 * parameters  # the graph's weights are counted
+    finally:
+        loaded.close()
+
+
+def test_graph_bytes_count_an_external_tensor_file(tmp_path: Path) -> None:
+    (tmp_path / "model.onnx").write_bytes(b"x" * 10)
+    assert graph_bytes(tmp_path / "model.onnx") == 10
+    (tmp_path / "model.onnx.data").write_bytes(b"x" * 1000)
+    assert graph_bytes(tmp_path / "model.onnx") == 1010

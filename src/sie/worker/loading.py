@@ -50,6 +50,7 @@ from sie.worker.convert.names import (
     WEIGHTS_FILE,
     WEIGHTS_INDEX_FILE,
 )
+from sie.worker.convert.safetensors_io import checkpoint_parameters
 from sie.worker.errors import ModelLoadError
 from sie.worker.generation.batching_decoder import DecoderLimits
 from sie.worker.session import SessionOptions, create_session
@@ -96,11 +97,14 @@ class ModelLoader:
         converted_dir: Path,
         session_options: SessionOptions,
         generation_limits: DecoderLimits | None = None,
+        memory_budget_bytes: int | None = None,
     ) -> None:
         self.resolver = resolver
         self.converted_dir = Path(converted_dir)
         self.session_options = session_options
         self.generation_limits = generation_limits or DecoderLimits()
+        # A checkpoint whose converted weights alone would exceed it is refused before it is converted.
+        self.memory_budget_bytes = memory_budget_bytes
 
     @classmethod
     def from_settings(cls, worker: WorkerSettings, device: str = "cpu") -> ModelLoader:
@@ -110,7 +114,7 @@ class ModelLoader:
             device, worker.intra_op_threads, worker.inter_op_threads, worker.run_memory_bytes, worker.intra_op_spinning
         )
         limits = DecoderLimits(worker.generation_max_sequences, worker.generation_cache_bytes)
-        return cls(resolver, worker.model_cache / "converted", options, limits)
+        return cls(resolver, worker.model_cache / "converted", options, limits, worker.memory_budget_bytes)
 
     def prepare(
         self, model: ModelConfig, profile: str, model_id: str, on_progress: ProgressCallback | None = None
@@ -163,7 +167,7 @@ class ModelLoader:
             adapter = adapter_class(resolved.adapter_path)(context)
         except ValueError as exc:
             raise ModelLoadError("UNKNOWN", f"Model '{model_id}': {exc}") from exc
-        memory = files.graph.stat().st_size + (files.tokenizer_dir / "tokenizer.json").stat().st_size
+        memory = graph_bytes(files.graph) + (files.tokenizer_dir / "tokenizer.json").stat().st_size
         return LoadedModel(model_id, profile, adapter, tokenizer, memory, files.tokenizer_dir / "tokenizer.json")
 
     @staticmethod
@@ -233,6 +237,22 @@ class ModelLoader:
         except ConversionError as exc:
             raise ModelLoadError("UNKNOWN", f"Model '{model_id}': cannot convert to ONNX: {exc}") from exc
 
+    def _check_fits(self, model_id: str, model_dir: Path, precision: str) -> None:
+        """Refuse, before converting, a checkpoint whose weights in `precision` alone exceed the memory budget."""
+        if self.memory_budget_bytes is None:
+            return
+        try:
+            parameters = checkpoint_parameters(model_dir)
+        except ConversionError as exc:
+            raise ModelLoadError("UNKNOWN", f"Model '{model_id}': cannot read the checkpoint: {exc}") from exc
+        needed = parameters * (2 if precision == "float16" else 4)
+        if needed > self.memory_budget_bytes:
+            raise ModelLoadError(
+                "OOM",
+                f"Model '{model_id}' has {parameters:,} parameters: {needed:,} bytes in {precision}, more than this "
+                f"worker's memory budget of {self.memory_budget_bytes:,} bytes (SIE_WORKER_MEMORY_BUDGET_BYTES)",
+            )
+
     def _decoder_precision(self) -> str:
         """A converted decoder's precision: float16 weights and cache on a GPU, float32 on CPU."""
         return "float32" if self.session_options.device == "cpu" else "float16"
@@ -240,6 +260,7 @@ class ModelLoader:
     def _decoder_checkpoint(self, model_id: str, model_dir: Path) -> Path:
         """The cached conversion of a decoder family's checkpoint into a generation graph and its config.json."""
         precision = self._decoder_precision()
+        self._check_fits(model_id, model_dir, precision)
 
         def convert(staged: Path) -> None:
             from sie.worker.convert.decoders import convert_decoder_checkpoint
@@ -359,6 +380,13 @@ def _log_converted(model_id: str, graph: Path, seconds: float) -> None:
     size = graph.stat().st_size
     fields = log_fields(event="model_converted", model=model_id, seconds=round(seconds, 3), bytes=size)
     logger.info("converted model %s to ONNX in %.2fs (%d bytes)", model_id, seconds, size, extra=fields)
+
+
+def graph_bytes(graph: Path) -> int:
+    """A converted graph's size on disk, its external tensor file (graphs over 2 GiB keep their weights in
+    `model.onnx.data`) included."""
+    data = graph.with_name(graph.name + ".data")
+    return graph.stat().st_size + (data.stat().st_size if data.is_file() else 0)
 
 
 def _tokenizer_config(directory: Path) -> dict:

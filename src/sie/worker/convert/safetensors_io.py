@@ -19,7 +19,7 @@ import numpy as np
 
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.names import TORCH_WEIGHTS_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE
-from sie.worker.convert.torch_zip import TorchTensorEntry, TorchZipFile
+from sie.worker.convert.torch_zip import FLOAT_STORAGES, TorchTensorEntry, TorchZipFile
 
 # The format caps the header at 100 MB; anything larger is a corrupt length prefix.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -167,6 +167,16 @@ class Checkpoint:
         if isinstance(shard, SafetensorsFile):
             return shard.load_rows(name, rows)
         return shard.load(name)[rows]
+
+
+def checkpoint_parameters(model_dir: Path) -> int:
+    """How many floating-point values a checkpoint holds, from its files' headers (no tensor is read)."""
+    checkpoint = Checkpoint(model_dir)
+    return sum(math.prod(entry.shape) for entry in checkpoint.entries.values() if _is_float(entry))
+
+
+def _is_float(entry: TensorEntry | TorchTensorEntry) -> bool:
+    return entry.dtype in (FLOAT_DTYPES if isinstance(entry, TensorEntry) else FLOAT_STORAGES)
 
 
 def decode_float(raw: bytes, dtype: str) -> np.ndarray:
