@@ -447,8 +447,8 @@ def test_a_decoder_reranker_scores_as_its_model_card_computes(
 
 def test_a_gpu_loader_converts_float16_weights_and_cache(model_loader: ModelLoader, tmp_path: Path) -> None:
     """A loader for a CUDA device converts a checkpoint into float16 graphs (weights, products and cache; norms,
-    softmax and logits in float32); onnxruntime's CPU provider runs them too, so they are checked here against
-    transformers in float32 within float16's precision."""
+    softmax and logits in float32) unless the profile's compute_precision is float32; onnxruntime's CPU provider
+    runs them too, so they are checked here against transformers in float32 within float16's precision."""
     import torch
 
     model = save_causal_lm(tmp_path / "model", "qwen3")
@@ -472,6 +472,14 @@ def test_a_gpu_loader_converts_float16_weights_and_cache(model_loader: ModelLoad
     with torch.no_grad():
         expected = model.model(torch.from_numpy(ids)).last_hidden_state.numpy()
     assert hidden.dtype == np.float32 and float(np.abs(hidden - expected).max()) <= 3e-2
+    # a profile whose compute_precision is float32 keeps float32 on the GPU too
+    exact = parse_model_config(
+        {"sie_id": "acme/qwen3-exact", "weights_path": str(tmp_path / "model"), "tasks": {"generate": {}},
+         "profiles": {"default": {"adapter_path": "sie.adapters.causal_lm:OnnxCausalLMAdapter",
+                                  "max_batch_tokens": 1024, "compute_precision": "float32"}}}
+    )  # fmt: skip
+    exact_files = gpu_loader.prepare(exact, "default", exact.sie_id)
+    assert json.loads((exact_files.model_dir / "config.json").read_text())["torch_dtype"] == "float32"
 
 
 def test_a_checkpoint_over_the_memory_budget_is_refused_before_it_is_converted(

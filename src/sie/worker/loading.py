@@ -126,7 +126,8 @@ class ModelLoader:
         if gguf_file:
             # A GGUF decoder converts to a directory holding the graph, tokenizer and config.json; which adapter
             # serves it does not change the conversion, so it is not looked up here.
-            decoder = self._decoder(model_id, self._fetch(artifacts.model, on_progress), str(gguf_file), on_progress)
+            model_dir = self._fetch(artifacts.model, on_progress)
+            decoder = self._decoder(model_id, model_dir, str(gguf_file), self._decoder_precision(resolved), on_progress)
             return PreparedFiles(decoder / GRAPH_FILE, decoder, decoder)
         adapter_type = adapter_class(resolved.adapter_path)
         model_dir = self._fetch(artifacts.model, on_progress)
@@ -134,10 +135,10 @@ class ModelLoader:
         if issubclass(adapter_type, CausalLMAdapter):
             # The converted directory holds the graph and the config.json the adapter reads; the tokenizer and its
             # chat template stay with the checkpoint.
-            decoder = self._decoder_checkpoint(model_id, model_dir)
+            decoder = self._decoder_checkpoint(model_id, model_dir, self._decoder_precision(resolved))
             return PreparedFiles(decoder / GRAPH_FILE, tokenizer_dir, decoder)
         head = resolved.loadtime_options.get("onnx_head") or conversion_head(adapter_type, model_dir)
-        graph = self._graph(model_id, model_dir, artifacts.onnx_file, str(head))
+        graph = self._graph(model_id, model_dir, artifacts.onnx_file, str(head), self._decoder_precision(resolved))
         return PreparedFiles(graph, tokenizer_dir, model_dir)
 
     def load(
@@ -183,8 +184,9 @@ class ModelLoader:
         except ArtifactError as exc:
             raise ModelLoadError(str(exc.error_class), str(exc)) from exc
 
-    def _graph(self, model_id: str, model_dir: Path, onnx_file: str | None, head: str) -> Path:
-        """The ONNX graph: the named file, a shipped `model.onnx`, or a cached conversion of the safetensors."""
+    def _graph(self, model_id: str, model_dir: Path, onnx_file: str | None, head: str, precision: str) -> Path:
+        """The ONNX graph: the named file, a shipped `model.onnx`, or a cached conversion of the safetensors (a
+        decoder's in `precision`; encoders convert to float32)."""
         if onnx_file:
             path = model_dir / onnx_file
             if not path.is_file():
@@ -199,16 +201,17 @@ class ModelLoader:
                 f"Model '{model_id}': no ONNX graph, no {WEIGHTS_FILE}, no {WEIGHTS_INDEX_FILE} and no "
                 f"{TORCH_WEIGHTS_FILE} in {model_dir}",
             )
-        return self._convert(model_id, model_dir, head)
+        return self._convert(model_id, model_dir, head, precision)
 
-    def _convert(self, model_id: str, model_dir: Path, head: str) -> Path:
+    def _convert(self, model_id: str, model_dir: Path, head: str, decoder_precision: str) -> Path:
         decoder = _read_json(model_dir / CONFIG_FILE).get("model_type") in DECODER_MODEL_TYPES
         if decoder and head != "none":
             raise ModelLoadError(
                 "UNKNOWN",
                 f"Model '{model_id}': a decoder checkpoint converts to its hidden states, not a {head!r} head",
             )
-        precision = self._decoder_precision()
+        precision = decoder_precision if decoder else "float32"
+        self._check_fits(model_id, model_dir, precision)
         try:
             key = (
                 decoder_cache_key(model_dir, "hidden", precision) if decoder else conversion_cache_key(model_dir, head)
@@ -253,13 +256,16 @@ class ModelLoader:
                 f"worker's memory budget of {self.memory_budget_bytes:,} bytes (SIE_WORKER_MEMORY_BUDGET_BYTES)",
             )
 
-    def _decoder_precision(self) -> str:
-        """A converted decoder's precision: float16 weights and cache on a GPU, float32 on CPU."""
-        return "float32" if self.session_options.device == "cpu" else "float16"
+    def _decoder_precision(self, profile: Profile) -> str:
+        """A converted decoder's precision: float32 on CPU; on a GPU float16 weights, products and cache (norms,
+        softmax and logits stay float32), unless the profile's `compute_precision` asks for float32. `bfloat16`
+        profiles get the float16 graph."""
+        if self.session_options.device == "cpu" or profile.compute_precision == "float32":
+            return "float32"
+        return "float16"
 
-    def _decoder_checkpoint(self, model_id: str, model_dir: Path) -> Path:
+    def _decoder_checkpoint(self, model_id: str, model_dir: Path, precision: str) -> Path:
         """The cached conversion of a decoder family's checkpoint into a generation graph and its config.json."""
-        precision = self._decoder_precision()
         self._check_fits(model_id, model_dir, precision)
 
         def convert(staged: Path) -> None:
@@ -270,12 +276,13 @@ class ModelLoader:
         return self._converted_decoder(model_id, lambda: decoder_cache_key(model_dir, "generate", precision),
                                        precision, convert)  # fmt: skip
 
-    def _decoder(self, model_id: str, model_dir: Path, gguf_file: str, on_progress: ProgressCallback | None) -> Path:
-        """The cached conversion of a GGUF decoder (`_decoder_precision`)."""
+    def _decoder(
+        self, model_id: str, model_dir: Path, gguf_file: str, precision: str, on_progress: ProgressCallback | None
+    ) -> Path:
+        """The cached conversion of a GGUF decoder in `precision`."""
         source = model_dir / gguf_file
         if not source.is_file():
             raise ModelLoadError("NOT_FOUND", f"Model '{model_id}': GGUF file {gguf_file!r} not in {model_dir}")
-        precision = self._decoder_precision()
 
         def convert(staged: Path) -> None:
             from sie.worker.convert.decoders import convert_gguf
