@@ -19,6 +19,7 @@ import pytest
 from sie.catalog import parse_model_config
 from sie.wire.queue import GenerateParams
 from sie.worker.convert import convert_decoder_checkpoint, convert_decoder_hidden, convert_gguf
+from sie.worker.convert.cache_keys import decoder_cache_key
 from sie.worker.errors import ModelLoadError
 from sie.worker.generation.kv_cache import CacheShape, empty_cache, next_cache
 from sie.worker.loading import ModelLoader, graph_bytes
@@ -505,3 +506,21 @@ def test_graph_bytes_count_an_external_tensor_file(tmp_path: Path) -> None:
     assert graph_bytes(tmp_path / "model.onnx") == 10
     (tmp_path / "model.onnx.data").write_bytes(b"x" * 1000)
     assert graph_bytes(tmp_path / "model.onnx") == 1010
+
+
+@pytest.mark.parametrize(
+    ("requested", "expected"), [(None, "float32"), ("bfloat16", "float32"), ("float16", "float16")]
+)
+def test_gemma_stays_float32_on_a_gpu_unless_a_profile_names_float16(
+    requested: str | None, expected: str, model_loader: ModelLoader, tmp_path: Path
+) -> None:
+    """Gemma 3's activations overflow float16 (its model cards allow float32 or bfloat16)."""
+    save_base_model(tmp_path / "model", "gemma3")
+    profile = {"adapter_path": SENTENCE_TRANSFORMER, "max_batch_tokens": 1024, "compute_precision": requested}
+    model = parse_model_config(
+        {"sie_id": "acme/gemma-embed", "weights_path": str(tmp_path / "model"),
+         "tasks": {"encode": {"dense": {"dim": 32}}}, "profiles": {"default": profile}}
+    )  # fmt: skip
+    gpu_loader = ModelLoader(model_loader.resolver, tmp_path / "converted", SessionOptions(device="cuda:0"))
+    graph = gpu_loader.prepare(model, "default", model.sie_id).graph
+    assert graph.name == f"{decoder_cache_key(tmp_path / 'model', 'hidden', expected)}.onnx"

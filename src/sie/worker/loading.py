@@ -43,6 +43,7 @@ from sie.worker.convert.names import (
     CHAT_TEMPLATE_FILE,
     CONFIG_FILE,
     DECODER_MODEL_TYPES,
+    FLOAT16_UNSAFE_MODEL_TYPES,
     GRAPH_FILE,
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
@@ -127,7 +128,8 @@ class ModelLoader:
             # A GGUF decoder converts to a directory holding the graph, tokenizer and config.json; which adapter
             # serves it does not change the conversion, so it is not looked up here.
             model_dir = self._fetch(artifacts.model, on_progress)
-            decoder = self._decoder(model_id, model_dir, str(gguf_file), self._decoder_precision(resolved), on_progress)
+            precision = self._decoder_precision(resolved, None)
+            decoder = self._decoder(model_id, model_dir, str(gguf_file), precision, on_progress)
             return PreparedFiles(decoder / GRAPH_FILE, decoder, decoder)
         adapter_type = adapter_class(resolved.adapter_path)
         model_dir = self._fetch(artifacts.model, on_progress)
@@ -135,10 +137,11 @@ class ModelLoader:
         if issubclass(adapter_type, CausalLMAdapter):
             # The converted directory holds the graph and the config.json the adapter reads; the tokenizer and its
             # chat template stay with the checkpoint.
-            decoder = self._decoder_checkpoint(model_id, model_dir, self._decoder_precision(resolved))
+            decoder = self._decoder_checkpoint(model_id, model_dir, self._decoder_precision(resolved, model_dir))
             return PreparedFiles(decoder / GRAPH_FILE, tokenizer_dir, decoder)
         head = resolved.loadtime_options.get("onnx_head") or conversion_head(adapter_type, model_dir)
-        graph = self._graph(model_id, model_dir, artifacts.onnx_file, str(head), self._decoder_precision(resolved))
+        precision = self._decoder_precision(resolved, model_dir)
+        graph = self._graph(model_id, model_dir, artifacts.onnx_file, str(head), precision)
         return PreparedFiles(graph, tokenizer_dir, model_dir)
 
     def load(
@@ -256,13 +259,18 @@ class ModelLoader:
                 f"worker's memory budget of {self.memory_budget_bytes:,} bytes (SIE_WORKER_MEMORY_BUDGET_BYTES)",
             )
 
-    def _decoder_precision(self, profile: Profile) -> str:
+    def _decoder_precision(self, profile: Profile, model_dir: Path | None) -> str:
         """A converted decoder's precision: float32 on CPU; on a GPU float16 weights, products and cache (norms,
-        softmax and logits stay float32), unless the profile's `compute_precision` asks for float32. `bfloat16`
-        profiles get the float16 graph."""
-        if self.session_options.device == "cpu" or profile.compute_precision == "float32":
+        softmax and logits stay float32), unless the profile's `compute_precision` asks for float32. `bfloat16` or
+        unset profiles get the float16 graph, but for a family whose activations overflow float16 (the checkpoint's
+        config.json in `model_dir` says which), which stays float32 unless the profile names float16."""
+        requested = profile.compute_precision
+        if self.session_options.device == "cpu" or requested == "float32":
             return "float32"
-        return "float16"
+        unsafe = model_dir is not None and _read_json(model_dir / CONFIG_FILE).get("model_type") in (
+            FLOAT16_UNSAFE_MODEL_TYPES
+        )
+        return "float32" if unsafe and requested != "float16" else "float16"
 
     def _decoder_checkpoint(self, model_id: str, model_dir: Path, precision: str) -> Path:
         """The cached conversion of a decoder family's checkpoint into a generation graph and its config.json."""

@@ -20,6 +20,9 @@ CHAT_TEMPLATE_FILE: Final = "chat_template.jinja"  # where transformers 5 saves 
 
 # The `model_type`s of the decoder families converted from a checkpoint (`decoder_families`).
 DECODER_MODEL_TYPES: Final = frozenset({"llama", "mistral", "qwen2", "qwen3", "granite", "gemma3_text"})
+# Families whose activations overflow float16 (Gemma 3's model cards: float32 or bfloat16 only): on a GPU they convert
+# to float32 unless a profile asks for float16 by name.
+FLOAT16_UNSAFE_MODEL_TYPES: Final = frozenset({"gemma3_text"})
 
 INPUT_IDS: Final = "input_ids"
 ATTENTION_MASK: Final = "attention_mask"
