@@ -26,8 +26,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +38,7 @@ sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "scripts" / "bench"))
-from served_vs_raw import CONNECTIONS, served_vs_raw  # noqa: E402
+from served_vs_raw import CONNECTIONS, served_vs_raw, timed  # noqa: E402
 
 from sie.catalog import dump_yaml  # noqa: E402
 from sie.worker.convert import convert_decoder_checkpoint, convert_decoder_hidden  # noqa: E402
@@ -66,16 +64,6 @@ def sized_model(family: str, layers: int) -> torch.nn.Module:
         config.sliding_window = 4096  # longer than the bench's sequences: the mask is built, nothing is cut
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(config).eval()
-
-
-def timed(run: Callable[[], object], repeats: int) -> float:
-    """Median milliseconds of `repeats` calls."""
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        samples.append((time.perf_counter() - started) * 1000.0)
-    return statistics.median(samples)
 
 
 class Ours:

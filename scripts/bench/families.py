@@ -21,7 +21,6 @@ import functools
 import statistics
 import sys
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -36,7 +35,7 @@ sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "scripts" / "bench"))
-from served_vs_raw import CONNECTIONS, served_vs_raw  # noqa: E402
+from served_vs_raw import CONNECTIONS, served_vs_raw, timed  # noqa: E402
 
 from sie.catalog import dump_yaml  # noqa: E402
 from sie.worker.convert import convert_encoder  # noqa: E402
@@ -63,16 +62,6 @@ def sized_config(family: str) -> transformers.PretrainedConfig:
     if family == "electra":
         config.embedding_size = 128
     return config
-
-
-def timed(run, repeats: int) -> float:  # noqa: ANN001
-    """Median milliseconds of `repeats` calls."""
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        samples.append((time.perf_counter() - started) * 1000.0)
-    return statistics.median(samples)
 
 
 def fused_ops(path: Path, threads: int) -> str:

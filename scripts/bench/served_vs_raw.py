@@ -1,6 +1,7 @@
 """Served throughput against the raw graph, side by side: one `sie run --role all` over a scratch catalogue, 32 wrk
 connections × one text per request to each model's `/v1/encode` route, interleaved per round with the same graph run
-in-process at batch 32 on token ids already made. Shared by `families.py --served` and `decoders.py --served`.
+in-process at batch 32 on token ids already made. Shared by `families.py --served` and `decoders.py --served`, as
+is `timed`, the median of a few timed calls.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ WARM_UP_S = 2
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _batch_ms(run: Callable[[], object], repeats: int = 2) -> float:
+def timed(run: Callable[[], object], repeats: int) -> float:
+    """Median milliseconds of `repeats` calls."""
     samples = []
     for _ in range(repeats):
         started = time.perf_counter()
@@ -64,7 +66,7 @@ def served_vs_raw(  # noqa: PLR0913 - one run's parts
             for name, run in raw_runs.items():
                 ids = rng.integers(5, vocabulary, size=(CONNECTIONS, tokens)).astype(np.int64)
                 run(ids)  # warm up
-                raw[name].append(CONNECTIONS * 1000.0 / _batch_ms(lambda run=run, ids=ids: run(ids)))
+                raw[name].append(CONNECTIONS * 1000.0 / timed(lambda run=run, ids=ids: run(ids), 2))
                 path = f"/v1/encode/bench/{name}"
                 run_wrk(url, path, bodies, CONNECTIONS, WARM_UP_S, 1)
                 stats = run_wrk(url, path, bodies, CONNECTIONS, seconds, 1)
