@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import pytest
+from tokenizers import AddedToken, Tokenizer
 
 from sie.catalog import parse_model_config
 from sie.wire.queue import GenerateParams
@@ -26,6 +27,7 @@ from sie.worker.loading import ModelLoader, graph_bytes
 from sie.worker.session import SessionOptions
 from support import llama_reference
 from support.decoder_checkpoints import (
+    COMMON,
     FAMILIES,
     VOCAB,
     family_config,
@@ -524,3 +526,86 @@ def test_gemma_stays_float32_on_a_gpu_unless_a_profile_names_float16(
     gpu_loader = ModelLoader(model_loader.resolver, tmp_path / "converted", SessionOptions(device="cuda:0"))
     graph = gpu_loader.prepare(model, "default", model.sie_id).graph
     assert graph.name == f"{decoder_cache_key(tmp_path / 'model', 'hidden', expected)}.onnx"
+
+
+# llama.cpp's tensor names for the qwen architectures (convert_hf_to_gguf's mapping; q and k are not permuted)
+GGUF_LAYER = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+              "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+              "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+              "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
+              "self_attn.v_proj.bias": "attn_v.bias", "self_attn.q_norm.weight": "attn_q_norm.weight",
+              "self_attn.k_norm.weight": "attn_k_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+              "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}  # fmt: skip
+
+
+def write_qwen_gguf(model: Any, architecture: str, path: Path) -> Path:
+    """`model` (a transformers Qwen2/Qwen3 causal LM over llama_reference's byte-level vocabulary) as llama.cpp
+    writes it: its numbers under `{architecture}.*`, the vocabulary with the `qwen2` pre-tokenizer, the tensors."""
+    import gguf
+
+    config = model.config
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(
+        config.head_dim if architecture == "qwen3" else config.hidden_size // config.num_attention_heads
+    )
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    tokens = llama_reference.vocabulary()
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if token in llama_reference.SPECIALS else 1 for token in tokens])
+    writer.add_token_merges(list(llama_reference.MERGES))
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(False)
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        if name.startswith("model.layers."):
+            index, rest = name.removeprefix("model.layers.").split(".", 1)
+            stored = f"blk.{index}.{GGUF_LAYER[rest]}"
+        else:
+            stored = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                      "lm_head.weight": "output.weight"}[name]  # fmt: skip
+        writer.add_tensor(stored, tensor.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_a_qwen_gguf_converts_to_the_checkpoints_decoder_and_tokenizer(family: str, tmp_path: Path) -> None:
+    import transformers
+
+    base = {**COMMON, "vocab_size": llama_reference.VOCAB}
+    config = transformers.Qwen2Config(**base) if family == "qwen2" else transformers.Qwen3Config(**base, head_dim=12)
+    model = random_causal_lm(family, config=config)
+    model.save_pretrained(tmp_path / "checkpoint")
+    from_gguf = convert_gguf(write_qwen_gguf(model, family, tmp_path / "tiny.gguf"), tmp_path / "from-gguf")
+    from_checkpoint = convert_decoder_checkpoint(tmp_path / "checkpoint", tmp_path / "from-checkpoint")
+    shape = CacheShape.from_config(json.loads((from_gguf.directory / "config.json").read_text()))
+    prompts = [[5, 6, 7, 8, 9], [10, 11]]
+    for (seen, ours), (_, theirs) in zip(
+        run_generation_graph(session(from_gguf.graph), shape, prompts, 3),
+        run_generation_graph(session(from_checkpoint.graph), shape, prompts, 3),
+        strict=True,
+    ):
+        assert float(np.abs(ours - theirs).max()) <= 1e-5
+        assert float(np.abs(ours[1] - reference_logits(model, seen[1])).max()) <= TOLERANCE
+    # the rebuilt tokenizer splits as transformers' Qwen2 tokenizer does over the same vocabulary and merges
+    tokens = llama_reference.vocabulary()
+    reference = transformers.Qwen2Tokenizer(vocab={token: index for index, token in enumerate(tokens)},
+                                            merges=[tuple(m.split(" ")) for m in llama_reference.MERGES])  # fmt: skip
+    reference.add_tokens([AddedToken(token, special=True) for token in llama_reference.SPECIALS])
+    rebuilt = Tokenizer.from_file(str(from_gguf.directory / "tokenizer.json"))
+    for text in ["the cat in a hat", "Year 2025: 12345 apples!", "line one\n\n  line two\tend", "café ｃafé e\u0301",
+                 "it's we'll THEY'VE", "<|im_start|>user hi<|im_end|>"]:  # fmt: skip
+        assert rebuilt.encode(text).ids == reference(text)["input_ids"], text

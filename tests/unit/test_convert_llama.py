@@ -21,7 +21,7 @@ from sie.worker.convert import (
     convert_gguf,
     gguf_cache_key,
 )
-from sie.worker.convert.llama import unpermute_rows
+from sie.worker.convert.gguf_decoders import unpermute_rows
 from sie.worker.generation.greedy_loop import greedy_decode
 from sie.worker.generation.kv_cache import CacheShape, empty_cache, next_cache
 from support.llama_reference import (

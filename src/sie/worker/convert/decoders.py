@@ -1,13 +1,13 @@
-"""The decoder entry points. `convert_gguf`: one llama GGUF file in, one directory out holding the decoder graph
-with its key/value cache (`model.onnx`), the rebuilt tokenizer (`tokenizer.json`, `tokenizer_config.json` with the
-chat template) and the `config.json` the causal-LM adapter reads. `convert_decoder_checkpoint`: a transformers
-checkpoint of a decoder family (`decoder_families`) in, the same directory out but for the tokenizer, which stays
-with the checkpoint. `convert_decoder_hidden`: the same checkpoint to one graph of its last hidden states, which
-the embedding and reranker adapters pool. Their cache keys and versions are in `cache_keys`.
+"""The decoder entry points. `convert_gguf`: one GGUF file (llama, qwen2, qwen3) in, one directory out holding the
+decoder graph with its key/value cache (`model.onnx`), the rebuilt tokenizer (`tokenizer.json`, `tokenizer_config.json`
+with the chat template) and the `config.json` the causal-LM adapter reads. `convert_decoder_checkpoint`: a
+transformers checkpoint of a decoder family (`decoder_families`) in, the same directory out but for the tokenizer,
+which stays with the checkpoint. `convert_decoder_hidden`: the same checkpoint to one graph of its last hidden
+states, which the embedding and reranker adapters pool. Their cache keys and versions are in `cache_keys`.
 
-They wire a source's config and weights (`llama.py` for GGUF, `decoder_families.py` for checkpoints) to the decoder
-graph (`decoder_graph.py`). Like `convert_encoder` they need only `onnx`, numpy, `tokenizers` and the pure-Python
-`gguf` reader: never torch, llama.cpp or onnxruntime (the caller loads the result).
+They wire a source's config and weights (`gguf_decoders.py` for GGUF, `decoder_families.py` for checkpoints) to the
+decoder graph (`decoder_graph.py`). Like `convert_encoder` they need only `onnx`, numpy, `tokenizers` and the
+pure-Python `gguf` reader: never torch, llama.cpp or onnxruntime (the caller loads the result).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from sie.worker.convert.decoder_graph import (
     precision_named,
 )
 from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.gguf_decoders import gguf_config, gguf_weights
 from sie.worker.convert.gguf_io import GgufFile
 from sie.worker.convert.gguf_tokenizer import gguf_tokenizer
 from sie.worker.convert.graph_builder import GraphBuilder, save_graph
-from sie.worker.convert.llama import gguf_weights, llama_config
 from sie.worker.convert.names import CONFIG_FILE, GENERATION_CONFIG_FILE, GRAPH_FILE
 from sie.worker.convert.safetensors_io import Checkpoint, read_json
 
@@ -61,7 +61,7 @@ def convert_gguf(
     chosen = precision_named(precision)
     out_dir = Path(out_dir)
     gguf = GgufFile(gguf_path, on_read=on_progress)
-    config = llama_config(gguf)
+    config = gguf_config(gguf)
     tokenizer = gguf_tokenizer(gguf, config.max_position_embeddings)
     _write_graph(config, gguf_weights(gguf, config), chosen, DecoderShape.GENERATE, out_dir / GRAPH_FILE)
     tokenizer.save(out_dir)

@@ -3,7 +3,8 @@
 special tokens and keeps the chat template for the causal-LM adapter.
 
 Only GPT-2 style byte-level BPE (`tokenizer.ggml.model = gpt2`) is rebuilt, with the pre-tokenizers whose
-splitting rules `tokenizers` spells exactly; anything else is a ConversionError, never an approximate tokenizer.
+splitting rules `tokenizers` spells exactly (GPT-2's, StarCoder's digits first, Qwen2's); anything else is a
+ConversionError, never an approximate tokenizer.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import attrs
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.gguf_io import GgufFile
@@ -27,6 +28,10 @@ TOKEN_TYPE_USER_DEFINED: Final = 4
 # one for the StarCoder family (SmolLM's tokenizer.json: Digits(individual_digits) then ByteLevel).
 _GPT2_PRE: Final = frozenset({"default", "gpt-2", "gpt2"})
 _DIGITS_THEN_GPT2_PRE: Final = frozenset({"smollm", "starcoder", "refact", "codeshell"})
+# Qwen2's split (its tokenizer.json): GPT-4's regex with digits one by one, after NFC normalisation.
+QWEN2_PATTERN: Final = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _SPECIAL_ROLES: Final = ("bos", "eos", "unknown", "padding")
 
 
@@ -89,7 +94,10 @@ def gguf_tokenizer(gguf: GgufFile, model_max_length: int) -> GgufTokenizer:
         byte_fallback=False,
     )
     tokenizer = Tokenizer(bpe)
-    tokenizer.pre_tokenizer = _pre_tokenizer(str(gguf.value("tokenizer.ggml.pre", "default")), source)
+    pre = str(gguf.value("tokenizer.ggml.pre", "default"))
+    if pre == "qwen2":
+        tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = _pre_tokenizer(pre, source)
     tokenizer.decoder = decoders.ByteLevel()
     add_bos = bool(gguf.value("tokenizer.ggml.add_bos_token", False))
     tokenizer.post_processor = _post_processor(add_bos, special_ids["bos"], tokens)
@@ -124,7 +132,10 @@ def _pre_tokenizer(name: str, source: str) -> pre_tokenizers.PreTokenizer:
         return byte_level
     if name in _DIGITS_THEN_GPT2_PRE:
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    known = sorted(_GPT2_PRE | _DIGITS_THEN_GPT2_PRE)
+    if name == "qwen2":
+        split = pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False)
+        return pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    known = sorted(_GPT2_PRE | _DIGITS_THEN_GPT2_PRE | {"qwen2"})
     raise ConversionError(f"pre-tokenizer {name!r} is not supported; known: {known}", source=source)
 
 
