@@ -1,6 +1,6 @@
 """The encoder entry point, `convert_encoder`: one checkpoint directory of an encoder family (the BERT-like ones of
-`families.py`, ModernBERT of `modernbert.py`, GTE and NomicBERT of `rotary_glu.py`) in, one ONNX file out with the
-head asked for. Its cache key and version are in `cache_keys`.
+`families.py`, ModernBERT of `modernbert.py`, GTE and NomicBERT of `rotary_glu.py`, DeBERTa-v2/v3 of `deberta.py`)
+in, one ONNX file out with the head asked for. Its cache key and version are in `cache_keys`.
 
 It wires a family's config, weights and encoder graph (`encoder_graph.py`) to a head (`heads.py`) and writes the
 file atomically. It needs only `onnx` and numpy: never torch, and never onnxruntime (the caller loads the result).
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import attrs
 
+from sie.worker.convert.deberta import DebertaConfig, build_deberta, parse_deberta_config
 from sie.worker.convert.encoder_graph import EncoderWeights, build_encoder, graph_inputs
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import EncoderConfig, parse_encoder_config, read_config_json
@@ -46,9 +47,11 @@ def convert_encoder(model_dir: Path, out_path: Path, head: str) -> ConversionRes
     model_dir, out_path = Path(model_dir), Path(out_path)
     config_path = model_dir / CONFIG_FILE
     raw = read_config_json(config_path)
-    config: EncoderConfig | ModernBertConfig | RotaryGluConfig
+    config: EncoderConfig | ModernBertConfig | RotaryGluConfig | DebertaConfig
     if raw.get("model_type") == "modernbert":
         config = parse_modernbert_config(raw, str(config_path))
+    elif raw.get("model_type") == "deberta-v2":
+        config = parse_deberta_config(raw, str(config_path))
     elif raw.get("model_type") in ROTARY_GLU_MODEL_TYPES:
         config = parse_rotary_glu_config(raw, str(config_path))
     else:
@@ -57,6 +60,8 @@ def convert_encoder(model_dir: Path, out_path: Path, head: str) -> ConversionRes
     builder = GraphBuilder()
     if isinstance(config, ModernBertConfig):
         encoder = build_modernbert(builder, config, weights)
+    elif isinstance(config, DebertaConfig):
+        encoder = build_deberta(builder, config, weights)
     elif isinstance(config, RotaryGluConfig):
         encoder = build_rotary_glu(builder, config, weights)
     else:
