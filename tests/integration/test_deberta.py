@@ -80,3 +80,33 @@ def test_what_the_graph_does_not_build_is_named(change: dict, message: str, tmp_
     (tmp_path / "model" / "config.json").write_text(json.dumps(config | change))
     with pytest.raises(ConversionError, match=message):
         convert_encoder(tmp_path / "model", tmp_path / "model.onnx", "none")
+
+
+def test_a_sequence_classifier_equals_transformers(tmp_path: Path) -> None:
+    """DebertaV2ForSequenceClassification (the NLI and cross-encoder shape): the context pooler (dense + GELU on the
+    first token) and the classifier, three labels."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.DebertaV2Config(**BASE, **VARIANTS["log-buckets"], num_labels=3)
+    model = transformers.DebertaV2ForSequenceClassification(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.2)
+    model.save_pretrained(tmp_path / "model")
+    result = convert_encoder(tmp_path / "model", tmp_path / "model.onnx", "seq-cls")
+    assert result.output_names == ("logits",) and len(result.labels) == 3
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    ids = np.zeros((len(LENGTHS), max(LENGTHS)), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, length in enumerate(LENGTHS):
+        ids[row, :length] = rng.integers(1, BASE["vocab_size"], length)
+        mask[row, :length] = 1
+    feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    (logits,) = session.run(None, {node.name: feeds[node.name] for node in session.get_inputs()})
+    for row, length in enumerate(LENGTHS):
+        with torch.no_grad():
+            expected = model(torch.from_numpy(ids[row : row + 1, :length])).logits[0].numpy()
+        assert float(np.abs(logits[row] - expected).max()) <= 1e-4

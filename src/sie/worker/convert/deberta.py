@@ -63,23 +63,7 @@ class DebertaConfig(EncoderShape):
 
 def parse_deberta_config(raw: dict[str, Any], source: str) -> DebertaConfig:
     numbers = shape_numbers(raw, source)
-    if raw.get("hidden_act", "gelu") != "gelu":
-        raise ConversionError(f"hidden_act {raw.get('hidden_act')!r} is not supported (only erf 'gelu')", source=source)
-    if not raw.get("relative_attention", False):
-        raise ConversionError("a DeBERTa without relative_attention is not supported", source=source)
-    if not raw.get("share_att_key", False):
-        raise ConversionError("a DeBERTa whose attention keys are not shared (share_att_key) is not supported",
-                              source=source)  # fmt: skip
-    if raw.get("conv_kernel_size", 0):
-        raise ConversionError("DeBERTa's convolution layer (conv_kernel_size) is not supported", source=source)
-    pos_att_type = raw.get("pos_att_type") or []
-    if isinstance(pos_att_type, str):
-        pos_att_type = [part.strip() for part in pos_att_type.lower().split("|")]
-    if sorted(pos_att_type) != ["c2p", "p2c"]:
-        raise ConversionError(f"pos_att_type {pos_att_type!r} is not supported; expected c2p and p2c", source=source)
-    if "layer_norm" not in [part.strip() for part in str(raw.get("norm_rel_ebd", "none")).lower().split("|")]:
-        raise ConversionError("relative embeddings without their LayerNorm (norm_rel_ebd) are not supported",
-                              source=source)  # fmt: skip
+    _check_built(raw, numbers["hidden_size"], source)
     max_relative = raw.get("max_relative_positions", -1)
     if not isinstance(max_relative, int) or max_relative < 1:
         max_relative = numbers["max_position_embeddings"]
@@ -95,6 +79,30 @@ def parse_deberta_config(raw: dict[str, Any], source: str) -> DebertaConfig:
         layer_norm_eps=float(raw.get("layer_norm_eps", 1e-7)),
         labels=labels_of(raw.get("id2label"), source),
     )
+
+
+def _check_built(raw: dict[str, Any], hidden: int, source: str) -> None:
+    """ConversionError naming the first option this graph does not build."""
+    for key in ("hidden_act", "pooler_hidden_act"):
+        if raw.get(key, "gelu") != "gelu":
+            raise ConversionError(f"{key} {raw.get(key)!r} is not supported (only erf 'gelu')", source=source)
+    if raw.get("pooler_hidden_size", hidden) != hidden:
+        raise ConversionError("a pooler narrower or wider than the hidden size is not supported", source=source)
+    if not raw.get("relative_attention", False):
+        raise ConversionError("a DeBERTa without relative_attention is not supported", source=source)
+    if not raw.get("share_att_key", False):
+        raise ConversionError("a DeBERTa whose attention keys are not shared (share_att_key) is not supported",
+                              source=source)  # fmt: skip
+    if raw.get("conv_kernel_size", 0):
+        raise ConversionError("DeBERTa's convolution layer (conv_kernel_size) is not supported", source=source)
+    pos_att_type = raw.get("pos_att_type") or []
+    if isinstance(pos_att_type, str):
+        pos_att_type = [part.strip() for part in pos_att_type.lower().split("|")]
+    if sorted(pos_att_type) != ["c2p", "p2c"]:
+        raise ConversionError(f"pos_att_type {pos_att_type!r} is not supported; expected c2p and p2c", source=source)
+    if "layer_norm" not in [part.strip() for part in str(raw.get("norm_rel_ebd", "none")).lower().split("|")]:
+        raise ConversionError("relative embeddings without their LayerNorm (norm_rel_ebd) are not supported",
+                              source=source)  # fmt: skip
 
 
 def relative_buckets(config: DebertaConfig) -> np.ndarray:

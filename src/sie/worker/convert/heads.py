@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from sie.worker.convert.deberta import DebertaConfig
 from sie.worker.convert.encoder_graph import (
     BATCH,
     SEQUENCE,
@@ -41,7 +42,7 @@ class HeadContext:
     """Everything a head builder needs: the graph so far, the checkpoint and the encoder's tensors."""
 
     builder: GraphBuilder
-    config: EncoderConfig | ModernBertConfig | RotaryGluConfig
+    config: EncoderConfig | ModernBertConfig | RotaryGluConfig | DebertaConfig
     weights: EncoderWeights
     encoder: EncoderOutput
 
@@ -113,6 +114,12 @@ def _build_seq_cls(ctx: HeadContext) -> list[onnx.ValueInfoProto]:
         labels = _num_labels(ctx)
         pooled = linear(b, first, ctx.weights.base_linear("pooler.dense", width, width), "pooler.dense")
         pooled = b.op("Tanh", [pooled], "pooler.tanh")
+        linear(b, pooled, ctx.weights.linear("classifier", width, labels), "classifier", output="logits")
+    elif kind == "deberta":  # DeBERTa: the context pooler (`pooler.dense`, GELU), then `classifier`
+        labels = _num_labels(ctx)
+        pooled = gelu(
+            b, linear(b, first, ctx.weights.linear("pooler.dense", width, width), "pooler.dense"), "pooler.gelu"
+        )
         linear(b, pooled, ctx.weights.linear("classifier", width, labels), "classifier", output="logits")
     elif kind == "relu":  # DistilBERT: `pre_classifier`, relu, `classifier`
         labels = _num_labels(ctx)
