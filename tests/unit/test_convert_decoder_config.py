@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from sie.worker.convert import ConversionError
-from sie.worker.convert.decoder_families import is_decoder_config, parse_decoder_config
+from sie.worker.convert.decoder_families import parse_decoder_config
 from sie.worker.convert.decoder_graph import rope_frequencies
+from sie.worker.convert.names import is_decoder_config
 
 BASE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 8,
         "num_key_value_heads": 2, "vocab_size": 100, "max_position_embeddings": 512}  # fmt: skip

@@ -42,7 +42,6 @@ from sie.worker.convert.families import position_capacity
 from sie.worker.convert.names import (
     CHAT_TEMPLATE_FILE,
     CONFIG_FILE,
-    DECODER_MODEL_TYPES,
     FLOAT16_UNSAFE_MODEL_TYPES,
     GRAPH_FILE,
     TOKENIZER_CONFIG_FILE,
@@ -50,6 +49,7 @@ from sie.worker.convert.names import (
     TORCH_WEIGHTS_FILE,
     WEIGHTS_FILE,
     WEIGHTS_INDEX_FILE,
+    is_decoder_config,
 )
 from sie.worker.convert.safetensors_io import checkpoint_parameters
 from sie.worker.errors import ModelLoadError
@@ -207,7 +207,7 @@ class ModelLoader:
         return self._convert(model_id, model_dir, head, precision)
 
     def _convert(self, model_id: str, model_dir: Path, head: str, decoder_precision: str) -> Path:
-        decoder = _read_json(model_dir / CONFIG_FILE).get("model_type") in DECODER_MODEL_TYPES
+        decoder = is_decoder_config(_read_json(model_dir / CONFIG_FILE))
         if decoder and head != "none":
             raise ModelLoadError(
                 "UNKNOWN",

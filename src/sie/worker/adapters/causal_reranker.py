@@ -114,7 +114,7 @@ class CausalRerankerAdapter(Adapter):
         watch = Stopwatch()
         rows: list[list[int]] = []
         spans: list[range | None] = []
-        results: list[ItemResult | None] = []
+        results: list[ItemResult] = []
         with watch.stage("tokenization"):
             for item in items:
                 refused = self.refused_options(item.options, OP_SCORE)
@@ -132,7 +132,7 @@ class CausalRerankerAdapter(Adapter):
                     continue
                 spans.append(range(len(rows), len(rows) + len(pairs)))
                 rows.extend(pairs)
-                results.append(None)
+                results.append(ItemResult())  # its scores below
         if rows:
             with watch.stage("inference"):
                 batch = pad_batch(rows, None, 0)
@@ -150,7 +150,7 @@ class CausalRerankerAdapter(Adapter):
                         results[index] = ItemResult(
                             ranked_scores(scores[span], item.score_items), input_tokens=n_tokens
                         )
-        return watch.finish([result for result in results if result is not None])
+        return watch.finish(results)
 
 
 def _head_rows(model_dir: Path, config_json: Any, token_ids: list[int]) -> np.ndarray:

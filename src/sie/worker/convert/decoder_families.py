@@ -40,11 +40,6 @@ from sie.worker.convert.safetensors_io import Checkpoint
 MODEL_PREFIX: Final = "model."
 
 
-def is_decoder_config(raw: Mapping[str, Any]) -> bool:
-    """Whether a checkpoint's config.json names a decoder family this converter builds."""
-    return raw.get("model_type") in DECODER_MODEL_TYPES
-
-
 def parse_decoder_config(raw: Mapping[str, Any], source: str) -> DecoderConfig:
     """The DecoderConfig of a decoder checkpoint's config.json; ConversionError names what is missing or unsupported."""
     model_type = raw.get("model_type")

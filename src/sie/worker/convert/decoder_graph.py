@@ -476,7 +476,7 @@ class _Decoder:
         return np.concatenate(weights, axis=0).T, bias
 
     def _attention(self, x: str, layer: int, shared: _Shared) -> str:
-        b, cfg, w, name = self.b, self.config, self.weights, f"model.layers.{layer}.self_attn"
+        b, cfg, name = self.b, self.config, f"model.layers.{layer}.self_attn"
         heads, kv_heads, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         norm = self._norm_weight(f"model.layers.{layer}.input_layernorm.weight")
         hidden = self._to_compute(self._rms_norm(x, norm, f"model.layers.{layer}.input_layernorm"), f"{name}.input")
@@ -515,11 +515,7 @@ class _Decoder:
         context = b.op("Reshape", [context, b.const([0, heads, -1, d])], f"{name}.context_heads")
         context = b.op("Transpose", [context], f"{name}.context_t", perm=[0, 2, 1, 3])
         context = b.op("Reshape", [context, b.const([-1, heads * d])], f"{name}.context_merged")
-        out_weight = w.tensor(f"{name}.o_proj.weight", (cfg.hidden_size, heads * d)).T
-        out = b.op("MatMul", [context, self._weight(f"{name}.o_proj.weight", out_weight)], f"{name}.o_proj")
-        if cfg.output_bias:
-            bias = self._weight(f"{name}.o_proj.bias", w.tensor(f"{name}.o_proj.bias", (cfg.hidden_size,)))
-            out = b.op("Add", [out, bias], f"{name}.o_proj_biased")
+        out = self._projection(context, f"{name}.o_proj", cfg.hidden_size, heads * d, cfg.output_bias)
         out = self._to_float(out, f"{name}.o_proj_f32")
         if cfg.sandwich_norms:
             norm_name = f"model.layers.{layer}.post_attention_layernorm"
@@ -547,7 +543,7 @@ class _Decoder:
                             b.op("Mul", [swapped, sin], f"{name}.rot_sin")], f"{name}.rotated")  # fmt: skip
 
     def _mlp(self, x: str, layer: int) -> str:
-        b, cfg, w, name = self.b, self.config, self.weights, f"model.layers.{layer}.mlp"
+        b, cfg, name = self.b, self.config, f"model.layers.{layer}.mlp"
         # the norm before the MLP: Llama's post_attention_layernorm, Gemma's pre_feedforward_layernorm
         norm_name = f"model.layers.{layer}." + ("pre_feedforward_layernorm" if cfg.sandwich_norms
                                                 else "post_attention_layernorm")  # fmt: skip
@@ -555,24 +551,22 @@ class _Decoder:
         hidden = self._to_compute(normed, f"{name}.input")
         size, width = cfg.intermediate_size, cfg.hidden_size
         # gate and up as two products, not one split afterwards: the split would copy [B*S, 2 * intermediate]
-        gate, up = (self._projection(hidden, f"{name}.{part}_proj", size, width) for part in ("gate", "up"))
+        gate, up = (
+            self._projection(hidden, f"{name}.{part}_proj", size, width, cfg.mlp_bias) for part in ("gate", "up")
+        )
         activated = b.op("Mul", [self._activation(gate, name), up], f"{name}.act")
-        down = w.tensor(f"{name}.down_proj.weight", (width, size)).T
-        out = b.op("MatMul", [activated, self._weight(f"{name}.down_proj.weight", down)], f"{name}.down")
-        if cfg.mlp_bias:
-            bias = self._weight(f"{name}.down_proj.bias", w.tensor(f"{name}.down_proj.bias", (width,)))
-            out = b.op("Add", [out, bias], f"{name}.down_biased")
+        out = self._projection(activated, f"{name}.down_proj", width, size, cfg.mlp_bias)
         out = self._to_float(out, f"{name}.down_f32")
         if cfg.sandwich_norms:
             norm_name = f"model.layers.{layer}.post_feedforward_layernorm"
             out = self._rms_norm(out, self._norm_weight(f"{norm_name}.weight"), norm_name)
         return self._residual(x, out, f"model.layers.{layer}.mlp_residual")
 
-    def _projection(self, x: str, name: str, out_features: int, in_features: int) -> str:
-        """x @ weight.T (+ bias where the config has MLP biases) for the linear layer `name`."""
+    def _projection(self, x: str, name: str, out_features: int, in_features: int, bias: bool) -> str:
+        """x @ weight.T (+ its bias, where the config gives the layer one) for the linear layer `name`."""
         weight = self.weights.tensor(f"{name}.weight", (out_features, in_features)).T
         out = self.b.op("MatMul", [x, self._weight(f"{name}.weight", weight)], name)
-        if self.config.mlp_bias:
+        if bias:
             bias = self._weight(f"{name}.bias", self.weights.tensor(f"{name}.bias", (out_features,)))
             out = self.b.op("Add", [out, bias], f"{name}.biased")
         return out

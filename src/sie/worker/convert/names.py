@@ -6,7 +6,8 @@ reaches them without loading the converter.
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 CONFIG_FILE: Final = "config.json"
 WEIGHTS_FILE: Final = "model.safetensors"
@@ -20,6 +21,13 @@ CHAT_TEMPLATE_FILE: Final = "chat_template.jinja"  # where transformers 5 saves 
 
 # The `model_type`s of the decoder families converted from a checkpoint (`decoder_families`).
 DECODER_MODEL_TYPES: Final = frozenset({"llama", "mistral", "qwen2", "qwen3", "granite", "gemma3_text"})
+
+
+def is_decoder_config(config_json: Mapping[str, Any]) -> bool:
+    """Whether a checkpoint's config.json names a decoder family the converter builds."""
+    return config_json.get("model_type") in DECODER_MODEL_TYPES
+
+
 # Families whose activations overflow float16 (Gemma 3's model cards: float32 or bfloat16 only): on a GPU they convert
 # to float32 unless a profile asks for float16 by name.
 FLOAT16_UNSAFE_MODEL_TYPES: Final = frozenset({"gemma3_text"})
