@@ -2,9 +2,10 @@
 ones, each pointing at a tiny random Qwen3 checkpoint in a local `weights_path` — a chat model (`sglang.generation`),
 an embedder (`qwen2_flash`, last-token pooling with an instruction template) and a reranker
 (`qwen2_flash_cross_encoder`, the Qwen3-Reranker prompt) — asked through the `openai` client (chat completions,
-streamed too, and the Responses API) and the public sie-sdk (encode, score). Greedy text equals
-`transformers.generate` on the same checkpoint and rendered prompt; vectors and scores equal transformers ≤ 1e-4.
-Marked slow: it starts a server process."""
+streamed too, and the Responses API) and the public sie-sdk (encode, score); a chat model of every other decoder
+family (Llama, Mistral, Qwen2, Granite, Gemma 3) through chat completions, and a DeBERTa-v3 cross-encoder through
+the SDK's score. Greedy text equals `transformers.generate` on the same checkpoint and rendered prompt; vectors and
+scores equal transformers ≤ 1e-4. Marked slow: it starts a server process."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ from support.decoder_checkpoints import save_base_model, save_causal_lm, write_t
 pytestmark = pytest.mark.slow
 
 CHAT, EMBED, RERANK = "tiny/qwen3-chat", "tiny/qwen3-embedding", "tiny/qwen3-reranker"
+# the other families' chat models, served and checked over HTTP like the Qwen3 one
+OTHER_CHATS = {f"tiny/{family}-chat": family for family in ("llama", "mistral", "qwen2", "granite", "gemma3")}
+DEBERTA = "tiny/deberta-v3-reranker"
 INSTRUCTION = "w7 w8"
 TOLERANCE = 1e-4
 
@@ -49,8 +53,16 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         EMBED: save_base_model(weights[EMBED], "qwen3", seed=1),
         RERANK: save_causal_lm(weights[RERANK], "qwen3", seed=2),
     }
-    write_yaml(models_dir, CHAT, weights[CHAT], {"generate": {"context_length": 96, "max_output_tokens": 32}},
-               "sie_server.adapters.sglang.generation:SGLangGenerationAdapter", {})  # fmt: skip
+    chat_tasks = {"generate": {"context_length": 96, "max_output_tokens": 32}}
+    for name, family in {CHAT: "qwen3", **OTHER_CHATS}.items():
+        directory = root / "weights" / name.replace("/", "__")
+        if name != CHAT:
+            models[name] = save_causal_lm(directory, family)
+        write_yaml(models_dir, name, directory, chat_tasks,
+                   "sie_server.adapters.sglang.generation:SGLangGenerationAdapter", {})  # fmt: skip
+    models[DEBERTA] = save_deberta_cross_encoder(root / "weights" / "deberta")
+    write_yaml(models_dir, DEBERTA, root / "weights" / "deberta", {"score": {}},
+               "sie_server.adapters.cross_encoder:CrossEncoderAdapter", {})  # fmt: skip
     embed_options = {"loadtime": {"causal": True}, "runtime": {
         "pooling": "last", "normalize": True, "query_template": "Instruct: {instruction}\nQuery:{text}",
         "default_instruction": INSTRUCTION}}  # fmt: skip
@@ -66,13 +78,37 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         yield Served(url, root, models)
 
 
-def reference_text(served: Served, prompt: str, tokens: int) -> str:
+def save_deberta_cross_encoder(directory: Path) -> Any:
+    """A DeBERTa-v3-shaped cross-encoder (one label), random, with a word-level tokenizer that joins a pair as
+    `[CLS] a [SEP] b [SEP]`."""
+    import torch
+    import transformers
+
+    from support.encoder_checkpoints import write_tokenizer as write_encoder_tokenizer
+
+    config = transformers.DebertaV2Config(
+        hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=48, vocab_size=99,
+        max_position_embeddings=64, relative_attention=True, position_buckets=8, max_relative_positions=16,
+        pos_att_type=["p2c", "c2p"], share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False,
+        type_vocab_size=0, pad_token_id=0, num_labels=1,
+    )  # fmt: skip
+    torch.manual_seed(3)
+    model = transformers.DebertaV2ForSequenceClassification(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.2)
+    model.save_pretrained(directory)
+    write_encoder_tokenizer(directory, "distilbert")  # BERT-style specials, no token types
+    return model
+
+
+def reference_text(served: Served, prompt: str, tokens: int, name: str = CHAT) -> str:
     import torch
 
     tokenizer = write_tokenizer(served.root / "reference-tokenizer")
     ids = tokenizer.encode(prompt, add_special_tokens=False).ids
     with torch.no_grad():
-        out = served.models[CHAT].generate(torch.tensor([ids]), max_new_tokens=tokens, min_new_tokens=tokens,
+        out = served.models[name].generate(torch.tensor([ids]), max_new_tokens=tokens, min_new_tokens=tokens,
                                            do_sample=False, pad_token_id=0)  # fmt: skip
     return tokenizer.decode(out[0, len(ids) :].tolist(), skip_special_tokens=True)
 
@@ -136,3 +172,33 @@ def test_the_public_sdk_scores_with_the_qwen3_reranker_prompt(served: Served, pu
             logits = served.models[RERANK](torch.tensor([ids])).logits[0, -1]
         pair = logits[[tokenizer.token_to_id("no"), tokenizer.token_to_id("yes")]]
         assert abs(ours[f"item-{index}"] - torch.softmax(pair, -1)[1].item()) <= TOLERANCE
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_CHATS))
+def test_every_decoder_family_chats_as_transformers_generates(served: Served, name: str) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", timeout=120, max_retries=3)
+    expected = reference_text(served, "<|im_start|>user w5 w6 w7 w8<|im_end|><|im_start|>assistant", 12, name)
+    reply = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "w5 w6 w7 w8"}],
+                                           temperature=0, max_tokens=12)  # fmt: skip
+    assert reply.choices[0].message.content == expected
+
+
+def test_a_deberta_cross_encoder_scores_as_transformers_does(served: Served, public_sdk) -> None:
+    import torch
+    from tokenizers import Tokenizer
+
+    query, documents = "w1 w2", ["w1 w2 w3", "w20 w21", "w5"]
+    client = public_sdk.SIEClient(served.url, timeout_s=120)
+    try:
+        scored = client.score(DEBERTA, {"text": query}, [{"text": d} for d in documents], wait_for_capacity=True)
+    finally:
+        client.close()
+    tokenizer = Tokenizer.from_file(str(served.root / "weights" / "deberta" / "tokenizer.json"))
+    ours = {row["item_id"]: row["score"] for row in scored["scores"]}
+    for index, document in enumerate(documents):
+        ids = torch.tensor([tokenizer.encode(query, document).ids])
+        with torch.no_grad():
+            logit = served.models[DEBERTA](ids).logits[0, 0]
+        assert abs(ours[f"item-{index}"] - float(torch.sigmoid(logit))) <= TOLERANCE
