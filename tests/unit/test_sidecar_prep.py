@@ -152,8 +152,9 @@ async def test_score_and_extract_are_costed_without_tokenizing(tokenizer_file: P
     works = [Work(_Delivery(score), 0.0), Work(_Delivery(extract), 0.0), Work(_Delivery(long_extract), 0.0)]
     await prepare(ready(tokenizer_file), works)
     assert works[0].cost == 3 + 4 and works[0].run_item.score.score_items == [{"text": "c"}, {"text": "de"}]
-    # Extract is costed by its characters up to the model's sequence length (6 here): what the graph reads.
-    assert works[1].cost == 3 and works[1].run_item.extract.labels == ["person"]
+    # Extract is costed by its characters up to the model's sequence length (6 here), what the graph reads, plus its
+    # labels' (a zero-shot model reads them with the text).
+    assert works[1].cost == 3 + len("person") + 1 and works[1].run_item.extract.labels == ["person"]
     assert works[2].cost == 6
 
 

@@ -19,6 +19,7 @@ CROSS_ENCODER: Final = "cross_encoder"
 TOKEN_CLASSIFICATION: Final = "token_classification"
 CAUSAL_LM: Final = "causal_lm"
 CAUSAL_RERANKER: Final = "causal_reranker"  # a decoder scoring pairs from its "yes"/"no" logits (Qwen3-Reranker)
+GLINER: Final = "gliner"  # zero-shot entity spans for the labels each request names
 
 ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie.adapters.dense": DENSE,
@@ -29,6 +30,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie.adapters.token_classification": TOKEN_CLASSIFICATION,
     "sie.adapters.causal_lm": CAUSAL_LM,
     "sie.adapters.causal_reranker": CAUSAL_RERANKER,
+    "sie.adapters.gliner": GLINER,
     # public SIE module names served by the kinds above
     "sie_server.adapters.sentence_transformer": DENSE,
     "sie_server.adapters.bert_flash": DENSE,
@@ -55,6 +57,9 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     # generation of the decoder families the converter builds; a checkpoint of another architecture fails its load
     # naming it
     "sie_server.adapters.sglang.generation": CAUSAL_LM,
+    # GLiNER span models; a checkpoint of another GLiNER architecture (token-level, bi-encoder, relations) fails its
+    # load naming it
+    "sie_server.adapters.gliner": GLINER,
     # the public Rust engine's embedding module serves many encoder architectures; ours converts the checkpoint,
     # and one whose model_type it does not build fails that load naming it
     "sie_server_rust.adapters.candle": DENSE,

@@ -23,6 +23,7 @@ from sie.catalog.adapters import (
     CAUSAL_RERANKER,
     CROSS_ENCODER,
     DENSE,
+    GLINER,
     HYBRID,
     MULTIVECTOR,
     SPARSE,
@@ -38,6 +39,9 @@ POOLING_MODES: Final = ("mean", "cls", "last", "last_token")
 # instruction, and a template repeating `{text}` would multiply the item's size.
 MAX_OPTION_TEXT_CHARS: Final = 4096
 TEXT_PLACEHOLDER: Final = "{text}"
+# One extraction label (an entity type such as "drug dosage"): longer than this is no label (the public server's
+# limit too).
+MAX_LABEL_CHARS: Final = 128
 
 
 @attrs.frozen
@@ -79,6 +83,18 @@ def _is_token_count(value: Any) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
 
 
+def _is_span_width(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+
+
+def _is_label_list(value: Any) -> bool:
+    return value is None or (isinstance(value, list) and all(_is_label(label) for label in value))
+
+
+def _is_label(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip()) and len(value) <= MAX_LABEL_CHARS
+
+
 def _is_unset(value: Any) -> bool:
     return value is None or value is False or value == ""
 
@@ -96,6 +112,15 @@ RULES: Final[dict[str, OptionRule]] = {
     "pooling": _one_of(POOLING_MODES),
     "normalize": OptionRule("true or false", _is_bool),
     "threshold": OptionRule("a number from 0 to 1", _is_probability),
+    # Zero-shot span extraction (GLiNER): overlapping spans, several labels per span, shorter spans than the model's.
+    "flat_ner": OptionRule("true or false", _is_bool),
+    "multi_label": OptionRule("true or false", _is_bool),
+    "max_width": OptionRule("null or a whole number of words (at least 1)", _is_span_width),
+    "merge_adjacent_entities": OptionRule("true or false", _is_bool),
+    # Relation types, read by relation-extraction models only (none is served yet: refused by every kind).
+    "relation_labels": OptionRule(
+        f"null or a list of non-blank strings of at most {MAX_LABEL_CHARS} characters", _is_label_list
+    ),
     # Token limits below the model's own: every text of a text encoder, and a multi-vector model's queries.
     "max_seq_length": OptionRule("null or a whole number of tokens (at least 1)", _is_token_count),
     "query_max_length": OptionRule("null or a whole number of tokens (at least 1)", _is_token_count),
@@ -125,6 +150,7 @@ READ_BY_KIND: Final[dict[str, frozenset[str]]] = {
     CROSS_ENCODER: _EVERY_KIND | {"instruction"},
     CAUSAL_RERANKER: _EVERY_KIND | {"instruction"},
     TOKEN_CLASSIFICATION: _EVERY_KIND | {"threshold"},
+    GLINER: _EVERY_KIND | {"threshold", "flat_ner", "multi_label", "max_width", "merge_adjacent_entities"},
 }
 # A text encoder scoring compares normalised representations: no vectors are returned, so nothing shapes them.
 READ_WHEN_SCORING: Final = _EVERY_KIND | {"instruction", "query_template", "doc_template", "max_seq_length"}
@@ -137,6 +163,7 @@ _KIND_NAMES: Final = {
     CROSS_ENCODER: "a cross-encoder",
     CAUSAL_RERANKER: "a decoder reranker",
     TOKEN_CLASSIFICATION: "an entity extraction model",
+    GLINER: "a zero-shot entity extraction model",
 }
 
 
@@ -168,3 +195,24 @@ def _shown(value: Any) -> str:
     """The offending value as the caller sent it, cut short (it may be large)."""
     text = repr(value)
     return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+def labels_problem(labels: Any, kind: str | None, max_labels: int) -> str | None:
+    """Why an extract request's `labels` cannot run on a model of adapter `kind`: more than `max_labels`, one that
+    is not a non-blank string of at most MAX_LABEL_CHARS characters, or none for a zero-shot model, which extracts
+    only the labels it is given; None when they can."""
+    if labels is None or labels == []:
+        return (
+            "Field 'labels' is required: a zero-shot extraction model extracts the labels it is given"
+            if (kind == GLINER)
+            else None
+        )
+    if not isinstance(labels, list):
+        return "Field 'labels' must be a list of strings"
+    if len(labels) > max_labels:
+        return f"Field 'labels' has {len(labels)} labels; at most {max_labels} are accepted (SIE_GATEWAY_MAX_LABELS)"
+    for index, label in enumerate(labels):
+        if not _is_label(label):
+            return (f"Label {index} must be a non-blank string of at most {MAX_LABEL_CHARS} characters; "
+                    f"got {_shown(label)}")  # fmt: skip
+    return None

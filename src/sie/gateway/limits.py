@@ -1,5 +1,6 @@
-"""What one request may ask for, checked before anything is queued (issue 13 §1): how many items it carries
-and how long each item's text is. The body size is bounded where the body is read (`sie.http.bodies`)."""
+"""What one request may ask for, checked before anything is queued (issue 13 §1): how many items it carries,
+how long each item's text is and how many labels an extraction names. The body size is bounded where the body is
+read (`sie.http.bodies`)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from sie.wire.http import Item
 
 @attrs.frozen
 class RequestLimits:
-    """Most items per request (SIE_GATEWAY_MAX_ITEMS) and characters per item text (SIE_GATEWAY_MAX_ITEM_CHARS)."""
+    """Most items per request (SIE_GATEWAY_MAX_ITEMS), characters per item text (SIE_GATEWAY_MAX_ITEM_CHARS) and
+    labels per extraction (SIE_GATEWAY_MAX_LABELS)."""
 
     max_items: int = 4096
     max_item_chars: int = 100_000
+    max_labels: int = 1000
 
     def check(self, items: Sequence[Item], query: Item | None = None) -> None:
         """Raise PayloadTooLargeError (413) for too many items, InvalidRequestError INPUT_TOO_LONG (400) for a

@@ -17,7 +17,7 @@ from sie.catalog.adapters import adapter_kind
 from sie.catalog.ids import is_valid_pool_name
 from sie.catalog.model import DEFAULT_PROFILE, ENCODE_OUTPUTS
 from sie.catalog.names import work_subject
-from sie.catalog.options import MAX_OPTION_TEXT_CHARS, option_problem
+from sie.catalog.options import MAX_OPTION_TEXT_CHARS, labels_problem, option_problem
 from sie.gateway.errors import InvalidRequestError, MachineProfileNotConfiguredError
 from sie.gateway.pools import PoolTarget
 from sie.settings import LaneSettings
@@ -255,10 +255,14 @@ def check_score(route: Route) -> None:
         raise InvalidRequestError(f"Model '{route.model}' does not support scoring")
 
 
-def check_extract(route: Route, params: ExtractParams | None) -> None:
-    """Extraction needs `tasks.extract`; its results hold no vectors, so an `output_dtype` is refused."""
+def check_extract(route: Route, params: ExtractParams | None, max_labels: int) -> None:
+    """Extraction needs `tasks.extract`; its results hold no vectors, so an `output_dtype` is refused; its labels
+    must be at most `max_labels` sane strings, and present for a zero-shot model (`sie.catalog.options`)."""
     if route.config is not None and not route.config.tasks.extract:
         raise InvalidRequestError(f"Model '{route.model}' does not support extraction")
+    problem = labels_problem(params.labels if params is not None else None, route.adapter_kind, max_labels)
+    if problem is not None:
+        raise InvalidRequestError(problem)
     if params is not None and params.output_dtype is not None:
         raise InvalidRequestError(
             f"Field 'output_dtype' does not apply to extraction: model '{route.model}' returns no vectors"

@@ -125,6 +125,18 @@ class GatewaySettings:
         ),
         100_000,
     )
+    max_labels: int = setting(
+        Env(
+            "SIE_GATEWAY_MAX_LABELS",
+            integer(minimum=1),
+            "Most labels one extract request may name (a zero-shot model reads every label with every text, so "
+            "they bound its cost); more, or a label that is blank or over 128 characters, gets 400 before anything "
+            "is queued. The default is the public server's limit.",
+            roles=_GATEWAY_ROLES,
+            read_by=("sie.gateway.http.app",),
+        ),
+        1000,
+    )
     compat_default_models: tuple[tuple[str, str], ...] = setting(
         Env(
             "SIE_COMPAT_DEFAULT_MODELS",

@@ -77,11 +77,13 @@ def score_cost(query: dict[str, Any] | None, documents: Sequence[dict[str, Any]]
     return max(1, sum(query_cost + input_cost(doc) for doc in docs) if docs else query_cost)
 
 
-def extract_cost(item: dict[str, Any] | None, max_seq_len: int | None) -> int:
-    """The input proxy capped at the model's sequence length: the batch former then fills a batch by what the
-    graph really reads (a 100,000-character text is `max_seq_len` tokens, not 100,000), at least 1."""
+def extract_cost(item: dict[str, Any] | None, max_seq_len: int | None, labels: Sequence[str] | None = None) -> int:
+    """The input proxy capped at the model's sequence length, plus the characters of the labels (a zero-shot model
+    reads them with every text: 100 labels cost as much as a long text): the batch former then fills a batch by what
+    the graph really reads (a 100,000-character text is `max_seq_len` tokens, not 100,000), at least 1."""
     cost = max(1, input_cost(item))
-    return min(cost, max_seq_len) if max_seq_len else cost
+    cost = min(cost, max_seq_len) if max_seq_len else cost
+    return cost + sum(len(label) + 1 for label in labels or () if isinstance(label, str))
 
 
 # --- text preparation (identical to the worker's) ----------------------------------------------------
@@ -160,7 +162,7 @@ def prepare_unencoded(works: Sequence[Work], descriptor: ModelDescriptor) -> Non
             work.cost = score_cost(item.query_item, item.score_items)
             work.run_item = score_item(item)
         else:
-            work.cost = extract_cost(item.item, descriptor.max_seq_len)
+            work.cost = extract_cost(item.item, descriptor.max_seq_len, item.labels)
             work.run_item = extract_item(item)
 
 

@@ -9,6 +9,7 @@ list is rebuilt per token on the way.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -73,6 +74,27 @@ class TokenizedText:
 
 
 @attrs.frozen
+class TokenizedWords:
+    """One text given as words, encoded: int64 ids and, for each token, the index of the word it belongs to (-1 for
+    the special tokens); `truncated` says tokens past `max_length` were cut."""
+
+    input_ids: np.ndarray
+    word_ids: np.ndarray
+    truncated: bool = False
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def first_tokens(self) -> dict[int, int]:
+        """The position of each word's first token, by word index (a word that makes no token is absent)."""
+        first: dict[int, int] = {}
+        for position, word in enumerate(self.word_ids.tolist()):
+            if word >= 0 and word not in first:
+                first[word] = position
+        return first
+
+
+@attrs.frozen
 class PaddedBatch:
     """int64 arrays `[batch, longest]`, ready to feed an ONNX BERT graph."""
 
@@ -88,6 +110,8 @@ class TextTokenizer:
         tokenizer.enable_truncation(max_length=max_length)
         tokenizer.no_padding()
         self._tokenizer = tokenizer
+        self._whole: tokenizers.Tokenizer | None = None
+        self._copy_lock = threading.Lock()
         self.tokenizer_id = tokenizer_id
         self.max_length = max_length
         self.pad_id = pad_id
@@ -147,6 +171,38 @@ class TextTokenizer:
         inputs = [_prefix(text, limit) for text in texts] if any(cut) else list(texts)
         encodings = self._tokenizer.encode_batch(inputs)
         return [self._tokenized(encoding, was_cut) for encoding, was_cut in zip(encodings, cut, strict=True)]
+
+    def encode_words(self, rows: Sequence[Sequence[str]]) -> list[TokenizedWords]:
+        """Encode texts already split into words, each word read on its own (transformers' `is_split_into_words`),
+        with the special tokens, truncated to `max_length`."""
+        encodings = self._tokenizer.encode_batch([list(words) for words in rows], is_pretokenized=True)
+        return [
+            TokenizedWords(
+                np.array(encoding.ids, dtype=np.int64),
+                np.array([-1 if word is None else word for word in encoding.word_ids], dtype=np.int64),
+                bool(encoding.overflowing),
+            )
+            for encoding in encodings
+        ]
+
+    def word_token_counts(self, words: Sequence[str]) -> np.ndarray:
+        """How many tokens each word makes on its own (no special tokens, no truncation): what a window of a long
+        text's words will take."""
+        if not words:
+            return np.zeros(0, dtype=np.int64)
+        encoding = self._untruncated().encode(list(words), is_pretokenized=True, add_special_tokens=False)
+        word_ids = np.array([word for word in encoding.word_ids if word is not None], dtype=np.int64)
+        return np.bincount(word_ids, minlength=len(words)).astype(np.int64)
+
+    def _untruncated(self) -> tokenizers.Tokenizer:
+        """A copy of the tokenizer that reads whole texts, made on first use (only word-windowing models need it)."""
+        with self._copy_lock:
+            if self._whole is None:
+                whole = tokenizers.Tokenizer.from_str(self._tokenizer.to_str())
+                whole.no_truncation()
+                whole.no_padding()
+                self._whole = whole
+            return self._whole
 
     def tokens(self, text: str, add_special_tokens: bool = True) -> list[dict[str, Any]]:
         """The tokens of `text` as the model reads them (cut at `max_length`): `id`, `text` (a special token's own

@@ -147,7 +147,7 @@ def build_gateway_app(  # noqa: PLR0913 - the sources, the settings, and what ea
     publisher = WorkPublisher(
         sources.transport, sources.consumers, router_id, admission_limits, sources.metrics, signals.demand
     )
-    limits = RequestLimits(settings.max_items, settings.max_item_chars)
+    limits = RequestLimits(settings.max_items, settings.max_item_chars, settings.max_labels)
     offload = sources.offload or PayloadOffload(None, lambda: None)
     dispatcher = Dispatcher(router, pools, publisher, collector, settings.request_timeout_s, offload)
     service = InferenceService(dispatcher, limits)

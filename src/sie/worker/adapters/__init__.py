@@ -12,10 +12,12 @@ from sie.worker.adapters.causal_lm import CausalLMAdapter, GenerationInputError,
 from sie.worker.adapters.causal_reranker import CausalRerankerAdapter
 from sie.worker.adapters.cross_encoder import CrossEncoderAdapter
 from sie.worker.adapters.dense import DenseAdapter
+from sie.worker.adapters.gliner import GlinerAdapter
 from sie.worker.adapters.hybrid import HybridAdapter
 from sie.worker.adapters.multivector import MultivectorAdapter
 from sie.worker.adapters.sparse import SpladeAdapter, read_splade_stack
 from sie.worker.adapters.token_classification import TokenClassificationAdapter
+from sie.worker.convert.names import GLINER_HEAD
 from sie.worker.errors import ModelLoadError
 
 # The class that runs each kind of model (`sie.catalog.adapters` maps adapter modules to kinds).
@@ -28,6 +30,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
         HybridAdapter,
         CrossEncoderAdapter,
         TokenClassificationAdapter,
+        GlinerAdapter,
         CausalLMAdapter,
         CausalRerankerAdapter,
     )
@@ -43,6 +46,7 @@ CONVERSION_HEADS: dict[type[Adapter], str] = {
     CrossEncoderAdapter: "seq-cls",
     TokenClassificationAdapter: "token-cls",
     CausalRerankerAdapter: "none",  # a decoder checkpoint converts to its hidden states
+    GlinerAdapter: GLINER_HEAD,  # a GLiNER checkpoint converts to its span scores (convert/gliner.py)
 }
 
 

@@ -9,11 +9,12 @@ file atomically. It needs only `onnx` and numpy: never torch, and never onnxrunt
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import attrs
 
 from sie.worker.convert.deberta import DebertaConfig, build_deberta, parse_deberta_config
-from sie.worker.convert.encoder_graph import EncoderWeights, build_encoder, graph_inputs
+from sie.worker.convert.encoder_graph import EncoderOutput, EncoderWeights, build_encoder, graph_inputs
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import EncoderConfig, parse_encoder_config, read_config_json
 from sie.worker.convert.graph_builder import GraphBuilder, save_graph
@@ -27,6 +28,8 @@ from sie.worker.convert.rotary_glu import (
     parse_rotary_glu_config,
 )
 from sie.worker.convert.safetensors_io import Checkpoint
+
+BackboneConfig = EncoderConfig | ModernBertConfig | RotaryGluConfig | DebertaConfig
 
 
 @attrs.frozen
@@ -46,27 +49,35 @@ def convert_encoder(model_dir: Path, out_path: Path, head: str) -> ConversionRes
         raise ConversionError(f"unknown head {head!r}; expected one of {sorted(HEADS)}", source=str(model_dir))
     model_dir, out_path = Path(model_dir), Path(out_path)
     config_path = model_dir / CONFIG_FILE
-    raw = read_config_json(config_path)
-    config: EncoderConfig | ModernBertConfig | RotaryGluConfig | DebertaConfig
-    if raw.get("model_type") == "modernbert":
-        config = parse_modernbert_config(raw, str(config_path))
-    elif raw.get("model_type") == "deberta-v2":
-        config = parse_deberta_config(raw, str(config_path))
-    elif raw.get("model_type") in ROTARY_GLU_MODEL_TYPES:
-        config = parse_rotary_glu_config(raw, str(config_path))
-    else:
-        config = parse_encoder_config(raw, source=str(config_path))
+    config = parse_backbone_config(read_config_json(config_path), str(config_path))
     weights = EncoderWeights(Checkpoint(model_dir), config)
     builder = GraphBuilder()
-    if isinstance(config, ModernBertConfig):
-        encoder = build_modernbert(builder, config, weights)
-    elif isinstance(config, DebertaConfig):
-        encoder = build_deberta(builder, config, weights)
-    elif isinstance(config, RotaryGluConfig):
-        encoder = build_rotary_glu(builder, config, weights)
-    else:
-        encoder = build_encoder(builder, config, weights)
+    encoder = build_backbone(builder, config, weights)
     outputs = HEADS[head].build(HeadContext(builder, config, weights, encoder))
     model = builder.model(f"{config.family.name}_{head}", graph_inputs(), outputs)
     save_graph(model, out_path)
     return ConversionResult(path=out_path, head=head, output_names=tuple(o.name for o in outputs), labels=config.labels)
+
+
+def parse_backbone_config(raw: dict[str, Any], source: str) -> BackboneConfig:
+    """The config of any encoder family this converter builds, by its `model_type`; an unknown one names the
+    supported ones."""
+    model_type = raw.get("model_type")
+    if model_type == "modernbert":
+        return parse_modernbert_config(raw, source)
+    if model_type == "deberta-v2":
+        return parse_deberta_config(raw, source)
+    if model_type in ROTARY_GLU_MODEL_TYPES:
+        return parse_rotary_glu_config(raw, source)
+    return parse_encoder_config(raw, source=source)
+
+
+def build_backbone(builder: GraphBuilder, config: BackboneConfig, weights: EncoderWeights) -> EncoderOutput:
+    """The encoder graph of `config`'s family, up to its last hidden state."""
+    if isinstance(config, ModernBertConfig):
+        return build_modernbert(builder, config, weights)
+    if isinstance(config, DebertaConfig):
+        return build_deberta(builder, config, weights)
+    if isinstance(config, RotaryGluConfig):
+        return build_rotary_glu(builder, config, weights)
+    return build_encoder(builder, config, weights)

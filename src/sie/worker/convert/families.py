@@ -169,9 +169,9 @@ FAMILIES: Mapping[str, EncoderFamily] = MappingProxyType(
 FAMILY_OF_MODEL_TYPE: Mapping[str, EncoderFamily] = MappingProxyType(
     {model_type: family for family in FAMILIES.values() for model_type in family.model_types}
 )
-# Encoder families with a graph of their own (`modernbert.py`, `rotary_glu.py`: GTE "new", NomicBERT), beside the
-# BERT-like ones above.
-OWN_GRAPH_MODEL_TYPES = ("modernbert", "new", "nomic_bert")
+# Encoder families with a graph of their own (`modernbert.py`, `rotary_glu.py`: GTE "new", NomicBERT; `deberta.py`),
+# beside the BERT-like ones above.
+OWN_GRAPH_MODEL_TYPES = ("modernbert", "new", "nomic_bert", "deberta-v2")
 CONVERTED_MODEL_TYPES = tuple(sorted([*FAMILY_OF_MODEL_TYPE, *OWN_GRAPH_MODEL_TYPES]))
 
 

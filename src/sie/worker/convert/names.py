@@ -18,6 +18,7 @@ TOKENIZER_FILE: Final = "tokenizer.json"
 TOKENIZER_CONFIG_FILE: Final = "tokenizer_config.json"
 GENERATION_CONFIG_FILE: Final = "generation_config.json"
 CHAT_TEMPLATE_FILE: Final = "chat_template.jinja"  # where transformers 5 saves a chat template
+GLINER_CONFIG_FILE: Final = "gliner_config.json"  # a GLiNER checkpoint's own config (no config.json beside it)
 
 # The `model_type`s of the decoder families converted from a checkpoint (`decoder_families`).
 DECODER_MODEL_TYPES: Final = frozenset({"llama", "mistral", "qwen2", "qwen3", "granite", "gemma3_text"})
@@ -54,3 +55,14 @@ def present_key_name(layer: int) -> str:
 
 def present_value_name(layer: int) -> str:
     return f"{PRESENT_PREFIX}{layer}.value"
+
+
+# The extra inputs and the output of a converted GLiNER span graph (`gliner.py`), fed and read by its adapter: per
+# row, the token position of each text word's first subtoken, how many text words there are, and the token position
+# of each label's marker; out come sigmoid scores [rows, words, widths, labels].
+GLINER_HEAD: Final = "gliner-span"
+GLINER_SPAN_MODEL_TYPE: Final = "gliner_uni_encoder_span"  # the architecture the span graph builds
+WORD_POSITIONS: Final = "word_positions"
+WORD_COUNTS: Final = "word_counts"
+LABEL_POSITIONS: Final = "label_positions"
+SPAN_SCORES: Final = "span_scores"

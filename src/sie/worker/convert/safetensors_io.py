@@ -169,6 +169,28 @@ class Checkpoint:
         return shard.load(name)[rows]
 
 
+class CheckpointPart:
+    """The tensors of a checkpoint under one name prefix, by their names without it: a model nested in another
+    (GLiNER's backbone under `token_rep_layer.bert_layer.model.`) read as if saved on its own."""
+
+    def __init__(self, checkpoint: Checkpoint, prefix: str) -> None:
+        self.path = checkpoint.path
+        self._checkpoint = checkpoint
+        self._prefix = prefix
+        self.entries = {
+            name[len(prefix) :]: entry for name, entry in checkpoint.entries.items() if name.startswith(prefix)
+        }
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries
+
+    def load(self, name: str) -> np.ndarray:
+        return self._checkpoint.load(self._prefix + name)
+
+    def load_rows(self, name: str, rows: list[int]) -> np.ndarray:
+        return self._checkpoint.load_rows(self._prefix + name, rows)
+
+
 def checkpoint_parameters(model_dir: Path) -> int:
     """How many floating-point values a checkpoint holds, from its files' headers (no tensor is read)."""
     checkpoint = Checkpoint(model_dir)

@@ -1,0 +1,265 @@
+"""GLiNER span models (uni-encoder, `markerV0` spans), config + graph: the checkpoint's backbone encoder (DeBERTa-v2/v3,
+BERT-like, ModernBERT: any family `encoders.py` builds) reads the label prompt and the text together; the hidden
+states are projected to GLiNER's width, each text word is its first subtoken, each label its `<<ENT>>` marker; a
+bidirectional LSTM runs over the words; every span of up to `max_width` words is the projected start word and end
+word, concatenated and projected again; its score against a label is the dot product with the label's projected
+marker, through a sigmoid.
+
+Read from the `gliner` package (`modeling/base.py` UniEncoderSpanModel, `span_rep.py` SpanMarkerV0, `layers.py`) and
+checked against it on random checkpoints (tests/integration/test_gliner.py). The graph takes, beside the backbone's
+inputs, the positions the adapter found while building the prompt (`names.WORD_POSITIONS`, `WORD_COUNTS`,
+`LABEL_POSITIONS`), so label sets may differ from row to row of one batch. Other GLiNER architectures (token-level,
+bi-encoder, relation extraction, label decoders, other span modes) fail the conversion naming what they are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+from onnx import TensorProto
+
+from sie.worker.convert.encoder_graph import EncoderWeights, graph_inputs
+from sie.worker.convert.encoders import BackboneConfig, build_backbone, parse_backbone_config
+from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.families import read_config_json
+from sie.worker.convert.graph_builder import GraphBuilder, save_graph, tensor_info
+from sie.worker.convert.names import (
+    GLINER_CONFIG_FILE,
+    GLINER_SPAN_MODEL_TYPE,
+    LABEL_POSITIONS,
+    SPAN_SCORES,
+    WORD_COUNTS,
+    WORD_POSITIONS,
+)
+from sie.worker.convert.safetensors_io import Checkpoint, CheckpointPart
+
+BACKBONE_PREFIX = "token_rep_layer.bert_layer.model."
+SPAN_MODES = ("markerV0",)
+# `model_type`s of the GLiNER architectures this graph builds (older checkpoints name none).
+BUILT_MODEL_TYPES = (None, GLINER_SPAN_MODEL_TYPE)
+# What other GLiNER architectures set, and what they are, for the refusal.
+_OTHER_ARCHITECTURES = {
+    "labels_encoder": "a bi-encoder GLiNER (labels encoded by a model of their own)",
+    "relations_layer": "a GLiNER relation-extraction model",
+    "labels_decoder": "a GLiNER with a label decoder",
+    "post_fusion_schema": "a GLiNER with post-fusion layers",
+    "span_encoder_config": "a GLiNER with a span context encoder",
+    "fuse_layers": "a GLiNER fusing several encoder layers",
+}
+_FLOAT = TensorProto.FLOAT
+
+
+@attrs.frozen
+class GlinerConfig:
+    """The parts of `gliner_config.json` the span graph and its adapter read."""
+
+    backbone: BackboneConfig
+    hidden_size: int
+    max_width: int
+    rnn_layers: int
+    max_len: int  # words read in one window
+    ent_token: str
+    sep_token: str
+    embed_ent_token: bool  # the label's representation is its marker; else the token after it
+
+
+def load_gliner_config(model_dir: Path) -> GlinerConfig:
+    """Read and validate `gliner_config.json`; errors name the file and the field."""
+    path = Path(model_dir) / GLINER_CONFIG_FILE
+    return parse_gliner_config(read_config_json(path), str(path))
+
+
+def parse_gliner_config(raw: dict[str, Any], source: str) -> GlinerConfig:
+    model_type = raw.get("model_type")
+    if model_type not in BUILT_MODEL_TYPES or raw.get("span_mode") == "token_level":
+        shown = "token_level spans" if raw.get("span_mode") == "token_level" else f"model_type {model_type!r}"
+        raise ConversionError(
+            f"{shown}: SIE builds GLiNER span models (uni-encoder, span_mode {list(SPAN_MODES)})", source=source
+        )
+    for key, what in _OTHER_ARCHITECTURES.items():
+        if raw.get(key):
+            raise ConversionError(f"{key} is set: {what}, which SIE does not build", source=source)
+    span_mode = raw.get("span_mode", "markerV0")
+    if span_mode not in SPAN_MODES:
+        raise ConversionError(f"span_mode {span_mode!r} is not built (supported: {list(SPAN_MODES)})", source=source)
+    if raw.get("subtoken_pooling", "first") != "first":
+        raise ConversionError(f"subtoken_pooling {raw['subtoken_pooling']!r} is not built (only 'first')",
+                              source=source)  # fmt: skip
+    if raw.get("words_splitter_type", "whitespace") != "whitespace":
+        raise ConversionError(f"words_splitter_type {raw['words_splitter_type']!r} is not built (only 'whitespace')",
+                              source=source)  # fmt: skip
+    backbone = raw.get("encoder_config")
+    if not isinstance(backbone, dict):
+        raise ConversionError(
+            f"no encoder_config: the backbone's config ({raw.get('model_name')!r}) is not saved with the checkpoint",
+            source=source,
+        )
+    backbone = dict(backbone)
+    backbone.setdefault("model_type", "deberta-v2")
+    return GlinerConfig(
+        backbone=parse_backbone_config(backbone, f"{source} encoder_config"),
+        hidden_size=_positive(raw, "hidden_size", 512, source),
+        max_width=_positive(raw, "max_width", 12, source),
+        rnn_layers=max(0, int(raw.get("num_rnn_layers", 1))),
+        max_len=_positive(raw, "max_len", 384, source),
+        ent_token=str(raw.get("ent_token", "<<ENT>>")),
+        sep_token=str(raw.get("sep_token", "<<SEP>>")),
+        embed_ent_token=bool(raw.get("embed_ent_token", True)),
+    )
+
+
+def _positive(raw: dict[str, Any], key: str, default: int, source: str) -> int:
+    value = raw.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConversionError(f"{key} must be a positive integer, not {value!r}", source=source)
+    return value
+
+
+def convert_gliner(model_dir: Path, out_path: Path) -> GlinerConfig:
+    """Convert a GLiNER checkpoint directory (gliner_config.json + pytorch_model.bin or model.safetensors) into an
+    opset-17 ONNX graph whose output is `names.SPAN_SCORES`."""
+    model_dir = Path(model_dir)
+    config = load_gliner_config(model_dir)
+    checkpoint = Checkpoint(model_dir)
+    builder = GraphBuilder()
+    backbone = build_backbone(
+        builder, config.backbone, EncoderWeights(CheckpointPart(checkpoint, BACKBONE_PREFIX), config.backbone)
+    )
+    head = _GlinerHead(builder, config, _HeadWeights(checkpoint))
+    scores = head.build(backbone.hidden)
+    inputs = [
+        *graph_inputs(),
+        tensor_info(WORD_POSITIONS, TensorProto.INT64, ["batch", "words"]),
+        tensor_info(WORD_COUNTS, TensorProto.INT64, ["batch"]),
+        tensor_info(LABEL_POSITIONS, TensorProto.INT64, ["batch", "labels"]),
+    ]
+    output = tensor_info(scores, _FLOAT, ["batch", "words", config.max_width, "labels"])
+    save_graph(builder.model("gliner_span", inputs, [output]), Path(out_path))
+    return config
+
+
+class _HeadWeights:
+    """GLiNER's own tensors (everything but the backbone), shapes checked."""
+
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        self._checkpoint = checkpoint
+
+    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if name not in self._checkpoint:
+            raise ConversionError("required tensor is missing", source=str(self._checkpoint.path), tensor=name)
+        array = self._checkpoint.load(name)
+        if array.shape != shape:
+            raise ConversionError(f"has shape {list(array.shape)}, expected {list(shape)}",
+                                  source=str(self._checkpoint.path), tensor=name)  # fmt: skip
+        return array
+
+    def has(self, name: str) -> bool:
+        return name in self._checkpoint
+
+
+class _GlinerHead:
+    """The graph from the backbone's hidden states to the span scores."""
+
+    def __init__(self, builder: GraphBuilder, config: GlinerConfig, weights: _HeadWeights) -> None:
+        self.b = builder
+        self.config = config
+        self.weights = weights
+        self.width = config.hidden_size
+
+    def build(self, hidden: str) -> str:
+        b, width, widths = self.b, self.width, self.config.max_width
+        tokens = hidden
+        backbone_width = self.config.backbone.hidden_size
+        if self.weights.has("token_rep_layer.projection.weight"):
+            tokens = self._linear(tokens, "token_rep_layer.projection", backbone_width, width)
+        elif backbone_width != width:
+            raise ConversionError(f"the backbone is {backbone_width} wide, GLiNER {width}, and there is no projection")
+        words = self._gather(tokens, WORD_POSITIONS, "words")
+        labels = self._gather(tokens, LABEL_POSITIONS, "labels")
+        for layer in range(self.config.rnn_layers):
+            words = self._lstm(words, layer)
+        marker = "span_rep_layer.span_rep_layer"
+        starts = self._mlp(words, f"{marker}.project_start", width, width)
+        ends = self._mlp(words, f"{marker}.project_end", width, width)
+        # out_project's first layer over [relu(start), relu(end)] is the sum of its two halves, each applied once
+        # per word; the end word of width k is the word k places on (past the last word: zeros, never read).
+        first = self.weights.get(f"{marker}.out_project.0.weight", (4 * width, 2 * width))
+        first_bias = self.weights.get(f"{marker}.out_project.0.bias", (4 * width,))
+        start_part = b.op("MatMul", [b.op("Relu", [starts], "span.start_relu"),
+                                     b.weight("span.out0.start", first[:, :width].T)], "span.start_part")  # fmt: skip
+        start_part = b.op("Add", [start_part, b.weight("span.out0.bias", first_bias)], "span.start_biased")
+        end_part = b.op("MatMul", [b.op("Relu", [ends], "span.end_relu"),
+                                   b.weight("span.out0.end", first[:, width:].T)], "span.end_part")  # fmt: skip
+        padded = b.op("Pad", [end_part, b.const([0, 0, 0, 0, widths - 1, 0])], "span.end_padded")
+        word_count = b.op("Shape", [words], "shape.words", start=1, end=2)
+        per_width = []
+        for k in range(widths):
+            stop = b.op("Add", [word_count, b.const([k])], f"span.stop{k}")
+            shifted = b.op("Slice", [padded, b.const([k]), stop, b.const([1])], f"span.end{k}")
+            summed = b.op("Add", [start_part, shifted], f"span.width{k}")
+            per_width.append(b.op("Unsqueeze", [summed, b.const([2])], f"span.width{k}_4d"))
+        spans = b.op("Concat", per_width, "span.hidden", axis=2) if widths > 1 else per_width[0]
+        second = self.weights.get(f"{marker}.out_project.3.weight", (width, 4 * width))
+        second_bias = self.weights.get(f"{marker}.out_project.3.bias", (width,))
+        spans = b.op("MatMul", [b.op("Relu", [spans], "span.relu"), b.weight("span.out3.weight", second.T)],
+                     "span.projected")  # fmt: skip
+        spans = b.op("Add", [spans, b.weight("span.out3.bias", second_bias)], "span.representation")
+        labels = self._mlp(labels, "prompt_rep_layer", width, width)
+        # [B, W, K, D] x [B, D, C]: one batched MatMul over the flattened spans.
+        flat = b.op("Reshape", [spans, b.const([0, -1, width])], "span.flat")
+        logits = b.op("MatMul", [flat, b.op("Transpose", [labels], "labels.t", perm=[0, 2, 1])], "span.logits_flat")
+        shape = b.op("Concat", [b.op("Shape", [words], "shape.bw", start=0, end=2), b.const([widths, -1])],
+                     "shape.scores", axis=0)  # fmt: skip
+        return b.op("Sigmoid", [b.op("Reshape", [logits, shape], "span.logits")], SPAN_SCORES)
+
+    def _gather(self, tokens: str, positions: str, name: str) -> str:
+        """Rows of `tokens` [B, S, D] at `positions` [B, N]: [B, N, D]."""
+        b = self.b
+        index = b.op("Unsqueeze", [positions, b.const([2])], f"{name}.index")
+        shape = b.op("Concat", [b.op("Shape", [positions], f"{name}.shape"), b.const([self.width])],
+                     f"{name}.index_shape", axis=0)  # fmt: skip
+        expanded = b.op("Expand", [index, shape], f"{name}.index_expanded")
+        return b.op("GatherElements", [tokens, expanded], name, axis=1)
+
+    def _linear(self, x: str, name: str, width_in: int, width_out: int) -> str:
+        b = self.b
+        weight = self.weights.get(f"{name}.weight", (width_out, width_in))
+        bias = self.weights.get(f"{name}.bias", (width_out,))
+        product = b.op("MatMul", [x, b.weight(f"{name}.weight", weight.T)], f"{name}.matmul")
+        return b.op("Add", [product, b.weight(f"{name}.bias", bias)], name)
+
+    def _mlp(self, x: str, name: str, width_in: int, width_out: int) -> str:
+        """GLiNER's projection layer: Linear to 4 × the output width, ReLU, (dropout), Linear."""
+        inner = self.b.op("Relu", [self._linear(x, f"{name}.0", width_in, 4 * width_out)], f"{name}.relu")
+        return self._linear(inner, f"{name}.3", 4 * width_out, width_out)
+
+    def _lstm(self, words: str, layer: int) -> str:
+        """One bidirectional LSTM layer over each row's first `word_counts` words (torch's packed sequence: padding
+        neither read nor written); [B, W, D] in and out, the two directions' halves concatenated."""
+        b, width, half = self.b, self.width, self.width // 2
+        name = f"rnn.lstm.{{}}_l{layer}"
+        kernels, recurrents, biases = [], [], []
+        for suffix in ("", "_reverse"):
+            kernels.append(_onnx_gates(self.weights.get(name.format("weight_ih") + suffix, (4 * half, width))))
+            recurrents.append(_onnx_gates(self.weights.get(name.format("weight_hh") + suffix, (4 * half, half))))
+            bias_in = _onnx_gates(self.weights.get(name.format("bias_ih") + suffix, (4 * half,)))
+            bias_hidden = _onnx_gates(self.weights.get(name.format("bias_hh") + suffix, (4 * half,)))
+            biases.append(np.concatenate([bias_in, bias_hidden]))
+        steps = b.op("Transpose", [words], f"lstm{layer}.time_major", perm=[1, 0, 2])
+        lengths = b.op("Cast", [WORD_COUNTS], f"lstm{layer}.lengths", to=TensorProto.INT32)
+        output = b.op("LSTM", [steps, b.weight(f"lstm{layer}.W", np.stack(kernels)),
+                               b.weight(f"lstm{layer}.R", np.stack(recurrents)),
+                               b.weight(f"lstm{layer}.B", np.stack(biases)), lengths],
+                      f"lstm{layer}.out", direction="bidirectional", hidden_size=half)  # fmt: skip
+        # [W, 2, B, D/2] -> [B, W, 2, D/2] -> [B, W, D]
+        batch_major = b.op("Transpose", [output], f"lstm{layer}.batch_major", perm=[2, 0, 1, 3])
+        return b.op("Reshape", [batch_major, b.const([0, 0, width])], f"lstm{layer}.words")
+
+
+def _onnx_gates(values: np.ndarray) -> np.ndarray:
+    """torch's LSTM gate blocks (input, forget, cell, output) in ONNX's order (input, output, forget, cell)."""
+    i, f, g, o = np.split(values, 4, axis=0)
+    return np.concatenate([i, o, f, g], axis=0)

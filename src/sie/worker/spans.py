@@ -1,0 +1,135 @@
+"""Word spans of zero-shot extraction (GLiNER): splitting a text into words with their character offsets, cutting a
+long text into overlapping windows of words, picking spans from a window's scores and resolving overlaps as the
+`gliner` package does (highest score first; a span kept unless it overlaps one already kept — or, for nested
+extraction, crosses one without either holding the other), and merging adjacent spans of one label. Pure numpy and
+Python: the adapter feeds it scores and words.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+
+# gliner's `whitespace` word splitter: runs of word characters (joined by - or _), or any other single character.
+WORD_PATTERN = re.compile(r"\w+(?:[-_]\w+)*|\S")
+
+
+@attrs.frozen
+class Word:
+    text: str
+    start: int  # character offsets in the text
+    end: int
+
+
+def split_words(text: str) -> list[Word]:
+    return [Word(match.group(), match.start(), match.end()) for match in WORD_PATTERN.finditer(text)]
+
+
+@attrs.frozen
+class Window:
+    """Words [start, stop) of a text read as one row; spans starting in [own_start, own_stop) are taken from this
+    window (each word is owned by exactly one window, away from the edges where context is cut)."""
+
+    start: int
+    stop: int
+    own_start: int
+    own_stop: int
+
+
+def plan_windows(token_counts: np.ndarray, max_words: int, max_tokens: int, overlap: int) -> list[Window]:
+    """Windows over a text's words (`token_counts` tokens each) of at most `max_words` words and `max_tokens` tokens
+    (a window holds at least one word, whatever it takes); consecutive windows share `overlap` words where they can,
+    and each owns the words up to the middle of what it shares with the next."""
+    total = len(token_counts)
+    if total == 0:
+        return [Window(0, 0, 0, 0)]
+    bounds: list[tuple[int, int]] = []
+    start = 0
+    while True:
+        stop, used = start, 0
+        while stop < total and stop - start < max_words and (stop == start or used + token_counts[stop] <= max_tokens):
+            used += int(token_counts[stop])
+            stop += 1
+        bounds.append((start, stop))
+        if stop >= total:
+            break
+        start = max(start + 1, stop - overlap)
+    windows = []
+    own_start = 0
+    for index, (start, stop) in enumerate(bounds):
+        own_stop = total if index + 1 == len(bounds) else max(own_start, (bounds[index + 1][0] + stop) // 2)
+        windows.append(Window(start, stop, own_start, own_stop))
+        own_start = own_stop
+    return windows
+
+
+@attrs.frozen
+class Span:
+    """A span of words [start, end] (inclusive, as gliner counts) with one label's index and score."""
+
+    start: int
+    end: int
+    label: int
+    score: float
+
+
+def candidate_spans(scores: np.ndarray, words: int, labels: int, threshold: float, max_width: int) -> list[Span]:
+    """The spans of one row's scores [words, widths, labels] above `threshold` (strictly, as gliner compares), in
+    gliner's order (by start word, width, then label); spans past the row's `words`, padded labels and widths from
+    `max_width` on are not candidates."""
+    widths = min(scores.shape[1], max_width)
+    scores = scores[:words, :widths, :labels]
+    valid = np.arange(words)[:, None] + np.arange(widths)[None, :] < words
+    starts, steps, classes = np.nonzero((scores > np.float32(threshold)) & valid[:, :, None])
+    values = scores[starts, steps, classes].tolist()
+    return [
+        Span(start, start + step, label, value)
+        for start, step, label, value in zip(starts.tolist(), steps.tolist(), classes.tolist(), values, strict=True)
+    ]
+
+
+def resolve_overlaps(spans: Sequence[Span], flat: bool, multi_label: bool, max_width: int) -> list[Span]:
+    """gliner's greedy search: spans by descending score (ties in the order given), each kept unless it conflicts
+    with one kept before; returned by start word. Two spans over the same words conflict unless `multi_label`; other
+    spans conflict when they overlap (`flat`) or cross without one holding the other (nested)."""
+    kept: list[Span] = []
+    by_start: dict[int, list[Span]] = {}
+    for span in sorted(spans, key=lambda one: -one.score):
+        # Any span this one could conflict with starts within max_width words before it, or inside it.
+        near = (other for first in range(span.start - max_width + 1, span.end + 1) for other in by_start.get(first, ()))
+        if any(_conflict(span, other, flat, multi_label) for other in near):
+            continue
+        kept.append(span)
+        by_start.setdefault(span.start, []).append(span)
+    kept.sort(key=lambda one: one.start)
+    return kept
+
+
+def _conflict(span: Span, other: Span, flat: bool, multi_label: bool) -> bool:
+    if (span.start, span.end) == (other.start, other.end):
+        return not multi_label
+    overlapping = not (span.start > other.end or other.start > span.end)
+    if flat:
+        return overlapping
+    nested = (span.start <= other.start and span.end >= other.end) or (
+        other.start <= span.start and other.end >= span.end
+    )
+    return overlapping and not nested
+
+
+def merge_adjacent(entities: list[dict], text: str) -> list[dict]:
+    """Entities of one label that touch (or leave one character between them) merged into one, scored by the
+    higher: what token-level models' word-by-word spans need (the public server's `merge_adjacent_entities`)."""
+    merged: list[dict] = []
+    for entity in sorted(entities, key=lambda one: one["start"]):
+        last = merged[-1] if merged else None
+        if last is not None and last["label"] == entity["label"] and entity["start"] <= last["end"] + 1:
+            end = max(last["end"], entity["end"])
+            merged[-1] = {**last, "end": end, "text": text[last["start"] : end],
+                          "score": max(last["score"], entity["score"])}  # fmt: skip
+        else:
+            merged.append(entity)
+    return merged

@@ -1,0 +1,85 @@
+"""Tiny random GLiNER span checkpoints built and saved by the `gliner` package itself (its own tensor names, config
+and tokenizer files), on a DeBERTa-v2 or BERT backbone with a SentencePiece-style (Unigram, Metaspace) tokenizer
+trained here, so words split into several subtokens as DeBERTa-v3's do. torch, transformers and gliner (the test
+extra) are imported when a model is built, not when this module is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+CORPUS = [
+    "Steve Jobs founded Apple in Cupertino California in 1976",
+    "Marie Curie won the Nobel Prize in Physics and Chemistry",
+    "The quick brown fox jumps over the lazy dog near Paris",
+    "Barack Obama was born in Honolulu Hawaii and served as president",
+    "person organization location date award city country drug dosage",
+]
+SPECIALS = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
+DEBERTA = {"model_type": "deberta-v2", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2,
+           "intermediate_size": 48, "max_position_embeddings": 512, "relative_attention": True,
+           "pos_att_type": ["p2c", "c2p"], "position_buckets": 8, "max_relative_positions": 16,
+           "position_biased_input": False, "type_vocab_size": 0, "share_att_key": True, "norm_rel_ebd": "layer_norm",
+           "pad_token_id": 0}  # fmt: skip
+BERT = {"model_type": "bert", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2,
+        "intermediate_size": 48, "max_position_embeddings": 512, "type_vocab_size": 2, "pad_token_id": 0}  # fmt: skip
+BACKBONES = {"deberta-v2": DEBERTA, "bert": BERT}
+
+
+def _vocabulary() -> list[tuple[str, float]]:
+    """Specials, every character, and the first two or three characters of each corpus word (with and without the
+    word-start mark): longer pieces score higher, so words split into a few pieces each. Fixed, so the same on
+    every run."""
+    characters = sorted({char for line in CORPUS for char in line.replace(" ", "")} | set(".,'-0123456789"))
+    pieces = {f"▁{word[:size]}" for line in CORPUS for word in line.split() for size in (2, 3)}
+    pieces |= {word[2:4] for line in CORPUS for word in line.split() if len(word) > 3}
+    vocabulary = [(token, 0.0) for token in SPECIALS] + [("▁", -3.0)]
+    vocabulary += [(char, -4.0) for char in characters] + [(f"▁{char}", -3.5) for char in characters]
+    return vocabulary + [(piece, -2.0) for piece in sorted(pieces - {token for token, _ in vocabulary})]
+
+
+def write_backbone(directory: Path, backbone: str) -> None:
+    """A random backbone of `backbone`'s family with a trained Unigram tokenizer (`[CLS] … [SEP]`)."""
+    import torch
+    import transformers
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer(models.Unigram(_vocabulary(), unk_id=SPECIALS.index("[UNK]"), byte_fallback=False))
+    tokenizer.add_special_tokens(SPECIALS)
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 1), ("[SEP]", 2)]
+    )
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "cls_token": "[CLS]", "sep_token": "[SEP]",
+        "pad_token": "[PAD]", "unk_token": "[UNK]", "mask_token": "[MASK]", "model_max_length": 512,
+    }))  # fmt: skip
+    config = dict(BACKBONES[backbone], vocab_size=tokenizer.get_vocab_size())
+    config_class = transformers.CONFIG_MAPPING[config.pop("model_type")]
+    torch.manual_seed(0)
+    transformers.AutoModel.from_config(config_class(**config)).save_pretrained(directory)
+
+
+def save_gliner(directory: Path, backbone: str = "deberta-v2", seed: int = 1, **options: Any) -> Any:
+    """A GLiNER span model on a random `backbone`, saved to `directory` (as `GLiNER.save_pretrained` does); returns
+    the model. `options` go to its GLiNERConfig (max_width, max_len, hidden_size, num_rnn_layers, ...)."""
+    import torch
+    from gliner import GLiNER, GLiNERConfig
+
+    write_backbone(directory / "backbone", backbone)
+    settings = {"hidden_size": 24, "max_width": 4, "max_len": 64, "dropout": 0.0} | options
+    model = GLiNER.from_config(GLiNERConfig(model_name=str(directory / "backbone"), **settings),
+                               backbone_from_pretrained=True)  # fmt: skip
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.model.named_parameters():
+            # the backbone away from its initial values, GLiNER's layers enough to spread the scores over (0, 1)
+            parameter.add_(torch.randn_like(parameter) * (0.2 if "bert_layer" in name else 0.1))
+    model.eval()
+    model.save_pretrained(directory / "gliner")
+    return model
