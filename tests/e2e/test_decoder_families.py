@@ -3,9 +3,11 @@ ones, each pointing at a tiny random Qwen3 checkpoint in a local `weights_path` 
 an embedder (`qwen2_flash`, last-token pooling with an instruction template) and a reranker
 (`qwen2_flash_cross_encoder`, the Qwen3-Reranker prompt) — asked through the `openai` client (chat completions,
 streamed too, and the Responses API) and the public sie-sdk (encode, score); a chat model of every other decoder
-family (Llama, Mistral, Qwen2, Granite, Gemma 3) through chat completions, and a DeBERTa-v3 cross-encoder through
-the SDK's score. Greedy text equals `transformers.generate` on the same checkpoint and rendered prompt; vectors and
-scores equal transformers ≤ 1e-4. Marked slow: it starts a server process."""
+family (Llama, Mistral, Qwen2, Granite, Gemma 3) through chat completions, and the DeBERTa-v3 models: a
+cross-encoder through the SDK's score and a GLiNER zero-shot extractor (the public `sie_server.adapters.gliner`
+YAML shape) through the SDK's extract with its own labels. Greedy text equals `transformers.generate` on the same
+checkpoint and rendered prompt; vectors and scores equal transformers ≤ 1e-4, entities equal the `gliner` package's.
+Marked slow: it starts a server process."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import pytest
 from launcher import REPO, serving_all
 from sie.catalog import dump_yaml
 from support.decoder_checkpoints import save_base_model, save_causal_lm, write_tokenizer
+from support.gliner_checkpoints import save_gliner
 
 pytestmark = pytest.mark.slow
 
@@ -26,6 +29,7 @@ CHAT, EMBED, RERANK = "tiny/qwen3-chat", "tiny/qwen3-embedding", "tiny/qwen3-rer
 # the other families' chat models, served and checked over HTTP like the Qwen3 one
 OTHER_CHATS = {f"tiny/{family}-chat": family for family in ("llama", "mistral", "qwen2", "granite", "gemma3")}
 DEBERTA = "tiny/deberta-v3-reranker"
+GLINER = "tiny/gliner-deberta-v3"
 INSTRUCTION = "w7 w8"
 TOLERANCE = 1e-4
 
@@ -63,6 +67,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     models[DEBERTA] = save_deberta_cross_encoder(root / "weights" / "deberta")
     write_yaml(models_dir, DEBERTA, root / "weights" / "deberta", {"score": {}},
                "sie_server.adapters.cross_encoder:CrossEncoderAdapter", {})  # fmt: skip
+    models[GLINER] = save_gliner(root / "weights" / "gliner")
+    write_yaml(models_dir, GLINER, root / "weights" / "gliner" / "gliner", {"extract": {}},
+               "sie_server.adapters.gliner:GLiNERAdapter", {"runtime": {"threshold": 0.27}})  # fmt: skip
     embed_options = {"loadtime": {"causal": True}, "runtime": {
         "pooling": "last", "normalize": True, "query_template": "Instruct: {instruction}\nQuery:{text}",
         "default_instruction": INSTRUCTION}}  # fmt: skip
@@ -202,3 +209,33 @@ def test_a_deberta_cross_encoder_scores_as_transformers_does(served: Served, pub
         with torch.no_grad():
             logit = served.models[DEBERTA](ids).logits[0, 0]
         assert abs(ours[f"item-{index}"] - float(torch.sigmoid(logit))) <= TOLERANCE
+
+
+def test_a_gliner_model_extracts_the_labels_each_request_names(served: Served, public_sdk) -> None:
+    import httpx
+
+    texts = ["Steve Jobs founded Apple in Cupertino California in 1976.", "Marie Curie won the Nobel Prize."]
+    labels = ["person", "organization", "city", "award"]
+    client = public_sdk.SIEClient(served.url, timeout_s=120)
+    try:
+        results = client.extract(GLINER, [{"text": t} for t in texts], labels=labels, wait_for_capacity=True)
+        nested = client.extract(GLINER, [{"text": texts[0]}], labels=labels[:2],
+                                options={"threshold": 0.25, "flat_ner": False}, wait_for_capacity=True)  # fmt: skip
+    finally:
+        client.close()
+    expected = served.models[GLINER].inference(texts, labels, threshold=0.27)  # the YAML's runtime threshold
+    (expected_nested,) = served.models[GLINER].inference(texts[:1], labels[:2], threshold=0.25, flat_ner=False)
+    assert any(expected) and expected_nested
+    for result, theirs in zip([*results, *nested], [*expected, expected_nested], strict=True):
+        ours = result["entities"]
+        assert [(e["start"], e["end"], e["label"], e["text"]) for e in ours] == [
+            (e["start"], e["end"], e["label"], e["text"]) for e in theirs
+        ]
+        assert np.allclose([e["score"] for e in ours], [e["score"] for e in theirs], atol=TOLERANCE, rtol=0)
+    # labels are checked before anything is queued: required, bounded, non-blank
+    url = f"{served.url}/v1/extract/{GLINER}"
+    for params, message in [({}, "Field 'labels' is required"), ({"labels": ["x"] * 1001}, "at most 1000"),
+                            ({"labels": ["person", " "]}, "Label 1 must be a non-blank string"),
+                            ({"labels": ["person"], "options": {"relation_labels": ["born in"]}}, "relation_labels")]:
+        response = httpx.post(url, json={"items": [{"text": texts[0]}], "params": params}, timeout=60)
+        assert response.status_code == 400 and message in response.text, (params, response.text)
