@@ -9,9 +9,14 @@ With `--served`, a second table: each family's checkpoint (with a word-level tok
 `sie run --role all` from a local `weights_path` catalogue, 32 wrk connections × one text of `--tokens` tokens, against
 the same graph run in-process at batch 32 (tokens already made), interleaved rounds; the goal is ≥ 0.9.
 
-Needs the test extra (torch, transformers). The operators after onnxruntime's load-time fusions are printed per
-family from the optimized graph (the BERT-like graphs carry the fused `Attention` and `SkipLayerNormalization`
-themselves; MatMul + bias become Gemm and the erf pattern Gelu at load).
+With `--gliner`, a third table: a GLiNER span model (DeBERTa-v3-small-sized backbone, BiLSTM, spans of up to 12
+words) end to end, texts to entities, as the worker's adapter runs it (words, prompt, tokens, graph, span decoding)
+against the `gliner` package's `inference` on the same checkpoint, a batch of `--batch` texts × 8 labels; the goal
+is ≥ 1.5×.
+
+Needs the test extra (torch, transformers; gliner for `--gliner`). The operators after onnxruntime's load-time
+fusions are printed per family from the optimized graph (the BERT-like graphs carry the fused `Attention` and
+`SkipLayerNormalization` themselves; MatMul + bias become Gemm and the erf pattern Gelu at load).
 """
 
 from __future__ import annotations
@@ -110,8 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--served", action="store_true", help="also the served-vs-raw table (needs wrk)")
     parser.add_argument("--served-seconds", type=int, default=6, help="measured wrk seconds per family and round")
+    parser.add_argument("--gliner", action="store_true", help="also GLiNER against the gliner package")
+    parser.add_argument("--only-gliner", action="store_true", help="GLiNER alone")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.gliner or args.only_gliner:
+        gliner_speed(args)
+    return 0 if args.only_gliner else family_speeds(args)
+
+
+def family_speeds(args: argparse.Namespace) -> int:
+    """The encoder families' table (and with `--served` the served-vs-raw one)."""
     rng = np.random.default_rng(0)
     rows = []
     sessions: dict[str, ort.InferenceSession] = {}
@@ -154,6 +168,73 @@ def main(argv: list[str] | None = None) -> int:
             runs = {family: functools.partial(run_raw, session) for family, session in sessions.items()}
             served_vs_raw(Path(scratch), runs, text, len(WORDS), args.tokens, args.rounds, args.served_seconds)
     return 0
+
+
+# Sentences of about 40 words, each text of the batch a different pair of them.
+GLINER_SENTENCES = [
+    "Steve Jobs founded Apple in Cupertino California in 1976 with Steve Wozniak and Ronald Wayne, and the company "
+    "later moved its headquarters to a ring-shaped campus that opened in 2017 near Interstate 280.",
+    "Marie Curie won the Nobel Prize in Physics in 1903 and the Nobel Prize in Chemistry in 1911, the first person to "
+    "win twice, after her research on radioactivity at the University of Paris.",
+    "Barack Obama was born in Honolulu Hawaii in 1961, studied at Columbia University and Harvard Law School, and "
+    "served as the 44th president of the United States from 2009 to 2017.",
+]
+GLINER_LABELS = ["person", "organization", "location", "date", "award", "university", "city", "country"]
+GLINER_BACKBONE = {"hidden_size": 768, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 3072,
+                   "position_buckets": 256, "max_relative_positions": -1}  # fmt: skip
+
+
+def gliner_speed(args: argparse.Namespace) -> None:
+    """Ours (the adapter through the model loader) against the gliner package, texts to entities."""
+    from sie.catalog import parse_model_config
+    from sie.wire.ipc_batch import ExtractBatchItem
+    from sie.worker.artifacts import ArtifactResolver
+    from sie.worker.loading import ModelLoader
+    from sie.worker.session import SessionOptions
+    from support.gliner_checkpoints import save_gliner
+
+    texts = [f"{GLINER_SENTENCES[i % 3]} {GLINER_SENTENCES[(i + 1) % 3]}" for i in range(args.batch)]
+    with tempfile.TemporaryDirectory() as scratch:
+        # the tokenizer reads the texts' words whole (DeBERTa-v3's reads such prose at about 1.3 tokens a word)
+        words = sorted(
+            {word.strip(",.") for sentence in GLINER_SENTENCES for word in sentence.split()} | set(GLINER_LABELS)
+        )
+        reference = save_gliner(Path(scratch), size=GLINER_BACKBONE, words=words, hidden_size=512, max_width=12,
+                                max_len=384)  # fmt: skip
+        model = parse_model_config({
+            "sie_id": "bench/gliner", "weights_path": str(Path(scratch) / "gliner"), "tasks": {"extract": {}},
+            "profiles": {"default": {"adapter_path": "sie_server.adapters.gliner:GLiNERAdapter",
+                                     "max_batch_tokens": 65536}},
+        })  # fmt: skip
+        resolver = ArtifactResolver(Path(scratch) / "cache", hf_offline=True)
+        loader = ModelLoader(resolver, Path(scratch) / "converted", SessionOptions(intra_op_threads=args.threads))
+        adapter = loader.load(model, "default", model.sie_id).adapter
+        items = [
+            ExtractBatchItem(work_item_id=f"b.{i}", request_id="b", item_index=i, total_items=len(texts),
+                             timestamp=0.0, item={"text": text}, labels=GLINER_LABELS, options={"threshold": 0.5})
+            for i, text in enumerate(texts)
+        ]  # fmt: skip
+
+        def ours() -> None:
+            adapter.extract(items)
+
+        def theirs() -> None:
+            reference.inference(texts, GLINER_LABELS, threshold=0.5, batch_size=args.batch)
+
+        ours(), theirs()  # warm up
+        ours_ms, theirs_ms = [], []
+        for _ in range(args.rounds):
+            ours_ms.append(timed(ours, args.repeats))
+            theirs_ms.append(timed(theirs, args.repeats))
+    ours_median, theirs_median = statistics.median(ours_ms), statistics.median(theirs_ms)
+    print(f"GLiNER, {args.batch} texts of about 80 words x {len(GLINER_LABELS)} labels, {args.threads} threads, "
+          f"medians of {args.rounds} interleaved rounds, texts to entities")  # fmt: skip
+    print("| model | gliner package (torch) ms | ours (onnxruntime) ms | speed-up |")
+    print("|---|---|---|---|")
+    print(
+        f"| gliner span, deberta-v3-small-sized, BiLSTM | {theirs_median:.1f} | {ours_median:.1f} | "
+        f"{theirs_median / ours_median:.2f}x |"
+    )
 
 
 def print_speed_table(rows: list[tuple[str, float, float, str]], args: argparse.Namespace) -> None:

@@ -234,8 +234,11 @@ def test_a_gliner_model_extracts_the_labels_each_request_names(served: Served, p
         assert np.allclose([e["score"] for e in ours], [e["score"] for e in theirs], atol=TOLERANCE, rtol=0)
     # labels are checked before anything is queued: required, bounded, non-blank
     url = f"{served.url}/v1/extract/{GLINER}"
-    for params, message in [({}, "Field 'labels' is required"), ({"labels": ["x"] * 1001}, "at most 1000"),
-                            ({"labels": ["person", " "]}, "Label 1 must be a non-blank string"),
-                            ({"labels": ["person"], "options": {"relation_labels": ["born in"]}}, "relation_labels")]:
+    for params, message in [
+        ({}, "Field 'labels' is required"),
+        ({"labels": ["x"] * 1001}, "at most 1000"),
+        ({"labels": ["person", " "]}, "Label 1 must be a non-blank string"),
+        ({"labels": ["person"], "options": {"relation_labels": ["born in"]}}, "relation_labels"),
+    ]:
         response = httpx.post(url, json={"items": [{"text": texts[0]}], "params": params}, timeout=60)
         assert response.status_code == 400 and message in response.text, (params, response.text)

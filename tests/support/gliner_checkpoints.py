@@ -6,6 +6,7 @@ extra) are imported when a model is built, not when this module is."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,25 +30,29 @@ BERT = {"model_type": "bert", "hidden_size": 32, "num_attention_heads": 4, "num_
 BACKBONES = {"deberta-v2": DEBERTA, "bert": BERT}
 
 
-def _vocabulary() -> list[tuple[str, float]]:
+def _vocabulary(words: Sequence[str] = ()) -> list[tuple[str, float]]:
     """Specials, every character, and the first two or three characters of each corpus word (with and without the
-    word-start mark): longer pieces score higher, so words split into a few pieces each. Fixed, so the same on
-    every run."""
+    word-start mark), and `words` whole: longer pieces score higher, so other words split into a few pieces each.
+    Fixed, so the same on every run."""
     characters = sorted({char for line in CORPUS for char in line.replace(" ", "")} | set(".,'-0123456789"))
     pieces = {f"▁{word[:size]}" for line in CORPUS for word in line.split() for size in (2, 3)}
     pieces |= {word[2:4] for line in CORPUS for word in line.split() if len(word) > 3}
+    pieces |= {f"▁{word}" for word in words}
     vocabulary = [(token, 0.0) for token in SPECIALS] + [("▁", -3.0)]
     vocabulary += [(char, -4.0) for char in characters] + [(f"▁{char}", -3.5) for char in characters]
     return vocabulary + [(piece, -2.0) for piece in sorted(pieces - {token for token, _ in vocabulary})]
 
 
-def write_backbone(directory: Path, backbone: str) -> None:
-    """A random backbone of `backbone`'s family with a trained Unigram tokenizer (`[CLS] … [SEP]`)."""
+def write_backbone(
+    directory: Path, backbone: str, size: dict[str, int] | None = None, words: Sequence[str] = ()
+) -> None:
+    """A random backbone of `backbone`'s family (tiny, or of `size`: hidden_size, num_hidden_layers, ...) with a
+    fixed Unigram tokenizer (`[CLS] … [SEP]`) that reads `words` as one token each."""
     import torch
     import transformers
 
     directory.mkdir(parents=True, exist_ok=True)
-    tokenizer = Tokenizer(models.Unigram(_vocabulary(), unk_id=SPECIALS.index("[UNK]"), byte_fallback=False))
+    tokenizer = Tokenizer(models.Unigram(_vocabulary(words), unk_id=SPECIALS.index("[UNK]"), byte_fallback=False))
     tokenizer.add_special_tokens(SPECIALS)
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
     tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
@@ -59,19 +64,27 @@ def write_backbone(directory: Path, backbone: str) -> None:
         "tokenizer_class": "PreTrainedTokenizerFast", "cls_token": "[CLS]", "sep_token": "[SEP]",
         "pad_token": "[PAD]", "unk_token": "[UNK]", "mask_token": "[MASK]", "model_max_length": 512,
     }))  # fmt: skip
-    config = dict(BACKBONES[backbone], vocab_size=tokenizer.get_vocab_size())
+    config = dict(BACKBONES[backbone], vocab_size=tokenizer.get_vocab_size()) | (size or {})
     config_class = transformers.CONFIG_MAPPING[config.pop("model_type")]
     torch.manual_seed(0)
     transformers.AutoModel.from_config(config_class(**config)).save_pretrained(directory)
 
 
-def save_gliner(directory: Path, backbone: str = "deberta-v2", seed: int = 1, **options: Any) -> Any:
-    """A GLiNER span model on a random `backbone`, saved to `directory` (as `GLiNER.save_pretrained` does); returns
-    the model. `options` go to its GLiNERConfig (max_width, max_len, hidden_size, num_rnn_layers, ...)."""
+def save_gliner(  # noqa: PLR0913 - the checkpoint's shape
+    directory: Path,
+    backbone: str = "deberta-v2",
+    seed: int = 1,
+    size: dict[str, int] | None = None,
+    words: Sequence[str] = (),
+    **options: Any,
+) -> Any:
+    """A GLiNER span model on a random `backbone` (of `size`, its tokenizer reading `words` whole: see
+    `write_backbone`), saved to `directory` (as `GLiNER.save_pretrained` does); returns the model. `options` go to
+    its GLiNERConfig (max_width, max_len, hidden_size, num_rnn_layers, ...)."""
     import torch
     from gliner import GLiNER, GLiNERConfig
 
-    write_backbone(directory / "backbone", backbone)
+    write_backbone(directory / "backbone", backbone, size, words)
     settings = {"hidden_size": 24, "max_width": 4, "max_len": 64, "dropout": 0.0} | options
     model = GLiNER.from_config(GLiNERConfig(model_name=str(directory / "backbone"), **settings),
                                backbone_from_pretrained=True)  # fmt: skip

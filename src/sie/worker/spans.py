@@ -76,15 +76,24 @@ class Span:
     score: float
 
 
-def candidate_spans(scores: np.ndarray, words: int, labels: int, threshold: float, max_width: int) -> list[Span]:
+def candidate_spans(  # noqa: PLR0913 - one row's scores and what bounds them
+    scores: np.ndarray, words: int, labels: int, threshold: float, max_width: int, multi_label: bool = True
+) -> list[Span]:
     """The spans of one row's scores [words, widths, labels] above `threshold` (strictly, as gliner compares), in
     gliner's order (by start word, width, then label); spans past the row's `words`, padded labels and widths from
-    `max_width` on are not candidates."""
+    `max_width` on are not candidates. Without `multi_label` only each span's best label is (the first of equal
+    ones): `resolve_overlaps` would drop the others whatever else it keeps, as they cover the same words."""
     widths = min(scores.shape[1], max_width)
     scores = scores[:words, :widths, :labels]
     valid = np.arange(words)[:, None] + np.arange(widths)[None, :] < words
-    starts, steps, classes = np.nonzero((scores > np.float32(threshold)) & valid[:, :, None])
-    values = scores[starts, steps, classes].tolist()
+    if multi_label:
+        starts, steps, classes = np.nonzero((scores > np.float32(threshold)) & valid[:, :, None])
+        values = scores[starts, steps, classes].tolist()
+    else:
+        best = scores.argmax(axis=2)
+        top = np.take_along_axis(scores, best[:, :, None], axis=2)[:, :, 0]
+        starts, steps = np.nonzero((top > np.float32(threshold)) & valid)
+        classes, values = best[starts, steps], top[starts, steps].tolist()
     return [
         Span(start, start + step, label, value)
         for start, step, label, value in zip(starts.tolist(), steps.tolist(), classes.tolist(), values, strict=True)

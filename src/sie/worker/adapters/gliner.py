@@ -220,7 +220,7 @@ class GlinerAdapter(Adapter):
             request = requests[row.item]
             window = row.window
             spans = candidate_spans(scores[number], window.stop - window.start, len(request.labels),
-                                    request.threshold, request.max_width)  # fmt: skip
+                                    request.threshold, request.max_width, request.multi_label)  # fmt: skip
             found.setdefault(row.item, []).extend(
                 Span(span.start + window.start, span.end + window.start, span.label, span.score)
                 for span in spans

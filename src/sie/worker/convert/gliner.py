@@ -195,25 +195,22 @@ class _GlinerHead:
                                    b.weight("span.out0.end", first[:, width:].T)], "span.end_part")  # fmt: skip
         padded = b.op("Pad", [end_part, b.const([0, 0, 0, 0, widths - 1, 0])], "span.end_padded")
         word_count = b.op("Shape", [words], "shape.words", start=1, end=2)
+        second = b.weight("span.out3.weight",
+                          self.weights.get(f"{marker}.out_project.3.weight", (width, 4 * width)).T)  # fmt: skip
+        second_bias = b.weight("span.out3.bias", self.weights.get(f"{marker}.out_project.3.bias", (width,)))
+        labels_t = b.op("Transpose", [self._mlp(labels, "prompt_rep_layer", width, width)], "labels.t", perm=[0, 2, 1])
+        # One width at a time: the spans of width k are [B, W, D], scored against the labels into [B, W, C]; no
+        # [B, W, K, 4D] tensor is ever held.
         per_width = []
         for k in range(widths):
             stop = b.op("Add", [word_count, b.const([k])], f"span.stop{k}")
             shifted = b.op("Slice", [padded, b.const([k]), stop, b.const([1])], f"span.end{k}")
-            summed = b.op("Add", [start_part, shifted], f"span.width{k}")
-            per_width.append(b.op("Unsqueeze", [summed, b.const([2])], f"span.width{k}_4d"))
-        spans = b.op("Concat", per_width, "span.hidden", axis=2) if widths > 1 else per_width[0]
-        second = self.weights.get(f"{marker}.out_project.3.weight", (width, 4 * width))
-        second_bias = self.weights.get(f"{marker}.out_project.3.bias", (width,))
-        spans = b.op("MatMul", [b.op("Relu", [spans], "span.relu"), b.weight("span.out3.weight", second.T)],
-                     "span.projected")  # fmt: skip
-        spans = b.op("Add", [spans, b.weight("span.out3.bias", second_bias)], "span.representation")
-        labels = self._mlp(labels, "prompt_rep_layer", width, width)
-        # [B, W, K, D] x [B, D, C]: one batched MatMul over the flattened spans.
-        flat = b.op("Reshape", [spans, b.const([0, -1, width])], "span.flat")
-        logits = b.op("MatMul", [flat, b.op("Transpose", [labels], "labels.t", perm=[0, 2, 1])], "span.logits_flat")
-        shape = b.op("Concat", [b.op("Shape", [words], "shape.bw", start=0, end=2), b.const([widths, -1])],
-                     "shape.scores", axis=0)  # fmt: skip
-        return b.op("Sigmoid", [b.op("Reshape", [logits, shape], "span.logits")], SPAN_SCORES)
+            inner = b.op("Relu", [b.op("Add", [start_part, shifted], f"span.width{k}")], f"span.relu{k}")
+            spans = b.op("Add", [b.op("MatMul", [inner, second], f"span.projected{k}"), second_bias], f"span.rep{k}")
+            logits = b.op("MatMul", [spans, labels_t], f"span.logits{k}")
+            per_width.append(b.op("Unsqueeze", [logits, b.const([2])], f"span.logits{k}_4d"))
+        logits = b.op("Concat", per_width, "span.logits", axis=2) if widths > 1 else per_width[0]
+        return b.op("Sigmoid", [logits], SPAN_SCORES)
 
     def _gather(self, tokens: str, positions: str, name: str) -> str:
         """Rows of `tokens` [B, S, D] at `positions` [B, N]: [B, N, D]."""
