@@ -91,6 +91,12 @@ ARCHITECTURE_OF_MODEL = {
     # GLiNER checkpoints of other architectures than the span model (the public adapter's own notes say which)
     "numind/NuNER_Zero": "gliner_uni_encoder_token",  # token-level
     "knowledgator/gliner-relex-large-v1.0": "gliner_uni_encoder_span_relex",  # joint entities and relations
+    # the NLI zero-shot classifiers (nli_classification_flash serves several encoder architectures)
+    "MoritzLaurer/ModernBERT-base-zeroshot-v2.0": "modernbert",
+    "MoritzLaurer/deberta-v3-base-zeroshot-v2.0": "deberta-v2",
+    "MoritzLaurer/deberta-v3-large-zeroshot-v2.0": "deberta-v2",
+    "cross-encoder/nli-deberta-v3-base": "deberta-v2",
+    "facebook/bart-large-mnli": "bart",  # an encoder-decoder
 }
 
 

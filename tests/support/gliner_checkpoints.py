@@ -43,14 +43,9 @@ def _vocabulary(words: Sequence[str] = ()) -> list[tuple[str, float]]:
     return vocabulary + [(piece, -2.0) for piece in sorted(pieces - {token for token, _ in vocabulary})]
 
 
-def write_backbone(
-    directory: Path, backbone: str, size: dict[str, int] | None = None, words: Sequence[str] = ()
-) -> None:
-    """A random backbone of `backbone`'s family (tiny, or of `size`: hidden_size, num_hidden_layers, ...) with a
-    fixed Unigram tokenizer (`[CLS] … [SEP]`) that reads `words` as one token each."""
-    import torch
-    import transformers
-
+def write_unigram_tokenizer(directory: Path, words: Sequence[str] = ()) -> Tokenizer:
+    """DeBERTa-v3's kind of tokenizer (Unigram pieces after a Metaspace, `[CLS] a [SEP] b [SEP]`) with a fixed
+    vocabulary reading `words` whole, and its tokenizer_config.json for transformers."""
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(models.Unigram(_vocabulary(words), unk_id=SPECIALS.index("[UNK]"), byte_fallback=False))
     tokenizer.add_special_tokens(SPECIALS)
@@ -63,7 +58,20 @@ def write_backbone(
     (directory / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "cls_token": "[CLS]", "sep_token": "[SEP]",
         "pad_token": "[PAD]", "unk_token": "[UNK]", "mask_token": "[MASK]", "model_max_length": 512,
+        "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],  # as BERT's and DeBERTa's own
     }))  # fmt: skip
+    return tokenizer
+
+
+def write_backbone(
+    directory: Path, backbone: str, size: dict[str, int] | None = None, words: Sequence[str] = ()
+) -> None:
+    """A random backbone of `backbone`'s family (tiny, or of `size`: hidden_size, num_hidden_layers, ...) with a
+    fixed Unigram tokenizer (`[CLS] … [SEP]`) that reads `words` as one token each."""
+    import torch
+    import transformers
+
+    tokenizer = write_unigram_tokenizer(directory, words)
     config = dict(BACKBONES[backbone], vocab_size=tokenizer.get_vocab_size()) | (size or {})
     config_class = transformers.CONFIG_MAPPING[config.pop("model_type")]
     torch.manual_seed(0)

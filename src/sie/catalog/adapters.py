@@ -20,6 +20,7 @@ TOKEN_CLASSIFICATION: Final = "token_classification"
 CAUSAL_LM: Final = "causal_lm"
 CAUSAL_RERANKER: Final = "causal_reranker"  # a decoder scoring pairs from its "yes"/"no" logits (Qwen3-Reranker)
 GLINER: Final = "gliner"  # zero-shot entity spans for the labels each request names
+NLI_CLASSIFICATION: Final = "nli_classification"  # zero-shot classification by entailment, labels per request
 
 ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie.adapters.dense": DENSE,
@@ -31,6 +32,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie.adapters.causal_lm": CAUSAL_LM,
     "sie.adapters.causal_reranker": CAUSAL_RERANKER,
     "sie.adapters.gliner": GLINER,
+    "sie.adapters.nli_classification": NLI_CLASSIFICATION,
     # public SIE module names served by the kinds above
     "sie_server.adapters.sentence_transformer": DENSE,
     "sie_server.adapters.bert_flash": DENSE,
@@ -60,6 +62,9 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     # GLiNER span models; a checkpoint of another GLiNER architecture (token-level, bi-encoder, relations) fails its
     # load naming it
     "sie_server.adapters.gliner": GLINER,
+    # NLI models (DeBERTa-v3, ModernBERT, ... with an entailment head) classifying by hypothesis
+    "sie_server.adapters.nli_classification_flash": NLI_CLASSIFICATION,
+    "sie_server.adapters.nli_classification": NLI_CLASSIFICATION,
     # the public Rust engine's embedding module serves many encoder architectures; ours converts the checkpoint,
     # and one whose model_type it does not build fails that load naming it
     "sie_server_rust.adapters.candle": DENSE,

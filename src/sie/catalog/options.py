@@ -26,6 +26,7 @@ from sie.catalog.adapters import (
     GLINER,
     HYBRID,
     MULTIVECTOR,
+    NLI_CLASSIFICATION,
     SPARSE,
     TOKEN_CLASSIFICATION,
 )
@@ -39,6 +40,7 @@ POOLING_MODES: Final = ("mean", "cls", "last", "last_token")
 # instruction, and a template repeating `{text}` would multiply the item's size.
 MAX_OPTION_TEXT_CHARS: Final = 4096
 TEXT_PLACEHOLDER: Final = "{text}"
+LABEL_PLACEHOLDER: Final = "{}"  # where a zero-shot classifier's hypothesis template puts the label
 # One extraction label (an entity type such as "drug dosage"): longer than this is no label (the public server's
 # limit too).
 MAX_LABEL_CHARS: Final = 128
@@ -83,6 +85,10 @@ def _is_token_count(value: Any) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
 
 
+def _is_hypothesis_template(value: Any) -> bool:
+    return _is_text(value) and (value is None or value.count(LABEL_PLACEHOLDER) == 1)
+
+
 def _is_span_width(value: Any) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
 
@@ -117,6 +123,8 @@ RULES: Final[dict[str, OptionRule]] = {
     "multi_label": OptionRule("true or false", _is_bool),
     "max_width": OptionRule("null or a whole number of words (at least 1)", _is_span_width),
     "merge_adjacent_entities": OptionRule("true or false", _is_bool),
+    # Zero-shot classification by entailment: the hypothesis each label becomes.
+    "hypothesis_template": OptionRule(f"{_TEXT} holding {LABEL_PLACEHOLDER} exactly once", _is_hypothesis_template),
     # Relation types, read by relation-extraction models only (none is served yet: refused by every kind).
     "relation_labels": OptionRule(
         f"null or a list of non-blank strings of at most {MAX_LABEL_CHARS} characters", _is_label_list
@@ -151,6 +159,7 @@ READ_BY_KIND: Final[dict[str, frozenset[str]]] = {
     CAUSAL_RERANKER: _EVERY_KIND | {"instruction"},
     TOKEN_CLASSIFICATION: _EVERY_KIND | {"threshold"},
     GLINER: _EVERY_KIND | {"threshold", "flat_ner", "multi_label", "max_width", "merge_adjacent_entities"},
+    NLI_CLASSIFICATION: _EVERY_KIND | {"hypothesis_template", "multi_label"},
 }
 # A text encoder scoring compares normalised representations: no vectors are returned, so nothing shapes them.
 READ_WHEN_SCORING: Final = _EVERY_KIND | {"instruction", "query_template", "doc_template", "max_seq_length"}
@@ -164,6 +173,7 @@ _KIND_NAMES: Final = {
     CAUSAL_RERANKER: "a decoder reranker",
     TOKEN_CLASSIFICATION: "an entity extraction model",
     GLINER: "a zero-shot entity extraction model",
+    NLI_CLASSIFICATION: "a zero-shot classification model",
 }
 
 
@@ -197,16 +207,17 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else f"{text[:77]}..."
 
 
+# Kinds of model that read the labels of each request (and need some), rather than filter their own.
+ZERO_SHOT_KINDS: Final = frozenset({GLINER, NLI_CLASSIFICATION})
+
+
 def labels_problem(labels: Any, kind: str | None, max_labels: int) -> str | None:
     """Why an extract request's `labels` cannot run on a model of adapter `kind`: more than `max_labels`, one that
     is not a non-blank string of at most MAX_LABEL_CHARS characters, or none for a zero-shot model, which extracts
     only the labels it is given; None when they can."""
     if labels is None or labels == []:
-        return (
-            "Field 'labels' is required: a zero-shot extraction model extracts the labels it is given"
-            if (kind == GLINER)
-            else None
-        )
+        needed = kind in ZERO_SHOT_KINDS
+        return "Field 'labels' is required: a zero-shot model extracts the labels it is given" if needed else None
     if not isinstance(labels, list):
         return "Field 'labels' must be a list of strings"
     if len(labels) > max_labels:

@@ -15,6 +15,7 @@ from sie.worker.adapters.dense import DenseAdapter
 from sie.worker.adapters.gliner import GlinerAdapter
 from sie.worker.adapters.hybrid import HybridAdapter
 from sie.worker.adapters.multivector import MultivectorAdapter
+from sie.worker.adapters.nli_classification import NliClassificationAdapter
 from sie.worker.adapters.sparse import SpladeAdapter, read_splade_stack
 from sie.worker.adapters.token_classification import TokenClassificationAdapter
 from sie.worker.convert.names import GLINER_HEAD
@@ -31,6 +32,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
         CrossEncoderAdapter,
         TokenClassificationAdapter,
         GlinerAdapter,
+        NliClassificationAdapter,
         CausalLMAdapter,
         CausalRerankerAdapter,
     )
@@ -46,6 +48,7 @@ CONVERSION_HEADS: dict[type[Adapter], str] = {
     CrossEncoderAdapter: "seq-cls",
     TokenClassificationAdapter: "token-cls",
     CausalRerankerAdapter: "none",  # a decoder checkpoint converts to its hidden states
+    NliClassificationAdapter: "seq-cls",
     GlinerAdapter: GLINER_HEAD,  # a GLiNER checkpoint converts to its span scores (convert/gliner.py)
 }
 
