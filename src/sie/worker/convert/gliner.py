@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import numpy as np
 from onnx import TensorProto
 
 from sie.worker.convert.encoder_graph import EncoderWeights, graph_inputs
@@ -26,6 +25,7 @@ from sie.worker.convert.encoders import BackboneConfig, build_backbone, parse_ba
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import read_config_json
 from sie.worker.convert.graph_builder import GraphBuilder, save_graph, tensor_info
+from sie.worker.convert.head_layers import HeadWeights, bidirectional_lstm, linear
 from sie.worker.convert.names import (
     GLINER_CONFIG_FILE,
     GLINER_SPAN_MODEL_TYPE,
@@ -128,7 +128,7 @@ def convert_gliner(model_dir: Path, out_path: Path) -> GlinerConfig:
     backbone = build_backbone(
         builder, config.backbone, EncoderWeights(CheckpointPart(checkpoint, BACKBONE_PREFIX), config.backbone)
     )
-    head = _GlinerHead(builder, config, _HeadWeights(checkpoint))
+    head = _GlinerHead(builder, config, HeadWeights(checkpoint))
     scores = head.build(backbone.hidden)
     inputs = [
         *graph_inputs(),
@@ -141,29 +141,10 @@ def convert_gliner(model_dir: Path, out_path: Path) -> GlinerConfig:
     return config
 
 
-class _HeadWeights:
-    """GLiNER's own tensors (everything but the backbone), shapes checked."""
-
-    def __init__(self, checkpoint: Checkpoint) -> None:
-        self._checkpoint = checkpoint
-
-    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        if name not in self._checkpoint:
-            raise ConversionError("required tensor is missing", source=str(self._checkpoint.path), tensor=name)
-        array = self._checkpoint.load(name)
-        if array.shape != shape:
-            raise ConversionError(f"has shape {list(array.shape)}, expected {list(shape)}",
-                                  source=str(self._checkpoint.path), tensor=name)  # fmt: skip
-        return array
-
-    def has(self, name: str) -> bool:
-        return name in self._checkpoint
-
-
 class _GlinerHead:
     """The graph from the backbone's hidden states to the span scores."""
 
-    def __init__(self, builder: GraphBuilder, config: GlinerConfig, weights: _HeadWeights) -> None:
+    def __init__(self, builder: GraphBuilder, config: GlinerConfig, weights: HeadWeights) -> None:
         self.b = builder
         self.config = config
         self.weights = weights
@@ -222,11 +203,7 @@ class _GlinerHead:
         return b.op("GatherElements", [tokens, expanded], name, axis=1)
 
     def _linear(self, x: str, name: str, width_in: int, width_out: int) -> str:
-        b = self.b
-        weight = self.weights.get(f"{name}.weight", (width_out, width_in))
-        bias = self.weights.get(f"{name}.bias", (width_out,))
-        product = b.op("MatMul", [x, b.weight(f"{name}.weight", weight.T)], f"{name}.matmul")
-        return b.op("Add", [product, b.weight(f"{name}.bias", bias)], name)
+        return linear(self.b, self.weights, x, name, width_in, width_out)
 
     def _mlp(self, x: str, name: str, width_in: int, width_out: int) -> str:
         """GLiNER's projection layer: Linear to 4 × the output width, ReLU, (dropout), Linear."""
@@ -234,29 +211,5 @@ class _GlinerHead:
         return self._linear(inner, f"{name}.3", 4 * width_out, width_out)
 
     def _lstm(self, words: str, layer: int) -> str:
-        """One bidirectional LSTM layer over each row's first `word_counts` words (torch's packed sequence: padding
-        neither read nor written); [B, W, D] in and out, the two directions' halves concatenated."""
-        b, width, half = self.b, self.width, self.width // 2
-        name = f"rnn.lstm.{{}}_l{layer}"
-        kernels, recurrents, biases = [], [], []
-        for suffix in ("", "_reverse"):
-            kernels.append(_onnx_gates(self.weights.get(name.format("weight_ih") + suffix, (4 * half, width))))
-            recurrents.append(_onnx_gates(self.weights.get(name.format("weight_hh") + suffix, (4 * half, half))))
-            bias_in = _onnx_gates(self.weights.get(name.format("bias_ih") + suffix, (4 * half,)))
-            bias_hidden = _onnx_gates(self.weights.get(name.format("bias_hh") + suffix, (4 * half,)))
-            biases.append(np.concatenate([bias_in, bias_hidden]))
-        steps = b.op("Transpose", [words], f"lstm{layer}.time_major", perm=[1, 0, 2])
-        lengths = b.op("Cast", [WORD_COUNTS], f"lstm{layer}.lengths", to=TensorProto.INT32)
-        output = b.op("LSTM", [steps, b.weight(f"lstm{layer}.W", np.stack(kernels)),
-                               b.weight(f"lstm{layer}.R", np.stack(recurrents)),
-                               b.weight(f"lstm{layer}.B", np.stack(biases)), lengths],
-                      f"lstm{layer}.out", direction="bidirectional", hidden_size=half)  # fmt: skip
-        # [W, 2, B, D/2] -> [B, W, 2, D/2] -> [B, W, D]
-        batch_major = b.op("Transpose", [output], f"lstm{layer}.batch_major", perm=[2, 0, 1, 3])
-        return b.op("Reshape", [batch_major, b.const([0, 0, width])], f"lstm{layer}.words")
-
-
-def _onnx_gates(values: np.ndarray) -> np.ndarray:
-    """torch's LSTM gate blocks (input, forget, cell, output) in ONNX's order (input, output, forget, cell)."""
-    i, f, g, o = np.split(values, 4, axis=0)
-    return np.concatenate([i, o, f, g], axis=0)
+        """One bidirectional LSTM layer over each row's first `word_counts` words."""
+        return bidirectional_lstm(self.b, self.weights, words, WORD_COUNTS, "rnn.lstm", self.width, layer)
