@@ -33,7 +33,11 @@ sys.path.insert(0, str(REPO / "src"))
 from sie.catalog import CatalogErrors, ConfigError, load_yaml, parse_model_config  # noqa: E402
 from sie.catalog.adapters import ADAPTER_KINDS, adapter_module  # noqa: E402
 from sie.worker.convert.families import CONVERTED_MODEL_TYPES  # noqa: E402
-from sie.worker.convert.names import DECODER_MODEL_TYPES, GLINER_SPAN_MODEL_TYPE  # noqa: E402
+from sie.worker.convert.names import (  # noqa: E402
+    DECODER_MODEL_TYPES,
+    GLICLASS_MODEL_TYPE,
+    GLINER_SPAN_MODEL_TYPE,
+)
 
 PUBLIC_WHEEL = REPO / ".cache" / "wheels" / "sie_server-0.10.1-py3-none-any.whl"
 MODELS_IN_WHEEL = "sie_server/models/"
@@ -56,6 +60,9 @@ ARCHITECTURE_OF = {
     # GLiNER checkpoints name their architecture in gliner_config.json; this module's are span models, but for the
     # ones ARCHITECTURE_OF_MODEL names
     "sie_server.adapters.gliner": GLINER_SPAN_MODEL_TYPE,
+    # GLiClass checkpoints' config.json model_type; the graph builds uni-encoders on any backbone family converted
+    # here (another architecture_type fails its load naming it)
+    "sie_server.adapters.gliclass": GLICLASS_MODEL_TYPE,
 }
 
 
@@ -138,7 +145,11 @@ def status_of(name: str, text: str) -> tuple[str, str, str]:
         return module, arch, "not served: no SIE adapter for this module"
     if not arch:
         return module, arch, "routed"
-    if arch in CONVERTED_MODEL_TYPES or arch in DECODER_MODEL_TYPES or arch == GLINER_SPAN_MODEL_TYPE:
+    if (
+        arch in CONVERTED_MODEL_TYPES
+        or arch in DECODER_MODEL_TYPES
+        or arch in (GLINER_SPAN_MODEL_TYPE, GLICLASS_MODEL_TYPE)
+    ):
         return module, arch, "converted family"
     return module, arch, f"not served: the converter does not build model_type {arch!r} yet"
 

@@ -191,7 +191,7 @@ def gliner_speed(args: argparse.Namespace) -> None:
     from sie.worker.artifacts import ArtifactResolver
     from sie.worker.loading import ModelLoader
     from sie.worker.session import SessionOptions
-    from support.gliner_checkpoints import save_gliner
+    from support.zero_shot_checkpoints import save_gliner
 
     texts = [f"{GLINER_SENTENCES[i % 3]} {GLINER_SENTENCES[(i + 1) % 3]}" for i in range(args.batch)]
     with tempfile.TemporaryDirectory() as scratch:

@@ -21,7 +21,7 @@ import pytest
 from launcher import REPO, serving_all
 from sie.catalog import dump_yaml
 from support.decoder_checkpoints import save_base_model, save_causal_lm, write_tokenizer
-from support.gliner_checkpoints import save_gliner
+from support.zero_shot_checkpoints import save_gliner
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ import pytest
 from sie.catalog import parse_model_config
 from sie.wire.ipc_batch import ExtractBatchItem
 from sie.worker.spans import plan_windows, split_words
-from support.gliner_checkpoints import save_gliner
+from support.zero_shot_checkpoints import save_gliner
 
 TOLERANCE = 1e-4
 TEXTS = [

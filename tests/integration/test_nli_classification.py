@@ -13,7 +13,7 @@ import pytest
 
 from sie.catalog import parse_model_config
 from sie.wire.ipc_batch import ExtractBatchItem
-from support.gliner_checkpoints import BERT, DEBERTA, write_unigram_tokenizer
+from support.zero_shot_checkpoints import BERT, DEBERTA, write_unigram_tokenizer
 
 TOLERANCE = 1e-4
 TEXTS = ["Steve Jobs founded Apple in Cupertino California in 1976.", "The quick brown fox jumps over the lazy dog."]

@@ -30,6 +30,7 @@ def test_the_public_catalogue_counts_every_yaml_once(capsys: pytest.CaptureFixtu
     assert "NuNER_Zero.yaml: the converter does not build model_type 'gliner_uni_encoder_token' yet" in output
     # NLI zero-shot classifiers on DeBERTa-v3 and ModernBERT; BART's encoder-decoder is not built
     assert table["sie_server.adapters.nli_classification_flash"][1:] == ["5", "4", "4"]
+    assert table["sie_server.adapters.gliclass"] == ["GLiClass", "20", "20", "20"]
     assert "no SIE adapter for this module" in output
 
 

@@ -21,6 +21,7 @@ CAUSAL_LM: Final = "causal_lm"
 CAUSAL_RERANKER: Final = "causal_reranker"  # a decoder scoring pairs from its "yes"/"no" logits (Qwen3-Reranker)
 GLINER: Final = "gliner"  # zero-shot entity spans for the labels each request names
 NLI_CLASSIFICATION: Final = "nli_classification"  # zero-shot classification by entailment, labels per request
+GLICLASS: Final = "gliclass"  # zero-shot classification reading the labels with the text (GLiClass)
 
 ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie.adapters.dense": DENSE,
@@ -33,6 +34,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie.adapters.causal_reranker": CAUSAL_RERANKER,
     "sie.adapters.gliner": GLINER,
     "sie.adapters.nli_classification": NLI_CLASSIFICATION,
+    "sie.adapters.gliclass": GLICLASS,
     # public SIE module names served by the kinds above
     "sie_server.adapters.sentence_transformer": DENSE,
     "sie_server.adapters.bert_flash": DENSE,
@@ -65,6 +67,8 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     # NLI models (DeBERTa-v3, ModernBERT, ... with an entailment head) classifying by hypothesis
     "sie_server.adapters.nli_classification_flash": NLI_CLASSIFICATION,
     "sie_server.adapters.nli_classification": NLI_CLASSIFICATION,
+    # GLiClass uni-encoders; another GLiClass architecture (bi-encoder, encoder-decoder) fails its load naming it
+    "sie_server.adapters.gliclass": GLICLASS,
     # the public Rust engine's embedding module serves many encoder architectures; ours converts the checkpoint,
     # and one whose model_type it does not build fails that load naming it
     "sie_server_rust.adapters.candle": DENSE,

@@ -23,6 +23,7 @@ from sie.catalog.adapters import (
     CAUSAL_RERANKER,
     CROSS_ENCODER,
     DENSE,
+    GLICLASS,
     GLINER,
     HYBRID,
     MULTIVECTOR,
@@ -41,6 +42,9 @@ POOLING_MODES: Final = ("mean", "cls", "last", "last_token")
 MAX_OPTION_TEXT_CHARS: Final = 4096
 TEXT_PLACEHOLDER: Final = "{text}"
 LABEL_PLACEHOLDER: Final = "{}"  # where a zero-shot classifier's hypothesis template puts the label
+# GLiClass label groups: each group is one more row read with the text.
+MAX_LABEL_GROUPS: Final = 16
+CLASSIFICATION_TYPES: Final = ("single-label", "multi-label", "single", "multi", "single_label", "multi_label")
 # One extraction label (an entity type such as "drug dosage"): longer than this is no label (the public server's
 # limit too).
 MAX_LABEL_CHARS: Final = 128
@@ -89,6 +93,15 @@ def _is_hypothesis_template(value: Any) -> bool:
     return _is_text(value) and (value is None or value.count(LABEL_PLACEHOLDER) == 1)
 
 
+def _is_label_groups(value: Any) -> bool:
+    if value is None:
+        return True
+    if not isinstance(value, dict) or not 1 <= len(value) <= MAX_LABEL_GROUPS:
+        return False
+    return all(_is_label(name) and "." not in name and isinstance(labels, list) and 1 <= len(labels) <= 100
+               and all(_is_label(label) for label in labels) for name, labels in value.items())  # fmt: skip
+
+
 def _is_span_width(value: Any) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
 
@@ -123,6 +136,13 @@ RULES: Final[dict[str, OptionRule]] = {
     "multi_label": OptionRule("true or false", _is_bool),
     "max_width": OptionRule("null or a whole number of words (at least 1)", _is_span_width),
     "merge_adjacent_entities": OptionRule("true or false", _is_bool),
+    # GLiClass: exclusive or independent labels, and several label sets at once ({"group": [labels]}).
+    "classification_type": _one_of(CLASSIFICATION_TYPES),
+    "label_groups": OptionRule(
+        f"null or an object of at most {MAX_LABEL_GROUPS} groups, each named without '.' and listing 1 to 100 "
+        f"non-blank labels of at most {MAX_LABEL_CHARS} characters",
+        _is_label_groups,
+    ),
     # Zero-shot classification by entailment: the hypothesis each label becomes.
     "hypothesis_template": OptionRule(f"{_TEXT} holding {LABEL_PLACEHOLDER} exactly once", _is_hypothesis_template),
     # Relation types, read by relation-extraction models only (none is served yet: refused by every kind).
@@ -160,6 +180,7 @@ READ_BY_KIND: Final[dict[str, frozenset[str]]] = {
     TOKEN_CLASSIFICATION: _EVERY_KIND | {"threshold"},
     GLINER: _EVERY_KIND | {"threshold", "flat_ner", "multi_label", "max_width", "merge_adjacent_entities"},
     NLI_CLASSIFICATION: _EVERY_KIND | {"hypothesis_template", "multi_label"},
+    GLICLASS: _EVERY_KIND | {"threshold", "classification_type", "label_groups"},
 }
 # A text encoder scoring compares normalised representations: no vectors are returned, so nothing shapes them.
 READ_WHEN_SCORING: Final = _EVERY_KIND | {"instruction", "query_template", "doc_template", "max_seq_length"}
@@ -174,6 +195,7 @@ _KIND_NAMES: Final = {
     TOKEN_CLASSIFICATION: "an entity extraction model",
     GLINER: "a zero-shot entity extraction model",
     NLI_CLASSIFICATION: "a zero-shot classification model",
+    GLICLASS: "a GLiClass classification model",
 }
 
 
@@ -208,7 +230,7 @@ def _shown(value: Any) -> str:
 
 
 # Kinds of model that read the labels of each request (and need some), rather than filter their own.
-ZERO_SHOT_KINDS: Final = frozenset({GLINER, NLI_CLASSIFICATION})
+ZERO_SHOT_KINDS: Final = frozenset({GLINER, NLI_CLASSIFICATION, GLICLASS})
 
 
 def labels_problem(labels: Any, kind: str | None, max_labels: int) -> str | None:

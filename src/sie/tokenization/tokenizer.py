@@ -194,6 +194,12 @@ class TextTokenizer:
         word_ids = np.array([word for word in encoding.word_ids if word is not None], dtype=np.int64)
         return np.bincount(word_ids, minlength=len(words)).astype(np.int64)
 
+    def count_tokens(self, text: str) -> int:
+        """How many tokens `text` makes with the special tokens, untruncated (at most `max_length` ×
+        MAX_CHARS_PER_TOKEN characters are read: past that the count is only known to exceed `max_length`)."""
+        limit = self.max_length * MAX_CHARS_PER_TOKEN
+        return len(self._untruncated().encode(text[:limit]).ids)
+
     def _untruncated(self) -> tokenizers.Tokenizer:
         """A copy of the tokenizer that reads whole texts, made on first use (only word-windowing models need it)."""
         with self._copy_lock:

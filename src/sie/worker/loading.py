@@ -43,6 +43,7 @@ from sie.worker.convert.names import (
     CHAT_TEMPLATE_FILE,
     CONFIG_FILE,
     FLOAT16_UNSAFE_MODEL_TYPES,
+    GLICLASS_HEAD,
     GLINER_HEAD,
     GRAPH_FILE,
     TOKENIZER_CONFIG_FILE,
@@ -226,6 +227,7 @@ class ModelLoader:
             # The converter imports `onnx` (about 1.4 s): only a cache miss pays for it.
             from sie.worker.convert.decoders import convert_decoder_hidden
             from sie.worker.convert.encoders import convert_encoder
+            from sie.worker.convert.gliclass import convert_gliclass
             from sie.worker.convert.gliner import convert_gliner
 
             self.converted_dir.mkdir(parents=True, exist_ok=True)
@@ -239,6 +241,8 @@ class ModelLoader:
                     convert_decoder_hidden(model_dir, staged, precision)
                 elif head == GLINER_HEAD:
                     convert_gliner(model_dir, staged)
+                elif head == GLICLASS_HEAD:
+                    convert_gliclass(model_dir, staged)
                 else:
                     convert_encoder(model_dir, staged, head)
                 os.replace(staged, target)  # atomic: a reader sees no graph or the whole graph

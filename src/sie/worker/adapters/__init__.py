@@ -12,13 +12,14 @@ from sie.worker.adapters.causal_lm import CausalLMAdapter, GenerationInputError,
 from sie.worker.adapters.causal_reranker import CausalRerankerAdapter
 from sie.worker.adapters.cross_encoder import CrossEncoderAdapter
 from sie.worker.adapters.dense import DenseAdapter
+from sie.worker.adapters.gliclass import GliclassAdapter
 from sie.worker.adapters.gliner import GlinerAdapter
 from sie.worker.adapters.hybrid import HybridAdapter
 from sie.worker.adapters.multivector import MultivectorAdapter
 from sie.worker.adapters.nli_classification import NliClassificationAdapter
 from sie.worker.adapters.sparse import SpladeAdapter, read_splade_stack
 from sie.worker.adapters.token_classification import TokenClassificationAdapter
-from sie.worker.convert.names import GLINER_HEAD
+from sie.worker.convert.names import GLICLASS_HEAD, GLINER_HEAD
 from sie.worker.errors import ModelLoadError
 
 # The class that runs each kind of model (`sie.catalog.adapters` maps adapter modules to kinds).
@@ -33,6 +34,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
         TokenClassificationAdapter,
         GlinerAdapter,
         NliClassificationAdapter,
+        GliclassAdapter,
         CausalLMAdapter,
         CausalRerankerAdapter,
     )
@@ -49,7 +51,8 @@ CONVERSION_HEADS: dict[type[Adapter], str] = {
     TokenClassificationAdapter: "token-cls",
     CausalRerankerAdapter: "none",  # a decoder checkpoint converts to its hidden states
     NliClassificationAdapter: "seq-cls",
-    GlinerAdapter: GLINER_HEAD,  # a GLiNER checkpoint converts to its span scores (convert/gliner.py)
+    GlinerAdapter: GLINER_HEAD,
+    GliclassAdapter: GLICLASS_HEAD,  # a GLiClass checkpoint converts to its label logits (convert/gliclass.py)
 }
 
 

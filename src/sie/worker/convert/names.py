@@ -66,3 +66,8 @@ WORD_POSITIONS: Final = "word_positions"
 WORD_COUNTS: Final = "word_counts"
 LABEL_POSITIONS: Final = "label_positions"
 SPAN_SCORES: Final = "span_scores"
+# The extra input of a converted GLiClass graph (`gliclass.py`): per row and label, the weight of each token in the
+# label's representation (1 at its marker, or 1/n over its n tokens); out come `LOGITS` [rows, labels].
+GLICLASS_HEAD: Final = "gliclass"
+GLICLASS_MODEL_TYPE: Final = "GLiClass"  # a GLiClass checkpoint's config.json model_type
+LABEL_WEIGHTS: Final = "label_weights"

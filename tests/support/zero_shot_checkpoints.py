@@ -1,6 +1,7 @@
-"""Tiny random GLiNER span checkpoints built and saved by the `gliner` package itself (its own tensor names, config
-and tokenizer files), on a DeBERTa-v2 or BERT backbone with a SentencePiece-style (Unigram, Metaspace) tokenizer
-trained here, so words split into several subtokens as DeBERTa-v3's do. torch, transformers and gliner (the test
+"""Tiny random zero-shot checkpoints built and saved by their own packages (their tensor names, configs and tokenizer
+files): GLiNER span models by `gliner`, GLiClass uni-encoders by `gliclass`, on a DeBERTa-v2 or BERT backbone with a
+SentencePiece-style (Unigram, Metaspace) tokenizer of a fixed vocabulary, so words split into several subtokens as
+DeBERTa-v3's do. torch, transformers and gliner (the test
 extra) are imported when a model is built, not when this module is."""
 
 from __future__ import annotations
@@ -104,3 +105,34 @@ def save_gliner(  # noqa: PLR0913 - the checkpoint's shape
     model.eval()
     model.save_pretrained(directory / "gliner")
     return model
+
+
+GLICLASS_MARKERS = ["<<LABEL>>", "<<SEP>>", "<<EXAMPLE>>"]
+
+
+def save_gliclass(directory: Path, backbone: str = "deberta-v2", seed: int = 2, **options: Any) -> tuple[Any, Any]:
+    """A GLiClass uni-encoder on a random `backbone`, saved to `directory` as `save_pretrained` does, with the
+    tokenizer (its markers added); returns the model and its transformers tokenizer. `options` go to its
+    GLiClassModelConfig (pooling_strategy, scorer_type, use_lstm, prompt_first, class_token_pooling, ...)."""
+    import torch
+    import transformers
+    from gliclass import GLiClassModel, GLiClassModelConfig
+
+    tokenizer = write_unigram_tokenizer(directory)
+    tokenizer.add_special_tokens(GLICLASS_MARKERS)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    encoder = dict(BACKBONES[backbone], vocab_size=tokenizer.get_vocab_size())
+    encoder_config = transformers.CONFIG_MAPPING[encoder.pop("model_type")](**encoder)
+    config = GLiClassModelConfig(encoder_config=encoder_config.to_dict(), encoder_model=str(directory),
+                                 class_token_index=tokenizer.token_to_id("<<LABEL>>"), dropout=0.0,
+                                 architecture_type="uni-encoder", **options)  # fmt: skip
+    torch.manual_seed(seed)
+    model = GLiClassModel(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            # away from the initial values; a scorer of its own (MLP, weighted dot) enough that the labels score apart
+            parameter.add_(
+                torch.randn_like(parameter) * (0.1 if "encoder_model" in name else 0.4 if "scorer" in name else 0.2)
+            )
+    model.save_pretrained(directory)
+    return model, transformers.AutoTokenizer.from_pretrained(directory)

@@ -1,0 +1,193 @@
+"""Zero-shot classification with a GLiClass uni-encoder: each text is read with the request's labels, as the gliclass
+pipeline writes them (`text<<LABEL>>a<<LABEL>>b<<SEP>>`, or the labels first for `prompt_first` models; an
+instruction is the pipeline's task prompt after `<<SEP>>`), the converted graph (`sie.worker.convert.gliclass`) gives
+one logit per label, and the scores are the pipeline's: a softmax across the labels (`single-label`) or a sigmoid
+each (`multi-label`; also a single label, whose softmax would be 1 for any text). Labels at or above `threshold`
+come back, best first. A text too long for the model is cut so that every label is still read.
+
+`label_groups` (`{"urgency": ["low", "high"], "topic": [...]}`) classify one text along several label sets at once:
+each group is a row of its own, scored like a request of its labels; `classifications` read `group.label` and `data`
+holds each group's best label (single-label) or its labels at or above the threshold (multi-label).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import attrs
+import numpy as np
+
+from sie.catalog.adapters import GLICLASS
+from sie.catalog.options import labels_problem
+from sie.tokenization import TokenizedText, pad_batch
+from sie.wire.ipc_batch import OP_EXTRACT
+from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult, Stopwatch, invalid
+from sie.worker.adapters.encoder import item_text
+from sie.worker.convert.names import LABEL_WEIGHTS, LOGITS
+
+LABEL_TOKEN = "<<LABEL>>"
+SEP_TOKEN = "<<SEP>>"
+SINGLE, MULTI = "single-label", "multi-label"
+CLASSIFICATION_TYPES = {"single": SINGLE, "single-label": SINGLE, "single_label": SINGLE, "multi": MULTI,
+                        "multi-label": MULTI, "multi_label": MULTI}  # fmt: skip
+MAX_LABELS = 1000  # as the gateway's default SIE_GATEWAY_MAX_LABELS, for items that did not pass one
+
+
+@attrs.frozen
+class _Row:
+    """One text with one label set, encoded."""
+
+    item: int
+    group: str | None
+    labels: list[str]
+    tokens: TokenizedText
+    weights: np.ndarray  # [labels, tokens]
+
+
+class GliclassAdapter(Adapter):
+    """`sie.adapters.gliclass`: extract only; `classifications` for the labels (or label groups) of each request."""
+
+    kind: ClassVar[str | None] = GLICLASS
+    supports_extract: ClassVar[bool] = True
+
+    def __init__(self, context: AdapterContext) -> None:
+        super().__init__(context)
+        config = context.model_config_json
+        self._prompt_first = bool(config.get("prompt_first", False))
+        self._embed_marker = bool(config.get("embed_class_token", True))
+        self._average = config.get("class_token_pooling", "first") == "average"
+        self._marker = int(config["class_token_index"]) if "class_token_index" in config else None
+        if self._marker is None or self.tokenizer.token_to_id(LABEL_TOKEN) != self._marker:
+            raise ValueError(f"the tokenizer's {LABEL_TOKEN} is not config.json's class_token_index")
+        loadtime = context.profile.loadtime_options
+        self._default_type = CLASSIFICATION_TYPES.get(str(loadtime.get("classification_type", MULTI)), MULTI)
+
+    def extract(self, items: Sequence[Any]) -> BatchResult:
+        watch = Stopwatch()
+        results = [self._refusal(item) or ItemResult() for item in items]
+        rows: list[_Row] = []
+        with watch.stage("tokenization"):
+            for index, item in enumerate(items):
+                if results[index].ok:
+                    made = self._rows(index, item)
+                    if isinstance(made, ItemResult):
+                        results[index] = made
+                    else:
+                        rows += made
+        if rows:
+            with watch.stage("inference"):
+                logits = self._logits(rows)
+            with watch.stage("postprocessing"):
+                for index in {row.item for row in rows}:
+                    mine = [(row, logits[number]) for number, row in enumerate(rows) if row.item == index]
+                    results[index] = self._answer(items[index], mine)
+        return watch.finish(results)
+
+    def _refusal(self, item: Any) -> ItemResult | None:
+        refused = self.refused_options(item.options, OP_EXTRACT)
+        if refused is not None:
+            return refused
+        text = item_text(item.item)
+        if text is None or not text.strip():
+            return invalid("GLiClass classifies a non-blank text")
+        groups = (item.options or {}).get("label_groups")
+        if groups is not None:
+            if item.labels:
+                return invalid("Send either labels or options.label_groups, not both")
+            return None  # the option's own rule checked the groups
+        problem = labels_problem(item.labels, GLICLASS, MAX_LABELS)
+        return invalid(problem) if problem is not None else None
+
+    def _rows(self, index: int, item: Any) -> list[_Row] | ItemResult:
+        """The item's rows (one per label group), or its error when its labels leave no room for the text."""
+        options = self.options_for(item.options)
+        groups: Mapping[str, list[str]] = options.get("label_groups") or {}
+        label_sets = list(groups.items()) if groups else [(None, list(item.labels))]
+        prompt = item.instruction or ""
+        text = item_text(item.item) or ""
+        rows = []
+        for group, labels in label_sets:
+            tokens = self._encode(text, labels, prompt)
+            if tokens is None:
+                return invalid(f"The {len(labels)} labels take all of the model's {self.tokenizer.max_length} tokens "
+                               "and leave none for the text: send fewer or shorter labels")  # fmt: skip
+            rows.append(_Row(index, group, labels, tokens, self._label_weights(tokens.input_ids, len(labels))))
+        return rows
+
+    def _sequence(self, text: str, labels: list[str], prompt: str) -> str:
+        marked = "".join(f"{LABEL_TOKEN}{label}" for label in labels) + SEP_TOKEN + prompt
+        return marked + text if self._prompt_first else text + marked
+
+    def _encode(self, text: str, labels: list[str], prompt: str) -> TokenizedText | None:
+        """The row's tokens, its text cut (by tokens) where it would not fit beside every label; None when the labels
+        alone fill the model."""
+        room = self.tokenizer.max_length - self.tokenizer.count_tokens(self._sequence("", labels, prompt))
+        if room < 1:
+            return None
+        sequence = self._sequence(text, labels, prompt)
+        if self.tokenizer.count_tokens(sequence) > self.tokenizer.max_length:
+            pieces = self.tokenizer.tokens(text, add_special_tokens=False)
+            for keep in range(min(room, len(pieces)), 0, -1):  # a cut may join pieces: one fewer until it fits
+                sequence = self._sequence(text[: pieces[keep - 1]["stop"]], labels, prompt)
+                if self.tokenizer.count_tokens(sequence) <= self.tokenizer.max_length:
+                    break
+        (tokens,) = self.tokenizer.encode_batch([sequence])
+        return tokens
+
+    def _markers(self, ids: np.ndarray) -> int:
+        return int(np.count_nonzero(ids == self._marker))
+
+    def _label_weights(self, ids: np.ndarray, labels: int) -> np.ndarray:
+        """Each label's tokens as gliclass pools them: its marker (or the token after it), or with `average` every
+        token from its marker to the next one (past the last marker: to the end), the marker left out unless
+        embedded."""
+        weights = np.zeros((labels, len(ids)), dtype=np.float32)
+        positions = np.flatnonzero(ids == self._marker)[:labels]
+        shift = 0 if self._embed_marker else 1
+        for label, position in enumerate(positions.tolist()):
+            if not self._average:
+                weights[label, min(position + shift, len(ids) - 1)] = 1.0
+                continue
+            stop = positions[label + 1] if label + 1 < len(positions) else len(ids)
+            weights[label, position + shift : stop] = 1.0
+            weights[label] /= max(1.0, weights[label].sum())
+        return weights
+
+    def _logits(self, rows: list[_Row]) -> np.ndarray:
+        batch = pad_batch([row.tokens.input_ids for row in rows], None, self.tokenizer.pad_id)
+        width = max(len(row.labels) for row in rows)
+        weights = np.zeros((len(rows), width, batch.input_ids.shape[1]), dtype=np.float32)
+        for number, row in enumerate(rows):
+            weights[number, : row.weights.shape[0], : row.weights.shape[1]] = row.weights
+        feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+                 "token_type_ids": batch.token_type_ids, LABEL_WEIGHTS: weights}  # fmt: skip
+        (logits,) = self.run_session(feeds, [LOGITS])
+        return logits.astype(np.float32, copy=False)
+
+    def _answer(self, item: Any, rows: list[tuple[_Row, np.ndarray]]) -> ItemResult:
+        options = self.options_for(item.options)
+        kind = CLASSIFICATION_TYPES.get(str(options.get("classification_type") or self._default_type), MULTI)
+        threshold = float(options.get("threshold") or 0.0)
+        classifications: list[dict[str, Any]] = []
+        data: dict[str, Any] = {}
+        for row, logits in rows:
+            scores = _scores(logits[: len(row.labels)], kind)
+            named = [(f"{row.group}.{label}" if row.group else label, float(score))
+                     for label, score in zip(row.labels, scores.tolist(), strict=True)]  # fmt: skip
+            kept = [{"label": label, "score": score} for label, score in named if score >= threshold]
+            classifications += kept
+            if row.group is not None:
+                best = row.labels[int(np.argmax(scores))]
+                above = [label for label, score in zip(row.labels, scores.tolist(), strict=True) if score >= threshold]
+                data[row.group] = best if kind == SINGLE else above
+        classifications.sort(key=lambda one: -one["score"])
+        result = {"entities": [], "relations": [], "classifications": classifications, "objects": [], "data": data}
+        return ItemResult(result, input_tokens=sum(len(row.tokens) for row, _ in rows))
+
+
+def _scores(logits: np.ndarray, kind: str) -> np.ndarray:
+    if kind == SINGLE and len(logits) > 1:
+        shifted = np.exp(logits - logits.max())
+        return shifted / shifted.sum()
+    return 1.0 / (1.0 + np.exp(-logits))
