@@ -4,9 +4,11 @@ an embedder (`qwen2_flash`, last-token pooling with an instruction template) and
 (`qwen2_flash_cross_encoder`, the Qwen3-Reranker prompt) — asked through the `openai` client (chat completions,
 streamed too, and the Responses API) and the public sie-sdk (encode, score); a chat model of every other decoder
 family (Llama, Mistral, Qwen2, Granite, Gemma 3) through chat completions, and the DeBERTa-v3 models: a
-cross-encoder through the SDK's score and a GLiNER zero-shot extractor (the public `sie_server.adapters.gliner`
-YAML shape) through the SDK's extract with its own labels. Greedy text equals `transformers.generate` on the same
-checkpoint and rendered prompt; vectors and scores equal transformers ≤ 1e-4, entities equal the `gliner` package's.
+cross-encoder through the SDK's score, and the zero-shot models in the public catalogue's YAML shapes through the
+SDK's extract with labels of each request's own: a GLiNER extractor, a GLiClass classifier (with label groups) and an
+NLI classifier. Greedy text equals `transformers.generate` on the same
+checkpoint and rendered prompt; vectors and scores equal transformers ≤ 1e-4, entities and classifications equal the
+`gliner` and `gliclass` packages' and transformers' zero-shot pipeline.
 Marked slow: it starts a server process."""
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import pytest
 from launcher import REPO, serving_all
 from sie.catalog import dump_yaml
 from support.decoder_checkpoints import save_base_model, save_causal_lm, write_tokenizer
-from support.zero_shot_checkpoints import save_gliner
+from support.zero_shot_checkpoints import DEBERTA as DEBERTA_BACKBONE
+from support.zero_shot_checkpoints import save_gliclass, save_gliner, write_unigram_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -30,6 +33,8 @@ CHAT, EMBED, RERANK = "tiny/qwen3-chat", "tiny/qwen3-embedding", "tiny/qwen3-rer
 OTHER_CHATS = {f"tiny/{family}-chat": family for family in ("llama", "mistral", "qwen2", "granite", "gemma3")}
 DEBERTA = "tiny/deberta-v3-reranker"
 GLINER = "tiny/gliner-deberta-v3"
+GLICLASS = "tiny/gliclass-deberta-v3"
+NLI = "tiny/nli-deberta-v3"
 INSTRUCTION = "w7 w8"
 TOLERANCE = 1e-4
 
@@ -70,6 +75,15 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     models[GLINER] = save_gliner(root / "weights" / "gliner")
     write_yaml(models_dir, GLINER, root / "weights" / "gliner" / "gliner", {"extract": {}},
                "sie_server.adapters.gliner:GLiNERAdapter", {"runtime": {"threshold": 0.27}})  # fmt: skip
+    models[GLICLASS] = save_gliclass(root / "weights" / "gliclass", pooling_strategy="first", prompt_first=True,
+                                     embed_class_token=False)  # fmt: skip
+    write_yaml(models_dir, GLICLASS, root / "weights" / "gliclass", {"extract": {}},
+               "sie_server.adapters.gliclass:GLiClassAdapter",
+               {"loadtime": {"classification_type": "single-label"}, "runtime": {"threshold": 0.0}})  # fmt: skip
+    models[NLI] = save_nli(root / "weights" / "nli")
+    write_yaml(models_dir, NLI, root / "weights" / "nli", {"extract": {}},
+               "sie_server.adapters.nli_classification_flash:NLIClassificationFlashAdapter",
+               {"runtime": {"hypothesis_template": "This text is about {}.", "multi_label": False}})  # fmt: skip
     embed_options = {"loadtime": {"causal": True}, "runtime": {
         "pooling": "last", "normalize": True, "query_template": "Instruct: {instruction}\nQuery:{text}",
         "default_instruction": INSTRUCTION}}  # fmt: skip
@@ -106,6 +120,25 @@ def save_deberta_cross_encoder(directory: Path) -> Any:
             parameter.add_(torch.randn_like(parameter) * 0.2)
     model.save_pretrained(directory)
     write_encoder_tokenizer(directory, "distilbert")  # BERT-style specials, no token types
+    return model
+
+
+def save_nli(directory: Path) -> Any:
+    """A DeBERTa-v3 NLI classifier (MNLI's three labels), random, with its transformers tokenizer."""
+    import torch
+    import transformers
+
+    tokenizer = write_unigram_tokenizer(directory)
+    id2label = {0: "contradiction", 1: "neutral", 2: "entailment"}
+    config = dict(DEBERTA_BACKBONE, vocab_size=tokenizer.get_vocab_size(), id2label=id2label,
+                  label2id={label: index for index, label in id2label.items()})  # fmt: skip
+    config_class = transformers.CONFIG_MAPPING[config.pop("model_type")]
+    torch.manual_seed(5)
+    model = transformers.AutoModelForSequenceClassification.from_config(config_class(**config)).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.2)
+    model.save_pretrained(directory)
     return model
 
 
@@ -242,3 +275,34 @@ def test_a_gliner_model_extracts_the_labels_each_request_names(served: Served, p
     ]:
         response = httpx.post(url, json={"items": [{"text": texts[0]}], "params": params}, timeout=60)
         assert response.status_code == 400 and message in response.text, (params, response.text)
+
+
+def test_zero_shot_classifiers_score_the_labels_each_request_names(served: Served, public_sdk) -> None:
+    import transformers
+    from gliclass import ZeroShotClassificationPipeline
+
+    text, labels = "Steve Jobs founded Apple in Cupertino California in 1976.", ["person", "organization", "city"]
+    client = public_sdk.SIEClient(served.url, timeout_s=120)
+    try:
+        (gliclass,) = client.extract(GLICLASS, [{"text": text}], labels=labels, wait_for_capacity=True)
+        (grouped,) = client.extract(GLICLASS, [{"text": text}],
+                                    options={"label_groups": {"kind": labels[:2], "place": labels[2:] + ["award"]}},
+                                    wait_for_capacity=True)  # fmt: skip
+        (nli,) = client.extract(NLI, [{"text": text}], labels=labels, wait_for_capacity=True)
+    finally:
+        client.close()
+    model, tokenizer = served.models[GLICLASS]
+    pipeline = ZeroShotClassificationPipeline(model, tokenizer, classification_type="single-label", device="cpu",
+                                              progress_bar=False)  # fmt: skip
+    (best,) = pipeline([text], labels, threshold=0.0, batch_size=1)[0]
+    ours = {c["label"]: c["score"] for c in gliclass["classifications"]}
+    assert max(ours, key=ours.get) == best["label"] and abs(ours[best["label"]] - best["score"]) <= TOLERANCE
+    assert sorted(c["label"] for c in grouped["classifications"]) == sorted(
+        ["kind.person", "kind.organization", "place.city", "place.award"]
+    )
+    assert set(grouped["data"]) == {"kind", "place"}
+    nli_tokenizer = transformers.AutoTokenizer.from_pretrained(served.root / "weights" / "nli")
+    zero_shot = transformers.pipeline("zero-shot-classification", model=served.models[NLI], tokenizer=nli_tokenizer)
+    expected = zero_shot(text, labels, hypothesis_template="This text is about {}.")
+    assert [c["label"] for c in nli["classifications"]] == expected["labels"]
+    assert np.allclose([c["score"] for c in nli["classifications"]], expected["scores"], atol=TOLERANCE, rtol=0)

@@ -233,12 +233,16 @@ def _shown(value: Any) -> str:
 ZERO_SHOT_KINDS: Final = frozenset({GLINER, NLI_CLASSIFICATION, GLICLASS})
 
 
-def labels_problem(labels: Any, kind: str | None, max_labels: int) -> str | None:
+def labels_problem(
+    labels: Any, kind: str | None, max_labels: int, options: Mapping[str, Any] | None = None
+) -> str | None:
     """Why an extract request's `labels` cannot run on a model of adapter `kind`: more than `max_labels`, one that
     is not a non-blank string of at most MAX_LABEL_CHARS characters, or none for a zero-shot model, which extracts
-    only the labels it is given; None when they can."""
+    only the labels it is given (a GLiClass model may be given `label_groups` in `options` instead); None when they
+    can."""
     if labels is None or labels == []:
-        needed = kind in ZERO_SHOT_KINDS
+        grouped = kind == GLICLASS and bool((options or {}).get("label_groups"))
+        needed = kind in ZERO_SHOT_KINDS and not grouped
         return "Field 'labels' is required: a zero-shot model extracts the labels it is given" if needed else None
     if not isinstance(labels, list):
         return "Field 'labels' must be a list of strings"

@@ -260,7 +260,8 @@ def check_extract(route: Route, params: ExtractParams | None, max_labels: int) -
     must be at most `max_labels` sane strings, and present for a zero-shot model (`sie.catalog.options`)."""
     if route.config is not None and not route.config.tasks.extract:
         raise InvalidRequestError(f"Model '{route.model}' does not support extraction")
-    problem = labels_problem(params.labels if params is not None else None, route.adapter_kind, max_labels)
+    labels, options = (params.labels, params.options) if params is not None else (None, None)
+    problem = labels_problem(labels, route.adapter_kind, max_labels, options)
     if problem is not None:
         raise InvalidRequestError(problem)
     if params is not None and params.output_dtype is not None:
