@@ -7,10 +7,11 @@ profile the server has); every error is its surface's JSON envelope (SIE-native,
 surface's) and leaks no traceback, source path or ONNX Runtime text; every 2xx body decodes in the format asked
 for. Afterwards the server must be alive, ready, still serving each route, and under the issue's memory goal.
 
-Cases (the `max_examples` below, in file order): 300 encode + 200 score + 150 extract + 200 OpenAI embeddings +
-200 text-only + 300 garbage bodies + 200 hostile paths + 100 read routes + 60 dead-letter listings + 60 wrong
-methods + 100 hostile headers + 150 limits + 100 config resolve + 120 placement changes + 270 placement edge values =
-2,510 generated cases, each at least one request (about 60 s on two busy cores); then the hostile requests of
+Cases (the `max_examples` below, in file order): 300 encode + 200 score + 150 extract + 120 zero-shot extract
+(label lists: none, unicode, repeated, blank, over the limit, on a GLiNER, a GLiClass and an NLI model) + 200 OpenAI
+embeddings + 200 text-only + 300 garbage bodies + 200 hostile paths + 100 read routes + 60 dead-letter listings +
+60 wrong methods + 100 hostile headers + 150 limits + 100 config resolve + 120 placement changes + 270 placement edge
+values = 2,630 generated cases, each at least one request (about 60 s on two busy cores); then the hostile requests of
 tests/support/hostile.py among 60 innocent ones, none of which may fail (issue 14 §1). Deterministic: derandomized,
 no example database. Marked slow: it starts a real server. `pytest tests/fuzz --hypothesis-show-statistics` shows
 the statuses each test met.
@@ -23,8 +24,10 @@ import http.client
 import json
 import operator
 import os
+import shutil
 import urllib.parse
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any, Final
 
 import attrs
@@ -35,7 +38,7 @@ import pytest
 from hypothesis import HealthCheck, currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
-from launcher import RoleProcess, free_port
+from launcher import REPO, RoleProcess, free_port
 from sie.wire import unpackb
 from sie.wire.http import OUTPUT_DTYPES
 from support.hostile import hostile_misanswers, innocent_failures, references, send_crowd
@@ -46,6 +49,12 @@ MINILM: Final = "sentence-transformers/all-MiniLM-L6-v2"
 MINILM_L3: Final = "sentence-transformers/paraphrase-MiniLM-L3-v2"
 SPLADE: Final = "rasyosef/splade-tiny"
 RAMPART: Final = "nationaldesignstudio/rampart"
+# Tiny random zero-shot models (tests/support/zero_shot_checkpoints.py) beside the baseline catalogue: the labels of
+# each request reach a GLiNER extractor, a GLiClass classifier and an NLI classifier.
+GLINER: Final = "fuzz/gliner"
+GLICLASS: Final = "fuzz/gliclass"
+NLI: Final = "fuzz/nli"
+ZERO_SHOT_MODELS: Final = (GLINER, GLICLASS, NLI)
 ENCODE_MODELS: Final = (MINILM, f"{MINILM}:int8", f"{MINILM}:multivector", MINILM_L3, SPLADE)
 KNOWN_MODELS: Final = (*ENCODE_MODELS, RAMPART)
 
@@ -157,14 +166,16 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """One `sie run --role all` with the small limits and three models preloaded; after the run it must still
     exit 0 on SIGTERM (a graceful shutdown after the abuse)."""
     port = free_port()
+    root = tmp_path_factory.mktemp("fuzz")
     args = ["--host", "127.0.0.1", "--port", str(port), "--preload", ",".join(PRELOAD)]
     env = {
+        "SIE_MODELS_DIR": str(zero_shot_catalogue(root)),
         "SIE_GATEWAY_MAX_ITEMS": str(MAX_ITEMS),
         "SIE_GATEWAY_MAX_ITEM_CHARS": str(MAX_ITEM_CHARS),
         "SIE_GATEWAY_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
         "SIE_COMPAT_DEFAULT_MODELS": f"embed={MINILM},rerank={MINILM}",  # `/embed_all` has none: a TEI 400
     }
-    process = RoleProcess("all", args, env, tmp_path_factory.mktemp("fuzz") / "server.log")
+    process = RoleProcess("all", args, env, root / "server.log")
     client = Gateway(process, f"http://127.0.0.1:{port}")
     try:
         process.wait_http_ready(f"http://127.0.0.1:{port}/readyz")
@@ -173,6 +184,36 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         client.close()
         code = process.stop()
     assert code == 0, process.log()
+
+
+def zero_shot_catalogue(root: Path) -> Path:
+    """The baseline model YAMLs plus the three zero-shot models' (in the public catalogue's shapes), over tiny
+    random checkpoints saved under `root`."""
+    from sie.catalog import dump_yaml
+    from support.zero_shot_checkpoints import BERT, save_gliclass, save_gliner, write_unigram_tokenizer
+
+    models = root / "models"
+    models.mkdir()
+    for path in (REPO / "config" / "models").glob("*.yaml"):
+        shutil.copy(path, models / path.name)
+    save_gliner(root / "gliner")
+    save_gliclass(root / "gliclass")
+    nli = root / "nli"
+    tokenizer = write_unigram_tokenizer(nli)
+    import transformers
+
+    config = dict(BERT, vocab_size=tokenizer.get_vocab_size(), id2label={0: "entailment", 1: "not_entailment"})
+    transformers.BertForSequenceClassification(transformers.BertConfig(**config)).save_pretrained(nli)
+    entries = {
+        GLINER: (root / "gliner" / "gliner", "sie_server.adapters.gliner:GLiNERAdapter"),
+        GLICLASS: (root / "gliclass", "sie_server.adapters.gliclass:GLiClassAdapter"),
+        NLI: (nli, "sie_server.adapters.nli_classification_flash:NLIClassificationFlashAdapter"),
+    }
+    for sie_id, (weights, adapter_path) in entries.items():
+        data = {"sie_id": sie_id, "weights_path": str(weights), "tasks": {"extract": {}},
+                "profiles": {"default": {"adapter_path": adapter_path, "max_batch_tokens": 4096}}}  # fmt: skip
+        (models / f"{sie_id.replace('/', '__')}.yaml").write_text(dump_yaml(data))
+    return models
 
 
 # --- what every answer must satisfy -----------------------------------------------------------------------------
@@ -497,6 +538,56 @@ def test_score(gateway: Gateway, model: str, body: Any, encoding: str, accept: s
 @fuzz(max_examples=150)
 @given(model=st.sampled_from((RAMPART, RAMPART, MINILM)), body=extract_bodies, encoding=encodings, accept=accepts)
 def test_extract(gateway: Gateway, model: str, body: Any, encoding: str, accept: str | None) -> None:
+    content, headers = encode_accepting(body, encoding, accept)
+    reply = gateway.send("POST", f"/v1/extract/{model}", content, headers)
+    decoded = check(reply)
+    if reply.status == 200:
+        assert_inference_success(reply, decoded, body, accept)
+
+
+# Label lists as zero-shot models meet them: none, a few (unicode, repeated, blank, long), and as many as the gateway
+# takes or one more (SIE_GATEWAY_MAX_LABELS, 1000 by default).
+label_lists = st.one_of(
+    st.lists(texts, max_size=6),
+    st.lists(st.sampled_from(("person", "Person", "person", "城市", "😀 emoji", " ", "", "x" * 129)), max_size=6),
+    st.builds(lambda count, label: [label] * count, st.sampled_from((999, 1000, 1001)), st.sampled_from(("a", "né"))),
+    st.builds(lambda count: [f"label {index}" for index in range(count)], st.integers(0, 1200)),
+)
+zero_shot_options = st.one_of(
+    options,
+    st.fixed_dictionaries({}, optional={
+        "threshold": numbers, "flat_ner": scalars, "multi_label": scalars, "max_width": numbers,
+        "classification_type": st.sampled_from(("single-label", "multi-label", "both", "")),
+        "label_groups": st.one_of(st.dictionaries(short_texts, st.lists(texts, max_size=3), max_size=3), hostile),
+        "hypothesis_template": st.sampled_from(("It is {}.", "no placeholder", "{} and {}", "")),
+    }),
+)  # fmt: skip
+# Half the bodies are sane (texts with words in them, a few labels), so options and labels meet a model that answers.
+sane_zero_shot_bodies = st.fixed_dictionaries({
+    "items": st.lists(st.fixed_dictionaries({"text": st.one_of(st.sampled_from((
+        "Steve Jobs founded Apple in Cupertino.", "Marie Curie won the Nobel Prize.")), texts.filter(str.strip))}),
+        min_size=1, max_size=3),
+    "params": st.fixed_dictionaries(
+        {"labels": st.lists(st.sampled_from(("person", "city", "organization", "城市", "award")), min_size=1,
+                            max_size=5)},
+        optional={"options": zero_shot_options}),
+})  # fmt: skip
+zero_shot_bodies = st.one_of(
+    sane_zero_shot_bodies,
+    fuzzed(
+        st.fixed_dictionaries(
+            {"items": item_lists},
+            optional={"params": st.fixed_dictionaries({}, optional={"labels": label_lists,
+                                                                    "options": zero_shot_options,
+                                                                    "instruction": texts})},
+        )
+    ),
+)  # fmt: skip
+
+
+@fuzz(max_examples=120)
+@given(model=st.sampled_from(ZERO_SHOT_MODELS), body=zero_shot_bodies, encoding=encodings, accept=accepts)
+def test_zero_shot_extract(gateway: Gateway, model: str, body: Any, encoding: str, accept: str | None) -> None:
     content, headers = encode_accepting(body, encoding, accept)
     reply = gateway.send("POST", f"/v1/extract/{model}", content, headers)
     decoded = check(reply)
