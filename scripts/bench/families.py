@@ -12,7 +12,8 @@ the same graph run in-process at batch 32 (tokens already made), interleaved rou
 With `--gliner`, a third table: a GLiNER span model (DeBERTa-v3-small-sized backbone, BiLSTM, spans of up to 12
 words) end to end, texts to entities, as the worker's adapter runs it (words, prompt, tokens, graph, span decoding)
 against the `gliner` package's `inference` on the same checkpoint, a batch of `--batch` texts × 8 labels; the goal
-is ≥ 1.5×.
+is ≥ 1.5×. With `--served` too, the same model served (`sie run --role all`, 32 wrk connections × one text and its 8
+labels to `/v1/extract`) against the adapter in-process at batch 32, interleaved rounds; the goal is ≥ 0.9.
 
 Needs the test extra (torch, transformers; gliner for `--gliner`). The operators after onnxruntime's load-time
 fusions are printed per family from the optimized graph (the BERT-like graphs carry the fused `Attention` and
@@ -27,11 +28,14 @@ import statistics
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import numpy as np
 import onnx
 import onnxruntime as ort
+import orjson
 import torch
 import transformers
 
@@ -226,6 +230,8 @@ def gliner_speed(args: argparse.Namespace) -> None:
         for _ in range(args.rounds):
             ours_ms.append(timed(ours, args.repeats))
             theirs_ms.append(timed(theirs, args.repeats))
+        if args.served:
+            gliner_served(Path(scratch), ours, texts[0], args)
     ours_median, theirs_median = statistics.median(ours_ms), statistics.median(theirs_ms)
     print(f"GLiNER, {args.batch} texts of about 80 words x {len(GLINER_LABELS)} labels, {args.threads} threads, "
           f"medians of {args.rounds} interleaved rounds, texts to entities")  # fmt: skip
@@ -235,6 +241,45 @@ def gliner_speed(args: argparse.Namespace) -> None:
         f"| gliner span, deberta-v3-small-sized, BiLSTM | {theirs_median:.1f} | {ours_median:.1f} | "
         f"{theirs_median / ours_median:.2f}x |"
     )
+
+
+def gliner_served(scratch: Path, raw: Callable[[], None], text: str, args: argparse.Namespace) -> None:
+    """The GLiNER checkpoint in `scratch` served to 32 wrk connections (one text and its labels per request) against
+    `raw`, the adapter on a batch of 32 texts in-process; interleaved rounds."""
+    from wrk import run_wrk
+
+    from launcher import serving_all
+    from sie.catalog import dump_yaml
+
+    models = scratch / "models"
+    models.mkdir(exist_ok=True)
+    data = {"sie_id": "bench/gliner", "weights_path": str(scratch / "gliner"), "tasks": {"extract": {}},
+            "profiles": {"default": {"adapter_path": "sie_server.adapters.gliner:GLiNERAdapter",
+                                     "max_batch_tokens": 65536}}}  # fmt: skip
+    (models / "bench__gliner.yaml").write_text(dump_yaml(data))
+    body = orjson.dumps({"items": [{"text": text}], "params": {"labels": GLINER_LABELS, "options": {"threshold": 0.5}}})
+    environment = {"SIE_MODELS_DIR": str(models), "SIE_MODEL_CACHE": str(scratch / "cache"),
+                   "SIE_HTTP_SERVER": "uvicorn"}  # fmt: skip
+    arguments = ["--bundles-dir", str(REPO / "config" / "bundles"), "--preload", "bench/gliner"]
+    raw_rates, served_rates = [], []
+    path = "/v1/extract/bench/gliner"
+    with serving_all(scratch / "server.log", arguments, environment) as url:
+        httpx.post(f"{url}{path}", content=body, timeout=600, headers={"content-type": "application/json"})
+        for round_index in range(args.rounds):
+            print(f"served round {round_index + 1}/{args.rounds}", file=sys.stderr)
+            raw_rates.append(CONNECTIONS * 1000.0 / timed(raw, 1))
+            run_wrk(url, path, [body], CONNECTIONS, 2, 1)
+            stats = run_wrk(url, path, [body], CONNECTIONS, args.served_seconds, 1)
+            if stats.failures:
+                raise SystemExit(f"{stats.failures} failed requests; see {scratch / 'server.log'}")
+            served_rates.append(stats.items_per_second)
+    raw_rate, served_rate = statistics.median(raw_rates), statistics.median(served_rates)
+    print(f"GLiNER served (`sie run --role all`, uvicorn, {CONNECTIONS} connections x 1 text + {len(GLINER_LABELS)} "
+          f"labels) against the adapter at batch {CONNECTIONS} in-process; medians of {args.rounds} interleaved "
+          "rounds")  # fmt: skip
+    print("| model | raw texts/s | served texts/s | served / raw |")
+    print("|---|---|---|---|")
+    print(f"| gliner span | {raw_rate:.1f} | {served_rate:.1f} | {served_rate / raw_rate:.2f} |")
 
 
 def print_speed_table(rows: list[tuple[str, float, float, str]], args: argparse.Namespace) -> None:
