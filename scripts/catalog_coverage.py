@@ -36,6 +36,7 @@ from sie.worker.convert.families import CONVERTED_MODEL_TYPES  # noqa: E402
 from sie.worker.convert.names import (  # noqa: E402
     DECODER_MODEL_TYPES,
     GLICLASS_MODEL_TYPE,
+    GLINER_BI_SPAN_MODEL_TYPE,
     GLINER_SPAN_MODEL_TYPE,
 )
 
@@ -60,11 +61,15 @@ ARCHITECTURE_OF = {
     # GLiNER checkpoints name their architecture in gliner_config.json; this module's are span models, but for the
     # ones ARCHITECTURE_OF_MODEL names
     "sie_server.adapters.gliner": GLINER_SPAN_MODEL_TYPE,
+    "sie_server.adapters.gliner_bi": GLINER_BI_SPAN_MODEL_TYPE,
     # GLiClass checkpoints' config.json model_type; the graph builds uni-encoders on any backbone family converted
     # here (another architecture_type fails its load naming it)
     "sie_server.adapters.gliclass": GLICLASS_MODEL_TYPE,
 }
 
+
+# The zero-shot architectures the converter builds (a GLiNER's gliner_config.json, a GLiClass config.json).
+ZERO_SHOT_MODEL_TYPES = (GLINER_SPAN_MODEL_TYPE, GLINER_BI_SPAN_MODEL_TYPE, GLICLASS_MODEL_TYPE)
 
 # The `model_type` of the decoder checkpoints the public catalogue names (their published config.json), by hf_id.
 ARCHITECTURE_OF_MODEL = {
@@ -145,11 +150,7 @@ def status_of(name: str, text: str) -> tuple[str, str, str]:
         return module, arch, "not served: no SIE adapter for this module"
     if not arch:
         return module, arch, "routed"
-    if (
-        arch in CONVERTED_MODEL_TYPES
-        or arch in DECODER_MODEL_TYPES
-        or arch in (GLINER_SPAN_MODEL_TYPE, GLICLASS_MODEL_TYPE)
-    ):
+    if arch in CONVERTED_MODEL_TYPES or arch in DECODER_MODEL_TYPES or arch in ZERO_SHOT_MODEL_TYPES:
         return module, arch, "converted family"
     return module, arch, f"not served: the converter does not build model_type {arch!r} yet"
 

@@ -1,5 +1,6 @@
 """GLiNER span models served through the worker against the `gliner` package on the same tiny random checkpoints
-(DeBERTa-v2 and BERT backbones, with and without the LSTM): the same spans, labels and character offsets, scores
+(DeBERTa-v2 and BERT backbones, with and without the LSTM, and a bi-encoder whose labels a BERT encoder of their own
+reads): the same spans, labels and character offsets, scores
 within 1e-4, across thresholds, flat and nested spans, one or several labels per span, narrower spans by option, rows
 of one batch with label sets of their own; a text longer than the model reads at once is read in windows, each
 span scored as gliner scores it in its window; and what cannot run is refused per item."""
@@ -13,6 +14,7 @@ import pytest
 
 from sie.catalog import parse_model_config
 from sie.wire.ipc_batch import ExtractBatchItem
+from sie.worker.adapters.base import invalid
 from sie.worker.spans import plan_windows, split_words
 from support.zero_shot_checkpoints import save_gliner
 
@@ -27,6 +29,7 @@ LABELS = ["person", "organization", "city", "award"]
 VARIANTS = {
     "deberta-lstm": {"backbone": "deberta-v2"},
     "bert-no-lstm": {"backbone": "bert", "num_rnn_layers": 0, "hidden_size": 32},
+    "bi-encoder": {"backbone": "deberta-v2", "labels_encoder": True},
 }
 
 
@@ -133,7 +136,38 @@ def test_what_cannot_run_is_refused_per_item(served: tuple[Any, Any]) -> None:
         *extract_items([TEXTS[1]], LABELS, threshold=0.1),
     ]
     results = adapter.extract(items).items
+    if adapter.model.sie_id.endswith("bi-encoder"):  # labels read on their own take no room from the text
+        assert results[2].ok
+        results[2] = invalid("leave none for the text")
     assert [result.error_code for result in results[:4]] == ["INVALID_INPUT"] * 4
     assert "labels" in results[0].error and "non-blank" in results[1].error
     assert "leave none for the text" in results[2].error and "relation_labels" in results[3].error
     assert results[4].ok and results[4].result["entities"]
+
+
+class CountingSession:
+    """A session that counts the label rows it encodes."""
+
+    def __init__(self, session: Any) -> None:
+        self.session, self.rows = session, 0
+
+    def get_inputs(self) -> Any:
+        return self.session.get_inputs()
+
+    def run(self, outputs: Any, feeds: dict) -> Any:
+        self.rows += len(feeds["input_ids"])
+        return self.session.run(outputs, feeds)
+
+
+def test_a_bi_encoder_encodes_each_label_once(served: tuple[Any, Any]) -> None:
+    reference, adapter = served
+    encoder = adapter._label_encoder
+    if encoder is None:
+        pytest.skip("a uni-encoder reads its labels with the text")
+    counting = encoder._session = CountingSession(encoder._session)
+    fresh = ["painter", "river", "painter"]  # labels no other test sends
+    label_sets = [fresh, ["river", "sculptor"], fresh, ["painter"]]
+    first = adapter.extract(extract_items(TEXTS, label_sets)).items
+    assert counting.rows == 3  # each distinct label once across the batch
+    again = adapter.extract(extract_items(TEXTS, label_sets)).items
+    assert counting.rows == 3 and [r.result for r in first] == [r.result for r in again]  # then from the cache

@@ -7,6 +7,7 @@ extra) are imported when a model is built, not when this module is."""
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -85,18 +86,25 @@ def save_gliner(  # noqa: PLR0913 - the checkpoint's shape
     seed: int = 1,
     size: dict[str, int] | None = None,
     words: Sequence[str] = (),
+    labels_encoder: bool = False,
     **options: Any,
 ) -> Any:
     """A GLiNER span model on a random `backbone` (of `size`, its tokenizer reading `words` whole: see
     `write_backbone`), saved to `directory` (as `GLiNER.save_pretrained` does); returns the model. `options` go to
-    its GLiNERConfig (max_width, max_len, hidden_size, num_rnn_layers, ...)."""
+    its GLiNERConfig (max_width, max_len, hidden_size, num_rnn_layers, ...); `labels_encoder` makes it a bi-encoder."""
     import torch
     from gliner import GLiNER, GLiNERConfig
 
     write_backbone(directory / "backbone", backbone, size, words)
     settings = {"hidden_size": 24, "max_width": 4, "max_len": 64, "dropout": 0.0} | options
-    model = GLiNER.from_config(GLiNERConfig(model_name=str(directory / "backbone"), **settings),
-                               backbone_from_pretrained=True)  # fmt: skip
+    if labels_encoder:  # a bi-encoder: a BERT label encoder of its own, narrower than the text's
+        write_backbone(directory / "labels", "bert", {"hidden_size": 16, "num_attention_heads": 2,
+                                                      "intermediate_size": 32})  # fmt: skip
+        settings["labels_encoder"] = str(directory / "labels")
+    with warnings.catch_warnings():  # gliner warns that it does not resize a bi-encoder's embeddings
+        warnings.simplefilter("ignore", UserWarning)
+        model = GLiNER.from_config(GLiNERConfig(model_name=str(directory / "backbone"), **settings),
+                                   backbone_from_pretrained=True)  # fmt: skip
     torch.manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.model.named_parameters():

@@ -64,6 +64,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     # GLiNER span models; a checkpoint of another GLiNER architecture (token-level, bi-encoder, relations) fails its
     # load naming it
     "sie_server.adapters.gliner": GLINER,
+    "sie_server.adapters.gliner_bi": GLINER,  # bi-encoders: labels read by an encoder of their own
     # NLI models (DeBERTa-v3, ModernBERT, ... with an entailment head) classifying by hypothesis
     "sie_server.adapters.nli_classification_flash": NLI_CLASSIFICATION,
     "sie_server.adapters.nli_classification": NLI_CLASSIFICATION,

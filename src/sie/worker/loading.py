@@ -52,6 +52,7 @@ from sie.worker.convert.names import (
     WEIGHTS_FILE,
     WEIGHTS_INDEX_FILE,
     is_decoder_config,
+    labels_graph_path,
 )
 from sie.worker.convert.safetensors_io import checkpoint_parameters
 from sie.worker.errors import ModelLoadError
@@ -157,6 +158,10 @@ class ModelLoader:
             files = attrs.evolve(files, tokenizer_dir=self._end_token_tokenizer(model_id, files.tokenizer_dir))
         tokenizer = self._tokenizer(model_id, files.tokenizer_dir, model, config_json)
         session = create_session(files.graph, self.session_options)
+        labels_graph = labels_graph_path(files.graph)
+        extra_sessions = (
+            {"labels": create_session(labels_graph, self.session_options)} if labels_graph.is_file() else {}
+        )
         context = AdapterContext(
             model,
             resolved,
@@ -168,12 +173,14 @@ class ModelLoader:
             tokenizer_path=files.tokenizer_dir / TOKENIZER_FILE,
             generation_limits=self.generation_limits,
             model_dir=files.model_dir,
+            extra_sessions=extra_sessions,
         )
         try:
             adapter = adapter_class(resolved.adapter_path)(context)
         except ValueError as exc:
             raise ModelLoadError("UNKNOWN", f"Model '{model_id}': {exc}") from exc
         memory = graph_bytes(files.graph) + (files.tokenizer_dir / "tokenizer.json").stat().st_size
+        memory += graph_bytes(labels_graph) if labels_graph.is_file() else 0
         return LoadedModel(model_id, profile, adapter, tokenizer, memory, files.tokenizer_dir / "tokenizer.json")
 
     @staticmethod
@@ -241,6 +248,10 @@ class ModelLoader:
                     convert_decoder_hidden(model_dir, staged, precision)
                 elif head == GLINER_HEAD:
                     convert_gliner(model_dir, staged)
+                    if labels_graph_path(
+                        staged
+                    ).is_file():  # a bi-encoder's label graph, in place before its span graph
+                        os.replace(labels_graph_path(staged), labels_graph_path(target))
                 elif head == GLICLASS_HEAD:
                     convert_gliclass(model_dir, staged)
                 else:

@@ -98,6 +98,8 @@ class AdapterContext:
     generation_limits: DecoderLimits = attrs.Factory(DecoderLimits)
     # The checkpoint's directory: where a sentence-transformers model keeps its module stack (`modules.json`).
     model_dir: Path | None = None
+    # Sessions of a model's other graphs, by role (a bi-encoder GLiNER's "labels" graph).
+    extra_sessions: Mapping[str, Any] = attrs.field(factory=dict)
 
 
 class Adapter:

@@ -10,6 +10,8 @@ different label sets: each row's label markers are found where its own prompt pu
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -18,15 +20,18 @@ import numpy as np
 
 from sie.catalog.adapters import GLINER
 from sie.catalog.options import labels_problem
-from sie.tokenization import TokenizedWords, pad_batch
+from sie.tokenization import TextTokenizer, TokenizedWords, pad_batch
 from sie.wire import codes
 from sie.wire.ipc_batch import OP_EXTRACT
 from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult, Stopwatch, invalid
 from sie.worker.adapters.encoder import item_text
 from sie.worker.convert.names import (
     GLINER_CONFIG_FILE,
+    LABEL_EMBEDDINGS,
     LABEL_POSITIONS,
+    LABELS_TOKENIZER_DIR,
     SPAN_SCORES,
+    TOKENIZER_FILE,
     WORD_COUNTS,
     WORD_POSITIONS,
 )
@@ -46,6 +51,9 @@ DEFAULT_THRESHOLD = 0.5
 MAX_WINDOWS = 128
 # Labels a worker accepts on an item that did not pass a gateway (the gateway's own limit is SIE_GATEWAY_MAX_LABELS).
 MAX_LABELS = 1000
+# A bi-encoder's label embeddings kept between requests, and the tokens of one label its encoder reads.
+LABEL_CACHE_SIZE = 4096
+LABEL_MAX_TOKENS = 512
 
 
 @attrs.frozen
@@ -92,6 +100,56 @@ class _Request:
     merge: bool
 
 
+class LabelEncoder:
+    """A bi-encoder GLiNER's label graph and tokenizer, with the embedding of every label it has encoded kept (up to
+    LABEL_CACHE_SIZE, least recently used first out): a label set asked for again is not encoded again."""
+
+    def __init__(self, session: Any, tokenizer: TextTokenizer) -> None:
+        self._session = session
+        self._tokenizer = tokenizer
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, context: AdapterContext) -> LabelEncoder:
+        session = context.extra_sessions.get("labels")
+        path = context.model_dir / LABELS_TOKENIZER_DIR / TOKENIZER_FILE if context.model_dir is not None else None
+        if session is None or path is None or not path.is_file():
+            raise ValueError(f"a bi-encoder GLiNER needs its label graph and {LABELS_TOKENIZER_DIR}/{TOKENIZER_FILE}")
+        return cls(session, TextTokenizer.from_file(path, max_length=LABEL_MAX_TOKENS))
+
+    def rows(self, label_sets: list[list[str]]) -> np.ndarray:
+        """[rows, most labels, width]: each row's labels' embeddings in order, zeros past its last."""
+        distinct = list(dict.fromkeys(label for labels in label_sets for label in labels))
+        embedded = self.embeddings(distinct)
+        width = next(iter(embedded.values())).shape[0]
+        out = np.zeros((len(label_sets), max(map(len, label_sets)), width), dtype=np.float32)
+        for row, labels in enumerate(label_sets):
+            for column, label in enumerate(labels):
+                out[row, column] = embedded[label]
+        return out
+
+    def embeddings(self, labels: list[str]) -> dict[str, np.ndarray]:
+        with self._lock:
+            found = {label: self._cache[label] for label in labels if label in self._cache}
+            for label in found:
+                self._cache.move_to_end(label)
+        missing = [label for label in labels if label not in found]
+        if missing:
+            tokens = self._tokenizer.encode_batch(missing)
+            batch = pad_batch([t.input_ids for t in tokens], [t.token_type_ids for t in tokens], self._tokenizer.pad_id)
+            feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+                     "token_type_ids": batch.token_type_ids}  # fmt: skip
+            declared = {node.name for node in self._session.get_inputs()}
+            (encoded,) = self._session.run([LABEL_EMBEDDINGS], {k: v for k, v in feeds.items() if k in declared})
+            with self._lock:
+                for label, vector in zip(missing, encoded.astype(np.float32), strict=True):
+                    found[label] = self._cache[label] = vector
+                while len(self._cache) > LABEL_CACHE_SIZE:
+                    self._cache.popitem(last=False)
+        return found
+
+
 class GlinerAdapter(Adapter):
     """`sie.adapters.gliner`: extract only; the labels come with each request."""
 
@@ -103,6 +161,8 @@ class GlinerAdapter(Adapter):
         self.settings = PromptSettings.read(context)
         (output,) = [node for node in self.session.get_outputs() if node.name == SPAN_SCORES]
         self.max_width = int(output.shape[2])
+        # A bi-encoder reads its labels with a label encoder of its own, not in the text's prompt.
+        self._label_encoder = LabelEncoder.of(context) if LABEL_EMBEDDINGS in self._input_names else None
         # Windows share enough words that a span owned by one never reaches its edge.
         self.overlap = max(2 * self.max_width, 32)
 
@@ -121,7 +181,7 @@ class GlinerAdapter(Adapter):
                 rows = self._rows(requests, results)
             if rows:
                 with watch.stage("inference"):
-                    scores = self._scores(rows)
+                    scores = self._scores(rows, requests)
                 with watch.stage("postprocessing"):
                     self._answer(requests, rows, scores, results)
         return watch.finish(results)
@@ -150,6 +210,8 @@ class GlinerAdapter(Adapter):
         )
 
     def _prompt(self, labels: list[str]) -> list[str]:
+        if self._label_encoder is not None:
+            return []
         words = []
         for label in labels:
             words += [self.settings.ent_token, label]
@@ -186,28 +248,31 @@ class GlinerAdapter(Adapter):
         for (index, window, prompt), tokens in zip(planned, encoded, strict=True):
             first = tokens.first_tokens()
             shift = 0 if self.settings.embed_ent_token else 1
-            labels = [first[marker] + shift for marker in range(0, len(prompt) - 1, 2)]
+            labels = [first[marker] + shift for marker in range(0, len(prompt) - 1, 2)] if prompt else []
             words = [first.get(len(prompt) + offset, 0) for offset in range(window.stop - window.start)]
             rows.append(_Row(index, window, tokens, words, labels))
         return rows
 
-    def _scores(self, rows: list[_Row]) -> np.ndarray:
+    def _scores(self, rows: list[_Row], requests: dict[int, _Request]) -> np.ndarray:
         batch = pad_batch([row.tokens.input_ids for row in rows], None, self.tokenizer.pad_id)
         words = max(len(row.word_positions) for row in rows)
-        labels = max(len(row.label_positions) for row in rows)
         word_positions = np.zeros((len(rows), words), dtype=np.int64)
-        label_positions = np.zeros((len(rows), labels), dtype=np.int64)
         for number, row in enumerate(rows):
             word_positions[number, : len(row.word_positions)] = row.word_positions
-            label_positions[number, : len(row.label_positions)] = row.label_positions
         feeds = {
             "input_ids": batch.input_ids,
             "attention_mask": batch.attention_mask,
             "token_type_ids": batch.token_type_ids,
             WORD_POSITIONS: word_positions,
             WORD_COUNTS: np.array([len(row.word_positions) for row in rows], dtype=np.int64),
-            LABEL_POSITIONS: label_positions,
         }
+        if self._label_encoder is not None:
+            feeds[LABEL_EMBEDDINGS] = self._label_encoder.rows([requests[row.item].labels for row in rows])
+        else:
+            label_positions = np.zeros((len(rows), max(len(row.label_positions) for row in rows)), dtype=np.int64)
+            for number, row in enumerate(rows):
+                label_positions[number, : len(row.label_positions)] = row.label_positions
+            feeds[LABEL_POSITIONS] = label_positions
         (scores,) = self.run_session(feeds, [SPAN_SCORES])
         return scores.astype(np.float32, copy=False)
 

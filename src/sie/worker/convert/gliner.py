@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import numpy as np
 from onnx import TensorProto
 
 from sie.worker.convert.encoder_graph import EncoderWeights, graph_inputs
@@ -27,22 +28,25 @@ from sie.worker.convert.families import read_config_json
 from sie.worker.convert.graph_builder import GraphBuilder, save_graph, tensor_info
 from sie.worker.convert.head_layers import HeadWeights, bidirectional_lstm, linear
 from sie.worker.convert.names import (
+    GLINER_BI_SPAN_MODEL_TYPE,
     GLINER_CONFIG_FILE,
     GLINER_SPAN_MODEL_TYPE,
+    LABEL_EMBEDDINGS,
     LABEL_POSITIONS,
     SPAN_SCORES,
     WORD_COUNTS,
     WORD_POSITIONS,
+    labels_graph_path,
 )
 from sie.worker.convert.safetensors_io import Checkpoint, CheckpointPart
 
 BACKBONE_PREFIX = "token_rep_layer.bert_layer.model."
+LABELS_ENCODER_PREFIX = "token_rep_layer.labels_encoder.model."
 SPAN_MODES = ("markerV0",)
 # `model_type`s of the GLiNER architectures this graph builds (older checkpoints name none).
-BUILT_MODEL_TYPES = (None, GLINER_SPAN_MODEL_TYPE)
+BUILT_MODEL_TYPES = (None, GLINER_SPAN_MODEL_TYPE, GLINER_BI_SPAN_MODEL_TYPE)
 # What other GLiNER architectures set, and what they are, for the refusal.
 _OTHER_ARCHITECTURES = {
-    "labels_encoder": "a bi-encoder GLiNER (labels encoded by a model of their own)",
     "relations_layer": "a GLiNER relation-extraction model",
     "labels_decoder": "a GLiNER with a label decoder",
     "post_fusion_schema": "a GLiNER with post-fusion layers",
@@ -64,6 +68,8 @@ class GlinerConfig:
     ent_token: str
     sep_token: str
     embed_ent_token: bool  # the label's representation is its marker; else the token after it
+    # A bi-encoder's label encoder (labels read on their own, mean-pooled); None: labels are read with the text.
+    labels_encoder: BackboneConfig | None = None
 
 
 def load_gliner_config(model_dir: Path) -> GlinerConfig:
@@ -99,6 +105,16 @@ def parse_gliner_config(raw: dict[str, Any], source: str) -> GlinerConfig:
         )
     backbone = dict(backbone)
     backbone.setdefault("model_type", "deberta-v2")
+    labels_encoder = None
+    if raw.get("labels_encoder"):
+        labels_config = raw.get("labels_encoder_config")
+        if not isinstance(labels_config, dict):
+            raise ConversionError(
+                f"no labels_encoder_config: the label encoder's config ({raw['labels_encoder']!r}) is not saved with "
+                "the checkpoint",
+                source=source,
+            )
+        labels_encoder = parse_backbone_config(dict(labels_config), f"{source} labels_encoder_config")
     return GlinerConfig(
         backbone=parse_backbone_config(backbone, f"{source} encoder_config"),
         hidden_size=_positive(raw, "hidden_size", 512, source),
@@ -108,6 +124,7 @@ def parse_gliner_config(raw: dict[str, Any], source: str) -> GlinerConfig:
         ent_token=str(raw.get("ent_token", "<<ENT>>")),
         sep_token=str(raw.get("sep_token", "<<SEP>>")),
         embed_ent_token=bool(raw.get("embed_ent_token", True)),
+        labels_encoder=labels_encoder,
     )
 
 
@@ -120,8 +137,9 @@ def _positive(raw: dict[str, Any], key: str, default: int, source: str) -> int:
 
 def convert_gliner(model_dir: Path, out_path: Path) -> GlinerConfig:
     """Convert a GLiNER checkpoint directory (gliner_config.json + pytorch_model.bin or model.safetensors) into an
-    opset-17 ONNX graph whose output is `names.SPAN_SCORES`."""
-    model_dir = Path(model_dir)
+    opset-17 ONNX graph whose output is `names.SPAN_SCORES`; a bi-encoder's label encoder into a second graph beside
+    it (`names.labels_graph_path`), whose output is `names.LABEL_EMBEDDINGS`."""
+    model_dir, out_path = Path(model_dir), Path(out_path)
     config = load_gliner_config(model_dir)
     checkpoint = Checkpoint(model_dir)
     builder = GraphBuilder()
@@ -130,15 +148,45 @@ def convert_gliner(model_dir: Path, out_path: Path) -> GlinerConfig:
     )
     head = _GlinerHead(builder, config, HeadWeights(checkpoint))
     scores = head.build(backbone.hidden)
+    labels = (
+        tensor_info(LABEL_POSITIONS, TensorProto.INT64, ["batch", "labels"])
+        if config.labels_encoder is None
+        else tensor_info(LABEL_EMBEDDINGS, _FLOAT, ["batch", "labels", config.hidden_size])
+    )
     inputs = [
         *graph_inputs(),
         tensor_info(WORD_POSITIONS, TensorProto.INT64, ["batch", "words"]),
         tensor_info(WORD_COUNTS, TensorProto.INT64, ["batch"]),
-        tensor_info(LABEL_POSITIONS, TensorProto.INT64, ["batch", "labels"]),
+        labels,
     ]
     output = tensor_info(scores, _FLOAT, ["batch", "words", config.max_width, "labels"])
-    save_graph(builder.model("gliner_span", inputs, [output]), Path(out_path))
+    if config.labels_encoder is not None:
+        _convert_labels_encoder(checkpoint, config, config.labels_encoder, labels_graph_path(out_path))
+    save_graph(builder.model("gliner_span", inputs, [output]), out_path)
     return config
+
+
+def _convert_labels_encoder(checkpoint: Checkpoint, config: GlinerConfig, encoder: BackboneConfig,
+                            out_path: Path) -> None:  # fmt: skip
+    """A bi-encoder's label graph: each label's tokens through its label `encoder`, projected to GLiNER's width where
+    the checkpoint has a projection, mean-pooled over its real tokens: [labels, width]."""
+    b = GraphBuilder()
+    hidden = build_backbone(b, encoder, EncoderWeights(CheckpointPart(checkpoint, LABELS_ENCODER_PREFIX), encoder))
+    weights = HeadWeights(checkpoint)
+    tokens = hidden.hidden
+    if weights.has("token_rep_layer.labels_projection.weight"):
+        tokens = linear(b, weights, tokens, "token_rep_layer.labels_projection", encoder.hidden_size,
+                        config.hidden_size)  # fmt: skip
+    elif encoder.hidden_size != config.hidden_size:
+        raise ConversionError(f"the label encoder is {encoder.hidden_size} wide, GLiNER {config.hidden_size}, and "
+                              "there is no labels_projection")  # fmt: skip
+    mask = b.op("Unsqueeze", [hidden.mask, b.const([2])], "labels.mask")
+    summed = b.op("ReduceSum", [b.op("Mul", [tokens, mask], "labels.masked"), b.const([1])], "labels.sum", keepdims=0)
+    counts = b.op("Max", [b.op("ReduceSum", [mask, b.const([1])], "labels.count", keepdims=0),
+                          b.const(1e-9, np.float32)], "labels.count_clamped")  # fmt: skip
+    pooled = b.op("Div", [summed, counts], LABEL_EMBEDDINGS)
+    output = tensor_info(pooled, _FLOAT, ["labels", config.hidden_size])
+    save_graph(b.model("gliner_labels", graph_inputs(), [output]), out_path)
 
 
 class _GlinerHead:
@@ -159,9 +207,12 @@ class _GlinerHead:
         elif backbone_width != width:
             raise ConversionError(f"the backbone is {backbone_width} wide, GLiNER {width}, and there is no projection")
         words = self._gather(tokens, WORD_POSITIONS, "words")
-        labels = self._gather(tokens, LABEL_POSITIONS, "labels")
-        for layer in range(self.config.rnn_layers):
-            words = self._lstm(words, layer)
+        if self.config.labels_encoder is None:
+            labels = self._gather(tokens, LABEL_POSITIONS, "labels")
+            for layer in range(self.config.rnn_layers):
+                words = self._lstm(words, layer)
+        else:  # a bi-encoder's labels come encoded; gliner runs no LSTM over its words
+            labels = LABEL_EMBEDDINGS
         marker = "span_rep_layer.span_rep_layer"
         starts = self._mlp(words, f"{marker}.project_start", width, width)
         ends = self._mlp(words, f"{marker}.project_end", width, width)

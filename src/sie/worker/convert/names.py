@@ -7,6 +7,7 @@ reaches them without loading the converter.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Final
 
 CONFIG_FILE: Final = "config.json"
@@ -62,6 +63,11 @@ def present_value_name(layer: int) -> str:
 # of each label's marker; out come sigmoid scores [rows, words, widths, labels].
 GLINER_HEAD: Final = "gliner-span"
 GLINER_SPAN_MODEL_TYPE: Final = "gliner_uni_encoder_span"  # the architecture the span graph builds
+GLINER_BI_SPAN_MODEL_TYPE: Final = "gliner_bi_encoder_span"  # and with a label encoder of its own
+# A bi-encoder GLiNER's labels, encoded by its label graph (beside the span graph: `labels_graph_path`) and fed to the
+# span graph per row: [labels, width] out of the one, [rows, labels, width] into the other.
+LABEL_EMBEDDINGS: Final = "label_embeddings"
+LABELS_TOKENIZER_DIR: Final = "labels_tokenizer"  # where gliner saves a bi-encoder's label tokenizer
 WORD_POSITIONS: Final = "word_positions"
 WORD_COUNTS: Final = "word_counts"
 LABEL_POSITIONS: Final = "label_positions"
@@ -71,3 +77,8 @@ SPAN_SCORES: Final = "span_scores"
 GLICLASS_HEAD: Final = "gliclass"
 GLICLASS_MODEL_TYPE: Final = "GLiClass"  # a GLiClass checkpoint's config.json model_type
 LABEL_WEIGHTS: Final = "label_weights"
+
+
+def labels_graph_path(graph: Path) -> Path:
+    """Where a bi-encoder GLiNER's label graph sits beside its span graph `graph`."""
+    return graph.with_name(f"{graph.stem}.labels.onnx")
