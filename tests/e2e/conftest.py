@@ -72,9 +72,22 @@ def all_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """nats-server, worker (MiniLM preloaded), sidecar and gateway, for every e2e module that needs a plain distributed
-    deployment; `elsewhere` is a deploy-owned queue pool no worker serves."""
+    deployment; `elsewhere` is a deploy-owned queue pool no worker serves. Its catalogue is the baseline one plus
+    a tiny random GLiNER, TINY_GLINER (its checkpoint under the cluster's root, `gliner/gliner`)."""
+    from sie.catalog import dump_yaml
+    from support.zero_shot_checkpoints import TINY_GLINER, save_gliner
+
+    root = tmp_path_factory.mktemp("cluster")
+    models = root / "models"
+    shutil.copytree(REPO / "config" / "models", models)
+    save_gliner(root / "gliner")
+    entry = {"sie_id": TINY_GLINER, "weights_path": str(root / "gliner" / "gliner"), "tasks": {"extract": {}},
+             "profiles": {"default": {"adapter_path": "sie_server.adapters.gliner:GLiNERAdapter",
+                                      "max_batch_tokens": 4096}}}  # fmt: skip
+    (models / "tiny__gliner.yaml").write_text(dump_yaml(entry))
     gateway_env = {"SIE_GATEWAY_STATIC_QUEUE_POOLS": "elsewhere", "SIE_GATEWAY_GRPC_PORT": str(CLUSTER_GRPC_PORT)}
-    with serving_cluster(tmp_path_factory.mktemp("cluster"), gateway_env=gateway_env) as deployment:
+    role_env = {"SIE_MODELS_DIR": str(models)}
+    with serving_cluster(root, gateway_env=gateway_env, role_env=role_env) as deployment:
         yield deployment
 
 

@@ -1,6 +1,7 @@
 """Distributed mode with real processes: nats-server, `sie run --role gateway|sidecar|worker`. Covers the
-whole path, PROVISIONING for a lane without workers, redelivery after a worker crash, and 503 when the
-gateway loses NATS (last test: it stops the broker). Marked slow."""
+whole path (zero-shot extraction with each request's labels too), PROVISIONING for a lane without workers,
+redelivery after a worker crash, and 503 when the gateway loses NATS (last test: it stops the broker). Marked
+slow."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from launcher import Cluster
 from sie.catalog.names import work_pool_stream_name
 from support.polling import eventually, holds_within
+from support.zero_shot_checkpoints import TINY_GLINER
 
 pytestmark = pytest.mark.slow
 
@@ -92,6 +94,30 @@ def generation_sequences(metrics_url: str) -> float:
     text = httpx.get(metrics_url, timeout=10).text
     lines = [line for line in text.splitlines() if line.startswith("sie_worker_generation_sequences{")]
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+
+def test_a_gliner_model_extracts_each_requests_labels_over_nats(cluster: Cluster, public_sdk) -> None:
+    from gliner import GLiNER
+
+    texts = ["Steve Jobs founded Apple in Cupertino California in 1976.", "Marie Curie won the Nobel Prize."]
+    client = public_sdk.SIEClient(cluster.url, timeout_s=120)
+    try:
+        results = client.extract(TINY_GLINER, [{"text": t} for t in texts], labels=["person", "city"],
+                                 options={"threshold": 0.27}, wait_for_capacity=True)  # fmt: skip
+        awarded = client.extract(TINY_GLINER, [{"text": texts[1]}], labels=["award", "person"],
+                                 options={"threshold": 0.27, "flat_ner": False}, wait_for_capacity=True)  # fmt: skip
+    finally:
+        client.close()
+    reference = GLiNER.from_pretrained(str(cluster.root / "gliner" / "gliner"), local_files_only=True)
+    expected = reference.inference(texts, ["person", "city"], threshold=0.27)
+    expected += reference.inference(texts[1:], ["award", "person"], threshold=0.27, flat_ner=False)
+    assert any(expected)
+    for result, theirs in zip([*results, *awarded], expected, strict=True):
+        ours = result["entities"]
+        assert [(e["start"], e["end"], e["label"]) for e in ours] == [
+            (e["start"], e["end"], e["label"]) for e in theirs
+        ]
+        assert np.allclose([e["score"] for e in ours], [e["score"] for e in theirs], atol=1e-4, rtol=0)
 
 
 def test_generation_streams_over_nats_and_a_client_leaving_cancels_it(cluster: Cluster) -> None:

@@ -30,6 +30,8 @@ DEBERTA = {"model_type": "deberta-v2", "hidden_size": 32, "num_attention_heads":
 BERT = {"model_type": "bert", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2,
         "intermediate_size": 48, "max_position_embeddings": 512, "type_vocab_size": 2, "pad_token_id": 0}  # fmt: skip
 BACKBONES = {"deberta-v2": DEBERTA, "bert": BERT}
+# The catalogue id the shared e2e cluster serves `save_gliner`'s default checkpoint under.
+TINY_GLINER = "tiny/gliner"
 
 
 def _vocabulary(words: Sequence[str] = ()) -> list[tuple[str, float]]:
