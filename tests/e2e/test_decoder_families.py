@@ -23,8 +23,7 @@ import pytest
 from launcher import REPO, serving_all
 from sie.catalog import dump_yaml
 from support.decoder_checkpoints import save_base_model, save_causal_lm, write_tokenizer
-from support.zero_shot_checkpoints import DEBERTA as DEBERTA_BACKBONE
-from support.zero_shot_checkpoints import save_gliclass, save_gliner, write_unigram_tokenizer
+from support.zero_shot_checkpoints import save_gliclass, save_gliner, save_nli_classifier
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +79,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     write_yaml(models_dir, GLICLASS, root / "weights" / "gliclass", {"extract": {}},
                "sie_server.adapters.gliclass:GLiClassAdapter",
                {"loadtime": {"classification_type": "single-label"}, "runtime": {"threshold": 0.0}})  # fmt: skip
-    models[NLI] = save_nli(root / "weights" / "nli")
+    models[NLI] = save_nli_classifier(root / "weights" / "nli", seed=5)
     write_yaml(models_dir, NLI, root / "weights" / "nli", {"extract": {}},
                "sie_server.adapters.nli_classification_flash:NLIClassificationFlashAdapter",
                {"runtime": {"hypothesis_template": "This text is about {}.", "multi_label": False}})  # fmt: skip
@@ -120,25 +119,6 @@ def save_deberta_cross_encoder(directory: Path) -> Any:
             parameter.add_(torch.randn_like(parameter) * 0.2)
     model.save_pretrained(directory)
     write_encoder_tokenizer(directory, "distilbert")  # BERT-style specials, no token types
-    return model
-
-
-def save_nli(directory: Path) -> Any:
-    """A DeBERTa-v3 NLI classifier (MNLI's three labels), random, with its transformers tokenizer."""
-    import torch
-    import transformers
-
-    tokenizer = write_unigram_tokenizer(directory)
-    id2label = {0: "contradiction", 1: "neutral", 2: "entailment"}
-    config = dict(DEBERTA_BACKBONE, vocab_size=tokenizer.get_vocab_size(), id2label=id2label,
-                  label2id={label: index for index, label in id2label.items()})  # fmt: skip
-    config_class = transformers.CONFIG_MAPPING[config.pop("model_type")]
-    torch.manual_seed(5)
-    model = transformers.AutoModelForSequenceClassification.from_config(config_class(**config)).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.2)
-    model.save_pretrained(directory)
     return model
 
 

@@ -190,7 +190,7 @@ def zero_shot_catalogue(root: Path) -> Path:
     """The baseline model YAMLs plus the three zero-shot models' (in the public catalogue's shapes), over tiny
     random checkpoints saved under `root`."""
     from sie.catalog import dump_yaml
-    from support.zero_shot_checkpoints import BERT, save_gliclass, save_gliner, write_unigram_tokenizer
+    from support.zero_shot_checkpoints import save_gliclass, save_gliner, save_nli_classifier
 
     models = root / "models"
     models.mkdir()
@@ -199,11 +199,7 @@ def zero_shot_catalogue(root: Path) -> Path:
     save_gliner(root / "gliner")
     save_gliclass(root / "gliclass")
     nli = root / "nli"
-    tokenizer = write_unigram_tokenizer(nli)
-    import transformers
-
-    config = dict(BERT, vocab_size=tokenizer.get_vocab_size(), id2label={0: "entailment", 1: "not_entailment"})
-    transformers.BertForSequenceClassification(transformers.BertConfig(**config)).save_pretrained(nli)
+    save_nli_classifier(nli, "bert", {0: "entailment", 1: "not_entailment"})
     entries = {
         GLINER: (root / "gliner" / "gliner", "sie_server.adapters.gliner:GLiNERAdapter"),
         GLICLASS: (root / "gliclass", "sie_server.adapters.gliclass:GLiClassAdapter"),

@@ -13,35 +13,25 @@ import pytest
 
 from sie.catalog import parse_model_config
 from sie.wire.ipc_batch import ExtractBatchItem
-from support.zero_shot_checkpoints import BERT, DEBERTA, write_unigram_tokenizer
+from support.zero_shot_checkpoints import MNLI_LABELS, save_nli_classifier
 
 TOLERANCE = 1e-4
 TEXTS = ["Steve Jobs founded Apple in Cupertino California in 1976.", "The quick brown fox jumps over the lazy dog."]
 LABELS = ["person", "organization", "city", "award"]
 TEMPLATE = "This text is about {}."
 HEADS = {
-    "deberta-mnli": (DEBERTA, {0: "contradiction", 1: "neutral", 2: "entailment"}),
-    "bert-binary": (BERT, {0: "entailment", 1: "not_entailment"}),
+    "deberta-mnli": ("deberta-v2", MNLI_LABELS),
+    "bert-binary": ("bert", {0: "entailment", 1: "not_entailment"}),
 }
 
 
 @pytest.fixture(scope="module", params=sorted(HEADS))
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, model_loader) -> tuple[Any, Any]:
-    import torch
     import transformers
 
     directory = tmp_path_factory.mktemp(request.param)
     backbone, id2label = HEADS[request.param]
-    tokenizer = write_unigram_tokenizer(directory)
-    config = dict(backbone, vocab_size=tokenizer.get_vocab_size(), id2label=id2label,
-                  label2id={label: index for index, label in id2label.items()})  # fmt: skip
-    config_class = transformers.CONFIG_MAPPING[config.pop("model_type")]
-    torch.manual_seed(4)
-    model = transformers.AutoModelForSequenceClassification.from_config(config_class(**config)).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.2)
-    model.save_pretrained(directory)
+    model = save_nli_classifier(directory, backbone, id2label)
     pipeline = transformers.pipeline(
         "zero-shot-classification", model=model, tokenizer=transformers.AutoTokenizer.from_pretrained(directory)
     )

@@ -146,3 +146,28 @@ def save_gliclass(directory: Path, backbone: str = "deberta-v2", seed: int = 2, 
             )
     model.save_pretrained(directory)
     return model, transformers.AutoTokenizer.from_pretrained(directory)
+
+
+MNLI_LABELS = {0: "contradiction", 1: "neutral", 2: "entailment"}
+
+
+def save_nli_classifier(
+    directory: Path, backbone: str = "deberta-v2", id2label: dict[int, str] | None = None, seed: int = 4
+) -> Any:
+    """A random NLI classifier on `backbone` (MNLI's three labels unless `id2label` says otherwise) with the fixed
+    tokenizer, saved to `directory` as transformers saves it; returns the model."""
+    import torch
+    import transformers
+
+    tokenizer = write_unigram_tokenizer(directory)
+    labels = id2label or MNLI_LABELS
+    config = dict(BACKBONES[backbone], vocab_size=tokenizer.get_vocab_size(), id2label=labels,
+                  label2id={label: index for index, label in labels.items()})  # fmt: skip
+    config_class = transformers.CONFIG_MAPPING[config.pop("model_type")]
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForSequenceClassification.from_config(config_class(**config)).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.2)
+    model.save_pretrained(directory)
+    return model

@@ -19,11 +19,10 @@ import attrs
 import numpy as np
 
 from sie.catalog.adapters import GLICLASS
-from sie.catalog.options import labels_problem
 from sie.tokenization import TokenizedText, pad_batch
-from sie.wire.ipc_batch import OP_EXTRACT
 from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult, Stopwatch, invalid
 from sie.worker.adapters.encoder import item_text
+from sie.worker.adapters.zero_shot import zero_shot_refusal
 from sie.worker.convert.names import LABEL_WEIGHTS, LOGITS
 
 LABEL_TOKEN = "<<LABEL>>"
@@ -31,7 +30,6 @@ SEP_TOKEN = "<<SEP>>"
 SINGLE, MULTI = "single-label", "multi-label"
 CLASSIFICATION_TYPES = {"single": SINGLE, "single-label": SINGLE, "single_label": SINGLE, "multi": MULTI,
                         "multi-label": MULTI, "multi_label": MULTI}  # fmt: skip
-MAX_LABELS = 1000  # as the gateway's default SIE_GATEWAY_MAX_LABELS, for items that did not pass one
 
 
 @attrs.frozen
@@ -85,19 +83,10 @@ class GliclassAdapter(Adapter):
         return watch.finish(results)
 
     def _refusal(self, item: Any) -> ItemResult | None:
-        refused = self.refused_options(item.options, OP_EXTRACT)
-        if refused is not None:
-            return refused
-        text = item_text(item.item)
-        if text is None or not text.strip():
-            return invalid("GLiClass classifies a non-blank text")
-        groups = (item.options or {}).get("label_groups")
-        if groups is not None:
-            if item.labels:
-                return invalid("Send either labels or options.label_groups, not both")
-            return None  # the option's own rule checked the groups
-        problem = labels_problem(item.labels, GLICLASS, MAX_LABELS)
-        return invalid(problem) if problem is not None else None
+        refused = zero_shot_refusal(self, item)
+        if refused is None and item.labels and (item.options or {}).get("label_groups") is not None:
+            return invalid("Send either labels or options.label_groups, not both")
+        return refused
 
     def _rows(self, index: int, item: Any) -> list[_Row] | ItemResult:
         """The item's rows (one per label group), or its error when its labels leave no room for the text."""

@@ -19,12 +19,11 @@ import attrs
 import numpy as np
 
 from sie.catalog.adapters import GLINER
-from sie.catalog.options import labels_problem
 from sie.tokenization import TextTokenizer, TokenizedWords, pad_batch
 from sie.wire import codes
-from sie.wire.ipc_batch import OP_EXTRACT
 from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult, Stopwatch, invalid
 from sie.worker.adapters.encoder import item_text
+from sie.worker.adapters.zero_shot import zero_shot_refusal
 from sie.worker.convert.names import (
     GLINER_CONFIG_FILE,
     LABEL_EMBEDDINGS,
@@ -49,8 +48,6 @@ from sie.worker.spans import (
 DEFAULT_THRESHOLD = 0.5
 # Most windows one text is read in (about 40,000 words at 384 a window): a longer text is refused, not read in part.
 MAX_WINDOWS = 128
-# Labels a worker accepts on an item that did not pass a gateway (the gateway's own limit is SIE_GATEWAY_MAX_LABELS).
-MAX_LABELS = 1000
 # A bi-encoder's label embeddings kept between requests, and the tokens of one label its encoder reads.
 LABEL_CACHE_SIZE = 4096
 LABEL_MAX_TOKENS = 512
@@ -187,15 +184,10 @@ class GlinerAdapter(Adapter):
         return watch.finish(results)
 
     def _request(self, item: Any) -> _Request | ItemResult:
-        refused = self.refused_options(item.options, OP_EXTRACT)
+        refused = zero_shot_refusal(self, item)
         if refused is not None:
             return refused
-        text = item_text(item.item)
-        if text is None or not text.strip():
-            return invalid("GLiNER extracts from a non-blank text")
-        problem = labels_problem(item.labels, GLINER, MAX_LABELS)
-        if problem is not None:
-            return invalid(problem)
+        text = item_text(item.item) or ""
         options = self.options_for(item.options)
         max_width = options.get("max_width") or self.max_width
         return _Request(

@@ -13,15 +13,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from sie.catalog.adapters import NLI_CLASSIFICATION
-from sie.catalog.options import labels_problem
 from sie.tokenization import pad_batch
-from sie.wire.ipc_batch import OP_EXTRACT
-from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult, Stopwatch, invalid
+from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult, Stopwatch
 from sie.worker.adapters.encoder import first_output, item_text
 from sie.worker.adapters.feeds import bert_feeds
+from sie.worker.adapters.zero_shot import zero_shot_refusal
 
 DEFAULT_TEMPLATE = "This text is about {}."
-MAX_LABELS = 1000  # as the gateway's default SIE_GATEWAY_MAX_LABELS, for items that did not pass one
 
 
 def entailment_index(config_json: Mapping[str, Any]) -> int:
@@ -54,7 +52,7 @@ class NliClassificationAdapter(Adapter):
 
     def extract(self, items: Sequence[Any]) -> BatchResult:
         watch = Stopwatch()
-        results = [self._refusal(item) or ItemResult() for item in items]
+        results = [zero_shot_refusal(self, item) or ItemResult() for item in items]
         pairs: list[tuple[str, str]] = []
         spans: dict[int, range] = {}
         for index, item in enumerate(items):
@@ -84,16 +82,6 @@ class NliClassificationAdapter(Adapter):
                         input_tokens=sum(len(tokens[row]) for row in span),
                     )  # fmt: skip
         return watch.finish(results)
-
-    def _refusal(self, item: Any) -> ItemResult | None:
-        refused = self.refused_options(item.options, OP_EXTRACT)
-        if refused is not None:
-            return refused
-        text = item_text(item.item)
-        if text is None or not text.strip():
-            return invalid("Zero-shot classification needs a non-blank text")
-        problem = labels_problem(item.labels, NLI_CLASSIFICATION, MAX_LABELS)
-        return invalid(problem) if problem is not None else None
 
     def _scores(self, logits: np.ndarray, multi_label: bool) -> np.ndarray:
         """One score per label from its pair's logits [labels, classes]."""

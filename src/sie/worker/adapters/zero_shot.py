@@ -1,0 +1,27 @@
+"""What the zero-shot adapters (GLiNER, GLiClass, NLI classification) share: the per-item refusal of work they cannot
+run, before anything is tokenized; the gateway refuses the same first, this covers work that did not pass one."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from sie.catalog.options import labels_problem
+from sie.wire.ipc_batch import OP_EXTRACT
+from sie.worker.adapters.base import Adapter, ItemResult, invalid
+from sie.worker.adapters.encoder import item_text
+
+# Labels one item may carry: the gateway's default SIE_GATEWAY_MAX_LABELS.
+MAX_ITEM_LABELS: Final = 1000
+
+
+def zero_shot_refusal(adapter: Adapter, item: Any) -> ItemResult | None:
+    """INVALID_INPUT for an extract item `adapter` cannot run: options its kind does not read or allow, no
+    non-blank text, or labels missing (unless label groups stand in for them), too many or not sane strings."""
+    refused = adapter.refused_options(item.options, OP_EXTRACT)
+    if refused is not None:
+        return refused
+    text = item_text(item.item)
+    if text is None or not text.strip():
+        return invalid(f"Model '{adapter.model.sie_id}' reads labels against a non-blank text; the item has none")
+    problem = labels_problem(item.labels, adapter.kind, MAX_ITEM_LABELS, item.options)
+    return invalid(problem) if problem is not None else None
