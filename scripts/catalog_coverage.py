@@ -38,6 +38,7 @@ from sie.worker.convert.names import (  # noqa: E402
     GLICLASS_MODEL_TYPE,
     GLINER_BI_SPAN_MODEL_TYPE,
     GLINER_SPAN_MODEL_TYPE,
+    GLINER_TOKEN_MODEL_TYPE,
 )
 
 PUBLIC_WHEEL = REPO / ".cache" / "wheels" / "sie_server-0.10.1-py3-none-any.whl"
@@ -69,7 +70,12 @@ ARCHITECTURE_OF = {
 
 
 # The zero-shot architectures the converter builds (a GLiNER's gliner_config.json, a GLiClass config.json).
-ZERO_SHOT_MODEL_TYPES = (GLINER_SPAN_MODEL_TYPE, GLINER_BI_SPAN_MODEL_TYPE, GLICLASS_MODEL_TYPE)
+ZERO_SHOT_MODEL_TYPES = (
+    GLINER_SPAN_MODEL_TYPE,
+    GLINER_BI_SPAN_MODEL_TYPE,
+    GLINER_TOKEN_MODEL_TYPE,
+    GLICLASS_MODEL_TYPE,
+)
 
 # The `model_type` of the decoder checkpoints the public catalogue names (their published config.json), by hf_id.
 ARCHITECTURE_OF_MODEL = {
@@ -101,7 +107,7 @@ ARCHITECTURE_OF_MODEL = {
     "ibm-granite/granite-guardian-3.0-2b": "granite",
     "tencent/Hy-MT2-1.8B": "hunyuan_v1_dense",
     # GLiNER checkpoints of other architectures than the span model (the public adapter's own notes say which)
-    "numind/NuNER_Zero": "gliner_uni_encoder_token",  # token-level
+    "numind/NuNER_Zero": GLINER_TOKEN_MODEL_TYPE,  # token-level
     "knowledgator/gliner-relex-large-v1.0": "gliner_uni_encoder_span_relex",  # joint entities and relations
     # the NLI zero-shot classifiers (nli_classification_flash serves several encoder architectures)
     "MoritzLaurer/ModernBERT-base-zeroshot-v2.0": "modernbert",

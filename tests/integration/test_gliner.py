@@ -30,6 +30,7 @@ VARIANTS = {
     "deberta-lstm": {"backbone": "deberta-v2"},
     "bert-no-lstm": {"backbone": "bert", "num_rnn_layers": 0, "hidden_size": 32},
     "bi-encoder": {"backbone": "deberta-v2", "labels_encoder": True},
+    "token-level": {"backbone": "deberta-v2", "span_mode": "token_level"},
 }
 
 

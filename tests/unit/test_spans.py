@@ -7,7 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sie.worker.spans import Span, candidate_spans, merge_adjacent, plan_windows, resolve_overlaps, split_words
+from sie.worker.spans import (
+    Span,
+    candidate_spans,
+    merge_adjacent,
+    plan_windows,
+    resolve_overlaps,
+    split_words,
+    token_spans,
+)
 
 
 def test_words_split_as_gliner_splits_them() -> None:
@@ -90,3 +98,18 @@ def test_adjacent_spans_of_one_label_merge() -> None:
     merged = merge_adjacent(entities, text)
     assert [(e["text"], e["start"], e["end"], e["score"]) for e in merged] == [("New York City", 0, 13, 0.6),
                                                                                ("big", 17, 20, 0.9)]  # fmt: skip
+
+
+def test_token_level_spans_pair_starts_and_ends_through_inside_words() -> None:
+    scores = np.zeros((5, 2, 3), dtype=np.float32)  # words, labels, (start, end, inside)
+    scores[1, 0] = (0.9, 0.2, 0.8)  # starts label 0 at word 1
+    scores[2, 0] = (0.1, 0.3, 0.7)
+    scores[3, 0] = (0.1, 0.6, 0.9)  # ends it at word 3: words 1-3, scored by the least (end 0.6)
+    scores[4, 0] = (0.1, 0.95, 0.2)  # an end past an inside below the threshold: no span
+    scores[0, 1] = (0.7, 0.7, 0.7)  # label 1: one word on its own
+    assert token_spans(scores, words=5, labels=2, threshold=0.5, max_width=10) == [
+        Span(0, 0, 1, pytest.approx(0.7)),
+        Span(1, 3, 0, pytest.approx(0.6)),
+    ]
+    assert token_spans(scores, words=5, labels=2, threshold=0.5, max_width=2) == [Span(0, 0, 1, pytest.approx(0.7))]
+    assert token_spans(scores, words=5, labels=1, threshold=0.5, max_width=10) == [Span(1, 3, 0, pytest.approx(0.6))]

@@ -100,6 +100,30 @@ def candidate_spans(  # noqa: PLR0913 - one row's scores and what bounds them
     ]
 
 
+def token_spans(scores: np.ndarray, words: int, labels: int, threshold: float, max_width: int) -> list[Span]:
+    """A token-level model's spans from one row's start, end and inside scores [words, labels, 3], as gliner's
+    TokenDecoder finds them: every start above `threshold` paired with every end above it of the same label at or
+    after it (and less than `max_width` words on), kept when no word between them is inside below `threshold`,
+    scored by the least of its start, end and inside scores; in gliner's order (starts by word then label, each with
+    its ends in that order)."""
+    scores = scores[:words, :labels]
+    start, end, inside = scores[:, :, 0], scores[:, :, 1], scores[:, :, 2]
+    bar = np.float32(threshold)
+    starts = list(zip(*(axis.tolist() for axis in np.nonzero(start > bar)), strict=True))
+    ends = list(zip(*(axis.tolist() for axis in np.nonzero(end > bar)), strict=True))
+    found = []
+    for first, label in starts:
+        for last, end_label in ends:
+            if last < first or end_label != label or last - first >= max_width:
+                continue
+            between = inside[first : last + 1, label]
+            if (between < bar).any():
+                continue
+            score = min(float(between.min()), float(start[first, label]), float(end[last, label]))
+            found.append(Span(first, last, label, score))
+    return found
+
+
 def resolve_overlaps(spans: Sequence[Span], flat: bool, multi_label: bool, max_width: int) -> list[Span]:
     """gliner's greedy search: spans by descending score (ties in the order given), each kept unless it conflicts
     with one kept before; returned by start word. Two spans over the same words conflict unless `multi_label`; other

@@ -30,6 +30,7 @@ from sie.worker.convert.names import (
     LABEL_POSITIONS,
     LABELS_TOKENIZER_DIR,
     SPAN_SCORES,
+    TOKEN_SCORES,
     TOKENIZER_FILE,
     WORD_COUNTS,
     WORD_POSITIONS,
@@ -43,11 +44,14 @@ from sie.worker.spans import (
     plan_windows,
     resolve_overlaps,
     split_words,
+    token_spans,
 )
 
 DEFAULT_THRESHOLD = 0.5
 # Most windows one text is read in (about 40,000 words at 384 a window): a longer text is refused, not read in part.
 MAX_WINDOWS = 128
+# The words windows of a token-level model share at least twice this (its spans have no width of their own).
+TOKEN_SPAN_WIDTH = 16
 # A bi-encoder's label embeddings kept between requests, and the tokens of one label its encoder reads.
 LABEL_CACHE_SIZE = 4096
 LABEL_MAX_TOKENS = 512
@@ -156,8 +160,10 @@ class GlinerAdapter(Adapter):
     def __init__(self, context: AdapterContext) -> None:
         super().__init__(context)
         self.settings = PromptSettings.read(context)
-        (output,) = [node for node in self.session.get_outputs() if node.name == SPAN_SCORES]
-        self.max_width = int(output.shape[2])
+        outputs = {node.name: node for node in self.session.get_outputs()}
+        # A token-level model scores words, not spans: its spans are as wide as they come, unless max_width asks.
+        self._token_level = TOKEN_SCORES in outputs
+        self.max_width = TOKEN_SPAN_WIDTH if self._token_level else int(outputs[SPAN_SCORES].shape[2])
         # A bi-encoder reads its labels with a label encoder of its own, not in the text's prompt.
         self._label_encoder = LabelEncoder.of(context) if LABEL_EMBEDDINGS in self._input_names else None
         # Windows share enough words that a span owned by one never reaches its edge.
@@ -189,7 +195,8 @@ class GlinerAdapter(Adapter):
             return refused
         text = item_text(item.item) or ""
         options = self.options_for(item.options)
-        max_width = options.get("max_width") or self.max_width
+        widest = len(text) if self._token_level else self.max_width  # a word has a character at least
+        max_width = options.get("max_width") or widest
         return _Request(
             text=text,
             words=split_words(text),
@@ -197,7 +204,7 @@ class GlinerAdapter(Adapter):
             threshold=float(options.get("threshold", DEFAULT_THRESHOLD)),
             flat=bool(options.get("flat_ner", True)),
             multi_label=bool(options.get("multi_label", False)),
-            max_width=min(int(max_width), self.max_width),
+            max_width=min(int(max_width), widest),
             merge=bool(options.get("merge_adjacent_entities", False)),
         )
 
@@ -265,7 +272,7 @@ class GlinerAdapter(Adapter):
             for number, row in enumerate(rows):
                 label_positions[number, : len(row.label_positions)] = row.label_positions
             feeds[LABEL_POSITIONS] = label_positions
-        (scores,) = self.run_session(feeds, [SPAN_SCORES])
+        (scores,) = self.run_session(feeds, [TOKEN_SCORES if self._token_level else SPAN_SCORES])
         return scores.astype(np.float32, copy=False)
 
     def _answer(
@@ -276,8 +283,12 @@ class GlinerAdapter(Adapter):
         for number, row in enumerate(rows):
             request = requests[row.item]
             window = row.window
-            spans = candidate_spans(scores[number], window.stop - window.start, len(request.labels),
-                                    request.threshold, request.max_width, request.multi_label)  # fmt: skip
+            words = window.stop - window.start
+            if self._token_level:
+                spans = token_spans(scores[number], words, len(request.labels), request.threshold, request.max_width)
+            else:
+                spans = candidate_spans(scores[number], words, len(request.labels), request.threshold,
+                                        request.max_width, request.multi_label)  # fmt: skip
             found.setdefault(row.item, []).extend(
                 Span(span.start + window.start, span.end + window.start, span.label, span.score)
                 for span in spans
@@ -286,7 +297,8 @@ class GlinerAdapter(Adapter):
             tokens[row.item] = tokens.get(row.item, 0) + len(row.tokens)
         for index, spans in found.items():
             request = requests[index]
-            kept = resolve_overlaps(spans, request.flat, request.multi_label, self.max_width)
+            widest = len(request.words) if self._token_level else self.max_width
+            kept = resolve_overlaps(spans, request.flat, request.multi_label, widest)
             entities = [_entity(request, span) for span in kept]
             if request.merge:
                 entities = merge_adjacent(entities, request.text)

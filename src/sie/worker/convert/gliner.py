@@ -31,9 +31,11 @@ from sie.worker.convert.names import (
     GLINER_BI_SPAN_MODEL_TYPE,
     GLINER_CONFIG_FILE,
     GLINER_SPAN_MODEL_TYPE,
+    GLINER_TOKEN_MODEL_TYPE,
     LABEL_EMBEDDINGS,
     LABEL_POSITIONS,
     SPAN_SCORES,
+    TOKEN_SCORES,
     WORD_COUNTS,
     WORD_POSITIONS,
     labels_graph_path,
@@ -42,9 +44,9 @@ from sie.worker.convert.safetensors_io import Checkpoint, CheckpointPart
 
 BACKBONE_PREFIX = "token_rep_layer.bert_layer.model."
 LABELS_ENCODER_PREFIX = "token_rep_layer.labels_encoder.model."
-SPAN_MODES = ("markerV0",)
+SPAN_MODES = ("markerV0", "token_level")
 # `model_type`s of the GLiNER architectures this graph builds (older checkpoints name none).
-BUILT_MODEL_TYPES = (None, GLINER_SPAN_MODEL_TYPE, GLINER_BI_SPAN_MODEL_TYPE)
+BUILT_MODEL_TYPES = (None, GLINER_SPAN_MODEL_TYPE, GLINER_BI_SPAN_MODEL_TYPE, GLINER_TOKEN_MODEL_TYPE)
 # What other GLiNER architectures set, and what they are, for the refusal.
 _OTHER_ARCHITECTURES = {
     "relations_layer": "a GLiNER relation-extraction model",
@@ -70,6 +72,8 @@ class GlinerConfig:
     embed_ent_token: bool  # the label's representation is its marker; else the token after it
     # A bi-encoder's label encoder (labels read on their own, mean-pooled); None: labels are read with the text.
     labels_encoder: BackboneConfig | None = None
+    # A token-level model: start, end and inside scores per word and label instead of span scores.
+    token_level: bool = False
 
 
 def load_gliner_config(model_dir: Path) -> GlinerConfig:
@@ -79,24 +83,7 @@ def load_gliner_config(model_dir: Path) -> GlinerConfig:
 
 
 def parse_gliner_config(raw: dict[str, Any], source: str) -> GlinerConfig:
-    model_type = raw.get("model_type")
-    if model_type not in BUILT_MODEL_TYPES or raw.get("span_mode") == "token_level":
-        shown = "token_level spans" if raw.get("span_mode") == "token_level" else f"model_type {model_type!r}"
-        raise ConversionError(
-            f"{shown}: SIE builds GLiNER span models (uni-encoder, span_mode {list(SPAN_MODES)})", source=source
-        )
-    for key, what in _OTHER_ARCHITECTURES.items():
-        if raw.get(key):
-            raise ConversionError(f"{key} is set: {what}, which SIE does not build", source=source)
-    span_mode = raw.get("span_mode", "markerV0")
-    if span_mode not in SPAN_MODES:
-        raise ConversionError(f"span_mode {span_mode!r} is not built (supported: {list(SPAN_MODES)})", source=source)
-    if raw.get("subtoken_pooling", "first") != "first":
-        raise ConversionError(f"subtoken_pooling {raw['subtoken_pooling']!r} is not built (only 'first')",
-                              source=source)  # fmt: skip
-    if raw.get("words_splitter_type", "whitespace") != "whitespace":
-        raise ConversionError(f"words_splitter_type {raw['words_splitter_type']!r} is not built (only 'whitespace')",
-                              source=source)  # fmt: skip
+    _check_built(raw, source)
     backbone = raw.get("encoder_config")
     if not isinstance(backbone, dict):
         raise ConversionError(
@@ -125,7 +112,33 @@ def parse_gliner_config(raw: dict[str, Any], source: str) -> GlinerConfig:
         sep_token=str(raw.get("sep_token", "<<SEP>>")),
         embed_ent_token=bool(raw.get("embed_ent_token", True)),
         labels_encoder=labels_encoder,
+        token_level=raw.get("span_mode") == "token_level",
     )
+
+
+def _check_built(raw: dict[str, Any], source: str) -> None:
+    """Refuse, naming it, what the graph does not build."""
+    model_type = raw.get("model_type")
+    if model_type not in BUILT_MODEL_TYPES:
+        raise ConversionError(
+            f"model_type {model_type!r}: SIE builds GLiNER span and token models ({list(BUILT_MODEL_TYPES[1:])})",
+            source=source,
+        )
+    for key, what in _OTHER_ARCHITECTURES.items():
+        if raw.get(key):
+            raise ConversionError(f"{key} is set: {what}, which SIE does not build", source=source)
+    span_mode = raw.get("span_mode", "markerV0")
+    if span_mode not in SPAN_MODES:
+        raise ConversionError(f"span_mode {span_mode!r} is not built (supported: {list(SPAN_MODES)})", source=source)
+    if span_mode == "token_level" and (raw.get("represent_spans") or raw.get("labels_encoder")):
+        raise ConversionError("a token-level GLiNER that represents spans or encodes its labels apart is not built",
+                              source=source)  # fmt: skip
+    if raw.get("subtoken_pooling", "first") != "first":
+        raise ConversionError(f"subtoken_pooling {raw['subtoken_pooling']!r} is not built (only 'first')",
+                              source=source)  # fmt: skip
+    if raw.get("words_splitter_type", "whitespace") != "whitespace":
+        raise ConversionError(f"words_splitter_type {raw['words_splitter_type']!r} is not built (only 'whitespace')",
+                              source=source)  # fmt: skip
 
 
 def _positive(raw: dict[str, Any], key: str, default: int, source: str) -> int:
@@ -159,7 +172,8 @@ def convert_gliner(model_dir: Path, out_path: Path) -> GlinerConfig:
         tensor_info(WORD_COUNTS, TensorProto.INT64, ["batch"]),
         labels,
     ]
-    output = tensor_info(scores, _FLOAT, ["batch", "words", config.max_width, "labels"])
+    shape = ["batch", "words", "labels", 3] if config.token_level else ["batch", "words", config.max_width, "labels"]
+    output = tensor_info(scores, _FLOAT, shape)
     if config.labels_encoder is not None:
         _convert_labels_encoder(checkpoint, config, config.labels_encoder, labels_graph_path(out_path))
     save_graph(builder.model("gliner_span", inputs, [output]), out_path)
@@ -213,6 +227,8 @@ class _GlinerHead:
                 words = self._lstm(words, layer)
         else:  # a bi-encoder's labels come encoded; gliner runs no LSTM over its words
             labels = LABEL_EMBEDDINGS
+        if self.config.token_level:
+            return self._token_scores(words, labels)
         marker = "span_rep_layer.span_rep_layer"
         starts = self._mlp(words, f"{marker}.project_start", width, width)
         ends = self._mlp(words, f"{marker}.project_end", width, width)
@@ -243,6 +259,40 @@ class _GlinerHead:
             per_width.append(b.op("Unsqueeze", [logits, b.const([2])], f"span.logits{k}_4d"))
         logits = b.op("Concat", per_width, "span.logits", axis=2) if widths > 1 else per_width[0]
         return b.op("Sigmoid", [logits], SPAN_SCORES)
+
+    def _token_scores(self, words: str, labels: str) -> str:
+        """A token-level model's scorer: words [B, W, D] and labels [B, C, D] each projected to two halves, and
+        [word₀, label₀, word₁ · label₁] through an MLP to start, end and inside logits; out their sigmoids,
+        [B, W, C, 3]. The MLP's first layer is applied to each of the three parts on its own (summed), so only the
+        product is held per (word, label) pair."""
+        b, width = self.b, self.width
+        words_2 = self._linear(words, "scorer.proj_token", width, 2 * width)
+        labels_2 = self._linear(labels, "scorer.proj_label", width, 2 * width)
+        first = self.weights.get("scorer.out_mlp.0.weight", (4 * width, 3 * width))
+        first_bias = self.weights.get("scorer.out_mlp.0.bias", (4 * width,))
+        halves = {}
+        for side, x in (("word", words_2), ("label", labels_2)):
+            for half in (0, 1):
+                halves[side, half] = b.op("Slice", [x, b.const([half * width]), b.const([(half + 1) * width]),
+                                                    b.const([2])], f"scorer.{side}{half}")  # fmt: skip
+        word_part = b.op("MatMul", [halves["word", 0], b.weight("scorer.mlp0.word", first[:, :width].T)],
+                         "scorer.word_part")  # fmt: skip
+        label_part = b.op("MatMul", [halves["label", 0], b.weight("scorer.mlp0.label", first[:, width : 2 * width].T)],
+                          "scorer.label_part")  # fmt: skip
+        # [B, W, 1, D] * [B, 1, C, D]: the product of each word and label
+        product = b.op("Mul", [b.op("Unsqueeze", [halves["word", 1], b.const([2])], "scorer.word1_4d"),
+                               b.op("Unsqueeze", [halves["label", 1], b.const([1])], "scorer.label1_4d")],
+                       "scorer.product")  # fmt: skip
+        product_part = b.op("MatMul", [product, b.weight("scorer.mlp0.product", first[:, 2 * width :].T)],
+                            "scorer.product_part")  # fmt: skip
+        summed = b.op("Add", [product_part, b.op("Unsqueeze", [word_part, b.const([2])], "scorer.word_part_4d")],
+                      "scorer.with_word")  # fmt: skip
+        summed = b.op("Add", [summed, b.op("Unsqueeze", [label_part, b.const([1])], "scorer.label_part_4d")],
+                      "scorer.with_label")  # fmt: skip
+        inner = b.op("Relu", [b.op("Add", [summed, b.weight("scorer.mlp0.bias", first_bias)], "scorer.biased")],
+                     "scorer.relu")  # fmt: skip
+        logits = self._linear(inner, "scorer.out_mlp.3", 4 * width, 3)
+        return b.op("Sigmoid", [logits], TOKEN_SCORES)
 
     def _gather(self, tokens: str, positions: str, name: str) -> str:
         """Rows of `tokens` [B, S, D] at `positions` [B, N]: [B, N, D]."""

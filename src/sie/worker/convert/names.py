@@ -64,6 +64,9 @@ def present_value_name(layer: int) -> str:
 GLINER_HEAD: Final = "gliner-span"
 GLINER_SPAN_MODEL_TYPE: Final = "gliner_uni_encoder_span"  # the architecture the span graph builds
 GLINER_BI_SPAN_MODEL_TYPE: Final = "gliner_bi_encoder_span"  # and with a label encoder of its own
+GLINER_TOKEN_MODEL_TYPE: Final = "gliner_uni_encoder_token"  # start, end and inside scores per word (NuNER Zero)
+# A token-level GLiNER's output in place of SPAN_SCORES: [rows, words, labels, 3] sigmoid start, end and inside.
+TOKEN_SCORES: Final = "token_scores"
 # A bi-encoder GLiNER's labels, encoded by its label graph (beside the span graph: `labels_graph_path`) and fed to the
 # span graph per row: [labels, width] out of the one, [rows, labels, width] into the other.
 LABEL_EMBEDDINGS: Final = "label_embeddings"
