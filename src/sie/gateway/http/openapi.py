@@ -549,7 +549,21 @@ _SCHEMAS: Final = {
             "items": {"type": "array", "items": _ref("Item"), "minItems": 1},
             "params": {
                 "type": "object",
-                "properties": {"labels": {"type": "array", "items": {"type": "string"}}, "options": {"type": "object"}},
+                "properties": {
+                    "labels": {
+                        "type": "array",
+                        "items": {"type": "string", "minLength": 1, "maxLength": 128},
+                        "description": "What to extract or classify: a zero-shot model (GLiNER, GLiClass, NLI) reads "
+                        "these labels with each text and needs them; a fixed-label tagger keeps only its entities of "
+                        "these labels. At most SIE_GATEWAY_MAX_LABELS (1000 by default).",
+                    },
+                    "instruction": {"type": "string", "description": "A GLiClass model's task prompt."},
+                    "options": {
+                        "type": "object",
+                        "description": "threshold; GLiNER: flat_ner, multi_label, max_width, merge_adjacent_entities; "
+                        "GLiClass: classification_type, label_groups; NLI: hypothesis_template, multi_label.",
+                    },
+                },
             },
         },
     },
