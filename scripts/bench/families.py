@@ -10,10 +10,11 @@ With `--served`, a second table: each family's checkpoint (with a word-level tok
 the same graph run in-process at batch 32 (tokens already made), interleaved rounds; the goal is ≥ 0.9.
 
 With `--gliner`, a third table: a GLiNER span model (DeBERTa-v3-small-sized backbone, BiLSTM, spans of up to 12
-words) end to end, texts to entities, as the worker's adapter runs it (words, prompt, tokens, graph, span decoding)
-against the `gliner` package's `inference` on the same checkpoint, a batch of `--batch` texts × 8 labels; the goal
-is ≥ 1.5×. With `--served` too, the same model served (`sie run --role all`, 32 wrk connections × one text and its 8
-labels to `/v1/extract`) against the adapter in-process at batch 32, interleaved rounds; the goal is ≥ 0.9.
+words) and a GLiClass uni-encoder on the same backbone size, end to end, texts to results, as the worker's adapters
+run them (prompt, tokens, graph, decoding) against the `gliner` package's `inference` and the `gliclass` pipeline on
+the same checkpoints, a batch of `--batch` texts × 8 labels; the goal is ≥ 1.5×. With `--served` too, the GLiNER
+served (`sie run --role all`, 32 wrk connections × one text and its 8 labels to `/v1/extract`) against its adapter
+in-process at batch 32, interleaved rounds; the goal is ≥ 0.9.
 
 Needs the test extra (torch, transformers; gliner for `--gliner`). The operators after onnxruntime's load-time
 fusions are printed per family from the optimized graph (the BERT-like graphs carry the fused `Attention` and
@@ -119,12 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--served", action="store_true", help="also the served-vs-raw table (needs wrk)")
     parser.add_argument("--served-seconds", type=int, default=6, help="measured wrk seconds per family and round")
-    parser.add_argument("--gliner", action="store_true", help="also GLiNER against the gliner package")
-    parser.add_argument("--only-gliner", action="store_true", help="GLiNER alone")
+    parser.add_argument("--gliner", action="store_true", help="also GLiNER and GLiClass against their packages")
+    parser.add_argument("--only-gliner", action="store_true", help="GLiNER and GLiClass alone")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.gliner or args.only_gliner:
-        gliner_speed(args)
+        zero_shot_speed(args)
     return 0 if args.only_gliner else family_speeds(args)
 
 
@@ -188,59 +189,84 @@ GLINER_BACKBONE = {"hidden_size": 768, "num_hidden_layers": 6, "num_attention_he
                    "position_buckets": 256, "max_relative_positions": -1}  # fmt: skip
 
 
-def gliner_speed(args: argparse.Namespace) -> None:
-    """Ours (the adapter through the model loader) against the gliner package, texts to entities."""
+def zero_shot_speed(args: argparse.Namespace) -> None:
+    """GLiNER and GLiClass, ours (the adapter through the model loader) against their packages, texts to results."""
+    texts = [f"{GLINER_SENTENCES[i % 3]} {GLINER_SENTENCES[(i + 1) % 3]}" for i in range(args.batch)]
+    rows = []
+    for family in ("gliner", "gliclass"):
+        with tempfile.TemporaryDirectory() as scratch:
+            ours, theirs = _zero_shot_pair(family, Path(scratch), texts, args)
+            ours(), theirs()  # warm up
+            ours_ms, theirs_ms = [], []
+            for _ in range(args.rounds):
+                ours_ms.append(timed(ours, args.repeats))
+                theirs_ms.append(timed(theirs, args.repeats))
+            if args.served and family == "gliner":
+                gliner_served(Path(scratch), ours, texts[0], args)
+        rows.append((family, statistics.median(theirs_ms), statistics.median(ours_ms)))
+    print(f"{args.batch} texts of about 80 words x {len(GLINER_LABELS)} labels, DeBERTa-v3-small-sized backbones, "
+          f"{args.threads} threads, medians of {args.rounds} interleaved rounds, texts to results")  # fmt: skip
+    print("| model | reference package (torch) ms | ours (onnxruntime) ms | speed-up |")
+    print("|---|---|---|---|")
+    for family, theirs_median, ours_median in rows:
+        shown = ZERO_SHOT_SHAPES[family]
+        print(f"| {shown} | {theirs_median:.1f} | {ours_median:.1f} | {theirs_median / ours_median:.2f}x |")
+
+
+ZERO_SHOT_SHAPES = {"gliner": "gliner span (BiLSTM, 12-word spans)", "gliclass": "gliclass uni-encoder (first, dot)"}
+
+
+def _zero_shot_pair(
+    family: str, scratch: Path, texts: list[str], args: argparse.Namespace
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """The `family` checkpoint saved in `scratch`, and two calls on `texts`: our adapter's and its package's."""
     from sie.catalog import parse_model_config
     from sie.wire.ipc_batch import ExtractBatchItem
     from sie.worker.artifacts import ArtifactResolver
     from sie.worker.loading import ModelLoader
     from sie.worker.session import SessionOptions
-    from support.zero_shot_checkpoints import save_gliner
+    from support.zero_shot_checkpoints import save_gliclass, save_gliner
 
-    texts = [f"{GLINER_SENTENCES[i % 3]} {GLINER_SENTENCES[(i + 1) % 3]}" for i in range(args.batch)]
-    with tempfile.TemporaryDirectory() as scratch:
-        # the tokenizer reads the texts' words whole (DeBERTa-v3's reads such prose at about 1.3 tokens a word)
-        words = sorted(
-            {word.strip(",.") for sentence in GLINER_SENTENCES for word in sentence.split()} | set(GLINER_LABELS)
-        )
-        reference = save_gliner(Path(scratch), size=GLINER_BACKBONE, words=words, hidden_size=512, max_width=12,
-                                max_len=384)  # fmt: skip
-        model = parse_model_config({
-            "sie_id": "bench/gliner", "weights_path": str(Path(scratch) / "gliner"), "tasks": {"extract": {}},
-            "profiles": {"default": {"adapter_path": "sie_server.adapters.gliner:GLiNERAdapter",
-                                     "max_batch_tokens": 65536}},
-        })  # fmt: skip
-        resolver = ArtifactResolver(Path(scratch) / "cache", hf_offline=True)
-        loader = ModelLoader(resolver, Path(scratch) / "converted", SessionOptions(intra_op_threads=args.threads))
-        adapter = loader.load(model, "default", model.sie_id).adapter
-        items = [
-            ExtractBatchItem(work_item_id=f"b.{i}", request_id="b", item_index=i, total_items=len(texts),
-                             timestamp=0.0, item={"text": text}, labels=GLINER_LABELS, options={"threshold": 0.5})
-            for i, text in enumerate(texts)
-        ]  # fmt: skip
-
-        def ours() -> None:
-            adapter.extract(items)
+    # the tokenizer reads the texts' words whole (DeBERTa-v3's reads such prose at about 1.3 tokens a word)
+    words = sorted(
+        {word.strip(",.") for sentence in GLINER_SENTENCES for word in sentence.split()} | set(GLINER_LABELS)
+    )
+    if family == "gliner":
+        model = save_gliner(scratch, size=GLINER_BACKBONE, words=words, hidden_size=512, max_width=12, max_len=384)
+        weights, adapter_path = scratch / "gliner", "sie_server.adapters.gliner:GLiNERAdapter"
 
         def theirs() -> None:
-            reference.inference(texts, GLINER_LABELS, threshold=0.5, batch_size=args.batch)
+            model.inference(texts, GLINER_LABELS, threshold=0.5, batch_size=args.batch)
 
-        ours(), theirs()  # warm up
-        ours_ms, theirs_ms = [], []
-        for _ in range(args.rounds):
-            ours_ms.append(timed(ours, args.repeats))
-            theirs_ms.append(timed(theirs, args.repeats))
-        if args.served:
-            gliner_served(Path(scratch), ours, texts[0], args)
-    ours_median, theirs_median = statistics.median(ours_ms), statistics.median(theirs_ms)
-    print(f"GLiNER, {args.batch} texts of about 80 words x {len(GLINER_LABELS)} labels, {args.threads} threads, "
-          f"medians of {args.rounds} interleaved rounds, texts to entities")  # fmt: skip
-    print("| model | gliner package (torch) ms | ours (onnxruntime) ms | speed-up |")
-    print("|---|---|---|---|")
-    print(
-        f"| gliner span, deberta-v3-small-sized, BiLSTM | {theirs_median:.1f} | {ours_median:.1f} | "
-        f"{theirs_median / ours_median:.2f}x |"
-    )
+    else:
+        from gliclass import ZeroShotClassificationPipeline
+
+        model, tokenizer = save_gliclass(scratch, size=GLINER_BACKBONE, words=words)
+        pipeline = ZeroShotClassificationPipeline(model, tokenizer, classification_type="multi-label", device="cpu",
+                                                  progress_bar=False)  # fmt: skip
+        weights, adapter_path = scratch, "sie_server.adapters.gliclass:GLiClassAdapter"
+
+        def theirs() -> None:
+            pipeline(texts, GLINER_LABELS, threshold=0.5, batch_size=args.batch)
+
+    entry = parse_model_config({
+        "sie_id": f"bench/{family}", "weights_path": str(weights), "tasks": {"extract": {}},
+        "profiles": {"default": {"adapter_path": adapter_path, "max_batch_tokens": 65536}},
+    })  # fmt: skip
+    resolver = ArtifactResolver(scratch / "cache", hf_offline=True)
+    loader = ModelLoader(resolver, scratch / "converted", SessionOptions(intra_op_threads=args.threads))
+    adapter = loader.load(entry, "default", entry.sie_id).adapter
+    options = {"threshold": 0.5} | ({"classification_type": "multi-label"} if family == "gliclass" else {})
+    items = [
+        ExtractBatchItem(work_item_id=f"b.{i}", request_id="b", item_index=i, total_items=len(texts), timestamp=0.0,
+                         item={"text": text}, labels=GLINER_LABELS, options=options)
+        for i, text in enumerate(texts)
+    ]  # fmt: skip
+
+    def ours() -> None:
+        adapter.extract(items)
+
+    return ours, theirs
 
 
 def gliner_served(scratch: Path, raw: Callable[[], None], text: str, args: argparse.Namespace) -> None:

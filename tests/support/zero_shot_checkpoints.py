@@ -120,18 +120,26 @@ def save_gliner(  # noqa: PLR0913 - the checkpoint's shape
 GLICLASS_MARKERS = ["<<LABEL>>", "<<SEP>>", "<<EXAMPLE>>"]
 
 
-def save_gliclass(directory: Path, backbone: str = "deberta-v2", seed: int = 2, **options: Any) -> tuple[Any, Any]:
-    """A GLiClass uni-encoder on a random `backbone`, saved to `directory` as `save_pretrained` does, with the
-    tokenizer (its markers added); returns the model and its transformers tokenizer. `options` go to its
-    GLiClassModelConfig (pooling_strategy, scorer_type, use_lstm, prompt_first, class_token_pooling, ...)."""
+def save_gliclass(  # noqa: PLR0913 - the checkpoint's shape
+    directory: Path,
+    backbone: str = "deberta-v2",
+    seed: int = 2,
+    size: dict[str, int] | None = None,
+    words: Sequence[str] = (),
+    **options: Any,
+) -> tuple[Any, Any]:
+    """A GLiClass uni-encoder on a random `backbone` (of `size`, its tokenizer reading `words` whole: see
+    `write_backbone`), saved to `directory` as `save_pretrained` does, with the tokenizer (its markers added);
+    returns the model and its transformers tokenizer. `options` go to its GLiClassModelConfig (pooling_strategy,
+    scorer_type, use_lstm, prompt_first, class_token_pooling, ...)."""
     import torch
     import transformers
     from gliclass import GLiClassModel, GLiClassModelConfig
 
-    tokenizer = write_unigram_tokenizer(directory)
+    tokenizer = write_unigram_tokenizer(directory, words)
     tokenizer.add_special_tokens(GLICLASS_MARKERS)
     tokenizer.save(str(directory / "tokenizer.json"))
-    encoder = dict(BACKBONES[backbone], vocab_size=tokenizer.get_vocab_size())
+    encoder = dict(BACKBONES[backbone], vocab_size=tokenizer.get_vocab_size()) | (size or {})
     encoder_config = transformers.CONFIG_MAPPING[encoder.pop("model_type")](**encoder)
     config = GLiClassModelConfig(encoder_config=encoder_config.to_dict(), encoder_model=str(directory),
                                  class_token_index=tokenizer.token_to_id("<<LABEL>>"), dropout=0.0,

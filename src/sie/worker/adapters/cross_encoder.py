@@ -26,7 +26,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 # The torch activations a saved cross-encoder names (`activation_fn`), by class name, over [pairs, labels] logits.
 ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "Sigmoid": lambda logits: 1.0 / (1.0 + np.exp(-logits)),
+    "Sigmoid": lambda logits: 0.5 * (1.0 + np.tanh(0.5 * logits)),  # no exp overflow on large logits
     "Identity": lambda logits: logits,
     "Tanh": np.tanh,
     "Softmax": _softmax,

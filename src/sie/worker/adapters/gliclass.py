@@ -179,4 +179,4 @@ def _scores(logits: np.ndarray, kind: str) -> np.ndarray:
     if kind == SINGLE and len(logits) > 1:
         shifted = np.exp(logits - logits.max())
         return shifted / shifted.sum()
-    return 1.0 / (1.0 + np.exp(-logits))
+    return 0.5 * (1.0 + np.tanh(0.5 * logits))  # the sigmoid, without exp's overflow on large logits
