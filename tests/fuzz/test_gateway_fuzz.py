@@ -556,6 +556,8 @@ zero_shot_options = st.one_of(
         "classification_type": st.sampled_from(("single-label", "multi-label", "both", "")),
         "label_groups": st.one_of(st.dictionaries(short_texts, st.lists(texts, max_size=3), max_size=3), hostile),
         "hypothesis_template": st.sampled_from(("It is {}.", "no placeholder", "{} and {}", "")),
+        "examples": st.one_of(st.lists(st.fixed_dictionaries({"text": texts, "labels": st.lists(texts, max_size=3)}),
+                                       max_size=3), hostile),
     }),
 )  # fmt: skip
 # Half the bodies are sane (texts with words in them, a few labels), so options and labels meet a model that answers.

@@ -1,8 +1,8 @@
 """GLiClass uni-encoders served through the worker against the `gliclass` package's pipeline on the same tiny random
 checkpoints (DeBERTa-v2 and BERT backbones; first, average and last text pooling; the dot, weighted-dot and MLP
 scorers; a BiLSTM; labels before or after the text; marker or averaged label tokens; normalized features): the same
-scores within 1e-4, single- and multi-label, with a task prompt; label groups scored like requests of their labels;
-and what cannot run is refused per item."""
+scores within 1e-4, single- and multi-label, with a task prompt and few-shot examples; label groups scored like
+requests of their labels; and what cannot run is refused per item."""
 
 from __future__ import annotations
 
@@ -57,15 +57,23 @@ def items(texts: list[str], labels: list[str] | None, instruction: str | None = 
     ]  # fmt: skip
 
 
+EXAMPLES = [{"text": "Marie Curie won the Nobel Prize.", "labels": ["person", "award"]},
+            {"text": "The fox jumps near Paris.", "labels": ["city"]}]  # fmt: skip
+
+
 @pytest.mark.parametrize("kind", ["single-label", "multi-label"])
-@pytest.mark.parametrize("prompt", [None, "Classify the topic."])
-def test_scores_equal_the_gliclass_pipeline(served: tuple[Any, Any], kind: str, prompt: str | None) -> None:
+@pytest.mark.parametrize(("prompt", "examples"), [(None, None), ("Classify the topic.", None), (None, EXAMPLES),
+                                                  ("Classify the topic.", EXAMPLES[:1])])  # fmt: skip
+def test_scores_equal_the_gliclass_pipeline(
+    served: tuple[Any, Any], kind: str, prompt: str | None, examples: list | None
+) -> None:
     pipelines, adapter = served
-    results = adapter.extract(items(TEXTS, LABELS, prompt, classification_type=kind)).items
+    options = {"classification_type": kind} | ({"examples": examples} if examples else {})
+    results = adapter.extract(items(TEXTS, LABELS, prompt, **options)).items
     for text, result in zip(TEXTS, results, strict=True):
         assert result.ok, result.error
         ours = {c["label"]: c["score"] for c in result.result["classifications"]}
-        (theirs,) = pipelines[kind]([text], LABELS, threshold=0.0, batch_size=1, prompt=prompt)
+        (theirs,) = pipelines[kind]([text], LABELS, threshold=0.0, batch_size=1, prompt=prompt, examples=examples)
         # single-label: the pipeline returns its best label only; ours are every label's softmax score
         assert all(abs(ours[c["label"]] - c["score"]) <= TOLERANCE for c in theirs), (ours, theirs)
         if kind == "single-label":
@@ -112,7 +120,7 @@ def test_what_cannot_run_is_refused_per_item(served: tuple[Any, Any]) -> None:
     batch = [
         *items([TEXTS[0]], []),
         *items([TEXTS[0]], LABELS, label_groups={"kind": ["person"]}),
-        *items([TEXTS[0]], LABELS, classification_type="both"),
+        *items([TEXTS[0]], LABELS, classification_type="both", examples=[{"text": "no labels"}]),
         *items([TEXTS[0]], [f"a rather long label number {index}" for index in range(150)]),
         *items([TEXTS[1]], LABELS),
     ]

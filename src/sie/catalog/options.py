@@ -44,6 +44,7 @@ TEXT_PLACEHOLDER: Final = "{text}"
 LABEL_PLACEHOLDER: Final = "{}"  # where a zero-shot classifier's hypothesis template puts the label
 # GLiClass label groups: each group is one more row read with the text.
 MAX_LABEL_GROUPS: Final = 16
+MAX_EXAMPLES: Final = 16  # GLiClass few-shot examples, each read with every text
 CLASSIFICATION_TYPES: Final = ("single-label", "multi-label", "single", "multi", "single_label", "multi_label")
 # One extraction label (an entity type such as "drug dosage"): longer than this is no label (the public server's
 # limit too).
@@ -102,6 +103,19 @@ def _is_label_groups(value: Any) -> bool:
                and all(_is_label(label) for label in labels) for name, labels in value.items())  # fmt: skip
 
 
+def _is_examples(value: Any) -> bool:
+    if value is None:
+        return True
+    if not isinstance(value, list) or len(value) > MAX_EXAMPLES:
+        return False
+    return all(
+        isinstance(example, dict) and set(example) == {"text", "labels"} and _is_text(example["text"])
+        and isinstance(example["text"], str) and isinstance(example["labels"], list)
+        and all(_is_label(label) for label in example["labels"])
+        for example in value
+    )  # fmt: skip
+
+
 def _is_span_width(value: Any) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
 
@@ -143,6 +157,11 @@ RULES: Final[dict[str, OptionRule]] = {
         f"non-blank labels of at most {MAX_LABEL_CHARS} characters",
         _is_label_groups,
     ),
+    "examples": OptionRule(
+        f'null or a list of at most {MAX_EXAMPLES} objects {{"text": a string of at most {MAX_OPTION_TEXT_CHARS} '
+        f'characters, "labels": a list of non-blank labels of at most {MAX_LABEL_CHARS} characters}}',
+        _is_examples,
+    ),
     # Zero-shot classification by entailment: the hypothesis each label becomes.
     "hypothesis_template": OptionRule(f"{_TEXT} holding {LABEL_PLACEHOLDER} exactly once", _is_hypothesis_template),
     # Relation types, read by relation-extraction models only (none is served yet: refused by every kind).
@@ -180,7 +199,7 @@ READ_BY_KIND: Final[dict[str, frozenset[str]]] = {
     TOKEN_CLASSIFICATION: _EVERY_KIND | {"threshold"},
     GLINER: _EVERY_KIND | {"threshold", "flat_ner", "multi_label", "max_width", "merge_adjacent_entities"},
     NLI_CLASSIFICATION: _EVERY_KIND | {"hypothesis_template", "multi_label"},
-    GLICLASS: _EVERY_KIND | {"threshold", "classification_type", "label_groups"},
+    GLICLASS: _EVERY_KIND | {"threshold", "classification_type", "label_groups", "examples", "instruction"},
 }
 # A text encoder scoring compares normalised representations: no vectors are returned, so nothing shapes them.
 READ_WHEN_SCORING: Final = _EVERY_KIND | {"instruction", "query_template", "doc_template", "max_seq_length"}

@@ -5,9 +5,10 @@ one logit per label, and the scores are the pipeline's: a softmax across the lab
 each (`multi-label`; also a single label, whose softmax would be 1 for any text). Labels at or above `threshold`
 come back, best first. A text too long for the model is cut so that every label is still read.
 
-`label_groups` (`{"urgency": ["low", "high"], "topic": [...]}`) classify one text along several label sets at once:
-each group is a row of its own, scored like a request of its labels; `classifications` read `group.label` and `data`
-holds each group's best label (single-label) or its labels at or above the threshold (multi-label).
+`examples` (`[{"text": ..., "labels": [...]}]`) are few-shot examples, written after the text as the pipeline writes
+them. `label_groups` (`{"urgency": ["low", "high"], "topic": [...]}`) classify one text along several label sets at
+once: each group is a row of its own, scored like a request of its labels; `classifications` read `group.label` and
+`data` holds each group's best label (single-label) or its labels at or above the threshold (multi-label).
 """
 
 from __future__ import annotations
@@ -27,9 +28,28 @@ from sie.worker.convert.names import LABEL_WEIGHTS, LOGITS
 
 LABEL_TOKEN = "<<LABEL>>"
 SEP_TOKEN = "<<SEP>>"
+EXAMPLE_TOKEN = "<<EXAMPLE>>"
 SINGLE, MULTI = "single-label", "multi-label"
 CLASSIFICATION_TYPES = {"single": SINGLE, "single-label": SINGLE, "single_label": SINGLE, "multi": MULTI,
                         "multi-label": MULTI, "multi_label": MULTI}  # fmt: skip
+
+
+@attrs.frozen
+class _Context:
+    """What a request reads beside its text and labels: the task prompt and its few-shot examples, written out."""
+
+    prompt: str
+    examples: str
+
+
+def examples_text(examples: Sequence[Mapping[str, Any]] | None) -> str:
+    """Few-shot examples as gliclass writes them after the text: `<<EXAMPLE>>text \nLabels:\n a, b` each, then one
+    `<<SEP>>`; "" for none."""
+    if not examples:
+        return ""
+    written = "".join(f"{EXAMPLE_TOKEN}{example['text']} \nLabels:\n {', '.join(example['labels'])}"
+                      for example in examples)  # fmt: skip
+    return written + SEP_TOKEN
 
 
 @attrs.frozen
@@ -93,32 +113,35 @@ class GliclassAdapter(Adapter):
         options = self.options_for(item.options)
         groups: Mapping[str, list[str]] = options.get("label_groups") or {}
         label_sets = list(groups.items()) if groups else [(None, list(item.labels))]
-        prompt = item.instruction or ""
+        prompt = item.instruction or options.get("instruction") or ""
+        context = _Context(prompt, examples_text(options.get("examples")))
         text = item_text(item.item) or ""
         rows = []
         for group, labels in label_sets:
-            tokens = self._encode(text, labels, prompt)
+            tokens = self._encode(text, labels, context)
             if tokens is None:
                 return invalid(f"The {len(labels)} labels take all of the model's {self.tokenizer.max_length} tokens "
                                "and leave none for the text: send fewer or shorter labels")  # fmt: skip
             rows.append(_Row(index, group, labels, tokens, self._label_weights(tokens.input_ids, len(labels))))
         return rows
 
-    def _sequence(self, text: str, labels: list[str], prompt: str) -> str:
-        marked = "".join(f"{LABEL_TOKEN}{label}" for label in labels) + SEP_TOKEN + prompt
-        return marked + text if self._prompt_first else text + marked
+    def _sequence(self, text: str, labels: list[str], context: _Context) -> str:
+        """The row as the gliclass pipeline writes it: labels, `<<SEP>>` and the task prompt before or after the text,
+        the few-shot examples last."""
+        marked = "".join(f"{LABEL_TOKEN}{label}" for label in labels) + SEP_TOKEN + context.prompt
+        return (marked + text if self._prompt_first else text + marked) + context.examples
 
-    def _encode(self, text: str, labels: list[str], prompt: str) -> TokenizedText | None:
+    def _encode(self, text: str, labels: list[str], context: _Context) -> TokenizedText | None:
         """The row's tokens, its text cut (by tokens) where it would not fit beside every label; None when the labels
-        alone fill the model."""
-        room = self.tokenizer.max_length - self.tokenizer.count_tokens(self._sequence("", labels, prompt))
+        (and examples) alone fill the model."""
+        room = self.tokenizer.max_length - self.tokenizer.count_tokens(self._sequence("", labels, context))
         if room < 1:
             return None
-        sequence = self._sequence(text, labels, prompt)
+        sequence = self._sequence(text, labels, context)
         if self.tokenizer.count_tokens(sequence) > self.tokenizer.max_length:
             pieces = self.tokenizer.tokens(text, add_special_tokens=False)
             for keep in range(min(room, len(pieces)), 0, -1):  # a cut may join pieces: one fewer until it fits
-                sequence = self._sequence(text[: pieces[keep - 1]["stop"]], labels, prompt)
+                sequence = self._sequence(text[: pieces[keep - 1]["stop"]], labels, context)
                 if self.tokenizer.count_tokens(sequence) <= self.tokenizer.max_length:
                     break
         (tokens,) = self.tokenizer.encode_batch([sequence])
