@@ -103,7 +103,7 @@ def test_a_long_text_is_read_in_windows_with_offsets_into_the_whole_text(served:
     (result,) = adapter.extract(extract_items([text], LABELS, threshold=0.1, flat_ner=False)).items
     entities = result.result["entities"]
     words = split_words(text)
-    counts = adapter.tokenizer.word_token_counts([word.text for word in words])
+    (counts,) = adapter.tokenizer.word_token_counts([[word.text for word in words]])
     (prompt,) = adapter.tokenizer.encode_words([adapter._prompt(LABELS)])
     windows = plan_windows(counts, adapter.settings.max_len, adapter.tokenizer.max_length - len(prompt),
                            adapter.overlap)  # fmt: skip

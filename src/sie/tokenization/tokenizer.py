@@ -185,14 +185,20 @@ class TextTokenizer:
             for encoding in encodings
         ]
 
-    def word_token_counts(self, words: Sequence[str]) -> np.ndarray:
-        """How many tokens each word makes on its own (no special tokens, no truncation): what a window of a long
-        text's words will take."""
-        if not words:
-            return np.zeros(0, dtype=np.int64)
-        encoding = self._untruncated().encode(list(words), is_pretokenized=True, add_special_tokens=False)
-        word_ids = np.array([word for word in encoding.word_ids if word is not None], dtype=np.int64)
-        return np.bincount(word_ids, minlength=len(words)).astype(np.int64)
+    def word_token_counts(self, texts: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """For each text given as words, how many tokens each word makes on its own (no special tokens, no
+        truncation): what a window of a long text's words will take. One tokenizer call for all of them."""
+        rows = [list(words) for words in texts]
+        counts = [np.zeros(len(words), dtype=np.int64) for words in rows]
+        filled = [index for index, words in enumerate(rows) if words]
+        if filled:
+            encodings = self._untruncated().encode_batch(
+                [rows[index] for index in filled], is_pretokenized=True, add_special_tokens=False
+            )
+            for index, encoding in zip(filled, encodings, strict=True):
+                word_ids = np.array([word for word in encoding.word_ids if word is not None], dtype=np.int64)
+                counts[index] = np.bincount(word_ids, minlength=len(rows[index])).astype(np.int64)
+        return counts
 
     def count_tokens(self, text: str) -> int:
         """How many tokens `text` makes with the special tokens, untruncated (at most `max_length` ×

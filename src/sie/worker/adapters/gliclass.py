@@ -53,6 +53,17 @@ def examples_text(examples: Sequence[Mapping[str, Any]] | None) -> str:
 
 
 @attrs.frozen
+class _Plan:
+    """One row of one item before it is encoded: its text, labels (one group's, or the request's) and context."""
+
+    item: int
+    group: str | None
+    labels: list[str]
+    text: str
+    context: _Context
+
+
+@attrs.frozen
 class _Row:
     """One text with one label set, encoded."""
 
@@ -84,21 +95,17 @@ class GliclassAdapter(Adapter):
     def extract(self, items: Sequence[Any]) -> BatchResult:
         watch = Stopwatch()
         results = [self._refusal(item) or ItemResult() for item in items]
-        rows: list[_Row] = []
         with watch.stage("tokenization"):
-            for index, item in enumerate(items):
-                if results[index].ok:
-                    made = self._rows(index, item)
-                    if isinstance(made, ItemResult):
-                        results[index] = made
-                    else:
-                        rows += made
+            plans = [plan for index, item in enumerate(items) if results[index].ok for plan in self._plans(index, item)]
+            rows = self._rows(plans, results)
         if rows:
             with watch.stage("inference"):
                 logits = self._logits(rows)
             with watch.stage("postprocessing"):
-                for index in {row.item for row in rows}:
-                    mine = [(row, logits[number]) for number, row in enumerate(rows) if row.item == index]
+                by_item: dict[int, list[tuple[_Row, np.ndarray]]] = {}
+                for row, row_logits in zip(rows, logits, strict=True):
+                    by_item.setdefault(row.item, []).append((row, row_logits))
+                for index, mine in by_item.items():
                     results[index] = self._answer(items[index], mine)
         return watch.finish(results)
 
@@ -108,22 +115,32 @@ class GliclassAdapter(Adapter):
             return invalid("Send either labels or options.label_groups, not both")
         return refused
 
-    def _rows(self, index: int, item: Any) -> list[_Row] | ItemResult:
-        """The item's rows (one per label group), or its error when its labels leave no room for the text."""
+    def _plans(self, index: int, item: Any) -> list[_Plan]:
+        """The item's rows to encode: one per label group, or one for its labels."""
         options = self.options_for(item.options)
         groups: Mapping[str, list[str]] = options.get("label_groups") or {}
         label_sets = list(groups.items()) if groups else [(None, list(item.labels))]
         prompt = item.instruction or options.get("instruction") or ""
         context = _Context(prompt, examples_text(options.get("examples")))
         text = item_text(item.item) or ""
-        rows = []
-        for group, labels in label_sets:
-            tokens = self._encode(text, labels, context)
-            if tokens is None:
-                return invalid(f"The {len(labels)} labels take all of the model's {self.tokenizer.max_length} tokens "
-                               "and leave none for the text: send fewer or shorter labels")  # fmt: skip
-            rows.append(_Row(index, group, labels, tokens, self._label_weights(tokens.input_ids, len(labels))))
-        return rows
+        return [_Plan(index, group, labels, text, context) for group, labels in label_sets]
+
+    def _rows(self, plans: list[_Plan], results: list[ItemResult]) -> list[_Row]:
+        """Every plan encoded in one tokenizer call; a row too long for the model is encoded again with its text cut,
+        and an item whose labels leave no room for its text gets that error instead of rows."""
+        encoded = self.tokenizer.encode_batch([self._sequence(p.text, p.labels, p.context) for p in plans])
+        rows: list[_Row] = []
+        for plan, tokens in zip(plans, encoded, strict=True):
+            fitted = self._fit(plan) if tokens.truncated else tokens
+            if fitted is None:
+                results[plan.item] = invalid(
+                    f"The {len(plan.labels)} labels take all of the model's {self.tokenizer.max_length} tokens and "
+                    "leave none for the text: send fewer or shorter labels"
+                )
+            elif results[plan.item].ok:
+                weights = self._label_weights(fitted.input_ids, len(plan.labels))
+                rows.append(_Row(plan.item, plan.group, plan.labels, fitted, weights))
+        return [row for row in rows if results[row.item].ok]
 
     def _sequence(self, text: str, labels: list[str], context: _Context) -> str:
         """The row as the gliclass pipeline writes it: labels, `<<SEP>>` and the task prompt before or after the text,
@@ -131,19 +148,19 @@ class GliclassAdapter(Adapter):
         marked = "".join(f"{LABEL_TOKEN}{label}" for label in labels) + SEP_TOKEN + context.prompt
         return (marked + text if self._prompt_first else text + marked) + context.examples
 
-    def _encode(self, text: str, labels: list[str], context: _Context) -> TokenizedText | None:
-        """The row's tokens, its text cut (by tokens) where it would not fit beside every label; None when the labels
-        (and examples) alone fill the model."""
+    def _fit(self, plan: _Plan) -> TokenizedText | None:
+        """A row too long for the model with its text cut (by tokens) so that it fits beside every label; None when
+        the labels (and examples) alone fill the model."""
+        labels, context = plan.labels, plan.context
         room = self.tokenizer.max_length - self.tokenizer.count_tokens(self._sequence("", labels, context))
         if room < 1:
             return None
-        sequence = self._sequence(text, labels, context)
-        if self.tokenizer.count_tokens(sequence) > self.tokenizer.max_length:
-            pieces = self.tokenizer.tokens(text, add_special_tokens=False)
-            for keep in range(min(room, len(pieces)), 0, -1):  # a cut may join pieces: one fewer until it fits
-                sequence = self._sequence(text[: pieces[keep - 1]["stop"]], labels, context)
-                if self.tokenizer.count_tokens(sequence) <= self.tokenizer.max_length:
-                    break
+        pieces = self.tokenizer.tokens(plan.text, add_special_tokens=False)
+        sequence = self._sequence(plan.text, labels, context)
+        for keep in range(min(room, len(pieces)), 0, -1):  # a cut may join pieces: one fewer until it fits
+            sequence = self._sequence(plan.text[: pieces[keep - 1]["stop"]], labels, context)
+            if self.tokenizer.count_tokens(sequence) <= self.tokenizer.max_length:
+                break
         (tokens,) = self.tokenizer.encode_batch([sequence])
         return tokens
 

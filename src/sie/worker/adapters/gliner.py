@@ -107,6 +107,7 @@ class LabelEncoder:
 
     def __init__(self, session: Any, tokenizer: TextTokenizer) -> None:
         self._session = session
+        self._inputs = {node.name for node in session.get_inputs()}
         self._tokenizer = tokenizer
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
@@ -141,8 +142,7 @@ class LabelEncoder:
             batch = pad_batch([t.input_ids for t in tokens], [t.token_type_ids for t in tokens], self._tokenizer.pad_id)
             feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
                      "token_type_ids": batch.token_type_ids}  # fmt: skip
-            declared = {node.name for node in self._session.get_inputs()}
-            (encoded,) = self._session.run([LABEL_EMBEDDINGS], {k: v for k, v in feeds.items() if k in declared})
+            (encoded,) = self._session.run([LABEL_EMBEDDINGS], {k: v for k, v in feeds.items() if k in self._inputs})
             with self._lock:
                 for label, vector in zip(missing, encoded.astype(np.float32), strict=True):
                     found[label] = self._cache[label] = vector
@@ -220,17 +220,20 @@ class GlinerAdapter(Adapter):
         """Every item's windows, encoded with its prompt; an item whose labels leave no room for its text, or whose
         text needs more than MAX_WINDOWS windows, gets its error instead."""
         planned: list[tuple[int, Window, list[str]]] = []
-        for index, request in requests.items():
-            prompt = self._prompt(request.labels)
-            (prompt_tokens,) = self.tokenizer.encode_words([prompt])
-            room = self.tokenizer.max_length - len(prompt_tokens)
-            if room < 1 or prompt_tokens.truncated:
+        # Each distinct label set's prompt is encoded once, and every text's word lengths in one call.
+        label_sets = list(dict.fromkeys(tuple(request.labels) for request in requests.values()))
+        prompts = {labels: self._prompt(list(labels)) for labels in label_sets}
+        prompt_tokens = dict(zip(label_sets, self.tokenizer.encode_words(list(prompts.values())), strict=True))
+        word_counts = self.tokenizer.word_token_counts([[w.text for w in r.words] for r in requests.values()])
+        for (index, request), counts in zip(requests.items(), word_counts, strict=True):
+            prompt, encoded_prompt = prompts[tuple(request.labels)], prompt_tokens[tuple(request.labels)]
+            room = self.tokenizer.max_length - len(encoded_prompt)
+            if room < 1 or encoded_prompt.truncated:
                 results[index] = invalid(
-                    f"The {len(request.labels)} labels take {len(prompt_tokens)} of the model's "
+                    f"The {len(request.labels)} labels take {len(encoded_prompt)} of the model's "
                     f"{self.tokenizer.max_length} tokens and leave none for the text: send fewer or shorter labels"
                 )
                 continue
-            counts = self.tokenizer.word_token_counts([word.text for word in request.words])
             windows = plan_windows(counts, self.settings.max_len, room, self.overlap)
             if len(windows) > MAX_WINDOWS:
                 results[index] = invalid(

@@ -60,16 +60,13 @@ _FLOAT = TensorProto.FLOAT
 
 @attrs.frozen
 class GlinerConfig:
-    """The parts of `gliner_config.json` the span graph and its adapter read."""
+    """The parts of `gliner_config.json` the graph reads (the prompt's markers and window are the adapter's:
+    `adapters.gliner.PromptSettings`)."""
 
     backbone: BackboneConfig
     hidden_size: int
     max_width: int
     rnn_layers: int
-    max_len: int  # words read in one window
-    ent_token: str
-    sep_token: str
-    embed_ent_token: bool  # the label's representation is its marker; else the token after it
     # A bi-encoder's label encoder (labels read on their own, mean-pooled); None: labels are read with the text.
     labels_encoder: BackboneConfig | None = None
     # A token-level model: start, end and inside scores per word and label instead of span scores.
@@ -107,10 +104,6 @@ def parse_gliner_config(raw: dict[str, Any], source: str) -> GlinerConfig:
         hidden_size=_positive(raw, "hidden_size", 512, source),
         max_width=_positive(raw, "max_width", 12, source),
         rnn_layers=max(0, int(raw.get("num_rnn_layers", 1))),
-        max_len=_positive(raw, "max_len", 384, source),
-        ent_token=str(raw.get("ent_token", "<<ENT>>")),
-        sep_token=str(raw.get("sep_token", "<<SEP>>")),
-        embed_ent_token=bool(raw.get("embed_ent_token", True)),
         labels_encoder=labels_encoder,
         token_level=raw.get("span_mode") == "token_level",
     )
