@@ -7,11 +7,12 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.sie-installed
 TEST_INSTALLED := $(VENV)/.sie-installed-test
-# The reference implementations of GLiNER and GLiClass (tests/integration/test_gliner.py), without their declared
-# dependencies: gliner pins transformers<5.17, older than the test extra's, yet runs on it; what they import (torch,
-# transformers, huggingface_hub, safetensors, scikit-learn, tqdm) comes with the test extra.
-ZERO_SHOT_REFERENCES := gliner==0.2.29 gliclass==0.1.21
-ZERO_SHOT_INSTALLED := $(VENV)/.sie-installed-gliner-0.2.29-gliclass-0.1.21
+# The reference implementations of GLiNER, GLiClass and GLiREL (tests/integration/test_gliner.py, test_glirel.py),
+# without their declared dependencies: gliner pins transformers<5.17, older than the test extra's, yet runs on it;
+# glirel declares datasets but imports it only for spaCy; what they import (torch, transformers, huggingface_hub,
+# safetensors, scikit-learn, tqdm) comes with the test extra, and glirel's loguru and seqeval are named here.
+ZERO_SHOT_REFERENCES := gliner==0.2.29 gliclass==0.1.21 glirel==1.2.1 loguru==0.7.3 seqeval==1.2.2
+ZERO_SHOT_INSTALLED := $(VENV)/.sie-installed-gliner-0.2.29-gliclass-0.1.21-glirel-1.2.1
 WHEELS := .cache/wheels
 PUBLIC_CATALOG_WHEEL := $(WHEELS)/sie_server-0.10.1-py3-none-any.whl
 PUBLIC_SDK_WHEEL := $(WHEELS)/sie_sdk-0.10.1-py3-none-any.whl

@@ -39,6 +39,7 @@ from sie.worker.convert.names import (  # noqa: E402
     GLINER_BI_SPAN_MODEL_TYPE,
     GLINER_SPAN_MODEL_TYPE,
     GLINER_TOKEN_MODEL_TYPE,
+    GLIREL_MODEL_TYPE,
 )
 
 PUBLIC_WHEEL = REPO / ".cache" / "wheels" / "sie_server-0.10.1-py3-none-any.whl"
@@ -66,15 +67,18 @@ ARCHITECTURE_OF = {
     # GLiClass checkpoints' config.json model_type; the graph builds uni-encoders on any backbone family converted
     # here (another architecture_type fails its load naming it)
     "sie_server.adapters.gliclass": GLICLASS_MODEL_TYPE,
+    # GLiREL checkpoints (glirel_config.json, the backbone's config beside them): relations between given entities
+    "sie_server.adapters.glirel": GLIREL_MODEL_TYPE,
 }
 
 
-# The zero-shot architectures the converter builds (a GLiNER's gliner_config.json, a GLiClass config.json).
+# The zero-shot architectures the converter builds (a GLiNER's gliner_config.json, a GLiClass config.json, GLiREL).
 ZERO_SHOT_MODEL_TYPES = (
     GLINER_SPAN_MODEL_TYPE,
     GLINER_BI_SPAN_MODEL_TYPE,
     GLINER_TOKEN_MODEL_TYPE,
     GLICLASS_MODEL_TYPE,
+    GLIREL_MODEL_TYPE,
 )
 
 # The `model_type` of the decoder checkpoints the public catalogue names (their published config.json), by hf_id.

@@ -5,14 +5,16 @@ an embedder (`qwen2_flash`, last-token pooling with an instruction template) and
 streamed too, and the Responses API) and the public sie-sdk (encode, score); a chat model of every other decoder
 family (Llama, Mistral, Qwen2, Granite, Gemma 3) through chat completions, and the DeBERTa-v3 models: a
 cross-encoder through the SDK's score, and the zero-shot models in the public catalogue's YAML shapes through the
-SDK's extract with labels of each request's own: a GLiNER extractor, a GLiClass classifier (with label groups) and an
-NLI classifier. Greedy text equals `transformers.generate` on the same
-checkpoint and rendered prompt; vectors and scores equal transformers ≤ 1e-4, entities and classifications equal the
-`gliner` and `gliclass` packages' and transformers' zero-shot pipeline.
+SDK's extract with labels of each request's own: a GLiNER extractor, a GLiClass classifier (with label groups), an
+NLI classifier and a GLiREL relation extractor over the entities each item names. Greedy text equals
+`transformers.generate` on the same checkpoint and rendered prompt; vectors and scores equal transformers ≤ 1e-4,
+entities, relations and classifications equal the `gliner`, `gliclass` and `glirel` packages' and transformers'
+zero-shot pipeline.
 Marked slow: it starts a server process."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ import pytest
 from launcher import REPO, serving_all
 from sie.catalog import dump_yaml
 from support.decoder_checkpoints import save_base_model, save_causal_lm, write_tokenizer
-from support.zero_shot_checkpoints import save_gliclass, save_gliner, save_nli_classifier
+from support.zero_shot_checkpoints import save_gliclass, save_gliner, save_glirel, save_nli_classifier
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +36,7 @@ DEBERTA = "tiny/deberta-v3-reranker"
 GLINER = "tiny/gliner-deberta-v3"
 GLICLASS = "tiny/gliclass-deberta-v3"
 NLI = "tiny/nli-deberta-v3"
+GLIREL = "tiny/glirel-deberta-v3"
 INSTRUCTION = "w7 w8"
 TOLERANCE = 1e-4
 
@@ -83,6 +86,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     write_yaml(models_dir, NLI, root / "weights" / "nli", {"extract": {}},
                "sie_server.adapters.nli_classification_flash:NLIClassificationFlashAdapter",
                {"runtime": {"hypothesis_template": "This text is about {}.", "multi_label": False}})  # fmt: skip
+    models[GLIREL] = save_glirel(root / "weights" / "glirel")
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):  # the backbone's, beside the checkpoint
+        shutil.copy(root / "weights" / "glirel" / "backbone" / name, root / "weights" / "glirel" / "glirel" / name)
+    write_yaml(models_dir, GLIREL, root / "weights" / "glirel" / "glirel", {"extract": {}},
+               "sie_server.adapters.glirel:GLiRELAdapter", {"runtime": {"threshold": 0.1}})  # fmt: skip
     embed_options = {"loadtime": {"causal": True}, "runtime": {
         "pooling": "last", "normalize": True, "query_template": "Instruct: {instruction}\nQuery:{text}",
         "default_instruction": INSTRUCTION}}  # fmt: skip
@@ -286,3 +294,31 @@ def test_zero_shot_classifiers_score_the_labels_each_request_names(served: Serve
     expected = zero_shot(text, labels, hypothesis_template="This text is about {}.")
     assert [c["label"] for c in nli["classifications"]] == expected["labels"]
     assert np.allclose([c["score"] for c in nli["classifications"]], expected["scores"], atol=TOLERANCE, rtol=0)
+
+
+def test_a_glirel_model_relates_the_entities_each_item_names(served: Served, public_sdk) -> None:
+    import httpx
+
+    text = "Steve Jobs founded Apple in Cupertino, California in 1976."
+    names = ["Steve Jobs", "Apple", "Cupertino"]
+    entities = [{"text": n, "label": "thing", "start": text.index(n), "end": text.index(n) + len(n)} for n in names]
+    relations = ["founded by", "located in", "born in"]
+    client = public_sdk.SIEClient(served.url, timeout_s=120)
+    try:
+        (result,) = client.extract(GLIREL, [{"text": text, "metadata": {"entities": entities}}], labels=relations,
+                                   options={"top_k": 1}, wait_for_capacity=True)  # fmt: skip
+    finally:
+        client.close()
+    words = text.replace(",", " ,").replace(".", " .").split()
+    ner = [[0, 1, "thing", "Steve Jobs"], [3, 3, "thing", "Apple"], [5, 5, "thing", "Cupertino"]]
+    theirs = served.models[GLIREL].predict_relations(words, relations, threshold=0.1, ner=ner, top_k=1)
+    assert theirs  # the YAML's runtime threshold finds relations
+    ours = {(r["head"], r["tail"], r["relation"]): r["score"] for r in result["relations"]}
+    expected = {(" ".join(r["head_text"]), " ".join(r["tail_text"]), r["label"]): r["score"] for r in theirs}
+    assert sorted(ours) == sorted(expected)
+    assert all(abs(ours[key] - expected[key]) <= TOLERANCE for key in expected)
+    assert [e["text"] for e in result["entities"]] == names
+    # the entities are checked before the model runs: a request without them is refused
+    url = f"{served.url}/v1/extract/{GLIREL}"
+    response = httpx.post(url, json={"items": [{"text": text}], "params": {"labels": relations}}, timeout=60)
+    assert response.status_code == 400 and "metadata.entities" in response.text, response.text

@@ -50,11 +50,13 @@ MINILM_L3: Final = "sentence-transformers/paraphrase-MiniLM-L3-v2"
 SPLADE: Final = "rasyosef/splade-tiny"
 RAMPART: Final = "nationaldesignstudio/rampart"
 # Tiny random zero-shot models (tests/support/zero_shot_checkpoints.py) beside the baseline catalogue: the labels of
-# each request reach a GLiNER extractor, a GLiClass classifier and an NLI classifier.
+# each request reach a GLiNER extractor, a GLiClass classifier, an NLI classifier and a GLiREL relation extractor
+# (over the entities in each item's metadata).
 GLINER: Final = "fuzz/gliner"
 GLICLASS: Final = "fuzz/gliclass"
 NLI: Final = "fuzz/nli"
-ZERO_SHOT_MODELS: Final = (GLINER, GLICLASS, NLI)
+GLIREL: Final = "fuzz/glirel"
+ZERO_SHOT_MODELS: Final = (GLINER, GLICLASS, NLI, GLIREL)
 ENCODE_MODELS: Final = (MINILM, f"{MINILM}:int8", f"{MINILM}:multivector", MINILM_L3, SPLADE)
 KNOWN_MODELS: Final = (*ENCODE_MODELS, RAMPART)
 
@@ -187,10 +189,10 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
 
 
 def zero_shot_catalogue(root: Path) -> Path:
-    """The baseline model YAMLs plus the three zero-shot models' (in the public catalogue's shapes), over tiny
+    """The baseline model YAMLs plus the four zero-shot models' (in the public catalogue's shapes), over tiny
     random checkpoints saved under `root`."""
     from sie.catalog import dump_yaml
-    from support.zero_shot_checkpoints import save_gliclass, save_gliner, save_nli_classifier
+    from support.zero_shot_checkpoints import save_gliclass, save_gliner, save_glirel, save_nli_classifier
 
     models = root / "models"
     models.mkdir()
@@ -200,10 +202,14 @@ def zero_shot_catalogue(root: Path) -> Path:
     save_gliclass(root / "gliclass")
     nli = root / "nli"
     save_nli_classifier(nli, "bert", {0: "entailment", 1: "not_entailment"})
+    save_glirel(root / "glirel")
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):  # the backbone's, beside the checkpoint
+        shutil.copy(root / "glirel" / "backbone" / name, root / "glirel" / "glirel" / name)
     entries = {
         GLINER: (root / "gliner" / "gliner", "sie_server.adapters.gliner:GLiNERAdapter"),
         GLICLASS: (root / "gliclass", "sie_server.adapters.gliclass:GLiClassAdapter"),
         NLI: (nli, "sie_server.adapters.nli_classification_flash:NLIClassificationFlashAdapter"),
+        GLIREL: (root / "glirel" / "glirel", "sie_server.adapters.glirel:GLiRELAdapter"),
     }
     for sie_id, (weights, adapter_path) in entries.items():
         data = {"sie_id": sie_id, "weights_path": str(weights), "tasks": {"extract": {}},
@@ -553,7 +559,7 @@ many_labels = st.one_of(st.none(), st.sampled_from((999, 1000, 1001)), st.intege
 zero_shot_options = st.one_of(
     options,
     st.fixed_dictionaries({}, optional={
-        "threshold": numbers, "flat_ner": scalars, "multi_label": scalars, "max_width": numbers,
+        "threshold": numbers, "flat_ner": scalars, "multi_label": scalars, "max_width": numbers, "top_k": numbers,
         "classification_type": st.sampled_from(("single-label", "multi-label", "both", "")),
         "label_groups": st.one_of(st.dictionaries(short_texts, st.lists(texts, max_size=3), max_size=3), hostile),
         "hypothesis_template": st.sampled_from(("It is {}.", "no placeholder", "{} and {}", "")),
@@ -561,11 +567,20 @@ zero_shot_options = st.one_of(
                                        max_size=3), hostile),
     }),
 )  # fmt: skip
+# The entities a relation extractor reads from an item's metadata: spans of the sane texts below (some past a short
+# text's end), or hostile offsets and shapes.
+entity_metadata = st.one_of(
+    st.fixed_dictionaries({"entities": st.lists(st.sampled_from((
+        {"text": "Steve Jobs", "label": "person", "start": 0, "end": 10}, {"start": 19, "end": 24},
+        {"text": "Cupertino", "start": 28, "end": 37}, {"start": 0, "end": 5, "label": "person"})), max_size=5)}),
+    st.fixed_dictionaries({"entities": st.one_of(hostile, st.lists(st.fixed_dictionaries({}, optional={
+        "start": numbers, "end": numbers, "text": scalars, "label": scalars}), max_size=4))}),
+)  # fmt: skip
 # Half the bodies are sane (texts with words in them, a few labels), so options and labels meet a model that answers.
 sane_zero_shot_bodies = st.fixed_dictionaries({
     "items": st.lists(st.fixed_dictionaries({"text": st.one_of(st.sampled_from((
-        "Steve Jobs founded Apple in Cupertino.", "Marie Curie won the Nobel Prize.")), texts.filter(str.strip))}),
-        min_size=1, max_size=3),
+        "Steve Jobs founded Apple in Cupertino.", "Marie Curie won the Nobel Prize.")), texts.filter(str.strip))},
+        optional={"metadata": entity_metadata}), min_size=1, max_size=3),
     "params": st.fixed_dictionaries(
         {"labels": st.lists(st.sampled_from(("person", "city", "organization", "城市", "award")), min_size=1,
                             max_size=5)},

@@ -179,3 +179,39 @@ def save_nli_classifier(
             parameter.add_(torch.randn_like(parameter) * 0.2)
     model.save_pretrained(directory)
     return model
+
+
+def save_glirel(
+    directory: Path, backbone: str = "deberta-v2", seed: int = 5, words: Sequence[str] = (), **options: Any
+) -> Any:
+    """A GLiREL model on a random `backbone` (its tokenizer reading `words` whole: see `write_backbone`), saved to
+    `directory` as `GLiREL.save_pretrained` does (pytorch_model.bin and glirel_config.json, whose `model_name` is the
+    backbone's directory, as a Hub id names it); returns the model. `options` go to its config (span_marker_mode,
+    scorer, label_embed_strategy, hidden_size, max_len, max_entity_pair_distance, ...)."""
+    import argparse
+
+    import torch
+    from glirel import GLiREL
+
+    write_backbone(directory / "backbone", backbone, words=words)
+    settings = {
+        "model_name": str(directory / "backbone"), "name": "tiny", "max_width": 12, "hidden_size": 24,
+        "dropout": 0.0, "fine_tune": True, "subtoken_pooling": "first", "span_mode": "marker",
+        "span_marker_mode": "markerv1", "rel_mode": "marker", "scorer": "dot", "label_embed_strategy": "ent_token",
+        "refine_prompt": False, "refine_relation": False, "ffn_mul": 4, "max_len": 64,
+        "max_entity_pair_distance": None, "fixed_relation_types": True, "add_entity_markers": False,
+        "loss_func": "binary_cross_entropy_loss", "num_train_rel_types": 10, "random_drop": False,
+    } | options  # fmt: skip
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = GLiREL(argparse.Namespace(**settings))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            # the backbone away from its initial values, GLiREL's layers enough to spread the scores over (0, 1)
+            parameter.add_(torch.randn_like(parameter) * (0.2 if "bert_layer" in name else 0.15))
+        if settings["scorer"] == "dot_norm":  # its trained bias starts at -10, which would put every score near 0
+            model.scorer.bias.fill_(0.5)
+    model.eval()
+    model.save_pretrained(directory / "glirel")
+    return model

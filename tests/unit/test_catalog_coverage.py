@@ -32,6 +32,7 @@ def test_the_public_catalogue_counts_every_yaml_once(capsys: pytest.CaptureFixtu
     assert table["sie_server.adapters.nli_classification_flash"][1:] == ["5", "4", "4"]
     assert table["sie_server.adapters.gliclass"] == ["GLiClass", "20", "20", "20"]
     assert table["sie_server.adapters.gliner_bi"] == ["gliner_bi_encoder_span", "5", "5", "5"]
+    assert table["sie_server.adapters.glirel"] == ["glirel", "1", "1", "1"]
     assert "no SIE adapter for this module" in output
 
 

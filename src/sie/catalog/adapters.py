@@ -22,6 +22,7 @@ CAUSAL_RERANKER: Final = "causal_reranker"  # a decoder scoring pairs from its "
 GLINER: Final = "gliner"  # zero-shot entity spans for the labels each request names
 NLI_CLASSIFICATION: Final = "nli_classification"  # zero-shot classification by entailment, labels per request
 GLICLASS: Final = "gliclass"  # zero-shot classification reading the labels with the text (GLiClass)
+GLIREL: Final = "glirel"  # zero-shot relations between the entities each item names, for the labels each request names
 
 ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie.adapters.dense": DENSE,
@@ -35,6 +36,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie.adapters.gliner": GLINER,
     "sie.adapters.nli_classification": NLI_CLASSIFICATION,
     "sie.adapters.gliclass": GLICLASS,
+    "sie.adapters.glirel": GLIREL,
     # public SIE module names served by the kinds above
     "sie_server.adapters.sentence_transformer": DENSE,
     "sie_server.adapters.bert_flash": DENSE,
@@ -70,6 +72,8 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie_server.adapters.nli_classification": NLI_CLASSIFICATION,
     # GLiClass uni-encoders; another GLiClass architecture (bi-encoder, encoder-decoder) fails its load naming it
     "sie_server.adapters.gliclass": GLICLASS,
+    # GLiREL relation extraction over the entities an item's metadata names
+    "sie_server.adapters.glirel": GLIREL,
     # the public Rust engine's embedding module serves many encoder architectures; ours converts the checkpoint,
     # and one whose model_type it does not build fails that load naming it
     "sie_server_rust.adapters.candle": DENSE,

@@ -25,6 +25,7 @@ from sie.catalog.adapters import (
     DENSE,
     GLICLASS,
     GLINER,
+    GLIREL,
     HYBRID,
     MULTIVECTOR,
     NLI_CLASSIFICATION,
@@ -120,6 +121,10 @@ def _is_span_width(value: Any) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
 
 
+def _is_count(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+
+
 def _is_label_list(value: Any) -> bool:
     return value is None or (isinstance(value, list) and all(_is_label(label) for label in value))
 
@@ -150,6 +155,8 @@ RULES: Final[dict[str, OptionRule]] = {
     "multi_label": OptionRule("true or false", _is_bool),
     "max_width": OptionRule("null or a whole number of words (at least 1)", _is_span_width),
     "merge_adjacent_entities": OptionRule("true or false", _is_bool),
+    # Relation extraction (GLiREL): the most relation types kept for one pair of entities.
+    "top_k": OptionRule("null or a whole number of relation types (at least 1)", _is_count),
     # GLiClass: exclusive or independent labels, and several label sets at once ({"group": [labels]}).
     "classification_type": _one_of(CLASSIFICATION_TYPES),
     "label_groups": OptionRule(
@@ -200,6 +207,7 @@ READ_BY_KIND: Final[dict[str, frozenset[str]]] = {
     GLINER: _EVERY_KIND | {"threshold", "flat_ner", "multi_label", "max_width", "merge_adjacent_entities"},
     NLI_CLASSIFICATION: _EVERY_KIND | {"hypothesis_template", "multi_label"},
     GLICLASS: _EVERY_KIND | {"threshold", "classification_type", "label_groups", "examples", "instruction"},
+    GLIREL: _EVERY_KIND | {"threshold", "top_k"},
 }
 # A text encoder scoring compares normalised representations: no vectors are returned, so nothing shapes them.
 READ_WHEN_SCORING: Final = _EVERY_KIND | {"instruction", "query_template", "doc_template", "max_seq_length"}
@@ -215,6 +223,7 @@ _KIND_NAMES: Final = {
     GLINER: "a zero-shot entity extraction model",
     NLI_CLASSIFICATION: "a zero-shot classification model",
     GLICLASS: "a GLiClass classification model",
+    GLIREL: "a zero-shot relation extraction model",
 }
 
 
@@ -249,7 +258,7 @@ def _shown(value: Any) -> str:
 
 
 # Kinds of model that read the labels of each request (and need some), rather than filter their own.
-ZERO_SHOT_KINDS: Final = frozenset({GLINER, NLI_CLASSIFICATION, GLICLASS})
+ZERO_SHOT_KINDS: Final = frozenset({GLINER, NLI_CLASSIFICATION, GLICLASS, GLIREL})
 
 
 def labels_problem(

@@ -135,6 +135,20 @@ class TextTokenizer:
         pad_id = next((tid for token in ("[PAD]", "<pad>") if (tid := tokenizer.token_to_id(token)) is not None), 0)
         return cls(tokenizer, tokenizer_id_for(data), max_length, pad_id)
 
+    def with_added_tokens(self, special: Sequence[str], plain: Sequence[str]) -> TextTokenizer:
+        """A copy with `special` then `plain` tokens added where the vocabulary lacks them, numbered after its last
+        entry as transformers' `add_special_tokens` and `add_tokens` number them (a model that adds its markers
+        when it loads, and saves no tokenizer of its own: GLiREL); this one itself unchanged."""
+        copy = tokenizers.Tokenizer.from_str(self._tokenizer.to_str())
+        missing_special = [token for token in special if copy.token_to_id(token) is None]
+        if missing_special:
+            copy.add_special_tokens(missing_special)
+        missing_plain = list(dict.fromkeys(token for token in plain if copy.token_to_id(token) is None))
+        if missing_plain:
+            copy.add_tokens(missing_plain)
+        data = copy.to_str().encode("utf-8")
+        return TextTokenizer(copy, tokenizer_id_for(data), self.max_length, self.pad_id)
+
     @property
     def vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size(with_added_tokens=True)

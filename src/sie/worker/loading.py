@@ -45,6 +45,7 @@ from sie.worker.convert.names import (
     FLOAT16_UNSAFE_MODEL_TYPES,
     GLICLASS_HEAD,
     GLINER_HEAD,
+    GLIREL_HEAD,
     GRAPH_FILE,
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
@@ -236,6 +237,7 @@ class ModelLoader:
             from sie.worker.convert.encoders import convert_encoder
             from sie.worker.convert.gliclass import convert_gliclass
             from sie.worker.convert.gliner import convert_gliner
+            from sie.worker.convert.glirel import convert_glirel
 
             self.converted_dir.mkdir(parents=True, exist_ok=True)
             shown = "decoder hidden states" if decoder else f"{head} head"
@@ -254,6 +256,8 @@ class ModelLoader:
                         os.replace(labels_graph_path(staged), labels_graph_path(target))
                 elif head == GLICLASS_HEAD:
                     convert_gliclass(model_dir, staged)
+                elif head == GLIREL_HEAD:
+                    convert_glirel(model_dir, staged)
                 else:
                     convert_encoder(model_dir, staged, head)
                 os.replace(staged, target)  # atomic: a reader sees no graph or the whole graph

@@ -561,7 +561,9 @@ _SCHEMAS: Final = {
                     "options": {
                         "type": "object",
                         "description": "threshold; GLiNER: flat_ner, multi_label, max_width, merge_adjacent_entities; "
-                        "GLiClass: classification_type, label_groups; NLI: hypothesis_template, multi_label.",
+                        "GLiClass: classification_type, label_groups; NLI: hypothesis_template, multi_label; "
+                        "GLiREL: top_k (the labels are relation types, each item's metadata.entities the entities "
+                        "related).",
                     },
                 },
             },

@@ -14,12 +14,13 @@ from sie.worker.adapters.cross_encoder import CrossEncoderAdapter
 from sie.worker.adapters.dense import DenseAdapter
 from sie.worker.adapters.gliclass import GliclassAdapter
 from sie.worker.adapters.gliner import GlinerAdapter
+from sie.worker.adapters.glirel import GlirelAdapter
 from sie.worker.adapters.hybrid import HybridAdapter
 from sie.worker.adapters.multivector import MultivectorAdapter
 from sie.worker.adapters.nli_classification import NliClassificationAdapter
 from sie.worker.adapters.sparse import SpladeAdapter, read_splade_stack
 from sie.worker.adapters.token_classification import TokenClassificationAdapter
-from sie.worker.convert.names import GLICLASS_HEAD, GLINER_HEAD
+from sie.worker.convert.names import GLICLASS_HEAD, GLINER_HEAD, GLIREL_HEAD
 from sie.worker.errors import ModelLoadError
 
 # The class that runs each kind of model (`sie.catalog.adapters` maps adapter modules to kinds).
@@ -35,6 +36,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
         GlinerAdapter,
         NliClassificationAdapter,
         GliclassAdapter,
+        GlirelAdapter,
         CausalLMAdapter,
         CausalRerankerAdapter,
     )
@@ -53,6 +55,7 @@ CONVERSION_HEADS: dict[type[Adapter], str] = {
     NliClassificationAdapter: "seq-cls",
     GlinerAdapter: GLINER_HEAD,
     GliclassAdapter: GLICLASS_HEAD,  # a GLiClass checkpoint converts to its label logits (convert/gliclass.py)
+    GlirelAdapter: GLIREL_HEAD,  # a GLiREL checkpoint converts to its relation scores (convert/glirel.py)
 }
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Final
 
 from sie.worker.convert.errors import ConversionError
-from sie.worker.convert.names import CONFIG_FILE, GENERATION_CONFIG_FILE, GLINER_CONFIG_FILE
+from sie.worker.convert.names import CONFIG_FILE, GENERATION_CONFIG_FILE, GLINER_CONFIG_FILE, GLIREL_CONFIG_FILE
 from sie.worker.convert.safetensors_io import checkpoint_files
 
 # 2: the BERT-like families (RoBERTa, XLM-R, ELECTRA, DistilBERT, MPNet), ModernBERT, sharded checkpoints
@@ -45,7 +45,7 @@ def _checkpoint_key(model_dir: Path, version: str, variant: str, extra: list[Pat
     digest = hashlib.sha256()
     for part in (version.encode(), variant.encode()):
         digest.update(len(part).to_bytes(8, "little") + part)
-    configs = [Path(model_dir) / name for name in (CONFIG_FILE, GLINER_CONFIG_FILE)]
+    configs = [Path(model_dir) / name for name in (CONFIG_FILE, GLINER_CONFIG_FILE, GLIREL_CONFIG_FILE)]
     for path in [config for config in configs if config.is_file()] or configs[:1]:
         _hash_file(digest, path)  # a missing config.json fails here, naming it
     for path in [*checkpoint_files(model_dir), *(path for path in extra or () if path.is_file())]:

@@ -80,6 +80,16 @@ SPAN_SCORES: Final = "span_scores"
 GLICLASS_HEAD: Final = "gliclass"
 GLICLASS_MODEL_TYPE: Final = "GLiClass"  # a GLiClass checkpoint's config.json model_type
 LABEL_WEIGHTS: Final = "label_weights"
+# The extra inputs and the output of a converted GLiREL graph (`glirel.py`), fed and read by its adapter: beside
+# WORD_POSITIONS, WORD_COUNTS and LABEL_POSITIONS ([rows, labels, k]: the k token positions averaged into each
+# relation type), each entity's first and last word [rows, entities, 2] and each scored pair's head and tail entity
+# [rows, pairs, 2]; out come sigmoid scores [rows, pairs, relation types].
+GLIREL_HEAD: Final = "glirel"
+GLIREL_CONFIG_FILE: Final = "glirel_config.json"  # a GLiREL checkpoint's own config (the backbone's beside it)
+GLIREL_MODEL_TYPE: Final = "glirel"  # what the coverage report calls the architecture (its config names none)
+ENTITY_SPANS: Final = "entity_spans"
+ENTITY_PAIRS: Final = "entity_pairs"
+RELATION_SCORES: Final = "relation_scores"
 
 
 def labels_graph_path(graph: Path) -> Path:

@@ -1,0 +1,317 @@
+"""Zero-shot relation extraction with GLiREL: each item names its entities (`metadata.entities`, character offsets);
+the request's labels are relation types. The text is split into words as glirel splits them, prefixed with the
+relation-type prompt (`[REL] type … [SEP]`) and encoded word by word; the converted graph
+(`sie.worker.convert.glirel`) scores every ordered pair of entities against every type, and the pairs above the
+threshold come back as `relations` (head, tail, relation, score), best first, at most `top_k` types per pair, as
+`GLiREL.predict_relations` returns them; the entities come back as they were sent.
+
+GLiREL reads the first `max_len` words of a text (and no more than the model's tokens hold beside the prompt):
+entities past them take no part, as when glirel truncates the text itself. Relations need both entities in one
+reading, so a long text is not read in windows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, ClassVar, Final
+
+import attrs
+import numpy as np
+
+from sie.catalog.adapters import GLIREL
+from sie.tokenization import TokenizedWords, pad_batch
+from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult, Stopwatch, invalid
+from sie.worker.adapters.encoder import item_text
+from sie.worker.adapters.zero_shot import zero_shot_refusal
+from sie.worker.convert.names import (
+    ENTITY_PAIRS,
+    ENTITY_SPANS,
+    GLIREL_CONFIG_FILE,
+    LABEL_POSITIONS,
+    RELATION_SCORES,
+    WORD_COUNTS,
+    WORD_POSITIONS,
+)
+from sie.worker.spans import Word, split_words
+
+DEFAULT_THRESHOLD: Final = 0.3  # the public adapter's; a YAML's runtime options may set another
+DEFAULT_TOP_K: Final = 10
+# Entities one item may name: every ordered pair of them is scored (the public server's limit too).
+MAX_ENTITIES: Final = 256
+# The tokens glirel adds to its backbone's tokenizer when it loads (a GLiREL checkpoint saves none of its own).
+ADDED_SPECIAL_TOKENS: Final = ("[FLERT]",)
+ADDED_TOKENS: Final = ("[REL]", "[SEP]", "[E]", "[/E]")
+
+
+@attrs.frozen
+class GlirelSettings:
+    """What the adapter reads of `glirel_config.json`."""
+
+    max_len: int = 384
+    label_strategy: str = "ent_token"
+    max_pair_distance: int | None = None
+    rel_token: str = "[REL]"
+    sep_token: str = "[SEP]"
+
+    @classmethod
+    def read(cls, context: AdapterContext) -> GlirelSettings:
+        path = context.model_dir / GLIREL_CONFIG_FILE if context.model_dir is not None else None
+        if path is None or not path.is_file():
+            raise ValueError(f"no {GLIREL_CONFIG_FILE} beside the model")
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        distance = raw.get("max_entity_pair_distance")
+        return cls(int(raw.get("max_len") or 384), str(raw.get("label_embed_strategy", "ent_token")),
+                   int(distance) if distance is not None else None)  # fmt: skip
+
+
+@attrs.frozen
+class Entity:
+    """One entity an item names: its character span, and the words it covers (first and last, inclusive)."""
+
+    start: int
+    end: int
+    first_word: int
+    last_word: int
+
+
+def entities_problem(text: str, entities: Any) -> str | None:
+    """Why an item's `metadata.entities` cannot be read against `text`: not a list, none or more than MAX_ENTITIES,
+    or one that is not an object with integer offsets 0 <= start < end <= len(text) covering some non-space text;
+    None when they can."""
+    if not isinstance(entities, list) or not entities:
+        return "GLiREL reads relations between the entities of each item: send metadata.entities, a non-empty list"
+    if len(entities) > MAX_ENTITIES:
+        return f"metadata.entities has {len(entities)} entities; at most {MAX_ENTITIES} are accepted"
+    for index, entity in enumerate(entities):
+        if not isinstance(entity, dict):
+            return f"metadata.entities[{index}] must be an object with 'start' and 'end' character offsets"
+        start, end = entity.get("start"), entity.get("end")
+        if not all(isinstance(value, int) and not isinstance(value, bool) for value in (start, end)):
+            return f"metadata.entities[{index}] needs integer 'start' and 'end' character offsets"
+        if not 0 <= start < end <= len(text):
+            return (f"metadata.entities[{index}] spans [{start}, {end}): offsets must hold 0 <= start < end <= "
+                    f"{len(text)} (the text's length)")  # fmt: skip
+        if not text[start:end].strip():
+            return f"metadata.entities[{index}] spans [{start}, {end}), which covers no word of the text"
+        label = entity.get("label")
+        if label is not None and not isinstance(label, str):
+            return f"metadata.entities[{index}].label must be a string"
+    return None
+
+
+def locate(entities: list[dict[str, Any]], words: Sequence[Word], read_end: int, text: str) -> list[Entity | None]:
+    """Each entity's words among `words` (those read, up to character `read_end`), or None for one that reaches
+    past them (anything but spaces after `read_end`), as the public adapter leaves such entities out."""
+    located: list[Entity | None] = []
+    for entity in entities:
+        start, end = entity["start"], entity["end"]
+        read = end <= read_end or (start < read_end and not text[read_end:end].strip())
+        covered = [index for index, word in enumerate(words) if word.end > start and word.start < end] if read else []
+        located.append(Entity(start, end, covered[0], covered[-1]) if covered else None)
+    return located
+
+
+def entity_pairs(spans: Sequence[tuple[int, int]], max_distance: int | None) -> list[tuple[int, int]]:
+    """The (head, tail) entity pairs glirel scores, in its order: every i < j, and every i > j whose starts are at
+    most `max_distance` words apart (all of them when None)."""
+    pairs = []
+    for head, (head_start, _) in enumerate(spans):
+        for tail, (tail_start, _) in enumerate(spans):
+            near = max_distance is None or abs(head_start - tail_start) <= max_distance
+            if head < tail or (head != tail and near):
+                pairs.append((head, tail))
+    return pairs
+
+
+@attrs.frozen
+class _Row:
+    """One item read: its prompt and words encoded, where its types and words sit, its entities and pairs."""
+
+    item: int
+    tokens: TokenizedWords
+    word_positions: list[int]
+    label_positions: list[list[int]]
+    spans: list[tuple[int, int]]  # each read entity's first and last word
+    span_owner: list[int]  # the index in metadata.entities of each read entity
+    pairs: list[tuple[int, int]]
+
+
+@attrs.frozen
+class _Request:
+    text: str
+    entities: list[dict[str, Any]]
+    labels: list[str]
+    threshold: float
+    top_k: int
+
+
+class GlirelAdapter(Adapter):
+    """`sie.adapters.glirel`: extract only; relation types come with each request, entities with each item."""
+
+    kind: ClassVar[str | None] = GLIREL
+    supports_extract: ClassVar[bool] = True
+
+    def __init__(self, context: AdapterContext) -> None:
+        super().__init__(context)
+        self.settings = GlirelSettings.read(context)
+        self.tokenizer = context.tokenizer.with_added_tokens(ADDED_SPECIAL_TOKENS, ADDED_TOKENS)
+
+    def extract(self, items: Sequence[Any]) -> BatchResult:
+        watch = Stopwatch()
+        results: list[ItemResult] = [ItemResult() for _ in items]
+        requests: dict[int, _Request] = {}
+        for index, item in enumerate(items):
+            prepared = self._request(item)
+            if isinstance(prepared, ItemResult):
+                results[index] = prepared
+            else:
+                requests[index] = prepared
+        if requests:
+            with watch.stage("tokenization"):
+                rows = self._rows(requests, results)
+            scored = [row for row in rows if row.pairs]  # an item with fewer than two entities read has no pair
+            scores: dict[int, np.ndarray] = {}
+            if scored:
+                with watch.stage("inference"):
+                    scores = dict(zip((row.item for row in scored), self._scores(scored), strict=True))
+            with watch.stage("postprocessing"):
+                for row in rows:
+                    results[row.item] = self._answer(requests[row.item], row, scores.get(row.item))
+        return watch.finish(results)
+
+    def _request(self, item: Any) -> _Request | ItemResult:
+        refused = zero_shot_refusal(self, item)
+        if refused is not None:
+            return refused
+        text = item_text(item.item) or ""
+        metadata = (item.item or {}).get("metadata")
+        entities = metadata.get("entities") if isinstance(metadata, dict) else None
+        problem = entities_problem(text, entities)
+        if problem is not None:
+            return invalid(problem)
+        options = self.options_for(item.options)
+        return _Request(
+            text=text,
+            entities=entities,
+            labels=list(dict.fromkeys(item.labels)),  # glirel reads a repeated relation type once
+            threshold=float(options.get("threshold", DEFAULT_THRESHOLD)),
+            top_k=int(options.get("top_k") or DEFAULT_TOP_K),
+        )
+
+    def _prompt(self, labels: list[str]) -> list[str]:
+        words = []
+        for label in labels:
+            words += [self.settings.rel_token, label]
+        return [*words, self.settings.sep_token]
+
+    def _rows(self, requests: dict[int, _Request], results: list[ItemResult]) -> list[_Row]:
+        """Each item's prompt and the words of its text that fit, encoded; an item whose relation types leave no
+        room for its text gets its error instead."""
+        label_sets = list(dict.fromkeys(tuple(request.labels) for request in requests.values()))
+        prompts = {labels: self._prompt(list(labels)) for labels in label_sets}
+        prompt_tokens = dict(zip(label_sets, self.tokenizer.encode_words(list(prompts.values())), strict=True))
+        all_words = {index: split_words(request.text) for index, request in requests.items()}
+        counts = self.tokenizer.word_token_counts(
+            [[word.text for word in words[: self.settings.max_len]] for words in all_words.values()]
+        )
+        planned: list[tuple[int, list[str], list[Word]]] = []
+        for (index, request), word_counts in zip(requests.items(), counts, strict=True):
+            prompt, encoded_prompt = prompts[tuple(request.labels)], prompt_tokens[tuple(request.labels)]
+            room = self.tokenizer.max_length - len(encoded_prompt)
+            if room < 1 or encoded_prompt.truncated:
+                results[index] = invalid(
+                    f"The {len(request.labels)} relation types take {len(encoded_prompt)} of the model's "
+                    f"{self.tokenizer.max_length} tokens and leave none for the text: send fewer or shorter ones"
+                )
+                continue
+            fits = int(np.searchsorted(np.cumsum(word_counts), room, side="right"))
+            planned.append((index, prompt, all_words[index][:fits]))
+        encoded = self.tokenizer.encode_words([prompt + [word.text for word in words] for _, prompt, words in planned])
+        rows = []
+        for (index, prompt, words), tokens in zip(planned, encoded, strict=True):
+            first = tokens.first_tokens()
+            markers = range(0, len(prompt) - 1, 2)
+            label_positions = [self._label_tokens(first, marker) for marker in markers]
+            word_positions = [first.get(len(prompt) + offset, 0) for offset in range(len(words))]
+            text = requests[index].text
+            whole = len(words) == len(all_words[index])
+            read_end = len(text) if whole else (words[-1].end if words else 0)
+            located = locate(requests[index].entities, words, read_end, text)
+            owners = [number for number, entity in enumerate(located) if entity is not None]
+            spans = [(located[number].first_word, located[number].last_word) for number in owners]  # type: ignore[union-attr]
+            pairs = entity_pairs(spans, self.settings.max_pair_distance)
+            rows.append(_Row(index, tokens, word_positions, label_positions, spans, owners, pairs))
+        return rows
+
+    def _label_tokens(self, first: dict[int, int], marker: int) -> list[int]:
+        """The token positions a relation type's representation averages: its `[REL]` marker, its own first token,
+        or both (`label_embed_strategy`)."""
+        strategy = self.settings.label_strategy
+        if strategy == "label":
+            return [first.get(marker + 1, 0)]
+        if strategy == "both":
+            return [first.get(marker, 0), first.get(marker + 1, 0)]
+        return [first.get(marker, 0)]
+
+    def _scores(self, rows: list[_Row]) -> np.ndarray:
+        batch = pad_batch([row.tokens.input_ids for row in rows], None, self.tokenizer.pad_id)
+        feeds = {
+            "input_ids": batch.input_ids,
+            "attention_mask": batch.attention_mask,
+            "token_type_ids": batch.token_type_ids,
+            WORD_POSITIONS: _padded([row.word_positions for row in rows]),
+            WORD_COUNTS: np.array([len(row.word_positions) for row in rows], dtype=np.int64),
+            LABEL_POSITIONS: _padded([row.label_positions for row in rows]),
+            ENTITY_SPANS: _padded([row.spans for row in rows]),
+            ENTITY_PAIRS: _padded([row.pairs for row in rows]),
+        }
+        (scores,) = self.run_session(feeds, [RELATION_SCORES])
+        return scores.astype(np.float32, copy=False)
+
+    def _answer(self, request: _Request, row: _Row, scores: np.ndarray | None) -> ItemResult:
+        found: list[tuple[float, int, int]] = []  # (score, pair, relation type), glirel's order: pair, then type
+        if scores is not None:
+            valid = scores[: len(row.pairs), : len(request.labels)]
+            for pair, label in zip(*np.nonzero(valid > request.threshold), strict=True):
+                found.append((float(valid[pair, label]), int(pair), int(label)))
+        found.sort(key=lambda hit: -hit[0])  # stable: ties stay in glirel's order
+        per_pair: dict[tuple[tuple[int, int], tuple[int, int]], int] = {}
+        relations = []
+        for score, pair, label in found:
+            head, tail = row.pairs[pair]
+            where = (row.spans[head], row.spans[tail])
+            if per_pair.get(where, 0) >= request.top_k:
+                continue
+            per_pair[where] = per_pair.get(where, 0) + 1
+            relations.append({
+                "head": self._entity_text(request, row, head), "tail": self._entity_text(request, row, tail),
+                "relation": request.labels[label], "score": score,
+            })  # fmt: skip
+        entities = [
+            {"text": entity.get("text", ""), "label": entity.get("label", ""), "score": entity.get("score", 1.0),
+             "start": entity["start"], "end": entity["end"], "bbox": None}
+            for entity in request.entities
+        ]  # fmt: skip
+        result = {"entities": entities, "relations": relations, "classifications": [], "objects": [], "data": {}}
+        return ItemResult(result, input_tokens=len(row.tokens))
+
+    @staticmethod
+    def _entity_text(request: _Request, row: _Row, entity: int) -> str:
+        """The text of the first entity the caller named at this one's words: its own `text` where it sent one, else
+        the characters it spans."""
+        span = row.spans[entity]
+        named = request.entities[row.span_owner[row.spans.index(span)]]
+        text = named.get("text")
+        return (text if isinstance(text, str) and text else request.text[named["start"] : named["end"]]).strip()
+
+
+def _padded(rows: list[list[Any]]) -> np.ndarray:
+    """Right-padded int64 [rows, longest, ...] of nested lists (zeros past each row's end)."""
+    longest = max((len(row) for row in rows), default=0)
+    inner = next((np.asarray(row[0]).shape for row in rows if row), ())
+    out = np.zeros((len(rows), max(longest, 1), *inner), dtype=np.int64)
+    for number, row in enumerate(rows):
+        if row:
+            out[number, : len(row)] = np.asarray(row, dtype=np.int64)
+    return out
