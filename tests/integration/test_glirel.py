@@ -9,11 +9,13 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 
 from sie.catalog import parse_model_config
 from sie.wire.ipc_batch import ExtractBatchItem
+from sie.worker.adapters import glirel
 from sie.worker.adapters.glirel import MAX_ENTITIES, entity_pairs
 from sie.worker.spans import split_words
 from support.zero_shot_checkpoints import save_glirel
@@ -174,3 +176,32 @@ def test_entity_pairs_follow_glirel() -> None:
     assert entity_pairs(spans, None) == [(0, 1), (0, 2), (1, 0), (1, 2), (2, 0), (2, 1)]
     # beyond the distance only i < j is kept (glirel's coreference pairs are one-sided and always kept)
     assert entity_pairs(spans, 3) == [(0, 1), (0, 2), (1, 0), (1, 2)]
+
+
+def test_pairs_split_across_graph_runs_score_the_same(served: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many entities' pairs run in parts (PAIR_BUDGET), each part reading its text again: the same relations."""
+    _, adapter = served
+    examples = [(text, entities_of(text, names)) for text, names in EXAMPLES]
+    items = extract_items(examples, RELATIONS, threshold=0.0)
+    whole = [result.result for result in adapter.extract(items).items]
+    monkeypatch.setattr(glirel, "PAIR_BUDGET", 3)
+    parts = [result.result for result in adapter.extract(items).items]
+    for ours, expected in zip(parts, whole, strict=True):
+        assert [(r["head"], r["tail"], r["relation"]) for r in ours["relations"]] == [
+            (r["head"], r["tail"], r["relation"]) for r in expected["relations"]
+        ]
+        assert np.allclose([r["score"] for r in ours["relations"]], [r["score"] for r in expected["relations"]],
+                           atol=1e-6, rtol=0)  # fmt: skip
+
+
+def test_pair_runs_bound_what_one_run_holds() -> None:
+    row = glirel._Row(
+        0, None, [], [[0]], [(0, 0)] * 4, [0, 1, 2, 3], [(i, j) for i in range(4) for j in range(4) if i != j]
+    )
+    other = attrs.evolve(row, item=1, pairs=[(0, 1), (1, 0)])
+    runs = glirel.pair_runs([row, other], lambda r: 2, 8)
+    assert [[len(part.pairs) for part in run] for run in runs] == [[4], [4], [4], [2]]
+    assert [pair for run in runs for part in run if part.item == 0 for pair in part.pairs] == row.pairs
+    assert [len(run) for run in glirel.pair_runs([other, attrs.evolve(other, item=2)], lambda r: 2, 8)] == [2]
+    assert glirel.pair_runs([attrs.evolve(row, pairs=[])], lambda r: 1, 8) == []
+    assert [len(run) for run in glirel.pair_runs([row], lambda r: 100, 8)] == [1] * 12  # one pair a run at least

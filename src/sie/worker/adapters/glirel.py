@@ -13,7 +13,7 @@ reading, so a long text is not read in windows.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Final
 
 import attrs
@@ -42,6 +42,10 @@ MAX_ENTITIES: Final = 256
 # The tokens glirel adds to its backbone's tokenizer when it loads (a GLiREL checkpoint saves none of its own).
 ADDED_SPECIAL_TOKENS: Final = ("[FLERT]",)
 ADDED_TOKENS: Final = ("[REL]", "[SEP]", "[E]", "[/E]")
+# Pairs one graph run holds (each costing `GlirelAdapter._pair_cost` units: 256 entities make 65,280 pairs, whose
+# projections alone would take gigabytes at a large model's width): more run in several, a row's pairs split
+# across runs (its text read again in each), so memory stays bounded whatever the entities.
+PAIR_BUDGET: Final = 8192
 
 
 @attrs.frozen
@@ -51,6 +55,7 @@ class GlirelSettings:
     max_len: int = 384
     label_strategy: str = "ent_token"
     max_pair_distance: int | None = None
+    scorer: str = "dot"
     rel_token: str = "[REL]"
     sep_token: str = "[SEP]"
 
@@ -62,7 +67,7 @@ class GlirelSettings:
         raw = json.loads(path.read_text(encoding="utf-8"))
         distance = raw.get("max_entity_pair_distance")
         return cls(int(raw.get("max_len") or 384), str(raw.get("label_embed_strategy", "ent_token")),
-                   int(distance) if distance is not None else None)  # fmt: skip
+                   int(distance) if distance is not None else None, str(raw.get("scorer", "dot")))  # fmt: skip
 
 
 @attrs.frozen
@@ -170,11 +175,12 @@ class GlirelAdapter(Adapter):
         if requests:
             with watch.stage("tokenization"):
                 rows = self._rows(requests, results)
-            scored = [row for row in rows if row.pairs]  # an item with fewer than two entities read has no pair
             scores: dict[int, np.ndarray] = {}
-            if scored:
-                with watch.stage("inference"):
-                    scores = dict(zip((row.item for row in scored), self._scores(scored), strict=True))
+            with watch.stage("inference"):
+                for run in pair_runs(rows, self._pair_cost, PAIR_BUDGET):
+                    for row, part in zip(run, self._scores(run), strict=True):
+                        kept = part[: len(row.pairs), : len(row.label_positions)]
+                        scores[row.item] = np.concatenate([scores[row.item], kept]) if row.item in scores else kept
             with watch.stage("postprocessing"):
                 for row in rows:
                     results[row.item] = self._answer(requests[row.item], row, scores.get(row.item))
@@ -254,6 +260,11 @@ class GlirelAdapter(Adapter):
             return [first.get(marker, 0), first.get(marker + 1, 0)]
         return [first.get(marker, 0)]
 
+    def _pair_cost(self, row: _Row) -> int:
+        """What one pair of `row` holds in the graph, in PAIR_BUDGET's units: its projection, and with the
+        concatenating scorer a feature vector for each relation type too."""
+        return 1 + (len(row.label_positions) if self.settings.scorer == "concat_proj" else 0)
+
     def _scores(self, rows: list[_Row]) -> np.ndarray:
         batch = pad_batch([row.tokens.input_ids for row in rows], None, self.tokenizer.pad_id)
         feeds = {
@@ -304,6 +315,29 @@ class GlirelAdapter(Adapter):
         named = request.entities[row.span_owner[row.spans.index(span)]]
         text = named.get("text")
         return (text if isinstance(text, str) and text else request.text[named["start"] : named["end"]]).strip()
+
+
+def pair_runs(rows: Sequence[_Row], cost: Callable[[_Row], int], budget: int) -> list[list[_Row]]:
+    """The graph runs that score `rows`' pairs: each row with pairs cut into parts of at most `budget` units (its
+    pairs in order, each part the row with a slice of them), parts gathered in order into runs of at most `budget`
+    units (a part alone may fill one)."""
+    runs: list[list[_Row]] = []
+    current: list[_Row] = []
+    used = 0
+    for row in rows:
+        unit = cost(row)
+        step = max(1, budget // unit)
+        for start in range(0, len(row.pairs), step):
+            part = attrs.evolve(row, pairs=row.pairs[start : start + step])
+            size = len(part.pairs) * unit
+            if current and used + size > budget:
+                runs.append(current)
+                current, used = [], 0
+            current.append(part)
+            used += size
+    if current:
+        runs.append(current)
+    return runs
 
 
 def _padded(rows: list[list[Any]]) -> np.ndarray:
