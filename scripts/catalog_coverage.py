@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from sie.catalog import CatalogErrors, ConfigError, load_yaml, parse_model_config  # noqa: E402
-from sie.catalog.adapters import ADAPTER_KINDS, adapter_module  # noqa: E402
+from sie.catalog.adapters import ADAPTER_KINDS, UNSERVED_MODULES, adapter_module  # noqa: E402
 from sie.worker.convert.families import CONVERTED_MODEL_TYPES  # noqa: E402
 from sie.worker.convert.names import (  # noqa: E402
     DECODER_MODEL_TYPES,
@@ -157,7 +157,7 @@ def status_of(name: str, text: str) -> tuple[str, str, str]:
     module = adapter_module(model.resolve_profile(profile).adapter_path)
     arch = architecture(data, module)
     if module not in ADAPTER_KINDS:
-        return module, arch, "not served: no SIE adapter for this module"
+        return module, arch, f"not served: {UNSERVED_MODULES.get(module, 'no SIE adapter for this module')}"
     if not arch:
         return module, arch, "routed"
     if arch in CONVERTED_MODEL_TYPES or arch in DECODER_MODEL_TYPES or arch in ZERO_SHOT_MODEL_TYPES:

@@ -34,6 +34,7 @@ def test_the_public_catalogue_counts_every_yaml_once(capsys: pytest.CaptureFixtu
     assert table["sie_server.adapters.gliner_bi"] == ["gliner_bi_encoder_span", "5", "5", "5"]
     assert table["sie_server.adapters.glirel"] == ["glirel", "1", "1", "1"]
     assert "no SIE adapter for this module" in output
+    assert "fastino__gliner2-base-v1.yaml: GLiNER2 schema-based extraction" in output  # named, not built
 
 
 def test_a_directory_catalogue_reads_the_architecture_from_a_local_checkpoint(

@@ -80,6 +80,18 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
 }
 
 
+# Public modules of architectures SIE does not build, with what they are: a model naming one is refused saying so.
+_NOT_BUILT = "which SIE does not build"
+UNSERVED_MODULES: Final[dict[str, str]] = {
+    "sie_server.adapters.gliner2.adapter": f"GLiNER2 schema-based extraction (fastino gliner2), {_NOT_BUILT}",
+    "sie_server.adapters.gliner2.entities": f"GLiNER2.5 entity extraction (fastino gliner2 2.x), {_NOT_BUILT}",
+    "sie_server.adapters.gliner2.decide": f"GLiNER2.5 typed decisions (fastino gliner2 2.x), {_NOT_BUILT}",
+    "sie_server.adapters.gliner2.classification": f"GLiNER2 classification (fastino gliner2), {_NOT_BUILT}",
+    "sie_server.adapters.gliner_union.adapter": f"a GLiNER union of several GLiNER models, {_NOT_BUILT}",
+    "sie_server.adapters.gliformer.adapter": f"GLiFormer multi-task extraction, {_NOT_BUILT}",
+}
+
+
 # Where one public module serves several kinds, the class decides (`module:Class`, before the module's kind).
 ADAPTER_CLASS_KINDS: Final[dict[str, str]] = {
     "sie_server.adapters.sentence_transformer:SentenceTransformerSparseAdapter": SPARSE,
@@ -89,6 +101,14 @@ ADAPTER_CLASS_KINDS: Final[dict[str, str]] = {
 def adapter_module(adapter_path: str | None) -> str:
     """The module part of `module:Class` ("" for none)."""
     return (adapter_path or "").split(":", 1)[0]
+
+
+def unserved_reason(adapter_path: str | None) -> str:
+    """Why a model whose profiles name `adapter_path` runs nowhere: what the module is when SIE knows it, else that no
+    bundle runs it."""
+    module = adapter_module(adapter_path)
+    what = UNSERVED_MODULES.get(module)
+    return f"its adapter {module!r} is {what}" if what else f"no bundle runs its adapter module {module!r}"
 
 
 def adapter_kind(adapter_path: str | None) -> str | None:

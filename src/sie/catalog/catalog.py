@@ -13,6 +13,7 @@ from functools import cached_property
 import attrs
 
 from sie.catalog import hashing
+from sie.catalog.adapters import unserved_reason
 from sie.catalog.bundle import Bundle
 from sie.catalog.errors import BundleConflictError, ConfigError, ModelNotFoundError
 from sie.catalog.ids import parse_model_spec
@@ -120,7 +121,11 @@ class Catalog:
         entry = self.get(parsed.model_id)
         compatible = self.entry_bundles(entry)
         if not compatible:
-            raise ModelNotFoundError(entry.model_id, f"Model '{entry.model_id}' has no routable bundle")
+            try:
+                why = unserved_reason(entry.model.resolve_profile(entry.profile).adapter_path)
+            except ConfigError as exc:
+                why = exc.describe()
+            raise ModelNotFoundError(entry.model_id, f"Model '{entry.model_id}' has no routable bundle: {why}")
         names = tuple(b.name for b in compatible)
         override = (bundle or parsed.bundle or "").strip().lower()
         if not override:
