@@ -90,6 +90,19 @@ GLIREL_MODEL_TYPE: Final = "glirel"  # what the coverage report calls the archit
 ENTITY_SPANS: Final = "entity_spans"
 ENTITY_PAIRS: Final = "entity_pairs"
 RELATION_SCORES: Final = "relation_scores"
+# Image–text models (CLIP, SigLIP: `clip.py`): the converted graph is the text tower (the backbone's inputs in,
+# TEXT_EMBEDS [rows, projection] out: projected, not normalized), and the vision tower is a second graph beside it
+# (`vision_graph_path`: PIXEL_VALUES [images, 3, height, width] float32 in, IMAGE_EMBEDS [images, projection] out).
+CLIP_HEAD: Final = "clip"
+PIXEL_VALUES: Final = "pixel_values"
+TEXT_EMBEDS: Final = "text_embeds"
+IMAGE_EMBEDS: Final = "image_embeds"
+PREPROCESSOR_CONFIG_FILE: Final = "preprocessor_config.json"  # the image processor's settings, beside the checkpoint
+
+
+def vision_graph_path(graph: Path) -> Path:
+    """Where an image–text model's vision graph sits beside its text graph `graph`."""
+    return graph.with_name(f"{graph.stem}.vision.onnx")
 
 
 def labels_graph_path(graph: Path) -> Path:
