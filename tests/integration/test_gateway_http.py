@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import time
 import uuid
 from collections.abc import Callable
@@ -212,17 +213,46 @@ async def test_contract_vector_for_the_unseeded_model_m() -> None:
     )
 
 
-async def test_work_items_carry_the_request_params_and_base64_media(gw: Gateway) -> None:
-    png = base64.b64encode(b"\x89PNG").decode()
+async def test_work_items_carry_the_request_params(gw: Gateway) -> None:
     options = {"is_query": True, "profile": "int8"}
     params = {"output_dtype": "float16", "instruction": "q:", "options": options}
-    body = {"items": [{"text": "a", "images": [{"data": png, "format": "png"}]}], "params": params}
+    body = {"items": [{"text": "a"}], "params": params}
     response = await gw.client.post(ENCODE, json=body, headers={"x-sie-machine-profile": "default/default"})
     assert response.status_code == 200
     (item,) = gw.worker.items
     assert (item.model_id, item.profile_id, item.is_query, item.instruction) == (f"{MINILM}:int8", "int8", True, "q:")
-    assert item.options["output_dtype"] == "float16" and item.item["images"][0]["data"] == b"\x89PNG"
+    assert item.options["output_dtype"] == "float16"
     assert item.reply_subject == f"_INBOX.gw-t.{item.request_id}" and item.deadline > item.timestamp
+
+
+def tiny_png() -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (3, 2), (1, 2, 3)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+async def test_base64_images_reach_the_work_item_as_bytes() -> None:
+    unseeded = Catalog([parse_bundle({"name": "default", "priority": 1, "adapters": ["x"]})])
+    png = tiny_png()
+    body = {"items": [{"text": "a", "images": [{"data": base64.b64encode(png).decode(), "format": "png"}]}]}
+    async with Gateway(unseeded) as gateway:
+        response = await gateway.client.post("/v1/encode/m", json=body)
+        assert response.status_code == 200, response.text
+        (item,) = gateway.worker.items
+    assert item.item["images"][0]["data"] == png
+
+
+async def test_images_are_checked_before_anything_is_queued(gw: Gateway) -> None:
+    png = base64.b64encode(tiny_png()).decode()
+    text_model = {"items": [{"text": "a"}, {"images": [{"data": png}]}]}
+    response = await gw.client.post(ENCODE, json=text_model)
+    assert response.status_code == 400 and "Item 1 carries images, but model" in response.text, response.text
+    fake = {"items": [{"images": [{"data": base64.b64encode(b"\x89PNG").decode()}]}]}
+    response = await gw.client.post(ENCODE, json=fake)
+    assert response.status_code == 400 and "Image 0 of item 0" in response.text, response.text
+    assert gw.worker.items == []
 
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

@@ -216,6 +216,8 @@ SAMPLES = [
         input_ids=[[101, 102], [101, 7, 102]], tokenizer_id="t", attention_mask=[[1, 1], [1, 1, 1]], max_seq_len=8
     ),
     ENCODE_ITEM,
+    ipc_batch.PreparedPixels(pixel_values=np.arange(2 * 3 * 4 * 4, dtype=np.float32).reshape(2, 3, 4, 4)),
+    ipc_batch.PreparedPixels(error="Image 1: cut short"),
     SCORE_ITEM,
     EXTRACT_ITEM,
     ipc_batch.ProcessEncodeBatchRequest(model_id="m", items=[ENCODE_ITEM], accepts_batched_f16_multivectors=True),

@@ -22,6 +22,7 @@ CAUSAL_RERANKER: Final = "causal_reranker"  # a decoder scoring pairs from its "
 GLINER: Final = "gliner"  # zero-shot entity spans for the labels each request names
 NLI_CLASSIFICATION: Final = "nli_classification"  # zero-shot classification by entailment, labels per request
 GLICLASS: Final = "gliclass"  # zero-shot classification reading the labels with the text (GLiClass)
+IMAGE_TEXT: Final = "image_text"  # texts and images in one space (CLIP, SigLIP)
 GLIREL: Final = "glirel"  # zero-shot relations between the entities each item names, for the labels each request names
 
 ADAPTER_KINDS: Final[dict[str, str]] = {
@@ -37,6 +38,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie.adapters.nli_classification": NLI_CLASSIFICATION,
     "sie.adapters.gliclass": GLICLASS,
     "sie.adapters.glirel": GLIREL,
+    "sie.adapters.image_text": IMAGE_TEXT,
     # public SIE module names served by the kinds above
     "sie_server.adapters.sentence_transformer": DENSE,
     "sie_server.adapters.bert_flash": DENSE,
@@ -74,6 +76,9 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie_server.adapters.gliclass": GLICLASS,
     # GLiREL relation extraction over the entities an item's metadata names
     "sie_server.adapters.glirel": GLIREL,
+    # CLIP and SigLIP image–text embedders (transformers checkpoints; open_clip-only ones fail their load naming it)
+    "sie_server.adapters.clip": IMAGE_TEXT,
+    "sie_server.adapters.siglip.adapter": IMAGE_TEXT,
     # the public Rust engine's embedding module serves many encoder architectures; ours converts the checkpoint,
     # and one whose model_type it does not build fails that load naming it
     "sie_server_rust.adapters.candle": DENSE,

@@ -27,6 +27,7 @@ from sie.catalog.adapters import (
     GLINER,
     GLIREL,
     HYBRID,
+    IMAGE_TEXT,
     MULTIVECTOR,
     NLI_CLASSIFICATION,
     SPARSE,
@@ -208,6 +209,7 @@ READ_BY_KIND: Final[dict[str, frozenset[str]]] = {
     NLI_CLASSIFICATION: _EVERY_KIND | {"hypothesis_template", "multi_label"},
     GLICLASS: _EVERY_KIND | {"threshold", "classification_type", "label_groups", "examples", "instruction"},
     GLIREL: _EVERY_KIND | {"threshold", "top_k"},
+    IMAGE_TEXT: _TEXT_ENCODER | {"normalize"},
 }
 # A text encoder scoring compares normalised representations: no vectors are returned, so nothing shapes them.
 READ_WHEN_SCORING: Final = _EVERY_KIND | {"instruction", "query_template", "doc_template", "max_seq_length"}
@@ -224,6 +226,7 @@ _KIND_NAMES: Final = {
     NLI_CLASSIFICATION: "a zero-shot classification model",
     GLICLASS: "a GLiClass classification model",
     GLIREL: "a zero-shot relation extraction model",
+    IMAGE_TEXT: "an image–text embedding model",
 }
 
 

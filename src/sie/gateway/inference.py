@@ -6,6 +6,7 @@ the answer themselves). No web framework, no status codes: failures are the type
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -71,8 +72,10 @@ class InferenceService:
         work is published, what the routed model cannot do."""
         note_request(model=spec, items=len(request.items))
         self._limits.check(request.items)
+        await self._check_images(request.items)
         params = request.params
         route = await self._dispatcher.route(spec, _profile(params.options if params else None), hints)
+        router.check_inputs(route, request.items)
         outputs = router.encode_outputs(route, params.output_types if params else None)
         router.check_output_dtype(params)
         router.check_options(route, params.options if params else None, OPERATION_ENCODE, _instruction(params))
@@ -81,6 +84,12 @@ class InferenceService:
         return await self._dispatcher.collect(
             route, lambda ticket: workitems.encode_work(route, ticket, request, outputs), trace
         )
+
+    async def _check_images(self, items: list[Item], query: Item | None = None) -> None:
+        """The items' images against the image limits, probed in a thread (many headers take a while); nothing to do
+        for a request without images."""
+        if any(item.images for item in items) or (query is not None and query.images):
+            await asyncio.to_thread(self._limits.check_images, items, query)
 
     async def score(
         self, spec: str, request: ScoreRequest, hints: LaneHints, trace: TraceHeaders | None = None
@@ -95,8 +104,10 @@ class InferenceService:
         """The one result of a score (a compatibility dialect reshapes it itself), its failure already raised."""
         note_request(model=spec, items=len(request.items))
         self._limits.check(request.items, request.query)
+        await self._check_images(request.items, request.query)
         route = await self._dispatcher.route(spec, _profile(request.options), hints)
         router.check_score(route)
+        router.check_inputs(route, [request.query, *request.items])
         router.check_options(route, request.options, OPERATION_SCORE, request.instruction)
         collected = await self._dispatcher.collect(
             route, lambda ticket: workitems.score_work(route, ticket, request), trace
@@ -158,8 +169,10 @@ class InferenceService:
     ) -> Served:
         note_request(model=spec, items=len(request.items))
         self._limits.check(request.items)
+        await self._check_images(request.items)
         params = request.params
         route = await self._dispatcher.route(spec, _profile(params.options if params else None), hints)
+        router.check_inputs(route, request.items)
         router.check_extract(route, params, self._limits.max_labels)
         router.check_options(route, params.options if params else None, OPERATION_EXTRACT, _instruction(params))
         collected = await self._dispatcher.collect(

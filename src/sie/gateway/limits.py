@@ -1,6 +1,7 @@
 """What one request may ask for, checked before anything is queued (issue 13 §1): how many items it carries,
-how long each item's text is and how many labels an extraction names. The body size is bounded where the body is
-read (`sie.http.bodies`)."""
+how long each item's text is, how many labels an extraction names, and each item's images — how many, how many
+compressed bytes and how many pixels their headers declare, probed without decoding a pixel (`sie.imaging`). The body
+size is bounded where the body is read (`sie.http.bodies`)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,47 @@ from collections.abc import Sequence
 import attrs
 
 from sie.gateway.errors import InvalidRequestError, PayloadTooLargeError
+from sie.imaging import ImageError, ImageLimits, probe_image
 from sie.wire import codes
 from sie.wire.http import Item
 
 
 @attrs.frozen
 class RequestLimits:
-    """Most items per request (SIE_GATEWAY_MAX_ITEMS), characters per item text (SIE_GATEWAY_MAX_ITEM_CHARS) and
-    labels per extraction (SIE_GATEWAY_MAX_LABELS)."""
+    """Most items per request (SIE_GATEWAY_MAX_ITEMS), characters per item text (SIE_GATEWAY_MAX_ITEM_CHARS),
+    labels per extraction (SIE_GATEWAY_MAX_LABELS), and images per item, compressed bytes and pixels per image
+    (SIE_GATEWAY_MAX_IMAGES_PER_ITEM, SIE_GATEWAY_MAX_IMAGE_BYTES, SIE_GATEWAY_MAX_IMAGE_PIXELS)."""
 
     max_items: int = 4096
     max_item_chars: int = 100_000
     max_labels: int = 1000
+    max_images_per_item: int = 16
+    max_image_bytes: int = 20 * 1024 * 1024
+    max_image_pixels: int = 40_000_000
+
+    @property
+    def image_limits(self) -> ImageLimits:
+        return ImageLimits(self.max_image_bytes, self.max_image_pixels)
+
+    def check_images(self, items: Sequence[Item], query: Item | None = None) -> None:
+        """Raise InvalidRequestError (400) naming the item and image for more images than an item may carry, or one
+        that is too large, declares too many pixels, is not a still image of a format SIE reads, or is cut short;
+        each is probed from its header, never decoded. Work for a thread: many images take a while."""
+        named = [("the query", query)] if query is not None else []
+        named += [(f"item {index}", item) for index, item in enumerate(items)]
+        limits = self.image_limits
+        for which, item in named:
+            images = item.images or []
+            if len(images) > self.max_images_per_item:
+                raise InvalidRequestError(
+                    f"{which.capitalize()} has {len(images)} images; at most {self.max_images_per_item} are accepted "
+                    "per item (SIE_GATEWAY_MAX_IMAGES_PER_ITEM)"
+                )
+            for number, image in enumerate(images):
+                try:
+                    probe_image(bytes(image.data), limits)
+                except ImageError as exc:
+                    raise InvalidRequestError(f"Image {number} of {which}: {exc}") from exc
 
     def check(self, items: Sequence[Item], query: Item | None = None) -> None:
         """Raise PayloadTooLargeError (413) for too many items, InvalidRequestError INPUT_TOO_LONG (400) for a

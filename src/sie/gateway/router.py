@@ -22,7 +22,7 @@ from sie.gateway.errors import InvalidRequestError, MachineProfileNotConfiguredE
 from sie.gateway.pools import PoolTarget
 from sie.settings import LaneSettings
 from sie.transport.base import Lane
-from sie.wire.http import OUTPUT_DTYPES, EncodeParams, ExtractParams
+from sie.wire.http import OUTPUT_DTYPES, EncodeParams, ExtractParams, Item
 
 CatalogSource = Callable[[], Catalog]
 
@@ -247,6 +247,19 @@ def check_options(route: Route, options: dict[str, Any] | None, operation: str, 
     problem = option_problem(options, route.adapter_kind, operation)
     if problem is not None:
         raise InvalidRequestError(problem)
+
+
+def check_inputs(route: Route, items: Sequence[Item]) -> None:
+    """Images reach only a model whose YAML says it reads them (`inputs.image`): refused here, naming the first item
+    that carries one, instead of being silently dropped by a text model."""
+    if route.config is None or route.config.inputs.get("image"):
+        return
+    for index, item in enumerate(items):
+        if item.images:
+            raise InvalidRequestError(
+                f"Item {index} carries images, but model '{route.model}' reads no images (its inputs: "
+                f"{sorted(name for name, read in route.config.inputs.items() if read)})"
+            )
 
 
 def check_score(route: Route) -> None:

@@ -137,6 +137,40 @@ class GatewaySettings:
         ),
         1000,
     )
+    max_images_per_item: int = setting(
+        Env(
+            "SIE_GATEWAY_MAX_IMAGES_PER_ITEM",
+            integer(minimum=1),
+            "Most images one item may carry (an image model encodes each, then averages them); more gets 400 naming "
+            "the item before anything is queued.",
+            roles=_GATEWAY_ROLES,
+            read_by=("sie.gateway.http.app",),
+        ),
+        16,
+    )
+    max_image_bytes: int = setting(
+        Env(
+            "SIE_GATEWAY_MAX_IMAGE_BYTES",
+            integer(minimum=1, maximum=256 * 1024 * 1024),
+            "Most compressed bytes of one image; a larger one gets 400 naming the item, before it is decoded (at "
+            "most 256 MiB, what the sidecar and worker decode at most).",
+            roles=_GATEWAY_ROLES,
+            read_by=("sie.gateway.http.app",),
+        ),
+        20 * 1024 * 1024,
+    )
+    max_image_pixels: int = setting(
+        Env(
+            "SIE_GATEWAY_MAX_IMAGE_PIXELS",
+            integer(minimum=1, maximum=89_478_485),
+            "Most pixels (width × height, read from the image's header) of one image: a decompression bomb (a small "
+            "file of huge dimensions) gets 400 naming the item before any pixel is decoded (at most 89,478,485, "
+            "Pillow's own decompression-bomb limit).",
+            roles=_GATEWAY_ROLES,
+            read_by=("sie.gateway.http.app",),
+        ),
+        40_000_000,
+    )
     compat_default_models: tuple[tuple[str, str], ...] = setting(
         Env(
             "SIE_COMPAT_DEFAULT_MODELS",

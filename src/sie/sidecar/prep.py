@@ -3,12 +3,15 @@ tokenized with the model's own tokenizer, one `encode_batch` call per group, in 
 (never on the event loop); score and extract are not tokenized here (seed 001 "Preparation And Framing").
 Offloaded payloads are fetched back first (payloads.py), after the abandonment check, so nobody pays for them.
 
-Costs: encode = prepared-token count; score = the seed's character proxy; extract = 1 ("Scheduling").
+Costs: encode = prepared-token count; score = the seed's character proxy; extract = 1 ("Scheduling"). An image
+model's items with images are decoded and processed into pixel values here (`sie.imaging`, the model's image
+processor settings from its descriptor), each image costing its patches.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -16,7 +19,10 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Final
 
+import numpy as np
+
 from sie.catalog.options import option_problem
+from sie.imaging import ImageError, ImageLimits, ImageProcessor
 from sie.sidecar.payloads import PayloadResolver
 from sie.sidecar.token_ops import TOKEN_OPERATIONS, token_result
 from sie.sidecar.work import Channel, Outbox, ReadyGroup, ReadyModel, Work
@@ -28,6 +34,7 @@ from sie.wire.ipc_batch import (
     OP_SCORE,
     EncodeBatchItem,
     ExtractBatchItem,
+    PreparedPixels,
     PreparedTokens,
     RunBatchItem,
     ScoreBatchItem,
@@ -113,16 +120,57 @@ def _reusable(item: WorkItem) -> bool:
     return (item.options or {}).get("truncate") is not False
 
 
+# --- images ----------------------------------------------------------------------------------------
+
+# What the sidecar decodes at most, whatever the gateway's limits (SIE_GATEWAY_MAX_IMAGE_*) let through: a ceiling
+# against work that reached the queue past a gateway.
+PREPARE_IMAGE_LIMITS: Final = ImageLimits(max_bytes=256 * 1024 * 1024, max_pixels=89_478_485)
+
+
+def item_images(item: dict[str, Any] | None) -> list[Any]:
+    """The item's images as they travel (`{"data": bytes, "format": ...}` maps); [] when it has none."""
+    images = (item or {}).get("images")
+    return images if isinstance(images, list) else []
+
+
+def prepare_pixels(processor: ImageProcessor, item: dict[str, Any] | None) -> PreparedPixels:
+    """Pixel values [images, 3, height, width] of the item's images, or the first one's problem."""
+    arrays = []
+    for number, image in enumerate(item_images(item)):
+        data = image.get("data") if isinstance(image, dict) else None
+        if not isinstance(data, bytes | bytearray):
+            return PreparedPixels(error=f"Image {number} has no bytes")
+        try:
+            arrays.append(processor(bytes(data), PREPARE_IMAGE_LIMITS))
+        except ImageError as exc:
+            return PreparedPixels(error=f"Image {number}: {exc}")
+    return PreparedPixels(pixel_values=np.stack(arrays))
+
+
+class ImageProcessors:
+    """One ImageProcessor per distinct image processor config, built on first use."""
+
+    def __init__(self) -> None:
+        self._built: dict[str, ImageProcessor] = {}
+
+    def get(self, config: dict[str, Any]) -> ImageProcessor:
+        key = json.dumps(config, sort_keys=True)
+        processor = self._built.get(key)
+        if processor is None:
+            processor = self._built[key] = ImageProcessor.from_dict(config)
+        return processor
+
+
 # --- IPC items -------------------------------------------------------------------------------------
 
 
-def encode_item(item: WorkItem, prepared: PreparedTokens | None) -> RunBatchItem:
+def encode_item(item: WorkItem, prepared: PreparedTokens | None, pixels: PreparedPixels | None = None) -> RunBatchItem:
     body = EncodeBatchItem(
         work_item_id=item.work_item_id, request_id=item.request_id, item_index=item.item_index,
         total_items=item.total_items, timestamp=item.timestamp, item=item.item or {},
         output_types=item.output_types, instruction=item.instruction, is_query=item.is_query,
         options=item.options, profile_id=item.profile_id, bundle_config_hash=item.bundle_config_hash,
-        prepared_tokens=prepared,
+        prepared_tokens=prepared, prepared_pixels=pixels,
     )  # fmt: skip
     return _run_item(item, OP_ENCODE, encode=body)
 
@@ -232,6 +280,7 @@ class Preparer:
         self._answer = answer
         self._worker_id = worker_id
         self._tokenizers = TokenizerCache(executor)
+        self._image_processors = ImageProcessors()
         self._tracing = tracing or Tracing.off()
 
     async def serve(self, inbox: Channel[ReadyGroup]) -> None:
@@ -320,6 +369,30 @@ class Preparer:
             await self._prepare_encode(model.descriptor, encode)
 
     async def _prepare_encode(self, descriptor: ModelDescriptor, works: list[Work]) -> None:
+        if descriptor.image_processor:
+            pictured = [work for work in works if item_images(work.item.item)]
+            if pictured:
+                await self._prepare_images(descriptor, pictured)
+                works = [work for work in works if not item_images(work.item.item)]
+        if works:
+            await self._prepare_texts(descriptor, works)
+
+    async def _prepare_images(self, descriptor: ModelDescriptor, works: list[Work]) -> None:
+        """Each item's images as the model's pixel values (decoded and processed in the executor, never on the event
+        loop); an image that cannot be decoded becomes that item's error, which the worker answers."""
+        processor = self._image_processors.get(descriptor.image_processor or {})
+        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        prepared = await loop.run_in_executor(
+            self._executor, lambda: [prepare_pixels(processor, work.item.item) for work in works]
+        )
+        prep_ms = (time.perf_counter() - started) * 1000.0
+        for work, pixels in zip(works, prepared, strict=True):
+            work.prep_ms = prep_ms
+            work.cost = max(1, (descriptor.image_cost or MEDIA_INPUT_COST) * len(item_images(work.item.item)))
+            work.run_item = encode_item(work.item, None, pixels)
+
+    async def _prepare_texts(self, descriptor: ModelDescriptor, works: list[Work]) -> None:
         texts = [encode_text(work.item, descriptor) for work in works]
         tokenizer = await self._tokenizers.get(descriptor)
         indices = [index for index, text in enumerate(texts) if text is not None]

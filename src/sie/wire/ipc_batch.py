@@ -37,6 +37,16 @@ class PreparedTokens:
 
 
 @attrs.frozen(kw_only=True)
+class PreparedPixels:
+    """Sidecar preprocessing of one item's images (our addition): float32 pixel values [images, 3, height, width]
+    as the model's image processor makes them, or, where an image could not be decoded, the reason (the worker
+    answers that item INVALID_INPUT)."""
+
+    pixel_values: np.ndarray | None = array("float32", default=None, omit=True)
+    error: str | None = omittable()
+
+
+@attrs.frozen(kw_only=True)
 class EncodeBatchItem:
     """One encode work item as the worker sees it."""
 
@@ -55,6 +65,7 @@ class EncodeBatchItem:
     numerical_admission_sha256: str | None = None
     payload_fetch_ms: float = 0.0
     prepared_tokens: PreparedTokens | None = None
+    prepared_pixels: PreparedPixels | None = omittable()
 
 
 @attrs.frozen(kw_only=True)

@@ -6,7 +6,7 @@ unless it is nullable, in which case it defaults to None. Batch bodies live in i
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import attrs
 
@@ -61,6 +61,10 @@ class ModelDescriptor:
     max_concurrent_dispatch: int | None = None
     # Our addition: the profile's token budget per batch, for the sidecar's batch former.
     max_batch_tokens: int | None = omittable()
+    # Our additions for image models: the image processor's settings (preprocessor_config.json), with which the
+    # sidecar turns each item's images into pixel values, and what one image costs in the batch budget (its patches).
+    image_processor: dict[str, Any] | None = omittable()
+    image_cost: int | None = omittable()
 
 
 @attrs.frozen(kw_only=True)

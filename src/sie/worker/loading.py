@@ -41,6 +41,7 @@ from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import position_capacity
 from sie.worker.convert.names import (
     CHAT_TEMPLATE_FILE,
+    CLIP_HEAD,
     CONFIG_FILE,
     FLOAT16_UNSAFE_MODEL_TYPES,
     GLICLASS_HEAD,
@@ -54,6 +55,7 @@ from sie.worker.convert.names import (
     WEIGHTS_INDEX_FILE,
     is_decoder_config,
     labels_graph_path,
+    vision_graph_path,
 )
 from sie.worker.convert.safetensors_io import checkpoint_parameters
 from sie.worker.errors import ModelLoadError
@@ -159,10 +161,11 @@ class ModelLoader:
             files = attrs.evolve(files, tokenizer_dir=self._end_token_tokenizer(model_id, files.tokenizer_dir))
         tokenizer = self._tokenizer(model_id, files.tokenizer_dir, model, config_json)
         session = create_session(files.graph, self.session_options)
-        labels_graph = labels_graph_path(files.graph)
-        extra_sessions = (
-            {"labels": create_session(labels_graph, self.session_options)} if labels_graph.is_file() else {}
-        )
+        labels_graph, vision_graph = labels_graph_path(files.graph), vision_graph_path(files.graph)
+        extra_graphs = {"labels": labels_graph, "vision": vision_graph}
+        extra_sessions = {
+            role: create_session(graph, self.session_options) for role, graph in extra_graphs.items() if graph.is_file()
+        }
         context = AdapterContext(
             model,
             resolved,
@@ -181,7 +184,7 @@ class ModelLoader:
         except ValueError as exc:
             raise ModelLoadError("UNKNOWN", f"Model '{model_id}': {exc}") from exc
         memory = graph_bytes(files.graph) + (files.tokenizer_dir / "tokenizer.json").stat().st_size
-        memory += graph_bytes(labels_graph) if labels_graph.is_file() else 0
+        memory += sum(graph_bytes(graph) for graph in extra_graphs.values() if graph.is_file())
         return LoadedModel(model_id, profile, adapter, tokenizer, memory, files.tokenizer_dir / "tokenizer.json")
 
     @staticmethod
@@ -233,6 +236,7 @@ class ModelLoader:
             if target.is_file():
                 return target
             # The converter imports `onnx` (about 1.4 s): only a cache miss pays for it.
+            from sie.worker.convert.clip import convert_clip
             from sie.worker.convert.decoders import convert_decoder_hidden
             from sie.worker.convert.encoders import convert_encoder
             from sie.worker.convert.gliclass import convert_gliclass
@@ -258,6 +262,9 @@ class ModelLoader:
                     convert_gliclass(model_dir, staged)
                 elif head == GLIREL_HEAD:
                     convert_glirel(model_dir, staged)
+                elif head == CLIP_HEAD:
+                    convert_clip(model_dir, staged)
+                    os.replace(vision_graph_path(staged), vision_graph_path(target))  # in place before the text graph
                 else:
                     convert_encoder(model_dir, staged, head)
                 os.replace(staged, target)  # atomic: a reader sees no graph or the whole graph

@@ -452,4 +452,6 @@ def describe(loaded: LoadedModel | None) -> ModelDescriptor | None:
         default_doc_template=options.get("doc_template"),
         max_concurrent_dispatch=1,
         max_batch_tokens=adapter.profile.max_batch_tokens,
+        image_processor=dict(adapter.image_processor_config) if adapter.image_processor_config else None,
+        image_cost=adapter.image_cost or None,
     )

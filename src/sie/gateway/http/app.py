@@ -147,7 +147,10 @@ def build_gateway_app(  # noqa: PLR0913 - the sources, the settings, and what ea
     publisher = WorkPublisher(
         sources.transport, sources.consumers, router_id, admission_limits, sources.metrics, signals.demand
     )
-    limits = RequestLimits(settings.max_items, settings.max_item_chars, settings.max_labels)
+    limits = RequestLimits(
+        settings.max_items, settings.max_item_chars, settings.max_labels, settings.max_images_per_item,
+        settings.max_image_bytes, settings.max_image_pixels,
+    )  # fmt: skip
     offload = sources.offload or PayloadOffload(None, lambda: None)
     dispatcher = Dispatcher(router, pools, publisher, collector, settings.request_timeout_s, offload)
     service = InferenceService(dispatcher, limits)

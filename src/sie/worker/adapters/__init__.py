@@ -16,11 +16,12 @@ from sie.worker.adapters.gliclass import GliclassAdapter
 from sie.worker.adapters.gliner import GlinerAdapter
 from sie.worker.adapters.glirel import GlirelAdapter
 from sie.worker.adapters.hybrid import HybridAdapter
+from sie.worker.adapters.image_text import ImageTextAdapter
 from sie.worker.adapters.multivector import MultivectorAdapter
 from sie.worker.adapters.nli_classification import NliClassificationAdapter
 from sie.worker.adapters.sparse import SpladeAdapter, read_splade_stack
 from sie.worker.adapters.token_classification import TokenClassificationAdapter
-from sie.worker.convert.names import GLICLASS_HEAD, GLINER_HEAD, GLIREL_HEAD
+from sie.worker.convert.names import CLIP_HEAD, GLICLASS_HEAD, GLINER_HEAD, GLIREL_HEAD
 from sie.worker.errors import ModelLoadError
 
 # The class that runs each kind of model (`sie.catalog.adapters` maps adapter modules to kinds).
@@ -37,6 +38,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
         NliClassificationAdapter,
         GliclassAdapter,
         GlirelAdapter,
+        ImageTextAdapter,
         CausalLMAdapter,
         CausalRerankerAdapter,
     )
@@ -56,6 +58,7 @@ CONVERSION_HEADS: dict[type[Adapter], str] = {
     GlinerAdapter: GLINER_HEAD,
     GliclassAdapter: GLICLASS_HEAD,  # a GLiClass checkpoint converts to its label logits (convert/gliclass.py)
     GlirelAdapter: GLIREL_HEAD,  # a GLiREL checkpoint converts to its relation scores (convert/glirel.py)
+    ImageTextAdapter: CLIP_HEAD,  # a CLIP or SigLIP checkpoint converts to its two towers (convert/clip.py)
 }
 
 

@@ -109,6 +109,10 @@ class Adapter:
     encode_outputs: ClassVar[tuple[str, ...]] = ()
     supports_score: ClassVar[bool] = False
     supports_extract: ClassVar[bool] = False
+    # An image model's image processor settings (preprocessor_config.json: the sidecar prepares pixel values with
+    # them) and the batch cost of one image; None and 0 for a model that reads no images.
+    image_processor_config: Mapping[str, Any] | None = None
+    image_cost: int = 0
 
     def __init__(self, context: AdapterContext) -> None:
         self.context = context

@@ -1,0 +1,71 @@
+"""The gateway's image checks before anything is queued: images per item, compressed bytes and header pixels per
+image (SIE_GATEWAY_MAX_IMAGES_PER_ITEM, _MAX_IMAGE_BYTES, _MAX_IMAGE_PIXELS), a format it does not read, a file cut
+short, each a 400 naming the item and the image; and images refused for a model whose YAML reads none."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from PIL import Image
+
+from sie.catalog import parse_model_config
+from sie.gateway.errors import InvalidRequestError
+from sie.gateway.limits import RequestLimits
+from sie.gateway.router import Route, check_inputs
+from sie.transport.base import Lane
+from sie.wire.http import ImageInput, Item
+
+
+def png(width: int, height: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (10, 20, 30)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def item(*images: bytes, text: str | None = None) -> Item:
+    return Item(text=text, images=[ImageInput(data=data, format="png") for data in images])
+
+
+LIMITS = RequestLimits(max_images_per_item=2, max_image_bytes=4096, max_image_pixels=100 * 100)
+
+
+def test_images_within_the_limits_pass() -> None:
+    LIMITS.check_images([item(png(100, 100), png(10, 50)), Item(text="no images")], item(png(5, 5)))
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        ([Item(text="a"), item(png(8, 8), png(8, 8), png(8, 8))], "Item 1 has 3 images; at most 2"),
+        ([item(png(8, 8), png(101, 100))], "Image 1 of item 0:"),
+        ([item(png(8, 8) + b"\0" * 5000)], "Image 0 of item 0:"),
+        ([item(b"GIF89a\x01\x00")], "Image 0 of item 0:"),
+        ([item(png(60, 60)[:60])], "Image 0 of item 0:"),
+        ([item(b"%PDF-1.4 not an image")], "Image 0 of item 0:"),
+    ],
+)
+def test_an_image_over_a_limit_or_unreadable_is_refused_naming_it(items: list[Item], message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=message):
+        LIMITS.check_images(items)
+
+
+def test_the_query_is_named_too() -> None:
+    with pytest.raises(InvalidRequestError, match="Image 0 of the query"):
+        LIMITS.check_images([Item(text="a")], item(png(200, 200)))
+
+
+def route_of(inputs: dict[str, bool]) -> Route:
+    config = parse_model_config({
+        "sie_id": "acme/m", "hf_id": "acme/m", "inputs": inputs, "tasks": {"encode": {"dense": {"dim": 4}}},
+        "profiles": {"default": {"adapter_path": "sie.adapters.dense:D", "max_batch_tokens": 64}},
+    })  # fmt: skip
+    lane = Lane("default", "default", "default")
+    return Route("acme/m", "acme/m", "default", "default", lane, "subject", config)
+
+
+def test_images_reach_only_a_model_that_reads_them() -> None:
+    check_inputs(route_of({"text": True, "image": True}), [item(png(4, 4))])
+    check_inputs(route_of({"text": True}), [Item(text="only text")])
+    with pytest.raises(InvalidRequestError, match="Item 1 carries images, but model 'acme/m' reads no images"):
+        check_inputs(route_of({"text": True}), [Item(text="a"), item(png(4, 4), text="b")])
