@@ -69,6 +69,10 @@ ARCHITECTURE_OF = {
     "sie_server.adapters.gliclass": GLICLASS_MODEL_TYPE,
     # GLiREL checkpoints (glirel_config.json, the backbone's config beside them): relations between given entities
     "sie_server.adapters.glirel": GLIREL_MODEL_TYPE,
+    # CLIP and SigLIP transformers checkpoints (the FixRes SigLIP 2 ones are SiglipModel checkpoints too); the
+    # open_clip-only ones ARCHITECTURE_OF_MODEL names
+    "sie_server.adapters.clip": "clip",
+    "sie_server.adapters.siglip.adapter": "siglip",
 }
 
 
@@ -80,6 +84,8 @@ ZERO_SHOT_MODEL_TYPES = (
     GLICLASS_MODEL_TYPE,
     GLIREL_MODEL_TYPE,
 )
+# The image–text architectures the converter builds (`convert/clip.py`).
+IMAGE_TEXT_MODEL_TYPES = ("clip", "siglip")
 
 # The `model_type` of the decoder checkpoints the public catalogue names (their published config.json), by hf_id.
 ARCHITECTURE_OF_MODEL = {
@@ -119,6 +125,9 @@ ARCHITECTURE_OF_MODEL = {
     "MoritzLaurer/deberta-v3-large-zeroshot-v2.0": "deberta-v2",
     "cross-encoder/nli-deberta-v3-base": "deberta-v2",
     "facebook/bart-large-mnli": "bart",  # an encoder-decoder
+    # SigLIP YAMLs served by open_clip (`backend: open_clip`): checkpoints in open_clip's layout, no config.json
+    "Marqo/marqo-fashionSigLIP": "open_clip",
+    "Marqo/marqo-ecommerce-embeddings-B": "open_clip",
 }
 
 
@@ -160,7 +169,7 @@ def status_of(name: str, text: str) -> tuple[str, str, str]:
         return module, arch, f"not served: {UNSERVED_MODULES.get(module, 'no SIE adapter for this module')}"
     if not arch:
         return module, arch, "routed"
-    if arch in CONVERTED_MODEL_TYPES or arch in DECODER_MODEL_TYPES or arch in ZERO_SHOT_MODEL_TYPES:
+    if arch in (*CONVERTED_MODEL_TYPES, *DECODER_MODEL_TYPES, *ZERO_SHOT_MODEL_TYPES, *IMAGE_TEXT_MODEL_TYPES):
         return module, arch, "converted family"
     return module, arch, f"not served: the converter does not build model_type {arch!r} yet"
 

@@ -6,6 +6,7 @@ slow."""
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Iterator
 
 import httpx
@@ -16,6 +17,7 @@ import pytest
 
 from launcher import Cluster
 from sie.catalog.names import work_pool_stream_name
+from support.image_text_checkpoints import TINY_IMAGE_TEXT
 from support.polling import eventually, holds_within
 from support.zero_shot_checkpoints import TINY_GLINER
 
@@ -118,6 +120,55 @@ def test_a_gliner_model_extracts_each_requests_labels_over_nats(cluster: Cluster
             (e["start"], e["end"], e["label"]) for e in theirs
         ]
         assert np.allclose([e["score"] for e in ours], [e["score"] for e in theirs], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("family", sorted(TINY_IMAGE_TEXT))
+def test_the_public_sdk_encodes_a_pil_image_and_a_text_over_nats(cluster: Cluster, public_sdk, family: str) -> None:
+    """The SDK sends a PIL image as JPEG bytes; the sidecar prepares its pixels, the worker encodes them: the vectors
+    equal transformers' on the same JPEG, the text's too, and a bomb is refused before anything is queued."""
+    import io
+
+    import torch
+    import transformers
+    from PIL import Image
+
+    from support.image_text_checkpoints import image_processor
+
+    rng = np.random.default_rng(3)
+    image = Image.fromarray(rng.integers(0, 256, (48, 40, 3), dtype=np.uint8), "RGB")
+    model_id = TINY_IMAGE_TEXT[family]
+    client = public_sdk.SIEClient(cluster.url, timeout_s=120)
+    try:
+        pictured, written = client.encode(model_id, [{"images": [image]}, {"text": "w5 w9 w10"}],
+                                          wait_for_capacity=True)  # fmt: skip
+    finally:
+        client.close()
+    directory = cluster.root / family
+    reference = (transformers.CLIPModel if family == "clip" else transformers.SiglipModel).from_pretrained(directory)
+    sent = io.BytesIO()
+    image.save(sent, format="JPEG", quality=95)  # what the SDK sends for a PIL image
+    pixels = image_processor(family)([Image.open(io.BytesIO(sent.getvalue()))], return_tensors="np")["pixel_values"]
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(directory)
+    with torch.no_grad():
+        image_vector = reference.get_image_features(pixel_values=torch.tensor(pixels)).pooler_output.numpy()[0]
+        if family == "clip":
+            text_vector = reference.get_text_features(**tokenizer(["w5 w9 w10"], return_tensors="pt"))
+        else:
+            ids = tokenizer(["w5 w9 w10"], padding="max_length", max_length=16, return_tensors="pt")["input_ids"]
+            text_vector = reference.get_text_features(input_ids=ids)
+    text_vector = text_vector.pooler_output.numpy()[0]
+    if family == "clip":  # its YAML normalises
+        image_vector, text_vector = (
+            image_vector / np.linalg.norm(image_vector),
+            text_vector / np.linalg.norm(text_vector),
+        )
+    assert np.allclose(pictured["dense"], image_vector, atol=1e-4, rtol=0)
+    assert np.allclose(written["dense"], text_vector, atol=1e-4, rtol=0)
+    bomb = io.BytesIO()
+    Image.new("1", (12000, 12000)).save(bomb, format="PNG")  # 144 M pixels in a few kB
+    payload = {"items": [{"text": "a"}, {"images": [{"data": base64.b64encode(bomb.getvalue()).decode()}]}]}
+    refused = httpx.post(f"{cluster.url}/v1/encode/{model_id}", json=payload, timeout=30)
+    assert refused.status_code == 400 and "Image 0 of item 1" in refused.text, refused.text
 
 
 def test_generation_streams_over_nats_and_a_client_leaving_cancels_it(cluster: Cluster) -> None:

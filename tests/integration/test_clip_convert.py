@@ -165,3 +165,9 @@ def test_malformed_field_is_named(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "clip", "vision_config": {"patch_size": "8"}}))
     with pytest.raises(ConversionError, match=r"vision_config\.patch_size"):
         load_clip_config(tmp_path)
+
+
+def test_an_open_clip_checkpoint_is_refused_naming_its_layout(tmp_path: Path) -> None:
+    (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": {"embed_dim": 8}}))
+    with pytest.raises(ConversionError, match="an open_clip checkpoint"):
+        convert_clip(tmp_path, tmp_path / "out.onnx")

@@ -128,3 +128,23 @@ def image_processor(family: str) -> Any:
                 if k != "image_processor_type"}  # fmt: skip
     kind = transformers.CLIPImageProcessorPil if family == "clip" else transformers.SiglipImageProcessorPil
     return kind(**settings)
+
+
+# The catalogue ids the shared e2e cluster serves `save_image_text_model`'s checkpoints under.
+TINY_IMAGE_TEXT = {"clip": "tiny/clip", "siglip": "tiny/siglip"}
+ADAPTER_PATHS = {
+    "clip": "sie_server.adapters.clip:CLIPAdapter",
+    "siglip": "sie_server.adapters.siglip.adapter:SiglipAdapter",
+}
+
+
+def image_text_yaml(family: str, sie_id: str, weights: Path) -> dict[str, Any]:
+    """A model YAML in the public catalogue's shape for a `save_image_text_model` checkpoint: CLIP's vectors
+    normalised, SigLIP's not (as the public YAMLs say)."""
+    return {
+        "sie_id": sie_id, "weights_path": str(weights), "inputs": {"text": True, "image": True},
+        "max_sequence_length": CLIP_POSITIONS if family == "clip" else SIGLIP_POSITIONS,
+        "tasks": {"encode": {"dense": {"dim": 24 if family == "clip" else TOWER["hidden_size"]}}},
+        "profiles": {"default": {"adapter_path": ADAPTER_PATHS[family], "max_batch_tokens": 4096,
+                                 "adapter_options": {"runtime": {"normalize": family == "clip"}}}},
+    }  # fmt: skip

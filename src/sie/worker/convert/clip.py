@@ -104,11 +104,20 @@ class ClipConfig:
         return self.model_type == "clip" and self.eos_token_id == LEGACY_EOS_TOKEN_ID
 
 
+OPEN_CLIP_CONFIG_FILE = "open_clip_config.json"  # what open_clip saves in place of config.json
+
+
 def load_clip_config(model_dir: Path) -> ClipConfig:
     """Parse `model_dir`'s config.json and read `logit_scale` (and SigLIP's `logit_bias`) from its checkpoint;
     ConversionError naming the file and the field (or tensor) for anything missing, malformed or not built."""
     model_dir = Path(model_dir)
     path = model_dir / CONFIG_FILE
+    if not path.is_file() and (model_dir / OPEN_CLIP_CONFIG_FILE).is_file():
+        raise ConversionError(
+            f"an open_clip checkpoint ({OPEN_CLIP_CONFIG_FILE}, no {CONFIG_FILE}): SIE converts transformers CLIP "
+            "and SigLIP checkpoints, not open_clip's layout",
+            source=str(model_dir),
+        )
     raw = read_config_json(path)
     source = str(path)
     model_type = raw.get("model_type")
