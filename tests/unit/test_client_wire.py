@@ -219,3 +219,40 @@ async def test_score_refuses_a_single_item_where_a_list_belongs(connect):
     client = connect(Recorder(SCORE_ANSWER))
     with pytest.raises(TypeError, match="list of items"):
         await call(client, "score", "m", {"text": "q"}, {"text": "d"})
+
+
+async def test_images_travel_as_the_sdk_sends_them(connect, tmp_path) -> None:
+    """Encoded bytes unchanged with their detected format; PIL images, arrays and paths as JPEG at quality 95; the
+    caller's item is left as it was; bytes of no image format are refused before anything is sent."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    picture = Image.new("RGBA", (4, 3), (10, 20, 30, 128))
+    jpeg = io.BytesIO()
+    picture.convert("RGB").save(jpeg, format="JPEG", quality=95)
+    png = io.BytesIO()
+    picture.save(png, format="PNG")
+    array = np.zeros((3, 4, 3), dtype=np.uint8)
+    array_jpeg = io.BytesIO()
+    Image.fromarray(array).save(array_jpeg, format="JPEG", quality=95)
+    path = tmp_path / "p.png"
+    path.write_bytes(png.getvalue())
+    recorder = Recorder()
+    client = connect(recorder)
+    item = {"id": "a", "images": [picture, png.getvalue(), array, str(path), {"data": png.getvalue(), "format": "PNG"}]}
+    await call(client, "encode", "m", [item])
+    expected_images = [
+        {"data": jpeg.getvalue(), "format": "jpeg"}, {"data": png.getvalue(), "format": "png"},
+        {"data": array_jpeg.getvalue(), "format": "jpeg"}, {"data": jpeg.getvalue(), "format": "jpeg"},
+        {"data": png.getvalue(), "format": "png"},
+    ]  # fmt: skip
+    assert recorder.last.content == sdk_bytes({"items": [{"id": "a", "images": expected_images}]})
+    assert item["images"][0] is picture  # not converted in place
+    sent = len(recorder.requests)
+    with pytest.raises(ValueError, match="Could not detect the image format"):
+        await call(client, "encode", "m", [{"images": [b"%PDF-1.4"]}])
+    with pytest.raises(ValueError, match="declared 'jpeg', the bytes are png"):
+        await call(client, "extract", "m", [{"images": [{"data": png.getvalue(), "format": "jpeg"}]}])
+    assert len(recorder.requests) == sent

@@ -31,6 +31,7 @@ from sie.client._generation import (
     read_chunk,
     stream_failure,
 )
+from sie.client._images import with_wire_images
 from sie.client._requests import (
     JSON,
     MODEL_REVISION_HEADER,
@@ -241,14 +242,14 @@ class BaseClient:
         def parse(data: dict[str, Any]) -> Any:
             return _one_or_all(parse_encode(data, model=model, submitted=len(item_list)), single)
 
-        body = encode_body(item_list, params, options)
+        body = encode_body([with_wire_images(item) for item in item_list], params, options)
         return self._post("encode", model, body, options=options, knobs=knobs, parse=parse)
 
     def _score_call(self, model: str, query: Any, items: Any, params: ScoreParams, knobs: CallKnobs) -> Call[Any]:
         if isinstance(items, Mapping | str | bytes):
             raise TypeError(f"score() takes a list of items to rank, got {type(items).__name__}")
         options = merge_options(self._options, params.options)
-        body = score_body(query, list(items), params, options)
+        body = score_body(with_wire_images(query), [with_wire_images(item) for item in items], params, options)
         return self._post("score", model, body, options=options, knobs=knobs, parse=parse_score)
 
     def _extract_call(self, model: str, items: Any, params: ExtractParams, knobs: CallKnobs) -> Call[Any]:
@@ -258,7 +259,7 @@ class BaseClient:
         def parse(data: dict[str, Any]) -> Any:
             return _one_or_all(parse_extract(data, model=model, submitted=len(item_list)), single)
 
-        body = extract_body(item_list, params, options)
+        body = extract_body([with_wire_images(item) for item in item_list], params, options)
         return self._post("extract", model, body, options=options, knobs=knobs, parse=parse)
 
     def _post(
