@@ -16,7 +16,7 @@ from PIL import Image
 
 from sie.catalog import parse_model_config
 from sie.imaging import ImageProcessor
-from sie.wire.ipc_batch import EncodeBatchItem, PreparedPixels
+from sie.wire.ipc_batch import EncodeBatchItem, PreparedPixels, ScoreBatchItem
 from support.image_text_checkpoints import CLIP_PROCESSOR, SIGLIP_PROCESSOR, image_processor, save_image_text_model
 
 TOLERANCE = 1e-4
@@ -148,3 +148,36 @@ def test_a_broken_image_is_refused_alone(served: Any) -> None:
         assert not result.ok and result.error_code == "INVALID_INPUT", result
     (sparse,) = adapter.encode(encode_items([{"images": [{"data": good}]}], output_types=["sparse"])).items
     assert not sparse.ok and "output types" in sparse.error
+
+
+def test_a_text_query_scores_images_with_the_models_own_similarity(served: Any) -> None:
+    """CLIP: exp(logit_scale) × cosine, transformers' logits_per_text; SigLIP: the sigmoid of that plus its bias."""
+    import torch
+    import transformers
+
+    family, reference, adapter, directory = served
+    images = [picture(40, 30, 8), picture(30, 40, 9), picture(36, 36, 10)]
+    query = "w5 w9 w10"
+    item = ScoreBatchItem(work_item_id="s.0", request_id="s", item_index=0, total_items=1, timestamp=0.0,
+                          query_item={"text": query}, score_items=[{"id": f"i{n}", "images": [{"data": data}]}
+                                                                   for n, data in enumerate(images)])  # fmt: skip
+    (result,) = adapter.score([item]).items
+    assert result.ok, result.error
+    ours = {row["item_id"]: row["score"] for row in result.result}
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(directory)
+    pixels = image_processor(family)([Image.open(io.BytesIO(data)) for data in images], return_tensors="pt")
+    with torch.no_grad():
+        if family == "clip":
+            encoded = tokenizer([query], return_tensors="pt")
+            logits = reference(**encoded, pixel_values=pixels["pixel_values"]).logits_per_text[0]
+            expected = logits.numpy()
+        else:
+            ids = tokenizer([query], padding="max_length", max_length=16, return_tensors="pt")["input_ids"]
+            logits = reference(input_ids=ids, pixel_values=pixels["pixel_values"]).logits_per_text[0]
+            expected = torch.sigmoid(logits).numpy()
+    assert np.allclose([ours[f"i{n}"] for n in range(3)], expected, atol=TOLERANCE, rtol=0)
+    assert [row["rank"] for row in result.result] == [0, 1, 2]
+    texts = ScoreBatchItem(work_item_id="s.1", request_id="s", item_index=0, total_items=1, timestamp=0.0,
+                           query_item={"images": [{"data": images[0]}]}, score_items=[{"text": "w7"}, {}])  # fmt: skip
+    (refused,) = adapter.score([texts]).items
+    assert not refused.ok and "needs a text or images" in refused.error

@@ -14,15 +14,23 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Final
 
+import attrs
 import numpy as np
 
 from sie.catalog.adapters import IMAGE_TEXT
 from sie.imaging import ImageError, ImageLimits, ImageProcessor
 from sie.tokenization import PaddedBatch, TokenizedText, pad_batch
-from sie.wire.ipc_batch import OP_ENCODE
+from sie.wire.ipc_batch import OP_ENCODE, OP_SCORE
 from sie.worker.adapters.base import AdapterContext, BatchResult, ItemResult, Stopwatch, invalid
-from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, check_width
-from sie.worker.convert.names import IMAGE_EMBEDS, PIXEL_VALUES, PREPROCESSOR_CONFIG_FILE, TEXT_EMBEDS
+from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, check_width, ranked_scores
+from sie.worker.convert.names import (
+    IMAGE_EMBEDS,
+    LOGIT_BIAS_KEY,
+    LOGIT_SCALE_KEY,
+    PIXEL_VALUES,
+    PREPROCESSOR_CONFIG_FILE,
+    TEXT_EMBEDS,
+)
 from sie.worker.outputs import l2_normalize, quantize
 
 # What the worker decodes at most when it prepares images itself (the sidecar's ceiling too).
@@ -36,7 +44,7 @@ class ImageTextAdapter(TextEncoderAdapter):
 
     kind: ClassVar[str | None] = IMAGE_TEXT
     encode_outputs: ClassVar[tuple[str, ...]] = ("dense",)
-    supports_score: ClassVar[bool] = False
+    supports_score: ClassVar[bool] = True
 
     def __init__(self, context: AdapterContext) -> None:
         super().__init__(context)
@@ -54,6 +62,10 @@ class ImageTextAdapter(TextEncoderAdapter):
         vision = config.get("vision_config") or {}
         patches = (int(vision.get("image_size", 224)) // int(vision.get("patch_size", 32))) ** 2
         self.image_cost = patches + (1 if self.model_type == "clip" else 0)  # CLIP reads a class token too
+        similarity = self.session.get_modelmeta().custom_metadata_map
+        # The model's own similarity for score: exp(logit_scale) × cosine, plus SigLIP's bias through a sigmoid.
+        self.logit_scale = float(np.exp(float(similarity[LOGIT_SCALE_KEY]))) if LOGIT_SCALE_KEY in similarity else None
+        self.logit_bias = float(similarity[LOGIT_BIAS_KEY]) if LOGIT_BIAS_KEY in similarity else None
         width = next(node.shape[-1] for node in self.session.get_outputs() if node.name == TEXT_EMBEDS)
         check_width(self.model, "dense", width if isinstance(width, int) else None, "the model gives")
 
@@ -138,6 +150,54 @@ class ImageTextAdapter(TextEncoderAdapter):
                 return f"Image {number}: {exc}"
         return np.stack(arrays)
 
+    # --- score: the model's own similarity between a query and each candidate, text or images -----------------
+
+    def score(self, items: Sequence[Any]) -> BatchResult:
+        watch = Stopwatch()
+        results: list[ItemResult] = []
+        for item in items:
+            refused = self.refused_options(item.options, OP_SCORE)
+            if refused is not None:
+                results.append(refused)
+                continue
+            entries = [item.query_item or {}, *(item.score_items or [])]
+            vectors = self._entry_vectors(entries, watch)
+            if isinstance(vectors, str):
+                results.append(invalid(vectors))
+                continue
+            with watch.stage("postprocessing"):
+                logits = (self.logit_scale or 1.0) * (vectors[1:] @ vectors[0])
+                if self.logit_bias is not None:  # SigLIP: each pair's own probability
+                    logits = 0.5 * (1.0 + np.tanh(0.5 * (logits + self.logit_bias)))
+                texts = [entry.get("text") for entry in entries if not entry.get("images")]
+                tokens = sum(len(t.input_ids) for t in self.tokenizer.encode_batch(texts)) if texts else 0
+                results.append(ItemResult(ranked_scores(logits.tolist(), item.score_items), input_tokens=tokens))
+        return watch.finish(results)
+
+    def _entry_vectors(self, entries: list[dict[str, Any]], watch: Stopwatch) -> np.ndarray | str:
+        """One L2-normalised vector per entry (its images' mean, else its text), or why an entry cannot be read."""
+        texts = {index: entry.get("text") for index, entry in enumerate(entries) if not entry.get("images")}
+        if any(not isinstance(text, str) for text in texts.values()):
+            return "Every score query and item needs a text or images"
+        pixels: dict[int, np.ndarray] = {}
+        with watch.stage("tokenization"):
+            for index, entry in enumerate(entries):
+                if index not in texts:
+                    prepared = self._pixels(_Entry(entry))
+                    if isinstance(prepared, str):
+                        return prepared
+                    pixels[index] = prepared
+            tokens = [self.fit(t, False, {}) for t in self.tokenizer.encode_batch(list(texts.values()))]
+        with watch.stage("inference"):
+            rows: dict[int, np.ndarray] = {}
+            if texts:
+                embedded = self.forward(self.pad(tokens, [(False, {})] * len(tokens)))[0]
+                rows.update(zip(texts, l2_normalize(embedded.astype(np.float32, copy=False)), strict=True))
+            for index, values in pixels.items():
+                embedded = self.vision.run([IMAGE_EMBEDS], {PIXEL_VALUES: values.astype(np.float32, copy=False)})[0]
+                rows[index] = l2_normalize(l2_normalize(embedded.astype(np.float32)).mean(axis=0)[None, :])[0]
+        return np.stack([rows[index] for index in range(len(entries))])
+
     # --- the text tower -----------------------------------------------------------------------------------------
 
     def pad(self, tokens: Sequence[TokenizedText], roles: Sequence[tuple[bool, Mapping[str, Any]]]) -> PaddedBatch:
@@ -170,6 +230,14 @@ class ImageTextAdapter(TextEncoderAdapter):
     def similarities(self, outputs: list[np.ndarray], batch: PaddedBatch, query: int, docs: range) -> np.ndarray:
         vectors = l2_normalize(outputs[0][[query, *docs]].astype(np.float32, copy=False))
         return vectors[1:] @ vectors[0]
+
+
+@attrs.frozen
+class _Entry:
+    """A score query or candidate as `_pixels` reads an item: its map, no sidecar pixels."""
+
+    item: dict[str, Any]
+    prepared_pixels: None = None
 
 
 def _has_images(item: Any) -> bool:

@@ -34,6 +34,9 @@ from sie.worker.convert.names import (
     CONFIG_FILE,
     IMAGE_EMBEDS,
     INPUT_IDS,
+    LOGIT_BIAS_KEY,
+    LOGIT_SCALE_KEY,
+    MODEL_TYPE_KEY,
     PIXEL_VALUES,
     TEXT_EMBEDS,
     vision_graph_path,
@@ -104,6 +107,7 @@ class ClipConfig:
         return self.model_type == "clip" and self.eos_token_id == LEGACY_EOS_TOKEN_ID
 
 
+# The text graph's metadata (`names.py`'s keys): the stored logit scale (exp not applied) and SigLIP's bias.
 OPEN_CLIP_CONFIG_FILE = "open_clip_config.json"  # what open_clip saves in place of config.json
 
 
@@ -159,7 +163,13 @@ def convert_clip(model_dir: Path, out_path: Path) -> ClipConfig:
     model_dir, out_path = Path(model_dir), Path(out_path)
     config = load_clip_config(model_dir)
     weights = HeadWeights(Checkpoint(model_dir))
-    save_graph(_text_graph(config, weights), out_path)
+    text = _text_graph(config, weights)
+    # The similarity the model was trained with, for the adapter's score (which imports no converter).
+    similarity = {LOGIT_SCALE_KEY: repr(config.logit_scale), MODEL_TYPE_KEY: config.model_type}
+    if config.logit_bias is not None:
+        similarity[LOGIT_BIAS_KEY] = repr(config.logit_bias)
+    onnx.helper.set_model_props(text, similarity)
+    save_graph(text, out_path)
     save_graph(_vision_graph(config, weights), vision_graph_path(out_path))
     return config
 

@@ -98,6 +98,10 @@ PIXEL_VALUES: Final = "pixel_values"
 TEXT_EMBEDS: Final = "text_embeds"
 IMAGE_EMBEDS: Final = "image_embeds"
 PREPROCESSOR_CONFIG_FILE: Final = "preprocessor_config.json"  # the image processor's settings, beside the checkpoint
+# The text graph's metadata: the model's similarity for scoring (the stored logit scale, before exp; SigLIP's bias).
+LOGIT_SCALE_KEY: Final = "sie.logit_scale"
+LOGIT_BIAS_KEY: Final = "sie.logit_bias"
+MODEL_TYPE_KEY: Final = "sie.model_type"
 
 
 def vision_graph_path(graph: Path) -> Path:
