@@ -20,7 +20,9 @@ the statuses each test met.
 from __future__ import annotations
 
 import base64
+import functools
 import http.client
+import io
 import json
 import operator
 import os
@@ -57,6 +59,8 @@ GLICLASS: Final = "fuzz/gliclass"
 NLI: Final = "fuzz/nli"
 GLIREL: Final = "fuzz/glirel"
 ZERO_SHOT_MODELS: Final = (GLINER, GLICLASS, NLI, GLIREL)
+# A tiny random CLIP (tests/support/image_text_checkpoints.py) that reads images, scores too.
+CLIP: Final = "fuzz/clip"
 ENCODE_MODELS: Final = (MINILM, f"{MINILM}:int8", f"{MINILM}:multivector", MINILM_L3, SPLADE)
 KNOWN_MODELS: Final = (*ENCODE_MODELS, RAMPART)
 
@@ -189,9 +193,10 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
 
 
 def zero_shot_catalogue(root: Path) -> Path:
-    """The baseline model YAMLs plus the four zero-shot models' (in the public catalogue's shapes), over tiny
-    random checkpoints saved under `root`."""
+    """The baseline model YAMLs plus the four zero-shot models' and an image–text model's (in the public
+    catalogue's shapes), over tiny random checkpoints saved under `root`."""
     from sie.catalog import dump_yaml
+    from support.image_text_checkpoints import image_text_yaml, save_image_text_model
     from support.zero_shot_checkpoints import save_gliclass, save_gliner, save_glirel, save_nli_classifier
 
     models = root / "models"
@@ -203,6 +208,10 @@ def zero_shot_catalogue(root: Path) -> Path:
     nli = root / "nli"
     save_nli_classifier(nli, "bert", {0: "entailment", 1: "not_entailment"})
     save_glirel(root / "glirel")
+    save_image_text_model(root / "clip", "clip")
+    clip = image_text_yaml("clip", CLIP, root / "clip")
+    clip["tasks"]["score"] = {}
+    (models / "fuzz__clip.yaml").write_text(dump_yaml(clip))
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):  # the backbone's, beside the checkpoint
         shutil.copy(root / "glirel" / "backbone" / name, root / "glirel" / "glirel" / name)
     entries = {
@@ -617,6 +626,113 @@ def test_zero_shot_extract(  # noqa: PLR0913 - one generated request
     decoded = check(reply)
     if reply.status == 200:
         assert_inference_success(reply, decoded, body, accept)
+
+
+# --- images -----------------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def image_blobs() -> dict[str, bytes]:
+    """Image files as clients send them, made once: ones an image model serves, and ones the gateway must refuse
+    before decoding (bombs, cut short, wrong magic, animated, 16-bit, formats it does not read)."""
+    from PIL import Image
+
+    def saved(image: Any, fmt: str, **options: Any) -> bytes:
+        buffer = io.BytesIO()
+        image.save(buffer, format=fmt, **options)
+        return buffer.getvalue()
+
+    rgb = Image.new("RGB", (20, 30), (200, 30, 90))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotated
+    jpeg = saved(rgb, "JPEG")
+    huge_jpeg = bytearray(jpeg)
+    sof = huge_jpeg.index(b"\xff\xc0")
+    huge_jpeg[sof + 5 : sof + 9] = (60000).to_bytes(2, "big") * 2  # the header claims 60000 × 60000
+    frames = [Image.new("RGB", (8, 8), (255 * index, 0, 0)) for index in range(2)]
+    return {
+        "png": saved(rgb, "PNG"), "jpeg": jpeg, "gray": saved(rgb.convert("L"), "PNG"),
+        "rgba": saved(rgb.convert("RGBA"), "PNG"), "palette": saved(rgb.convert("P"), "PNG"),
+        "cmyk": saved(rgb.convert("CMYK"), "JPEG"), "exif": saved(rgb, "JPEG", exif=exif),
+        "webp": saved(rgb, "WEBP"), "tiny": saved(Image.new("RGB", (1, 1)), "PNG"),
+        "bomb": saved(Image.new("1", (12000, 12000)), "PNG"), "huge_jpeg": bytes(huge_jpeg),
+        "cut_png": saved(rgb, "PNG")[:60], "cut_jpeg": jpeg[: len(jpeg) // 2], "magic": b"\x89PNX\r\n\x1a\n" + jpeg,
+        "empty": b"", "noise": bytes(range(256)) * 3, "tiff": saved(rgb, "TIFF"),
+        "animated": saved(frames[0], "GIF", save_all=True, append_images=frames[1:]),
+        "deep": saved(Image.new("I;16", (8, 8)), "PNG"),
+    }  # fmt: skip
+
+
+SERVED_IMAGES: Final = ("png", "jpeg", "gray", "rgba", "palette", "cmyk", "exif", "webp", "tiny")
+IMAGE_NAMES: Final = tuple(sorted(image_blobs()))
+
+
+@st.composite
+def image_requests(draw: st.DrawFn) -> tuple[str, str, list[list[str]]]:
+    """(operation, model, the image names of each item): a few items of a few images, one too many images for an
+    item (SIE_GATEWAY_MAX_IMAGES_PER_ITEM, 16), or the most items each with many tiny images. Names, not bytes: a
+    rejected draw's repr stays small."""
+    operation = draw(st.sampled_from(("encode", "score")))
+    model = draw(st.sampled_from((CLIP, CLIP, MINILM)))
+    shape = draw(st.sampled_from(("few", "few", "too_many", "many_tiny")))
+    if shape == "many_tiny":
+        return operation, model, [["tiny"] * draw(st.integers(1, 16)) for _ in range(draw(st.integers(1, MAX_ITEMS)))]
+    per_item = st.lists(st.sampled_from(IMAGE_NAMES), min_size=17, max_size=18) if shape == "too_many" else (
+        st.lists(st.sampled_from(IMAGE_NAMES), max_size=3))  # fmt: skip
+    return operation, model, draw(st.lists(per_item, min_size=1, max_size=3))
+
+
+@fuzz(max_examples=150)
+@given(request=image_requests(), encoding=encodings)
+def test_image_inputs(gateway: Gateway, request: tuple[str, str, list[list[str]]], encoding: str) -> None:
+    """Images good and hostile, over JSON (base64) and msgpack (bytes): no unexpected 5xx; a request whose images
+    are all servable, within the limits, to the image model is served, one vector (or score) per item; any other
+    is refused as a whole, 400."""
+    operation, model, names = request
+    blobs = image_blobs()
+    entries = [{"images": [{"data": blobs[name]} for name in images]} if images else {"text": "w5 w9"}
+               for images in names]  # fmt: skip
+    if operation == "encode":
+        body: dict[str, Any] = {"items": entries}
+    else:
+        body = {"query": {"text": "w5 w9"}, "items": entries}
+    content, headers = encode(body, encoding)
+    reply = gateway.send("POST", f"/v1/{operation}/{model}", content, headers)
+    decoded = check(reply)
+    images = [name for item in names for name in item]
+    servable = all(name in SERVED_IMAGES for name in images) and all(len(item) <= 16 for item in names)
+    if len(content) > MAX_BODY_BYTES:
+        assert reply.status == 413, reply.describe()
+    elif model == MINILM and images:
+        assert reply.status == 400, reply.describe()
+    elif model == CLIP and servable:
+        assert reply.status == 200, reply.describe()
+        assert len(decoded["items"] if operation == "encode" else decoded["scores"]) == len(entries)
+    elif model == CLIP:
+        assert reply.status == 400, reply.describe()
+
+
+def test_a_bad_image_leaves_the_requests_batched_with_it_served(gateway: Gateway) -> None:
+    """A GIF cut short passes the header probe and fails when decoded: its request is a 400, the good requests
+    sent at the same time (batched with it) are served."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (30, 30), (1, 2, 3)).save(buffer, format="GIF")
+    cut_gif = buffer.getvalue()[:-20]
+    good = image_blobs()["png"]
+
+    def send(data: bytes) -> Reply:
+        content, headers = encode({"items": [{"images": [{"data": data}]}]}, "msgpack")
+        return gateway.send("POST", f"/v1/encode/{CLIP}", content, headers)
+
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(send, [good, cut_gif] * 6))
+    for data, reply in zip([good, cut_gif] * 6, replies, strict=True):
+        check(reply)
+        assert reply.status == (200 if data is good else 400), reply.describe()
 
 
 @fuzz(max_examples=200)
