@@ -316,3 +316,41 @@ async def test_a_tokenizer_bug_fails_only_the_token_items(
              Work(_Delivery(item(1, item={"text": "hello"})), 0.0)]  # fmt: skip
     answers, passed, failed = await answered_by_the_stage(ready(tokenizer_file), group)
     assert answers == [] and failed == ["r0.0"] and [work.item.work_item_id for work in passed] == ["r1.0"]
+
+
+# --- images ---------------------------------------------------------------------------------------------------------
+
+SIGLIP_STYLE = {"image_processor_type": "SiglipImageProcessor", "size": {"height": 8, "width": 8}, "resample": 2,
+                "rescale_factor": 1 / 255, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}  # fmt: skip
+
+
+def png(width: int, height: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (255, 0, 0)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+async def test_an_image_models_items_get_pixel_values_and_cost_their_patches(tokenizer_file: Path) -> None:
+    """With the descriptor's image processor: each item's images become [images, 3, H, W] pixel values, costing
+    image_cost each; an image that cannot be decoded becomes that item's error; text items are tokenized as ever."""
+    pictured = item(0, item={"images": [{"data": png(12, 9)}, {"data": png(4, 4)}]})
+    broken = item(1, item={"images": [{"data": png(12, 9)[:50]}]})
+    text = item(2, item={"text": "hello world"})
+    works = [Work(_Delivery(one), 0.0) for one in (pictured, broken, text)]
+    await prepare(ready(tokenizer_file, image_processor=SIGLIP_STYLE, image_cost=17), works)
+    pixels = works[0].run_item.encode.prepared_pixels.pixel_values
+    assert pixels.shape == (2, 3, 8, 8) and pixels.dtype == np.float32
+    assert np.allclose(pixels[0, 0], 1.0) and np.allclose(pixels[0, 1:], -1.0)  # red, normalised to [-1, 1]
+    assert works[0].cost == 2 * 17
+    assert works[1].run_item.encode.prepared_pixels.error.startswith("Image 0:")
+    assert works[2].run_item.encode.prepared_tokens is not None and works[2].cost == 4
+
+
+async def test_without_an_image_processor_images_are_left_to_the_worker(tokenizer_file: Path) -> None:
+    works = [Work(_Delivery(item(0, item={"images": [{"data": png(4, 4)}]})), 0.0)]
+    await prepare(ready(tokenizer_file), works)
+    assert works[0].run_item.encode.prepared_pixels is None and works[0].cost == MEDIA_INPUT_COST
