@@ -16,6 +16,13 @@ the same checkpoints, a batch of `--batch` texts × 8 labels; the goal is ≥ 1.
 served (`sie run --role all`, 32 wrk connections × one text and its 8 labels to `/v1/extract`) against its adapter
 in-process at batch 32, interleaved rounds; the goal is ≥ 0.9.
 
+With `--images` (or `--only-images`), image–text towers: a CLIP ViT-B/32-sized and a SigLIP base/16-sized vision tower
+(random, 224 pixels) converted by `sie.worker.convert.clip`, `--image-batch` images per call, our vision graph against
+transformers' `get_image_features` on the same pixel values (goal ≥ 1.3×), and the preprocessing of one 640×480 JPEG
+(`sie.imaging` against transformers' PIL image processor) reported apart. With `--served` too, the CLIP served
+(`sie run --role all`, 32 wrk connections × one JPEG each to `/v1/encode`) against the adapter in-process on 32 such
+JPEGs (preprocessing included), interleaved rounds; the goal is ≥ 0.85.
+
 Needs the test extra (torch, transformers; gliner for `--gliner`). The operators after onnxruntime's load-time
 fusions are printed per family from the optimized graph (the BERT-like graphs carry the fused `Attention` and
 `SkipLayerNormalization` themselves; MatMul + bias become Gemm and the erf pattern Gelu at load).
@@ -31,6 +38,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -122,11 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--served-seconds", type=int, default=6, help="measured wrk seconds per family and round")
     parser.add_argument("--gliner", action="store_true", help="also GLiNER and GLiClass against their packages")
     parser.add_argument("--only-gliner", action="store_true", help="GLiNER and GLiClass alone")
+    parser.add_argument("--images", action="store_true", help="also CLIP and SigLIP image encode")
+    parser.add_argument("--only-images", action="store_true", help="CLIP and SigLIP image encode alone")
+    parser.add_argument("--image-batch", type=int, default=16)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.gliner or args.only_gliner:
         zero_shot_speed(args)
-    return 0 if args.only_gliner else family_speeds(args)
+    if args.images or args.only_images:
+        image_speed(args)
+    return 0 if args.only_gliner or args.only_images else family_speeds(args)
 
 
 def family_speeds(args: argparse.Namespace) -> int:
@@ -306,6 +319,165 @@ def gliner_served(scratch: Path, raw: Callable[[], None], text: str, args: argpa
     print("| model | raw texts/s | served texts/s | served / raw |")
     print("|---|---|---|---|")
     print(f"| gliner span | {raw_rate:.1f} | {served_rate:.1f} | {served_rate / raw_rate:.2f} |")
+
+
+# Vision towers of the catalogue's sizes (224 pixels): CLIP ViT-B/32 and SigLIP base/16; small text towers.
+IMAGE_TOWERS = {
+    "clip": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+             "image_size": 224, "patch_size": 32},
+    "siglip": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+               "image_size": 224, "patch_size": 16},
+}  # fmt: skip
+SMALL_TEXT = {"hidden_size": 768, "intermediate_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 12,
+              "vocab_size": 1000}  # fmt: skip
+
+
+def image_speed(args: argparse.Namespace) -> None:
+    """CLIP and SigLIP vision towers, ours against transformers on the same pixels; preprocessing apart."""
+    import io
+
+    from PIL import Image
+
+    from sie.imaging import ImageLimits, ImageProcessor
+    from sie.worker.convert.clip import convert_clip
+    from sie.worker.convert.names import IMAGE_EMBEDS, PIXEL_VALUES, vision_graph_path
+
+    rng = np.random.default_rng(0)
+    photo = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)).save(photo, format="JPEG", quality=90)
+    data = photo.getvalue()
+    rows, prep_rows = [], []
+    for family in IMAGE_TOWERS:
+        with tempfile.TemporaryDirectory() as scratch:
+            model, settings, reference = _image_checkpoint(family, Path(scratch))
+            graph = Path(scratch) / "text.onnx"
+            convert_clip(Path(scratch), graph)
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = args.threads
+            session = ort.InferenceSession(str(vision_graph_path(graph)), options, providers=["CPUExecutionProvider"])
+            pixels = rng.standard_normal((args.image_batch, 3, 224, 224)).astype(np.float32)
+            tensor = torch.from_numpy(pixels)
+            processor = ImageProcessor.from_dict(settings)
+            their_processor = reference(**{k: v for k, v in settings.items() if k != "image_processor_type"})
+
+            def theirs(model=model, tensor=tensor) -> None:  # noqa: ANN001
+                with torch.no_grad():
+                    model.get_image_features(pixel_values=tensor)
+
+            medians = _interleaved({
+                "ours": lambda session=session, pixels=pixels: session.run([IMAGE_EMBEDS], {PIXEL_VALUES: pixels}),
+                "theirs": theirs,
+                "our_prep": lambda processor=processor: processor(data, ImageLimits()),
+                "their_prep": lambda processor=their_processor: processor(Image.open(io.BytesIO(data)),
+                                                                          return_tensors="np"),
+            }, args)  # fmt: skip
+            rows.append((family, medians["theirs"], medians["ours"]))
+            prep_rows.append((family, medians["their_prep"], medians["our_prep"]))
+            print(f"{family}: torch {medians['theirs']:.1f} ms, ours {medians['ours']:.1f} ms", file=sys.stderr)
+            if args.served and family == "clip":
+                image_served(Path(scratch), processor, session, data, settings, args)
+    print(f"{args.image_batch} images of 224x224 per call, {args.threads} threads, medians of {args.rounds} "
+          "interleaved rounds, pixels to vectors")  # fmt: skip
+    print("| vision tower | transformers (torch) ms | ours (onnxruntime) ms | speed-up |")
+    print("|---|---|---|---|")
+    for family, theirs_ms, ours_ms in rows:
+        print(f"| {IMAGE_SHAPES[family]} | {theirs_ms:.1f} | {ours_ms:.1f} | {theirs_ms / ours_ms:.2f}x |")
+    print("Preprocessing one 640x480 JPEG (decode, resize, crop, normalise), ms per image")
+    print("| processor | transformers PIL processor ms | ours (sie.imaging) ms |")
+    print("|---|---|---|")
+    for family, theirs_ms, ours_ms in prep_rows:
+        print(f"| {family} | {theirs_ms:.2f} | {ours_ms:.2f} |")
+
+
+def _image_checkpoint(family: str, scratch: Path) -> tuple[Any, dict, Any]:
+    """A random `family` model of IMAGE_TOWERS' size saved in `scratch`, its processor settings at 224 pixels and
+    transformers' PIL processor class."""
+    from support.image_text_checkpoints import CLIP_PROCESSOR, SIGLIP_PROCESSOR
+
+    torch.manual_seed(0)
+    tower = IMAGE_TOWERS[family]
+    if family == "clip":
+        config = transformers.CLIPConfig(text_config=SMALL_TEXT | {"max_position_embeddings": 77},
+                                         vision_config=tower, projection_dim=512)  # fmt: skip
+        model = transformers.CLIPModel(config).eval()
+        settings = CLIP_PROCESSOR | {"size": {"shortest_edge": 224}, "crop_size": {"height": 224, "width": 224}}
+        reference = transformers.CLIPImageProcessorPil
+    else:
+        config = transformers.SiglipConfig(text_config=SMALL_TEXT | {"max_position_embeddings": 64},
+                                           vision_config=tower)  # fmt: skip
+        model = transformers.SiglipModel(config).eval()
+        settings = SIGLIP_PROCESSOR | {"size": {"height": 224, "width": 224}}
+        reference = transformers.SiglipImageProcessorPil
+    model.save_pretrained(scratch)
+    return model, settings, reference
+
+
+def _interleaved(calls: dict[str, Callable[[], Any]], args: argparse.Namespace) -> dict[str, float]:
+    """Each call's median milliseconds over `args.rounds` rounds, the calls taking turns in each round."""
+    for call in calls.values():
+        call()  # warm up
+    timings: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(args.rounds):
+        for name, call in calls.items():
+            timings[name].append(timed(call, args.repeats))
+    return {name: statistics.median(values) for name, values in timings.items()}
+
+
+IMAGE_SHAPES = {"clip": "CLIP ViT-B/32 (224)", "siglip": "SigLIP base/16 (224)"}
+
+
+def image_served(  # noqa: PLR0913 - the checkpoint and its raw path
+    scratch: Path, processor: Any, session: ort.InferenceSession, data: bytes, settings: dict, args: argparse.Namespace
+) -> None:
+    """The CLIP in `scratch` served to 32 wrk connections (one JPEG per request) against preprocessing + the vision
+    graph on 32 JPEGs in-process; interleaved rounds."""
+    import base64
+
+    from wrk import run_wrk
+
+    from launcher import serving_all
+    from sie.imaging import ImageLimits
+    from sie.worker.convert.names import IMAGE_EMBEDS, PIXEL_VALUES
+    from support.image_text_checkpoints import write_tokenizer
+
+    write_tokenizer(scratch, "clip")
+    (scratch / "preprocessor_config.json").write_text(orjson.dumps(settings).decode())
+    models = scratch / "models"
+    models.mkdir(exist_ok=True)
+    entry = {"sie_id": "bench/clip", "weights_path": str(scratch), "inputs": {"text": True, "image": True},
+             "max_sequence_length": 77, "tasks": {"encode": {"dense": {"dim": 512}}},
+             "profiles": {"default": {"adapter_path": "sie_server.adapters.clip:CLIPAdapter",
+                                      "max_batch_tokens": 65536}}}  # fmt: skip
+    (models / "bench__clip.yaml").write_text(dump_yaml(entry))
+    body = orjson.dumps({"items": [{"images": [{"data": base64.b64encode(data).decode(), "format": "jpeg"}]}]})
+
+    def raw() -> None:
+        pixels = np.stack([processor(data, ImageLimits()) for _ in range(CONNECTIONS)])
+        session.run([IMAGE_EMBEDS], {PIXEL_VALUES: pixels})
+
+    environment = {"SIE_MODELS_DIR": str(models), "SIE_MODEL_CACHE": str(scratch / "cache"),
+                   "SIE_HTTP_SERVER": "uvicorn"}  # fmt: skip
+    arguments = ["--bundles-dir", str(REPO / "config" / "bundles"), "--preload", "bench/clip"]
+    raw_rates, served_rates = [], []
+    path = "/v1/encode/bench/clip"
+    with serving_all(scratch / "server.log", arguments, environment) as url:
+        httpx.post(f"{url}{path}", content=body, timeout=600, headers={"content-type": "application/json"})
+        for round_index in range(args.rounds):
+            print(f"served round {round_index + 1}/{args.rounds}", file=sys.stderr)
+            raw_rates.append(CONNECTIONS * 1000.0 / timed(raw, 1))
+            run_wrk(url, path, [body], CONNECTIONS, 2, 1)
+            stats = run_wrk(url, path, [body], CONNECTIONS, args.served_seconds, 1)
+            if stats.failures:
+                raise SystemExit(f"{stats.failures} failed requests; see {scratch / 'server.log'}")
+            served_rates.append(stats.items_per_second)
+    raw_rate, served_rate = statistics.median(raw_rates), statistics.median(served_rates)
+    print(
+        f"CLIP served (`sie run --role all`, uvicorn, {CONNECTIONS} connections x one 640x480 JPEG) against "
+        f"preprocessing + the vision graph at batch {CONNECTIONS} in-process; medians of {args.rounds} rounds"
+    )
+    print("| model | raw images/s | served images/s | served / raw |")
+    print("|---|---|---|---|")
+    print(f"| CLIP ViT-B/32 | {raw_rate:.1f} | {served_rate:.1f} | {served_rate / raw_rate:.2f} |")
 
 
 def print_speed_table(rows: list[tuple[str, float, float, str]], args: argparse.Namespace) -> None:

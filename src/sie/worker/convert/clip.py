@@ -355,7 +355,7 @@ def _vision_graph(config: ClipConfig, weights: HeadWeights) -> onnx.ModelProto:
     if clip:
         tokens = layer_norm(b, weights, tokens, f"{prefix}.pre_layrnorm", width, eps)
     heads_shape = b.const([-1, sequence, tower.num_heads, tower.head_size])
-    tokens = encoder_layers(b, weights, tower, tokens, heads_shape, "", f"{prefix}.encoder")
+    tokens = encoder_layers(b, weights, tower, tokens, heads_shape, "", f"{prefix}.encoder", sequence=sequence)
     if clip:
         hidden = b.op("Reshape", [tokens, b.const([-1, sequence, width])], "vision.hidden")
         pooled = b.op("Gather", [hidden, b.const(0)], "vision.class_state", axis=1)  # [B, H]

@@ -11,13 +11,11 @@ SiglipMultiheadAttentionPoolingHead) and `activations.py` (quick_gelu, gelu, gel
 
 from __future__ import annotations
 
-import math
-
 import attrs
 import numpy as np
 
 from sie.worker.convert.encoder_graph import gelu
-from sie.worker.convert.graph_builder import GraphBuilder
+from sie.worker.convert.graph_builder import CONTRIB_DOMAIN, GraphBuilder
 from sie.worker.convert.head_layers import HeadWeights, linear
 
 # transformers' names of the activations built (`gelu_new` is the same tanh approximation as `gelu_pytorch_tanh`).
@@ -42,19 +40,14 @@ class TowerConfig:
 
 
 def activation(b: GraphBuilder, x: str, kind: str, name: str) -> str:
-    """transformers' ACT2FN[kind]: quick_gelu x·σ(1.702x), erf `gelu`, or the tanh approximation."""
+    """transformers' ACT2FN[kind]: quick_gelu x·σ(1.702x) and the tanh approximation
+    0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) as onnxruntime's own kernels (`QuickGelu`, `FastGelu`: one pass over
+    the activations, on CPU and CUDA), erf `gelu` spelled so onnxruntime fuses it into `Gelu` at load."""
     if kind == "quick_gelu":
-        gate = b.op("Sigmoid", [b.op("Mul", [x, b.const(QUICK_GELU_SCALE, np.float32)], f"{name}.scaled")],
-                    f"{name}.sigmoid")  # fmt: skip
-        return b.op("Mul", [x, gate], name)
+        return b.op("QuickGelu", [x], name, domain=CONTRIB_DOMAIN, alpha=QUICK_GELU_SCALE)
     if kind == "gelu":
         return gelu(b, x, name)
-    # 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
-    cube = b.op("Mul", [b.op("Mul", [x, x], f"{name}.square"), x], f"{name}.cube")
-    inner = b.op("Add", [x, b.op("Mul", [cube, b.const(0.044715, np.float32)], f"{name}.cubic")], f"{name}.inner")
-    scaled = b.op("Mul", [inner, b.const(math.sqrt(2.0 / math.pi), np.float32)], f"{name}.scaled")
-    shifted = b.op("Add", [b.op("Tanh", [scaled], f"{name}.tanh"), b.const(1.0, np.float32)], f"{name}.shifted")
-    return b.op("Mul", [b.op("Mul", [x, shifted], f"{name}.product"), b.const(0.5, np.float32)], name)
+    return b.op("FastGelu", [x], name, domain=CONTRIB_DOMAIN)
 
 
 def layer_norm(b: GraphBuilder, weights: HeadWeights, x: str, name: str, width: int, eps: float) -> str:
@@ -79,16 +72,20 @@ def mlp(b: GraphBuilder, weights: HeadWeights, tower: TowerConfig, x: str, name:
 
 def encoder_layers(  # noqa: PLR0913 - the tower, its tokens and how to shape and mask them
     b: GraphBuilder, weights: HeadWeights, tower: TowerConfig, tokens: str, heads_shape: str, mask_bias: str,
-    prefix: str,
+    prefix: str, sequence: int | None = None,
 ) -> str:  # fmt: skip
     """Every layer `{prefix}.layers.{i}` (CLIPEncoderLayer / SiglipEncoderLayer: x + attention(LN1 x), then
     x + MLP(LN2 x)) over `tokens` [B*S, H]. `heads_shape` is the int64 [4] shape [B, S, heads, head size] the
-    queries, keys and values take; `mask_bias` ("" for none) is added to every head's scores [B, heads, S, S]."""
+    queries, keys and values take; `mask_bias` ("" for none) is added to every head's scores [B, heads, S, S].
+    Unmasked attention over a fixed `sequence` (a vision tower's patches) runs as onnxruntime's fused `Attention`."""
     width, eps = tower.hidden_size, tower.layer_norm_eps
     for index in range(tower.num_layers):
         name = f"{prefix}.layers.{index}"
         normed = layer_norm(b, weights, tokens, f"{name}.layer_norm1", width, eps)
-        attended = _self_attention(b, weights, tower, normed, heads_shape, mask_bias, f"{name}.self_attn")
+        if sequence is not None and not mask_bias:
+            attended = _fused_self_attention(b, weights, tower, normed, sequence, f"{name}.self_attn")
+        else:
+            attended = _self_attention(b, weights, tower, normed, heads_shape, mask_bias, f"{name}.self_attn")
         tokens = b.op("Add", [tokens, attended], f"{name}.attention_residual")
         normed = layer_norm(b, weights, tokens, f"{name}.layer_norm2", width, eps)
         tokens = b.op("Add", [tokens, mlp(b, weights, tower, normed, f"{name}.mlp")], f"{name}.output")
@@ -114,6 +111,24 @@ def _self_attention(  # noqa: PLR0913 - one attention block's inputs and names
     key = _heads(b, key, heads_shape, [0, 2, 3, 1], f"{name}.k_heads")  # [B, heads, d, S]
     value = _heads(b, value, heads_shape, [0, 2, 1, 3], f"{name}.v_heads")  # [B, heads, S, d]
     return _attend(b, weights, width, query, key, value, mask_bias, name)
+
+
+def _fused_self_attention(  # noqa: PLR0913 - one attention block's inputs and names
+    b: GraphBuilder, weights: HeadWeights, tower: TowerConfig, x: str, sequence: int, name: str
+) -> str:
+    """`_self_attention` without a mask as one `Attention` kernel (Q, K and V in one product, 1/√head_size, softmax
+    and the context) on [B, sequence, H], then `out_proj`."""
+    width = tower.hidden_size
+    kernel = np.concatenate([weights.get(f"{name}.{part}.weight", (width, width)).T for part in PROJECTIONS], axis=1)
+    bias = np.concatenate([weights.get(f"{name}.{part}.bias", (width,)) for part in PROJECTIONS])
+    tokens = b.op("Reshape", [x, b.const([-1, sequence, width])], f"{name}.tokens_3d")
+    context = b.op("Attention", [tokens, b.weight(f"{name}.qkv.weight", kernel), b.weight(f"{name}.qkv.bias", bias)],
+                   f"{name}.fused", domain=CONTRIB_DOMAIN, num_heads=tower.num_heads)  # fmt: skip
+    merged = b.op("Reshape", [context, b.const([-1, width])], f"{name}.merged")
+    return linear(b, weights, merged, f"{name}.out_proj", width, width)
+
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
 
 def _heads(b: GraphBuilder, x: str, heads_shape: str, perm: list[int], name: str) -> str:
