@@ -285,9 +285,7 @@ def _zero_shot_pair(
 def gliner_served(scratch: Path, raw: Callable[[], None], text: str, args: argparse.Namespace) -> None:
     """The GLiNER checkpoint in `scratch` served to 32 wrk connections (one text and its labels per request) against
     `raw`, the adapter on a batch of 32 texts in-process; interleaved rounds."""
-    from wrk import run_wrk
 
-    from launcher import serving_all
     from sie.catalog import dump_yaml
 
     models = scratch / "models"
@@ -297,22 +295,7 @@ def gliner_served(scratch: Path, raw: Callable[[], None], text: str, args: argpa
                                      "max_batch_tokens": 65536}}}  # fmt: skip
     (models / "bench__gliner.yaml").write_text(dump_yaml(data))
     body = orjson.dumps({"items": [{"text": text}], "params": {"labels": GLINER_LABELS, "options": {"threshold": 0.5}}})
-    environment = {"SIE_MODELS_DIR": str(models), "SIE_MODEL_CACHE": str(scratch / "cache"),
-                   "SIE_HTTP_SERVER": "uvicorn"}  # fmt: skip
-    arguments = ["--bundles-dir", str(REPO / "config" / "bundles"), "--preload", "bench/gliner"]
-    raw_rates, served_rates = [], []
-    path = "/v1/extract/bench/gliner"
-    with serving_all(scratch / "server.log", arguments, environment) as url:
-        httpx.post(f"{url}{path}", content=body, timeout=600, headers={"content-type": "application/json"})
-        for round_index in range(args.rounds):
-            print(f"served round {round_index + 1}/{args.rounds}", file=sys.stderr)
-            raw_rates.append(CONNECTIONS * 1000.0 / timed(raw, 1))
-            run_wrk(url, path, [body], CONNECTIONS, 2, 1)
-            stats = run_wrk(url, path, [body], CONNECTIONS, args.served_seconds, 1)
-            if stats.failures:
-                raise SystemExit(f"{stats.failures} failed requests; see {scratch / 'server.log'}")
-            served_rates.append(stats.items_per_second)
-    raw_rate, served_rate = statistics.median(raw_rates), statistics.median(served_rates)
+    raw_rate, served_rate = served_rounds(scratch, models, "bench/gliner", "/v1/extract/bench/gliner", body, raw, args)
     print(f"GLiNER served (`sie run --role all`, uvicorn, {CONNECTIONS} connections x 1 text + {len(GLINER_LABELS)} "
           f"labels) against the adapter at batch {CONNECTIONS} in-process; medians of {args.rounds} interleaved "
           "rounds")  # fmt: skip
@@ -433,9 +416,6 @@ def image_served(  # noqa: PLR0913 - the checkpoint and its raw path
     graph on 32 JPEGs in-process; interleaved rounds."""
     import base64
 
-    from wrk import run_wrk
-
-    from launcher import serving_all
     from sie.imaging import ImageLimits
     from sie.worker.convert.names import IMAGE_EMBEDS, PIXEL_VALUES
     from support.image_text_checkpoints import write_tokenizer
@@ -455,11 +435,30 @@ def image_served(  # noqa: PLR0913 - the checkpoint and its raw path
         pixels = np.stack([processor(data, ImageLimits()) for _ in range(CONNECTIONS)])
         session.run([IMAGE_EMBEDS], {PIXEL_VALUES: pixels})
 
+    raw_rate, served_rate = served_rounds(scratch, models, "bench/clip", "/v1/encode/bench/clip", body, raw, args)
+    print(
+        f"CLIP served (`sie run --role all`, uvicorn, {CONNECTIONS} connections x one 640x480 JPEG) against "
+        f"preprocessing + the vision graph at batch {CONNECTIONS} in-process; medians of {args.rounds} rounds"
+    )
+    print("| model | raw images/s | served images/s | served / raw |")
+    print("|---|---|---|---|")
+    print(f"| CLIP ViT-B/32 | {raw_rate:.1f} | {served_rate:.1f} | {served_rate / raw_rate:.2f} |")
+
+
+def served_rounds(  # noqa: PLR0913 - the model served and the two sides measured
+    scratch: Path, models: Path, model: str, path: str, body: bytes, raw: Callable[[], None], args: argparse.Namespace
+) -> tuple[float, float]:
+    """`model` of the catalogue `models` served by `sie run --role all` (uvicorn) to 32 wrk connections posting
+    `body` to `path`, against `raw` (one batch of 32 in-process) in interleaved rounds: the medians of raw and served
+    items per second."""
+    from wrk import run_wrk
+
+    from launcher import serving_all
+
     environment = {"SIE_MODELS_DIR": str(models), "SIE_MODEL_CACHE": str(scratch / "cache"),
                    "SIE_HTTP_SERVER": "uvicorn"}  # fmt: skip
-    arguments = ["--bundles-dir", str(REPO / "config" / "bundles"), "--preload", "bench/clip"]
+    arguments = ["--bundles-dir", str(REPO / "config" / "bundles"), "--preload", model]
     raw_rates, served_rates = [], []
-    path = "/v1/encode/bench/clip"
     with serving_all(scratch / "server.log", arguments, environment) as url:
         httpx.post(f"{url}{path}", content=body, timeout=600, headers={"content-type": "application/json"})
         for round_index in range(args.rounds):
@@ -470,14 +469,7 @@ def image_served(  # noqa: PLR0913 - the checkpoint and its raw path
             if stats.failures:
                 raise SystemExit(f"{stats.failures} failed requests; see {scratch / 'server.log'}")
             served_rates.append(stats.items_per_second)
-    raw_rate, served_rate = statistics.median(raw_rates), statistics.median(served_rates)
-    print(
-        f"CLIP served (`sie run --role all`, uvicorn, {CONNECTIONS} connections x one 640x480 JPEG) against "
-        f"preprocessing + the vision graph at batch {CONNECTIONS} in-process; medians of {args.rounds} rounds"
-    )
-    print("| model | raw images/s | served images/s | served / raw |")
-    print("|---|---|---|---|")
-    print(f"| CLIP ViT-B/32 | {raw_rate:.1f} | {served_rate:.1f} | {served_rate / raw_rate:.2f} |")
+    return statistics.median(raw_rates), statistics.median(served_rates)
 
 
 def print_speed_table(rows: list[tuple[str, float, float, str]], args: argparse.Namespace) -> None:

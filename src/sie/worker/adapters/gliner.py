@@ -23,7 +23,7 @@ from sie.tokenization import TextTokenizer, TokenizedWords, pad_batch
 from sie.wire import codes
 from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult, Stopwatch, invalid
 from sie.worker.adapters.encoder import item_text
-from sie.worker.adapters.zero_shot import zero_shot_refusal
+from sie.worker.adapters.zero_shot import split_requests, zero_shot_refusal
 from sie.worker.convert.names import (
     GLINER_CONFIG_FILE,
     LABEL_EMBEDDINGS,
@@ -171,14 +171,7 @@ class GlinerAdapter(Adapter):
 
     def extract(self, items: Sequence[Any]) -> BatchResult:
         watch = Stopwatch()
-        results: list[ItemResult] = [ItemResult() for _ in items]
-        requests: dict[int, _Request] = {}
-        for index, item in enumerate(items):
-            prepared = self._request(item)
-            if isinstance(prepared, ItemResult):
-                results[index] = prepared
-            else:
-                requests[index] = prepared
+        results, requests = split_requests(items, self._request)
         if requests:
             with watch.stage("tokenization"):
                 rows = self._rows(requests, results)

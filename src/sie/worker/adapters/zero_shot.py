@@ -3,7 +3,8 @@ run, before anything is tokenized; the gateway refuses the same first, this cove
 
 from __future__ import annotations
 
-from typing import Any, Final
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TypeVar
 
 from sie.catalog.options import labels_problem
 from sie.wire.ipc_batch import OP_EXTRACT
@@ -12,6 +13,24 @@ from sie.worker.adapters.encoder import item_text
 
 # Labels one item may carry: the gateway's default SIE_GATEWAY_MAX_LABELS.
 MAX_ITEM_LABELS: Final = 1000
+
+Request = TypeVar("Request")
+
+
+def split_requests(
+    items: Sequence[Any], prepare: Callable[[Any], Request | ItemResult]
+) -> tuple[list[ItemResult], dict[int, Request]]:
+    """Each item `prepare`d: the batch's results (a refused item's in place, the others still empty) and the
+    prepared requests by item index."""
+    results: list[ItemResult] = [ItemResult() for _ in items]
+    requests: dict[int, Request] = {}
+    for index, item in enumerate(items):
+        prepared = prepare(item)
+        if isinstance(prepared, ItemResult):
+            results[index] = prepared
+        else:
+            requests[index] = prepared
+    return results, requests
 
 
 def zero_shot_refusal(adapter: Adapter, item: Any) -> ItemResult | None:

@@ -26,7 +26,7 @@ from sie.worker.convert.encoders import BackboneConfig, build_backbone, parse_ba
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import read_config_json
 from sie.worker.convert.graph_builder import GraphBuilder, save_graph, tensor_info
-from sie.worker.convert.head_layers import HeadWeights, bidirectional_lstm, linear
+from sie.worker.convert.head_layers import HeadWeights, bidirectional_lstm, gather_rows, linear, projection_mlp
 from sie.worker.convert.names import (
     GLINER_BI_SPAN_MODEL_TYPE,
     GLINER_CONFIG_FILE,
@@ -288,21 +288,13 @@ class _GlinerHead:
         return b.op("Sigmoid", [logits], TOKEN_SCORES)
 
     def _gather(self, tokens: str, positions: str, name: str) -> str:
-        """Rows of `tokens` [B, S, D] at `positions` [B, N]: [B, N, D]."""
-        b = self.b
-        index = b.op("Unsqueeze", [positions, b.const([2])], f"{name}.index")
-        shape = b.op("Concat", [b.op("Shape", [positions], f"{name}.shape"), b.const([self.width])],
-                     f"{name}.index_shape", axis=0)  # fmt: skip
-        expanded = b.op("Expand", [index, shape], f"{name}.index_expanded")
-        return b.op("GatherElements", [tokens, expanded], name, axis=1)
+        return gather_rows(self.b, tokens, positions, self.width, name)
 
     def _linear(self, x: str, name: str, width_in: int, width_out: int) -> str:
         return linear(self.b, self.weights, x, name, width_in, width_out)
 
     def _mlp(self, x: str, name: str, width_in: int, width_out: int) -> str:
-        """GLiNER's projection layer: Linear to 4 × the output width, ReLU, (dropout), Linear."""
-        inner = self.b.op("Relu", [self._linear(x, f"{name}.0", width_in, 4 * width_out)], f"{name}.relu")
-        return self._linear(inner, f"{name}.3", 4 * width_out, width_out)
+        return projection_mlp(self.b, self.weights, x, name, width_in, width_out)
 
     def _lstm(self, words: str, layer: int) -> str:
         """One bidirectional LSTM layer over each row's first `word_counts` words."""

@@ -27,7 +27,7 @@ from sie.worker.convert.encoders import BackboneConfig, build_backbone, parse_ba
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import read_config_json
 from sie.worker.convert.graph_builder import GraphBuilder, save_graph, tensor_info
-from sie.worker.convert.head_layers import HeadWeights, bidirectional_lstm, linear
+from sie.worker.convert.head_layers import HeadWeights, bidirectional_lstm, gather_rows, linear, projection_mlp
 from sie.worker.convert.names import (
     CONFIG_FILE,
     ENTITY_PAIRS,
@@ -268,17 +268,7 @@ class _GlirelHead:
         return b.op("Squeeze", [logits, b.const([3])], "scorer.concat")
 
     def _gather_rows(self, values: str, positions: str, name: str) -> str:
-        """Rows of `values` [B, S, D] at `positions` [B, N]: [B, N, D]."""
-        b = self.b
-        index = b.op("Unsqueeze", [positions, b.const([2])], f"{name}.index")
-        shape = b.op("Concat", [b.op("Shape", [positions], f"{name}.shape"), b.const([self.width])],
-                     f"{name}.index_shape", axis=0)  # fmt: skip
-        expanded = b.op("Expand", [index, shape], f"{name}.index_expanded")
-        return b.op("GatherElements", [values, expanded], name, axis=1)
+        return gather_rows(self.b, values, positions, self.width, name)
 
     def _mlp(self, x: str, name: str, width_in: int, width_out: int, inner: int | None = None) -> str:
-        """GLiREL's projection layers: Linear to `inner` (4 × the output width unless said), ReLU, (dropout),
-        Linear."""
-        inner = inner or 4 * width_out
-        hidden = self.b.op("Relu", [linear(self.b, self.weights, x, f"{name}.0", width_in, inner)], f"{name}.relu")
-        return linear(self.b, self.weights, hidden, f"{name}.3", inner, width_out)
+        return projection_mlp(self.b, self.weights, x, name, width_in, width_out, inner)

@@ -1,6 +1,7 @@
-"""The layers the zero-shot heads (GLiNER's spans, GLiClass's classes) build beside a backbone encoder: a checkpoint's
-own tensors by name with their shapes checked, Linear layers, and torch's bidirectional LSTM over right-padded rows
-(a packed sequence: padding neither read nor written) as ONNX's LSTM."""
+"""The layers the zero-shot heads (GLiNER's spans, GLiREL's relations, GLiClass's classes) build beside a backbone
+encoder: a checkpoint's own tensors by name with their shapes checked, Linear layers, the GLiNER family's projection
+MLPs, rows gathered by position, and torch's bidirectional LSTM over right-padded rows (a packed sequence: padding
+neither read nor written) as ONNX's LSTM."""
 
 from __future__ import annotations
 
@@ -46,6 +47,25 @@ def linear(b: GraphBuilder, weights: HeadWeights, x: str, name: str, width_in: i
     bias = weights.get(f"{name}.bias", (width_out,))
     product = b.op("MatMul", [x, b.weight(f"{name}.weight", weight.T)], f"{name}.matmul")
     return b.op("Add", [product, b.weight(f"{name}.bias", bias)], name)
+
+
+def gather_rows(b: GraphBuilder, values: str, positions: str, width: int, name: str) -> str:
+    """Rows of `values` [B, S, width] at `positions` [B, N] (int64): [B, N, width]."""
+    index = b.op("Unsqueeze", [positions, b.const([2])], f"{name}.index")
+    shape = b.op("Concat", [b.op("Shape", [positions], f"{name}.shape"), b.const([width])], f"{name}.index_shape",
+                 axis=0)  # fmt: skip
+    expanded = b.op("Expand", [index, shape], f"{name}.index_expanded")
+    return b.op("GatherElements", [values, expanded], name, axis=1)
+
+
+def projection_mlp(  # noqa: PLR0913 - the layer's name and widths
+    b: GraphBuilder, weights: HeadWeights, x: str, name: str, width_in: int, width_out: int, inner: int | None = None
+) -> str:
+    """The GLiNER family's projection layer `name`: Linear to `inner` (4 × the output width unless said), ReLU,
+    (dropout), Linear — torch's `Sequential` indices 0 and 3."""
+    inner = inner or 4 * width_out
+    hidden = b.op("Relu", [linear(b, weights, x, f"{name}.0", width_in, inner)], f"{name}.relu")
+    return linear(b, weights, hidden, f"{name}.3", inner, width_out)
 
 
 def bidirectional_lstm(  # noqa: PLR0913 - one layer's inputs and names
