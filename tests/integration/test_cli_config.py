@@ -155,6 +155,8 @@ def test_list_get_and_bundles(service: ConfigService, env: dict[str, str]) -> No
     rows = {line.split("\t")[0]: line.split("\t")[1:] for line in listed.stdout.splitlines()}
     assert rows["acme/cli-read"] == ["default,int8,multivector", "api"]
     assert rows["sentence-transformers/all-MiniLM-L6-v2"][1] == "filesystem"
+    document = json.loads(sie_config("list", "--json", env=env).stdout)  # the raw document for scripts
+    assert {model["model_id"] for model in document["models"]} == set(rows)
     got = sie_config("get", "acme/cli-read", env=env)
     assert got.exit_code == 0, got.output
     document = load_yaml(got.stdout)

@@ -64,8 +64,10 @@ def pool_names(gateway: str) -> list[str]:
 
 
 def table_rows(output: str) -> dict[str, str]:
-    """A rich table's body rows by their first cell."""
-    return {line.split("│")[1].strip(): line for line in output.splitlines() if line.count("│") > 2}
+    """A listing's records (one tab-separated line each outside a terminal) by their first field; the header lines
+    (`# title`, the column names) left out."""
+    lines = [line for line in output.splitlines() if "\t" in line and not line.startswith("#")]
+    return {line.split("\t")[0]: line for line in lines if not line.startswith(("name\t", "worker\t"))}
 
 
 def iso(unix_s: float) -> str:
@@ -112,6 +114,20 @@ def test_a_second_create_updates_the_pool(gateway: str) -> None:
     assert updated["status"]["created_at"] == first["status"]["created_at"]
     assert updated["status"]["last_renewed"] >= first["status"]["last_renewed"]
     assert pool_names(gateway).count("upd") == 1
+
+
+def test_outside_a_terminal_each_pool_is_one_line_whatever_its_name(gateway: str) -> None:
+    """Piped, `sie pools list` prints one tab-separated record per pool: a 63-character name is not wrapped across
+    lines, so `grep` finds the pool with its state."""
+    worker = the_worker(gateway)
+    long_name = "p" * 63
+    assert sie("create", long_name, "--gpu", f"{worker['machine_profile']}=1", *admin(gateway)).exit_code == 0
+    listed = runner.invoke(app, ["pools", "list", "--gateway", gateway], env={"COLUMNS": "40"})
+    assert listed.exit_code == 0, listed.output
+    (line,) = [line for line in listed.stdout.splitlines() if long_name in line]
+    fields = line.split("\t")
+    assert fields[0] == long_name and fields[1] in ("active", "pending") and len(fields) == 9
+    assert sie("delete", long_name, *admin(gateway)).exit_code == 0
 
 
 def test_list_and_get_print_tables_or_json(gateway: str) -> None:

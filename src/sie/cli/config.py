@@ -100,11 +100,19 @@ def delete(model_id: ModelArg, url: UrlOption = None, token: TokenOption = None)
 
 
 @app.command("list")
-def list_models(url: UrlOption = None, token: TokenOption = None) -> None:
-    """List every model with its profiles and source."""
+def list_models(
+    url: UrlOption = None,
+    token: TokenOption = None,
+    raw: Annotated[bool, typer.Option("--json", help="Print the raw JSON document.")] = False,
+) -> None:
+    """List every model with its profiles and source, one per line (tab-separated)."""
     with _client(url, token) as client:
-        for model in _send(client, "GET", "/v1/configs/models").json()["models"]:
-            typer.echo(f"{model['model_id']}\t{','.join(model['profiles'])}\t{model.get('source', '')}")
+        document = _send(client, "GET", "/v1/configs/models").json()
+    if raw:
+        typer.echo(json.dumps(document, indent=2))
+        return
+    for model in document["models"]:
+        typer.echo(f"{model['model_id']}\t{','.join(model['profiles'])}\t{model.get('source', '')}")
 
 
 @app.command()

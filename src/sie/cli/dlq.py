@@ -14,9 +14,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from sie.cli.control_http import echo_json, send_json, usage
+from sie.cli.listing import Column, Listing, note, plain
+from sie.cli.listing import show as show_listing
 from sie.settings import SettingsError, load_settings
 
 app = typer.Typer(
@@ -62,29 +63,22 @@ def list_letters(
     letters = document["dead_letters"]
     console = Console()
     if not letters:
-        console.print("no dead letters")
+        note("no dead letters", console)
         return
-    console.print(_letters_table(letters))
+    show_listing(_letters_listing(letters), console)
     if document["next_after"] is not None:
-        console.print(f"more: sie dlq list --after {document['next_after']}")
+        note(f"more: sie dlq list --after {document['next_after']}", console)
 
 
-def _letters_table(letters: list[dict[str, Any]]) -> Table:
-    table = Table("id", title="dead letters")
-    table.add_column("model", overflow="fold", ratio=2)
-    table.add_column("request", overflow="fold", ratio=2)
-    for header in ("operation", "deliveries", "dead at"):
-        table.add_column(header)
-    for letter in letters:
-        table.add_row(
-            str(letter["id"]),
-            letter["model"] or letter["subject"],
-            letter["request_id"] or "(not a work item)",
-            letter["operation"] or "",
-            str(letter["deliveries"]),
-            letter["dead_at"],
-        )
-    return table
+def _letters_listing(letters: list[dict[str, Any]]) -> Listing:
+    columns = [Column("id"), Column("model", overflow="fold", ratio=2), Column("request", overflow="fold", ratio=2),
+               *plain("operation", "deliveries", "dead at")]  # fmt: skip
+    rows = [
+        (str(letter["id"]), letter["model"] or letter["subject"], letter["request_id"] or "(not a work item)",
+         letter["operation"] or "", str(letter["deliveries"]), letter["dead_at"])
+        for letter in letters
+    ]  # fmt: skip
+    return Listing("dead letters", columns, rows)
 
 
 @app.command()

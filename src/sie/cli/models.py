@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 import typer
@@ -28,10 +29,17 @@ def _settings_and_catalog() -> tuple[Settings, Catalog]:
 
 
 @app.command("list")
-def list_models() -> None:
-    """Print every servable model id with its outputs."""
+def list_models(
+    raw: Annotated[bool, typer.Option("--json", help="Print a JSON document: {models: [{id, outputs}]}.")] = False,
+) -> None:
+    """Print every servable model id with its outputs, one per line (tab-separated)."""
     _, catalog = _settings_and_catalog()
-    for model_id, entry in sorted(catalog.entries.items()):
+    entries = sorted(catalog.entries.items())
+    if raw:
+        models = [{"id": model_id, "outputs": list(entry.model.outputs)} for model_id, entry in entries]
+        typer.echo(json.dumps({"models": models}, indent=2))
+        return
+    for model_id, entry in entries:
         typer.echo(f"{model_id}\t{','.join(entry.model.outputs)}")
 
 

@@ -13,9 +13,9 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from sie.cli.control_http import echo_json, send_json, usage
+from sie.cli.listing import Column, Listing, note, plain, show
 
 app = typer.Typer(
     help="Show and retune how a pod places batches on its worker children.", no_args_is_help=True, add_completion=False
@@ -48,59 +48,48 @@ def status(
         echo_json(document)
         return
     console = Console()
-    console.print(
+    note(
         f"mode {document['mode']}, work basis {document['work_basis']}, "
-        f"routing {document['routing_policy']}, fill {document['fill_mode']}"
+        f"routing {document['routing_policy']}, fill {document['fill_mode']}",
+        console,
     )
-    console.print(_children_table(document["children"]))
-    console.print(_models_table(document["models"]))
+    show(_children_listing(document["children"]), console)
+    show(_models_listing(document["models"]), console)
     repacks = document["repacks"]
     last = repacks["last"]
     summary = f"repacks: {repacks['total']}"
     if last is not None:
         summary += f"; last by {last['trigger']}, moved {', '.join(last['moved']) or 'nothing'}"
-    console.print(summary)
+    note(summary, console)
 
 
-def _children_table(children: list[dict[str, Any]]) -> Table:
-    table = Table("worker", "device", "ready", title="children")
-    table.add_column("loaded", overflow="fold")
-    for header in ("inflight b/i/work", "compute s"):
-        table.add_column(header, justify="right")
+def _children_listing(children: list[dict[str, Any]]) -> Listing:
+    columns = [*plain("worker", "device", "ready"), Column("loaded", overflow="fold"),
+               Column("inflight b/i/work", justify="right"), Column("compute s", justify="right")]  # fmt: skip
+    rows = []
     for child in children:
         inflight = child["inflight"]
-        table.add_row(
-            child["name"],
-            child["device"],
-            "yes" if child["ready"] else "no",
-            "\n".join(child["loaded_models"]),
+        rows.append((
+            child["name"], child["device"], "yes" if child["ready"] else "no", "\n".join(child["loaded_models"]),
             f"{inflight['batches']}/{inflight['items']}/{inflight['work']:.3g}",
             f"{child['compute_seconds_total']:.1f}",
-        )
-    return table
+        ))  # fmt: skip
+    return Listing("children", columns, rows)
 
 
-def _models_table(models: list[dict[str, Any]]) -> Table:
-    table = Table(title="models")
-    table.add_column("model", overflow="fold", ratio=3)
-    table.add_column("replicas")
-    table.add_column("worker weight batches")
-    table.add_column("fill")
-    table.add_column("quantum", justify="right")
-    table.add_column("demand", justify="right")
+def _models_listing(models: list[dict[str, Any]]) -> Listing:
+    columns = [Column("model", overflow="fold", ratio=3), *plain("replicas", "worker weight batches", "fill"),
+               Column("quantum", justify="right"), Column("demand", justify="right")]  # fmt: skip
+    rows = []
     for model in models:
         workers = "\n".join(
             f"{replica['worker']} {replica['weight']:.2f} {replica['routed_batches']}" for replica in model["replicas"]
         )
-        table.add_row(
-            model["model"],
-            f"{len(model['replicas'])} of {model['replicas_setting']}",
-            workers,
-            f"{model['fill_mode']} x{model['fill_factor']:g}",
-            str(model["fill_quantum"]),
-            f"{model['demand']:.3g}",
-        )
-    return table
+        rows.append((
+            model["model"], f"{len(model['replicas'])} of {model['replicas_setting']}", workers,
+            f"{model['fill_mode']} x{model['fill_factor']:g}", str(model["fill_quantum"]), f"{model['demand']:.3g}",
+        ))  # fmt: skip
+    return Listing("models", columns, rows)
 
 
 @app.command("set-replicas")

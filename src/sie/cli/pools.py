@@ -1,7 +1,8 @@
 """`sie pools …`: the operator front end of a gateway's pools API (`/v1/pools`, seed 000 §16.3): logical pools that
 reserve worker capacity for one workload, leased for a TTL unless renewed.
 
-`list` and `get` read them (a table, or the raw JSON with `--json`); `create` leases one (`--gpu PROFILE=N` is the
+`list` and `get` read them (a table in a terminal, tab-separated lines otherwise, or the raw JSON with `--json`:
+`sie.cli.listing`); `create` leases one (`--gpu PROFILE=N` is the
 capacity it requires, at least one; `--gpu-cap PROFILE=N` caps how many workers of a profile it is assigned);
 `renew` extends its lease; `delete` drops it. `--gateway` is a gateway's base URL (default SIE_GATEWAY_URL, else
 http://127.0.0.1:8080); the token comes from `--token` or SIE_ADMIN_TOKEN. Exit codes: 0 done, 1 refused by the
@@ -16,9 +17,9 @@ from urllib.parse import quote
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from sie.cli.control_http import echo_json, send_json, usage
+from sie.cli.listing import Column, Listing, note, plain, show
 from sie.settings import Settings, SettingsError, load_settings
 
 app = typer.Typer(
@@ -86,26 +87,19 @@ def _workers(pool: dict[str, Any]) -> list[dict[str, Any]]:
     return list((pool.get("status") or {}).get("assigned_workers") or [])
 
 
-def _pools_table(pools: list[dict[str, Any]], title: str) -> Table:
-    table = Table(title=title)
-    table.add_column("name", overflow="fold")
-    for header in ("state", "queue pool", "gpus", "caps", "bundle", "workers", "min", "expires"):
-        table.add_column(header)
+def _pools_listing(pools: list[dict[str, Any]], title: str) -> Listing:
+    columns = [Column("name", overflow="fold"), *plain("state", "queue pool", "gpus", "caps", "bundle", "workers",
+                                                           "min", "expires")]  # fmt: skip
+    rows = []
     for pool in pools:
         spec, status = pool.get("spec") or {}, pool.get("status") or {}
         name = spec.get("name", "?") + (" (protected)" if pool.get("protected") else "")
-        table.add_row(
-            name,
-            status.get("state", ""),
-            spec.get("queue_pool", "default"),
-            _counts(spec.get("gpus")),
-            _counts(spec.get("gpu_caps")),
-            spec.get("bundle") or "any",
-            str(len(_workers(pool))),
-            str(spec.get("minimum_worker_count", 0)),
-            _time(status.get("expires_at")),
-        )
-    return table
+        rows.append((
+            name, status.get("state", ""), spec.get("queue_pool", "default"), _counts(spec.get("gpus")),
+            _counts(spec.get("gpu_caps")), spec.get("bundle") or "any", str(len(_workers(pool))),
+            str(spec.get("minimum_worker_count", 0)), _time(status.get("expires_at")),
+        ))  # fmt: skip
+    return Listing(title, columns, rows)
 
 
 def _time(unix_s: object) -> str:
@@ -115,24 +109,24 @@ def _time(unix_s: object) -> str:
     return str(unix_s) if unix_s else "never"
 
 
-def _workers_table(pool: dict[str, Any]) -> Table:
-    table = Table("worker", "machine profile", "bundle", "gpus", title="assigned workers")
+def _workers_listing(pool: dict[str, Any]) -> Listing:
+    rows = []
     for worker in _workers(pool):
         profile = worker.get("machine_profile") or worker.get("gpu") or ""
-        table.add_row(worker.get("name", "?"), profile, worker.get("bundle") or "", str(worker.get("gpus", "")))
-    return table
+        rows.append((worker.get("name", "?"), profile, worker.get("bundle") or "", str(worker.get("gpus", ""))))
+    return Listing("assigned workers", plain("worker", "machine profile", "bundle", "gpus"), rows)
 
 
 def _show(pool: dict[str, Any]) -> None:
     console = Console()
-    console.print(_pools_table([pool], "pool"))
+    show(_pools_listing([pool], "pool"), console)
     pinned = (pool.get("spec") or {}).get("pinned_models") or []
     if pinned:
-        console.print(f"pinned models: {', '.join(pinned)}")
+        note(f"pinned models: {', '.join(pinned)}", console)
     if _workers(pool):
-        console.print(_workers_table(pool))
+        show(_workers_listing(pool), console)
     else:
-        console.print("no workers assigned yet")
+        note("no workers assigned yet", console)
 
 
 @app.command("list")
@@ -142,7 +136,7 @@ def list_pools(raw: JsonOption = False, gateway: GatewayOption = None, token: To
     if raw:
         echo_json(document)
         return
-    Console().print(_pools_table(document.get("pools") or [], "pools"))
+    show(_pools_listing(document.get("pools") or [], "pools"))
 
 
 @app.command()
