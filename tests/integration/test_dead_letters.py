@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 
 from launcher import NatsServer, free_port
@@ -28,6 +29,8 @@ from sie.gateway.publisher import QueueConsumers
 from sie.settings import BatchingSettings, GatewaySettings, LaneSettings, StreamSettings
 from sie.settings.messaging import NatsSettings
 from sie.sidecar import Sidecar, SidecarConfig
+from sie.telemetry.gateway import StoreMetrics
+from sie.telemetry.metrics import Telemetry
 from sie.transport.base import Lane, LaneConsumer, Transport
 from sie.transport.loopback import LoopbackTransport
 from sie.transport.nats import NatsTransport
@@ -114,12 +117,13 @@ def _nats(server: NatsServer) -> NatsTransport:
 async def test_two_gateways_keep_dead_work_once_and_operators_replay_and_purge_it(
     nats_server: NatsServer, lane: Lane, baseline_catalog: Catalog
 ) -> None:
+    telemetry_a, telemetry_b = Telemetry(), Telemetry()
     async with (
         _nats(nats_server) as sidecar,
         _nats(nats_server) as gateway_a,
         _nats(nats_server) as gateway_b,
-        DeadLetterQueue(gateway_a, REPLAY_TIMEOUT_S) as queue_a,
-        DeadLetterQueue(gateway_b, REPLAY_TIMEOUT_S) as queue_b,
+        DeadLetterQueue(gateway_a, REPLAY_TIMEOUT_S, metrics=StoreMetrics(telemetry_a)) as queue_a,
+        DeadLetterQueue(gateway_b, REPLAY_TIMEOUT_S, metrics=StoreMetrics(telemetry_b)) as queue_b,
         gateway_http(baseline_catalog, gateway_a, queue_a) as client,
     ):
         consumer = await sidecar.consumer(lane)
@@ -159,6 +163,17 @@ async def test_two_gateways_keep_dead_work_once_and_operators_replay_and_purge_i
         purged = await client.post("/v1/dlq/purge")
         assert purged.status_code == 200 and purged.json()["purged"] >= 1
         assert (await client.get("/v1/dlq")).json() == {"dead_letters": [], "next_after": None}
+        # the operator's verbs ran on gateway a; the captures were shared by the two replicas
+        events_a, events_b = dead_letter_events(telemetry_a), dead_letter_events(telemetry_b)
+        assert events_a.get("captured", 0) + events_b.get("captured", 0) == 2
+        assert events_a["replayed"] == 1 and events_a["purged"] == purged.json()["purged"]
+
+
+def dead_letter_events(telemetry: Telemetry) -> dict[str, float]:
+    """`sie_gateway_dead_letters_total` by event, as a scrape shows it."""
+    text = telemetry.prometheus_text().decode()
+    return {sample.labels["event"]: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name == "sie_gateway_dead_letters_total"}  # fmt: skip
 
 
 async def test_with_an_admin_token_the_dead_letters_need_it(nats_server: NatsServer, baseline_catalog: Catalog) -> None:

@@ -8,10 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from sie.gateway.errors import PayloadTooLargeError
 from sie.gateway.offload import WORK_ITEM_HEADROOM_BYTES, PayloadOffload, size_bound
 from sie.stores.payload_store import PayloadStore
+from sie.telemetry.gateway import StoreMetrics
+from sie.telemetry.metrics import Telemetry
 from sie.wire import packb, unpackb
 from sie.wire.offload import payload_ref, restored
 from sie.wire.queue import WorkItem
@@ -47,10 +50,18 @@ def store(tmp_path: Path) -> PayloadStore:
     return PayloadStore(str(tmp_path / "payloads"))
 
 
+def offloads(telemetry: Telemetry) -> dict[str, float]:
+    """`sie_gateway_payload_offloads_total` by outcome, as a scrape shows it."""
+    text = telemetry.prometheus_text().decode()
+    return {sample.labels["outcome"]: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name == "sie_gateway_payload_offloads_total"}  # fmt: skip
+
+
 async def test_items_over_the_inline_limit_go_through_the_store_and_are_deleted_when_the_request_ends(
     store: PayloadStore,
 ) -> None:
-    offload = PayloadOffload(store, lambda: BROKER_LIMIT, inline_limit_bytes=10_000)
+    telemetry = Telemetry()
+    offload = PayloadOffload(store, lambda: BROKER_LIMIT, inline_limit_bytes=10_000, metrics=StoreMetrics(telemetry))
     small = work(0, item={"text": "short"})
     large = work(1, item={"text": "é" * 8000})  # 16,000 bytes of UTF-8
     hooks = Hooks()
@@ -60,9 +71,11 @@ async def test_items_over_the_inline_limit_go_through_the_store_and_are_deleted_
     stored = await store.get("gw-3_1.bin", max_bytes=1 << 20)
     assert restored(published[1], stored) == large
     assert not await store.exists("gw-3_0.bin")
+    assert offloads(telemetry) == {"stored": 1.0}
     hooks.close()  # the request ended: the delete runs detached, and the role's shutdown awaits it
     await offload.aclose()
     assert not await store.exists("gw-3_1.bin")
+    assert offloads(telemetry) == {"stored": 1.0, "deleted": 1.0}
 
 
 async def test_a_score_request_stores_its_query_and_candidates_together(store: PayloadStore) -> None:
@@ -87,12 +100,14 @@ async def test_the_broker_limit_lowers_the_inline_limit(store: PayloadStore) -> 
 
 
 async def test_without_a_store_what_fits_the_broker_goes_inline_and_the_rest_is_refused() -> None:
-    offload = PayloadOffload(None, lambda: BROKER_LIMIT, inline_limit_bytes=1000)
+    telemetry = Telemetry()
+    offload = PayloadOffload(None, lambda: BROKER_LIMIT, inline_limit_bytes=1000, metrics=StoreMetrics(telemetry))
     fits = work(0, item={"text": "y" * 30_000})  # over the inline limit, under the broker's
     assert await offload.prepare([fits], Hooks()) == [fits]
     with pytest.raises(PayloadTooLargeError, match="SIE_PAYLOAD_STORE_URL") as caught:
         await offload.prepare([fits, work(1, item={"text": "z" * BROKER_LIMIT})], Hooks())
     assert caught.value.code == "PAYLOAD_TOO_LARGE" and "Item 1" in caught.value.message
+    assert offloads(telemetry) == {"refused": 1.0}
 
 
 async def test_a_transport_without_a_limit_never_offloads(store: PayloadStore) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from sie.sidecar.abandonment import Abandonment, Tombstones
 from sie.sidecar.admission import Admission
@@ -14,6 +15,8 @@ from sie.sidecar.payloads import PayloadResolver
 from sie.sidecar.settlement import Settler
 from sie.sidecar.work import Work
 from sie.stores.payload_store import PayloadStore
+from sie.telemetry.metrics import Telemetry
+from sie.telemetry.sidecar import SidecarMetrics
 from sie.wire import codes
 from sie.wire.offload import offloaded, packed_payload, payload_key
 from sie.wire.queue import WorkItem, WorkResult
@@ -46,12 +49,20 @@ class Stage:
     """A resolver over a local store, settling through a real Settler into a recording bus."""
 
     def __init__(self, store: PayloadStore | None, max_bytes: int = 1 << 20) -> None:
+        self.telemetry = Telemetry()
         self.log: list = []
         self.bus = Bus(self.log)
         self.admission = Admission(100)
         self.tombstones = Tombstones(60.0)
         settler = Settler(self.bus, self.admission, Abandonment(self.tombstones))
-        self.resolver = PayloadResolver(store, settler.live, settler.reply, "w-9", max_bytes)
+        metrics = SidecarMetrics(self.telemetry)
+        self.resolver = PayloadResolver(store, settler.live, settler.reply, "w-9", max_bytes, metrics)
+
+    def fetches(self) -> dict[str, float]:
+        """`sie_worker_payload_fetches_total` by outcome, as a scrape shows it."""
+        text = self.telemetry.prometheus_text().decode()
+        return {sample.labels["outcome"]: sample.value for family in text_string_to_metric_families(text)
+                for sample in family.samples if sample.name == "sie_worker_payload_fetches_total"}  # fmt: skip
 
     def works(self, *items: WorkItem) -> list[Work]:
         works = [Work(RecordingDelivery(entry, self.log, "sie.work.default.default.default.m"), 0.0) for entry in items]
@@ -77,7 +88,7 @@ async def test_offloaded_payloads_are_put_back_and_inline_items_are_untouched(st
     works = stage.works(await offload(store, encode), await offload(store, score), inline)
     resolved = await stage.resolver.resolve(works)
     assert [work.item for work in resolved] == [encode, score, inline]
-    assert stage.log == [] and stage.resolver.fetched == 2
+    assert stage.log == [] and stage.resolver.fetched == 2 and stage.fetches() == {"fetched": 2.0}
     assert await store.exists(payload_key(encode))  # the gateway deletes its keys, not the sidecar
 
 
@@ -100,6 +111,8 @@ async def test_a_failed_fetch_answers_its_item_and_acks_it(store: PayloadStore, 
     assert answer.work_item_id == "gw-2.1" and not answer.success and answer.error_code == code
     assert stage.log == [("publish", "gw-2.1"), ("flush",), ("ack", "gw-2.1")]  # answered once, never NAKed
     assert stage.admission.total == 1
+    outcome = {"missing": "missing", "too_large": "over_limit", "garbage": "malformed"}[prepare]
+    assert stage.fetches() == {"fetched": 1.0, outcome: 1.0}
 
 
 async def test_a_worker_without_a_store_answers_offloaded_items_with_an_error_naming_the_setting() -> None:
@@ -107,6 +120,7 @@ async def test_a_worker_without_a_store_answers_offloaded_items_with_an_error_na
     works = stage.works(offloaded(item(0, item={"text": "t"}), "gw-2_0.bin"))
     assert await stage.resolver.resolve(works) == []
     assert "SIE_PAYLOAD_STORE_URL" in stage.bus.results[0].error
+    assert stage.fetches() == {"no_store": 1.0}
 
 
 async def test_work_cancelled_while_its_payload_was_read_is_dropped_unanswered(store: PayloadStore) -> None:

@@ -28,6 +28,7 @@ import attrs
 from sie.catalog.names import MAX_DELIVERIES_ADVISORY, reply_subject
 from sie.gateway.errors import InvalidRequestError, NotFoundError, QueueUnavailableError
 from sie.gateway.publisher import publish_error
+from sie.telemetry.gateway import DeadLetterEvent, StoreMetrics
 from sie.transport.base import (
     DeadLetter,
     MaxDeliveriesAdvisory,
@@ -77,8 +78,15 @@ class DeadLetterQueue:
     the letters this gateway stored, `capture_failures` the advised work it could not move.
     """
 
-    def __init__(self, transport: Transport, replay_timeout_s: float, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        replay_timeout_s: float,
+        clock: Callable[[], float] = time.time,
+        metrics: StoreMetrics | None = None,
+    ) -> None:
         self._transport = transport
+        self._metrics = metrics
         self._store = transport.dead_letters()
         self._replay_timeout_s = replay_timeout_s
         self._clock = clock
@@ -140,6 +148,7 @@ class DeadLetterQueue:
         with _store_errors():
             await self._store.delete(letter_id)
         logger.info("dead letter %d replayed as request %s on %s", letter_id, item.request_id, letter.subject)
+        self._count(DeadLetterEvent.REPLAYED)
         return Replayed(letter, item)
 
     async def delete(self, letter_id: int) -> None:
@@ -148,12 +157,14 @@ class DeadLetterQueue:
             deleted = await self._store.delete(letter_id)
         if not deleted:
             raise NotFoundError(f"No dead letter {letter_id}")
+        self._count(DeadLetterEvent.DELETED)
 
     async def purge(self) -> int:
         """Remove every letter; returns how many there were."""
         with _store_errors():
             purged = await self._store.purge()
         logger.info("purged %d dead letters", purged)
+        self._count(DeadLetterEvent.PURGED, purged)
         return purged
 
     # capture
@@ -167,6 +178,7 @@ class DeadLetterQueue:
             letter = await self._store.capture(advisory)
         except TransportError as exc:
             self.capture_failures += 1
+            self._count(DeadLetterEvent.CAPTURE_FAILED)
             logger.warning(
                 "work %s #%d used all %d deliveries but was not moved to the dead letters: %s",
                 advisory.stream, advisory.stream_seq, advisory.deliveries, exc,
@@ -176,7 +188,12 @@ class DeadLetterQueue:
             self.advisories += 1
         if letter is not None:
             self.captured += 1
+            self._count(DeadLetterEvent.CAPTURED)
             _log_letter(letter)
+
+    def _count(self, event: DeadLetterEvent, count: int = 1) -> None:
+        if self._metrics is not None and count:
+            self._metrics.dead_letter(event, count)
 
     async def _subscribe(self) -> bool:
         try:

@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from sie.gateway.errors import PayloadTooLargeError, QueueUnavailableError
 from sie.stores.payload_store import PayloadStore, PayloadStoreError
+from sie.telemetry.gateway import OffloadOutcome, StoreMetrics
 from sie.wire.offload import inline_payload, offloaded, packed_payload, payload_key
 from sie.wire.queue import OPERATION_SCORE, WorkItem
 
@@ -62,8 +63,10 @@ class PayloadOffload:
         store: PayloadStore | None,
         max_payload: MaxPayload,
         inline_limit_bytes: int = DEFAULT_INLINE_LIMIT_BYTES,
+        metrics: StoreMetrics | None = None,
     ) -> None:
         self._store = store
+        self._metrics = metrics
         self._max_payload = max_payload
         self._inline_limit = inline_limit_bytes
         self._deletes: set[asyncio.Task[None]] = set()
@@ -95,6 +98,7 @@ class PayloadOffload:
             return list(items)
         if self._store is None:
             position = next(iter(moved))
+            self._count(OffloadOutcome.REFUSED, len(moved))
             raise PayloadTooLargeError(
                 f"{_what(items[position])} is {len(moved[position])} bytes encoded, more than the {limit} bytes a "
                 f"work item may carry on the broker; set {STORE_SETTING} to offload large items"
@@ -102,6 +106,7 @@ class PayloadOffload:
         keys = {position: payload_key(items[position]) for position in moved}
         on_close(lambda: self.discard(list(keys.values())))
         await self._write(self._store, [(keys[position], data) for position, data in moved.items()])
+        self._count(OffloadOutcome.STORED, len(moved))
         return [offloaded(item, keys[position]) if position in keys else item for position, item in enumerate(items)]
 
     def discard(self, keys: list[str]) -> None:
@@ -110,6 +115,7 @@ class PayloadOffload:
             return
         if len(self._deletes) >= MAX_PENDING_DELETES:
             logger.warning("payload cleanup is saturated; leaving %d offloaded payloads behind", len(keys))
+            self._count(OffloadOutcome.DELETE_FAILED, len(keys))
             return
         task = asyncio.get_running_loop().create_task(self._delete(self._store, keys))
         self._deletes.add(task)
@@ -124,6 +130,7 @@ class PayloadOffload:
         failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
         if not failures:
             return
+        self._count(OffloadOutcome.STORE_FAILED, len(entries))
         error = failures[0]
         if not isinstance(error, PayloadStoreError):
             raise error
@@ -134,3 +141,10 @@ class PayloadOffload:
         for key, outcome in zip(keys, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 logger.warning("deleting offloaded payload %s failed: %s", key, outcome)
+        failed = sum(1 for outcome in outcomes if isinstance(outcome, BaseException))
+        self._count(OffloadOutcome.DELETE_FAILED, failed)
+        self._count(OffloadOutcome.DELETED, len(keys) - failed)
+
+    def _count(self, outcome: OffloadOutcome, count: int) -> None:
+        if self._metrics is not None and count:
+            self._metrics.offload(outcome, count)

@@ -26,6 +26,7 @@ from sie.settings.gateway import LOOPBACK_HOST
 from sie.sidecar import Sidecar, WorkerHooks
 from sie.sidecar.pod.children import LocalChildren
 from sie.sidecar.pod.fleet import WorkerFleet
+from sie.telemetry.gateway import StoreMetrics
 from sie.telemetry.sidecar import SidecarMetrics
 from sie.transport.loopback import LoopbackTransport
 
@@ -41,7 +42,10 @@ async def serve_all(settings: Settings) -> None:
         fleet = await stack.enter_async_context(WorkerFleet.from_settings(children, settings.placement))
         telemetry.register(PlacementCollector(fleet.snapshot))
         transport = await stack.enter_async_context(LoopbackTransport(settings.stream))
-        dead_letters = await stack.enter_async_context(DeadLetterQueue(transport, settings.gateway.request_timeout_s))
+        stores = StoreMetrics(telemetry) if telemetry.enabled else None
+        dead_letters = await stack.enter_async_context(
+            DeadLetterQueue(transport, settings.gateway.request_timeout_s, metrics=stores)
+        )
         sidecar_metrics = SidecarMetrics(telemetry) if telemetry.enabled else None
         sidecar = await stack.enter_async_context(
             Sidecar.from_settings(transport, fleet, settings, WorkerHooks(replicas=fleet.replicas), tracing,

@@ -25,6 +25,7 @@ from sie.runtime import freeze_startup_heap
 from sie.settings import Settings
 from sie.settings.gateway import CONTAINER_HOST
 from sie.stores.payload_store import open_payload_store
+from sie.telemetry.gateway import StoreMetrics
 from sie.transport.nats import POOL_BUCKET, NatsTransport
 from sie.transport.reconnecting import ReconnectingTransport
 
@@ -48,10 +49,13 @@ async def serve_gateway(settings: Settings) -> None:
             )
         )
         await stack.enter_async_context(ConfigSync(state, transport, settings.config_sync, settings.auth.admin_token))
-        dead_letters = await stack.enter_async_context(DeadLetterQueue(transport, settings.gateway.request_timeout_s))
+        stores = StoreMetrics(telemetry) if telemetry.enabled else None
+        dead_letters = await stack.enter_async_context(
+            DeadLetterQueue(transport, settings.gateway.request_timeout_s, metrics=stores)
+        )
         payloads = settings.payloads  # the broker's max_payload is known once connected
         offload = PayloadOffload(
-            open_payload_store(payloads.store_url), lambda: transport.max_payload, payloads.inline_limit_bytes
+            open_payload_store(payloads.store_url), lambda: transport.max_payload, payloads.inline_limit_bytes, stores
         )
         stack.push_async_callback(offload.aclose)  # pending deletes finish before the transport closes
         auth = await stack.enter_async_context(GatewayAuth.from_settings(settings.auth))

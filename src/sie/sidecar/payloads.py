@@ -16,6 +16,7 @@ from typing import Final
 from sie.sidecar.results import error_result
 from sie.sidecar.work import Work
 from sie.stores.payload_store import PayloadNotFoundError, PayloadOverLimitError, PayloadStore, PayloadStoreError
+from sie.telemetry.sidecar import FetchOutcome, SidecarMetrics
 from sie.wire import DecodeError, codes
 from sie.wire.offload import payload_ref, restored
 from sie.wire.queue import WorkResult
@@ -40,8 +41,10 @@ class PayloadResolver:
         reply: Reply,
         worker_id: str,
         max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
+        metrics: SidecarMetrics | None = None,
     ) -> None:
         self._store = store
+        self._metrics = metrics
         self._live = live
         self._reply = reply
         self._worker_id = worker_id
@@ -68,23 +71,30 @@ class PayloadResolver:
         key = payload_ref(item) or ""
         if self._store is None:
             reason = f"the item's payload was offloaded, but this worker has no {STORE_SETTING}"
-            return self._failure(work, codes.INTERNAL_ERROR, reason)
+            return self._failure(work, FetchOutcome.NO_STORE, codes.INTERNAL_ERROR, reason)
         try:
             data = await self._store.get(key, self._max_bytes)
             work.item = restored(item, data)
         except PayloadOverLimitError:
-            return self._failure(work, codes.PAYLOAD_TOO_LARGE,
+            return self._failure(work, FetchOutcome.OVER_LIMIT, codes.PAYLOAD_TOO_LARGE,
                                  f"the offloaded payload is over the {self._max_bytes}-byte fetch limit")  # fmt: skip
         except PayloadNotFoundError:
-            return self._failure(work, codes.INTERNAL_ERROR, "the offloaded payload is gone from the payload store")
+            return self._failure(work, FetchOutcome.MISSING, codes.INTERNAL_ERROR,
+                                 "the offloaded payload is gone from the payload store")  # fmt: skip
         except PayloadStoreError as exc:
             logger.warning("fetching the payload of %s failed: %s", item.work_item_id, exc)
-            return self._failure(work, codes.INTERNAL_ERROR, "the payload store could not be read")
+            return self._failure(work, FetchOutcome.STORE_ERROR, codes.INTERNAL_ERROR,
+                                 "the payload store could not be read")  # fmt: skip
         except DecodeError as exc:
             logger.warning("the payload of %s is malformed: %s", item.work_item_id, exc)
-            return self._failure(work, codes.INTERNAL_ERROR, "the offloaded payload is malformed")
+            return self._failure(work, FetchOutcome.MALFORMED, codes.INTERNAL_ERROR,
+                                 "the offloaded payload is malformed")  # fmt: skip
         self.fetched += 1
+        if self._metrics is not None:
+            self._metrics.payload_fetch(FetchOutcome.FETCHED)
         return None
 
-    def _failure(self, work: Work, code: str, message: str) -> WorkResult:
+    def _failure(self, work: Work, outcome: FetchOutcome, code: str, message: str) -> WorkResult:
+        if self._metrics is not None:
+            self._metrics.payload_fetch(outcome)
         return error_result(work.item, code, message[:1].upper() + message[1:], self._worker_id)

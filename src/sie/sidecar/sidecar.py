@@ -179,8 +179,9 @@ def build_pipeline(
     generations = Generations(worker, settler, abandonment, config.worker_id, stream.nak_delay_s)
     readiness = Readiness(worker, settler, models, GenerateSplit(generations, ready), readiness_options)
     payloads = PayloadResolver(
-        config.payload_store, settler.live, settler.reply, config.worker_id, config.payload_fetch_max_bytes
-    )
+        config.payload_store, settler.live, settler.reply, config.worker_id, config.payload_fetch_max_bytes,
+        config.metrics,
+    )  # fmt: skip
 
     async def preparation_failed(works: list[Work]) -> None:
         await settler.reply([(work, preparation_failed_result(work.item, config.worker_id)) for work in works])

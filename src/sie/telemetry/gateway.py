@@ -168,5 +168,42 @@ class GatewayMetrics:
         return [Observation(floor, _lane_labels(lane)) for lane, floor in self._lanes.warm_floors().items()]
 
 
+class OffloadOutcome(enum.StrEnum):
+    """What became of a work item's payload too large for a broker message, and of its stored copy."""
+
+    STORED = "stored"  # written to the payload store; the item travels by reference
+    REFUSED = "refused"  # no store configured: the request got 413
+    STORE_FAILED = "store_failed"  # the store could not be written: the request got 503
+    DELETED = "deleted"  # removed once nobody waited for the request any more
+    DELETE_FAILED = "delete_failed"  # left behind (a store lifecycle rule reclaims it)
+
+
+class DeadLetterEvent(enum.StrEnum):
+    """What happened to dead work (seed 000 §8.3)."""
+
+    CAPTURED = "captured"  # work that used all its deliveries, stored as a dead letter
+    CAPTURE_FAILED = "capture_failed"  # advised dead work that could not be moved
+    REPLAYED = "replayed"
+    DELETED = "deleted"
+    PURGED = "purged"
+
+
+class StoreMetrics:
+    """The gateway's payload offloads (`sie.gateway.payload.offloads` by outcome) and dead letters
+    (`sie.gateway.dead_letters` by event): counts the components that move work through a store add to."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        meter = telemetry.meter
+        self._offloads = Tally(meter, "sie.gateway.payload.offloads", "{item}",
+                               "Work item payloads over a broker message, by outcome.", ("outcome",))  # fmt: skip
+        self._letters = Tally(meter, "sie.gateway.dead_letters", "{letter}", "Dead letters by event.", ("event",))
+
+    def offload(self, outcome: OffloadOutcome, count: int = 1) -> None:
+        self._offloads.add((outcome.value,), count)
+
+    def dead_letter(self, event: DeadLetterEvent, count: int = 1) -> None:
+        self._letters.add((event.value,), count)
+
+
 def _lane_labels(lane: LaneKey) -> dict[str, str]:
     return dict(zip(_LANE_LABELS, lane, strict=True))

@@ -62,6 +62,17 @@ class BatchRecord:
     inference_s: float | None  # the worker's model time for the batch (None: the call failed)
 
 
+class FetchOutcome(enum.StrEnum):
+    """What became of reading an offloaded payload back (`PayloadResolver`)."""
+
+    FETCHED = "fetched"
+    OVER_LIMIT = "over_limit"  # over SIE_PAYLOAD_FETCH_MAX_BYTES
+    MISSING = "missing"  # gone from the store
+    STORE_ERROR = "store_error"
+    MALFORMED = "malformed"
+    NO_STORE = "no_store"  # this worker has no payload store configured
+
+
 class SidecarMetrics:
     """Batches, admission, IPC and result transport of one sidecar (or of the `all` role's)."""
 
@@ -71,6 +82,9 @@ class SidecarMetrics:
         # Batches by model and whether the RunBatch call came back (`ok`; items may still fail one by one) or
         # failed whole (its items NAKed): the dispatch rate and the IPC failures.
         self._batches = Tally(meter, "sie.worker.batches", "{batch}", "RunBatch calls by result.", ("model", "result"))
+        # Offloaded payloads read back from the payload store, by outcome (fetched, or why not).
+        self._payload_fetches = Tally(meter, "sie.worker.payload.fetches", "{item}",
+                                      "Offloaded payloads read back, by outcome.", ("outcome",))  # fmt: skip
         # How deep batches are in the unit the budget counts (SIE_MAX_BATCH_TOKENS): padding shows here.
         self._tokens = _histogram(
             telemetry, "sie.worker.batch.tokens", "{token}", "Padded tokens per batch.", TOKEN_BUCKETS
@@ -123,6 +137,9 @@ class SidecarMetrics:
         self._round_trip.record(record.round_trip_s, labels)
         if record.inference_s is not None:
             self._inference.record(record.inference_s, labels)
+
+    def payload_fetch(self, outcome: FetchOutcome) -> None:
+        self._payload_fetches.add((outcome.value,))
 
     def admission(self, decision: Admission, items: int) -> None:
         if items:
