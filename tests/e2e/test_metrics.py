@@ -52,6 +52,8 @@ def test_prometheus_sees_the_gateway_and_sidecar_series_move_under_traffic(clust
         _rises_to(server, batches, batches_before + 1, cluster.logs())
         admitted = 'sie_gateway_admission_decisions_total{job="gateway",decision="admitted"}'
         _rises_to(server, admitted, requests_before + 5, cluster.logs())
+        stored = 'sie_gateway_publish_acks_total{job="gateway",outcome="stored"}'  # the drained publish ACKs
+        _rises_to(server, stored, requests_before + 5, cluster.logs())
         latency = f'sie_gateway_request_duration_seconds_count{{job="gateway",route="{ENCODE_ROUTE}"}}'
         _rises_to(server, latency, requests_before + 5, cluster.logs())
         # The worker child's own series, fetched by the sidecar over IPC and labelled with its name and device.

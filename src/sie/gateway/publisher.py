@@ -251,13 +251,25 @@ class WorkPublisher:
                 logger.debug("direct dispatch on %s refused (%s); publishing on %s", direct_subject, exc, subject)
             else:
                 self._demand.clear(_key(lane))
+                self._count_ack(stored)
                 return stored
         try:
             stored = await self._queue.submit_work_batch(subject, items)
         except TransportError as exc:
             raise publish_error(exc, subject) from exc
         self._demand.clear(_key(lane))
+        if self._metrics is not None:
+            stored.add_done_callback(self._count_ack)
         return stored
+
+    def _count_ack(self, stored: asyncio.Future[None]) -> None:
+        """Count the stream's answer to one request's published work (`sie_gateway_publish_acks_total`)."""
+        if self._metrics is None:
+            return
+        if stored.cancelled():
+            self._metrics.publish_ack("cancelled")
+        else:
+            self._metrics.publish_ack("refused" if stored.exception() is not None else "stored")
 
     def abandon(self, request_id: str) -> None:
         """Announce on `work_cancel.{router_id}.{request_id}` (NATS core, best effort) that nobody waits for the

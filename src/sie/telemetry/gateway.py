@@ -99,6 +99,11 @@ class GatewayMetrics:
         self._admission = Tally(
             meter, "sie.gateway.admission.decisions", "{request}", "Admission decisions by outcome.", ("decision",)
         )
+        # The stream's answer to each request's published work (seed 000 §8.2: sent without waiting, the ACKs drained
+        # in the background): stored, refused (the request failed with the refusal) or cancelled (it ended first).
+        self._publish_acks = Tally(
+            meter, "sie.gateway.publish.acks", "{request}", "Published work by the stream's answer.", ("outcome",)
+        )
         self._lane_admission = Tally(
             meter,
             "sie.gateway.lane.admission.decisions",
@@ -143,6 +148,9 @@ class GatewayMetrics:
 
     def admission(self, decision: AdmissionDecision) -> None:
         self._admission.add((decision.value,))
+
+    def publish_ack(self, outcome: str) -> None:
+        self._publish_acks.add((outcome,))
 
     def lane_admission(self, lane: LaneKey, decision: LaneDecision) -> None:
         self._lane_admission.add((*lane, decision.value))
