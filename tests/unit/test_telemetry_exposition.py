@@ -164,3 +164,20 @@ async def test_admission_decisions_count(decision: str) -> None:
     metrics.admission(AdmissionDecision(decision))
     found = parse(telemetry.prometheus_text().decode())
     assert found[("sie_gateway_admission_decisions_total", frozenset({("decision", decision)}))] == 1.0
+
+
+def test_result_chunk_reservations_and_rejections_are_reported() -> None:
+    from sie.gateway.result_chunks import GLOBAL_BUDGET, ChunkBudget, ChunkTransferError
+
+    telemetry = Telemetry()
+    metrics = GatewayMetrics(telemetry, ModelLabels())
+    budget = ChunkBudget(limit_bytes=1000)
+    metrics.watch_result_chunks(budget)
+    budget.reserve(600)
+    with pytest.raises(ChunkTransferError):
+        budget.reserve(600)
+    found = parse(telemetry.prometheus_text().decode())
+    assert found[("sie_gateway_result_chunks_reserved_bytes", frozenset())] == 600.0
+    assert found[("sie_gateway_result_chunks_rejections_total", frozenset({("reason", GLOBAL_BUDGET)}))] == 1.0
+    budget.release(600)
+    assert parse(telemetry.prometheus_text().decode())[("sie_gateway_result_chunks_reserved_bytes", frozenset())] == 0

@@ -71,6 +71,13 @@ class _NoLanes:
         return {}
 
 
+class ChunkBudgetView(Protocol):
+    """What the result-chunk reservation exposes (`sie.gateway.result_chunks.ChunkBudget`)."""
+
+    reserved_bytes: int
+    rejections: Mapping[str, int]
+
+
 class GatewayMetrics:
     """HTTP requests (`http`, recorded by its middleware), admission decisions, and the per-lane values of `lanes`;
     `models` bounds the model label to the catalogue."""
@@ -82,7 +89,7 @@ class GatewayMetrics:
         lanes: LaneValues | None = None,
         routing_reason: Callable[[], str | None] | None = None,
     ) -> None:
-        meter = telemetry.meter
+        meter = self._meter = telemetry.meter
         self.http = HttpMetrics(telemetry, "sie.gateway", models)
         self._lanes = lanes or _NoLanes()
         self._routing_reason = routing_reason or (lambda: None)
@@ -148,6 +155,23 @@ class GatewayMetrics:
 
     def admission(self, decision: AdmissionDecision) -> None:
         self._admission.add((decision.value,))
+
+    def watch_result_chunks(self, budget: ChunkBudgetView) -> None:
+        """Report the result-chunk reservation `budget` at collection time (seed 000 §16.2): the bytes reserved for
+        transfers in progress and the transfers refused by reason (the gateway-wide or the per-request limit)."""
+        self._meter.create_observable_gauge(
+            "sie.gateway.result_chunks.reserved",
+            callbacks=[lambda options: [Observation(budget.reserved_bytes)]],
+            unit="By",
+            description="Bytes reserved for result-chunk transfers in progress.",
+        )
+        self._meter.create_observable_counter(
+            "sie.gateway.result_chunks.rejections",
+            callbacks=[lambda options: [Observation(count, {"reason": reason})
+                                        for reason, count in list(budget.rejections.items())]],
+            unit="{transfer}",
+            description="Result-chunk transfers refused for want of reservation, by the limit they met.",
+        )  # fmt: skip
 
     def publish_ack(self, outcome: str) -> None:
         self._publish_acks.add((outcome,))

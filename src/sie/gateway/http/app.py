@@ -126,6 +126,8 @@ def build_gateway_app(  # noqa: PLR0913 - the sources, the settings, and what ea
     pool_settings = pool_settings or PoolSettings()
     serving = ServingState()
     collector = Collector(sources.transport, router_id)
+    if sources.metrics is not None:
+        sources.metrics.watch_result_chunks(collector.chunk_budget)
     own_pools = sources.pools is None
     pools = sources.pools or PoolDirectory(
         MemoryPoolStore(),
