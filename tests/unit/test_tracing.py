@@ -119,3 +119,35 @@ def test_the_sample_ratio_is_a_share() -> None:
     assert load_settings({"SIE_TRACING_SAMPLE_RATIO": "0.05"}).tracing.sample_ratio == 0.05
     with pytest.raises(ValueError, match="SIE_TRACING_SAMPLE_RATIO"):
         load_settings({"SIE_TRACING_SAMPLE_RATIO": "1.5"})
+
+
+def test_the_otel_sampler_variables_choose_the_sampler() -> None:
+    """OTEL_TRACES_SAMPLER names the spec's samplers; OTEL_TRACES_SAMPLER_ARG is the ratio, over
+    SIE_TRACING_SAMPLE_RATIO; an unknown sampler is refused naming the variable."""
+    from opentelemetry.sdk.trace.sampling import Decision
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
+
+    from sie.telemetry.tracing import build_sampler, sample_ratio
+
+    settings = load_settings({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25",
+                              "SIE_TRACING_SAMPLE_RATIO": "0.9"}).tracing  # fmt: skip
+    assert (settings.sampler, sample_ratio(settings)) == ("traceidratio", 0.25)
+    assert sample_ratio(load_settings({"SIE_TRACING_SAMPLE_RATIO": "0.9"}).tracing) == 0.9
+    with pytest.raises(ValueError, match="OTEL_TRACES_SAMPLER"):
+        load_settings({"OTEL_TRACES_SAMPLER": "jaeger_remote"})
+
+    def decision(name: str, ratio: float, trace_id: int, parent_sampled: bool | None = None) -> bool:
+        context = None
+        if parent_sampled is not None:
+            flags = TraceFlags(TraceFlags.SAMPLED if parent_sampled else TraceFlags.DEFAULT)
+            parent = SpanContext(trace_id, 1, is_remote=True, trace_flags=flags)
+            context = set_span_in_context(NonRecordingSpan(parent))
+        result = build_sampler(name, ratio).should_sample(context, trace_id, "span")
+        return result.decision == Decision.RECORD_AND_SAMPLE
+
+    low, high = 1, (1 << 128) - 1  # trace ids the ratio keeps and drops
+    assert decision("always_on", 0.0, high) and not decision("always_off", 1.0, low)
+    assert decision("traceidratio", 0.5, low) and not decision("traceidratio", 0.5, high)
+    assert decision("parentbased_always_off", 0.0, low, parent_sampled=True)  # the caller's decision stands
+    assert not decision("parentbased_always_on", 1.0, low, parent_sampled=False)
+    assert decision("always_on", 1.0, low, parent_sampled=False)  # not parent-based: records whatever the caller

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import attrs
 
-from sie.settings._parsers import boolean, http_url, number
+from sie.settings._parsers import boolean, choice, http_url, number
 from sie.settings._spec import Env, setting
+
+# The OpenTelemetry spec's sampler names this process builds (OTEL_TRACES_SAMPLER).
+SAMPLERS = ("always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off",
+            "parentbased_traceidratio")  # fmt: skip
 
 # The roles that serve inference open spans; the config service does not.
 _TRACING_ROLES = ("gateway", "sidecar", "worker", "all")
@@ -42,6 +46,31 @@ class TracingSettings:
             read_by=_TRACING_READERS,
         ),
         1.0,
+    )
+    sampler: str = setting(
+        Env(
+            "OTEL_TRACES_SAMPLER",
+            choice(*SAMPLERS),
+            "Which new traces are recorded, as the OpenTelemetry spec names the samplers: `always_on`, `always_off`, "
+            "`traceidratio` (a share of trace ids), and the `parentbased_` forms of each, where a caller's "
+            "`traceparent` decides for its own trace. The ratio is OTEL_TRACES_SAMPLER_ARG, else "
+            "SIE_TRACING_SAMPLE_RATIO.",
+            flag=None,
+            roles=_TRACING_ROLES,
+            read_by=_TRACING_READERS,
+        ),
+        "parentbased_traceidratio",
+    )
+    sampler_arg: float | None = setting(
+        Env(
+            "OTEL_TRACES_SAMPLER_ARG",
+            number(maximum=1.0),
+            "The ratio of the `traceidratio` samplers (0 to 1); wins over SIE_TRACING_SAMPLE_RATIO.",
+            flag=None,
+            roles=_TRACING_ROLES,
+            read_by=_TRACING_READERS,
+        ),
+        None,
     )
     traces_endpoint: str | None = setting(
         Env(

@@ -31,7 +31,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased
 from opentelemetry.trace import (
     INVALID_SPAN,
     Link,
@@ -181,6 +181,19 @@ class _Untraced(AbstractContextManager[Span]):
 _UNTRACED: Final = _Untraced()
 
 
+def sample_ratio(tracing: TracingSettings) -> float:
+    """The share of trace ids a `traceidratio` sampler records: OTEL_TRACES_SAMPLER_ARG, else
+    SIE_TRACING_SAMPLE_RATIO."""
+    return tracing.sampler_arg if tracing.sampler_arg is not None else tracing.sample_ratio
+
+
+def build_sampler(name: str, ratio: float) -> Sampler:
+    """The OpenTelemetry sampler OTEL_TRACES_SAMPLER names (`parentbased_` ones follow a caller's decision)."""
+    base = name.removeprefix("parentbased_")
+    root: Sampler = {"always_on": ALWAYS_ON, "always_off": ALWAYS_OFF}.get(base) or TraceIdRatioBased(ratio)
+    return ParentBased(root) if name.startswith("parentbased_") else root
+
+
 class Tracing:
     """Owns this process's TracerProvider (None when off) and opens spans parented on W3C contexts."""
 
@@ -214,15 +227,18 @@ class Tracing:
             )
             return cls.off()
         resource = service_resource(telemetry, default_service_name)
-        logger.info("exporting spans to %s (sample ratio %s)", endpoint, tracing.sample_ratio)
-        return cls.exporting(endpoint, resource, tracing.sample_ratio)
+        ratio = sample_ratio(tracing)
+        logger.info("exporting spans to %s (sampler %s, ratio %s)", endpoint, tracing.sampler, ratio)
+        return cls.exporting(endpoint, resource, ratio, tracing.sampler)
 
     @classmethod
-    def exporting(cls, endpoint: str, resource: Resource, sample_ratio: float = 1.0) -> Tracing:
-        """Tracing that batches spans to the OTLP/HTTP `endpoint`, sampling new traces at `sample_ratio`."""
-        provider = TracerProvider(
-            sampler=ParentBased(TraceIdRatioBased(sample_ratio)), resource=resource, shutdown_on_exit=False
-        )
+    def exporting(
+        cls, endpoint: str, resource: Resource, sample_ratio: float = 1.0, sampler: str = "parentbased_traceidratio"
+    ) -> Tracing:
+        """Tracing that batches spans to the OTLP/HTTP `endpoint`, choosing new traces with `sampler` (an
+        OTEL_TRACES_SAMPLER name; `sample_ratio` for the trace-id ratio ones)."""
+        provider = TracerProvider(sampler=build_sampler(sampler, sample_ratio), resource=resource,
+                                  shutdown_on_exit=False)  # fmt: skip
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_S)))
         return cls(provider)
 
