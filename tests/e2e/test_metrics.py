@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from launcher import MINILM, Cluster, RoleProcess, free_port
-from support.otlp import OtlpReceiver, ReceivedPoint, otlp_receiver
+from support.otlp import OtlpReceiver, ReceivedPoint, otlp_grpc_receiver, otlp_receiver
 from support.polling import holds_within
 from support.prometheus import Prometheus, prometheus, promtool_problems
 
@@ -137,3 +137,31 @@ def test_all_role_pushes_its_instruments_over_otlp_and_its_exposition_passes_pro
         # The worker child pushes its own series with its name and device as resource attributes.
         load = _latest(points, "sie.worker.model.loads", model=MINILM, outcome="loaded")
         assert load is not None and load.resource["sie.worker"] == "worker-0" and load.resource["sie.device"] == "cpu"
+
+
+def test_with_the_grpc_protocol_metrics_and_spans_go_to_the_collectors_grpc_services(tmp_path: Path) -> None:
+    """OTEL_EXPORTER_OTLP_PROTOCOL=grpc: the `all` role pushes its metrics and exports its spans to the OTLP gRPC
+    services at OTEL_EXPORTER_OTLP_ENDPOINT itself (no /v1 paths), with the sampler the OTEL variables name."""
+    port = free_port()
+    with otlp_grpc_receiver() as receiver:
+        env = {
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+            "OTEL_METRIC_EXPORT_INTERVAL": "200", "SIE_TRACING_ENABLED": "true",
+            "OTEL_TRACES_SAMPLER": "parentbased_always_on", "OTEL_SERVICE_NAME": "sie-grpc",
+        }  # fmt: skip
+        args = ["--host", "127.0.0.1", "--port", str(port), "--preload", MINILM]
+        server = RoleProcess("all", args, env, tmp_path / "all.log")
+        try:
+            url = f"http://127.0.0.1:{port}"
+            server.wait_http_ready(f"{url}/readyz")
+            _encode(url, "sent while the collector listens on gRPC")
+
+            def arrived() -> bool:
+                point = _latest(receiver.points(), "sie.gateway.requests", route=ENCODE_ROUTE, status="200")
+                return point is not None and any(span.name == "gateway.request" for span in receiver.spans())
+
+            if not holds_within(arrived, WAIT_S, interval_s=0.2):
+                raise AssertionError(f"nothing over gRPC: {receiver.posts}\n{server.log()}")
+        finally:
+            server.stop()
+    assert "gateway.request" in {span.name for span in receiver.spans() if span.service == "sie-grpc"}

@@ -191,3 +191,37 @@ def otlp_receiver() -> Iterator[OtlpReceiver]:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+@contextmanager
+def otlp_grpc_receiver() -> Iterator[OtlpReceiver]:
+    """The same receiver serving OTLP over gRPC (the collector's TraceService and MetricsService) on a free loopback
+    port (`receiver.url`: `http://127.0.0.1:PORT`, plain text) until the block ends."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    receiver = OtlpReceiver()
+
+    class Traces(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - the service's method name
+            receiver.receive(TRACES_PATH, request.SerializeToString())
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
+        def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - the service's method name
+            receiver.receive(METRICS_PATH, request.SerializeToString())
+            return metrics_service_pb2.ExportMetricsServiceResponse()
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=4))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), server)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    receiver.url = f"http://127.0.0.1:{port}"
+    try:
+        yield receiver
+    finally:
+        server.stop(grace=None)

@@ -71,6 +71,18 @@ def test_the_traces_endpoint_wins_over_the_generic_one_which_gets_the_traces_pat
     assert traces_endpoint(neither.tracing, neither.telemetry) is None
 
 
+def test_over_grpc_the_generic_endpoint_is_used_as_given() -> None:
+    from sie.telemetry.export import metrics_endpoint
+
+    grpc = load_settings(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    )
+    assert traces_endpoint(grpc.tracing, grpc.telemetry) == "http://collector:4317"
+    assert metrics_endpoint(grpc.telemetry) == "http://collector:4317"
+    with pytest.raises(ValueError, match="OTEL_EXPORTER_OTLP_PROTOCOL"):
+        load_settings({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
+
+
 def test_tracing_is_off_unless_switched_on_with_an_endpoint(caplog: pytest.LogCaptureFixture) -> None:
     unset = load_settings({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
     assert Tracing.from_settings(unset.tracing, unset.telemetry, "sie-test").enabled is False

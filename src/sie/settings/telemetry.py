@@ -10,6 +10,8 @@ from sie.settings._parsers import Parser, boolean, choice, http_url, integer, te
 from sie.settings._spec import ROLES, Env, setting
 
 LOG_FORMATS = ("text", "json")
+# How telemetry is pushed to a collector (OTEL_EXPORTER_OTLP_PROTOCOL; the spec's `http/json` is not offered).
+OTLP_PROTOCOLS = ("http/protobuf", "grpc")
 
 
 def _resource_attributes() -> Parser:
@@ -88,12 +90,26 @@ class TelemetrySettings:
         Env(
             "OTEL_EXPORTER_OTLP_ENDPOINT",
             http_url(),
-            "OTLP/HTTP (protobuf) base URL of a collector: metrics are pushed to `{url}/v1/metrics`. Unset: no push.",
+            "Base URL of an OTLP collector: metrics are pushed to `{url}/v1/metrics` over OTLP/HTTP (protobuf), or "
+            "to the URL itself over gRPC (OTEL_EXPORTER_OTLP_PROTOCOL). Unset: no push.",
             flag=None,
             roles=ROLES,
             read_by=("sie.telemetry.export",),
         ),
         None,
+    )
+    otlp_protocol: str = setting(
+        Env(
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            choice(*OTLP_PROTOCOLS),
+            "How metrics and spans are pushed: `http/protobuf` (POSTs to `{url}/v1/metrics` and `{url}/v1/traces`) "
+            "or `grpc` (the OTLP gRPC services at the endpoint itself, e.g. `http://collector:4317`; needs the "
+            "`sie[grpc]` extra, which the container images install).",
+            flag=None,
+            roles=ROLES,
+            read_by=("sie.telemetry.export", "sie.telemetry.tracing"),
+        ),
+        "http/protobuf",
     )
     otlp_metrics_endpoint: str | None = setting(
         Env(

@@ -27,7 +27,6 @@ from typing import Any, Final, Protocol
 
 import attrs
 from opentelemetry.context import Context
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -47,7 +46,7 @@ from opentelemetry.trace import set_span_in_context as _in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from sie.settings import TelemetrySettings, TracingSettings
-from sie.telemetry.export import service_resource
+from sie.telemetry.export import GRPC, otlp_exporter, service_resource
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +75,6 @@ CLIENT_SPAN: Final = SpanKind.CLIENT
 SHUTDOWN_FLUSH_S: Final = 3.0
 # Parsed W3C contexts kept: more than the work items a sidecar holds at once.
 EXTRACTED_CONTEXTS: Final = 4096
-EXPORT_TIMEOUT_S: Final = 10.0
 # W3C trace-context §3.2 (lowercase hex; version ff and all-zero ids are invalid), and §3.3: tracestate list
 # members `key=value`, at most 32 of them, within the 512 characters every vendor must pass on. A tracestate
 # that breaks these is dropped whole (the context is kept), never cut mid-entry.
@@ -134,11 +132,13 @@ def _valid_tracestate(tracestate: str | None) -> bool:
 
 
 def traces_endpoint(tracing: TracingSettings, telemetry: TelemetrySettings) -> str | None:
-    """Where spans are posted: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as given, else `/v1/traces` under
-    OTEL_EXPORTER_OTLP_ENDPOINT; None when neither is set."""
+    """Where spans go: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as given, else `/v1/traces` under
+    OTEL_EXPORTER_OTLP_ENDPOINT over HTTP, or that endpoint itself over gRPC; None when neither is set."""
     if tracing.traces_endpoint:
         return tracing.traces_endpoint
-    return telemetry.otlp_endpoint + TRACES_PATH if telemetry.otlp_endpoint else None
+    if not telemetry.otlp_endpoint:
+        return None
+    return telemetry.otlp_endpoint if telemetry.otlp_protocol == GRPC else telemetry.otlp_endpoint + TRACES_PATH
 
 
 def epoch_ns(monotonic_s: float) -> int:
@@ -229,17 +229,22 @@ class Tracing:
         resource = service_resource(telemetry, default_service_name)
         ratio = sample_ratio(tracing)
         logger.info("exporting spans to %s (sampler %s, ratio %s)", endpoint, tracing.sampler, ratio)
-        return cls.exporting(endpoint, resource, ratio, tracing.sampler)
+        return cls.exporting(endpoint, resource, ratio, tracing.sampler, telemetry.otlp_protocol)
 
     @classmethod
-    def exporting(
-        cls, endpoint: str, resource: Resource, sample_ratio: float = 1.0, sampler: str = "parentbased_traceidratio"
+    def exporting(  # noqa: PLR0913 - where spans go and which are recorded
+        cls,
+        endpoint: str,
+        resource: Resource,
+        sample_ratio: float = 1.0,
+        sampler: str = "parentbased_traceidratio",
+        protocol: str = "http/protobuf",
     ) -> Tracing:
-        """Tracing that batches spans to the OTLP/HTTP `endpoint`, choosing new traces with `sampler` (an
-        OTEL_TRACES_SAMPLER name; `sample_ratio` for the trace-id ratio ones)."""
+        """Tracing that batches spans to the OTLP `endpoint` over `protocol` (HTTP/protobuf or gRPC), choosing new
+        traces with `sampler` (an OTEL_TRACES_SAMPLER name; `sample_ratio` for the trace-id ratio ones)."""
         provider = TracerProvider(sampler=build_sampler(sampler, sample_ratio), resource=resource,
                                   shutdown_on_exit=False)  # fmt: skip
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_S)))
+        provider.add_span_processor(BatchSpanProcessor(otlp_exporter(protocol, "traces", endpoint)))
         return cls(provider)
 
     def start(
