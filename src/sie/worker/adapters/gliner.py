@@ -23,7 +23,7 @@ from sie.tokenization import TextTokenizer, TokenizedWords, pad_batch
 from sie.wire import codes
 from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult, Stopwatch, invalid
 from sie.worker.adapters.encoder import item_text
-from sie.worker.adapters.zero_shot import split_requests, zero_shot_refusal
+from sie.worker.adapters.zero_shot import marked_prompt, prompts_by_label_set, split_requests, zero_shot_refusal
 from sie.worker.convert.names import (
     GLINER_CONFIG_FILE,
     LABEL_EMBEDDINGS,
@@ -204,37 +204,29 @@ class GlinerAdapter(Adapter):
     def _prompt(self, labels: list[str]) -> list[str]:
         if self._label_encoder is not None:
             return []
-        words = []
-        for label in labels:
-            words += [self.settings.ent_token, label]
-        return [*words, self.settings.sep_token]
+        return marked_prompt(labels, self.settings.ent_token, self.settings.sep_token)
 
     def _rows(self, requests: dict[int, _Request], results: list[ItemResult]) -> list[_Row]:
         """Every item's windows, encoded with its prompt; an item whose labels leave no room for its text, or whose
         text needs more than MAX_WINDOWS windows, gets its error instead."""
         planned: list[tuple[int, Window, list[str]]] = []
         # Each distinct label set's prompt is encoded once, and every text's word lengths in one call.
-        label_sets = list(dict.fromkeys(tuple(request.labels) for request in requests.values()))
-        prompts = {labels: self._prompt(list(labels)) for labels in label_sets}
-        prompt_tokens = dict(zip(label_sets, self.tokenizer.encode_words(list(prompts.values())), strict=True))
+        prompts = prompts_by_label_set(self.tokenizer, [r.labels for r in requests.values()], self._prompt)
         word_counts = self.tokenizer.word_token_counts([[w.text for w in r.words] for r in requests.values()])
         for (index, request), counts in zip(requests.items(), word_counts, strict=True):
-            prompt, encoded_prompt = prompts[tuple(request.labels)], prompt_tokens[tuple(request.labels)]
-            room = self.tokenizer.max_length - len(encoded_prompt)
-            if room < 1 or encoded_prompt.truncated:
-                results[index] = invalid(
-                    f"The {len(request.labels)} labels take {len(encoded_prompt)} of the model's "
-                    f"{self.tokenizer.max_length} tokens and leave none for the text: send fewer or shorter labels"
-                )
+            prompt = prompts[tuple(request.labels)]
+            refused = prompt.refusal(len(request.labels))
+            if refused is not None:
+                results[index] = refused
                 continue
-            windows = plan_windows(counts, self.settings.max_len, room, self.overlap)
+            windows = plan_windows(counts, self.settings.max_len, prompt.room, self.overlap)
             if len(windows) > MAX_WINDOWS:
                 results[index] = invalid(
                     f"The text has {len(request.words)} words: more than {MAX_WINDOWS} windows of this model's "
                     f"{self.settings.max_len} words; split it into shorter items", codes.INPUT_TOO_LONG
                 )  # fmt: skip
                 continue
-            planned += [(index, window, prompt) for window in windows]
+            planned += [(index, window, prompt.words) for window in windows]
         encoded = self.tokenizer.encode_words(
             [prompt + [word.text for word in requests[index].words[window.start : window.stop]]
              for index, window, prompt in planned]

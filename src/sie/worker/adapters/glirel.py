@@ -23,7 +23,7 @@ from sie.catalog.adapters import GLIREL
 from sie.tokenization import TokenizedWords, pad_batch
 from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult, Stopwatch, invalid
 from sie.worker.adapters.encoder import item_text
-from sie.worker.adapters.zero_shot import split_requests, zero_shot_refusal
+from sie.worker.adapters.zero_shot import marked_prompt, prompts_by_label_set, split_requests, zero_shot_refusal
 from sie.worker.convert.names import (
     ENTITY_PAIRS,
     ENTITY_SPANS,
@@ -199,33 +199,25 @@ class GlirelAdapter(Adapter):
         )
 
     def _prompt(self, labels: list[str]) -> list[str]:
-        words = []
-        for label in labels:
-            words += [self.settings.rel_token, label]
-        return [*words, self.settings.sep_token]
+        return marked_prompt(labels, self.settings.rel_token, self.settings.sep_token)
 
     def _rows(self, requests: dict[int, _Request], results: list[ItemResult]) -> list[_Row]:
         """Each item's prompt and the words of its text that fit, encoded; an item whose relation types leave no
         room for its text gets its error instead."""
-        label_sets = list(dict.fromkeys(tuple(request.labels) for request in requests.values()))
-        prompts = {labels: self._prompt(list(labels)) for labels in label_sets}
-        prompt_tokens = dict(zip(label_sets, self.tokenizer.encode_words(list(prompts.values())), strict=True))
+        prompts = prompts_by_label_set(self.tokenizer, [r.labels for r in requests.values()], self._prompt)
         all_words = {index: split_words(request.text) for index, request in requests.items()}
         counts = self.tokenizer.word_token_counts(
             [[word.text for word in words[: self.settings.max_len]] for words in all_words.values()]
         )
         planned: list[tuple[int, list[str], list[Word]]] = []
         for (index, request), word_counts in zip(requests.items(), counts, strict=True):
-            prompt, encoded_prompt = prompts[tuple(request.labels)], prompt_tokens[tuple(request.labels)]
-            room = self.tokenizer.max_length - len(encoded_prompt)
-            if room < 1 or encoded_prompt.truncated:
-                results[index] = invalid(
-                    f"The {len(request.labels)} relation types take {len(encoded_prompt)} of the model's "
-                    f"{self.tokenizer.max_length} tokens and leave none for the text: send fewer or shorter ones"
-                )
+            prompt = prompts[tuple(request.labels)]
+            refused = prompt.refusal(len(request.labels), "relation types")
+            if refused is not None:
+                results[index] = refused
                 continue
-            fits = int(np.searchsorted(np.cumsum(word_counts), room, side="right"))
-            planned.append((index, prompt, all_words[index][:fits]))
+            fits = int(np.searchsorted(np.cumsum(word_counts), prompt.room, side="right"))
+            planned.append((index, prompt.words, all_words[index][:fits]))
         encoded = self.tokenizer.encode_words([prompt + [word.text for word in words] for _, prompt, words in planned])
         rows = []
         for (index, prompt, words), tokens in zip(planned, encoded, strict=True):

@@ -6,7 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar
 
+import attrs
+
 from sie.catalog.options import labels_problem
+from sie.tokenization import TextTokenizer, TokenizedWords
 from sie.wire.ipc_batch import OP_EXTRACT
 from sie.worker.adapters.base import Adapter, ItemResult, invalid
 from sie.worker.adapters.encoder import item_text
@@ -15,6 +18,41 @@ from sie.worker.adapters.encoder import item_text
 MAX_ITEM_LABELS: Final = 1000
 
 Request = TypeVar("Request")
+
+
+def marked_prompt(labels: Sequence[str], marker: str, separator: str) -> list[str]:
+    """The words a GLiNER-family prompt puts before the text: `marker label … marker label separator`."""
+    words: list[str] = []
+    for label in labels:
+        words += [marker, label]
+    return [*words, separator]
+
+
+@attrs.frozen
+class Prompt:
+    """One label set's prompt words, their encoding, and the tokens they leave the text (at most 0: none)."""
+
+    words: list[str]
+    tokens: TokenizedWords
+    room: int
+
+    def refusal(self, labels: int, what: str = "labels") -> ItemResult | None:
+        """INVALID_INPUT when the prompt leaves the text no token, else None."""
+        if self.room >= 1 and not self.tokens.truncated:
+            return None
+        return invalid(f"The {labels} {what} take {len(self.tokens)} of the model's {len(self.tokens) + self.room} "
+                       "tokens and leave none for the text: send fewer or shorter ones")  # fmt: skip
+
+
+def prompts_by_label_set(
+    tokenizer: TextTokenizer, label_sets: Sequence[Sequence[str]], prompt: Callable[[list[str]], list[str]]
+) -> dict[tuple[str, ...], Prompt]:
+    """Each distinct label set's `prompt`, encoded in one tokenizer call."""
+    distinct = list(dict.fromkeys(tuple(labels) for labels in label_sets))
+    words = [prompt(list(labels)) for labels in distinct]
+    encoded = tokenizer.encode_words(words)
+    return {labels: Prompt(w, tokens, tokenizer.max_length - len(tokens))
+            for labels, w, tokens in zip(distinct, words, encoded, strict=True)}  # fmt: skip
 
 
 def split_requests(
