@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from sie.catalog import parse_model_config
+from sie.catalog.options import MAX_ENTITIES
 from sie.wire.ipc_batch import ExtractBatchItem
 from sie.worker.adapters import glirel
-from sie.worker.adapters.glirel import MAX_ENTITIES, entity_pairs
+from sie.worker.adapters.glirel import entity_pairs
 from sie.worker.spans import split_words
 from support.zero_shot_checkpoints import save_glirel
 

@@ -284,3 +284,33 @@ def labels_problem(
             return (f"Label {index} must be a non-blank string of at most {MAX_LABEL_CHARS} characters; "
                     f"got {_shown(label)}")  # fmt: skip
     return None
+
+
+# Entities one relation-extraction item may name (`metadata.entities`): every ordered pair of them is scored (the
+# public server's limit too).
+MAX_ENTITIES: Final = 256
+
+
+def entities_problem(text: str, entities: Any) -> str | None:
+    """Why an item's `metadata.entities` cannot be read against `text`: not a list, none or more than MAX_ENTITIES,
+    or one that is not an object with integer offsets 0 <= start < end <= len(text) covering some non-space text;
+    None when they can."""
+    if not isinstance(entities, list) or not entities:
+        return "GLiREL reads relations between the entities of each item: send metadata.entities, a non-empty list"
+    if len(entities) > MAX_ENTITIES:
+        return f"metadata.entities has {len(entities)} entities; at most {MAX_ENTITIES} are accepted"
+    for index, entity in enumerate(entities):
+        if not isinstance(entity, dict):
+            return f"metadata.entities[{index}] must be an object with 'start' and 'end' character offsets"
+        start, end = entity.get("start"), entity.get("end")
+        if not all(isinstance(value, int) and not isinstance(value, bool) for value in (start, end)):
+            return f"metadata.entities[{index}] needs integer 'start' and 'end' character offsets"
+        if not 0 <= start < end <= len(text):
+            return (f"metadata.entities[{index}] spans [{start}, {end}): offsets must hold 0 <= start < end <= "
+                    f"{len(text)} (the text's length)")  # fmt: skip
+        if not text[start:end].strip():
+            return f"metadata.entities[{index}] spans [{start}, {end}), which covers no word of the text"
+        label = entity.get("label")
+        if label is not None and not isinstance(label, str):
+            return f"metadata.entities[{index}].label must be a string"
+    return None

@@ -173,7 +173,7 @@ class InferenceService:
         params = request.params
         route = await self._dispatcher.route(spec, _profile(params.options if params else None), hints)
         router.check_inputs(route, request.items)
-        router.check_extract(route, params, self._limits.max_labels)
+        router.check_extract(route, params, self._limits.max_labels, request.items)
         router.check_options(route, params.options if params else None, OPERATION_EXTRACT, _instruction(params))
         collected = await self._dispatcher.collect(
             route, lambda ticket: workitems.extract_work(route, ticket, request), trace

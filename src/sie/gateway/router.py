@@ -13,11 +13,11 @@ from typing import Any, Final
 import attrs
 
 from sie.catalog import Catalog, ModelConfig, parse_model_spec
-from sie.catalog.adapters import adapter_kind
+from sie.catalog.adapters import GLIREL, adapter_kind
 from sie.catalog.ids import is_valid_pool_name
 from sie.catalog.model import DEFAULT_PROFILE, ENCODE_OUTPUTS
 from sie.catalog.names import work_subject
-from sie.catalog.options import MAX_OPTION_TEXT_CHARS, labels_problem, option_problem
+from sie.catalog.options import MAX_OPTION_TEXT_CHARS, entities_problem, labels_problem, option_problem
 from sie.gateway.errors import InvalidRequestError, MachineProfileNotConfiguredError
 from sie.gateway.pools import PoolTarget
 from sie.settings import LaneSettings
@@ -268,9 +268,10 @@ def check_score(route: Route) -> None:
         raise InvalidRequestError(f"Model '{route.model}' does not support scoring")
 
 
-def check_extract(route: Route, params: ExtractParams | None, max_labels: int) -> None:
+def check_extract(route: Route, params: ExtractParams | None, max_labels: int, items: Sequence[Item] = ()) -> None:
     """Extraction needs `tasks.extract`; its results hold no vectors, so an `output_dtype` is refused; its labels
-    must be at most `max_labels` sane strings, and present for a zero-shot model (`sie.catalog.options`)."""
+    must be at most `max_labels` sane strings, and present for a zero-shot model; a relation extractor's items must
+    name their entities (`metadata.entities`) within their texts (`sie.catalog.options`)."""
     if route.config is not None and not route.config.tasks.extract:
         raise InvalidRequestError(f"Model '{route.model}' does not support extraction")
     labels, options = (params.labels, params.options) if params is not None else (None, None)
@@ -281,3 +282,9 @@ def check_extract(route: Route, params: ExtractParams | None, max_labels: int) -
         raise InvalidRequestError(
             f"Field 'output_dtype' does not apply to extraction: model '{route.model}' returns no vectors"
         )
+    if route.adapter_kind == GLIREL:
+        for index, item in enumerate(items):
+            entities = (item.metadata or {}).get("entities")
+            problem = entities_problem(item.text or "", entities)
+            if problem is not None:
+                raise InvalidRequestError(f"Item {index}: {problem}")

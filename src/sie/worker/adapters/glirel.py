@@ -20,6 +20,7 @@ import attrs
 import numpy as np
 
 from sie.catalog.adapters import GLIREL
+from sie.catalog.options import entities_problem
 from sie.tokenization import TokenizedWords, pad_batch
 from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult, Stopwatch, invalid
 from sie.worker.adapters.encoder import item_text
@@ -37,8 +38,6 @@ from sie.worker.spans import Word, split_words
 
 DEFAULT_THRESHOLD: Final = 0.3  # the public adapter's; a YAML's runtime options may set another
 DEFAULT_TOP_K: Final = 10
-# Entities one item may name: every ordered pair of them is scored (the public server's limit too).
-MAX_ENTITIES: Final = 256
 # The tokens glirel adds to its backbone's tokenizer when it loads (a GLiREL checkpoint saves none of its own).
 ADDED_SPECIAL_TOKENS: Final = ("[FLERT]",)
 ADDED_TOKENS: Final = ("[REL]", "[SEP]", "[E]", "[/E]")
@@ -78,31 +77,6 @@ class Entity:
     end: int
     first_word: int
     last_word: int
-
-
-def entities_problem(text: str, entities: Any) -> str | None:
-    """Why an item's `metadata.entities` cannot be read against `text`: not a list, none or more than MAX_ENTITIES,
-    or one that is not an object with integer offsets 0 <= start < end <= len(text) covering some non-space text;
-    None when they can."""
-    if not isinstance(entities, list) or not entities:
-        return "GLiREL reads relations between the entities of each item: send metadata.entities, a non-empty list"
-    if len(entities) > MAX_ENTITIES:
-        return f"metadata.entities has {len(entities)} entities; at most {MAX_ENTITIES} are accepted"
-    for index, entity in enumerate(entities):
-        if not isinstance(entity, dict):
-            return f"metadata.entities[{index}] must be an object with 'start' and 'end' character offsets"
-        start, end = entity.get("start"), entity.get("end")
-        if not all(isinstance(value, int) and not isinstance(value, bool) for value in (start, end)):
-            return f"metadata.entities[{index}] needs integer 'start' and 'end' character offsets"
-        if not 0 <= start < end <= len(text):
-            return (f"metadata.entities[{index}] spans [{start}, {end}): offsets must hold 0 <= start < end <= "
-                    f"{len(text)} (the text's length)")  # fmt: skip
-        if not text[start:end].strip():
-            return f"metadata.entities[{index}] spans [{start}, {end}), which covers no word of the text"
-        label = entity.get("label")
-        if label is not None and not isinstance(label, str):
-            return f"metadata.entities[{index}].label must be a string"
-    return None
 
 
 def locate(entities: list[dict[str, Any]], words: Sequence[Word], read_end: int, text: str) -> list[Entity | None]:

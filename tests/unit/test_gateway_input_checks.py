@@ -1,11 +1,13 @@
-"""The gateway's image checks before anything is queued: images per item, compressed bytes and header pixels per
+"""The gateway's input checks before anything is queued: images per item, compressed bytes and header pixels per
 image (SIE_GATEWAY_MAX_IMAGES_PER_ITEM, _MAX_IMAGE_BYTES, _MAX_IMAGE_PIXELS), a format it does not read, a file cut
-short, each a 400 naming the item and the image; and images refused for a model whose YAML reads none."""
+short, each a 400 naming the item and the image; images refused for a model whose YAML reads none; and a relation
+extractor's entities."""
 
 from __future__ import annotations
 
 import io
 
+import attrs
 import pytest
 from PIL import Image
 
@@ -57,7 +59,8 @@ def test_the_query_is_named_too() -> None:
 
 def route_of(inputs: dict[str, bool]) -> Route:
     config = parse_model_config({
-        "sie_id": "acme/m", "hf_id": "acme/m", "inputs": inputs, "tasks": {"encode": {"dense": {"dim": 4}}},
+        "sie_id": "acme/m", "hf_id": "acme/m", "inputs": inputs,
+        "tasks": {"encode": {"dense": {"dim": 4}}, "extract": {}},
         "profiles": {"default": {"adapter_path": "sie.adapters.dense:D", "max_batch_tokens": 64}},
     })  # fmt: skip
     lane = Lane("default", "default", "default")
@@ -69,3 +72,23 @@ def test_images_reach_only_a_model_that_reads_them() -> None:
     check_inputs(route_of({"text": True}), [Item(text="only text")])
     with pytest.raises(InvalidRequestError, match="Item 1 carries images, but model 'acme/m' reads no images"):
         check_inputs(route_of({"text": True}), [Item(text="a"), item(png(4, 4), text="b")])
+
+
+def test_a_relation_extractors_entities_are_checked_before_queueing() -> None:
+    """GLiREL reads the entities each item names: none, offsets outside the text or over spaces are a 400 naming
+    the item, before anything is queued (the worker refuses the same per item)."""
+    from sie.catalog.adapters import GLIREL
+    from sie.gateway.router import check_extract
+    from sie.wire.http import ExtractParams
+
+    route = attrs.evolve(route_of({"text": True}), adapter_kind=GLIREL)
+    params = ExtractParams(labels=["founded by"])
+    good = Item(text="Apple was founded by Steve Jobs.", metadata={"entities": [{"start": 0, "end": 5}]})
+    check_extract(route, params, 100, [good])
+    for item, message in [
+        (Item(text="no entities"), "Item 1: GLiREL reads relations between the entities"),
+        (Item(text="short", metadata={"entities": [{"start": 0, "end": 50}]}), "Item 1: metadata.entities\\[0\\]"),
+        (Item(text="a  b", metadata={"entities": [{"start": 1, "end": 3}]}), "covers no word"),
+    ]:
+        with pytest.raises(InvalidRequestError, match=message):
+            check_extract(route, params, 100, [good, item])
