@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 from PIL import Image
@@ -176,6 +177,13 @@ def test_a_text_query_scores_images_with_the_models_own_similarity(served: Any) 
             logits = reference(input_ids=ids, pixel_values=pixels["pixel_values"]).logits_per_text[0]
             expected = torch.sigmoid(logits).numpy()
     assert np.allclose([ours[f"i{n}"] for n in range(3)], expected, atol=TOLERANCE, rtol=0)
+    # the sidecar's pixels of each entry (query: text, so none) give the same scores
+    processor = ImageProcessor.from_dict(CLIP_PROCESSOR if family == "clip" else SIGLIP_PROCESSOR)
+    from sie.imaging import ImageLimits
+
+    pixels = [None] + [PreparedPixels(pixel_values=processor(data, ImageLimits())[None]) for data in images]
+    (prepared,) = adapter.score([attrs.evolve(item, prepared_pixels=pixels)]).items
+    assert {row["item_id"]: row["score"] for row in prepared.result} == ours
     assert [row["rank"] for row in result.result] == [0, 1, 2]
     texts = ScoreBatchItem(work_item_id="s.1", request_id="s", item_index=0, total_items=1, timestamp=0.0,
                            query_item={"images": [{"data": images[0]}]}, score_items=[{"text": "w7"}, {}])  # fmt: skip

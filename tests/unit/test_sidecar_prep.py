@@ -354,3 +354,12 @@ async def test_without_an_image_processor_images_are_left_to_the_worker(tokenize
     works = [Work(_Delivery(item(0, item={"images": [{"data": png(4, 4)}]})), 0.0)]
     await prepare(ready(tokenizer_file), works)
     assert works[0].run_item.encode.prepared_pixels is None and works[0].cost == MEDIA_INPUT_COST
+
+
+async def test_an_image_models_score_items_get_the_pixels_of_each_entry(tokenizer_file: Path) -> None:
+    score = item(0, "score", query_item={"text": "hello"},
+                 score_items=[{"images": [{"data": png(12, 9)}]}, {"text": "world"}])  # fmt: skip
+    works = [Work(_Delivery(score), 0.0)]
+    await prepare(ready(tokenizer_file, image_processor=SIGLIP_STYLE, image_cost=17), works)
+    query, pictured, text = works[0].run_item.score.prepared_pixels
+    assert query is None and text is None and pictured.pixel_values.shape == (1, 3, 8, 8)

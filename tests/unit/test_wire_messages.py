@@ -218,6 +218,11 @@ SAMPLES = [
     ENCODE_ITEM,
     ipc_batch.PreparedPixels(pixel_values=np.arange(2 * 3 * 4 * 4, dtype=np.float32).reshape(2, 3, 4, 4)),
     ipc_batch.PreparedPixels(error="Image 1: cut short"),
+    attrs.evolve(
+        SCORE_ITEM,
+        score_items=[{"text": "a"}, {"images": [{"format": "png"}]}],
+        prepared_pixels=[None, None, ipc_batch.PreparedPixels(pixel_values=np.zeros((1, 3, 2, 2), dtype=np.float32))],
+    ),
     SCORE_ITEM,
     EXTRACT_ITEM,
     ipc_batch.ProcessEncodeBatchRequest(model_id="m", items=[ENCODE_ITEM], accepts_batched_f16_multivectors=True),

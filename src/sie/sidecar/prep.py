@@ -175,12 +175,12 @@ def encode_item(item: WorkItem, prepared: PreparedTokens | None, pixels: Prepare
     return _run_item(item, OP_ENCODE, encode=body)
 
 
-def score_item(item: WorkItem) -> RunBatchItem:
+def score_item(item: WorkItem, pixels: list[PreparedPixels | None] | None = None) -> RunBatchItem:
     body = ScoreBatchItem(
         work_item_id=item.work_item_id, request_id=item.request_id, item_index=item.item_index,
         total_items=item.total_items, timestamp=item.timestamp, query_item=item.query_item or {},
         score_items=item.score_items or [], instruction=item.instruction, options=item.options,
-        profile_id=item.profile_id, bundle_config_hash=item.bundle_config_hash,
+        profile_id=item.profile_id, bundle_config_hash=item.bundle_config_hash, prepared_pixels=pixels,
     )  # fmt: skip
     return _run_item(item, OP_SCORE, score=body)
 
@@ -365,8 +365,28 @@ class Preparer:
         encode = [work for work in works if work.item.operation == OP_ENCODE]
         if len(encode) != len(works):
             prepare_unencoded([work for work in works if work.item.operation != OP_ENCODE], model.descriptor)
+            if model.descriptor.image_processor:
+                await self._prepare_score_images(model.descriptor, works)
         if encode:
             await self._prepare_encode(model.descriptor, encode)
+
+    async def _prepare_score_images(self, descriptor: ModelDescriptor, works: list[Work]) -> None:
+        """An image model's score items with images: the pixels of the query and of each candidate, prepared in the
+        executor like encode's."""
+        pictured = [work for work in works if work.item.operation == OP_SCORE and any(
+            item_images(entry) for entry in [work.item.query_item, *(work.item.score_items or [])])]  # fmt: skip
+        if not pictured:
+            return
+        processor = self._image_processors.get(descriptor.image_processor or {})
+
+        def pixels(item: WorkItem) -> list[PreparedPixels | None]:
+            entries = [item.query_item, *(item.score_items or [])]
+            return [prepare_pixels(processor, entry) if item_images(entry) else None for entry in entries]
+
+        loop = asyncio.get_running_loop()
+        prepared = await loop.run_in_executor(self._executor, lambda: [pixels(work.item) for work in pictured])
+        for work, entry_pixels in zip(pictured, prepared, strict=True):
+            work.run_item = score_item(work.item, entry_pixels)
 
     async def _prepare_encode(self, descriptor: ModelDescriptor, works: list[Work]) -> None:
         if descriptor.image_processor:

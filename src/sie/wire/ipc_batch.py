@@ -86,6 +86,9 @@ class ScoreBatchItem:
     numerical_admission_sha256: str | None = None
     payload_fetch_ms: float = 0.0
     prepared_tokens: PreparedTokens | None = None
+    # Our addition: an image model's pixels of the query and of each candidate, in that order (None for an entry
+    # without images).
+    prepared_pixels: list[PreparedPixels | None] | None = omittable()
 
 
 @attrs.frozen(kw_only=True)

@@ -20,7 +20,7 @@ import numpy as np
 from sie.catalog.adapters import IMAGE_TEXT
 from sie.imaging import ImageError, ImageLimits, ImageProcessor
 from sie.tokenization import PaddedBatch, TokenizedText, pad_batch
-from sie.wire.ipc_batch import OP_ENCODE, OP_SCORE
+from sie.wire.ipc_batch import OP_ENCODE, OP_SCORE, PreparedPixels
 from sie.worker.adapters.base import AdapterContext, BatchResult, ItemResult, Stopwatch, invalid
 from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, check_width, ranked_scores
 from sie.worker.convert.names import (
@@ -161,7 +161,7 @@ class ImageTextAdapter(TextEncoderAdapter):
                 results.append(refused)
                 continue
             entries = [item.query_item or {}, *(item.score_items or [])]
-            vectors = self._entry_vectors(entries, watch)
+            vectors = self._entry_vectors(entries, getattr(item, "prepared_pixels", None), watch)
             if isinstance(vectors, str):
                 results.append(invalid(vectors))
                 continue
@@ -174,8 +174,11 @@ class ImageTextAdapter(TextEncoderAdapter):
                 results.append(ItemResult(ranked_scores(logits.tolist(), item.score_items), input_tokens=tokens))
         return watch.finish(results)
 
-    def _entry_vectors(self, entries: list[dict[str, Any]], watch: Stopwatch) -> np.ndarray | str:
-        """One L2-normalised vector per entry (its images' mean, else its text), or why an entry cannot be read."""
+    def _entry_vectors(
+        self, entries: list[dict[str, Any]], prepared: list[Any] | None, watch: Stopwatch
+    ) -> np.ndarray | str:
+        """One L2-normalised vector per entry (its images' mean, else its text), or why an entry cannot be read;
+        `prepared` holds the sidecar's pixels of each entry (None: made here)."""
         texts = {index: entry.get("text") for index, entry in enumerate(entries) if not entry.get("images")}
         if any(not isinstance(text, str) for text in texts.values()):
             return "Every score query and item needs a text or images"
@@ -183,10 +186,11 @@ class ImageTextAdapter(TextEncoderAdapter):
         with watch.stage("tokenization"):
             for index, entry in enumerate(entries):
                 if index not in texts:
-                    prepared = self._pixels(_Entry(entry))
-                    if isinstance(prepared, str):
-                        return prepared
-                    pixels[index] = prepared
+                    sidecar = prepared[index] if prepared is not None and index < len(prepared) else None
+                    made = self._pixels(_Entry(entry, sidecar))
+                    if isinstance(made, str):
+                        return made
+                    pixels[index] = made
             tokens = [self.fit(t, False, {}) for t in self.tokenizer.encode_batch(list(texts.values()))]
         with watch.stage("inference"):
             rows: dict[int, np.ndarray] = {}
@@ -234,10 +238,10 @@ class ImageTextAdapter(TextEncoderAdapter):
 
 @attrs.frozen
 class _Entry:
-    """A score query or candidate as `_pixels` reads an item: its map, no sidecar pixels."""
+    """A score query or candidate as `_pixels` reads an item: its map and the sidecar's pixels of it, if any."""
 
     item: dict[str, Any]
-    prepared_pixels: None = None
+    prepared_pixels: PreparedPixels | None = None
 
 
 def _has_images(item: Any) -> bool:
