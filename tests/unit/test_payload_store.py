@@ -59,3 +59,21 @@ def test_a_store_is_opened_only_for_a_supported_url(tmp_path: Path) -> None:
     assert isinstance(open_payload_store(f"file://{tmp_path}"), PayloadStore)
     with pytest.raises(PayloadStoreError, match="not a local path"):
         PayloadStore("ftp://example/payloads")
+
+
+async def test_a_local_store_does_not_follow_a_symbolic_link_at_a_key(tmp_path: Path) -> None:
+    """Whoever can write the store's directory cannot make a sidecar read (or a gateway overwrite) another file by
+    putting a link where a key will be."""
+    store = PayloadStore(str(tmp_path / "payloads"))
+    await store.put("real", b"payload")  # makes the directory
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"not a payload")
+    (tmp_path / "payloads" / "linked").symlink_to(secret)
+    with pytest.raises(PayloadStoreError, match="symbolic link"):
+        await store.get("linked", max_bytes=1000)
+    with pytest.raises(PayloadStoreError, match="symbolic link"):
+        await store.put("linked", b"overwrite")
+    assert secret.read_bytes() == b"not a payload"
+    await store.delete("linked")  # removes the link, not its target
+    assert secret.exists() and not await store.exists("linked")
+    assert await store.get("real", max_bytes=1000) == b"payload"

@@ -3,7 +3,9 @@ payload that is too large to travel inline, and where a sidecar reads it back, o
 (plain path or `file://`), `s3://bucket/prefix` or `gs://bucket/prefix`.
 
 Keys are plain names below the store's base, never paths: a key with a separator, a leading dot or a control
-character is refused, so a work item cannot name a file outside the store. Reads are bounded. fsspec is
+character is refused, so a work item cannot name a file outside the store; in a local store a key that is a
+symbolic link is neither read nor written through (whoever can write the directory cannot point a read elsewhere).
+Reads are bounded. fsspec is
 synchronous here, so every call runs in a worker thread, never on the event loop. Every failure of fsspec or a
 backend leaves this module as a PayloadStoreError, chained to the original:
 
@@ -16,6 +18,8 @@ backend leaves this module as a PayloadStoreError, chained to the original:
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -99,12 +103,19 @@ class PayloadStore:
         with _translated("writing", self._display(path)):
             if self._local:
                 self._fs.makedirs(self._root, exist_ok=True)
+                with _no_link(path), os.fdopen(os.open(path, _WRITE_FLAGS, 0o600), "wb") as handle:
+                    handle.write(data)
+                return
             self._fs.pipe_file(path, data)  # one PUT on object stores: the object is replaced whole
 
     def _get(self, path: str, max_bytes: int) -> bytes:
         with _translated("reading", self._display(path)):
             try:
-                data = self._fs.cat_file(path, start=0, end=max_bytes + 1)
+                if self._local:
+                    with _no_link(path), os.fdopen(os.open(path, _READ_FLAGS), "rb") as handle:
+                        data = handle.read(max_bytes + 1)
+                else:
+                    data = self._fs.cat_file(path, start=0, end=max_bytes + 1)
             except FileNotFoundError as exc:
                 raise PayloadNotFoundError(f"no payload at {self._display(path)}") from exc
         if len(data) > max_bytes:
@@ -126,6 +137,22 @@ class PayloadStore:
 
     def _display(self, path: str) -> str:
         return path if self._local else f"{self.url.split('://', 1)[0]}://{path}"
+
+
+# A local store's files are opened without following a symbolic link at the key (ELOOP instead).
+_READ_FLAGS: Final = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+_WRITE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+
+
+@contextmanager
+def _no_link(path: str) -> Iterator[None]:
+    """A PayloadStoreError naming `path` for the ELOOP an O_NOFOLLOW open meets at a symbolic link."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise PayloadStoreError(f"{path} is a symbolic link: a local payload store does not follow one") from exc
+        raise
 
 
 @contextmanager
