@@ -218,3 +218,17 @@ async def test_the_store_round_trips_with_a_bounded_read_on_every_backend(store_
     with pytest.raises(PayloadNotFoundError):
         await store.get("gw-1-1_0.bin", max_bytes=5000)
     assert store_base.keys() == []
+
+
+async def test_the_sweep_reads_each_backends_write_times(store_base: StoreBase) -> None:
+    """The sweep reads when each object was written from its backend's own field (local mtime, S3 LastModified,
+    GCS updated): keys written now are kept by an hour's age and swept once an hour has passed."""
+    import time
+
+    store = store_base.store
+    for key in ("gw-2-1_0.bin", "gw-2-1_1.bin"):
+        await store.put(key, b"left behind")
+    assert await store.sweep(older_than_s=3600) == 0
+    assert sorted(store_base.keys()) == ["gw-2-1_0.bin", "gw-2-1_1.bin"]
+    assert await store.sweep(older_than_s=3600, now=time.time() + 7200) == 2
+    assert store_base.keys() == []

@@ -122,3 +122,25 @@ async def test_a_transport_without_a_limit_never_offloads(store: PayloadStore) -
 )
 def test_the_size_bound_never_underestimates(value: object) -> None:
     assert size_bound(value) >= len(packb(value))
+
+
+async def test_the_periodic_sweep_deletes_what_a_crashed_gateway_left(store: PayloadStore, tmp_path: Path) -> None:
+    """Keys no request end will delete (their gateway is gone) are swept once older than the age, every tenth of
+    it, and counted as swept."""
+    import asyncio
+    import os
+    import time
+
+    telemetry = Telemetry()
+    offload = PayloadOffload(store, lambda: BROKER_LIMIT, metrics=StoreMetrics(telemetry))
+    await store.put("gw-dead_0.bin", b"left behind")
+    await store.put("gw-live_0.bin", b"in flight")
+    old = time.time() - 60
+    os.utime(tmp_path / "payloads" / "gw-dead_0.bin", (old, old))
+    async with offload.sweeping(older_than_s=10.0):
+        for _ in range(100):  # the first sweep runs after a tenth of the age
+            if not await store.exists("gw-dead_0.bin"):
+                break
+            await asyncio.sleep(0.05)
+    assert not await store.exists("gw-dead_0.bin") and await store.exists("gw-live_0.bin")
+    assert offloads(telemetry) == {"swept": 1.0}

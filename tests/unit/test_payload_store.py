@@ -77,3 +77,21 @@ async def test_a_local_store_does_not_follow_a_symbolic_link_at_a_key(tmp_path: 
     await store.delete("linked")  # removes the link, not its target
     assert secret.exists() and not await store.exists("linked")
     assert await store.get("real", max_bytes=1000) == b"payload"
+
+
+async def test_the_sweep_deletes_payloads_older_than_the_age_and_keeps_the_rest(tmp_path: Path) -> None:
+    """What a crashed gateway left: keys written long ago go, recent ones and files that are no key stay."""
+    import os
+    import time
+
+    store = PayloadStore(str(tmp_path / "payloads"))
+    await store.put("old", b"1")
+    await store.put("new", b"2")
+    (tmp_path / "payloads" / ".hidden").write_bytes(b"not a key")
+    hour_ago = time.time() - 3600
+    os.utime(tmp_path / "payloads" / "old", (hour_ago, hour_ago))
+    os.utime(tmp_path / "payloads" / ".hidden", (hour_ago, hour_ago))
+    assert await store.sweep(older_than_s=600) == 1
+    assert not await store.exists("old") and await store.exists("new")
+    assert (tmp_path / "payloads" / ".hidden").exists()
+    assert await PayloadStore(str(tmp_path / "nothing-yet")).sweep(older_than_s=1) == 0  # no directory: nothing

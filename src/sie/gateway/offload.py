@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from sie.gateway.errors import PayloadTooLargeError, QueueUnavailableError
+from sie.runtime.periodic import Outage, PeriodicTask
 from sie.stores.payload_store import PayloadStore, PayloadStoreError
 from sie.telemetry.gateway import OffloadOutcome, StoreMetrics
 from sie.wire.offload import inline_payload, offloaded, packed_payload, payload_key
@@ -120,6 +121,22 @@ class PayloadOffload:
         task = asyncio.get_running_loop().create_task(self._delete(self._store, keys))
         self._deletes.add(task)
         task.add_done_callback(self._deletes.discard)
+
+    async def sweep(self, older_than_s: float) -> None:
+        """Delete the store's payloads older than `older_than_s` (a crashed gateway's: no request end deletes them);
+        PayloadStoreError when the store fails (the periodic sweep reports it and tries again)."""
+        if self._store is None:
+            return
+        swept = await self._store.sweep(older_than_s)
+        if swept:
+            logger.info("swept %d payloads older than %.0f s from the payload store", swept, older_than_s)
+        self._count(OffloadOutcome.SWEPT, swept)
+
+    def sweeping(self, older_than_s: float) -> PeriodicTask:
+        """A task (`async with`) sweeping payloads older than `older_than_s` every tenth of it; a failing store is
+        reported once and tried again."""
+        outage = Outage("the payload store sweep", logger, (PayloadStoreError,), meanwhile="trying again later")
+        return PeriodicTask(lambda: self.sweep(older_than_s), older_than_s / 10, outage)
 
     async def aclose(self) -> None:
         """Wait for the deletions still running (the role's shutdown)."""

@@ -58,6 +58,8 @@ async def serve_gateway(settings: Settings) -> None:
             open_payload_store(payloads.store_url), lambda: transport.max_payload, payloads.inline_limit_bytes, stores
         )
         stack.push_async_callback(offload.aclose)  # pending deletes finish before the transport closes
+        if payloads.store_url and payloads.sweep_age_s > 0:
+            await stack.enter_async_context(offload.sweeping(payloads.sweep_age_s))
         auth = await stack.enter_async_context(GatewayAuth.from_settings(settings.auth))
         store = pool_store(settings, transport.key_value(POOL_BUCKET))  # every gateway replica shares the bucket
         pools = await open_gateway_pools(stack, settings, store, registry, transport.lane_depth, state)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import attrs
 
-from sie.settings._parsers import byte_size, text
+from sie.settings._parsers import byte_size, seconds, text
 from sie.settings._spec import Env, setting
 
 
@@ -38,6 +38,18 @@ class PayloadSettings:
             read_by=("sie.roles.gateway",),
         ),
         2**20,
+    )
+    sweep_age_s: float = setting(
+        Env(
+            "SIE_PAYLOAD_SWEEP_AGE_S",
+            seconds(),
+            "Payloads older than this are deleted by the gateways' sweep of the store (run every tenth of it): what a "
+            "gateway that crashed mid-request left behind. Make it longer than any request lives "
+            "(SIE_GATEWAY_REQUEST_TIMEOUT_S); 0 turns the sweep off (leave it to the bucket's lifecycle rule).",
+            roles=("gateway",),
+            read_by=("sie.roles.gateway",),
+        ),
+        3600.0,
     )
     fetch_max_bytes: int = setting(
         Env(

@@ -18,9 +18,11 @@ backend leaves this module as a PayloadStoreError, chained to the original:
 from __future__ import annotations
 
 import asyncio
+import datetime
 import errno
 import os
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Final
@@ -92,6 +94,11 @@ class PayloadStore:
         """Remove the payload under `key`; a missing one is not an error (deletes are retried and raced)."""
         await asyncio.to_thread(self._delete, self._path(key))
 
+    async def sweep(self, older_than_s: float, now: float | None = None) -> int:
+        """Delete every payload last written more than `older_than_s` seconds before `now` (default: the clock) —
+        the keys of a gateway that crashed before its requests ended, which nobody else deletes; how many were."""
+        return await asyncio.to_thread(self._sweep, older_than_s, time.time() if now is None else now)
+
     async def exists(self, key: str) -> bool:
         """Whether a payload is stored under `key` (for checks that nothing is left behind)."""
         return await asyncio.to_thread(self._exists, self._path(key))
@@ -130,6 +137,24 @@ class PayloadStore:
                 return
             self._fs.invalidate_cache(path)
 
+    def _sweep(self, older_than_s: float, now: float) -> int:
+        with _translated("listing", self._display(self._root)):
+            self._fs.invalidate_cache(self._root)
+            try:
+                entries = self._fs.ls(self._root, detail=True)
+            except FileNotFoundError:
+                return 0
+        swept = 0
+        for entry in entries:
+            name = str(entry.get("name", "")).rstrip("/").rsplit("/", 1)[-1]
+            if entry.get("type") != "file" or not _PLAIN_KEY.fullmatch(name):
+                continue
+            written = _modified_s(entry)
+            if written is not None and written <= now - older_than_s:
+                self._delete(f"{self._root}/{name}")
+                swept += 1
+        return swept
+
     def _exists(self, path: str) -> bool:
         with _translated("looking up", self._display(path)):
             self._fs.invalidate_cache(path)
@@ -137,6 +162,24 @@ class PayloadStore:
 
     def _display(self, path: str) -> str:
         return path if self._local else f"{self.url.split('://', 1)[0]}://{path}"
+
+
+def _modified_s(entry: dict[str, Any]) -> float | None:
+    """When a listed object was last written, as unix seconds, from whichever field its backend fills: a local
+    file's `mtime`, S3's `LastModified`, GCS's `updated`; None when none says."""
+    for field in ("mtime", "LastModified", "updated", "last_modified"):
+        value = entry.get(field)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, datetime.datetime):
+            return value.timestamp() if value.tzinfo else value.replace(tzinfo=datetime.UTC).timestamp()
+        if isinstance(value, str):
+            try:
+                parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+            return parsed.timestamp() if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC).timestamp()
+    return None
 
 
 # A local store's files are opened without following a symbolic link at the key (ELOOP instead).

@@ -207,7 +207,8 @@ class OffloadOutcome(enum.StrEnum):
     REFUSED = "refused"  # no store configured: the request got 413
     STORE_FAILED = "store_failed"  # the store could not be written: the request got 503
     DELETED = "deleted"  # removed once nobody waited for the request any more
-    DELETE_FAILED = "delete_failed"  # left behind (a store lifecycle rule reclaims it)
+    DELETE_FAILED = "delete_failed"  # left behind (the sweep or a store lifecycle rule reclaims it)
+    SWEPT = "swept"  # deleted by the sweep of old payloads (a crashed gateway's)
 
 
 class DeadLetterEvent(enum.StrEnum):
