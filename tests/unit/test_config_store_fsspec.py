@@ -97,3 +97,24 @@ def test_open_config_store_picks_memory_or_fsspec(tmp_path: Path) -> None:
     store = open_config_store(str(tmp_path))
     assert isinstance(store, FsspecConfigStore)
     assert repr(store) == f"FsspecConfigStore({str(tmp_path)!r})"
+
+
+def test_opening_a_local_store_removes_the_temp_files_of_writes_that_died(tmp_path: Path) -> None:
+    """A write killed between its temp file and the rename leaves `.sie-*.tmp` behind; the next open removes the
+    stale ones (older than STALE_TEMP_S) and keeps a recent one, which may be a live writer's."""
+    import os
+    import time
+
+    from sie.stores.fsspec_store import STALE_TEMP_S
+
+    store = FsspecConfigStore(str(tmp_path))
+    store.write_model("acme/m", "sie_id: acme/m\n")
+    models = next(path for path in tmp_path.rglob("*") if path.is_dir())
+    stale, fresh = models / ".sie-abc.tmp", tmp_path / ".sie-def.tmp"
+    stale.write_text("half a write")
+    fresh.write_text("being written")
+    old = time.time() - STALE_TEMP_S - 60
+    os.utime(stale, (old, old))
+    FsspecConfigStore(str(tmp_path))
+    assert not stale.exists() and fresh.exists()
+    assert FsspecConfigStore(str(tmp_path)).list_models() == {"acme/m": "sie_id: acme/m\n"}

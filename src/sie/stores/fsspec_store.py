@@ -10,11 +10,13 @@ arrive as `storage_options` (the settings object passes them). Every failure of 
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
 import tempfile
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,8 @@ from sie.stores.config_store import (
     model_file_name,
     model_id_from_file,
 )
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED_PROTOCOLS = frozenset({"file", "local", "s3", "gs", "gcs"})
 EPOCH_FILE = "epoch"
@@ -60,6 +64,8 @@ class FsspecConfigStore:
         self._root = root.rstrip("/") or root
         self._local = isinstance(self._fs, LocalFileSystem)
         self._scheme = "" if self._local else f"{protocol}://"
+        if self._local:
+            _remove_stale_temp_files(Path(self._root))
 
     def __repr__(self) -> str:
         return f"FsspecConfigStore({self.url!r})"
@@ -162,11 +168,29 @@ def _is_current_name(name: str, model_id: str) -> bool:
         return False  # an old file whose id no longer fits a file name once escaped
 
 
+# A local write's temp file (`_replace_atomically`); one this old was left by a writer that died mid-write.
+TEMP_PREFIX, TEMP_SUFFIX = ".sie-", ".tmp"
+STALE_TEMP_S = 600.0
+
+
+def _remove_stale_temp_files(root: Path) -> None:
+    """Delete the temp files of writes that never finished (their process was killed between write and rename),
+    left in the store's directories; recent ones may be a live writer's and stay."""
+    if not root.is_dir():
+        return
+    cutoff = time.time() - STALE_TEMP_S
+    for temp in root.rglob(f"{TEMP_PREFIX}*{TEMP_SUFFIX}"):
+        with contextlib.suppress(OSError):  # gone already, or not ours to remove: the next start tries again
+            if temp.is_file() and not temp.is_symlink() and temp.stat().st_mtime < cutoff:
+                temp.unlink()
+                logger.info("removed %s, left by a config store write that did not finish", temp)
+
+
 def _replace_atomically(destination: Path, data: bytes) -> None:
     """Temp file in the same directory, write, flush + fsync, `os.replace`: never an empty destination."""
     destination.parent.mkdir(parents=True, exist_ok=True)
     # A short temp name: the destination's own may already be as long as a file name can be.
-    descriptor, temp_name = tempfile.mkstemp(prefix=".sie-", suffix=".tmp", dir=destination.parent)
+    descriptor, temp_name = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX, dir=destination.parent)
     try:
         with os.fdopen(descriptor, "wb") as temp:
             temp.write(data)
@@ -191,7 +215,7 @@ def _fsync_directory(directory: Path) -> None:
         os.close(descriptor)
 
 
-@contextmanager
+@contextlib.contextmanager
 def _translated(action: str, where: str) -> Iterator[None]:
     """Re-raise anything fsspec or a backend throws as ConfigStoreError naming the path."""
     try:
