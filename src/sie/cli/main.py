@@ -22,6 +22,7 @@ COMMAND_GROUPS: Final = {
     "placement": "sie.cli.placement",
     "dlq": "sie.cli.dlq",
     "pools": "sie.cli.pools",
+    "bench": "sie.cli.bench",
 }
 
 
