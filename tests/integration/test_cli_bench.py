@@ -51,3 +51,16 @@ def test_bad_options_and_unknown_models_are_usage_errors(server: str) -> None:
     assert runner.invoke(app, ["bench", "--url", server, "--model", MINILM, "--concurrency", "0"]).exit_code == 2
     unknown = runner.invoke(app, ["bench", "--url", server, "--model", "acme/nothing", "--seconds", "0.2"])
     assert unknown.exit_code == 2 and "acme/nothing" in unknown.output
+
+
+def test_the_ceiling_column_runs_the_model_here(server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--ceiling loads MiniLM from this machine's catalogue and cache (the server here runs the null backend) and
+    adds the items/s it reaches in-process for each batch size."""
+    result = runner.invoke(app, ["bench", "--url", server, "--model", MINILM, "--concurrency", "1", "--batch", "1,4",
+                                 "--seconds", "0.3", "--ceiling", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["rows"]
+    assert [row["batch"] for row in rows] == [1, 4] and all(row["ceiling_items_per_s"] > 0 for row in rows)
+    table = runner.invoke(app, ["bench", "--url", server, "--model", MINILM, "--concurrency", "1", "--batch", "2",
+                                "--seconds", "0.2", "--ceiling"])  # fmt: skip
+    assert "ceiling items/s" in table.stdout

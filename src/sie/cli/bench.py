@@ -149,6 +149,14 @@ def bench(  # noqa: PLR0913 - the command's options
     seconds: Annotated[float, typer.Option("--seconds", min=0.1, help="How long each pair is measured.")] = 5.0,
     text: Annotated[str, typer.Option("--text", help="The text every item carries.")] = DEFAULT_TEXT,
     raw: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
+    ceiling: Annotated[
+        bool,
+        typer.Option(
+            "--ceiling",
+            help="Also run the model in-process here (this machine's catalogue and model "
+            "cache, onnxruntime, no server): the items/s each batch size could reach at most.",
+        ),
+    ] = False,  # fmt: skip
 ) -> None:
     """Measure throughput and latency of encode requests for each pair of concurrency and batch size."""
     concurrencies, batches = _counts(concurrency, "--concurrency"), _counts(batch, "--batch")
@@ -158,6 +166,10 @@ def bench(  # noqa: PLR0913 - the command's options
     except httpx.HTTPError as exc:
         usage(f"cannot reach {url}: {exc}")
     rows = [cell.row() for cell in cells]
+    if ceiling:
+        limits = local_ceiling(model, batches, text, seconds)
+        for row in rows:
+            row["ceiling_items_per_s"] = round(limits[row["batch"]], 2)
     if raw:
         typer.echo(json.dumps({"model": model, "url": url, "seconds": seconds, "rows": rows}, indent=2))
     else:
@@ -168,14 +180,48 @@ def bench(  # noqa: PLR0913 - the command's options
 
 
 def _listing(model: str, rows: list[dict[str, Any]]) -> Listing:
-    columns = [Column(header, justify="right") for header in
-               ("clients", "batch", "requests/s", "items/s", "p50 ms", "p99 ms", "errors")]  # fmt: skip
-    shown = [
-        (str(row["concurrency"]), str(row["batch"]), f"{row['requests_per_s']:.1f}", f"{row['items_per_s']:.1f}",
-         _ms(row["p50_ms"]), _ms(row["p99_ms"]), str(row["errors"]))
-        for row in rows
-    ]  # fmt: skip
-    return Listing(f"sie bench: {model}", columns, shown)
+    headers = ["clients", "batch", "requests/s", "items/s", "p50 ms", "p99 ms", "errors"]
+    with_ceiling = any("ceiling_items_per_s" in row for row in rows)
+    if with_ceiling:
+        headers.append("ceiling items/s")
+    shown = []
+    for row in rows:
+        cells = [str(row["concurrency"]), str(row["batch"]), f"{row['requests_per_s']:.1f}",
+                 f"{row['items_per_s']:.1f}", _ms(row["p50_ms"]), _ms(row["p99_ms"]), str(row["errors"])]  # fmt: skip
+        if with_ceiling:
+            cells.append(f"{row['ceiling_items_per_s']:.1f}")
+        shown.append(cells)
+    return Listing(f"sie bench: {model}", [Column(header, justify="right") for header in headers], shown)
+
+
+def local_ceiling(model: str, batches: Sequence[int], text: str, seconds: float) -> dict[int, float]:
+    """Items per second the model reaches in this process for each batch size: loaded from this machine's
+    catalogue and model cache (SIE_MODELS_DIR, SIE_MODEL_CACHE) and encoded for `seconds` per batch, tokenizer
+    included, no server. The worker stack is imported here only, when asked for."""
+    from sie.catalog import load_catalog
+    from sie.catalog.errors import CatalogErrors, ModelNotFoundError
+    from sie.settings import SettingsError, load_settings
+    from sie.wire.ipc_batch import EncodeBatchItem
+    from sie.worker.errors import ModelLoadError
+    from sie.worker.loading import ModelLoader
+
+    try:
+        settings = load_settings()
+        entry = load_catalog(settings.catalog.bundles_dir, settings.catalog.models_dir).get(model)
+        adapter = ModelLoader.from_settings(settings.worker).load(entry.model, entry.profile, entry.model_id).adapter
+    except (SettingsError, CatalogErrors, ModelNotFoundError, ModelLoadError) as exc:
+        usage(f"--ceiling: cannot load {model} here: {exc}")
+    rates: dict[int, float] = {}
+    for size in batches:
+        items = [EncodeBatchItem(work_item_id=f"c.{i}", request_id="c", item_index=i, total_items=size,
+                                 timestamp=0.0, item={"text": text}) for i in range(size)]  # fmt: skip
+        adapter.encode(items)  # warm up
+        done, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            adapter.encode(items)
+            done += size
+        rates[size] = done / (time.perf_counter() - started)
+    return rates
 
 
 def _ms(value: float | None) -> str:
