@@ -27,7 +27,7 @@ VALUE_SETS = [None, *CI_VALUES]
 VALUE_SET_IDS = ["defaults", *(path.stem for path in CI_VALUES)]
 # The oldest Kubernetes the chart declares (Chart.yaml kubeVersion) and the newest the package has schemas for.
 KUBERNETES_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
-CUSTOM_KINDS = {"ScaledObject", "TriggerAuthentication", "ServiceMonitor"}
+CUSTOM_KINDS = {"ScaledObject", "TriggerAuthentication", "ServiceMonitor", "PrometheusRule"}
 WORKLOAD_KINDS = {"Deployment", "StatefulSet"}
 SECRET_PLACEHOLDER = "placeholder-token"
 SCALING_PATH = "/v1/scaling/lanes"

@@ -165,3 +165,33 @@ def test_with_the_grpc_protocol_metrics_and_spans_go_to_the_collectors_grpc_serv
         finally:
             server.stop()
     assert "gateway.request" in {span.name for span in receiver.spans() if span.service == "sie-grpc"}
+
+
+def exposed_series(text: str) -> set[str]:
+    """The sample names an exposition declares (`# TYPE` lines; a histogram's `_bucket`, `_sum` and `_count`)."""
+    names: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"} if kind == "histogram" else {name}
+    return names
+
+
+def test_every_series_the_alerts_read_exists_in_a_real_scrape(cluster: Cluster) -> None:
+    """The chart's alerting rules read series a running gateway or sidecar exposes (a renamed instrument would
+    leave an alert that never fires)."""
+    from deploy.test_alerts import rule_series
+
+    _encode(cluster.url)
+    # a request for the queue pool no worker serves leaves pending demand (its gauge reports only while some exists)
+    unserved = httpx.post(f"{cluster.url}/v1/encode/{MINILM}", json={"items": [{"text": "x"}]},
+                          headers={"X-SIE-Pool": "elsewhere"}, timeout=30)  # fmt: skip
+    assert unserved.status_code == 503, unserved.text
+    exposed: set[str] = set()
+
+    def all_exposed() -> bool:  # the lane depths are read in the background every few seconds
+        for url in (cluster.url, cluster.probe_url):
+            exposed.update(exposed_series(httpx.get(f"{url}/metrics", timeout=30).text))
+        return rule_series() <= exposed
+
+    assert holds_within(all_exposed, WAIT_S, interval_s=0.5), sorted(rule_series() - exposed)

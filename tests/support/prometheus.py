@@ -17,7 +17,7 @@ from support.polling import holds_within
 SCRAPE_INTERVAL = "1s"
 
 
-def _binary(name: str) -> str:
+def installed_binary(name: str) -> str:
     path = shutil.which(name)
     if path is None:
         raise RuntimeError(f"{name} is not installed: `make tools` installs the Debian package prometheus")
@@ -27,7 +27,7 @@ def _binary(name: str) -> str:
 def promtool_problems(text: str) -> str:
     """What `promtool check metrics` finds wrong with an exposition text ("" when nothing)."""
     checked = subprocess.run(
-        [_binary("promtool"), "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+        [installed_binary("promtool"), "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
     )
     return "" if checked.returncode == 0 else checked.stdout + checked.stderr
 
@@ -68,7 +68,7 @@ def prometheus(root: Path, targets: Mapping[str, str]) -> Iterator[Prometheus]:
     port = free_port()
     log_path = root / "prometheus.log"
     command = [
-        _binary("prometheus"),
+        installed_binary("prometheus"),
         f"--config.file={config}",
         f"--storage.tsdb.path={root / 'data'}",
         f"--web.listen-address=127.0.0.1:{port}",

@@ -230,6 +230,11 @@ class StoreMetrics:
         self._offloads = Tally(meter, "sie.gateway.payload.offloads", "{item}",
                                "Work item payloads over a broker message, by outcome.", ("outcome",))  # fmt: skip
         self._letters = Tally(meter, "sie.gateway.dead_letters", "{letter}", "Dead letters by event.", ("event",))
+        # Every series from zero, so `increase()` sees the first dead letter or failed store write as a step.
+        for outcome in OffloadOutcome:
+            self._offloads.add((outcome.value,), 0)
+        for event in DeadLetterEvent:
+            self._letters.add((event.value,), 0)
 
     def offload(self, outcome: OffloadOutcome, count: int = 1) -> None:
         self._offloads.add((outcome.value,), count)
