@@ -16,7 +16,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 
 from launcher import NatsServer, free_port
@@ -41,6 +40,7 @@ from sie.worker.runner import BatchRunner
 from sie.worker.service import WorkerService
 from support.gateway_fakes import NoWorkers
 from support.polling import eventually
+from support.prometheus import counts_by
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 MAX_DELIVER = 3
@@ -171,13 +171,7 @@ async def test_two_gateways_keep_dead_work_once_and_operators_replay_and_purge_i
 
 def dead_letter_events(telemetry: Telemetry) -> dict[str, float]:
     """`sie_gateway_dead_letters_total` by event, as a scrape shows it."""
-    text = telemetry.prometheus_text().decode()
-    samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
-    return {
-        sample.labels["event"]: sample.value
-        for sample in samples
-        if sample.name == "sie_gateway_dead_letters_total" and sample.value
-    }
+    return counts_by(telemetry, "sie_gateway_dead_letters_total", "event")
 
 
 async def test_with_an_admin_token_the_dead_letters_need_it(nats_server: NatsServer, baseline_catalog: Catalog) -> None:

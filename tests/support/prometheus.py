@@ -1,5 +1,6 @@
 """A real Prometheus server (Debian `prometheus`, installed by `make tools`) scraping loopback targets every second,
-queried through its HTTP API; and `promtool check metrics` on an exposition text."""
+queried through its HTTP API; `promtool check metrics` on an exposition text; and a counter's samples read from an
+in-process exposition (`counts_by`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -96,3 +98,13 @@ def _ready(server: Prometheus) -> bool:
         return httpx.get(f"{server.url}/-/ready", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def counts_by(telemetry: Any, series: str, label: str) -> dict[str, float]:
+    """The samples of counter `series` in `telemetry`'s exposition by the value of `label`, those still at 0 left
+    out (counters that start every series at 0 list the ones not met yet)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = telemetry.prometheus_text().decode()
+    samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+    return {sample.labels[label]: sample.value for sample in samples if sample.name == series and sample.value}

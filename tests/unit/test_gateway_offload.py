@@ -8,7 +8,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from sie.gateway.errors import PayloadTooLargeError
 from sie.gateway.offload import WORK_ITEM_HEADROOM_BYTES, PayloadOffload, size_bound
@@ -18,6 +17,7 @@ from sie.telemetry.metrics import Telemetry
 from sie.wire import packb, unpackb
 from sie.wire.offload import payload_ref, restored
 from sie.wire.queue import WorkItem
+from support.prometheus import counts_by
 
 BROKER_LIMIT = 64 * 1024
 
@@ -51,14 +51,8 @@ def store(tmp_path: Path) -> PayloadStore:
 
 
 def offloads(telemetry: Telemetry) -> dict[str, float]:
-    """`sie_gateway_payload_offloads_total` by outcome, as a scrape shows it (outcomes still at 0 left out)."""
-    text = telemetry.prometheus_text().decode()
-    samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
-    return {
-        sample.labels["outcome"]: sample.value
-        for sample in samples
-        if sample.name == "sie_gateway_payload_offloads_total" and sample.value
-    }
+    """`sie_gateway_payload_offloads_total` by outcome, as a scrape shows it."""
+    return counts_by(telemetry, "sie_gateway_payload_offloads_total", "outcome")
 
 
 async def test_items_over_the_inline_limit_go_through_the_store_and_are_deleted_when_the_request_ends(

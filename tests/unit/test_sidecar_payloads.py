@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from sie.sidecar.abandonment import Abandonment, Tombstones
 from sie.sidecar.admission import Admission
@@ -20,6 +19,7 @@ from sie.telemetry.sidecar import SidecarMetrics
 from sie.wire import codes
 from sie.wire.offload import offloaded, packed_payload, payload_key
 from sie.wire.queue import WorkItem, WorkResult
+from support.prometheus import counts_by
 from support.sidecar_fakes import RecordingDelivery
 
 
@@ -60,9 +60,7 @@ class Stage:
 
     def fetches(self) -> dict[str, float]:
         """`sie_worker_payload_fetches_total` by outcome, as a scrape shows it."""
-        text = self.telemetry.prometheus_text().decode()
-        return {sample.labels["outcome"]: sample.value for family in text_string_to_metric_families(text)
-                for sample in family.samples if sample.name == "sie_worker_payload_fetches_total"}  # fmt: skip
+        return counts_by(self.telemetry, "sie_worker_payload_fetches_total", "outcome")
 
     def works(self, *items: WorkItem) -> list[Work]:
         works = [Work(RecordingDelivery(entry, self.log, "sie.work.default.default.default.m"), 0.0) for entry in items]
