@@ -88,7 +88,8 @@ def _is_output_types(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(kind in ENCODE_OUTPUTS for kind in value)
 
 
-def _is_token_count(value: Any) -> bool:
+def _is_count(value: Any) -> bool:
+    """Null, or a whole number of at least 1 (tokens, words, relation types)."""
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
 
 
@@ -116,14 +117,6 @@ def _is_examples(value: Any) -> bool:
         and all(_is_label(label) for label in example["labels"])
         for example in value
     )  # fmt: skip
-
-
-def _is_span_width(value: Any) -> bool:
-    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
-
-
-def _is_count(value: Any) -> bool:
-    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
 
 
 def _is_label_list(value: Any) -> bool:
@@ -154,7 +147,7 @@ RULES: Final[dict[str, OptionRule]] = {
     # Zero-shot span extraction (GLiNER): overlapping spans, several labels per span, shorter spans than the model's.
     "flat_ner": OptionRule("true or false", _is_bool),
     "multi_label": OptionRule("true or false", _is_bool),
-    "max_width": OptionRule("null or a whole number of words (at least 1)", _is_span_width),
+    "max_width": OptionRule("null or a whole number of words (at least 1)", _is_count),
     "merge_adjacent_entities": OptionRule("true or false", _is_bool),
     # Relation extraction (GLiREL): the most relation types kept for one pair of entities.
     "top_k": OptionRule("null or a whole number of relation types (at least 1)", _is_count),
@@ -177,8 +170,8 @@ RULES: Final[dict[str, OptionRule]] = {
         f"null or a list of non-blank strings of at most {MAX_LABEL_CHARS} characters", _is_label_list
     ),
     # Token limits below the model's own: every text of a text encoder, and a multi-vector model's queries.
-    "max_seq_length": OptionRule("null or a whole number of tokens (at least 1)", _is_token_count),
-    "query_max_length": OptionRule("null or a whole number of tokens (at least 1)", _is_token_count),
+    "max_seq_length": OptionRule("null or a whole number of tokens (at least 1)", _is_count),
+    "query_max_length": OptionRule("null or a whole number of tokens (at least 1)", _is_count),
     # Features of the public server this one does not have: only their "off" values are accepted.
     "lora_id": OptionRule("null (LoRA adapters are not supported)", _is_unset),
     "lora": OptionRule("null (LoRA adapters are not supported)", _is_unset),

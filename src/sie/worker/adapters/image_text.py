@@ -14,7 +14,6 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Final
 
-import attrs
 import numpy as np
 
 from sie.catalog.adapters import IMAGE_TEXT
@@ -75,7 +74,8 @@ class ImageTextAdapter(TextEncoderAdapter):
         pictured = [index for index, item in enumerate(items) if _has_images(item)]
         if not pictured:
             return super().encode(items)
-        texts = [index for index in range(len(items)) if index not in set(pictured)]
+        pictured_set = set(pictured)
+        texts = [index for index in range(len(items)) if index not in pictured_set]
         results: list[ItemResult] = [ItemResult() for _ in items]
         watch = Stopwatch()
         text_part = super().encode([items[index] for index in texts]) if texts else BatchResult([])
@@ -97,7 +97,7 @@ class ImageTextAdapter(TextEncoderAdapter):
                 if refused is not None:
                     results[index] = refused
                     continue
-                pixels = self._pixels(item)
+                pixels = self._pixels(item.item, getattr(item, "prepared_pixels", None))
                 if isinstance(pixels, str):
                     results[index] = invalid(pixels)
                     continue
@@ -107,17 +107,9 @@ class ImageTextAdapter(TextEncoderAdapter):
         if not prepared:
             return
         with watch.stage("inference"):
-            stacked = np.concatenate([pixels for _, pixels, _, _ in prepared]).astype(np.float32, copy=False)
-            parts = [
-                self.vision.run([IMAGE_EMBEDS], {PIXEL_VALUES: stacked[start : start + IMAGES_PER_RUN]})[0]
-                for start in range(0, len(stacked), IMAGES_PER_RUN)
-            ]
-            embeds = np.concatenate(parts).astype(np.float32, copy=False)
+            embeds = self._image_embeds([pixels for _, pixels, _, _ in prepared])
         with watch.stage("postprocessing"):
-            offset = 0
-            for index, pixels, dtype, normalize in prepared:
-                vectors = embeds[offset : offset + len(pixels)]
-                offset += len(pixels)
+            for (index, _, dtype, normalize), vectors in zip(prepared, embeds, strict=True):
                 vectors = l2_normalize(vectors) if normalize else vectors
                 vector = vectors[0] if len(vectors) == 1 else vectors.mean(axis=0)
                 dense = {"dims": int(vector.shape[0]), "dtype": dtype, "values": quantize(vector, dtype)}
@@ -131,16 +123,27 @@ class ImageTextAdapter(TextEncoderAdapter):
                            "Supported: {'dense'}")  # fmt: skip
         return None
 
-    def _pixels(self, item: Any) -> np.ndarray | str:
-        """The item's pixel values [images, 3, height, width]: the sidecar's, else made here; or why not."""
-        prepared = getattr(item, "prepared_pixels", None)
+    def _image_embeds(self, pixel_sets: list[np.ndarray]) -> list[np.ndarray]:
+        """The vision tower's embeddings of every set of pixel values [images, 3, height, width], all sets run
+        together in parts of IMAGES_PER_RUN images: one [images, width] array per set."""
+        stacked = np.concatenate(pixel_sets).astype(np.float32, copy=False)
+        parts = [
+            self.vision.run([IMAGE_EMBEDS], {PIXEL_VALUES: stacked[start : start + IMAGES_PER_RUN]})[0]
+            for start in range(0, len(stacked), IMAGES_PER_RUN)
+        ]
+        embeds = np.concatenate(parts).astype(np.float32, copy=False)
+        return np.split(embeds, np.cumsum([len(pixels) for pixels in pixel_sets])[:-1])
+
+    def _pixels(self, item: dict[str, Any] | None, prepared: PreparedPixels | None) -> np.ndarray | str:
+        """An item's (or score entry's) pixel values [images, 3, height, width]: the sidecar's `prepared`, else
+        made here from its images; or why they cannot be."""
         if prepared is not None:
             if prepared.error:
                 return prepared.error
             if prepared.pixel_values is not None:
                 return prepared.pixel_values
         arrays = []
-        for number, image in enumerate((item.item or {}).get("images") or []):
+        for number, image in enumerate((item or {}).get("images") or []):
             data = image.get("data") if isinstance(image, dict) else None
             if not isinstance(data, bytes | bytearray):
                 return f"Image {number} has no bytes"
@@ -161,24 +164,23 @@ class ImageTextAdapter(TextEncoderAdapter):
                 results.append(refused)
                 continue
             entries = [item.query_item or {}, *(item.score_items or [])]
-            vectors = self._entry_vectors(entries, getattr(item, "prepared_pixels", None), watch)
-            if isinstance(vectors, str):
-                results.append(invalid(vectors))
+            embedded = self._entry_vectors(entries, getattr(item, "prepared_pixels", None), watch)
+            if isinstance(embedded, str):
+                results.append(invalid(embedded))
                 continue
+            vectors, tokens = embedded
             with watch.stage("postprocessing"):
                 logits = (self.logit_scale or 1.0) * (vectors[1:] @ vectors[0])
                 if self.logit_bias is not None:  # SigLIP: each pair's own probability
                     logits = 0.5 * (1.0 + np.tanh(0.5 * (logits + self.logit_bias)))
-                texts = [entry.get("text") for entry in entries if not entry.get("images")]
-                tokens = sum(len(t.input_ids) for t in self.tokenizer.encode_batch(texts)) if texts else 0
                 results.append(ItemResult(ranked_scores(logits.tolist(), item.score_items), input_tokens=tokens))
         return watch.finish(results)
 
     def _entry_vectors(
         self, entries: list[dict[str, Any]], prepared: list[Any] | None, watch: Stopwatch
-    ) -> np.ndarray | str:
-        """One L2-normalised vector per entry (its images' mean, else its text), or why an entry cannot be read;
-        `prepared` holds the sidecar's pixels of each entry (None: made here)."""
+    ) -> tuple[np.ndarray, int] | str:
+        """One L2-normalised vector per entry (its images' mean, else its text) and the tokens its texts took, or why
+        an entry cannot be read; `prepared` holds the sidecar's pixels of each entry (None: made here)."""
         texts = {index: entry.get("text") for index, entry in enumerate(entries) if not entry.get("images")}
         if any(not isinstance(text, str) for text in texts.values()):
             return "Every score query and item needs a text or images"
@@ -187,7 +189,7 @@ class ImageTextAdapter(TextEncoderAdapter):
             for index, entry in enumerate(entries):
                 if index not in texts:
                     sidecar = prepared[index] if prepared is not None and index < len(prepared) else None
-                    made = self._pixels(_Entry(entry, sidecar))
+                    made = self._pixels(entry, sidecar)
                     if isinstance(made, str):
                         return made
                     pixels[index] = made
@@ -197,10 +199,10 @@ class ImageTextAdapter(TextEncoderAdapter):
             if texts:
                 embedded = self.forward(self.pad(tokens, [(False, {})] * len(tokens)))[0]
                 rows.update(zip(texts, l2_normalize(embedded.astype(np.float32, copy=False)), strict=True))
-            for index, values in pixels.items():
-                embedded = self.vision.run([IMAGE_EMBEDS], {PIXEL_VALUES: values.astype(np.float32, copy=False)})[0]
-                rows[index] = l2_normalize(l2_normalize(embedded.astype(np.float32)).mean(axis=0)[None, :])[0]
-        return np.stack([rows[index] for index in range(len(entries))])
+            if pixels:
+                for index, embedded in zip(pixels, self._image_embeds(list(pixels.values())), strict=True):
+                    rows[index] = l2_normalize(l2_normalize(embedded).mean(axis=0)[None, :])[0]
+        return np.stack([rows[index] for index in range(len(entries))]), sum(len(t.input_ids) for t in tokens)
 
     # --- the text tower -----------------------------------------------------------------------------------------
 
@@ -234,14 +236,6 @@ class ImageTextAdapter(TextEncoderAdapter):
     def similarities(self, outputs: list[np.ndarray], batch: PaddedBatch, query: int, docs: range) -> np.ndarray:
         vectors = l2_normalize(outputs[0][[query, *docs]].astype(np.float32, copy=False))
         return vectors[1:] @ vectors[0]
-
-
-@attrs.frozen
-class _Entry:
-    """A score query or candidate as `_pixels` reads an item: its map and the sidecar's pixels of it, if any."""
-
-    item: dict[str, Any]
-    prepared_pixels: PreparedPixels | None = None
 
 
 def _has_images(item: Any) -> bool:
