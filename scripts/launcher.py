@@ -158,7 +158,11 @@ class NatsServer:
     read back from its ports file); `max_payload` sets a message limit below its default 1 MiB. Started again
     with the same directory and port, it finds its streams where they were."""
 
-    def __init__(self, directory: Path, port: int = -1, max_payload: int | None = None) -> None:
+    def __init__(
+        self, directory: Path, port: int = -1, max_payload: int | None = None, route: ClusterRoute | None = None
+    ) -> None:
+        """`route` makes it one node of a cluster (its name, route port, peers and monitoring port)."""
+        directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.log_path = directory / "nats-server.log"
         self.log_path.unlink(missing_ok=True)  # a restart in the same directory must not read the old "ready"
@@ -166,9 +170,12 @@ class NatsServer:
             str(nats_server_binary()), "-a", HOST, "-p", str(port), "-js", "-sd", str(directory / "jetstream"),
             "--ports_file_dir", str(directory), "-l", str(self.log_path),
         ]  # fmt: skip
-        if max_payload is not None:
+        lines = [] if max_payload is None else [f"max_payload: {max_payload}"]
+        if route is not None:
+            lines += route.config_lines()
+        if lines:
             config = directory / "nats-server.conf"
-            config.write_text(f"max_payload: {max_payload}\n")
+            config.write_text("\n".join(lines) + "\n")
             command += ["-c", str(config)]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         self.url = self._wait_ready()
@@ -222,6 +229,146 @@ def _client_url(ports_file: Path) -> str | None:
     return urls[0] if urls else None
 
 
+CLUSTER_NAME: Final = "sie"
+# A JetStream cluster elects its meta leader, then each stream's, within seconds of its nodes meeting.
+NATS_CLUSTER_TIMEOUT_S: Final = 60.0
+
+
+class ClusterRoute:
+    """What makes a nats-server one node of the loopback cluster CLUSTER_NAME: its server name, the port its routes
+    listen on, every node's route port (its own included: nats-server skips it), and its monitoring port (`/jsz`)."""
+
+    def __init__(self, name: str, route_port: int, peer_route_ports: Sequence[int], monitor_port: int) -> None:
+        self.name = name
+        self.route_port = route_port
+        self.peer_route_ports = tuple(peer_route_ports)
+        self.monitor_port = monitor_port
+
+    def config_lines(self) -> list[str]:
+        routes = ", ".join(f"nats-route://{HOST}:{port}" for port in self.peer_route_ports)
+        return [
+            f"server_name: {self.name}",
+            f"http: {HOST}:{self.monitor_port}",
+            f"cluster {{ name: {CLUSTER_NAME}, listen: {HOST}:{self.route_port}, routes: [{routes}] }}",
+        ]
+
+
+class NatsCluster:
+    """`size` nats-servers with JetStream: one plain server when `size` is 1, else nodes `n1`..`nN` routed into one
+    cluster. Node i (from 1) stores under `root/nats-i` (a single server under `root`) on fixed client, route and
+    monitoring ports, so a node started again rejoins with the streams it held. `url` lists every node, comma-
+    separated, as SIE_NATS_URL takes them."""
+
+    def __init__(self, root: Path, size: int = 1, max_payload: int | None = None) -> None:
+        if size < 1:
+            raise ValueError("a NATS deployment has at least one node")
+        self.root = root
+        self.size = size
+        self.max_payload = max_payload
+        self.ports = [free_port() for _ in range(size)]
+        route_ports = [free_port() for _ in range(size)] if size > 1 else []
+        self._routes = [
+            ClusterRoute(f"n{index}", route_ports[index - 1], route_ports, free_port()) for index in self.indexes
+        ] if size > 1 else []  # fmt: skip
+        self.nodes: dict[int, NatsServer] = {}
+        self.url = ",".join(f"nats://{HOST}:{port}" for port in self.ports)
+
+    @property
+    def indexes(self) -> range:
+        return range(1, self.size + 1)
+
+    def start(self, index: int | None = None) -> None:
+        """Start node `index` (every node when None) on its ports and store; one started before must have ended."""
+        for node in self._chosen(index):
+            directory = self.root if self.size == 1 else self.root / f"nats-{node}"
+            route = self._routes[node - 1] if self._routes else None
+            self.nodes[node] = NatsServer(directory, self.ports[node - 1], self.max_payload, route)
+
+    def stop(self, index: int | None = None) -> None:
+        """SIGTERM node `index` (every node when None), killed after a timeout."""
+        for node in self._chosen(index):
+            if node in self.nodes:
+                self.nodes[node].stop()
+
+    def kill(self, index: int | None = None) -> None:
+        """kill -9 node `index` (every node when None)."""
+        for node in self._chosen(index):
+            if node in self.nodes:
+                self.nodes[node].kill()
+
+    def running(self, index: int) -> bool:
+        node = self.nodes.get(index)
+        return node is not None and node.process.poll() is None
+
+    def log(self) -> str:
+        return "\n".join(f"--- nats node {index}\n{node.log()}" for index, node in self.nodes.items())
+
+    def stream_leader(self, stream: str) -> int | None:
+        """The running node leading `stream`'s replicas, as the nodes' monitoring endpoints report it; None without a
+        leader (an election in progress), without the stream, or for a single server."""
+        for view in self._stream_views(stream).values():
+            leader = view.get("leader")
+            if leader and self.running(int(leader.removeprefix("n"))):
+                return int(leader.removeprefix("n"))
+        return None
+
+    def node_serving(self, connection_prefix: str) -> int | None:
+        """The running node a client whose connection name starts with `connection_prefix` is connected to (the
+        roles name theirs `sie-gateway-…`, `sie-sidecar-…`), from the nodes' `/connz`; None when none is."""
+        with httpx.Client(timeout=2.0) as client:
+            for index, route in zip(self.indexes, self._routes, strict=False):
+                if not self.running(index):
+                    continue
+                try:
+                    answer = client.get(f"http://{HOST}:{route.monitor_port}/connz?limit=1024").json()
+                except (httpx.HTTPError, ValueError):
+                    continue
+                names = [connection.get("name") or "" for connection in answer.get("connections") or []]
+                if any(name.startswith(connection_prefix) for name in names):
+                    return index
+        return None
+
+    def wait_current(self, streams: Sequence[str], timeout_s: float = NATS_CLUSTER_TIMEOUT_S) -> None:
+        """Return once each of `streams` has a leader whose own view shows every other replica current (caught up):
+        what a rolling restart waits for before it takes the next node down."""
+
+        def current() -> bool:
+            for stream in streams:
+                leader = self.stream_leader(stream)
+                view = self._stream_views(stream).get(leader) if leader is not None else None
+                replicas = (view or {}).get("replicas") or []
+                if len(replicas) != self.size - 1 or not all(replica.get("current") for replica in replicas):
+                    return False
+            return True
+
+        if self.size > 1 and not holds_within(current, timeout_s, interval_s=0.2):
+            raise TimeoutError(f"NATS streams {list(streams)} not current after {timeout_s} s:\n{self.log()}")
+
+    def _stream_views(self, stream: str) -> dict[int, dict[str, Any]]:
+        """`stream`'s `cluster` object as each running node's monitoring endpoint reports it, by node."""
+        views: dict[int, dict[str, Any]] = {}
+        with httpx.Client(timeout=2.0) as client:
+            for index, route in zip(self.indexes, self._routes, strict=False):
+                if not self.running(index):
+                    continue
+                try:
+                    answer = client.get(f"http://{HOST}:{route.monitor_port}/jsz?accounts=true&streams=true").json()
+                except (httpx.HTTPError, ValueError):
+                    continue
+                for account in answer.get("account_details") or []:
+                    for detail in account.get("stream_detail") or []:
+                        if detail.get("name") == stream and detail.get("cluster"):
+                            views[index] = detail["cluster"]
+        return views
+
+    def _chosen(self, index: int | None) -> range | list[int]:
+        if index is None:
+            return self.indexes
+        if index not in self.indexes:
+            raise ValueError(f"no NATS node {index}; nodes are 1..{self.size}")
+        return [index]
+
+
 def start_all(
     args: Sequence[str], env: Mapping[str, str], log_path: Path, timeout_s: float = 300.0
 ) -> tuple[RoleProcess, str]:
@@ -262,6 +409,8 @@ class Cluster:
     `role_env` to the worker, sidecar and gateway (telemetry settings), `gateway_env` to the gateway alone,
     `max_payload` to nats-server, `health_interval_s` (the heartbeat period) to the sidecar and the gateway,
     `gateway_timeout_s` is the gateway's request timeout; with `broker_up` False the roles start before the broker.
+    `nats_nodes` > 1 runs the broker as a JetStream cluster of that many nodes (`NatsCluster`), the roles given every
+    node's URL; its parts are then `nats` (every node) and `nats-1`..`nats-N`.
     """
 
     def __init__(  # noqa: PLR0913 - the options of a deployment, each with a default
@@ -277,13 +426,13 @@ class Cluster:
         gateway_env: Mapping[str, str] | None = None,
         gateway_timeout_s: float = 60.0,
         broker_up: bool = True,
+        nats_nodes: int = 1,
     ) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
         self.model = model
-        self.nats_port = free_port()
-        self.nats_url = f"nats://{HOST}:{self.nats_port}"
-        self.max_payload = max_payload
+        self.brokers = NatsCluster(root, nats_nodes, max_payload)
+        self.nats_url = self.brokers.url
         self.socket = root / "worker.sock"
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
@@ -296,7 +445,6 @@ class Cluster:
         self.gateway_env = {**self.broker_env, **(gateway_env or {})}
         self.health_interval = ["--health-interval-s", str(health_interval_s)]
         self.gateway_timeout_s = gateway_timeout_s
-        self.nats: NatsServer | None = None
         self.roles: dict[str, RoleProcess] = {}
         self._starts = 0
         try:
@@ -321,28 +469,26 @@ class Cluster:
         return self.roles["gateway"]
 
     def start(self, part: str) -> None:
-        """Start `part` ("nats" or a role) again with the same ports, socket and store as before (the previous one
-        must have ended)."""
+        """Start `part` ("nats", "nats-I" or a role) again with the same ports, socket and store as before (the
+        previous one must have ended)."""
         self._starts += 1
-        if part == "nats":
-            self.nats = NatsServer(self.root, self.nats_port, self.max_payload)
+        if part.startswith("nats"):
+            self.brokers.start(_node(part))
             return
         args, env = self._arguments(part)
         self.roles[part] = RoleProcess(part, args, env, self.root / f"{part}-{self._starts}.log")
 
     def stop(self, part: str) -> None:
         """SIGTERM `part` and wait for it (killed after a timeout)."""
-        if part == "nats":
-            if self.nats is not None:
-                self.nats.stop()
+        if part.startswith("nats"):
+            self.brokers.stop(_node(part))
         else:
             self.roles[part].stop()
 
     def kill(self, part: str) -> None:
         """kill -9 `part`, and reap it."""
-        if part == "nats":
-            if self.nats is not None:
-                self.nats.kill()
+        if part.startswith("nats"):
+            self.brokers.kill(_node(part))
         else:
             self.roles[part].kill()
 
@@ -351,14 +497,14 @@ class Cluster:
         for role in ("gateway", "sidecar", "worker"):
             if role in self.roles:
                 self.roles[role].stop()
-        if self.nats is not None:
-            self.nats.stop()
+        self.brokers.stop()
 
     def revive(self, timeout_s: float = SERVING_TIMEOUT_S) -> None:
         """Start again every part that has stopped (a test before stopped the broker or killed a role), then wait
         until the deployment serves: what a test sharing the deployment calls first."""
-        if self.nats is not None and self.nats.process.poll() is not None:
-            self.start("nats")
+        for index in self.brokers.indexes:
+            if index in self.brokers.nodes and not self.brokers.running(index):
+                self.brokers.start(index)
         for role, process in list(self.roles.items()):
             if process.returncode is not None:
                 self.start(role)
@@ -419,6 +565,11 @@ class Cluster:
             timeout = ["--gateway-request-timeout", str(self.gateway_timeout_s)]
             return ["--host", HOST, "--port", str(self.port), *timeout, *self.health_interval], self.gateway_env
         raise ValueError(f"no part {role!r}; expected nats or one of {', '.join(ROLES)}")
+
+
+def _node(part: str) -> int | None:
+    """The node a broker part names: `nats` is every node (None), `nats-I` node I."""
+    return None if part == "nats" else int(part.removeprefix("nats-"))
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from faults import SCENARIOS, fault_cluster, reference_cluster, run_scenario  # noqa: E402
+from faults import SCENARIOS, reference_cluster, run_scenario, scenario_cluster  # noqa: E402
 from load import LoadOptions, References, Tally, make_texts  # noqa: E402
 
 HEADER = f"{'scenario':<10} {'sent':>7} {'verified':>9} {'failed':>7} {'lost':>6} {'recovery s':>11} {'slowest s':>10}"
@@ -44,7 +44,7 @@ async def measure(scenarios: list[str], options: LoadOptions, root: Path) -> lis
         directory.mkdir()
         if scenario == "nats_down" and references is None:
             references = await reference_cluster(root / "references", options)
-        cluster = fault_cluster(directory, broker_up=scenario != "nats_down")
+        cluster = scenario_cluster(directory, scenario)
         try:
             if scenario != "nats_down":
                 await asyncio.to_thread(cluster.wait_serving)

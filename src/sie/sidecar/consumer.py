@@ -22,7 +22,7 @@ from sie.sidecar.results import unknown_operation_result
 from sie.sidecar.settlement import Settler, Verdict, verdict
 from sie.sidecar.token_ops import TOKEN_OPERATIONS
 from sie.sidecar.work import AdmittedGroup, Outbox, Work
-from sie.transport.base import Delivery, LaneConsumer
+from sie.transport.base import Delivery, LaneConsumer, TransportError
 from sie.wire.ipc_batch import OP_ENCODE, OP_EXTRACT, OP_SCORE
 from sie.wire.queue import OPERATION_GENERATE
 
@@ -117,6 +117,10 @@ class Consumer:
                 continue
             try:
                 deliveries = await self._lane.fetch(room, self._fetch_wait_s)
+            except TransportError as exc:  # the broker away or electing a leader: expected, one line says it
+                logger.warning("fetch failed (%s); retrying in %.1f s", exc, FETCH_ERROR_BACKOFF_S)
+                await asyncio.sleep(FETCH_ERROR_BACKOFF_S)
+                continue
             except Exception:  # noqa: BLE001 - a broker hiccup must not end the lane; back off and retry
                 logger.warning("fetch failed; retrying in %.1f s", FETCH_ERROR_BACKOFF_S, exc_info=True)
                 await asyncio.sleep(FETCH_ERROR_BACKOFF_S)
