@@ -7,6 +7,10 @@ the gateway-wide chunk budget (result_chunks.py); an invalid transfer fails the 
 transport_failure. The entry leaves the table on completion, timeout, publish failure or client disconnect:
 `expect` owns it, and on leaving releases its chunk reservations and runs its close hooks (payload cleanup).
 
+Results travel on core NATS: one published while the gateway's connection was down is lost. So when the bus
+reports a reconnect, each waiting request asks again (`resend_with`: its dispatcher republishes the items whose slots
+are still empty, duplicates being dropped as above), and so does each generation no chunk has arrived for yet.
+
 A generation registers a ChunkStream instead (`open_stream`): its GenerateChunks come out in `seq` order from the
 first attempt to deliver seq 0 (a reorder buffer; duplicates and other attempts' chunks are dropped) until the
 `done` chunk. A failed WorkResult for it (the sidecar refused the item before the worker saw it) ends the stream
@@ -42,7 +46,7 @@ MAX_CANDIDATE_ATTEMPTS: Final = 8
 class PendingRequest:
     """The result slots of one request, in item order."""
 
-    __slots__ = ("request_id", "results", "missing", "_done", "_budget", "_chunks", "_close_hooks")
+    __slots__ = ("request_id", "results", "missing", "_done", "_budget", "_chunks", "_close_hooks", "_resend")
 
     def __init__(
         self, request_id: str, size: int, done: asyncio.Future[None], budget: ChunkBudget | None = None
@@ -54,6 +58,16 @@ class PendingRequest:
         self._budget = budget
         self._chunks: ResultReassembly | None = None  # made on the first chunk: most requests never get one
         self._close_hooks: list[Callable[[], None]] = []
+        self._resend: Callable[[list[int]], None] | None = None
+
+    def resend_with(self, resend: Callable[[list[int]], None]) -> None:
+        """How to ask again for results that may have been lost: `resend(indexes of the empty slots)`."""
+        self._resend = resend
+
+    def resend(self) -> None:
+        """Ask again for every result not received yet (after a reconnect); nothing once answered or failed."""
+        if self._resend is not None and self.missing and not self._done.done():
+            self._resend([index for index, result in enumerate(self.results) if result is None])
 
     def fill(self, result: WorkResult) -> None:
         """Store a result in its slot; a duplicate or out-of-range index is ignored."""
@@ -122,7 +136,7 @@ class ChunkStream:
     """The ordered chunks of one generation: `next` yields them in `seq` order, once each, up to the `done` one."""
 
     __slots__ = ("request_id", "attempt_id", "finished", "_next_seq", "_held", "_candidates", "_ready", "_error",
-                 "_wakeup", "_on_close", "_closed")  # fmt: skip
+                 "_wakeup", "_on_close", "_closed", "_resend")  # fmt: skip
 
     def __init__(self, request_id: str, on_close: Callable[[], None] | None = None) -> None:
         self.request_id = request_id
@@ -136,6 +150,18 @@ class ChunkStream:
         self._wakeup = asyncio.Event()
         self._on_close = on_close
         self._closed = False
+        self._resend: Callable[[], None] | None = None
+
+    def resend_with(self, resend: Callable[[], None]) -> None:
+        """How to ask again for the generation (publish its item again) while none of its chunks has arrived."""
+        self._resend = resend
+
+    def resend(self) -> None:
+        """After a reconnect: ask again when no chunk has arrived (none can be missing from the middle then; a
+        stream already under way keeps its attempt, and a gap in it ends it by the request timeout)."""
+        untouched = self.attempt_id is None and not self._candidates
+        if self._resend is not None and untouched and not self._closed and self._error is None:
+            self._resend()
 
     def add(self, chunk: GenerateChunk) -> None:
         """Take one chunk as it arrived; it is released once every lower seq of its attempt has been."""
@@ -227,6 +253,7 @@ class Collector:
 
     async def __aenter__(self) -> Self:
         self._subscription = await self._bus.subscribe_results(self._subject, self._on_result)
+        self._bus.on_reconnect(self._resend_waiting)
         return self
 
     async def __aexit__(
@@ -264,6 +291,20 @@ class Collector:
         stream = ChunkStream(request_id, lambda: self._streams.pop(request_id, None))
         self._streams[request_id] = stream
         return stream
+
+    def _resend_waiting(self) -> None:
+        """The bus reconnected: results published meanwhile are lost, so every waiting request asks again."""
+        if self._subscription is None or not (self._pending or self._streams):
+            return
+        logger.info(
+            "reconnected to the broker: asking again for the results of %d requests and %d generations",
+            len(self._pending),
+            len(self._streams),
+        )
+        for pending in list(self._pending.values()):
+            pending.resend()
+        for stream in list(self._streams.values()):
+            stream.resend()
 
     def _on_result(self, message: ResultMessage) -> None:
         if isinstance(message, GenerateChunk):

@@ -131,6 +131,7 @@ class Dispatcher:
             try:
                 stored = await self.publisher.publish(route.lane, route.subject, items, direct)
                 stored.add_done_callback(functools.partial(_fail_unless_stored, pending.fail, route.subject))
+                pending.resend_with(functools.partial(self._republish, route, items))
                 published = time.perf_counter()
                 results = await pending.wait(self.timeout_s)
             except BaseException:  # a timeout, a failed publish, the client gone (cancelled): nobody waits now
@@ -154,11 +155,17 @@ class Dispatcher:
             streamed.hold(self.publisher.in_flight(route.lane, 1))
             stored = await self.publisher.publish(route.lane, route.subject, [item], direct)
             stored.add_done_callback(functools.partial(_fail_unless_stored, chunks.fail, route.subject))
+            chunks.resend_with(functools.partial(self._republish, route, [item], [0]))
         except BaseException:
             streamed.close()
             raise
         streamed.publish_ms = (time.perf_counter() - started) * 1e3
         return streamed
+
+    def _republish(self, route: Route, items: list[WorkItem], indexes: list[int]) -> None:
+        """Publish `items[indexes]` again on the route's lane (the work of a request whose results may have been
+        lost while the broker connection was down; the collector drops whatever arrives twice)."""
+        self.publisher.republish(route.lane, route.subject, [items[index] for index in indexes])
 
     def _ticket(self, trace: TraceHeaders | None) -> Ticket:
         """A new request's name, reply subject and deadline (now + the request timeout)."""

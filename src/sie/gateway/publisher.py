@@ -17,8 +17,8 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import Final, Protocol
+from collections.abc import Callable, Collection, Coroutine, Iterator, Sequence
+from typing import Any, Final, Protocol
 
 import attrs
 
@@ -32,7 +32,7 @@ from sie.wire.queue import WorkItem
 logger = logging.getLogger(__name__)
 
 # Cancel announcements in flight at once; beyond it they are skipped (best effort: deadlines still apply).
-MAX_PENDING_CANCELS: Final = 1024
+MAX_DETACHED_SENDS: Final = 1024
 # How long pending demand lasts when nobody configured it (SIE_GATEWAY_DEMAND_TTL_S).
 DEFAULT_DEMAND_TTL_S: Final = 300.0
 
@@ -109,7 +109,7 @@ class WorkPublisher:
     ) -> None:
         self._queue = queue
         self._metrics = metrics
-        self._cancels: set[asyncio.Task[None]] = set()
+        self._detached: set[asyncio.Task[None]] = set()  # cancel announcements and republishes under way
         self._consumers = consumers
         self.router_id = router_id
         self._reply_prefix = reply_subject(router_id, "")
@@ -271,6 +271,21 @@ class WorkPublisher:
         else:
             self._metrics.publish_ack("refused" if stored.exception() is not None else "stored")
 
+    def republish(self, lane: Lane, subject: str, items: Sequence[WorkItem]) -> None:
+        """Publish `items` again on `subject` (a subject of `lane`), detached and best effort: the work of a request
+        whose results may have been lost while the broker connection was down. A failure is logged; the request's
+        own timeout still bounds its wait."""
+        self._detach(self._send_again(subject, items), f"republish on {subject}")
+
+    async def _send_again(self, subject: str, items: Sequence[WorkItem]) -> None:
+        try:
+            await (await self._queue.submit_work_batch(subject, items))
+        except TransportError as exc:
+            logger.warning("publishing %d work items again on %s failed: %s", len(items), subject, exc)
+        else:
+            if self._metrics is not None:
+                self._metrics.republished(len(items))
+
     def abandon(self, request_id: str) -> None:
         """Announce on `work_cancel.{router_id}.{request_id}` (NATS core, best effort) that nobody waits for the
         request any more, so sidecars drop its work wherever it still waits. Detached: it never delays the
@@ -284,12 +299,16 @@ class WorkPublisher:
         self._announce(generate_cancel_subject(self.router_id, request_id), request_id)
 
     def _announce(self, subject: str, request_id: str) -> None:
-        if len(self._cancels) >= MAX_PENDING_CANCELS:
-            logger.debug("cancel of %s skipped: %d announcements pending", request_id, len(self._cancels))
+        if len(self._detached) >= MAX_DETACHED_SENDS:
+            logger.debug("cancel of %s skipped: %d sends pending", request_id, len(self._detached))
             return
-        task = asyncio.get_running_loop().create_task(self._send_cancel(subject, request_id))
-        self._cancels.add(task)
-        task.add_done_callback(self._cancels.discard)
+        self._detach(self._send_cancel(subject, request_id), f"cancel {request_id}")
+
+    def _detach(self, send: Coroutine[Any, Any, None], name: str) -> None:
+        """Run `send` in a task of its own, referenced until it ends."""
+        task = asyncio.get_running_loop().create_task(send, name=name)
+        self._detached.add(task)
+        task.add_done_callback(self._detached.discard)
 
     async def _send_cancel(self, subject: str, request_id: str) -> None:
         try:

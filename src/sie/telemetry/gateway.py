@@ -111,6 +111,15 @@ class GatewayMetrics:
         self._publish_acks = Tally(
             meter, "sie.gateway.publish.acks", "{request}", "Published work by the stream's answer.", ("outcome",)
         )
+        # Work items published again after a broker reconnect: their results may have been sent while it was away.
+        self._republished = Tally(
+            meter,
+            "sie.gateway.republished.items",
+            "{item}",
+            "Work items published again after a broker reconnect (their results may have been lost meanwhile).",
+            (),
+        )
+        self._republished.add((), 0)  # the series exists from the start, so increase() sees the first one
         self._lane_admission = Tally(
             meter,
             "sie.gateway.lane.admission.decisions",
@@ -175,6 +184,9 @@ class GatewayMetrics:
 
     def publish_ack(self, outcome: str) -> None:
         self._publish_acks.add((outcome,))
+
+    def republished(self, items: int) -> None:
+        self._republished.add((), items)
 
     def lane_admission(self, lane: LaneKey, decision: LaneDecision) -> None:
         self._lane_admission.add((*lane, decision.value))

@@ -173,6 +173,11 @@ class MessageBus(Protocol):
     async def flush(self) -> None:
         """Return once everything published so far has reached the broker."""
 
+    def on_reconnect(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` each time the broker connection is back after a drop, its subscriptions in place again.
+        Core messages published to this process while it was away are lost (results among them), so a listener
+        asks again for what it still waits for. A transport that cannot drop (the loopback) never calls it."""
+
 
 class Transport(WorkQueue, MessageBus, Protocol):
     """Both halves, as one broker connection provides them, and the dead letters kept beside the work streams;

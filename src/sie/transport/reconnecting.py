@@ -69,6 +69,7 @@ class ReconnectingTransport:
         self._stack: AsyncExitStack | None = None
         self._inner: Transport | None = None
         self._deferred: list[_DeferredSubscription] = []
+        self._reconnect_listeners: list[Callable[[], None]] = []
         self._settled: asyncio.Event | None = None  # set once connected or closed
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -147,6 +148,8 @@ class ReconnectingTransport:
             await stack.aclose()
             raise
         # No await from the last subscription made to here: nothing can record one the loop would miss.
+        for listener in self._reconnect_listeners:
+            inner.on_reconnect(listener)
         self._stack, self._inner = stack, inner
         self._deferred.clear()
         if self._settled is not None:
@@ -241,6 +244,13 @@ class ReconnectingTransport:
 
     async def flush(self) -> None:
         await self._current("flush").flush()
+
+    def on_reconnect(self, listener: Callable[[], None]) -> None:
+        """Passed to the inner transport once connected (now, if it is); its reconnects are the ones that count:
+        the first connect follows no drop, so nothing published to this process was lost before it."""
+        self._reconnect_listeners.append(listener)
+        if self._inner is not None:
+            self._inner.on_reconnect(listener)
 
     def dead_letters(self) -> DeadLetterStore:
         """The inner transport's dead letters; each call raises TransportUnavailable until connected."""

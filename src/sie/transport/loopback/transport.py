@@ -7,7 +7,7 @@ created inside the running loop and cancelled on exit. Objects travel by referen
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -156,6 +156,9 @@ class LoopbackTransport:
     async def flush(self) -> None:
         """Nothing is buffered: a publish has reached its subscribers when it returns."""
         self._running_loop()
+
+    def on_reconnect(self, listener: Callable[[], None]) -> None:
+        """Never called: the in-process bus has no connection to lose."""
 
     def dead_letters(self) -> LoopbackDeadLetterStore:
         """The dead letters of this transport's pool streams (in memory, bounded)."""

@@ -79,6 +79,10 @@ class Connection:
         """Call `listener()` whenever the connection drops (before nats-py starts reconnecting)."""
         self._events.listeners.append(listener)
 
+    def on_reconnect(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` whenever the connection is back after a drop, its subscriptions sent again."""
+        self._events.reconnect_listeners.append(listener)
+
     @property
     def is_closed(self) -> bool:
         """Whether the transport was closed or the connection is gone for good."""
@@ -120,6 +124,7 @@ class _Events:
         self.closing = False
         self.last_error: Exception | None = None
         self.listeners: list[Callable[[], None]] = []
+        self.reconnect_listeners: list[Callable[[], None]] = []
 
     async def on_error(self, exc: Exception) -> None:
         if self.connecting:
@@ -136,3 +141,5 @@ class _Events:
 
     async def on_reconnected(self) -> None:
         logger.info("reconnected to NATS")
+        for listener in self.reconnect_listeners:
+            listener()

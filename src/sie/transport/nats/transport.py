@@ -9,7 +9,7 @@ import asyncio
 import functools
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -180,6 +180,11 @@ class NatsTransport:
     async def flush(self) -> None:
         """Return once everything published so far has reached the broker."""
         await self._open("flush").bus.flush()
+
+    def on_reconnect(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` whenever nats-py has reconnected (to this server or another of the cluster) and sent
+        the subscriptions again."""
+        self._connection("on_reconnect").on_reconnect(listener)
 
     def dead_letters(self) -> NatsDeadLetterStore:
         """The `DEAD_LETTERS` stream on this transport's connection (usable while the transport is open)."""
