@@ -32,6 +32,7 @@ WORKLOAD_KINDS = {"Deployment", "StatefulSet"}
 SECRET_PLACEHOLDER = "placeholder-token"
 SCALING_PATH = "/v1/scaling/lanes"
 LANE_VARIABLES = ("SIE_POOL", "SIE_MACHINE_PROFILE", "SIE_BUNDLE")
+NATS_ENV = {"POD_NAME"}
 
 
 @pytest.fixture(scope="module", params=VALUE_SETS, ids=VALUE_SET_IDS)
@@ -238,8 +239,9 @@ def _env_problems(manifests: list[dict[str, Any]]) -> tuple[list[str], set[str]]
         role = _sie_role(container)
         where = f"{workload['metadata']['name']}/{container['name']}"
         names = [item["name"] for item in container.get("env", [])]
-        if role is None:
-            problems += [f"{where} is no SIE container but sets {name}" for name in names]
+        if role is None:  # the NATS server reads only its pod's name (a cluster node's server name)
+            allowed = NATS_ENV if container["image"].startswith("nats:") else set()
+            problems += [f"{where} is no SIE container but sets {name}" for name in names if name not in allowed]
             continue
         seen_roles.add(role)
         problems += [f"{where} sets {name} twice" for name in sorted(set(names)) if names.count(name) > 1]
@@ -374,6 +376,45 @@ def test_bundled_nats_runs_jetstream_on_its_volume() -> None:
     assert nats["spec"]["serviceName"] in services
 
 
+def test_nats_replicas_make_a_jetstream_cluster_the_roles_reach_and_replicate_on() -> None:
+    manifests = render(CHART, CHART / "ci" / "nats-cluster.yaml")
+    (nats,) = _of_kind(manifests, "StatefulSet")
+    name, headless = nats["metadata"]["name"], nats["spec"]["serviceName"]
+    assert (nats["spec"]["replicas"], nats["spec"]["podManagementPolicy"]) == (3, "Parallel")
+    pod = nats["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    arguments = container["args"]
+    assert arguments[arguments.index("--server_name") + 1] == "$(POD_NAME)"
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container["env"]
+    assert arguments[arguments.index("--cluster") + 1] == "nats://0.0.0.0:6222"
+    routes = arguments[arguments.index("--routes") + 1].split(",")
+    assert routes == [f"nats://{name}-{index}.{headless}:6222" for index in range(3)]
+    assert {"name": "cluster", "containerPort": 6222} in container["ports"]
+    headless_ports = {port["name"]: port["port"] for port in _named(manifests, "Service")[headless]["spec"]["ports"]}
+    assert headless_ports["cluster"] == 6222
+    anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert anti["labelSelector"]["matchLabels"] == nats["spec"]["selector"]["matchLabels"]
+    budget = _named(manifests, "PodDisruptionBudget")[name]
+    assert budget["spec"]["maxUnavailable"] == 1  # two of three keep the quorum
+    assert budget["spec"]["selector"] == nats["spec"]["selector"]
+    for _, container in _containers(manifests):
+        role = _sie_role(container)
+        env = _literal_env(container)
+        if role in {"gateway", "config", "sidecar"}:
+            assert env["SIE_NATS_URL"].split(",") == [f"nats://{name}-{index}.{headless}:4222" for index in range(3)]
+        if role in {"gateway", "sidecar"}:
+            assert env["SIE_STREAM_REPLICAS"] == "3"
+
+
+def test_a_single_nats_server_keeps_single_replica_streams_and_no_budget() -> None:
+    manifests = render(CHART)
+    (nats,) = _of_kind(manifests, "StatefulSet")
+    assert nats["spec"]["replicas"] == 1 and "--routes" not in nats["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert nats["metadata"]["name"] not in _named(manifests, "PodDisruptionBudget")
+    replicas = {_literal_env(c)["SIE_STREAM_REPLICAS"] for _, c in _containers(manifests) if _sie_role(c) == "gateway"}
+    assert replicas == {"1"}
+
+
 def test_auth_from_an_existing_secret_is_never_written() -> None:
     manifests = render(CHART, CHART / "ci" / "auth-existing-secret.yaml")
     assert not _of_kind(manifests, "Secret")
@@ -446,6 +487,16 @@ BAD_VALUES = {
     "external-nats-without-url": ("nats:\n  enabled: false\n", "nats.enabled=false needs nats.url"),
     "prometheus-without-server": ("keda:\n  enabled: true\n  trigger: prometheus\n", "keda.prometheus.serverAddress"),
     "memory-pool-store-replicated": ("gateway:\n  poolStore: memory\n", "gateway.poolStore=memory"),
+    "nats-replicas-even": ("nats:\n  replicas: 2\n", "nats.replicas 2 must be 1 or an odd whole number >= 3"),
+    "nats-replicas-zero": ("nats:\n  replicas: 0\n", "nats.replicas 0 must be 1 or an odd"),
+    "stream-replicas-over-servers": (
+        "nats:\n  replicas: 3\n  streamReplicas: 5\n",
+        "nats.streamReplicas 5 exceeds the 3 bundled NATS servers",
+    ),
+    "stream-replicas-over-limit": (
+        "nats:\n  enabled: false\n  url: nats://n:4222\n  streamReplicas: 7\n",
+        "nats.streamReplicas 7 must be 0 (follow nats.replicas) or 1..5",
+    ),
 }
 
 

@@ -171,7 +171,17 @@ and image, which take the entry's keys over the default's one by one. Call with 
 {{- if .Values.nats.url -}}
 {{- fail "nats.url names an external NATS: set nats.enabled=false with it, or leave it empty to use the bundled StatefulSet" -}}
 {{- end -}}
-{{- printf "nats://%s:%d" (include "sie.componentName" (dict "root" . "component" "nats")) (int .Values.nats.service.port) -}}
+{{- $name := include "sie.componentName" (dict "root" . "component" "nats") -}}
+{{- $replicas := int (include "sie.natsReplicas" .) -}}
+{{- if eq $replicas 1 -}}
+{{- printf "nats://%s:%d" $name (int .Values.nats.service.port) -}}
+{{- else -}}
+{{- $urls := list -}}
+{{- range $index := until $replicas -}}
+{{- $urls = append $urls (printf "nats://%s-%d.%s-headless:4222" $name $index $name) -}}
+{{- end -}}
+{{- join "," $urls -}}
+{{- end -}}
 {{- else -}}
 {{- if not .Values.nats.url -}}
 {{- fail "nats.enabled=false needs nats.url (the external NATS with JetStream, e.g. nats://nats.nats.svc:4222)" -}}
@@ -180,6 +190,33 @@ and image, which take the entry's keys over the default's one by one. Call with 
 {{- fail (printf "nats.url %q must start with nats:// or tls://" .Values.nats.url) -}}
 {{- end -}}
 {{- .Values.nats.url -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The bundled NATS's server count: 1, or an odd number >= 3 (a JetStream cluster needs a majority). */}}
+{{- define "sie.natsReplicas" -}}
+{{- $replicas := .Values.nats.replicas -}}
+{{- if or (not (kindIs "float64" $replicas)) (ne (float64 (int $replicas)) $replicas) (lt (int $replicas) 1) (and (gt (int $replicas) 1) (or (lt (int $replicas) 3) (eq (mod (int $replicas) 2) 0))) -}}
+{{- fail (printf "nats.replicas %v must be 1 or an odd whole number >= 3 (a JetStream cluster needs a majority of its servers)" $replicas) -}}
+{{- end -}}
+{{- int $replicas -}}
+{{- end -}}
+
+{{/* SIE_STREAM_REPLICAS: nats.streamReplicas, else min(nats.replicas, 3) with the bundled NATS and 1 with an external one. */}}
+{{- define "sie.streamReplicas" -}}
+{{- $nats := .Values.nats -}}
+{{- $wanted := int $nats.streamReplicas -}}
+{{- if or (lt $wanted 0) (gt $wanted 5) -}}
+{{- fail (printf "nats.streamReplicas %v must be 0 (follow nats.replicas) or 1..5 (JetStream's limit)" $nats.streamReplicas) -}}
+{{- end -}}
+{{- if $nats.enabled -}}
+{{- $servers := int (include "sie.natsReplicas" .) -}}
+{{- if gt $wanted $servers -}}
+{{- fail (printf "nats.streamReplicas %d exceeds the %d bundled NATS servers (nats.replicas)" $wanted $servers) -}}
+{{- end -}}
+{{- if eq $wanted 0 -}}{{- min $servers 3 -}}{{- else -}}{{- $wanted -}}{{- end -}}
+{{- else -}}
+{{- max $wanted 1 -}}
 {{- end -}}
 {{- end -}}
 
