@@ -159,9 +159,15 @@ class NatsServer:
     with the same directory and port, it finds its streams where they were."""
 
     def __init__(
-        self, directory: Path, port: int = -1, max_payload: int | None = None, route: ClusterRoute | None = None
+        self,
+        directory: Path,
+        port: int = -1,
+        max_payload: int | None = None,
+        route: ClusterRoute | None = None,
+        monitor_port: int | None = None,
     ) -> None:
-        """`route` makes it one node of a cluster (its name, route port, peers and monitoring port)."""
+        """`route` makes it one node of a cluster (its name, route port and peers); `monitor_port` serves nats-server's
+        monitoring endpoints (`/varz`, `/jsz`, `/connz`)."""
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.log_path = directory / "nats-server.log"
@@ -170,6 +176,8 @@ class NatsServer:
             str(nats_server_binary()), "-a", HOST, "-p", str(port), "-js", "-sd", str(directory / "jetstream"),
             "--ports_file_dir", str(directory), "-l", str(self.log_path),
         ]  # fmt: skip
+        if monitor_port is not None:
+            command += ["-m", str(monitor_port)]
         lines = [] if max_payload is None else [f"max_payload: {max_payload}"]
         if route is not None:
             lines += route.config_lines()
@@ -236,19 +244,17 @@ NATS_CLUSTER_TIMEOUT_S: Final = 60.0
 
 class ClusterRoute:
     """What makes a nats-server one node of the loopback cluster CLUSTER_NAME: its server name, the port its routes
-    listen on, every node's route port (its own included: nats-server skips it), and its monitoring port (`/jsz`)."""
+    listen on, and every node's route port (its own included: nats-server skips it)."""
 
-    def __init__(self, name: str, route_port: int, peer_route_ports: Sequence[int], monitor_port: int) -> None:
+    def __init__(self, name: str, route_port: int, peer_route_ports: Sequence[int]) -> None:
         self.name = name
         self.route_port = route_port
         self.peer_route_ports = tuple(peer_route_ports)
-        self.monitor_port = monitor_port
 
     def config_lines(self) -> list[str]:
         routes = ", ".join(f"nats-route://{HOST}:{port}" for port in self.peer_route_ports)
         return [
             f"server_name: {self.name}",
-            f"http: {HOST}:{self.monitor_port}",
             f"cluster {{ name: {CLUSTER_NAME}, listen: {HOST}:{self.route_port}, routes: [{routes}] }}",
         ]
 
@@ -256,8 +262,8 @@ class ClusterRoute:
 class NatsCluster:
     """`size` nats-servers with JetStream: one plain server when `size` is 1, else nodes `n1`..`nN` routed into one
     cluster. Node i (from 1) stores under `root/nats-i` (a single server under `root`) on fixed client, route and
-    monitoring ports, so a node started again rejoins with the streams it held. `url` lists every node, comma-
-    separated, as SIE_NATS_URL takes them."""
+    monitoring ports (`monitor_urls`), so a node started again rejoins with the streams it held. `url` lists every
+    node, comma-separated, as SIE_NATS_URL takes them."""
 
     def __init__(self, root: Path, size: int = 1, max_payload: int | None = None) -> None:
         if size < 1:
@@ -267,9 +273,12 @@ class NatsCluster:
         self.max_payload = max_payload
         self.ports = [free_port() for _ in range(size)]
         route_ports = [free_port() for _ in range(size)] if size > 1 else []
-        self._routes = [
-            ClusterRoute(f"n{index}", route_ports[index - 1], route_ports, free_port()) for index in self.indexes
-        ] if size > 1 else []  # fmt: skip
+        self._routes = (
+            [ClusterRoute(f"n{index}", route_ports[index - 1], route_ports) for index in self.indexes]
+            if size > 1
+            else []
+        )
+        self.monitor_urls = [f"http://{HOST}:{free_port()}" for _ in range(size)]
         self.nodes: dict[int, NatsServer] = {}
         self.url = ",".join(f"nats://{HOST}:{port}" for port in self.ports)
 
@@ -281,8 +290,9 @@ class NatsCluster:
         """Start node `index` (every node when None) on its ports and store; one started before must have ended."""
         for node in self._chosen(index):
             directory = self.root if self.size == 1 else self.root / f"nats-{node}"
-            route = self._routes[node - 1] if self._routes else None
-            self.nodes[node] = NatsServer(directory, self.ports[node - 1], self.max_payload, route)
+            route = self._routes[node - 1] if self.size > 1 else None
+            monitor_port = int(self.monitor_urls[node - 1].rsplit(":", 1)[1])
+            self.nodes[node] = NatsServer(directory, self.ports[node - 1], self.max_payload, route, monitor_port)
 
     def stop(self, index: int | None = None) -> None:
         """SIGTERM node `index` (every node when None), killed after a timeout."""
@@ -316,11 +326,11 @@ class NatsCluster:
         """The running node a client whose connection name starts with `connection_prefix` is connected to (the
         roles name theirs `sie-gateway-…`, `sie-sidecar-…`), from the nodes' `/connz`; None when none is."""
         with httpx.Client(timeout=2.0) as client:
-            for index, route in zip(self.indexes, self._routes, strict=False):
+            for index, monitor in zip(self.indexes, self.monitor_urls, strict=True):
                 if not self.running(index):
                     continue
                 try:
-                    answer = client.get(f"http://{HOST}:{route.monitor_port}/connz?limit=1024").json()
+                    answer = client.get(f"{monitor}/connz?limit=1024").json()
                 except (httpx.HTTPError, ValueError):
                     continue
                 names = [connection.get("name") or "" for connection in answer.get("connections") or []]
@@ -348,11 +358,11 @@ class NatsCluster:
         """`stream`'s `cluster` object as each running node's monitoring endpoint reports it, by node."""
         views: dict[int, dict[str, Any]] = {}
         with httpx.Client(timeout=2.0) as client:
-            for index, route in zip(self.indexes, self._routes, strict=False):
+            for index, monitor in zip(self.indexes, self.monitor_urls, strict=True):
                 if not self.running(index):
                     continue
                 try:
-                    answer = client.get(f"http://{HOST}:{route.monitor_port}/jsz?accounts=true&streams=true").json()
+                    answer = client.get(f"{monitor}/jsz?accounts=true&streams=true").json()
                 except (httpx.HTTPError, ValueError):
                     continue
                 for account in answer.get("account_details") or []:
@@ -410,7 +420,10 @@ class Cluster:
     `max_payload` to nats-server, `health_interval_s` (the heartbeat period) to the sidecar and the gateway,
     `gateway_timeout_s` is the gateway's request timeout; with `broker_up` False the roles start before the broker.
     `nats_nodes` > 1 runs the broker as a JetStream cluster of that many nodes (`NatsCluster`), the roles given every
-    node's URL; its parts are then `nats` (every node) and `nats-1`..`nats-N`.
+    node's URL; its parts are then `nats` (every node) and `nats-1`..`nats-N`. `pairs` sidecar + worker pairs (worker
+    ids `w-1`.., each pair its own socket) and `gateways` gateways share the broker; the first of each is the part
+    `worker`, `sidecar`, `gateway`, the others `worker-I`, `sidecar-I`, `gateway-I` (`url`, `probe_url` are the
+    first's; `urls`, `probe_urls` every one's).
     """
 
     def __init__(  # noqa: PLR0913 - the options of a deployment, each with a default
@@ -427,21 +440,25 @@ class Cluster:
         gateway_timeout_s: float = 60.0,
         broker_up: bool = True,
         nats_nodes: int = 1,
+        pairs: int = 1,
+        gateways: int = 1,
     ) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
         self.model = model
         self.brokers = NatsCluster(root, nats_nodes, max_payload)
         self.nats_url = self.brokers.url
+        self.ports = [free_port() for _ in range(gateways)]
+        self.urls = [f"http://{HOST}:{port}" for port in self.ports]
+        self.probe_ports = [free_port() for _ in range(pairs)]
+        self.probe_urls = [f"http://{HOST}:{port}" for port in self.probe_ports]
+        self.port, self.url = self.ports[0], self.urls[0]
+        self.probe_port, self.probe_url = self.probe_ports[0], self.probe_urls[0]
         self.socket = root / "worker.sock"
-        self.port = free_port()
-        self.url = f"http://{HOST}:{self.port}"
-        self.probe_port = free_port()
-        self.probe_url = f"http://{HOST}:{self.probe_port}"
         self.worker_args = ["--preload", model, *worker_args]
+        self.role_env = dict(role_env or {})
         # Each role gets only the variables it reads.
-        self.worker_env = {"SIE_IPC_SOCKET_PATH": str(self.socket), "SIE_WORKER_ID": "w-1", **(role_env or {})}
-        self.broker_env = {"SIE_NATS_URL": self.nats_url, **(role_env or {}), **(broker_env or {})}
+        self.broker_env = {"SIE_NATS_URL": self.nats_url, **self.role_env, **(broker_env or {})}
         self.gateway_env = {**self.broker_env, **(gateway_env or {})}
         self.health_interval = ["--health-interval-s", str(health_interval_s)]
         self.gateway_timeout_s = gateway_timeout_s
@@ -450,8 +467,9 @@ class Cluster:
         try:
             if broker_up:
                 self.start("nats")
-            for role in ROLES:
-                self.start(role)
+            for role, count in (("worker", pairs), ("sidecar", pairs), ("gateway", gateways)):
+                for index in range(1, count + 1):
+                    self.start(part_name(role, index))
         except BaseException:
             self.close()
             raise
@@ -468,15 +486,20 @@ class Cluster:
     def gateway(self) -> RoleProcess:
         return self.roles["gateway"]
 
+    def worker_env(self, index: int = 1) -> dict[str, str]:
+        """The variables of pair `index`'s worker (and, with the broker's, its sidecar): socket and worker id."""
+        socket = self.socket if index == 1 else self.root / f"worker-{index}.sock"
+        return {"SIE_IPC_SOCKET_PATH": str(socket), "SIE_WORKER_ID": f"w-{index}", **self.role_env}
+
     def start(self, part: str) -> None:
-        """Start `part` ("nats", "nats-I" or a role) again with the same ports, socket and store as before (the
+        """Start `part` ("nats", "nats-I" or a role part) again with the same ports, socket and store as before (the
         previous one must have ended)."""
         self._starts += 1
         if part.startswith("nats"):
             self.brokers.start(_node(part))
             return
         args, env = self._arguments(part)
-        self.roles[part] = RoleProcess(part, args, env, self.root / f"{part}-{self._starts}.log")
+        self.roles[part] = RoleProcess(_role(part), args, env, self.root / f"{part}-{self._starts}.log")
 
     def stop(self, part: str) -> None:
         """SIGTERM `part` and wait for it (killed after a timeout)."""
@@ -493,10 +516,11 @@ class Cluster:
             self.roles[part].kill()
 
     def close(self) -> None:
-        """Stop every part, the gateway first and the broker last."""
+        """Stop every part, the gateways first and the broker last."""
         for role in ("gateway", "sidecar", "worker"):
-            if role in self.roles:
-                self.roles[role].stop()
+            for part, process in list(self.roles.items()):
+                if _role(part) == role:
+                    process.stop()
         self.brokers.stop()
 
     def revive(self, timeout_s: float = SERVING_TIMEOUT_S) -> None:
@@ -519,8 +543,8 @@ class Cluster:
         return "\n".join(process.log() for process in self.roles.values())
 
     def wait_serving(self, timeout_s: float = SERVING_TIMEOUT_S) -> None:
-        """Return once an encode answers 200 (the worker has registered through its heartbeats); RuntimeError naming
-        the logs otherwise."""
+        """Return once an encode answers 200 on every gateway (a worker has registered through its heartbeats);
+        RuntimeError naming the logs otherwise."""
         body = {"items": [{"text": "ping"}]}
         with httpx.Client(timeout=30) as client:
 
@@ -528,7 +552,9 @@ class Cluster:
                 if self.exited():
                     raise RuntimeError(f"cluster not serving (exited: {self.exited()}):\n{self.logs()}")
                 try:
-                    return client.post(f"{self.url}/v1/encode/{self.model}", json=body).status_code == 200
+                    return all(
+                        client.post(f"{url}/v1/encode/{self.model}", json=body).status_code == 200 for url in self.urls
+                    )
                 except httpx.HTTPError:
                     return False
 
@@ -553,18 +579,32 @@ class Cluster:
             if not holds_within(listening, timeout_s, interval_s=0.25):
                 raise RuntimeError(f"gateway or sidecar not listening after {timeout_s} s; logs in {self.root}")
 
-    def _arguments(self, role: str) -> tuple[list[str], dict[str, str]]:
+    def _arguments(self, part: str) -> tuple[list[str], dict[str, str]]:
+        role, index = _role(part), _index(part)
         if role == "worker":
-            return self.worker_args, self.worker_env
+            return self.worker_args, self.worker_env(index)
         if role == "sidecar":
-            return ["--host", HOST, "--port", str(self.probe_port), *self.health_interval], {
-                **self.worker_env,
-                **self.broker_env,
-            }
+            probe = ["--host", HOST, "--port", str(self.probe_ports[index - 1])]
+            return [*probe, *self.health_interval], {**self.worker_env(index), **self.broker_env}
         if role == "gateway":
             timeout = ["--gateway-request-timeout", str(self.gateway_timeout_s)]
-            return ["--host", HOST, "--port", str(self.port), *timeout, *self.health_interval], self.gateway_env
-        raise ValueError(f"no part {role!r}; expected nats or one of {', '.join(ROLES)}")
+            listen = ["--host", HOST, "--port", str(self.ports[index - 1])]
+            return [*listen, *timeout, *self.health_interval], self.gateway_env
+        raise ValueError(f"no part {part!r}; expected nats or one of {', '.join(ROLES)} (with -I for the others)")
+
+
+def part_name(role: str, index: int) -> str:
+    """The part name of the `index`-th (from 1) process of `role`: the role itself for the first."""
+    return role if index == 1 else f"{role}-{index}"
+
+
+def _role(part: str) -> str:
+    return part.split("-", 1)[0]
+
+
+def _index(part: str) -> int:
+    _, _, index = part.partition("-")
+    return int(index) if index else 1
 
 
 def _node(part: str) -> int | None:

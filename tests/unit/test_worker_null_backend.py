@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
 from sie.catalog import load_catalog
+from sie.settings import load_role_settings
 from sie.wire import from_msgpack
 from sie.wire.generate import GenerateChunk
 from sie.wire.ipc_batch import DISPOSITION_PUBLISH_AND_ACK, EncodeBatchItem, RunBatchItem, RunBatchRequest
@@ -44,3 +47,33 @@ async def test_null_backend_refuses_generation_with_a_terminal_error_chunk() -> 
     assert chunk.error == "Model 'acme/lm' does not support generation" and chunk.attempt_id
     cancel = await service.signal_generate_cancel(SignalGenerateCancelRequest(request_id="g1"))
     assert cancel.matched is False
+
+
+def _batch(items: int) -> RunBatchRequest:
+    bodies = [
+        EncodeBatchItem(work_item_id=f"r.{i}", request_id="r", item_index=i, total_items=items, timestamp=0.0, item={})
+        for i in range(items)
+    ]
+    return RunBatchRequest(
+        model_id="m",
+        batch_id=1,
+        lora_key="",
+        total_cost=items,
+        items=[RunBatchItem(op="encode", encode=b) for b in bodies],
+    )
+
+
+async def test_an_item_time_makes_batches_take_it_per_item_one_batch_at_a_time() -> None:
+    # SIE_NULL_ITEM_TIME_MS: the device stand-in of scripts/bench/scale.py; two batches of 3 items at 20 ms run one
+    # after the other, so the pair takes at least 6 x 20 ms.
+    catalog = load_catalog(REPO / "config" / "bundles", REPO / "config" / "models")
+    service = NullWorkerService(catalog, "w-null", 64, item_time_s=0.02)
+    started = time.perf_counter()
+    first, second = await asyncio.gather(service.run_batch(_batch(3)), service.run_batch(_batch(3)))
+    assert time.perf_counter() - started >= 6 * 0.02
+    assert len(first.outcomes) == len(second.outcomes) == 3
+
+
+def test_the_item_time_is_a_worker_setting_in_milliseconds() -> None:
+    settings = load_role_settings(["--role", "worker", "--backend", "null", "--null-item-time-ms", "8"], {})
+    assert settings.worker.null_item_time_s == 0.008

@@ -112,7 +112,7 @@ async def _open_local_worker(
     logger.info("%s (%s) on %s: %s intra-op threads, memory budget %s bytes", name, worker_id, device,
                 worker.intra_op_threads, worker.memory_budget_bytes)  # fmt: skip
     if worker.backend == "null":
-        service = NullWorkerService(catalog, worker_id, batching.max_batch_items, device)
+        service = NullWorkerService(catalog, worker_id, batching.max_batch_items, device, worker.null_item_time_s)
         return LocalWorker(service, manager, name, device)
     runner = BatchRunner(manager, infer_pool, tracing)
     service = WorkerService(manager, runner, worker_id, settings.lane, batching, device, tracing)

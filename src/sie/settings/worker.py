@@ -10,7 +10,7 @@ from pathlib import Path
 
 import attrs
 
-from sie.settings._parsers import boolean, byte_size, choice, device_spec, integer, path, string_list
+from sie.settings._parsers import boolean, byte_size, choice, device_spec, integer, milliseconds, path, string_list
 from sie.settings._spec import Env, setting
 
 _MODEL_ROLES = ("worker", "all")
@@ -62,6 +62,18 @@ class WorkerSettings:
             read_by=("sie.roles.local_workers",),
         ),
         "onnx",
+    )
+    null_item_time_s: float = setting(
+        Env(
+            "SIE_NULL_ITEM_TIME_MS",
+            milliseconds(),
+            "With `--backend null`: how long each batch takes per item, waited (not computed), standing in for a "
+            "device's run time so a benchmark can scale sidecars past the CPUs it has (`scripts/bench/scale.py`).",
+            flag="--null-item-time-ms",
+            roles=_MODEL_ROLES,
+            read_by=("sie.roles.local_workers",),
+        ),
+        0.0,
     )
     devices: str = setting(
         Env(

@@ -1,10 +1,12 @@
-"""`SIE_WORKER_BACKEND=null`: a worker that answers every batch at once without running a model, so a
-benchmark measures what the gateway → queue → sidecar → IPC path carries on its own. It runs no generation: a
-ProcessGenerate is answered with one terminal error chunk (INVALID_INPUT), an ack and done.
+"""`SIE_WORKER_BACKEND=null`: a worker that answers every batch without running a model, so a benchmark measures
+what the gateway → queue → sidecar → IPC path carries on its own: at once, or after `item_time_s` per item
+(SIE_NULL_ITEM_TIME_MS, waited without using a CPU) where a benchmark stands it in for a device's run time. It runs no
+generation: a ProcessGenerate is answered with one terminal error chunk (INVALID_INPUT), an ack and done.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -60,10 +62,15 @@ _RESULTS = {
 
 
 class NullWorkerService:
-    """Every catalogue model is always ready; RunBatch returns a one-float result per item immediately."""
+    """Every catalogue model is always ready; RunBatch returns a one-float result per item, after `item_time_s` per
+    item (one batch at a time, as a device runs them)."""
 
-    def __init__(self, catalog: Catalog, worker_id: str, batch_budget: int, device: str = "cpu") -> None:
+    def __init__(
+        self, catalog: Catalog, worker_id: str, batch_budget: int, device: str = "cpu", item_time_s: float = 0.0
+    ) -> None:
         self.catalog = catalog
+        self.item_time_s = item_time_s
+        self._device = asyncio.Lock()
         self.worker_id = worker_id
         self.batch_budget = batch_budget
         self.device = device
@@ -80,6 +87,9 @@ class NullWorkerService:
 
     async def run_batch(self, request: RunBatchRequest) -> BatchOutcome:
         started = time.perf_counter()
+        if self.item_time_s:
+            async with self._device:  # one batch at a time, as on a device
+                await asyncio.sleep(self.item_time_s * len(request.items))
         outcomes = [
             ItemOutcome(
                 work_item_id=item.work_item_id,
