@@ -82,13 +82,45 @@ async def test_stopping_the_collector_fails_waiting_requests() -> None:
             pass
 
 
+# --- worker direct-dispatch fallback (seed 000 §8.2) -----------------------------------------------------
+
+
+async def test_a_late_direct_origin_result_for_an_item_that_fell_back_is_ignored() -> None:
+    async with LoopbackTransport() as transport, Collector(transport, "gw") as collector:
+        with collector.expect("gw-1", 3) as pending:
+            await transport.publish_result(
+                "_INBOX.gw.gw-1", result("gw-1", 0, worker_id="w-direct", direct_origin=True)
+            )
+            assert pending.unanswered() == [1, 2]  # a direct answer before any fallback counts
+            pending.fall_back([1, 2])  # the lane stored items 1 and 2
+            await transport.publish_result(
+                "_INBOX.gw.gw-1", result("gw-1", 1, worker_id="w-direct", direct_origin=True)
+            )
+            assert pending.missing == 2 and pending.unanswered() == [1, 2]
+            await transport.publish_result("_INBOX.gw.gw-1", result("gw-1", 1, worker_id="w-lane"))
+            await transport.publish_result("_INBOX.gw.gw-1", result("gw-1", 2, worker_id="w-lane", direct_origin=False))
+            results = await pending.wait(1.0)
+            assert [r.worker_id for r in results] == ["w-direct", "w-lane", "w-lane"]
+            assert pending.unanswered() == []
+
+
+async def test_unanswered_is_empty_once_nobody_waits() -> None:
+    async with LoopbackTransport() as transport, Collector(transport, "gw") as collector:
+        with collector.expect("gw-1", 2) as pending:
+            assert pending.unanswered() == [0, 1]
+            pending.fail(QueueUnavailableError("gone"))
+            assert pending.unanswered() == []
+            with pytest.raises(QueueUnavailableError):
+                await pending.wait(1.0)
+
+
 # --- result_chunk_v1 (seed 000 §16.2) -------------------------------------------------------------------
 
 
-def chunked(request_id: str, index: int, limit: int = 2048) -> list[ResultChunkV1]:
+def chunked(request_id: str, index: int, limit: int = 2048, **fields: object) -> list[ResultChunkV1]:
     """A result too large for a `limit`-byte broker message, cut into chunks that fit."""
     body = ResultBody.of({"dense": {"values": np.arange(2000, dtype=np.float32)}})
-    whole = result(request_id, index, result_msgpack=body)
+    whole = result(request_id, index, result_msgpack=body, **fields)
     payload = to_msgpack(whole)
     return split(whole, payload, transfer_digest(payload), chunk_bytes_for(whole, limit))
 
@@ -104,6 +136,19 @@ async def test_chunked_results_fill_their_slot_once_reassembled_and_release_thei
             assert np.array_equal(results[1].result_msgpack.value["dense"]["values"], np.arange(2000))
             assert collector.chunk_budget.reserved_bytes > 0  # held until the request ends
         assert collector.chunk_budget.reserved_bytes == 0
+
+
+async def test_a_late_chunked_direct_result_for_an_item_that_fell_back_leaves_room_for_the_lanes() -> None:
+    async with LoopbackTransport() as transport, Collector(transport, "gw") as collector:
+        with collector.expect("gw-1", 1) as pending:
+            pending.fall_back([0])
+            for chunk in chunked("gw-1", 0, worker_id="w-direct", direct_origin=True):
+                await transport.publish_result("_INBOX.gw.gw-1", chunk)
+            assert pending.missing == 1
+            for chunk in chunked("gw-1", 0, worker_id="w-lane"):
+                await transport.publish_result("_INBOX.gw.gw-1", chunk)
+            (answer,) = await pending.wait(1.0)
+            assert answer.worker_id == "w-lane"
 
 
 async def test_an_invalid_transfer_fails_the_request_at_once_with_a_static_transport_failure() -> None:

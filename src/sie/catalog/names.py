@@ -17,6 +17,7 @@ HEALTH_SUBJECT_PREFIX = "sie.health"
 HEALTH_WILDCARD = f"{HEALTH_SUBJECT_PREFIX}.>"
 WORK_CANCEL_PREFIX = "work_cancel"
 GENERATE_CANCEL_PREFIX = "cancel"
+BATCH_CANCEL_PREFIX = "batch_cancel"
 INBOX_PREFIX = "_INBOX"
 MAX_DELIVERIES_ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.>"
 # A lane work subject has six tokens; a worker direct-dispatch subject one more, the worker (seed 000 §8.2).
@@ -126,6 +127,17 @@ def generate_cancel_subject(router_id: str, request_id: str) -> str:
     """`cancel.{router_id}.{request_id}`: the gateway stopped waiting for a generation (seed 001, Generation); the
     sidecar forwards it to the worker as SignalGenerateCancel."""
     return f"{GENERATE_CANCEL_PREFIX}.{router_id}.{request_id}"
+
+
+def batch_cancel_subject(router_id: str, worker_id: str, request_id: str) -> str:
+    """`batch_cancel.{router_id}.{worker}.{request_id}` (seed 000 §8.2): the request's worker direct-dispatch items
+    were published again on the lane and stored there, so the worker drops those still queued on its own stream."""
+    return f"{BATCH_CANCEL_PREFIX}.{router_id}.{normalize_worker_id(worker_id)}.{request_id}"
+
+
+def batch_cancel_wildcard(worker_id: str) -> str:
+    """`batch_cancel.*.{worker}.*`: every batch_cancel addressed to one worker, from any gateway."""
+    return f"{BATCH_CANCEL_PREFIX}.*.{normalize_worker_id(worker_id)}.*"
 
 
 def dead_letter_subject(work_subject_text: str) -> str:

@@ -11,6 +11,10 @@ Results travel on core NATS: one published while the gateway's connection was do
 reports a reconnect, each waiting request asks again (`resend_with`: its dispatcher republishes the items whose slots
 are still empty, duplicates being dropped as above), and so does each generation no chunk has arrived for yet.
 
+A request first sent to one worker's own stream (worker direct-dispatch, seed 000 §8.2) may have items published on
+the lane as well once that worker went quiet; once the lane stored them (`fall_back`), only a result that did not
+come from the worker's stream fills their slots.
+
 A generation registers a ChunkStream instead (`open_stream`): its GenerateChunks come out in `seq` order from the
 first attempt to deliver seq 0 (a reorder buffer; duplicates and other attempts' chunks are dropped) until the
 `done` chunk. A failed WorkResult for it (the sidecar refused the item before the worker saw it) ends the stream
@@ -23,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Final, Self
 
@@ -46,7 +50,8 @@ MAX_CANDIDATE_ATTEMPTS: Final = 8
 class PendingRequest:
     """The result slots of one request, in item order."""
 
-    __slots__ = ("request_id", "results", "missing", "_done", "_budget", "_chunks", "_close_hooks", "_resend")
+    __slots__ = ("request_id", "results", "missing", "_done", "_budget", "_chunks", "_close_hooks", "_resend",
+                 "_fallen_back")  # fmt: skip
 
     def __init__(
         self, request_id: str, size: int, done: asyncio.Future[None], budget: ChunkBudget | None = None
@@ -59,6 +64,7 @@ class PendingRequest:
         self._chunks: ResultReassembly | None = None  # made on the first chunk: most requests never get one
         self._close_hooks: list[Callable[[], None]] = []
         self._resend: Callable[[list[int]], None] | None = None
+        self._fallen_back: set[int] | None = None  # made by the first `fall_back`: few requests ever need one
 
     def resend_with(self, resend: Callable[[list[int]], None]) -> None:
         """How to ask again for results that may have been lost: `resend(indexes of the empty slots)`."""
@@ -66,13 +72,35 @@ class PendingRequest:
 
     def resend(self) -> None:
         """Ask again for every result not received yet (after a reconnect); nothing once answered or failed."""
-        if self._resend is not None and self.missing and not self._done.done():
-            self._resend([index for index, result in enumerate(self.results) if result is None])
+        unanswered = self.unanswered()
+        if self._resend is not None and unanswered:
+            self._resend(unanswered)
+
+    def unanswered(self) -> list[int]:
+        """The indexes of the empty slots while the request still waits; [] once answered, failed or closed."""
+        if not self.missing or self._done.done():
+            return []
+        return [index for index, result in enumerate(self.results) if result is None]
+
+    def fall_back(self, indexes: Iterable[int]) -> None:
+        """The items at `indexes`, first sent to one worker's own stream, are now stored on the lane too (the worker
+        direct-dispatch fallback, seed 000 §8.2): from here on a result marked `direct_origin` no longer fills their
+        slots, so a request is never completed partly by the worker and partly by the lane; any other fills them."""
+        if self._fallen_back is None:
+            self._fallen_back = set()
+        self._fallen_back.update(indexes)
+
+    def _superseded(self, result: WorkResult) -> bool:
+        """A late answer from the worker an item fell back from (its slot waits for the lane's)."""
+        return bool(result.direct_origin) and self._fallen_back is not None and result.item_index in self._fallen_back
 
     def fill(self, result: WorkResult) -> None:
-        """Store a result in its slot; a duplicate or out-of-range index is ignored."""
+        """Store a result in its slot; a duplicate, an out-of-range index or a late direct-origin result for an item
+        that fell back to the lane is ignored."""
         index = result.item_index
         if not 0 <= index < len(self.results) or self.results[index] is not None:
+            return
+        if self._superseded(result):
             return
         self.results[index] = result
         self.missing -= 1
@@ -95,8 +123,12 @@ class PendingRequest:
             logger.warning("result chunks of %s failed: %s", self.request_id, exc)
             self.fail(TransportFailureError())
             return
-        if result is not None:
-            self.fill(result)
+        if result is None:
+            return
+        if self._superseded(result):
+            self._chunks.reopen(index)  # the lane's answer for the item may still come in chunks
+            return
+        self.fill(result)
 
     def at_close(self, hook: Callable[[], None]) -> None:
         """Call `hook()` once nobody waits for the request any more, whatever its outcome."""

@@ -2,6 +2,13 @@
 work items, and hand back what the workers answer — every result at once (`collect`: encode, score, extract) or a
 stream of chunks (`stream`: generation). The inference and generation services are thin users of it: each adds its
 own checks and builds its own work items; nothing below them publishes or waits on its own.
+
+Worker direct-dispatch (seed 000 §8.2): a capped pool's work, and every generation, goes to one eligible worker's
+own subject where workers are addressable (not in `--role all`). A refused direct publish goes on the lane at once;
+a capped pool's work still unanswered after the fallback delay is published on the lane once more (a generation
+under way cannot be duplicated, so it has no such delay), and once the lane stored it the worker's late answers are
+ignored and the worker is told to drop what it still queues.
+
 No web framework, no status codes: failures are the typed exceptions in errors.py.
 """
 
@@ -11,13 +18,13 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import attrs
 
 from sie.catalog.names import work_worker_subject
-from sie.gateway.collector import ChunkStream, Collector
+from sie.gateway.collector import ChunkStream, Collector, PendingRequest
 from sie.gateway.errors import GatewayError, GenerationFailedError, InvalidRequestError, WorkerRetryableError
 from sie.gateway.metadata import ResponseMetadata, collect_metadata, model_revision
 from sie.gateway.offload import PayloadOffload
@@ -35,6 +42,19 @@ from sie.wire.queue import WorkItem, WorkResult
 # Seed 000 §2: a RESOURCE_EXHAUSTED terminal chunk's retry hint is honoured only as an integer in 1..60.
 _RETRY_AFTER_RANGE: Final = range(1, 61)
 _INPUT_ERROR_CODES: Final = frozenset({codes.INVALID_INPUT, codes.INPUT_TOO_LONG})
+# Seed 000 §8.2 "short fallback delay": how long a request sent to one worker's own stream waits for that worker
+# before its items still unanswered are published on the lane as well, once. Long enough for a worker that reads
+# its stream to answer a small batch; short against the request timeout, so a worker whose stream nobody reads any
+# more (it stopped, or lost its consumer) costs its requests this long instead of their whole timeout.
+DIRECT_FALLBACK_DELAY_S: Final = 2.0
+
+
+@attrs.frozen
+class DirectTarget:
+    """The worker a request's work goes to by worker direct-dispatch (seed 000 §8.2), and that worker's subject."""
+
+    worker_id: str
+    subject: str
 
 
 @attrs.frozen
@@ -95,7 +115,8 @@ class Streamed:
 class Dispatcher:
     """Where requests go and how their answers come back: the router and the pools name the lane, the publisher
     admits and publishes, the collector gathers results, the payload offload moves large payloads through the
-    store; `timeout_s` bounds each wait (SIE_GATEWAY_REQUEST_TIMEOUT)."""
+    store; `timeout_s` bounds each wait (SIE_GATEWAY_REQUEST_TIMEOUT), `direct_fallback_delay_s` the wait for a
+    worker direct-dispatch target before the lane is asked too."""
 
     router: Router
     pools: PoolDirectory
@@ -103,6 +124,7 @@ class Dispatcher:
     collector: Collector
     timeout_s: float
     offload: PayloadOffload = attrs.field(factory=lambda: PayloadOffload(None, lambda: None))
+    direct_fallback_delay_s: float = DIRECT_FALLBACK_DELAY_S
 
     async def route(self, spec: str, profile: Any, hints: LaneHints) -> Route:
         """The request's route; a pool it names must exist (seed 000 §16.3: missing named pools fail closed)."""
@@ -121,15 +143,16 @@ class Dispatcher:
         ticket = self._ticket(trace)
         items = build(ticket)
         request_id = ticket.request_id
-        direct = await self._admit(route, request_id, len(items))
+        target = await self._admit(route, request_id, len(items))
         with (
             self.collector.expect(request_id, len(items)) as pending,
             self.publisher.in_flight(route.lane, len(items)),
         ):
             items = await self.offload.prepare(items, pending.at_close)  # large payloads via the store
             started = time.perf_counter()
+            fallback: asyncio.TimerHandle | None = None
             try:
-                stored = await self.publisher.publish(route.lane, route.subject, items, direct)
+                stored, fallback = await self._publish(route, items, target, pending)
                 stored.add_done_callback(functools.partial(_fail_unless_stored, pending.fail, route.subject))
                 pending.resend_with(functools.partial(self._republish, route, items))
                 published = time.perf_counter()
@@ -137,6 +160,9 @@ class Dispatcher:
             except BaseException:  # a timeout, a failed publish, the client gone (cancelled): nobody waits now
                 self.publisher.abandon(request_id)
                 raise
+            finally:
+                if fallback is not None:
+                    fallback.cancel()
             waited = time.perf_counter()
         meta = collect_metadata(request_id, results, (published - started) * 1e3, (waited - published) * 1e3)
         meta.model_revision = model_revision(route.bundle_config_hash, results)
@@ -147,12 +173,14 @@ class Dispatcher:
         returned stream and closes it."""
         ticket = self._ticket(trace)
         item = build(ticket)
-        direct = await self._admit(route, ticket.request_id, 1)
+        target = await self._admit(route, ticket.request_id, 1, whole_lane=True)
         chunks = self.collector.open_stream(ticket.request_id)
         streamed = Streamed(route, ticket.request_id, chunks, self.timeout_s, self.publisher.cancel_generation)
         started = time.perf_counter()
         try:
             streamed.hold(self.publisher.in_flight(route.lane, 1))
+            # A generation under way cannot be duplicated safely: only a refused direct publish goes on the lane.
+            direct = target.subject if target is not None else None
             stored = await self.publisher.publish(route.lane, route.subject, [item], direct)
             stored.add_done_callback(functools.partial(_fail_unless_stored, chunks.fail, route.subject))
             chunks.resend_with(functools.partial(self._republish, route, [item], [0]))
@@ -161,6 +189,44 @@ class Dispatcher:
             raise
         streamed.publish_ms = (time.perf_counter() - started) * 1e3
         return streamed
+
+    async def _publish(
+        self, route: Route, items: list[WorkItem], target: DirectTarget | None, pending: PendingRequest
+    ) -> tuple[asyncio.Future[None], asyncio.TimerHandle | None]:
+        """Publish a request's items on the route's lane, or by worker direct-dispatch on `target`'s subject (seed
+        000 §8.2): if that worker's stream refuses them they go on the lane at once; if it stores them, a timer
+        publishes on the lane those still unanswered after the fallback delay. The stored future, and the timer
+        (None without one), which the caller cancels once nobody waits."""
+        lane = route.lane
+        if target is None:
+            return await self.publisher.publish(lane, route.subject, items), None
+        stored = await self.publisher.publish_direct(lane, target.subject, items)
+        if stored is not None:
+            later = self.direct_fallback_delay_s
+            return stored, asyncio.get_running_loop().call_later(later, self._fall_back, route, items, pending, target)
+        stored = await self.publisher.publish(lane, route.subject, items)
+        indexes = range(len(items))
+        stored.add_done_callback(functools.partial(self._fell_back_once_stored, pending, indexes, target))
+        return stored, None
+
+    def _fall_back(self, route: Route, items: list[WorkItem], pending: PendingRequest, target: DirectTarget) -> None:
+        """The fallback delay passed: publish the items still unanswered on the lane (once)."""
+        indexes = pending.unanswered()
+        if indexes:
+            confirmed = functools.partial(self._fell_back, pending, indexes, target)
+            self.publisher.fall_back(route.subject, [items[index] for index in indexes], confirmed)
+
+    def _fell_back_once_stored(
+        self, pending: PendingRequest, indexes: Iterable[int], target: DirectTarget, stored: asyncio.Future[None]
+    ) -> None:
+        if not stored.cancelled() and stored.exception() is None:
+            self._fell_back(pending, indexes, target)
+
+    def _fell_back(self, pending: PendingRequest, indexes: Iterable[int], target: DirectTarget) -> None:
+        """The lane stored the items at `indexes`: the target's late answers for them are ignored from now on, and
+        the target drops them where they still wait on its stream (batch_cancel, only now: never a lost item)."""
+        pending.fall_back(indexes)
+        self.publisher.cancel_direct(target.worker_id, pending.request_id)
 
     def _republish(self, route: Route, items: list[WorkItem], indexes: list[int]) -> None:
         """Publish `items[indexes]` again on the route's lane (the work of a request whose results may have been
@@ -174,19 +240,20 @@ class Dispatcher:
         now = time.time()
         return Ticket(request_id, reply, self.publisher.router_id, now, now + self.timeout_s, trace)
 
-    async def _admit(self, route: Route, request_id: str, count: int) -> str | None:
-        """Admit `count` items on the route's lane (PROVISIONING, backpressure); the worker subject a capped pool's
-        work goes to (seed 000 §8.2: one of its assigned workers, on that worker's own subject), or None for the
-        lane's."""
+    async def _admit(self, route: Route, request_id: str, count: int, whole_lane: bool = False) -> DirectTarget | None:
+        """Admit `count` items on the route's lane (PROVISIONING, backpressure); the worker the work goes to by
+        worker direct-dispatch (seed 000 §8.2: one of a capped pool's assigned workers, or with `whole_lane`, a
+        generation's, of any eligible worker of the lane), or None for the lane."""
         assigned = self.pools.assigned(route.admission_pool) if route.admission_pool else None
         await self.publisher.admit(route.lane, count, route.bundle_config_hash, assigned, route.demand_lanes)
-        if not assigned:
+        if assigned is None and not whole_lane:
             return None
         worker = self.publisher.direct_worker(route.lane, request_id, route.bundle_config_hash, assigned)
         if worker is None:
             return None
         lane = route.lane
-        return work_worker_subject(lane.pool, lane.machine_profile, lane.bundle, route.model_id, worker)
+        subject = work_worker_subject(lane.pool, lane.machine_profile, lane.bundle, route.model_id, worker)
+        return DirectTarget(worker, subject)
 
 
 def _fail_unless_stored(fail: Callable[[BaseException], None], subject: str, stored: asyncio.Future[None]) -> None:

@@ -1,6 +1,7 @@
 """The gateway's side of the work queue: naming requests, admitting them against the lane's state, and
-publishing their work items onto a lane subject, with transport failures translated into gateway errors
-(seed 000 §2). Pure asyncio; no web framework.
+publishing their work items onto a lane subject (or one worker's own subject, falling back on the lane: worker
+direct-dispatch, seed 000 §8.2), with transport failures translated into gateway errors (seed 000 §2), and announcing
+the requests it gives up on. Pure asyncio; no web framework.
 
 Admission asks two collaborators: whether anything consumes the lane (the worker registry in distributed
 mode, the in-process transport in `all`) and how deep the pool's stream is (the transport, which caches what
@@ -22,7 +23,7 @@ from typing import Any, Final, Protocol
 
 import attrs
 
-from sie.catalog.names import generate_cancel_subject, reply_subject, work_cancel_subject
+from sie.catalog.names import batch_cancel_subject, generate_cancel_subject, reply_subject, work_cancel_subject
 from sie.gateway.errors import InvalidRequestError, ProvisioningError, QueueFullError, QueueUnavailableError
 from sie.pools import DemandTracker
 from sie.telemetry.gateway import AdmissionDecision, GatewayMetrics, LaneDecision, LaneKey
@@ -109,7 +110,7 @@ class WorkPublisher:
     ) -> None:
         self._queue = queue
         self._metrics = metrics
-        self._detached: set[asyncio.Task[None]] = set()  # cancel announcements and republishes under way
+        self._detached: set[asyncio.Task[None]] = set()  # cancel announcements, republishes, fallbacks under way
         self._consumers = consumers
         self.router_id = router_id
         self._reply_prefix = reply_subject(router_id, "")
@@ -225,11 +226,12 @@ class WorkPublisher:
             )
 
     def direct_worker(
-        self, lane: Lane, request_id: str, bundle_config_hash: str, assigned: frozenset[str]
+        self, lane: Lane, request_id: str, bundle_config_hash: str, assigned: frozenset[str] | None
     ) -> str | None:
-        """The worker a capped pool's request goes to (seed 000 §8.2 worker direct-dispatch): one of the pool's
-        assigned workers eligible now, chosen by rendezvous hashing on the request id so requests spread over them;
-        None when none is addressable (work then goes on the lane, where unassigned sidecars NAK it)."""
+        """The worker a request goes to by worker direct-dispatch (seed 000 §8.2): one of the workers eligible now
+        (of a capped pool's `assigned` ones; of the whole lane when None, for a generation), chosen by rendezvous
+        hashing on the request id so requests spread over them; None when none is addressable (work then goes on
+        the lane)."""
         workers = self._consumers.eligible_workers(lane, bundle_config_hash, assigned)
         if not workers:
             return None
@@ -241,18 +243,14 @@ class WorkPublisher:
         """Send every item on `subject` (a subject of `lane`), in order, without waiting for the stream to store
         them (seed 000 §8.2); the lane's pending demand is served. A refusal while sending raises here; the returned
         future completes once every item is stored, or fails with the gateway error of the refusal (see
-        `publish_error`). With `direct_subject` (a worker's own stream) the items go there first and the send waits
-        for the stream to store them; if it refuses them (the worker's stream is gone), they go on `subject`."""
+        `publish_error`). With `direct_subject` (a worker's own stream) the items go there first, as
+        `publish_direct` sends them; if that stream refuses them (the worker's stream is gone), they go on
+        `subject`."""
         if direct_subject is not None:
-            try:
-                stored = await self._queue.submit_work_batch(direct_subject, items)
-                await stored
-            except TransportError as exc:
-                logger.debug("direct dispatch on %s refused (%s); publishing on %s", direct_subject, exc, subject)
-            else:
-                self._demand.clear(_key(lane))
-                self._count_ack(stored)
-                return stored
+            stored_direct = await self.publish_direct(lane, direct_subject, items)
+            if stored_direct is not None:
+                return stored_direct
+            logger.debug("direct dispatch on %s refused; publishing on %s", direct_subject, subject)
         try:
             stored = await self._queue.submit_work_batch(subject, items)
         except TransportError as exc:
@@ -260,6 +258,22 @@ class WorkPublisher:
         self._demand.clear(_key(lane))
         if self._metrics is not None:
             stored.add_done_callback(self._count_ack)
+        return stored
+
+    async def publish_direct(
+        self, lane: Lane, direct_subject: str, items: Sequence[WorkItem]
+    ) -> asyncio.Future[None] | None:
+        """Send every item on `direct_subject` (one worker's own stream, seed 000 §8.2) and wait for the stream to
+        store them: the stored future (done) then, the lane's pending demand served; None when the stream refused
+        them (it is gone, or full), for the caller to publish them on the lane instead."""
+        try:
+            stored = await self._queue.submit_work_batch(direct_subject, items)
+            await stored
+        except TransportError as exc:
+            logger.debug("direct dispatch on %s refused: %s", direct_subject, exc)
+            return None
+        self._demand.clear(_key(lane))
+        self._count_ack(stored)
         return stored
 
     def _count_ack(self, stored: asyncio.Future[None]) -> None:
@@ -285,6 +299,26 @@ class WorkPublisher:
         else:
             if self._metrics is not None:
                 self._metrics.republished(len(items))
+
+    def fall_back(self, subject: str, items: Sequence[WorkItem], confirmed: Callable[[], None]) -> None:
+        """Publish `items` on the lane `subject` once, detached and best effort: worker direct-dispatch work still
+        unanswered after the fallback delay (seed 000 §8.2). `confirmed()` runs once the stream stored every one of
+        them; a refusal is logged, and the worker may still answer within the request's timeout."""
+        self._detach(self._send_fallback(subject, items, confirmed), f"fall back on {subject}")
+
+    async def _send_fallback(self, subject: str, items: Sequence[WorkItem], confirmed: Callable[[], None]) -> None:
+        try:
+            await (await self._queue.submit_work_batch(subject, items))
+        except TransportError as exc:
+            logger.warning("publishing %d direct-dispatch items on %s failed: %s", len(items), subject, exc)
+        else:
+            confirmed()
+
+    def cancel_direct(self, worker_id: str, request_id: str) -> None:
+        """Announce `batch_cancel.{router_id}.{worker_id}.{request_id}` (NATS core, best effort, detached): the
+        request's direct-dispatch items are stored on the lane now, so the worker drops those still queued on its
+        own stream (seed 000 §8.2). Only after the lane stored them: a lost item must never be cancelled."""
+        self._announce(batch_cancel_subject(self.router_id, worker_id, request_id), request_id)
 
     def abandon(self, request_id: str) -> None:
         """Announce on `work_cancel.{router_id}.{request_id}` (NATS core, best effort) that nobody waits for the

@@ -172,6 +172,11 @@ class ResultReassembly:
             return None
         return self._decode(chunk, transfer)
 
+    def reopen(self, item: int) -> None:
+        """Take chunks for `item` again: the result just rebuilt for it was not taken (a late answer from a worker the
+        request fell back from), so another attempt's transfer must be able to complete."""
+        self._completed.discard(item)
+
     def forget(self, item: int) -> None:
         """Drop the item's transfer in progress, if any, and its reservation (the item was answered otherwise)."""
         transfer = self._transfers.pop(item, None)

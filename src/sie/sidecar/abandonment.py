@@ -11,6 +11,12 @@ work_cancel is best effort (NATS core); a result already computed when it arrive
 Generation has its own cancel contract (seed 001 "Generation"): `cancel.{router_id}.{request_id}`. Its tombstones
 are kept apart and asked only of generate work (work_cancel never drops a generation, cancel.* never drops other
 work); the generation stage also forwards the cancel to a stream already running on the worker.
+
+Worker direct-dispatch has a third (seed 000 §8.2): `batch_cancel.{router_id}.{worker}.{request_id}`, addressed to
+this worker once the gateway stored the request's direct-dispatch items on the lane as well. Its tombstones are kept
+apart too and asked only of encode/score/extract work taken from this worker's own stream (a 7-token worker subject),
+so the lane copies, which now answer the request, are never dropped by it. Work already on the worker runs to the
+end; its result, which the gateway would ignore, is not published.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
-from sie.catalog.names import GENERATE_CANCEL_PREFIX, WORK_CANCEL_PREFIX
+from sie.catalog.names import BATCH_CANCEL_PREFIX, GENERATE_CANCEL_PREFIX, WORK_CANCEL_PREFIX, is_work_worker_subject
 from sie.sidecar.work import Work
 from sie.wire.queue import OPERATION_GENERATE
 
@@ -39,6 +45,14 @@ def cancel_key(subject: str, prefix: str = WORK_CANCEL_PREFIX) -> tuple[str, str
     if len(parts) != 3 or parts[0] != prefix or not parts[1] or not parts[2]:
         return None
     return parts[1], parts[2]
+
+
+def batch_cancel_key(subject: str) -> tuple[str, str] | None:
+    """`(router_id, request_id)` of a `batch_cancel.{router_id}.{worker}.{request_id}` subject; None for any other."""
+    parts = subject.split(".")
+    if len(parts) != 4 or parts[0] != BATCH_CANCEL_PREFIX or not all(parts):
+        return None
+    return parts[1], parts[3]
 
 
 class Tombstones:
@@ -84,27 +98,35 @@ def tombstone_horizon(max_age_s: float, ack_wait_s: float, max_deliver: int) -> 
 
 class Abandonment:
     """Deadlines and tombstones, asked at each drop point (through `Settler.live`); counts what it removes,
-    per reason. `generations` holds the cancelled generations (by default a set like `tombstones`)."""
+    per reason. `generations` holds the cancelled generations and `fallen_back` the requests whose direct-dispatch
+    items went to the lane (by default each a set like `tombstones`)."""
 
     def __init__(
         self,
         tombstones: Tombstones,
         wall_clock: Callable[[], float] = time.time,
         generations: Tombstones | None = None,
+        fallen_back: Tombstones | None = None,
     ) -> None:
         self.tombstones = tombstones
         self.generations = generations or Tombstones(tombstones.horizon_s, tombstones.cap, tombstones.clock)
+        self.fallen_back = fallen_back or Tombstones(tombstones.horizon_s, tombstones.cap, tombstones.clock)
         self.wall_clock = wall_clock
         self.dropped: collections.Counter[str] = collections.Counter()
 
     def reason(self, work: Work, now: float | None = None) -> str | None:
-        """ "expired" or "cancelled" when nobody waits for the work any more, else None."""
+        """ "expired", "cancelled" or (direct-dispatch work the lane now answers) "fallen_back" when nobody waits for
+        the work any more, else None."""
         item = work.item
         if item.deadline is not None and (self.wall_clock() if now is None else now) >= item.deadline:
             return "expired"
-        tombstones = self.generations if work.operation == OPERATION_GENERATE else self.tombstones
-        if tombstones and (item.router_id, item.request_id) in tombstones:
+        generate = work.operation == OPERATION_GENERATE
+        key = (item.router_id, item.request_id)
+        tombstones = self.generations if generate else self.tombstones
+        if tombstones and key in tombstones:
             return "cancelled"
+        if self.fallen_back and not generate and key in self.fallen_back and is_direct(work):
+            return "fallen_back"
         return None
 
     def split(self, works: Iterable[Work]) -> tuple[list[Work], list[Work]]:
@@ -129,6 +151,15 @@ class Abandonment:
             return
         self.tombstones.add(*key)
 
+    async def on_batch_cancel(self, subject: str, message: Any) -> None:
+        """A `batch_cancel` message (its subscription names this worker): remember its request, so its items still
+        queued from this worker's own stream are dropped (the body is ignored; the subject says it all)."""
+        key = batch_cancel_key(subject)
+        if key is None:
+            logger.debug("ignoring a batch cancel on %r", subject)
+            return
+        self.fallen_back.add(*key)
+
     def cancel_generation(self, subject: str) -> tuple[str, str] | None:
         """A `cancel` message: remember its generation, so one still queued here is dropped before it reaches the
         worker; its `(router_id, request_id)`, or None for a malformed subject."""
@@ -138,3 +169,8 @@ class Abandonment:
             return None
         self.generations.add(*key)
         return key
+
+
+def is_direct(work: Work) -> bool:
+    """Whether `work` was taken from the worker's own direct-dispatch stream (a worker subject), not the lane."""
+    return is_work_worker_subject(work.delivery.subject)

@@ -17,8 +17,10 @@ import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Final
 
+import attrs
+
 from sie.catalog.names import INBOX_PREFIX, LANE_SUBJECT_TOKENS, WORK_SUBJECT_PREFIX, WORKER_SUBJECT_TOKENS
-from sie.sidecar.abandonment import Abandonment
+from sie.sidecar.abandonment import Abandonment, is_direct
 from sie.sidecar.admission import Admission
 from sie.sidecar.publishing import ResultPublisher
 from sie.sidecar.work import Work
@@ -114,9 +116,12 @@ class Settler:
         return live
 
     async def reply(self, replies: Sequence[tuple[Work, WorkResult]]) -> None:
-        """Publish every result, flush once, then ACK what was published (a failed publish stays unacked)."""
+        """Publish every result, flush once, then ACK what was published (a failed publish stays unacked). The
+        result of work taken from the worker's own direct-dispatch stream is marked `direct_origin` (seed 000 §8.2)."""
         published: list[Work] = []
         for work, result in replies:
+            if is_direct(work):
+                result = attrs.evolve(result, direct_origin=True)
             try:
                 await self._results.publish(work.item, result)
             except Exception:  # noqa: BLE001 - any publish failure leaves this one message for redelivery

@@ -7,7 +7,8 @@ worker's events say), which also hears `cancel.>`.
 Where the transport has worker direct-dispatch (seed 000 §8.2: a capped logical pool's gateway publishes on this
 worker's own subject, so unassigned workers of the lane never see, and NAK, that work), a second consumer fetches
 from the worker's stream into the same admission, gates and `admitted` channel, and starts, stops, drains and
-gives work back with the lane consumer.
+gives work back with the lane consumer; the sidecar then also hears `batch_cancel.*.{worker}.*`, which drops the
+direct work of a request the gateway has since published on the lane.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, Final
 
 import attrs
 
+from sie.catalog.names import batch_cancel_wildcard
 from sie.ipc.client import WorkerClient
 from sie.runtime.periodic import Outage, PeriodicTask
 from sie.settings import BatchingSettings, Settings, SidecarSettings, StreamSettings
@@ -262,7 +264,8 @@ class Sidecar:
 
     @property
     def abandoned(self) -> dict[str, int]:
-        """Work items ACK-dropped because nobody waited for them any more, by reason (expired, cancelled)."""
+        """Work items ACK-dropped because nobody waited for them any more, by reason (expired, cancelled,
+        fallen_back)."""
         return dict(self._pipeline.abandonment.dropped) if self._pipeline else {}
 
     @property
@@ -294,6 +297,10 @@ class Sidecar:
             # A generation the gateway stopped waiting for is dropped while queued and cancelled while it runs.
             generate_cancels = await self.transport.subscribe(GENERATE_CANCEL_SUBJECTS, pipeline.generations.on_cancel)
             stack.push_async_callback(generate_cancels.unsubscribe)
+            if sources.direct is not None:  # the lane now answers these requests: their direct work is dropped
+                subject = batch_cancel_wildcard(self.config.worker_id)
+                batch_cancels = await self.transport.subscribe(subject, pipeline.abandonment.on_batch_cancel)
+                stack.push_async_callback(batch_cancels.unsubscribe)
             await self._start(pipeline, stack)
         except BaseException:
             await stack.aclose()

@@ -1,7 +1,8 @@
 """Messages on the work queue: WorkItem (gateway → sidecar), WorkResult and ResultChunkV1 (sidecar → gateway).
 
 Fields follow contracts Part A §2.2 and Part B §4.1–4.2; `admission_pool`, `accepts_result_chunks` and
-the chunk envelope come from seeds 000 §8.4 and 001. Optional fields left as None are omitted on the wire.
+the chunk envelope come from seeds 000 §8.4 and 001, WorkResult's `direct_origin` from seed 000 §8.2. Optional
+fields left as None are omitted on the wire.
 """
 
 from __future__ import annotations
@@ -124,6 +125,10 @@ class WorkResult:
     execution_identity_sha256: str | None = omittable()
     executed_bundle_config_hash: str | None = omittable()
     retry_after_s: int | None = omittable()
+    # True on the result of an item the sidecar took from its worker's direct-dispatch stream (seed 000 §8.2: the
+    # gateway ignores such a result for an item it has since published on the lane). Absent otherwise: None is left
+    # off the wire, so older peers read and write the same messages.
+    direct_origin: bool | None = omittable()
 
 
 @attrs.frozen(kw_only=True)
