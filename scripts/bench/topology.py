@@ -79,8 +79,7 @@ class Topology:
         if self._cluster is None:
             return []
         pids = [process.pid for process in self._cluster.roles.values()]
-        if self._cluster.nats is not None:
-            pids.append(self._cluster.nats.process.pid)
+        pids += [node.process.pid for node in self._cluster.brokers.nodes.values()]
         return pids
 
     def stop(self) -> None:

@@ -221,7 +221,7 @@ async def published_work_items(broker: nats.NATS) -> int:
 
 def test_killing_the_worker_loses_no_accepted_request(cluster: Cluster) -> None:
     async def scenario() -> tuple[list[httpx.Response], int]:
-        broker = await nats.connect(cluster.nats.url)
+        broker = await nats.connect(cluster.nats_url)
         try:
             before = await published_work_items(broker)
             # One connection per request, so all of them are sent at once.
@@ -287,6 +287,6 @@ def test_a_worker_killed_mid_generation_ends_the_stream_with_an_error_and_the_ne
 
 
 def test_losing_nats_answers_503(cluster: Cluster) -> None:
-    cluster.nats.stop()
+    cluster.stop("nats")
     response = httpx.post(f"{cluster.url}/v1/encode/{MINILM}", json={"items": [{"text": "x"}]}, timeout=30)
     assert response.status_code == 503

@@ -49,7 +49,7 @@ def test_poison_published_past_the_gateway_fails_alone_and_once(cluster: Cluster
     poison_options = ({"normalize": []}, {"pooling": "max"}, {"doc_template": {"a": 1}}, {"threshold": 0.5})
 
     async def scenario() -> tuple[list[WorkResult], list[str]]:
-        broker = await nats.connect(cluster.nats.url)
+        broker = await nats.connect(cluster.nats_url)
         try:
             answers: list[WorkResult] = []
             inbox = "_INBOX.direct-publisher"
