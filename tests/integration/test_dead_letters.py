@@ -251,3 +251,56 @@ async def test_in_the_all_wiring_the_sidecar_naks_poison_work_into_the_dead_lett
             assert await letter_of(client, poison.request_id) is None
             assert await letter_of(client, replayed.json()["request_id"]) is not None
             assert (await client.post("/v1/dlq/purge")).json() == {"purged": 1}
+
+
+async def spend_unheard(consumer: LaneConsumer) -> None:
+    """NAK the one queued item on every delivery while no gateway listens, then pull once more so JetStream sends
+    its advisory (to nobody)."""
+    for _ in range(MAX_DELIVER):
+        (delivery,) = await consumer.fetch(1, LONG_WAIT_S)
+        await delivery.nak()
+    assert await consumer.fetch(1, 0.5) == []
+
+
+async def test_work_spent_while_no_gateway_ran_is_swept_into_the_dead_letters_when_one_starts(
+    nats_server: NatsServer, lane: Lane, baseline_catalog: Catalog
+) -> None:
+    # The session's nats-server holds other tests' work too: every check here is about this test's own lane.
+    async with _nats(nats_server) as sidecar, _nats(nats_server) as gateway:
+        consumer = await sidecar.consumer(lane)
+        spent, busy = make_item(lane), make_item(lane)
+        await sidecar.publish_work(subject_of(lane), spent)
+        await spend_unheard(consumer)
+
+        async def letters_of_this_lane(queue: DeadLetterQueue) -> list[str]:
+            letters = await queue.letters(limit=1000)
+            return [letter.item.request_id for letter in letters if letter.item and letter.item.pool_name == lane.pool]
+
+        # A lane with work in flight is left alone (a message waiting for its redelivery looks the same).
+        await sidecar.publish_work(subject_of(lane), busy)
+        (held,) = await consumer.fetch(1, LONG_WAIT_S)
+        async with DeadLetterQueue(gateway, REPLAY_TIMEOUT_S, sweep_min_age_s=0.0) as early:
+            await early.sweep()
+            assert await letters_of_this_lane(early) == []
+        await held.ack()
+        await sidecar.flush()  # the ACK reached the broker: nothing is in flight on the lane now
+
+        # Young work is left to the advisory on its way; old enough, it is captured as the advisory would have.
+        async with DeadLetterQueue(gateway, REPLAY_TIMEOUT_S, sweep_min_age_s=3600.0) as young:
+            await young.sweep()
+            assert await letters_of_this_lane(young) == []
+        async with (
+            DeadLetterQueue(gateway, REPLAY_TIMEOUT_S, sweep_interval_s=60.0, sweep_min_age_s=0.0) as queue,
+            gateway_http(baseline_catalog, gateway, queue) as client,
+        ):
+            await eventually(lambda: letter_of(client, spent.request_id), timeout_s=LONG_WAIT_S, what="the sweep")
+            letter = await letter_of(client, spent.request_id)
+            assert letter is not None and letter["deliveries"] == MAX_DELIVER
+            assert letter["stream"] == f"WORK_POOL_{lane.pool}" and queue.swept >= 1
+
+            async def moved_out() -> bool:  # of the work stream (its depth is cached for a moment)
+                return await gateway.pending(lane.pool) == 0
+
+            await eventually(moved_out, timeout_s=LONG_WAIT_S, what="the spent work leaving its stream")
+            await queue.sweep()
+            assert await letters_of_this_lane(queue) == [spent.request_id]  # stored once, whoever swept again

@@ -3,7 +3,10 @@
 JetStream keeps such a message in its work stream and advises it on `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.>`;
 every gateway replica hears the advisory and has the DeadLetterStore move the message into the dead letters (the
 store keeps one copy however many replicas try), and the replica that stored it logs one warning naming the model
-and request. Operators list, show, replay, delete and purge letters here (`/v1/dlq`, `sie dlq`).
+and request. An advisory sent while no gateway ran is heard by nobody, so a gateway also sweeps (the roles pass
+`sweep_interval_s=SWEEP_INTERVAL_S`): on start and every interval it asks the store for spent work still in the work
+streams and captures it the same way.
+Operators list, show, replay, delete and purge letters here (`/v1/dlq`, `sie dlq`).
 
 Replay is for re-driving poison work after a fix: the work item goes back to its original work subject with a
 fresh request id (so the cancel its first request may have announced does not drop it), a fresh timestamp and a
@@ -28,6 +31,7 @@ import attrs
 from sie.catalog.names import MAX_DELIVERIES_ADVISORY, reply_subject
 from sie.gateway.errors import InvalidRequestError, NotFoundError, QueueUnavailableError
 from sie.gateway.publisher import publish_error
+from sie.runtime.periodic import FirstRun, Outage, PeriodicTask
 from sie.telemetry.gateway import DeadLetterEvent, StoreMetrics
 from sie.transport.base import (
     DeadLetter,
@@ -42,6 +46,11 @@ from sie.wire.queue import WorkItem
 logger = logging.getLogger(__name__)
 
 MAX_LIST_LIMIT: Final = 1000
+# How often spent work whose advisory nobody heard is looked for, how much of it one sweep moves, and how long ago it
+# must have been queued (a younger message's advisory may still be on its way to the gateways that will capture it).
+SWEEP_INTERVAL_S: Final = 60.0
+SWEEP_LIMIT: Final = 1000
+SWEEP_MIN_AGE_S: Final = 60.0
 # While the broker cannot take the advisory subscription yet, it is tried again this often (doubling to the max).
 SUBSCRIBE_RETRY_S: Final = 0.5
 SUBSCRIBE_RETRY_MAX_S: Final = 10.0
@@ -74,8 +83,10 @@ class DeadLetterQueue:
     context manager. `replay_timeout_s` is the gateway request timeout a replayed item's deadline gets.
 
     The advisory subscription is made on enter; a transport that refuses it (its broker not reachable yet) gets
-    it again from a background task until it takes it. `advisories` counts the advisories handled, `captured`
-    the letters this gateway stored, `capture_failures` the advised work it could not move.
+    it again from a background task until it takes it. With `sweep_interval_s` a background task also sweeps for
+    spent work nobody captured (on start, then every interval; work queued less than `sweep_min_age_s` ago is left
+    to its advisory). `advisories` counts the advisories handled (swept ones too), `captured` the letters this
+    gateway stored, `capture_failures` the advised work it could not move, `swept` the spent work a sweep found.
     """
 
     def __init__(
@@ -84,6 +95,8 @@ class DeadLetterQueue:
         replay_timeout_s: float,
         clock: Callable[[], float] = time.time,
         metrics: StoreMetrics | None = None,
+        sweep_interval_s: float | None = None,
+        sweep_min_age_s: float = SWEEP_MIN_AGE_S,
     ) -> None:
         self._transport = transport
         self._metrics = metrics
@@ -95,15 +108,27 @@ class DeadLetterQueue:
         self.advisories = 0
         self.captured = 0
         self.capture_failures = 0
+        self.swept = 0
+        self._sweep_min_age_s = sweep_min_age_s
+        outage = Outage("looking for spent work nobody captured", logger, (TransportError,))
+        self._sweeping = (
+            PeriodicTask(self.sweep, sweep_interval_s, outage, first_run=FirstRun.AT_START)
+            if sweep_interval_s is not None
+            else None
+        )
 
     async def __aenter__(self) -> Self:
         if not await self._subscribe():
             self._subscribing = asyncio.create_task(self._subscribe_until_taken(), name="subscribe to advisories")
+        if self._sweeping is not None:
+            await self._sweeping.__aenter__()
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if self._sweeping is not None:
+            await self._sweeping.__aexit__(exc_type, exc, tb)
         task, self._subscribing = self._subscribing, None
         if task is not None:
             task.cancel()
@@ -168,6 +193,12 @@ class DeadLetterQueue:
         return purged
 
     # capture
+
+    async def sweep(self) -> None:
+        """Capture the spent work the store finds still queued (its advisory was sent while no gateway ran)."""
+        for advisory in await self._store.stranded(SWEEP_LIMIT, self._sweep_min_age_s):
+            self.swept += 1
+            await self.on_advisory("sweep", advisory)
 
     async def on_advisory(self, subject: str, advisory: Any) -> None:
         """A max-deliveries advisory: move the message it names into the dead letters."""

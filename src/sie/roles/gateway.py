@@ -13,7 +13,7 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 
 from sie.gateway.config_sync import ConfigState, ConfigSync
-from sie.gateway.dead_letters import DeadLetterQueue
+from sie.gateway.dead_letters import SWEEP_INTERVAL_S, DeadLetterQueue
 from sie.gateway.http.app import GatewaySources, build_gateway_app, serving_state
 from sie.gateway.http.auth import GatewayAuth
 from sie.gateway.offload import PayloadOffload
@@ -51,7 +51,9 @@ async def serve_gateway(settings: Settings) -> None:
         await stack.enter_async_context(ConfigSync(state, transport, settings.config_sync, settings.auth.admin_token))
         stores = StoreMetrics(telemetry) if telemetry.enabled else None
         dead_letters = await stack.enter_async_context(
-            DeadLetterQueue(transport, settings.gateway.request_timeout_s, metrics=stores)
+            DeadLetterQueue(
+                transport, settings.gateway.request_timeout_s, metrics=stores, sweep_interval_s=SWEEP_INTERVAL_S
+            )
         )
         payloads = settings.payloads  # the broker's max_payload is known once connected
         offload = PayloadOffload(

@@ -242,6 +242,13 @@ class DeadLetter:
 class DeadLetterStore(Protocol):
     """Where dead letters are kept: `DEAD_LETTERS` on a broker, bounded memory in process."""
 
+    async def stranded(self, limit: int, min_age_s: float) -> list[MaxDeliveriesAdvisory]:
+        """Up to `limit` work messages that used every delivery but are still in their work stream, because no
+        gateway heard their advisory (none ran when it was sent): the advisories they would have had, for `capture`.
+        Only messages queued at least `min_age_s` ago (a younger one's advisory may still be on its way), and only
+        of lanes with nothing in flight: elsewhere a message waiting for its redelivery cannot be told from a spent
+        one."""
+
     async def capture(self, advisory: MaxDeliveriesAdvisory) -> DeadLetter | None:
         """Move the message an advisory names from its work stream into the dead letters. Returns the new
         letter; None when there was nothing to move (another gateway moved it first, or it is not work)."""

@@ -341,6 +341,9 @@ class _DeadLettersOnceConnected:
     def _store(self, action: str) -> DeadLetterStore:
         return self._current(f"dead letters: {action}").dead_letters()
 
+    async def stranded(self, limit: int, min_age_s: float) -> list[MaxDeliveriesAdvisory]:
+        return await self._store("look for spent work").stranded(limit, min_age_s)
+
     async def capture(self, advisory: MaxDeliveriesAdvisory) -> DeadLetter | None:
         return await self._store("capture").capture(advisory)
 

@@ -44,6 +44,10 @@ class LoopbackDeadLetterStore:
         self._expire()
         return len(self._letters)
 
+    async def stranded(self, limit: int, min_age_s: float) -> list[MaxDeliveriesAdvisory]:
+        """None: the in-process streams hand their advisories to the gateway of the same process, never lost."""
+        return []
+
     async def capture(self, advisory: MaxDeliveriesAdvisory) -> DeadLetter | None:
         """Take the dead message the advisory names from its pool stream; None when it is not (or no longer) there."""
         stream = self._streams(advisory.stream)

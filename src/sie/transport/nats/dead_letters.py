@@ -6,6 +6,12 @@ headers below and a deterministic `Nats-Msg-Id` (so gateway replicas acting on t
 then deletes it from the work stream, where it would count toward max_msgs until max_age. A letter's id is its
 sequence in `DEAD_LETTERS`. The stream is created on first use (Limits retention, 24 h max_age, storage and
 replicas as SIE_STREAM_STORAGE / SIE_STREAM_REPLICAS) and reconciled like the work streams, never its storage.
+
+An advisory is core NATS: sent while no gateway ran, it is heard by nobody and its message stays in the work stream
+until max_age. `stranded` finds such messages: a consumer with nothing awaiting an ACK or a redelivery
+(`num_ack_pending` 0; a NAKed message waiting out its delay counts there) has delivered every message of its filter
+up to `delivered.stream_seq`, so one still in the WorkQueue stream (an acknowledged one is removed) at or below it
+will never be delivered again: it is spent. (The ack floor is no guide: it moves past spent messages.)
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ DELIVERIES_HEADER: Final = "Sie-Dlq-Deliveries"
 DEAD_AT_HEADER: Final = "Sie-Dlq-Dead-At"
 PUBLISHED_AT_HEADER: Final = "Sie-Dlq-Published-At"
 
+# The streams work is queued on: a pool's lanes and a worker's direct-dispatch subject.
+WORK_STREAM_PREFIXES: Final = ("WORK_POOL_", "WORK_WORKER_")
 _STREAM_NAME_IN_USE: Final = 10058
 _SEQUENCE_NOT_FOUND: Final = 10043  # delete_msg of a sequence that is gone answers 400, not 404
 
@@ -117,6 +125,24 @@ class NatsDeadLetterStore:
         self._connection_for = connection_for
         self._settings = settings
         self._ensured: TtlCache[str, None] = TtlCache(FOREVER)
+
+    async def stranded(self, limit: int, min_age_s: float) -> list[MaxDeliveriesAdvisory]:
+        """Spent work messages of every work stream whose advisory nobody captured (see the module docstring)."""
+        connection = self._connected("look for spent work")
+        queued_before = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=min_age_s)
+        found: list[MaxDeliveriesAdvisory] = []
+        with translated("look for spent work"):
+            streams = await connection.jsm.streams_info()
+            for stream in streams:
+                name = stream.config.name or ""
+                if not name.startswith(WORK_STREAM_PREFIXES) or not stream.state.messages:
+                    continue
+                first = stream.state.first_seq or 1
+                for consumer in await connection.jsm.consumers_info(name):
+                    found += await _spent(connection, name, first, consumer, limit - len(found), queued_before)
+                    if len(found) >= limit:
+                        return found
+        return found
 
     async def capture(self, advisory: MaxDeliveriesAdvisory) -> DeadLetter | None:
         """Move the advised work message into `DEAD_LETTERS`; None when it is gone, not work, or already stored."""
@@ -216,6 +242,42 @@ class NatsDeadLetterStore:
         except TransportError as exc:
             # It keeps working as it is (say R3 asked of a single server): the letters matter more than its shape.
             logger.warning("stream %s left as it is: %s", DEAD_LETTER_STREAM, exc)
+
+
+async def _spent(  # noqa: PLR0913 - one consumer's scan: where, whose, how many, how old
+    connection: Connection,
+    stream: str,
+    first_seq: int,
+    consumer: api.ConsumerInfo,
+    limit: int,
+    queued_before: datetime.datetime,
+) -> list[MaxDeliveriesAdvisory]:
+    """Up to `limit` spent messages of `consumer`'s filter in `stream` (from `first_seq`) queued before
+    `queued_before`; none while it has anything in flight."""
+    config = consumer.config
+    delivered = consumer.delivered
+    if consumer.num_ack_pending or delivered is None or not config.durable_name:
+        return []
+    subject = config.filter_subject or ">"
+    spent: list[MaxDeliveriesAdvisory] = []
+    seq = first_seq
+    while len(spent) < limit and seq <= (delivered.stream_seq or 0):
+        try:
+            raw = await connection.jsm.get_msg(stream, seq, subject=subject, next=True)
+        except nats.js.errors.NotFoundError:
+            break  # nothing of the filter left above `seq`
+        if raw.seq is None or raw.seq > (delivered.stream_seq or 0):
+            break  # not delivered yet: pending work, not spent
+        if raw.time is not None and raw.time > queued_before:
+            break  # this one and the later ones are young: their advisories may still be on their way
+        deliveries = config.max_deliver if config.max_deliver and config.max_deliver > 0 else 0
+        spent.append(
+            MaxDeliveriesAdvisory(
+                stream=stream, consumer=config.durable_name, stream_seq=raw.seq, deliveries=deliveries
+            )
+        )
+        seq = raw.seq + 1
+    return spent
 
 
 async def _get(connection: Connection, stream: str, seq: int) -> api.RawStreamMsg | None:
