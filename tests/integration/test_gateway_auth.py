@@ -22,6 +22,7 @@ from websockets.exceptions import InvalidStatus
 
 from launcher import free_port
 from sie.catalog import Catalog
+from sie.control.auth import AccessPolicy
 from sie.gateway.dead_letters import DeadLetterQueue
 from sie.gateway.http.app import GatewaySources, build_gateway_app
 from sie.gateway.http.auth import GatewayAuth
@@ -31,7 +32,7 @@ from sie.http.serving import HttpListener, serve_http
 from sie.placement.api import PATH_PREFIXES, PlacementApi
 from sie.settings import GatewaySettings, LaneSettings, StreamSettings
 from sie.transport.loopback import LoopbackTransport
-from support.gateway_fakes import NoWorkers
+from support.gateway_fakes import NoWorkers, config_write_routes
 from support.placement_fakes import FakeControl
 from support.polling import eventually
 
@@ -98,15 +99,20 @@ def refusal(kind: str, mode: str, exempt: bool, token: str) -> int | None:
 
 
 @asynccontextmanager
-async def gateway(catalog: Catalog, auth: GatewayAuth) -> AsyncIterator[httpx.AsyncClient]:
-    """The gateway app, with its dead letters and the placement surface of `--role all`, driven over HTTP."""
+async def gateway(
+    catalog: Catalog, auth: GatewayAuth, admin_token: str | None = None
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The gateway app, with its dead letters, and the placement surface and config writes of `--role all` (the
+    latter checking `admin_token` as the in-process config service does), driven over HTTP."""
     async with AsyncExitStack() as stack:
         transport = await stack.enter_async_context(LoopbackTransport(StreamSettings()))
         dead_letters = await stack.enter_async_context(DeadLetterQueue(transport, 5.0))
         sources = GatewaySources(lambda: catalog, transport, QueueConsumers(transport), NoWorkers(),
                                  dead_letters=dead_letters, auth=auth)  # fmt: skip
         placement = plain_handler_routes(PlacementApi(FakeControl()).handle, PATH_PREFIXES)
-        app = build_gateway_app(sources, GatewaySettings(), LaneSettings(), "gw-auth", extra_routes=placement)
+        policy = AccessPolicy(admin_token=admin_token)  # the in-process config service's, from SIE_ADMIN_TOKEN
+        extra = [*placement, *config_write_routes(policy)]
+        app = build_gateway_app(sources, GatewaySettings(), LaneSettings(), "gw-auth", extra_routes=extra)
         await stack.enter_async_context(app.router.lifespan_context(app))
         yield await stack.enter_async_context(
             httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw")
@@ -145,7 +151,7 @@ async def test_matrix(
     async with gateway(baseline_catalog, GatewayAuth()) as open_gateway:
         answered = await call(open_gateway, method, path, body, None)
     assert answered.status_code not in (401, 403)
-    async with gateway(baseline_catalog, auth) as client:
+    async with gateway(baseline_catalog, auth, ADMIN) as client:
         for token_kind, token in TOKENS.items():
             response = await call(client, method, path, body, token)
             status = refusal(kind, mode, exempt, token_kind)

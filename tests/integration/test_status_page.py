@@ -32,6 +32,7 @@ from sie.transport.base import Lane
 from sie.transport.loopback import LoopbackTransport
 from sie.wire import packb
 from sie.wire.queue import WorkResult
+from support.gateway_fakes import config_write_routes
 
 REPO = Path(__file__).resolve().parents[2]
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
@@ -150,7 +151,8 @@ async def test_openapi_json_is_valid_openapi_3_listing_every_served_route(with_p
     async def no_placement(method: str, path: str, query: dict, body: bytes) -> None:
         return None
 
-    extra = plain_handler_routes(no_placement, PATH_PREFIXES) if with_placement else []
+    # `all` also serves the config writes of its in-process config service.
+    extra = [*plain_handler_routes(no_placement, PATH_PREFIXES), *config_write_routes()] if with_placement else []
     async with serving(extra_routes=extra) as served, httpx.AsyncClient(base_url=served.url) as client:
         response = await client.get("/openapi.json")
         routes = served.app.routes
@@ -159,8 +161,10 @@ async def test_openapi_json_is_valid_openapi_3_listing_every_served_route(with_p
     validate(document)
     assert document["openapi"].startswith("3.")
     assert_lists_every_route(document, routes)
-    # The gateway role does not serve the placement surface, so it does not describe it.
+    # The gateway role does not serve the placement surface nor config writes, so it does not describe them.
     assert ("/v1/placement/policy" in document["paths"]) is with_placement
+    assert ("post" in document["paths"]["/v1/configs/models"]) is with_placement
+    assert set(document["paths"]["/v1/configs/models"]) >= {"get"}
     for path in ("/", "/docs", "/openapi.json", "/ws/cluster-status", "/v1/encode/{model}", "/v1/embeddings"):
         assert path in document["paths"]
 

@@ -1,6 +1,20 @@
-"""A ModelStatusSource with no workers, for gateway tests whose subject is not model or worker state."""
+"""Pieces a gateway app under test is built with when they are not the test's subject: a ModelStatusSource with
+no workers, and the config write routes `sie run --role all` adds (over an in-memory store)."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+from starlette.routing import Route
+
+from sie.control.auth import AccessPolicy
+from sie.control.http.app import write_routes
+from sie.control.http.handlers import ControlHandlers
+from sie.control.loading import load_registry
+from sie.control.writes import ConfigWriter
+from sie.stores.fsspec_store import open_config_store
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 class NoWorkers:
@@ -11,3 +25,11 @@ class NoWorkers:
 
     def workers(self) -> list:
         return []
+
+
+def config_write_routes(policy: AccessPolicy | None = None) -> list[Route]:
+    """The config service's write routes over the baseline catalogue and an in-memory store, as the `all` role
+    serves them beside its gateway."""
+    registry = load_registry(REPO / "config" / "bundles", REPO / "config" / "models")
+    handlers = ControlHandlers(ConfigWriter(registry, open_config_store(None)), registry, policy or AccessPolicy())
+    return write_routes(handlers)

@@ -346,12 +346,12 @@ def test_a_role_ignores_the_variables_of_other_roles_and_names_them_once() -> No
     assert settings.nats.url == "nats://n:4222"
     assert settings == load_role_settings(["--role", "gateway"], {"SIE_NATS_URL": "nats://n:4222"})  # not read at all
     assert ignored_variables("gateway", shared) == [
-        "SIE_CONFIG_STORE_DIR (read by role config)",
+        "SIE_CONFIG_STORE_DIR (read by role config, all)",
         "SIE_MODEL_CACHE (read by role worker, all)",
     ]
     assert ignored_variables_note("gateway", shared) == (
         "role 'gateway' ignores settings of other roles set in its environment: "
-        "SIE_CONFIG_STORE_DIR (read by role config); SIE_MODEL_CACHE (read by role worker, all)"
+        "SIE_CONFIG_STORE_DIR (read by role config, all); SIE_MODEL_CACHE (read by role worker, all)"
     )
     assert ignored_variables_note("all", {"SIE_MODEL_CACHE": "/models"}) is None
 

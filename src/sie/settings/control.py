@@ -63,8 +63,9 @@ class ConfigServiceSettings:
             "SIE_CONFIG_STORE_DIR",
             text(),
             "Config store: local path, `s3://` or `gs://` URL holding `models/*.yaml` and `epoch`. "
-            "Unset: nothing persists and the epoch restarts at 0.",
-            roles=("config",),
+            "Unset: nothing persists and the epoch restarts at 0. `all` runs the config service in process and "
+            "reads it too.",
+            roles=("config", "all"),
             read_by=("sie.roles.config",),
         ),
         None,
@@ -76,7 +77,7 @@ class ConfigServiceSettings:
             "Replay the stored models at start-up, at the stored epoch, so every acknowledged write survives a "
             "restart. `false` only while the store holds no models: the service refuses to start rather than "
             "serve the stored epoch without them (gateways at that epoch would believe they are current).",
-            roles=("config",),
+            roles=("config", "all"),
             read_by=("sie.roles.config",),
         ),
         True,
@@ -101,8 +102,9 @@ class ConfigSyncSettings:
         Env(
             "SIE_CONFIG_POLL_INTERVAL_S",
             seconds(positive=True),
-            "Epoch poll period; bounds how stale a gateway or sidecar gets after a lost delta.",
-            roles=_FOLLOWER_ROLES,
+            "Epoch poll period; bounds how stale a gateway or sidecar gets after a lost delta (in `all`, how soon a "
+            "deleted model leaves the workers).",
+            roles=(*_FOLLOWER_ROLES, "all"),
             read_by=("sie.gateway.config_sync.sync", "sie.sidecar.live_config"),
         ),
         30.0,

@@ -30,17 +30,25 @@ PREFIX = "/v1/configs"
 def _routes(handlers: ControlHandlers) -> list[Route]:
     return [
         Route(f"{PREFIX}/models", handlers.list_models, methods=["GET"]),
-        Route(f"{PREFIX}/models", handlers.add_model, methods=["POST"]),
         Route(f"{PREFIX}/models/{{model_id:path}}", handlers.get_model, methods=["GET"]),
-        Route(f"{PREFIX}/models/{{model_id:path}}", handlers.replace_model, methods=["PUT"]),
-        Route(f"{PREFIX}/models/{{model_id:path}}", handlers.delete_model, methods=["DELETE"]),
         Route(f"{PREFIX}/bundles", handlers.list_bundles, methods=["GET"]),
         Route(f"{PREFIX}/bundles/{{bundle_id}}", handlers.get_bundle, methods=["GET"]),
         Route(f"{PREFIX}/resolve", handlers.resolve, methods=["POST"]),
-        Route(f"{PREFIX}/epoch", handlers.epoch, methods=["GET"]),
-        Route(f"{PREFIX}/export", handlers.export, methods=["GET"]),
+        *write_routes(handlers),
         Route("/healthz", handlers.healthz, methods=["GET"]),
         Route("/readyz", handlers.readyz, methods=["GET"]),
+    ]
+
+
+def write_routes(handlers: ControlHandlers) -> list[Route]:
+    """The writes (add, replace, delete a model) and what workers reconcile from (epoch, export): what a server that
+    answers the read side from its own catalogue (`sie run --role all`) adds to take configuration changes."""
+    return [
+        Route(f"{PREFIX}/models", handlers.add_model, methods=["POST"]),
+        Route(f"{PREFIX}/models/{{model_id:path}}", handlers.replace_model, methods=["PUT"]),
+        Route(f"{PREFIX}/models/{{model_id:path}}", handlers.delete_model, methods=["DELETE"]),
+        Route(f"{PREFIX}/epoch", handlers.epoch, methods=["GET"]),
+        Route(f"{PREFIX}/export", handlers.export, methods=["GET"]),
     ]
 
 

@@ -5,7 +5,7 @@ gateway role and `--role all` (which adds the placement surface) each describe t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Final
 
 from sie.gateway.http.headers import SIE_VERSION
@@ -317,7 +317,18 @@ OPERATIONS: Final[Mapping[str, Mapping[str, Mapping[str, Any]]]] = {
             )
         }
     },
-    "/v1/configs/models": {"/v1/configs/models": {"get": _operation("config", "Model ids with their config")}},
+    "/v1/configs/models": {
+        "/v1/configs/models": {
+            "get": _operation("config", "Model ids with their config"),
+            # The writes are served where the config service runs in process (`--role all`).
+            "post": _operation(
+                "config",
+                "Add a model, or new profiles of one (append-only; admin token)",
+                requestBody={"content": {"application/yaml": {"schema": {"type": "string"}}}},
+                responses={"201": _answer("Created"), "200": _answer("Profiles added"), "400": _answer("Invalid")},
+            ),
+        }
+    },
     "/v1/configs/models/{model_id:path}": {
         "/v1/configs/models/{model_id}": {
             "get": _operation(
@@ -328,8 +339,27 @@ OPERATIONS: Final[Mapping[str, Mapping[str, Mapping[str, Any]]]] = {
                     "200": _answer("YAML (or JSON status)", media="application/yaml"),
                     "404": _answer("Unknown model"),
                 },
-            )
+            ),
+            "put": _operation(
+                "config",
+                "Replace a model's config wholesale (admin token)",
+                parameters=[_path_param("model_id", "Model id.")],
+                requestBody={"content": {"application/yaml": {"schema": {"type": "string"}}}},
+                responses={"200": _answer("Replaced"), "400": _answer("Invalid"), "404": _answer("Unknown model")},
+            ),
+            "delete": _operation(
+                "config",
+                "Delete an API-added model (admin token)",
+                parameters=[_path_param("model_id", "Model id.")],
+                responses={"200": _answer("Deleted"), "404": _answer("Unknown model")},
+            ),
         }
+    },
+    "/v1/configs/epoch": {
+        "/v1/configs/epoch": {"get": _operation("config", "The config epoch and the control plane's fingerprints")}
+    },
+    "/v1/configs/export": {
+        "/v1/configs/export": {"get": _operation("config", "Every model's config, what workers reconcile from")}
     },
     "/v1/configs/bundles": {"/v1/configs/bundles": {"get": _operation("config", "Bundles")}},
     "/v1/configs/bundles/{bundle_id}": {
@@ -661,12 +691,20 @@ _SCHEMAS: Final = {
 }
 
 
-def openapi_document(route_templates: Iterable[str]) -> dict[str, Any]:
-    """The description of the routes among `route_templates` (starlette paths) that are documented; a template
-    with no entry in OPERATIONS is left out (a test keeps every served route documented)."""
+def openapi_document(routes: Iterable[tuple[str, Collection[str] | None]]) -> dict[str, Any]:
+    """The description of the served `routes` (starlette path templates with their methods; None: every method the
+    entry documents) that are documented: each template's operations for the methods served there; a template with
+    no entry in OPERATIONS is left out (a test keeps every served route documented)."""
     paths: dict[str, Any] = {}
-    for template in route_templates:
-        paths.update(OPERATIONS.get(template, {}))
+    for template, methods in routes:
+        for path, operations in OPERATIONS.get(template, {}).items():
+            served = {
+                method: operation
+                for method, operation in operations.items()
+                if methods is None or method.upper() in methods
+            }
+            if served:
+                paths.setdefault(path, {}).update(served)
     return {
         "openapi": OPENAPI_VERSION,
         "info": {

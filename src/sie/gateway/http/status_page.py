@@ -54,8 +54,12 @@ class StatusPages:
 
     async def openapi(self, request: Request) -> Response:
         if self._openapi is None:  # routes are fixed once the app serves
-            templates = [path for route in request.app.routes if (path := getattr(route, "path", None))]
-            self._openapi = orjson.dumps(openapi_document(templates))
+            routes = [
+                (path, getattr(route, "methods", None))
+                for route in request.app.routes
+                if (path := getattr(route, "path", None))
+            ]
+            self._openapi = orjson.dumps(openapi_document(routes))
         return Response(self._openapi, media_type="application/json", headers=VERSION_HEADERS)
 
     async def cluster_status(self, websocket: WebSocket) -> None:
