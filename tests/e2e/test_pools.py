@@ -30,6 +30,7 @@ MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 ENCODE = f"/v1/encode/{MINILM}"
 TEXT = {"items": [{"text": "hello"}]}
 HEALTH = ["--health-interval-s", "0.2"]
+PINNED = "sentence-transformers/paraphrase-MiniLM-L3-v2"  # a model no other test here asks for
 
 
 class Deployment:
@@ -177,6 +178,30 @@ def test_a_capped_pools_work_goes_only_to_its_assigned_worker(deployment: Deploy
     plain = asyncio.run(send(deployment.a, {}, 40))
     assert {r.headers["x-sie-worker"] for r in plain} == {"w-1", "w-2"}
     httpx.delete(f"{deployment.a}/v1/pools/capped", timeout=5)
+
+
+def test_a_pools_pinned_model_is_loaded_on_its_assigned_worker_without_a_request(deployment: Deployment) -> None:
+    # seed 000 §16.3: the sidecar of each worker the pool assigns has it load the pinned model and keep it loaded;
+    # the gateway's series and its model listing follow from the workers' heartbeats. Nothing asks for the model.
+    body = {"name": "pinning", "gpus": {"default": 1}, "gpu_caps": {"default": 1}, "pinned_models": [PINNED]}
+    created = httpx.post(f"{deployment.a}/v1/pools", json=body, timeout=10)
+    assert created.status_code == 201, created.text
+    try:
+        assigned = {worker["name"] for worker in created.json()["status"]["assigned_workers"]}
+        series = f'sie_gateway_pool_pinned_model_loaded{{model="{PINNED}",pool="pinning"}} 1.0'
+        assert holds_within(lambda: series in httpx.get(f"{deployment.a}/metrics", timeout=5).text, 30), (
+            deployment.logs()
+        )
+
+        def holding() -> set[str]:
+            workers = httpx.get(f"{deployment.a}/health", timeout=5).json()["workers"]
+            return {worker["name"] for worker in workers if PINNED in worker["loaded_models"]}
+
+        assert holds_within(lambda: assigned <= holding(), 10)
+        models = {model["name"]: model for model in httpx.get(f"{deployment.a}/health", timeout=5).json()["models"]}
+        assert models[PINNED]["worker_count"] >= 1
+    finally:
+        httpx.delete(f"{deployment.a}/v1/pools/pinning", timeout=5)
 
 
 def test_an_unknown_pool_is_404_and_makes_no_stream(deployment: Deployment) -> None:

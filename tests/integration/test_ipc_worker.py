@@ -22,6 +22,7 @@ from sie.wire.ipc_control import (
     MODEL_STATE_LOADING_IN_PROGRESS,
     MODEL_STATE_LOADING_STARTED,
     MODEL_STATE_READY,
+    MODEL_STATE_RETRY_LATER,
     DrainRequest,
     EnsureModelReadyRequest,
     EnsureModelReadyResponse,
@@ -118,6 +119,18 @@ async def test_the_worker_over_ipc(service: WorkerService, socket_path: Path):
 
         assert (await client.drain(DrainRequest(deadline_ms=1000))).acknowledged is True
         assert service.draining is True
+
+
+async def test_a_pin_over_ipc_loads_the_model_and_holds_it_until_released(service: WorkerService, socket_path: Path):
+    async with IpcServer(service, socket_path, worker_id="worker-ipc"), UdsWorkerClient(socket_path) as client:
+        released = await client.ensure_model_ready(EnsureModelReadyRequest(model_id=MINILM, pin=False))
+        assert released.state == MODEL_STATE_RETRY_LATER and not service.manager.is_loaded(MINILM)  # no load
+        pinned = await client.ensure_model_ready(EnsureModelReadyRequest(model_id=MINILM, pin=True))
+        assert pinned.state == MODEL_STATE_LOADING_STARTED  # the pin starts the load, no request needed
+        await wait_ready(client, MINILM)
+        assert service.manager.held == {MINILM}
+        await client.ensure_model_ready(EnsureModelReadyRequest(model_id=MINILM, pin=False))
+        assert service.manager.held == set() and service.manager.is_loaded(MINILM)  # loaded, evictable again
 
 
 async def test_model_control_status_reports_each_models_memory_and_measured_cost(

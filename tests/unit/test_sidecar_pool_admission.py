@@ -14,6 +14,7 @@ from sie.sidecar import SidecarConfig
 from sie.sidecar.admission import Admission
 from sie.sidecar.consumer import Consumer, ConsumerOptions
 from sie.sidecar.hashgate import WorkerHash
+from sie.sidecar.pinning import PinnedModels
 from sie.sidecar.pool_admission import (
     GatewayPools,
     PoolGate,
@@ -21,11 +22,12 @@ from sie.sidecar.pool_admission import (
     PoolView,
     Refusal,
     parse_pools,
+    pinned_models,
     refusal,
 )
 from sie.sidecar.settlement import Settler
 from sie.sidecar.work import Work
-from sie.wire.ipc_control import PingRequest, PingResponse
+from sie.wire.ipc_control import EnsureModelReadyRequest, EnsureModelReadyResponse, PingRequest, PingResponse
 from sie.wire.queue import WorkItem
 from support.pools_gateway import pool_json
 from support.sidecar_fakes import RecordingDelivery
@@ -89,6 +91,51 @@ def test_parse_reads_only_what_the_gate_needs() -> None:
     assert VIEW["on-gold"].queue_pool == "gold"
     lenient = {"pools": [{"spec": {"name": "Mixed", "extra": 1}, "status": {}, "future": True}], "more": []}
     assert parse_pools(lenient) == {"mixed": PoolView("mixed", "default", capped=False, assigned=frozenset())}
+
+
+def test_a_worker_keeps_the_models_pinned_by_the_pools_whose_work_it_serves() -> None:
+    def pinning(name: str, models: list[str], **fields: object) -> dict:
+        document = pool_json(name, **fields)
+        document["spec"]["pinned_models"] = models
+        return document
+
+    view = parse_pools({"pools": [
+        pinning("open", ["m/open"], gpus={"l4": 1}),  # uncapped on this lane's queue: every worker
+        pinning("mine", ["m/mine", "m/shared"], gpus={"l4": 1}, gpu_caps={"l4": 1}, assigned=[ME]),
+        pinning("theirs", ["m/theirs", "m/shared"], gpus={"l4": 1}, gpu_caps={"l4": 1}, assigned=[OTHER]),
+        pinning("gold", ["m/gold"], queue_pool="gold", gpus={"l4": 1}),  # another queue: other workers
+        pinning("odd", [3, "", "m/odd"], gpus={"l4": 1}),  # only names count
+    ]})  # fmt: skip
+    assert view["mine"].pinned == ("m/mine", "m/shared")
+    assert pinned_models(view, LANE, ME) == {"m/open", "m/mine", "m/shared", "m/odd"}
+    assert pinned_models(view, LANE, OTHER) == {"m/open", "m/theirs", "m/shared", "m/odd"}
+    assert pinned_models(view, "gold", ME) == {"m/gold"}
+
+
+class PinRecorder:
+    """A worker that records the EnsureModelReady requests it gets; `refuse` models raise."""
+
+    def __init__(self, refuse: frozenset[str] = frozenset()) -> None:
+        self.requests: list[tuple[str, bool | None]] = []
+        self.refuse = refuse
+
+    async def ensure_model_ready(self, request: EnsureModelReadyRequest) -> EnsureModelReadyResponse:
+        self.requests.append((request.model_id, request.pin))
+        if request.model_id in self.refuse:
+            raise RuntimeError("no worker child is ready")
+        return EnsureModelReadyResponse(state="loading_started")
+
+
+async def test_pinned_models_are_pinned_on_every_poll_and_released_once_no_pool_pins_them() -> None:
+    worker = PinRecorder(refuse=frozenset({"m/broken"}))
+    pinned = PinnedModels(worker)
+    await pinned.keep(frozenset({"m/a", "m/b", "m/broken"}))  # a refusal is logged, the others still pinned
+    await pinned.keep(frozenset({"m/b"}))
+    assert worker.requests == [
+        ("m/a", True), ("m/b", True), ("m/broken", True),  # first poll
+        ("m/b", True), ("m/a", False), ("m/broken", False),  # again (a restarted child), then the released
+    ]  # fmt: skip
+    assert pinned.pinned == {"m/b"}
 
 
 def test_parse_leaves_out_unusable_entries_so_their_work_is_refused() -> None:

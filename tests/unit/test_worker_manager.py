@@ -139,6 +139,23 @@ async def test_pinned_models_are_never_evicted() -> None:
         assert manager.status("org/c").last_error.error_class == "OOM"
 
 
+async def test_a_model_a_pool_holds_is_not_evicted_until_released() -> None:
+    loads = Loads(sizes={"org/a": 60, "org/b": 30, "org/c": 50})
+    async with ModelManager(CATALOG, loads, memory_budget_bytes=100) as manager:
+        manager.hold("org/a", keep=True)
+        manager.hold("org/unknown", keep=True)  # not in the catalogue: ignored
+        await manager.wait_ready("org/a")
+        await manager.wait_ready("org/b")
+        with pytest.raises(ModelLoadError, match="held by pinned models"):
+            await manager.wait_ready("org/c")
+        assert manager.is_loaded("org/a") and not manager.is_loaded("org/c")
+        manager.hold("org/a", keep=False)  # released: it goes like any other
+        later = manager.clock() + 3600.0
+        manager.clock = lambda: later  # past the failed load's cooldown
+        await manager.wait_ready("org/c")
+        assert not manager.is_loaded("org/a") and manager.is_loaded("org/c")
+
+
 async def test_max_loaded_models() -> None:
     async with ModelManager(CATALOG, Loads(), max_loaded_models=2) as manager:
         for model_id in ("org/a", "org/b", "org/c"):

@@ -8,6 +8,10 @@ or lists this worker among its `assigned_workers`; anything else is refused, inc
 not list (fail closed). While the gateway is unreachable or answers an error the last good view stays; before a
 first good one only the lane's own pool is admitted, so the default pool keeps flowing. It reads only the fields
 it needs from the gateway's pool JSON and never imports the gateway.
+
+The same view says which models this worker must keep loaded: the `pinned_models` of every pool of this lane's
+queue pool that it serves (capped pools that assign it, uncapped ones); each good poll hands that set to the
+callback `keep_pinned_with` names (the sidecar's `PinnedModels`).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import collections
 import enum
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
 import attrs
@@ -48,6 +52,7 @@ class PoolView:
     queue_pool: str
     capped: bool
     assigned: frozenset[str]
+    pinned: tuple[str, ...] = ()
 
 
 def _canonical(name: str) -> str:
@@ -62,12 +67,14 @@ def _pool_view(entry: object) -> PoolView | None:
     status = entry.get("status") if isinstance(entry.get("status"), dict) else {}
     name, queue_pool = spec.get("name"), spec.get("queue_pool") or "default"
     caps, workers = spec.get("gpu_caps") or {}, status.get("assigned_workers") or []
+    pinned = spec.get("pinned_models") or []
     if not isinstance(name, str) or not name.strip() or not isinstance(queue_pool, str):
         return None
-    if not isinstance(caps, dict) or not isinstance(workers, list):
+    if not isinstance(caps, dict) or not isinstance(workers, list) or not isinstance(pinned, list):
         return None
     assigned = frozenset(w["name"] for w in workers if isinstance(w, dict) and isinstance(w.get("name"), str))
-    return PoolView(_canonical(name), _canonical(queue_pool), bool(caps), assigned)
+    models = tuple(model for model in pinned if isinstance(model, str) and model)
+    return PoolView(_canonical(name), _canonical(queue_pool), bool(caps), assigned, models)
 
 
 def parse_pools(document: object) -> dict[str, PoolView]:
@@ -112,6 +119,18 @@ def refusal(
     return None
 
 
+def pinned_models(pools: Mapping[str, PoolView], lane_pool: str, worker_id: str) -> frozenset[str]:
+    """The models worker `worker_id` of queue pool `lane_pool` keeps loaded: those pinned by the pools whose work it
+    serves (backed by its queue pool; uncapped, or capped and assigning it)."""
+    lane = _canonical(lane_pool)
+    return frozenset(
+        model
+        for pool in pools.values()
+        if pool.queue_pool == lane and (not pool.capped or worker_id in pool.assigned)
+        for model in pool.pinned
+    )
+
+
 @attrs.frozen
 class GatewayPools:
     """Where the pool view comes from: a gateway's base URL, the bearer it takes, how often it is asked."""
@@ -138,6 +157,7 @@ class PoolGate:
         self.polls = 0
         self.failures = 0
         self._http: httpx.AsyncClient | None = None
+        self._keep_pinned: Callable[[frozenset[str]], Awaitable[None]] | None = None
         outage = Outage(
             f"pool admission: GET {source.url}{POOLS_PATH}",
             logger,
@@ -154,6 +174,10 @@ class PoolGate:
             return None
         source = GatewayPools(sidecar.gateway_url, sidecar.gateway_token, sidecar.pool_poll_interval_s)
         return cls(source, settings.lane.pool, settings.process.worker_id, metrics)
+
+    def keep_pinned_with(self, keep: Callable[[frozenset[str]], Awaitable[None]]) -> None:
+        """After each good poll, `await keep(models this worker must keep loaded)` (set before `async with`)."""
+        self._keep_pinned = keep
 
     async def __aenter__(self) -> PoolGate:
         headers = {"Authorization": f"Bearer {self.source.token}"} if self.source.token else {}
@@ -179,6 +203,8 @@ class PoolGate:
             self.failures += 1
             raise
         self.pools, self.polls = pools, self.polls + 1
+        if self._keep_pinned is not None:
+            await self._keep_pinned(pinned_models(pools, self.lane_pool, self.worker_id))
 
     def split(self, works: list[Work]) -> tuple[list[Work], list[Work]]:
         """(admitted, refused) under the current view; refusals are counted and logged per pool and reason."""

@@ -40,6 +40,7 @@ from sie.sidecar.dispatcher import BatchDispatcher
 from sie.sidecar.generation import GenerateSplit, Generations
 from sie.sidecar.hashgate import WorkerHash
 from sie.sidecar.payloads import DEFAULT_FETCH_MAX_BYTES, PayloadResolver
+from sie.sidecar.pinning import PinnedModels
 from sie.sidecar.pool_admission import PoolGate
 from sie.sidecar.prep import Preparer
 from sie.sidecar.publishing import ResultPublisher
@@ -282,6 +283,7 @@ class Sidecar:
         stack = contextlib.AsyncExitStack()
         try:
             if self.config.pool_gate is not None:  # polled once before the first fetch, then in the background
+                self.config.pool_gate.keep_pinned_with(PinnedModels(self.worker).keep)  # the pools' pinned_models
                 await stack.enter_async_context(self.config.pool_gate)
             sources = WorkSources(
                 await self.transport.consumer(self.lane),

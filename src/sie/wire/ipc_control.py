@@ -42,9 +42,12 @@ class PingResponse:
 
 @attrs.frozen(kw_only=True)
 class EnsureModelReadyRequest:
-    """Ask the worker to have a model loaded (or start loading it)."""
+    """Ask the worker to have a model loaded (or start loading it). Our addition, `pin`: True keeps the model loaded
+    until released (a pool's `pinned_models`, seed 000 §16.3: never evicted for another), False releases it (and
+    starts no load); absent, as in the public contract, the model is loaded like any other."""
 
     model_id: str
+    pin: bool | None = omittable()
 
 
 @attrs.frozen(kw_only=True)

@@ -94,7 +94,8 @@ class ModelManager:
         self._loaded: OrderedDict[str, LoadedModel] = OrderedDict()
         self._loading: dict[str, asyncio.Task[None]] = {}
         self._failures: dict[str, LoadFailure] = {}
-        self._pinned: set[str] = set()
+        self._pinned: set[str] = set()  # the preloaded models (SIE_PRELOAD_MODELS)
+        self._held: set[str] = set()  # the models pools pin on this worker while they do
         self.clock: Callable[[], float] = time.monotonic
         self.metrics = metrics
         if metrics is not None:
@@ -218,7 +219,7 @@ class ModelManager:
         for model_id in list(self._loaded):  # least recently used first
             if not over():
                 return
-            if model_id not in self._pinned:
+            if model_id not in self._pinned and model_id not in self._held:
                 self.unload(model_id, "evicted to make room (least recently used)", "model_evicted")
                 if self.metrics is not None:
                     self.metrics.evicted(model_id)
@@ -251,6 +252,26 @@ class ModelManager:
     def pin(self, model_ids: Iterable[str]) -> None:
         """Replace the pinned set: these ids are never evicted."""
         self._pinned = {entry.model_id for m in model_ids if (entry := self.catalog.find(m))}
+
+    def hold(self, model_id: str, keep: bool) -> None:
+        """Keep `model_id` from eviction while a pool pins it (`keep`), or stop doing so; the preloaded stay pinned
+        whatever the pools say. An id the catalogue does not know is ignored."""
+        entry = self.catalog.find(model_id)
+        if entry is None:
+            return
+        if keep:
+            self._held.add(entry.model_id)
+        else:
+            self._held.discard(entry.model_id)
+
+    @property
+    def held(self) -> frozenset[str]:
+        """The models pools pin here now."""
+        return frozenset(self._held)
+
+    def is_loaded(self, model_id: str) -> bool:
+        entry = self.catalog.find(model_id)
+        return entry is not None and entry.model_id in self._loaded
 
     def set_catalog(self, catalog: Catalog) -> None:
         """Swap in a new catalogue; a model whose config changed forgets its failure and reloads on next use."""

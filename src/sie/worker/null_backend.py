@@ -75,13 +75,17 @@ class NullWorkerService:
         self.batch_budget = batch_budget
         self.device = device
         self.counts: dict[str, tuple[int, int]] = {}  # model id → (batches, items) answered
+        self.ready_models: set[str] = set()  # the models asked for: "loaded", as Ping reports them
 
     async def ping(self, request: PingRequest) -> PingResponse:
-        return PingResponse(timestamp_ms=request.timestamp_ms, worker_id=self.worker_id, ready=True)
+        return PingResponse(timestamp_ms=request.timestamp_ms, worker_id=self.worker_id, ready=True,
+                            loaded_models=sorted(self.ready_models))  # fmt: skip
 
     async def ensure_model_ready(self, request: EnsureModelReadyRequest) -> EnsureModelReadyResponse:
-        if self.catalog.find(request.model_id) is None:
+        entry = self.catalog.find(request.model_id)
+        if entry is None:
             return EnsureModelReadyResponse(state=MODEL_STATE_RETRY_LATER)
+        self.ready_models.add(entry.model_id)
         descriptor = ModelDescriptor(supports_run_batch=True, max_concurrent_dispatch=1)
         return EnsureModelReadyResponse(state=MODEL_STATE_READY, batch_budget=self.batch_budget, descriptor=descriptor)
 

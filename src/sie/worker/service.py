@@ -28,6 +28,7 @@ from sie.wire.ipc_control import (
     MODEL_STATE_FAILED,
     MODEL_STATE_LOADING_IN_PROGRESS,
     MODEL_STATE_READY,
+    MODEL_STATE_RETRY_LATER,
     ApplyModelConfigRequest,
     ApplyModelConfigResponse,
     DrainRequest,
@@ -206,6 +207,11 @@ class WorkerService:
         )
 
     async def ensure_model_ready(self, request: EnsureModelReadyRequest) -> EnsureModelReadyResponse:
+        if request.pin is not None:  # a pool pins the model here, or no longer does
+            self.manager.hold(request.model_id, request.pin)
+            if not request.pin:
+                loaded = self.manager.is_loaded(request.model_id)
+                return EnsureModelReadyResponse(state=MODEL_STATE_READY if loaded else MODEL_STATE_RETRY_LATER)
         state = self.manager.ensure_ready(request.model_id)
         if state == MODEL_STATE_READY:
             loaded = self.manager.get(request.model_id)
