@@ -60,7 +60,7 @@ def test_a_shared_environment_starts_a_role_and_names_what_it_ignores(tmp_path: 
         assert server.stop() == 0
     notes = [line for line in server.log().splitlines() if "ignores settings of other roles" in line]
     assert len(notes) == 1, server.log()
-    assert "SIE_CONFIG_STORE_DIR (read by role config); SIE_MODEL_CACHE (read by role worker, all)" in notes[0]
+    assert "SIE_CONFIG_STORE_DIR (read by role config, all); SIE_MODEL_CACHE (read by role worker, all)" in notes[0]
 
 
 def test_a_variable_that_is_no_setting_stops_the_role_with_the_closest_one_named() -> None:

@@ -37,7 +37,7 @@ import httpx
 import msgpack
 import orjson
 import pytest
-from hypothesis import HealthCheck, currently_in_test_context, event, given, settings
+from hypothesis import HealthCheck, assume, currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
 from launcher import REPO, RoleProcess, free_port
@@ -1127,9 +1127,22 @@ ALL_ROUTES: Final = (
 @fuzz(max_examples=60)
 @given(path=st.sampled_from(ALL_ROUTES), method=st.sampled_from(("PUT", "DELETE", "PATCH", "OPTIONS", "TRACE")))
 def test_wrong_methods(gateway: Gateway, path: str, method: str) -> None:
+    # `all` serves the config service's writes: PUT and DELETE of a model are its routes (fuzzed below).
+    assume(not (path.startswith("/v1/configs/models/") and method in ("PUT", "DELETE")))
     reply = gateway.send(method, path, b'{"items": []}', {"content-type": JSON_TYPE})
     check(reply, PLACEMENT if path.startswith(("/v1/placement", "/metrics")) else NATIVE)
     assert reply.status == 405, reply.describe()
+
+
+@fuzz(max_examples=40)
+@given(method=st.sampled_from(("POST", "PUT")), body=st.binary(max_size=512) | st.text(max_size=512).map(str.encode))
+def test_config_writes_refuse_what_is_no_model_config(gateway: Gateway, method: str, body: bytes) -> None:
+    """The in-process config service's writes (`all`): arbitrary bytes are a 4xx in its own envelope, never a 5xx,
+    and change nothing."""
+    path = "/v1/configs/models" if method == "POST" else f"/v1/configs/models/{MINILM}"
+    reply = gateway.send(method, path, body, {"content-type": "application/yaml"})
+    assert 400 <= reply.status < 500, reply.describe()
+    assert isinstance(json.loads(reply.content).get("detail"), dict | str), reply.describe()
 
 
 @fuzz(max_examples=100)

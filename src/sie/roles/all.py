@@ -64,7 +64,7 @@ async def serve_all(settings: Settings) -> None:
         writer = ConfigWriter(
             registry, config_store, DeltaPublisher(transport), router_id=config_router_id(settings), epoch=epoch
         )
-        control = build_control_app(writer, registry, access_policy(settings))
+        control = build_control_app(writer, registry, access_policy(settings), access_log=False)
         config_client = await stack.enter_async_context(
             httpx.AsyncClient(transport=httpx.ASGITransport(app=control), base_url="http://config")
         )

@@ -389,7 +389,9 @@ class WorkerService:
             except CatalogError:
                 unsupported.append(entry.model_id)
         models = [model for model in models if model.effective_pool == self.pool]  # other pools are not ours
-        self.manager.set_catalog(Catalog(self.catalog.bundles.values(), models))
+        served = {model.sie_id for model in models}
+        problems = [problem for problem in self.catalog.problems if problem.model_id not in served]  # still unservable
+        self.manager.set_catalog(Catalog(self.catalog.bundles.values(), models, problems))
         logger.info("config export of epoch %d applied: %d models served here, %d unsupported", request.epoch,
                     len(models), len(unsupported), extra=log_fields(event="config_applied", epoch=request.epoch,
                                                                     source="export", models=len(models)))  # fmt: skip

@@ -64,7 +64,7 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return json_response(reply.body, reply.status)
 
 
-def build_control_app(
+def build_control_app(  # noqa: PLR0913 - the app's parts, then what each role adds
     writer: ConfigWriter,
     registry: ModelRegistry,
     policy: AccessPolicy,
@@ -72,11 +72,13 @@ def build_control_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     metrics: HttpMetrics | None = None,
     extra_routes: Sequence[BaseRoute] = (),
+    access_log: bool = True,
 ) -> Starlette:
     """The config service app over an already-built writer and registry; `metrics` (when given) records every
-    request, `extra_routes` (`/metrics`) are served beside the API."""
+    request, `extra_routes` (`/metrics`) are served beside the API; without `access_log` requests are not logged
+    (the app `all` reads its own epoch and export through: no client's traffic)."""
     handlers = ControlHandlers(writer, registry, policy, max_body_bytes)
-    observers: list[RequestObserver] = [log_access, *([metrics.observe] if metrics is not None else [])]
+    observers: list[RequestObserver] = [*([log_access] if access_log else []), *([metrics.observe] if metrics else [])]
     middleware = [Middleware(ObservedRequests, observers=observers)]
     app = Starlette(
         routes=[*_routes(handlers), *extra_routes],
