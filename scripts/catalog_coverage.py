@@ -107,6 +107,7 @@ ARCHITECTURE_OF_MODEL = {
     "Alibaba-NLP/gte-Qwen2-7B-instruct": "qwen2",
     "mixedbread-ai/mxbai-rerank-base-v2": "qwen2",
     "mixedbread-ai/mxbai-rerank-large-v2": "qwen2",
+    "zeroentropy/zerank-2-reranker": "qwen3",  # zerank-2 is a Qwen3 causal LM scored by one token's logit
     "intfloat/e5-mistral-7b-instruct": "mistral",
     "Salesforce/SFR-Embedding-Mistral": "mistral",
     "Salesforce/SFR-Embedding-2_R": "mistral",

@@ -455,6 +455,50 @@ def test_a_decoder_reranker_scores_as_its_model_card_computes(
     assert len(loaded.adapter.pair_ids(query, documents[2], None)) == RERANK_CONTEXT
 
 
+NATIVE_RERANKER = "sie_server.adapters.native_causal_cross_encoder.adapter:NativeCausalCrossEncoderAdapter"
+NATIVE_ROW = "<|im_start|>system\n{query}<|im_end|>\n<|im_start|>user\n{document}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_native_causal_reranker_scores_with_its_positive_tokens_raw_logit(
+    model_loader: ModelLoader, tmp_path: Path
+) -> None:
+    """zerank's public module (`native_causal_cross_encoder`): the query as the system turn, the document as the user
+    turn, the row tokenized whole, the score the raw logit of one token (zerank's 9454; here the tiny vocabulary's
+    "yes", named by `score_token_id`), equal to transformers' logits at the last position."""
+    import torch
+
+    model = save_causal_lm(tmp_path / "model", "qwen3")
+    tokenizer = write_tokenizer(tmp_path / "reference-tokenizer")
+    yes_id = tokenizer.token_to_id("yes")
+    entry = parse_model_config(
+        {
+            "sie_id": "acme/native-rerank",
+            "weights_path": str(tmp_path / "model"),
+            "max_sequence_length": RERANK_CONTEXT,
+            "tasks": {"score": {}},
+            "profiles": {"default": {"adapter_path": NATIVE_RERANKER, "max_batch_tokens": 4096,
+                                     "adapter_options": {"loadtime": {"score_token_id": yes_id}, "runtime": {}}}},
+        }
+    )  # fmt: skip
+    loaded = model_loader.load(entry, "default", entry.sie_id)
+    assert (loaded.adapter.input_format, loaded.adapter.score_mode) == ("native", "logit")  # the module's defaults
+    query, documents = "w1 w2 w3", ["w4 w5", "w6", "w7 w8 w9 w10"]
+    item = SimpleNamespace(query_item={"text": query}, score_items=[{"text": d} for d in documents], options=None,
+                           instruction=None)  # fmt: skip
+    (result,) = loaded.adapter.score([item]).items
+    assert result.ok, result.error
+    scores = {row["item_id"]: row["score"] for row in result.result}
+    for index, document in enumerate(documents):
+        ids = tokenizer.encode(NATIVE_ROW.format(query=query, document=document)).ids
+        with torch.no_grad():
+            expected = model(torch.tensor([ids])).logits[0, -1, yes_id].item()
+        assert abs(scores[f"item-{index}"] - expected) <= TOLERANCE
+    too_long = SimpleNamespace(query_item={"text": query}, score_items=[{"text": "w1 " * RERANK_CONTEXT}],
+                               options=None, instruction=None)  # fmt: skip
+    (refused,) = loaded.adapter.score([too_long]).items
+    assert not refused.ok and "over the model's" in refused.error
+
+
 def test_a_gpu_loader_converts_float16_weights_and_cache(model_loader: ModelLoader, tmp_path: Path) -> None:
     """A loader for a CUDA device converts a checkpoint into float16 graphs (weights, products and cache; norms,
     softmax and logits in float32) unless the profile's compute_precision is float32; onnxruntime's CPU provider

@@ -57,6 +57,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie_server.adapters.bert_flash_cross_encoder": CROSS_ENCODER,
     "sie_server.adapters.modernbert_flash_cross_encoder": CROSS_ENCODER,
     "sie_server.adapters.qwen2_flash_cross_encoder.adapter": CAUSAL_RERANKER,
+    "sie_server.adapters.native_causal_cross_encoder.adapter": CAUSAL_RERANKER,  # zerank: its raw positive logit
     "sie_server.adapters.colbert": MULTIVECTOR,
     "sie_server.adapters.colbert_modernbert_flash.adapter": MULTIVECTOR,
     "sie_server.adapters.bge_m3_flash": HYBRID,

@@ -1,7 +1,7 @@
-"""Decoder rerankers (Qwen3-Reranker, R3-rerank, mxbai-rerank-v2): each (query, document) pair is written into the
-model's prompt, the decoder reads it (its hidden-state graph), and the pair's relevance comes from the output head's
-logits of two tokens at the last position, a "yes" and a "no" (`1`/`0` for mxbai): P(yes) of their softmax
-(`score_mode: log_softmax`), or yes − no (`logit_diff`).
+"""Decoder rerankers (Qwen3-Reranker, R3-rerank, mxbai-rerank-v2, zerank): each (query, document) pair is written
+into the model's prompt, the decoder reads it (its hidden-state graph), and the pair's relevance comes from the output
+head's logits at the last position: of two tokens, a "yes" and a "no" (`1`/`0` for mxbai), P(yes) of their softmax
+(`score_mode: log_softmax`) or yes − no (`logit_diff`); or of one token, its raw logit (`logit`, zerank).
 
 The prompt formats (`input_format`), as the models' cards build them, the prompt's parts tokenized one by one and
 joined, so a part's first token never merges with the one before it:
@@ -12,6 +12,11 @@ joined, so a part's first token never merges with the one before it:
   the context loses the end of its middle part, as the card's `truncation` does.
 - `mxbai` (the default): a system turn, `query: {query}`, `\\n`, `document: {document}`, `\\n`, the relevance task
   prompt, and an open assistant turn. A pair longer than the context keeps its query and cuts its document.
+- `native` (the default of the public `native_causal_cross_encoder` module: zerank): the publisher's chat template
+  with the query as the system turn and the document as the user turn, `<|im_start|>system\\n{query}<|im_end|>\\n
+  <|im_start|>user\\n{document}<|im_end|>\\n<|im_start|>assistant\\n`, tokenized whole (as sentence-transformers'
+  CrossEncoder renders and tokenizes it); the score is the raw logit of token `score_token_id` (9454, zerank's); a
+  pair longer than the context is that item's refusal (invalid input), never cut.
 
 The two tokens' rows of the output head (`lm_head.weight`, or the tied embeddings) are read from the checkpoint at
 load, and nothing else of it.
@@ -45,10 +50,20 @@ MXBAI_TASK: Final = (
     "query-document pair, carefully analyze the semantic relationship between them, then provide your binary "
     "relevance judgment (0 for not relevant, 1 for relevant).\nRelevance:"
 )
-INPUT_FORMATS: Final = ("mxbai", "qwen3")
-SCORE_MODES: Final = ("logit_diff", "log_softmax")
+INPUT_FORMATS: Final = ("mxbai", "qwen3", "native")
+SCORE_MODES: Final = ("logit_diff", "log_softmax", "logit")
 # Per format: (yes token, no token, score mode) when the profile names none.
-FORMAT_DEFAULTS: Final = {"qwen3": ("yes", "no", "log_softmax"), "mxbai": ("1", "0", "logit_diff")}
+FORMAT_DEFAULTS: Final = {
+    "qwen3": ("yes", "no", "log_softmax"),
+    "mxbai": ("1", "0", "logit_diff"),
+    "native": ("", "", "logit"),
+}
+# The public module whose checkpoints (zerank) take the native format, and the token whose logit they score with.
+NATIVE_MODULE: Final = "sie_server.adapters.native_causal_cross_encoder.adapter"
+NATIVE_TEMPLATE: Final = (
+    "<|im_start|>system\n{query}<|im_end|>\n<|im_start|>user\n{document}<|im_end|>\n<|im_start|>assistant\n"
+)
+NATIVE_SCORE_TOKEN_ID: Final = 9454
 
 
 class CausalRerankerAdapter(Adapter):
@@ -64,7 +79,8 @@ class CausalRerankerAdapter(Adapter):
         self._hidden = first_output(self.session, rank=3, preferred=("last_hidden_state",))
         self._tokenizer = tokenizers.Tokenizer.from_file(str(context.tokenizer_path))
         options = {**context.profile.loadtime_options}
-        self.input_format = str(options.get("input_format") or "mxbai")
+        default_format = "native" if context.profile.adapter_module == NATIVE_MODULE else "mxbai"
+        self.input_format = str(options.get("input_format") or default_format)
         if self.input_format not in INPUT_FORMATS:
             raise ValueError(f"input_format {self.input_format!r} is not one of {list(INPUT_FORMATS)}")
         yes, no, mode = FORMAT_DEFAULTS[self.input_format]
@@ -72,9 +88,11 @@ class CausalRerankerAdapter(Adapter):
         if self.score_mode not in SCORE_MODES:
             raise ValueError(f"score_mode {self.score_mode!r} is not one of {list(SCORE_MODES)}")
         self.default_instruction = str(options.get("default_instruction") or QWEN3_DEFAULT_INSTRUCTION)
-        # [no, yes] token ids: the first token of each word, as the models' cards take them
-        self.token_ids = [self._first_token(str(options.get(key) or default)) for key, default in
-                          (("no_token", no), ("yes_token", yes))]  # fmt: skip
+        if self.score_mode == "logit":  # one token, by id (the checkpoint's LogitScore true_token_id)
+            self.token_ids = [int(options.get("score_token_id", NATIVE_SCORE_TOKEN_ID))]
+        else:  # [no, yes] token ids: the first token of each word, as the models' cards take them
+            self.token_ids = [self._first_token(str(options.get(key) or default)) for key, default in
+                              (("no_token", no), ("yes_token", yes))]  # fmt: skip
         self._rows = _head_rows(context.model_dir, context.model_config_json, self.token_ids)
         self.max_length = self.tokenizer.max_length
         if self.input_format == "qwen3":
@@ -96,7 +114,15 @@ class CausalRerankerAdapter(Adapter):
         return ids[0]
 
     def pair_ids(self, query: str, document: str, instruction: str | None) -> list[int]:
-        """The prompt's token ids for one pair, cut to the model's context where the document ends."""
+        """The prompt's token ids for one pair, cut to the model's context where the document ends (the native
+        format refuses a pair that does not fit: ValueError)."""
+        if self.input_format == "native":
+            ids = self._ids(NATIVE_TEMPLATE.format(query=query, document=document))
+            if len(ids) > self.max_length:
+                raise ValueError(
+                    f"the pair takes {len(ids)} tokens with its template, over the model's {self.max_length}"
+                )
+            return ids
         if self.input_format == "qwen3":
             middle = f"<Instruct>: {instruction or self.default_instruction}\n<Query>: {query}\n<Document>: {document}"
             head, body, tail = self._prefix, self._ids(middle), self._suffix
@@ -140,10 +166,13 @@ class CausalRerankerAdapter(Adapter):
                                              [self._hidden])  # fmt: skip
             with watch.stage("postprocessing"):
                 last = hidden[np.arange(len(rows)), batch.attention_mask.sum(axis=1) - 1].astype(np.float32)
-                logits = last @ self._rows.T  # [pairs, (no, yes)]
-                difference = logits[:, 1] - logits[:, 0]
-                # P(yes) of the two tokens' softmax is the sigmoid of their difference
-                scores = 1.0 / (1.0 + np.exp(-difference)) if self.score_mode == "log_softmax" else difference
+                logits = last @ self._rows.T  # [pairs, (no, yes)], or [pairs, (token,)] for `logit`
+                if self.score_mode == "logit":
+                    scores = logits[:, 0]
+                else:
+                    difference = logits[:, 1] - logits[:, 0]
+                    # P(yes) of the two tokens' softmax is the sigmoid of their difference
+                    scores = 1.0 / (1.0 + np.exp(-difference)) if self.score_mode == "log_softmax" else difference
                 for index, (item, span) in enumerate(zip(items, spans, strict=True)):
                     if span is not None:
                         n_tokens = sum(len(rows[i]) for i in span)
