@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "reliability"))
-from faults import fault_cluster  # noqa: E402
-from load import LoadOptions, References, make_texts  # noqa: E402
+from faults import WORK_STREAMS, fault_cluster, run_scenario  # noqa: E402
+from load import LoadOptions, References, Tally, make_texts  # noqa: E402
 
 from launcher import Cluster  # noqa: E402
 
@@ -43,3 +43,35 @@ def options() -> LoadOptions:
 @pytest.fixture(scope="module")
 def references(cluster: Cluster, options: LoadOptions) -> References:
     return asyncio.run(References.compute(cluster.url, make_texts(options.text_count)))
+
+
+def _assert_survived(tally: Tally, cluster: Cluster) -> None:
+    """Calls were in flight when the fault hit, calls sent after it were answered, and every call came back with its
+    own text's vector: none failed, none lost."""
+    detail = f"{tally}; logs in {cluster.root}"
+    assert tally.across > 0, detail
+    assert tally.recovery_s is not None, detail
+    assert (tally.failed, tally.lost) == (0, 0), detail
+    assert tally.verified == tally.sent, detail
+
+
+@pytest.fixture()
+def assert_survived():
+    """The check `survived` makes, for a test that runs its scenario on a deployment of its own."""
+    return _assert_survived
+
+
+@pytest.fixture()
+def survived(cluster: Cluster, references: References, options: LoadOptions):
+    """`survived(scenario)`: run one scenario on the module's cluster once the previous test's restarts have
+    settled (the broker's streams current again on every node, the cluster serving), and assert it lost and failed
+    nothing."""
+
+    def run(scenario: str) -> Tally:
+        cluster.brokers.wait_current(WORK_STREAMS)
+        cluster.wait_serving()
+        tally = asyncio.run(run_scenario(cluster, scenario, references, options))
+        _assert_survived(tally, cluster)
+        return tally
+
+    return run

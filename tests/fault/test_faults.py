@@ -10,51 +10,30 @@ from pathlib import Path
 
 import pytest
 from faults import fault_cluster, run_scenario
-from load import LoadOptions, References, Tally
-
-from launcher import Cluster
+from load import LoadOptions, References
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture()
-def survive(cluster: Cluster, references: References, options: LoadOptions):
-    """Run one scenario on the module's cluster, once the previous test's restart has settled."""
-
-    def run(scenario: str) -> Tally:
-        cluster.wait_serving()
-        return asyncio.run(run_scenario(cluster, scenario, references, options))
-
-    return run
+def test_a_worker_killed_and_restarted_loses_and_fails_no_call(survived) -> None:
+    survived("worker")
 
 
-def assert_survived(tally: Tally, cluster: Cluster) -> None:
-    detail = f"{tally}; logs in {cluster.root}"
-    assert tally.across > 0, detail  # calls were in flight when the fault hit
-    assert tally.recovery_s is not None, detail  # and calls sent after it were answered
-    assert (tally.failed, tally.lost) == (0, 0), detail
-    assert tally.verified == tally.sent, detail
+def test_a_sidecar_killed_and_restarted_loses_and_fails_no_call(survived) -> None:
+    survived("sidecar")
 
 
-def test_a_worker_killed_and_restarted_loses_and_fails_no_call(cluster: Cluster, survive) -> None:
-    assert_survived(survive("worker"), cluster)
+def test_a_nats_server_restart_loses_and_fails_no_call(survived) -> None:
+    survived("nats")
 
 
-def test_a_sidecar_killed_and_restarted_loses_and_fails_no_call(cluster: Cluster, survive) -> None:
-    assert_survived(survive("sidecar"), cluster)
-
-
-def test_a_nats_server_restart_loses_and_fails_no_call(cluster: Cluster, survive) -> None:
-    assert_survived(survive("nats"), cluster)
-
-
-def test_a_gateway_killed_and_restarted_loses_and_fails_no_call(cluster: Cluster, survive) -> None:
+def test_a_gateway_killed_and_restarted_loses_and_fails_no_call(survived) -> None:
     # Its in-flight calls lose their connections; the SDK sends them again (contracts A §2.5).
-    assert_survived(survive("gateway"), cluster)
+    survived("gateway")
 
 
 def test_roles_started_while_nats_is_down_answer_every_call_once_it_is_up(
-    tmp_path: Path, references: References, options: LoadOptions
+    tmp_path: Path, references: References, options: LoadOptions, assert_survived
 ) -> None:
     deployment = fault_cluster(tmp_path, broker_up=False)
     try:

@@ -403,6 +403,21 @@ def mxbai_ids(tokenizer: Any, query: str, document: str, context: int) -> list[i
     return head + ids(f"document: {document}")[: context - len(head) - len(tail)] + tail
 
 
+def load_reranker(model_loader: ModelLoader, weights: Path, adapter_path: str, loadtime: dict[str, Any]) -> Any:
+    """A decoder reranker over the checkpoint at `weights`, through the public module `adapter_path`."""
+    entry = parse_model_config(
+        {
+            "sie_id": "acme/decoder-rerank",
+            "weights_path": str(weights),
+            "max_sequence_length": RERANK_CONTEXT,
+            "tasks": {"score": {}},
+            "profiles": {"default": {"adapter_path": adapter_path, "max_batch_tokens": 4096,
+                                     "adapter_options": {"loadtime": loadtime, "runtime": {}}}},
+        }
+    )  # fmt: skip
+    return model_loader.load(entry, "default", entry.sie_id)
+
+
 # (family, loadtime options, how the reference builds a pair's ids, [no, yes] words, score of the two logits)
 RERANKERS = {
     # Qwen3-Reranker's YAML; a tied output head
@@ -421,17 +436,7 @@ def test_a_decoder_reranker_scores_as_its_model_card_computes(
 
     family, loadtime, (no_word, yes_word) = RERANKERS[variant]
     model = save_causal_lm(tmp_path / "model", family)
-    entry = parse_model_config(
-        {
-            "sie_id": f"acme/{variant}-rerank",
-            "weights_path": str(tmp_path / "model"),
-            "max_sequence_length": RERANK_CONTEXT,
-            "tasks": {"score": {}},
-            "profiles": {"default": {"adapter_path": RERANKER, "max_batch_tokens": 4096,
-                                     "adapter_options": {"loadtime": loadtime, "runtime": {}}}},
-        }
-    )  # fmt: skip
-    loaded = model_loader.load(entry, "default", entry.sie_id)
+    loaded = load_reranker(model_loader, tmp_path / "model", RERANKER, loadtime)
     tokenizer = write_tokenizer(tmp_path / "reference-tokenizer")
     no_id, yes_id = tokenizer.token_to_id(no_word), tokenizer.token_to_id(yes_word)
     query, documents = "w1 w2 w3", ["w4 w5", "w6", " ".join(f"w{i % 50}" for i in range(80))]  # the last one is cut
@@ -470,17 +475,7 @@ def test_a_native_causal_reranker_scores_with_its_positive_tokens_raw_logit(
     model = save_causal_lm(tmp_path / "model", "qwen3")
     tokenizer = write_tokenizer(tmp_path / "reference-tokenizer")
     yes_id = tokenizer.token_to_id("yes")
-    entry = parse_model_config(
-        {
-            "sie_id": "acme/native-rerank",
-            "weights_path": str(tmp_path / "model"),
-            "max_sequence_length": RERANK_CONTEXT,
-            "tasks": {"score": {}},
-            "profiles": {"default": {"adapter_path": NATIVE_RERANKER, "max_batch_tokens": 4096,
-                                     "adapter_options": {"loadtime": {"score_token_id": yes_id}, "runtime": {}}}},
-        }
-    )  # fmt: skip
-    loaded = model_loader.load(entry, "default", entry.sie_id)
+    loaded = load_reranker(model_loader, tmp_path / "model", NATIVE_RERANKER, {"score_token_id": yes_id})
     assert (loaded.adapter.input_format, loaded.adapter.score_mode) == ("native", "logit")  # the module's defaults
     query, documents = "w1 w2 w3", ["w4 w5", "w6", "w7 w8 w9 w10"]
     item = SimpleNamespace(query_item={"text": query}, score_items=[{"text": d} for d in documents], options=None,
