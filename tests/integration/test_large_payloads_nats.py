@@ -5,8 +5,8 @@ gateway app and a sidecar serving the real MiniLM, each on its own NATS connecti
   work item whose gateway does not accept chunks is answered PAYLOAD_TOO_LARGE once and ACKed, instead of failing
   to publish until its deliveries run out.
 - payload offload: items too large for a broker message go through the payload store (a local directory, S3 on a
-  real SeaweedFS, GCS on a real fake-gcs-server), and their keys are gone once the request is answered; without a
-  store such a request is refused with 413.
+  real SeaweedFS, GCS on a real fake-gcs-server, Azure Blob on a real Azurite), and their keys are gone once the
+  request is answered; without a store such a request is refused with 413.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from sie.gateway.publisher import QueueConsumers
 from sie.settings import BatchingSettings, GatewaySettings, LaneSettings, StreamSettings
 from sie.settings.messaging import NatsSettings
 from sie.sidecar import Sidecar, SidecarConfig
-from sie.stores.payload_store import PayloadNotFoundError, PayloadOverLimitError, PayloadStore
+from sie.stores.payload_store import PayloadNotFoundError, PayloadOverLimitError, PayloadStore, open_payload_store
 from sie.transport.base import Lane
 from sie.transport.nats import NatsTransport
 from sie.wire import codes
@@ -40,7 +40,7 @@ from sie.worker.manager import ModelManager
 from sie.worker.runner import BatchRunner
 from sie.worker.service import WorkerService
 from support.gateway_fakes import NoWorkers
-from support.object_stores import FakeGcs, SeaweedS3
+from support.object_stores import BUCKET, AzuriteBlob, object_store
 from support.polling import eventually
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
@@ -74,11 +74,11 @@ class StoreBase:
         return [name.rsplit("/", 1)[-1] for name in filesystem.find(root) if name.rstrip("/") != root.rstrip("/")]
 
 
-@pytest.fixture(params=["local", "s3", "gcs"])
+@pytest.fixture(params=["local", "s3", "gcs", "azure"])
 def store_base(request: pytest.FixtureRequest, tmp_path: Path) -> StoreBase:
     if request.param == "local":
         return StoreBase(str(tmp_path / "payloads"))
-    server: SeaweedS3 | FakeGcs = request.getfixturevalue("seaweed_s3" if request.param == "s3" else "fake_gcs")
+    server = object_store(request.param, request)
     return StoreBase(server.url(f"payloads-{uuid.uuid4().hex}"), server.storage_options)
 
 
@@ -222,7 +222,7 @@ async def test_the_store_round_trips_with_a_bounded_read_on_every_backend(store_
 
 async def test_the_sweep_reads_each_backends_write_times(store_base: StoreBase) -> None:
     """The sweep reads when each object was written from its backend's own field (local mtime, S3 LastModified,
-    GCS updated): keys written now are kept by an hour's age and swept once an hour has passed."""
+    GCS updated, Azure last_modified): keys written now are kept by an hour's age and swept once an hour has passed."""
     import time
 
     store = store_base.store
@@ -232,3 +232,16 @@ async def test_the_sweep_reads_each_backends_write_times(store_base: StoreBase) 
     assert sorted(store_base.keys()) == ["gw-2-1_0.bin", "gw-2-1_1.bin"]
     assert await store.sweep(older_than_s=3600, now=time.time() + 7200) == 2
     assert store_base.keys() == []
+
+
+async def test_an_abfs_store_opened_without_options_reads_the_azure_sdks_environment(
+    azurite: AzuriteBlob, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gateways and sidecars pass no storage_options: adlfs finds the account in AZURE_STORAGE_CONNECTION_STRING."""
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
+    store = open_payload_store(f"az://{BUCKET}/payloads-{uuid.uuid4().hex}")
+    assert store is not None
+    await store.put("gw-3-1_0.bin", b"by the environment")
+    assert await store.get("gw-3-1_0.bin", max_bytes=100) == b"by the environment"
+    await store.delete("gw-3-1_0.bin")
+    assert not await store.exists("gw-3-1_0.bin")

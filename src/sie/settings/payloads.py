@@ -19,10 +19,13 @@ class PayloadSettings:
         Env(
             "SIE_PAYLOAD_STORE_URL",
             text(),
-            "Payload store for work items too large to travel inline: a local directory, `s3://bucket/prefix` or "
-            "`gs://bucket/prefix` (credentials from the backend's usual environment). Gateways write, sidecars read; "
-            "set the same store on both. Unset: nothing is offloaded, and an item that does not fit the broker's "
-            "max_payload is refused with 413 PAYLOAD_TOO_LARGE.",
+            "Payload store for work items too large to travel inline: a local directory, `s3://bucket/prefix`, "
+            "`gs://bucket/prefix` or `abfs://container/prefix` (Azure Blob / ADLS Gen2; `abfss://`, `az://` too). "
+            "Credentials come from the backend's usual environment: AWS_*, GOOGLE_APPLICATION_CREDENTIALS, or "
+            "AZURE_STORAGE_CONNECTION_STRING (else AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY, "
+            "AZURE_STORAGE_SAS_TOKEN or DefaultAzureCredential). Gateways write, sidecars read; set the same store "
+            "on both. Unset: nothing is offloaded, and an item that does not fit the broker's max_payload is refused "
+            "with 413 PAYLOAD_TOO_LARGE.",
             roles=("gateway", "sidecar"),
             read_by=("sie.roles.gateway", "sie.sidecar.sidecar"),
         ),

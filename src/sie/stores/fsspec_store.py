@@ -1,11 +1,13 @@
-"""The ConfigStore over fsspec: a local directory (plain path or `file://`), `s3://bucket/prefix` or
-`gs://bucket/prefix` (seed 000 §9), and `open_config_store`, which picks it or the memory store.
+"""The ConfigStore over fsspec: a local directory (plain path or `file://`), `s3://bucket/prefix`,
+`gs://bucket/prefix` (seed 000 §9) or Azure Blob / ADLS Gen2 `abfs://container/prefix` (also `abfss://`, `az://`),
+and `open_config_store`, which picks it or the memory store.
 
 Local writes are atomic (a temp file in the destination's directory, fsync, `os.replace`), so a reader or
 a crash never sees an empty or half-written epoch; object stores replace a whole object in one PUT.
-s3fs and gcsfs are loaded by fsspec's protocol resolution, never imported here; credentials and endpoints
-arrive as `storage_options` (the settings object passes them). Every failure of fsspec or a backend
-(botocore, aiohttp, gcsfs) leaves this module as ConfigStoreError, chained to the original.
+s3fs, gcsfs and adlfs are loaded by fsspec's protocol resolution, never imported here; credentials and endpoints
+arrive as `storage_options` when a caller passes them, else from the backend's usual environment (AWS_*,
+GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_CONNECTION_STRING, ...). Every failure of fsspec or a backend
+(botocore, aiohttp, gcsfs, azure-storage-blob) leaves this module as ConfigStoreError, chained to the original.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from sie.stores.config_store import (
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_PROTOCOLS = frozenset({"file", "local", "s3", "gs", "gcs"})
+SUPPORTED_PROTOCOLS = frozenset({"file", "local", "s3", "gs", "gcs", "abfs", "abfss", "az"})
 EPOCH_FILE = "epoch"
 MODELS_DIR = "models"
 _EPOCH_TEXT = re.compile(r"[0-9]+")
@@ -132,6 +134,7 @@ class FsspecConfigStore:
         return self._scheme + path
 
     def _model_paths(self, directory: str) -> list[str]:
+        self._fs.invalidate_cache(directory)  # adlfs ignores `refresh` and keeps listing what it listed before
         try:
             names = self._fs.ls(directory, detail=False, refresh=True)
         except FileNotFoundError:
@@ -223,6 +226,6 @@ def _translated(action: str, where: str) -> Iterator[None]:
     except ConfigStoreError:
         raise
     except Exception as exc:
-        # Backends raise their own types (botocore, aiohttp, gcsfs HttpError) from packages that fsspec
+        # Backends raise their own types (botocore, aiohttp, gcsfs HttpError, azure-core) from packages that fsspec
         # loads by protocol and this module never imports; OSError and ValueError come from fsspec itself.
         raise ConfigStoreError(f"{action} {where} failed: {type(exc).__name__}: {exc}") from exc

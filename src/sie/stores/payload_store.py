@@ -1,6 +1,7 @@
 """The payload store (seed 000 §16.2, seed 001 "Preparation And Framing"): where a gateway puts a work item's
 payload that is too large to travel inline, and where a sidecar reads it back, over fsspec: a local directory
-(plain path or `file://`), `s3://bucket/prefix` or `gs://bucket/prefix`.
+(plain path or `file://`), `s3://bucket/prefix`, `gs://bucket/prefix` or Azure Blob / ADLS Gen2
+`abfs://container/prefix` (also `abfss://`, `az://`).
 
 Keys are plain names below the store's base, never paths: a key with a separator, a leading dot or a control
 character is refused, so a work item cannot name a file outside the store; in a local store a key that is a
@@ -30,7 +31,7 @@ from typing import Any, Final
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-SUPPORTED_PROTOCOLS: Final = frozenset({"file", "local", "s3", "gs", "gcs"})
+SUPPORTED_PROTOCOLS: Final = frozenset({"file", "local", "s3", "gs", "gcs", "abfs", "abfss", "az"})
 MAX_KEY_CHARS: Final = 512
 # A plain name: no path separator, no control character, not starting with a dot (so never `.` or `..`).
 _PLAIN_KEY: Final = re.compile(r"(?!\.)[^/\\\x00-\x1f\x7f]+")
@@ -166,7 +167,8 @@ class PayloadStore:
 
 def _modified_s(entry: dict[str, Any]) -> float | None:
     """When a listed object was last written, as unix seconds, from whichever field its backend fills: a local
-    file's `mtime`, S3's `LastModified`, GCS's `updated`; None when none says."""
+    file's `mtime`, S3's `LastModified`, GCS's `updated`, Azure's `last_modified` (adlfs: an aware datetime);
+    None when none says."""
     for field in ("mtime", "LastModified", "updated", "last_modified"):
         value = entry.get(field)
         if isinstance(value, int | float) and not isinstance(value, bool):
@@ -206,6 +208,6 @@ def _translated(action: str, where: str) -> Iterator[None]:
     except PayloadStoreError:
         raise
     except Exception as exc:
-        # Backends raise their own types (botocore, aiohttp, gcsfs HttpError) from packages that fsspec loads
-        # by protocol and this module never imports; OSError and ValueError come from fsspec itself.
+        # Backends raise their own types (botocore, aiohttp, gcsfs HttpError, azure-core) from packages that fsspec
+        # loads by protocol and this module never imports; OSError and ValueError come from fsspec itself.
         raise PayloadStoreError(f"{action} {where} failed: {type(exc).__name__}: {exc}") from exc
