@@ -423,7 +423,8 @@ class Cluster:
     node's URL; its parts are then `nats` (every node) and `nats-1`..`nats-N`. `pairs` sidecar + worker pairs (worker
     ids `w-1`.., each pair its own socket) and `gateways` gateways share the broker; the first of each is the part
     `worker`, `sidecar`, `gateway`, the others `worker-I`, `sidecar-I`, `gateway-I` (`url`, `probe_url` are the
-    first's; `urls`, `probe_urls` every one's).
+    first's; `urls`, `probe_urls` every one's). `pair_args[I]` replaces `worker_args` for pair I's worker (a real
+    model among null ones), `pair_env[I]` adds to pair I's worker and sidecar variables (its lane).
     """
 
     def __init__(  # noqa: PLR0913 - the options of a deployment, each with a default
@@ -442,6 +443,8 @@ class Cluster:
         nats_nodes: int = 1,
         pairs: int = 1,
         gateways: int = 1,
+        pair_args: Mapping[int, Sequence[str]] | None = None,
+        pair_env: Mapping[int, Mapping[str, str]] | None = None,
     ) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
@@ -456,6 +459,8 @@ class Cluster:
         self.probe_port, self.probe_url = self.probe_ports[0], self.probe_urls[0]
         self.socket = root / "worker.sock"
         self.worker_args = ["--preload", model, *worker_args]
+        self.pair_args = {index: list(args) for index, args in (pair_args or {}).items()}
+        self.pair_env = {index: dict(env) for index, env in (pair_env or {}).items()}
         self.role_env = dict(role_env or {})
         # Each role gets only the variables it reads.
         self.broker_env = {"SIE_NATS_URL": self.nats_url, **self.role_env, **(broker_env or {})}
@@ -489,7 +494,8 @@ class Cluster:
     def worker_env(self, index: int = 1) -> dict[str, str]:
         """The variables of pair `index`'s worker (and, with the broker's, its sidecar): socket and worker id."""
         socket = self.socket if index == 1 else self.root / f"worker-{index}.sock"
-        return {"SIE_IPC_SOCKET_PATH": str(socket), "SIE_WORKER_ID": f"w-{index}", **self.role_env}
+        return {"SIE_IPC_SOCKET_PATH": str(socket), "SIE_WORKER_ID": f"w-{index}", **self.role_env,
+                **self.pair_env.get(index, {})}  # fmt: skip
 
     def start(self, part: str) -> None:
         """Start `part` ("nats", "nats-I" or a role part) again with the same ports, socket and store as before (the
@@ -582,7 +588,7 @@ class Cluster:
     def _arguments(self, part: str) -> tuple[list[str], dict[str, str]]:
         role, index = _role(part), _index(part)
         if role == "worker":
-            return self.worker_args, self.worker_env(index)
+            return self.pair_args.get(index, self.worker_args), self.worker_env(index)
         if role == "sidecar":
             probe = ["--host", HOST, "--port", str(self.probe_ports[index - 1])]
             return [*probe, *self.health_interval], {**self.worker_env(index), **self.broker_env}

@@ -1,8 +1,9 @@
 """Many gateways and many sidecars on one lane (issue 33): two gateways and four sidecar + worker pairs (the null
-backend, so the transport is what is measured) on one nats-server, as real processes. Clients on both gateways at
-once: every request is answered by the gateway it was sent to with one result per item (a result that went to the
-other gateway would leave its request waiting: no 200); a sidecar removed under load, and added again, loses nothing;
-a gateway killed loses only the requests sent to it. Marked slow."""
+backend, so the transport is what is measured) on one nats-server, as real processes, and a fifth pair running the
+real MiniLM on a lane of its own (machine profile `real`). Clients on both gateways at once: every request is
+answered by the gateway it was sent to with one result per item (a result that went to the other gateway would leave
+its request waiting: no 200), and the real lane answers both gateways with the model's vectors; a sidecar removed
+under load, and added again, loses nothing; a gateway killed loses only the requests sent to it. Marked slow."""
 
 from __future__ import annotations
 
@@ -14,15 +15,18 @@ from pathlib import Path
 
 import attrs
 import httpx
+import numpy as np
 import pytest
 
-from launcher import Cluster
+from launcher import Cluster, holds_within
 
 pytestmark = pytest.mark.slow
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 PATH = f"/v1/encode/{MODEL}"
-PAIRS, GATEWAYS = 4, 2
+PAIRS, GATEWAYS = 4, 2  # null pairs; pair PAIRS + 1 runs the real model on machine profile REAL
+REAL = "real"
+HELLO_WORLD_PREFIX = [-0.034477, 0.031023, 0.006735, 0.026109]
 CLIENTS_PER_GATEWAY = 12
 REQUEST_TIMEOUT_S = 20.0
 
@@ -85,7 +89,11 @@ class Load:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root: Path = tmp_path_factory.mktemp("topology")
-    deployment = Cluster(root, ["--backend", "null"], model=MODEL, pairs=PAIRS, gateways=GATEWAYS)
+    real = PAIRS + 1
+    deployment = Cluster(
+        root, ["--backend", "null"], model=MODEL, pairs=real, gateways=GATEWAYS,
+        pair_args={real: ["--preload", MODEL]}, pair_env={real: {"SIE_MACHINE_PROFILE": REAL}},
+    )  # fmt: skip
     try:
         deployment.wait_serving()
         yield deployment
@@ -115,6 +123,21 @@ def _clean(tally: Tally, cluster: Cluster) -> None:
 def test_every_request_is_answered_by_the_gateway_it_was_sent_to(cluster: Cluster) -> None:
     for tally in _run(cluster, 3.0).values():
         _clean(tally, cluster)
+
+
+def test_the_real_model_lane_answers_both_gateways_with_its_vectors(cluster: Cluster) -> None:
+    body, headers = {"items": [{"text": "Hello world"}]}, {"X-SIE-MACHINE-PROFILE": REAL}
+
+    def answers(url: str) -> httpx.Response | None:
+        response = httpx.post(f"{url}{PATH}", json=body, headers=headers, timeout=30)
+        return response if response.status_code == 200 else None
+
+    for url in cluster.urls:
+        assert holds_within(lambda url=url: answers(url), 60), cluster.logs()  # its first heartbeats reach both
+        response = answers(url)
+        assert response is not None and response.headers["x-sie-worker"] == f"w-{PAIRS + 1}"
+        values = response.json()["items"][0]["dense"]["values"]
+        assert len(values) == 384 and np.allclose(values[:4], HELLO_WORLD_PREFIX, atol=1e-5)
 
 
 def test_a_sidecar_removed_and_added_again_under_load_loses_nothing(cluster: Cluster) -> None:
