@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import NatsServer
+from launcher import NatsServer, holds_within
 from sie.catalog.names import work_subject
 from sie.settings import StreamSettings
 from sie.settings.messaging import NatsSettings
@@ -36,6 +36,11 @@ def work_item(index: int) -> WorkItem:
 
 
 SUBJECT = work_subject(LANE.pool, LANE.machine_profile, LANE.bundle, MODEL)
+
+
+def stopped(pid: int) -> bool:
+    """Whether the process is stopped by a signal (state T in /proc)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
 
 async def test_a_publish_while_reconnecting_fails_at_once(tmp_path: Path) -> None:
@@ -61,6 +66,7 @@ async def test_a_publish_whose_ack_was_owed_when_the_connection_dropped_fails_at
         async with NatsTransport(NatsSettings(url=server.url), StreamSettings()) as transport:
             await transport.publish_work(SUBJECT, work_item(0))
             os.kill(server.process.pid, signal.SIGSTOP)  # the server takes the publish but answers nothing
+            assert holds_within(lambda: stopped(server.process.pid), 5.0)  # stopped before anything is sent
             stored = await transport.submit_work_batch(SUBJECT, [work_item(1)])
             await asyncio.sleep(0.2)
             assert not stored.done()  # the ACK is owed
