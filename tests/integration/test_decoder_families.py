@@ -418,6 +418,15 @@ def load_reranker(model_loader: ModelLoader, weights: Path, adapter_path: str, l
     return model_loader.load(entry, "default", entry.sie_id)
 
 
+def reranker_scores(loaded: Any, query: str, documents: list[str]) -> dict[str, float]:
+    """The adapter's score of each document for `query`, by item id (`item-{index}`)."""
+    item = SimpleNamespace(query_item={"text": query}, score_items=[{"text": d} for d in documents], options=None,
+                           instruction=None)  # fmt: skip
+    (result,) = loaded.adapter.score([item]).items
+    assert result.ok, result.error
+    return {row["item_id"]: row["score"] for row in result.result}
+
+
 # (family, loadtime options, how the reference builds a pair's ids, [no, yes] words, score of the two logits)
 RERANKERS = {
     # Qwen3-Reranker's YAML; a tied output head
@@ -440,11 +449,7 @@ def test_a_decoder_reranker_scores_as_its_model_card_computes(
     tokenizer = write_tokenizer(tmp_path / "reference-tokenizer")
     no_id, yes_id = tokenizer.token_to_id(no_word), tokenizer.token_to_id(yes_word)
     query, documents = "w1 w2 w3", ["w4 w5", "w6", " ".join(f"w{i % 50}" for i in range(80))]  # the last one is cut
-    item = SimpleNamespace(query_item={"text": query}, score_items=[{"text": d} for d in documents], options=None,
-                           instruction=None)  # fmt: skip
-    (result,) = loaded.adapter.score([item]).items
-    assert result.ok, result.error
-    scores = {row["item_id"]: row["score"] for row in result.result}
+    scores = reranker_scores(loaded, query, documents)
     for index, document in enumerate(documents):
         if variant == "qwen3":
             fixed = len(tokenizer.encode(QWEN3_PREFIX).ids) + len(tokenizer.encode(QWEN3_SUFFIX).ids)
@@ -478,11 +483,7 @@ def test_a_native_causal_reranker_scores_with_its_positive_tokens_raw_logit(
     loaded = load_reranker(model_loader, tmp_path / "model", NATIVE_RERANKER, {"score_token_id": yes_id})
     assert (loaded.adapter.input_format, loaded.adapter.score_mode) == ("native", "logit")  # the module's defaults
     query, documents = "w1 w2 w3", ["w4 w5", "w6", "w7 w8 w9 w10"]
-    item = SimpleNamespace(query_item={"text": query}, score_items=[{"text": d} for d in documents], options=None,
-                           instruction=None)  # fmt: skip
-    (result,) = loaded.adapter.score([item]).items
-    assert result.ok, result.error
-    scores = {row["item_id"]: row["score"] for row in result.result}
+    scores = reranker_scores(loaded, query, documents)
     for index, document in enumerate(documents):
         ids = tokenizer.encode(NATIVE_ROW.format(query=query, document=document)).ids
         with torch.no_grad():
