@@ -316,26 +316,15 @@ class NatsCluster:
     def stream_leader(self, stream: str) -> int | None:
         """The running node leading `stream`'s replicas, as the nodes' monitoring endpoints report it; None without a
         leader (an election in progress), without the stream, or for a single server."""
-        for view in self._stream_views(stream).values():
-            leader = view.get("leader")
-            if leader and self.running(int(leader.removeprefix("n"))):
-                return int(leader.removeprefix("n"))
-        return None
+        return self._leader(self._stream_views(stream))
 
     def node_serving(self, connection_prefix: str) -> int | None:
         """The running node a client whose connection name starts with `connection_prefix` is connected to (the
         roles name theirs `sie-gateway-…`, `sie-sidecar-…`), from the nodes' `/connz`; None when none is."""
-        with httpx.Client(timeout=2.0) as client:
-            for index, monitor in zip(self.indexes, self.monitor_urls, strict=True):
-                if not self.running(index):
-                    continue
-                try:
-                    answer = client.get(f"{monitor}/connz?limit=1024").json()
-                except (httpx.HTTPError, ValueError):
-                    continue
-                names = [connection.get("name") or "" for connection in answer.get("connections") or []]
-                if any(name.startswith(connection_prefix) for name in names):
-                    return index
+        for index, answer in self._monitored("/connz?limit=1024").items():
+            names = [connection.get("name") or "" for connection in answer.get("connections") or []]
+            if any(name.startswith(connection_prefix) for name in names):
+                return index
         return None
 
     def wait_current(self, streams: Sequence[str], timeout_s: float = NATS_CLUSTER_TIMEOUT_S) -> None:
@@ -344,9 +333,9 @@ class NatsCluster:
 
         def current() -> bool:
             for stream in streams:
-                leader = self.stream_leader(stream)
-                view = self._stream_views(stream).get(leader) if leader is not None else None
-                replicas = (view or {}).get("replicas") or []
+                views = self._stream_views(stream)
+                leader = self._leader(views)
+                replicas = views.get(leader, {}).get("replicas") or [] if leader is not None else []
                 if len(replicas) != self.size - 1 or not all(replica.get("current") for replica in replicas):
                     return False
             return True
@@ -354,22 +343,36 @@ class NatsCluster:
         if self.size > 1 and not holds_within(current, timeout_s, interval_s=0.2):
             raise TimeoutError(f"NATS streams {list(streams)} not current after {timeout_s} s:\n{self.log()}")
 
+    def _leader(self, views: Mapping[int, Mapping[str, Any]]) -> int | None:
+        """The running node the `views` of a stream name as its leader."""
+        for view in views.values():
+            leader = view.get("leader")
+            if leader and self.running(int(leader.removeprefix("n"))):
+                return int(leader.removeprefix("n"))
+        return None
+
     def _stream_views(self, stream: str) -> dict[int, dict[str, Any]]:
         """`stream`'s `cluster` object as each running node's monitoring endpoint reports it, by node."""
         views: dict[int, dict[str, Any]] = {}
+        for index, answer in self._monitored("/jsz?accounts=true&streams=true").items():
+            for account in answer.get("account_details") or []:
+                for detail in account.get("stream_detail") or []:
+                    if detail.get("name") == stream and detail.get("cluster"):
+                        views[index] = detail["cluster"]
+        return views
+
+    def _monitored(self, path: str) -> dict[int, dict[str, Any]]:
+        """Each running node's JSON answer to the monitoring `path`, by node (one that does not answer is left out)."""
+        answers: dict[int, dict[str, Any]] = {}
         with httpx.Client(timeout=2.0) as client:
             for index, monitor in zip(self.indexes, self.monitor_urls, strict=True):
                 if not self.running(index):
                     continue
                 try:
-                    answer = client.get(f"{monitor}/jsz?accounts=true&streams=true").json()
+                    answers[index] = client.get(f"{monitor}{path}").json()
                 except (httpx.HTTPError, ValueError):
                     continue
-                for account in answer.get("account_details") or []:
-                    for detail in account.get("stream_detail") or []:
-                        if detail.get("name") == stream and detail.get("cluster"):
-                            views[index] = detail["cluster"]
-        return views
+        return answers
 
     def _chosen(self, index: int | None) -> range | list[int]:
         if index is None:

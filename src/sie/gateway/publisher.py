@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -289,30 +290,28 @@ class WorkPublisher:
         """Publish `items` again on `subject` (a subject of `lane`), detached and best effort: the work of a request
         whose results may have been lost while the broker connection was down. A failure is logged; the request's
         own timeout still bounds its wait."""
-        self._detach(self._send_again(subject, items), f"republish on {subject}")
-
-    async def _send_again(self, subject: str, items: Sequence[WorkItem]) -> None:
-        try:
-            await (await self._queue.submit_work_batch(subject, items))
-        except TransportError as exc:
-            logger.warning("publishing %d work items again on %s failed: %s", len(items), subject, exc)
-        else:
-            if self._metrics is not None:
-                self._metrics.republished(len(items))
+        counted = functools.partial(self._count_republished, len(items))
+        self._detach(self._send_detached(subject, items, counted), f"republish on {subject}")
 
     def fall_back(self, subject: str, items: Sequence[WorkItem], confirmed: Callable[[], None]) -> None:
         """Publish `items` on the lane `subject` once, detached and best effort: worker direct-dispatch work still
         unanswered after the fallback delay (seed 000 §8.2). `confirmed()` runs once the stream stored every one of
         them; a refusal is logged, and the worker may still answer within the request's timeout."""
-        self._detach(self._send_fallback(subject, items, confirmed), f"fall back on {subject}")
+        self._detach(self._send_detached(subject, items, confirmed), f"fall back on {subject}")
 
-    async def _send_fallback(self, subject: str, items: Sequence[WorkItem], confirmed: Callable[[], None]) -> None:
+    async def _send_detached(self, subject: str, items: Sequence[WorkItem], stored: Callable[[], None]) -> None:
+        """Publish `items` on `subject` and wait for the stream's ACKs; `stored()` once it took them all, a warning
+        when it did not (nobody waits on a detached send)."""
         try:
             await (await self._queue.submit_work_batch(subject, items))
         except TransportError as exc:
-            logger.warning("publishing %d direct-dispatch items on %s failed: %s", len(items), subject, exc)
+            logger.warning("publishing %d work items again on %s failed: %s", len(items), subject, exc)
         else:
-            confirmed()
+            stored()
+
+    def _count_republished(self, items: int) -> None:
+        if self._metrics is not None:
+            self._metrics.republished(items)
 
     def cancel_direct(self, worker_id: str, request_id: str) -> None:
         """Announce `batch_cancel.{router_id}.{worker_id}.{request_id}` (NATS core, best effort, detached): the
