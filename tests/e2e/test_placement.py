@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner, Result
 
-from launcher import RoleProcess, free_port
+from launcher import RoleProcess, free_port, holds_within
 from sie.cli.main import app
 
 pytestmark = pytest.mark.slow
@@ -90,6 +90,25 @@ def test_an_operator_adds_a_replica_and_the_model_runs_on_both_children(server: 
     assert metric(server, "sie_placement_model_replicas", {"model": MINILM}) == 2.0
     assert metric(server, "sie_placement_repacks_total", {"trigger": "manual"}) >= 1
     assert metric(server, "sie_worker_batch_items_count", {"model": MINILM, "worker": host}) > 0
+
+
+    # Back to one replica: the repack takes the model off one child, and compaction unloads it there.
+    changed = sie_placement(server, "set-replicas", MINILM, "1")
+    assert changed.exit_code == 0, changed.stderr
+    repacked = sie_placement(server, "repack", "--wait", "60")
+    assert repacked.exit_code == 0, repacked.stderr
+
+    def compacted() -> bool:
+        state = status(server)
+        hosting = [child["name"] for child in state["children"] if MINILM in child["loaded_models"]]
+        return len(hosting) == 1 and state["compaction"]["unloads_total"] >= 1
+
+    assert holds_within(compacted, 30.0), f"compaction did not unload {MINILM} from the child it left: {status(server)}"
+    assert metric(server, "sie_placement_compaction_unloads_total", {}) >= 1
+    assert metric(server, "sie_placement_compaction_freed_bytes_total", {}) > 0
+    shown = sie_placement(server, "status")
+    assert "models unloaded" in shown.stdout, shown.stdout
+    encode(server, 4)  # the remaining replica serves
 
 
 def test_bad_knobs_are_refused_with_the_reason(server: str) -> None:

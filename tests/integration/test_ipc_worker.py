@@ -28,6 +28,7 @@ from sie.wire.ipc_control import (
     EnsureModelReadyResponse,
     ModelControlStatusRequest,
     PingRequest,
+    UnloadModelRequest,
     WorkerCapabilitiesRequest,
 )
 from sie.worker.manager import ModelManager
@@ -131,6 +132,26 @@ async def test_a_pin_over_ipc_loads_the_model_and_holds_it_until_released(servic
         assert service.manager.held == {MINILM}
         await client.ensure_model_ready(EnsureModelReadyRequest(model_id=MINILM, pin=False))
         assert service.manager.held == set() and service.manager.is_loaded(MINILM)  # loaded, evictable again
+
+
+async def test_unload_over_ipc_frees_a_loaded_model_and_its_pin_but_keeps_a_preloaded_one(
+    service: WorkerService, socket_path: Path
+):
+    async with IpcServer(service, socket_path, worker_id="worker-ipc"), UdsWorkerClient(socket_path) as client:
+        absent = await client.unload_model(UnloadModelRequest(model_id=MINILM))
+        assert (absent.unloaded, absent.reason) == (False, "not loaded")
+        await client.ensure_model_ready(EnsureModelReadyRequest(model_id=MINILM, pin=True))
+        await wait_ready(client, MINILM)
+        held_bytes = service.manager.model_memory_bytes(MINILM)
+        unloaded = await client.unload_model(UnloadModelRequest(model_id=MINILM))
+        assert unloaded.unloaded and unloaded.memory_freed_bytes == held_bytes > 0
+        assert not service.manager.is_loaded(MINILM) and service.manager.held == set()  # the pin ended here too
+        assert (await client.ping(PingRequest(timestamp_ms=1.0))).loaded_models == []
+
+        service.manager.pin([MINILM])  # what SIE_PRELOAD_MODELS does
+        await wait_ready(client, MINILM)
+        kept = await client.unload_model(UnloadModelRequest(model_id=MINILM))
+        assert not kept.unloaded and "preloaded" in kept.reason and service.manager.is_loaded(MINILM)
 
 
 async def test_model_control_status_reports_each_models_memory_and_measured_cost(

@@ -47,7 +47,9 @@ async def test_status_document(api: PlacementApi) -> None:
     assert response.status == 200
     document = json_of(response)
     assert list(document) == ["mode", "work_basis", "routing_policy", "fill_mode", "policy", "children", "models",
-                              "repacks"]  # fmt: skip
+                              "repacks", "compaction"]  # fmt: skip
+    assert document["compaction"] == {"pending": False, "compactions_total": 0, "unloads_total": 0,
+                                      "freed_bytes_total": 0}  # fmt: skip
     assert (document["mode"], document["work_basis"]) == ("lpt_packing", "items")
     assert (document["routing_policy"], document["fill_mode"]) == ("fill_least", "run")
     assert document["policy"]["hysteresis"] == 0.0 and document["policy"]["models"] == {}
@@ -104,6 +106,8 @@ async def test_policy_lists_every_knob_with_model_overrides(control: FakeControl
         "routing_policy": "fill_least",
         "routing_fill_mode": "run",
         "forbid_memory_oversubscription": True,
+        "compaction_mode": "eager",
+        "compaction_interval": 1,
         "models": {BGE: {"replicas": 2, "fill_mode": "spread"}},  # the overrides that are set
     }
 

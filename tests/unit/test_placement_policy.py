@@ -96,6 +96,9 @@ def test_work_basis_is_fixed_at_startup_under_least_outstanding_only() -> None:
         ("routing_fill_mode", "burst"),
         ("work_basis", "tokens"),
         ("forbid_memory_oversubscription", "maybe"),
+        ("compaction_mode", "lazy"),
+        ("compaction_interval", "-1"),
+        ("compaction_interval", 1.5),
     ],
 )
 def test_bad_values_are_refused_naming_the_knob(knob: str, value: object) -> None:
@@ -104,10 +107,18 @@ def test_bad_values_are_refused_naming_the_knob(knob: str, value: object) -> Non
 
 
 def test_unknown_knobs_and_models_are_refused() -> None:
-    with pytest.raises(PolicyError, match="unknown scheduling knob 'compaction_interval'"):
-        PlacementPolicy().with_knobs({"compaction_interval": 4})
+    with pytest.raises(PolicyError, match="unknown scheduling knob 'compaction_intervals'"):
+        PlacementPolicy().with_knobs({"compaction_intervals": 4})
     with pytest.raises(PolicyError, match="models are changed one at a time"):
         PlacementPolicy().with_knobs({"models": {}})
+
+
+def test_compaction_knobs_change_at_run_time_and_read_from_the_file() -> None:
+    policy = PlacementPolicy().with_knobs({"compaction_mode": "scheduled", "compaction_interval": "4"})
+    assert (policy.compaction_mode, policy.compaction_interval) == ("scheduled", 4)
+    assert policy.as_dict()["compaction_interval"] == 4
+    knobs, _ = parse_scheduling_yaml("scheduling:\n  compaction_mode: off\n  compaction_interval: 0\n")
+    assert knobs == {"compaction_mode": "off", "compaction_interval": 0}
 
 
 def test_a_refused_change_leaves_the_policy_unchanged() -> None:
@@ -191,7 +202,7 @@ def test_the_file_may_hold_just_the_blocks_content() -> None:
 @pytest.mark.parametrize(
     ("text", "named"),
     [
-        ("scheduling:\n  compaction_mode: eager\n", "'compaction_mode'"),
+        ("scheduling:\n  compaction_mode: lazy\n", "compaction_mode"),
         ("scheduling:\n  models:\n    m:\n      replica: 2\n", "'replica'"),
         ("scheduling:\n  mode: lpt_packing\nlogging:\n  level: debug\n", "'logging'"),
         ("scheduling:\n  routing_fill_factor: 0\n", "routing_fill_factor"),

@@ -36,6 +36,8 @@ from sie.wire.ipc_control import (
     PingResponse,
     SignalGenerateCancelRequest,
     SignalGenerateCancelResponse,
+    UnloadModelRequest,
+    UnloadModelResponse,
 )
 from support.polling import eventually
 
@@ -61,6 +63,8 @@ class FakeChild:
         self.generate_closed = 0  # generations whose iterator ended before `done`
         self.cancels: list[str] = []
         self.running: set[str] = set()  # generation request ids running here
+        self.unloads: list[str] = []
+        self.keep: set[str] = set()  # models this child declines to unload (preloaded here)
 
     async def ping(self, request: PingRequest) -> PingResponse:
         return PingResponse(timestamp_ms=request.timestamp_ms, worker_id=self.name, ready=self.ready,
@@ -115,6 +119,13 @@ class FakeChild:
             ModelControlEntry(model_id=model, state=MODEL_STATE_READY, max_batch_items=32) for model in self.loaded
         ]
         return ModelControlStatusResponse(worker_id=self.name, device="cpu", ready=self.ready, models=models)
+
+    async def unload_model(self, request: UnloadModelRequest) -> UnloadModelResponse:
+        self.unloads.append(request.model_id)
+        if request.model_id in self.keep:
+            return UnloadModelResponse(unloaded=False, reason="preloaded")
+        self.loaded.discard(request.model_id)
+        return UnloadModelResponse(unloaded=True, memory_freed_bytes=1000)
 
     async def apply_model_config(self, request: ApplyModelConfigRequest) -> ApplyModelConfigResponse:
         self.hash = request.bundle_config_hash
@@ -244,6 +255,56 @@ async def test_lpt_packing_loads_a_single_replica_model_on_one_child_only() -> N
         record = await fleet.repack(wait_s=5.0)
         assert record is not None and record.trigger == "manual"
         assert first.loaded == second.loaded == {"m"}  # the wait returned once the new replica was ready
+
+
+async def shrink_to_one_replica(fleet: WorkerFleet, *children: FakeChild) -> FakeChild:
+    """Place "m" on both children, then back on one by a repack: the child it left."""
+    assert (await fleet.ensure_model_ready(EnsureModelReadyRequest(model_id="m"))).state == MODEL_STATE_READY
+    fleet.set_model("m", replicas=2)
+    await fleet.repack(wait_s=5.0)
+    assert all(child.loaded == {"m"} for child in children)
+    fleet.set_model("m", replicas=1)
+    await fleet.repack(wait_s=5.0)
+    (kept,) = fleet.snapshot().models[0].replicas
+    (left,) = [child for child in children if child.name != kept.child]
+    return left
+
+
+async def test_compaction_unloads_a_model_from_the_child_a_repack_took_it_off() -> None:
+    first, second = FakeChild("worker-0"), FakeChild("worker-1")
+    async with fleet_of(first, second, policy=PlacementPolicy(mode="lpt_packing")) as fleet:
+        left = await shrink_to_one_replica(fleet, first, second)
+        await fleet.probe()  # the round after the repack finds the pair and unloads it
+        await eventually(lambda: left.unloads == ["m"], timeout_s=5.0)
+        assert "m" not in left.loaded and fleet.replicas("m") == 1
+        compaction = fleet.snapshot().compaction
+        assert compaction.unloads_total == 1 and compaction.freed_bytes_total == 1000
+        await fleet.probe()
+        assert not fleet.snapshot().compaction.pending and left.unloads == ["m"]  # done: nothing asked twice
+        ran_there = len(left.batches)
+        for batch_id in range(3):
+            await fleet.run_batch(batch(batch_id=batch_id))
+        assert len(left.batches) == ran_there  # batches go to the replica only
+
+
+async def test_compaction_off_or_declined_leaves_the_model_loaded() -> None:
+    first, second = FakeChild("worker-0"), FakeChild("worker-1")
+    policy = PlacementPolicy(mode="lpt_packing", compaction_mode="off")
+    async with fleet_of(first, second, policy=policy) as fleet:
+        left = await shrink_to_one_replica(fleet, first, second)
+        await fleet.probe()
+        assert left.unloads == [] and left.loaded == {"m"}
+        assert fleet.snapshot().compaction.compactions_total == 0
+    first, second = FakeChild("worker-0"), FakeChild("worker-1")
+    first.keep = second.keep = {"m"}
+    async with fleet_of(first, second, policy=PlacementPolicy(mode="lpt_packing")) as fleet:
+        left = await shrink_to_one_replica(fleet, first, second)
+        await fleet.probe()
+        await eventually(lambda: left.unloads == ["m"], timeout_s=5.0)
+        for _ in range(3):
+            await fleet.probe()
+        assert left.unloads == ["m"] and left.loaded == {"m"}  # asked once per compaction, not every round
+        assert fleet.snapshot().compaction.unloads_total == 0
 
 
 async def test_repack_outside_lpt_packing_is_none() -> None:

@@ -29,8 +29,9 @@ from sie.wire.ipc_control import (
 )
 
 
-def test_there_are_seventeen_contract_method_names_and_our_model_control_status_and_worker_metrics():
-    assert len(ipc.METHODS) == 19
+def test_there_are_seventeen_contract_method_names_and_our_three_additions():
+    assert len(ipc.METHODS) == 20
+    assert ipc.UNLOAD_MODEL == "UnloadModel" and ipc.UNLOAD_MODEL in ipc.METHODS
     assert ipc.MODEL_CONTROL_STATUS == "ModelControlStatus" and ipc.MODEL_CONTROL_STATUS in ipc.METHODS
     assert ipc.WORKER_METRICS == "WorkerMetrics" and ipc.WORKER_METRICS in ipc.METHODS
     assert {ipc.RUN_BATCH, ipc.SET_PINNED_MODELS, ipc.NUMERICAL_PROFILE_SNAPSHOT} <= ipc.METHODS

@@ -60,6 +60,13 @@ def status(
     summary = f"repacks: {repacks['total']}"
     if last is not None:
         summary += f"; last by {last['trigger']}, moved {', '.join(last['moved']) or 'nothing'}"
+    compaction = document.get("compaction")
+    if compaction:
+        freed_mib = compaction["freed_bytes_total"] / 2**20
+        summary += (
+            f"; compaction {document['policy']['compaction_mode']}: {compaction['unloads_total']} models unloaded, "
+            f"{freed_mib:.1f} MiB freed" + (" (under way)" if compaction["pending"] else "")
+        )
     note(summary, console)
 
 

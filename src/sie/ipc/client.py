@@ -26,6 +26,8 @@ from sie.wire.ipc_control import (
     ReplaceModelConfigsResponse,
     SignalGenerateCancelRequest,
     SignalGenerateCancelResponse,
+    UnloadModelRequest,
+    UnloadModelResponse,
     WorkerCapabilitiesRequest,
     WorkerCapabilitiesResponse,
     WorkerMetricsRequest,
@@ -59,12 +61,14 @@ class WorkerClient(Protocol):
 
 class WorkerChild(WorkerClient, Protocol):
     """One worker child of a pod (one device): a WorkerClient that also reports its device, memory and measured
-    costs to the sidecar's placement, and its metrics to the sidecar's `/metrics`. A pod of several children is a
-    WorkerClient but no WorkerChild."""
+    costs to the sidecar's placement, its metrics to the sidecar's `/metrics`, and unloads a model placement moved
+    away from it. A pod of several children is a WorkerClient but no WorkerChild."""
 
     async def model_control_status(self, request: ModelControlStatusRequest) -> ModelControlStatusResponse: ...
 
     async def worker_metrics(self, request: WorkerMetricsRequest) -> WorkerMetricsResponse: ...
+
+    async def unload_model(self, request: UnloadModelRequest) -> UnloadModelResponse: ...
 
 
 async def close_events(events: AsyncIterator[GenerateEvent]) -> None:

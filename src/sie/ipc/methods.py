@@ -36,6 +36,7 @@ from sie.wire.ipc_control import (
     PingRequest,
     ReplaceModelConfigsRequest,
     SignalGenerateCancelRequest,
+    UnloadModelRequest,
     WorkerCapabilitiesRequest,
     WorkerMetricsRequest,
 )
@@ -96,6 +97,7 @@ METHODS: Final[Mapping[str, Method]] = MappingProxyType(
             ModelControlStatusRequest, lambda service, request: service.model_control_status(request)
         ),
         ipc.WORKER_METRICS: Method(WorkerMetricsRequest, lambda service, request: service.worker_metrics(request)),
+        ipc.UNLOAD_MODEL: Method(UnloadModelRequest, lambda service, request: service.unload_model(request)),
         ipc.SIGNAL_GENERATE_CANCEL: Method(
             SignalGenerateCancelRequest, lambda service, request: service.signal_generate_cancel(request)
         ),

@@ -42,6 +42,8 @@ from sie.wire.ipc_control import (
     ReplaceModelConfigsResponse,
     SignalGenerateCancelRequest,
     SignalGenerateCancelResponse,
+    UnloadModelRequest,
+    UnloadModelResponse,
     WorkerCapabilitiesRequest,
     WorkerCapabilitiesResponse,
     WorkerMetricsRequest,
@@ -348,6 +350,9 @@ class UdsWorkerClient:
 
     async def worker_metrics(self, request: WorkerMetricsRequest) -> WorkerMetricsResponse:
         return await self.call(methods.WORKER_METRICS, request, WorkerMetricsResponse)
+
+    async def unload_model(self, request: UnloadModelRequest) -> UnloadModelResponse:
+        return await self.call(methods.UNLOAD_MODEL, request, UnloadModelResponse)
 
     # --- the call ------------------------------------------------------------------------------
 

@@ -231,6 +231,7 @@ def snapshot_document(snapshot: PlacementSnapshot) -> dict[str, Any]:
             "by_trigger": dict(snapshot.repacks_total),
             "last": None if snapshot.last_repack is None else repack_document(snapshot.last_repack),
         },
+        "compaction": attrs.asdict(snapshot.compaction),
     }
 
 

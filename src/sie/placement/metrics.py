@@ -33,6 +33,7 @@ class PlacementCollector:
         yield from _replica_families(snapshot)
         yield from _worker_families(snapshot)
         yield _repacks(snapshot)
+        yield from _compaction(snapshot)
         yield _batch_items(snapshot.batch_sizes)
 
 
@@ -114,6 +115,20 @@ def _repacks(snapshot: PlacementSnapshot) -> Metric:
     for trigger, count in snapshot.repacks_total:
         repacks.add_metric([trigger], count)
     return repacks
+
+
+def _compaction(snapshot: PlacementSnapshot) -> tuple[Metric, ...]:
+    # What compaction gave back: a repack that moves models and no unloads here leaves memory behind.
+    state = snapshot.compaction
+    compactions = CounterMetricFamily("sie_placement_compactions", "Compactions started after repacks.")
+    compactions.add_metric([], state.compactions_total)
+    unloads = CounterMetricFamily(
+        "sie_placement_compaction_unloads", "Models unloaded from children that no longer hold a replica of them."
+    )
+    unloads.add_metric([], state.unloads_total)
+    freed = CounterMetricFamily("sie_placement_compaction_freed_bytes", "Weight bytes compaction unloaded.")
+    freed.add_metric([], state.freed_bytes_total)
+    return compactions, unloads, freed
 
 
 def _batch_items(batch_sizes: tuple[BatchSizes, ...]) -> Metric:

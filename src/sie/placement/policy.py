@@ -26,6 +26,10 @@ MODES: Final = (ROUND_ROBIN, LEAST_OUTSTANDING, LPT_PACKING)
 WORK_BASES: Final = ("compute", "items", "requests")
 FILL_MODES: Final = ("run", "spread", "inflight")
 ROUTING_POLICIES: Final = ("fill_least", "fill_rr")
+COMPACTION_EAGER: Final = "eager"
+COMPACTION_SCHEDULED: Final = "scheduled"
+COMPACTION_OFF: Final = "off"
+COMPACTION_MODES: Final = (COMPACTION_EAGER, COMPACTION_SCHEDULED, COMPACTION_OFF)
 ALL_REPLICAS: Final = "all"
 # Per-model overrides one policy holds: bounds what the admin API may grow (model ids are not checked there).
 MAX_MODEL_OVERRIDES: Final = 4096
@@ -37,6 +41,7 @@ _CHOICES: Final = {
     "work_basis": WORK_BASES,
     "routing_policy": ROUTING_POLICIES,
     "routing_fill_mode": FILL_MODES,
+    "compaction_mode": COMPACTION_MODES,
 }
 _NUMBERS_ALLOWING_ZERO: Final = {
     "rebalance_compute_seconds": False,
@@ -54,6 +59,7 @@ _OVERRIDE_KEYS: Final = ("replicas", "fill_mode", "fill_factor")
 # children, and a fill quantum (max batch x factor) stays far below 2**63.
 MAX_REPLICAS: Final = 1_000_000
 MAX_FILL_FACTOR: Final = 1_000_000.0
+MAX_COMPACTION_INTERVAL: Final = 1_000_000
 _CEILINGS: Final = {"routing_fill_factor": MAX_FILL_FACTOR, "fill_factor": MAX_FILL_FACTOR}
 
 
@@ -78,7 +84,8 @@ class ModelOverride:
 class PlacementPolicy:
     """Seed 002's `scheduling:` block. `default_replicas` and `ModelOverride.replicas` are a positive int or
     `all`. `ema_halflife_compute_seconds` 0 tracks `rebalance_compute_seconds`; `first_rebalance_compute_seconds`
-    0 uses `rebalance_compute_seconds` for the first repack too."""
+    0 uses `rebalance_compute_seconds` for the first repack too. `compaction_mode` says how models are unloaded
+    from children a repack took their replicas off (every `compaction_interval` repacks; 0 never)."""
 
     mode: str = ROUND_ROBIN
     work_basis: str = "compute"
@@ -91,6 +98,8 @@ class PlacementPolicy:
     routing_policy: str = "fill_least"
     routing_fill_mode: str = "run"
     forbid_memory_oversubscription: bool = True
+    compaction_mode: str = COMPACTION_EAGER
+    compaction_interval: int = 1
     models: Mapping[str, ModelOverride] = attrs.field(factory=dict)
 
     def with_knobs(self, knobs: Mapping[str, object]) -> PlacementPolicy:
@@ -175,6 +184,8 @@ def coerce_knob(name: str, value: object) -> object:
         return _replicas(name, value)
     if name == "forbid_memory_oversubscription":
         return _boolean(name, value)
+    if name == "compaction_interval":
+        return _count(name, value)
     raise PolicyError(f"unknown scheduling knob {name!r}; accepted: {', '.join(knob_names())}")
 
 
@@ -210,6 +221,19 @@ def _replicas(name: str, value: object) -> int | str:
         raise PolicyError(
             f"{name}={value!r} is not a replica count; expected a whole number from 1 to {MAX_REPLICAS} or 'all'"
         )
+    return count
+
+
+def _count(name: str, value: object) -> int:
+    count = -1
+    if isinstance(value, int) and not isinstance(value, bool):
+        count = value
+    elif isinstance(value, float) and value.is_integer():
+        count = int(value)
+    elif isinstance(value, str) and value.strip().isdecimal():
+        count = int(value.strip())
+    if not 0 <= count <= MAX_COMPACTION_INTERVAL:
+        raise PolicyError(f"{name}={value!r} is not a whole number from 0 to {MAX_COMPACTION_INTERVAL}")
     return count
 
 
@@ -255,6 +279,8 @@ def _knobs_of(settings: PlacementSettings) -> dict[str, object]:
         "routing_policy": settings.routing_policy,
         "routing_fill_mode": settings.fill_mode,
         "forbid_memory_oversubscription": settings.forbid_memory_oversubscription,
+        "compaction_mode": settings.compaction_mode,
+        "compaction_interval": settings.compaction_interval,
     }
 
 

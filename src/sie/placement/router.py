@@ -14,6 +14,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from sie.placement.compaction import Compaction
 from sie.placement.fill import FillRouter, FillView, least, next_after
 from sie.placement.ledger import BATCH_SIZE_BOUNDS, Ledger, Ticket
 from sie.placement.packer import ChildCapacity, ModelDemand, pack, place_one
@@ -57,6 +58,7 @@ class Placement:
         self._degraded: set[str] = set()
         self._repacks: dict[str, int] = {}
         self._last_repack: RepackRecord | None = None
+        self._compaction = Compaction()
         self._compute_at_repack = 0.0
         self._clock_at_repack = clock()
         logger.info("placement: mode %s, work_basis %s", policy.mode, policy.work_basis)
@@ -187,6 +189,7 @@ class Placement:
         self._compute_at_repack, self._clock_at_repack = self._table.fleet_compute, now
         self._repacks[trigger] = self._repacks.get(trigger, 0) + 1
         self._last_repack = record
+        self._compaction.after_repack(self._policy)
         self._log_repack(record, result.max_improvement, result.oversubscribed)
         return record
 
@@ -210,6 +213,24 @@ class Placement:
                 "lpt_packing: %s placed where the weights do not fit: no ready child has the memory to hold them",
                 ", ".join(oversubscribed),
             )
+
+    # --- compaction -------------------------------------------------------------------------------------
+
+    def compaction_due(self) -> list[tuple[str, str]]:
+        """The (child, model) pairs to unload now: models a repack moved off a child, once their new replicas serve
+        (lpt_packing only; see `sie.placement.compaction`)."""
+        if self._policy.mode != LPT_PACKING:
+            return []
+        return self._compaction.due(self._policy, self._table.children, self._placement, self._in_flight)
+
+    def compacted(self, child: str, model_id: str, freed_bytes: int | None) -> None:
+        """The fleet unloaded a pair `compaction_due` named, freeing `freed_bytes` (None: the child kept it)."""
+        self._compaction.unloaded(child, model_id, freed_bytes)
+
+    def _in_flight(self, child: str, model_id: str | None) -> bool:
+        if model_id is None:
+            return self._ledger.child_load(child).batches > 0
+        return self._ledger.replica_load(model_id, child).batches > 0
 
     # --- routing ----------------------------------------------------------------------------------------
 
@@ -334,6 +355,7 @@ class Placement:
             repacks_total=tuple(sorted(self._repacks.items())),
             last_repack=self._last_repack,
             batch_sizes=self._batch_sizes(),
+            compaction=self._compaction.state(),
         )
 
     def _child_state(self, child: ChildReport) -> ChildState:

@@ -67,6 +67,16 @@ class RepackRecord:
 
 
 @attrs.frozen
+class CompactionState:
+    """Compaction so far: whether one is under way, how many started, the models they unloaded and the bytes freed."""
+
+    pending: bool = False
+    compactions_total: int = 0
+    unloads_total: int = 0
+    freed_bytes_total: int = 0
+
+
+@attrs.frozen
 class BatchSizes:
     """Histogram of items per batch for one model on one child (cumulative bucket counts, Prometheus style)."""
 
@@ -88,3 +98,4 @@ class PlacementSnapshot:
     repacks_total: tuple[tuple[str, int], ...]  # (trigger, count)
     last_repack: RepackRecord | None
     batch_sizes: tuple[BatchSizes, ...]
+    compaction: CompactionState = CompactionState()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import attrs
 
-from sie.settings._parsers import Parser, boolean, choice, number, path, seconds
+from sie.settings._parsers import Parser, boolean, choice, integer, number, path, seconds
 from sie.settings._spec import Env, setting
 
 _ROLES = ("sidecar", "all")
@@ -150,6 +150,28 @@ class PlacementSettings:
             read_by=_POLICY,
         ),
         True,
+    )
+    compaction_mode: str = setting(
+        Env(
+            "SIE_PLACEMENT_COMPACTION_MODE",
+            choice("eager", "scheduled", "off"),
+            "lpt_packing: after a repack, unload each model from the children that no longer hold a replica of it "
+            "(`eager`: as soon as its new replicas are ready and its last batch there ended; `scheduled`: only while "
+            "that child has no batch in flight) or never (`off`: the worker's LRU frees memory when it must).",
+            roles=_ROLES,
+            read_by=_POLICY,
+        ),
+        "eager",
+    )
+    compaction_interval: int = setting(
+        Env(
+            "SIE_PLACEMENT_COMPACTION_INTERVAL",
+            integer(minimum=0),
+            "lpt_packing: repacks between compactions (1: after every repack; 0: never compact).",
+            roles=_ROLES,
+            read_by=_POLICY,
+        ),
+        1,
     )
     file: Path | None = setting(
         Env(

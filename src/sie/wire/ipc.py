@@ -39,6 +39,8 @@ DRAIN: Final = "Drain"
 MODEL_CONTROL_STATUS: Final = "ModelControlStatus"
 # Our addition: a worker process's own series, merged into the sidecar's `/metrics`.
 WORKER_METRICS: Final = "WorkerMetrics"
+# Our addition: placement's compaction unloads a model from a child that no longer holds a replica of it.
+UNLOAD_MODEL: Final = "UnloadModel"
 
 METHODS: Final = frozenset(
     {
@@ -61,6 +63,7 @@ METHODS: Final = frozenset(
         DRAIN,
         MODEL_CONTROL_STATUS,
         WORKER_METRICS,
+        UNLOAD_MODEL,
     }
 )
 

@@ -172,6 +172,24 @@ class SetPinnedModelsResponse:
 
 
 @attrs.frozen(kw_only=True)
+class UnloadModelRequest:
+    """Our addition: drop a loaded model from this worker because placement moved its replicas elsewhere (seed 002
+    compaction). A pool's pin on it here ends too; a model preloaded by SIE_PRELOAD_MODELS stays loaded."""
+
+    model_id: str
+
+
+@attrs.frozen(kw_only=True)
+class UnloadModelResponse:
+    """Whether the model was unloaded, and the bytes that freed; `reason` says why not (not loaded, preloaded,
+    generating)."""
+
+    unloaded: bool
+    memory_freed_bytes: int = 0
+    reason: str = ""
+
+
+@attrs.frozen(kw_only=True)
 class DrainRequest:
     """Stop accepting batches; a deadline can only tighten an earlier one (a bool is rejected)."""
 

@@ -249,6 +249,17 @@ class ModelManager:
                                          bytes=removed.memory_bytes))  # fmt: skip
         return removed is not None
 
+    def release(self, model_id: str, why: str) -> tuple[bool, str]:
+        """Unload a model placement moved away from this worker: a pool's hold on it here ends; a preloaded model
+        (SIE_PRELOAD_MODELS) stays. Whether it was unloaded, and why not when it was not."""
+        entry = self.catalog.find(model_id)
+        if entry is None or entry.model_id not in self._loaded:
+            return False, "not loaded"
+        self._held.discard(entry.model_id)
+        if entry.model_id in self._pinned:
+            return False, "preloaded (SIE_PRELOAD_MODELS)"
+        return self.unload(entry.model_id, why, "model_compacted"), ""
+
     def pin(self, model_ids: Iterable[str]) -> None:
         """Replace the pinned set: these ids are never evicted."""
         self._pinned = {entry.model_id for m in model_ids if (entry := self.catalog.find(m))}

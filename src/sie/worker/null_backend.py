@@ -45,6 +45,8 @@ from sie.wire.ipc_control import (
     ReplaceModelConfigsResponse,
     SignalGenerateCancelRequest,
     SignalGenerateCancelResponse,
+    UnloadModelRequest,
+    UnloadModelResponse,
     WorkerCapabilitiesRequest,
     WorkerCapabilitiesResponse,
     WorkerMetricsRequest,
@@ -155,6 +157,9 @@ class NullWorkerService:
     async def worker_metrics(self, request: WorkerMetricsRequest) -> WorkerMetricsResponse:
         """No model loads, so no series of its own."""
         return WorkerMetricsResponse()
+
+    async def unload_model(self, request: UnloadModelRequest) -> UnloadModelResponse:
+        return UnloadModelResponse(unloaded=False, reason="the null backend loads nothing")
 
     async def model_control_status(self, request: ModelControlStatusRequest) -> ModelControlStatusResponse:
         """Every catalogue model ready, holding no memory and costing no compute."""

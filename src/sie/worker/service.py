@@ -45,6 +45,8 @@ from sie.wire.ipc_control import (
     ReplaceModelConfigsResponse,
     SignalGenerateCancelRequest,
     SignalGenerateCancelResponse,
+    UnloadModelRequest,
+    UnloadModelResponse,
     WorkerCapabilitiesRequest,
     WorkerCapabilitiesResponse,
     WorkerMetricsRequest,
@@ -425,6 +427,17 @@ class WorkerService:
         """This worker's series (model loads, models and memory) in Prometheus text, for the sidecar's `/metrics`."""
         metrics = self.manager.metrics
         return WorkerMetricsResponse(text=metrics.text() if metrics is not None else "")
+
+    async def unload_model(self, request: UnloadModelRequest) -> UnloadModelResponse:
+        """Unload a model placement moved to other children, once the batches running here have finished; a model
+        generating here stays until its generations end (a later compaction takes it)."""
+        async with self.barrier.exclusive():
+            loaded = self.manager.get(request.model_id)
+            if loaded is not None and any(loaded.adapter in adapters for adapters in self._generating.values()):
+                return UnloadModelResponse(unloaded=False, reason="generating")
+            freed = self.manager.model_memory_bytes(loaded.model_id) if loaded is not None else 0
+            unloaded, reason = self.manager.release(request.model_id, "unloaded: placement moved it to other children")
+            return UnloadModelResponse(unloaded=unloaded, memory_freed_bytes=freed if unloaded else 0, reason=reason)
 
     def _control_entries(self) -> list[ModelControlEntry]:
         entries: dict[str, ModelControlEntry] = {}

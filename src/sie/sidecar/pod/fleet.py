@@ -15,6 +15,9 @@ The sidecar's stages talk to `WorkerFleet` exactly as they talked to a single wo
 - `ensure_model_ready` loads the model on the children placement assigns it to and answers ready as soon
   as one of them is; children assigned a model later (a repack, `replicas` raised, a restarted child) are
   warmed in the background on the next probe round.
+- after a repack, compaction (SIE_PLACEMENT_COMPACTION_*) unloads each model from the children that no longer hold a
+  replica of it, once its new replicas serve: the child stops getting its batches at once and unloads it when the
+  ones running there end (`sie.placement.compaction` says which and when).
 - config deltas, full replacements and drains go to every child; readiness is "at least one child ready".
 
 It also implements the placement control surface (`sie.placement.api.PlacementControl`): snapshot, per-model
@@ -68,6 +71,7 @@ from sie.wire.ipc_control import (
     ReplaceModelConfigsResponse,
     SignalGenerateCancelRequest,
     SignalGenerateCancelResponse,
+    UnloadModelRequest,
     WorkerCapabilitiesRequest,
     WorkerCapabilitiesResponse,
     WorkerMetricsRequest,
@@ -77,6 +81,8 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# How long an unload may wait for the batches running on the child to end before the next probe round retries it.
+UNLOAD_TIMEOUT_S: Final = 120.0
 # How often a repack with `wait` checks whether the new replicas are ready.
 _REPACK_POLL_S: Final = 0.2
 _LOADING: Final = (MODEL_STATE_LOADING_STARTED, MODEL_STATE_LOADING_IN_PROGRESS)
@@ -108,6 +114,7 @@ class WorkerFleet:
         # Models the sidecar asked for: the fleet keeps them loaded where placement assigns them.
         self._wanted: set[str] = set()
         self._warming: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._unloading: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._config = ConfigLog()
         probing = Outage("probing the worker children", logger)
         self._probing = PeriodicTask(self.probe, lambda: self.probe_interval_s, probing)  # off the request path
@@ -125,11 +132,12 @@ class WorkerFleet:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self._probing.__aexit__(*exc_info)
-        tasks = list(self._warming.values())
+        tasks = [*self._warming.values(), *self._unloading.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._warming.clear()
+        self._unloading.clear()
         await self.directory.aclose()
 
     @property
@@ -163,6 +171,7 @@ class WorkerFleet:
         self.placement.update(reports)
         self.probe_rounds += 1
         self._warm()
+        self._compact()
 
     def _warm(self) -> None:
         """Start loading each wanted model on every assigned child that has not got it."""
@@ -175,6 +184,34 @@ class WorkerFleet:
                 task = asyncio.get_running_loop().create_task(self._ensure_on(child, model_id))
                 self._warming[key] = task
                 task.add_done_callback(lambda _, key=key: self._warming.pop(key, None))
+
+    def _compact(self) -> None:
+        """Start unloading each (child, model) compaction names; no new batch of the model goes to that child."""
+        for name, model_id in self.placement.compaction_due():
+            child = self._children.get(name)
+            key = (name, model_id)
+            if child is None or key in self._unloading:
+                continue
+            child.loaded.discard(model_id)
+            task = asyncio.get_running_loop().create_task(self._unload_on(child, model_id))
+            self._unloading[key] = task
+            task.add_done_callback(lambda _, key=key: self._unloading.pop(key, None))
+
+    async def _unload_on(self, child: ChildState, model_id: str) -> None:
+        """Unload one model from one child (after the batches running there), and tell placement how it went."""
+        try:
+            async with asyncio.timeout(UNLOAD_TIMEOUT_S):
+                answer = await child.client.unload_model(UnloadModelRequest(model_id=model_id))
+        except Exception as exc:  # noqa: BLE001 - the next probe round names it again
+            logger.warning("compaction: unloading %s from %s failed: %s", model_id, child.name, exc)
+            return
+        if answer.unloaded:
+            logger.info("compaction: unloaded %s from %s (no replica there since the last repack), %d bytes freed",
+                        model_id, child.name, answer.memory_freed_bytes)  # fmt: skip
+            self.placement.compacted(child.name, model_id, answer.memory_freed_bytes)
+        else:
+            logger.info("compaction: %s stays loaded on %s (%s)", model_id, child.name, answer.reason)
+            self.placement.compacted(child.name, model_id, None)
 
     # --- the WorkerClient methods -------------------------------------------------------------------
 
