@@ -189,23 +189,22 @@ served_throughput() {
     sleep 1; waited=$((waited + 1))
   done
   grep -q "on cuda:0" "$log" || { tail -20 "$log"; fail "the served worker is not on cuda:0"; }
-  PYTHONPATH=$ROOT/scripts/bench "$VENV/bin/python" - "$MODEL" "$PORT" "$SECONDS_PER_MEASURE" <<'EOF'
+  "$VENV/bin/python" - "$MODEL" "$PORT" "$SECONDS_PER_MEASURE" <<'EOF'
 import asyncio
 import sys
 
-from loadgen import build_request, run_load
+from sie.cli.bench import measure
 
 model_id, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-texts = [f"sentence {index} about the weather in a city by the sea" for index in range(32)]
-path = f"/v1/encode/{model_id}"
-per_client = [[build_request("127.0.0.1", port, path, {"items": [{"text": text}]})] * 20_000 for text in texts]
-asyncio.run(run_load("127.0.0.1", port, [requests[:50] for requests in per_client], 1, 5.0))  # warm-up
-stats = asyncio.run(run_load("127.0.0.1", port, per_client, 1, seconds))
-rate = stats.sentences / stats.wall_s
+url, path = f"http://127.0.0.1:{port}", f"/v1/encode/{model_id}"
+bodies = [{"items": [{"text": f"sentence {index} about the weather in a city by the sea"}]} for index in range(32)]
+asyncio.run(measure(url, path, bodies, 32, 5.0))  # warm-up
+cell = asyncio.run(measure(url, path, bodies, 32, seconds))  # sie bench's load: 32 clients x 1 sentence
+rate = cell.items_per_s
 raw = float(open("/tmp/sie-device-raw").read())
-print(f"SERVED {rate:.0f} items/s ({stats.failures} failures); raw onnxruntime {raw:.0f} items/s; "
-      f"ratio {rate / raw:.2f}")
-if not stats.latencies or stats.failures:
+print(f"SERVED {rate:.0f} items/s ({cell.errors} failures, p50 {cell.percentile_ms(0.5) or 0:.1f} ms); "
+      f"raw onnxruntime {raw:.0f} items/s; ratio {rate / raw:.2f}")
+if not cell.latencies_ms or cell.errors:
     sys.exit("FAIL: the served load had failures or no answers")
 EOF
   kill -TERM "$SERVER_PID"

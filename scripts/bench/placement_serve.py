@@ -7,9 +7,9 @@ each round); medians per mode.
 
 Per mode and round: a fresh server with both models preloaded (on every child for round_robin and
 least_outstanding; lpt_packing places each on one child), `--clients` keep-alive connections per model each
-sending single-sentence requests for `--load-seconds`; then `GET /v1/placement` says where each model's
-batches ran. Printed: items/s, mean batch size (items per RunBatch) per model, and per model the share of
-its batches each child ran.
+sending single-sentence requests for `--load-seconds` (`sie bench`'s load, `sie.cli.bench.measure`); then
+`GET /v1/placement` says where each model's batches ran. Printed: items/s, mean batch size (items per RunBatch) per
+model, and per model the share of its batches each child ran.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadgen import RunStats, build_request, run_load  # noqa: E402
 from raw_ort import SENTENCES  # noqa: E402
-from topology import HOST, start_all  # noqa: E402
+from topology import start_all  # noqa: E402
 
 from launcher import RoleProcess  # noqa: E402
+from sie.cli.bench import Cell, measure  # noqa: E402 - the load `sie bench` sends
 
 MODELS = ("sentence-transformers/all-MiniLM-L6-v2", "sentence-transformers/paraphrase-MiniLM-L3-v2")
 MODES = ("round_robin", "least_outstanding", "lpt_packing")
@@ -47,19 +47,15 @@ def start_server(mode: str, directory: Path) -> tuple[RoleProcess, str]:
     return process, url
 
 
-def requests_for(url: str, model: str, count: int) -> list[bytes]:
-    port = int(url.rsplit(":", 1)[1])
-    path = f"/v1/encode/{model}"
-    distinct = [build_request(HOST, port, path, {"items": [{"text": sentence}]}) for sentence in SENTENCES]
-    return [distinct[index % len(distinct)] for index in range(count)]
+def load(url: str, clients: int, seconds: float) -> list[Cell]:
+    """`clients` clients per model, each sending single distinct sentences (`sie bench`'s load), all at once."""
+    bodies = [{"items": [{"text": sentence}]} for sentence in SENTENCES]
 
+    async def both() -> list[Cell]:
+        return list(await asyncio.gather(*(measure(url, f"/v1/encode/{model}", bodies, clients, seconds)
+                                           for model in MODELS)))  # fmt: skip
 
-def load(url: str, clients: int, seconds: float) -> RunStats:
-    port = int(url.rsplit(":", 1)[1])
-    count = int(seconds * 400)
-    connections = [requests_for(url, model, count) for model in MODELS for _ in range(clients)]
-    asyncio.run(run_load(HOST, port, connections, 1, WARM_UP_S))
-    return asyncio.run(run_load(HOST, port, connections, 1, seconds))
+    return asyncio.run(both())
 
 
 def placement_counts(url: str) -> dict[str, dict[str, tuple[int, int]]]:
@@ -87,11 +83,11 @@ def run_mode(mode: str, clients: int, seconds: float, directory: Path) -> dict:
     try:
         load(url, clients, WARM_UP_S)  # warm both models on every replica they have
         before = placement_counts(url)
-        stats = load(url, clients, seconds)
+        cells = load(url, clients, seconds)
         routed = delta(placement_counts(url), before)
     finally:
         process.stop()
-    return {"items_per_s": stats.sentences / stats.wall_s if stats.wall_s else 0.0, "failures": stats.failures,
+    return {"items_per_s": sum(cell.items_per_s for cell in cells), "failures": sum(cell.errors for cell in cells),
             "routed": routed}  # fmt: skip
 
 

@@ -7,7 +7,8 @@ metrics with tracing at 5 % (the sampling seed 000 §13 deploys) and at 100 % of
 to a sink in this process that answers as a collector would. Each measurement starts a fresh `sie run --role all`,
 so a server process's own luck (where its memory and threads land) is spread over the rounds instead of favouring
 one setting; the order of the settings rotates every round. Per measurement: 32 concurrent clients × 1 sentence and
-1 client × batches of 32, each a steady state of `--load-seconds`, and the server's CPU seconds per request (from
+1 client × batches of 32, each a steady state of `--load-seconds` sent by `sie bench`'s load (`sie.cli.bench.measure`),
+and the server's CPU seconds per request (from
 /proc, the process and its children) over the concurrent scenario: CPU per request is what telemetry adds to, and
 moves far less than throughput when the load generator shares the machine's cores.
 
@@ -29,14 +30,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadgen import RunStats, run_load  # noqa: E402
-from serve import encode_requests  # noqa: E402
+from raw_ort import SENTENCES  # noqa: E402
 from topology import HOST, start_all  # noqa: E402
+
+from sie.cli.bench import Cell, measure  # noqa: E402 - the load `sie bench` sends
 
 # The servers run this checkout's code even when another one is installed in the venv (a worktree of a commit).
 SOURCE = Path(__file__).resolve().parents[2] / "src"
 WARM_UP_S = 1.0
-_REQUESTS_PER_SECOND_BOUND = 400
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -92,23 +93,31 @@ def process_tree_cpu_seconds(pid: int) -> float:
     return sum(times.get(member, 0) for member in tree) / CLOCK_TICKS
 
 
-def measure(url: str, pid: int, model: str, clients: int, seconds: float) -> dict[str, float]:
-    port = int(url.rsplit(":", 1)[1])
-    count = int(seconds * _REQUESTS_PER_SECOND_BOUND)
-    concurrent = [encode_requests(url, model, count, 1) for _ in range(clients)]
-    batched = [encode_requests(url, model, count, 32)]
-    asyncio.run(run_load(HOST, port, concurrent, 1, WARM_UP_S))
+def bodies(per_request: int) -> list[dict]:
+    """One body per rotation of the benchmark sentences, `per_request` items each."""
+    count = len(SENTENCES)
+    return [{"items": [{"text": SENTENCES[(i + j) % count]} for j in range(per_request)]} for i in range(count)]
+
+
+def load(url: str, model: str, per_request: int, clients: int, seconds: float) -> Cell:
+    """`clients` clients with `per_request` items per request for `seconds` (`sie bench`'s load); none may fail."""
+    cell = asyncio.run(measure(url, f"/v1/encode/{model}", bodies(per_request), clients, seconds))
+    if cell.errors:
+        raise SystemExit(f"{cell.errors} requests failed, the first: {cell.first_error}")
+    return cell
+
+
+def measure_server(url: str, pid: int, model: str, clients: int, seconds: float) -> dict[str, float]:
+    load(url, model, 1, clients, WARM_UP_S)
     cpu_before = process_tree_cpu_seconds(pid)
-    wide: RunStats = asyncio.run(run_load(HOST, port, concurrent, 1, seconds))
+    wide = load(url, model, 1, clients, seconds)
     cpu_seconds = process_tree_cpu_seconds(pid) - cpu_before
-    asyncio.run(run_load(HOST, port, batched, 32, WARM_UP_S))
-    batch: RunStats = asyncio.run(run_load(HOST, port, batched, 32, seconds))
-    if wide.failures or batch.failures:
-        raise SystemExit(f"{wide.failures + batch.failures} requests failed")
+    load(url, model, 32, 1, WARM_UP_S)
+    batch = load(url, model, 32, 1, seconds)
     return {
-        f"{clients} clients x 1 sentence, sent/s": wide.sentences / wide.wall_s,
-        "1 client x batch of 32, sent/s": batch.sentences / batch.wall_s,
-        f"server CPU ms per request ({clients} clients)": 1000 * cpu_seconds / max(1, len(wide.latencies)),
+        f"{clients} clients x 1 sentence, sent/s": wide.items_per_s,
+        "1 client x batch of 32, sent/s": batch.items_per_s,
+        f"server CPU ms per request ({clients} clients)": 1000 * cpu_seconds / max(1, len(wide.latencies_ms)),
     }
 
 
@@ -133,7 +142,7 @@ def run_once(env: dict[str, str], args: argparse.Namespace, log: Path) -> dict[s
     server_env = {"SIE_HTTP_SERVER": args.http_server, "PYTHONPATH": str(SOURCE), **env}
     process, url = start_all(["--preload", args.model], server_env, log)
     try:
-        return measure(url, process.pid, args.model, args.clients, args.load_seconds)
+        return measure_server(url, process.pid, args.model, args.clients, args.load_seconds)
     finally:
         process.stop()
 

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher import serving_all
+from sie.cli.bench import measure
 from sie.cli.main import app
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
@@ -64,3 +65,12 @@ def test_the_ceiling_column_runs_the_model_here(server: str, monkeypatch: pytest
     table = runner.invoke(app, ["bench", "--url", server, "--model", MINILM, "--concurrency", "1", "--batch", "2",
                                 "--seconds", "0.2", "--ceiling"])  # fmt: skip
     assert "ceiling items/s" in table.stdout
+
+
+async def test_the_scripts_load_cycles_distinct_bodies_per_client(server: str) -> None:
+    """`measure` (what scripts/bench drives servers with): each client walks the bodies from its own start, so every
+    body is sent, and a body that fails is counted with its reason."""
+    bodies = [{"items": [{"text": f"sentence {index}"}]} for index in range(3)] + [{"items": []}]
+    cell = await measure(server, f"/v1/encode/{MINILM}", bodies, 2, 0.5)
+    assert cell.batch == 1 and len(cell.latencies_ms) > 0
+    assert cell.errors > 0 and cell.first_error.startswith("HTTP 400"), cell.first_error  # the empty body

@@ -73,13 +73,24 @@ async def measure_cell(  # noqa: PLR0913 - the cell and where to send it
     client: httpx.AsyncClient, path: str, text: str, concurrency: int, batch: int, seconds: float
 ) -> Cell:
     """`concurrency` clients sending encode requests of `batch` copies of `text` to `path` for `seconds`."""
-    body = {"items": [{"text": text} for _ in range(batch)]}
+    return await drive(client, path, [{"items": [{"text": text} for _ in range(batch)]}], concurrency, seconds)
+
+
+async def drive(
+    client: httpx.AsyncClient, path: str, bodies: Sequence[dict[str, Any]], concurrency: int, seconds: float
+) -> Cell:
+    """`concurrency` clients, one request in flight each, posting `bodies` to `path` for `seconds`: client k sends
+    body k, k+1, ... round the list (distinct texts keep a cache from answering). The cell's batch is the first
+    body's item count."""
     latencies: list[float] = []
     errors: list[str] = []
     deadline = time.perf_counter() + seconds
 
-    async def one_client() -> None:
+    async def one_client(first: int) -> None:
+        index = first
         while time.perf_counter() < deadline:
+            body = bodies[index % len(bodies)]
+            index += 1
             started = time.perf_counter()
             try:
                 response = await client.post(path, json=body)
@@ -92,9 +103,18 @@ async def measure_cell(  # noqa: PLR0913 - the cell and where to send it
                 errors.append(f"HTTP {response.status_code}: {response.text[:200]}")
 
     started = time.perf_counter()
-    await asyncio.gather(*(one_client() for _ in range(concurrency)))
+    await asyncio.gather(*(one_client(first) for first in range(concurrency)))
     elapsed = time.perf_counter() - started
+    batch = len(bodies[0].get("items") or ()) or 1
     return Cell(concurrency, batch, elapsed, latencies, len(errors), errors[0] if errors else "")
+
+
+async def measure(url: str, path: str, bodies: Sequence[dict[str, Any]], concurrency: int, seconds: float) -> Cell:
+    """`drive` over a client of its own with a connection per client: what the benchmark scripts of this repository
+    measure a server with when `wrk` cannot express their load."""
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
+        return await drive(client, path, bodies, concurrency, seconds)
 
 
 async def run_bench(  # noqa: PLR0913 - the benchmark's knobs
