@@ -189,6 +189,8 @@ SAMPLES = [
     ipc_control.SignalGenerateCancelResponse(matched=False),
     ipc_control.ModelControlStatusRequest(),
     ipc_control.WorkerMetricsRequest(),
+    ipc_control.UnloadModelRequest(model_id="BAAI/bge-m3"),
+    ipc_control.UnloadModelResponse(unloaded=False, reason="preloaded (SIE_PRELOAD_MODELS)"),
     ipc_control.WorkerMetricsResponse(text="# TYPE sie_worker_models_loaded gauge\nsie_worker_models_loaded 1.0\n"),
     ipc_control.ModelControlStatusResponse(
         worker_id="w-1",
