@@ -91,7 +91,6 @@ def test_an_operator_adds_a_replica_and_the_model_runs_on_both_children(server: 
     assert metric(server, "sie_placement_repacks_total", {"trigger": "manual"}) >= 1
     assert metric(server, "sie_worker_batch_items_count", {"model": MINILM, "worker": host}) > 0
 
-
     # Back to one replica: the repack takes the model off one child, and compaction unloads it there.
     changed = sie_placement(server, "set-replicas", MINILM, "1")
     assert changed.exit_code == 0, changed.stderr

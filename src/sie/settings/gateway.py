@@ -106,7 +106,7 @@ class GatewaySettings:
         Env(
             "SIE_GATEWAY_MAX_ITEMS",
             integer(minimum=1),
-            "Most items one request may carry (seed 000 §8: the queue admits at most 4096 per request); more "
+            "Most items one request may carry (the work queue takes at most 4096 per request); more "
             "gets 413 PAYLOAD_TOO_LARGE before anything is queued.",
             roles=_GATEWAY_ROLES,
             read_by=("sie.gateway.http.app",),

@@ -36,7 +36,8 @@ def replica_count() -> Parser:
 
 @attrs.frozen
 class PlacementSettings:
-    """Seed 002's `scheduling:` block for one pod's worker children, plus how often the children are probed."""
+    """The `scheduling:` block of one pod's worker children (its knobs as variables), plus how often the children are
+    probed."""
 
     mode: str = setting(
         Env(
@@ -177,7 +178,7 @@ class PlacementSettings:
         Env(
             "SIE_PLACEMENT_FILE",
             path(),
-            "YAML with a `scheduling:` block (seed 002): any knob above plus `models: {MODEL: {replicas, "
+            "YAML with a `scheduling:` block: any knob above plus `models: {MODEL: {replicas, "
             "fill_mode, fill_factor}}`; a variable set to other than its default overrides the file's knob.",
             roles=_ROLES,
             read_by=_POLICY,
