@@ -330,3 +330,19 @@ async def test_only_workers_with_the_expected_config_and_in_the_pool_are_eligibl
     assert not await registry.has_consumer(LANE, "a" * 64, frozenset({"w-old"}))
     assert not await registry.has_consumer(LANE, "c" * 64, frozenset({"w-old", "w-new"}))
     assert registry.eligible_workers(Lane("default", "a100", "default")) == []
+
+
+async def test_the_live_workers_are_every_one_heard_within_the_prune_time_once_the_first_round_is_over() -> None:
+    """What the sweep of gone workers' streams keeps: a worker not ready, silent past its stale time, is still live."""
+    clock = Clock()
+    start = clock.now
+    registry = WorkerRegistry(NullBus(), STALE_S, prune_after_s=60.0, clock=clock, first_heartbeat_wait_s=2.5)
+    async with registry:
+        registry.observe(beat("quiet", ready=False))
+        clock.now = start + 2.0
+        registry.observe(beat("pod.1"))
+        assert registry.live_worker_ids() is None  # the first round of heartbeats is not over
+        clock.now = start + 59.0
+        assert registry.live_worker_ids() == {"quiet", "pod.1"}
+        clock.now = start + 61.0
+        assert registry.live_worker_ids() == {"pod.1"}

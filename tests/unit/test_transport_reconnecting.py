@@ -106,6 +106,7 @@ async def test_every_call_that_needs_the_broker_raises_until_connected(
         transport.submit_work_batch(SUBJECT, [make_item()]),
         transport.pending("default"),
         transport.has_consumer(LANE),
+        transport.worker_streams(),
         transport.publish_result("_INBOX.gw-1.r", make_result()),
         transport.publish("sie.health.w-1", {"ready": True}),
         transport.flush(),
@@ -224,6 +225,7 @@ async def test_once_connected_calls_reach_the_inner_transport(broker: Broker, tr
 
     assert await transport.pending("default") == 2
     assert len(await lane.fetch(2, 5.0)) == 2
+    assert await transport.worker_streams() == []  # the in-process inner transport has no worker streams
 
 
 async def test_the_outage_is_one_warning_and_the_connection_one_info_line(

@@ -204,6 +204,16 @@ class WorkerRegistry:
             if now - record.received_at <= self.prune_after_s
         ]
 
+    def live_worker_ids(self) -> frozenset[str] | None:
+        """The ids of every worker heard from within `prune_after_s`, healthy or not; None while the registry cannot
+        know them all: the bus cannot deliver heartbeats, or their first round is not over (see `routing_reason`)."""
+        if self.routing_reason() is not None:
+            return None
+        now = self.clock()
+        return frozenset(
+            worker_id for worker_id, record in self._workers.items() if now - record.received_at <= self.prune_after_s
+        )
+
     def healthy_workers(
         self, pool: str | None = None, machine_profile: str | None = None, bundle: str | None = None
     ) -> list[WorkerHeartbeat]:

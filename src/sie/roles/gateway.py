@@ -5,7 +5,9 @@ connected in the background: while it is unreachable the gateway serves `/health
 ready and inference answers 503 QUEUE_UNAVAILABLE. Once connected, `/readyz` waits one first round of worker
 heartbeats (a few SIE_HEALTH_INTERVAL_S), so a ready gateway knows every live worker's lane and answers PROVISIONING
 only for lanes nobody serves. Pools live in the broker's `SIE_POOLS` KV bucket (SIE_POOL_STORE), shared by every
-gateway replica. It listens on every interface unless SIE_GATEWAY_HOST says otherwise.
+gateway replica. Crash leftovers are swept: spent work nobody captured goes to the dead letters, and the direct-dispatch
+streams of workers that are gone are deleted once empty and idle past SIE_STREAM_MAX_AGE_S. It listens on every
+interface unless SIE_GATEWAY_HOST says otherwise.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from sie.gateway.http.app import GatewaySources, build_gateway_app, serving_stat
 from sie.gateway.http.auth import GatewayAuth
 from sie.gateway.offload import PayloadOffload
 from sie.gateway.registry import WorkerRegistry, first_heartbeat_round_s
+from sie.gateway.worker_streams import WorkerStreamSweep
 from sie.http.serving import serve_until_signalled
 from sie.roles.gateway_parts import open_gateway_metrics, open_gateway_pools, pool_store, run_gateway_main
 from sie.roles.serving import baseline_catalog, http_listener, metrics_routes, open_telemetry, open_tracing
@@ -25,7 +28,7 @@ from sie.runtime import freeze_startup_heap
 from sie.settings import Settings
 from sie.settings.gateway import CONTAINER_HOST
 from sie.stores.payload_store import open_payload_store
-from sie.telemetry.gateway import StoreMetrics
+from sie.telemetry.gateway import StoreMetrics, WorkerStreamMetrics
 from sie.transport.nats import POOL_BUCKET, NatsTransport
 from sie.transport.reconnecting import ReconnectingTransport
 
@@ -54,6 +57,10 @@ async def serve_gateway(settings: Settings) -> None:
             DeadLetterQueue(
                 transport, settings.gateway.request_timeout_s, metrics=stores, sweep_interval_s=SWEEP_INTERVAL_S
             )
+        )
+        sweep_metrics = WorkerStreamMetrics(telemetry) if telemetry.enabled else None
+        await stack.enter_async_context(
+            WorkerStreamSweep(transport, registry.live_worker_ids, settings.stream.max_age_s, metrics=sweep_metrics)
         )
         payloads = settings.payloads  # the broker's max_payload is known once connected
         offload = PayloadOffload(

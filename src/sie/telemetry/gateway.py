@@ -255,5 +255,25 @@ class StoreMetrics:
         self._letters.add((event.value,), count)
 
 
+class WorkerStreamMetrics:
+    """`sie.gateway.worker_streams.swept`: the direct-dispatch streams of workers that are gone which this gateway's
+    sweep deleted (`sie.gateway.worker_streams`). Only the gateway role sweeps, so only it declares the series."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        # A steady rise means pods come and go under new names; none at all while they do, that nobody sweeps.
+        self._swept = Tally(
+            telemetry.meter,
+            "sie.gateway.worker_streams.swept",
+            "{stream}",
+            "Direct-dispatch streams (WORK_WORKER_*) of workers that are gone, deleted by this gateway's sweep: empty "
+            "and idle for longer than their max_age.",
+            (),
+        )
+        self._swept.add((), 0)  # the series exists from the start, so increase() sees the first one
+
+    def swept(self, count: int = 1) -> None:
+        self._swept.add((), count)
+
+
 def _lane_labels(lane: LaneKey) -> dict[str, str]:
     return dict(zip(_LANE_LABELS, lane, strict=True))

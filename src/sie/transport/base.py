@@ -179,9 +179,33 @@ class MessageBus(Protocol):
         asks again for what it still waits for. A transport that cannot drop (the loopback) never calls it."""
 
 
-class Transport(WorkQueue, MessageBus, Protocol):
-    """Both halves, as one broker connection provides them, and the dead letters kept beside the work streams;
-    implementations are async context managers."""
+@attrs.frozen(kw_only=True)
+class WorkerStream:
+    """A worker's direct-dispatch stream `WORK_WORKER_{worker}` as the broker lists it: what the sweep of the streams
+    of workers that are gone decides on, and what tells the stream apart from one created again under its name."""
+
+    name: str
+    messages: int
+    max_age_s: float  # the stream's own max_age; 0 when it keeps messages forever
+    active_at: float  # epoch seconds (the broker's clock) of its last message, or of its creation if it never had one
+    last_seq: int
+    created: str  # RFC 3339, as the broker wrote it
+
+
+class WorkerStreams(Protocol):
+    """The workers' direct-dispatch streams, as far as a gateway sweeps those of workers that are gone."""
+
+    async def worker_streams(self) -> list[WorkerStream]:
+        """Every `WORK_WORKER_*` stream on the broker; [] where there is no direct dispatch (in process)."""
+
+    async def delete_worker_stream(self, stream: WorkerStream) -> bool:
+        """Delete `stream` (and its consumer) if it is still as listed: empty, no message published to it since and
+        not created again. False when it is gone (another gateway swept it) or changed meanwhile."""
+
+
+class Transport(WorkQueue, MessageBus, WorkerStreams, Protocol):
+    """Both halves, as one broker connection provides them, the dead letters kept beside the work streams, and the
+    workers' direct-dispatch streams; implementations are async context managers."""
 
     def dead_letters(self) -> DeadLetterStore:
         """Where this transport keeps work that used every delivery (`DEAD_LETTERS` on a broker)."""

@@ -4,11 +4,12 @@ without a restart.
 
 `ReconnectingTransport(open_transport)` calls `open_transport()` for a fresh inner transport (an async context
 manager) and enters it in a task started on enter; a failed attempt is retried after a backoff doubling from 0.5 s
-to 10 s. Until it is connected, publishes, `pending`, `has_consumer` and `flush` raise TransportUnavailable;
-subscriptions are recorded and made on connect, before anything else may use the inner transport; a lane consumer
-(and a worker's direct-dispatch consumer) attaches on its first fetch after connect; the dead letters and key-value
-buckets answer once connected. Once connected, the inner transport's own reconnect logic takes over (nats-py
-re-establishes subscriptions across reconnects). Exit cancels the task and closes the inner transport.
+to 10 s. Until it is connected, publishes, `pending`, `has_consumer`, `flush` and the worker-stream calls raise
+TransportUnavailable; subscriptions are recorded and made on connect, before anything else may use the inner
+transport; a lane consumer (and a worker's direct-dispatch consumer) attaches on its first fetch after connect; the
+dead letters and key-value buckets answer once connected. Once connected, the inner transport's own reconnect logic
+takes over (nats-py re-establishes subscriptions across reconnects). Exit cancels the task and closes the inner
+transport.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from sie.transport.base import (
     Transport,
     TransportError,
     TransportUnavailable,
+    WorkerStream,
 )
 from sie.wire.queue import WorkItem
 
@@ -220,6 +222,14 @@ class ReconnectingTransport:
 
     async def lane_depth(self, lane: Lane) -> LaneDepth:
         return await self._current("lane_depth").lane_depth(lane)
+
+    # WorkerStreams
+
+    async def worker_streams(self) -> list[WorkerStream]:
+        return await self._current("worker_streams").worker_streams()
+
+    async def delete_worker_stream(self, stream: WorkerStream) -> bool:
+        return await self._current("delete_worker_stream").delete_worker_stream(stream)
 
     # MessageBus
 

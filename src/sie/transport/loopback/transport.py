@@ -21,6 +21,7 @@ from sie.transport.base import (
     NoConsumerError,
     ResultHandler,
     TransportUnavailable,
+    WorkerStream,
     pool_of,
 )
 from sie.transport.loopback.bus import BusSubscription, LoopbackBus
@@ -122,6 +123,18 @@ class LoopbackTransport:
         stream = self._streams.get(lane.pool)
         lane_filter = lane_filter_subject(lane.pool, lane.machine_profile, lane.bundle)
         return LaneDepth() if stream is None else stream.lane_depth(lane_filter)
+
+    # WorkerStreams
+
+    async def worker_streams(self) -> list[WorkerStream]:
+        """[]: in process there is no worker direct-dispatch, so no worker stream."""
+        self._running_loop()
+        return []
+
+    async def delete_worker_stream(self, stream: WorkerStream) -> bool:
+        """False: there is no worker stream to delete."""
+        self._running_loop()
+        return False
 
     # MessageBus
 

@@ -3,8 +3,8 @@ consumers, and core pub/sub for results and control messages; the only package t
 
 Modules: transport (lifecycle, the Transport methods), connection, streams (ensure + reconcile), work
 (publish_work, pending), consumer (pull fetch), delivery (settlement verbs), dead_letters (the
-DEAD_LETTERS stream), kv (the SIE_POOLS key-value bucket), bus (pub/sub), scan (fast request-id scan), errors
-(nats-py -> TransportError), cache.
+DEAD_LETTERS stream), worker_streams (list and delete the workers' direct-dispatch streams), kv (the SIE_POOLS
+key-value bucket), bus (pub/sub), scan (fast request-id scan), errors (nats-py -> TransportError), cache.
 """
 
 from sie.transport.nats.kv import POOL_BUCKET, JetStreamKeyValue

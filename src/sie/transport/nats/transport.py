@@ -26,6 +26,7 @@ from sie.transport.base import (
     ResultHandler,
     ResultMessage,
     TransportUnavailable,
+    WorkerStream,
 )
 from sie.transport.nats.bus import NatsBus, NatsSubscription, WantsRequest
 from sie.transport.nats.cache import TtlCache
@@ -35,6 +36,7 @@ from sie.transport.nats.dead_letters import NatsDeadLetterStore
 from sie.transport.nats.kv import POOL_BUCKET, JetStreamKeyValue
 from sie.transport.nats.streams import StreamRegistry
 from sie.transport.nats.work import StreamPublisher
+from sie.transport.nats.worker_streams import delete_worker_stream, list_worker_streams
 from sie.wire.queue import WorkItem
 
 logger = logging.getLogger(__name__)
@@ -149,6 +151,16 @@ class NatsTransport:
     async def lane_depth(self, lane: Lane) -> LaneDepth:
         """num_pending and num_ack_pending of the lane's durable consumer (a consumer info request)."""
         return await self._open("lane_depth").streams.consumer_depth(lane)
+
+    # WorkerStreams
+
+    async def worker_streams(self) -> list[WorkerStream]:
+        """Every `WORK_WORKER_*` stream with its state (all pages of the JetStream stream list)."""
+        return await list_worker_streams(self._connection("worker_streams"))
+
+    async def delete_worker_stream(self, stream: WorkerStream) -> bool:
+        """Delete `stream` and its consumer if it is still as listed; False when it is gone or changed."""
+        return await delete_worker_stream(self._connection("delete_worker_stream"), stream)
 
     # MessageBus
 
