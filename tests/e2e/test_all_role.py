@@ -144,6 +144,8 @@ def test_models_list_shows_states(all_server: str) -> None:
     models = httpx.get(f"{all_server}/v1/models", timeout=10).json()["models"]
     by_name = {model["name"]: model for model in models}
     assert by_name[MINILM]["state"] == "loaded" and by_name[MINILM]["dims"]["dense"] == 384
+    (where,) = by_name[MINILM]["loaded_on"]  # one worker child, on the CPU, in the precision its graph runs in
+    assert (where["device"], where["precision"]) == ("cpu", "float32") and where["worker"]
     one = httpx.get(f"{all_server}/v1/models/{MINILM}", timeout=10)
     assert one.status_code == 200 and one.json()["name"] == MINILM
     health = httpx.get(f"{all_server}/health", timeout=10).json()

@@ -62,6 +62,12 @@ def test_a_two_device_pod_serves_from_both_children_and_shows_it_on_its_probe_po
         assert 'sie_placement_worker_ready{device="cpu",worker="worker-1"} 1.0' in metrics
         assert client.get(f"{cluster.probe_url}/readyz").status_code == 200
 
+        def listed_on_both() -> bool:  # the heartbeats carry where each model runs to the gateway's /v1/models
+            loaded_on = client.get(f"{cluster.url}/v1/models/{MINILM}").json()["loaded_on"]
+            return len(loaded_on) == 2 and all((w["device"], w["precision"]) == ("cpu", "float32") for w in loaded_on)
+
+        assert holds_within(listed_on_both, 30.0, interval_s=0.2), client.get(f"{cluster.url}/v1/models/{MINILM}").text
+
 
 def test_encode_score_extract_through_the_whole_path(cluster: Cluster) -> None:
     encoded = httpx.post(f"{cluster.url}/v1/encode/{MINILM}", json={"items": [{"text": "Hello world"}]}, timeout=60)

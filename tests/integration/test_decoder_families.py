@@ -506,6 +506,7 @@ def test_a_gpu_loader_converts_float16_weights_and_cache(model_loader: ModelLoad
     files = gpu_loader.prepare(generation_yaml(tmp_path / "model", "qwen3"), "default", "acme/qwen3-chat")
     config = json.loads((files.model_dir / "config.json").read_text())
     assert config["torch_dtype"] == "float16"
+    assert files.precision == "float16"  # what /v1/models shows under loaded_on
     graph = session(files.graph)
     assert {i.type for i in graph.get_inputs() if i.name.startswith("past_key_values.")} == {"tensor(float16)"}
     prompt = list(range(4, 4 + LENGTHS[0]))
@@ -516,7 +517,9 @@ def test_a_gpu_loader_converts_float16_weights_and_cache(model_loader: ModelLoad
          "tasks": {"encode": {"dense": {"dim": 32}}},
          "profiles": {"default": {"adapter_path": EMBEDDERS["qwen3"][0], "max_batch_tokens": 1024}}}
     )  # fmt: skip
-    hidden_graph = gpu_loader.prepare(embedder, "default", embedder.sie_id).graph
+    hidden_files = gpu_loader.prepare(embedder, "default", embedder.sie_id)
+    hidden_graph = hidden_files.graph
+    assert hidden_files.precision == "float16" and model_loader.prepare(embedder, "default", "e").precision == "float32"
     ids = np.asarray([prompt])
     (hidden,) = session(hidden_graph).run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
     with torch.no_grad():
@@ -530,6 +533,7 @@ def test_a_gpu_loader_converts_float16_weights_and_cache(model_loader: ModelLoad
     )  # fmt: skip
     exact_files = gpu_loader.prepare(exact, "default", exact.sie_id)
     assert json.loads((exact_files.model_dir / "config.json").read_text())["torch_dtype"] == "float32"
+    assert exact_files.precision == "float32"
 
 
 def test_a_checkpoint_over_the_memory_budget_is_refused_before_it_is_converted(

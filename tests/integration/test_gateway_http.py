@@ -27,6 +27,7 @@ from sie.settings import GatewaySettings, LaneSettings, StreamSettings
 from sie.transport.base import Lane
 from sie.transport.loopback import LoopbackTransport
 from sie.wire import packb, unpackb, unstructure
+from sie.wire.ipc_control import ModelResidency
 from sie.wire.queue import WorkItem, WorkResult
 from support.polling import eventually
 
@@ -104,12 +105,16 @@ class FixedStatus:
     def __init__(self) -> None:
         self.states: dict[str, tuple[str, LastError | None]] = {}
         self.live: list[WorkerSummary] = []
+        self.loaded_on: list[ModelResidency] = []
 
     def status(self, model_id: str) -> tuple[str, LastError | None]:
         return self.states.get(model_id, ("available", None))
 
     def workers(self) -> list[WorkerSummary]:
         return self.live
+
+    def residency(self, model_id: str) -> list[ModelResidency]:
+        return [where for where in self.loaded_on if where.model_id == model_id]
 
 
 @pytest.fixture(scope="module")
@@ -660,6 +665,7 @@ async def test_client_disconnect_abandons_the_request(gw: Gateway) -> None:
 
 async def test_models_list_and_one_model(gw: Gateway) -> None:
     gw.status.states[MINILM] = ("loaded", None)
+    gw.status.loaded_on = [ModelResidency(model_id=MINILM, worker="pod-a", device="cuda:0", precision="float32")]
     failure = LastError("GATED", "gated repo", attempts=1, permanent=True)
     gw.status.states["rasyosef/splade-tiny"] = ("failed", failure)
     models = {info["name"]: info for info in (await gw.client.get("/v1/models")).json()["models"]}
@@ -670,8 +676,10 @@ async def test_models_list_and_one_model(gw: Gateway) -> None:
         "max_sequence_length": 256,
         "profiles": {"default": {"is_default": True}, "int8": {"is_default": False},
                      "multivector": {"is_default": False}},
-        "bundles": ["default"],
+        "bundles": ["default"], "compute_precision": "float32",
+        "loaded_on": [{"worker": "pod-a", "device": "cuda:0", "precision": "float32"}],
     }  # fmt: skip
+    assert models[f"{MINILM}:int8"]["loaded_on"] == []
     splade = (await gw.client.get("/v1/models/rasyosef/splade-tiny")).json()
     assert (splade["state"], splade["loaded"]) == ("failed", False)
     assert splade["last_error"] == {"code": "GATED", "message": "gated repo", "attempts": 1, "permanent": True}

@@ -44,6 +44,9 @@ class Workers:
     def workers(self) -> list[WorkerSummary]:
         return [WorkerSummary("w-1", "default", "default", "default", gpu_count=1, loaded_models=(MINILM,))]
 
+    def residency(self, model_id: str) -> list:
+        return []
+
 
 class Answering:
     """Consumes the default lane and answers every item; keeps what it received."""

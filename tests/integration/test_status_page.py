@@ -50,6 +50,9 @@ class OneWorker:
     def workers(self) -> list[WorkerSummary]:
         return [WORKER]
 
+    def residency(self, model_id: str) -> list:
+        return []
+
 
 async def answer_forever(transport: LoopbackTransport) -> None:
     consumer = await transport.consumer(Lane("default", "default", "default"))

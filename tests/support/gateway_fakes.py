@@ -26,6 +26,9 @@ class NoWorkers:
     def workers(self) -> list:
         return []
 
+    def residency(self, model_id: str) -> list:
+        return []
+
 
 def config_write_routes(policy: AccessPolicy | None = None) -> list[Route]:
     """The config service's write routes over the baseline catalogue and an in-memory store, as the `all` role

@@ -189,6 +189,7 @@ SAMPLES = [
     ipc_control.SignalGenerateCancelResponse(matched=False),
     ipc_control.ModelControlStatusRequest(),
     ipc_control.WorkerMetricsRequest(),
+    ipc_control.ModelResidency(model_id="BAAI/bge-m3", worker="worker-0", device="cuda:0", precision="float16"),
     ipc_control.UnloadModelRequest(model_id="BAAI/bge-m3"),
     ipc_control.UnloadModelResponse(unloaded=False, reason="preloaded (SIE_PRELOAD_MODELS)"),
     ipc_control.WorkerMetricsResponse(text="# TYPE sie_worker_models_loaded gauge\nsie_worker_models_loaded 1.0\n"),

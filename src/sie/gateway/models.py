@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from sie.catalog import Catalog, ModelConfig, ModelEntry
+from sie.catalog.errors import ConfigError
 from sie.gateway.status import STATE_LOADED, ModelStatusSource, WorkerSummary
 
 INPUT_KINDS: Final = ("text", "image", "audio", "video", "document")
@@ -29,11 +30,25 @@ def model_info(catalog: Catalog, entry: ModelEntry, status: ModelStatusSource) -
         "max_sequence_length": model.max_sequence_length,
         "profiles": {name: {"is_default": name == entry.profile} for name in model.profiles},
         "bundles": [bundle.name for bundle in catalog.entry_bundles(entry)],
+        # Our additions: the precision the profile asks for (null: the device's default), and where the model is
+        # loaded now with the precision its graph runs in there (float32 on CPU; null for a shipped ONNX file).
+        "compute_precision": _compute_precision(entry),
+        "loaded_on": [
+            {"worker": where.worker, "device": where.device, "precision": where.precision}
+            for where in status.residency(entry.model_id)
+        ],
     }
     if model.tasks.generate:
         info["tasks"] = _tasks(model)
         info["capabilities"] = _generate_capabilities(model)
     return info
+
+
+def _compute_precision(entry: ModelEntry) -> str | None:
+    try:
+        return entry.model.resolve_profile(entry.profile).compute_precision
+    except ConfigError:  # a profile that does not resolve fails its load, which says why
+        return None
 
 
 def _tasks(model: ModelConfig) -> list[str]:

@@ -37,6 +37,7 @@ from sie.gateway.status import (
 )
 from sie.transport.base import Lane, MessageBus, Subscription, TransportUnavailable
 from sie.wire.health import ModelFailure, WorkerHeartbeat
+from sie.wire.ipc_control import ModelResidency
 
 logger = logging.getLogger(__name__)
 
@@ -193,6 +194,11 @@ class WorkerRegistry:
         if last_error is not None:
             return STATE_FAILED, last_error
         return STATE_AVAILABLE, None
+
+    def residency(self, model_id: str) -> Sequence[ModelResidency]:
+        """Where healthy workers report the model loaded, by worker (workers that report no residency are left out)."""
+        reported = (entry for record in self._healthy() for entry in record.heartbeat.residency or ())
+        return sorted((entry for entry in reported if entry.model_id == model_id), key=lambda entry: entry.worker)
 
     def workers(self) -> Sequence[WorkerSummary]:
         """Every worker heard from within `prune_after_s`, healthy or not, by name."""

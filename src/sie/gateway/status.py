@@ -11,6 +11,8 @@ from typing import Any, Final, Protocol
 
 import attrs
 
+from sie.wire.ipc_control import ModelResidency
+
 # ModelInfo.state values (contracts Part B §1.6).
 STATE_AVAILABLE: Final = "available"
 STATE_LOADING: Final = "loading"
@@ -65,4 +67,8 @@ class ModelStatusSource(Protocol):
 
     def workers(self) -> Sequence[WorkerSummary]:
         """The workers currently known to be alive."""
+        ...
+
+    def residency(self, model_id: str) -> Sequence[ModelResidency]:
+        """Where the model is loaded now: each worker (child) with its device and the graph's precision."""
         ...

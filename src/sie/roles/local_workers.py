@@ -20,6 +20,7 @@ from sie.roles.serving import RoleSetupError, open_telemetry
 from sie.settings import LaneSettings, Settings
 from sie.telemetry.tracing import Tracing
 from sie.telemetry.worker import WorkerMetrics
+from sie.wire.ipc_control import ModelResidency
 from sie.worker.devices import CPU, Device, DeviceError, load_cuda_libraries, memory_budget, resolve_devices
 from sie.worker.errors import ModelLoadError
 from sie.worker.loading import ModelLoader
@@ -144,6 +145,15 @@ class LocalModelStatus:
             LastError(failure.error_class, failure.message, failure.attempts, failure.permanent) if failure else None
         )
         return str(status.state), last_error
+
+    def residency(self, model_id: str) -> Sequence[ModelResidency]:
+        return [
+            ModelResidency(model_id=loaded.model_id, worker=worker.service.worker_id, device=worker.device,
+                           precision=loaded.precision)
+            for worker in self.children
+            for loaded in worker.manager.resident
+            if loaded.model_id == model_id
+        ]  # fmt: skip
 
     def workers(self) -> Sequence[WorkerSummary]:
         lane = self.lane

@@ -7,6 +7,7 @@ from __future__ import annotations
 import attrs
 
 from sie.wire._fields import omittable
+from sie.wire.ipc_control import ModelResidency
 
 
 @attrs.frozen(kw_only=True)
@@ -36,3 +37,5 @@ class WorkerHeartbeat:
     draining: bool = False
     interval_s: float = 1.0
     device_count: int | None = omittable()
+    # Where each loaded model runs and in what precision (`/v1/models` `loaded_on`); absent from older workers.
+    residency: list[ModelResidency] | None = omittable()

@@ -27,6 +27,18 @@ class PingRequest:
 
 
 @attrs.frozen(kw_only=True)
+class ModelResidency:
+    """Our addition: one model loaded on one worker child, where and in what precision it runs. `precision` is
+    float32 or float16 for a graph this project converted, None for an ONNX file shipped with the model (it runs as
+    it was exported)."""
+
+    model_id: str
+    worker: str
+    device: str
+    precision: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class PingResponse:
     """Worker liveness: `ready` is readiness and device health; the hash is "" without a bundle."""
 
@@ -38,6 +50,8 @@ class PingResponse:
     loading_models: list[str] = attrs.Factory(list)
     # Our addition (readers of the public contract ignore it): the GPUs behind this answer, for heartbeats.
     device_count: int | None = omittable()
+    # Our addition: where each loaded model runs and in what precision, for heartbeats and `/v1/models`.
+    residency: list[ModelResidency] | None = omittable()
 
 
 @attrs.frozen(kw_only=True)

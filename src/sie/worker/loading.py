@@ -75,6 +75,8 @@ class PreparedFiles:
     graph: Path
     tokenizer_dir: Path
     model_dir: Path
+    # The graph's precision when this project converted it (float32, float16); None for a shipped ONNX file.
+    precision: str | None = None
 
 
 @attrs.frozen
@@ -87,6 +89,7 @@ class LoadedModel:
     tokenizer: TextTokenizer
     memory_bytes: int
     tokenizer_path: Path | None = None
+    precision: str | None = None  # as PreparedFiles.precision
 
     def close(self) -> None:
         """Stop what the adapter runs beside its session (a causal LM's decode thread); the manager calls it when
@@ -136,19 +139,20 @@ class ModelLoader:
             model_dir = self._fetch(artifacts.model, on_progress)
             precision = self._decoder_precision(resolved, None)
             decoder = self._decoder(model_id, model_dir, str(gguf_file), precision, on_progress)
-            return PreparedFiles(decoder / GRAPH_FILE, decoder, decoder)
+            return PreparedFiles(decoder / GRAPH_FILE, decoder, decoder, precision)
         adapter_type = adapter_class(resolved.adapter_path)
         model_dir = self._fetch(artifacts.model, on_progress)
         tokenizer_dir = self._fetch(artifacts.tokenizer, on_progress) if artifacts.tokenizer else model_dir
         if issubclass(adapter_type, CausalLMAdapter):
             # The converted directory holds the graph and the config.json the adapter reads; the tokenizer and its
             # chat template stay with the checkpoint.
-            decoder = self._decoder_checkpoint(model_id, model_dir, self._decoder_precision(resolved, model_dir))
-            return PreparedFiles(decoder / GRAPH_FILE, tokenizer_dir, decoder)
+            precision = self._decoder_precision(resolved, model_dir)
+            decoder = self._decoder_checkpoint(model_id, model_dir, precision)
+            return PreparedFiles(decoder / GRAPH_FILE, tokenizer_dir, decoder, precision)
         head = resolved.loadtime_options.get("onnx_head") or conversion_head(adapter_type, model_dir)
-        precision = self._decoder_precision(resolved, model_dir)
-        graph = self._graph(model_id, model_dir, artifacts.onnx_file, str(head), precision)
-        return PreparedFiles(graph, tokenizer_dir, model_dir)
+        graph, precision = self._graph(model_id, model_dir, artifacts.onnx_file, str(head),
+                                       self._decoder_precision(resolved, model_dir))  # fmt: skip
+        return PreparedFiles(graph, tokenizer_dir, model_dir, precision)
 
     def load(
         self, model: ModelConfig, profile: str, model_id: str, on_progress: ProgressCallback | None = None
@@ -185,7 +189,8 @@ class ModelLoader:
             raise ModelLoadError("UNKNOWN", f"Model '{model_id}': {exc}") from exc
         memory = graph_bytes(files.graph) + (files.tokenizer_dir / "tokenizer.json").stat().st_size
         memory += sum(graph_bytes(graph) for graph in extra_graphs.values() if graph.is_file())
-        return LoadedModel(model_id, profile, adapter, tokenizer, memory, files.tokenizer_dir / "tokenizer.json")
+        return LoadedModel(model_id, profile, adapter, tokenizer, memory, files.tokenizer_dir / "tokenizer.json",
+                           files.precision)  # fmt: skip
 
     @staticmethod
     def _resolve(model: ModelConfig, profile: str, model_id: str) -> Profile:
@@ -200,17 +205,19 @@ class ModelLoader:
         except ArtifactError as exc:
             raise ModelLoadError(str(exc.error_class), str(exc)) from exc
 
-    def _graph(self, model_id: str, model_dir: Path, onnx_file: str | None, head: str, precision: str) -> Path:
-        """The ONNX graph: the named file, a shipped `model.onnx`, or a cached conversion of the safetensors (a
-        decoder's in `precision`; encoders convert to float32)."""
+    def _graph(
+        self, model_id: str, model_dir: Path, onnx_file: str | None, head: str, precision: str
+    ) -> tuple[Path, str | None]:
+        """The ONNX graph and its precision: the named file or a shipped `model.onnx` (None: as exported), or a cached
+        conversion of the safetensors (a decoder's in `precision`; encoders convert to float32)."""
         if onnx_file:
             path = model_dir / onnx_file
             if not path.is_file():
                 raise ModelLoadError("NOT_FOUND", f"Model '{model_id}': ONNX file {onnx_file!r} not in {model_dir}")
-            return path
+            return path, None
         for name in GRAPH_NAMES:
             if (model_dir / name).is_file():
-                return model_dir / name
+                return model_dir / name, None
         if not any((model_dir / name).is_file() for name in (WEIGHTS_FILE, WEIGHTS_INDEX_FILE, TORCH_WEIGHTS_FILE)):
             raise ModelLoadError(
                 "NOT_FOUND",
@@ -219,7 +226,7 @@ class ModelLoader:
             )
         return self._convert(model_id, model_dir, head, precision)
 
-    def _convert(self, model_id: str, model_dir: Path, head: str, decoder_precision: str) -> Path:
+    def _convert(self, model_id: str, model_dir: Path, head: str, decoder_precision: str) -> tuple[Path, str]:
         decoder = is_decoder_config(_read_json(model_dir / CONFIG_FILE))
         if decoder and head != "none":
             raise ModelLoadError(
@@ -234,7 +241,7 @@ class ModelLoader:
             )
             target = self.converted_dir / f"{key}.onnx"
             if target.is_file():
-                return target
+                return target, precision
             # The converter imports `onnx` (about 1.4 s): only a cache miss pays for it.
             from sie.worker.convert.clip import convert_clip
             from sie.worker.convert.decoders import convert_decoder_hidden
@@ -269,7 +276,7 @@ class ModelLoader:
                     convert_encoder(model_dir, staged, head)
                 os.replace(staged, target)  # atomic: a reader sees no graph or the whole graph
             _log_converted(model_id, target, time.perf_counter() - started)
-            return target
+            return target, precision
         except ConversionError as exc:
             raise ModelLoadError("UNKNOWN", f"Model '{model_id}': cannot convert to ONNX: {exc}") from exc
 

@@ -311,6 +311,11 @@ class ModelManager:
         return list(self._loaded)
 
     @property
+    def resident(self) -> list[LoadedModel]:
+        """The loaded models themselves, least recently used first (reading them marks none as used)."""
+        return list(self._loaded.values())
+
+    @property
     def loading_models(self) -> list[str]:
         return list(self._loading)
 

@@ -39,6 +39,7 @@ from sie.wire.ipc_control import (
     ModelControlStatusRequest,
     ModelControlStatusResponse,
     ModelDescriptor,
+    ModelResidency,
     PingRequest,
     PingResponse,
     ReplaceModelConfigsRequest,
@@ -206,6 +207,12 @@ class WorkerService:
             loaded_models=self.manager.loaded_models,
             loading_models=self.manager.loading_models,
             device_count=1 if self.device.startswith("cuda") else 0,
+            residency=[
+                ModelResidency(
+                    model_id=loaded.model_id, worker=self.worker_id, device=self.device, precision=loaded.precision
+                )
+                for loaded in self.manager.resident
+            ],  # fmt: skip
         )
 
     async def ensure_model_ready(self, request: EnsureModelReadyRequest) -> EnsureModelReadyResponse:

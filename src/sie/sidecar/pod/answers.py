@@ -36,6 +36,7 @@ def merged_ping(request: PingRequest, pings: Sequence[PingResponse]) -> PingResp
         loaded_models=loaded,
         loading_models=loading,
         device_count=sum(ping.device_count or 0 for ping in pings),
+        residency=[residency for ping in pings for residency in ping.residency or ()],
     )
 
 

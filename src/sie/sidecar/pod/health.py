@@ -212,6 +212,7 @@ class HealthPublisher:
             draining=self._draining,
             interval_s=self.interval_s,
             device_count=ping.device_count if ping and ping.device_count is not None else identity.device_count,
+            residency=list(ping.residency) if ping and ping.residency is not None else None,
         )
 
     async def _publish(self, heartbeat: WorkerHeartbeat) -> bool:
