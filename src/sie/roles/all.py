@@ -2,7 +2,8 @@
 NATS and the sidecar calls the worker children's services directly, one per device of SIE_WORKER_DEVICES,
 through the fleet that places each batch (SIE_PLACEMENT_*); the code above those seams is the same as in the
 distributed roles (DESIGN.md §4). The placement surface and `/metrics` are served beside the API, on 127.0.0.1
-unless SIE_GATEWAY_HOST (`--host`) says otherwise: a laptop's server is for this machine only.
+unless SIE_GATEWAY_HOST (`--host`) says otherwise: a laptop's server is for this machine only. With
+SIE_LOCAL_INGEST_SOCKET the sidecar also takes work from co-located producers on that socket, without HTTP.
 
 The config service runs in the process too: its writes (`POST`/`PUT`/`DELETE /v1/configs/models…`, what `sie config`
 sends) are served on the same port with the same validation, epoch, store (SIE_CONFIG_STORE_DIR) and admin auth,

@@ -4,7 +4,7 @@ placed by the fleet (SIE_PLACEMENT_*); heartbeats on `sie.health.{worker_id}`; p
 and `/metrics` on SIE_WORKER_PROBE_HOST:PORT; live config deltas from `sie.config.models.{bundle}` forwarded to
 every child, and the config export reconciled when SIE_CONFIG_SERVICE_URL is set. NATS is connected in the
 background: while it is unreachable the probes answer (`/readyz` 503: no heartbeat goes out) and the lane consumer
-attaches once it connects.
+attaches once it connects. With SIE_LOCAL_INGEST_SOCKET the sidecar also serves that socket to co-located producers.
 """
 
 from __future__ import annotations

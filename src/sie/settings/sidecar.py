@@ -1,14 +1,16 @@
-"""The sidecar's probes, heartbeats, pull loop and pool admission gate (seed 001), and the batch former it feeds
-(contracts B §5.1, §5.3; DESIGN §7). In `--role all` the same pull and batching values apply in-process (the pool
-gate is the distributed sidecar's only). Gateways read the heartbeat period too: it sizes the first round of
-heartbeats they wait for before they say ready.
+"""The sidecar's probes, heartbeats, pull loop, pool admission gate and local ingest (seed 001), and the batch
+former it feeds (contracts B §5.1, §5.3; DESIGN §7). In `--role all` the same pull and batching values apply
+in-process (the pool gate is the distributed sidecar's only). Gateways read the heartbeat period too: it sizes the
+first round of heartbeats they wait for before they say ready.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import attrs
 
-from sie.settings._parsers import http_url, integer, milliseconds, seconds, text
+from sie.settings._parsers import byte_size, http_url, integer, milliseconds, path, seconds, text
 from sie.settings._spec import Env, setting
 
 _PIPELINE_ROLES = ("sidecar", "all")
@@ -16,7 +18,8 @@ _PIPELINE_ROLES = ("sidecar", "all")
 
 @attrs.frozen
 class SidecarSettings:
-    """Probes, heartbeats, model-load holds, the JetStream pull loop and the pool gate of one lane's sidecar."""
+    """Probes, heartbeats, model-load holds, the JetStream pull loop, the pool gate and the local-ingest socket of
+    one lane's sidecar."""
 
     probe_host: str = setting(
         Env(
@@ -77,8 +80,8 @@ class SidecarSettings:
         Env(
             "SIE_GATEWAY_URL",
             http_url(),
-            "Base URL of a gateway (its Service) whose `GET /v1/pools` the sidecar polls for pool admission (seed "
-            "000 §16.3): work whose `admission_pool` names a logical pool that does not assign this worker is NAKed "
+            "Base URL of a gateway (its Service) whose `GET /v1/pools` the sidecar polls for pool admission: "
+            "work whose `admission_pool` names a logical pool that does not assign this worker is NAKed "
             "for another worker. Unset: no gate, every item is admitted. Also `sie pools`' default `--gateway`.",
             roles=("sidecar",),
             read_by=("sie.sidecar.pool_admission", "sie.cli.pools"),
@@ -108,6 +111,51 @@ class SidecarSettings:
             read_by=("sie.sidecar.pool_admission",),
         ),
         None,
+    )
+
+    local_ingest_socket: Path | None = setting(
+        Env(
+            "SIE_LOCAL_INGEST_SOCKET",
+            path(),
+            "Unix socket (mode 0600, this user only) on which a co-located producer sends encode, score and extract "
+            "work items straight into the sidecar's pipeline, without HTTP or the broker (docs: Local ingest). "
+            "The sidecar refuses to start when something that is no socket, or a socket another process listens "
+            "on, is at the path; a stale socket is replaced. Unset: off.",
+            roles=_PIPELINE_ROLES,
+            read_by=("sie.sidecar.local_ingest",),
+        ),
+        None,
+    )
+    local_ingest_max_frame_bytes: int = setting(
+        Env(
+            "SIE_LOCAL_INGEST_MAX_FRAME_BYTES",
+            byte_size(),
+            "Largest local-ingest frame either way: a longer request closes its connection unread, a longer "
+            "result is answered PAYLOAD_TOO_LARGE. A connection retains at most four frames of requests.",
+            roles=_PIPELINE_ROLES,
+            read_by=("sie.sidecar.local_ingest",),
+        ),
+        16 * 1024 * 1024,
+    )
+    local_ingest_max_inflight_items: int = setting(
+        Env(
+            "SIE_LOCAL_INGEST_MAX_INFLIGHT_ITEMS",
+            integer(minimum=1),
+            "Work items one local-ingest connection may have unanswered; a submit past it is refused QUEUE_FULL.",
+            roles=_PIPELINE_ROLES,
+            read_by=("sie.sidecar.local_ingest",),
+        ),
+        1024,
+    )
+    local_ingest_max_connections: int = setting(
+        Env(
+            "SIE_LOCAL_INGEST_MAX_CONNECTIONS",
+            integer(minimum=1),
+            "Local-ingest connections open at once; one more is answered QUEUE_FULL and closed.",
+            roles=_PIPELINE_ROLES,
+            read_by=("sie.sidecar.local_ingest",),
+        ),
+        16,
     )
 
 

@@ -3,7 +3,8 @@ the broker's max_payload; as ordered result_chunk_v1 envelopes when it does not 
 reassembles them (`accepts_result_chunks`); otherwise, or past the v1 bounds, as a compact PAYLOAD_TOO_LARGE
 result, so the item is answered and ACKed instead of failing to publish and being redelivered until its
 deliveries run out. Flushing before the ACK stays the settler's job. A bus without a limit (the loopback of
-`--role all`, where results pass by reference) publishes every result as it is.
+`--role all`, where results pass by reference) publishes every result as it is, and so does a reply subject that
+never reaches the broker (local ingest: its socket bounds the result instead).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ _ESTIMATE_SAFETY: Final = 2
 _FIELDS_BYTES: Final = 2048
 
 MaxPayload = Callable[[], int | None]
+Unbounded = Callable[[str], bool]
 
 
 def _no_limit() -> None:
@@ -42,19 +44,28 @@ def estimated_size(result: WorkResult) -> int:
 
 class ResultPublisher:
     """Publishes each item's result on its reply subject within the broker's message limit; `chunked` and
-    `too_large` count the results that needed it, and `metrics` (when given) every result by how it travelled."""
+    `too_large` count the results that needed it, and `metrics` (when given) every result by how it travelled.
+    `unbounded` says which reply subjects never cross the broker (their results go whole, and are not counted)."""
 
     def __init__(
-        self, bus: MessageBus, max_payload: MaxPayload = _no_limit, metrics: SidecarMetrics | None = None
+        self,
+        bus: MessageBus,
+        max_payload: MaxPayload = _no_limit,
+        metrics: SidecarMetrics | None = None,
+        unbounded: Unbounded | None = None,
     ) -> None:
         self._bus = bus
         self._max_payload = max_payload
         self._metrics = metrics
+        self._unbounded = unbounded
         self.chunked = 0
         self.too_large = 0
 
     async def publish(self, item: WorkItem, result: WorkResult) -> None:
         """Send `result` for `item`; raises what the bus raises (the settler leaves the delivery unsettled)."""
+        if self._unbounded is not None and self._unbounded(item.reply_subject):
+            await self._bus.publish_result(item.reply_subject, result)
+            return
         limit = self._max_payload()
         if limit is None or estimated_size(result) * _ESTIMATE_SAFETY <= limit:
             await self._bus.publish_result(item.reply_subject, result)

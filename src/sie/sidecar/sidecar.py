@@ -9,6 +9,9 @@ worker's own subject, so unassigned workers of the lane never see, and NAK, that
 from the worker's stream into the same admission, gates and `admitted` channel, and starts, stops, drains and
 gives work back with the lane consumer; the sidecar then also hears `batch_cancel.*.{worker}.*`, which drops the
 direct work of a request the gateway has since published on the lane.
+
+With local ingest (SIE_LOCAL_INGEST_SOCKET, seed 001 "Local Ingest") a third source, the socket's, feeds the same
+stages through a consumer of its own; its results go back over the socket, not the broker (`sie.sidecar.local_ingest`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from sie.sidecar.consumer import DIRECT_FETCH_WAIT_S, Consumer, ConsumerOptions
 from sie.sidecar.dispatcher import BatchDispatcher
 from sie.sidecar.generation import GenerateSplit, Generations
 from sie.sidecar.hashgate import WorkerHash
+from sie.sidecar.local_ingest import LocalIngest, LocalIngestConfig
 from sie.sidecar.payloads import DEFAULT_FETCH_MAX_BYTES, PayloadResolver
 from sie.sidecar.pinning import PinnedModels
 from sie.sidecar.pool_admission import PoolGate
@@ -67,8 +71,9 @@ PREPARATION_LOOPS: Final = 2
 class SidecarConfig:
     """Everything a sidecar reads from settings, plus how many batches per model may run at once, the payload
     store offloaded work items are read from (None: `--role all`, or no SIE_PAYLOAD_STORE_URL), the process's
-    tracing (off unless given), its metrics (none recorded unless given) and its pool admission gate (None: no
-    SIE_GATEWAY_URL, every item admitted; the sidecar runs its polling while it runs)."""
+    tracing (off unless given), its metrics (none recorded unless given), its pool admission gate (None: no
+    SIE_GATEWAY_URL, every item admitted; the sidecar runs its polling while it runs) and its local-ingest socket
+    (None: no SIE_LOCAL_INGEST_SOCKET; the sidecar serves it while it runs)."""
 
     sidecar: SidecarSettings = attrs.Factory(SidecarSettings)
     batching: BatchingSettings = attrs.Factory(BatchingSettings)
@@ -80,6 +85,7 @@ class SidecarConfig:
     tracing: Tracing = attrs.Factory(Tracing.off)
     metrics: SidecarMetrics | None = None
     pool_gate: PoolGate | None = None
+    local_ingest: LocalIngestConfig | None = None
 
     @classmethod
     def from_settings(
@@ -90,6 +96,7 @@ class SidecarConfig:
             settings.sidecar, settings.batching, settings.stream, settings.process.worker_id,
             payload_store=open_payload_store(payloads.store_url), payload_fetch_max_bytes=payloads.fetch_max_bytes,
             tracing=tracing or Tracing.off(), metrics=metrics, pool_gate=PoolGate.from_settings(settings, metrics),
+            local_ingest=LocalIngestConfig.from_settings(settings),
         )  # fmt: skip
 
 
@@ -103,11 +110,12 @@ class WorkerHooks:
 
 @attrs.frozen
 class WorkSources:
-    """Where the sidecar's work comes from: the lane's consumer, and the worker's direct-dispatch consumer where the
-    transport has one (seed 000 §8.2)."""
+    """Where the sidecar's work comes from: the lane's consumer, the worker's direct-dispatch consumer where the
+    transport has one (seed 000 §8.2), and the local-ingest socket where one is served."""
 
     lane: LaneConsumer
     direct: LaneConsumer | None = None
+    local: LocalIngest | None = None
 
 
 @attrs.frozen
@@ -127,10 +135,11 @@ class Pipeline:
     ready: Channel[ReadyGroup]  # readiness → preparation (generate work goes to `generations` instead)
     prepared: Channel[ReadyGroup]  # preparation → scheduler
     direct: Consumer | None = None  # the worker's direct-dispatch consumer, feeding `admitted` too
+    local: Consumer | None = None  # the local-ingest socket's consumer, feeding `admitted` too
 
     def consumers(self) -> list[Consumer]:
-        """The fetching stages: the lane consumer, then the direct-dispatch one when there is one."""
-        return [self.consumer] if self.direct is None else [self.consumer, self.direct]
+        """The fetching stages: the lane consumer, then the direct-dispatch and local-ingest ones where they exist."""
+        return [consumer for consumer in (self.consumer, self.direct, self.local) if consumer is not None]
 
     def loops(self) -> list[Coroutine[Any, Any, None]]:
         """The stages' loops, in data-flow order, the consumers' first (the dispatcher runs its own)."""
@@ -155,16 +164,21 @@ def build_pipeline(
     executor: Executor,
     hooks: WorkerHooks | None = None,
 ) -> Pipeline:
-    """The stages of one lane, built in the order work flows through them; the direct-dispatch source, if any, gets
-    a consumer stage of its own sharing everything downstream."""
+    """The stages of one lane, built in the order work flows through them; the direct-dispatch and local-ingest
+    sources, if any, get a consumer stage each, sharing everything downstream. Local-ingest results leave through
+    the ingest, never the broker."""
     hooks = hooks or WorkerHooks()
     stream, batching = config.stream, config.batching
+    local = sources.local
+    if local is not None:
+        bus = local.results_bus(bus)
     # The two ends every stage settles through: the broker (results, ACKs, NAKs) and the worker (RunBatch).
     admission = Admission(batching.max_pending_items, metrics=config.metrics)
     horizon = tombstone_horizon(stream.max_age_s, stream.ack_wait_s, stream.max_deliver)
     abandonment = Abandonment(Tombstones(horizon))
     # Results within the broker's message limit (chunked when too large), known once connected.
-    settler = Settler(bus, admission, abandonment, ResultPublisher(bus, lambda: bus.max_payload, config.metrics))
+    publisher = ResultPublisher(bus, lambda: bus.max_payload, config.metrics, local.owns if local else None)
+    settler = Settler(bus, admission, abandonment, publisher)
     models = ReadyModels(batching, hooks.observe)
     dispatcher = BatchDispatcher(worker, settler, models.forget, config.worker_id, stream.nak_delay_s, config.tracing)
     # The stages, joined by bounded channels.
@@ -178,6 +192,9 @@ def build_pipeline(
     if sources.direct is not None:
         direct_options = attrs.evolve(options, fetch_wait_s=DIRECT_FETCH_WAIT_S)
         direct = Consumer(sources.direct, admission, settler, worker_hash, admitted, direct_options)
+    local_consumer: Consumer | None = None
+    if local is not None:  # work sent to this worker itself: no logical pool's gate applies
+        local_consumer = Consumer(local, admission, settler, worker_hash, admitted, attrs.evolve(options, pools=None))
     readiness_options = ReadinessOptions.from_settings(stream, config.sidecar, config.worker_id)
     generations = Generations(worker, settler, abandonment, config.worker_id, stream.nak_delay_s)
     readiness = Readiness(worker, settler, models, GenerateSplit(generations, ready), readiness_options)
@@ -202,7 +219,7 @@ def build_pipeline(
     )
     return Pipeline(
         admission, abandonment, settler, dispatcher, consumer, readiness, preparer, scheduler, generations,
-        admitted, ready, prepared, direct,
+        admitted, ready, prepared, direct, local_consumer,
     )  # fmt: skip
 
 
@@ -254,8 +271,8 @@ class Sidecar:
 
     @property
     def fetching(self) -> bool:
-        """Whether a consumer (the lane's, or the direct-dispatch one) is still fetching (false after `drain` or
-        exit)."""
+        """Whether a consumer (the lane's, the direct-dispatch or the local-ingest one) is still fetching (false after
+        `drain` or exit)."""
         return any(not task.done() for task in self._fetch_tasks)
 
     @property
@@ -285,9 +302,14 @@ class Sidecar:
             if self.config.pool_gate is not None:  # polled once before the first fetch, then in the background
                 self.config.pool_gate.keep_pinned_with(PinnedModels(self.worker).keep)  # the pools' pinned_models
                 await stack.enter_async_context(self.config.pool_gate)
+            local = None
+            if self.config.local_ingest is not None:  # listening first: a path in the way stops the start at once
+                ingest = LocalIngest(self.config.local_ingest, self.lane, self.config.worker_id, self.config.metrics)
+                local = await stack.enter_async_context(ingest)
             sources = WorkSources(
                 await self.transport.consumer(self.lane),
                 await self.transport.worker_consumer(self.lane, self.config.worker_id),
+                local,
             )
             threads = self.config.batching.tokenizer_threads
             executor = ThreadPoolExecutor(threads, thread_name_prefix="sie-tokenize")

@@ -1,6 +1,7 @@
 """The sidecar's series (seed 001 "Readiness, Health, And Telemetry"): what each batch was (tokens, fill) and where
 its time went (queue, tokenization, inference), admission of deliveries, the bytes and chunked responses of the
-sidecar ↔ worker IPC, and how results reached the gateway (whole, chunked, too large).
+sidecar ↔ worker IPC, how results reached the gateway (whole, chunked, too large), and the local-ingest socket's
+connections and refusals.
 
 Recorded once per batch, per fetch, per IPC frame or per result, never per token. Items per batch are the
 placement layer's `sie_worker_batch_items` (by model, worker child and device), not repeated here.
@@ -47,6 +48,22 @@ class ResultTransport(enum.StrEnum):
     WHOLE = "whole"
     CHUNKED = "chunked"
     TOO_LARGE = "too_large"
+
+
+class LocalConnection(enum.StrEnum):
+    """What became of a connection to the local-ingest socket."""
+
+    ACCEPTED = "accepted"
+    REFUSED = "refused"  # over SIE_LOCAL_INGEST_MAX_CONNECTIONS
+    PROTOCOL_ERROR = "protocol_error"  # closed for a frame over the limit, malformed or with a duplicate id
+    SLOW_READER = "slow_reader"  # closed because its client did not read its results in time
+
+
+class LocalRefusal(enum.StrEnum):
+    """Why the items of a local-ingest submit were refused."""
+
+    INVALID_INPUT = "invalid_input"  # malformed, another lane, a generation
+    QUEUE_FULL = "queue_full"  # over the connection's in-flight items (SIE_LOCAL_INGEST_MAX_INFLIGHT_ITEMS)
 
 
 @attrs.frozen
@@ -126,6 +143,13 @@ class SidecarMetrics:
             meter, "sie.worker.results", "{result}", "Results published by how they travelled.", ("transport",)
         )
 
+        # Local ingest (SIE_LOCAL_INGEST_SOCKET): who connects, who is turned away, and what producers send that is
+        # refused, the socket's only failures that no result reports.
+        self._local_connections = Tally(meter, "sie.worker.local_ingest.connections", "{connection}",
+                                        "Local-ingest connections by outcome.", ("outcome",))  # fmt: skip
+        self._local_refused = Tally(meter, "sie.worker.local_ingest.refused", "{item}",
+                                    "Local-ingest items refused, by reason.", ("reason",))  # fmt: skip
+
     def batch(self, record: BatchRecord) -> None:
         model = self._models(record.model_id)
         self._batches.add((model, "failed" if record.inference_s is None else "ok"))
@@ -153,6 +177,12 @@ class SidecarMetrics:
 
     def result(self, transport: ResultTransport) -> None:
         self._results.add((transport.value,))
+
+    def local_connection(self, outcome: LocalConnection) -> None:
+        self._local_connections.add((outcome.value,))
+
+    def local_refused(self, reason: LocalRefusal, items: int) -> None:
+        self._local_refused.add((reason.value,), items)
 
 
 def _histogram(
