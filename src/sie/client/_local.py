@@ -1,6 +1,6 @@
 """LocalIngestClient: sends work items to a sidecar's local-ingest socket (SIE_LOCAL_INGEST_SOCKET) and awaits
 their results, for a producer on the same machine that should not pay for HTTP. The frames (`[u32 BE length]
-[msgpack map]`: hello, submit, result, error) are written here from their description in README "Local ingest",
+[msgpack map]`: hello, submit, result, error) are written here from their description in docs/using.md "Local ingest",
 since the client imports only `sie.wire`.
 """
 
