@@ -24,7 +24,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from sie.worker.convert.encoder_graph import MASK_NEGATIVE
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import read_config_json
 from sie.worker.convert.graph_builder import GraphBuilder, save_graph, tensor_info
@@ -44,6 +43,7 @@ from sie.worker.convert.names import (
 from sie.worker.convert.safetensors_io import Checkpoint
 from sie.worker.convert.vision_graph import (
     ACTIVATIONS,
+    KeyMask,
     TowerConfig,
     attention_pooling,
     encoder_layers,
@@ -279,8 +279,10 @@ def _text_graph(config: ClipConfig, weights: HeadWeights) -> onnx.ModelProto:
     batch_sequence = b.op("Shape", [INPUT_IDS], "text.batch_sequence")
     heads_shape = b.op("Concat", [batch_sequence, b.const([tower.num_heads, tower.head_size])], "text.heads_shape",
                        axis=0)  # fmt: skip
-    tokens = encoder_layers(b, weights, tower, tokens, heads_shape, _text_mask(b, config, sequence),
-                            "text_model.encoder")  # fmt: skip
+    rows_shape = b.op("Concat", [batch_sequence, b.const([width])], "text.rows_shape", axis=0)
+    key_mask = KeyMask(b.op("Cast", [ATTENTION_MASK], "text.mask", to=TensorProto.INT32), rows_shape,
+                       causal=config.model_type == "clip")  # fmt: skip
+    tokens = encoder_layers(b, weights, tower, tokens, heads_shape, "", "text_model.encoder", key_mask=key_mask)
     pooled = b.op("Gather", [tokens, _pooled_rows(b, config, sequence)], "text.pooled", axis=0)  # [B, H]
     # LayerNorm is per row: normalizing the pooled rows alone equals transformers' whole last_hidden_state.
     pooled = layer_norm(b, weights, pooled, "text_model.final_layer_norm", width, tower.layer_norm_eps)
@@ -291,23 +293,6 @@ def _text_graph(config: ClipConfig, weights: HeadWeights) -> onnx.ModelProto:
     embeds = b.op("Identity", [embeds], TEXT_EMBEDS)
     inputs = [tensor_info(name, TensorProto.INT64, [BATCH, SEQUENCE]) for name in (INPUT_IDS, ATTENTION_MASK)]
     return b.model(f"{config.model_type}_text", inputs, [tensor_info(embeds, _FLOAT, [BATCH, config.projection_dim])])
-
-
-def _text_mask(b: GraphBuilder, config: ClipConfig, sequence: str) -> str:
-    """The additive attention bias: 0 where a query may read a key, MASK_NEGATIVE where not. Padding keys are never
-    read; CLIP also reads no later key (causal): [B, 1, S, S], SigLIP [B, 1, 1, S]. A row with nothing to read (a
-    padding query at the start of a left-padded row) gets a uniform softmax, finite, rather than NaN."""
-    real = b.op("Cast", [ATTENTION_MASK], "text.mask.real", to=TensorProto.BOOL)
-    allowed = b.op("Unsqueeze", [real, b.const([1, 2])], "text.mask.keys")  # [B, 1, 1, S]
-    if config.model_type == "clip":
-        length = b.op("Squeeze", [sequence, b.const([0])], "text.length")
-        steps = b.op("Range", [b.const(0), length, b.const(1)], "text.steps")
-        keys = b.op("Unsqueeze", [steps, b.const([0])], "text.mask.key_positions")
-        queries = b.op("Unsqueeze", [steps, b.const([1])], "text.mask.query_positions")
-        causal = b.op("LessOrEqual", [keys, queries], "text.mask.causal")  # [S, S]
-        allowed = b.op("And", [allowed, causal], "text.mask.allowed")
-    zero, negative = b.const(0.0, np.float32), b.const(MASK_NEGATIVE, np.float32)
-    return b.op("Where", [allowed, zero, negative], "text.mask.bias")
 
 
 def _pooled_rows(b: GraphBuilder, config: ClipConfig, sequence: str) -> str:

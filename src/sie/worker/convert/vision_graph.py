@@ -72,24 +72,40 @@ def mlp(b: GraphBuilder, weights: HeadWeights, tower: TowerConfig, x: str, name:
 
 def encoder_layers(  # noqa: PLR0913 - the tower, its tokens and how to shape and mask them
     b: GraphBuilder, weights: HeadWeights, tower: TowerConfig, tokens: str, heads_shape: str, mask_bias: str,
-    prefix: str, sequence: int | None = None,
+    prefix: str, sequence: int | None = None, key_mask: KeyMask | None = None,
 ) -> str:  # fmt: skip
     """Every layer `{prefix}.layers.{i}` (CLIPEncoderLayer / SiglipEncoderLayer: x + attention(LN1 x), then
     x + MLP(LN2 x)) over `tokens` [B*S, H]. `heads_shape` is the int64 [4] shape [B, S, heads, head size] the
     queries, keys and values take; `mask_bias` ("" for none) is added to every head's scores [B, heads, S, S].
-    Unmasked attention over a fixed `sequence` (a vision tower's patches) runs as onnxruntime's fused `Attention`."""
+    Attention runs as onnxruntime's fused `Attention` where it can: unmasked over a fixed `sequence` (a vision tower's
+    patches), or under a `key_mask` (a text tower's padding, causal or not) over any sequence; else as plain ops."""
     width, eps = tower.hidden_size, tower.layer_norm_eps
     for index in range(tower.num_layers):
         name = f"{prefix}.layers.{index}"
         normed = layer_norm(b, weights, tokens, f"{name}.layer_norm1", width, eps)
-        if sequence is not None and not mask_bias:
-            attended = _fused_self_attention(b, weights, tower, normed, sequence, f"{name}.self_attn")
+        if key_mask is not None:
+            attended = _fused_self_attention(b, weights, tower, normed, key_mask.rows_shape, f"{name}.self_attn",
+                                             key_mask)  # fmt: skip
+        elif sequence is not None and not mask_bias:
+            attended = _fused_self_attention(b, weights, tower, normed, b.const([-1, sequence, width]),
+                                             f"{name}.self_attn")  # fmt: skip
         else:
             attended = _self_attention(b, weights, tower, normed, heads_shape, mask_bias, f"{name}.self_attn")
         tokens = b.op("Add", [tokens, attended], f"{name}.attention_residual")
         normed = layer_norm(b, weights, tokens, f"{name}.layer_norm2", width, eps)
         tokens = b.op("Add", [tokens, mlp(b, weights, tower, normed, f"{name}.mlp")], f"{name}.output")
     return tokens
+
+
+@attrs.frozen
+class KeyMask:
+    """Which keys each text's queries may read, as the fused `Attention` takes it: `mask` the int32 [B, S] padding
+    mask (1: a real token), `causal` whether a query also reads no later key, `rows_shape` the int64 [3] shape
+    [B, S, H] the tokens take for the kernel."""
+
+    mask: str
+    rows_shape: str
+    causal: bool = False
 
 
 def _self_attention(  # noqa: PLR0913 - one attention block's inputs and names
@@ -114,16 +130,22 @@ def _self_attention(  # noqa: PLR0913 - one attention block's inputs and names
 
 
 def _fused_self_attention(  # noqa: PLR0913 - one attention block's inputs and names
-    b: GraphBuilder, weights: HeadWeights, tower: TowerConfig, x: str, sequence: int, name: str
-) -> str:
-    """`_self_attention` without a mask as one `Attention` kernel (Q, K and V in one product, 1/√head_size, softmax
-    and the context) on [B, sequence, H], then `out_proj`."""
+    b: GraphBuilder, weights: HeadWeights, tower: TowerConfig, x: str, rows_shape: str, name: str,
+    key_mask: KeyMask | None = None,
+) -> str:  # fmt: skip
+    """`_self_attention` as one `Attention` kernel (Q, K and V in one product, 1/√head_size, softmax and the context)
+    on the tokens shaped `rows_shape` [B, S, H], under `key_mask` when given, then `out_proj`. A masked key scores
+    onnxruntime's mask filter value (-10000), whose softmax weight is 0 in float32, as the plain path's bias gives."""
     width = tower.hidden_size
     kernel = np.concatenate([weights.get(f"{name}.{part}.weight", (width, width)).T for part in PROJECTIONS], axis=1)
     bias = np.concatenate([weights.get(f"{name}.{part}.bias", (width,)) for part in PROJECTIONS])
-    tokens = b.op("Reshape", [x, b.const([-1, sequence, width])], f"{name}.tokens_3d")
-    context = b.op("Attention", [tokens, b.weight(f"{name}.qkv.weight", kernel), b.weight(f"{name}.qkv.bias", bias)],
-                   f"{name}.fused", domain=CONTRIB_DOMAIN, num_heads=tower.num_heads)  # fmt: skip
+    tokens = b.op("Reshape", [x, rows_shape], f"{name}.tokens_3d")
+    inputs = [tokens, b.weight(f"{name}.qkv.weight", kernel), b.weight(f"{name}.qkv.bias", bias)]
+    attributes: dict[str, int] = {"num_heads": tower.num_heads}
+    if key_mask is not None:
+        inputs.append(key_mask.mask)
+        attributes["unidirectional"] = int(key_mask.causal)
+    context = b.op("Attention", inputs, f"{name}.fused", domain=CONTRIB_DOMAIN, **attributes)
     merged = b.op("Reshape", [context, b.const([-1, width])], f"{name}.merged")
     return linear(b, weights, merged, f"{name}.out_proj", width, width)
 
