@@ -20,7 +20,8 @@ from sie.worker.convert.safetensors_io import checkpoint_files
 # 2: the BERT-like families (RoBERTa, XLM-R, ELECTRA, DistilBERT, MPNet), ModernBERT, sharded checkpoints
 # 3: the BERT-like families' attention and residual norms as onnxruntime's fused contrib operators
 # 4: the zero-shot heads (GLiNER spans scored one width at a time, GLiClass)
-CONVERTER_VERSION = "sie-encoder-onnx/4"
+# 5: the CLIP and SigLIP text towers' attention as the fused contrib operator
+CONVERTER_VERSION = "sie-encoder-onnx/5"
 # 2: logits of the last position only; 3: config.json in the decoder graph's terms (model_type, sie_graph)
 GGUF_CONVERTER_VERSION: Final = "sie-llama-onnx/3"
 DECODER_CONVERTER_VERSION: Final = "sie-decoder-onnx/1"
