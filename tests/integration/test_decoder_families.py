@@ -33,27 +33,16 @@ from support.decoder_checkpoints import (
     family_config,
     gemma3_config,
     random_causal_lm,
+    reference_logits,
     save_base_model,
     save_causal_lm,
+    session,
     write_tokenizer,
 )
 from support.worker_items import encode_items
 
 TOLERANCE = 1e-4
 LENGTHS = [7, 3, 5]  # left-padded to 7: longer than the sliding window
-
-
-def session(path: Path) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def reference_logits(model: Any, ids: list[int]) -> np.ndarray:
-    import torch
-
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0, -1].numpy()
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

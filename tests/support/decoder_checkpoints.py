@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import onnxruntime as ort
 from tokenizers import Tokenizer, pre_tokenizers, processors
 from tokenizers import models as tokenizer_models
 
@@ -130,3 +132,18 @@ def save_base_model(directory: Path, family: str, seed: int = 0, end_with_eos: b
     base.save_pretrained(directory)
     write_tokenizer(directory, end_with_eos=end_with_eos, eos_token="<|endoftext|>")
     return base
+
+
+def session(path: Path) -> ort.InferenceSession:
+    """A one-thread CPU session of a converted graph."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def reference_logits(model: Any, ids: list[int]) -> np.ndarray:
+    """transformers' logits of the last position of `ids`."""
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, -1].numpy()

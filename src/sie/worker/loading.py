@@ -39,6 +39,7 @@ from sie.worker.artifacts import (
 from sie.worker.convert.cache_keys import conversion_cache_key, decoder_cache_key, gguf_cache_key
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import position_capacity
+from sie.worker.convert.gguf_io import gguf_model_type
 from sie.worker.convert.names import (
     CHAT_TEMPLATE_FILE,
     CLIP_HEAD,
@@ -137,7 +138,7 @@ class ModelLoader:
             # A GGUF decoder converts to a directory holding the graph, tokenizer and config.json; which adapter
             # serves it does not change the conversion, so it is not looked up here.
             model_dir = self._fetch(artifacts.model, on_progress)
-            precision = self._decoder_precision(resolved, None)
+            precision = self._decoder_precision(resolved, None, model_dir / str(gguf_file))
             decoder = self._decoder(model_id, model_dir, str(gguf_file), precision, on_progress)
             return PreparedFiles(decoder / GRAPH_FILE, decoder, decoder, precision)
         adapter_type = adapter_class(resolved.adapter_path)
@@ -296,17 +297,20 @@ class ModelLoader:
                 f"worker's memory budget of {self.memory_budget_bytes:,} bytes (SIE_WORKER_MEMORY_BUDGET_BYTES)",
             )
 
-    def _decoder_precision(self, profile: Profile, model_dir: Path | None) -> str:
+    def _decoder_precision(self, profile: Profile, model_dir: Path | None, gguf: Path | None = None) -> str:
         """A converted decoder's precision: float32 on CPU; on a GPU float16 weights, products and cache (norms,
         softmax and logits stay float32), unless the profile's `compute_precision` asks for float32. `bfloat16` or
         unset profiles get the float16 graph, but for a family whose activations overflow float16 (the checkpoint's
-        config.json in `model_dir` says which), which stays float32 unless the profile names float16."""
+        config.json in `model_dir`, or the `gguf` file's architecture, says which), which stays float32 unless the
+        profile names float16."""
         requested = profile.compute_precision
         if self.session_options.device == "cpu" or requested == "float32":
             return "float32"
-        unsafe = model_dir is not None and _read_json(model_dir / CONFIG_FILE).get("model_type") in (
-            FLOAT16_UNSAFE_MODEL_TYPES
-        )
+        if gguf is not None:
+            model_type = _gguf_model_type(gguf)
+        else:
+            model_type = _read_json(model_dir / CONFIG_FILE).get("model_type") if model_dir is not None else None
+        unsafe = model_type in FLOAT16_UNSAFE_MODEL_TYPES
         return "float32" if unsafe and requested != "float16" else "float16"
 
     def _decoder_checkpoint(self, model_id: str, model_dir: Path, precision: str) -> Path:
@@ -448,6 +452,15 @@ def _tokenizer_config(directory: Path) -> dict:
     if not config.get("chat_template") and template.is_file():
         config["chat_template"] = template.read_text(encoding="utf-8")
     return config
+
+
+def _gguf_model_type(path: Path) -> str | None:
+    """The model_type of a GGUF file's architecture; None for a file that cannot be read, whose conversion (next)
+    fails naming why."""
+    try:
+        return gguf_model_type(path)
+    except ConversionError:
+        return None
 
 
 def _read_json(path: Path) -> dict:

@@ -1,14 +1,14 @@
 """Torch-free conversion of checkpoints to ONNX graphs (DESIGN §6): safetensors checkpoints of the encoder families
 (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, MPNet: `families` says how they differ, `encoder_graph`
-builds them; ModernBERT: `modernbert`; DeBERTa-v2/v3: `deberta`; entry point `encoders.convert_encoder`) and
-decoders (`decoder_graph`) from GGUF files of llama, qwen2 and qwen3 (`gguf_decoders`, entry point
-`decoders.convert_gguf`, which rebuilds the tokenizer too) and from Llama, Mistral, Qwen2, Qwen3, Granite and Gemma
-3 checkpoints (`decoder_families`, entry points `decoders.convert_decoder_checkpoint` for generation and
+builds them; ModernBERT: `modernbert`; DeBERTa-v2/v3: `deberta`; entry point `encoders.convert_encoder`) and decoders
+(`decoder_graph`) from GGUF files of llama, qwen2, qwen3 and gemma3 (`gguf_decoders`, entry point
+`decoders.convert_gguf`, which rebuilds the tokenizer too) and from Llama, Mistral, Qwen2, Qwen3, Granite and Gemma 3
+checkpoints (`decoder_families`, entry points `decoders.convert_decoder_checkpoint` for generation and
 `decoders.convert_decoder_hidden` for embeddings and rerankers). Shared pieces sit beside them: `heads`,
-`graph_builder`, `safetensors_io`, `gguf_io`, `gguf_tokenizer`, `errors`, the `names` a converted graph and
-directory use, and the `cache_keys` conversions are stored under. A family built like BERT is one more entry in
-`families`, a decoder like Llama one more row in `decoder_families`; another architecture is one more module beside
-`encoder_graph.py`/`modernbert.py`/`decoder_graph.py`, wired in by its entry point.
+`graph_builder`, `safetensors_io`, `gguf_io`, `gguf_tokenizer` (with `gguf_sentencepiece`), `errors`, the `names` a
+converted graph and directory use, and the `cache_keys` conversions are stored under. A family built like BERT is one
+more entry in `families`, a decoder like Llama one more row in `decoder_families`; another architecture is one more
+module beside `encoder_graph.py`/`modernbert.py`/`decoder_graph.py`, wired in by its entry point.
 
 Public surface: `convert_encoder`, the `HEADS` it can attach, `conversion_cache_key` for content-keyed caches,
 `ConversionResult`; `convert_gguf`, `gguf_cache_key`, `DecoderConversion` and the decoder's input/output names;

@@ -1,9 +1,10 @@
-"""The decoder entry points. `convert_gguf`: one GGUF file (llama, qwen2, qwen3) in, one directory out holding the
-decoder graph with its key/value cache (`model.onnx`), the rebuilt tokenizer (`tokenizer.json`, `tokenizer_config.json`
-with the chat template) and the `config.json` the causal-LM adapter reads. `convert_decoder_checkpoint`: a
-transformers checkpoint of a decoder family (`decoder_families`) in, the same directory out but for the tokenizer,
-which stays with the checkpoint. `convert_decoder_hidden`: the same checkpoint to one graph of its last hidden
-states, which the embedding and reranker adapters pool. Their cache keys and versions are in `cache_keys`.
+"""The decoder entry points. `convert_gguf`: one GGUF file (llama, qwen2, qwen3, gemma3) in, one directory out holding
+the decoder graph with its key/value cache (`model.onnx`), the rebuilt tokenizer (`tokenizer.json`,
+`tokenizer_config.json` with the chat template) and the `config.json` the causal-LM adapter reads.
+`convert_decoder_checkpoint`: a transformers checkpoint of a decoder family (`decoder_families`) in, the same directory
+out but for the tokenizer, which stays with the checkpoint. `convert_decoder_hidden`: the same checkpoint to one graph
+of its last hidden states, which the embedding and reranker adapters pool. Their cache keys and versions are in
+`cache_keys`.
 
 They wire a source's config and weights (`gguf_decoders.py` for GGUF, `decoder_families.py` for checkpoints) to the
 decoder graph (`decoder_graph.py`). Like `convert_encoder` they need only `onnx`, numpy, `tokenizers` and the

@@ -2,9 +2,9 @@
 `tokenizers` Tokenizer (saved as tokenizer.json) plus the Hugging Face style tokenizer_config.json that names the
 special tokens and keeps the chat template for the causal-LM adapter.
 
-Only GPT-2 style byte-level BPE (`tokenizer.ggml.model = gpt2`) is rebuilt, with the pre-tokenizers whose
-splitting rules `tokenizers` spells exactly (GPT-2's, StarCoder's digits first, Qwen2's); anything else is a
-ConversionError, never an approximate tokenizer.
+Two kinds are rebuilt: GPT-2 style byte-level BPE (`tokenizer.ggml.model = gpt2`), with the pre-tokenizers whose
+splitting rules `tokenizers` spells exactly (GPT-2's, StarCoder's digits first, Qwen2's), and Gemma's SentencePiece
+vocabulary (`llama`, `gguf_sentencepiece`); anything else is a ConversionError, never an approximate tokenizer.
 """
 
 from __future__ import annotations
@@ -17,13 +17,16 @@ import attrs
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from sie.worker.convert.errors import ConversionError
-from sie.worker.convert.gguf_io import GgufFile
+from sie.worker.convert.gguf_io import TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED, GgufFile
+from sie.worker.convert.gguf_sentencepiece import (
+    check_sentencepiece,
+    end_of_turn_id,
+    sentencepiece_model,
+    sentencepiece_vocabulary,
+)
 from sie.worker.convert.names import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 
-# llama.cpp's token types (gguf.TokenType): control tokens are the special ones, user-defined ones are added
-# tokens matched whole but decoded like text.
-TOKEN_TYPE_CONTROL: Final = 3
-TOKEN_TYPE_USER_DEFINED: Final = 4
+TOKENIZER_MODELS: Final = ("gpt2", "llama")  # `tokenizer.ggml.model`: byte-level BPE, SentencePiece
 # llama.cpp pre-tokenizer names (`tokenizer.ggml.pre`) whose split is GPT-2's regex, with digits first split one by
 # one for the StarCoder family (SmolLM's tokenizer.json: Digits(individual_digits) then ByteLevel).
 _GPT2_PRE: Final = frozenset({"default", "gpt-2", "gpt2"})
@@ -41,7 +44,7 @@ class GgufTokenizer:
 
     tokenizer: Tokenizer
     special_tokens: dict[str, str]  # role (bos, eos, unk, pad) -> token text
-    special_ids: dict[str, int]  # `bos_token_id`, `eos_token_id`, ... as config.json names them
+    special_ids: dict[str, int | list[int]]  # `bos_token_id`, `eos_token_id`, ... as config.json names them
     chat_template: str | None
     add_bos_token: bool
     model_max_length: int
@@ -69,27 +72,60 @@ class GgufTokenizer:
 
 
 def gguf_tokenizer(gguf: GgufFile, model_max_length: int) -> GgufTokenizer:
-    """Rebuild the byte-level BPE tokenizer of `gguf` from its vocabulary, merges, token types and special ids."""
+    """Rebuild the tokenizer of `gguf` from its vocabulary, merges (or, for SentencePiece, its token order), token
+    types and special ids."""
     source = str(gguf.path)
     kind = gguf.value("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ConversionError(
-            f"tokenizer model {kind!r} is not supported; expected byte-level BPE 'gpt2'", source=source
-        )
+    if kind not in TOKENIZER_MODELS:
+        raise ConversionError(f"tokenizer model {kind!r} is not supported; expected byte-level BPE 'gpt2' or "
+                              f"Gemma's SentencePiece 'llama'", source=source)  # fmt: skip
     tokens = [str(token) for token in gguf.value("tokenizer.ggml.tokens")]
     token_types = list(gguf.value("tokenizer.ggml.token_type", [1] * len(tokens)))
-    merges = [_merge_pair(str(merge), source) for merge in gguf.value("tokenizer.ggml.merges")]
     if len(token_types) != len(tokens):
         raise ConversionError(f"{len(token_types)} token types for {len(tokens)} tokens", source=source)
-    vocab = {token: index for index, token in enumerate(tokens)}
-    if len(vocab) != len(tokens):
+    if kind == "llama":
+        check_sentencepiece(gguf)
+        tokens, token_types = sentencepiece_vocabulary(tokens, token_types)
+    if len(set(tokens)) != len(tokens):
         raise ConversionError("the vocabulary repeats a token", source=source)
     special_ids = {role: gguf.value(f"tokenizer.ggml.{role}_token_id", None) for role in _SPECIAL_ROLES}
-    unknown_id = special_ids["unknown"]
+    unknown = tokens[special_ids["unknown"]] if _valid_id(special_ids["unknown"], tokens) else None
+    if kind == "llama":
+        tokenizer, fallback = sentencepiece_model(tokens, unknown), None
+    else:
+        tokenizer, fallback = _byte_level_model(gguf, tokens, unknown), processors.ByteLevel(trim_offsets=False)
+    add_bos = bool(gguf.value("tokenizer.ggml.add_bos_token", False))
+    post_processor = _bos_template(add_bos, special_ids["bos"], tokens) or fallback
+    if post_processor is not None:
+        tokenizer.post_processor = post_processor
+    tokenizer.add_tokens(_added_tokens(tokens, token_types, TOKEN_TYPE_USER_DEFINED, special=False))
+    tokenizer.add_special_tokens(_added_tokens(tokens, token_types, TOKEN_TYPE_CONTROL, special=True))
+    names = {"bos": "bos", "eos": "eos", "unknown": "unk", "padding": "pad"}
+    ids: dict[str, int | list[int]] = {
+        f"{names[role]}_token_id": i for role, i in special_ids.items() if _valid_id(i, tokens)
+    }
+    end_of_turn = end_of_turn_id(tokens, token_types) if kind == "llama" else None
+    if end_of_turn is not None:  # a list, as config.json lists every id that ends a generation
+        ends = [ids["eos_token_id"]] if "eos_token_id" in ids else []
+        ids["eos_token_id"] = sorted({*ends, end_of_turn})
+    return GgufTokenizer(
+        tokenizer=tokenizer,
+        special_tokens={names[role]: tokens[i] for role, i in special_ids.items() if _valid_id(i, tokens)},
+        special_ids=ids,
+        chat_template=gguf.value("tokenizer.chat_template", None),
+        add_bos_token=add_bos,
+        model_max_length=model_max_length,
+    )
+
+
+def _byte_level_model(gguf: GgufFile, tokens: list[str], unknown: str | None) -> Tokenizer:
+    """The byte-level BPE model with its file's merges and the pre-tokenizer `tokenizer.ggml.pre` names."""
+    source = str(gguf.path)
+    merges = [_merge_pair(str(merge), source) for merge in gguf.value("tokenizer.ggml.merges")]
     bpe = models.BPE(
-        vocab=vocab,
+        vocab={token: index for index, token in enumerate(tokens)},
         merges=merges,
-        unk_token=tokens[unknown_id] if _valid_id(unknown_id, tokens) else None,
+        unk_token=unknown,
         fuse_unk=False,
         byte_fallback=False,
     )
@@ -99,19 +135,7 @@ def gguf_tokenizer(gguf: GgufFile, model_max_length: int) -> GgufTokenizer:
         tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = _pre_tokenizer(pre, source)
     tokenizer.decoder = decoders.ByteLevel()
-    add_bos = bool(gguf.value("tokenizer.ggml.add_bos_token", False))
-    tokenizer.post_processor = _post_processor(add_bos, special_ids["bos"], tokens)
-    tokenizer.add_tokens(_added_tokens(tokens, token_types, TOKEN_TYPE_USER_DEFINED, special=False))
-    tokenizer.add_special_tokens(_added_tokens(tokens, token_types, TOKEN_TYPE_CONTROL, special=True))
-    names = {"bos": "bos", "eos": "eos", "unknown": "unk", "padding": "pad"}
-    return GgufTokenizer(
-        tokenizer=tokenizer,
-        special_tokens={names[role]: tokens[i] for role, i in special_ids.items() if _valid_id(i, tokens)},
-        special_ids={f"{names[role]}_token_id": i for role, i in special_ids.items() if _valid_id(i, tokens)},
-        chat_template=gguf.value("tokenizer.chat_template", None),
-        add_bos_token=add_bos,
-        model_max_length=model_max_length,
-    )
+    return tokenizer
 
 
 def _valid_id(token_id: Any, tokens: list[str]) -> bool:
@@ -139,13 +163,13 @@ def _pre_tokenizer(name: str, source: str) -> pre_tokenizers.PreTokenizer:
     raise ConversionError(f"pre-tokenizer {name!r} is not supported; known: {known}", source=source)
 
 
-def _post_processor(add_bos: bool, bos_id: Any, tokens: list[str]) -> processors.PostProcessor:
+def _bos_template(add_bos: bool, bos_id: Any, tokens: list[str]) -> processors.PostProcessor | None:
     if add_bos and _valid_id(bos_id, tokens):
         bos = tokens[bos_id]
         return processors.TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
         )
-    return processors.ByteLevel(trim_offsets=False)
+    return None
 
 
 def _added_tokens(tokens: list[str], token_types: list[int], wanted: int, *, special: bool) -> list[AddedToken]:
