@@ -145,6 +145,10 @@ async def test_the_loader_serves_the_gguf_as_transformers_generates(
         rendered = "<bos><start_of_turn>user\nhello world<end_of_turn>\n<start_of_turn>model\n"
         ours = Tokenizer.from_file(str(converted.directory / "tokenizer.json"))
         assert list(prepared.prompt_ids) == ours.encode(rendered, add_special_tokens=False).ids
+        # the template writes <bos> once; a raw prompt gets the tokenizer's <bos>, as transformers tokenizes it
+        assert list(prepared.prompt_ids).count(BOS) == 1
+        raw = await asyncio.to_thread(adapter.prepare, GenerateParams(prompt="hello world", max_new_tokens=4))
+        assert list(raw.prompt_ids) == [BOS, *ours.encode("hello world", add_special_tokens=False).ids]
         stream = adapter.start(prepared, "r0", "s0")
         texts = []
         while not (event := await stream.next()).done:

@@ -127,7 +127,10 @@ class CausalLMAdapter(Adapter):
         """Render and tokenize the prompt and check the sampling settings and the context length; a request it
         cannot run raises GenerationInputError. Blocking (tokenization): run it in an executor."""
         text = self.prompt_text(params)
-        prompt_ids = tuple(self._tokenizer.encode(text, add_special_tokens=False).ids)
+        # A raw prompt gets what the tokenizer adds around a text (Gemma's and Llama's BOS), as transformers and
+        # OpenAI-compatible servers tokenize it; a chat template writes those tokens itself.
+        raw = params.prompt is not None
+        prompt_ids = tuple(self._tokenizer.encode(text, add_special_tokens=raw).ids)
         if not prompt_ids:
             raise _invalid("the prompt is empty")
         return PreparedGeneration(prompt_ids, self._sampling(params, len(prompt_ids)))
