@@ -5,8 +5,8 @@
 GGUF: its own GGUF tokenizer, and the model its GGUF loader builds (the same dequantization through the `gguf`
 package). transformers 5's `from_pretrained(..., gguf_file=...)` asks for `accelerate`, which the test extra does not
 carry, so the pieces it would call (the metadata and tensors `load_gguf_checkpoint` reads) are called here directly.
-Marked slow: the conversion reads 253 MB of weights, and transformers parses the GGUF three times (its reader takes
-about 15 s over the vocabulary each time: the metadata, the tensors, its tokenizer).
+Marked slow: the conversion reads 253 MB of weights, and transformers parses the GGUF twice (its reader takes about
+15 s over the vocabulary each time: the metadata its config and tokenizer share, and the tensors).
 
 The file is the base model (google/gemma-3-270m): it carries no chat template, so the chat prompt is Gemma's turn
 format written out.
@@ -156,9 +156,17 @@ def last_logits(session: Any, shape: CacheShape, ids: list[int]) -> np.ndarray:
     return session.run(None, feeds)[names.index("logits")][0, 0]
 
 
-def test_the_tokenizer_equals_transformers_gguf_tokenizer(gguf_path: Path, tokenizer: Tokenizer) -> None:
-    from transformers import AutoTokenizer
+def test_the_tokenizer_equals_transformers_gguf_tokenizer(
+    gguf_path: Path, tokenizer: Tokenizer, gguf_metadata: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers import AutoTokenizer, modeling_gguf_pytorch_utils
 
+    # AutoTokenizer reads the model's config through the same metadata parse: handed the module's one parse, as is.
+    def parsed(path: Path, return_tensors: bool = False, **_: Any) -> dict[str, Any]:
+        assert Path(path) == gguf_path and not return_tensors
+        return gguf_metadata
+
+    monkeypatch.setattr(modeling_gguf_pytorch_utils, "load_gguf_checkpoint", parsed)
     reference = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     for text in PROMPTS:
         assert tokenizer.encode(text).ids == reference(text)["input_ids"], text
