@@ -181,7 +181,7 @@ def test_a_capped_pools_work_goes_only_to_its_assigned_worker(deployment: Deploy
 
 
 def test_a_pools_pinned_model_is_loaded_on_its_assigned_worker_without_a_request(deployment: Deployment) -> None:
-    # seed 000 §16.3: the sidecar of each worker the pool assigns has it load the pinned model and keep it loaded;
+    # The sidecar of each worker the pool assigns has it load the pinned model and keep it loaded;
     # the gateway's series and its model listing follow from the workers' heartbeats. Nothing asks for the model.
     body = {"name": "pinning", "gpus": {"default": 1}, "gpu_caps": {"default": 1}, "pinned_models": [PINNED]}
     created = httpx.post(f"{deployment.a}/v1/pools", json=body, timeout=10)
@@ -200,6 +200,8 @@ def test_a_pools_pinned_model_is_loaded_on_its_assigned_worker_without_a_request
         assert holds_within(lambda: assigned <= holding(), 10)
         models = {model["name"]: model for model in httpx.get(f"{deployment.a}/health", timeout=5).json()["models"]}
         assert models[PINNED]["worker_count"] >= 1
+        listed = httpx.get(f"{deployment.a}/v1/models/{PINNED}", timeout=5).json()
+        assert listed["pinned_by"] == ["pinning"] and listed["state"] == "loaded"
     finally:
         httpx.delete(f"{deployment.a}/v1/pools/pinning", timeout=5)
 

@@ -677,7 +677,7 @@ async def test_models_list_and_one_model(gw: Gateway) -> None:
         "profiles": {"default": {"is_default": True}, "int8": {"is_default": False},
                      "multivector": {"is_default": False}},
         "bundles": ["default"], "compute_precision": "float32",
-        "loaded_on": [{"worker": "pod-a", "device": "cuda:0", "precision": "float32"}],
+        "loaded_on": [{"worker": "pod-a", "device": "cuda:0", "precision": "float32"}], "pinned_by": [],
     }  # fmt: skip
     assert models[f"{MINILM}:int8"]["loaded_on"] == []
     splade = (await gw.client.get("/v1/models/rasyosef/splade-tiny")).json()

@@ -4,7 +4,7 @@ gateway `/health` summary (contracts Part B §1.10). Built from a catalog snapsh
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from sie.catalog import Catalog, ModelConfig, ModelEntry
@@ -14,9 +14,15 @@ from sie.gateway.status import STATE_LOADED, ModelStatusSource, WorkerSummary
 INPUT_KINDS: Final = ("text", "image", "audio", "video", "document")
 
 
-def model_info(catalog: Catalog, entry: ModelEntry, status: ModelStatusSource) -> dict[str, Any]:
-    """One ModelInfo: catalogue facts plus the state the workers report; a model that generates text also names
-    its `tasks` and its `capabilities` (the SDK's ModelCapabilities: `streaming`, ...)."""
+# Per model id, the pools that pin it (`sie.gateway.pools.PoolDirectory.pinning_pools`).
+PinningPools = Mapping[str, Sequence[str]]
+
+
+def model_info(
+    catalog: Catalog, entry: ModelEntry, status: ModelStatusSource, pinning: PinningPools | None = None
+) -> dict[str, Any]:
+    """One ModelInfo: catalogue facts plus the state the workers report and the pools that pin it; a model that
+    generates text also names its `tasks` and its `capabilities` (the SDK's ModelCapabilities: `streaming`, ...)."""
     model = entry.model
     state, last_error = status.status(entry.model_id)
     info = {
@@ -37,6 +43,8 @@ def model_info(catalog: Catalog, entry: ModelEntry, status: ModelStatusSource) -
             {"worker": where.worker, "device": where.device, "precision": where.precision}
             for where in status.residency(entry.model_id)
         ],
+        # Our addition: the pools whose `pinned_models` keep it loaded on their workers.
+        "pinned_by": list((pinning or {}).get(entry.model_id, ())),
     }
     if model.tasks.generate:
         info["tasks"] = _tasks(model)
@@ -64,10 +72,11 @@ def _generate_capabilities(model: ModelConfig) -> dict[str, Any]:
     return {"streaming": True, **(declared if isinstance(declared, dict) else {})}
 
 
-def models_body(catalog: Catalog, status: ModelStatusSource) -> dict[str, Any]:
+def models_body(catalog: Catalog, status: ModelStatusSource, pinning: PinningPools | None = None) -> dict[str, Any]:
     """`{"models": [ModelInfo]}` for every servable id, profile variants included; `unservable` lists the model files
     (or profiles) the catalogue left out, each with its reason, when there are any."""
-    body: dict[str, Any] = {"models": [model_info(catalog, entry, status) for entry in catalog.entries.values()]}
+    infos = [model_info(catalog, entry, status, pinning) for entry in catalog.entries.values()]
+    body: dict[str, Any] = {"models": infos}
     if catalog.problems:
         body["unservable"] = [
             {"model_id": problem.model_id, "source": problem.source or None, "reason": problem.describe()}
@@ -76,9 +85,11 @@ def models_body(catalog: Catalog, status: ModelStatusSource) -> dict[str, Any]:
     return body
 
 
-def model_body(catalog: Catalog, model_id: str, status: ModelStatusSource) -> dict[str, Any]:
+def model_body(
+    catalog: Catalog, model_id: str, status: ModelStatusSource, pinning: PinningPools | None = None
+) -> dict[str, Any]:
     """One model's ModelInfo; an unknown id raises ModelNotFoundError."""
-    return model_info(catalog, catalog.get(model_id), status)
+    return model_info(catalog, catalog.get(model_id), status, pinning)
 
 
 def health_body(

@@ -255,6 +255,16 @@ class PoolDirectory:
                 floors[lane] = max(floors.get(lane, 0), spec.minimum_worker_count)
         return floors
 
+    def pinning_pools(self) -> dict[str, list[str]]:
+        """Per model id, the live pools that pin it (`pinned_models`), by name."""
+        now = self._clock()
+        pinning: dict[str, list[str]] = {}
+        for pool in sorted(self._live.values(), key=lambda pool: pool.name):
+            if not pool.expired(now):
+                for model in pool.spec.pinned_models:
+                    pinning.setdefault(model, []).append(pool.name)
+        return pinning
+
     def pinned_models_loaded(self) -> dict[tuple[str, str], int]:
         """Per (pool, pinned model): 1 when a healthy worker assigned to the pool has the model loaded, else 0."""
         loaded_by = {worker.name: set(worker.loaded_models) for worker in self._workers() if worker.healthy}

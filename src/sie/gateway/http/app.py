@@ -162,7 +162,9 @@ def build_gateway_app(  # noqa: PLR0913 - the sources, the settings, and what ea
         dict(settings.compat_default_models),
     )  # fmt: skip
     generation = GenerationHandlers(GenerationService(dispatcher, limits), settings.max_body_bytes, sources.tracing)
-    read = ReadHandlers(sources.catalog, sources.status, serving, settings.configured_gpus, sources.routing_reason)
+    pinning = sources.pools.pinning_pools if sources.pools is not None else None
+    read = ReadHandlers(sources.catalog, sources.status, serving, settings.configured_gpus, sources.routing_reason,
+                        pinning)  # fmt: skip
     kserve = KServeHandlers(service, settings.max_body_bytes, sources.tracing, sources.catalog, read.is_ready)
     traffic = TrafficWindow()  # inference requests per second and their latency, for the status page
     kserve_grpc = None

@@ -23,7 +23,7 @@ class ReadHandlers:
     listener serves, until it drains, whatever the workers and the broker do, so a load balancer keeps sending the
     requests the inference path answers with a retryable 503. `routing_reason` (when given) says why requests cannot
     be routed now (the broker is not connected, the first round of worker heartbeats is not over), or None: `/health`
-    shows it."""
+    shows it. `pinning` (when the gateway serves pools) names the pools pinning each model."""
 
     def __init__(
         self,
@@ -32,20 +32,26 @@ class ReadHandlers:
         serving: ServingState,
         configured_gpus: tuple[str, ...],
         routing_reason: Callable[[], str | None] | None = None,
+        pinning: Callable[[], models.PinningPools] | None = None,
     ) -> None:
         self._catalog = catalog
         self._status = status
         self._serving = serving
         self._configured_gpus = configured_gpus
         self._routing_reason = routing_reason
+        self._pinning = pinning
 
     @endpoint(Surface.NATIVE)
     async def list_models(self, request: Request) -> Response:
-        return json_response(models.models_body(self._catalog(), self._status))
+        return json_response(models.models_body(self._catalog(), self._status, self._pinned()))
 
     @endpoint(Surface.NATIVE)
     async def get_model(self, request: Request) -> Response:
-        return json_response(models.model_body(self._catalog(), request.path_params["model"], self._status))
+        model_id = request.path_params["model"]
+        return json_response(models.model_body(self._catalog(), model_id, self._status, self._pinned()))
+
+    def _pinned(self) -> models.PinningPools | None:
+        return self._pinning() if self._pinning is not None else None
 
     @endpoint(Surface.NATIVE)
     async def health(self, request: Request) -> Response:
