@@ -13,7 +13,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from tokenizers import AddedToken, Tokenizer
 
@@ -22,7 +21,7 @@ from sie.wire.queue import GenerateParams
 from sie.worker.convert import convert_decoder_checkpoint, convert_decoder_hidden, convert_gguf
 from sie.worker.convert.cache_keys import decoder_cache_key
 from sie.worker.errors import ModelLoadError
-from sie.worker.generation.kv_cache import CacheShape, empty_cache, next_cache
+from sie.worker.generation.kv_cache import CacheShape
 from sie.worker.loading import ModelLoader, graph_bytes
 from sie.worker.session import SessionOptions
 from support import llama_reference
@@ -34,6 +33,7 @@ from support.decoder_checkpoints import (
     gemma3_config,
     random_causal_lm,
     reference_logits,
+    run_generation_graph,
     save_base_model,
     save_causal_lm,
     session,
@@ -49,32 +49,6 @@ LENGTHS = [7, 3, 5]  # left-padded to 7: longer than the sliding window
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Any]:
     directory = tmp_path_factory.mktemp(request.param)
     return request.param, directory, save_causal_lm(directory, request.param)
-
-
-def run_generation_graph(graph: ort.InferenceSession, shape: CacheShape, prompts: list[list[int]], steps: int):
-    """Logits of the last position for a left-padded batch of `prompts`, then `steps` greedy steps through the
-    cache; yields (the ids each row has seen, their logits) per run."""
-    width = max(map(len, prompts))
-    ids = np.zeros((len(prompts), width), dtype=np.int64)
-    mask = np.zeros_like(ids)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = prompt
-        mask[row, width - len(prompt) :] = 1
-    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
-    cache = empty_cache(shape, len(prompts))
-    seen = [list(prompt) for prompt in prompts]
-    names = [output.name for output in graph.get_outputs()]
-    for _ in range(steps + 1):
-        outputs = graph.run(None, {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **cache})
-        logits = outputs[names.index("logits")][:, 0]
-        yield [list(row) for row in seen], logits
-        chosen = logits.argmax(axis=1)
-        for row, token in enumerate(chosen):
-            seen[row].append(int(token))
-        ids = chosen[:, None].astype(np.int64)
-        mask = np.concatenate([mask, np.ones((len(prompts), 1), dtype=np.int64)], axis=1)
-        positions = positions[:, -1:] + 1
-        cache = next_cache(names, outputs)
 
 
 def test_the_generation_graph_equals_transformers(checkpoint, tmp_path: Path) -> None:

@@ -15,7 +15,6 @@ from typing import Any
 
 import gguf
 import numpy as np
-import onnxruntime as ort
 import pytest
 from tokenizers import Tokenizer
 
@@ -25,10 +24,10 @@ from sie.worker.convert import ConversionError, convert_gguf
 from sie.worker.convert.decoders import DecoderConversion
 from sie.worker.convert.gguf_io import GgufFile, gguf_model_type
 from sie.worker.generation.greedy_loop import greedy_decode
-from sie.worker.generation.kv_cache import CacheShape, empty_cache, next_cache
+from sie.worker.generation.kv_cache import CacheShape
 from sie.worker.loading import ModelLoader
 from sie.worker.session import SessionOptions
-from support.decoder_checkpoints import random_causal_lm, reference_logits, session
+from support.decoder_checkpoints import random_causal_lm, reference_logits, run_generation_graph, session
 from support.gemma3_gguf import (
     BOS,
     BYTE_IDS,
@@ -62,27 +61,6 @@ def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     return model, convert_gguf(path, directory / "converted")
 
 
-def batch_logits(graph: ort.InferenceSession, shape: CacheShape, prompts: list[list[int]], steps: int):
-    """(the ids each row has seen, their last-position logits) for a left-padded prefill of `prompts`, then for each
-    of `steps` greedy steps through the key/value cache."""
-    width = max(map(len, prompts))
-    mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=np.int64)
-    ids = np.array([[0] * (width - len(p)) + p for p in prompts], dtype=np.int64)
-    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
-    cache, seen = empty_cache(shape, len(prompts)), [list(p) for p in prompts]
-    names = [output.name for output in graph.get_outputs()]
-    for _ in range(steps + 1):
-        outputs = graph.run(None, {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **cache})
-        logits = outputs[names.index("logits")][:, 0]
-        yield [list(row) for row in seen], logits
-        chosen = logits.argmax(axis=1)
-        for row, token in enumerate(chosen):
-            seen[row].append(int(token))
-        ids = chosen[:, None].astype(np.int64)
-        mask = np.concatenate([mask, np.ones((len(prompts), 1), dtype=np.int64)], axis=1)
-        positions, cache = positions[:, -1:] + 1, next_cache(names, outputs)
-
-
 def test_the_decoder_equals_transformers_on_the_original_checkpoint(tiny: tuple[Any, DecoderConversion]) -> None:
     model, converted = tiny
     config = json.loads((converted.directory / "config.json").read_text())
@@ -90,7 +68,7 @@ def test_the_decoder_equals_transformers_on_the_original_checkpoint(tiny: tuple[
     prompts = [[BOS, *rng.integers(7, VOCAB, size=length).tolist()] for length in (11, 3, 6)]
     assert max(map(len, prompts)) > 2 * SLIDING_WINDOW
     runs = 0
-    for seen, logits in batch_logits(session(converted.graph), CacheShape.from_config(config), prompts, 4):
+    for seen, logits in run_generation_graph(session(converted.graph), CacheShape.from_config(config), prompts, 4):
         for row, ids in enumerate(seen):
             assert float(np.abs(logits[row] - reference_logits(model, ids)).max()) <= TOLERANCE, ids
         runs += 1

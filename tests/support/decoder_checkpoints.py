@@ -16,6 +16,8 @@ import onnxruntime as ort
 from tokenizers import Tokenizer, pre_tokenizers, processors
 from tokenizers import models as tokenizer_models
 
+from sie.worker.generation.kv_cache import CacheShape, empty_cache, next_cache
+
 if TYPE_CHECKING:
     import torch
 
@@ -147,3 +149,29 @@ def reference_logits(model: Any, ids: list[int]) -> np.ndarray:
 
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0, -1].numpy()
+
+
+def run_generation_graph(graph: ort.InferenceSession, shape: CacheShape, prompts: list[list[int]], steps: int):
+    """Logits of the last position for a left-padded batch of `prompts`, then `steps` greedy steps through the
+    cache; yields (the ids each row has seen, their logits) per run."""
+    width = max(map(len, prompts))
+    ids = np.zeros((len(prompts), width), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = prompt
+        mask[row, width - len(prompt) :] = 1
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    cache = empty_cache(shape, len(prompts))
+    seen = [list(prompt) for prompt in prompts]
+    names = [output.name for output in graph.get_outputs()]
+    for _ in range(steps + 1):
+        outputs = graph.run(None, {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **cache})
+        logits = outputs[names.index("logits")][:, 0]
+        yield [list(row) for row in seen], logits
+        chosen = logits.argmax(axis=1)
+        for row, token in enumerate(chosen):
+            seen[row].append(int(token))
+        ids = chosen[:, None].astype(np.int64)
+        mask = np.concatenate([mask, np.ones((len(prompts), 1), dtype=np.int64)], axis=1)
+        positions = positions[:, -1:] + 1
+        cache = next_cache(names, outputs)
