@@ -11,7 +11,7 @@ import math
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, Final
+from typing import Any, Final
 
 import attrs
 import numpy as np
@@ -27,8 +27,7 @@ TOKEN_TYPE_USER_DEFINED: Final = 4
 # transformers' model_type for a llama.cpp architecture, where the two names differ (Gemma 3's text decoder).
 MODEL_TYPES: Final = {"gemma3": "gemma3_text"}
 _ARCHITECTURE_KEY: Final = "general.architecture"
-# The bytes of one value of each of GGUF's scalar metadata types (gguf.GGUFValueType); 8 is a string, 9 an array.
-_SCALAR_SIZES: Final = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+# GGUF's metadata value types (gguf.GGUFValueType) that are no scalar.
 _STRING, _ARRAY = 8, 9
 
 
@@ -133,12 +132,7 @@ _DEFAULT_ALIGNMENT: Final = 32
 
 def _parse(data: np.ndarray, gguf: Any) -> tuple[dict[str, Any], dict[str, _TensorInfo]]:
     """The metadata values and tensor infos of a whole GGUF file (versions 2 and 3, little-endian)."""
-    buffer = memoryview(data)
-    magic, version = struct.unpack_from("<4sI", buffer, 0)
-    if magic != b"GGUF" or version < 2:  # noqa: PLR2004 - version 1 counted in 32 bits
-        raise ValueError(f"magic {magic!r}, version {version}")
-    tensor_count, key_count = struct.unpack_from("<QQ", buffer, 8)
-    reader = _Reader(buffer, 24)
+    reader, tensor_count, key_count = _header(data)
     fields: dict[str, Any] = {}
     for _ in range(key_count):
         key = reader.string()
@@ -195,48 +189,27 @@ class _Reader:
 
 def gguf_model_type(path: Path) -> str:
     """The transformers model_type of the GGUF file at `path`, from its header's `general.architecture` alone (the
-    `gguf` package parses every array of the metadata on open: seconds for a 262k-token vocabulary)."""
+    metadata before it is read, llama.cpp writes it first; no tensor info, no `gguf` package)."""
+    architecture = None
     try:
-        with Path(path).open("rb") as handle:
-            architecture = _read_architecture(handle)
-    except (OSError, struct.error, UnicodeDecodeError) as exc:
+        reader, _, key_count = _header(np.memmap(path, dtype=np.uint8, mode="r"))
+        for _ in range(key_count):
+            key, value = reader.string(), reader.value(reader.scalar(4))
+            if key == _ARCHITECTURE_KEY:
+                architecture = value
+                break
+    except (OSError, ValueError, struct.error, UnicodeDecodeError, KeyError) as exc:
         raise ConversionError(f"not a readable GGUF file: {exc}", source=str(path)) from exc
-    if architecture is None:
+    if not isinstance(architecture, str):
         raise ConversionError(f"metadata key {_ARCHITECTURE_KEY!r} is missing", source=str(path))
     return MODEL_TYPES.get(architecture, architecture)
 
 
-def _read_architecture(handle: BinaryIO) -> str | None:
-    magic, version = struct.unpack("<4sI", handle.read(8))
+def _header(data: np.ndarray) -> tuple[_Reader, int, int]:
+    """A reader past the header of a GGUF file (versions 2 and 3, little-endian), its tensor and key counts."""
+    buffer = memoryview(data)
+    magic, version = struct.unpack_from("<4sI", buffer, 0)
     if magic != b"GGUF" or version < 2:  # noqa: PLR2004 - version 1 counted in 32 bits
         raise ValueError(f"magic {magic!r}, version {version}")
-    _tensors, keys = struct.unpack("<QQ", handle.read(16))
-    for _ in range(keys):
-        key = _read_string(handle)
-        (value_type,) = struct.unpack("<I", handle.read(4))
-        if key == _ARCHITECTURE_KEY and value_type == _STRING:
-            return _read_string(handle)
-        _skip_value(handle, value_type)
-    return None
-
-
-def _read_string(handle: BinaryIO) -> str:
-    (length,) = struct.unpack("<Q", handle.read(8))
-    return handle.read(length).decode("utf-8")
-
-
-def _skip_value(handle: BinaryIO, value_type: int) -> None:
-    if value_type == _STRING:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        handle.seek(length, 1)
-    elif value_type == _ARRAY:
-        item_type, count = struct.unpack("<IQ", handle.read(12))
-        if item_type in _SCALAR_SIZES:
-            handle.seek(count * _SCALAR_SIZES[item_type], 1)
-        else:
-            for _ in range(count):
-                _skip_value(handle, item_type)
-    elif value_type in _SCALAR_SIZES:
-        handle.seek(_SCALAR_SIZES[value_type], 1)
-    else:
-        raise ValueError(f"unknown metadata value type {value_type}")
+    tensor_count, key_count = struct.unpack_from("<QQ", buffer, 8)
+    return _Reader(buffer, 24), tensor_count, key_count
