@@ -2,7 +2,7 @@
 frame types, a submit's validation against the sidecar's lane, and the budgets a connection takes from. The
 socket, the connections and settlement are `sie.sidecar.local_ingest`'s.
 
-Frames are `[u32 big-endian length][msgpack map]` both ways, each map naming its `type`:
+Frames are `[u32 big-endian length][msgpack map]` both ways (the worker IPC's framing), each map naming its `type`:
 
     server → client   {"type": "hello", "version": 1, "pool", "machine_profile", "bundle", "worker_id",
                        "max_frame_bytes", "max_inflight_items"}                       first, once
@@ -17,17 +17,17 @@ connections): the server closes the connection after it.
 from __future__ import annotations
 
 import asyncio
-import struct
 from typing import Any, Final
 
 import attrs
 
+from sie.ipc.framing import HEADER
+from sie.ipc.framing import encode_frame as framed
 from sie.transport.base import Lane
 from sie.wire import DecodeError, codes, packb, structure, unpackb, unstructure
 from sie.wire.queue import OPERATION_GENERATE, WorkItem, WorkResult
 
 VERSION: Final = 1
-HEADER: Final = struct.Struct("!I")
 HELLO: Final = "hello"
 SUBMIT: Final = "submit"
 RESULT: Final = "result"
@@ -72,9 +72,8 @@ def frame_length(header: bytes, max_frame_bytes: int) -> int:
 
 
 def encode_frame(message: dict[str, Any]) -> bytes:
-    """One frame: the header, then the message as msgpack."""
-    body = packb(message)
-    return HEADER.pack(len(body)) + body
+    """One frame: the header (the worker IPC's), then the message as msgpack."""
+    return framed(packb(message))
 
 
 def hello_frame(lane: Lane, worker_id: str, max_frame_bytes: int, max_inflight_items: int) -> bytes:
