@@ -5,8 +5,8 @@
 GGUF: its own GGUF tokenizer, and the model its GGUF loader builds (the same dequantization through the `gguf`
 package). transformers 5's `from_pretrained(..., gguf_file=...)` asks for `accelerate`, which the test extra does not
 carry, so the pieces it would call (the metadata and tensors `load_gguf_checkpoint` reads) are called here directly.
-Marked slow: the conversion reads 253 MB of weights, and transformers parses the GGUF twice (its reader takes about
-15 s over the vocabulary each time: the metadata its config and tokenizer share, and the tensors).
+Marked slow: the conversion reads 253 MB of weights, and transformers' reading of the GGUF takes about 11 s over the
+vocabulary (made once for the module and shared by the metadata its config and tokenizer read, and the tensors).
 
 The file is the base model (google/gemma-3-270m): it carries no chat template, so the chat prompt is Gemma's turn
 format written out.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -110,16 +111,33 @@ def session(prepared: PreparedFiles) -> Any:
 
 
 @pytest.fixture(scope="module")
-def gguf_metadata(gguf_path: Path) -> dict[str, Any]:
-    """transformers' reading of the file's metadata, as `AutoConfig.from_pretrained(gguf_file=...)` reads it (parsed
-    here once: each of its readings parses the 262k-token vocabulary again, about 15 s)."""
+def gguf_reader(gguf_path: Path) -> Iterator[None]:
+    """The `gguf` package's reading of the file, made once for the module: transformers' loader builds a new
+    `GGUFReader` on every call (about 11 s each over the 262k-token vocabulary), here it gets this one."""
+    import gguf
+
+    reader = gguf.GGUFReader(gguf_path)
+
+    def read(path: Path | str, *_: Any, **__: Any) -> Any:
+        assert Path(path) == gguf_path
+        return reader
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", read)
+        yield
+
+
+@pytest.fixture(scope="module")
+def gguf_metadata(gguf_path: Path, gguf_reader: None) -> dict[str, Any]:
+    """transformers' reading of the file's metadata, as `AutoConfig.from_pretrained(gguf_file=...)` reads it (made
+    here once: each of its readings processes the 262k-token vocabulary again)."""
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     return load_gguf_checkpoint(gguf_path, return_tensors=False)
 
 
 @pytest.fixture(scope="module")
-def reference(gguf_path: Path, gguf_metadata: dict[str, Any]) -> Any:
+def reference(gguf_path: Path, gguf_metadata: dict[str, Any], gguf_reader: None) -> Any:
     """transformers' Gemma 3 as its GGUF loader builds it: config from the metadata (as `AutoConfig` reads it),
     tensors dequantized, renamed and their norms less 1 (`load_gguf_checkpoint`), the embedding tied."""
     import torch
