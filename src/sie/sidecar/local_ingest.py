@@ -376,11 +376,13 @@ class LocalIngest:
         except Exception:  # noqa: BLE001 - a bug in one connection must not reach asyncio's callback unlogged
             logger.exception("local-ingest connection %d failed", connection.number)
         finally:
-            self._live.discard(connection)
             self._drop(connection)
             if connection.out.slow:
                 self._count(LocalConnection.SLOW_READER)
-            await connection.out.close()
+            try:
+                await connection.out.close()
+            finally:  # counted as open until its socket is closed
+                self._live.discard(connection)
 
     async def _read(self, connection: _Connection) -> None:
         """Read frames until the client leaves; the declared bytes are taken before each body is read."""

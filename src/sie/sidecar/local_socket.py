@@ -120,8 +120,10 @@ class FrameWriter:
                         await self._queue.join()
         finally:  # cancelled meanwhile (the ingest leaving): the socket is closed all the same
             self._writing.cancel()
-            await asyncio.gather(self._writing, return_exceptions=True)
-            await close_writer(self._writer)
+            try:
+                await asyncio.gather(self._writing, return_exceptions=True)
+            finally:
+                await close_writer(self._writer)
 
     async def _write_loop(self) -> None:
         while True:
