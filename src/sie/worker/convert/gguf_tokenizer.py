@@ -3,8 +3,9 @@
 special tokens and keeps the chat template for the causal-LM adapter.
 
 Two kinds are rebuilt: GPT-2 style byte-level BPE (`tokenizer.ggml.model = gpt2`), with the pre-tokenizers whose
-splitting rules `tokenizers` spells exactly (GPT-2's, StarCoder's digits first, Qwen2's), and Gemma's SentencePiece
-vocabulary (`llama`, `gguf_sentencepiece`); anything else is a ConversionError, never an approximate tokenizer.
+splitting rules `tokenizers` spells exactly (GPT-2's, StarCoder's digits first, Qwen2's), and the SentencePiece
+vocabularies of Gemma 3 and of the llama architecture (Llama 2, Mistral: `llama`, `gguf_sentencepiece`); anything else
+is a ConversionError, never an approximate tokenizer.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.gguf_io import TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED, GgufFile
 from sie.worker.convert.gguf_sentencepiece import (
-    check_sentencepiece,
+    SentencePieceShape,
     end_of_turn_id,
     sentencepiece_model,
+    sentencepiece_shape,
     sentencepiece_vocabulary,
 )
 from sie.worker.convert.names import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
@@ -78,20 +80,20 @@ def gguf_tokenizer(gguf: GgufFile, model_max_length: int) -> GgufTokenizer:
     kind = gguf.value("tokenizer.ggml.model")
     if kind not in TOKENIZER_MODELS:
         raise ConversionError(f"tokenizer model {kind!r} is not supported; expected byte-level BPE 'gpt2' or "
-                              f"Gemma's SentencePiece 'llama'", source=source)  # fmt: skip
+                              f"SentencePiece 'llama'", source=source)  # fmt: skip
     tokens = [str(token) for token in gguf.value("tokenizer.ggml.tokens")]
     token_types = list(gguf.value("tokenizer.ggml.token_type", [1] * len(tokens)))
     if len(token_types) != len(tokens):
         raise ConversionError(f"{len(token_types)} token types for {len(tokens)} tokens", source=source)
-    if kind == "llama":
-        check_sentencepiece(gguf)
+    shape = sentencepiece_shape(gguf) if kind == "llama" else None
+    if shape is not None:
         tokens, token_types = sentencepiece_vocabulary(tokens, token_types)
     if len(set(tokens)) != len(tokens):
         raise ConversionError("the vocabulary repeats a token", source=source)
     special_ids = {role: gguf.value(f"tokenizer.ggml.{role}_token_id", None) for role in _SPECIAL_ROLES}
     unknown = tokens[special_ids["unknown"]] if _valid_id(special_ids["unknown"], tokens) else None
-    if kind == "llama":
-        tokenizer, fallback = sentencepiece_model(tokens, unknown), None
+    if shape is not None:
+        tokenizer, fallback = sentencepiece_model(tokens, _scores(gguf, len(tokens), shape), unknown, shape), None
     else:
         tokenizer, fallback = _byte_level_model(gguf, tokens, unknown), processors.ByteLevel(trim_offsets=False)
     add_bos = bool(gguf.value("tokenizer.ggml.add_bos_token", False))
@@ -136,6 +138,18 @@ def _byte_level_model(gguf: GgufFile, tokens: list[str], unknown: str | None) ->
     tokenizer.pre_tokenizer = _pre_tokenizer(pre, source)
     tokenizer.decoder = decoders.ByteLevel()
     return tokenizer
+
+
+def _scores(gguf: GgufFile, count: int, shape: SentencePieceShape) -> list[float] | None:
+    """The pieces' scores, where the shape ranks its merges by them."""
+    if not shape.merges_by_score:
+        return None
+    scores = gguf.value("tokenizer.ggml.scores", None)
+    if scores is None or len(scores) != count:
+        found = "none" if scores is None else len(scores)
+        raise ConversionError(f"a SentencePiece vocabulary of {count} tokens needs as many scores, found {found}",
+                              source=str(gguf.path))  # fmt: skip
+    return [float(score) for score in scores]
 
 
 def _valid_id(token_id: Any, tokens: list[str]) -> bool:
