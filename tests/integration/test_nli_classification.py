@@ -1,11 +1,13 @@
 """Zero-shot classification by entailment served through the worker against transformers' zero-shot-classification
-pipeline on the same tiny random NLI checkpoints: a DeBERTa-v3 one with MNLI's three labels (entailment last) and a
-BERT one with the binary entailment / not_entailment head of the zeroshot-v2.0 models (entailment first); scores
+pipeline on the same tiny random NLI checkpoints: a DeBERTa-v3 one with MNLI's three labels (entailment last), a
+BERT one with the binary entailment / not_entailment head of the zeroshot-v2.0 models (entailment first), and a BART
+encoder-decoder one (facebook/bart-large-mnli's architecture) with MNLI's labels; scores
 within 1e-4 and in the same order, exclusive and multi-label, a single label, the YAML's hypothesis template and a
 request's own; what cannot run is refused per item."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,6 +15,8 @@ import pytest
 
 from sie.catalog import parse_model_config
 from sie.wire.ipc_batch import ExtractBatchItem
+from sie.worker.convert import ConversionError
+from sie.worker.convert.encoders import convert_encoder
 from support.zero_shot_checkpoints import MNLI_LABELS, save_nli_classifier
 
 TOLERANCE = 1e-4
@@ -22,6 +26,7 @@ TEMPLATE = "This text is about {}."
 HEADS = {
     "deberta-mnli": ("deberta-v2", MNLI_LABELS),
     "bert-binary": ("bert", {0: "entailment", 1: "not_entailment"}),
+    "bart-mnli": ("bart", MNLI_LABELS),
 }
 
 
@@ -85,3 +90,29 @@ def test_what_cannot_run_is_refused_per_item(served: tuple[Any, Any]) -> None:
     assert [result.error_code for result in results[:4]] == ["INVALID_INPUT"] * 4
     assert "labels" in results[0].error and "hypothesis_template" in results[2].error
     assert "threshold" in results[3].error and results[4].ok
+
+
+def test_a_bart_classifier_converts_to_transformers_logits_on_a_padded_batch(tmp_path: Path) -> None:
+    """The BART graph alone: encoder, shifted decoder, the last <eos> of rows of different lengths (right padding,
+    as the adapter pads), against BartForSequenceClassification; a head other than seq-cls is refused."""
+    import onnxruntime as ort
+    import torch
+    from tokenizers import Tokenizer
+
+    model = save_nli_classifier(tmp_path, "bart", MNLI_LABELS)
+    tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    pairs = [(TEXTS[0], "This text is about a person."), ("Paris", "It is a city."), (TEXTS[1], "Fox.")]
+    encoded = [tokenizer.encode(premise, hypothesis).ids for premise, hypothesis in pairs]
+    width = max(map(len, encoded))
+    ids = np.array([row + [0] * (width - len(row)) for row in encoded])
+    mask = np.array([[1] * len(row) + [0] * (width - len(row)) for row in encoded])
+    converted = convert_encoder(tmp_path, tmp_path / "bart.onnx", "seq-cls")
+    assert converted.labels == ("contradiction", "neutral", "entailment")
+    session = ort.InferenceSession(str(converted.path), providers=["CPUExecutionProvider"])
+    (ours,) = session.run(["logits"], {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})
+    for row, tokens in enumerate(encoded):  # transformers, one row at a time: no padding on its side
+        with torch.no_grad():
+            theirs = model(input_ids=torch.tensor([tokens])).logits[0].numpy()
+        assert float(np.abs(ours[row] - theirs).max()) <= TOLERANCE, row
+    with pytest.raises(ConversionError, match="head 'mean' is not built for BART"):
+        convert_encoder(tmp_path, tmp_path / "mean.onnx", "mean")

@@ -29,7 +29,13 @@ DEBERTA = {"model_type": "deberta-v2", "hidden_size": 32, "num_attention_heads":
            "pad_token_id": 0}  # fmt: skip
 BERT = {"model_type": "bert", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2,
         "intermediate_size": 48, "max_position_embeddings": 512, "type_vocab_size": 2, "pad_token_id": 0}  # fmt: skip
-BACKBONES = {"deberta-v2": DEBERTA, "bert": BERT}
+# BART (an encoder-decoder NLI classifier, as facebook/bart-large-mnli): [SEP] (id 2) is its <eos>, the decoder
+# narrower than the encoder so each is sized by its own numbers, embeddings scaled by sqrt(d_model)
+BART = {"model_type": "bart", "d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
+        "decoder_attention_heads": 2, "encoder_ffn_dim": 48, "decoder_ffn_dim": 40, "max_position_embeddings": 512,
+        "scale_embedding": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+        "decoder_start_token_id": 2, "forced_eos_token_id": 2}  # fmt: skip
+BACKBONES = {"deberta-v2": DEBERTA, "bert": BERT, "bart": BART}
 # The catalogue id the shared e2e cluster serves `save_gliner`'s default checkpoint under.
 TINY_GLINER = "tiny/gliner"
 

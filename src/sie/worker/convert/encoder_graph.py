@@ -116,7 +116,7 @@ class EncoderOutput:
 
 
 @attrs.frozen
-class _Shapes:
+class LayerShapes:
     """Runtime shapes and masks computed once from the inputs and shared by every layer."""
 
     sequence: str  # [S]
@@ -137,7 +137,7 @@ def build_encoder(
     Between embeddings and output the hidden state is a [B*S, H] matrix, so onnxruntime turns
     every MatMul + bias Add into one Gemm.
     """
-    shapes = _dynamic_shapes(builder, config)
+    shapes = layer_shapes(builder, config)
     word_table, embedded = _embeddings(builder, config, weights, shapes.sequence)
     mask, padding_bias = padding_biases(builder)
     position_bias = ""  # [1, heads, S, S], added to every layer's scores
@@ -147,7 +147,7 @@ def build_encoder(
         position_bias = _alibi_bias(builder, config, shapes.sequence)
     tokens = builder.op("Reshape", [embedded, builder.const([-1, config.hidden_size])], "embeddings.tokens")
     for index in range(config.num_hidden_layers):
-        layer = _Layer(builder, config, weights, index, shapes)
+        layer = EncoderLayer(builder, config, weights, index, shapes)
         tokens = layer.feed_forward(layer.attention(tokens, position_bias))
     hidden_shape = builder.op(
         "Concat", [shapes.batch_sequence, builder.const([config.hidden_size])], "shape.hidden", axis=0
@@ -156,12 +156,12 @@ def build_encoder(
     return EncoderOutput(hidden=hidden, tokens=tokens, mask=mask, padding_bias=padding_bias, word_embeddings=word_table)
 
 
-def _dynamic_shapes(builder: GraphBuilder, config: EncoderConfig) -> _Shapes:
+def layer_shapes(builder: GraphBuilder, config: EncoderConfig) -> LayerShapes:
     sequence = builder.op("Shape", ["input_ids"], "shape.sequence", start=1, end=2)
     batch_sequence = builder.op("Shape", ["input_ids"], "shape.batch_sequence")
     tokens_3d = builder.op("Concat", [batch_sequence, builder.const([config.hidden_size])], "shape.tokens_3d", axis=0)
     mask_int32 = builder.op("Cast", ["attention_mask"], "mask.int32", to=TensorProto.INT32)
-    return _Shapes(sequence=sequence, batch_sequence=batch_sequence, tokens_3d=tokens_3d, mask_int32=mask_int32)
+    return LayerShapes(sequence=sequence, batch_sequence=batch_sequence, tokens_3d=tokens_3d, mask_int32=mask_int32)
 
 
 def layer_norm(builder: GraphBuilder, x: str, params: tuple[np.ndarray, np.ndarray], name: str, eps: float) -> str:
@@ -326,11 +326,11 @@ def padding_biases(builder: GraphBuilder) -> tuple[str, str]:
     return mask, builder.op("Mul", [inverted, builder.const(MASK_NEGATIVE, np.float32)], "mask.padding_bias")
 
 
-class _Layer:
+class EncoderLayer:
     """One transformer layer's sub-graphs; weights are read as each block is built."""
 
     def __init__(
-        self, builder: GraphBuilder, config: EncoderConfig, weights: EncoderWeights, index: int, shapes: _Shapes
+        self, builder: GraphBuilder, config: EncoderConfig, weights: EncoderWeights, index: int, shapes: LayerShapes
     ) -> None:
         self.builder = builder
         self.config = config
@@ -339,15 +339,18 @@ class _Layer:
         self.family = config.family
         self.prefix = config.family.layer.format(index=index)
 
-    def attention(self, x: str, position_bias: str) -> str:
+    def attention(self, x: str, position_bias: str, *, causal: bool = False) -> str:
         """Self-attention on [B*S, H] tokens (onnxruntime's fused `Attention`: Q/K/V projection, 1/sqrt(head_size),
-        the padding mask, `position_bias` when there is one, softmax), then output dense, residual and LayerNorm."""
+        the padding mask, `position_bias` when there is one, softmax), then output dense, residual and LayerNorm.
+        `causal`: each token attends to itself and the tokens before it, with no padding mask (BART's decoder)."""
         b, cfg, name = self.builder, self.config, f"{self.prefix}.attention"
         weight, bias = self._qkv_params()
         tokens = b.op("Reshape", [x, self.shapes.tokens_3d], f"{name}.tokens_3d")
         inputs = [tokens, b.weight(f"{name}.qkv.weight", weight), b.weight(f"{name}.qkv.bias", bias)]
-        inputs += [self.shapes.mask_int32, "", position_bias] if position_bias else [self.shapes.mask_int32]
-        context = b.op("Attention", inputs, f"{name}.fused", domain=CONTRIB_DOMAIN, num_heads=cfg.num_attention_heads)
+        if not causal:
+            inputs += [self.shapes.mask_int32, "", position_bias] if position_bias else [self.shapes.mask_int32]
+        context = b.op("Attention", inputs, f"{name}.fused", domain=CONTRIB_DOMAIN, num_heads=cfg.num_attention_heads,
+                       **({"unidirectional": 1} if causal else {}))  # fmt: skip
         context = b.op("Reshape", [context, b.const([-1, cfg.hidden_size])], f"{name}.merged")
         output = self._name(self.family.attention_output)
         out = linear(b, context, self._dense(output, cfg.hidden_size), output)

@@ -1,5 +1,6 @@
 """The encoder entry point, `convert_encoder`: one checkpoint directory of an encoder family (the BERT-like ones of
-`families.py`, ModernBERT of `modernbert.py`, GTE and NomicBERT of `rotary_glu.py`, DeBERTa-v2/v3 of `deberta.py`)
+`families.py`, ModernBERT of `modernbert.py`, GTE and NomicBERT of `rotary_glu.py`, DeBERTa-v2/v3 of `deberta.py`,
+BART's sequence classifier of `bart.py`)
 in, one ONNX file out with the head asked for. Its cache key and version are in `cache_keys`.
 
 It wires a family's config, weights and encoder graph (`encoder_graph.py`) to a head (`heads.py`) and writes the
@@ -13,6 +14,8 @@ from typing import Any
 
 import attrs
 
+from sie.worker.convert.bart import HEADS_BUILT as BART_HEADS
+from sie.worker.convert.bart import BartConfig, build_bart, parse_bart_config
 from sie.worker.convert.deberta import DebertaConfig, build_deberta, parse_deberta_config
 from sie.worker.convert.encoder_graph import EncoderOutput, EncoderWeights, build_encoder, graph_inputs
 from sie.worker.convert.errors import ConversionError
@@ -29,7 +32,7 @@ from sie.worker.convert.rotary_glu import (
 )
 from sie.worker.convert.safetensors_io import Checkpoint
 
-BackboneConfig = EncoderConfig | ModernBertConfig | RotaryGluConfig | DebertaConfig
+BackboneConfig = EncoderConfig | ModernBertConfig | RotaryGluConfig | DebertaConfig | BartConfig
 
 
 @attrs.frozen
@@ -50,6 +53,9 @@ def convert_encoder(model_dir: Path, out_path: Path, head: str) -> ConversionRes
     model_dir, out_path = Path(model_dir), Path(out_path)
     config_path = model_dir / CONFIG_FILE
     config = parse_backbone_config(read_config_json(config_path), str(config_path))
+    if isinstance(config, BartConfig) and head not in BART_HEADS:
+        raise ConversionError(f"head {head!r} is not built for BART (an encoder-decoder); built: {list(BART_HEADS)}",
+                              source=str(model_dir))  # fmt: skip
     weights = EncoderWeights(Checkpoint(model_dir), config)
     builder = GraphBuilder()
     encoder = build_backbone(builder, config, weights)
@@ -67,6 +73,8 @@ def parse_backbone_config(raw: dict[str, Any], source: str) -> BackboneConfig:
         return parse_modernbert_config(raw, source)
     if model_type == "deberta-v2":
         return parse_deberta_config(raw, source)
+    if model_type == "bart":
+        return parse_bart_config(raw, source)
     if model_type in ROTARY_GLU_MODEL_TYPES:
         return parse_rotary_glu_config(raw, source)
     return parse_encoder_config(raw, source=source)
@@ -78,6 +86,8 @@ def build_backbone(builder: GraphBuilder, config: BackboneConfig, weights: Encod
         return build_modernbert(builder, config, weights)
     if isinstance(config, DebertaConfig):
         return build_deberta(builder, config, weights)
+    if isinstance(config, BartConfig):
+        return build_bart(builder, config, weights)
     if isinstance(config, RotaryGluConfig):
         return build_rotary_glu(builder, config, weights)
     return build_encoder(builder, config, weights)

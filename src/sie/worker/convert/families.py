@@ -76,7 +76,8 @@ class EncoderFamily:
     ffn_out: str
     ffn_norm: str
     # "pooler" (BERT: pooler dense + tanh, then `classifier`), "tanh" / "gelu" (`classifier.dense`, the activation,
-    # `classifier.out_proj`), "relu" (DistilBERT: `pre_classifier`, relu, `classifier`)
+    # `classifier.out_proj`), "relu" (DistilBERT: `pre_classifier`, relu, `classifier`), "deberta", "modernbert",
+    # "bart" (the decoder's state at the last <eos>, `classification_head`)
     sequence_classifier: str
     mlm: MlmHead | None
     # MPNet: the [buckets, heads] table of a relative position bias shared by every layer ("" for none)
@@ -169,9 +170,9 @@ FAMILIES: Mapping[str, EncoderFamily] = MappingProxyType(
 FAMILY_OF_MODEL_TYPE: Mapping[str, EncoderFamily] = MappingProxyType(
     {model_type: family for family in FAMILIES.values() for model_type in family.model_types}
 )
-# Encoder families with a graph of their own (`modernbert.py`, `rotary_glu.py`: GTE "new", NomicBERT; `deberta.py`),
-# beside the BERT-like ones above.
-OWN_GRAPH_MODEL_TYPES = ("modernbert", "new", "nomic_bert", "deberta-v2")
+# Encoder families with a graph of their own (`modernbert.py`, `rotary_glu.py`: GTE "new", NomicBERT; `deberta.py`;
+# `bart.py`: BART's sequence classifier), beside the BERT-like ones above.
+OWN_GRAPH_MODEL_TYPES = ("modernbert", "new", "nomic_bert", "deberta-v2", "bart")
 CONVERTED_MODEL_TYPES = tuple(sorted([*FAMILY_OF_MODEL_TYPE, *OWN_GRAPH_MODEL_TYPES]))
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from sie.worker.convert.bart import BartConfig, last_eos_rows
 from sie.worker.convert.deberta import DebertaConfig
 from sie.worker.convert.encoder_graph import (
     BATCH,
@@ -42,7 +43,7 @@ class HeadContext:
     """Everything a head builder needs: the graph so far, the checkpoint and the encoder's tensors."""
 
     builder: GraphBuilder
-    config: EncoderConfig | ModernBertConfig | RotaryGluConfig | DebertaConfig
+    config: EncoderConfig | ModernBertConfig | RotaryGluConfig | DebertaConfig | BartConfig
     weights: EncoderWeights
     encoder: EncoderOutput
 
@@ -109,6 +110,14 @@ def _num_labels(ctx: HeadContext, classifier: str = "classifier") -> int:
 def _build_seq_cls(ctx: HeadContext) -> list[onnx.ValueInfoProto]:
     """The family's sequence classifier on the first token: one logit row per sequence."""
     b, width, kind = ctx.builder, ctx.config.hidden_size, ctx.config.family.sequence_classifier
+    if isinstance(ctx.config, BartConfig):  # the decoder's state at the last <eos>, `classification_head`
+        labels = _num_labels(ctx, "classification_head.out_proj")
+        pooled = last_eos_rows(b, ctx.config, ctx.encoder.hidden)
+        dense = ctx.weights.linear("classification_head.dense", width, width)
+        inner = b.op("Tanh", [linear(b, pooled, dense, "classification_head.dense")], "classification_head.tanh")
+        out_proj = ctx.weights.linear("classification_head.out_proj", width, labels)
+        linear(b, inner, out_proj, "classification_head.out_proj", output="logits")
+        return [tensor_info("logits", _FLOAT, [BATCH, labels])]
     first = b.op("Gather", [ctx.encoder.hidden, b.const(0)], "classifier.first", axis=1)
     if kind == "pooler":  # BERT: the pooler (dense + tanh), then `classifier`
         labels = _num_labels(ctx)
