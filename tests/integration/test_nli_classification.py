@@ -7,6 +7,7 @@ request's own; what cannot run is refused per item."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -116,3 +117,9 @@ def test_a_bart_classifier_converts_to_transformers_logits_on_a_padded_batch(tmp
         assert float(np.abs(ours[row] - theirs).max()) <= TOLERANCE, row
     with pytest.raises(ConversionError, match="head 'mean' is not built for BART"):
         convert_encoder(tmp_path, tmp_path / "mean.onnx", "mean")
+    config = json.loads((tmp_path / "config.json").read_text())
+    for option, message in [({"activation_function": "relu"}, "activation_function 'relu'"),
+                            ({"normalize_before": True}, "normalize_before True")]:  # fmt: skip
+        (tmp_path / "config.json").write_text(json.dumps(config | option))
+        with pytest.raises(ConversionError, match=message):
+            convert_encoder(tmp_path, tmp_path / "odd.onnx", "seq-cls")

@@ -49,6 +49,8 @@ DECODER_FAMILY: Final = attrs.evolve(FAMILY, layer="model.decoder.layers.{index}
 HEADS_BUILT: Final = ("seq-cls",)
 POSITION_OFFSET: Final = 2  # BartLearnedPositionalEmbedding: position p reads row p + 2
 LAYER_NORM_EPS: Final = 1e-5  # torch's nn.LayerNorm default, which BART keeps
+# The layout options of the BART family's configs (mBART's pre-LayerNorm layers and final LayerNorm are not built).
+BUILT_LAYOUT: Final = {"normalize_before": False, "add_final_layer_norm": False, "normalize_embedding": True}
 
 
 @attrs.frozen
@@ -73,12 +75,12 @@ class BartConfig(EncoderShape):
 
 
 def parse_bart_config(raw: dict[str, Any], source: str) -> BartConfig:
-    for key in ("activation_function",):
-        if raw.get(key, "gelu") != "gelu":
-            raise ConversionError(f"{key} {raw.get(key)!r} is not supported (only erf 'gelu')", source=source)
-    for key in ("normalize_before", "add_final_layer_norm", "normalize_embedding"):
-        if raw.get(key, key == "normalize_embedding") != (key == "normalize_embedding"):
-            raise ConversionError(f"{key} {raw.get(key)!r} is not supported (BART's post-LayerNorm layout only)",
+    if raw.get("activation_function", "gelu") != "gelu":
+        raise ConversionError(f"activation_function {raw['activation_function']!r} is not supported (only erf "
+                              "'gelu')", source=source)  # fmt: skip
+    for key, built in BUILT_LAYOUT.items():
+        if raw.get(key, built) != built:
+            raise ConversionError(f"{key} {raw[key]!r} is not supported (BART's post-LayerNorm layout only)",
                                   source=source)  # fmt: skip
     numbers = {key: positive_int(raw, key, source) for key in (
         "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
