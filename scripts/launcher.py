@@ -32,10 +32,53 @@ NATS_READY_LINE: Final = "Server is ready"
 SERVING_TIMEOUT_S: Final = 180.0
 
 
+class _ListenPorts:
+    """Ports for servers started later, handed out so that nothing else takes one before its server binds it.
+
+    A port the kernel picks for `bind(0)` comes from the ephemeral range (Linux: 32768-60999), the same one every
+    outgoing connection's local port comes from, so a client elsewhere could take it first (a gateway failed to start
+    with "address already in use" that way). These come from below that range, each pytest-xdist worker its own slice
+    of it (so two workers never hand out the same port), in turn from a random start, each checked by a bind.
+    """
+
+    FIRST, END = 20000, 32768
+    SLICES = 8
+
+    def __init__(self) -> None:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+        size = (self.END - self.FIRST) // self.SLICES
+        self._start = self.FIRST + (int(worker) % self.SLICES if worker.isdigit() else 0) * size
+        self._size = size
+        self._next = int.from_bytes(os.urandom(2)) % size
+
+    @property
+    def slice(self) -> range:
+        """The ports this process hands out."""
+        return range(self._start, self._start + self._size)
+
+    @property
+    def next_in_turn(self) -> int:
+        return self._start + self._next
+
+    def take(self) -> int:
+        for _ in range(self._size):
+            port = self._start + self._next
+            self._next = (self._next + 1) % self._size
+            with socket.socket() as sock:
+                try:
+                    sock.bind((HOST, port))
+                except OSError:
+                    continue
+                return port
+        raise RuntimeError(f"no free port in {self._start}-{self._start + self._size - 1}")
+
+
+_LISTEN_PORTS: Final = _ListenPorts()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
+    """A port free to listen on (see `_ListenPorts`)."""
+    return _LISTEN_PORTS.take()
 
 
 def holds_within(condition: Callable[[], object], timeout_s: float, *, interval_s: float = 0.1) -> bool:

@@ -28,8 +28,8 @@ def test_the_public_catalogue_counts_every_yaml_once(capsys: pytest.CaptureFixtu
     # GLiNER span models and the token-level NuNER Zero, but the relation-extraction model (refused at load)
     assert table["sie_server.adapters.gliner"][1:] == ["18", "17", "17"]
     assert "gliner-relex-large-v1.0.yaml: the converter does not build model_type" in output
-    # NLI zero-shot classifiers on DeBERTa-v3 and ModernBERT; BART's encoder-decoder is not built
-    assert table["sie_server.adapters.nli_classification_flash"][1:] == ["5", "4", "4"]
+    # NLI zero-shot classifiers on DeBERTa-v3, ModernBERT and BART (facebook/bart-large-mnli)
+    assert table["sie_server.adapters.nli_classification_flash"][1:] == ["5", "5", "5"]
     assert table["sie_server.adapters.gliclass"] == ["GLiClass", "20", "20", "20"]
     assert table["sie_server.adapters.gliner_bi"] == ["gliner_bi_encoder_span", "5", "5", "5"]
     assert table["sie_server.adapters.glirel"] == ["glirel", "1", "1", "1"]

@@ -106,7 +106,7 @@ def test_reader_rejects_a_size_that_disagrees_with_the_shape(tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"model_type": "qwen3"}, r"model_type 'qwen3' is not an encoder family .*supported: bert, camembert"),
+        ({"model_type": "qwen3"}, r"model_type 'qwen3' is not an encoder family .*supported: bart, bert, camembert"),
         ({"hidden_act": "gelu_new"}, "hidden_act 'gelu_new'"),
         ({"position_embedding_type": "relative_key"}, "position_embedding_type"),
         ({"num_attention_heads": 3}, "not a multiple of num_attention_heads 3"),
