@@ -559,17 +559,10 @@ def write_qwen_gguf(model: Any, architecture: str, path: Path) -> Path:
 
     config = model.config
     writer = gguf.GGUFWriter(str(path), architecture)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
+    llama_reference.add_decoder_numbers(writer, config)
     writer.add_key_length(
         config.head_dim if architecture == "qwen3" else config.hidden_size // config.num_attention_heads
     )
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("qwen2")
     tokens = llama_reference.vocabulary()

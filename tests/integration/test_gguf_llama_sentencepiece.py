@@ -28,7 +28,7 @@ from sie.worker.convert.decoders import DecoderConversion
 from sie.worker.generation.kv_cache import CacheShape
 from sie.worker.loading import ModelLoader
 from support.decoder_checkpoints import random_causal_lm, reference_logits, run_generation_graph, session
-from support.llama_reference import llama_cpp_permute
+from support.llama_reference import add_decoder_numbers, llama_cpp_permute
 
 TOLERANCE = 1e-4
 UNK, BOS, EOS = 0, 1, 2
@@ -93,15 +93,8 @@ def write_llama_gguf(model: Any, processor: Any, path: Path, *, scores: bool = T
     interleaved RoPE, no `add_space_prefix` key (llama.cpp's default: a prefix), BOS added, the chat template."""
     config = model.config
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
+    add_decoder_numbers(writer, config)
     writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
     tokens, token_scores, token_types = vocabulary(processor)
     writer.add_tokenizer_model("llama")

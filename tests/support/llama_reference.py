@@ -6,6 +6,7 @@ numpy forward pass in the Hugging Face layout (rotate-half RoPE, repeated key/va
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import attrs
 import gguf
@@ -93,6 +94,18 @@ def llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
     return (
         weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
     )
+
+
+def add_decoder_numbers(writer: gguf.GGUFWriter, config: Any) -> None:
+    """A transformers decoder config's shape as llama.cpp's converter writes it under `{architecture}.*`."""
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
 
 
 def write_gguf(model: TinyLlama, path: Path, architecture: str = "llama", pre: str = "smollm") -> Path:
