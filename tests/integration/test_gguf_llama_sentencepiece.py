@@ -88,9 +88,10 @@ def vocabulary(processor: Any) -> tuple[list[str], list[float], list[int]]:
     return [processor.id_to_piece(i) for i in ids], [processor.get_score(i) for i in ids], [token_type(i) for i in ids]
 
 
-def write_llama_gguf(model: Any, processor: Any, path: Path, *, scores: bool = True) -> Path:
+def write_llama_gguf(model: Any, processor: Any, path: Path, *, scores: bool = True, bos_flag: bool = True) -> Path:
     """`model` with `processor`'s vocabulary as llama.cpp writes a Llama 2 / Mistral file: q/k rows permuted for its
-    interleaved RoPE, no `add_space_prefix` key (llama.cpp's default: a prefix), BOS added, the chat template."""
+    interleaved RoPE, no `add_space_prefix` key (llama.cpp's default: a prefix), BOS added (without `bos_flag`, no
+    `add_bos_token` key, as older files), the chat template."""
     config = model.config
     writer = gguf.GGUFWriter(str(path), "llama")
     add_decoder_numbers(writer, config)
@@ -106,7 +107,8 @@ def write_llama_gguf(model: Any, processor: Any, path: Path, *, scores: bool = T
     writer.add_bos_token_id(BOS)
     writer.add_eos_token_id(EOS)
     writer.add_unk_token_id(UNK)
-    writer.add_add_bos_token(True)
+    if bos_flag:
+        writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
     writer.add_chat_template(CHAT_TEMPLATE)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
@@ -263,3 +265,11 @@ def test_a_sentencepiece_file_without_scores_is_a_conversion_error(
     path = write_llama_gguf(tiny[0], sentencepiece_model, tmp_path / "no-scores.gguf", scores=False)
     with pytest.raises(ConversionError, match="needs as many scores, found none"):
         convert_gguf(path, tmp_path / "out")
+
+
+def test_a_file_without_a_bos_flag_adds_bos_as_llama_cpp_does(
+    sentencepiece_model: Any, tiny: tuple[Any, DecoderConversion], tmp_path: Path
+) -> None:
+    path = write_llama_gguf(tiny[0], sentencepiece_model, tmp_path / "no-flag.gguf", bos_flag=False)
+    converted = convert_gguf(path, tmp_path / "out")
+    assert rebuilt(converted).encode("hello world").ids == [BOS, *sentencepiece_model.encode("hello world")]

@@ -96,7 +96,8 @@ def gguf_tokenizer(gguf: GgufFile, model_max_length: int) -> GgufTokenizer:
         tokenizer, fallback = sentencepiece_model(tokens, _scores(gguf, len(tokens), shape), unknown, shape), None
     else:
         tokenizer, fallback = _byte_level_model(gguf, tokens, unknown), processors.ByteLevel(trim_offsets=False)
-    add_bos = bool(gguf.value("tokenizer.ggml.add_bos_token", False))
+    # llama.cpp adds BOS to a SentencePiece text unless the file says not to (older Llama 2 files have no flag)
+    add_bos = bool(gguf.value("tokenizer.ggml.add_bos_token", shape is not None))
     post_processor = _bos_template(add_bos, special_ids["bos"], tokens) or fallback
     if post_processor is not None:
         tokenizer.post_processor = post_processor
