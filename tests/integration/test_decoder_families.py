@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -542,7 +543,7 @@ def test_gemma_stays_float32_on_a_gpu_unless_a_profile_names_float16(
     assert graph.name == f"{decoder_cache_key(tmp_path / 'model', 'hidden', expected)}.onnx"
 
 
-# llama.cpp's tensor names for the qwen architectures (convert_hf_to_gguf's mapping; q and k are not permuted)
+# llama.cpp's tensor names for the llama and qwen architectures (convert_hf_to_gguf's mapping)
 GGUF_LAYER = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
               "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
               "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
@@ -552,9 +553,12 @@ GGUF_LAYER = {"input_layernorm.weight": "attn_norm.weight", "post_attention_laye
               "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}  # fmt: skip
 
 
-def write_qwen_gguf(model: Any, architecture: str, path: Path) -> Path:
-    """`model` (a transformers Qwen2/Qwen3 causal LM over llama_reference's byte-level vocabulary) as llama.cpp
-    writes it: its numbers under `{architecture}.*`, the vocabulary with the `qwen2` pre-tokenizer, the tensors."""
+def write_decoder_gguf(
+    model: Any, architecture: str, path: Path, pre: str = "qwen2", extra_tensors: dict[str, np.ndarray] | None = None
+) -> Path:
+    """`model` (a transformers Llama/Qwen2/Qwen3 causal LM over llama_reference's byte-level vocabulary) as llama.cpp
+    writes it: its numbers under `{architecture}.*`, the vocabulary with the `pre` pre-tokenizer, the tensors (a
+    llama file's q and k rows permuted for llama.cpp's rotation), and `extra_tensors`."""
     import gguf
 
     config = model.config
@@ -564,7 +568,7 @@ def write_qwen_gguf(model: Any, architecture: str, path: Path) -> Path:
         config.head_dim if architecture == "qwen3" else config.hidden_size // config.num_attention_heads
     )
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
+    writer.add_tokenizer_pre(pre)
     tokens = llama_reference.vocabulary()
     writer.add_token_list(tokens)
     writer.add_token_types([3 if token in llama_reference.SPECIALS else 1 for token in tokens])
@@ -574,13 +578,20 @@ def write_qwen_gguf(model: Any, architecture: str, path: Path) -> Path:
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue
+        rest = ""
         if name.startswith("model.layers."):
             index, rest = name.removeprefix("model.layers.").split(".", 1)
             stored = f"blk.{index}.{GGUF_LAYER[rest]}"
         else:
             stored = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                       "lm_head.weight": "output.weight"}[name]  # fmt: skip
-        writer.add_tensor(stored, tensor.numpy())
+        array = tensor.numpy()
+        if architecture == "llama" and rest in ("self_attn.q_proj.weight", "self_attn.k_proj.weight"):
+            heads = config.num_attention_heads if rest.startswith("self_attn.q") else config.num_key_value_heads
+            array = llama_reference.llama_cpp_permute(array, heads)
+        writer.add_tensor(stored, array)
+    for name, array in (extra_tensors or {}).items():
+        writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -596,7 +607,7 @@ def test_a_qwen_gguf_converts_to_the_checkpoints_decoder_and_tokenizer(family: s
     config = transformers.Qwen2Config(**base) if family == "qwen2" else transformers.Qwen3Config(**base, head_dim=12)
     model = random_causal_lm(family, config=config)
     model.save_pretrained(tmp_path / "checkpoint")
-    from_gguf = convert_gguf(write_qwen_gguf(model, family, tmp_path / "tiny.gguf"), tmp_path / "from-gguf")
+    from_gguf = convert_gguf(write_decoder_gguf(model, family, tmp_path / "tiny.gguf"), tmp_path / "from-gguf")
     from_checkpoint = convert_decoder_checkpoint(tmp_path / "checkpoint", tmp_path / "from-checkpoint")
     assert_same_decoder(from_gguf, from_checkpoint, model)
     # the rebuilt tokenizer splits as transformers' Qwen2 tokenizer does over the same vocabulary and merges
@@ -608,3 +619,53 @@ def test_a_qwen_gguf_converts_to_the_checkpoints_decoder_and_tokenizer(family: s
     for text in ["the cat in a hat", "Year 2025: 12345 apples!", "line one\n\n  line two\tend", "café ｃafé e\u0301",
                  "it's we'll THEY'VE", "<|im_start|>user hi<|im_end|>"]:  # fmt: skip
         assert rebuilt.encode(text).ids == reference(text)["input_ids"], text
+
+
+def llama_cpp_rope_factors(config: Any) -> np.ndarray:
+    """The `rope_freqs` tensor llama.cpp's converter writes for a `llama3` RoPE scaling: per pair of head dimensions,
+    1 for the high frequencies, the factor for the low ones, and the smooth blend between."""
+    scaling, theta = config.rope_parameters, config.rope_parameters["rope_theta"]
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_context = scaling["original_max_position_embeddings"]
+    dim = config.hidden_size // config.num_attention_heads
+    factors = []
+    for frequency in 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim):
+        wavelength = 2 * math.pi / frequency
+        if wavelength < old_context / high:
+            factors.append(1.0)
+        elif wavelength > old_context / low:
+            factors.append(factor)
+        else:
+            smooth = (old_context / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def test_a_llama3_gguf_converts_with_its_rope_factors_and_its_tokenizer(tmp_path: Path) -> None:
+    """Llama 3.1's RoPE scaling, which llama.cpp stores as the `rope_freqs` tensor, and its `llama-bpe`
+    pre-tokenizer: the GGUF converts to the checkpoint's decoder, and its tokenizer splits as transformers' GGUF
+    tokenizer does."""
+    import transformers
+
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64}  # fmt: skip
+    config = transformers.LlamaConfig(**{**COMMON, "vocab_size": llama_reference.VOCAB}, rope_theta=500.0,
+                                      rope_scaling=rope)  # fmt: skip
+    model = random_causal_lm("llama", config=config)
+    model.save_pretrained(tmp_path / "checkpoint")
+    factors = llama_cpp_rope_factors(model.config)
+    # the pairs of a 8-wide head: one spared, one blended, two scaled by the whole factor
+    assert factors[0] == 1.0 and 1.0 < factors[1] < 8.0 and list(factors[2:]) == [8.0, 8.0]
+    path = write_decoder_gguf(model, "llama", tmp_path / "tiny.gguf", pre="llama-bpe",
+                              extra_tensors={"rope_freqs.weight": factors})  # fmt: skip
+    from_gguf = convert_gguf(path, tmp_path / "from-gguf")
+    from_checkpoint = convert_decoder_checkpoint(tmp_path / "checkpoint", tmp_path / "from-checkpoint")
+    assert_same_decoder(from_gguf, from_checkpoint, model)
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="tiny.gguf")
+    rebuilt = Tokenizer.from_file(str(from_gguf.directory / "tokenizer.json"))
+    for text in ["the cat in a hat", "Year 2025: 12345 apples!", "line one\n\n  line two\tend", "café ｃafé e\u0301",
+                 "it's we'll THEY'VE", "<|im_start|>user hi<|im_end|>", "  ", ""]:  # fmt: skip
+        assert rebuilt.encode(text, add_special_tokens=False).ids == reference(text, add_special_tokens=False)[
+            "input_ids"], text  # fmt: skip
+    split = [piece for piece, _ in rebuilt.pre_tokenizer.pre_tokenize_str("1234567 x")]
+    assert split == ["123", "456", "7", "Ġx"]  # Llama 3's digit runs of up to three

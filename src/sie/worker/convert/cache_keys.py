@@ -22,8 +22,9 @@ from sie.worker.convert.safetensors_io import checkpoint_files
 # 4: the zero-shot heads (GLiNER spans scored one width at a time, GLiClass)
 # 5: the CLIP and SigLIP text towers' attention as the fused contrib operator
 CONVERTER_VERSION = "sie-encoder-onnx/5"
-# 2: logits of the last position only; 3: config.json in the decoder graph's terms (model_type, sie_graph)
-GGUF_CONVERTER_VERSION: Final = "sie-llama-onnx/3"
+# 2: logits of the last position only; 3: config.json in the decoder graph's terms (model_type, sie_graph);
+# 4: a file's rope_freqs factors applied (Llama 3.1's RoPE scaling; before, they were left out)
+GGUF_CONVERTER_VERSION: Final = "sie-llama-onnx/4"
 DECODER_CONVERTER_VERSION: Final = "sie-decoder-onnx/1"
 _HASH_CHUNK = 1 << 20
 

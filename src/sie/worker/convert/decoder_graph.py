@@ -70,6 +70,9 @@ class DecoderConfig:
     max_position_embeddings: int
     rope_theta: float = 10_000.0
     rope_scaling: Mapping[str, Any] = attrs.field(factory=dict)  # rope_type and its parameters; {} = default
+    # llama.cpp's divisor of each pair's inverse frequency (a GGUF's `rope_freqs` tensor: how its converter stores
+    # Llama 3.1's scaling), applied to the global table; () = none
+    rope_frequency_factors: tuple[float, ...] = ()
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = True
     qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2; Llama's attention_bias)
@@ -124,6 +127,10 @@ class DecoderConfig:
             )
         if self.activation not in ACTIVATIONS:
             raise ConversionError(f"activation {self.activation!r} is not one of {sorted(ACTIVATIONS)}", source=source)
+        factors = self.rope_frequency_factors
+        if factors and (len(factors) != self.head_dim // 2 or min(factors) <= 0):
+            raise ConversionError(f"{len(factors)} RoPE frequency factors for {self.head_dim // 2} pairs of head "
+                                  "dimensions, or one not positive", source=source)  # fmt: skip
         rope_type = self.rope_scaling.get("rope_type", "default")
         if rope_type not in ROPE_TYPES:
             raise ConversionError(
@@ -160,8 +167,7 @@ def rope_frequencies(config: DecoderConfig, table: str = "global") -> tuple[np.n
     theta = config.rope_theta if table == "global" else float(config.local_rope_theta or config.rope_theta)
     rope_type = parameters.get("rope_type", "default")
     dim = config.head_dim
-    base = theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
-    inverse = 1.0 / base
+    inverse = _inverse_frequencies(config, table, theta)
     if rope_type == "default":
         return inverse, 1.0
     factor = float(parameters["factor"])
@@ -203,6 +209,15 @@ def rope_frequencies(config: DecoderConfig, table: str = "global") -> tuple[np.n
     ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low_dim) / (high_dim - low_dim), 0, 1)
     extrapolation = 1 - ramp
     return inverse / factor * (1 - extrapolation) + inverse * extrapolation, float(attention_factor)
+
+
+def _inverse_frequencies(config: DecoderConfig, table: str, theta: float) -> np.ndarray:
+    """theta ** (-2i / head_dim) for each pair i, divided by llama.cpp's frequency factors in the global table."""
+    dim = config.head_dim
+    inverse = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    if table == "global" and config.rope_frequency_factors:
+        return inverse / np.asarray(config.rope_frequency_factors, dtype=np.float64)
+    return inverse
 
 
 # --- weights ----------------------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The GGUF source of the decoder graph, for the llama.cpp architectures `llama`, `qwen2`, `qwen3` and `gemma3`:
 `gguf_config` reads the architecture numbers from a GGUF file's `{architecture}.*` metadata (checked for what the
 graph cannot handle) into a `DecoderConfig`, filling in what llama.cpp hard-codes for the architecture instead of
-storing it, and `gguf_weights` serves its tensors under transformers' names (dequantized to float32; llama.cpp's
+storing it (and Llama 3.1's RoPE scaling from its `rope_freqs` factors), and `gguf_weights` serves its tensors under
+transformers' names (dequantized to float32; llama.cpp's
 q/k row permutation undone for `llama`, which alone is stored permuted; Gemma's norms back from the 1 + weight
 llama.cpp stores), so `decoder_graph` builds the same decoder from a GGUF file as from a safetensors checkpoint.
 """
@@ -20,6 +21,7 @@ from sie.worker.convert.gguf_io import MODEL_TYPES, GgufFile
 SUPPORTED_ARCHITECTURES = frozenset({"llama", "qwen2", "qwen3", "gemma3"})
 DEFAULT_ROPE_BASE = 10_000.0
 DEFAULT_RMS_EPS = 1e-5
+ROPE_FREQS: Final = "rope_freqs.weight"
 # What llama.cpp's model loader sets for `gemma3` rather than reads: with a sliding window, every sixth layer
 # attends globally and the others within the window, rotating with their own RoPE base, unscaled.
 GEMMA3_GLOBAL_EVERY: Final = 6
@@ -76,11 +78,20 @@ def _numbers(gguf: GgufFile, arch: str) -> dict[str, Any]:
         "max_position_embeddings": _positive(gguf, f"{arch}.context_length"),
         "rope_theta": float(gguf.value(f"{arch}.rope.freq_base", DEFAULT_ROPE_BASE)),
         "rope_scaling": _rope_scaling(gguf, arch),
+        "rope_frequency_factors": _rope_frequency_factors(gguf),
         "rms_norm_eps": float(gguf.value(f"{arch}.attention.layer_norm_rms_epsilon", DEFAULT_RMS_EPS)),
         "tie_word_embeddings": "output.weight" not in gguf,
         "qkv_bias": "blk.0.attn_q.bias" in gguf,
         "output_bias": "blk.0.attn_output.bias" in gguf,
     }
+
+
+def _rope_frequency_factors(gguf: GgufFile) -> tuple[float, ...]:
+    """The `rope_freqs` tensor, where the file has one: llama.cpp divides each pair's inverse frequency by its factor
+    (its converter writes Llama 3.1's `llama3` RoPE scaling so)."""
+    if ROPE_FREQS not in gguf:
+        return ()
+    return tuple(float(factor) for factor in np.asarray(gguf.load(ROPE_FREQS), dtype=np.float64).reshape(-1))
 
 
 def _rope_scaling(gguf: GgufFile, arch: str) -> dict[str, Any]:

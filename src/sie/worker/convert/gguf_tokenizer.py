@@ -3,9 +3,9 @@
 special tokens and keeps the chat template for the causal-LM adapter.
 
 Two kinds are rebuilt: GPT-2 style byte-level BPE (`tokenizer.ggml.model = gpt2`), with the pre-tokenizers whose
-splitting rules `tokenizers` spells exactly (GPT-2's, StarCoder's digits first, Qwen2's), and the SentencePiece
-vocabularies of Gemma 3 and of the llama architecture (Llama 2, Mistral: `llama`, `gguf_sentencepiece`); anything else
-is a ConversionError, never an approximate tokenizer.
+splitting rules `tokenizers` spells exactly (GPT-2's, StarCoder's digits first, Qwen2's, Llama 3's), and the
+SentencePiece vocabularies of Gemma 3 and of the llama architecture (Llama 2, Mistral: `llama`,
+`gguf_sentencepiece`); anything else is a ConversionError, never an approximate tokenizer.
 """
 
 from __future__ import annotations
@@ -37,6 +37,12 @@ _DIGITS_THEN_GPT2_PRE: Final = frozenset({"smollm", "starcoder", "refact", "code
 QWEN2_PATTERN: Final = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Llama 3's split (its tokenizer.json; llama.cpp's `llama-bpe`): GPT-4's regex with digits in runs of up to three.
+LLAMA3_PATTERN: Final = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+_LLAMA3_PRE: Final = frozenset({"llama-bpe", "llama3", "llama-v3"})
 _SPECIAL_ROLES: Final = ("bos", "eos", "unknown", "padding")
 
 
@@ -171,10 +177,11 @@ def _pre_tokenizer(name: str, source: str) -> pre_tokenizers.PreTokenizer:
         return byte_level
     if name in _DIGITS_THEN_GPT2_PRE:
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    if name == "qwen2":
-        split = pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False)
+    patterns = {"qwen2": QWEN2_PATTERN} | dict.fromkeys(_LLAMA3_PRE, LLAMA3_PATTERN)
+    if name in patterns:
+        split = pre_tokenizers.Split(Regex(patterns[name]), behavior="isolated", invert=False)
         return pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    known = sorted(_GPT2_PRE | _DIGITS_THEN_GPT2_PRE | {"qwen2"})
+    known = sorted(_GPT2_PRE | _DIGITS_THEN_GPT2_PRE | _LLAMA3_PRE | {"qwen2"})
     raise ConversionError(f"pre-tokenizer {name!r} is not supported; known: {known}", source=source)
 
 
