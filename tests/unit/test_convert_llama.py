@@ -145,7 +145,8 @@ def test_the_directory_holds_tokenizer_and_config(converted) -> None:
         KV_HEADS,
         HEAD_DIM,
     )
-    assert (config["eos_token_id"], config["bos_token_id"], config["torch_dtype"]) == (2, 1, result.precision)
+    # <|im_end|> is the file's <eos>; <|endoftext|> ends a generation too, as llama.cpp's end-of-generation set has it
+    assert (config["eos_token_id"], config["bos_token_id"], config["torch_dtype"]) == ([0, 2], 1, result.precision)
     tokenizer_config = json.loads((result.directory / TOKENIZER_CONFIG_FILE).read_text())
     assert tokenizer_config["chat_template"] == CHAT_TEMPLATE
     assert (tokenizer_config["eos_token"], tokenizer_config["bos_token"]) == ("<|im_end|>", "<|im_start|>")
@@ -175,9 +176,9 @@ def test_unconvertible_files_raise_conversion_errors(model: TinyLlama, tmp_path:
     other = write_gguf(model, tmp_path / "gemma.gguf", architecture="gemma")
     with pytest.raises(ConversionError, match="architecture 'gemma' is not supported"):
         convert_gguf(other, tmp_path / "out2")
-    llama3 = write_gguf(model, tmp_path / "llama3.gguf", pre="llama-bpe")
-    with pytest.raises(ConversionError, match="pre-tokenizer 'llama-bpe' is not supported"):
-        convert_gguf(llama3, tmp_path / "out3")
+    other_split = write_gguf(model, tmp_path / "deepseek.gguf", pre="deepseek-coder")
+    with pytest.raises(ConversionError, match="pre-tokenizer 'deepseek-coder' is not supported"):
+        convert_gguf(other_split, tmp_path / "out3")
     with pytest.raises(ConversionError, match="unknown precision"):
         convert_gguf(gguf_path_of(tmp_path, model), tmp_path / "out4", "int4")
     whole = gguf_path_of(tmp_path, model).read_bytes()

@@ -23,7 +23,8 @@ from sie.worker.convert.safetensors_io import checkpoint_files
 # 5: the CLIP and SigLIP text towers' attention as the fused contrib operator
 CONVERTER_VERSION = "sie-encoder-onnx/5"
 # 2: logits of the last position only; 3: config.json in the decoder graph's terms (model_type, sie_graph);
-# 4: a file's rope_freqs factors applied (Llama 3.1's RoPE scaling; before, they were left out)
+# 4: a file's rope_freqs factors applied (Llama 3.1's RoPE scaling; before, they were left out); llama.cpp's
+# end-of-generation tokens in config.json's eos_token_id
 GGUF_CONVERTER_VERSION: Final = "sie-llama-onnx/4"
 DECODER_CONVERTER_VERSION: Final = "sie-decoder-onnx/1"
 _HASH_CHUNK = 1 << 20

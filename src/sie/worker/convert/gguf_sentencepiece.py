@@ -21,14 +21,11 @@ import attrs
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from sie.worker.convert.errors import ConversionError
-from sie.worker.convert.gguf_io import TOKEN_TYPE_CONTROL, TOKEN_TYPE_NORMAL, TOKEN_TYPE_USER_DEFINED, GgufFile
+from sie.worker.convert.gguf_io import TOKEN_TYPE_NORMAL, TOKEN_TYPE_USER_DEFINED, GgufFile
 
 SPACE: Final = "\u2581"  # "▁", SentencePiece's spelling of a space
 GEMMA_ARCHITECTURES: Final = frozenset({"gemma3"})
 LLAMA_ARCHITECTURES: Final = frozenset({"llama"})
-# The token that closes a Gemma chat turn: llama.cpp ends a generation there (it finds it by its text), as Gemma's
-# generation_config.json lists it beside <eos>.
-END_OF_TURN: Final = "<end_of_turn>"
 
 
 @attrs.frozen
@@ -123,11 +120,3 @@ def sentencepiece_model(
         tokenizer.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
     tokenizer.decoder = decoders.Sequence(steps)
     return tokenizer
-
-
-def end_of_turn_id(tokens: list[str], token_types: list[int]) -> int | None:
-    """The id of Gemma's end-of-turn control token, where the vocabulary has one."""
-    for index, (token, token_type) in enumerate(zip(tokens, token_types, strict=True)):
-        if token == END_OF_TURN and token_type == TOKEN_TYPE_CONTROL:
-            return index
-    return None

@@ -21,7 +21,6 @@ from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.gguf_io import TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED, GgufFile
 from sie.worker.convert.gguf_sentencepiece import (
     SentencePieceShape,
-    end_of_turn_id,
     sentencepiece_model,
     sentencepiece_shape,
     sentencepiece_vocabulary,
@@ -44,6 +43,12 @@ LLAMA3_PATTERN: Final = (
 )
 _LLAMA3_PRE: Final = frozenset({"llama-bpe", "llama3", "llama-v3"})
 _SPECIAL_ROLES: Final = ("bos", "eos", "unknown", "padding")
+# Tokens llama.cpp ends a generation at besides <eos> (its end-of-generation set, found by their text): the end of a
+# turn or a message in the chat formats (Llama 3, ChatML, Phi, Gemma, …), the end of text where <eos> is another.
+END_OF_GENERATION_TOKENS: Final = frozenset({
+    "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+    "<EOT>", "<end_of_utterance>",
+})  # fmt: skip
 
 
 @attrs.frozen
@@ -113,10 +118,10 @@ def gguf_tokenizer(gguf: GgufFile, model_max_length: int) -> GgufTokenizer:
     ids: dict[str, int | list[int]] = {
         f"{names[role]}_token_id": i for role, i in special_ids.items() if _valid_id(i, tokens)
     }
-    end_of_turn = end_of_turn_id(tokens, token_types) if kind == "llama" else None
-    if end_of_turn is not None:  # a list, as config.json lists every id that ends a generation
-        ends = [ids["eos_token_id"]] if "eos_token_id" in ids else []
-        ids["eos_token_id"] = sorted({*ends, end_of_turn})
+    ends = _end_of_generation_ids(gguf, tokens, token_types)
+    eos = ids.get("eos_token_id")
+    if ends - {eos}:  # a list, as config.json lists every id that ends a generation
+        ids["eos_token_id"] = sorted(ends | ({eos} if isinstance(eos, int) else set()))
     return GgufTokenizer(
         tokenizer=tokenizer,
         special_tokens={names[role]: tokens[i] for role, i in special_ids.items() if _valid_id(i, tokens)},
@@ -125,6 +130,18 @@ def gguf_tokenizer(gguf: GgufFile, model_max_length: int) -> GgufTokenizer:
         add_bos_token=add_bos,
         model_max_length=model_max_length,
     )
+
+
+def _end_of_generation_ids(gguf: GgufFile, tokens: list[str], token_types: list[int]) -> set[int]:
+    """The ids llama.cpp ends a generation at besides <eos>: the end-of-turn markers it finds by their text among
+    the special and added tokens, and the end-of-turn / end-of-message ids the file names."""
+    found = {
+        index
+        for index, (token, token_type) in enumerate(zip(tokens, token_types, strict=True))
+        if token in END_OF_GENERATION_TOKENS and token_type in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)
+    }
+    named = (gguf.value(f"tokenizer.ggml.{role}_token_id", None) for role in ("eot", "eom"))
+    return found | {token_id for token_id in named if _valid_id(token_id, tokens)}
 
 
 def _byte_level_model(gguf: GgufFile, tokens: list[str], unknown: str | None) -> Tokenizer:
