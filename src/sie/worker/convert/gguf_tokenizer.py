@@ -3,7 +3,7 @@
 special tokens and keeps the chat template for the causal-LM adapter.
 
 Two kinds are rebuilt: GPT-2 style byte-level BPE (`tokenizer.ggml.model = gpt2`), with the pre-tokenizers whose
-splitting rules `tokenizers` spells exactly (GPT-2's, StarCoder's digits first, Qwen2's, Llama 3's), and the
+splitting rules `tokenizers` spells exactly (GPT-2's, StarCoder's digits first, Qwen2's, Llama 3's, Tekken's), and the
 SentencePiece vocabularies of Gemma 3 and of the llama architecture (Llama 2, Mistral: `llama`,
 `gguf_sentencepiece`); anything else is a ConversionError, never an approximate tokenizer.
 """
@@ -42,6 +42,12 @@ LLAMA3_PATTERN: Final = (
     r"|\s+(?!\S)|\s+"
 )
 _LLAMA3_PRE: Final = frozenset({"llama-bpe", "llama3", "llama-v3"})
+# Mistral's Tekken split (tekken.json; Mistral NeMo, Ministral): words by letter case, digits one by one.
+TEKKEN_PATTERN: Final = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _SPECIAL_ROLES: Final = ("bos", "eos", "unknown", "padding")
 # Tokens llama.cpp ends a generation at besides <eos> (its end-of-generation set, found by their text): the end of a
 # turn or a message in the chat formats (Llama 3, ChatML, Phi, Gemma, …), the end of text where <eos> is another.
@@ -194,11 +200,11 @@ def _pre_tokenizer(name: str, source: str) -> pre_tokenizers.PreTokenizer:
         return byte_level
     if name in _DIGITS_THEN_GPT2_PRE:
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    patterns = {"qwen2": QWEN2_PATTERN} | dict.fromkeys(_LLAMA3_PRE, LLAMA3_PATTERN)
+    patterns = {"qwen2": QWEN2_PATTERN, "tekken": TEKKEN_PATTERN} | dict.fromkeys(_LLAMA3_PRE, LLAMA3_PATTERN)
     if name in patterns:
         split = pre_tokenizers.Split(Regex(patterns[name]), behavior="isolated", invert=False)
         return pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    known = sorted(_GPT2_PRE | _DIGITS_THEN_GPT2_PRE | _LLAMA3_PRE | {"qwen2"})
+    known = sorted(_GPT2_PRE | _DIGITS_THEN_GPT2_PRE | _LLAMA3_PRE | {"qwen2", "tekken"})
     raise ConversionError(f"pre-tokenizer {name!r} is not supported; known: {known}", source=source)
 
 
