@@ -82,3 +82,18 @@ def test_the_sandbox_refuses_unsafe_templates() -> None:
 def test_a_template_that_does_not_compile_is_refused() -> None:
     with pytest.raises(ChatTemplateError, match="does not compile"):
         ChatTemplate("{% for message in messages %}")
+
+
+def test_the_environment_is_hugging_faces_loop_controls_tojson_strftime_now_and_generation_blocks() -> None:
+    from datetime import datetime
+
+    source = (
+        "{% for message in messages %}{% if message['role'] == 'system' %}{% continue %}{% endif %}"
+        "{% generation %}{{ message['content'] | tojson }}{% endgeneration %}{% if loop.index > 2 %}{% break %}"
+        "{% endif %}{% endfor %}|{{ strftime_now('%Y') }}"
+    )
+    messages = [{"role": "system", "content": "skipped"}, {"role": "user", "content": "<a & 'é'>"},
+                {"role": "assistant", "content": "two"}, {"role": "user", "content": "cut by break"}]  # fmt: skip
+    rendered = ChatTemplate(source).render(messages)
+    # JSON as json.dumps writes it (Jinja's own filter would escape <, >, & and '), non-ASCII kept
+    assert rendered == f'"<a & \'é\'>""two"|{datetime.now().year}'

@@ -6,10 +6,14 @@ INVALID_INPUT.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any, Final, NoReturn
 
-from jinja2 import TemplateError
+from jinja2 import TemplateError, nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 ROLES: Final = frozenset({"system", "user", "assistant", "developer"})
@@ -23,6 +27,33 @@ class ChatTemplateError(ValueError):
 def _raise_exception(message: str) -> NoReturn:
     # Templates call raise_exception("...") to refuse a conversation they cannot render (HF convention).
     raise TemplateError(message)
+
+
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    # Hugging Face's `tojson`: plain JSON, where Jinja's own escapes <, >, & and ' for HTML
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format_string: str) -> str:
+    # Templates date their system turn with it (Llama 3.1: "Today Date: 26 Jul 2024")
+    return datetime.now().strftime(format_string)
+
+
+class _GenerationBlock(Extension):
+    """`{% generation %}…{% endgeneration %}`: Hugging Face's marker of the assistant's text in training templates,
+    rendered as its body (a template that uses it must compile here as it does there)."""
+
+    tags = {"generation"}  # noqa: RUF012 - Jinja's Extension API: a class attribute
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Callable[[], str]) -> str:
+        return caller()
 
 
 def normalize_messages(messages: Any) -> list[dict[str, str]]:
@@ -69,8 +100,13 @@ class ChatTemplate:
     """One model's compiled chat template."""
 
     def __init__(self, source: str) -> None:
-        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        # Hugging Face's environment: loop controls ({% break %}), its `tojson`, `strftime_now`, `{% generation %}`
+        environment = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _GenerationBlock]
+        )
         environment.globals["raise_exception"] = _raise_exception
+        environment.globals["strftime_now"] = _strftime_now
+        environment.filters["tojson"] = _tojson
         try:
             self._template = environment.from_string(source)
         except TemplateError as exc:
