@@ -108,8 +108,13 @@ def add_decoder_numbers(writer: gguf.GGUFWriter, config: Any) -> None:
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
 
 
-def write_gguf(model: TinyLlama, path: Path, architecture: str = "llama", pre: str = "smollm") -> Path:
+def write_gguf(
+    model: TinyLlama, path: Path, architecture: str = "llama", pre: str = "smollm", eot: int | None = None
+) -> Path:
+    """`model` as llama.cpp writes it (`eot`: a `tokenizer.ggml.eot_token_id` to name)."""
     writer = gguf.GGUFWriter(str(path), architecture)
+    if eot is not None:
+        writer.add_eot_token_id(eot)
     writer.add_block_count(LAYERS)
     writer.add_context_length(CONTEXT)
     writer.add_embedding_length(HIDDEN)

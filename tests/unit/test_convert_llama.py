@@ -191,3 +191,9 @@ def test_unconvertible_files_raise_conversion_errors(model: TinyLlama, tmp_path:
 
 def gguf_path_of(tmp_path: Path, model: TinyLlama) -> Path:
     return write_gguf(model, tmp_path / "plain.gguf")
+
+
+def test_the_end_of_turn_id_a_file_names_ends_a_generation_too(model: TinyLlama, tmp_path: Path) -> None:
+    result = convert_gguf(write_gguf(model, tmp_path / "eot.gguf", eot=1), tmp_path / "out")
+    config = json.loads((result.directory / CONFIG_FILE).read_text())
+    assert config["eos_token_id"] == [0, 1, 2]  # <|endoftext|> by its text, <|im_start|> named, <|im_end|> the <eos>
