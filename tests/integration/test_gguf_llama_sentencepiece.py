@@ -60,20 +60,25 @@ def corpus() -> list[str]:
     return lines + extras * 20
 
 
-@pytest.fixture(scope="module")
-def sentencepiece_model() -> Any:
-    """A SentencePiece BPE model trained with Llama 2's options (its `trainer_spec`), ids 0-2 <unk> <s> </s>."""
+def train_sentencepiece(dummy_prefix: bool = True) -> Any:
+    """A SentencePiece BPE model trained with Llama 2's options (its `trainer_spec`), ids 0-2 <unk> <s> </s>;
+    `dummy_prefix` is its `add_dummy_prefix` (the "▁" before every text)."""
     import sentencepiece
 
     buffer = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(corpus()), model_writer=buffer, model_type="bpe", vocab_size=400,
         hard_vocab_limit=False, byte_fallback=True, split_digits=True, normalization_rule_name="identity",
-        remove_extra_whitespaces=False, add_dummy_prefix=True, allow_whitespace_only_pieces=True,
+        remove_extra_whitespaces=False, add_dummy_prefix=dummy_prefix, allow_whitespace_only_pieces=True,
         control_symbols=list(CONTROL_SYMBOLS), unk_id=UNK, bos_id=BOS, eos_id=EOS, pad_id=-1, num_threads=1,
         minloglevel=2,
     )  # fmt: skip
     return sentencepiece.SentencePieceProcessor(model_proto=buffer.getvalue())
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_model() -> Any:
+    return train_sentencepiece()
 
 
 def vocabulary(processor: Any) -> tuple[list[str], list[float], list[int]]:
@@ -88,10 +93,12 @@ def vocabulary(processor: Any) -> tuple[list[str], list[float], list[int]]:
     return [processor.id_to_piece(i) for i in ids], [processor.get_score(i) for i in ids], [token_type(i) for i in ids]
 
 
-def write_llama_gguf(model: Any, processor: Any, path: Path, *, scores: bool = True, bos_flag: bool = True) -> Path:
+def write_llama_gguf(  # noqa: PLR0913 - each keyword is one way a file differs
+    model: Any, processor: Any, path: Path, *, scores: bool = True, bos_flag: bool = True, space_prefix: bool = True
+) -> Path:
     """`model` with `processor`'s vocabulary as llama.cpp writes a Llama 2 / Mistral file: q/k rows permuted for its
-    interleaved RoPE, no `add_space_prefix` key (llama.cpp's default: a prefix), BOS added (without `bos_flag`, no
-    `add_bos_token` key, as older files), the chat template."""
+    interleaved RoPE, no `add_space_prefix` key (llama.cpp's default: a prefix; without `space_prefix`, the key
+    false), BOS added (without `bos_flag`, no `add_bos_token` key, as older files), the chat template."""
     config = model.config
     writer = gguf.GGUFWriter(str(path), "llama")
     add_decoder_numbers(writer, config)
@@ -109,6 +116,8 @@ def write_llama_gguf(model: Any, processor: Any, path: Path, *, scores: bool = T
     writer.add_unk_token_id(UNK)
     if bos_flag:
         writer.add_add_bos_token(True)
+    if not space_prefix:
+        writer.add_add_space_prefix(False)
     writer.add_add_eos_token(False)
     writer.add_chat_template(CHAT_TEMPLATE)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
@@ -142,18 +151,25 @@ def llama_cpp_ids(processor: Any, text: str) -> list[int]:
     return ids
 
 
-@pytest.fixture(scope="module")
-def tiny(sentencepiece_model: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, DecoderConversion]:
+def tiny_llama(processor: Any) -> Any:
+    """A random LlamaForCausalLM over `processor`'s vocabulary, which answers greedily in whole pieces (a random run
+    of byte tokens is invalid UTF-8, which a stream cannot print as the decode of the whole does)."""
     import torch
     import transformers
 
     config = transformers.LlamaConfig(
         hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=sentencepiece_model.vocab_size(), max_position_embeddings=128, bos_token_id=BOS, eos_token_id=EOS,
+        vocab_size=processor.vocab_size(), max_position_embeddings=128, bos_token_id=BOS, eos_token_id=EOS,
     )  # fmt: skip
     model = random_causal_lm("llama", config=config)
-    with torch.no_grad():  # greedy answers in whole pieces: a random run of byte tokens is invalid UTF-8, which a
-        model.lm_head.weight[byte_ids(sentencepiece_model)] = 0.0  # stream cannot print as the decode of the whole
+    with torch.no_grad():
+        model.lm_head.weight[byte_ids(processor)] = 0.0
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny(sentencepiece_model: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, DecoderConversion]:
+    model = tiny_llama(sentencepiece_model)
     directory = tmp_path_factory.mktemp("llama-sentencepiece")
     path = write_llama_gguf(model, sentencepiece_model, directory / "tiny-llama-spm.gguf")
     return model, convert_gguf(path, directory / "converted")
@@ -273,3 +289,15 @@ def test_a_file_without_a_bos_flag_adds_bos_as_llama_cpp_does(
     path = write_llama_gguf(tiny[0], sentencepiece_model, tmp_path / "no-flag.gguf", bos_flag=False)
     converted = convert_gguf(path, tmp_path / "out")
     assert rebuilt(converted).encode("hello world").ids == [BOS, *sentencepiece_model.encode("hello world")]
+
+
+def test_a_file_without_a_space_prefix_tokenizes_as_sentencepiece_without_its_dummy_prefix(tmp_path: Path) -> None:
+    processor = train_sentencepiece(dummy_prefix=False)
+    path = write_llama_gguf(tiny_llama(processor), processor, tmp_path / "no-prefix.gguf", space_prefix=False)
+    ours = rebuilt(convert_gguf(path, tmp_path / "out"))
+    for text in TEXTS:
+        expected = llama_cpp_ids(processor, text)
+        assert ours.encode(text, add_special_tokens=False).ids == expected, text
+        if not any(special in text for special in SPECIALS):
+            assert ours.decode(expected) == processor.decode(expected) == text, text
+    assert ours.encode("the river", add_special_tokens=False).tokens[0] != "▁the"  # no "▁" before the first word
