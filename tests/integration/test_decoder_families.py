@@ -564,6 +564,7 @@ def write_decoder_gguf(
     config = model.config
     writer = gguf.GGUFWriter(str(path), architecture)
     llama_reference.add_decoder_numbers(writer, config)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_key_length(
         config.head_dim if architecture == "qwen3" else config.hidden_size // config.num_attention_heads
     )

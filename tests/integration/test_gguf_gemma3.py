@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from sie.catalog import parse_model_config
 from sie.wire.queue import GenerateParams
 from sie.worker.convert import ConversionError, convert_gguf
 from sie.worker.convert.decoders import DecoderConversion
@@ -27,7 +26,13 @@ from sie.worker.generation.greedy_loop import greedy_decode
 from sie.worker.generation.kv_cache import CacheShape
 from sie.worker.loading import ModelLoader
 from sie.worker.session import SessionOptions
-from support.decoder_checkpoints import random_causal_lm, reference_logits, run_generation_graph, session
+from support.decoder_checkpoints import (
+    gguf_entry,
+    random_causal_lm,
+    reference_logits,
+    run_generation_graph,
+    session,
+)
 from support.gemma3_gguf import (
     BOS,
     BYTE_IDS,
@@ -40,6 +45,7 @@ from support.gemma3_gguf import (
 )
 
 TOLERANCE = 1e-4
+GEMMA3_ID = "acme/tiny-gemma3-gguf"
 VARIANTS = {"plain": {}, "scaled-capped": {"rope_scaling": 2.0, "softcap": 5.0}}
 TEXTS = [
     "the world is hello", "  leading spaces", "trailing spaces   ", "a    b\t\tc\td", "line one\nline two\n\n\nend",
@@ -91,20 +97,6 @@ def test_greedy_decoding_equals_transformers_generate(tiny: tuple[Any, DecoderCo
     assert len(theirs) == 12
 
 
-def gguf_entry(gguf_path: Path, precision: str | None = None) -> Any:
-    """A catalogue entry serving `gguf_path` for generation, as the SmolLM2 one does."""
-    return parse_model_config(
-        {
-            "sie_id": "acme/tiny-gemma3-gguf",
-            "weights_path": str(gguf_path.parent),
-            "tasks": {"generate": {"max_output_tokens": 64}},
-            "profiles": {"default": {"adapter_path": "sie.adapters.causal_lm:OnnxCausalLMAdapter",
-                                     "max_batch_tokens": 1024, "compute_precision": precision,
-                                     "adapter_options": {"loadtime": {"gguf_file": gguf_path.name}}}},
-        }
-    )  # fmt: skip
-
-
 async def test_the_loader_serves_the_gguf_as_transformers_generates(
     tiny: tuple[Any, DecoderConversion], model_loader: ModelLoader
 ) -> None:
@@ -113,7 +105,7 @@ async def test_the_loader_serves_the_gguf_as_transformers_generates(
     import torch
 
     model, converted = tiny
-    entry = gguf_entry(converted.directory.parent / "tiny-gemma3.gguf")
+    entry = gguf_entry(converted.directory.parent / "tiny-gemma3.gguf", GEMMA3_ID)
     loaded = model_loader.load(entry, "default", entry.sie_id)
     try:
         adapter = loaded.adapter
@@ -182,7 +174,7 @@ def test_a_gemma3_gguf_stays_float32_on_a_gpu_unless_a_profile_names_float16(
     (tmp_path / "model").mkdir()
     gguf_path = write_gemma3_gguf(_tiny_state(config), config, tmp_path / "model" / "tiny-gemma3.gguf")
     gpu_loader = ModelLoader(model_loader.resolver, tmp_path / "converted", SessionOptions(device="cuda:0"))
-    entry = gguf_entry(gguf_path, requested)
+    entry = gguf_entry(gguf_path, GEMMA3_ID, requested)
     assert gpu_loader.prepare(entry, "default", entry.sie_id).precision == expected
 
 

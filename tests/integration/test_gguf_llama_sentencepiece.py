@@ -21,13 +21,18 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from sie.catalog import parse_model_config
 from sie.wire.queue import GenerateParams
 from sie.worker.convert import ConversionError, convert_gguf
 from sie.worker.convert.decoders import DecoderConversion
 from sie.worker.generation.kv_cache import CacheShape
 from sie.worker.loading import ModelLoader
-from support.decoder_checkpoints import random_causal_lm, reference_logits, run_generation_graph, session
+from support.decoder_checkpoints import (
+    gguf_entry,
+    random_causal_lm,
+    reference_logits,
+    run_generation_graph,
+    session,
+)
 from support.llama_reference import add_decoder_numbers, llama_cpp_permute
 
 TOLERANCE = 1e-4
@@ -102,6 +107,7 @@ def write_llama_gguf(  # noqa: PLR0913 - each keyword is one way a file differs
     config = model.config
     writer = gguf.GGUFWriter(str(path), "llama")
     add_decoder_numbers(writer, config)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
     writer.add_vocab_size(config.vocab_size)
     tokens, token_scores, token_types = vocabulary(processor)
@@ -241,16 +247,7 @@ async def test_the_loader_serves_the_gguf_with_sentencepiece_text(
 
     model, converted = tiny
     gguf_path = converted.directory.parent / "tiny-llama-spm.gguf"
-    entry = parse_model_config(
-        {
-            "sie_id": "acme/tiny-llama-spm-gguf",
-            "weights_path": str(gguf_path.parent),
-            "tasks": {"generate": {"max_output_tokens": 64}},
-            "profiles": {"default": {"adapter_path": "sie.adapters.causal_lm:OnnxCausalLMAdapter",
-                                     "max_batch_tokens": 1024,
-                                     "adapter_options": {"loadtime": {"gguf_file": gguf_path.name}}}},
-        }
-    )  # fmt: skip
+    entry = gguf_entry(gguf_path, "acme/tiny-llama-spm-gguf")
     loaded = model_loader.load(entry, "default", entry.sie_id)
     try:
         adapter = loaded.adapter

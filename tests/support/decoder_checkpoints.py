@@ -16,6 +16,7 @@ import onnxruntime as ort
 from tokenizers import Tokenizer, pre_tokenizers, processors
 from tokenizers import models as tokenizer_models
 
+from sie.catalog import parse_model_config
 from sie.worker.generation.kv_cache import CacheShape, empty_cache, next_cache
 
 if TYPE_CHECKING:
@@ -175,3 +176,17 @@ def run_generation_graph(graph: ort.InferenceSession, shape: CacheShape, prompts
         mask = np.concatenate([mask, np.ones((len(prompts), 1), dtype=np.int64)], axis=1)
         positions = positions[:, -1:] + 1
         cache = next_cache(names, outputs)
+
+
+def gguf_entry(gguf_path: Path, sie_id: str, precision: str | None = None) -> Any:
+    """A catalogue entry serving `gguf_path` for generation under `sie_id`, as the SmolLM2 one does."""
+    return parse_model_config(
+        {
+            "sie_id": sie_id,
+            "weights_path": str(gguf_path.parent),
+            "tasks": {"generate": {"max_output_tokens": 64}},
+            "profiles": {"default": {"adapter_path": "sie.adapters.causal_lm:OnnxCausalLMAdapter",
+                                     "max_batch_tokens": 1024, "compute_precision": precision,
+                                     "adapter_options": {"loadtime": {"gguf_file": gguf_path.name}}}},
+        }
+    )  # fmt: skip

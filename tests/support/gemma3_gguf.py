@@ -15,6 +15,8 @@ from typing import Any
 import gguf
 import numpy as np
 
+from support.llama_reference import add_decoder_numbers
+
 CONTROL = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>")
 PAD, EOS, BOS, UNK, END_OF_TURN = 0, 1, 2, 3, 6
 USER_DEFINED = ("[multimodal]", "\n", "\n\n", "\t\t", "  ", "   ", "    ")
@@ -77,12 +79,7 @@ def write_gemma3_gguf(  # noqa: PLR0913 - each keyword is one way a file differs
     """`state` (a Gemma3ForCausalLM's state dict, tensors or arrays) and `config` as llama.cpp's converter writes
     them; `extra_metadata` ({key: (value, gguf.GGUFValueType)}) and `extra_tensors` make files it cannot convert."""
     writer = gguf.GGUFWriter(str(path), "gemma3")
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    add_decoder_numbers(writer, config)
     writer.add_key_length(config.head_dim)
     writer.add_value_length(config.head_dim)
     writer.add_rope_freq_base(config.rope_parameters["full_attention"]["rope_theta"])
@@ -93,7 +90,6 @@ def write_gemma3_gguf(  # noqa: PLR0913 - each keyword is one way a file differs
     if config.final_logit_softcapping:
         writer.add_final_logit_softcapping(config.final_logit_softcapping)
     writer.add_sliding_window(config.sliding_window)
-    writer.add_head_count_kv(config.num_key_value_heads)
     _write_vocabulary(writer, space_prefix)
     for key, (value, value_type) in (extra_metadata or {}).items():
         writer.add_key_value(key, value, value_type)

@@ -97,14 +97,14 @@ def llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
 
 
 def add_decoder_numbers(writer: gguf.GGUFWriter, config: Any) -> None:
-    """A transformers decoder config's shape as llama.cpp's converter writes it under `{architecture}.*`."""
+    """A transformers decoder config's shape as llama.cpp's converter writes it under `{architecture}.*` (the RoPE
+    base is the caller's: Gemma 3 keeps one per layer type)."""
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
 
 

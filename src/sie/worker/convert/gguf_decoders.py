@@ -2,9 +2,9 @@
 `gguf_config` reads the architecture numbers from a GGUF file's `{architecture}.*` metadata (checked for what the
 graph cannot handle) into a `DecoderConfig`, filling in what llama.cpp hard-codes for the architecture instead of
 storing it (and Llama 3.1's RoPE scaling from its `rope_freqs` factors), and `gguf_weights` serves its tensors under
-transformers' names (dequantized to float32; llama.cpp's
-q/k row permutation undone for `llama`, which alone is stored permuted; Gemma's norms back from the 1 + weight
-llama.cpp stores), so `decoder_graph` builds the same decoder from a GGUF file as from a safetensors checkpoint.
+transformers' names (dequantized to float32; llama.cpp's q/k row permutation undone for `llama`, which alone is
+stored permuted; Gemma's norms back from the 1 + weight llama.cpp stores), so `decoder_graph` builds the same
+decoder from a GGUF file as from a safetensors checkpoint.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def _rope_frequency_factors(gguf: GgufFile) -> tuple[float, ...]:
     (its converter writes Llama 3.1's `llama3` RoPE scaling so)."""
     if ROPE_FREQS not in gguf:
         return ()
-    return tuple(float(factor) for factor in np.asarray(gguf.load(ROPE_FREQS), dtype=np.float64).reshape(-1))
+    return tuple(np.asarray(gguf.load(ROPE_FREQS), dtype=np.float64).reshape(-1).tolist())
 
 
 def _rope_scaling(gguf: GgufFile, arch: str) -> dict[str, Any]:

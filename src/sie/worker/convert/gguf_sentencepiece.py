@@ -93,10 +93,10 @@ def sentencepiece_model(
     tokens: list[str], scores: list[float] | None, unknown: str | None, shape: SentencePieceShape
 ) -> Tokenizer:
     """The BPE model over `tokens` (file order is id order) with the normaliser, pre-tokenizer and decoder of
-    `shape`; `scores` rank the merges where the shape says so."""
+    `shape`; `scores` rank the merges (None: the file order, Gemma's)."""
     bpe = models.BPE(
         vocab={token: index for index, token in enumerate(tokens)},
-        merges=recovered_merges(tokens, scores if shape.merges_by_score else None),
+        merges=recovered_merges(tokens, scores),
         unk_token=unknown,
         fuse_unk=True,
         byte_fallback=True,

@@ -108,7 +108,8 @@ def _num_labels(ctx: HeadContext, classifier: str = "classifier") -> int:
 
 
 def _build_seq_cls(ctx: HeadContext) -> list[onnx.ValueInfoProto]:
-    """The family's sequence classifier on the first token: one logit row per sequence."""
+    """The family's sequence classifier on the first token (BART's on the decoder's last <eos>): one logit row per
+    sequence."""
     b, width, kind = ctx.builder, ctx.config.hidden_size, ctx.config.family.sequence_classifier
     if isinstance(ctx.config, BartConfig):  # the decoder's state at the last <eos>, `classification_head`
         labels = _num_labels(ctx, "classification_head.out_proj")
