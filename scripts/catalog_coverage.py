@@ -70,7 +70,7 @@ ARCHITECTURE_OF = {
     # GLiREL checkpoints (glirel_config.json, the backbone's config beside them): relations between given entities
     "sie_server.adapters.glirel": GLIREL_MODEL_TYPE,
     # CLIP and SigLIP transformers checkpoints (the FixRes SigLIP 2 ones are SiglipModel checkpoints too); the
-    # open_clip-only ones ARCHITECTURE_OF_MODEL names
+    # open_clip-layout ones ARCHITECTURE_OF_MODEL names
     "sie_server.adapters.clip": "clip",
     "sie_server.adapters.siglip.adapter": "siglip",
 }
@@ -84,8 +84,8 @@ ZERO_SHOT_MODEL_TYPES = (
     GLICLASS_MODEL_TYPE,
     GLIREL_MODEL_TYPE,
 )
-# The image–text architectures the converter builds (`convert/clip.py`).
-IMAGE_TEXT_MODEL_TYPES = ("clip", "siglip")
+# The image–text architectures the converter builds (`convert/clip.py`; open_clip's SigLIPs `convert/open_clip.py`).
+IMAGE_TEXT_MODEL_TYPES = ("clip", "siglip", "open_clip")
 
 # The `model_type` of the decoder checkpoints the public catalogue names (their published config.json), by hf_id.
 ARCHITECTURE_OF_MODEL = {
@@ -126,7 +126,8 @@ ARCHITECTURE_OF_MODEL = {
     "MoritzLaurer/deberta-v3-large-zeroshot-v2.0": "deberta-v2",
     "cross-encoder/nli-deberta-v3-base": "deberta-v2",
     "facebook/bart-large-mnli": "bart",  # an encoder-decoder
-    # SigLIP YAMLs served by open_clip (`backend: open_clip`): checkpoints in open_clip's layout, no config.json
+    # SigLIP YAMLs served by open_clip (`backend: open_clip`): checkpoints in open_clip's layout (ViT-B-16-SigLIP:
+    # a timm SigLIP ViT and open_clip's text tower), no transformers config.json
     "Marqo/marqo-fashionSigLIP": "open_clip",
     "Marqo/marqo-ecommerce-embeddings-B": "open_clip",
 }

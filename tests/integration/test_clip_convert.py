@@ -167,7 +167,7 @@ def test_malformed_field_is_named(tmp_path: Path) -> None:
         load_clip_config(tmp_path)
 
 
-def test_an_open_clip_checkpoint_is_refused_naming_its_layout(tmp_path: Path) -> None:
+def test_an_open_clip_config_without_its_weights_is_refused_naming_them(tmp_path: Path) -> None:
     (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": {"embed_dim": 8}}))
-    with pytest.raises(ConversionError, match="an open_clip checkpoint"):
+    with pytest.raises(ConversionError, match="open_clip_model.safetensors or open_clip_pytorch_model.bin"):
         convert_clip(tmp_path, tmp_path / "out.onnx")

@@ -33,10 +33,10 @@ def test_the_public_catalogue_counts_every_yaml_once(capsys: pytest.CaptureFixtu
     assert table["sie_server.adapters.gliclass"] == ["GLiClass", "20", "20", "20"]
     assert table["sie_server.adapters.gliner_bi"] == ["gliner_bi_encoder_span", "5", "5", "5"]
     assert table["sie_server.adapters.glirel"] == ["glirel", "1", "1", "1"]
-    # CLIP and SigLIP transformers checkpoints; the open_clip-only Marqo ones are not built
+    # CLIP and SigLIP transformers checkpoints, and the Marqo ones in open_clip's layout
     assert table["sie_server.adapters.clip"] == ["clip", "4", "4", "4"]
-    assert table["sie_server.adapters.siglip.adapter"][1:] == ["6", "4", "4"]
-    assert "marqo-fashionSigLIP.yaml: the converter does not build model_type 'open_clip'" in output
+    assert table["sie_server.adapters.siglip.adapter"][1:] == ["6", "6", "6"]
+    assert "marqo-fashionSigLIP.yaml" not in output
     assert "no SIE adapter for this module" in output
     assert "fastino__gliner2-base-v1.yaml: GLiNER2 schema-based extraction" in output  # named, not built
 

@@ -77,7 +77,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie_server.adapters.gliclass": GLICLASS,
     # GLiREL relation extraction over the entities an item's metadata names
     "sie_server.adapters.glirel": GLIREL,
-    # CLIP and SigLIP image–text embedders (transformers checkpoints; open_clip-only ones fail their load naming it)
+    # CLIP and SigLIP image–text embedders (transformers checkpoints, and open_clip's SigLIP layout)
     "sie_server.adapters.clip": IMAGE_TEXT,
     "sie_server.adapters.siglip.adapter": IMAGE_TEXT,
     # the public Rust engine's embedding module serves many encoder architectures; ours converts the checkpoint,

@@ -36,7 +36,12 @@ from sie.worker.artifacts import (
     ProgressEvent,
     profile_artifacts,
 )
-from sie.worker.convert.cache_keys import conversion_cache_key, decoder_cache_key, gguf_cache_key
+from sie.worker.convert.cache_keys import (
+    conversion_cache_key,
+    decoder_cache_key,
+    gguf_cache_key,
+    open_clip_cache_key,
+)
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import position_capacity
 from sie.worker.convert.gguf_io import gguf_model_type
@@ -58,7 +63,7 @@ from sie.worker.convert.names import (
     labels_graph_path,
     vision_graph_path,
 )
-from sie.worker.convert.safetensors_io import checkpoint_parameters
+from sie.worker.convert.safetensors_io import checkpoint_parameters, open_clip_weights_file
 from sie.worker.errors import ModelLoadError
 from sie.worker.generation.batching_decoder import DecoderLimits
 from sie.worker.session import SessionOptions, create_session
@@ -151,6 +156,11 @@ class ModelLoader:
             decoder = self._decoder_checkpoint(model_id, model_dir, precision)
             return PreparedFiles(decoder / GRAPH_FILE, tokenizer_dir, decoder, precision)
         head = resolved.loadtime_options.get("onnx_head") or conversion_head(adapter_type, model_dir)
+        if head == CLIP_HEAD and open_clip_weights_file(model_dir) is not None:
+            # open_clip's layout converts to a directory holding the graphs and the files the adapter and the
+            # sidecar read (config.json, preprocessor_config.json, the tokenizer with open_clip's text cleaning).
+            converted = self._open_clip(model_id, model_dir, tokenizer_dir)
+            return PreparedFiles(converted / GRAPH_FILE, converted, converted, "float32")
         graph, precision = self._graph(model_id, model_dir, artifacts.onnx_file, str(head),
                                        self._decoder_precision(resolved, model_dir))  # fmt: skip
         return PreparedFiles(graph, tokenizer_dir, model_dir, precision)
@@ -281,12 +291,12 @@ class ModelLoader:
         except ConversionError as exc:
             raise ModelLoadError("UNKNOWN", f"Model '{model_id}': cannot convert to ONNX: {exc}") from exc
 
-    def _check_fits(self, model_id: str, model_dir: Path, precision: str) -> None:
+    def _check_fits(self, model_id: str, model_dir: Path, precision: str, files: list[Path] | None = None) -> None:
         """Refuse, before converting, a checkpoint whose weights in `precision` alone exceed the memory budget."""
         if self.memory_budget_bytes is None:
             return
         try:
-            parameters = checkpoint_parameters(model_dir)
+            parameters = checkpoint_parameters(model_dir, files)
         except ConversionError as exc:
             raise ModelLoadError("UNKNOWN", f"Model '{model_id}': cannot read the checkpoint: {exc}") from exc
         needed = parameters * (2 if precision == "float16" else 4)
@@ -322,8 +332,20 @@ class ModelLoader:
 
             convert_decoder_checkpoint(model_dir, staged, precision)
 
-        return self._converted_decoder(model_id, lambda: decoder_cache_key(model_dir, "generate", precision),
-                                       precision, convert)  # fmt: skip
+        return self._converted_directory(model_id, lambda: decoder_cache_key(model_dir, "generate", precision),
+                                         "decoder", f"an ONNX decoder ({precision})", convert)  # fmt: skip
+
+    def _open_clip(self, model_id: str, model_dir: Path, tokenizer_dir: Path) -> Path:
+        """The cached conversion of an open_clip SigLIP checkpoint (`convert/open_clip.py`)."""
+        self._check_fits(model_id, model_dir, "float32", [open_clip_weights_file(model_dir) or model_dir])
+
+        def convert(staged: Path) -> None:
+            from sie.worker.convert.open_clip import convert_open_clip
+
+            convert_open_clip(model_dir, tokenizer_dir, staged)
+
+        return self._converted_directory(model_id, lambda: open_clip_cache_key(model_dir, tokenizer_dir),
+                                         "open_clip", "ONNX image and text towers (open_clip)", convert)  # fmt: skip
 
     def _decoder(
         self, model_id: str, model_dir: Path, gguf_file: str, precision: str, on_progress: ProgressCallback | None
@@ -338,20 +360,22 @@ class ModelLoader:
 
             convert_gguf(source, staged, precision, _convert_progress(on_progress, f"gguf {gguf_file}"))
 
-        return self._converted_decoder(model_id, lambda: gguf_cache_key(source, precision), precision, convert)
+        return self._converted_directory(model_id, lambda: gguf_cache_key(source, precision), "decoder",
+                                         f"an ONNX decoder ({precision})", convert)  # fmt: skip
 
-    def _converted_decoder(
-        self, model_id: str, cache_key: Callable[[], str], precision: str, convert: Callable[[Path], None]
+    def _converted_directory(  # noqa: PLR0913 - what is converted, where, and how it is named in the log
+        self, model_id: str, cache_key: Callable[[], str], kind: str, shown: str, convert: Callable[[Path], None]
     ) -> Path:
-        """The converted decoder directory under `cache_key()`, made by `convert(staged directory)` on a cache miss
-        (which imports the converter and `onnx`, about 1.4 s: only a miss pays for it)."""
+        """The converted `kind` directory under `cache_key()` (a decoder, an open_clip model), made by
+        `convert(staged directory)` on a cache miss (which imports the converter and `onnx`, about 1.4 s: only a miss
+        pays for it)."""
         try:
-            target = self.converted_dir / f"{cache_key()}-decoder"
+            target = self.converted_dir / f"{cache_key()}-{kind}"
             if (target / GRAPH_FILE).is_file():
                 return target
             self.converted_dir.mkdir(parents=True, exist_ok=True)
-            logger.info("converting model %s to an ONNX decoder (%s)", model_id, precision,
-                        extra=log_fields(event="model_converting", model=model_id, head="decoder"))  # fmt: skip
+            logger.info("converting model %s to %s", model_id, shown,
+                        extra=log_fields(event="model_converting", model=model_id, head=kind))  # fmt: skip
             started = time.perf_counter()
             with tempfile.TemporaryDirectory(dir=self.converted_dir) as scratch:
                 staged = Path(scratch) / target.name

@@ -14,8 +14,16 @@ from pathlib import Path
 from typing import Final
 
 from sie.worker.convert.errors import ConversionError
-from sie.worker.convert.names import CONFIG_FILE, GENERATION_CONFIG_FILE, GLINER_CONFIG_FILE, GLIREL_CONFIG_FILE
-from sie.worker.convert.safetensors_io import checkpoint_files
+from sie.worker.convert.names import (
+    CONFIG_FILE,
+    GENERATION_CONFIG_FILE,
+    GLINER_CONFIG_FILE,
+    GLIREL_CONFIG_FILE,
+    OPEN_CLIP_CONFIG_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+)
+from sie.worker.convert.safetensors_io import checkpoint_files, open_clip_weights_file
 
 # 2: the BERT-like families (RoBERTa, XLM-R, ELECTRA, DistilBERT, MPNet), ModernBERT, sharded checkpoints
 # 3: the BERT-like families' attention and residual norms as onnxruntime's fused contrib operators
@@ -42,6 +50,25 @@ def decoder_cache_key(model_dir: Path, graph: str, precision: str) -> str:
     generation_config.json counts too (its end-of-sequence ids go into the converted config.json)."""
     extra = [Path(model_dir) / GENERATION_CONFIG_FILE] if graph == "generate" else []
     return _checkpoint_key(model_dir, DECODER_CONVERTER_VERSION, f"{graph}/{precision}", extra)
+
+
+def open_clip_cache_key(model_dir: Path, tokenizer_dir: Path) -> str:
+    """As `conversion_cache_key`, for an open_clip checkpoint converted to a directory (`open_clip.py`): its
+    open_clip_config.json, its weights and the tokenizer files the directory's tokenizer is made from."""
+    digest = hashlib.sha256()
+    for part in (CONVERTER_VERSION.encode(), b"open_clip"):
+        digest.update(len(part).to_bytes(8, "little") + part)
+    weights = open_clip_weights_file(model_dir)
+    if weights is None:
+        raise ConversionError("not an open_clip checkpoint", source=str(model_dir))
+    _hash_file(digest, Path(model_dir) / OPEN_CLIP_CONFIG_FILE)
+    _hash_file(digest, weights)
+    for name in (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, "special_tokens_map.json"):
+        path = Path(tokenizer_dir) / name
+        digest.update(name.encode() + (b"+" if path.is_file() else b"-"))
+        if path.is_file():
+            _hash_file(digest, path)
+    return digest.hexdigest()
 
 
 def _checkpoint_key(model_dir: Path, version: str, variant: str, extra: list[Path] | None = None) -> str:

@@ -10,8 +10,9 @@ the vision tower's class token, `pre_layrnorm` and `post_layernorm`; the bias-fr
 (a bidirectional text tower pooled at the last position, padding or not, through its `head` Linear; a class-free
 vision tower pooled by the attention-pooling head, whose output is the image embedding). The layers live in
 `vision_graph.py`; this module parses the configs, reads the checkpoint's `logit_scale` and `logit_bias` for the
-adapter, and assembles and writes both graphs. Checked against transformers on random checkpoints
-(tests/integration/test_clip_convert.py). Other model types fail the conversion naming theirs.
+adapter, and assembles and writes both graphs (`write_towers`, which `open_clip.py` also builds open_clip's SigLIPs
+with). Checked against transformers on random checkpoints (tests/integration/test_clip_convert.py). Other model
+types fail the conversion naming theirs.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from sie.worker.convert.names import (
     LOGIT_BIAS_KEY,
     LOGIT_SCALE_KEY,
     MODEL_TYPE_KEY,
+    OPEN_CLIP_CONFIG_FILE,
+    OPEN_CLIP_WEIGHTS_FILES,
     PIXEL_VALUES,
     TEXT_EMBEDS,
     vision_graph_path,
@@ -107,10 +110,6 @@ class ClipConfig:
         return self.model_type == "clip" and self.eos_token_id == LEGACY_EOS_TOKEN_ID
 
 
-# The text graph's metadata (`names.py`'s keys): the stored logit scale (exp not applied) and SigLIP's bias.
-OPEN_CLIP_CONFIG_FILE = "open_clip_config.json"  # what open_clip saves in place of config.json
-
-
 def load_clip_config(model_dir: Path) -> ClipConfig:
     """Parse `model_dir`'s config.json and read `logit_scale` (and SigLIP's `logit_bias`) from its checkpoint;
     ConversionError naming the file and the field (or tensor) for anything missing, malformed or not built."""
@@ -118,8 +117,8 @@ def load_clip_config(model_dir: Path) -> ClipConfig:
     path = model_dir / CONFIG_FILE
     if not path.is_file() and (model_dir / OPEN_CLIP_CONFIG_FILE).is_file():
         raise ConversionError(
-            f"an open_clip checkpoint ({OPEN_CLIP_CONFIG_FILE}, no {CONFIG_FILE}): SIE converts transformers CLIP "
-            "and SigLIP checkpoints, not open_clip's layout",
+            f"an open_clip checkpoint ({OPEN_CLIP_CONFIG_FILE}) without its weights: no "
+            f"{' or '.join(OPEN_CLIP_WEIGHTS_FILES)} (and no {CONFIG_FILE} of a transformers checkpoint)",
             source=str(model_dir),
         )
     raw = read_config_json(path)
@@ -162,7 +161,13 @@ def convert_clip(model_dir: Path, out_path: Path) -> ClipConfig:
     pytorch_model.bin) into the text graph at `out_path` and the vision graph at `vision_graph_path(out_path)`."""
     model_dir, out_path = Path(model_dir), Path(out_path)
     config = load_clip_config(model_dir)
-    weights = HeadWeights(Checkpoint(model_dir))
+    write_towers(config, HeadWeights(Checkpoint(model_dir)), out_path)
+    return config
+
+
+def write_towers(config: ClipConfig, weights: HeadWeights, out_path: Path) -> None:
+    """Build both towers from `weights` (read by transformers' CLIPModel / SiglipModel tensor names) and write the
+    text graph at `out_path`, the vision graph at `vision_graph_path(out_path)`."""
     text = _text_graph(config, weights)
     # The similarity the model was trained with, for the adapter's score (which imports no converter).
     similarity = {LOGIT_SCALE_KEY: repr(config.logit_scale), MODEL_TYPE_KEY: config.model_type}
@@ -171,7 +176,6 @@ def convert_clip(model_dir: Path, out_path: Path) -> ClipConfig:
     onnx.helper.set_model_props(text, similarity)
     save_graph(text, out_path)
     save_graph(_vision_graph(config, weights), vision_graph_path(out_path))
-    return config
 
 
 # --- config -----------------------------------------------------------------------------------------------------------

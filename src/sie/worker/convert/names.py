@@ -98,6 +98,10 @@ PIXEL_VALUES: Final = "pixel_values"
 TEXT_EMBEDS: Final = "text_embeds"
 IMAGE_EMBEDS: Final = "image_embeds"
 PREPROCESSOR_CONFIG_FILE: Final = "preprocessor_config.json"  # the image processor's settings, beside the checkpoint
+# open_clip's checkpoint layout (`convert/open_clip.py`): its config and weights in place of config.json and
+# model.safetensors (the Hub's open_clip repositories; a .bin is a torch.save zip).
+OPEN_CLIP_CONFIG_FILE: Final = "open_clip_config.json"
+OPEN_CLIP_WEIGHTS_FILES: Final = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 # The text graph's metadata: the model's similarity for scoring (the stored logit scale, before exp; SigLIP's bias).
 LOGIT_SCALE_KEY: Final = "sie.logit_scale"
 LOGIT_BIAS_KEY: Final = "sie.logit_bias"

@@ -18,7 +18,13 @@ import attrs
 import numpy as np
 
 from sie.worker.convert.errors import ConversionError
-from sie.worker.convert.names import TORCH_WEIGHTS_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE
+from sie.worker.convert.names import (
+    OPEN_CLIP_CONFIG_FILE,
+    OPEN_CLIP_WEIGHTS_FILES,
+    TORCH_WEIGHTS_FILE,
+    WEIGHTS_FILE,
+    WEIGHTS_INDEX_FILE,
+)
 from sie.worker.convert.torch_zip import FLOAT_STORAGES, TorchTensorEntry, TorchZipFile
 
 # The format caps the header at 100 MB; anything larger is a corrupt length prefix.
@@ -112,6 +118,16 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return [index, *(model_dir / shard for shard in shards)]
 
 
+def open_clip_weights_file(model_dir: Path) -> Path | None:
+    """The weights of an open_clip checkpoint in `model_dir` (its `open_clip_config.json` and
+    `open_clip_model.safetensors`, else `open_clip_pytorch_model.bin`); None when the directory holds no such pair
+    (a repository may hold a transformers checkpoint beside an open_clip config: that one is the checkpoint then)."""
+    model_dir = Path(model_dir)
+    if not (model_dir / OPEN_CLIP_CONFIG_FILE).is_file():
+        return None
+    return next((model_dir / name for name in OPEN_CLIP_WEIGHTS_FILES if (model_dir / name).is_file()), None)
+
+
 def read_json(path: Path) -> Any:
     """A checkpoint's JSON file (`config.json`, the shard index), decoded; errors name the file."""
     try:
@@ -136,15 +152,17 @@ def _weight_map(index: Path) -> dict[str, str]:
 class Checkpoint:
     """Every tensor of a checkpoint directory, whichever of its files holds it; read only when `load` asks."""
 
-    def __init__(self, model_dir: Path) -> None:
-        files = checkpoint_files(model_dir)
+    def __init__(self, model_dir: Path, files: list[Path] | None = None) -> None:
+        """The checkpoint in `model_dir` (`checkpoint_files`), or in `files` where a layout names its own (open_clip's
+        `open_clip_model.safetensors`): a `.bin` is read as a torch zip, anything else as safetensors."""
+        files = files if files is not None else checkpoint_files(model_dir)
         self.path = files[0]  # what errors name: model.safetensors, the shard index or pytorch_model.bin
         self._file_of: dict[str, SafetensorsFile | TorchZipFile] = {}
         self.entries: dict[str, TensorEntry | TorchTensorEntry] = {}
         for path in files:
             if path.name == WEIGHTS_INDEX_FILE:
                 continue
-            shard = TorchZipFile(path) if path.name == TORCH_WEIGHTS_FILE else SafetensorsFile(path)
+            shard = TorchZipFile(path) if path.suffix == ".bin" else SafetensorsFile(path)
             for name, entry in shard.entries.items():
                 self._file_of[name] = shard
                 self.entries[name] = entry
@@ -191,9 +209,10 @@ class CheckpointPart:
         return self._checkpoint.load_rows(self._prefix + name, rows)
 
 
-def checkpoint_parameters(model_dir: Path) -> int:
-    """How many floating-point values a checkpoint holds, from its files' headers (no tensor is read)."""
-    checkpoint = Checkpoint(model_dir)
+def checkpoint_parameters(model_dir: Path, files: list[Path] | None = None) -> int:
+    """How many floating-point values a checkpoint holds (`Checkpoint`'s files), from their headers (no tensor is
+    read)."""
+    checkpoint = Checkpoint(model_dir, files)
     return sum(math.prod(entry.shape) for entry in checkpoint.entries.values() if _is_float(entry))
 
 
