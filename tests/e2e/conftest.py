@@ -73,10 +73,12 @@ def all_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """nats-server, worker (MiniLM preloaded), sidecar and gateway, for every e2e module that needs a plain distributed
     deployment; `elsewhere` is a deploy-owned queue pool no worker serves. Its catalogue is the baseline one plus
-    a tiny random GLiNER, TINY_GLINER (its checkpoint under the cluster's root, `gliner/gliner`), and a tiny CLIP and
-    SigLIP, TINY_IMAGE_TEXT's (under `clip` and `siglip`)."""
+    a tiny random GLiNER, TINY_GLINER (its checkpoint under the cluster's root, `gliner/gliner`), a tiny CLIP and
+    SigLIP, TINY_IMAGE_TEXT's (under `clip` and `siglip`), and a tiny open_clip SigLIP, TINY_OPEN_CLIP (under
+    `open_clip`)."""
     from sie.catalog import dump_yaml
     from support.image_text_checkpoints import TINY_IMAGE_TEXT, image_text_yaml, save_image_text_model
+    from support.open_clip_checkpoints import TINY_OPEN_CLIP, open_clip_yaml, save_open_clip_siglip
     from support.zero_shot_checkpoints import TINY_GLINER, save_gliner
 
     root = tmp_path_factory.mktemp("cluster")
@@ -90,6 +92,8 @@ def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster
     for family, sie_id in TINY_IMAGE_TEXT.items():
         save_image_text_model(root / family, family)
         (models / f"tiny__{family}.yaml").write_text(dump_yaml(image_text_yaml(family, sie_id, root / family)))
+    save_open_clip_siglip(root / "open_clip")
+    (models / "tiny__open-clip.yaml").write_text(dump_yaml(open_clip_yaml(TINY_OPEN_CLIP, root / "open_clip")))
     gateway_env = {"SIE_GATEWAY_STATIC_QUEUE_POOLS": "elsewhere", "SIE_GATEWAY_GRPC_PORT": str(CLUSTER_GRPC_PORT)}
     role_env = {"SIE_MODELS_DIR": str(models)}
     with serving_cluster(root, gateway_env=gateway_env, role_env=role_env) as deployment:

@@ -177,6 +177,35 @@ def test_the_public_sdk_encodes_a_pil_image_and_a_text_over_nats(cluster: Cluste
     assert refused.status_code == 400 and "Image 0 of item 1" in refused.text, refused.text
 
 
+def test_the_public_sdk_encodes_with_an_open_clip_siglip_over_nats(cluster: Cluster, public_sdk) -> None:
+    """An open_clip-layout SigLIP (the Marqo YAMLs' shape): the sidecar tokenizes with open_clip's text cleaning and
+    prepares the JPEG the SDK sends; the vectors equal open_clip's own on the same JPEG and text."""
+    import io
+
+    import torch
+    from PIL import Image
+
+    from support.open_clip_checkpoints import TINY_OPEN_CLIP, load_reference
+
+    rng = np.random.default_rng(4)
+    image = Image.fromarray(rng.integers(0, 256, (30, 52, 3), dtype=np.uint8), "RGB")
+    text = "Men's  SLIM_fit Jeans (dark blue)!"
+    client = public_sdk.SIEClient(cluster.url, timeout_s=120)
+    try:
+        pictured, written = client.encode(TINY_OPEN_CLIP, [{"images": [image]}, {"text": text}],
+                                          wait_for_capacity=True)  # fmt: skip
+    finally:
+        client.close()
+    model, preprocess, tokenizer = load_reference(cluster.root / "open_clip")
+    sent = io.BytesIO()
+    image.save(sent, format="JPEG", quality=95)  # what the SDK sends for a PIL image
+    with torch.no_grad():
+        image_vector = model.encode_image(preprocess(Image.open(io.BytesIO(sent.getvalue())))[None])[0].numpy()
+        text_vector = model.encode_text(tokenizer([text]))[0].numpy()
+    assert np.allclose(pictured["dense"], image_vector / np.linalg.norm(image_vector), atol=1e-4, rtol=0)
+    assert np.allclose(written["dense"], text_vector / np.linalg.norm(text_vector), atol=1e-4, rtol=0)
+
+
 def test_generation_streams_over_nats_and_a_client_leaving_cancels_it(cluster: Cluster) -> None:
     """Chat completions through gateway → JetStream → sidecar → worker IPC and back as streamed chunks on the
     gateway's inbox; a client that leaves mid-stream is cancelled through `cancel.{router}.{request}` →

@@ -22,7 +22,7 @@ from sie.imaging import ImageLimits, ImageProcessor
 from sie.wire.ipc_batch import EncodeBatchItem, ScoreBatchItem
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.open_clip import convert_open_clip
-from support.open_clip_checkpoints import CONTEXT, WIDTH, load_reference, save_open_clip_siglip
+from support.open_clip_checkpoints import CONTEXT, WIDTH, load_reference, open_clip_yaml, save_open_clip_siglip
 
 TOLERANCE = 1e-4
 TEXTS = [
@@ -56,19 +56,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def served(checkpoint: Path, model_loader) -> Any:
-    model = parse_model_config({
-        "sie_id": "Marqo/tiny-fashionSigLIP", "weights_path": str(checkpoint), "max_sequence_length": CONTEXT,
-        "inputs": {"text": True, "image": True}, "tasks": {"encode": {"dense": {"dim": WIDTH}}},
-        "profiles": {"default": {
-            "adapter_path": "sie_server.adapters.siglip.adapter:SiglipAdapter", "max_batch_tokens": 16384,
-            "compute_precision": "float16",
-            "adapter_options": {
-                "loadtime": {"backend": "open_clip", "open_clip_model_id": "hf-hub:Marqo/marqo-fashionSigLIP",
-                             "dense_dim": WIDTH},
-                "runtime": {"normalize": True},
-            },
-        }},
-    })  # fmt: skip
+    model = parse_model_config(open_clip_yaml("Marqo/tiny-fashionSigLIP", checkpoint))
     return model_loader.load(model, "default", model.sie_id)
 
 

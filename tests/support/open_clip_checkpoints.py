@@ -134,3 +134,25 @@ def load_reference(directory: Path) -> tuple[Any, Any, Any]:
     model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{directory}")
     model.eval()
     return model, preprocess, open_clip.get_tokenizer(f"local-dir:{directory}")
+
+
+# The catalogue id the shared e2e cluster serves `save_open_clip_siglip`'s checkpoint under.
+TINY_OPEN_CLIP = "tiny/open-clip-siglip"
+
+
+def open_clip_yaml(sie_id: str, weights: Path) -> dict[str, Any]:
+    """A model YAML in the shape of the public catalogue's Marqo SigLIPs (`backend: open_clip`, normalised vectors)
+    for a `save_open_clip_siglip` checkpoint."""
+    return {
+        "sie_id": sie_id, "weights_path": str(weights), "max_sequence_length": CONTEXT,
+        "inputs": {"text": True, "image": True}, "tasks": {"encode": {"dense": {"dim": WIDTH}}},
+        "profiles": {"default": {
+            "adapter_path": "sie_server.adapters.siglip.adapter:SiglipAdapter", "max_batch_tokens": 16384,
+            "compute_precision": "float16",
+            "adapter_options": {
+                "loadtime": {"backend": "open_clip", "open_clip_model_id": "hf-hub:Marqo/marqo-fashionSigLIP",
+                             "dense_dim": WIDTH},
+                "runtime": {"normalize": True},
+            },
+        }},
+    }  # fmt: skip
