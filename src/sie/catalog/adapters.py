@@ -55,6 +55,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie_server.adapters.gte_sparse_flash": SPARSE,
     "sie_server.adapters.cross_encoder": CROSS_ENCODER,
     "sie_server.adapters.bert_flash_cross_encoder": CROSS_ENCODER,
+    "sie_server.adapters.jina_flash_cross_encoder": CROSS_ENCODER,  # jina-reranker-v2: XLM-R (convert/jina_flash.py)
     "sie_server.adapters.modernbert_flash_cross_encoder": CROSS_ENCODER,
     "sie_server.adapters.qwen2_flash_cross_encoder.adapter": CAUSAL_RERANKER,
     "sie_server.adapters.native_causal_cross_encoder.adapter": CAUSAL_RERANKER,  # zerank: its raw positive logit

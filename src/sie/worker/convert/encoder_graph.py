@@ -22,6 +22,7 @@ from onnx import TensorProto
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import MPNET_BUCKETS, EncoderConfig
 from sie.worker.convert.graph_builder import CONTRIB_DOMAIN, GraphBuilder, tensor_info
+from sie.worker.convert.jina_flash import FlashXlmRobertaTensors
 from sie.worker.convert.safetensors_io import Checkpoint, CheckpointPart
 
 # --- weights ----------------------------------------------------------------------------------------------------------
@@ -34,7 +35,7 @@ class EncoderWeights:
     (`bert.`, `roberta.`, ...) and the old `gamma`/`beta` LayerNorm names, so the graph builder asks for one name per
     parameter."""
 
-    def __init__(self, tensors: Checkpoint | CheckpointPart, config: EncoderConfig) -> None:
+    def __init__(self, tensors: Checkpoint | CheckpointPart | FlashXlmRobertaTensors, config: EncoderConfig) -> None:
         self.tensors = tensors
         prefix = config.family.prefix
         self.prefix = prefix if any(name.startswith(f"{prefix}embeddings.") for name in tensors.entries) else ""

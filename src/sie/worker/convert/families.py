@@ -34,6 +34,7 @@ from typing import Any
 import attrs
 
 from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.jina_flash import as_xlm_roberta_config, is_flash_xlm_roberta
 from sie.worker.convert.safetensors_io import read_json
 
 # Hugging Face's "gelu" is the exact erf form; the tanh approximations are different functions.
@@ -220,6 +221,11 @@ class EncoderConfig(EncoderShape):
 def position_capacity(raw: dict[str, Any]) -> int | None:
     """The most tokens one sequence of this checkpoint can hold (its learned positions; RoBERTa's start after
     `pad_token_id`), or None when the config does not say (not one of these families, or no position count)."""
+    if is_flash_xlm_roberta(raw):  # Jina's remote-code XLM-R: XLM-R's positions
+        try:
+            raw = as_xlm_roberta_config(raw, "config.json")
+        except ConversionError:
+            return None
     family = FAMILY_OF_MODEL_TYPE.get(raw.get("model_type"))  # type: ignore[arg-type]
     positions = raw.get("n_positions" if raw.get("model_type") == "nomic_bert" else "max_position_embeddings")
     if not isinstance(positions, int) or isinstance(positions, bool):
