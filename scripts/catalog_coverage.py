@@ -53,7 +53,7 @@ ARCHITECTURE_OF = {
     "sie_server.adapters.modernbert_flash": "modernbert",
     "sie_server.adapters.modernbert_flash_cross_encoder": "modernbert",
     "sie_server.adapters.colbert_modernbert_flash.adapter": "modernbert",
-    "sie_server.adapters.nomic_flash": "nomic_bert-moe",  # nomic-embed-text-v2-moe: mixture-of-experts layers
+    "sie_server.adapters.nomic_flash": "nomic_bert",  # nomic-embed-text-v2-moe: NomicBERT with experts
     "sie_server.adapters.rope_flash": "new",  # GTE v1.5 "new" architecture (remote code)
     "sie_server.adapters.colbert_rotary_flash": "jina-xlm-roberta",  # jina-colbert-v2: XLM-R with rotary positions
     "sie_server.adapters.gte_sparse_flash": "new",

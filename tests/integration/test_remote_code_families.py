@@ -1,6 +1,7 @@
 """The remote-code families served through the worker as the public catalogue's YAMLs configure them: a JinaBERT v2
 checkpoint through the Rust `candle` module (jina-embeddings-v2: mean pooling), a GTE "new" one through `rope_flash`
-(gte-multilingual-base: CLS pooling) and a NomicBERT one through `candle` (nomic-embed-text-v1.5: mean pooling) —
+(gte-multilingual-base: CLS pooling), a NomicBERT one through `candle` (nomic-embed-text-v1.5: mean pooling) and a
+NomicBERT with experts through `nomic_flash` (nomic-embed-text-v2-moe: mean pooling) —
 loaded by the model loader (config.json read, converted, tokenizer limited to the positions), encoded by the dense
 adapter from text, and compared with the numpy reference of each family's modeling code on the same token ids
 (≤ 1e-4). The references and checkpoint writers are the converter tests' own."""
@@ -65,11 +66,19 @@ def nomic_family(directory: Path) -> tuple[Callable[[np.ndarray], np.ndarray], i
     return lambda ids: nomic.reference(config, weights, ids, np.zeros_like(ids)), nomic.HIDDEN
 
 
-VOCABS = {"jina-bert-v2": jina.VOCAB, "gte-new": gte.VOCAB, "nomic-bert": nomic.VOCAB}
+def nomic_moe_family(directory: Path) -> tuple[Callable[[np.ndarray], np.ndarray], int]:
+    config = nomic.moe_config()
+    weights = nomic.save_checkpoint(directory, config)
+    return lambda ids: nomic.reference(config, weights, ids, np.zeros_like(ids)), nomic.HIDDEN
+
+
+NOMIC_FLASH = "sie_server.adapters.nomic_flash:NomicFlashAdapter"  # nomic-embed-text-v2-moe's YAML
+VOCABS = {"jina-bert-v2": jina.VOCAB, "gte-new": gte.VOCAB, "nomic-bert": nomic.VOCAB, "nomic-v2-moe": nomic.VOCAB}
 FAMILIES: dict[str, tuple[Callable[[Path], Any], str, str]] = {
     "jina-bert-v2": (jina_family, CANDLE, "mean"),
     "gte-new": (gte_family, ROPE, "cls"),
     "nomic-bert": (nomic_family, CANDLE, "mean"),
+    "nomic-v2-moe": (nomic_moe_family, NOMIC_FLASH, "mean"),
 }
 
 

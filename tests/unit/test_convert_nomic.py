@@ -4,7 +4,12 @@ then `emb_ln`), NomicBertAttention (fused `Wqkv`, rotate-half rotary over the wh
 `rotary_emb_base`, softmax scaled by sqrt(head_dim)), NomciBertGatedMLP (`fc2(fc11(x) * silu(fc12(x)))`) and
 NomicBertBlock with `prenorm: false` (`norm1(attn + x)`, `norm2(mlp + x)`) — since transformers does not ship it.
 A tiny random checkpoint with its tensor names and a config shaped like nomic-embed-text-v1.5's is converted by us,
-run by onnxruntime and compared at every real token of a right-padded batch (≤ 1e-4)."""
+run by onnxruntime and compared at every real token of a right-padded batch (≤ 1e-4).
+
+nomic-embed-text-v2-moe likewise: NomicBertMLP (`fc2(gelu(fc1(x)))`) on its dense layers and, on every odd layer,
+megablocks' dMoE as contrastors builds it (`layers/block.py`; the same layout the public SIE adapter and fastembed's
+port read): a bias-free router, softmax, the top-k weights as they are, `gelu(x @ w1[e].T) @ w2[e]` per chosen expert,
+the weighted sum plus one shared bias."""
 
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from safetensors.numpy import save_file
 from sie.worker.convert import ConversionError, convert_encoder
 
 HIDDEN, HEADS, INTERMEDIATE, LAYERS, VOCAB, TYPES = 32, 4, 40, 2, 50, 2
+EXPERTS, EXPERT_INNER = 4, 24
 LENGTHS = (10, 3, 6)
 
 
@@ -38,6 +44,15 @@ def nomic_config(**changes: object) -> dict:
     return config | changes
 
 
+def moe_config(**changes: object) -> dict:
+    """nomic-embed-text-v2-moe's config.json keys, shrunk: GELU MLPs, experts on the odd layers of four."""
+    moe = {"activation_function": "gelu", "n_layer": 4, "qkv_proj_bias": True, "mlp_fc1_bias": True,
+           "mlp_fc2_bias": True, "num_experts": EXPERTS, "moe_top_k": 2, "moe_every_n_layers": 2,
+           "moe_normalize_expert_weights": False, "num_shared_experts": 0, "expert_choice_router": False,
+           "moe_impl": "megablocks", "ffn_div": 1}  # fmt: skip
+    return nomic_config(**(moe | changes))
+
+
 def random_weights(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
 
@@ -53,15 +68,28 @@ def random_weights(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
 
     weights = {"embeddings.word_embeddings.weight": tensor(VOCAB, HIDDEN),
                "embeddings.token_type_embeddings.weight": tensor(TYPES, HIDDEN), **norm("emb_ln")}  # fmt: skip
-    for index in range(LAYERS):
+    for index in range(config["n_layer"]):
         layer = f"encoder.layers.{index}"
         weights |= linear(f"{layer}.attn.Wqkv", 3 * HIDDEN, HIDDEN, config["qkv_proj_bias"])
         weights |= linear(f"{layer}.attn.out_proj", HIDDEN, HIDDEN, config["qkv_proj_bias"])
-        weights |= linear(f"{layer}.mlp.fc11", INTERMEDIATE, HIDDEN, config["mlp_fc1_bias"])
-        weights |= linear(f"{layer}.mlp.fc12", INTERMEDIATE, HIDDEN, config["mlp_fc1_bias"])
-        weights |= linear(f"{layer}.mlp.fc2", HIDDEN, INTERMEDIATE, config["mlp_fc2_bias"])
+        if is_moe(config, index):
+            weights |= {f"{layer}.mlp.router.layer.weight": tensor(EXPERTS, HIDDEN) * 3,  # routes apart
+                        f"{layer}.mlp.experts.mlp.w1": tensor(EXPERTS * EXPERT_INNER, HIDDEN),
+                        f"{layer}.mlp.experts.mlp.w2": tensor(EXPERTS * EXPERT_INNER, HIDDEN),
+                        f"{layer}.mlp.experts.bias": tensor(HIDDEN)}  # fmt: skip
+        elif config.get("activation_function") == "gelu":
+            weights |= linear(f"{layer}.mlp.fc1", INTERMEDIATE, HIDDEN, config["mlp_fc1_bias"])
+            weights |= linear(f"{layer}.mlp.fc2", HIDDEN, INTERMEDIATE, config["mlp_fc2_bias"])
+        else:
+            weights |= linear(f"{layer}.mlp.fc11", INTERMEDIATE, HIDDEN, config["mlp_fc1_bias"])
+            weights |= linear(f"{layer}.mlp.fc12", INTERMEDIATE, HIDDEN, config["mlp_fc1_bias"])
+            weights |= linear(f"{layer}.mlp.fc2", HIDDEN, INTERMEDIATE, config["mlp_fc2_bias"])
         weights |= norm(f"{layer}.norm1") | norm(f"{layer}.norm2")
     return weights
+
+
+def is_moe(config: dict, index: int) -> bool:
+    return bool(config.get("num_experts")) and index % config["moe_every_n_layers"] == 1
 
 
 def save_checkpoint(directory: Path, config: dict, prefix: str = "") -> dict[str, np.ndarray]:
@@ -97,12 +125,34 @@ def _rotate(x: np.ndarray, base: float) -> np.ndarray:
     return x * cos + np.concatenate([-second, first], -1) * sin
 
 
+def _gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+
+
+CHOSEN: set[int] = set()  # the experts the reference routed some token to, over a test
+
+
+def _experts(x: np.ndarray, w: dict, layer: str, top_k: int) -> np.ndarray:
+    """megablocks' dMoE on [S, H]: softmax router, top-k weights as they are, GELU experts, one shared bias."""
+    logits = x @ w[f"{layer}.mlp.router.layer.weight"].T
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    w1 = w[f"{layer}.mlp.experts.mlp.w1"].reshape(EXPERTS, EXPERT_INNER, HIDDEN)
+    w2 = w[f"{layer}.mlp.experts.mlp.w2"].reshape(EXPERTS, EXPERT_INNER, HIDDEN)
+    out = np.zeros_like(x)
+    for token in range(len(x)):
+        for expert in np.argsort(-probs[token])[:top_k]:
+            CHOSEN.add(int(expert))
+            out[token] += probs[token, expert] * (_gelu(x[token] @ w1[expert].T) @ w2[expert])
+    return out + w[f"{layer}.mlp.experts.bias"]
+
+
 def reference(config: dict, w: dict, ids: np.ndarray, types: np.ndarray) -> np.ndarray:
     """One unpadded sequence through NomicBertModel."""
     eps, size = config["layer_norm_epsilon"], HIDDEN // HEADS
     x = _norm(w["embeddings.word_embeddings.weight"][ids] + w["embeddings.token_type_embeddings.weight"][types], w,
               "emb_ln", eps)  # fmt: skip
-    for index in range(LAYERS):
+    for index in range(config["n_layer"]):
         layer = f"encoder.layers.{index}"
         qkv = _linear(x, w, f"{layer}.attn.Wqkv").reshape(len(ids), 3, HEADS, size)
         q, k = _rotate(qkv[:, 0], config["rotary_emb_base"]), _rotate(qkv[:, 1], config["rotary_emb_base"])
@@ -111,9 +161,14 @@ def reference(config: dict, w: dict, ids: np.ndarray, types: np.ndarray) -> np.n
         probs /= probs.sum(-1, keepdims=True)
         context = np.einsum("hqk,khd->qhd", probs, qkv[:, 2]).reshape(len(ids), HIDDEN)
         x = _norm(_linear(context, w, f"{layer}.attn.out_proj") + x, w, f"{layer}.norm1", eps)
-        gate = _linear(x, w, f"{layer}.mlp.fc12")
-        y = _linear(x, w, f"{layer}.mlp.fc11") * (gate / (1.0 + np.exp(-gate)))
-        x = _norm(_linear(y, w, f"{layer}.mlp.fc2") + x, w, f"{layer}.norm2", eps)
+        if is_moe(config, index):
+            fed = _experts(x, w, layer, config["moe_top_k"])
+        elif config["activation_function"] == "gelu":
+            fed = _linear(_gelu(_linear(x, w, f"{layer}.mlp.fc1")), w, f"{layer}.mlp.fc2")
+        else:
+            gate = _linear(x, w, f"{layer}.mlp.fc12")
+            fed = _linear(_linear(x, w, f"{layer}.mlp.fc11") * (gate / (1.0 + np.exp(-gate))), w, f"{layer}.mlp.fc2")
+        x = _norm(fed + x, w, f"{layer}.norm2", eps)
     return x
 
 
@@ -147,11 +202,40 @@ def test_nomic_bert_equals_its_modeling_code(tmp_path: Path, changes: dict, pref
         assert float(np.abs(pooled[row] - mean).max()) <= 1e-4
 
 
+def test_nomic_v2_moe_equals_its_modeling_code(tmp_path: Path) -> None:
+    """Dense GELU layers and megablocks' experts, compared at every real token; the tokens are routed to more than
+    two experts, so a wrong expert slice or weight shows."""
+    config = moe_config()
+    weights = save_checkpoint(tmp_path / "model", config)
+    feeds = padded_batch()
+    convert_encoder(tmp_path / "model", tmp_path / "mean.onnx", "mean")
+    session = ort.InferenceSession(str(tmp_path / "mean.onnx"), providers=["CPUExecutionProvider"])
+    (hidden,) = session.run(["last_hidden_state"], feeds)
+    CHOSEN.clear()
+    for row, length in enumerate(LENGTHS):
+        expected = reference(config, weights, feeds["input_ids"][row, :length], feeds["token_type_ids"][row, :length])
+        assert float(np.abs(hidden[row, :length] - expected).max()) <= 1e-4
+    assert len(CHOSEN) > config["moe_top_k"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [({"num_shared_experts": 1}, "num_shared_experts"), ({"expert_choice_router": True}, "expert_choice_router"),
+     ({"moe_normalize_expert_weights": 1.0}, "moe_normalize_expert_weights"), ({"moe_top_k": 9}, "moe_top_k"),
+     ({"activation_function": "swiglu"}, "activation_function")],
+)  # fmt: skip
+def test_what_the_experts_do_not_build_is_named(tmp_path: Path, changes: dict, named: str) -> None:
+    save_checkpoint(tmp_path / "model", moe_config(**changes))
+    with pytest.raises(ConversionError, match=named):
+        convert_encoder(tmp_path / "model", tmp_path / "out.onnx", "none")
+
+
 @pytest.mark.parametrize(
     ("changes", "named"),
     [({"prenorm": True}, "prenorm"), ({"rotary_emb_interleaved": True}, "rotary_emb_interleaved"),
      ({"rotary_scaling_factor": 2.0}, "rotary_scaling_factor"),
-     ({"activation_function": "gelu"}, "activation_function"), ({"rotary_emb_fraction": 0.5}, "rotary_emb_fraction")],
+     ({"activation_function": "gelu_new"}, "activation_function"),
+     ({"rotary_emb_fraction": 0.5}, "rotary_emb_fraction")],
 )  # fmt: skip
 def test_what_the_graph_does_not_build_is_named(tmp_path: Path, changes: dict, named: str) -> None:
     save_checkpoint(tmp_path / "model", nomic_config(**changes))
@@ -164,10 +248,4 @@ def test_a_config_without_its_activation_is_not_taken_for_swiglu(tmp_path: Path)
     del config["activation_function"]  # NomicBertConfig would give GPT-2's default, not SwiGLU
     save_checkpoint(tmp_path / "model", config)
     with pytest.raises(ConversionError, match="activation_function None"):
-        convert_encoder(tmp_path / "model", tmp_path / "out.onnx", "none")
-
-
-def test_mixture_of_experts_layers_are_refused_by_name(tmp_path: Path) -> None:
-    save_checkpoint(tmp_path / "model", nomic_config(moe_every_n_layers=2, num_experts=8, moe_top_k=2))
-    with pytest.raises(ConversionError, match="mixture-of-experts layers are not built"):
         convert_encoder(tmp_path / "model", tmp_path / "out.onnx", "none")

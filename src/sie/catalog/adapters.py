@@ -45,6 +45,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie_server.adapters.xlm_roberta_flash": DENSE,
     "sie_server.adapters.modernbert_flash": DENSE,
     "sie_server.adapters.rope_flash": DENSE,
+    "sie_server.adapters.nomic_flash": DENSE,  # nomic-embed-text-v2-moe: NomicBERT with experts (rotary_glu.py)
     "sie_server.adapters.pytorch_embedding": DENSE,
     # decoder embedders (Qwen3-Embedding, gte-Qwen2, e5-mistral, …): a decoder checkpoint converts to its hidden
     # states, which the dense adapter pools (last token or mean)

@@ -57,6 +57,13 @@ class EncoderWeights:
     def has(self, name: str) -> bool:
         return self._stored_name(name) is not None
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The stored shape of the tensor `name` (one whose size the config does not say)."""
+        stored = self._stored_name(name)
+        if stored is None:
+            raise ConversionError("required tensor is missing", source=self.source, tensor=name)
+        return tuple(self.tensors.entries[stored].shape)
+
     def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         """The tensor `name` (a full name such as `classifier.weight`) as float32 of exactly `shape`."""
         stored = self._stored_name(name)

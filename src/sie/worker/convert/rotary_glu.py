@@ -14,7 +14,14 @@
   (`rotary_emb_base`, the whole head, not interleaved); layers `encoder.layers.{i}` with `attn.Wqkv` and
   `attn.out_proj` (biases when `qkv_proj_bias`), `norm1`, and a SwiGLU feed-forward `fc2(fc11(x) * silu(fc12(x)))`
   (biases as `mlp_fc1_bias`/`mlp_fc2_bias`), `norm2`. Read from `modeling_hf_nomic_bert.py` (NomicBertEmbeddings,
-  NomicBertAttention, NomciBertGatedMLP, NomicBertBlock with `prenorm: false`).
+  NomicBertAttention, NomciBertGatedMLP, NomicBertBlock with `prenorm: false`). nomic-embed-text-v2-moe's config
+  (`activation_function: gelu`) has a plain feed-forward `fc2(gelu(fc1(x)))` instead, and on every layer `i` with
+  `i % moe_every_n_layers == 1` a mixture of experts in megablocks' layout (contrastors' `layers/block.py` builds it
+  with megablocks' dMoE): the router `mlp.router.layer` (no bias) gives each token a softmax over the experts, the
+  `moe_top_k` largest weights (not renormalised) pick its experts, expert `e` computes
+  `gelu(x @ w1[e].T) @ w2[e]` (`mlp.experts.mlp.w1` and `w2`, each [experts × inner, hidden]), and the weighted
+  sum plus `mlp.experts.bias` is the layer's feed-forward. In the graph each expert runs on the tokens routed to it
+  only (gathered, then scattered back with their weights), so the work is the top-k's, not every expert's.
 
 Both: no final norm; the residual is added before each LayerNorm. transformers has neither, so each is tested against
 a numpy transcription of its modeling code (tests/unit/test_convert_gte.py, tests/unit/test_convert_nomic.py).
@@ -26,6 +33,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+from onnx import TensorProto
 
 from sie.worker.convert.encoder_graph import (
     EncoderOutput,
@@ -72,7 +80,16 @@ GTE_ONLY: dict[str, Any] = {
     "pack_qkv": True,
     "logn_attention_scale": False,
 }
-NOMIC_REQUIRED: dict[str, Any] = {"activation_function": "swiglu", "rotary_emb_fraction": 1.0}
+NOMIC_REQUIRED: dict[str, Any] = {"rotary_emb_fraction": 1.0}
+# NomicBERT's feed-forward by `activation_function` (NomicBertConfig's default, GPT-2's gelu_new, is built by neither):
+# SwiGLU (v1, v1.5) or a plain GELU MLP (v2-moe's dense layers).
+NOMIC_FEED_FORWARDS = ("swiglu", "gelu")
+# The mixture-of-experts settings at which contrastors' model is megablocks' plain top-k dMoE (what is built).
+NOMIC_MOE_ONLY: dict[str, Any] = {
+    "num_shared_experts": 0,
+    "expert_choice_router": False,
+    "moe_normalize_expert_weights": False,
+}
 NOMIC_ONLY: dict[str, Any] = {
     "prenorm": False,
     "rotary_emb_interleaved": False,
@@ -94,6 +111,10 @@ class RotaryGluConfig(EncoderShape):
     type_vocab_size: int = 1  # 0: no token-type embeddings
     layer_norm_eps: float = 1e-12
     gate_activation: str = "gelu"  # GTE: gelu; NomicBERT: silu
+    gated: bool = True  # False: NomicBERT's plain `fc2(gelu(fc1(x)))` (v2-moe)
+    experts: int = 0  # NomicBERT v2-moe: experts per mixture-of-experts layer (0: none)
+    experts_per_token: int = 0  # its `moe_top_k`
+    moe_every: int = 0  # layer i is a mixture of experts when i % moe_every == 1
     attention_bias: bool = True
     fc1_bias: bool = False
     fc2_bias: bool = True
@@ -105,6 +126,9 @@ class RotaryGluConfig(EncoderShape):
     @property
     def embeddings_norm(self) -> str:
         return "emb_ln" if self.family is NOMIC_BERT else "embeddings.LayerNorm"
+
+    def is_moe_layer(self, index: int) -> bool:
+        return self.experts > 0 and index % self.moe_every == 1
 
 
 def parse_rotary_glu_config(raw: dict[str, Any], source: str) -> RotaryGluConfig:
@@ -130,11 +154,12 @@ def _nomic_config(raw: dict[str, Any], source: str) -> RotaryGluConfig:
     for key, expected in NOMIC_REQUIRED.items():  # NomicBertConfig's defaults (GPT-2's gelu, no rotary) differ
         if raw.get(key) != expected:
             raise ConversionError(f"{key} {raw.get(key)!r} is not supported (only {expected!r})", source=source)
+    activation = raw.get("activation_function")
+    if activation not in NOMIC_FEED_FORWARDS:
+        raise ConversionError(f"activation_function {activation!r} is not supported (only "
+                              f"{' or '.join(map(repr, NOMIC_FEED_FORWARDS))})", source=source)  # fmt: skip
     _check_only(raw, NOMIC_ONLY, source)
-    if raw.get("moe_every_n_layers"):  # nomic-embed-text-v2-moe
-        raise ConversionError(
-            f"moe_every_n_layers {raw['moe_every_n_layers']!r}: mixture-of-experts layers are not built", source=source
-        )
+    experts, per_token, every = _nomic_experts(raw, source)
     hidden, heads = positive_int(raw, "n_embd", source), positive_int(raw, "n_head", source)
     check_heads(hidden, heads, source)
     return RotaryGluConfig(
@@ -149,11 +174,34 @@ def _nomic_config(raw: dict[str, Any], source: str) -> RotaryGluConfig:
         type_vocab_size=_type_count(raw, "type_vocab_size", 2, source),
         layer_norm_eps=positive_float(raw, "layer_norm_epsilon", 1e-5, source),
         gate_activation="silu",
+        gated=activation == "swiglu",
+        experts=experts,
+        experts_per_token=per_token,
+        moe_every=every,
         attention_bias=bool(raw.get("qkv_proj_bias", True)),
         fc1_bias=bool(raw.get("mlp_fc1_bias", True)),
         fc2_bias=bool(raw.get("mlp_fc2_bias", True)),
         labels=labels_of(raw.get("id2label"), source),
     )
+
+
+def _nomic_experts(raw: dict[str, Any], source: str) -> tuple[int, int, int]:
+    """(experts, experts per token, every how many layers) of a mixture-of-experts NomicBERT; zeros for a dense one."""
+    if not raw.get("moe_every_n_layers") or not raw.get("num_experts"):
+        return 0, 0, 0
+    experts, every = positive_int(raw, "num_experts", source), positive_int(raw, "moe_every_n_layers", source)
+    per_token = positive_int(raw, "moe_top_k", source)
+    if experts < 2 or per_token > experts:
+        raise ConversionError(f"num_experts {experts} with moe_top_k {per_token}: expected 2 or more experts and at "
+                              "most that many per token", source=source)  # fmt: skip
+    if raw.get("activation_function") != "gelu":
+        raise ConversionError(f"activation_function {raw.get('activation_function')!r} with experts: only the GELU "
+                              "experts of megablocks' plain MLP are built", source=source)  # fmt: skip
+    for key, expected in NOMIC_MOE_ONLY.items():
+        value = raw.get(key) or expected  # null: the default
+        if value != expected:
+            raise ConversionError(f"{key} {value!r} is not supported (only {expected!r})", source=source)
+    return experts, per_token, every
 
 
 def _check_only(raw: dict[str, Any], only: dict[str, Any], source: str) -> None:
@@ -214,7 +262,12 @@ def build_rotary_glu(builder: GraphBuilder, config: RotaryGluConfig, weights: En
         attended = rotary_attention(b, tokens, qkv, out, heads_shape, rotary, attention_bias, cfg.head_size,
                                     f"{prefix}.attention")  # fmt: skip
         tokens = _residual_norm(b, cfg, weights, attended, tokens, f"{prefix}.{family.attention_norm}")
-        fed = _gated_feed_forward(b, cfg, weights, tokens, prefix)
+        if cfg.is_moe_layer(index):
+            fed = _mixture_of_experts(b, cfg, weights, tokens, prefix)
+        elif cfg.gated:
+            fed = _gated_feed_forward(b, cfg, weights, tokens, prefix)
+        else:
+            fed = _plain_feed_forward(b, cfg, weights, tokens, prefix)
         tokens = _residual_norm(b, cfg, weights, fed, tokens, f"{prefix}.{family.ffn_norm}")
     batch_sequence = b.op("Shape", ["input_ids"], "shape.batch_sequence")
     hidden_shape = b.op("Concat", [batch_sequence, b.const([width])], "shape.hidden", axis=0)
@@ -256,3 +309,52 @@ def _gated_feed_forward(b: GraphBuilder, cfg: RotaryGluConfig, weights: EncoderW
     gated = b.op("Mul", [up, activated], f"{prefix}.mlp.gated")
     down = weights.linear(f"{weights.prefix}{prefix}.{family.ffn_out}", inner, cfg.hidden_size, cfg.fc2_bias)
     return linear(b, gated, down, f"{prefix}.mlp.down")
+
+
+def _plain_feed_forward(b: GraphBuilder, cfg: RotaryGluConfig, weights: EncoderWeights, x: str, prefix: str) -> str:
+    """NomicBertMLP: `fc2(gelu(fc1(x)))`, erf GELU."""
+    width, inner = cfg.hidden_size, cfg.intermediate_size
+    up = weights.linear(f"{weights.prefix}{prefix}.mlp.fc1", width, inner, cfg.fc1_bias)
+    activated = gelu(b, linear(b, x, up, f"{prefix}.mlp.fc1"), f"{prefix}.mlp.gelu")
+    down = weights.linear(f"{weights.prefix}{prefix}.mlp.fc2", inner, width, cfg.fc2_bias)
+    return linear(b, activated, down, f"{prefix}.mlp.fc2")
+
+
+def _mixture_of_experts(b: GraphBuilder, cfg: RotaryGluConfig, weights: EncoderWeights, x: str, prefix: str) -> str:
+    """megablocks' dMoE over the tokens `x` [N, H]: softmax router, top-k experts per token, each expert's GELU MLP
+    run on its own tokens (Gather), weighted and added back in place (ScatterND with `add`), then the shared bias."""
+    width, experts, name = cfg.hidden_size, cfg.experts, f"{weights.prefix}{prefix}.mlp"
+    router = weights.get(f"{name}.router.layer.weight", (experts, width))
+    rows = weights.shape(f"{name}.experts.mlp.w1")[0]
+    if rows % experts:
+        raise ConversionError(f"has {rows} rows: not {experts} experts' equal parts", source=weights.source,
+                              tensor=f"{name}.experts.mlp.w1")  # fmt: skip
+    inner = rows // experts
+    w1 = weights.get(f"{name}.experts.mlp.w1", (rows, width)).reshape(experts, inner, width)
+    w2 = weights.get(f"{name}.experts.mlp.w2", (rows, width)).reshape(experts, inner, width)
+    bias = weights.get(f"{name}.experts.bias", (width,))
+    logits = b.op(
+        "MatMul", [x, b.weight(f"{prefix}.moe.router", np.ascontiguousarray(router.T))], f"{prefix}.moe.logits"
+    )
+    probabilities = b.op("Softmax", [logits], f"{prefix}.moe.probabilities", axis=-1)
+    chosen, picked = b.op_multi("TopK", [probabilities, b.const([cfg.experts_per_token])],
+                                [f"{prefix}.moe.weights", f"{prefix}.moe.experts"], axis=-1)  # fmt: skip
+    output = b.op("ConstantOfShape", [b.op("Shape", [x], f"{prefix}.moe.shape")], f"{prefix}.moe.zeros")  # float 0
+    for expert in range(experts):
+        step = f"{prefix}.moe.expert{expert}"
+        hit = b.op("Equal", [picked, b.const(np.int64(expert))], f"{step}.hit")  # [N, k]: a token picks it once
+        gate = b.op("ReduceSum", [b.op("Where", [hit, chosen, b.const(0.0, np.float32)], f"{step}.hit_weights"),
+                                  b.const([1])], f"{step}.gate", keepdims=0)  # fmt: skip
+        routed = b.op("ReduceMax", [b.op("Cast", [hit], f"{step}.hit_int", to=TensorProto.INT32)], f"{step}.routed",
+                      axes=[1], keepdims=0)  # fmt: skip
+        tokens = b.op("NonZero", [routed], f"{step}.tokens")  # [1, M]
+        index = b.op("Transpose", [tokens], f"{step}.index", perm=[1, 0])  # [M, 1]
+        taken = b.op("GatherND", [x, index], f"{step}.taken")  # [M, H]
+        up = b.op("MatMul", [taken, b.weight(f"{step}.w1", np.ascontiguousarray(w1[expert].T))], f"{step}.up")
+        down = b.op("MatMul", [gelu(b, up, f"{step}.gelu"), b.weight(f"{step}.w2", np.ascontiguousarray(w2[expert]))],
+                    f"{step}.down")  # fmt: skip
+        weight = b.op("Unsqueeze", [b.op("GatherND", [gate, index], f"{step}.token_gate"), b.const([1])],
+                      f"{step}.token_weight")  # fmt: skip
+        weighted = b.op("Mul", [down, weight], f"{step}.weighted")
+        output = b.op("ScatterND", [output, index, weighted], f"{step}.added", reduction="add")
+    return b.op("Add", [output, b.weight(f"{prefix}.moe.bias", bias)], f"{prefix}.moe.output")
