@@ -55,7 +55,7 @@ ARCHITECTURE_OF = {
     "sie_server.adapters.colbert_modernbert_flash.adapter": "modernbert",
     "sie_server.adapters.nomic_flash": "nomic_bert",  # nomic-embed-text-v2-moe: NomicBERT with experts
     "sie_server.adapters.rope_flash": "new",  # GTE v1.5 "new" architecture (remote code)
-    "sie_server.adapters.colbert_rotary_flash": "jina-xlm-roberta",  # jina-colbert-v2: XLM-R with rotary positions
+    "sie_server.adapters.colbert_rotary_flash": "xlm-roberta",  # jina-colbert-v2: rotary flash XLM-R (jina_flash.py)
     "sie_server.adapters.gte_sparse_flash": "new",
     "sie_server.adapters.jina_flash_cross_encoder": "xlm-roberta",  # jina-reranker-v2: XLM-R with flash attention
     "sie_server.adapters.bge_m3_flash": "xlm-roberta",

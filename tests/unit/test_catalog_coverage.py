@@ -36,6 +36,7 @@ def test_the_public_catalogue_counts_every_yaml_once(capsys: pytest.CaptureFixtu
     # CLIP and SigLIP transformers checkpoints, and the Marqo ones in open_clip's layout
     assert table["sie_server.adapters.clip"] == ["clip", "4", "4", "4"]
     assert table["sie_server.adapters.jina_flash_cross_encoder"] == ["xlm-roberta", "1", "1", "1"]  # jina_flash.py
+    assert table["sie_server.adapters.colbert_rotary_flash"] == ["xlm-roberta", "1", "1", "1"]  # rotary jina_flash.py
     assert table["sie_server.adapters.nomic_flash"] == ["nomic_bert", "1", "1", "1"]  # v2-moe: rotary_glu.py experts
     assert table["sie_server.adapters.siglip.adapter"][1:] == ["6", "6", "6"]
     assert "marqo-fashionSigLIP.yaml" not in output

@@ -62,6 +62,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie_server.adapters.native_causal_cross_encoder.adapter": CAUSAL_RERANKER,  # zerank: its raw positive logit
     "sie_server.adapters.colbert": MULTIVECTOR,
     "sie_server.adapters.colbert_modernbert_flash.adapter": MULTIVECTOR,
+    "sie_server.adapters.colbert_rotary_flash": MULTIVECTOR,  # jina-colbert-v2: rotary flash XLM-R (jina_flash.py)
     "sie_server.adapters.bge_m3_flash": HYBRID,
     "sie_server.adapters.bge_m3": HYBRID,
     "sie_server.adapters.bge_m3_flag": HYBRID,

@@ -22,7 +22,7 @@ from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import EncoderConfig, parse_encoder_config, read_config_json
 from sie.worker.convert.graph_builder import GraphBuilder, save_graph
 from sie.worker.convert.heads import HEADS, HeadContext
-from sie.worker.convert.jina_flash import FlashXlmRobertaTensors, as_xlm_roberta_config, is_flash_xlm_roberta
+from sie.worker.convert.jina_flash import FlashXlmRobertaTensors, as_known_config, is_flash_xlm_roberta, is_rotary
 from sie.worker.convert.modernbert import ModernBertConfig, build_modernbert, parse_modernbert_config
 from sie.worker.convert.names import CONFIG_FILE
 from sie.worker.convert.rotary_glu import (
@@ -54,13 +54,13 @@ def convert_encoder(model_dir: Path, out_path: Path, head: str) -> ConversionRes
     model_dir, out_path = Path(model_dir), Path(out_path)
     config_path = model_dir / CONFIG_FILE
     raw = read_config_json(config_path)
-    flash = is_flash_xlm_roberta(raw)  # Jina's remote-code XLM-R (jina-reranker-v2), read under XLM-R's names
-    config = parse_backbone_config(as_xlm_roberta_config(raw, str(config_path)) if flash else raw, str(config_path))
+    flash = is_flash_xlm_roberta(raw)  # Jina's remote-code XLM-R (jina-reranker-v2, jina-colbert-v2): jina_flash.py
+    config = parse_backbone_config(as_known_config(raw, str(config_path)) if flash else raw, str(config_path))
     if isinstance(config, BartConfig) and head not in BART_HEADS:
         raise ConversionError(f"head {head!r} is not built for BART (an encoder-decoder); built: {list(BART_HEADS)}",
                               source=str(model_dir))  # fmt: skip
     checkpoint = Checkpoint(model_dir)  # after the config, so what is wrong in it is named first
-    weights = EncoderWeights(FlashXlmRobertaTensors(checkpoint) if flash else checkpoint, config)
+    weights = EncoderWeights(FlashXlmRobertaTensors(checkpoint, is_rotary(raw)) if flash else checkpoint, config)
     builder = GraphBuilder()
     encoder = build_backbone(builder, config, weights)
     outputs = HEADS[head].build(HeadContext(builder, config, weights, encoder))

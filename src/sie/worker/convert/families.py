@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 
 from sie.worker.convert.errors import ConversionError
-from sie.worker.convert.jina_flash import as_xlm_roberta_config, is_flash_xlm_roberta
+from sie.worker.convert.jina_flash import as_known_config, is_flash_xlm_roberta
 from sie.worker.convert.safetensors_io import read_json
 
 # Hugging Face's "gelu" is the exact erf form; the tanh approximations are different functions.
@@ -221,9 +221,9 @@ class EncoderConfig(EncoderShape):
 def position_capacity(raw: dict[str, Any]) -> int | None:
     """The most tokens one sequence of this checkpoint can hold (its learned positions; RoBERTa's start after
     `pad_token_id`), or None when the config does not say (not one of these families, or no position count)."""
-    if is_flash_xlm_roberta(raw):  # Jina's remote-code XLM-R: XLM-R's positions
+    if is_flash_xlm_roberta(raw):  # Jina's remote-code XLM-R: the positions of the family it is read as
         try:
-            raw = as_xlm_roberta_config(raw, "config.json")
+            raw = as_known_config(raw, "config.json")
         except ConversionError:
             return None
     family = FAMILY_OF_MODEL_TYPE.get(raw.get("model_type"))  # type: ignore[arg-type]
