@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from integration.test_image_text import encode_items, normalized, picture, vectors
 from sie.catalog import parse_model_config
 from sie.imaging import ImageLimits, ImageProcessor
-from sie.wire.ipc_batch import EncodeBatchItem, ScoreBatchItem
+from sie.wire.ipc_batch import ScoreBatchItem
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.open_clip import convert_open_clip
 from support.open_clip_checkpoints import CONTEXT, WIDTH, load_reference, open_clip_yaml, save_open_clip_siglip
@@ -34,14 +35,6 @@ TEXTS = [
     "running shoes: lightweight & breathable (100% cotton) -- [sale] {new} 'quoted' \"double\" ~tilde~",
     "wool winter coat with a hood and a very long description that runs past the sixteen token context",
 ]
-
-
-def picture(width: int, height: int, seed: int, mode: str = "RGB", fmt: str = "PNG") -> bytes:
-    rng = np.random.default_rng(seed)
-    pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels, "RGB").convert(mode).save(buffer, format=fmt)
-    return buffer.getvalue()
 
 
 IMAGES = [picture(40, 30, 1), picture(20, 50, 2, fmt="JPEG"), picture(64, 64, 3, mode="L"), picture(32, 32, 4)]
@@ -63,22 +56,6 @@ def served(checkpoint: Path, model_loader) -> Any:
 @pytest.fixture(scope="module")
 def reference(checkpoint: Path) -> tuple[Any, Any, Any]:
     return load_reference(checkpoint)
-
-
-def encode_items(items: list[dict]) -> list[EncodeBatchItem]:
-    return [EncodeBatchItem(work_item_id=f"x.{index}", request_id="x", item_index=index, total_items=len(items),
-                            timestamp=0.0, item=item) for index, item in enumerate(items)]  # fmt: skip
-
-
-def vectors(results: list[Any]) -> np.ndarray:
-    for result in results:
-        assert result.ok, result.error
-    return np.stack([np.asarray(result.result["dense"]["values"], dtype=np.float32) for result in results])
-
-
-def normalized(values: Any) -> np.ndarray:
-    array = np.asarray(values, dtype=np.float32)
-    return array / np.linalg.norm(array, axis=-1, keepdims=True)
 
 
 def test_token_ids_equal_open_clips_tokenizer(served: Any, reference: tuple[Any, Any, Any]) -> None:
