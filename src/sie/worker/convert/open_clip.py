@@ -117,7 +117,6 @@ class OpenClipWeights(HeadWeights):
 
     def __init__(self, checkpoint: Checkpoint) -> None:
         super().__init__(checkpoint)
-        self._checkpoint = checkpoint
         self.read: set[str] = set()
 
     def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
