@@ -81,10 +81,25 @@ def test_text_and_image_vectors_equal_open_clip(served: Any, reference: tuple[An
     assert np.allclose(ours[len(TEXTS) :], normalized(images), atol=TOLERANCE, rtol=0)
 
 
+def transparent(width: int, height: int, seed: int, mode: str) -> bytes:
+    """A PNG whose alpha varies (RGBA, LA) or a palette PNG with a transparent colour (P)."""
+    rng = np.random.default_rng(seed)
+    image = Image.fromarray(rng.integers(0, 256, (height, width, 4), dtype=np.uint8), "RGBA").convert(mode)
+    buffer = io.BytesIO()
+    if mode == "P":
+        image.save(buffer, format="PNG", transparency=0)
+    else:
+        image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 def test_the_image_processor_gives_open_clips_pixels(served: Any, reference: tuple[Any, Any, Any]) -> None:
+    """Its pixels, transparent and palette images included (open_clip resizes in the image's own mode and drops
+    the transparency when it converts to RGB; transformers composites onto white)."""
     _, preprocess, _ = reference
     processor = ImageProcessor.from_dict(dict(served.adapter.image_processor_config))
-    for data in [*IMAGES, picture(300, 200, 5, fmt="JPEG"), picture(17, 90, 6)]:
+    odd = [transparent(40, 30, 7, "RGBA"), transparent(50, 20, 8, "LA"), transparent(30, 45, 9, "P")]
+    for data in [*IMAGES, picture(300, 200, 5, fmt="JPEG"), picture(17, 90, 6), *odd]:
         expected = preprocess(Image.open(io.BytesIO(data))).numpy()
         assert np.allclose(processor(data, ImageLimits()), expected, atol=1e-5, rtol=0)
 

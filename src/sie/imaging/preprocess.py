@@ -5,7 +5,9 @@
 bytes into float32 [3, height, width]: decoded under the limits of `sie.imaging.probe`, turned upright by its EXIF
 orientation, converted to RGB (transparency composited onto white), resized with Pillow, center-cropped (padded with
 zeros where the image is smaller), rescaled in float64 then cast to float32, and normalized in float32 — the steps
-and arithmetic of transformers' `PilBackend` (`CLIPImageProcessorPil`, `SiglipImageProcessorPil`).
+and arithmetic of transformers' `PilBackend` (`CLIPImageProcessorPil`, `SiglipImageProcessorPil`). With our key
+`sie_rgb_after_resize` (what an open_clip model's converted config says) the image is resized in its own mode and
+converted to RGB after, by Pillow alone (transparency dropped), as open_clip's eval transform does.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 # Pillow's resampling filters, as preprocessor_config.json numbers them (PIL.Image.Resampling).
 RESAMPLE_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 
+RGB_AFTER_RESIZE_KEY = "sie_rgb_after_resize"
 # The class defaults of transformers' processors: what a key missing from preprocessor_config.json means.
 _CLIP_DEFAULTS: dict[str, Any] = {
     "do_resize": True,
@@ -42,6 +45,9 @@ _CLIP_DEFAULTS: dict[str, Any] = {
     "image_mean": OPENAI_CLIP_MEAN,
     "image_std": OPENAI_CLIP_STD,
     "do_convert_rgb": True,
+    # Ours, not transformers': open_clip's eval transform (`convert/open_clip.py` writes it true) resizes the image in
+    # its own mode and then converts it with Pillow's `convert("RGB")`, which drops transparency.
+    RGB_AFTER_RESIZE_KEY: False,
 }
 _SIGLIP_DEFAULTS: dict[str, Any] = {
     **_CLIP_DEFAULTS,
@@ -92,6 +98,7 @@ class ImageProcessor:
     do_normalize: bool
     image_mean: tuple[float, float, float]
     image_std: tuple[float, float, float]
+    rgb_after_resize: bool = False  # open_clip's order: resize in the image's mode, then Pillow's RGB conversion
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> ImageProcessor:
@@ -132,6 +139,7 @@ class ImageProcessor:
             do_normalize=_flag(settings, "do_normalize"),
             image_mean=_per_channel(settings["image_mean"], "image_mean"),
             image_std=_per_channel(settings["image_std"], "image_std"),
+            rgb_after_resize=_flag(settings, RGB_AFTER_RESIZE_KEY),
         )
         processor._check_consistent()
         return processor
@@ -148,7 +156,9 @@ class ImageProcessor:
     def __call__(self, data: bytes, limits: ImageLimits) -> np.ndarray:
         """Pixel values float32 [3, height, width] for one image's bytes; ImageError for an image SIE will not read
         (see `probe_image`) or one whose resize would exceed the pixel limit (an extreme aspect ratio)."""
-        image = _to_rgb(decode_image(data, limits))
+        image = decode_image(data, limits)
+        if not self.rgb_after_resize:
+            image = _to_rgb(image)
         if self.do_resize:
             height, width = self._resized_size(image.height, image.width)
             if height * width > limits.max_pixels:
@@ -157,6 +167,8 @@ class ImageProcessor:
                     f"{width}×{height} = {width * height:,} pixels; at most {limits.max_pixels:,} are accepted"
                 )
             image = image.resize((width, height), resample=self.resample)
+        if self.rgb_after_resize:
+            image = image.convert("RGB")
         pixels = np.asarray(image).transpose(2, 0, 1)  # channels first
         if self.do_center_crop and self.crop_size is not None:
             pixels = _center_crop(pixels, *self.crop_size)

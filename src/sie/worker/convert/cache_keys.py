@@ -4,7 +4,8 @@ conversion without converting, or importing `onnx`: this module imports neither 
 
 Bump a version whenever its converter's output changes, so content-keyed caches rebuild: CONVERTER_VERSION for
 `encoders.convert_encoder` (the graph), GGUF_CONVERTER_VERSION for `decoders.convert_gguf` (the graph, tokenizer or
-config.json), DECODER_CONVERTER_VERSION for `decoders.convert_decoder_checkpoint` and `convert_decoder_hidden`.
+config.json), DECODER_CONVERTER_VERSION for `decoders.convert_decoder_checkpoint` and `convert_decoder_hidden`,
+OPEN_CLIP_CONVERTER_VERSION for `open_clip.convert_open_clip` (the files beside its graphs).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ CONVERTER_VERSION = "sie-encoder-onnx/5"
 # end-of-generation tokens in config.json's eos_token_id
 GGUF_CONVERTER_VERSION: Final = "sie-llama-onnx/4"
 DECODER_CONVERTER_VERSION: Final = "sie-decoder-onnx/1"
+# 2: open_clip's image order (resize in the image's mode, then RGB) in the converted preprocessor_config.json
+OPEN_CLIP_CONVERTER_VERSION: Final = "sie-open-clip/2"
 _HASH_CHUNK = 1 << 20
 
 
@@ -56,7 +59,7 @@ def open_clip_cache_key(model_dir: Path, tokenizer_dir: Path) -> str:
     """As `conversion_cache_key`, for an open_clip checkpoint converted to a directory (`open_clip.py`): its
     open_clip_config.json, its weights and the tokenizer files the directory's tokenizer is made from."""
     digest = hashlib.sha256()
-    for part in (CONVERTER_VERSION.encode(), b"open_clip"):
+    for part in (CONVERTER_VERSION.encode(), OPEN_CLIP_CONVERTER_VERSION.encode()):
         digest.update(len(part).to_bytes(8, "little") + part)
     weights = open_clip_weights_file(model_dir)
     if weights is None:

@@ -14,7 +14,9 @@ and model.safetensors, and the text tokenizer (`tokenizer.json`) beside them. `c
   naming it instead of being left out;
 - `config.json`: the towers as a SiglipConfig says them, which the adapter and the tokenizer's length read;
 - `preprocessor_config.json`: `preprocess_cfg` as the SigLIP image processor's settings (open_clip's `squash`
-  resize is a resize to the fixed size, no crop, with the same Pillow filter);
+  resize is a resize to the fixed size, no crop, with the same Pillow filter), and open_clip's order: the image
+  resized in its own mode, then converted to RGB by Pillow (`sie_rgb_after_resize`: transparency dropped, not
+  composited onto white as transformers does);
 - `tokenizer.json`: the repository's tokenizer with open_clip's text cleaning (`text_cfg.tokenizer_kwargs.clean`:
   `canonicalize`, `lower` or `whitespace`) as its first normalizers, so the sidecar and the worker tokenize as
   open_clip's HFTokenizer does; `tokenizer_config.json` copied beside it.
@@ -37,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from sie.imaging.preprocess import RGB_AFTER_RESIZE_KEY
 from sie.worker.convert.clip import ClipConfig, write_towers
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.head_layers import HeadWeights
@@ -400,6 +403,7 @@ def _image_processor(preprocess: Any, image_size: int, source: str) -> dict[str,
         "do_center_crop": False, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
         "image_mean": list(preprocess.get("mean", OPENAI_DATASET_MEAN)),
         "image_std": list(preprocess.get("std", OPENAI_DATASET_STD)),
+        RGB_AFTER_RESIZE_KEY: True,  # open_clip resizes in the image's mode, then converts (transparency dropped)
     }  # fmt: skip
 
 
