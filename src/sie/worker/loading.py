@@ -156,10 +156,11 @@ class ModelLoader:
             decoder = self._decoder_checkpoint(model_id, model_dir, precision)
             return PreparedFiles(decoder / GRAPH_FILE, tokenizer_dir, decoder, precision)
         head = resolved.loadtime_options.get("onnx_head") or conversion_head(adapter_type, model_dir)
-        if head == CLIP_HEAD and open_clip_weights_file(model_dir) is not None:
+        open_clip_weights = open_clip_weights_file(model_dir) if head == CLIP_HEAD else None
+        if open_clip_weights is not None:
             # open_clip's layout converts to a directory holding the graphs and the files the adapter and the
             # sidecar read (config.json, preprocessor_config.json, the tokenizer with open_clip's text cleaning).
-            converted = self._open_clip(model_id, model_dir, tokenizer_dir)
+            converted = self._open_clip(model_id, model_dir, open_clip_weights, tokenizer_dir)
             return PreparedFiles(converted / GRAPH_FILE, converted, converted, "float32")
         graph, precision = self._graph(model_id, model_dir, artifacts.onnx_file, str(head),
                                        self._decoder_precision(resolved, model_dir))  # fmt: skip
@@ -335,9 +336,9 @@ class ModelLoader:
         return self._converted_directory(model_id, lambda: decoder_cache_key(model_dir, "generate", precision),
                                          "decoder", f"an ONNX decoder ({precision})", convert)  # fmt: skip
 
-    def _open_clip(self, model_id: str, model_dir: Path, tokenizer_dir: Path) -> Path:
-        """The cached conversion of an open_clip SigLIP checkpoint (`convert/open_clip.py`)."""
-        self._check_fits(model_id, model_dir, "float32", [open_clip_weights_file(model_dir) or model_dir])
+    def _open_clip(self, model_id: str, model_dir: Path, weights: Path, tokenizer_dir: Path) -> Path:
+        """The cached conversion of an open_clip SigLIP checkpoint (`convert/open_clip.py`), its `weights` file."""
+        self._check_fits(model_id, model_dir, "float32", [weights])
 
         def convert(staged: Path) -> None:
             from sie.worker.convert.open_clip import convert_open_clip

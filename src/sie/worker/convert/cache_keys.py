@@ -21,6 +21,7 @@ from sie.worker.convert.names import (
     GLINER_CONFIG_FILE,
     GLIREL_CONFIG_FILE,
     OPEN_CLIP_CONFIG_FILE,
+    SPECIAL_TOKENS_MAP_FILE,
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
 )
@@ -66,7 +67,7 @@ def open_clip_cache_key(model_dir: Path, tokenizer_dir: Path) -> str:
         raise ConversionError("not an open_clip checkpoint", source=str(model_dir))
     _hash_file(digest, Path(model_dir) / OPEN_CLIP_CONFIG_FILE)
     _hash_file(digest, weights)
-    for name in (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, "special_tokens_map.json"):
+    for name in (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE):
         path = Path(tokenizer_dir) / name
         digest.update(name.encode() + (b"+" if path.is_file() else b"-"))
         if path.is_file():

@@ -102,6 +102,9 @@ PREPROCESSOR_CONFIG_FILE: Final = "preprocessor_config.json"  # the image proces
 # model.safetensors (the Hub's open_clip repositories; a .bin is a torch.save zip).
 OPEN_CLIP_CONFIG_FILE: Final = "open_clip_config.json"
 OPEN_CLIP_WEIGHTS_FILES: Final = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+SPECIAL_TOKENS_MAP_FILE: Final = (
+    "special_tokens_map.json"  # a tokenizer's special tokens (pad_token), beside its config
+)
 # The text graph's metadata: the model's similarity for scoring (the stored logit scale, before exp; SigLIP's bias).
 LOGIT_SCALE_KEY: Final = "sie.logit_scale"
 LOGIT_BIAS_KEY: Final = "sie.logit_bias"

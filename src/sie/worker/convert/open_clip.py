@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from sie.imaging.preprocess import RGB_AFTER_RESIZE_KEY
+from sie.imaging.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, RGB_AFTER_RESIZE_KEY
 from sie.worker.convert.clip import ClipConfig, write_towers
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.head_layers import HeadWeights
@@ -49,13 +49,13 @@ from sie.worker.convert.names import (
     OPEN_CLIP_CONFIG_FILE,
     OPEN_CLIP_WEIGHTS_FILES,
     PREPROCESSOR_CONFIG_FILE,
+    SPECIAL_TOKENS_MAP_FILE,
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
 )
 from sie.worker.convert.safetensors_io import Checkpoint, open_clip_weights_file, read_json
 from sie.worker.convert.vision_graph import TowerConfig
 
-SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 # timm's SigLIP ViTs (`vit_base_patch16_siglip_224`, `vit_so400m_patch14_siglip_384`, ...): the size names the heads.
 TIMM_SIGLIP_NAME = re.compile(r"^vit_(?P<size>base|large|so400m|giantopt)_patch(?P<patch>\d+)_siglip_(?P<res>\d+)$")
 TIMM_SIGLIP_HEADS = {"base": 12, "large": 16, "so400m": 16, "giantopt": 16}
@@ -64,8 +64,6 @@ TIMM_LAYER_NORM_EPS = 1e-6  # timm's ViT: LayerNorm(eps=1e-6) everywhere, its at
 OPEN_CLIP_LAYER_NORM_EPS = 1e-5  # open_clip's text LayerNorm unless norm_kwargs say otherwise
 # open_clip's eval transform: interpolation names to Pillow's filters (PIL.Image.Resampling) as torchvision maps them.
 INTERPOLATIONS = {"bicubic": 3, "bilinear": 2}
-OPENAI_DATASET_MEAN = (0.48145466, 0.4578275, 0.40821073)  # open_clip's PreprocessCfg defaults
-OPENAI_DATASET_STD = (0.26862954, 0.26130258, 0.27577711)
 CLEAN_MODES = ("canonicalize", "lower", "whitespace")
 # The text-tower options a SigLIP-shaped open_clip text transformer leaves at these values (CLIPTextCfg's names).
 _TEXT_FIXED: dict[str, Any] = {
@@ -116,7 +114,7 @@ def convert_open_clip(model_dir: Path, tokenizer_dir: Path, out_dir: Path) -> Cl
 
 class OpenClipWeights(HeadWeights):
     """An open_clip SigLIP checkpoint read by transformers' SiglipModel tensor names (what `clip.write_towers`
-    asks for), recording which stored tensors were read."""
+    asks for), recording which stored tensors `get` read (what the graphs hold)."""
 
     def __init__(self, checkpoint: Checkpoint) -> None:
         super().__init__(checkpoint)
@@ -124,6 +122,7 @@ class OpenClipWeights(HeadWeights):
 
     def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         stored, array = self._array(name)
+        self.read.update(_stored_names(name)[0])
         if array.shape != shape and array.shape == (1, *shape):  # timm's pos_embed [1, patches, width]
             array = array.reshape(shape)
         if array.shape != shape:
@@ -144,7 +143,6 @@ class OpenClipWeights(HeadWeights):
         for stored in names:
             if stored not in self._checkpoint:
                 raise ConversionError("required tensor is missing", source=str(self._checkpoint.path), tensor=stored)
-        self.read.update(names)
         arrays = [self._checkpoint.load(stored) for stored in names]
         array = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
         if part is not None:  # one of q, k, v stacked on the first axis
@@ -401,8 +399,8 @@ def _image_processor(preprocess: Any, image_size: int, source: str) -> dict[str,
         "image_processor_type": "SiglipImageProcessor", "do_resize": True,
         "size": {"height": image_size, "width": image_size}, "resample": INTERPOLATIONS[interpolation],
         "do_center_crop": False, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
-        "image_mean": list(preprocess.get("mean", OPENAI_DATASET_MEAN)),
-        "image_std": list(preprocess.get("std", OPENAI_DATASET_STD)),
+        "image_mean": list(preprocess.get("mean", OPENAI_CLIP_MEAN)),  # open_clip's PreprocessCfg defaults
+        "image_std": list(preprocess.get("std", OPENAI_CLIP_STD)),
         RGB_AFTER_RESIZE_KEY: True,  # open_clip resizes in the image's mode, then converts (transparency dropped)
     }  # fmt: skip
 
