@@ -1,11 +1,12 @@
 """Converted encoder families served end to end: `sie run --role all` over a catalogue of tiny random checkpoints
 in local `weights_path` directories (BERT, XLM-RoBERTa through the public `xlm_roberta_flash` module, MPNet,
-ModernBERT through `modernbert_flash`, an XLM-R cross-encoder scored like bge-reranker-v2-m3, and a BGE-M3 through
-`bge_m3_flash` with its three outputs), asked through the public sie-sdk and the OpenAI client. Every vector and
-score equals what transformers computes on the same tokens (≤ 1e-4), a text longer than the model's positions
-included (cut to them, not failed). The catalogue also holds files the server cannot serve — one that does not parse,
-one naming an adapter module no bundle runs (florence2) — which are listed as not servable while the rest is served.
-Marked slow: it starts a server process."""
+ModernBERT through `modernbert_flash`, an XLM-R cross-encoder scored like bge-reranker-v2-m3, a BGE-M3 through
+`bge_m3_flash` with its three outputs, and two remote-code layouts through their public modules: jina-reranker-v2's
+flash XLM-R and nomic-embed-text-v2-moe's experts), asked through the public sie-sdk and the OpenAI client. Every
+vector and score equals what transformers (for the experts: the numpy reference of their modeling code) computes on
+the same tokens (≤ 1e-4), a text longer than the model's positions included (cut to them, not failed). The catalogue
+also holds files the server cannot serve — one that does not parse, one naming an adapter module no bundle runs
+(florence2) — which are listed as not servable while the rest is served. Marked slow: it starts a server process."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from integration.test_jina_flash import save_flash_reranker
+from integration.test_remote_code_families import write_tokenizer as write_word_tokenizer
 from launcher import REPO, serving_all
 from sie.catalog import dump_yaml
 from support.encoder_checkpoints import (
@@ -30,6 +33,7 @@ from support.encoder_checkpoints import (
     save_bge_m3,
     save_checkpoint,
 )
+from unit import test_convert_nomic as nomic
 
 pytestmark = pytest.mark.slow
 
@@ -45,6 +49,10 @@ PUBLIC_MODULES = {
     "xlm-roberta": "sie_server.adapters.xlm_roberta_flash:XLMRobertaFlashAdapter",
     "modernbert": "sie_server.adapters.modernbert_flash:ModernBERTFlashAdapter",
 }
+# The remote-code layouts, through the public modules their YAMLs name: jina-reranker-v2's flash XLM-R and
+# nomic-embed-text-v2-moe's experts (their checkpoint writers and references are the converter tests').
+JINA_RERANKER, JINA_RERANKER_MODULE = "tiny/jina-reranker-v2", "sie_server.adapters.jina_flash_cross_encoder:X"
+NOMIC_MOE, NOMIC_MOE_MODULE = "tiny/nomic-v2-moe", "sie_server.adapters.nomic_flash:NomicFlashAdapter"
 BROKEN_FILE = "acme__broken.yaml"
 UNROUTED = "acme/florence-only"
 UNROUTED_YAML = """\
@@ -108,6 +116,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     models[BGE_M3] = save_bge_m3(weights)
     tasks = {"encode": {"dense": {"dim": 32}, "sparse": {"dim": VOCAB}, "multivector": {"dim": BGE_M3_COLBERT_DIM}}}
     write_yaml(models_dir, BGE_M3, weights, "sie_server.adapters.bge_m3_flash:BGEM3FlashAdapter", tasks)
+    weights = root / "weights" / JINA_RERANKER.replace("/", "__")
+    models[JINA_RERANKER] = save_flash_reranker(weights)
+    write_yaml(models_dir, JINA_RERANKER, weights, JINA_RERANKER_MODULE, {"score": {}})
+    weights = root / "weights" / NOMIC_MOE.replace("/", "__")
+    config = nomic.moe_config()
+    models[NOMIC_MOE] = (config, nomic.save_checkpoint(weights, config))
+    write_word_tokenizer(weights, nomic.VOCAB)
+    write_yaml(models_dir, NOMIC_MOE, weights, NOMIC_MOE_MODULE, {"encode": {"dense": {"dim": nomic.HIDDEN}}})
     (models_dir / BROKEN_FILE).write_text("sie_id: acme/broken\nprofiles: [unclosed\n")
     (models_dir / "acme__florence-only.yaml").write_text(UNROUTED_YAML)
     env = {"SIE_MODELS_DIR": str(models_dir), "SIE_MODEL_CACHE": str(root / "cache")}
@@ -195,6 +211,42 @@ def test_bge_m3_gives_its_three_outputs_through_the_public_sdk(served: Served, p
         vectors = np.asarray(result["multivector"], dtype=np.float32)
         assert vectors.shape == expected["multivector"].shape
         assert float(np.abs(vectors - expected["multivector"]).max()) <= TOLERANCE
+
+
+def test_jina_reranker_v2s_layout_scores_as_transformers_xlm_roberta_does(served: Served, public_sdk) -> None:
+    """The flash XLM-R checkpoint scores as transformers' XLM-R cross-encoder on the weights before Jina's renaming."""
+    import torch
+
+    query, docs = "w1 w2", ["w1 w2 w3", "w7 w8", "w30 w31 w32 w33"]
+    client = public_sdk.SIEClient(served.url, timeout_s=120)
+    try:
+        scored = client.score(JINA_RERANKER, {"text": query}, [{"text": doc} for doc in docs], wait_for_capacity=True)
+    finally:
+        client.close()
+    tokenizer = Tokenizer.from_file(str(served.root / "weights" / JINA_RERANKER.replace("/", "__") / "tokenizer.json"))
+    expected = {}
+    for index, doc in enumerate(docs):
+        ids = torch.tensor([tokenizer.encode(query, doc).ids])
+        with torch.no_grad():
+            logit = served.models[JINA_RERANKER](input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0, 0]
+        expected[f"item-{index}"] = float(torch.sigmoid(logit))
+    ours = {row["item_id"]: row["score"] for row in scored["scores"]}
+    assert ours.keys() == expected.keys()
+    assert max(abs(ours[key] - expected[key]) for key in ours) <= TOLERANCE
+
+
+def test_nomic_v2_moes_experts_give_their_reference_vectors_through_the_openai_client(served: Served) -> None:
+    import openai
+
+    config, weights = served.models[NOMIC_MOE]
+    texts = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11"]
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", timeout=120, max_retries=3)
+    ours = np.asarray([item.embedding for item in client.embeddings.create(model=NOMIC_MOE, input=texts).data])
+    tokenizer = Tokenizer.from_file(str(served.root / "weights" / NOMIC_MOE.replace("/", "__") / "tokenizer.json"))
+    for text, vector in zip(texts, ours, strict=True):
+        ids = np.asarray(tokenizer.encode(text).ids, dtype=np.int64)
+        pooled = nomic.reference(config, weights, ids, np.zeros_like(ids)).mean(0)
+        assert float(np.abs(vector - pooled / np.linalg.norm(pooled)).max()) <= TOLERANCE
 
 
 def test_files_it_cannot_serve_are_listed_with_their_reason_and_the_rest_is_served(served: Served) -> None:
