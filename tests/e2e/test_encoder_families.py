@@ -166,25 +166,30 @@ def test_the_openai_client_gets_the_same_vectors(served: Served) -> None:
     assert float(np.abs(ours - reference_vectors(served, model_id("xlm-roberta"), TEXTS)).max()) <= TOLERANCE
 
 
-def test_an_xlm_roberta_cross_encoder_scores_as_transformers_does(served: Served, public_sdk) -> None:
+def assert_scores_as_transformers(served: Served, public_sdk: Any, sie_id: str, tokenizer: Tokenizer) -> None:
+    """A query's scores through the public SDK equal the sigmoid of the one-label transformers model's logit for each
+    (query, document) pair (one label: sigmoid, as sentence-transformers does)."""
     import torch
 
     query, docs = "w1 w2", ["w1 w2 w3", "w7 w8", "w30 w31 w32 w33"]
     client = public_sdk.SIEClient(served.url, timeout_s=120)
     try:
-        scored = client.score(RERANKER, {"text": query}, [{"text": doc} for doc in docs], wait_for_capacity=True)
+        scored = client.score(sie_id, {"text": query}, [{"text": doc} for doc in docs], wait_for_capacity=True)
     finally:
         client.close()
-    tokenizer, model = served.tokenizer(RERANKER), served.models[RERANKER]
     expected = {}
     for index, doc in enumerate(docs):
         ids = torch.tensor([tokenizer.encode(query, doc).ids])
         with torch.no_grad():
-            logit = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0, 0]
-        expected[f"item-{index}"] = float(torch.sigmoid(logit))  # one label: sigmoid, as sentence-transformers does
+            logit = served.models[sie_id](input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0, 0]
+        expected[f"item-{index}"] = float(torch.sigmoid(logit))
     ours = {row["item_id"]: row["score"] for row in scored["scores"]}
     assert ours.keys() == expected.keys()
     assert max(abs(ours[key] - expected[key]) for key in ours) <= TOLERANCE
+
+
+def test_an_xlm_roberta_cross_encoder_scores_as_transformers_does(served: Served, public_sdk) -> None:
+    assert_scores_as_transformers(served, public_sdk, RERANKER, served.tokenizer(RERANKER))
 
 
 def test_bge_m3_gives_its_three_outputs_through_the_public_sdk(served: Served, public_sdk) -> None:
@@ -215,24 +220,10 @@ def test_bge_m3_gives_its_three_outputs_through_the_public_sdk(served: Served, p
 
 def test_jina_reranker_v2s_layout_scores_as_transformers_xlm_roberta_does(served: Served, public_sdk) -> None:
     """The flash XLM-R checkpoint scores as transformers' XLM-R cross-encoder on the weights before Jina's renaming."""
-    import torch
-
-    query, docs = "w1 w2", ["w1 w2 w3", "w7 w8", "w30 w31 w32 w33"]
-    client = public_sdk.SIEClient(served.url, timeout_s=120)
-    try:
-        scored = client.score(JINA_RERANKER, {"text": query}, [{"text": doc} for doc in docs], wait_for_capacity=True)
-    finally:
-        client.close()
-    tokenizer = Tokenizer.from_file(str(served.root / "weights" / JINA_RERANKER.replace("/", "__") / "tokenizer.json"))
-    expected = {}
-    for index, doc in enumerate(docs):
-        ids = torch.tensor([tokenizer.encode(query, doc).ids])
-        with torch.no_grad():
-            logit = served.models[JINA_RERANKER](input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0, 0]
-        expected[f"item-{index}"] = float(torch.sigmoid(logit))
-    ours = {row["item_id"]: row["score"] for row in scored["scores"]}
-    assert ours.keys() == expected.keys()
-    assert max(abs(ours[key] - expected[key]) for key in ours) <= TOLERANCE
+    directory = served.root / "weights" / JINA_RERANKER.replace("/", "__")
+    assert_scores_as_transformers(
+        served, public_sdk, JINA_RERANKER, Tokenizer.from_file(str(directory / "tokenizer.json"))
+    )
 
 
 def test_nomic_v2_moes_experts_give_their_reference_vectors_through_the_openai_client(served: Served) -> None:
