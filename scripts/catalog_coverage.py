@@ -64,6 +64,9 @@ ARCHITECTURE_OF = {
     # ones ARCHITECTURE_OF_MODEL names
     "sie_server.adapters.gliner": GLINER_SPAN_MODEL_TYPE,
     "sie_server.adapters.gliner_bi": GLINER_BI_SPAN_MODEL_TYPE,
+    # a union of GLiNER models: its own checkpoint (a span model) and members of the architectures the gliner kind
+    # serves (superlinked/pii-redact: urchade/gliner_multi_pii-v1 with numind/NuNER_Zero, token-level)
+    "sie_server.adapters.gliner_union.adapter": GLINER_SPAN_MODEL_TYPE,
     # GLiClass checkpoints' config.json model_type; the graph builds uni-encoders on any backbone family converted
     # here (another architecture_type fails its load naming it)
     "sie_server.adapters.gliclass": GLICLASS_MODEL_TYPE,

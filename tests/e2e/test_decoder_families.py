@@ -6,7 +6,8 @@ streamed too, and the Responses API) and the public sie-sdk (encode, score); a c
 family (Llama, Mistral, Qwen2, Granite, Gemma 3) through chat completions, and the DeBERTa-v3 models: a
 cross-encoder through the SDK's score, and the zero-shot models in the public catalogue's YAML shapes through the
 SDK's extract with labels of each request's own: a GLiNER extractor, a GLiClass classifier (with label groups), an
-NLI classifier and a GLiREL relation extractor over the entities each item names. Greedy text equals
+NLI classifier, a GLiREL relation extractor over the entities each item names, and a union of two GLiNER models
+(its member fetched from the offline Hub cache). Greedy text equals
 `transformers.generate` on the same checkpoint and rendered prompt; vectors and scores equal transformers ≤ 1e-4,
 entities, relations and classifications equal the `gliner`, `gliclass` and `glirel` packages' and transformers'
 zero-shot pipeline.
@@ -25,6 +26,7 @@ import pytest
 from launcher import REPO, serving_all
 from sie.catalog import dump_yaml
 from support.decoder_checkpoints import save_base_model, save_causal_lm, write_tokenizer
+from support.gliner_union import reference_union, seed_hub_snapshot
 from support.zero_shot_checkpoints import save_gliclass, save_gliner, save_glirel, save_nli_classifier
 
 pytestmark = pytest.mark.slow
@@ -37,6 +39,10 @@ GLINER = "tiny/gliner-deberta-v3"
 GLICLASS = "tiny/gliclass-deberta-v3"
 NLI = "tiny/nli-deberta-v3"
 GLIREL = "tiny/glirel-deberta-v3"
+UNION, MEMBER = "tiny/gliner-union", "tiny/token-gliner"  # the public superlinked/pii-redact YAML's shape
+MEMBER_REVISION = "c90187673f464518dca09f41689184ed6976242c"
+UNION_OPTIONS = {"score_floor": 0.45, "window_words": 12, "window_overlap": 3, "propagate_label": "person",
+                 "name_min_letters": 3, "default_labels": ["person", "city"]}  # fmt: skip
 INSTRUCTION = "w7 w8"
 TOLERANCE = 1e-4
 
@@ -91,6 +97,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         shutil.copy(root / "weights" / "glirel" / "backbone" / name, root / "weights" / "glirel" / "glirel" / name)
     write_yaml(models_dir, GLIREL, root / "weights" / "glirel" / "glirel", {"extract": {}},
                "sie_server.adapters.glirel:GLiRELAdapter", {"runtime": {"threshold": 0.1}})  # fmt: skip
+    # A union: the GLiNER checkpoint above and a token-level member the server fetches from its Hub cache.
+    models[MEMBER] = save_gliner(root / "weights" / "member", span_mode="token_level", seed=7)
+    seed_hub_snapshot(root / "cache", MEMBER, MEMBER_REVISION, root / "weights" / "member" / "gliner")
+    members = [{"model": MEMBER, "revision": MEMBER_REVISION, "options": {"merge_adjacent_entities": True}}]
+    write_yaml(models_dir, UNION, root / "weights" / "gliner" / "gliner", {"extract": {}},
+               "sie_server.adapters.gliner_union.adapter:GLiNERUnionAdapter",
+               {"loadtime": {"members": members}, "runtime": UNION_OPTIONS})  # fmt: skip
     embed_options = {"loadtime": {"causal": True}, "runtime": {
         "pooling": "last", "normalize": True, "query_template": "Instruct: {instruction}\nQuery:{text}",
         "default_instruction": INSTRUCTION}}  # fmt: skip
@@ -101,7 +114,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     write_yaml(models_dir, RERANK, weights[RERANK], {"score": {}},
                "sie_server.adapters.qwen2_flash_cross_encoder.adapter:Qwen2FlashCrossEncoderAdapter",
                rerank_options)  # fmt: skip
-    env = {"SIE_MODELS_DIR": str(models_dir), "SIE_MODEL_CACHE": str(root / "cache")}
+    # Offline, as a deployment without the Hub: the union's member comes from the cache's hub/ snapshot.
+    env = {"SIE_MODELS_DIR": str(models_dir), "SIE_MODEL_CACHE": str(root / "cache"), "SIE_HF_FALLBACK": "false"}
     with serving_all(root / "server.log", ["--bundles-dir", str(REPO / "config" / "bundles")], env) as url:
         yield Served(url, root, models)
 
@@ -262,6 +276,36 @@ def test_a_gliner_model_extracts_the_labels_each_request_names(served: Served, p
         ({"labels": ["person"], "options": {"relation_labels": ["born in"]}}, "relation_labels"),
     ]:
         response = httpx.post(url, json={"items": [{"text": texts[0]}], "params": params}, timeout=60)
+        assert response.status_code == 400 and message in response.text, (params, response.text)
+
+
+def test_a_gliner_union_extracts_as_the_study_composes_its_members(served: Served, public_sdk) -> None:
+    import httpx
+
+    text = ("Steve Jobs met Tim Cook in Cupertino. Later Jobs and Cook walked to Apple with Laurene Powell Jobs and "
+            "Cook again, and Tim Cook spoke of Jobs in Cupertino and Palo Alto.")  # fmt: skip
+    client = public_sdk.SIEClient(served.url, timeout_s=120)
+    try:
+        (labelled,) = client.extract(UNION, [{"text": text}], labels=["person", "organization"],
+                                     wait_for_capacity=True)  # fmt: skip
+        (defaults,) = client.extract(UNION, [{"text": text}], options={"score_floor": 0.5}, wait_for_capacity=True)
+    finally:
+        client.close()
+    members = [(served.models[GLINER], {}), (served.models[MEMBER], {"merge_adjacent_entities": True})]
+    for result, labels, options in [(labelled, ["person", "organization"], {}), (defaults, ["person", "city"],
+                                                                                {"score_floor": 0.5})]:  # fmt: skip
+        expected = reference_union(members, text, labels, UNION_OPTIONS | options)
+        assert expected
+        ours = result["entities"]
+        assert [(e["start"], e["end"], e["label"]) for e in ours] == [x[:3] for x in expected]
+        assert np.allclose([e["score"] for e in ours], [x[3] for x in expected], atol=TOLERANCE, rtol=0)
+    url = f"{served.url}/v1/extract/{UNION}"
+    for params, message in [
+        ({"options": {"window_words": 5, "window_overlap": 5}}, "must be less than 'window_words'"),
+        ({"options": {"threshold": 0.3}}, "Option 'threshold' does not apply"),
+        ({"options": {"default_labels": ["x"] * 1001}}, "at most 1000"),
+    ]:
+        response = httpx.post(url, json={"items": [{"text": text}], "params": params}, timeout=60)
         assert response.status_code == 400 and message in response.text, (params, response.text)
 
 

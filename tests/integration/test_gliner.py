@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from sie.catalog import parse_model_config
-from sie.wire.ipc_batch import ExtractBatchItem
 from sie.worker.adapters.base import invalid
 from sie.worker.spans import plan_windows, split_words
+from support.worker_items import extract_items
 from support.zero_shot_checkpoints import save_gliner
 
 TOLERANCE = 1e-4
@@ -45,17 +45,6 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
                                  "max_batch_tokens": 4096}},
     })  # fmt: skip
     return reference, model_loader.load(model, "default", model.sie_id).adapter
-
-
-def extract_items(texts: list[str], labels: list[str] | list[list[str]], **options: Any) -> list[ExtractBatchItem]:
-    per_item = labels if labels and isinstance(labels[0], list) else [labels] * len(texts)
-    return [
-        ExtractBatchItem(
-            work_item_id=f"x.{index}", request_id="x", item_index=index, total_items=len(texts), timestamp=0.0,
-            item={"text": text}, labels=list(item_labels), options=options or None,
-        )
-        for index, (text, item_labels) in enumerate(zip(texts, per_item, strict=True))
-    ]  # fmt: skip
 
 
 def assert_same_entities(ours: list[dict], theirs: list[dict]) -> None:

@@ -33,6 +33,7 @@ def test_the_public_catalogue_counts_every_yaml_once(capsys: pytest.CaptureFixtu
     assert table["sie_server.adapters.gliclass"] == ["GLiClass", "20", "20", "20"]
     assert table["sie_server.adapters.gliner_bi"] == ["gliner_bi_encoder_span", "5", "5", "5"]
     assert table["sie_server.adapters.glirel"] == ["glirel", "1", "1", "1"]
+    assert table["sie_server.adapters.gliner_union.adapter"] == ["gliner_uni_encoder_span", "1", "1", "1"]
     # CLIP and SigLIP transformers checkpoints, and the Marqo ones in open_clip's layout
     assert table["sie_server.adapters.clip"] == ["clip", "4", "4", "4"]
     assert table["sie_server.adapters.jina_flash_cross_encoder"] == ["xlm-roberta", "1", "1", "1"]  # jina_flash.py

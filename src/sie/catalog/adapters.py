@@ -24,6 +24,7 @@ NLI_CLASSIFICATION: Final = "nli_classification"  # zero-shot classification by 
 GLICLASS: Final = "gliclass"  # zero-shot classification reading the labels with the text (GLiClass)
 IMAGE_TEXT: Final = "image_text"  # texts and images in one space (CLIP, SigLIP)
 GLIREL: Final = "glirel"  # zero-shot relations between the entities each item names, for the labels each request names
+GLINER_UNION: Final = "gliner_union"  # the union of several GLiNER models' spans, read in word windows
 
 ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie.adapters.dense": DENSE,
@@ -38,6 +39,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie.adapters.nli_classification": NLI_CLASSIFICATION,
     "sie.adapters.gliclass": GLICLASS,
     "sie.adapters.glirel": GLIREL,
+    "sie.adapters.gliner_union": GLINER_UNION,
     "sie.adapters.image_text": IMAGE_TEXT,
     # public SIE module names served by the kinds above
     "sie_server.adapters.sentence_transformer": DENSE,
@@ -73,6 +75,8 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     # load naming it
     "sie_server.adapters.gliner": GLINER,
     "sie_server.adapters.gliner_bi": GLINER,  # bi-encoders: labels read by an encoder of their own
+    # several GLiNER models (each any architecture the gliner kind serves) as one, their spans unioned
+    "sie_server.adapters.gliner_union.adapter": GLINER_UNION,
     # NLI models (DeBERTa-v3, ModernBERT, ... with an entailment head) classifying by hypothesis
     "sie_server.adapters.nli_classification_flash": NLI_CLASSIFICATION,
     "sie_server.adapters.nli_classification": NLI_CLASSIFICATION,
@@ -96,7 +100,6 @@ UNSERVED_MODULES: Final[dict[str, str]] = {
     "sie_server.adapters.gliner2.entities": f"GLiNER2.5 entity extraction (fastino gliner2 2.x), {_NOT_BUILT}",
     "sie_server.adapters.gliner2.decide": f"GLiNER2.5 typed decisions (fastino gliner2 2.x), {_NOT_BUILT}",
     "sie_server.adapters.gliner2.classification": f"GLiNER2 classification (fastino gliner2), {_NOT_BUILT}",
-    "sie_server.adapters.gliner_union.adapter": f"a GLiNER union of several GLiNER models, {_NOT_BUILT}",
     "sie_server.adapters.gliformer.adapter": f"GLiFormer multi-task extraction, {_NOT_BUILT}",
 }
 

@@ -25,6 +25,7 @@ from sie.catalog.adapters import (
     DENSE,
     GLICLASS,
     GLINER,
+    GLINER_UNION,
     GLIREL,
     HYBRID,
     IMAGE_TEXT,
@@ -127,6 +128,18 @@ def _is_label(value: Any) -> bool:
     return isinstance(value, str) and bool(value.strip()) and len(value) <= MAX_LABEL_CHARS
 
 
+def _is_whole(value: Any, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _is_optional_label(value: Any) -> bool:
+    return value is None or value == "" or _is_label(value)
+
+
+def _is_default_labels(value: Any) -> bool:
+    return value is None or (isinstance(value, list) and bool(value) and all(_is_label(label) for label in value))
+
+
 def _is_unset(value: Any) -> bool:
     return value is None or value is False or value == ""
 
@@ -162,6 +175,19 @@ RULES: Final[dict[str, OptionRule]] = {
         f'null or a list of at most {MAX_EXAMPLES} objects {{"text": a string of at most {MAX_OPTION_TEXT_CHARS} '
         f'characters, "labels": a list of non-blank labels of at most {MAX_LABEL_CHARS} characters}}',
         _is_examples,
+    ),
+    # A union of GLiNER models (superlinked/pii-redact): the lowest span score kept, the word windows a long text is
+    # read in, the label whose name tokens are found again wherever they recur, and the labels of a request naming
+    # none (window_overlap below window_words is checked with the two together, by the model).
+    "score_floor": OptionRule("a number from 0 to 1", _is_probability),
+    "window_words": OptionRule("a whole number of words (at least 2)", lambda value: _is_whole(value, 2)),
+    "window_overlap": OptionRule("a whole number of words (at least 0)", lambda value: _is_whole(value, 0)),
+    "propagate_label": OptionRule(
+        f'null, "" (off) or a non-blank label of at most {MAX_LABEL_CHARS} characters', _is_optional_label
+    ),
+    "name_min_letters": OptionRule("a whole number of letters (at least 1)", lambda value: _is_whole(value, 1)),
+    "default_labels": OptionRule(
+        f"null or a non-empty list of non-blank labels of at most {MAX_LABEL_CHARS} characters", _is_default_labels
     ),
     # Zero-shot classification by entailment: the hypothesis each label becomes.
     "hypothesis_template": OptionRule(f"{_TEXT} holding {LABEL_PLACEHOLDER} exactly once", _is_hypothesis_template),
@@ -202,6 +228,16 @@ READ_BY_KIND: Final[dict[str, frozenset[str]]] = {
     NLI_CLASSIFICATION: _EVERY_KIND | {"hypothesis_template", "multi_label"},
     GLICLASS: _EVERY_KIND | {"threshold", "classification_type", "label_groups", "examples", "instruction"},
     GLIREL: _EVERY_KIND | {"threshold", "top_k"},
+    # Its members read at their own settings: only the composition is the request's to change.
+    GLINER_UNION: _EVERY_KIND
+    | {
+        "score_floor",
+        "window_words",
+        "window_overlap",
+        "propagate_label",
+        "name_min_letters",
+        "default_labels",
+    },  # fmt: skip
     IMAGE_TEXT: _TEXT_ENCODER | {"normalize"},
 }
 # A text encoder scoring compares normalised representations: no vectors are returned, so nothing shapes them.
@@ -219,6 +255,7 @@ _KIND_NAMES: Final = {
     NLI_CLASSIFICATION: "a zero-shot classification model",
     GLICLASS: "a GLiClass classification model",
     GLIREL: "a zero-shot relation extraction model",
+    GLINER_UNION: "a union of zero-shot entity extraction models",
     IMAGE_TEXT: "an image–text embedding model",
 }
 
@@ -264,6 +301,9 @@ def labels_problem(
     is not a non-blank string of at most MAX_LABEL_CHARS characters, or none for a zero-shot model, which extracts
     only the labels it is given (a GLiClass model may be given `label_groups` in `options` instead); None when they
     can."""
+    if (labels is None or labels == []) and kind == GLINER_UNION:
+        # A union reads the request's default labels when it names none (and the profile's when neither does).
+        labels = (options or {}).get("default_labels")
     if labels is None or labels == []:
         grouped = kind == GLICLASS and bool((options or {}).get("label_groups"))
         needed = kind in ZERO_SHOT_KINDS and not grouped

@@ -173,8 +173,9 @@ class InferenceService:
         params = request.params
         route = await self._dispatcher.route(spec, _profile(params.options if params else None), hints)
         router.check_inputs(route, request.items)
-        router.check_extract(route, params, self._limits.max_labels, request.items)
+        # Options first: a union model's `default_labels` option stands in for the labels checked next.
         router.check_options(route, params.options if params else None, OPERATION_EXTRACT, _instruction(params))
+        router.check_extract(route, params, self._limits.max_labels, request.items)
         collected = await self._dispatcher.collect(
             route, lambda ticket: workitems.extract_work(route, ticket, request), trace
         )

@@ -10,24 +10,33 @@ executor. Every failure leaves as a ModelLoadError with a class and a message na
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from sie.catalog.errors import ConfigError
-from sie.catalog.model import ModelConfig, Profile
+from sie.catalog.model import DEFAULT_PROFILE, ModelConfig, Profile
 from sie.settings import WorkerSettings
 from sie.telemetry.logs import log_fields
 from sie.tokenization import TextTokenizer, TokenizerError, with_end_token
-from sie.worker.adapters import Adapter, AdapterContext, CausalLMAdapter, adapter_class, conversion_head
+from sie.worker.adapters import (
+    Adapter,
+    AdapterContext,
+    CausalLMAdapter,
+    GlinerUnionAdapter,
+    adapter_class,
+    conversion_head,
+)
+from sie.worker.adapters.gliner_union import member_configs
 from sie.worker.artifacts import (
     STAGE_CONVERT,
     ArtifactError,
@@ -147,6 +156,14 @@ class ModelLoader:
             decoder = self._decoder(model_id, model_dir, str(gguf_file), precision, on_progress)
             return PreparedFiles(decoder / GRAPH_FILE, decoder, decoder, precision)
         adapter_type = adapter_class(resolved.adapter_path)
+        if adapter_type is GlinerUnionAdapter:
+            # Every member's files; the model's own checkpoint (the first member) stands for the union.
+            prepared = []
+            for index, config in enumerate(self._union_members(model, resolved, model_id)):
+                with _union_member(model_id, config.sie_id if index else None):
+                    name = config.sie_id if index else model_id
+                    prepared.append(self.prepare(config, DEFAULT_PROFILE, name, on_progress))
+            return prepared[0]
         model_dir = self._fetch(artifacts.model, on_progress)
         tokenizer_dir = self._fetch(artifacts.tokenizer, on_progress) if artifacts.tokenizer else model_dir
         if issubclass(adapter_type, CausalLMAdapter):
@@ -171,6 +188,8 @@ class ModelLoader:
     ) -> LoadedModel:
         """Load `profile` of `model` as the servable id `model_id`."""
         resolved = self._resolve(model, profile, model_id)
+        if adapter_class(resolved.adapter_path) is GlinerUnionAdapter:
+            return self._load_union(model, resolved, model_id, on_progress)
         files = self.prepare(model, profile, model_id, on_progress)
         config_json = _read_json(files.model_dir / "config.json")
         if resolved.loadtime_options.get("append_eos"):
@@ -203,6 +222,32 @@ class ModelLoader:
         memory += sum(graph_bytes(graph) for graph in extra_graphs.values() if graph.is_file())
         return LoadedModel(model_id, profile, adapter, tokenizer, memory, files.tokenizer_dir / "tokenizer.json",
                            files.precision)  # fmt: skip
+
+    def _load_union(
+        self, model: ModelConfig, profile: Profile, model_id: str, on_progress: ProgressCallback | None
+    ) -> LoadedModel:
+        """A GLiNER union: each member loaded as the GLiNER model it is, then served as one."""
+        members = []
+        for index, config in enumerate(self._union_members(model, profile, model_id)):
+            with _union_member(model_id, config.sie_id if index else None):
+                members.append(self.load(config, DEFAULT_PROFILE, config.sie_id if index else model_id, on_progress))
+        own = members[0]
+        context = attrs.evolve(own.adapter.context, model=model, profile=profile,
+                               members=tuple(member.adapter for member in members))  # fmt: skip
+        try:
+            adapter = GlinerUnionAdapter(context)
+        except ValueError as exc:
+            raise ModelLoadError("UNKNOWN", f"Model '{model_id}': {exc}") from exc
+        memory = sum(member.memory_bytes for member in members)
+        return LoadedModel(model_id, profile.name, adapter, own.tokenizer, memory, own.tokenizer_path, own.precision)
+
+    @staticmethod
+    def _union_members(model: ModelConfig, profile: Profile, model_id: str) -> list[ModelConfig]:
+        """The union's members as GLiNER models, its own checkpoint first."""
+        try:
+            return member_configs(model, profile)
+        except ValueError as exc:
+            raise ModelLoadError("UNKNOWN", f"Model '{model_id}': {exc}") from exc
 
     @staticmethod
     def _resolve(model: ModelConfig, profile: str, model_id: str) -> Profile:
@@ -438,6 +483,18 @@ class ModelLoader:
                 f"but the model's vocabulary has {vocab_size}",
             )
         return tokenizer
+
+
+@contextlib.contextmanager
+def _union_member(model_id: str, member: str | None) -> Iterator[None]:
+    """A member's load failure as the union's, naming the member (None: the union's own checkpoint, whose failures
+    name the union already)."""
+    try:
+        yield
+    except ModelLoadError as exc:
+        if member is None:
+            raise
+        raise ModelLoadError(exc.error_class, f"Model '{model_id}': member {member}: {exc.message}") from exc
 
 
 def _convert_progress(on_progress: ProgressCallback | None, source: str) -> Callable[[int, int], None] | None:

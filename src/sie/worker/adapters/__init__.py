@@ -14,6 +14,7 @@ from sie.worker.adapters.cross_encoder import CrossEncoderAdapter
 from sie.worker.adapters.dense import DenseAdapter
 from sie.worker.adapters.gliclass import GliclassAdapter
 from sie.worker.adapters.gliner import GlinerAdapter
+from sie.worker.adapters.gliner_union import GlinerUnionAdapter
 from sie.worker.adapters.glirel import GlirelAdapter
 from sie.worker.adapters.hybrid import HybridAdapter
 from sie.worker.adapters.image_text import ImageTextAdapter
@@ -35,6 +36,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
         CrossEncoderAdapter,
         TokenClassificationAdapter,
         GlinerAdapter,
+        GlinerUnionAdapter,
         NliClassificationAdapter,
         GliclassAdapter,
         GlirelAdapter,
@@ -91,6 +93,7 @@ __all__ = [
     "BatchResult",
     "CausalLMAdapter",
     "GenerationInputError",
+    "GlinerUnionAdapter",
     "ItemResult",
     "PreparedGeneration",
     "adapter_class",

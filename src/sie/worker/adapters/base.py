@@ -43,6 +43,11 @@ def invalid(message: str, code: str = codes.INVALID_INPUT) -> ItemResult:
     return ItemResult(error=message, error_code=code)
 
 
+def entity_result(entities: list[dict]) -> dict[str, Any]:
+    """An extract result holding `entities` only (the public ExtractResult's other fields empty)."""
+    return {"entities": entities, "relations": [], "classifications": [], "objects": [], "data": {}}
+
+
 @attrs.define
 class BatchResult:
     """Per-item results in input order, plus the batch's stage timings in milliseconds."""
@@ -100,6 +105,8 @@ class AdapterContext:
     model_dir: Path | None = None
     # Sessions of a model's other graphs, by role (a bi-encoder GLiNER's "labels" graph).
     extra_sessions: Mapping[str, Any] = attrs.field(factory=dict)
+    # The models a composite adapter serves as one (a GLiNER union's members, its own checkpoint first).
+    members: Sequence[Adapter] = ()
 
 
 class Adapter:

@@ -21,7 +21,7 @@ import numpy as np
 from sie.catalog.adapters import GLINER
 from sie.tokenization import TextTokenizer, TokenizedWords, pad_batch
 from sie.wire import codes
-from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult, Stopwatch, invalid
+from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult, Stopwatch, entity_result, invalid
 from sie.worker.adapters.encoder import item_text
 from sie.worker.adapters.zero_shot import marked_prompt, prompts_by_label_set, split_requests, zero_shot_refusal
 from sie.worker.convert.names import (
@@ -290,14 +290,10 @@ class GlinerAdapter(Adapter):
             entities = [_entity(request, span) for span in kept]
             if request.merge:
                 entities = merge_adjacent(entities, request.text)
-            results[index] = ItemResult(_extract_result(entities), input_tokens=tokens[index])
+            results[index] = ItemResult(entity_result(entities), input_tokens=tokens[index])
 
 
 def _entity(request: _Request, span: Span) -> dict[str, Any]:
     start, end = request.words[span.start].start, request.words[span.end].end
     return {"text": request.text[start:end], "label": request.labels[span.label], "score": span.score,
             "start": start, "end": end, "bbox": None}  # fmt: skip
-
-
-def _extract_result(entities: list[dict]) -> dict[str, Any]:
-    return {"entities": entities, "relations": [], "classifications": [], "objects": [], "data": {}}

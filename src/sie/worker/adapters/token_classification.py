@@ -13,7 +13,7 @@ import numpy as np
 from sie.catalog.adapters import TOKEN_CLASSIFICATION
 from sie.tokenization import TokenizedText, pad_batch
 from sie.wire.ipc_batch import OP_EXTRACT
-from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult, Stopwatch, invalid
+from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult, Stopwatch, entity_result, invalid
 from sie.worker.adapters.encoder import first_output, item_text
 from sie.worker.adapters.feeds import bert_feeds
 
@@ -108,7 +108,7 @@ class TokenClassificationAdapter(Adapter):
                 probabilities = softmax(logits.astype(np.float32))
                 for row, index in enumerate(valid):
                     entities = self._entities(items[index], texts[index], tokens[row], probabilities[row])
-                    results[index] = ItemResult(_extract_result(entities), input_tokens=len(tokens[row]))
+                    results[index] = ItemResult(entity_result(entities), input_tokens=len(tokens[row]))
         return watch.finish(results)
 
     def _entities(self, item: Any, text: str, tokens: TokenizedText, probabilities: np.ndarray) -> list[dict]:
@@ -127,7 +127,3 @@ class TokenClassificationAdapter(Adapter):
             for span in decode_spans(tokens, probabilities, self._id2label, threshold)
             if not wanted or label_key(span.label) in wanted
         ]
-
-
-def _extract_result(entities: list[dict]) -> dict[str, Any]:
-    return {"entities": entities, "relations": [], "classifications": [], "objects": [], "data": {}}
