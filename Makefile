@@ -16,8 +16,10 @@ DOCS_ENV := NO_MKDOCS_2_WARNING=1
 # without their declared dependencies: gliner pins transformers<5.17, older than the test extra's, yet runs on it;
 # glirel declares datasets but imports it only for spaCy; what they import (torch, transformers, huggingface_hub,
 # safetensors, scikit-learn, tqdm) comes with the test extra, and glirel's loguru and seqeval are named here.
-ZERO_SHOT_REFERENCES := gliner==0.2.29 gliclass==0.1.21 glirel==1.2.1 loguru==0.7.3 seqeval==1.2.2
-ZERO_SHOT_INSTALLED := $(VENV)/.sie-installed-gliner-0.2.29-gliclass-0.1.21-glirel-1.2.1
+# GLiNER2 (tests/integration/test_gliner2.py) likewise: its `local` extra (torch, transformers, safetensors, numpy)
+# comes with the test extra, and it imports peft only to train adapters.
+ZERO_SHOT_REFERENCES := gliner==0.2.29 gliclass==0.1.21 glirel==1.2.1 gliner2==2.1.0 loguru==0.7.3 seqeval==1.2.2
+ZERO_SHOT_INSTALLED := $(VENV)/.sie-installed-gliner-0.2.29-gliclass-0.1.21-glirel-1.2.1-gliner2-2.1.0
 # The reference for open_clip-layout SigLIPs (tests/integration/test_open_clip_siglip.py): open_clip and its timm image
 # tower, without their declared dependencies (what they import comes with the test extra, ftfy named here), and
 # torchvision 0.28, the release paired with the test extra's torch 2.13, in a directory of its own that only that

@@ -45,6 +45,10 @@ from sie.worker.convert.names import (  # noqa: E402
 PUBLIC_WHEEL = REPO / ".cache" / "wheels" / "sie_server-0.10.1-py3-none-any.whl"
 MODELS_IN_WHEEL = "sie_server/models/"
 
+# What the report calls a GLiNER2 checkpoint of the span architecture (config.json: model_type extractor).
+GLINER2_SPAN = "extractor (span)"
+GLINER2_BOUNDARY = "extractor (boundary)"
+
 # The architecture a public adapter module is written for (its name says so); "" where it serves many.
 ARCHITECTURE_OF = {
     "sie_server.adapters.bert_flash": "bert",
@@ -67,6 +71,11 @@ ARCHITECTURE_OF = {
     # a union of GLiNER models: its own checkpoint (a span model) and members of the architectures the gliner kind
     # serves (superlinked/pii-redact: urchade/gliner_multi_pii-v1 with numind/NuNER_Zero, token-level)
     "sie_server.adapters.gliner_union.adapter": GLINER_SPAN_MODEL_TYPE,
+    # GLiNER2 checkpoints (config.json model_type `extractor`): the span architecture converts (gliner2.py); the
+    # GLiNER2.5 ones ARCHITECTURE_OF_MODEL names are boundary checkpoints, refused at load naming it
+    "sie_server.adapters.gliner2.adapter": GLINER2_SPAN,
+    "sie_server.adapters.gliner2.classification": GLINER2_SPAN,
+    "sie_server.adapters.gliner2.entities": GLINER2_SPAN,
     # GLiClass checkpoints' config.json model_type; the graph builds uni-encoders on any backbone family converted
     # here (another architecture_type fails its load naming it)
     "sie_server.adapters.gliclass": GLICLASS_MODEL_TYPE,
@@ -81,6 +90,7 @@ ARCHITECTURE_OF = {
 
 # The zero-shot architectures the converter builds (a GLiNER's gliner_config.json, a GLiClass config.json, GLiREL).
 ZERO_SHOT_MODEL_TYPES = (
+    GLINER2_SPAN,
     GLINER_SPAN_MODEL_TYPE,
     GLINER_BI_SPAN_MODEL_TYPE,
     GLINER_TOKEN_MODEL_TYPE,
@@ -123,6 +133,9 @@ ARCHITECTURE_OF_MODEL = {
     # GLiNER checkpoints of other architectures than the span model (the public adapter's own notes say which)
     "numind/NuNER_Zero": GLINER_TOKEN_MODEL_TYPE,  # token-level
     "knowledgator/gliner-relex-large-v1.0": "gliner_uni_encoder_span_relex",  # joint entities and relations
+    # GLiNER2.5 boundary checkpoints (gliner2's model table): the converter builds GLiNER2's span architecture only
+    "fastino/gliner2.5-small-v1": GLINER2_BOUNDARY,
+    "fastino/gliner2.5-base-v1": GLINER2_BOUNDARY,
     # the NLI zero-shot classifiers (nli_classification_flash serves several encoder architectures)
     "MoritzLaurer/ModernBERT-base-zeroshot-v2.0": "modernbert",
     "MoritzLaurer/deberta-v3-base-zeroshot-v2.0": "deberta-v2",

@@ -6,10 +6,12 @@ streamed too, and the Responses API) and the public sie-sdk (encode, score); a c
 family (Llama, Mistral, Qwen2, Granite, Gemma 3) through chat completions, and the DeBERTa-v3 models: a
 cross-encoder through the SDK's score, and the zero-shot models in the public catalogue's YAML shapes through the
 SDK's extract with labels of each request's own: a GLiNER extractor, a GLiClass classifier (with label groups), an
-NLI classifier, a GLiREL relation extractor over the entities each item names, and a union of two GLiNER models
+NLI classifier, a GLiREL relation extractor over the entities each item names, a GLiNER2 model (entities, and a
+guard's classification), and a union of two GLiNER models
 (its member fetched from the offline Hub cache). Greedy text equals
 `transformers.generate` on the same checkpoint and rendered prompt; vectors and scores equal transformers ≤ 1e-4,
-entities, relations and classifications equal the `gliner`, `gliclass` and `glirel` packages' and transformers'
+entities, relations and classifications equal the `gliner`, `gliner2`, `gliclass` and `glirel` packages' and
+transformers'
 zero-shot pipeline.
 Marked slow: it starts a server process."""
 
@@ -27,7 +29,7 @@ from launcher import REPO, serving_all
 from sie.catalog import dump_yaml
 from support.decoder_checkpoints import save_base_model, save_causal_lm, write_tokenizer
 from support.gliner_union import reference_union, seed_hub_snapshot
-from support.zero_shot_checkpoints import save_gliclass, save_gliner, save_glirel, save_nli_classifier
+from support.zero_shot_checkpoints import save_gliclass, save_gliner, save_gliner2, save_glirel, save_nli_classifier
 
 pytestmark = pytest.mark.slow
 
@@ -39,6 +41,7 @@ GLINER = "tiny/gliner-deberta-v3"
 GLICLASS = "tiny/gliclass-deberta-v3"
 NLI = "tiny/nli-deberta-v3"
 GLIREL = "tiny/glirel-deberta-v3"
+GLINER2, GUARD = "tiny/gliner2", "tiny/gliguard"  # the public gliner2.adapter and gliner2.classification YAMLs' shapes
 UNION, MEMBER = "tiny/gliner-union", "tiny/token-gliner"  # the public superlinked/pii-redact YAML's shape
 MEMBER_REVISION = "c90187673f464518dca09f41689184ed6976242c"
 UNION_OPTIONS = {"score_floor": 0.45, "window_words": 12, "window_overlap": 3, "propagate_label": "person",
@@ -97,6 +100,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         shutil.copy(root / "weights" / "glirel" / "backbone" / name, root / "weights" / "glirel" / "glirel" / name)
     write_yaml(models_dir, GLIREL, root / "weights" / "glirel" / "glirel", {"extract": {}},
                "sie_server.adapters.glirel:GLiRELAdapter", {"runtime": {"threshold": 0.1}})  # fmt: skip
+    models[GLINER2] = save_gliner2(root / "weights" / "gliner2", seed=3)
+    write_yaml(models_dir, GLINER2, root / "weights" / "gliner2" / "gliner2", {"extract": {}},
+               "sie_server.adapters.gliner2.adapter:GLiNER2Adapter", {})  # fmt: skip
+    guard = {"classification_task": "prompt_safety", "default_labels": ["safe", "unsafe"], "multi_label": False,
+             "positive_label": "unsafe"}  # fmt: skip
+    write_yaml(models_dir, GUARD, root / "weights" / "gliner2" / "gliner2", {"extract": {}},
+               "sie_server.adapters.gliner2.classification:GLiNER2ClassificationAdapter",
+               {"loadtime": guard})  # fmt: skip
     # A union: the GLiNER checkpoint above and a token-level member the server fetches from its Hub cache.
     models[MEMBER] = save_gliner(root / "weights" / "member", span_mode="token_level", seed=7)
     seed_hub_snapshot(root / "cache", MEMBER, MEMBER_REVISION, root / "weights" / "member" / "gliner")
@@ -307,6 +318,39 @@ def test_a_gliner_union_extracts_as_the_study_composes_its_members(served: Serve
     ]:
         response = httpx.post(url, json={"items": [{"text": text}], "params": params}, timeout=60)
         assert response.status_code == 400 and message in response.text, (params, response.text)
+
+
+def test_a_gliner2_model_extracts_entities_and_classifies_as_gliner2(served: Served, public_sdk) -> None:
+    import httpx
+
+    text, labels = "Steve Jobs founded Apple in Cupertino California in 1976.", ["person", "organization", "city"]
+    client = public_sdk.SIEClient(served.url, timeout_s=120)
+    try:
+        (entities,) = client.extract(GLINER2, [{"text": text}], labels=labels, options={"threshold": 0.8},
+                                     wait_for_capacity=True)  # fmt: skip
+        (guarded,) = client.extract(GUARD, [{"text": text}], options={"threshold": 0.0}, wait_for_capacity=True)
+    finally:
+        client.close()
+    reference = served.models[GLINER2]
+    found = reference.extract_entities(text, labels, threshold=0.8, include_confidence=True,
+                                       include_spans=True)["entities"]  # fmt: skip
+    expected = sorted(((span["start"], span["end"], label, span["confidence"]) for label, spans in found.items()
+                       for span in spans), key=lambda one: one[0])  # fmt: skip
+    assert expected
+    ours = entities["entities"]
+    assert [(e["start"], e["end"], e["label"]) for e in ours] == [x[:3] for x in expected]
+    assert np.allclose([e["score"] for e in ours], [x[3] for x in expected], atol=TOLERANCE, rtol=0)
+    tasks = {"prompt_safety": {"labels": ["safe", "unsafe"], "multi_label": False, "cls_threshold": 0.0}}
+    theirs = reference.classify_text(text, tasks, threshold=0.0, include_confidence=True)["prompt_safety"]
+    (ours_class,) = guarded["classifications"]
+    assert ours_class["label"] == theirs["label"] and abs(ours_class["score"] - theirs["confidence"]) <= TOLERANCE
+    # what is not built is refused before anything is queued where the gateway can tell
+    response = httpx.post(
+        f"{served.url}/v1/extract/{GLINER2}",
+        timeout=60,
+        json={"items": [{"text": text}], "params": {"labels": labels, "options": {"top_k": 3}}},
+    )
+    assert response.status_code == 400 and "does not apply to a GLiNER2" in response.text
 
 
 def test_zero_shot_classifiers_score_the_labels_each_request_names(served: Served, public_sdk) -> None:

@@ -52,13 +52,14 @@ MINILM_L3: Final = "sentence-transformers/paraphrase-MiniLM-L3-v2"
 SPLADE: Final = "rasyosef/splade-tiny"
 RAMPART: Final = "nationaldesignstudio/rampart"
 # Tiny random zero-shot models (tests/support/zero_shot_checkpoints.py) beside the baseline catalogue: the labels of
-# each request reach a GLiNER extractor, a GLiClass classifier, an NLI classifier and a GLiREL relation extractor
-# (over the entities in each item's metadata).
+# each request reach a GLiNER extractor, a GLiClass classifier, an NLI classifier, a GLiREL relation extractor
+# (over the entities in each item's metadata) and a GLiNER2 extractor and classifier.
 GLINER: Final = "fuzz/gliner"
 GLICLASS: Final = "fuzz/gliclass"
 NLI: Final = "fuzz/nli"
 GLIREL: Final = "fuzz/glirel"
-ZERO_SHOT_MODELS: Final = (GLINER, GLICLASS, NLI, GLIREL)
+GLINER2: Final = "fuzz/gliner2"
+ZERO_SHOT_MODELS: Final = (GLINER, GLICLASS, NLI, GLIREL, GLINER2)
 # A tiny random CLIP (tests/support/image_text_checkpoints.py) that reads images, scores too.
 CLIP: Final = "fuzz/clip"
 ENCODE_MODELS: Final = (MINILM, f"{MINILM}:int8", f"{MINILM}:multivector", MINILM_L3, SPLADE)
@@ -193,11 +194,11 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
 
 
 def zero_shot_catalogue(root: Path) -> Path:
-    """The baseline model YAMLs plus the four zero-shot models' and an image–text model's (in the public
+    """The baseline model YAMLs plus the five zero-shot models' and an image–text model's (in the public
     catalogue's shapes), over tiny random checkpoints saved under `root`."""
     from sie.catalog import dump_yaml
     from support.image_text_checkpoints import image_text_yaml, save_image_text_model
-    from support.zero_shot_checkpoints import save_gliclass, save_gliner, save_glirel, save_nli_classifier
+    from support.zero_shot_checkpoints import save_gliclass, save_gliner, save_gliner2, save_glirel, save_nli_classifier
 
     models = root / "models"
     models.mkdir()
@@ -208,6 +209,7 @@ def zero_shot_catalogue(root: Path) -> Path:
     nli = root / "nli"
     save_nli_classifier(nli, "bert", {0: "entailment", 1: "not_entailment"})
     save_glirel(root / "glirel")
+    save_gliner2(root / "gliner2")
     save_image_text_model(root / "clip", "clip")
     clip = image_text_yaml("clip", CLIP, root / "clip")
     clip["tasks"]["score"] = {}
@@ -219,6 +221,7 @@ def zero_shot_catalogue(root: Path) -> Path:
         GLICLASS: (root / "gliclass", "sie_server.adapters.gliclass:GLiClassAdapter"),
         NLI: (nli, "sie_server.adapters.nli_classification_flash:NLIClassificationFlashAdapter"),
         GLIREL: (root / "glirel" / "glirel", "sie_server.adapters.glirel:GLiRELAdapter"),
+        GLINER2: (root / "gliner2" / "gliner2", "sie_server.adapters.gliner2.adapter:GLiNER2Adapter"),
     }
     for sie_id, (weights, adapter_path) in entries.items():
         data = {"sie_id": sie_id, "weights_path": str(weights), "tasks": {"extract": {}},
@@ -574,6 +577,8 @@ zero_shot_options = st.one_of(
         "hypothesis_template": st.sampled_from(("It is {}.", "no placeholder", "{} and {}", "")),
         "examples": st.one_of(st.lists(st.fixed_dictionaries({"text": texts, "labels": st.lists(texts, max_size=3)}),
                                        max_size=3), hostile),
+        "classification_task": st.one_of(st.sampled_from(("topic", "", " ")), scalars),
+        "positive_label": st.one_of(st.sampled_from(("person", "city", "")), scalars),
     }),
 )  # fmt: skip
 # The entities a relation extractor reads from an item's metadata: spans of the sane texts below (some past a short

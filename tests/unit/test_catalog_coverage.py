@@ -42,7 +42,12 @@ def test_the_public_catalogue_counts_every_yaml_once(capsys: pytest.CaptureFixtu
     assert table["sie_server.adapters.siglip.adapter"][1:] == ["6", "6", "6"]
     assert "marqo-fashionSigLIP.yaml" not in output
     assert "no SIE adapter for this module" in output
-    assert "fastino__gliner2-base-v1.yaml: GLiNER2 schema-based extraction" in output  # named, not built
+    # GLiNER2's span checkpoints convert; the GLiNER2.5 boundary ones and the typed-decision module are named, not built
+    assert table["sie_server.adapters.gliner2.adapter"] == ["extractor (span)", "2", "2", "2"]
+    assert table["sie_server.adapters.gliner2.classification"] == ["extractor (span)", "1", "1", "1"]
+    assert table["sie_server.adapters.gliner2.entities"][1:] == ["3", "1", "1"]
+    assert "fastino__gliner2.5-base-v1.yaml: the converter does not build model_type 'extractor (boundary)'" in output
+    assert "fastino__GLiNER2.5-Decide.yaml: GLiNER2.5 typed decisions" in output
 
 
 def test_a_directory_catalogue_reads_the_architecture_from_a_local_checkpoint(

@@ -81,12 +81,12 @@ def test_unknown_model(catalog: Catalog) -> None:
 
 
 def test_a_model_no_bundle_runs_is_refused_saying_why() -> None:
-    gliner2 = _model("fastino/gliner2-base-v1", default={"adapter_path": "sie_server.adapters.gliner2.adapter:G",
+    decide = _model("fastino/GLiNER2.5-Decide", default={"adapter_path": "sie_server.adapters.gliner2.decide:G",
                                                          "max_batch_tokens": 1})  # fmt: skip
     other = _model("acme/odd", default={"adapter_path": "acme.adapters.odd:O", "max_batch_tokens": 1})
-    catalog = Catalog(BUNDLES, [gliner2, other])
-    with pytest.raises(ModelNotFoundError, match="no routable bundle: its adapter .* is GLiNER2 schema-based"):
-        catalog.resolve("fastino/gliner2-base-v1")
+    catalog = Catalog(BUNDLES, [decide, other])
+    with pytest.raises(ModelNotFoundError, match="no routable bundle: its adapter .* is GLiNER2.5 typed decisions"):
+        catalog.resolve("fastino/GLiNER2.5-Decide")
     with pytest.raises(ModelNotFoundError, match="no bundle runs its adapter module 'acme.adapters.odd'"):
         catalog.resolve("acme/odd")
 

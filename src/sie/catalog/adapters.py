@@ -24,6 +24,7 @@ NLI_CLASSIFICATION: Final = "nli_classification"  # zero-shot classification by 
 GLICLASS: Final = "gliclass"  # zero-shot classification reading the labels with the text (GLiClass)
 IMAGE_TEXT: Final = "image_text"  # texts and images in one space (CLIP, SigLIP)
 GLIREL: Final = "glirel"  # zero-shot relations between the entities each item names, for the labels each request names
+GLINER2: Final = "gliner2"  # GLiNER2 span models: entities, or classifications of a task, for each request's labels
 GLINER_UNION: Final = "gliner_union"  # the union of several GLiNER models' spans, read in word windows
 
 ADAPTER_KINDS: Final[dict[str, str]] = {
@@ -40,6 +41,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie.adapters.gliclass": GLICLASS,
     "sie.adapters.glirel": GLIREL,
     "sie.adapters.gliner_union": GLINER_UNION,
+    "sie.adapters.gliner2": GLINER2,
     "sie.adapters.image_text": IMAGE_TEXT,
     # public SIE module names served by the kinds above
     "sie_server.adapters.sentence_transformer": DENSE,
@@ -71,6 +73,11 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     # generation of the decoder families the converter builds; a checkpoint of another architecture fails its load
     # naming it
     "sie_server.adapters.sglang.generation": CAUSAL_LM,
+    # GLiNER2 (fastino gliner2) span checkpoints: entities and classification (a boundary checkpoint, GLiNER2.5, fails
+    # its load naming it; relations and structured output are refused per request)
+    "sie_server.adapters.gliner2.adapter": GLINER2,
+    "sie_server.adapters.gliner2.classification": GLINER2,
+    "sie_server.adapters.gliner2.entities": GLINER2,
     # GLiNER span models; a checkpoint of another GLiNER architecture (token-level, bi-encoder, relations) fails its
     # load naming it
     "sie_server.adapters.gliner": GLINER,
@@ -96,10 +103,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
 # Public modules of architectures SIE does not build, with what they are: a model naming one is refused saying so.
 _NOT_BUILT = "which SIE does not build"
 UNSERVED_MODULES: Final[dict[str, str]] = {
-    "sie_server.adapters.gliner2.adapter": f"GLiNER2 schema-based extraction (fastino gliner2), {_NOT_BUILT}",
-    "sie_server.adapters.gliner2.entities": f"GLiNER2.5 entity extraction (fastino gliner2 2.x), {_NOT_BUILT}",
     "sie_server.adapters.gliner2.decide": f"GLiNER2.5 typed decisions (fastino gliner2 2.x), {_NOT_BUILT}",
-    "sie_server.adapters.gliner2.classification": f"GLiNER2 classification (fastino gliner2), {_NOT_BUILT}",
     "sie_server.adapters.gliformer.adapter": f"GLiFormer multi-task extraction, {_NOT_BUILT}",
 }
 

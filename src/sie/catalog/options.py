@@ -25,6 +25,7 @@ from sie.catalog.adapters import (
     DENSE,
     GLICLASS,
     GLINER,
+    GLINER2,
     GLINER_UNION,
     GLIREL,
     HYBRID,
@@ -189,6 +190,16 @@ RULES: Final[dict[str, OptionRule]] = {
     "default_labels": OptionRule(
         f"null or a non-empty list of non-blank labels of at most {MAX_LABEL_CHARS} characters", _is_default_labels
     ),
+    # GLiNER2: classify the text (the task's name read with its labels) instead of extracting entities, and the label a
+    # long text takes when any window of it does (a guard's "unsafe").
+    "classification_task": OptionRule(
+        f"null or a non-blank task name of at most {MAX_LABEL_CHARS} characters",
+        lambda value: value is None or _is_label(value),
+    ),
+    "positive_label": OptionRule(
+        f"null or a non-blank label of at most {MAX_LABEL_CHARS} characters",
+        lambda value: value is None or _is_label(value),
+    ),
     # Zero-shot classification by entailment: the hypothesis each label becomes.
     "hypothesis_template": OptionRule(f"{_TEXT} holding {LABEL_PLACEHOLDER} exactly once", _is_hypothesis_template),
     # Relation types, read by relation-extraction models only (none is served yet: refused by every kind).
@@ -228,6 +239,7 @@ READ_BY_KIND: Final[dict[str, frozenset[str]]] = {
     NLI_CLASSIFICATION: _EVERY_KIND | {"hypothesis_template", "multi_label"},
     GLICLASS: _EVERY_KIND | {"threshold", "classification_type", "label_groups", "examples", "instruction"},
     GLIREL: _EVERY_KIND | {"threshold", "top_k"},
+    GLINER2: _EVERY_KIND | {"threshold", "multi_label", "classification_task", "positive_label"},
     # Its members read at their own settings: only the composition is the request's to change.
     GLINER_UNION: _EVERY_KIND
     | {
@@ -256,6 +268,7 @@ _KIND_NAMES: Final = {
     GLICLASS: "a GLiClass classification model",
     GLIREL: "a zero-shot relation extraction model",
     GLINER_UNION: "a union of zero-shot entity extraction models",
+    GLINER2: "a GLiNER2 extraction and classification model",
     IMAGE_TEXT: "an image–text embedding model",
 }
 

@@ -214,6 +214,18 @@ class TextTokenizer:
                 counts[index] = np.bincount(word_ids, minlength=len(rows[index])).astype(np.int64)
         return counts
 
+    def pieces(self, strings: Sequence[str]) -> dict[str, np.ndarray]:
+        """The ids each distinct string makes on its own, without special tokens or truncation (transformers'
+        `tokenize` of one word or marker, then `convert_tokens_to_ids`): for models that assemble a row from words
+        tokenized one by one (GLiNER2). One tokenizer call for all of them."""
+        distinct = list(dict.fromkeys(strings))
+        if not distinct:
+            return {}
+        encodings = self._untruncated().encode_batch(distinct, add_special_tokens=False)
+        return {
+            text: np.array(encoding.ids, dtype=np.int64) for text, encoding in zip(distinct, encodings, strict=True)
+        }
+
     def count_tokens(self, text: str) -> int:
         """How many tokens `text` makes with the special tokens, untruncated (at most `max_length` ×
         MAX_CHARS_PER_TOKEN characters are read: past that the count is only known to exceed `max_length`)."""

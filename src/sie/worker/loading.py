@@ -60,6 +60,7 @@ from sie.worker.convert.names import (
     CONFIG_FILE,
     FLOAT16_UNSAFE_MODEL_TYPES,
     GLICLASS_HEAD,
+    GLINER2_HEAD,
     GLINER_HEAD,
     GLIREL_HEAD,
     GRAPH_FILE,
@@ -299,14 +300,6 @@ class ModelLoader:
             target = self.converted_dir / f"{key}.onnx"
             if target.is_file():
                 return target, precision
-            # The converter imports `onnx` (about 1.4 s): only a cache miss pays for it.
-            from sie.worker.convert.clip import convert_clip
-            from sie.worker.convert.decoders import convert_decoder_hidden
-            from sie.worker.convert.encoders import convert_encoder
-            from sie.worker.convert.gliclass import convert_gliclass
-            from sie.worker.convert.gliner import convert_gliner
-            from sie.worker.convert.glirel import convert_glirel
-
             self.converted_dir.mkdir(parents=True, exist_ok=True)
             shown = "decoder hidden states" if decoder else f"{head} head"
             logger.info("converting model %s to ONNX (%s)", model_id, shown,
@@ -314,23 +307,7 @@ class ModelLoader:
             started = time.perf_counter()
             with tempfile.TemporaryDirectory(dir=self.converted_dir) as scratch:
                 staged = Path(scratch) / target.name
-                if decoder:
-                    convert_decoder_hidden(model_dir, staged, precision)
-                elif head == GLINER_HEAD:
-                    convert_gliner(model_dir, staged)
-                    if labels_graph_path(
-                        staged
-                    ).is_file():  # a bi-encoder's label graph, in place before its span graph
-                        os.replace(labels_graph_path(staged), labels_graph_path(target))
-                elif head == GLICLASS_HEAD:
-                    convert_gliclass(model_dir, staged)
-                elif head == GLIREL_HEAD:
-                    convert_glirel(model_dir, staged)
-                elif head == CLIP_HEAD:
-                    convert_clip(model_dir, staged)
-                    os.replace(vision_graph_path(staged), vision_graph_path(target))  # in place before the text graph
-                else:
-                    convert_encoder(model_dir, staged, head)
+                _write_graph(model_dir, staged, target, "hidden" if decoder else head, precision)
                 os.replace(staged, target)  # atomic: a reader sees no graph or the whole graph
             _log_converted(model_id, target, time.perf_counter() - started)
             return target, precision
@@ -495,6 +472,38 @@ def _union_member(model_id: str, member: str | None) -> Iterator[None]:
         if member is None:
             raise
         raise ModelLoadError(exc.error_class, f"Model '{model_id}': member {member}: {exc.message}") from exc
+
+
+def _write_graph(model_dir: Path, staged: Path, target: Path, head: str, precision: str) -> None:
+    """Convert the checkpoint in `model_dir` with `head` ("hidden": a decoder's hidden states) to `staged`; a graph
+    converted beside the main one (a bi-encoder's label graph, a vision tower) is moved beside `target` first, so the
+    main graph's rename publishes a complete set."""
+    # The converter imports `onnx` (about 1.4 s): only a cache miss pays for it.
+    from sie.worker.convert.clip import convert_clip
+    from sie.worker.convert.decoders import convert_decoder_hidden
+    from sie.worker.convert.encoders import convert_encoder
+    from sie.worker.convert.gliclass import convert_gliclass
+    from sie.worker.convert.gliner import convert_gliner
+    from sie.worker.convert.gliner2 import convert_gliner2
+    from sie.worker.convert.glirel import convert_glirel
+
+    if head == "hidden":
+        convert_decoder_hidden(model_dir, staged, precision)
+    elif head == GLINER_HEAD:
+        convert_gliner(model_dir, staged)
+        if labels_graph_path(staged).is_file():  # a bi-encoder's label graph
+            os.replace(labels_graph_path(staged), labels_graph_path(target))
+    elif head == GLINER2_HEAD:
+        convert_gliner2(model_dir, staged)
+    elif head == GLICLASS_HEAD:
+        convert_gliclass(model_dir, staged)
+    elif head == GLIREL_HEAD:
+        convert_glirel(model_dir, staged)
+    elif head == CLIP_HEAD:
+        convert_clip(model_dir, staged)
+        os.replace(vision_graph_path(staged), vision_graph_path(target))
+    else:
+        convert_encoder(model_dir, staged, head)
 
 
 def _convert_progress(on_progress: ProgressCallback | None, source: str) -> Callable[[int, int], None] | None:

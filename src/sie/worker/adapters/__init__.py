@@ -14,6 +14,7 @@ from sie.worker.adapters.cross_encoder import CrossEncoderAdapter
 from sie.worker.adapters.dense import DenseAdapter
 from sie.worker.adapters.gliclass import GliclassAdapter
 from sie.worker.adapters.gliner import GlinerAdapter
+from sie.worker.adapters.gliner2 import Gliner2Adapter
 from sie.worker.adapters.gliner_union import GlinerUnionAdapter
 from sie.worker.adapters.glirel import GlirelAdapter
 from sie.worker.adapters.hybrid import HybridAdapter
@@ -22,7 +23,7 @@ from sie.worker.adapters.multivector import MultivectorAdapter
 from sie.worker.adapters.nli_classification import NliClassificationAdapter
 from sie.worker.adapters.sparse import SpladeAdapter, read_splade_stack
 from sie.worker.adapters.token_classification import TokenClassificationAdapter
-from sie.worker.convert.names import CLIP_HEAD, GLICLASS_HEAD, GLINER_HEAD, GLIREL_HEAD
+from sie.worker.convert.names import CLIP_HEAD, GLICLASS_HEAD, GLINER2_HEAD, GLINER_HEAD, GLIREL_HEAD
 from sie.worker.errors import ModelLoadError
 
 # The class that runs each kind of model (`sie.catalog.adapters` maps adapter modules to kinds).
@@ -37,6 +38,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
         TokenClassificationAdapter,
         GlinerAdapter,
         GlinerUnionAdapter,
+        Gliner2Adapter,
         NliClassificationAdapter,
         GliclassAdapter,
         GlirelAdapter,
@@ -58,6 +60,7 @@ CONVERSION_HEADS: dict[type[Adapter], str] = {
     CausalRerankerAdapter: "none",  # a decoder checkpoint converts to its hidden states
     NliClassificationAdapter: "seq-cls",
     GlinerAdapter: GLINER_HEAD,
+    Gliner2Adapter: GLINER2_HEAD,  # a GLiNER2 span checkpoint converts to its span, count and class outputs
     GliclassAdapter: GLICLASS_HEAD,  # a GLiClass checkpoint converts to its label logits (convert/gliclass.py)
     GlirelAdapter: GLIREL_HEAD,  # a GLiREL checkpoint converts to its relation scores (convert/glirel.py)
     ImageTextAdapter: CLIP_HEAD,  # a CLIP or SigLIP checkpoint converts to its two towers (convert/clip.py)

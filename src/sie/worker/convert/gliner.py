@@ -26,7 +26,14 @@ from sie.worker.convert.encoders import BackboneConfig, build_backbone, parse_ba
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import read_config_json
 from sie.worker.convert.graph_builder import GraphBuilder, save_graph, tensor_info
-from sie.worker.convert.head_layers import HeadWeights, bidirectional_lstm, gather_rows, linear, projection_mlp
+from sie.worker.convert.head_layers import (
+    HeadWeights,
+    bidirectional_lstm,
+    gather_rows,
+    linear,
+    marker_span_logits,
+    projection_mlp,
+)
 from sie.worker.convert.names import (
     GLINER_BI_SPAN_MODEL_TYPE,
     GLINER_CONFIG_FILE,
@@ -222,35 +229,8 @@ class _GlinerHead:
             labels = LABEL_EMBEDDINGS
         if self.config.token_level:
             return self._token_scores(words, labels)
-        marker = "span_rep_layer.span_rep_layer"
-        starts = self._mlp(words, f"{marker}.project_start", width, width)
-        ends = self._mlp(words, f"{marker}.project_end", width, width)
-        # out_project's first layer over [relu(start), relu(end)] is the sum of its two halves, each applied once
-        # per word; the end word of width k is the word k places on (past the last word: zeros, never read).
-        first = self.weights.get(f"{marker}.out_project.0.weight", (4 * width, 2 * width))
-        first_bias = self.weights.get(f"{marker}.out_project.0.bias", (4 * width,))
-        start_part = b.op("MatMul", [b.op("Relu", [starts], "span.start_relu"),
-                                     b.weight("span.out0.start", first[:, :width].T)], "span.start_part")  # fmt: skip
-        start_part = b.op("Add", [start_part, b.weight("span.out0.bias", first_bias)], "span.start_biased")
-        end_part = b.op("MatMul", [b.op("Relu", [ends], "span.end_relu"),
-                                   b.weight("span.out0.end", first[:, width:].T)], "span.end_part")  # fmt: skip
-        padded = b.op("Pad", [end_part, b.const([0, 0, 0, 0, widths - 1, 0])], "span.end_padded")
-        word_count = b.op("Shape", [words], "shape.words", start=1, end=2)
-        second = b.weight("span.out3.weight",
-                          self.weights.get(f"{marker}.out_project.3.weight", (width, 4 * width)).T)  # fmt: skip
-        second_bias = b.weight("span.out3.bias", self.weights.get(f"{marker}.out_project.3.bias", (width,)))
-        labels_t = b.op("Transpose", [self._mlp(labels, "prompt_rep_layer", width, width)], "labels.t", perm=[0, 2, 1])
-        # One width at a time: the spans of width k are [B, W, D], scored against the labels into [B, W, C]; no
-        # [B, W, K, 4D] tensor is ever held.
-        per_width = []
-        for k in range(widths):
-            stop = b.op("Add", [word_count, b.const([k])], f"span.stop{k}")
-            shifted = b.op("Slice", [padded, b.const([k]), stop, b.const([1])], f"span.end{k}")
-            inner = b.op("Relu", [b.op("Add", [start_part, shifted], f"span.width{k}")], f"span.relu{k}")
-            spans = b.op("Add", [b.op("MatMul", [inner, second], f"span.projected{k}"), second_bias], f"span.rep{k}")
-            logits = b.op("MatMul", [spans, labels_t], f"span.logits{k}")
-            per_width.append(b.op("Unsqueeze", [logits, b.const([2])], f"span.logits{k}_4d"))
-        logits = b.op("Concat", per_width, "span.logits", axis=2) if widths > 1 else per_width[0]
+        queries = self._mlp(labels, "prompt_rep_layer", width, width)
+        logits = marker_span_logits(b, self.weights, words, queries, "span_rep_layer.span_rep_layer", width, widths)
         return b.op("Sigmoid", [logits], SPAN_SCORES)
 
     def _token_scores(self, words: str, labels: str) -> str:

@@ -68,6 +68,42 @@ def projection_mlp(  # noqa: PLR0913 - the layer's name and widths
     return linear(b, weights, hidden, f"{name}.3", inner, width_out)
 
 
+def marker_span_logits(  # noqa: PLR0913 - the layer's inputs, name and widths
+    b: GraphBuilder, weights: HeadWeights, words: str, queries: str, name: str, width: int, widths: int
+) -> str:
+    """GLiNER's `markerV0` span layer `name` scored against `queries` [B, Q, width]: every span of up to `widths`
+    words of `words` [B, W, width] is its start word's and end word's projections, concatenated and projected again,
+    and its logit against a query is their dot product; out [B, W, widths, Q] (a span running past the last word
+    reads zeros there and is never read)."""
+    starts = projection_mlp(b, weights, words, f"{name}.project_start", width, width)
+    ends = projection_mlp(b, weights, words, f"{name}.project_end", width, width)
+    # out_project's first layer over [relu(start), relu(end)] is the sum of its two halves, each applied once per
+    # word; the end word of width k is the word k places on (past the last word: zeros, never read).
+    first = weights.get(f"{name}.out_project.0.weight", (4 * width, 2 * width))
+    first_bias = weights.get(f"{name}.out_project.0.bias", (4 * width,))
+    start_part = b.op("MatMul", [b.op("Relu", [starts], "span.start_relu"),
+                                 b.weight("span.out0.start", first[:, :width].T)], "span.start_part")  # fmt: skip
+    start_part = b.op("Add", [start_part, b.weight("span.out0.bias", first_bias)], "span.start_biased")
+    end_part = b.op("MatMul", [b.op("Relu", [ends], "span.end_relu"),
+                               b.weight("span.out0.end", first[:, width:].T)], "span.end_part")  # fmt: skip
+    padded = b.op("Pad", [end_part, b.const([0, 0, 0, 0, widths - 1, 0])], "span.end_padded")
+    word_count = b.op("Shape", [words], "shape.words", start=1, end=2)
+    second = b.weight("span.out3.weight", weights.get(f"{name}.out_project.3.weight", (width, 4 * width)).T)
+    second_bias = b.weight("span.out3.bias", weights.get(f"{name}.out_project.3.bias", (width,)))
+    queries_t = b.op("Transpose", [queries], "span.queries_t", perm=[0, 2, 1])
+    # One width at a time: the spans of width k are [B, W, D], scored against the queries into [B, W, Q]; no
+    # [B, W, K, 4D] tensor is ever held.
+    per_width = []
+    for k in range(widths):
+        stop = b.op("Add", [word_count, b.const([k])], f"span.stop{k}")
+        shifted = b.op("Slice", [padded, b.const([k]), stop, b.const([1])], f"span.end{k}")
+        inner = b.op("Relu", [b.op("Add", [start_part, shifted], f"span.width{k}")], f"span.relu{k}")
+        spans = b.op("Add", [b.op("MatMul", [inner, second], f"span.projected{k}"), second_bias], f"span.rep{k}")
+        logits = b.op("MatMul", [spans, queries_t], f"span.logits{k}")
+        per_width.append(b.op("Unsqueeze", [logits, b.const([2])], f"span.logits{k}_4d"))
+    return b.op("Concat", per_width, "span.logits", axis=2) if widths > 1 else per_width[0]
+
+
 def bidirectional_lstm(  # noqa: PLR0913 - one layer's inputs and names
     b: GraphBuilder, weights: HeadWeights, x: str, lengths: str, name: str, width: int, layer: int = 0
 ) -> str:

@@ -75,6 +75,18 @@ WORD_POSITIONS: Final = "word_positions"
 WORD_COUNTS: Final = "word_counts"
 LABEL_POSITIONS: Final = "label_positions"
 SPAN_SCORES: Final = "span_scores"
+# A GLiNER2 span checkpoint (`gliner2.py`: config.json `model_type: extractor`, the encoder's config in
+# encoder_config/): beside WORD_POSITIONS and WORD_COUNTS, the token position of each row's schema markers
+# ([P] then each field's [E] or [L]) and how many fields each row has; out come the sigmoid span scores of the first
+# structure instance [rows, words, widths, fields], the count head's logits [rows, counts] and each field's
+# classifier logit [rows, fields].
+GLINER2_HEAD: Final = "gliner2"
+GLINER2_MODEL_TYPE: Final = "extractor"
+SCHEMA_POSITIONS: Final = "schema_positions"
+FIELD_COUNTS: Final = "field_counts"
+COUNT_LOGITS: Final = "count_logits"
+CLASS_LOGITS: Final = "class_logits"
+ENCODER_CONFIG_DIR: Final = "encoder_config"
 # The extra input of a converted GLiClass graph (`gliclass.py`): per row and label, the weight of each token in the
 # label's representation (1 at its marker, or 1/n over its n tokens); out come `LOGITS` [rows, labels].
 GLICLASS_HEAD: Final = "gliclass"

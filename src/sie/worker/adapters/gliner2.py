@@ -1,0 +1,389 @@
+"""Zero-shot entity extraction and text classification with a GLiNER2 span model, as the `gliner2` package runs one:
+the text (a sentence end added when it has none) is split into lower-cased words; the request's labels become a
+schema — `( [P] entities ( [E] label … ) )`, or with a classification task `( [P] task ( [L] label … ) )` — read
+before `[SEP_TEXT]` and the words, every word and schema part tokenized on its own, no special tokens around them.
+The converted graph (`sie.worker.convert.gliner2`) scores every span of up to `max_width` words against each label
+for the first structure instance, predicts how many instances there are, and gives each label marker a classifier
+logit. Entities: none when the count head says none; else each label's spans at or above the threshold, kept
+best-first where they do not overlap one of the label's kept spans. Classification: a softmax over the labels (the
+best one), or a sigmoid each with `multi_label` (those at or above the threshold, else the best).
+
+A text longer than one row is read in windows: entities from the window that owns their first word; a
+classification pooled over its windows (each label's best score; with `positive_label`, a text takes that label when
+any window does). Relation extraction and structured output (`output_schema`) are not built: refused per item.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import unicodedata
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Final
+
+import attrs
+import numpy as np
+
+from sie.catalog.adapters import GLINER2
+from sie.catalog.options import option_problem
+from sie.tokenization import pad_batch
+from sie.wire import codes
+from sie.wire.ipc_batch import OP_EXTRACT
+from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult, Stopwatch, invalid
+from sie.worker.adapters.encoder import item_text
+from sie.worker.adapters.zero_shot import split_requests, zero_shot_refusal
+from sie.worker.convert.names import (
+    CLASS_LOGITS,
+    COUNT_LOGITS,
+    FIELD_COUNTS,
+    SCHEMA_POSITIONS,
+    SPAN_SCORES,
+    WORD_COUNTS,
+    WORD_POSITIONS,
+)
+from sie.worker.spans import Window, plan_windows
+
+DEFAULT_THRESHOLD = 0.5
+ENTITY_TASK: Final = "entities"
+ENTITY_MARKER, LABEL_MARKER, TASK_MARKER, TEXT_MARKER = "[E]", "[L]", "[P]", "[SEP_TEXT]"
+SENTENCE_ENDS = (".", "!", "?")
+# Most windows one text is read in; a longer text is refused, not read in part.
+MAX_WINDOWS = 128
+# Words consecutive classification windows share, so a sentence cut by one window's edge is read whole by the next.
+CLASSIFY_OVERLAP_WORDS = 64
+# The options a profile's load-time options may set (the public adapter's), and the ones a request may change.
+LOADTIME_OPTIONS: Final = ("threshold", "classification_task", "default_labels", "multi_label", "positive_label")
+_COMBINING_MARKS = "".join(chr(code) for code in range(sys.maxunicode + 1)
+                           if unicodedata.category(chr(code)).startswith("M"))  # fmt: skip
+_WORD = rf"[\w{_COMBINING_MARKS}\u200c\u200d]"
+# gliner2's WhitespaceTokenSplitter: links, e-mail addresses, handles, words (joined by - or _), or one character.
+WORD_PATTERN = re.compile(
+    rf"""(?:https?://[^\s]+|www\.[^\s]+)
+    |[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{{2,}}
+    |@[a-z0-9_]+
+    |{_WORD}+(?:[-_]{_WORD}+)*
+    |\S""",
+    re.VERBOSE | re.IGNORECASE,
+)
+
+
+@attrs.frozen
+class Gliner2Word:
+    """One word as gliner2 reads it: lower-cased, with its character offsets in the model's text."""
+
+    text: str
+    start: int
+    end: int
+
+
+def split_words(text: str) -> list[Gliner2Word]:
+    return [Gliner2Word(match.group().lower(), match.start(), match.end()) for match in WORD_PATTERN.finditer(text)]
+
+
+def model_text(text: str) -> str:
+    """The text gliner2 reads: a sentence end added to one without (its words' offsets are the text's)."""
+    return text if text.endswith(SENTENCE_ENDS) else text + "."
+
+
+def schema_words(task: str, labels: Sequence[str], marker: str) -> list[str]:
+    """The schema's parts before the text: `( [P] task ( marker label … ) ) [SEP_TEXT]`; the markers are parts 1
+    and 4, 6, … (`schema_marker_parts`)."""
+    words = ["(", TASK_MARKER, task, "("]
+    for label in labels:
+        words += [marker, label]
+    return [*words, ")", ")", TEXT_MARKER]
+
+
+def schema_marker_parts(labels: int) -> list[int]:
+    return [1, *range(4, 4 + 2 * labels, 2)]
+
+
+@attrs.frozen
+class Settings:
+    """One request's settings: the profile's load-time and runtime options, then the request's."""
+
+    threshold: float = DEFAULT_THRESHOLD
+    classification_task: str | None = None
+    default_labels: tuple[str, ...] = ()
+    multi_label: bool = False
+    positive_label: str | None = None
+
+    @classmethod
+    def read(cls, options: Mapping[str, Any]) -> Settings:
+        """The settings `options` ask for; ValueError naming the first that cannot be read."""
+        given = {key: options[key] for key in LOADTIME_OPTIONS if options.get(key) is not None}
+        problem = option_problem({k: v for k, v in given.items() if k != "default_labels"}, GLINER2, OP_EXTRACT)
+        if problem is not None:
+            raise ValueError(problem)
+        labels = given.get("default_labels", ())
+        if not isinstance(labels, list | tuple) or not all(isinstance(x, str) and x.strip() for x in labels):
+            raise ValueError("Option 'default_labels' must be a list of non-blank labels")
+        return cls(float(given.get("threshold", DEFAULT_THRESHOLD)), given.get("classification_task"),
+                   tuple(labels), bool(given.get("multi_label", False)), given.get("positive_label"))  # fmt: skip
+
+
+@attrs.frozen
+class _Request:
+    """One valid item: its text as read, words, labels, task and settings."""
+
+    text: str
+    read: str
+    words: list[Gliner2Word]
+    labels: list[str]
+    task: str | None  # the classification task, or None for entities
+    settings: Settings
+
+
+@attrs.frozen
+class _Row:
+    """One window of one item's words, tokenized behind its schema."""
+
+    item: int
+    window: Window
+    ids: np.ndarray
+    word_positions: list[int]
+    marker_positions: list[int]
+
+
+class Gliner2Adapter(Adapter):
+    """`sie.adapters.gliner2`: extract only; entities, or classifications with a classification task."""
+
+    kind: ClassVar[str | None] = GLINER2
+    supports_extract: ClassVar[bool] = True
+
+    def __init__(self, context: AdapterContext) -> None:
+        super().__init__(context)
+        outputs = {node.name: node for node in self.session.get_outputs()}
+        if SPAN_SCORES not in outputs:
+            raise ValueError("the graph is not a converted GLiNER2 span model")
+        self.max_width = int(outputs[SPAN_SCORES].shape[2])
+        missing = [
+            m for m in (ENTITY_MARKER, LABEL_MARKER, TASK_MARKER, TEXT_MARKER) if self.tokenizer.token_to_id(m) is None
+        ]
+        if missing:
+            raise ValueError(f"the tokenizer lacks GLiNER2's markers {missing}")
+        self.loadtime = {
+            key: value for key, value in context.profile.loadtime_options.items() if key in LOADTIME_OPTIONS
+        }
+        self.defaults = Settings.read({**self.loadtime, **self.runtime_options})
+
+    def extract(self, items: Sequence[Any]) -> BatchResult:
+        watch = Stopwatch()
+        results, requests = split_requests(items, self._request)
+        if requests:
+            with watch.stage("tokenization"):
+                rows = self._rows(requests, results)
+            if rows:
+                with watch.stage("inference"):
+                    spans, counts, classes = self._run(rows)
+                with watch.stage("postprocessing"):
+                    self._answer(requests, rows, spans, counts, classes, results)
+        return watch.finish(results)
+
+    def _request(self, item: Any) -> _Request | ItemResult:
+        refused = zero_shot_refusal(self, item)
+        if refused is not None:
+            return refused
+        if item.output_schema:
+            return invalid(f"Model '{self.model.sie_id}': GLiNER2 structured extraction (output_schema) is not built "
+                           "here; send labels for entities, or a classification_task")  # fmt: skip
+        if isinstance(item.item, dict) and (item.item.get("metadata") or {}).get("entities"):
+            return invalid(f"Model '{self.model.sie_id}': GLiNER2 relation extraction (metadata.entities) is not "
+                           "built here")  # fmt: skip
+        try:
+            settings = Settings.read({**self.loadtime, **self.options_for(item.options)})
+        except ValueError as exc:
+            return invalid(str(exc))
+        labels = list(dict.fromkeys(label.strip() for label in (item.labels or settings.default_labels)))
+        if not labels:
+            return invalid(f"Model '{self.model.sie_id}' needs labels: send labels, or set default_labels")
+        if settings.positive_label is not None and settings.positive_label not in labels:
+            settings = attrs.evolve(settings, positive_label=None)  # it applies only when the request names it
+        text = item_text(item.item) or ""
+        read = model_text(text)
+        return _Request(text, read, split_words(read), labels, settings.classification_task, settings)
+
+    def _rows(self, requests: dict[int, _Request], results: list[ItemResult]) -> list[_Row]:
+        """Every item's windows behind its schema; an item whose schema leaves no room for its words, or whose
+        text needs more than MAX_WINDOWS windows, gets its error instead."""
+        schemas = {
+            index: schema_words(request.task or ENTITY_TASK, request.labels,
+                                LABEL_MARKER if request.task else ENTITY_MARKER)
+            for index, request in requests.items()
+        }  # fmt: skip
+        strings = [part for schema in schemas.values() for part in schema]
+        strings += [word.text for request in requests.values() for word in request.words]
+        pieces = self.tokenizer.pieces(strings)
+        rows: list[_Row] = []
+        for index, request in requests.items():
+            schema = schemas[index]
+            schema_ids = [pieces[part] for part in schema]
+            prompt = sum(len(ids) for ids in schema_ids)
+            room = self.tokenizer.max_length - prompt
+            if room < 1:
+                results[index] = invalid(
+                    f"The {len(request.labels)} labels take {prompt} of the model's {self.tokenizer.max_length} "
+                    "tokens and leave none for the text: send fewer or shorter ones"
+                )
+                continue
+            counts = np.array([max(len(pieces[word.text]), 1) for word in request.words], dtype=np.int64)
+            windows = plan_windows(counts, self.tokenizer.max_length, room, 0)
+            if len(windows) > 1:
+                # Windows share words (a span or sentence cut at one edge is read whole by the next), at most half
+                # of the narrowest, so each moves on.
+                wanted = CLASSIFY_OVERLAP_WORDS if request.task else max(2 * self.max_width, 32)
+                narrowest = min(window.stop - window.start for window in windows)
+                windows = plan_windows(counts, self.tokenizer.max_length, room, min(wanted, narrowest // 2))
+            if len(windows) > MAX_WINDOWS:
+                results[index] = invalid(
+                    f"The text has {len(request.words)} words: more than {MAX_WINDOWS} windows of this model's "
+                    f"{self.tokenizer.max_length} tokens; split it into shorter items", codes.INPUT_TOO_LONG
+                )  # fmt: skip
+                continue
+            markers = set(schema_marker_parts(len(request.labels)))
+            for window in windows:
+                ids: list[np.ndarray] = []
+                length = 0
+                marker_positions, word_positions = [], []
+                for part, part_ids in enumerate(schema_ids):
+                    if part in markers:
+                        marker_positions.append(length)
+                    ids.append(part_ids)
+                    length += len(part_ids)
+                for word in request.words[window.start : window.stop]:
+                    word_ids = pieces[word.text][: max(room - (length - prompt), 1)]
+                    word_positions.append(length)
+                    ids.append(word_ids)
+                    length += len(word_ids)
+                # A word of no tokens is read at the next word's first token (the last token at the end), as gliner2
+                # reads it.
+                word_positions = [min(position, length - 1) for position in word_positions]
+                rows.append(_Row(index, window, np.concatenate(ids), word_positions, marker_positions))
+        return rows
+
+    def _run(self, rows: list[_Row]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        batch = pad_batch([row.ids for row in rows], None, self.tokenizer.pad_id)
+        words = max(1, max(len(row.word_positions) for row in rows))
+        markers = max(len(row.marker_positions) for row in rows)
+        word_positions = np.zeros((len(rows), words), dtype=np.int64)
+        marker_positions = np.zeros((len(rows), markers), dtype=np.int64)
+        for number, row in enumerate(rows):
+            word_positions[number, : len(row.word_positions)] = row.word_positions
+            marker_positions[number, : len(row.marker_positions)] = row.marker_positions
+        feeds = {
+            "input_ids": batch.input_ids,
+            "attention_mask": batch.attention_mask,
+            "token_type_ids": batch.token_type_ids,
+            WORD_POSITIONS: word_positions,
+            WORD_COUNTS: np.array([len(row.word_positions) for row in rows], dtype=np.int64),
+            SCHEMA_POSITIONS: marker_positions,
+            FIELD_COUNTS: np.array([len(row.marker_positions) - 1 for row in rows], dtype=np.int64),
+        }
+        spans, counts, classes = self.run_session(feeds, [SPAN_SCORES, COUNT_LOGITS, CLASS_LOGITS])
+        return spans.astype(np.float32, copy=False), counts, classes.astype(np.float32, copy=False)
+
+    def _answer(  # noqa: PLR0913 - the batch's requests, rows and the graph's three outputs
+        self,
+        requests: dict[int, _Request],
+        rows: list[_Row],
+        spans: np.ndarray,
+        counts: np.ndarray,
+        classes: np.ndarray,
+        results: list[ItemResult],
+    ) -> None:
+        found: dict[int, list[Any]] = {index: [] for index in requests}  # candidates, or each window's classes
+        tokens = dict.fromkeys(requests, 0)
+        for number, row in enumerate(rows):
+            request = requests[row.item]
+            tokens[row.item] += len(row.ids)
+            if request.task is not None:
+                found[row.item].append(_classified(classes[number, : len(request.labels)], request))
+            elif int(np.argmax(counts[number])) > 0:  # the count head saw at least one instance
+                found[row.item] += _candidates(spans[number], row.window, request)
+        for index in dict.fromkeys(row.item for row in rows):
+            request = requests[index]
+            if request.task is None:
+                result = _entity_result(_decoded(found[index], request), [])
+            else:
+                result = _entity_result([], _pooled(found[index], request))
+            results[index] = ItemResult(result, input_tokens=tokens[index])
+
+
+def _candidates(scores: np.ndarray, window: Window, request: _Request) -> list[tuple[int, float, int, int]]:
+    """The spans of one window at or above the threshold whose first word the window owns, as (label, score, start,
+    end) in the read text's characters, in gliner2's order (by start word, then width)."""
+    words = window.stop - window.start
+    found = []
+    for label in range(len(request.labels)):
+        starts, widths = np.nonzero(scores[:words, :, label] >= request.settings.threshold)
+        for start, width in zip(starts.tolist(), widths.tolist(), strict=True):
+            first, last = window.start + start, window.start + start + width
+            if width + start >= words or not window.own_start <= first < window.own_stop:
+                continue
+            begin, end = request.words[first].start, request.words[last].end
+            if request.read[begin:end].strip():
+                found.append((label, float(scores[start, width, label]), begin, end))
+    return found
+
+
+def _decoded(candidates: list[tuple[int, float, int, int]], request: _Request) -> list[dict[str, Any]]:
+    """Each label's spans best-first, a span dropped where it overlaps one of the label's kept spans; the entities of
+    the text as sent (a span in the added sentence end dropped, one reaching it cut), by start."""
+    entities = []
+    for label in range(len(request.labels)):
+        ranked = sorted((c for c in candidates if c[0] == label), key=lambda c: c[1], reverse=True)
+        kept: list[tuple[int, float, int, int]] = []
+        for candidate in ranked:
+            if not any(candidate[2] < other[3] and other[2] < candidate[3] for other in kept):
+                kept.append(candidate)
+        for _, score, start, end in kept:
+            end = min(end, len(request.text))
+            if start < end:
+                entities.append({"text": request.text[start:end], "label": request.labels[label], "score": score,
+                                 "start": start, "end": end, "bbox": None})  # fmt: skip
+    return sorted(entities, key=lambda entity: entity["start"])
+
+
+def _classified(logits: np.ndarray, request: _Request) -> list[tuple[str, float]]:
+    """One window's classification as gliner2 returns it: the best label and its softmax probability, or with
+    multi_label every label whose sigmoid reaches the threshold (else the best one)."""
+    labels, threshold = request.labels, request.settings.threshold
+    if request.settings.multi_label:
+        probabilities = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+        chosen = [(labels[j], float(probabilities[j])) for j in range(len(labels)) if probabilities[j] >= threshold]
+        best = int(np.argmax(probabilities))
+        return chosen or [(labels[best], float(probabilities[best]))]
+    shifted = np.exp(logits.astype(np.float64) - logits.max())
+    probabilities = shifted / shifted.sum()
+    best = int(np.argmax(probabilities))
+    return [(labels[best], float(probabilities[best]))]
+
+
+def _pooled(windows: list[list[tuple[str, float]]], request: _Request) -> list[dict[str, Any]]:
+    """A text's classifications from its windows' (one window: as it is), those at or above the threshold, best
+    first. Several windows: each label's best score (multi_label); else the window taking `positive_label` most
+    surely — or, of two labels when none takes it, the window least sure of the other — else the surest window."""
+    settings = request.settings
+    if len(windows) == 1:
+        pooled = windows[0]
+    elif settings.multi_label:
+        best: dict[str, float] = {}
+        for found in windows:
+            for label, score in found:
+                best[label] = max(best.get(label, score), score)
+        pooled = list(best.items())
+    else:
+        chosen = [found[0] for found in windows if found]
+        positive = [one for one in chosen if one[0] == settings.positive_label]
+        if positive:
+            pooled = [max(positive, key=lambda one: one[1])]
+        elif settings.positive_label is not None and len(request.labels) == 2:
+            pooled = [min(chosen, key=lambda one: one[1])]
+        else:
+            pooled = [max(chosen, key=lambda one: one[1])]
+    kept = [{"label": label, "score": score} for label, score in pooled if score >= settings.threshold]
+    return sorted(kept, key=lambda one: one["score"], reverse=True)
+
+
+def _entity_result(entities: list[dict], classifications: list[dict]) -> dict[str, Any]:
+    return {"entities": entities, "relations": [], "classifications": classifications, "objects": [], "data": {}}

@@ -1,0 +1,171 @@
+"""GLiNER2 span models (fastino's gliner2; both count modules) served through the worker against the `gliner2` package
+on the same tiny random checkpoints: entities (the same spans, labels and offsets, scores within 1e-4, across
+thresholds, rows of one batch with label sets of their own, a text without a sentence end), classifications of a
+task (softmax and multi-label), the public YAMLs' option shapes (a guard's load-time task and default labels), long
+texts read in windows, and what is not built refused per item."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from sie.catalog import parse_model_config
+from sie.worker.errors import ModelLoadError
+from support.worker_items import extract_items
+from support.zero_shot_checkpoints import save_gliner2
+
+TOLERANCE = 1e-4
+TEXTS = [
+    "Steve Jobs founded Apple in Cupertino California in 1976.",
+    "Marie Curie won the Nobel Prize in Physics and Chemistry!",
+    "Barack Obama was born in Honolulu, Hawaii",  # no sentence end: gliner2 reads one more word, "."
+]
+LABELS = ["person", "organization", "city", "award"]
+COUNTING_LAYERS = ["count_lstm", "count_lstm_v2"]
+
+
+def gliner2_yaml(directory: Any, name: str, loadtime: dict | None = None, runtime: dict | None = None) -> Any:
+    return parse_model_config({
+        "sie_id": f"acme/gliner2-{name}", "weights_path": str(directory), "tasks": {"extract": {}},
+        "max_sequence_length": 512,
+        "profiles": {"default": {"adapter_path": "sie_server.adapters.gliner2.adapter:GLiNER2Adapter",
+                                 "max_batch_tokens": 4096,
+                                 "adapter_options": {"loadtime": loadtime or {}, "runtime": runtime or {}}}},
+    })  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=COUNTING_LAYERS)
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, model_loader) -> tuple:
+    directory = tmp_path_factory.mktemp(request.param)
+    reference = save_gliner2(directory, counting_layer=request.param, seed=3)
+    model = gliner2_yaml(directory / "gliner2", request.param)
+    return reference, model_loader.load(model, "default", model.sie_id).adapter, directory
+
+
+def reference_entities(reference: Any, text: str, labels: list[str], threshold: float) -> list[tuple]:
+    """gliner2's entities flattened as the public adapter flattens them: by start, the span in the sentence end
+    gliner2 added to a text without one left out."""
+    found = reference.extract_entities(text, labels, threshold=threshold, include_confidence=True,
+                                       include_spans=True)["entities"]  # fmt: skip
+    flat = [(span["start"], min(span["end"], len(text)), label, span["confidence"])
+            for label, spans in found.items() for span in spans if span["start"] < len(text)]  # fmt: skip
+    return sorted(flat, key=lambda one: one[0])
+
+
+def assert_entities(result: Any, expected: list[tuple], text: str) -> None:
+    assert result.ok, result.error
+    ours = result.result["entities"]
+    assert [(e["start"], e["end"], e["label"]) for e in ours] == [x[:3] for x in expected]
+    assert all(e["text"] == text[e["start"] : e["end"]] for e in ours)
+    assert np.allclose([e["score"] for e in ours], [x[3] for x in expected], atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("threshold", [0.01, 0.1, 0.8])
+def test_entities_equal_gliner2(served: tuple, threshold: float) -> None:
+    reference, adapter, _ = served
+    results = adapter.extract(extract_items(TEXTS, LABELS, threshold=threshold)).items
+    expected = [reference_entities(reference, text, LABELS, threshold) for text in TEXTS]
+    assert threshold > 0.01 or all(expected), "the lowest threshold must find spans in every text"
+    for text, result, theirs in zip(TEXTS, results, expected, strict=True):
+        assert_entities(result, theirs, text)
+        assert result.input_tokens > 0
+
+
+def test_no_entities_where_the_count_head_sees_none(tmp_path, model_loader) -> None:
+    reference = save_gliner2(tmp_path, count=0)
+    model = gliner2_yaml(tmp_path / "gliner2", "none")
+    adapter = model_loader.load(model, "default", model.sie_id).adapter
+    results = adapter.extract(extract_items(TEXTS, LABELS, threshold=0.0)).items
+    assert [reference_entities(reference, text, LABELS, 0.0) for text in TEXTS] == [[], [], []]
+    assert [result.result["entities"] for result in results] == [[], [], []]
+
+
+def test_rows_with_label_sets_of_their_own_batch_together(served: tuple) -> None:
+    reference, adapter, _ = served
+    label_sets = [["person"], ["award", "person", "city"], LABELS]
+    results = adapter.extract(extract_items(TEXTS, label_sets, threshold=0.01)).items
+    for text, labels, result in zip(TEXTS, label_sets, results, strict=True):
+        assert_entities(result, reference_entities(reference, text, labels, 0.01), text)
+
+
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_classifications_equal_gliner2(served: tuple, multi_label: bool) -> None:
+    reference, adapter, _ = served
+    labels, threshold = ["tech", "sport", "science", "politics"], 0.2
+    items = extract_items(TEXTS, labels, classification_task="topic", multi_label=multi_label, threshold=threshold)
+    for text, result in zip(TEXTS, adapter.extract(items).items, strict=True):
+        tasks = {"topic": {"labels": labels, "multi_label": multi_label, "cls_threshold": threshold}}
+        found = reference.classify_text(text, tasks, threshold=threshold, include_confidence=True)["topic"]
+        found = [found] if isinstance(found, dict) else found
+        expected = sorted([(one["label"], one["confidence"]) for one in found if one["confidence"] >= threshold],
+                          key=lambda one: one[1], reverse=True)  # fmt: skip
+        assert result.ok, result.error
+        ours = result.result["classifications"]
+        assert [c["label"] for c in ours] == [label for label, _ in expected]
+        assert np.allclose([c["score"] for c in ours], [score for _, score in expected], atol=TOLERANCE, rtol=0)
+        assert result.result["entities"] == []
+    assert multi_label or len(ours) == 1
+
+
+def test_a_guard_classifies_with_its_load_time_task_and_labels(served: tuple, model_loader) -> None:
+    reference, _, directory = served
+    loadtime = {"classification_task": "prompt_safety", "default_labels": ["safe", "unsafe"], "multi_label": False,
+                "positive_label": "unsafe"}  # fmt: skip
+    model = gliner2_yaml(directory / "gliner2", "guard", loadtime)
+    adapter = model_loader.load(model, "default", model.sie_id).adapter
+    (result,) = adapter.extract(extract_items(TEXTS[:1], [], threshold=0.0)).items
+    tasks = {"prompt_safety": {"labels": ["safe", "unsafe"], "multi_label": False, "cls_threshold": 0.0}}
+    theirs = reference.classify_text(TEXTS[0], tasks, threshold=0.0, include_confidence=True)["prompt_safety"]
+    (ours,) = result.result["classifications"]
+    assert ours["label"] == theirs["label"] and abs(ours["score"] - theirs["confidence"]) <= TOLERANCE
+
+
+def test_a_long_text_is_read_in_windows(served: tuple, model_loader) -> None:
+    _, _, directory = served
+    model = gliner2_yaml(directory / "gliner2", "short")
+    model = parse_model_config({**model.raw, "max_sequence_length": 48})
+    adapter = model_loader.load(model, "default", model.sie_id).adapter
+    text = " ".join(TEXTS[:2] * 8)  # about 150 words, the model reads 48 tokens at once
+    (entities,) = adapter.extract(extract_items([text], LABELS, threshold=0.01)).items
+    spans = entities.result["entities"]
+    assert spans and max(e["start"] for e in spans) > len(text) // 2, "later windows find spans too"
+    assert all(e["text"] == text[e["start"] : e["end"]] for e in spans)
+    (classified,) = adapter.extract(extract_items([text], ["tech", "sport"], classification_task="topic",
+                                                  threshold=0.0)).items  # fmt: skip
+    assert classified.ok and len(classified.result["classifications"]) == 1
+    assert classified.input_tokens > 48
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"output_schema": {"type": "object"}}, "structured extraction (output_schema) is not built"),
+        ({"item": {"text": TEXTS[0], "metadata": {"entities": [{"start": 0, "end": 5}]}}}, "relation extraction"),
+        ({"options": {"top_k": 2}}, "Option 'top_k' does not apply to a GLiNER2"),
+        ({"options": {"classification_task": " "}}, "Option 'classification_task' must be"),
+        ({"labels": []}, "needs labels"),
+    ],
+)
+def test_what_is_not_built_is_refused_per_item(served: tuple, change: dict, message: str) -> None:
+    import attrs
+
+    _, adapter, _ = served
+    items = extract_items(TEXTS[:2], LABELS)
+    refused, kept = adapter.extract([attrs.evolve(items[0], **change), items[1]]).items
+    assert not refused.ok and message in refused.error
+    assert kept.ok
+
+
+def test_a_boundary_checkpoint_fails_its_load_naming_it(served: tuple, model_loader, tmp_path) -> None:
+    import json
+    import shutil
+
+    _, _, directory = served
+    shutil.copytree(directory / "gliner2", tmp_path / "boundary")
+    config = json.loads((tmp_path / "boundary" / "config.json").read_text())
+    (tmp_path / "boundary" / "config.json").write_text(json.dumps(config | {"architecture": "boundary"}))
+    model = gliner2_yaml(tmp_path / "boundary", "boundary")
+    with pytest.raises(ModelLoadError, match="a GLiNER2.5 boundary checkpoint, which SIE does not build"):
+        model_loader.load(model, "default", model.sie_id)

@@ -1,0 +1,52 @@
+"""GLiNER2's text preparation as the gliner2 package does it (the schema before the text, its words lower-cased with
+their offsets, a sentence end added) and its request options, as pure functions; served against the package in
+tests/integration/test_gliner2.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from sie.catalog.adapters import GLINER2, adapter_kind
+from sie.catalog.options import option_problem
+from sie.wire.queue import OPERATION_EXTRACT
+from sie.worker.adapters.gliner2 import Settings, model_text, schema_marker_parts, schema_words, split_words
+
+
+def test_words_are_lower_cased_with_offsets_into_the_text() -> None:
+    text = "Mail Ann-Lee at ann@x.org or see https://x.org/a?b, @ann_lee!"
+    words = split_words(text)
+    assert [w.text for w in words] == ["mail", "ann-lee", "at", "ann@x.org", "or", "see", "https://x.org/a?b,",
+                                       "@ann_lee", "!"]  # fmt: skip
+    assert all(text[w.start : w.end].lower() == w.text for w in words)
+
+
+def test_a_sentence_end_is_added_to_a_text_without_one() -> None:
+    assert model_text("Hello there") == "Hello there."
+    assert [model_text(t) for t in ("Hi.", "Hi!", "Hi?")] == ["Hi.", "Hi!", "Hi?"]
+
+
+def test_the_schema_reads_its_markers_before_the_text() -> None:
+    words = schema_words("entities", ["person", "drug dosage"], "[E]")
+    assert words == ["(", "[P]", "entities", "(", "[E]", "person", "[E]", "drug dosage", ")", ")", "[SEP_TEXT]"]
+    assert [words[part] for part in schema_marker_parts(2)] == ["[P]", "[E]", "[E]"]
+
+
+def test_settings_read_the_public_options_and_refuse_a_bad_one() -> None:
+    settings = Settings.read({"classification_task": "prompt_safety", "default_labels": ["safe", "unsafe"],
+                              "positive_label": "unsafe", "threshold": 0.3, "max_prompt_tokens": 2048})  # fmt: skip
+    assert (settings.classification_task, settings.default_labels, settings.threshold) == (
+        "prompt_safety", ("safe", "unsafe"), 0.3
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="Option 'threshold' must be a number from 0 to 1"):
+        Settings.read({"threshold": 2})
+    with pytest.raises(ValueError, match="default_labels"):
+        Settings.read({"default_labels": "safe"})
+
+
+def test_the_public_modules_route_to_gliner2_and_its_options_are_checked() -> None:
+    for module in ("gliner2.adapter:GLiNER2Adapter", "gliner2.classification:GLiNER2ClassificationAdapter",
+                   "gliner2.entities:GLiNER2EntitiesAdapter"):  # fmt: skip
+        assert adapter_kind(f"sie_server.adapters.{module}") == GLINER2
+    assert adapter_kind("sie_server.adapters.gliner2.decide:GLiNER2DecideAdapter") is None
+    assert option_problem({"classification_task": "topic", "multi_label": True}, GLINER2, OPERATION_EXTRACT) is None
+    assert "does not apply" in option_problem({"flat_ner": True}, GLINER2, OPERATION_EXTRACT)
