@@ -10,8 +10,9 @@ With `--served`, a second table: each family's checkpoint (with a word-level tok
 the same graph run in-process at batch 32 (tokens already made), interleaved rounds; the goal is ≥ 0.9.
 
 With `--gliner`, a third table: a GLiNER span model (DeBERTa-v3-small-sized backbone, BiLSTM, spans of up to 12
-words) and a GLiClass uni-encoder on the same backbone size, end to end, texts to results, as the worker's adapters
-run them (prompt, tokens, graph, decoding) against the `gliner` package's `inference` and the `gliclass` pipeline on
+words), a GLiNER2 span model and a GLiClass uni-encoder on the same backbone size, end to end, texts to results, as
+the worker's adapters run them (prompt, tokens, graph, decoding) against the `gliner` package's `inference`,
+`gliner2`'s `batch_extract_entities` and the `gliclass` pipeline on
 the same checkpoints, a batch of `--batch` texts × 8 labels; the goal is ≥ 1.5×. With `--served` too, the GLiNER
 served (`sie run --role all`, 32 wrk connections × one text and its 8 labels to `/v1/extract`) against its adapter
 in-process at batch 32, interleaved rounds; the goal is ≥ 0.9.
@@ -32,9 +33,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import statistics
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -206,7 +209,7 @@ def zero_shot_speed(args: argparse.Namespace) -> None:
     """GLiNER and GLiClass, ours (the adapter through the model loader) against their packages, texts to results."""
     texts = [f"{GLINER_SENTENCES[i % 3]} {GLINER_SENTENCES[(i + 1) % 3]}" for i in range(args.batch)]
     rows = []
-    for family in ("gliner", "gliclass"):
+    for family in ("gliner", "gliner2", "gliclass"):
         with tempfile.TemporaryDirectory() as scratch:
             ours, theirs = _zero_shot_pair(family, Path(scratch), texts, args)
             ours(), theirs()  # warm up
@@ -226,7 +229,11 @@ def zero_shot_speed(args: argparse.Namespace) -> None:
         print(f"| {shown} | {theirs_median:.1f} | {ours_median:.1f} | {theirs_median / ours_median:.2f}x |")
 
 
-ZERO_SHOT_SHAPES = {"gliner": "gliner span (BiLSTM, 12-word spans)", "gliclass": "gliclass uni-encoder (first, dot)"}
+ZERO_SHOT_SHAPES = {
+    "gliner": "gliner span (BiLSTM, 12-word spans)",
+    "gliner2": "gliner2 span (count_lstm_v2, 8-word spans)",
+    "gliclass": "gliclass uni-encoder (first, dot)",
+}
 
 
 def _zero_shot_pair(
@@ -238,7 +245,7 @@ def _zero_shot_pair(
     from sie.worker.artifacts import ArtifactResolver
     from sie.worker.loading import ModelLoader
     from sie.worker.session import SessionOptions
-    from support.zero_shot_checkpoints import save_gliclass, save_gliner
+    from support.zero_shot_checkpoints import save_gliclass, save_gliner, save_gliner2
 
     # the tokenizer reads the texts' words whole (DeBERTa-v3's reads such prose at about 1.3 tokens a word)
     words = sorted(
@@ -250,6 +257,13 @@ def _zero_shot_pair(
 
         def theirs() -> None:
             model.inference(texts, GLINER_LABELS, threshold=0.5, batch_size=args.batch)
+
+    elif family == "gliner2":
+        model = save_gliner2(scratch, size=GLINER_BACKBONE, words=words, max_width=8)
+        weights, adapter_path = scratch / "gliner2", "sie_server.adapters.gliner2.adapter:GLiNER2Adapter"
+
+        def theirs() -> None:
+            model.batch_extract_entities(texts, GLINER_LABELS, threshold=0.5, batch_size=args.batch)
 
     else:
         from gliclass import ZeroShotClassificationPipeline
@@ -464,8 +478,15 @@ def served_rounds(  # noqa: PLR0913 - the model served and the two sides measure
         for round_index in range(args.rounds):
             print(f"served round {round_index + 1}/{args.rounds}", file=sys.stderr)
             raw_rates.append(CONNECTIONS * 1000.0 / timed(raw, 1))
+            # A batch of a slow model takes seconds: the measured window holds at least ten of them, and the batch
+            # the warm-up's cancelled requests started is let finish first (wrk drops its connections at the end of
+            # a run, but their batch still runs), as is the last one before the next raw timing.
+            batch_seconds = CONNECTIONS / raw_rates[-1]
             run_wrk(url, path, [body], CONNECTIONS, 2, 1)
-            stats = run_wrk(url, path, [body], CONNECTIONS, args.served_seconds, 1)
+            time.sleep(2 * batch_seconds)
+            seconds = max(args.served_seconds, math.ceil(10 * batch_seconds))
+            stats = run_wrk(url, path, [body], CONNECTIONS, seconds, 1)
+            time.sleep(2 * batch_seconds)  # the server idle again before the next round's raw timing
             if stats.failures:
                 raise SystemExit(f"{stats.failures} failed requests; see {scratch / 'server.log'}")
             served_rates.append(stats.items_per_second)

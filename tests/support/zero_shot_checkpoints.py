@@ -124,17 +124,23 @@ def save_gliner(  # noqa: PLR0913 - the checkpoint's shape
 
 
 def save_gliner2(  # noqa: PLR0913 - the checkpoint's shape
-    directory: Path, counting_layer: str = "count_lstm_v2", seed: int = 1, count: int | None = 1, **options: Any
+    directory: Path,
+    counting_layer: str = "count_lstm_v2",
+    seed: int = 1,
+    count: int | None = 1,
+    size: dict[str, int] | None = None,
+    words: Sequence[str] = (),
+    **options: Any,
 ) -> Any:
     """A GLiNER2 span model (fastino's gliner2) on a random DeBERTa-v2 backbone, saved to `directory` as
     `save_pretrained` does (config.json, encoder_config/, model.safetensors, the tokenizer with its markers); returns
-    the model. Its count head is biased towards `count` instances (a random one mostly says none); `options` go to
-    its ExtractorConfig (max_width, ...)."""
+    the model. Its count head is biased towards `count` instances (a random one mostly says none); the backbone is of
+    `size` and reads `words` whole (see `write_backbone`); `options` go to its ExtractorConfig (max_width, ...)."""
     import torch
     from gliner2.configuration import ExtractorConfig
     from gliner2.inference.engine import GLiNER2
 
-    write_backbone(directory / "backbone", "deberta-v2")
+    write_backbone(directory / "backbone", "deberta-v2", size, words)
     config = ExtractorConfig(model_name=str(directory / "backbone"), counting_layer=counting_layer,
                              **{"max_width": 4} | options)  # fmt: skip
     with warnings.catch_warnings():  # transformers warns that it resizes the embeddings for the markers
