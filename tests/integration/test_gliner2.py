@@ -146,6 +146,7 @@ def test_a_long_text_is_read_in_windows(served: tuple, model_loader) -> None:
         ({"options": {"top_k": 2}}, "Option 'top_k' does not apply to a GLiNER2"),
         ({"options": {"classification_task": " "}}, "Option 'classification_task' must be"),
         ({"labels": []}, "needs labels"),
+        ({"options": {"classification_task": "t", "positive_label": "x"}}, "'positive_label' ('x') must be one of"),
     ],
 )
 def test_what_is_not_built_is_refused_per_item(served: tuple, change: dict, message: str) -> None:

@@ -50,3 +50,28 @@ def test_the_public_modules_route_to_gliner2_and_its_options_are_checked() -> No
     assert adapter_kind("sie_server.adapters.gliner2.decide:GLiNER2DecideAdapter") is None
     assert option_problem({"classification_task": "topic", "multi_label": True}, GLINER2, OPERATION_EXTRACT) is None
     assert "does not apply" in option_problem({"flat_ner": True}, GLINER2, OPERATION_EXTRACT)
+
+
+def _request(labels: list[str], **settings: object) -> object:
+    from sie.worker.adapters.gliner2 import _Request
+
+    return _Request("t", "t.", [], labels, "task", Settings(**settings))
+
+
+def test_a_long_texts_classification_pools_its_windows() -> None:
+    from sie.worker.adapters.gliner2 import _pooled
+
+    windows = [[("safe", 0.9)], [("unsafe", 0.6)], [("unsafe", 0.7)]]
+    # a text takes the positive label when any window does, at its surest window's score
+    guard = _request(["safe", "unsafe"], positive_label="unsafe", threshold=0.0)
+    assert _pooled(windows, guard) == [{"label": "unsafe", "score": 0.7}]
+    # of two labels with no window taking it, the window least sure of the other (most of the positive one)
+    assert _pooled([[("safe", 0.9)], [("safe", 0.55)]], guard) == [{"label": "safe", "score": 0.55}]
+    # without a positive label: the surest window; multi-label: each label's best score, over the threshold
+    assert _pooled(windows, _request(["safe", "unsafe"])) == [{"label": "safe", "score": 0.9}]
+    multi = _request(["a", "b", "c"], multi_label=True, threshold=0.5)
+    assert _pooled([[("a", 0.6), ("b", 0.4)], [("b", 0.8), ("c", 0.3)]], multi) == [
+        {"label": "b", "score": 0.8}, {"label": "a", "score": 0.6},
+    ]  # fmt: skip
+    # one window: as it is, cut at the threshold
+    assert _pooled([[("safe", 0.4)]], _request(["safe", "unsafe"], threshold=0.5)) == []

@@ -165,7 +165,7 @@ class Gliner2Adapter(Adapter):
         self.loadtime = {
             key: value for key, value in context.profile.loadtime_options.items() if key in LOADTIME_OPTIONS
         }
-        self.defaults = Settings.read({**self.loadtime, **self.runtime_options})
+        Settings.read({**self.loadtime, **self.runtime_options})  # the profile's own options must be readable
 
     def extract(self, items: Sequence[Any]) -> BatchResult:
         watch = Stopwatch()
@@ -198,7 +198,9 @@ class Gliner2Adapter(Adapter):
         if not labels:
             return invalid(f"Model '{self.model.sie_id}' needs labels: send labels, or set default_labels")
         if settings.positive_label is not None and settings.positive_label not in labels:
-            settings = attrs.evolve(settings, positive_label=None)  # it applies only when the request names it
+            if (item.options or {}).get("positive_label") is not None:
+                return invalid(f"Option 'positive_label' ({settings.positive_label!r}) must be one of the labels")
+            settings = attrs.evolve(settings, positive_label=None)  # the profile's applies when the labels name it
         text = item_text(item.item) or ""
         read = model_text(text)
         return _Request(text, read, split_words(read), labels, settings.classification_task, settings)
