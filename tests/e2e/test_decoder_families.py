@@ -344,6 +344,24 @@ def test_a_gliner2_model_extracts_entities_and_classifies_as_gliner2(served: Ser
     theirs = reference.classify_text(text, tasks, threshold=0.0, include_confidence=True)["prompt_safety"]
     (ours_class,) = guarded["classifications"]
     assert ours_class["label"] == theirs["label"] and abs(ours_class["score"] - theirs["confidence"]) <= TOLERANCE
+    # relations between the entities an item names, of the request's types
+    # (the random model's best head and tail here are one span, "founded Apple in Cupertino": named, so kept)
+    text_entities = [{"text": "Steve Jobs", "label": "person", "start": 0, "end": 10},
+                     {"text": "founded Apple in Cupertino", "label": "event", "start": 11, "end": 37}]  # fmt: skip
+    client = public_sdk.SIEClient(served.url, timeout_s=120)
+    try:
+        (related,) = client.extract(GLINER2, [{"text": text, "metadata": {"entities": text_entities}}],
+                                    labels=["founded"], options={"threshold": 0.0}, wait_for_capacity=True)  # fmt: skip
+    finally:
+        client.close()
+    found = reference.extract_relations(text, ["founded"], threshold=0.0, include_confidence=True,
+                                        include_spans=True)["relation_extraction"]["founded"]  # fmt: skip
+    named = {entity["text"] for entity in text_entities}
+    kept = {(one["head"]["text"], one["tail"]["text"]): min(one["head"]["confidence"], one["tail"]["confidence"])
+            for one in found if one["head"]["text"] in named and one["tail"]["text"] in named}  # fmt: skip
+    assert kept
+    assert {(r["head"], r["tail"]): r["score"] for r in related["relations"]} == pytest.approx(kept, abs=TOLERANCE)
+    assert [e["text"] for e in related["entities"]] == ["Steve Jobs", "founded Apple in Cupertino"]
     # what is not built is refused before anything is queued where the gateway can tell
     response = httpx.post(
         f"{served.url}/v1/extract/{GLINER2}",

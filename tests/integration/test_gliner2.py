@@ -2,10 +2,12 @@
 on the same tiny random checkpoints: entities (the same spans, labels and offsets, scores within 1e-4, across
 thresholds, rows of one batch with label sets of their own, a text without a sentence end), classifications of a
 task (softmax and multi-label), the public YAMLs' option shapes (a guard's load-time task and default labels), long
-texts read in windows, and what is not built refused per item."""
+texts read in windows, relations between the entities each item names (several types at once), and what is not
+built refused per item."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -109,6 +111,47 @@ def test_classifications_equal_gliner2(served: tuple, multi_label: bool) -> None
     assert multi_label or len(ours) == 1
 
 
+def every_span(text: str, widest: int = 4) -> list[dict[str, Any]]:
+    """Every span of up to `widest` words of `text` as an entity, so the random model's best spans are named."""
+    words = [(match.start(), match.end()) for match in re.finditer(r"\w+|[^\w\s]", text)]
+    return [{"text": text[words[i][0] : words[j][1]], "label": "thing", "start": words[i][0], "end": words[j][1]}
+            for i in range(len(words)) for j in range(i, min(i + widest, len(words)))]  # fmt: skip
+
+
+def reference_relations(reference: Any, text: str, types: list[str], threshold: float) -> list[tuple]:
+    """gliner2's relations kept as the public adapter keeps them: both ends among the named entities' texts, scored
+    by the lower end; one per (type, head, tail) at its best, best first."""
+    named = {entity["text"] for entity in every_span(text)}
+    found = reference.extract_relations(text, types, threshold=threshold, include_confidence=True,
+                                        include_spans=True)["relation_extraction"]  # fmt: skip
+    best: dict[tuple, float] = {}
+    for relation, instances in found.items():
+        for one in instances:
+            head, tail = one["head"], one["tail"]
+            if head["text"] in named and tail["text"] in named:
+                key = (relation, head["text"], tail["text"])
+                best[key] = max(best.get(key, 0.0), min(head["confidence"], tail["confidence"]))
+    return sorted(((*key, score) for key, score in best.items()), key=lambda x: (-x[3], x[0], x[1], x[2]))
+
+
+@pytest.mark.parametrize("threshold", [0.01, 0.5])
+def test_relations_between_named_entities_equal_gliner2(served: tuple, threshold: float) -> None:
+    reference, adapter, _ = served
+    types = ["founded", "located in", "won"]
+    items = extract_items(TEXTS, types, threshold=threshold)
+    for item, text in zip(items, TEXTS, strict=True):
+        item.item["metadata"] = {"entities": every_span(text)}
+    results = adapter.extract(items).items
+    expected = [reference_relations(reference, text, types, threshold) for text in TEXTS]
+    assert threshold > 0.01 or all(expected), "the lowest threshold must relate entities in every text"
+    for text, result, theirs in zip(TEXTS, results, expected, strict=True):
+        assert result.ok, result.error
+        ours = result.result["relations"]
+        assert [(r["relation"], r["head"], r["tail"]) for r in ours] == [x[:3] for x in theirs]
+        assert np.allclose([r["score"] for r in ours], [x[3] for x in theirs], atol=TOLERANCE, rtol=0)
+        assert [e["text"] for e in result.result["entities"]] == [e["text"] for e in every_span(text)]
+
+
 def test_a_guard_classifies_with_its_load_time_task_and_labels(served: tuple, model_loader) -> None:
     reference, _, directory = served
     loadtime = {"classification_task": "prompt_safety", "default_labels": ["safe", "unsafe"], "multi_label": False,
@@ -142,7 +185,7 @@ def test_a_long_text_is_read_in_windows(served: tuple, model_loader) -> None:
     ("change", "message"),
     [
         ({"output_schema": {"type": "object"}}, "structured extraction (output_schema) is not built"),
-        ({"item": {"text": TEXTS[0], "metadata": {"entities": [{"start": 0, "end": 5}]}}}, "relation extraction"),
+        ({"item": {"text": TEXTS[0], "metadata": {"entities": [{"start": 0, "end": 99}]}}}, "offsets must hold"),
         ({"options": {"top_k": 2}}, "Option 'top_k' does not apply to a GLiNER2"),
         ({"options": {"classification_task": " "}}, "Option 'classification_task' must be"),
         ({"labels": []}, "needs labels"),

@@ -86,7 +86,7 @@ def test_a_relation_extractors_entities_are_checked_before_queueing() -> None:
     good = Item(text="Apple was founded by Steve Jobs.", metadata={"entities": [{"start": 0, "end": 5}]})
     check_extract(route, params, 100, [good])
     for item, message in [
-        (Item(text="no entities"), "Item 1: GLiREL reads relations between the entities"),
+        (Item(text="no entities"), "Item 1: Relations are read between the entities each item names"),
         (Item(text="short", metadata={"entities": [{"start": 0, "end": 50}]}), "Item 1: metadata.entities\\[0\\]"),
         (Item(text="a  b", metadata={"entities": [{"start": 1, "end": 3}]}), "covers no word"),
     ]:

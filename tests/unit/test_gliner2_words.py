@@ -9,7 +9,7 @@ import pytest
 from sie.catalog.adapters import GLINER2, adapter_kind
 from sie.catalog.options import option_problem
 from sie.wire.queue import OPERATION_EXTRACT
-from sie.worker.adapters.gliner2 import Settings, model_text, schema_marker_parts, schema_words, split_words
+from sie.worker.adapters.gliner2 import Schema, Settings, model_text, row_prefix, schema_words, split_words
 
 
 def test_words_are_lower_cased_with_offsets_into_the_text() -> None:
@@ -25,10 +25,17 @@ def test_a_sentence_end_is_added_to_a_text_without_one() -> None:
     assert [model_text(t) for t in ("Hi.", "Hi!", "Hi?")] == ["Hi.", "Hi!", "Hi?"]
 
 
-def test_the_schema_reads_its_markers_before_the_text() -> None:
-    words = schema_words("entities", ["person", "drug dosage"], "[E]")
-    assert words == ["(", "[P]", "entities", "(", "[E]", "person", "[E]", "drug dosage", ")", ")", "[SEP_TEXT]"]
-    assert [words[part] for part in schema_marker_parts(2)] == ["[P]", "[E]", "[E]"]
+def test_the_schemas_read_their_markers_before_the_text() -> None:
+    assert schema_words("entities", ["person", "drug dosage"], "[E]") == [
+        "(", "[P]", "entities", "(", "[E]", "person", "[E]", "drug dosage", ")", ")",
+    ]  # fmt: skip
+    words, markers = row_prefix(
+        [Schema("works for", ("head", "tail"), "[R]"), Schema("born in", ("head", "tail"), "[R]")]
+    )
+    assert words == ["(", "[P]", "works for", "(", "[R]", "head", "[R]", "tail", ")", ")", "[SEP_STRUCT]",
+                     "(", "[P]", "born in", "(", "[R]", "head", "[R]", "tail", ")", ")", "[SEP_TEXT]"]  # fmt: skip
+    assert [[words[part] for part in schema] for schema in markers] == [["[P]", "[R]", "[R]"]] * 2
+    assert markers[1][0] == 12
 
 
 def test_settings_read_the_public_options_and_refuse_a_bad_one() -> None:
@@ -55,7 +62,7 @@ def test_the_public_modules_route_to_gliner2_and_its_options_are_checked() -> No
 def _request(labels: list[str], **settings: object) -> object:
     from sie.worker.adapters.gliner2 import _Request
 
-    return _Request("t", "t.", [], labels, "task", Settings(**settings))
+    return _Request("t", "t.", [], labels, "task", Settings(**settings))  # type: ignore[arg-type]
 
 
 def test_a_long_texts_classification_pools_its_windows() -> None:

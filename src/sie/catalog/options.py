@@ -342,7 +342,7 @@ def entities_problem(text: str, entities: Any) -> str | None:
     or one that is not an object with integer offsets 0 <= start < end <= len(text) covering some non-space text;
     None when they can."""
     if not isinstance(entities, list) or not entities:
-        return "GLiREL reads relations between the entities of each item: send metadata.entities, a non-empty list"
+        return "Relations are read between the entities each item names: send metadata.entities, a non-empty list"
     if len(entities) > MAX_ENTITIES:
         return f"metadata.entities has {len(entities)} entities; at most {MAX_ENTITIES} are accepted"
     for index, entity in enumerate(entities):

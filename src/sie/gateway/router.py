@@ -13,7 +13,7 @@ from typing import Any, Final
 import attrs
 
 from sie.catalog import Catalog, ModelConfig, parse_model_spec
-from sie.catalog.adapters import GLIREL, adapter_kind
+from sie.catalog.adapters import GLINER2, GLIREL, adapter_kind
 from sie.catalog.ids import is_valid_pool_name
 from sie.catalog.model import DEFAULT_PROFILE, ENCODE_OUTPUTS
 from sie.catalog.names import work_subject
@@ -282,9 +282,12 @@ def check_extract(route: Route, params: ExtractParams | None, max_labels: int, i
         raise InvalidRequestError(
             f"Field 'output_dtype' does not apply to extraction: model '{route.model}' returns no vectors"
         )
-    if route.adapter_kind == GLIREL:
+    # A relation extractor reads the entities each item names: GLiREL always, GLiNER2 where an item names some.
+    if route.adapter_kind in (GLIREL, GLINER2):
         for index, item in enumerate(items):
             entities = (item.metadata or {}).get("entities")
+            if entities is None and route.adapter_kind == GLINER2:
+                continue
             problem = entities_problem(item.text or "", entities)
             if problem is not None:
                 raise InvalidRequestError(f"Item {index}: {problem}")

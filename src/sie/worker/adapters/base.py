@@ -145,13 +145,21 @@ class Adapter:
         """Profile runtime options overlaid by the request's options (request wins)."""
         return {**self.runtime_options, **dict(request_options or {})}
 
-    def run_session(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> list[np.ndarray]:
+    def run_session(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        outputs: Sequence[str] | None = None,
+        shared: Mapping[str, np.ndarray] | None = None,
+    ) -> list[np.ndarray]:
         """session.run over the batch, feeding only the inputs the graph declares; in row slices when the run
-        would take more activation memory than the context's `run_memory_bytes`."""
-        declared = {name: feeds[name] for name in self._input_names}
+        would take more activation memory than the context's `run_memory_bytes`. `shared` feeds have no row axis
+        and go whole with every slice."""
+        shared = dict(shared or {})
+        declared = {name: feeds[name] for name in self._input_names if name not in shared}
         return run_in_slices(
-            lambda part: self.session.run(outputs, part), declared, self._run_memory, self.context.run_memory_bytes
-        )
+            lambda part: self.session.run(outputs, {**part, **shared}), declared, self._run_memory,
+            self.context.run_memory_bytes,
+        )  # fmt: skip
 
     def close(self) -> None:
         """Release what the adapter runs beside its session (a causal LM's decode thread); called on unload."""

@@ -1,16 +1,20 @@
-"""Zero-shot entity extraction and text classification with a GLiNER2 span model, as the `gliner2` package runs one:
-the text (a sentence end added when it has none) is split into lower-cased words; the request's labels become a
-schema — `( [P] entities ( [E] label … ) )`, or with a classification task `( [P] task ( [L] label … ) )` — read
-before `[SEP_TEXT]` and the words, every word and schema part tokenized on its own, no special tokens around them.
-The converted graph (`sie.worker.convert.gliner2`) scores every span of up to `max_width` words against each label
-for the first structure instance, predicts how many instances there are, and gives each label marker a classifier
-logit. Entities: none when the count head says none; else each label's spans at or above the threshold, kept
-best-first where they do not overlap one of the label's kept spans. Classification: a softmax over the labels (the
-best one), or a sigmoid each with `multi_label` (those at or above the threshold, else the best).
+"""Zero-shot entity extraction, relation extraction and text classification with a GLiNER2 span model, as the
+`gliner2` package runs one: the text (a sentence end added when it has none) is split into lower-cased words; the
+request's labels become schemas — `( [P] entities ( [E] label … ) )`; with a classification task
+`( [P] task ( [L] label … ) )`; for relations, one `( [P] type ( [R] head [R] tail ) )` per relation type, joined by
+`[SEP_STRUCT]` — read before `[SEP_TEXT]` and the words, every word and schema part tokenized on its own, no special
+tokens around them. The converted graph (`sie.worker.convert.gliner2`) predicts how many instances of each schema the
+text holds, scores every span of up to `max_width` words against each field of each instance, and gives each field
+marker a classifier logit. Entities: none when the count head sees none, else each label's spans at or above the
+threshold, kept best-first where they do not overlap one of the label's kept spans. Relations (the items name their
+entities in `metadata.entities`, as for GLiREL): each predicted instance of a type is its best head and tail span,
+kept where both are entities the item names, scored by the lower of the two. Classification: a softmax over the
+labels (the best one), or a sigmoid each with `multi_label` (those at or above the threshold, else the best).
 
-A text longer than one row is read in windows: entities from the window that owns their first word; a
-classification pooled over its windows (each label's best score; with `positive_label`, a text takes that label when
-any window does). Relation extraction and structured output (`output_schema`) are not built: refused per item.
+A text longer than one row is read in windows: entities from the window that owns their first word, relations from
+every window (one per type, head and tail, at its best score); a classification pooled over its windows (each
+label's best score; with `positive_label`, a text takes that label when any window does). Structured output
+(`output_schema`) is not built: refused per item.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import attrs
 import numpy as np
 
 from sie.catalog.adapters import GLINER2
-from sie.catalog.options import option_problem
+from sie.catalog.options import entities_problem, option_problem
 from sie.tokenization import pad_batch
 from sie.wire import codes
 from sie.wire.ipc_batch import OP_EXTRACT
@@ -36,6 +40,7 @@ from sie.worker.convert.names import (
     CLASS_LOGITS,
     COUNT_LOGITS,
     FIELD_COUNTS,
+    INSTANCES,
     SCHEMA_POSITIONS,
     SPAN_SCORES,
     WORD_COUNTS,
@@ -45,7 +50,11 @@ from sie.worker.spans import Window, plan_windows
 
 DEFAULT_THRESHOLD = 0.5
 ENTITY_TASK: Final = "entities"
-ENTITY_MARKER, LABEL_MARKER, TASK_MARKER, TEXT_MARKER = "[E]", "[L]", "[P]", "[SEP_TEXT]"
+ENTITY_MARKER, LABEL_MARKER, RELATION_MARKER, TASK_MARKER = "[E]", "[L]", "[R]", "[P]"
+STRUCT_MARKER, TEXT_MARKER = "[SEP_STRUCT]", "[SEP_TEXT]"
+RELATION_FIELDS = ("head", "tail")
+# The most instances of a schema the count head can predict (its classes are 0 … 19): what relation rows score.
+MAX_INSTANCES = 19
 SENTENCE_ENDS = (".", "!", "?")
 # Most windows one text is read in; a longer text is refused, not read in part.
 MAX_WINDOWS = 128
@@ -85,17 +94,34 @@ def model_text(text: str) -> str:
     return text if text.endswith(SENTENCE_ENDS) else text + "."
 
 
-def schema_words(task: str, labels: Sequence[str], marker: str) -> list[str]:
-    """The schema's parts before the text: `( [P] task ( marker label … ) ) [SEP_TEXT]`; the markers are parts 1
-    and 4, 6, … (`schema_marker_parts`)."""
+def schema_words(task: str, fields: Sequence[str], marker: str) -> list[str]:
+    """One schema's parts: `( [P] task ( marker field … ) )`; its markers are parts 1 and 4, 6, …"""
     words = ["(", TASK_MARKER, task, "("]
-    for label in labels:
-        words += [marker, label]
-    return [*words, ")", ")", TEXT_MARKER]
+    for field in fields:
+        words += [marker, field]
+    return [*words, ")", ")"]
 
 
-def schema_marker_parts(labels: int) -> list[int]:
-    return [1, *range(4, 4 + 2 * labels, 2)]
+@attrs.frozen
+class Schema:
+    """One schema of a row: its task, its fields (labels, or a relation's head and tail) and their marker."""
+
+    task: str
+    fields: tuple[str, ...]
+    marker: str
+
+
+def row_prefix(schemas: Sequence[Schema]) -> tuple[list[str], list[list[int]]]:
+    """The parts a row reads before its words — the schemas joined by `[SEP_STRUCT]`, then `[SEP_TEXT]` — and each
+    schema's marker parts ([P], then each field's)."""
+    words: list[str] = []
+    markers = []
+    for index, schema in enumerate(schemas):
+        if index:
+            words.append(STRUCT_MARKER)
+        markers.append([len(words) + 1, *range(len(words) + 4, len(words) + 4 + 2 * len(schema.fields), 2)])
+        words += schema_words(schema.task, schema.fields, schema.marker)
+    return [*words, TEXT_MARKER], markers
 
 
 @attrs.frozen
@@ -124,29 +150,39 @@ class Settings:
 
 @attrs.frozen
 class _Request:
-    """One valid item: its text as read, words, labels, task and settings."""
+    """One valid item: its text as read, words, labels, what it asks and its settings."""
 
     text: str
     read: str
     words: list[Gliner2Word]
     labels: list[str]
-    task: str | None  # the classification task, or None for entities
+    task: str | None  # the classification task, or None
     settings: Settings
+    entities: list[dict[str, Any]] | None = None  # relations: the entities the item names (`metadata.entities`)
+
+    @property
+    def schemas(self) -> list[Schema]:
+        if self.entities is not None:
+            return [Schema(label, RELATION_FIELDS, RELATION_MARKER) for label in self.labels]
+        if self.task is not None:
+            return [Schema(self.task, tuple(self.labels), LABEL_MARKER)]
+        return [Schema(ENTITY_TASK, tuple(self.labels), ENTITY_MARKER)]
 
 
 @attrs.frozen
 class _Row:
-    """One window of one item's words, tokenized behind its schema."""
+    """One window of one item's words, tokenized behind its schemas."""
 
     item: int
     window: Window
     ids: np.ndarray
     word_positions: list[int]
-    marker_positions: list[int]
+    marker_positions: list[list[int]]  # per schema: [P], then each field's marker
 
 
 class Gliner2Adapter(Adapter):
-    """`sie.adapters.gliner2`: extract only; entities, or classifications with a classification task."""
+    """`sie.adapters.gliner2`: extract only; entities, relations between the entities an item names, or
+    classifications with a classification task."""
 
     kind: ClassVar[str | None] = GLINER2
     supports_extract: ClassVar[bool] = True
@@ -158,7 +194,9 @@ class Gliner2Adapter(Adapter):
             raise ValueError("the graph is not a converted GLiNER2 span model")
         self.max_width = int(outputs[SPAN_SCORES].shape[2])
         missing = [
-            m for m in (ENTITY_MARKER, LABEL_MARKER, TASK_MARKER, TEXT_MARKER) if self.tokenizer.token_to_id(m) is None
+            marker
+            for marker in (ENTITY_MARKER, LABEL_MARKER, RELATION_MARKER, TASK_MARKER, STRUCT_MARKER, TEXT_MARKER)
+            if self.tokenizer.token_to_id(marker) is None
         ]
         if missing:
             raise ValueError(f"the tokenizer lacks GLiNER2's markers {missing}")
@@ -174,10 +212,12 @@ class Gliner2Adapter(Adapter):
             with watch.stage("tokenization"):
                 rows = self._rows(requests, results)
             if rows:
+                # Relation rows score every instance the count head can predict; the others the first.
+                instances = MAX_INSTANCES if any(requests[row.item].entities is not None for row in rows) else 1
                 with watch.stage("inference"):
-                    spans, counts, classes = self._run(rows)
+                    outputs = self._run(rows, instances)
                 with watch.stage("postprocessing"):
-                    self._answer(requests, rows, spans, counts, classes, results)
+                    self._answer(requests, rows, outputs, instances, results)
         return watch.finish(results)
 
     def _request(self, item: Any) -> _Request | ItemResult:
@@ -186,10 +226,7 @@ class Gliner2Adapter(Adapter):
             return refused
         if item.output_schema:
             return invalid(f"Model '{self.model.sie_id}': GLiNER2 structured extraction (output_schema) is not built "
-                           "here; send labels for entities, or a classification_task")  # fmt: skip
-        if isinstance(item.item, dict) and (item.item.get("metadata") or {}).get("entities"):
-            return invalid(f"Model '{self.model.sie_id}': GLiNER2 relation extraction (metadata.entities) is not "
-                           "built here")  # fmt: skip
+                           "here; send labels for entities or relations, or a classification_task")  # fmt: skip
         try:
             settings = Settings.read({**self.loadtime, **self.options_for(item.options)})
         except ValueError as exc:
@@ -203,24 +240,28 @@ class Gliner2Adapter(Adapter):
             settings = attrs.evolve(settings, positive_label=None)  # the profile's applies when the labels name it
         text = item_text(item.item) or ""
         read = model_text(text)
+        metadata = item.item.get("metadata") if isinstance(item.item, dict) else None
+        entities = metadata.get("entities") if isinstance(metadata, dict) else None
+        if entities is not None:  # relations between the entities the item names, of the labels' types
+            problem = entities_problem(text, entities)
+            if problem is not None:
+                return invalid(problem)
+            return _Request(text, read, split_words(read), labels, None, settings, entities)
         return _Request(text, read, split_words(read), labels, settings.classification_task, settings)
 
     def _rows(self, requests: dict[int, _Request], results: list[ItemResult]) -> list[_Row]:
-        """Every item's windows behind its schema; an item whose schema leaves no room for its words, or whose
+        """Every item's windows behind its schemas; an item whose schemas leave no room for its words, or whose
         text needs more than MAX_WINDOWS windows, gets its error instead."""
-        schemas = {
-            index: schema_words(request.task or ENTITY_TASK, request.labels,
-                                LABEL_MARKER if request.task else ENTITY_MARKER)
-            for index, request in requests.items()
-        }  # fmt: skip
-        strings = [part for schema in schemas.values() for part in schema]
+        prefixes = {index: row_prefix(request.schemas) for index, request in requests.items()}
+        strings = [part for words, _ in prefixes.values() for part in words]
         strings += [word.text for request in requests.values() for word in request.words]
         pieces = self.tokenizer.pieces(strings)
         rows: list[_Row] = []
         for index, request in requests.items():
-            schema = schemas[index]
-            schema_ids = [pieces[part] for part in schema]
-            prompt = sum(len(ids) for ids in schema_ids)
+            prefix, markers = prefixes[index]
+            prefix_ids = [pieces[part] for part in prefix]
+            starts = np.cumsum([0, *(len(ids) for ids in prefix_ids)])
+            prompt = int(starts[-1])
             room = self.tokenizer.max_length - prompt
             if room < 1:
                 results[index] = invalid(
@@ -228,30 +269,16 @@ class Gliner2Adapter(Adapter):
                     "tokens and leave none for the text: send fewer or shorter ones"
                 )
                 continue
-            counts = np.array([max(len(pieces[word.text]), 1) for word in request.words], dtype=np.int64)
-            windows = plan_windows(counts, self.tokenizer.max_length, room, 0)
-            if len(windows) > 1:
-                # Windows share words (a span or sentence cut at one edge is read whole by the next), at most half
-                # of the narrowest, so each moves on.
-                wanted = CLASSIFY_OVERLAP_WORDS if request.task else max(2 * self.max_width, 32)
-                narrowest = min(window.stop - window.start for window in windows)
-                windows = plan_windows(counts, self.tokenizer.max_length, room, min(wanted, narrowest // 2))
+            windows = self._windows(request, [pieces[word.text] for word in request.words], room)
             if len(windows) > MAX_WINDOWS:
                 results[index] = invalid(
                     f"The text has {len(request.words)} words: more than {MAX_WINDOWS} windows of this model's "
                     f"{self.tokenizer.max_length} tokens; split it into shorter items", codes.INPUT_TOO_LONG
                 )  # fmt: skip
                 continue
-            markers = set(schema_marker_parts(len(request.labels)))
+            marker_positions = [[int(starts[part]) for part in schema] for schema in markers]
             for window in windows:
-                ids: list[np.ndarray] = []
-                length = 0
-                marker_positions, word_positions = [], []
-                for part, part_ids in enumerate(schema_ids):
-                    if part in markers:
-                        marker_positions.append(length)
-                    ids.append(part_ids)
-                    length += len(part_ids)
+                ids, length, word_positions = list(prefix_ids), prompt, []
                 for word in request.words[window.start : window.stop]:
                     word_ids = pieces[word.text][: max(room - (length - prompt), 1)]
                     word_positions.append(length)
@@ -263,15 +290,30 @@ class Gliner2Adapter(Adapter):
                 rows.append(_Row(index, window, np.concatenate(ids), word_positions, marker_positions))
         return rows
 
-    def _run(self, rows: list[_Row]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _windows(self, request: _Request, word_pieces: list[np.ndarray], room: int) -> list[Window]:
+        """The windows `room` tokens each that read the request's words; consecutive windows share words (a span or
+        sentence cut at one edge is read whole by the next), at most half of the narrowest, so each moves on."""
+        counts = np.array([max(len(ids), 1) for ids in word_pieces], dtype=np.int64)
+        windows = plan_windows(counts, self.tokenizer.max_length, room, 0)
+        if len(windows) > 1:
+            wanted = CLASSIFY_OVERLAP_WORDS if request.task else max(2 * self.max_width, 32)
+            narrowest = min(window.stop - window.start for window in windows)
+            windows = plan_windows(counts, self.tokenizer.max_length, room, min(wanted, narrowest // 2))
+        return windows
+
+    def _run(self, rows: list[_Row], instances: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         batch = pad_batch([row.ids for row in rows], None, self.tokenizer.pad_id)
         words = max(1, max(len(row.word_positions) for row in rows))
-        markers = max(len(row.marker_positions) for row in rows)
+        schemas = max(len(row.marker_positions) for row in rows)
+        markers = max(len(marker) for row in rows for marker in row.marker_positions)
         word_positions = np.zeros((len(rows), words), dtype=np.int64)
-        marker_positions = np.zeros((len(rows), markers), dtype=np.int64)
+        marker_positions = np.zeros((len(rows), schemas, markers), dtype=np.int64)
+        field_counts = np.zeros((len(rows), schemas), dtype=np.int64)
         for number, row in enumerate(rows):
             word_positions[number, : len(row.word_positions)] = row.word_positions
-            marker_positions[number, : len(row.marker_positions)] = row.marker_positions
+            for schema, positions in enumerate(row.marker_positions):
+                marker_positions[number, schema, : len(positions)] = positions
+                field_counts[number, schema] = len(positions) - 1
         feeds = {
             "input_ids": batch.input_ids,
             "attention_mask": batch.attention_mask,
@@ -279,35 +321,42 @@ class Gliner2Adapter(Adapter):
             WORD_POSITIONS: word_positions,
             WORD_COUNTS: np.array([len(row.word_positions) for row in rows], dtype=np.int64),
             SCHEMA_POSITIONS: marker_positions,
-            FIELD_COUNTS: np.array([len(row.marker_positions) - 1 for row in rows], dtype=np.int64),
+            FIELD_COUNTS: field_counts,
         }
-        spans, counts, classes = self.run_session(feeds, [SPAN_SCORES, COUNT_LOGITS, CLASS_LOGITS])
+        shared = {INSTANCES: np.arange(instances, dtype=np.int64)}
+        spans, counts, classes = self.run_session(feeds, [SPAN_SCORES, COUNT_LOGITS, CLASS_LOGITS], shared)
         return spans.astype(np.float32, copy=False), counts, classes.astype(np.float32, copy=False)
 
-    def _answer(  # noqa: PLR0913 - the batch's requests, rows and the graph's three outputs
+    def _answer(  # noqa: PLR0913 - the batch's requests, rows and outputs
         self,
         requests: dict[int, _Request],
         rows: list[_Row],
-        spans: np.ndarray,
-        counts: np.ndarray,
-        classes: np.ndarray,
+        outputs: tuple[np.ndarray, np.ndarray, np.ndarray],
+        instances: int,
         results: list[ItemResult],
     ) -> None:
-        found: dict[int, list[Any]] = {index: [] for index in requests}  # candidates, or each window's classes
+        """Each item's answer from its windows' outputs (span scores, count logits, class logits)."""
+        spans, counts, classes = outputs
+        fields = max(len(marker) for row in rows for marker in row.marker_positions) - 1
+        found: dict[int, list[Any]] = {index: [] for index in requests}  # per item: candidates or window answers
         tokens = dict.fromkeys(requests, 0)
         for number, row in enumerate(rows):
             request = requests[row.item]
             tokens[row.item] += len(row.ids)
-            if request.task is not None:
-                found[row.item].append(_classified(classes[number, : len(request.labels)], request))
-            elif int(np.argmax(counts[number])) > 0:  # the count head saw at least one instance
-                found[row.item] += _candidates(spans[number], row.window, request)
+            if request.entities is not None:
+                found[row.item] += _relations(spans[number], counts[number], row.window, request, instances, fields)
+            elif request.task is not None:
+                found[row.item].append(_classified(classes[number, 0, : len(request.labels)], request))
+            elif int(np.argmax(counts[number, 0])) > 0:  # the count head saw at least one instance
+                found[row.item] += _candidates(spans[number, :, :, : len(request.labels)], row.window, request)
         for index in dict.fromkeys(row.item for row in rows):
             request = requests[index]
-            if request.task is None:
-                result = _entity_result(_decoded(found[index], request), [])
+            if request.entities is not None:
+                result = _result(_given_entities(request), [], _best_relations(found[index]))
+            elif request.task is not None:
+                result = _result([], _pooled(found[index], request))
             else:
-                result = _entity_result([], _pooled(found[index], request))
+                result = _result(_decoded(found[index], request), [])
             results[index] = ItemResult(result, input_tokens=tokens[index])
 
 
@@ -387,5 +436,63 @@ def _pooled(windows: list[list[tuple[str, float]]], request: _Request) -> list[d
     return sorted(kept, key=lambda one: one["score"], reverse=True)
 
 
-def _entity_result(entities: list[dict], classifications: list[dict]) -> dict[str, Any]:
-    return {"entities": entities, "relations": [], "classifications": classifications, "objects": [], "data": {}}
+def _relations(  # noqa: PLR0913 - one row's outputs and where its queries lie
+    spans: np.ndarray, counts: np.ndarray, window: Window, request: _Request, instances: int, fields: int
+) -> list[tuple[str, str, str, float]]:
+    """One window's relations as (type, head, tail, score): for each type, each instance the count head predicts,
+    the best head and tail span at or above the threshold; kept where both are texts of entities the item names,
+    scored by the lower of the two."""
+    words = window.stop - window.start
+    named = {request.text[entity["start"] : entity["end"]] for entity in request.entities or ()}
+    found = []
+    for schema, relation in enumerate(request.labels):
+        for instance in range(min(int(np.argmax(counts[schema])), instances)):
+            ends = []
+            for field in range(len(RELATION_FIELDS)):
+                query = (schema * instances + instance) * fields + field
+                ends.append(_best_span(spans[:words, :, query], window, request))
+            head, tail = ends
+            if head is not None and tail is not None and head[0] in named and tail[0] in named:
+                found.append((relation, head[0], tail[0], min(head[1], tail[1])))
+    return found
+
+
+def _best_span(scores: np.ndarray, window: Window, request: _Request) -> tuple[str, float] | None:
+    """The best-scoring span of a window's [words, widths] scores at or above the threshold, as (its text, score);
+    None when there is none."""
+    words = window.stop - window.start
+    best: tuple[str, float] | None = None
+    starts, widths = np.nonzero(scores >= request.settings.threshold)
+    for start, width in zip(starts.tolist(), widths.tolist(), strict=True):
+        if start + width >= words:
+            continue
+        first, last = window.start + start, window.start + start + width
+        text = request.read[request.words[first].start : request.words[last].end].strip()
+        score = float(scores[start, width])
+        if text and (best is None or score > best[1]):
+            best = (text, score)
+    return best
+
+
+def _best_relations(found: list[tuple[str, str, str, float]]) -> list[dict[str, Any]]:
+    """One relation per type, head and tail at its best score, best first (then by type, head and tail)."""
+    best: dict[tuple[str, str, str], float] = {}
+    for relation, head, tail, score in found:
+        best[relation, head, tail] = max(best.get((relation, head, tail), score), score)
+    ordered = sorted(best.items(), key=lambda item: (-item[1], *item[0]))
+    return [{"head": head, "tail": tail, "relation": relation, "score": score}
+            for (relation, head, tail), score in ordered]  # fmt: skip
+
+
+def _given_entities(request: _Request) -> list[dict[str, Any]]:
+    """The entities the item named, echoed as the answer's entities."""
+    return [
+        {"text": request.text[entity["start"] : entity["end"]], "label": entity.get("label") or "",
+         "score": float(entity.get("score", 1.0)), "start": entity["start"], "end": entity["end"], "bbox": None}
+        for entity in request.entities or ()
+    ]  # fmt: skip
+
+
+def _result(entities: list[dict], classifications: list[dict], relations: list[dict] | None = None) -> dict[str, Any]:
+    return {"entities": entities, "relations": relations or [], "classifications": classifications, "objects": [],
+            "data": {}}  # fmt: skip

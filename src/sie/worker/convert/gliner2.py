@@ -35,6 +35,7 @@ from sie.worker.convert.names import (
     ENCODER_CONFIG_DIR,
     FIELD_COUNTS,
     GLINER2_MODEL_TYPE,
+    INSTANCES,
     SCHEMA_POSITIONS,
     SPAN_SCORES,
     WORD_COUNTS,
@@ -117,13 +118,14 @@ def convert_gliner2(model_dir: Path, out_path: Path) -> Gliner2Config:
         *graph_inputs(),
         tensor_info(WORD_POSITIONS, TensorProto.INT64, ["batch", "words"]),
         tensor_info(WORD_COUNTS, TensorProto.INT64, ["batch"]),
-        tensor_info(SCHEMA_POSITIONS, TensorProto.INT64, ["batch", "markers"]),
-        tensor_info(FIELD_COUNTS, TensorProto.INT64, ["batch"]),
+        tensor_info(SCHEMA_POSITIONS, TensorProto.INT64, ["batch", "schemas", "markers"]),
+        tensor_info(FIELD_COUNTS, TensorProto.INT64, ["batch", "schemas"]),
+        tensor_info(INSTANCES, TensorProto.INT64, ["instances"]),
     ]
     outputs = [
-        tensor_info(spans, _FLOAT, ["batch", "words", config.max_width, "fields"]),
-        tensor_info(counts, _FLOAT, ["batch", MAX_COUNT]),
-        tensor_info(classes, _FLOAT, ["batch", "fields"]),
+        tensor_info(spans, _FLOAT, ["batch", "words", config.max_width, "queries"]),
+        tensor_info(counts, _FLOAT, ["batch", "schemas", MAX_COUNT]),
+        tensor_info(classes, _FLOAT, ["batch", "schemas", "fields"]),
     ]
     save_graph(builder.model("gliner2_span", inputs, outputs), out_path)
     return config
@@ -141,50 +143,62 @@ class _Gliner2Head:
     def build(self, hidden: str) -> tuple[str, str, str]:
         b, width = self.b, self.width
         words = gather_rows(b, hidden, WORD_POSITIONS, width, "words")
-        markers = gather_rows(b, hidden, SCHEMA_POSITIONS, width, "markers")
-        task = b.op("Squeeze", [b.op("Slice", [markers, b.const([0]), b.const([1]), b.const([1])], "task_4d"),
-                                b.const([1])], "task")  # fmt: skip
-        fields = b.op("Slice", [markers, b.const([1]), b.const([np.iinfo(np.int64).max]), b.const([1])], "fields")
+        # [B, S, 1 + M] positions -> [B, S, 1 + M, D]: each schema's [P] and field markers
+        flat = b.op("Reshape", [SCHEMA_POSITIONS, b.const([0, -1])], "markers.flat_positions")
+        marker_shape = b.op("Concat", [b.op("Shape", [SCHEMA_POSITIONS], "markers.shape"), b.const([width])],
+                            "markers.shape_4d", axis=0)  # fmt: skip
+        markers = b.op("Reshape", [gather_rows(b, hidden, flat, width, "markers.flat"), marker_shape], "markers")
+        task = b.op("Squeeze", [b.op("Slice", [markers, b.const([0]), b.const([1]), b.const([2])], "task_4d"),
+                                b.const([2])], "task")  # fmt: skip
+        fields = b.op("Slice", [markers, b.const([1]), b.const([np.iinfo(np.int64).max]), b.const([2])], "fields")
         counts = self._mlp(task, "count_pred", [2 * width, MAX_COUNT], COUNT_LOGITS)
         classes = b.op("Squeeze", [self._mlp(fields, "classifier", [2 * width, 1], "classifier.logits"),
-                                   b.const([2])], CLASS_LOGITS)  # fmt: skip
-        queries = self._first_instance(fields)
+                                   b.const([3])], CLASS_LOGITS)  # fmt: skip
+        queries = self._instances(fields)
         logits = marker_span_logits(b, self.weights, words, queries, "span_rep.span_rep_layer", width,
                                     self.config.max_width)  # fmt: skip
         return b.op("Sigmoid", [logits], SPAN_SCORES), counts, classes
 
-    def _first_instance(self, fields: str) -> str:
-        """The count module's first structure instance for each field [B, M, D]: one GRU step from the first count
-        embedding, the field its state; then count_lstm's MLP over [step, field], or count_lstm_v2's transformer
-        over the row's fields (step + field)."""
+    def _instances(self, fields: str) -> str:
+        """The count module's structure instances `INSTANCES` for each field of each schema, as span queries
+        [B, S * I * M, D] in (schema, instance, field) order: a GRU over the instances' count embeddings, each
+        field its initial state (torch's GRU is ONNX's with `linear_before_reset`); then count_lstm's MLP over
+        [state, field], or count_lstm_v2's transformer over each schema's fields (state + field), per instance."""
         b, width = self.b, self.width
-        start = self.weights.get("count_embed.pos_embedding.weight", (MAX_COUNT, width))[0]
-        w_ih = self.weights.get("count_embed.gru.weight_ih_l0", (3 * width, width))
-        b_ih = self.weights.get("count_embed.gru.bias_ih_l0", (3 * width,))
-        w_hh = self.weights.get("count_embed.gru.weight_hh_l0", (3 * width, width))
-        b_hh = self.weights.get("count_embed.gru.bias_hh_l0", (3 * width,))
-        gate_in = w_ih @ start + b_ih  # the input is the same for every field: folded here
-        gates = b.op("Add", [b.op("MatMul", [fields, b.weight("count.gru.w_hh", w_hh.T)], "count.gru.gh_mm"),
-                             b.weight("count.gru.b_hh", b_hh)], "count.gru.gh")  # fmt: skip
-        parts = {}
-        for index, gate in enumerate(("r", "z", "n")):
-            parts[gate] = b.op("Slice", [gates, b.const([index * width]), b.const([(index + 1) * width]),
-                                         b.const([2])], f"count.gru.h_{gate}")  # fmt: skip
-        i_r, i_z, i_n = (gate_in[index * width : (index + 1) * width].astype(np.float32) for index in range(3))
-        reset = b.op("Sigmoid", [b.op("Add", [parts["r"], b.weight("count.gru.i_r", i_r)], "count.gru.r_in")],
-                     "count.gru.r")  # fmt: skip
-        update = b.op("Sigmoid", [b.op("Add", [parts["z"], b.weight("count.gru.i_z", i_z)], "count.gru.z_in")],
-                      "count.gru.z")  # fmt: skip
-        candidate = b.op("Tanh", [b.op("Add", [b.weight("count.gru.i_n", i_n),
-                                                b.op("Mul", [reset, parts["n"]], "count.gru.rh")], "count.gru.n_in")],
-                         "count.gru.n")  # fmt: skip
-        # h' = (1 - z) * n + z * h = n + z * (h - n)
-        step = b.op("Add", [candidate, b.op("Mul", [update, b.op("Sub", [fields, candidate], "count.gru.h_minus_n")],
-                                            "count.gru.z_diff")], "count.gru.step")  # fmt: skip
+        table = self.weights.get("count_embed.pos_embedding.weight", (MAX_COUNT, width))
+        steps = b.op("Gather", [b.weight("count.pos_embedding", table), INSTANCES], "count.steps_2d", axis=0)
+        steps = b.op("Unsqueeze", [steps, b.const([1])], "count.steps")  # [I, 1, D]
+        states = b.op("Reshape", [fields, b.const([1, -1, width])], "count.initial")  # [1, N = B * S * M, D]
+        x_shape = b.op("Concat", [b.op("Shape", [steps], "count.i", end=1),
+                                  b.op("Shape", [states], "count.nd", start=1)], "count.x_shape", axis=0)  # fmt: skip
+        sequence = b.op("Expand", [steps, x_shape], "count.x")  # [I, N, D]
+        gru = {}
+        for kind in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"):
+            stored = self.weights.get(
+                f"count_embed.gru.{kind}", (3 * width, width) if "weight" in kind else (3 * width,)
+            )
+            reset, update, candidate = np.split(stored, 3)
+            gru[kind] = np.concatenate([update, reset, candidate])  # ONNX orders the gates update, reset, hidden
+        hidden = b.op("GRU", [sequence, b.weight("count.gru.W", gru["weight_ih_l0"][None]),
+                              b.weight("count.gru.R", gru["weight_hh_l0"][None]),
+                              b.weight("count.gru.B", np.concatenate([gru["bias_ih_l0"], gru["bias_hh_l0"]])[None]),
+                              "", states], "count.gru", hidden_size=width, linear_before_reset=1)  # fmt: skip
+        hidden = b.op("Squeeze", [hidden, b.const([1])], "count.hidden")  # [I, N, D]
+        each_field = b.op("Expand", [states, b.op("Shape", [hidden], "count.hidden_shape")], "count.fields")
         if self.config.counting_layer == "count_lstm":
-            joined = b.op("Concat", [step, fields], "count.joined", axis=2)
-            return self._mlp(joined, "count_embed.projector", [4 * width, width], "count.queries", width_in=2 * width)
-        return self._field_transformer(b.op("Add", [step, fields], "count.seeded"))
+            joined = b.op("Concat", [hidden, each_field], "count.joined", axis=2)
+            queries = self._mlp(joined, "count_embed.projector", [4 * width, width], "count.projected",
+                                width_in=2 * width)  # fmt: skip
+        else:  # [I, N, D] -> [I * B * S, M, D]: attention within each schema's fields, per instance
+            per_schema_shape = b.op("Concat", [b.const([-1]), b.op("Shape", [fields], "fields.md", start=2)],
+                                    "count.per_schema_shape", axis=0)  # fmt: skip
+            seeded = b.op("Add", [hidden, each_field], "count.seeded")
+            queries = self._field_transformer(b.op("Reshape", [seeded, per_schema_shape], "count.per_schema"))
+        # [I, B, S, M, D] -> [B, S, I, M, D] -> [B, S * I * M, D]
+        out_shape = b.op("Concat", [b.const([-1]), b.op("Shape", [fields], "fields.shape")], "count.out_shape", axis=0)
+        instances = b.op("Reshape", [queries, out_shape], "count.instances")
+        ordered = b.op("Transpose", [instances], "count.ordered", perm=[1, 2, 0, 3, 4])
+        return b.op("Reshape", [ordered, b.const([0, -1, width])], "count.queries")
 
     def _field_transformer(self, x: str) -> str:
         """count_lstm_v2's DownscaledTransformer over each row's fields (padding fields masked as keys): in
@@ -192,18 +206,16 @@ class _Gliner2Head:
         b, width, inner = self.b, self.width, FIELD_TRANSFORMER_WIDTH
         prefix = "count_embed.transformer"
         h = linear(b, self.weights, x, f"{prefix}.in_projector", width, inner)
-        # [B, M] -> [B, 1, 1, M]: 0 for a real field, a large negative number for padding
-        positions = b.op("Range", [b.const(0), b.op("Squeeze", [b.op("Shape", [x], "fields.shape", start=1, end=2),
+        # [I * B * S, M] -> [I * B * S, 1, 1, M]: 0 for a real field of its schema, a large negative number for
+        # padding (the field counts [B, S] repeated for every instance)
+        positions = b.op("Range", [b.const(0), b.op("Squeeze", [b.op("Shape", [x], "fields.m", start=1, end=2),
                                                                   b.const([0])], "fields.count"),
                                    b.const(1)], "fields.range")  # fmt: skip
-        real = b.op(
-            "Less",
-            [
-                b.op("Unsqueeze", [positions, b.const([0])], "fields.range_2d"),
-                b.op("Unsqueeze", [FIELD_COUNTS, b.const([1])], "fields.counts_2d"),
-            ],
-            "fields.real",
-        )
+        counts = b.op("Tile", [b.op("Reshape", [FIELD_COUNTS, b.const([1, -1])], "fields.counts_row"),
+                               b.op("Concat", [b.op("Shape", [INSTANCES], "fields.instances"), b.const([1])],
+                                    "fields.tiles", axis=0)], "fields.counts_tiled")  # fmt: skip
+        counts = b.op("Reshape", [counts, b.const([-1, 1])], "fields.counts_2d")
+        real = b.op("Less", [b.op("Unsqueeze", [positions, b.const([0])], "fields.range_2d"), counts], "fields.real")
         bias = b.op("Where", [real, b.const(0.0, np.float32), b.const(-1e9, np.float32)], "fields.bias")
         bias = b.op("Unsqueeze", [bias, b.const([1, 2])], "fields.bias_4d")
         for layer in range(FIELD_TRANSFORMER_LAYERS):

@@ -76,14 +76,16 @@ WORD_COUNTS: Final = "word_counts"
 LABEL_POSITIONS: Final = "label_positions"
 SPAN_SCORES: Final = "span_scores"
 # A GLiNER2 span checkpoint (`gliner2.py`: config.json `model_type: extractor`, the encoder's config in
-# encoder_config/): beside WORD_POSITIONS and WORD_COUNTS, the token position of each row's schema markers
-# ([P] then each field's [E] or [L]) and how many fields each row has; out come the sigmoid span scores of the first
-# structure instance [rows, words, widths, fields], the count head's logits [rows, counts] and each field's
-# classifier logit [rows, fields].
+# encoder_config/): beside WORD_POSITIONS and WORD_COUNTS, the token positions of each row's schemas' markers
+# ([rows, schemas, 1 + fields]: [P] then each field's [E], [L] or [R]), how many fields each schema has [rows,
+# schemas], and the structure instances to score ([instances]: 0, 1, ...); out come the sigmoid span scores
+# [rows, words, widths, schemas x instances x fields], the count head's logits [rows, schemas, counts] and each
+# field's classifier logit [rows, schemas, fields].
 GLINER2_HEAD: Final = "gliner2"
 GLINER2_MODEL_TYPE: Final = "extractor"
 SCHEMA_POSITIONS: Final = "schema_positions"
 FIELD_COUNTS: Final = "field_counts"
+INSTANCES: Final = "instances"
 COUNT_LOGITS: Final = "count_logits"
 CLASS_LOGITS: Final = "class_logits"
 ENCODER_CONFIG_DIR: Final = "encoder_config"
