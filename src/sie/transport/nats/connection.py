@@ -8,6 +8,7 @@ Owns the nats-py client object; it never publishes or subscribes by itself.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
@@ -105,14 +106,26 @@ class Connection:
         if self.client.is_closed:
             return
         if not self.client.is_connected:
-            await self.client.close()  # nothing can be drained while reconnecting
+            await self._close_client()  # nothing can be drained while reconnecting
             return
         try:
             await self.client.drain()
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             logger.warning("NATS drain failed, closing: %s", exc)
         if not self.client.is_closed:
+            await self._close_client()
+
+    async def _close_client(self) -> None:
+        """nats-py's close. While it reconnects, its close cancels the reconnecting task, whose socket it then waits
+        to see closed: that wait can end in a CancelledError that is not ours (the socket is closed all the same).
+        Our own task's cancellation still propagates."""
+        try:
             await self.client.close()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            logger.debug("NATS close: the socket's close was cancelled with the reconnect; it is closed")
 
 
 class _Events:
