@@ -159,3 +159,15 @@ def test_a_member_that_cannot_be_served_fails_the_load_naming_it(union: tuple, m
         loader.load(union_config(directory / "primary" / "gliner", members, COMPOSITION), "default", "acme/u")
     assert message in str(raised.value)
     assert "acme/u" in str(raised.value)
+
+
+def test_preparing_a_union_fetches_and_converts_every_member(union: tuple) -> None:
+    _, _, loader, directory = union
+    members = [{"model": MEMBER, "revision": REVISION, "options": MEMBER_OPTIONS}]
+    model = union_config(directory / "primary" / "gliner", members, COMPOSITION)
+    converted = set((directory / "cache" / "converted").glob("*.onnx"))
+    for graph in converted:  # what the fixture's load converted: preparing again must make both again
+        graph.unlink()
+    prepared = loader.prepare(model, "default", model.sie_id)  # what `sie models pull` does
+    assert prepared.model_dir == directory / "primary" / "gliner"
+    assert len(set((directory / "cache" / "converted").glob("*.onnx"))) == 2  # the own checkpoint's and the member's
