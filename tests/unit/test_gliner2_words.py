@@ -18,6 +18,8 @@ def test_words_are_lower_cased_with_offsets_into_the_text() -> None:
     assert [w.text for w in words] == ["mail", "ann-lee", "at", "ann@x.org", "or", "see", "https://x.org/a?b,",
                                        "@ann_lee", "!"]  # fmt: skip
     assert all(text[w.start : w.end].lower() == w.text for w in words)
+    # a combining mark (a decomposed é) stays inside its word, as gliner2 reads it
+    assert [w.text for w in split_words("cafe\u0301 ok")] == ["cafe\u0301", "ok"]
 
 
 def test_a_sentence_end_is_added_to_a_text_without_one() -> None:

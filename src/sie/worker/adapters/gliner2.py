@@ -19,10 +19,11 @@ label's best score; with `positive_label`, a text takes that label when any wind
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Final
 
 import attrs
@@ -62,18 +63,23 @@ MAX_WINDOWS = 128
 CLASSIFY_OVERLAP_WORDS = 64
 # The options a profile's load-time options may set (the public adapter's), and the ones a request may change.
 LOADTIME_OPTIONS: Final = ("threshold", "classification_task", "default_labels", "multi_label", "positive_label")
-_COMBINING_MARKS = "".join(chr(code) for code in range(sys.maxunicode + 1)
-                           if unicodedata.category(chr(code)).startswith("M"))  # fmt: skip
-_WORD = rf"[\w{_COMBINING_MARKS}\u200c\u200d]"
-# gliner2's WhitespaceTokenSplitter: links, e-mail addresses, handles, words (joined by - or _), or one character.
-WORD_PATTERN = re.compile(
-    rf"""(?:https?://[^\s]+|www\.[^\s]+)
-    |[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{{2,}}
-    |@[a-z0-9_]+
-    |{_WORD}+(?:[-_]{_WORD}+)*
-    |\S""",
-    re.VERBOSE | re.IGNORECASE,
-)
+
+
+@functools.cache
+def word_pattern() -> re.Pattern[str]:
+    """gliner2's WhitespaceTokenSplitter: links, e-mail addresses, handles, words (joined by - or _; combining marks
+    and zero-width joiners belong to a word), or one other character. Made on first use: listing the combining
+    marks reads every code point (about 0.4 s), which only a GLiNER2 model needs."""
+    marks = "".join(chr(code) for code in range(sys.maxunicode + 1) if unicodedata.category(chr(code)).startswith("M"))
+    word = rf"[\w{marks}\u200c\u200d]"
+    return re.compile(
+        rf"""(?:https?://[^\s]+|www\.[^\s]+)
+        |[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{{2,}}
+        |@[a-z0-9_]+
+        |{word}+(?:[-_]{word}+)*
+        |\S""",
+        re.VERBOSE | re.IGNORECASE,
+    )
 
 
 @attrs.frozen
@@ -86,7 +92,7 @@ class Gliner2Word:
 
 
 def split_words(text: str) -> list[Gliner2Word]:
-    return [Gliner2Word(match.group().lower(), match.start(), match.end()) for match in WORD_PATTERN.finditer(text)]
+    return [Gliner2Word(match.group().lower(), match.start(), match.end()) for match in word_pattern().finditer(text)]
 
 
 def model_text(text: str) -> str:
@@ -360,21 +366,29 @@ class Gliner2Adapter(Adapter):
             results[index] = ItemResult(result, input_tokens=tokens[index])
 
 
-def _candidates(scores: np.ndarray, window: Window, request: _Request) -> list[tuple[int, float, int, int]]:
-    """The spans of one window at or above the threshold whose first word the window owns, as (label, score, start,
-    end) in the read text's characters, in gliner2's order (by start word, then width)."""
+def _spans_over(scores: np.ndarray, window: Window, request: _Request) -> Iterator[tuple[int, float, int, int]]:
+    """The spans of a window's [words, widths] scores at or above the threshold that end within it and cover some
+    text, as (first word, score, start, end) in the read text's characters, in gliner2's order (by start word, then
+    width)."""
     words = window.stop - window.start
-    found = []
-    for label in range(len(request.labels)):
-        starts, widths = np.nonzero(scores[:words, :, label] >= request.settings.threshold)
-        for start, width in zip(starts.tolist(), widths.tolist(), strict=True):
-            first, last = window.start + start, window.start + start + width
-            if width + start >= words or not window.own_start <= first < window.own_stop:
-                continue
-            begin, end = request.words[first].start, request.words[last].end
-            if request.read[begin:end].strip():
-                found.append((label, float(scores[start, width, label]), begin, end))
-    return found
+    starts, widths = np.nonzero(scores[:words] >= request.settings.threshold)
+    for start, width in zip(starts.tolist(), widths.tolist(), strict=True):
+        if start + width >= words:
+            continue
+        first = window.start + start
+        begin, end = request.words[first].start, request.words[first + width].end
+        if request.read[begin:end].strip():
+            yield first, float(scores[start, width]), begin, end
+
+
+def _candidates(scores: np.ndarray, window: Window, request: _Request) -> list[tuple[int, float, int, int]]:
+    """Each label's spans of one window whose first word the window owns, as (label, score, start, end)."""
+    return [
+        (label, score, begin, end)
+        for label in range(len(request.labels))
+        for first, score, begin, end in _spans_over(scores[:, :, label], window, request)
+        if window.own_start <= first < window.own_stop
+    ]
 
 
 def _decoded(candidates: list[tuple[int, float, int, int]], request: _Request) -> list[dict[str, Any]]:
@@ -459,19 +473,12 @@ def _relations(  # noqa: PLR0913 - one row's outputs and where its queries lie
 
 def _best_span(scores: np.ndarray, window: Window, request: _Request) -> tuple[str, float] | None:
     """The best-scoring span of a window's [words, widths] scores at or above the threshold, as (its text, score);
-    None when there is none."""
-    words = window.stop - window.start
-    best: tuple[str, float] | None = None
-    starts, widths = np.nonzero(scores >= request.settings.threshold)
-    for start, width in zip(starts.tolist(), widths.tolist(), strict=True):
-        if start + width >= words:
-            continue
-        first, last = window.start + start, window.start + start + width
-        text = request.read[request.words[first].start : request.words[last].end].strip()
-        score = float(scores[start, width])
-        if text and (best is None or score > best[1]):
-            best = (text, score)
-    return best
+    None when there is none (the first of equal scores, as gliner2 keeps it)."""
+    spans = list(_spans_over(scores, window, request))
+    if not spans:
+        return None
+    _, score, begin, end = max(spans, key=lambda span: span[1])
+    return request.read[begin:end].strip(), score
 
 
 def _best_relations(found: list[tuple[str, str, str, float]]) -> list[dict[str, Any]]:
