@@ -18,7 +18,6 @@ import hashlib
 import logging
 import os
 import time
-import uuid
 from collections.abc import Callable, Collection, Coroutine, Iterator, Sequence
 from typing import Any, Final, Protocol
 
@@ -359,7 +358,8 @@ def uuid7() -> str:
     value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10))
     value = value & ~(0xF << 76) | 0x7 << 76  # version 7
     value = value & ~(0x3 << 62) | 0x2 << 62  # variant 10
-    return str(uuid.UUID(int=value))
+    digits = f"{value:032x}"  # what str(uuid.UUID(int=value)) writes, in a third of its time (one id per request)
+    return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"
 
 
 def publish_error(error: BaseException, subject: str) -> Exception:
