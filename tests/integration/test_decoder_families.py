@@ -21,6 +21,7 @@ from sie.catalog import parse_model_config
 from sie.wire.queue import GenerateParams
 from sie.worker.convert import convert_decoder_checkpoint, convert_decoder_hidden, convert_gguf
 from sie.worker.convert.cache_keys import decoder_cache_key
+from sie.worker.convert.errors import ConversionError
 from sie.worker.errors import ModelLoadError
 from sie.worker.generation.kv_cache import CacheShape
 from sie.worker.loading import ModelLoader, graph_bytes
@@ -37,6 +38,7 @@ from support.decoder_checkpoints import (
     run_generation_graph,
     save_base_model,
     save_causal_lm,
+    save_gemma3_with_vision,
     session,
     write_tokenizer,
 )
@@ -68,6 +70,79 @@ def test_the_generation_graph_equals_transformers(checkpoint, tmp_path: Path) ->
     head_dim = getattr(reference, "head_dim", None) or reference.hidden_size // reference.num_attention_heads
     model_type = {"gemma3": "gemma3_text"}.get(family, family)
     assert (config["model_type"], config["sie_graph"], config["head_dim"]) == (model_type, "generate", head_dim)
+
+
+@pytest.fixture(scope="module")
+def gemma3_with_vision(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    directory = tmp_path_factory.mktemp("gemma3-vision")
+    return directory, save_gemma3_with_vision(directory)
+
+
+def inner_name(name: str) -> str:
+    """A tensor's name in transformers' in-memory layout of Gemma3ForConditionalGeneration."""
+    if name.startswith("language_model.model."):
+        return "model.language_model." + name.removeprefix("language_model.model.")
+    if name.startswith("language_model."):  # its lm_head, when untied
+        return name.removeprefix("language_model.")
+    return "model." + name  # the vision tower and its projector
+
+
+@pytest.mark.parametrize("layout", ["hub", "inner"])
+def test_a_gemma3_with_a_vision_tower_converts_its_language_model(
+    gemma3_with_vision: tuple[Path, Any], layout: str, tmp_path: Path
+) -> None:
+    """translategemma's class: the language model of a Gemma3ForConditionalGeneration checkpoint (config `gemma3`,
+    `text_config`) equals transformers' whole model on text, in the layout transformers saves (the Hub's:
+    `language_model.model.…`) and in its in-memory one (`model.language_model.…`, `lm_head` at the top)."""
+    from safetensors.numpy import load_file, save_file
+
+    directory, model = gemma3_with_vision
+    if layout == "inner":
+        tensors = load_file(directory / "model.safetensors")
+        renamed = {inner_name(name): value for name, value in tensors.items()}
+        assert "model.language_model.embed_tokens.weight" in renamed
+        copy = tmp_path / "inner"
+        copy.mkdir()
+        for file in directory.iterdir():
+            if file.name != "model.safetensors":
+                (copy / file.name).write_bytes(file.read_bytes())
+        save_file(renamed, copy / "model.safetensors", metadata={"format": "pt"})
+        directory = copy
+    converted = convert_decoder_checkpoint(directory, tmp_path / "decoder")
+    config = json.loads((converted.directory / "config.json").read_text())
+    assert config["model_type"] == "gemma3_text"
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(4, VOCAB, size=length).tolist() for length in LENGTHS]
+    for seen, logits in run_generation_graph(session(converted.graph), CacheShape.from_config(config), prompts, 2):
+        for row, ids in enumerate(seen):
+            assert float(np.abs(logits[row] - reference_logits(model, ids)).max()) <= TOLERANCE, ids
+
+
+async def test_a_gemma3_with_a_vision_tower_generates_as_transformers(
+    gemma3_with_vision: tuple[Path, Any], model_loader: ModelLoader
+) -> None:
+    """Through the model loader (what `sie run` does with translategemma's YAML): greedy text equals transformers'."""
+    import torch
+
+    directory, model = gemma3_with_vision
+    loaded = model_loader.load(generation_yaml(directory, "gemma3"), "default", "acme/gemma3-chat")
+    try:
+        prompt = "w1 w2 w3 w4"
+        ids = loaded.tokenizer.encode_batch([prompt])[0].input_ids.tolist()
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False,
+                                 pad_token_id=0)  # fmt: skip
+        expected = loaded.adapter.decode_text(out[0, len(ids) :].tolist())
+        request = GenerateParams(prompt=prompt, max_new_tokens=16, temperature=0.0)
+        assert await generate_all(loaded.adapter, [request]) == [expected]
+    finally:
+        loaded.close()
+
+
+def test_a_gemma3_config_without_a_text_config_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma3", "vision_config": {}}))
+    with pytest.raises(ConversionError, match="a gemma3 config needs a text_config"):
+        convert_decoder_checkpoint(tmp_path, tmp_path / "decoder")
 
 
 def test_a_sliding_window_is_applied(tmp_path: Path) -> None:
@@ -319,7 +394,7 @@ def test_append_eos_needs_a_template_post_processor_or_none(model_loader: ModelL
 
 @pytest.mark.parametrize(
     ("model_type", "named"),
-    [("qwen3_moe", "qwen3_moe"), ("gemma3", "gemma3"), ("qwen3_vl", "qwen3_vl")],
+    [("qwen3_moe", "qwen3_moe"), ("gemma3n", "gemma3n"), ("qwen3_vl", "qwen3_vl")],
 )
 def test_a_decoder_that_is_not_built_fails_its_load_naming_it(
     model_type: str, named: str, model_loader: ModelLoader, tmp_path: Path

@@ -84,6 +84,28 @@ def gemma3_config(bidirectional: bool = False) -> Any:
     )  # fmt: skip
 
 
+def save_gemma3_with_vision(directory: Path, seed: int = 0) -> torch.nn.Module:
+    """A Gemma 3 with its vision tower (transformers' Gemma3ForConditionalGeneration, translategemma's class): the tiny
+    text config above beside a one-layer SigLIP tower, every parameter moved off its initial value, saved with the
+    test tokenizer (transformers writes the Hub's layout: `language_model.model.…`); returns the model (the
+    reference)."""
+    import torch
+    import transformers
+
+    vision = transformers.SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, image_size=28, patch_size=14)  # fmt: skip
+    config = transformers.Gemma3Config(text_config=gemma3_config().to_dict(), vision_config=vision.to_dict(),
+                                       mm_tokens_per_image=4)  # fmt: skip
+    torch.manual_seed(seed)
+    model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.2)
+    model.save_pretrained(directory)
+    write_tokenizer(directory)
+    return model
+
+
 def random_causal_lm(family: str, seed: int = 0, config: Any = None) -> torch.nn.Module:
     """The family's causal LM (of `config`, else the family's) with every parameter moved well away from its initial
     value (norm scales included), so each tensor the converter reads changes the output."""

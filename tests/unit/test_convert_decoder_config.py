@@ -21,6 +21,24 @@ def parse(model_type: str, **fields: object):
     return parse_decoder_config({"model_type": model_type, **BASE, **fields}, "config.json")
 
 
+def test_a_gemma3_with_a_vision_tower_reads_its_text_config_over_the_defaults() -> None:
+    """translategemma's config: `gemma3` with the language model in `text_config`, which names only what differs
+    from Gemma3TextConfig's defaults (the Hub's Gemma 3 configs leave out the vocabulary and the head counts)."""
+    raw = {"model_type": "gemma3", "tie_word_embeddings": True, "eos_token_id": [1, 106],
+           "text_config": {"model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240,
+                           "num_hidden_layers": 34, "sliding_window": 1024, "final_logit_softcapping": 30.0,
+                           "tie_word_embeddings": False, "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+           "vision_config": {"model_type": "siglip_vision_model"}}  # fmt: skip
+    config = parse_decoder_config(raw, "config.json")
+    assert (config.model_type, config.vocab_size, config.num_attention_heads, config.num_key_value_heads) == (
+        "gemma3_text", 262_208, 8, 4,
+    )  # fmt: skip
+    assert (config.hidden_size, config.num_hidden_layers, config.head_dim) == (2560, 34, 256)
+    # the wrapper ties what its top level says and caps no logits (transformers' Gemma3ForConditionalGeneration)
+    assert config.tie_word_embeddings and config.final_logit_softcap is None
+    assert config.layer_windows[:6] == (1024, 1024, 1024, 1024, 1024, None) and is_decoder_config(raw)
+
+
 def test_each_family_gets_its_own_options() -> None:
     llama = parse("llama", attention_bias=True, mlp_bias=True)
     assert (llama.qkv_bias, llama.output_bias, llama.mlp_bias, llama.qk_norm) == (True, True, True, False)
@@ -101,7 +119,9 @@ def test_rope_frequencies_of_each_type() -> None:
     ("config", "message"),
     [
         ({"model_type": "qwen3_moe", **BASE}, "model_type 'qwen3_moe' is not a decoder family"),
-        ({"model_type": "gemma3", **BASE}, "model_type 'gemma3'"),
+        ({"model_type": "gemma3n", **BASE}, "model_type 'gemma3n'"),
+        ({"model_type": "gemma3", **BASE}, "a gemma3 config needs a text_config"),
+        ({"model_type": "gemma3", "text_config": {"model_type": "llama"}}, "text_config.model_type 'llama'"),
         ({"model_type": "llama", **BASE, "hidden_act": "gelu"}, "hidden_act 'gelu'"),
         ({"model_type": "llama", **BASE, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "'dynamic'"),
         ({"model_type": "llama", **BASE, "rope_parameters": {"partial_rotary_factor": 0.5}}, "partial rotary"),

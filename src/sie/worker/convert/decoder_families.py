@@ -22,7 +22,9 @@ own RoPE base (`rope_local_base_freq`, or `rope_parameters.sliding_attention`), 
 `sliding_window // 2` tokens either side, as transformers reads that config.
 
 `checkpoint_weights` serves a checkpoint's tensors under the graph's names, whether it was saved from the causal-LM
-class (`model.layers.…`, `lm_head.weight`) or the bare model (`layers.…`, as the embedding models ship).
+class (`model.layers.…`, `lm_head.weight`) or the bare model (`layers.…`, as the embedding models ship). A Gemma 3
+with a vision tower (`gemma3`: config `text_config`, weights under `language_model.`) serves its language model: the
+checkpoints that name it take text only (translategemma).
 """
 
 from __future__ import annotations
@@ -38,10 +40,37 @@ from sie.worker.convert.names import DECODER_MODEL_TYPES
 from sie.worker.convert.safetensors_io import Checkpoint
 
 MODEL_PREFIX: Final = "model."
+# Gemma 3 with its vision tower (Gemma3ForConditionalGeneration: translategemma, gemma-3-4b-it): its language model is
+# a `gemma3_text` decoder, described by the config's `text_config` and stored under one of these prefixes (the Hub's
+# layout, which transformers still saves; transformers' in-memory one), the vision tower beside it.
+GEMMA3_WITH_VISION: Final = "gemma3"
+HUB_LANGUAGE_MODEL: Final = "language_model."
+INNER_LANGUAGE_MODEL: Final = "model.language_model."
+# Gemma3TextConfig's defaults for what a `text_config` may leave out (the Hub's Gemma 3 configs name only what
+# differs); the other keys' defaults are the parser's own.
+GEMMA3_TEXT_DEFAULTS: Final = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
+                               "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4}  # fmt: skip
+
+
+def language_model_config(raw: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """The `gemma3_text` config of a Gemma 3 checkpoint with a vision tower: its `text_config` over Gemma3TextConfig's
+    defaults; the top level's `tie_word_embeddings` (what the wrapper ties) wins over the text config's, and no final
+    logit soft cap (the wrapper's head applies none, whatever the text config names)."""
+    text = raw.get("text_config")
+    if not isinstance(text, Mapping):
+        raise ConversionError("a gemma3 config needs a text_config (its language model)", source=source)
+    if text.get("model_type", "gemma3_text") != "gemma3_text":
+        raise ConversionError(f"text_config.model_type {text.get('model_type')!r} is not gemma3_text", source=source)
+    config = {**GEMMA3_TEXT_DEFAULTS, **text, "model_type": "gemma3_text", "final_logit_softcapping": None}
+    if "tie_word_embeddings" in raw:
+        config["tie_word_embeddings"] = raw["tie_word_embeddings"]
+    return config
 
 
 def parse_decoder_config(raw: Mapping[str, Any], source: str) -> DecoderConfig:
     """The DecoderConfig of a decoder checkpoint's config.json; ConversionError names what is missing or unsupported."""
+    if raw.get("model_type") == GEMMA3_WITH_VISION:
+        raw = language_model_config(raw, source)
     model_type = raw.get("model_type")
     if model_type not in DECODER_MODEL_TYPES:
         raise ConversionError(
@@ -207,10 +236,17 @@ def _layer_windows(raw: Mapping[str, Any], model_type: str, layers: int, source:
 
 def checkpoint_weights(checkpoint: Checkpoint, config: DecoderConfig) -> DecoderWeights:
     """The checkpoint's tensors under the graph's names: a bare model's (`layers.0…`, `embed_tokens.weight`) get the
-    `model.` prefix a causal LM's carry."""
+    `model.` prefix a causal LM's carry; a Gemma 3 with a vision tower serves its language model's (the tower and its
+    projector are never read)."""
     bare = "model.embed_tokens.weight" not in checkpoint and "embed_tokens.weight" in checkpoint
+    hub_layout = f"{HUB_LANGUAGE_MODEL}model.embed_tokens.weight" in checkpoint
+    inner_layout = f"{INNER_LANGUAGE_MODEL}embed_tokens.weight" in checkpoint
 
     def stored(name: str) -> str:
+        if hub_layout:  # language_model.model.layers…, language_model.lm_head.weight
+            return HUB_LANGUAGE_MODEL + name
+        if inner_layout and name.startswith(MODEL_PREFIX):  # model.language_model.layers…, lm_head.weight
+            return INNER_LANGUAGE_MODEL + name.removeprefix(MODEL_PREFIX)
         return name.removeprefix(MODEL_PREFIX) if bare and name.startswith(MODEL_PREFIX) else name
 
     return DecoderWeights(

@@ -80,7 +80,9 @@ def convert_decoder_checkpoint(model_dir: Path, out_dir: Path, precision: str = 
     config = parse_decoder_config(raw, str(model_dir / CONFIG_FILE))
     _write_graph(config, checkpoint_weights(Checkpoint(model_dir), config), chosen, DecoderShape.GENERATE,
                  out_dir / GRAPH_FILE)  # fmt: skip
-    special = {key: raw[key] for key in SPECIAL_ID_KEYS if raw.get(key) is not None}
+    # A Gemma 3 with a vision tower may name them in its text_config alone.
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+    special = {key: value for key in SPECIAL_ID_KEYS if (value := raw.get(key, text.get(key))) is not None}
     if (model_dir / GENERATION_CONFIG_FILE).is_file():
         generation = read_json(model_dir / GENERATION_CONFIG_FILE)
         ends = [*_ids(special.get("eos_token_id")), *_ids(generation.get("eos_token_id"))]

@@ -21,8 +21,9 @@ GENERATION_CONFIG_FILE: Final = "generation_config.json"
 CHAT_TEMPLATE_FILE: Final = "chat_template.jinja"  # where transformers 5 saves a chat template
 GLINER_CONFIG_FILE: Final = "gliner_config.json"  # a GLiNER checkpoint's own config (no config.json beside it)
 
-# The `model_type`s of the decoder families converted from a checkpoint (`decoder_families`).
-DECODER_MODEL_TYPES: Final = frozenset({"llama", "mistral", "qwen2", "qwen3", "granite", "gemma3_text"})
+# The `model_type`s of the decoder families converted from a checkpoint (`decoder_families`); `gemma3` is Gemma 3 with
+# its vision tower, of which the language model (a `gemma3_text`) converts.
+DECODER_MODEL_TYPES: Final = frozenset({"llama", "mistral", "qwen2", "qwen3", "granite", "gemma3_text", "gemma3"})
 
 
 def is_decoder_config(config_json: Mapping[str, Any]) -> bool:
@@ -32,7 +33,7 @@ def is_decoder_config(config_json: Mapping[str, Any]) -> bool:
 
 # Families whose activations overflow float16 (Gemma 3's model cards: float32 or bfloat16 only): on a GPU they convert
 # to float32 unless a profile asks for float16 by name.
-FLOAT16_UNSAFE_MODEL_TYPES: Final = frozenset({"gemma3_text"})
+FLOAT16_UNSAFE_MODEL_TYPES: Final = frozenset({"gemma3_text", "gemma3"})
 
 INPUT_IDS: Final = "input_ids"
 ATTENTION_MASK: Final = "attention_mask"
