@@ -68,7 +68,7 @@ def test_the_generation_graph_equals_transformers(checkpoint, tmp_path: Path) ->
     assert runs == 5
     reference = family_config(family)
     head_dim = getattr(reference, "head_dim", None) or reference.hidden_size // reference.num_attention_heads
-    model_type = {"gemma3": "gemma3_text"}.get(family, family)
+    model_type = {"gemma3": "gemma3_text", "hunyuan": "hunyuan_v1_dense"}.get(family, family)
     assert (config["model_type"], config["sie_graph"], config["head_dim"]) == (model_type, "generate", head_dim)
 
 

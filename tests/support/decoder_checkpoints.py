@@ -1,7 +1,7 @@
-"""Tiny random checkpoints of each decoder family (Llama, Mistral, Qwen2, Qwen3, Granite, Gemma 3), built and saved
-by transformers itself with the family's real options switched on (biases, q/k norms, sliding windows shorter than
-the test prompts, explicit head sizes, tied embeddings, each RoPE scaling type, Granite's multipliers, Gemma's
-norms), and a word-level `tokenizer.json` with a ChatML template. torch and transformers (the test extra) are
+"""Tiny random checkpoints of each decoder family (Llama, Mistral, Qwen2, Qwen3, Granite, Gemma 3, HunYuan), built
+and saved by transformers itself with the family's real options switched on (biases, q/k norms, sliding windows
+shorter than the test prompts, explicit head sizes, tied embeddings, each RoPE scaling type, Granite's multipliers,
+Gemma's norms, HunYuan's NTK alpha), and a word-level `tokenizer.json` with a ChatML template. torch and transformers (the test extra) are
 imported when a model is built, not when this module is imported: pytest-xdist collects every module on every
 worker."""
 
@@ -35,7 +35,7 @@ CHAT_TEMPLATE = (
 COMMON = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
           "num_key_value_heads": 2, "vocab_size": VOCAB, "max_position_embeddings": 128,
           "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}  # fmt: skip
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "gemma3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "gemma3", "hunyuan")
 WINDOW = 3  # tokens: shorter than the test prompts, so a window that is not applied changes the answer
 
 
@@ -68,6 +68,11 @@ def family_config(family: str) -> Any:
         # (1 + w) norms around attention and MLP, scaled embeddings, query_pre_attn_scalar, a tanh-GELU gate,
         # windowed layers with their own RoPE base around a full one with linear scaling, a soft cap on the logits
         "gemma3": lambda: gemma3_config(),
+        # q/k RMSNorm per head after the rotation; attention biases; a dynamic RoPE with an NTK alpha (Hy-MT2's)
+        "hunyuan": lambda: transformers.HunYuanDenseV1Config(
+            **COMMON, head_dim=8, attention_bias=True,
+            rope_parameters={"rope_type": "dynamic", "alpha": 50.0, "factor": 1.0, "rope_theta": 100.0},
+        ),
     }  # fmt: skip
     return configs[family]()
 

@@ -39,6 +39,19 @@ def test_a_gemma3_with_a_vision_tower_reads_its_text_config_over_the_defaults() 
     assert config.layer_windows[:6] == (1024, 1024, 1024, 1024, 1024, None) and is_decoder_config(raw)
 
 
+def test_hunyuan_norms_after_the_rotation_and_stretches_its_rope_base_by_alpha() -> None:
+    hunyuan = parse("hunyuan_v1_dense", head_dim=16, attention_bias=True, rope_theta=10_000.0,
+                    rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0, "beta_fast": 32})  # fmt: skip
+    assert (hunyuan.qk_norm, hunyuan.qk_norm_after_rotation, hunyuan.qkv_bias, hunyuan.output_bias) == (
+        True, True, True, True,
+    )  # fmt: skip
+    assert math.isclose(hunyuan.rope_theta, 10_000.0 * 1000.0 ** (16 / 14)) and dict(hunyuan.rope_scaling) == {}
+    assert not hunyuan.mlp_bias and parse("qwen3").qk_norm_after_rotation is False
+    # without an alpha, `dynamic` follows the sequence length: not built
+    with pytest.raises(ConversionError, match="RoPE type 'dynamic' is not supported"):
+        parse("hunyuan_v1_dense", rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+
+
 def test_each_family_gets_its_own_options() -> None:
     llama = parse("llama", attention_bias=True, mlp_bias=True)
     assert (llama.qkv_bias, llama.output_bias, llama.mlp_bias, llama.qk_norm) == (True, True, True, False)

@@ -1,4 +1,5 @@
-"""The decoder families read from a transformers checkpoint: Llama, Mistral, Qwen2, Qwen3, Granite and Gemma 3 (text).
+"""The decoder families read from a transformers checkpoint: Llama, Mistral, Qwen2, Qwen3, Granite, Gemma 3 (text) and
+HunYuan (dense v1).
 `parse_decoder_config` reads `config.json` (either RoPE layout: transformers 5's `rope_parameters` or the Hub's
 `rope_theta` + `rope_scaling`) into the `DecoderConfig` the graph builds from, with each family's differences:
 
@@ -10,6 +11,7 @@
 | qwen2 | yes | no | no | `sliding_window` on `layer_types`' sliding layers, when `use_sliding_window` |
 | qwen3 | `attention_bias` | `attention_bias` | yes | as qwen2 |
 | gemma3_text | `attention_bias` | `attention_bias` | yes | `sliding_window` on `layer_types`' sliding layers (†) |
+| hunyuan_v1_dense | `attention_bias` | `attention_bias` | yes, after the rotation | no |
 
 (†) or, without `layer_types`, on every layer but each `sliding_window_pattern`-th.
 
@@ -20,6 +22,9 @@ query scale, `residual_multiplier` on each block's output before its residual ad
 own RoPE base (`rope_local_base_freq`, or `rope_parameters.sliding_attention`), `final_logit_softcapping`; with
 `use_bidirectional_attention` (embeddinggemma) every token sees every other, and a sliding layer those within
 `sliding_window // 2` tokens either side, as transformers reads that config.
+
+HunYuan is Llama with a per-head RMSNorm on queries and keys after the rotation (`query_layernorm`,
+`key_layernorm`) and, for a `dynamic` RoPE with an `alpha`, a fixed NTK stretch of the base.
 
 `checkpoint_weights` serves a checkpoint's tensors under the graph's names, whether it was saved from the causal-LM
 class (`model.layers.…`, `lm_head.weight`) or the bare model (`layers.…`, as the embedding models ship). A Gemma 3
@@ -40,6 +45,13 @@ from sie.worker.convert.names import DECODER_MODEL_TYPES
 from sie.worker.convert.safetensors_io import Checkpoint
 
 MODEL_PREFIX: Final = "model."
+# The families whose `attention_bias` puts a bias on the q, k, v and output projections.
+ATTENTION_BIAS_FAMILIES: Final = ("llama", "granite", "qwen3", "hunyuan_v1_dense")
+# Where a family stores a tensor under another name than the graph's: HunYuan's per-head q/k norms.
+TENSOR_RENAMES: Final = {
+    "hunyuan_v1_dense": ((".self_attn.q_norm.", ".self_attn.query_layernorm."),
+                         (".self_attn.k_norm.", ".self_attn.key_layernorm.")),
+}  # fmt: skip
 # Gemma 3 with its vision tower (Gemma3ForConditionalGeneration: translategemma, gemma-3-4b-it): its language model is
 # a `gemma3_text` decoder, described by the config's `text_config` and stored under one of these prefixes (the Hub's
 # layout, which transformers still saves; transformers' in-memory one), the vision tower beside it.
@@ -95,6 +107,8 @@ def parse_decoder_config(raw: Mapping[str, Any], source: str) -> DecoderConfig:
     if raw.get("hidden_act", "silu") != "silu":
         raise ConversionError(f"hidden_act {raw.get('hidden_act')!r} is not supported; expected 'silu'", source=source)
     rope_theta, rope_scaling = _rope(raw, source)
+    if model_type == "hunyuan_v1_dense":
+        rope_theta, rope_scaling = _ntk_alpha(rope_theta, rope_scaling, head_dim)
     attention_bias = bool(raw.get("attention_bias", False))
     config = DecoderConfig(
         model_type=str(model_type),
@@ -110,15 +124,26 @@ def parse_decoder_config(raw: Mapping[str, Any], source: str) -> DecoderConfig:
         rope_scaling=rope_scaling,
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        qkv_bias=model_type == "qwen2" or (model_type in ("llama", "granite", "qwen3") and attention_bias),
-        output_bias=model_type in ("llama", "granite", "qwen3") and attention_bias,
+        qkv_bias=model_type == "qwen2" or (model_type in ATTENTION_BIAS_FAMILIES and attention_bias),
+        output_bias=model_type in ATTENTION_BIAS_FAMILIES and attention_bias,
         mlp_bias=model_type in ("llama", "granite") and bool(raw.get("mlp_bias", False)),
-        qk_norm=model_type == "qwen3",
+        qk_norm=model_type in ("qwen3", "hunyuan_v1_dense"),
+        qk_norm_after_rotation=model_type == "hunyuan_v1_dense",
         layer_windows=_layer_windows(raw, str(model_type), layers, source),
         **(_granite_multipliers(raw, source) if model_type == "granite" else {}),
     )
     config.check(source)
     return config
+
+
+def _ntk_alpha(theta: float, scaling: Mapping[str, Any], head_dim: int) -> tuple[float, Mapping[str, Any]]:
+    """HunYuan's `dynamic` RoPE with an `alpha`: a fixed NTK stretch of the base, theta × alpha^(d / (d − 2))
+    (transformers' `ntk_alpha`), the same at every length. Without an alpha `dynamic` follows the sequence length,
+    which the graph's fixed tables do not: it stays as it is and the config check names it."""
+    alpha = scaling.get("alpha")
+    if scaling.get("rope_type") != "dynamic" or not alpha:
+        return theta, scaling
+    return theta * float(alpha) ** (head_dim / (head_dim - 2)), {}
 
 
 def _granite_multipliers(raw: Mapping[str, Any], source: str) -> dict[str, float]:
@@ -242,7 +267,11 @@ def checkpoint_weights(checkpoint: Checkpoint, config: DecoderConfig) -> Decoder
     hub_layout = f"{HUB_LANGUAGE_MODEL}model.embed_tokens.weight" in checkpoint
     inner_layout = f"{INNER_LANGUAGE_MODEL}embed_tokens.weight" in checkpoint
 
+    renames = TENSOR_RENAMES.get(config.model_type, ())
+
     def stored(name: str) -> str:
+        for graph_part, checkpoint_part in renames:
+            name = name.replace(graph_part, checkpoint_part)
         if hub_layout:  # language_model.model.layers…, language_model.lm_head.weight
             return HUB_LANGUAGE_MODEL + name
         if inner_layout and name.startswith(MODEL_PREFIX):  # model.language_model.layers…, lm_head.weight

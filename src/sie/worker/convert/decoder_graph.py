@@ -79,6 +79,7 @@ class DecoderConfig:
     output_bias: bool = False  # a bias on the attention's output projection (Llama's attention_bias)
     mlp_bias: bool = False  # biases on the gate, up and down projections (Llama's mlp_bias)
     qk_norm: bool = False  # RMSNorm over each query and key head before the rotation (Qwen3, Gemma 3)
+    qk_norm_after_rotation: bool = False  # with qk_norm: the norm follows the rotation instead (HunYuan)
     layer_windows: tuple[int | None, ...] = ()  # per layer: the sliding window in tokens, None for full attention
     # Gemma 3's differences: norms scale by (1 + weight), embeddings are multiplied by sqrt(hidden), queries scaled by
     # query_pre_attn_scalar ** -0.5, a norm after attention and around the MLP ("sandwich"), a tanh-GELU gate, the
@@ -500,7 +501,7 @@ class _Decoder:
         if bias is not None:
             qkv = b.op("Add", [qkv, self._weight(f"{name}.qkv_proj.bias", bias)], f"{name}.qkv_biased")
         qkv = b.op("Reshape", [qkv, self._sequence_shape(heads + 2 * kv_heads, d)], f"{name}.qkv_heads")  # [B, S, ., d]
-        if cfg.qk_norm:
+        if cfg.qk_norm and not cfg.qk_norm_after_rotation:
             query, key, value = b.op_multi("Split", [qkv, b.const([heads, kv_heads, kv_heads])],
                                            [f"{name}.q_raw", f"{name}.k_raw", f"{name}.v_raw"], axis=2)  # fmt: skip
             scale = np.float32(cfg.query_scale)
@@ -514,6 +515,10 @@ class _Decoder:
         value = b.op("Transpose", [value], f"{name}.v", perm=[0, 2, 1, 3])
         qk = self._rotate(qk, shared.rotary[cfg.rope_of(layer)], name)
         query, key = b.op_multi("Split", [qk, b.const([heads, kv_heads])], [f"{name}.q", f"{name}.k"], axis=1)
+        if cfg.qk_norm_after_rotation:  # [B, heads, S, d]: the same per-head norm, on rotated heads
+            scale = np.float32(cfg.query_scale)
+            query = self._head_norm(query, self._norm_weight(f"{name}.q_norm.weight", d) * scale, f"{name}.q_norm")
+            key = self._head_norm(key, self._norm_weight(f"{name}.k_norm.weight", d), f"{name}.k_norm")
         if self.cached:
             key = b.op("Concat", [past_key_name(layer), key], present_key_name(layer), axis=2)
             value = b.op("Concat", [past_value_name(layer), value], present_value_name(layer), axis=2)
