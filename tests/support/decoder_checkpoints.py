@@ -1,9 +1,9 @@
-"""Tiny random checkpoints of each decoder family (Llama, Mistral, Qwen2, Qwen3, Granite, Gemma 3, HunYuan), built
-and saved by transformers itself with the family's real options switched on (biases, q/k norms, sliding windows
-shorter than the test prompts, explicit head sizes, tied embeddings, each RoPE scaling type, Granite's multipliers,
-Gemma's norms, HunYuan's NTK alpha), and a word-level `tokenizer.json` with a ChatML template. torch and transformers (the test extra) are
-imported when a model is built, not when this module is imported: pytest-xdist collects every module on every
-worker."""
+"""Tiny random checkpoints of each decoder family (Llama, Mistral, Qwen2, Qwen3, Granite, Gemma 3, HunYuan), built and
+saved by transformers itself with the family's real options switched on (biases, q/k norms, sliding windows shorter
+than the test prompts, explicit head sizes, tied embeddings, each RoPE scaling type, Granite's multipliers, Gemma's
+norms, HunYuan's NTK alpha), and a word-level `tokenizer.json` with a ChatML template. torch and transformers (the
+test extra) are imported when a model is built, not when this module is imported: pytest-xdist collects every module
+on every worker."""
 
 from __future__ import annotations
 
