@@ -41,7 +41,8 @@ GLINER = "tiny/gliner-deberta-v3"
 GLICLASS = "tiny/gliclass-deberta-v3"
 NLI = "tiny/nli-deberta-v3"
 GLIREL = "tiny/glirel-deberta-v3"
-GLINER2, GUARD = "tiny/gliner2", "tiny/gliguard"  # the public gliner2.adapter and gliner2.classification YAMLs' shapes
+# the public gliner2.adapter and gliner2.classification YAMLs' shapes (and the first reading 512 tokens at once)
+GLINER2, GLINER2_LONG, GUARD = "tiny/gliner2", "tiny/gliner2-long", "tiny/gliguard"
 UNION, MEMBER = "tiny/gliner-union", "tiny/token-gliner"  # the public superlinked/pii-redact YAML's shape
 MEMBER_REVISION = "c90187673f464518dca09f41689184ed6976242c"
 UNION_OPTIONS = {"score_floor": 0.45, "window_words": 12, "window_overlap": 3, "propagate_label": "person",
@@ -50,8 +51,10 @@ INSTRUCTION = "w7 w8"
 TOLERANCE = 1e-4
 
 
-def write_yaml(models_dir: Path, sie_id: str, weights: Path, tasks: dict, adapter_path: str, options: dict) -> None:
-    data = {"sie_id": sie_id, "weights_path": str(weights), "max_sequence_length": 96, "tasks": tasks,
+def write_yaml(  # noqa: PLR0913 - one YAML's fields
+    models_dir: Path, sie_id: str, weights: Path, tasks: dict, adapter_path: str, options: dict, max_length: int = 96
+) -> None:
+    data = {"sie_id": sie_id, "weights_path": str(weights), "max_sequence_length": max_length, "tasks": tasks,
             "profiles": {"default": {"adapter_path": adapter_path, "max_batch_tokens": 2048,
                                      "adapter_options": options}}}  # fmt: skip
     (models_dir / f"{sie_id.replace('/', '__')}.yaml").write_text(dump_yaml(data))
@@ -103,6 +106,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     models[GLINER2] = save_gliner2(root / "weights" / "gliner2", seed=3)
     write_yaml(models_dir, GLINER2, root / "weights" / "gliner2" / "gliner2", {"extract": {}},
                "sie_server.adapters.gliner2.adapter:GLiNER2Adapter", {})  # fmt: skip
+    # the same weights reading 512 tokens at once: a structure's prompt and a sentence in one window, as gliner2 reads
+    write_yaml(models_dir, GLINER2_LONG, root / "weights" / "gliner2" / "gliner2", {"extract": {}},
+               "sie_server.adapters.gliner2.adapter:GLiNER2Adapter", {}, max_length=512)  # fmt: skip
     guard = {"classification_task": "prompt_safety", "default_labels": ["safe", "unsafe"], "multi_label": False,
              "positive_label": "unsafe"}  # fmt: skip
     write_yaml(models_dir, GUARD, root / "weights" / "gliner2" / "gliner2", {"extract": {}},
@@ -362,6 +368,19 @@ def test_a_gliner2_model_extracts_entities_and_classifies_as_gliner2(served: Ser
     assert kept
     assert {(r["head"], r["tail"]): r["score"] for r in related["relations"]} == pytest.approx(kept, abs=TOLERANCE)
     assert [e["text"] for e in related["entities"]] == ["Steve Jobs", "founded Apple in Cupertino"]
+    # structured extraction: an output_schema's properties filled as gliner2 fills the public adapter's structure
+    strings = {"type": "array", "items": {"type": "string"}}
+    tone = {"type": "string", "enum": ["positive", "negative"]}
+    schema = {"type": "object", "properties": {"founder": {"type": "string"}, "places": strings, "tone": tone}}
+    client = public_sdk.SIEClient(served.url, timeout_s=120)
+    try:
+        (structured,) = client.extract(GLINER2_LONG, [{"text": text}], output_schema=schema,
+                                       options={"threshold": 0.01}, wait_for_capacity=True)  # fmt: skip
+    finally:
+        client.close()
+    specs = ["founder::str", "places::list", "tone::[positive|negative]::str"]
+    (found,) = reference.batch_extract_json([text], {"_sie_root": specs}, threshold=0.01)
+    assert found["_sie_root"] and structured["data"] == found["_sie_root"][0]
     # what is not built is refused before anything is queued where the gateway can tell
     response = httpx.post(
         f"{served.url}/v1/extract/{GLINER2}",
@@ -369,6 +388,9 @@ def test_a_gliner2_model_extracts_entities_and_classifies_as_gliner2(served: Ser
         json={"items": [{"text": text}], "params": {"labels": labels, "options": {"top_k": 3}}},
     )
     assert response.status_code == 400 and "does not apply to a GLiNER2" in response.text
+    response = httpx.post(f"{served.url}/v1/extract/{GLINER2}", timeout=60,
+                          json={"items": [{"text": text}], "params": {"output_schema": {"type": "array"}}})  # fmt: skip
+    assert response.status_code == 400 and "must be a JSON Schema of type 'object'" in response.text
 
 
 def test_zero_shot_classifiers_score_the_labels_each_request_names(served: Served, public_sdk) -> None:

@@ -26,6 +26,17 @@ TEXTS = [
 ]
 LABELS = ["person", "organization", "city", "award"]
 COUNTING_LAYERS = ["count_lstm", "count_lstm_v2"]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "founder": {"type": "string", "description": "the person who founded it"},
+        "places": {"type": "array", "items": {"type": "string"}},
+        "year": {"type": "string", "title": "a year"},
+        "tone": {"type": "string", "enum": ["positive", "very neutral", "negative"]},
+        "topic": {"type": "string", "enum": ["tech", "science"], "description": "what it is about"},
+    },
+    "required": ["founder"],
+}
 
 
 def gliner2_yaml(directory: Any, name: str, loadtime: dict | None = None, runtime: dict | None = None) -> Any:
@@ -184,7 +195,9 @@ def test_a_long_text_is_read_in_windows(served: tuple, model_loader) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"output_schema": {"type": "object"}}, "structured extraction (output_schema) is not built"),
+        ({"output_schema": {"type": "object"}, "labels": []}, "needs a non-empty 'properties' object"),
+        ({"output_schema": SCHEMA}, "Field 'labels' does not apply with 'output_schema'"),
+        ({"output_schema": {**SCHEMA, "properties": {"a|b": {"type": "string"}}}, "labels": []}, "property name"),
         ({"item": {"text": TEXTS[0], "metadata": {"entities": [{"start": 0, "end": 99}]}}}, "offsets must hold"),
         ({"options": {"top_k": 2}}, "Option 'top_k' does not apply to a GLiNER2"),
         ({"options": {"classification_task": " "}}, "Option 'classification_task' must be"),
@@ -200,6 +213,77 @@ def test_what_is_not_built_is_refused_per_item(served: tuple, change: dict, mess
     refused, kept = adapter.extract([attrs.evolve(items[0], **change), items[1]]).items
     assert not refused.ok and message in refused.error
     assert kept.ok
+
+
+def reference_data(reference: Any, text: str, schema: dict, threshold: float) -> dict[str, Any]:
+    """gliner2's structured extraction as the public adapter asks for it — the schema's properties as the field
+    specifications of one structure, `_sie_root` (`name::str`, `name::list`, `name::[a|b]::str`, `::description`) —
+    and its first instance ({} when none)."""
+    specs = []
+    for name, definition in schema["properties"].items():
+        if definition.get("enum"):
+            spec = f"{name}::[{'|'.join(definition['enum'])}]::str"
+        else:
+            spec = f"{name}::str" if definition["type"] == "string" else f"{name}::list"
+        description = definition.get("description") or definition.get("title")
+        specs.append(f"{spec}::{description}" if description else spec)
+    (found,) = reference.batch_extract_json([text], {"_sie_root": specs}, threshold=threshold)
+    return found["_sie_root"][0] if found["_sie_root"] else {}
+
+
+@pytest.mark.parametrize("threshold", [0.01, 0.4, 0.7])
+def test_structured_extraction_equals_gliner2(served: tuple, threshold: float) -> None:
+    """An output_schema's string, array and enum properties (a multi-word value, descriptions and a title in the
+    prompt) filled as gliner2 fills them: the same values, null and [] where a field found nothing."""
+    import attrs
+
+    reference, adapter, _ = served
+    items = [attrs.evolve(item, output_schema=SCHEMA) for item in extract_items(TEXTS, [], threshold=threshold)]
+    results = adapter.extract(items).items
+    expected = [reference_data(reference, text, SCHEMA, threshold) for text in TEXTS]
+    assert threshold > 0.01 or all(one.get("founder") and one.get("tone") for one in expected), expected
+    assert threshold < 0.7 or any(one.get("places") == [] or one.get("founder") is None for one in expected)
+    for result, theirs in zip(results, expected, strict=True):
+        assert result.ok, result.error
+        assert result.result["data"] == theirs and result.result["entities"] == []
+        assert list(result.result["data"]) in ([], list(SCHEMA["properties"]))
+
+
+def test_a_structure_of_several_instances_answers_the_first(tmp_path, model_loader) -> None:
+    """A count head that sees two instances: gliner2 returns both, a flat object is the first."""
+    import attrs
+
+    reference = save_gliner2(tmp_path, count=2, seed=5)
+    model = gliner2_yaml(tmp_path / "gliner2", "two")
+    adapter = model_loader.load(model, "default", model.sie_id).adapter
+    strings = {"type": "array", "items": {"type": "string"}}
+    schema = {"type": "object", "properties": {"who": {"type": "string"}, "what": strings}}
+    items = [attrs.evolve(item, output_schema=schema) for item in extract_items(TEXTS, [], threshold=0.01)]
+    for text, result in zip(TEXTS, adapter.extract(items).items, strict=True):
+        (found,) = reference.batch_extract_json([text], {"_sie_root": ["who::str", "what::list"]}, threshold=0.01)
+        assert len(found["_sie_root"]) == 2
+        assert result.ok and result.result["data"] == found["_sie_root"][0]
+
+
+def test_structures_batch_with_entities_and_read_long_texts_in_windows(served: tuple, model_loader) -> None:
+    import attrs
+
+    reference, adapter, directory = served
+    entities, structured = extract_items(TEXTS[:2], LABELS, threshold=0.01)
+    structured = attrs.evolve(structured, labels=[], output_schema=SCHEMA)
+    first, second = adapter.extract([entities, structured]).items
+    assert_entities(first, reference_entities(reference, TEXTS[0], LABELS, 0.01), TEXTS[0])
+    assert second.result["data"] == reference_data(reference, TEXTS[1], SCHEMA, 0.01)
+    model = parse_model_config({**gliner2_yaml(directory / "gliner2", "short").raw, "max_sequence_length": 256})
+    short = model_loader.load(model, "default", model.sie_id).adapter
+    text = " ".join(TEXTS[:2] * 12)  # the schema takes ~170 tokens of the 256: windows of ~80
+    (item,) = extract_items([text], [], threshold=0.01)
+    (result,) = short.extract([attrs.evolve(item, output_schema=SCHEMA)]).items
+    assert result.ok, result.error
+    assert result.input_tokens > 2 * 256
+    data = result.result["data"]
+    assert data["tone"] in SCHEMA["properties"]["tone"]["enum"] and isinstance(data["places"], list)
+    assert all(place in text.lower() + "." for place in (p.lower() for p in data["places"]))
 
 
 def test_a_boundary_checkpoint_fails_its_load_naming_it(served: tuple, model_loader, tmp_path) -> None:

@@ -92,3 +92,46 @@ def test_a_relation_extractors_entities_are_checked_before_queueing() -> None:
     ]:
         with pytest.raises(InvalidRequestError, match=message):
             check_extract(route, params, 100, [good, item])
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "tone": {"type": "string", "enum": ["good", "bad"]},
+    },
+}
+THREE_FIELDS = {"type": "object", "properties": {f"f{i}": {"type": "string"} for i in range(3)}}
+
+
+def one_field(definition: dict, name: str = "f") -> dict:
+    return {"type": "object", "properties": {name: definition}}
+
+
+@pytest.mark.parametrize(
+    ("kind", "changes", "limit", "message"),
+    [
+        ("gliner2", {"output_schema": {"type": "array"}}, 100, "must be a JSON Schema of type 'object'"),
+        ("gliner2", {"output_schema": {"type": "object", "properties": {}}}, 100, "non-empty 'properties'"),
+        ("gliner2", {"output_schema": {**SCHEMA, "$defs": {}}}, 100, "keywords structured extraction does not read"),
+        ("gliner2", {"output_schema": {**SCHEMA, "required": ["nope"]}}, 100, "'required' must list distinct"),
+        ("gliner2", {"output_schema": one_field({"type": "integer"})}, 100, "a string enum or an array of strings"),
+        ("gliner2", {"output_schema": one_field({"type": "string"}, "a::b")}, 100, "property name"),
+        ("gliner2", {"output_schema": one_field({"type": "string", "enum": ["x|y"]})}, 100, "each enum value"),
+        ("gliner2", {"output_schema": SCHEMA, "labels": ["p"]}, 100, "'labels' does not apply with 'output_schema'"),
+        ("gliner2", {"output_schema": SCHEMA, "options": {"classification_task": "t"}}, 100, "classification_task"),
+        ("gliner2", {"output_schema": THREE_FIELDS}, 2, "at most 2 are accepted"),
+        ("gliner", {"output_schema": SCHEMA}, 100, "read by GLiNER2 models only"),
+    ],
+)
+def test_an_output_schema_is_checked_before_queueing(kind: str, changes: dict, limit: int, message: str) -> None:
+    """Structured extraction's schema (`sie.catalog.output_schema`) is a 400 naming what cannot be read, before
+    anything is queued; its fields and enum values count against the label limit."""
+    from sie.gateway.router import check_extract
+    from sie.wire.http import ExtractParams
+
+    route = attrs.evolve(route_of({"text": True}), adapter_kind=kind)
+    check_extract(attrs.evolve(route, adapter_kind="gliner2"), ExtractParams(output_schema=SCHEMA), 100)
+    with pytest.raises(InvalidRequestError, match=message):
+        check_extract(route, ExtractParams(**changes), limit)

@@ -36,6 +36,7 @@ from sie.catalog.adapters import (
     TOKEN_CLASSIFICATION,
 )
 from sie.catalog.model import ENCODE_OUTPUTS
+from sie.catalog.output_schema import structure_fields
 from sie.wire.http import OUTPUT_DTYPES
 from sie.wire.queue import OPERATION_SCORE
 
@@ -329,6 +330,29 @@ def labels_problem(
         if not _is_label(label):
             return (f"Label {index} must be a non-blank string of at most {MAX_LABEL_CHARS} characters; "
                     f"got {_shown(label)}")  # fmt: skip
+    return None
+
+
+def structure_problem(
+    output_schema: Any, labels: Any, kind: str | None, max_labels: int, options: Mapping[str, Any] | None = None
+) -> str | None:
+    """Why an extract request's `output_schema` cannot run on a model of adapter `kind`: only a GLiNER2 model fills
+    one, without labels or a classification task beside it, its fields and enum values (which the model reads like
+    labels) at most `max_labels` and each a sane string (`sie.catalog.output_schema`); None when it can."""
+    if kind != GLINER2:
+        return "Field 'output_schema' is read by GLiNER2 models only"
+    if labels:
+        return "Field 'labels' does not apply with 'output_schema': the schema's properties are what is extracted"
+    if (options or {}).get("classification_task") is not None:
+        return "Option 'classification_task' does not apply with 'output_schema'"
+    try:
+        fields = structure_fields(output_schema, MAX_LABEL_CHARS)
+    except ValueError as exc:
+        return str(exc)
+    read = len(fields) + sum(len(field.choices or ()) for field in fields)
+    if read > max_labels:
+        return (f"Field 'output_schema' has {read} properties and enum values; at most {max_labels} are accepted "
+                "(SIE_GATEWAY_MAX_LABELS)")  # fmt: skip
     return None
 
 

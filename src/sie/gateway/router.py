@@ -17,7 +17,13 @@ from sie.catalog.adapters import GLINER2, GLIREL, adapter_kind
 from sie.catalog.ids import is_valid_pool_name
 from sie.catalog.model import DEFAULT_PROFILE, ENCODE_OUTPUTS
 from sie.catalog.names import work_subject
-from sie.catalog.options import MAX_OPTION_TEXT_CHARS, entities_problem, labels_problem, option_problem
+from sie.catalog.options import (
+    MAX_OPTION_TEXT_CHARS,
+    entities_problem,
+    labels_problem,
+    option_problem,
+    structure_problem,
+)
 from sie.gateway.errors import InvalidRequestError, MachineProfileNotConfiguredError
 from sie.gateway.pools import PoolTarget
 from sie.settings import LaneSettings
@@ -270,12 +276,16 @@ def check_score(route: Route) -> None:
 
 def check_extract(route: Route, params: ExtractParams | None, max_labels: int, items: Sequence[Item] = ()) -> None:
     """Extraction needs `tasks.extract`; its results hold no vectors, so an `output_dtype` is refused; its labels
-    must be at most `max_labels` sane strings, and present for a zero-shot model; a relation extractor's items must
-    name their entities (`metadata.entities`) within their texts (`sie.catalog.options`)."""
+    must be at most `max_labels` sane strings, and present for a zero-shot model, unless an `output_schema` (which a
+    GLiNER2 model fills) asks for fields instead; a relation extractor's items must name their entities
+    (`metadata.entities`) within their texts (`sie.catalog.options`)."""
     if route.config is not None and not route.config.tasks.extract:
         raise InvalidRequestError(f"Model '{route.model}' does not support extraction")
     labels, options = (params.labels, params.options) if params is not None else (None, None)
-    problem = labels_problem(labels, route.adapter_kind, max_labels, options)
+    if params is not None and params.output_schema is not None:
+        problem = structure_problem(params.output_schema, labels, route.adapter_kind, max_labels, options)
+    else:
+        problem = labels_problem(labels, route.adapter_kind, max_labels, options)
     if problem is not None:
         raise InvalidRequestError(problem)
     if params is not None and params.output_dtype is not None:

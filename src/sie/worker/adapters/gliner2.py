@@ -11,10 +11,20 @@ entities in `metadata.entities`, as for GLiREL): each predicted instance of a ty
 kept where both are entities the item names, scored by the lower of the two. Classification: a softmax over the
 labels (the best one), or a sigmoid each with `multi_label` (those at or above the threshold, else the best).
 
+Structured extraction (`output_schema`, `sie.catalog.output_schema`): the schema's properties are the fields of one
+structure, `( [P] _sie_root [DESCRIPTION] name: description … ( [C] field … ) )`, as the public server names it; an
+enum property's values are read from a prefix before the words, `( _sie_root: field ( a | b ) , … )`. Each instance
+the count head predicts gives every field its value: a string property the best span at or above the threshold (the
+spans ranked best-first, one dropped where it overlaps a better one), an array every such span (repeats of a text
+dropped), an enum the value whose prefix word scores best, if that reaches the threshold. An instance with no value
+is dropped; the answer's `data` is the first instance (null and [] where a field found nothing), or {} when there is
+none.
+
 A text longer than one row is read in windows: entities from the window that owns their first word, relations from
 every window (one per type, head and tail, at its best score); a classification pooled over its windows (each
-label's best score; with `positive_label`, a text takes that label when any window does). Structured output
-(`output_schema`) is not built: refused per item.
+label's best score; with `positive_label`, a text takes that label when any window does); a structure from each
+window's first instance: a text field's spans of every window ranked and kept as one window's are (an array their
+texts, a string the best one's), an enum field the best-scoring value of any window.
 """
 
 from __future__ import annotations
@@ -30,7 +40,8 @@ import attrs
 import numpy as np
 
 from sie.catalog.adapters import GLINER2
-from sie.catalog.options import entities_problem, option_problem
+from sie.catalog.options import MAX_LABEL_CHARS, entities_problem, option_problem
+from sie.catalog.output_schema import StructureField, structure_fields
 from sie.tokenization import pad_batch
 from sie.wire import codes
 from sie.wire.ipc_batch import OP_EXTRACT
@@ -53,6 +64,9 @@ DEFAULT_THRESHOLD = 0.5
 ENTITY_TASK: Final = "entities"
 ENTITY_MARKER, LABEL_MARKER, RELATION_MARKER, TASK_MARKER = "[E]", "[L]", "[R]", "[P]"
 STRUCT_MARKER, TEXT_MARKER = "[SEP_STRUCT]", "[SEP_TEXT]"
+FIELD_MARKER, DESCRIPTION_MARKER = "[C]", "[DESCRIPTION]"
+# The structure an output schema's properties form (the public server's name for it: the model reads it).
+ROOT_STRUCTURE: Final = "_sie_root"
 RELATION_FIELDS = ("head", "tail")
 # The most instances of a schema the count head can predict (its classes are 0 … 19): what relation rows score.
 MAX_INSTANCES = 19
@@ -165,9 +179,31 @@ class _Request:
     task: str | None  # the classification task, or None
     settings: Settings
     entities: list[dict[str, Any]] | None = None  # relations: the entities the item names (`metadata.entities`)
+    structure: tuple[StructureField, ...] | None = None  # structured extraction: the output schema's fields
+
+    @property
+    def counts_instances(self) -> bool:
+        """Whether the request reads every instance the count head predicts (relations, structures)."""
+        return self.entities is not None or self.structure is not None
+
+    @property
+    def lead(self) -> list[str]:
+        """The words read before the text's: a structure's enum values, `( _sie_root: field ( a | b ) , … )`."""
+        if self.structure is None:
+            return []
+        inner: list[str] = []
+        for field in self.structure:
+            if field.choices is not None:
+                separated = [part for choice in field.choices for part in ("|", choice)][1:]
+                inner += [",", field.name, "(", *separated, ")"]
+        return ["(", f"{ROOT_STRUCTURE}:", *inner[1:], ")"] if inner else []
 
     @property
     def schemas(self) -> list[Schema]:
+        if self.structure is not None:
+            prompt = ROOT_STRUCTURE + "".join(f" {DESCRIPTION_MARKER} {field.name}: {field.description}"
+                                              for field in self.structure if field.description)  # fmt: skip
+            return [Schema(prompt, tuple(field.name for field in self.structure), FIELD_MARKER)]
         if self.entities is not None:
             return [Schema(label, RELATION_FIELDS, RELATION_MARKER) for label in self.labels]
         if self.task is not None:
@@ -218,8 +254,8 @@ class Gliner2Adapter(Adapter):
             with watch.stage("tokenization"):
                 rows = self._rows(requests, results)
             if rows:
-                # Relation rows score every instance the count head can predict; the others the first.
-                instances = MAX_INSTANCES if any(requests[row.item].entities is not None for row in rows) else 1
+                # Relation and structure rows score every instance the count head can predict; the others the first.
+                instances = MAX_INSTANCES if any(requests[row.item].counts_instances for row in rows) else 1
                 with watch.stage("inference"):
                     outputs = self._run(rows, instances)
                 with watch.stage("postprocessing"):
@@ -230,13 +266,12 @@ class Gliner2Adapter(Adapter):
         refused = zero_shot_refusal(self, item)
         if refused is not None:
             return refused
-        if item.output_schema:
-            return invalid(f"Model '{self.model.sie_id}': GLiNER2 structured extraction (output_schema) is not built "
-                           "here; send labels for entities or relations, or a classification_task")  # fmt: skip
         try:
             settings = Settings.read({**self.loadtime, **self.options_for(item.options)})
         except ValueError as exc:
             return invalid(str(exc))
+        if item.output_schema is not None:
+            return self._structure_request(item, settings)
         labels = list(dict.fromkeys(label.strip() for label in (item.labels or settings.default_labels)))
         if not labels:
             return invalid(f"Model '{self.model.sie_id}' needs labels: send labels, or set default_labels")
@@ -255,24 +290,41 @@ class Gliner2Adapter(Adapter):
             return _Request(text, read, split_words(read), labels, None, settings, entities)
         return _Request(text, read, split_words(read), labels, settings.classification_task, settings)
 
+    def _structure_request(self, item: Any, settings: Settings) -> _Request | ItemResult:
+        """An item with an output schema (checked by `zero_shot_refusal`): its fields, read with no task."""
+        if self.tokenizer.token_to_id(FIELD_MARKER) is None:
+            return invalid(f"Model '{self.model.sie_id}': its tokenizer lacks {FIELD_MARKER}, the structure field "
+                           "marker, so it cannot fill an output_schema")  # fmt: skip
+        fields = structure_fields(item.output_schema, MAX_LABEL_CHARS)
+        text = item_text(item.item) or ""
+        read = model_text(text)
+        settings = attrs.evolve(settings, classification_task=None)  # a profile's task is not this request's
+        return _Request(text, read, split_words(read), [field.name for field in fields], None, settings,
+                        structure=fields)  # fmt: skip
+
     def _rows(self, requests: dict[int, _Request], results: list[ItemResult]) -> list[_Row]:
         """Every item's windows behind its schemas; an item whose schemas leave no room for its words, or whose
         text needs more than MAX_WINDOWS windows, gets its error instead."""
         prefixes = {index: row_prefix(request.schemas) for index, request in requests.items()}
         strings = [part for words, _ in prefixes.values() for part in words]
         strings += [word.text for request in requests.values() for word in request.words]
+        strings += [word for request in requests.values() for word in request.lead]
         pieces = self.tokenizer.pieces(strings)
         rows: list[_Row] = []
         for index, request in requests.items():
             prefix, markers = prefixes[index]
             prefix_ids = [pieces[part] for part in prefix]
             starts = np.cumsum([0, *(len(ids) for ids in prefix_ids)])
-            prompt = int(starts[-1])
+            # The lead words (a structure's enum values) follow [SEP_TEXT] in every window, read as words.
+            lead_ids = [pieces[word] for word in request.lead]
+            lead_starts = np.cumsum([int(starts[-1]), *(len(ids) for ids in lead_ids)])
+            prompt = int(lead_starts[-1])
             room = self.tokenizer.max_length - prompt
             if room < 1:
+                asked = "output_schema's fields and values" if request.structure else f"{len(request.labels)} labels"
                 results[index] = invalid(
-                    f"The {len(request.labels)} labels take {prompt} of the model's {self.tokenizer.max_length} "
-                    "tokens and leave none for the text: send fewer or shorter ones"
+                    f"The {asked} take {prompt} of the model's {self.tokenizer.max_length} tokens and leave none for "
+                    "the text: send fewer or shorter ones"
                 )
                 continue
             windows = self._windows(request, [pieces[word.text] for word in request.words], room)
@@ -284,7 +336,7 @@ class Gliner2Adapter(Adapter):
                 continue
             marker_positions = [[int(starts[part]) for part in schema] for schema in markers]
             for window in windows:
-                ids, length, word_positions = list(prefix_ids), prompt, []
+                ids, length, word_positions = [*prefix_ids, *lead_ids], prompt, [int(x) for x in lead_starts[:-1]]
                 for word in request.words[window.start : window.stop]:
                     word_ids = pieces[word.text][: max(room - (length - prompt), 1)]
                     word_positions.append(length)
@@ -351,6 +403,9 @@ class Gliner2Adapter(Adapter):
             tokens[row.item] += len(row.ids)
             if request.entities is not None:
                 found[row.item] += _relations(spans[number], counts[number], row.window, request, instances, fields)
+            elif request.structure is not None:
+                found[row.item].append(_structures(spans[number], counts[number], row.window, request, instances,
+                                                   fields))  # fmt: skip
             elif request.task is not None:
                 found[row.item].append(_classified(classes[number, 0, : len(request.labels)], request))
             elif int(np.argmax(counts[number, 0])) > 0:  # the count head saw at least one instance
@@ -359,6 +414,8 @@ class Gliner2Adapter(Adapter):
             request = requests[index]
             if request.entities is not None:
                 result = _result(_given_entities(request), [], _best_relations(found[index]))
+            elif request.structure is not None:
+                result = _result([], [], data=_flat_structure(found[index], request))
             elif request.task is not None:
                 result = _result([], _pooled(found[index], request))
             else:
@@ -500,6 +557,80 @@ def _given_entities(request: _Request) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def _result(entities: list[dict], classifications: list[dict], relations: list[dict] | None = None) -> dict[str, Any]:
+def _structures(  # noqa: PLR0913 - one row's outputs and where its queries lie
+    spans: np.ndarray, counts: np.ndarray, window: Window, request: _Request, instances: int, fields: int
+) -> list[dict[str, Any]]:
+    """One window's instances of the request's structure, as gliner2 decodes them: for each instance the count head
+    predicts, each text field's spans at or above the threshold that no better one overlaps (`_kept`), each enum
+    field's value and score (`_chosen`); an instance with no value is dropped."""
+    lead, words = len(request.lead), window.stop - window.start
+    found = []
+    for instance in range(min(int(np.argmax(counts[0])), instances)):
+        values: dict[str, Any] = {}
+        for index, field in enumerate(request.structure or ()):
+            scores = spans[:, :, instance * fields + index]  # the row's one schema
+            if field.choices is not None:
+                values[field.name] = _chosen(scores[:lead, 0], field, request)
+            else:
+                values[field.name] = _kept(list(_spans_over(scores[lead : lead + words], window, request)))
+        if any(value for value in values.values()):
+            found.append(values)
+    return found
+
+
+def _kept(spans: list[tuple[int, float, int, int]]) -> list[tuple[int, float, int, int]]:
+    """Spans ranked best-first (the first of equal scores first), each dropped where it overlaps a better one."""
+    kept: list[tuple[int, float, int, int]] = []
+    for span in sorted(spans, key=lambda span: span[1], reverse=True):
+        if not any(span[2] < other[3] and other[2] < span[3] for other in kept):
+            kept.append(span)
+    return kept
+
+
+def _once(texts: list[str]) -> list[str]:
+    """Each text the first time it occurs, compared by case (gliner2's repeats)."""
+    seen: set[str] = set()
+    kept = []
+    for text in texts:
+        if text.lower() not in seen:
+            seen.add(text.lower())
+            kept.append(text)
+    return kept
+
+
+def _chosen(scores: np.ndarray, field: StructureField, request: _Request) -> tuple[str, float] | None:
+    """An enum field's value: of its values, the one whose word in the lead scores best (the first such word, by case,
+    as gliner2 finds it; the first of equal scores), with its score, if that reaches the threshold."""
+    lowered = [word.lower() for word in request.lead]
+    best, best_score = None, -1.0
+    for choice in field.choices or ():
+        index = lowered.index(choice.lower()) if choice.lower() in lowered else -1
+        if 0 <= index < len(scores) and float(scores[index]) > best_score:
+            best, best_score = choice, float(scores[index])
+    return (best, best_score) if best and best_score >= request.settings.threshold else None
+
+
+def _flat_structure(windows: list[list[dict[str, Any]]], request: _Request) -> dict[str, Any]:
+    """The answer's `data` from each window's first instance: a text field's spans of every window ranked and kept
+    as one window's are — an array their texts (each once, by case), a string the best one's (null: none) — and an
+    enum field the best-scoring value of any window (null: none); {} when no window has an instance."""
+    firsts = [found[0] for found in windows if found]
+    if not firsts:
+        return {}
+    data: dict[str, Any] = {}
+    for field in request.structure or ():
+        values = [first[field.name] for first in firsts]
+        if field.choices is not None:
+            chosen = [value for value in values if value is not None]
+            data[field.name] = max(chosen, key=lambda value: value[1])[0] if chosen else None
+            continue
+        texts = [request.read[begin:end].strip() for _, _, begin, end in _kept([s for v in values for s in v])]
+        data[field.name] = _once(texts) if field.is_list else (texts[0] if texts else None)
+    return data
+
+
+def _result(
+    entities: list[dict], classifications: list[dict], relations: list[dict] | None = None, data: dict | None = None
+) -> dict[str, Any]:
     return {"entities": entities, "relations": relations or [], "classifications": classifications, "objects": [],
-            "data": {}}  # fmt: skip
+            "data": data or {}}  # fmt: skip

@@ -8,7 +8,7 @@ from typing import Any, Final, TypeVar
 
 import attrs
 
-from sie.catalog.options import labels_problem
+from sie.catalog.options import labels_problem, structure_problem
 from sie.tokenization import TextTokenizer, TokenizedWords
 from sie.wire.ipc_batch import OP_EXTRACT
 from sie.worker.adapters.base import Adapter, ItemResult, invalid
@@ -73,12 +73,16 @@ def split_requests(
 
 def zero_shot_refusal(adapter: Adapter, item: Any) -> ItemResult | None:
     """INVALID_INPUT for an extract item `adapter` cannot run: options its kind does not read or allow, no
-    non-blank text, or labels missing (unless label groups stand in for them), too many or not sane strings."""
+    non-blank text, or labels missing (unless label groups stand in for them), too many or not sane strings; with an
+    `output_schema`, one its kind cannot fill or that cannot be read."""
     refused = adapter.refused_options(item.options, OP_EXTRACT)
     if refused is not None:
         return refused
     text = item_text(item.item)
     if text is None or not text.strip():
         return invalid(f"Model '{adapter.model.sie_id}' reads labels against a non-blank text; the item has none")
-    problem = labels_problem(item.labels, adapter.kind, MAX_ITEM_LABELS, item.options)
+    if item.output_schema is not None:  # its fields stand in for labels (GLiNER2 only)
+        problem = structure_problem(item.output_schema, item.labels, adapter.kind, MAX_ITEM_LABELS, item.options)
+    else:
+        problem = labels_problem(item.labels, adapter.kind, MAX_ITEM_LABELS, item.options)
     return invalid(problem) if problem is not None else None
