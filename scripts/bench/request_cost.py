@@ -1,15 +1,17 @@
 """CPU per request of the serving path, by variant: what each feature costs, in microseconds of server CPU.
 
     .venv/bin/python scripts/bench/request_cost.py [--rounds 3] [--mode all|distributed] [--clients 32]
-        [--variant NAME=ARG,ARG ...] [--compare-ref REF]
+        [--backend null|onnx] [--variant NAME=ARG,ARG ...] [--compare-ref REF]
 
 Each variant is a topology (`scripts/bench/topology.py`) with the null backend (the worker runs no model), so all of
-the CPU the server spends is path: HTTP, routing, queue, sidecar, IPC, telemetry. `wrk` (about 1 % of a core)
-sends `--clients` keep-alive connections × 1 item for `--load-seconds`; the CPU time of every process of the
-topology (user + system, from /proc, children included) is read before and after, and divided by the requests
+the CPU the server spends is path: HTTP, routing, queue, sidecar, IPC, telemetry. With `--backend onnx` the model
+runs (its CPU is in every figure alike): the path then meets what only a loaded server shows — requests that wait
+~0.1 s behind a batch (a disconnect watcher each, before b89b06f), batches that alternate in size. `wrk` (about 1 %
+of a core) sends `--clients` keep-alive connections × 1 item for `--load-seconds`; the CPU time of every process of
+the topology (user + system, from /proc, children included) is read before and after, and divided by the requests
 answered. Unlike a throughput figure this is nearly independent of what else the shared machine runs, so a 30 µs
-difference shows. Variants are interleaved over `--rounds`; the table gives medians and the difference to the
-first variant (`default`: no extra arguments).
+difference shows. Variants are interleaved over `--rounds`; the table gives medians and the difference to the first
+variant (`default`: no extra arguments).
 
 `--variant NAME=ARG,ARG` adds this checkout's topology with extra `sie run` arguments, e.g.
 `--variant metrics-off=--metrics-enabled,false --variant quiet=--log-level,warning`; `--compare-ref REF` adds the
@@ -83,21 +85,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--load-seconds", type=int, default=4)
     parser.add_argument("--http-server", choices=("hypercorn", "uvicorn"), default="hypercorn")
+    parser.add_argument("--backend", choices=("null", "onnx"), default="null", help="the worker's backend")
     parser.add_argument("--variant", action="append", default=[], help="NAME=ARG,ARG: extra `sie run` arguments")
     parser.add_argument("--compare-ref", help="a commit whose default topology runs beside (row REF)")
     args = parser.parse_args(argv)
     wrk_binary()
     variants: dict[str, Topology] = {
-        "default": Topology(args.mode, args.model, "null", [], args.http_server),
+        "default": Topology(args.mode, args.model, args.backend, [], args.http_server),
     }
     for spec in args.variant:
         name, _, extra = spec.partition("=")
         if not name or not extra:
             parser.error(f"--variant takes NAME=ARG,ARG, not {spec!r}")
-        variants[name] = Topology(args.mode, args.model, "null", extra.split(","), args.http_server)
+        variants[name] = Topology(args.mode, args.model, args.backend, extra.split(","), args.http_server)
     if args.compare_ref:
         source = checkout_of(args.compare_ref)
-        variants[args.compare_ref] = Topology(args.mode, args.model, "null", [], args.http_server, source)
+        variants[args.compare_ref] = Topology(args.mode, args.model, args.backend, [], args.http_server, source)
     names = list(variants)
     results: dict[str, list[float]] = {name: [] for name in names}
     failures = dict.fromkeys(names, 0)
@@ -116,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             topology.stop()
     base = statistics.median(results["default"])
     print(
-        f"server CPU per request, {args.mode}/{args.http_server}, null backend, {args.clients} connections x 1 item, "
+        f"server CPU per request, {args.mode}/{args.http_server}, {args.backend} backend, {args.clients} connections "
+        "x 1 item, "
         f"medians of {args.rounds} interleaved rounds"
     )
     print("| variant | CPU µs/request | vs default | rounds | failures |")
