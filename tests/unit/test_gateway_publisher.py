@@ -14,7 +14,7 @@ from sie.gateway.router import LaneHints, Router
 from sie.gateway.workitems import Ticket, encode_work, extract_work, score_work
 from sie.pools import DemandTracker
 from sie.settings import LaneSettings, StreamSettings
-from sie.transport.base import Lane, NoConsumerError
+from sie.transport.base import Lane, NoConsumerError, TransportUnavailable
 from sie.transport.loopback import LoopbackTransport
 from sie.wire.http import EncodeParams, EncodeRequest, ExtractParams, ExtractRequest, Item, ScoreRequest
 
@@ -221,3 +221,56 @@ def test_extract_work_items_carry_labels_and_schema(catalog_route) -> None:
     (item,) = extract_work(catalog_route, ticket(), ExtractRequest(items=[Item(text="Tim")], params=params))
     assert (item.operation, item.labels, item.output_schema) == ("extract", ["person"], {"type": "object"})
     assert (item.instruction, item.options) == ("find", {"t": 0.3})
+
+
+class RefusingQueue:
+    """A work stream that refuses the first `refusals` publishes (its leader is being elected), then stores them."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals = refusals
+        self.sent: list[list[object]] = []
+
+    async def submit_work_batch(self, subject: str, items: list[object]) -> asyncio.Future[None]:
+        self.sent.append(list(items))
+        stored = asyncio.get_running_loop().create_future()
+        if self.refusals:
+            self.refusals -= 1
+            stored.set_exception(TransportUnavailable("no JetStream leader"))
+        else:
+            stored.set_result(None)
+        return stored
+
+
+async def test_a_republish_the_stream_refuses_is_tried_again_while_its_request_waits(monkeypatch) -> None:
+    """After a reconnect a request's unanswered work is published again; a refusal (the stream's leader still being
+    elected) is retried, each time with the items still unanswered, until the stream stores them."""
+    import sie.gateway.publisher as publisher_module
+    from support.polling import eventually
+
+    monkeypatch.setattr(publisher_module, "REPUBLISH_RETRY_S", 0.01)
+    queue = RefusingQueue(refusals=2)
+    publisher = WorkPublisher(queue, Consumers(), "gw")  # type: ignore[arg-type]
+    unanswered = ["a", "b", "c"]
+    publisher.republish(LANE, "work.subject", lambda: list(unanswered))
+    await eventually(lambda: len(queue.sent) == 1)
+    unanswered.remove("b")  # answered meanwhile (the first delivery's result came after all)
+    await eventually(lambda: len(queue.sent) == 3)
+    await asyncio.sleep(0.1)
+    assert queue.sent == [["a", "b", "c"], ["a", "c"], ["a", "c"]]  # stored on the third try, then no more
+
+
+async def test_a_republish_ends_once_nobody_waits_for_its_results(monkeypatch) -> None:
+    import sie.gateway.publisher as publisher_module
+    from support.polling import eventually
+
+    monkeypatch.setattr(publisher_module, "REPUBLISH_RETRY_S", 0.01)
+    monkeypatch.setattr(publisher_module, "REPUBLISH_RETRY_MAX_S", 0.02)
+    queue = RefusingQueue(refusals=10**6)
+    publisher = WorkPublisher(queue, Consumers(), "gw")  # type: ignore[arg-type]
+    unanswered = ["a"]
+    publisher.republish(LANE, "work.subject", lambda: list(unanswered))
+    await eventually(lambda: len(queue.sent) >= 2)
+    unanswered.clear()  # the request timed out (or failed): its slots name nothing now
+    sent = len(queue.sent)
+    await asyncio.sleep(0.2)  # ten retry intervals
+    assert len(queue.sent) <= sent + 1  # at most the try already under way

@@ -63,18 +63,18 @@ class PendingRequest:
         self._budget = budget
         self._chunks: ResultReassembly | None = None  # made on the first chunk: most requests never get one
         self._close_hooks: list[Callable[[], None]] = []
-        self._resend: Callable[[list[int]], None] | None = None
+        self._resend: Callable[[], None] | None = None
         self._fallen_back: set[int] | None = None  # made by the first `fall_back`: few requests ever need one
 
-    def resend_with(self, resend: Callable[[list[int]], None]) -> None:
-        """How to ask again for results that may have been lost: `resend(indexes of the empty slots)`."""
+    def resend_with(self, resend: Callable[[], None]) -> None:
+        """How to ask again for results that may have been lost: `resend()` publishes the items of the empty slots
+        (`unanswered`, read when it publishes)."""
         self._resend = resend
 
     def resend(self) -> None:
         """Ask again for every result not received yet (after a reconnect); nothing once answered or failed."""
-        unanswered = self.unanswered()
-        if self._resend is not None and unanswered:
-            self._resend(unanswered)
+        if self._resend is not None and self.unanswered():
+            self._resend()
 
     def unanswered(self) -> list[int]:
         """The indexes of the empty slots while the request still waits; [] once answered, failed or closed."""
@@ -191,9 +191,14 @@ class ChunkStream:
     def resend(self) -> None:
         """After a reconnect: ask again when no chunk has arrived (none can be missing from the middle then; a
         stream already under way keeps its attempt, and a gap in it ends it by the request timeout)."""
-        untouched = self.attempt_id is None and not self._candidates
-        if self._resend is not None and untouched and not self._closed and self._error is None:
+        if self._resend is not None and self.wants_resend():
             self._resend()
+
+    def wants_resend(self) -> bool:
+        """Whether asking again still makes sense: no chunk has arrived, and the stream is neither closed nor
+        failed."""
+        untouched = self.attempt_id is None and not self._candidates
+        return untouched and not self._closed and self._error is None
 
     def add(self, chunk: GenerateChunk) -> None:
         """Take one chunk as it arrived; it is released once every lower seq of its attempt has been."""

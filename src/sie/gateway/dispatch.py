@@ -154,7 +154,9 @@ class Dispatcher:
             try:
                 stored, fallback = await self._publish(route, items, target, pending)
                 stored.add_done_callback(functools.partial(_fail_unless_stored, pending.fail, route.subject))
-                pending.resend_with(functools.partial(self._republish, route, items))
+                pending.resend_with(
+                    functools.partial(self._republish, route, lambda: [items[i] for i in pending.unanswered()])
+                )
                 published = time.perf_counter()
                 results = await pending.wait(self.timeout_s)
             except BaseException:  # a timeout, a failed publish, the client gone (cancelled): nobody waits now
@@ -183,7 +185,9 @@ class Dispatcher:
             direct = target.subject if target is not None else None
             stored = await self.publisher.publish(route.lane, route.subject, [item], direct)
             stored.add_done_callback(functools.partial(_fail_unless_stored, chunks.fail, route.subject))
-            chunks.resend_with(functools.partial(self._republish, route, [item], [0]))
+            chunks.resend_with(
+                functools.partial(self._republish, route, lambda: [item] if chunks.wants_resend() else [])
+            )
         except BaseException:
             streamed.close()
             raise
@@ -228,10 +232,11 @@ class Dispatcher:
         pending.fall_back(indexes)
         self.publisher.cancel_direct(target.worker_id, pending.request_id)
 
-    def _republish(self, route: Route, items: list[WorkItem], indexes: list[int]) -> None:
-        """Publish `items[indexes]` again on the route's lane (the work of a request whose results may have been
-        lost while the broker connection was down; the collector drops whatever arrives twice)."""
-        self.publisher.republish(route.lane, route.subject, [items[index] for index in indexes])
+    def _republish(self, route: Route, wanted: Callable[[], list[WorkItem]]) -> None:
+        """Publish again on the route's lane the items `wanted()` names (the work of a request whose results may have
+        been lost while the broker connection was down: those still unanswered, until the stream stores them or
+        nobody waits; the collector drops whatever arrives twice)."""
+        self.publisher.republish(route.lane, route.subject, wanted)
 
     def _ticket(self, trace: TraceHeaders | None) -> Ticket:
         """A new request's name, reply subject and deadline (now + the request timeout)."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import logging
 import os
@@ -36,6 +35,10 @@ logger = logging.getLogger(__name__)
 MAX_DETACHED_SENDS: Final = 1024
 # How long pending demand lasts when nobody configured it (SIE_GATEWAY_DEMAND_TTL_S).
 DEFAULT_DEMAND_TTL_S: Final = 300.0
+# A republish the stream refuses (right after a reconnect its leader may still be elected) is tried again after
+# this long, doubling up to the cap, for as long as its request waits.
+REPUBLISH_RETRY_S: Final = 0.25
+REPUBLISH_RETRY_MAX_S: Final = 2.0
 
 
 class LaneConsumers(Protocol):
@@ -285,12 +288,26 @@ class WorkPublisher:
         else:
             self._metrics.publish_ack("refused" if stored.exception() is not None else "stored")
 
-    def republish(self, lane: Lane, subject: str, items: Sequence[WorkItem]) -> None:
-        """Publish `items` again on `subject` (a subject of `lane`), detached and best effort: the work of a request
-        whose results may have been lost while the broker connection was down. A failure is logged; the request's
-        own timeout still bounds its wait."""
-        counted = functools.partial(self._count_republished, len(items))
-        self._detach(self._send_detached(subject, items, counted), f"republish on {subject}")
+    def republish(self, lane: Lane, subject: str, wanted: Callable[[], Sequence[WorkItem]]) -> None:
+        """Publish again on `subject` (a subject of `lane`) the work items `wanted()` names: the work of a request
+        whose results may have been lost while the broker connection was down, detached. A publish the stream
+        refuses is tried again (REPUBLISH_RETRY_S, doubling) while `wanted()` still names items: until the
+        request is answered, fails or times out, which `wanted()` then says by naming none."""
+        self._detach(self._republish_until_stored(subject, wanted), f"republish on {subject}")
+
+    async def _republish_until_stored(self, subject: str, wanted: Callable[[], Sequence[WorkItem]]) -> None:
+        delay = REPUBLISH_RETRY_S
+        while items := wanted():
+            try:
+                await (await self._queue.submit_work_batch(subject, items))
+            except TransportError as exc:
+                logger.warning("publishing %d work items again on %s failed (%s); trying again in %.2f s",
+                               len(items), subject, exc, delay)  # fmt: skip
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, REPUBLISH_RETRY_MAX_S)
+            else:
+                self._count_republished(len(items))
+                return
 
     def fall_back(self, subject: str, items: Sequence[WorkItem], confirmed: Callable[[], None]) -> None:
         """Publish `items` on the lane `subject` once, detached and best effort: worker direct-dispatch work still
