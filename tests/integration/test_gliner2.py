@@ -215,10 +215,9 @@ def test_what_is_not_built_is_refused_per_item(served: tuple, change: dict, mess
     assert kept.ok
 
 
-def reference_data(reference: Any, text: str, schema: dict, threshold: float) -> dict[str, Any]:
-    """gliner2's structured extraction as the public adapter asks for it — the schema's properties as the field
-    specifications of one structure, `_sie_root` (`name::str`, `name::list`, `name::[a|b]::str`, `::description`) —
-    and its first instance ({} when none)."""
+def reference_specs(schema: dict) -> list[str]:
+    """The schema's properties as the public adapter hands them to gliner2: the field specifications of one
+    structure, `_sie_root` (`name::str`, `name::list`, `name::[a|b]::str`, `::description`)."""
     specs = []
     for name, definition in schema["properties"].items():
         if definition.get("enum"):
@@ -227,8 +226,32 @@ def reference_data(reference: Any, text: str, schema: dict, threshold: float) ->
             spec = f"{name}::str" if definition["type"] == "string" else f"{name}::list"
         description = definition.get("description") or definition.get("title")
         specs.append(f"{spec}::{description}" if description else spec)
-    (found,) = reference.batch_extract_json([text], {"_sie_root": specs}, threshold=threshold)
+    return specs
+
+
+def reference_data(reference: Any, text: str, schema: dict, threshold: float) -> dict[str, Any]:
+    """gliner2's structured extraction as the public adapter asks for it, and its first instance ({} when none)."""
+    (found,) = reference.batch_extract_json([text], {"_sie_root": reference_specs(schema)}, threshold=threshold)
     return found["_sie_root"][0] if found["_sie_root"] else {}
+
+
+def test_a_structure_row_reads_the_words_gliner2s_processor_builds(served: tuple) -> None:
+    """The words a structure row reads — its schema before [SEP_TEXT], the enum prefix and the text's words after —
+    are those gliner2's processor builds for the public adapter's field specifications (a second check beside the
+    equal answers: a prompt word that changes no discrete answer of a random model still shows here)."""
+    import attrs
+
+    from sie.worker.adapters.gliner2 import Settings, row_prefix
+
+    reference, adapter, _ = served
+    (item,) = extract_items(TEXTS[:1], [])
+    request = adapter._structure_request(attrs.evolve(item, output_schema=SCHEMA), Settings())
+    record = reference.processor.transform_record(
+        TEXTS[0], reference._json_schema({"_sie_root": reference_specs(SCHEMA)})
+    )
+    words, _ = row_prefix(request.schemas)
+    assert words == [*record.schema_tokens_list[0], "[SEP_TEXT]"]
+    assert [*request.lead, *(word.text for word in request.words)] == record.text_tokens
 
 
 @pytest.mark.parametrize("threshold", [0.01, 0.4, 0.7])
