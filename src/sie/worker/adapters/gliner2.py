@@ -144,6 +144,17 @@ def row_prefix(schemas: Sequence[Schema]) -> tuple[list[str], list[list[int]]]:
     return [*words, TEXT_MARKER], markers
 
 
+def structure_lead(fields: Sequence[StructureField]) -> tuple[str, ...]:
+    """The words a structure row reads before the text's: its enum values, `( _sie_root: field ( a | b ) , … )`
+    (none without an enum field), as gliner2 prefixes them."""
+    inner: list[str] = []
+    for field in fields:
+        if field.choices is not None:
+            separated = [part for choice in field.choices for part in ("|", choice)][1:]
+            inner += [",", field.name, "(", *separated, ")"]
+    return ("(", f"{ROOT_STRUCTURE}:", *inner[1:], ")") if inner else ()
+
+
 @attrs.frozen
 class Settings:
     """One request's settings: the profile's load-time and runtime options, then the request's."""
@@ -180,23 +191,12 @@ class _Request:
     settings: Settings
     entities: list[dict[str, Any]] | None = None  # relations: the entities the item names (`metadata.entities`)
     structure: tuple[StructureField, ...] | None = None  # structured extraction: the output schema's fields
+    lead: tuple[str, ...] = ()  # words read before the text's (`structure_lead`)
 
     @property
     def counts_instances(self) -> bool:
         """Whether the request reads every instance the count head predicts (relations, structures)."""
         return self.entities is not None or self.structure is not None
-
-    @property
-    def lead(self) -> list[str]:
-        """The words read before the text's: a structure's enum values, `( _sie_root: field ( a | b ) , … )`."""
-        if self.structure is None:
-            return []
-        inner: list[str] = []
-        for field in self.structure:
-            if field.choices is not None:
-                separated = [part for choice in field.choices for part in ("|", choice)][1:]
-                inner += [",", field.name, "(", *separated, ")"]
-        return ["(", f"{ROOT_STRUCTURE}:", *inner[1:], ")"] if inner else []
 
     @property
     def schemas(self) -> list[Schema]:
@@ -300,7 +300,7 @@ class Gliner2Adapter(Adapter):
         read = model_text(text)
         settings = attrs.evolve(settings, classification_task=None)  # a profile's task is not this request's
         return _Request(text, read, split_words(read), [field.name for field in fields], None, settings,
-                        structure=fields)  # fmt: skip
+                        structure=fields, lead=structure_lead(fields))  # fmt: skip
 
     def _rows(self, requests: dict[int, _Request], results: list[ItemResult]) -> list[_Row]:
         """Every item's windows behind its schemas; an item whose schemas leave no room for its words, or whose
@@ -453,12 +453,7 @@ def _decoded(candidates: list[tuple[int, float, int, int]], request: _Request) -
     the text as sent (a span in the added sentence end dropped, one reaching it cut), by start."""
     entities = []
     for label in range(len(request.labels)):
-        ranked = sorted((c for c in candidates if c[0] == label), key=lambda c: c[1], reverse=True)
-        kept: list[tuple[int, float, int, int]] = []
-        for candidate in ranked:
-            if not any(candidate[2] < other[3] and other[2] < candidate[3] for other in kept):
-                kept.append(candidate)
-        for _, score, start, end in kept:
+        for _, score, start, end in _kept([candidate for candidate in candidates if candidate[0] == label]):
             end = min(end, len(request.text))
             if start < end:
                 entities.append({"text": request.text[start:end], "label": request.labels[label], "score": score,
@@ -564,13 +559,14 @@ def _structures(  # noqa: PLR0913 - one row's outputs and where its queries lie
     predicts, each text field's spans at or above the threshold that no better one overlaps (`_kept`), each enum
     field's value and score (`_chosen`); an instance with no value is dropped."""
     lead, words = len(request.lead), window.stop - window.start
+    lowered = [word.lower() for word in request.lead]
     found = []
     for instance in range(min(int(np.argmax(counts[0])), instances)):
         values: dict[str, Any] = {}
         for index, field in enumerate(request.structure or ()):
             scores = spans[:, :, instance * fields + index]  # the row's one schema
             if field.choices is not None:
-                values[field.name] = _chosen(scores[:lead, 0], field, request)
+                values[field.name] = _chosen(scores[:lead, 0], field, lowered, request.settings.threshold)
             else:
                 values[field.name] = _kept(list(_spans_over(scores[lead : lead + words], window, request)))
         if any(value for value in values.values()):
@@ -579,7 +575,8 @@ def _structures(  # noqa: PLR0913 - one row's outputs and where its queries lie
 
 
 def _kept(spans: list[tuple[int, float, int, int]]) -> list[tuple[int, float, int, int]]:
-    """Spans ranked best-first (the first of equal scores first), each dropped where it overlaps a better one."""
+    """Spans (first word or label, score, start, end) ranked best-first (the first of equal scores first), each
+    dropped where its characters overlap a better one's: gliner2's greedy decoding."""
     kept: list[tuple[int, float, int, int]] = []
     for span in sorted(spans, key=lambda span: span[1], reverse=True):
         if not any(span[2] < other[3] and other[2] < span[3] for other in kept):
@@ -598,16 +595,17 @@ def _once(texts: list[str]) -> list[str]:
     return kept
 
 
-def _chosen(scores: np.ndarray, field: StructureField, request: _Request) -> tuple[str, float] | None:
-    """An enum field's value: of its values, the one whose word in the lead scores best (the first such word, by case,
-    as gliner2 finds it; the first of equal scores), with its score, if that reaches the threshold."""
-    lowered = [word.lower() for word in request.lead]
+def _chosen(
+    scores: np.ndarray, field: StructureField, lowered: list[str], threshold: float
+) -> tuple[str, float] | None:
+    """An enum field's value: of its values, the one whose word in the lead (`lowered`) scores best (the first such
+    word, by case, as gliner2 finds it; the first of equal scores), with its score, if that reaches the threshold."""
     best, best_score = None, -1.0
     for choice in field.choices or ():
         index = lowered.index(choice.lower()) if choice.lower() in lowered else -1
         if 0 <= index < len(scores) and float(scores[index]) > best_score:
             best, best_score = choice, float(scores[index])
-    return (best, best_score) if best and best_score >= request.settings.threshold else None
+    return (best, best_score) if best and best_score >= threshold else None
 
 
 def _flat_structure(windows: list[list[dict[str, Any]]], request: _Request) -> dict[str, Any]:
