@@ -33,11 +33,9 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import statistics
 import sys
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -56,7 +54,7 @@ sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "scripts" / "bench"))
-from served_vs_raw import CONNECTIONS, served_vs_raw, timed  # noqa: E402
+from served_vs_raw import CONNECTIONS, measured_window, served_vs_raw, timed  # noqa: E402
 
 from sie.catalog import dump_yaml  # noqa: E402
 from sie.worker.convert import convert_encoder  # noqa: E402
@@ -465,8 +463,6 @@ def served_rounds(  # noqa: PLR0913 - the model served and the two sides measure
     """`model` of the catalogue `models` served by `sie run --role all` (uvicorn) to 32 wrk connections posting
     `body` to `path`, against `raw` (one batch of 32 in-process) in interleaved rounds: the medians of raw and served
     items per second."""
-    from wrk import run_wrk
-
     from launcher import serving_all
 
     environment = {"SIE_MODELS_DIR": str(models), "SIE_MODEL_CACHE": str(scratch / "cache"),
@@ -478,15 +474,7 @@ def served_rounds(  # noqa: PLR0913 - the model served and the two sides measure
         for round_index in range(args.rounds):
             print(f"served round {round_index + 1}/{args.rounds}", file=sys.stderr)
             raw_rates.append(CONNECTIONS * 1000.0 / timed(raw, 1))
-            # A batch of a slow model takes seconds: the measured window holds at least ten of them, and the batch
-            # the warm-up's cancelled requests started is let finish first (wrk drops its connections at the end of
-            # a run, but their batch still runs), as is the last one before the next raw timing.
-            batch_seconds = CONNECTIONS / raw_rates[-1]
-            run_wrk(url, path, [body], CONNECTIONS, 2, 1)
-            time.sleep(2 * batch_seconds)
-            seconds = max(args.served_seconds, math.ceil(10 * batch_seconds))
-            stats = run_wrk(url, path, [body], CONNECTIONS, seconds, 1)
-            time.sleep(2 * batch_seconds)  # the server idle again before the next round's raw timing
+            stats = measured_window(url, path, [body], CONNECTIONS / raw_rates[-1], args.served_seconds)
             if stats.failures:
                 raise SystemExit(f"{stats.failures} failed requests; see {scratch / 'server.log'}")
             served_rates.append(stats.items_per_second)

@@ -1,11 +1,13 @@
 """Served throughput against the raw graph, side by side: one `sie run --role all` over a scratch catalogue, 32 wrk
 connections × one text per request to each model's `/v1/encode` route, interleaved per round with the same graph run
 in-process at batch 32 on token ids already made. Shared by `families.py --served` and `decoders.py --served`, as
-is `timed`, the median of a few timed calls.
+are `timed`, the median of a few timed calls, and `measured_window`, one served measurement of a model whose batches
+take a while.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
@@ -15,7 +17,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import orjson
-from wrk import run_wrk, wrk_binary
+from wrk import WrkStats, run_wrk, wrk_binary
 
 from launcher import serving_all
 
@@ -32,6 +34,19 @@ def timed(run: Callable[[], object], repeats: int) -> float:
         run()
         samples.append((time.perf_counter() - started) * 1000.0)
     return statistics.median(samples)
+
+
+def measured_window(url: str, path: str, bodies: list[bytes], batch_seconds: float, seconds: int) -> WrkStats:
+    """One served measurement of `CONNECTIONS` wrk connections after a warm-up, in a window of at least `seconds` and
+    ten batches (a batch taking `batch_seconds` at the raw rate). The server is let go idle after the warm-up and
+    after the window: wrk drops its connections at the end of a run, but the batches their requests started still
+    run (up to two in flight per model), and would otherwise take the first seconds of the window or of the next
+    raw timing (up to ~10 % of a 10 s window of 1-second decoder batches)."""
+    run_wrk(url, path, bodies, CONNECTIONS, WARM_UP_S, 1)
+    time.sleep(2 * batch_seconds)
+    stats = run_wrk(url, path, bodies, CONNECTIONS, max(seconds, math.ceil(10 * batch_seconds)), 1)
+    time.sleep(2 * batch_seconds)
+    return stats
 
 
 def served_vs_raw(  # noqa: PLR0913 - one run's parts
@@ -67,9 +82,7 @@ def served_vs_raw(  # noqa: PLR0913 - one run's parts
                 ids = rng.integers(5, vocabulary, size=(CONNECTIONS, tokens)).astype(np.int64)
                 run(ids)  # warm up
                 raw[name].append(CONNECTIONS * 1000.0 / timed(lambda run=run, ids=ids: run(ids), 2))
-                path = f"/v1/encode/bench/{name}"
-                run_wrk(url, path, bodies, CONNECTIONS, WARM_UP_S, 1)
-                stats = run_wrk(url, path, bodies, CONNECTIONS, seconds, 1)
+                stats = measured_window(url, f"/v1/encode/bench/{name}", bodies, CONNECTIONS / raw[name][-1], seconds)
                 if stats.failures:
                     raise SystemExit(f"{name}: {stats.failures} failed requests; see {scratch / 'server.log'}")
                 served[name].append(stats.items_per_second)
