@@ -45,11 +45,13 @@ class Unreachable:
 
 
 class FlakyLoopback(LoopbackTransport):
-    """A loopback whose first `failures` subscribe calls fail, as a connection lost right after connect would."""
+    """A loopback whose first `failures` subscribe calls fail, as a connection lost right after connect would, and
+    whose first `consumer_failures` consumer calls fail, as a JetStream cluster electing its leaders answers."""
 
-    def __init__(self, failures: int) -> None:
+    def __init__(self, failures: int, consumer_failures: int = 0) -> None:
         super().__init__()
         self.failures = failures
+        self.consumer_failures = consumer_failures
 
     async def subscribe(self, *args: Any, **kwargs: Any) -> Any:
         if self.failures > 0:
@@ -57,21 +59,29 @@ class FlakyLoopback(LoopbackTransport):
             raise TransportUnavailable("lost the connection while subscribing")
         return await super().subscribe(*args, **kwargs)
 
+    async def consumer(self, lane: Lane) -> Any:
+        if self.consumer_failures > 0:
+            self.consumer_failures -= 1
+            raise TransportUnavailable("ensure stream WORK_POOL_default: NATS is unavailable (nats: timeout)")
+        return await super().consumer(lane)
+
 
 class Broker:
     """The fake broker: refuses while down; once up, each open is a fresh inner transport."""
 
-    def __init__(self, subscribe_failures: int = 0) -> None:
+    def __init__(self, subscribe_failures: int = 0, consumer_failures: int = 0) -> None:
         self.up = False
         self.attempts = 0
         self.opened: list[LoopbackTransport] = []
         self.subscribe_failures = subscribe_failures
+        self.consumer_failures = consumer_failures
 
     def open(self) -> Any:
         self.attempts += 1
         if not self.up:
             return Unreachable()
-        inner = FlakyLoopback(self.subscribe_failures if not self.opened else 0)
+        first = not self.opened
+        inner = FlakyLoopback(self.subscribe_failures if first else 0, self.consumer_failures if first else 0)
         self.opened.append(inner)
         return inner
 
@@ -196,6 +206,26 @@ async def test_a_lane_consumer_taken_before_connect_attaches_on_its_first_fetch_
     assert [delivery.item.work_item_id for delivery in deliveries] == ["r.0"]
     await deliveries[0].ack()
     assert await transport.pending("default") == 0
+
+
+async def test_a_lane_consumer_the_connected_broker_cannot_make_yet_is_made_on_a_later_fetch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    broker = Broker(consumer_failures=2)
+    broker.up = True
+    async with ReconnectingTransport(broker.open, description="the fake broker", initial_backoff_s=0.001,
+                                     max_backoff_s=0.01) as transport:  # fmt: skip
+        await connected(transport)
+        with caplog.at_level(logging.WARNING, logger="sie.transport.reconnecting"):
+            lane = await transport.consumer(LANE)  # the first try fails: no exception, a consumer made later
+        assert "cannot be made yet" in caplog.text and "nats: timeout" in caplog.text
+        await transport.publish_work(SUBJECT, make_item())
+
+        with pytest.raises(TransportUnavailable):  # the second try, on the first fetch: the fetch loop retries
+            await lane.fetch(1, 0.01)
+        deliveries = await lane.fetch(1, 5.0)
+        assert [delivery.item.work_item_id for delivery in deliveries] == ["r.0"]
+        assert broker.opened[0].consumer_failures == 0
 
 
 async def test_a_worker_consumer_taken_before_connect_finds_nothing_where_the_inner_has_no_direct_dispatch(

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, Self, cast
 
 from sie.pools import KeyValue, KeyValueEntry
 from sie.transport.base import (
@@ -197,22 +197,33 @@ class ReconnectingTransport:
         return await self._current("submit_work_batch").submit_work_batch(subject, items)
 
     async def consumer(self, lane: Lane) -> LaneConsumer:
-        """The lane's consumer; before connect, one that attaches on its first fetch after connect and returns
-        no deliveries until then (each fetch waits for the connection up to its timeout)."""
-        if self._inner is not None:
-            return await self._inner.consumer(lane)
-        self._check_open("consumer")
-        return _DeferredLane(f"lane {lane.pool}/{lane.machine_profile}/{lane.bundle}", self._inner_within,
-                             lambda inner: inner.consumer(lane))  # fmt: skip
+        """The lane's consumer; before connect, or while the broker cannot make it, one that attaches on a later
+        fetch and returns no deliveries until then (each fetch waits for the connection up to its timeout)."""
+        description = f"lane {lane.pool}/{lane.machine_profile}/{lane.bundle}"
+        # cast: the inner transports' consumer() always makes one (only worker_consumer may answer None)
+        return cast(LaneConsumer, await self._consumer_now_or_later(description, lambda inner: inner.consumer(lane)))
 
     async def worker_consumer(self, lane: Lane, worker_id: str) -> LaneConsumer | None:
-        """The worker's direct-dispatch consumer; before connect, one that attaches on its first fetch after connect
-        (and then only waits out each fetch's timeout if the inner transport has no direct dispatch)."""
+        """The worker's direct-dispatch consumer; before connect, or while the broker cannot make it, one that
+        attaches on a later fetch (and then only waits out each fetch's timeout if the inner transport has no
+        direct dispatch)."""
+        return await self._consumer_now_or_later(f"worker {worker_id}",
+                                                 lambda inner: inner.worker_consumer(lane, worker_id))  # fmt: skip
+
+    async def _consumer_now_or_later(self, description: str, attach: Attach) -> LaneConsumer | None:
+        """The inner transport's consumer when it can make one now. Connected is not enough: right after a
+        JetStream cluster starts, its API answers with timeouts while it elects its leaders, so making a stream or
+        consumer can fail for seconds; the consumer is then made on a later fetch, whose failures the lane's fetch
+        loop retries, instead of failing the role's start."""
         if self._inner is not None:
-            return await self._inner.worker_consumer(lane, worker_id)
-        self._check_open("worker_consumer")
-        return _DeferredLane(f"worker {worker_id}", self._inner_within,
-                             lambda inner: inner.worker_consumer(lane, worker_id))  # fmt: skip
+            try:
+                return await attach(self._inner)
+            except TransportUnavailable as exc:
+                self._check_open(description)
+                logger.warning("the consumer of %s cannot be made yet (%s); trying again on its next fetch",
+                               description, exc)  # fmt: skip
+        self._check_open(description)
+        return _DeferredLane(description, self._inner_within, attach)
 
     async def pending(self, pool: str) -> int:
         return await self._current("pending").pending(pool)
