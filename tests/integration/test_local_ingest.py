@@ -9,6 +9,7 @@ Sockets live in a short directory under /tmp: a Unix socket path is at most abou
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import shutil
 import socket
@@ -414,3 +415,27 @@ async def test_a_client_that_reads_nothing_is_disconnected(ingest_path: Path) ->
         await eventually(lambda: ingest.connections == 0, what="the deaf client to be disconnected")
         assert ingest.unanswered == 0
         writer.transport.abort()
+
+
+async def test_connections_accepted_as_the_server_exits_are_closed_with_it(ingest_path: Path) -> None:
+    """Clients connecting in a burst while the server exits: each connection asyncio accepted before the listener
+    closed gets its own task even when that task had not started yet, and is closed with the server, not left open
+    for the garbage collector (a socket left so warns in whichever test runs next)."""
+    async with LocalIngest(config(ingest_path), LANE, "w-1"):
+        connecting = [asyncio.open_unix_connection(str(ingest_path)) for _ in range(12)]
+        opened = await asyncio.gather(*connecting, return_exceptions=True)
+        await asyncio.sleep(0)  # the server's loop accepts them; their handlers have not run yet
+    for connection in opened:
+        if isinstance(connection, BaseException):
+            continue
+        reader, writer = connection
+        received = await asyncio.wait_for(reader.read(), 5.0)  # returns at EOF: the server closed its side
+        frames = []
+        while received:
+            length = int.from_bytes(received[:4], "big")
+            frames.append(unpackb(received[4 : 4 + length]))
+            received = received[4 + length :]
+        refusals = [frame for frame in frames if frame["type"] == "error"]
+        assert all(refusal["code"] == codes.SHUTTING_DOWN for refusal in refusals), refusals  # told why
+        await close(writer)
+    gc.collect()  # an accepted socket nobody closed would warn here (and fail the test: warnings are errors)

@@ -212,6 +212,10 @@ class LocalIngest:
                 message = "The sidecar is shutting down; send the item again"
                 self._finish(entry, error_result(entry.item, codes.SHUTTING_DOWN, message, self.worker_id))
         for _ in range(3):  # a connection accepted while the server closed may add one task more
+            # asyncio starts a connection's handler on a later turn of the loop than its accept: yield, so each one
+            # accepted before the listener closed has its task (and is closed with it) rather than starting after
+            # this exit, or never, its socket left open.
+            await asyncio.sleep(0)
             tasks = list(self._tasks)
             for task in tasks:
                 task.cancel()
@@ -354,8 +358,14 @@ class LocalIngest:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._closing or len(self._live) >= self.config.max_connections:
             self._count(LocalConnection.REFUSED)
-            message = f"the socket serves at most {self.config.max_connections} connections at once"
-            writer.write(error_frame(CONNECTION_ID, codes.QUEUE_FULL, message))
+            if self._closing:
+                code, message = codes.SHUTTING_DOWN, "the sidecar is shutting down; connect to it again once it is back"
+            else:
+                code, message = (
+                    codes.QUEUE_FULL,
+                    f"the socket serves at most {self.config.max_connections} connections at once",
+                )
+            writer.write(error_frame(CONNECTION_ID, code, message))
             await close_writer(writer)
             return
         out = FrameWriter(writer, self.config.max_inflight_items + CONTROL_FRAMES,
