@@ -429,12 +429,7 @@ async def test_connections_accepted_as_the_server_exits_are_closed_with_it(inges
         if isinstance(connection, BaseException):
             continue
         reader, writer = connection
-        received = await asyncio.wait_for(reader.read(), 5.0)  # returns at EOF: the server closed its side
-        frames = []
-        while received:
-            length = int.from_bytes(received[:4], "big")
-            frames.append(unpackb(received[4 : 4 + length]))
-            received = received[4 + length :]
+        frames = await messages_until_closed(reader)  # returns at EOF: the server closed its side
         refusals = [frame for frame in frames if frame["type"] == "error"]
         assert all(refusal["code"] == codes.SHUTTING_DOWN for refusal in refusals), refusals  # told why
         await close(writer)

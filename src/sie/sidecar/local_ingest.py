@@ -359,13 +359,11 @@ class LocalIngest:
         if self._closing or len(self._live) >= self.config.max_connections:
             self._count(LocalConnection.REFUSED)
             if self._closing:
-                code, message = codes.SHUTTING_DOWN, "the sidecar is shutting down; connect to it again once it is back"
+                refusal = error_frame(CONNECTION_ID, codes.SHUTTING_DOWN, "the sidecar is shutting down; connect again")
             else:
-                code, message = (
-                    codes.QUEUE_FULL,
-                    f"the socket serves at most {self.config.max_connections} connections at once",
-                )
-            writer.write(error_frame(CONNECTION_ID, code, message))
+                message = f"the socket serves at most {self.config.max_connections} connections at once"
+                refusal = error_frame(CONNECTION_ID, codes.QUEUE_FULL, message)
+            writer.write(refusal)
             await close_writer(writer)
             return
         out = FrameWriter(writer, self.config.max_inflight_items + CONTROL_FRAMES,

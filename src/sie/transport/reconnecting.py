@@ -219,7 +219,6 @@ class ReconnectingTransport:
             try:
                 return await attach(self._inner)
             except TransportUnavailable as exc:
-                self._check_open(description)
                 logger.warning("the consumer of %s cannot be made yet (%s); trying again on its next fetch",
                                description, exc)  # fmt: skip
         self._check_open(description)
