@@ -5,10 +5,14 @@ The reference is `CLIPImageProcessorPil` and `SiglipImageProcessorPil` (transfor
 the same preprocessor config and given the same image decoded by Pillow and turned upright with
 `ImageOps.exif_transpose`. Without transparency the reference is also given that image `.convert("RGB")`; with
 transparency transformers 5 composites onto white (its `convert_to_rgb`), and so does SIE.
+
+transformers is imported by the tests that use it, not at collection: its image processors take each pytest-xdist
+worker ~8 s of CPU to import, and only the worker running this module needs them.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from pathlib import Path
@@ -17,7 +21,6 @@ from typing import Any
 import numpy as np
 import pytest
 from PIL import Image, ImageOps
-from transformers import CLIPImageProcessorPil, SiglipImageProcessorPil
 
 from sie.imaging import ImageError, ImageLimits, ImageProcessor
 
@@ -83,11 +86,18 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "image_std": 127.5,
     },
 }
-REFERENCE_CLASSES = {"clip": CLIPImageProcessorPil, "siglip": SiglipImageProcessorPil}
+
+
+@functools.cache
+def reference_classes() -> dict[str, type]:
+    """transformers' PIL processors by family, imported on first use."""
+    from transformers import CLIPImageProcessorPil, SiglipImageProcessorPil
+
+    return {"clip": CLIPImageProcessorPil, "siglip": SiglipImageProcessorPil}
 
 
 def reference_class(name: str) -> type:
-    return REFERENCE_CLASSES[name.split("-")[0]]
+    return reference_classes()[name.split("-")[0]]
 
 
 def reference(name: str, image: Image.Image) -> np.ndarray:
@@ -260,7 +270,8 @@ def test_missing_keys_take_the_defaults_of_the_named_processor() -> None:
         (224, 224),
     )
     assert siglip.image_mean == siglip.image_std == (0.5, 0.5, 0.5)
-    for name, reference_processor in [("clip", CLIPImageProcessorPil()), ("siglip", SiglipImageProcessorPil())]:
+    for name in ("clip", "siglip"):
+        reference_processor = reference_class(name)()
         ours = clip if name == "clip" else siglip
         assert ours.rescale_factor == reference_processor.rescale_factor
         assert ours.resample == reference_processor.resample
@@ -288,8 +299,8 @@ def test_null_values_take_the_defaults_and_tensor_settings_are_ignored() -> None
 
 def test_configs_transformers_saves_are_read_as_its_processors_hold_them(tmp_path: Path) -> None:
     saved = [
-        CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
-        SiglipImageProcessorPil(size={"height": 24, "width": 40}, resample=2),
+        reference_class("clip")(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
+        reference_class("siglip")(size={"height": 24, "width": 40}, resample=2),
     ]
     for number, processor in enumerate(saved):
         processor.save_pretrained(tmp_path / str(number))

@@ -3,6 +3,7 @@ no workers, and the config write routes `sie run --role all` adds (over an in-me
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from starlette.routing import Route
@@ -11,6 +12,7 @@ from sie.control.auth import AccessPolicy
 from sie.control.http.app import write_routes
 from sie.control.http.handlers import ControlHandlers
 from sie.control.loading import load_registry
+from sie.control.registry import ModelRegistry, RegistryState
 from sie.control.writes import ConfigWriter
 from sie.stores.fsspec_store import open_config_store
 
@@ -30,9 +32,16 @@ class NoWorkers:
         return []
 
 
+@functools.cache
+def baseline_state() -> RegistryState:
+    """The baseline catalogue's registry state, read once per test process (a state is immutable: writes swap in a
+    new one): the tests building a gateway app per case would otherwise parse the YAML files each time."""
+    return load_registry(REPO / "config" / "bundles", REPO / "config" / "models").state
+
+
 def config_write_routes(policy: AccessPolicy | None = None) -> list[Route]:
     """The config service's write routes over the baseline catalogue and an in-memory store, as the `all` role
     serves them beside its gateway."""
-    registry = load_registry(REPO / "config" / "bundles", REPO / "config" / "models")
+    registry = ModelRegistry(baseline_state())
     handlers = ControlHandlers(ConfigWriter(registry, open_config_store(None)), registry, policy or AccessPolicy())
     return write_routes(handlers)
