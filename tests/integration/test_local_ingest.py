@@ -9,6 +9,7 @@ Sockets live in a short directory under /tmp: a Unix socket path is at most abou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import shutil
@@ -417,20 +418,30 @@ async def test_a_client_that_reads_nothing_is_disconnected(ingest_path: Path) ->
         writer.transport.abort()
 
 
-async def test_connections_accepted_as_the_server_exits_are_closed_with_it(ingest_path: Path) -> None:
-    """Clients connecting in a burst while the server exits: each connection asyncio accepted before the listener
-    closed gets its own task even when that task had not started yet, and is closed with the server, not left open
-    for the garbage collector (a socket left so warns in whichever test runs next)."""
+@pytest.mark.parametrize("turns", range(8))
+async def test_connections_accepted_as_the_server_exits_are_closed_with_it(ingest_path: Path, turns: int) -> None:
+    """Clients connecting as the server exits: asyncio takes a connection from accept to its handler over several
+    turns of the loop (its protocol, transport, connection_made, the handler's task), and each connection caught at
+    any of them is closed with the server, not left open for the garbage collector (a socket left so warns in
+    whichever test runs next). The clients connect with blocking sockets, which takes the loop no turn, and the
+    server is then given exactly `turns` turns before it exits."""
+    clients = []
     async with LocalIngest(config(ingest_path), LANE, "w-1"):
-        connecting = [asyncio.open_unix_connection(str(ingest_path)) for _ in range(12)]
-        opened = await asyncio.gather(*connecting, return_exceptions=True)
-        await asyncio.sleep(0)  # the server's loop accepts them; their handlers have not run yet
-    for connection in opened:
-        if isinstance(connection, BaseException):
-            continue
-        reader, writer = connection
-        frames = await messages_until_closed(reader)  # returns at EOF: the server closed its side
+        for _ in range(12):
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            client.connect(str(ingest_path))
+            clients.append(client)
+        for _ in range(turns):
+            await asyncio.sleep(0)
+    for client in clients:
+        client.setblocking(False)
+        reader, writer = await asyncio.open_unix_connection(sock=client)
+        try:
+            frames = await messages_until_closed(reader)  # returns at EOF: the server closed its side
+        except ConnectionResetError:  # never accepted: the listener closed with it in its backlog
+            frames = []
         refusals = [frame for frame in frames if frame["type"] == "error"]
         assert all(refusal["code"] == codes.SHUTTING_DOWN for refusal in refusals), refusals  # told why
-        await close(writer)
+        with contextlib.suppress(ConnectionResetError):
+            await close(writer)
     gc.collect()  # an accepted socket nobody closed would warn here (and fail the test: warnings are errors)

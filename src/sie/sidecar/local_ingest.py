@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
 import secrets
@@ -71,6 +72,8 @@ OUTBOX_FRAMES: Final = 4
 # Writer room beyond one result frame per in-flight item: the hello and the errors of refused submits.
 CONTROL_FRAMES: Final = 16
 BACKLOG: Final = 64
+# Turns of the event loop exit waits at most for accepted connections to reach their callback (asyncio takes 3).
+EXIT_TURNS: Final = 16
 EXHAUSTED_RETRY_AFTER_S: Final = 1
 
 
@@ -180,7 +183,9 @@ class LocalIngest:
         self._ready: collections.deque[LocalDelivery] = collections.deque()
         self._arrived: asyncio.Event | None = None
         self._live: set[_Connection] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # serving one connection each
+        self._handlers: set[asyncio.Task[Any]] = set()  # asyncio's connection callbacks, each awaiting its task
+        self._starting = 0  # connections accepted whose callback has not run yet
         self._numbers = itertools.count(1)  # of connections
         self._submit_numbers = itertools.count(1)
         self._server: asyncio.Server | None = None
@@ -193,7 +198,9 @@ class LocalIngest:
         await asyncio.to_thread(claim_socket_path, path)
         sock, self._inode = bind_owner_only(path)
         try:
-            self._server = await asyncio.start_unix_server(self._on_connect, sock=sock, backlog=BACKLOG)
+            self._server = await asyncio.get_running_loop().create_unix_server(
+                self._new_protocol, sock=sock, backlog=BACKLOG
+            )
         except BaseException:
             sock.close()
             self._remove_socket_file()
@@ -206,21 +213,25 @@ class LocalIngest:
     ) -> None:
         self._closing = True
         if self._server is not None:
-            self._server.close()
+            self._stop_accepting(self._server)
         for connection in list(self._live):
             for entry in list(connection.entries):
                 message = "The sidecar is shutting down; send the item again"
                 self._finish(entry, error_result(entry.item, codes.SHUTTING_DOWN, message, self.worker_id))
-        for _ in range(3):  # a connection accepted while the server closed may add one task more
-            # asyncio starts a connection's handler on a later turn of the loop than its accept: yield, so each one
-            # accepted before the listener closed has its task (and is closed with it) rather than starting after
-            # this exit, or never, its socket left open.
+        # asyncio takes an accepted connection to its callback over a few turns of the loop (the protocol, the
+        # transport, connection_made, the callback's task): yield until every connection accepted before the
+        # listener stopped has reached its callback (which refuses it: closing), cancelling the serving tasks as
+        # they come. At least two turns, the first for accepts already queued in this one. Bounded: a connection
+        # whose transport failed never reaches its callback.
+        for turn in range(EXIT_TURNS):
             await asyncio.sleep(0)
-            tasks = list(self._tasks)
-            for task in tasks:
+            for task in list(self._tasks):
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            if turn > 0 and self._starting == 0:
+                break
+        await asyncio.gather(*self._tasks, *self._handlers, return_exceptions=True)
         if self._server is not None:
+            self._server.close()
             await self._server.wait_closed()
         self._remove_socket_file()
 
@@ -348,12 +359,38 @@ class LocalIngest:
 
     # --- connections -----------------------------------------------------------------------------
 
+    @staticmethod
+    def _stop_accepting(server: asyncio.Server) -> None:
+        """Accept no more connections, the server left open. Closing it now would lose connections accepted but
+        still on their way to the callback: asyncio's selector loop makes their transport after the close, which
+        refuses it, and drops the socket unclosed. On that loop the listening socket is a reader of the loop;
+        uvloop (whose accepts make their transport at once) has no such reader, and this does nothing there."""
+        loop = asyncio.get_running_loop()
+        for listening in server.sockets:
+            loop.remove_reader(listening.fileno())
+
+    def _new_protocol(self) -> asyncio.StreamReaderProtocol:
+        """The stream protocol of one accepted connection; it counts as starting until its callback runs."""
+        self._starting += 1
+        return asyncio.StreamReaderProtocol(asyncio.StreamReader(), self._on_connect)
+
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._starting -= 1
+        handler = asyncio.current_task()
+        if handler is not None:
+            self._handlers.add(handler)
         # Our own task per connection, so exit can cancel it (asyncio's stream callback task must not be cancelled).
         task = asyncio.get_running_loop().create_task(self._serve(reader, writer))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        await asyncio.wait({task})
+        try:
+            await asyncio.wait({task})
+        finally:
+            if not writer.is_closing():  # its task was cancelled before it ran: nothing served, nothing to flush
+                writer.transport.abort()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+            self._handlers.discard(handler)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._closing or len(self._live) >= self.config.max_connections:
