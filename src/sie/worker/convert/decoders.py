@@ -114,7 +114,6 @@ def _write_graph(
     build_decoder(builder, config, weights, precision, shape)
     model = builder.model(f"{config.model_type}_decoder", decoder_inputs(config, precision, shape),
                           decoder_outputs(config, precision, shape))  # fmt: skip
-    del builder  # its initializers now belong to `model`: keep one copy of the weights in memory, not two
     save_graph(model, path)
 
 

@@ -7,6 +7,7 @@ holds one copy of each however many layers use it.
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -34,7 +35,9 @@ class GraphBuilder:
 
     def __init__(self) -> None:
         self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[TensorProto] = []
+        # The model `model` emits, its initializers made in place as they are stored: a finished TensorProto added
+        # to a graph is copied (about 2 s per GB of weights), and so is a graph added to a model.
+        self._model: onnx.ModelProto | None = onnx.ModelProto(ir_version=IR_VERSION, producer_name=PRODUCER)
         self._used: Counter[str] = Counter()
         self._constants: dict[tuple[str, tuple[int, ...], bytes], str] = {}
 
@@ -57,11 +60,20 @@ class GraphBuilder:
         return self._constants[key]
 
     def _store(self, name: str, array: np.ndarray) -> str:
-        # from_array serialises with tobytes(), which is C order whatever the array's layout;
-        # np.ascontiguousarray would be wrong here, it turns 0-d scalars into shape [1].
+        # As numpy_helper.from_array makes a numeric tensor: its bytes in C order whatever the array's layout
+        # (np.ascontiguousarray would be wrong here, it turns 0-d scalars into shape [1]), little-endian.
         tensor_name = self.unique(name)
-        self.initializers.append(numpy_helper.from_array(array, tensor_name))
+        tensor = self._emitting().graph.initializer.add()
+        tensor.name = tensor_name
+        tensor.dims.extend(array.shape)
+        tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+        tensor.raw_data = numpy_helper.tobytes_little_endian(array)
         return tensor_name
+
+    def _emitting(self) -> onnx.ModelProto:
+        if self._model is None:
+            raise RuntimeError("this GraphBuilder has emitted its model; a builder makes one graph")
+        return self._model
 
     def op(self, op_type: str, inputs: Sequence[str], name: str, **attrs: Any) -> str:
         """Add one single-output node; its output tensor is called `name` (made unique)."""
@@ -77,13 +89,16 @@ class GraphBuilder:
     def model(
         self, graph_name: str, inputs: Sequence[onnx.ValueInfoProto], outputs: Sequence[onnx.ValueInfoProto]
     ) -> onnx.ModelProto:
-        graph = helper.make_graph(self.nodes, graph_name, list(inputs), list(outputs), self.initializers)
-        return helper.make_model(
-            graph,
-            opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(CONTRIB_DOMAIN, 1)],
-            producer_name=PRODUCER,
-            ir_version=IR_VERSION,
-        )
+        """The graph as a model, which holds the builder's initializers; the builder is done after it."""
+        model = self._emitting()
+        model.opset_import.extend([helper.make_opsetid("", OPSET), helper.make_opsetid(CONTRIB_DOMAIN, 1)])
+        graph = model.graph
+        graph.name = graph_name
+        graph.node.extend(self.nodes)
+        graph.input.extend(inputs)
+        graph.output.extend(outputs)
+        self._model = None
+        return model
 
 
 def tensor_info(name: str, elem_type: int, shape: Sequence[int | str]) -> onnx.ValueInfoProto:
@@ -96,7 +111,7 @@ def save_graph(model: onnx.ModelProto, out_path: Path) -> None:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     partial = out_path.with_name(out_path.name + ".partial")
     data_file = out_path.with_name(out_path.name + ".data")
-    external = sum(len(t.raw_data) for t in model.graph.initializer) > PROTOBUF_LIMIT
+    external = sum(_tensor_bytes(tensor) for tensor in model.graph.initializer) > PROTOBUF_LIMIT
     try:
         if external:
             data_file.unlink(missing_ok=True)  # onnx appends to an existing data file
@@ -111,3 +126,9 @@ def save_graph(model: onnx.ModelProto, out_path: Path) -> None:
         raise ConversionError(f"cannot write the converted graph: {exc}", source=str(out_path)) from exc
     finally:
         partial.unlink(missing_ok=True)
+
+
+def _tensor_bytes(tensor: TensorProto) -> int:
+    """A tensor's data size from its shape and type: reading `raw_data` would copy the bytes, and protobuf's
+    `ByteSize` serialises the message to count them."""
+    return math.prod(tensor.dims) * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
