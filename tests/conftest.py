@@ -14,6 +14,11 @@ import pytest
 # (shared/reference/dependencies.md §3). Set before anything can import gcsfs.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
+# The reference implementations (torch) run tiny models in each pytest-xdist worker of a suite that keeps both cores
+# busy, where their OpenMP threads only wait for each other: one thread each (set before anything imports torch).
+# The role processes the tests start inherit it; onnxruntime's thread pools do not read it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Fixture modules registered once, so a session fixture (the nats-server, the object stores) is one per session
 # however many test modules ask for it (a module that imports a fixture gets a copy of its own).
 pytest_plugins = ["support.nats_server", "support.object_stores", "support.scheduling"]
