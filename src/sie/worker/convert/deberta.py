@@ -19,6 +19,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+from onnx import TensorProto
 
 from sie.worker.convert.encoder_graph import (
     EncoderOutput,
@@ -158,8 +159,9 @@ def build_deberta(builder: GraphBuilder, config: DebertaConfig, weights: Encoder
 @attrs.frozen
 class _Shared:
     relative_embeddings: np.ndarray  # [2 * span, hidden], LayerNorm-ed
-    c2p_index: str  # int64 [1, 1, S, S]: bucket(query - key) + span, clipped
-    p2c_index: str  # int64 [1, 1, S, S] over [key, query]: span - bucket(key - query), clipped
+    window: tuple[str, str]  # int64 [1] each: the first and past-the-last relative position S tokens can reach
+    c2p_index: str  # int32 [B, heads, S, S] over [query, key]: bucket(query - key) + span, clipped, from its start
+    p2c_index: str  # int32 [B, heads, S, S] over [query, key]: span - bucket(key - query), clipped, from its start
     heads_shape: str  # [-1, S, heads, head_size]
     padding_bias: str  # [B, 1, 1, S]
 
@@ -179,15 +181,33 @@ def _shared(
     rows_1d = b.op("Unsqueeze", [steps, b.const([1])], "rel.rows")
     distance = b.op("Sub", [rows_1d, steps], "rel.distance")  # [S, S]: query - key
     index = b.op("Add", [distance, b.const(MAX_DISTANCE - 1)], "rel.index")
-    buckets = b.op("Gather", [b.const(relative_buckets(config)), index], "rel.buckets")
+    bucket_table = b.const(relative_buckets(config))
+    buckets = b.op("Gather", [bucket_table, index], "rel.buckets")
     low, high = b.const(0), b.const(2 * span - 1)
-    c2p = b.op("Clip", [b.op("Add", [buckets, b.const(span)], "rel.c2p_raw"), low, high], "rel.c2p")
-    p2c = b.op("Clip", [b.op("Sub", [b.const(span), buckets], "rel.p2c_raw"), low, high], "rel.p2c")
+    # Only the relative positions within the farthest bucket S tokens reach are read: the layers multiply by that
+    # window of the 2·span positions, not by all of them (for GLiNER's prompts and texts, a few hundred tokens
+    # against 512 positions, most of the attention's arithmetic). Buckets grow with distance and the clip is
+    # monotone, so both indices run from span - bucket(S - 1) to span + bucket(S - 1), each clipped.
+    farthest_index = b.op("Add", [sequence, b.const(MAX_DISTANCE - 2)], "rel.farthest_index")  # distance S - 1
+    farthest = b.op("Gather", [bucket_table, farthest_index], "rel.farthest")
+    start = b.op("Clip", [b.op("Sub", [b.const(span), farthest], "rel.start_raw"), low, high], "rel.start")
+    end = b.op("Add", [b.op("Clip", [b.op("Add", [farthest, b.const(span)], "rel.end_raw"), low, high], "rel.last"),
+                       b.const(1)], "rel.end")  # fmt: skip
+    c2p = b.op("Clip", [b.op("Add", [buckets, b.const(span)], "rel.c2p_raw"), low, high], "rel.c2p_clipped")
+    p2c = b.op("Clip", [b.op("Sub", [b.const(span), buckets], "rel.p2c_raw"), low, high], "rel.p2c_clipped")
+    c2p = b.op("Sub", [c2p, start], "rel.c2p")
+    # p2c is read at [key, query]: the index over [query, key] is its transpose
+    p2c = b.op("Transpose", [b.op("Sub", [p2c, start], "rel.p2c_kq")], "rel.p2c", perm=[1, 0])
+    # every layer's scores are [B, heads, S, S]: the indices are expanded to that once
+    scores_shape = b.op("Concat", [b.op("Shape", ["input_ids"], "shape.batch", start=0, end=1),
+                                   b.const([config.num_attention_heads]), sequence, sequence],
+                        "shape.scores", axis=0)  # fmt: skip
     heads_shape = b.op("Concat", [b.const([-1]), sequence, b.const([config.num_attention_heads, config.head_size])],
                        "shape.heads", axis=0)  # fmt: skip
     bias = b.op("Unsqueeze", [padding_bias, b.const([1, 2])], "mask.bias_4d")
-    return _Shared(normed, b.op("Unsqueeze", [c2p, b.const([0, 1])], "rel.c2p_4d"),
-                   b.op("Unsqueeze", [p2c, b.const([0, 1])], "rel.p2c_4d"), heads_shape, bias)  # fmt: skip
+    c2p, p2c = (b.op("Cast", [index], f"{index}_32", to=TensorProto.INT32) for index in (c2p, p2c))
+    return _Shared(normed, (start, end), b.op("Expand", [c2p, scores_shape], "rel.c2p_4d"),
+                   b.op("Expand", [p2c, scores_shape], "rel.p2c_4d"), heads_shape, bias)  # fmt: skip
 
 
 def _heads(b: GraphBuilder, x: str, shared: _Shared, name: str) -> str:
@@ -212,19 +232,26 @@ def _layer(  # noqa: PLR0913 - one layer's parts
     key = _heads(b, linear(b, x, (k_weight, k_bias), f"{name}.k"), shared, f"{name}.k")
     value = _heads(b, linear(b, x, params(family.value), f"{name}.v"), shared, f"{name}.v")
     span2 = 2 * config.span
-    # the relative embeddings through this layer's key and query projections: constants [heads, d, 2 * span]
+    # the relative embeddings through this layer's key and query projections, constants: the keys [heads, d,
+    # 2 * span] (queries multiply them), the queries [heads, 2 * span, d] (they multiply the keys); each sliced to
+    # the window of positions the sequence reaches
     position_keys = (shared.relative_embeddings @ k_weight + k_bias).reshape(span2, heads, d).transpose(1, 2, 0)
     position_queries = ((shared.relative_embeddings @ q_weight + q_bias) * scale).reshape(span2, heads, d)
-    position_queries = position_queries.transpose(1, 2, 0)
-    scores = b.op("MatMul", [query, b.op("Transpose", [key], f"{name}.k_t", perm=[0, 1, 3, 2])], f"{name}.c2c")
-    c2p_all = b.op("MatMul", [query, b.weight(f"{name}.position_keys", position_keys)], f"{name}.c2p_all")
-    index_shape = b.op("Shape", [scores], f"{name}.scores_shape")
-    c2p = b.op("GatherElements", [c2p_all, b.op("Expand", [shared.c2p_index, index_shape], f"{name}.c2p_idx")],
-               f"{name}.c2p", axis=-1)  # fmt: skip
-    p2c_all = b.op("MatMul", [key, b.weight(f"{name}.position_queries", position_queries)], f"{name}.p2c_all")
-    p2c = b.op("GatherElements", [p2c_all, b.op("Expand", [shared.p2c_index, index_shape], f"{name}.p2c_idx")],
-               f"{name}.p2c_kq", axis=-1)  # fmt: skip
-    p2c = b.op("Transpose", [p2c], f"{name}.p2c", perm=[0, 1, 3, 2])
+    position_queries = position_queries.transpose(1, 0, 2)
+    start, end = shared.window
+    position_keys = b.op("Slice", [b.weight(f"{name}.position_keys", position_keys), start, end, b.const([2])],
+                         f"{name}.position_keys_window")  # fmt: skip
+    position_queries = b.op("Slice", [b.weight(f"{name}.position_queries", position_queries), start, end,
+                                      b.const([1])], f"{name}.position_queries_window")  # fmt: skip
+    key_t = b.op("Transpose", [key], f"{name}.k_t", perm=[0, 1, 3, 2])
+    scores = b.op("MatMul", [query, key_t], f"{name}.c2c")
+    # content to position: [B, heads, S, window] read at each [query, key]'s position along the last axis
+    c2p = b.op("GatherElements", [b.op("MatMul", [query, position_keys], f"{name}.c2p_all"), shared.c2p_index],
+               f"{name}.c2p", axis=3)  # fmt: skip
+    # position to content: [B, heads, window, S] (positions × keys) read at each [query, key]'s position along the
+    # third axis, so the result is over [query, key] without a transpose
+    p2c = b.op("GatherElements", [b.op("MatMul", [position_queries, key_t], f"{name}.p2c_all"), shared.p2c_index],
+               f"{name}.p2c", axis=2)  # fmt: skip
     scores = b.op("Add", [b.op("Add", [scores, c2p], f"{name}.with_c2p"), p2c], f"{name}.scores")
     probs = b.op("Softmax", [b.op("Add", [scores, shared.padding_bias], f"{name}.masked")], f"{name}.probs", axis=-1)
     context = b.op("Transpose", [b.op("MatMul", [probs, value], f"{name}.context")], f"{name}.context_t",
