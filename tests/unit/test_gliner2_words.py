@@ -1,15 +1,17 @@
 """GLiNER2's text preparation as the gliner2 package does it (the schema before the text, its words lower-cased with
-their offsets, a sentence end added) and its request options, as pure functions; served against the package in
-tests/integration/test_gliner2.py."""
+their offsets, a sentence end added), its request options and its greedy span decoding, as pure functions; served
+against the package in tests/integration/test_gliner2.py."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 
 from sie.catalog.adapters import GLINER2, adapter_kind
 from sie.catalog.options import option_problem
 from sie.wire.queue import OPERATION_EXTRACT
-from sie.worker.adapters.gliner2 import Schema, Settings, model_text, row_prefix, schema_words, split_words
+from sie.worker.adapters.gliner2 import Schema, Settings, _kept, model_text, row_prefix, schema_words, split_words
 
 
 def test_words_are_lower_cased_with_offsets_into_the_text() -> None:
@@ -84,3 +86,19 @@ def test_a_long_texts_classification_pools_its_windows() -> None:
     ]  # fmt: skip
     # one window: as it is, cut at the threshold
     assert _pooled([[("safe", 0.4)]], _request(["safe", "unsafe"], threshold=0.5)) == []
+
+
+def test_greedy_decoding_keeps_the_best_spans_that_overlap_no_better_one() -> None:
+    # (first word, score, start, end): the best first, ties in the order given; touching spans do not overlap
+    spans = [(0, 0.5, 0, 10), (1, 0.9, 5, 12), (2, 0.9, 12, 20), (3, 0.7, 11, 13), (4, 0.6, 20, 25), (5, 0.6, 0, 5)]
+    assert _kept(spans) == [(1, 0.9, 5, 12), (2, 0.9, 12, 20), (4, 0.6, 20, 25), (5, 0.6, 0, 5)]
+    # against the definition, every kept span checked against every earlier one, on random spans with ties
+    rng = random.Random(0)
+    for _ in range(500):
+        spans = [(i, rng.randint(0, 9) / 10, start, start + rng.randint(1, 12))
+                 for i, start in enumerate(rng.randint(0, 60) for _ in range(rng.randint(0, 40)))]  # fmt: skip
+        expected: list[tuple[int, float, int, int]] = []
+        for span in sorted(spans, key=lambda span: span[1], reverse=True):
+            if all(span[3] <= other[2] or other[3] <= span[2] for other in expected):
+                expected.append(span)
+        assert _kept(spans) == expected

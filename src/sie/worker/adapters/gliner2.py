@@ -29,6 +29,7 @@ texts, a string the best one's), an enum field the best-scoring value of any win
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 import sys
@@ -452,8 +453,11 @@ def _decoded(candidates: list[tuple[int, float, int, int]], request: _Request) -
     """Each label's spans best-first, a span dropped where it overlaps one of the label's kept spans; the entities of
     the text as sent (a span in the added sentence end dropped, one reaching it cut), by start."""
     entities = []
+    by_label: dict[int, list[tuple[int, float, int, int]]] = {}
+    for candidate in candidates:
+        by_label.setdefault(candidate[0], []).append(candidate)
     for label in range(len(request.labels)):
-        for _, score, start, end in _kept([candidate for candidate in candidates if candidate[0] == label]):
+        for _, score, start, end in _kept(by_label.get(label, [])):
             end = min(end, len(request.text))
             if start < end:
                 entities.append({"text": request.text[start:end], "label": request.labels[label], "score": score,
@@ -578,9 +582,17 @@ def _kept(spans: list[tuple[int, float, int, int]]) -> list[tuple[int, float, in
     """Spans (first word or label, score, start, end) ranked best-first (the first of equal scores first), each
     dropped where its characters overlap a better one's: gliner2's greedy decoding."""
     kept: list[tuple[int, float, int, int]] = []
+    # The kept spans never overlap, so by start they are by end too: a span overlaps one of them exactly when the
+    # last kept span starting before its end ends after its start (a lookup, not a pass over every kept span).
+    starts: list[int] = []
+    ends: list[int] = []
     for span in sorted(spans, key=lambda span: span[1], reverse=True):
-        if not any(span[2] < other[3] and other[2] < span[3] for other in kept):
-            kept.append(span)
+        before = bisect.bisect_left(starts, span[3])
+        if before and ends[before - 1] > span[2]:
+            continue
+        kept.append(span)
+        starts.insert(before, span[2])
+        ends.insert(before, span[3])
     return kept
 
 
