@@ -14,10 +14,14 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto
 from safetensors.numpy import save_file
 
 from sie.worker.convert import ConversionError, convert_encoder
-from sie.worker.convert.encoder_graph import alibi_slopes
+from sie.worker.convert.encoder_graph import EncoderWeights, alibi_slopes, build_encoder, graph_inputs
+from sie.worker.convert.families import parse_encoder_config
+from sie.worker.convert.graph_builder import GraphBuilder, save_graph, tensor_info
+from sie.worker.convert.safetensors_io import Checkpoint
 
 HIDDEN, INTERMEDIATE, LAYERS, VOCAB, TYPES = 48, 40, 2, 60, 2
 LENGTHS = (11, 4, 7)
@@ -161,6 +165,23 @@ def test_jina_bert_equals_its_modeling_code(tmp_path: Path, heads: int, feed_for
     pooled = (expected * mask).sum(1) / mask.sum(1)
     pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
     assert float(np.abs(run(tmp_path / "mean.onnx", feeds, "sentence_embedding") - pooled).max()) <= 1e-4
+
+
+def test_the_last_layer_for_the_first_token_alone_equals_its_modeling_code(tmp_path: Path) -> None:
+    """What a cross-encoder's graph computes (`first_token_only`: the last layer's query for the first token alone,
+    ALiBi's first row added): the first token's state of the reference, from a right-padded batch."""
+    config = jina_config(4, "geglu")
+    weights = save_checkpoint(tmp_path / "model", config)
+    feeds = padded_batch()
+    parsed = parse_encoder_config(json.loads((tmp_path / "model" / "config.json").read_text()), source="test")
+    builder = GraphBuilder()
+    encoder = build_encoder(builder, parsed, EncoderWeights(Checkpoint(tmp_path / "model"), parsed),
+                            first_token_only=True)  # fmt: skip
+    output = tensor_info(encoder.hidden, TensorProto.FLOAT, ["batch", 1, HIDDEN])
+    save_graph(builder.model("first", graph_inputs(), [output]), tmp_path / "first.onnx")
+    first = run(tmp_path / "first.onnx", feeds, encoder.hidden)
+    assert first.shape == (len(LENGTHS), 1, HIDDEN)
+    assert float(np.abs(first - reference(config, weights, feeds)[:, :1]).max()) <= 1e-4
 
 
 @pytest.mark.parametrize("heads", [1, 2, 3, 5, 6, 8, 12, 16, 20])

@@ -138,12 +138,22 @@ def graph_inputs() -> list[onnx.ValueInfoProto]:
 
 
 def build_encoder(
-    builder: GraphBuilder, config: EncoderConfig, weights: EncoderWeights, hidden_name: str = "last_hidden_state"
+    builder: GraphBuilder,
+    config: EncoderConfig,
+    weights: EncoderWeights,
+    hidden_name: str = "last_hidden_state",
+    *,
+    first_token_only: bool = False,
 ) -> EncoderOutput:
     """Add embeddings and every layer; the final [B,S,H] hidden state is named `hidden_name`.
 
     Between embeddings and output the hidden state is a [B*S, H] matrix, so onnxruntime turns
     every MatMul + bias Add into one Gemm.
+
+    `first_token_only` (a head that reads the first token's state alone, as a cross-encoder's classifier does): the
+    last layer is computed for that token only, its query against every token's keys and values, so the hidden
+    state is [B,1,H] (and `tokens` [B,H]). The same values at that position; the last layer's attention output and
+    feed-forward products shrink from every token to one row per sequence.
     """
     shapes = layer_shapes(builder, config)
     word_table, embedded = _embeddings(builder, config, weights, shapes.sequence)
@@ -154,8 +164,14 @@ def build_encoder(
     elif config.alibi:
         position_bias = _alibi_bias(builder, config, shapes.sequence)
     tokens = builder.op("Reshape", [embedded, builder.const([-1, config.hidden_size])], "embeddings.tokens")
+    last = config.num_hidden_layers - 1
     for index in range(config.num_hidden_layers):
         layer = EncoderLayer(builder, config, weights, index, shapes)
+        if first_token_only and index == last:
+            tokens = layer.feed_forward(layer.first_token_attention(tokens, position_bias, padding_bias))
+            hidden = builder.op("Unsqueeze", [tokens, builder.const([1])], hidden_name)
+            return EncoderOutput(hidden=hidden, tokens=tokens, mask=mask, padding_bias=padding_bias,
+                                 word_embeddings=word_table)  # fmt: skip
         tokens = layer.feed_forward(layer.attention(tokens, position_bias))
     hidden_shape = builder.op(
         "Concat", [shapes.batch_sequence, builder.const([config.hidden_size])], "shape.hidden", axis=0
@@ -363,6 +379,42 @@ class EncoderLayer:
         output = self._name(self.family.attention_output)
         out = linear(b, context, self._dense(output, cfg.hidden_size), output)
         return self._residual_norm(out, x, self._name(self.family.attention_norm))
+
+    def first_token_attention(self, x: str, position_bias: str, padding_bias: str) -> str:
+        """`attention` for each sequence's first token alone: its query against every token's keys and values (the
+        padding masked, `position_bias`'s first row added), then output dense, residual and LayerNorm; [B*S, H] in,
+        [B, H] out. The same math as the fused operator, in plain operators."""
+        b, cfg, name = self.builder, self.config, f"{self.prefix}.attention"
+        width, heads = cfg.hidden_size, cfg.num_attention_heads
+        head_size = width // heads
+        weight, bias = self._qkv_params()
+        scale = np.float32(1.0 / math.sqrt(head_size))
+        first = b.op("Gather", [b.op("Reshape", [x, self.shapes.tokens_3d], f"{name}.rows"), b.const(0)],
+                     f"{name}.first", axis=1)  # fmt: skip
+        query = linear(b, first, (weight[:, :width] * scale, bias[:width] * scale), f"{name}.first_query")
+        query = b.op("Reshape", [query, b.const([-1, heads, 1, head_size])], f"{name}.first_query_heads")
+        keys_values = linear(b, x, (weight[:, width:], bias[width:]), f"{name}.keys_values")
+        split = b.op("Concat", [self.shapes.batch_sequence, b.const([2, heads, head_size])], f"{name}.kv_shape",
+                     axis=0)  # fmt: skip
+        keys, values = b.op_multi("Split", [b.op("Reshape", [keys_values, split], f"{name}.kv_heads"),
+                                            b.const([1, 1])], [f"{name}.k", f"{name}.v"], axis=2)  # fmt: skip
+        keys = b.op("Squeeze", [keys, b.const([2])], f"{name}.k_rows")  # [B, S, heads, d]
+        keys = b.op("Transpose", [keys], f"{name}.keys", perm=[0, 2, 3, 1])  # [B, heads, d, S]
+        values = b.op("Squeeze", [values, b.const([2])], f"{name}.v_rows")
+        values = b.op("Transpose", [values], f"{name}.values", perm=[0, 2, 1, 3])  # [B, heads, S, d]
+        scores = b.op("MatMul", [query, keys], f"{name}.first_scores")  # [B, heads, 1, S]
+        scores = b.op("Add", [scores, b.op("Unsqueeze", [padding_bias, b.const([1, 2])], f"{name}.padding_4d")],
+                      f"{name}.first_masked")  # fmt: skip
+        if position_bias:
+            first_row = b.op("Slice", [position_bias, b.const([0]), b.const([1]), b.const([2])],
+                             f"{name}.first_position_bias")  # fmt: skip
+            scores = b.op("Add", [scores, first_row], f"{name}.first_biased")
+        probs = b.op("Softmax", [scores], f"{name}.first_probs", axis=-1)
+        context = b.op("MatMul", [probs, values], f"{name}.first_context")  # [B, heads, 1, d]
+        context = b.op("Reshape", [context, b.const([-1, width])], f"{name}.first_merged")
+        output = self._name(self.family.attention_output)
+        out = linear(b, context, self._dense(output, width), output)
+        return self._residual_norm(out, first, self._name(self.family.attention_norm))
 
     def feed_forward(self, x: str) -> str:
         b, cfg = self.builder, self.config

@@ -62,7 +62,7 @@ def convert_encoder(model_dir: Path, out_path: Path, head: str) -> ConversionRes
     checkpoint = Checkpoint(model_dir)  # after the config, so what is wrong in it is named first
     weights = EncoderWeights(FlashXlmRobertaTensors(checkpoint, is_rotary(raw)) if flash else checkpoint, config)
     builder = GraphBuilder()
-    encoder = build_backbone(builder, config, weights)
+    encoder = build_backbone(builder, config, weights, first_token_only=head == "seq-cls")
     outputs = HEADS[head].build(HeadContext(builder, config, weights, encoder))
     model = builder.model(f"{config.family.name}_{head}", graph_inputs(), outputs)
     save_graph(model, out_path)
@@ -84,8 +84,12 @@ def parse_backbone_config(raw: dict[str, Any], source: str) -> BackboneConfig:
     return parse_encoder_config(raw, source=source)
 
 
-def build_backbone(builder: GraphBuilder, config: BackboneConfig, weights: EncoderWeights) -> EncoderOutput:
-    """The encoder graph of `config`'s family, up to its last hidden state."""
+def build_backbone(
+    builder: GraphBuilder, config: BackboneConfig, weights: EncoderWeights, *, first_token_only: bool = False
+) -> EncoderOutput:
+    """The encoder graph of `config`'s family, up to its last hidden state. `first_token_only`: the head reads the
+    first token's state alone, and the BERT-like families compute their last layer for it only (`build_encoder`;
+    the other families' graphs compute every token's)."""
     if isinstance(config, ModernBertConfig):
         return build_modernbert(builder, config, weights)
     if isinstance(config, DebertaConfig):
@@ -94,4 +98,4 @@ def build_backbone(builder: GraphBuilder, config: BackboneConfig, weights: Encod
         return build_bart(builder, config, weights)
     if isinstance(config, RotaryGluConfig):
         return build_rotary_glu(builder, config, weights)
-    return build_encoder(builder, config, weights)
+    return build_encoder(builder, config, weights, first_token_only=first_token_only)
