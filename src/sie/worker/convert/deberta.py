@@ -122,8 +122,12 @@ def relative_buckets(config: DebertaConfig) -> np.ndarray:
     return np.where(absolute <= mid, distance, (log_pos * sign).astype(np.int64)).astype(np.int64)
 
 
-def build_deberta(builder: GraphBuilder, config: DebertaConfig, weights: EncoderWeights) -> EncoderOutput:
-    """Embeddings and every layer; the final [B,S,H] hidden state is `last_hidden_state`."""
+def build_deberta(
+    builder: GraphBuilder, config: DebertaConfig, weights: EncoderWeights, *, first_token_only: bool = False
+) -> EncoderOutput:
+    """Embeddings and every layer; the final [B,S,H] hidden state is `last_hidden_state`. `first_token_only` (the
+    sequence classifier reads the first token alone): the last layer is computed for that token only, and the hidden
+    state is [B,1,H]."""
     b, hidden = builder, config.hidden_size
     mask, padding_bias = padding_biases(b)
     words = weights.base("embeddings.word_embeddings.weight", (config.vocab_size, config.embedding_size))
@@ -148,8 +152,12 @@ def build_deberta(builder: GraphBuilder, config: DebertaConfig, weights: Encoder
     x = b.op("Mul", [x, b.op("Unsqueeze", [mask, b.const([2])], "mask.3d")], "embeddings.masked")
     tokens = b.op("Reshape", [x, b.const([-1, hidden])], "embeddings.tokens")
     shared = _shared(b, config, weights, sequence, padding_bias)
+    last = config.num_hidden_layers - 1
     for index in range(config.num_hidden_layers):
-        tokens = _layer(b, config, weights, index, tokens, shared)
+        tokens = _layer(b, config, weights, index, tokens, shared, first_token_only and index == last)
+    if first_token_only:
+        out = b.op("Unsqueeze", [tokens, b.const([1])], "last_hidden_state")
+        return EncoderOutput(hidden=out, tokens=tokens, mask=mask, padding_bias=padding_bias, word_embeddings=table)
     batch_sequence = b.op("Shape", ["input_ids"], "shape.batch_sequence")
     shape = b.op("Concat", [batch_sequence, b.const([hidden])], "shape.hidden", axis=0)
     out = b.op("Reshape", [tokens, shape], "last_hidden_state")
@@ -162,6 +170,10 @@ class _Shared:
     window: tuple[str, str]  # int64 [1] each: the first and past-the-last relative position S tokens can reach
     c2p_index: str  # int32 [B, heads, S, S] over [query, key]: bucket(query - key) + span, clipped, from its start
     p2c_index: str  # int32 [B, heads, S, S] over [query, key]: span - bucket(key - query), clipped, from its start
+    c2p_first: str  # int64 [S]: c2p_index's row of the first query
+    p2c_first: str  # int64 [S]: p2c_index's row of the first query
+    tokens_3d: str  # [B, S, hidden]
+    rows_shape: str  # [-1, hidden]
     heads_shape: str  # [-1, S, heads, head_size]
     padding_bias: str  # [B, 1, 1, S]
 
@@ -198,6 +210,9 @@ def _shared(
     c2p = b.op("Sub", [c2p, start], "rel.c2p")
     # p2c is read at [key, query]: the index over [query, key] is its transpose
     p2c = b.op("Transpose", [b.op("Sub", [p2c, start], "rel.p2c_kq")], "rel.p2c", perm=[1, 0])
+    c2p_first, p2c_first = (b.op("Gather", [index, b.const(0)], f"{index}_first", axis=0) for index in (c2p, p2c))
+    tokens_3d = b.op("Concat", [b.op("Shape", ["input_ids"], "shape.batch_sequence_3d"), b.const([hidden])],
+                     "shape.tokens_3d", axis=0)  # fmt: skip
     # every layer's scores are [B, heads, S, S]: the indices are expanded to that once
     scores_shape = b.op("Concat", [b.op("Shape", ["input_ids"], "shape.batch", start=0, end=1),
                                    b.const([config.num_attention_heads]), sequence, sequence],
@@ -207,7 +222,8 @@ def _shared(
     bias = b.op("Unsqueeze", [padding_bias, b.const([1, 2])], "mask.bias_4d")
     c2p, p2c = (b.op("Cast", [index], f"{index}_32", to=TensorProto.INT32) for index in (c2p, p2c))
     return _Shared(normed, (start, end), b.op("Expand", [c2p, scores_shape], "rel.c2p_4d"),
-                   b.op("Expand", [p2c, scores_shape], "rel.p2c_4d"), heads_shape, bias)  # fmt: skip
+                   b.op("Expand", [p2c, scores_shape], "rel.p2c_4d"), c2p_first, p2c_first, tokens_3d,
+                   b.const([-1, hidden]), heads_shape, bias)  # fmt: skip
 
 
 def _heads(b: GraphBuilder, x: str, shared: _Shared, name: str) -> str:
@@ -217,8 +233,16 @@ def _heads(b: GraphBuilder, x: str, shared: _Shared, name: str) -> str:
 
 
 def _layer(  # noqa: PLR0913 - one layer's parts
-    b: GraphBuilder, config: DebertaConfig, weights: EncoderWeights, index: int, x: str, shared: _Shared
+    b: GraphBuilder,
+    config: DebertaConfig,
+    weights: EncoderWeights,
+    index: int,
+    x: str,
+    shared: _Shared,
+    first_token_only: bool = False,
 ) -> str:
+    """One layer over [B*S, H] tokens; with `first_token_only`, for each sequence's first token alone (its query
+    against every token's keys and values): [B, H] out."""
     family, hidden, heads, d = FAMILY, config.hidden_size, config.num_attention_heads, config.head_size
     name = family.layer.format(index=index)
     scale = np.float32(1.0 / math.sqrt(d * 3))  # content and both position terms
@@ -228,7 +252,14 @@ def _layer(  # noqa: PLR0913 - one layer's parts
 
     q_weight, q_bias = params(family.query)
     k_weight, k_bias = params(family.key)
-    query = _heads(b, linear(b, x, (q_weight * scale, q_bias * scale), f"{name}.q"), shared, f"{name}.q")
+    residual = x
+    if first_token_only:
+        residual = b.op("Gather", [b.op("Reshape", [x, shared.tokens_3d], f"{name}.rows"), b.const(0)],
+                        f"{name}.first", axis=1)  # fmt: skip
+        query = b.op("Reshape", [linear(b, residual, (q_weight * scale, q_bias * scale), f"{name}.q"),
+                                 b.const([-1, heads, 1, d])], f"{name}.q.heads")  # fmt: skip
+    else:
+        query = _heads(b, linear(b, x, (q_weight * scale, q_bias * scale), f"{name}.q"), shared, f"{name}.q")
     key = _heads(b, linear(b, x, (k_weight, k_bias), f"{name}.k"), shared, f"{name}.k")
     value = _heads(b, linear(b, x, params(family.value), f"{name}.v"), shared, f"{name}.v")
     span2 = 2 * config.span
@@ -245,6 +276,16 @@ def _layer(  # noqa: PLR0913 - one layer's parts
                                       b.const([1])], f"{name}.position_queries_window")  # fmt: skip
     key_t = b.op("Transpose", [key], f"{name}.k_t", perm=[0, 1, 3, 2])
     scores = b.op("MatMul", [query, key_t], f"{name}.c2c")
+    if first_token_only:
+        # the first query's terms: its product with the window's position keys read at each key's position, and
+        # each key against the position query of its own position (gathered per key, not a product with all)
+        c2p = b.op("Gather", [b.op("MatMul", [query, position_keys], f"{name}.c2p_all"), shared.c2p_first],
+                   f"{name}.c2p", axis=3)  # fmt: skip
+        per_key = b.op("Gather", [position_queries, shared.p2c_first], f"{name}.p2c_queries", axis=1)
+        p2c = b.op("ReduceSum", [b.op("Mul", [key, per_key], f"{name}.p2c_products"), b.const([3])],
+                   f"{name}.p2c_keys", keepdims=0)  # fmt: skip
+        p2c = b.op("Unsqueeze", [p2c, b.const([2])], f"{name}.p2c")
+        return _output(b, config, weights, name, _attend(b, name, (scores, c2p, p2c), value, shared, True), residual)
     # content to position: [B, heads, S, window] read at each [query, key]'s position along the last axis
     c2p = b.op("GatherElements", [b.op("MatMul", [query, position_keys], f"{name}.c2p_all"), shared.c2p_index],
                f"{name}.c2p", axis=3)  # fmt: skip
@@ -252,11 +293,28 @@ def _layer(  # noqa: PLR0913 - one layer's parts
     # third axis, so the result is over [query, key] without a transpose
     p2c = b.op("GatherElements", [b.op("MatMul", [position_queries, key_t], f"{name}.p2c_all"), shared.p2c_index],
                f"{name}.p2c", axis=2)  # fmt: skip
-    scores = b.op("Add", [b.op("Add", [scores, c2p], f"{name}.with_c2p"), p2c], f"{name}.scores")
+    return _output(b, config, weights, name, _attend(b, name, (scores, c2p, p2c), value, shared, False), residual)
+
+
+def _attend(b: GraphBuilder, name: str, terms: tuple[str, str, str], value: str, shared: _Shared, first: bool) -> str:
+    """The score terms (content, content to position, position to content) summed, masked and softmaxed, over the
+    values [B, heads, S, d]: [B * S, hidden], or [B, hidden] for the `first` token's query alone."""
+    c2c, c2p, p2c = terms
+    scores = b.op("Add", [b.op("Add", [c2c, c2p], f"{name}.with_c2p"), p2c], f"{name}.scores")
     probs = b.op("Softmax", [b.op("Add", [scores, shared.padding_bias], f"{name}.masked")], f"{name}.probs", axis=-1)
-    context = b.op("Transpose", [b.op("MatMul", [probs, value], f"{name}.context")], f"{name}.context_t",
-                   perm=[0, 2, 1, 3])  # fmt: skip
-    context = b.op("Reshape", [context, b.const([-1, hidden])], f"{name}.merged")
+    context = b.op("MatMul", [probs, value], f"{name}.context")  # [B, heads, queries, d]
+    if not first:
+        context = b.op("Transpose", [context], f"{name}.context_t", perm=[0, 2, 1, 3])
+    return b.op("Reshape", [context, shared.rows_shape], f"{name}.merged")
+
+
+def _output(b: GraphBuilder, config: DebertaConfig, weights: EncoderWeights, name: str, context: str, x: str) -> str:
+    """The attention's output dense, residual and LayerNorm, then the feed-forward block."""
+    family, hidden = FAMILY, config.hidden_size
+
+    def params(part: str, width_in: int = hidden, width_out: int = hidden) -> tuple[np.ndarray, np.ndarray]:
+        return weights.base_linear(f"{name}.{part}", width_in, width_out)
+
     attended = linear(b, context, params(family.attention_output), f"{name}.attention_out")
     x = layer_norm(b, b.op("Add", [attended, x], f"{name}.attention_residual"),
                    weights.base_layer_norm(f"{name}.{family.attention_norm}", hidden), f"{name}.attention_norm",

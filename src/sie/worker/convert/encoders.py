@@ -88,12 +88,12 @@ def build_backbone(
     builder: GraphBuilder, config: BackboneConfig, weights: EncoderWeights, *, first_token_only: bool = False
 ) -> EncoderOutput:
     """The encoder graph of `config`'s family, up to its last hidden state. `first_token_only`: the head reads the
-    first token's state alone, and the BERT-like families compute their last layer for it only (`build_encoder`;
-    the other families' graphs compute every token's)."""
+    first token's state alone, and the BERT-like families and DeBERTa compute their last layer for it only (the
+    other families' graphs compute every token's)."""
     if isinstance(config, ModernBertConfig):
         return build_modernbert(builder, config, weights)
     if isinstance(config, DebertaConfig):
-        return build_deberta(builder, config, weights)
+        return build_deberta(builder, config, weights, first_token_only=first_token_only)
     if isinstance(config, BartConfig):
         return build_bart(builder, config, weights)
     if isinstance(config, RotaryGluConfig):
