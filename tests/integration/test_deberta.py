@@ -67,6 +67,38 @@ def test_hidden_states_equal_transformers(variant: str, tmp_path: Path) -> None:
         assert float(np.abs(hidden[row, :length] - expected.numpy()).max()) <= 1e-4, (variant, row)
 
 
+def test_the_last_layer_at_given_rows_equals_transformers_there(tmp_path: Path) -> None:
+    """`rows` (what a sequence classifier and GLiClass ask for): the last layer computed at those positions alone
+    equals transformers' hidden states there, positions past the log-bucket distance included."""
+    import torch
+    from onnx import TensorProto
+
+    from sie.worker.convert.encoder_graph import EncoderWeights, graph_inputs
+    from sie.worker.convert.encoders import build_backbone, parse_backbone_config
+    from sie.worker.convert.graph_builder import GraphBuilder, save_graph, tensor_info
+    from sie.worker.convert.safetensors_io import Checkpoint
+
+    model = save_model(tmp_path / "model", VARIANTS["log-buckets"])
+    config = parse_backbone_config(model.config.to_dict(), "test")
+    positions = np.array([[0, 19, 9, 3], [6, 0, 2, 2], [12, 1, 0, 7]])
+    builder = GraphBuilder()
+    encoder = build_backbone(builder, config, EncoderWeights(Checkpoint(tmp_path / "model"), config),
+                             rows=builder.const(positions))  # fmt: skip
+    output = tensor_info(encoder.hidden, TensorProto.FLOAT, ["batch", 4, BASE["hidden_size"]])
+    save_graph(builder.model("rows", graph_inputs(), [output]), tmp_path / "rows.onnx")
+    session = ort.InferenceSession(str(tmp_path / "rows.onnx"), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    ids, mask = np.zeros((len(LENGTHS), max(LENGTHS)), dtype=np.int64), np.zeros((len(LENGTHS), max(LENGTHS)), np.int64)
+    for row, length in enumerate(LENGTHS):
+        ids[row, :length], mask[row, :length] = rng.integers(1, BASE["vocab_size"], length), 1
+    feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    (hidden,) = session.run(None, {node.name: feeds[node.name] for node in session.get_inputs()})
+    for row, length in enumerate(LENGTHS):
+        with torch.no_grad():
+            expected = model(torch.from_numpy(ids[row : row + 1, :length])).last_hidden_state[0].numpy()
+        assert float(np.abs(hidden[row] - expected[positions[row]]).max()) <= 1e-4, row
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [({"share_att_key": False}, "share_att_key"), ({"conv_kernel_size": 3}, "conv_kernel_size"),

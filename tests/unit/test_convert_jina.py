@@ -167,21 +167,24 @@ def test_jina_bert_equals_its_modeling_code(tmp_path: Path, heads: int, feed_for
     assert float(np.abs(run(tmp_path / "mean.onnx", feeds, "sentence_embedding") - pooled).max()) <= 1e-4
 
 
-def test_the_last_layer_for_the_first_token_alone_equals_its_modeling_code(tmp_path: Path) -> None:
-    """What a cross-encoder's graph computes (`first_token_only`: the last layer's query for the first token alone,
-    ALiBi's first row added): the first token's state of the reference, from a right-padded batch."""
+def test_the_last_layer_at_given_rows_alone_equals_its_modeling_code(tmp_path: Path) -> None:
+    """What a cross-encoder's or GLiClass's graph computes (`rows`: the last layer's queries at those positions alone,
+    ALiBi's rows of them added): those tokens' states of the reference, from a right-padded batch (a padding position
+    among them)."""
     config = jina_config(4, "geglu")
     weights = save_checkpoint(tmp_path / "model", config)
     feeds = padded_batch()
     parsed = parse_encoder_config(json.loads((tmp_path / "model" / "config.json").read_text()), source="test")
+    positions = np.array([[0, 5, 10], [1, 3, 6], [2, 0, 6]])
     builder = GraphBuilder()
     encoder = build_encoder(builder, parsed, EncoderWeights(Checkpoint(tmp_path / "model"), parsed),
-                            first_token_only=True)  # fmt: skip
-    output = tensor_info(encoder.hidden, TensorProto.FLOAT, ["batch", 1, HIDDEN])
-    save_graph(builder.model("first", graph_inputs(), [output]), tmp_path / "first.onnx")
-    first = run(tmp_path / "first.onnx", feeds, encoder.hidden)
-    assert first.shape == (len(LENGTHS), 1, HIDDEN)
-    assert float(np.abs(first - reference(config, weights, feeds)[:, :1]).max()) <= 1e-4
+                            rows=builder.const(positions))  # fmt: skip
+    output = tensor_info(encoder.hidden, TensorProto.FLOAT, ["batch", 3, HIDDEN])
+    save_graph(builder.model("rows", graph_inputs(), [output]), tmp_path / "rows.onnx")
+    ours = run(tmp_path / "rows.onnx", feeds, encoder.hidden)
+    expected = np.take_along_axis(reference(config, weights, feeds), positions[..., None], axis=1)
+    assert ours.shape == (len(LENGTHS), 3, HIDDEN)
+    assert float(np.abs(ours - expected).max()) <= 1e-4
 
 
 @pytest.mark.parametrize("heads", [1, 2, 3, 5, 6, 8, 12, 16, 20])

@@ -28,6 +28,7 @@ from sie.worker.convert.encoder_graph import (
     layer_norm,
     linear,
     padding_biases,
+    rows_of,
 )
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import EncoderFamily, EncoderShape, labels_of, positive_int, shape_numbers
@@ -123,11 +124,11 @@ def relative_buckets(config: DebertaConfig) -> np.ndarray:
 
 
 def build_deberta(
-    builder: GraphBuilder, config: DebertaConfig, weights: EncoderWeights, *, first_token_only: bool = False
+    builder: GraphBuilder, config: DebertaConfig, weights: EncoderWeights, *, rows: str = ""
 ) -> EncoderOutput:
-    """Embeddings and every layer; the final [B,S,H] hidden state is `last_hidden_state`. `first_token_only` (the
-    sequence classifier reads the first token alone): the last layer is computed for that token only, and the hidden
-    state is [B,1,H]."""
+    """Embeddings and every layer; the final [B,S,H] hidden state is `last_hidden_state`. `rows` (int64 [B, P]
+    positions the head reads alone, as `build_encoder` takes them): the last layer is computed at those positions
+    only, and the hidden state is [B,P,H]."""
     b, hidden = builder, config.hidden_size
     mask, padding_bias = padding_biases(b)
     words = weights.base("embeddings.word_embeddings.weight", (config.vocab_size, config.embedding_size))
@@ -154,9 +155,10 @@ def build_deberta(
     shared = _shared(b, config, weights, sequence, padding_bias)
     last = config.num_hidden_layers - 1
     for index in range(config.num_hidden_layers):
-        tokens = _layer(b, config, weights, index, tokens, shared, first_token_only and index == last)
-    if first_token_only:
-        out = b.op("Unsqueeze", [tokens, b.const([1])], "last_hidden_state")
+        tokens = _layer(b, config, weights, index, tokens, shared, rows if index == last else "")
+    if rows:
+        shape = b.op("Concat", [b.op("Shape", [rows], "shape.rows"), b.const([hidden])], "shape.rows_hidden", axis=0)
+        out = b.op("Reshape", [tokens, shape], "last_hidden_state")
         return EncoderOutput(hidden=out, tokens=tokens, mask=mask, padding_bias=padding_bias, word_embeddings=table)
     batch_sequence = b.op("Shape", ["input_ids"], "shape.batch_sequence")
     shape = b.op("Concat", [batch_sequence, b.const([hidden])], "shape.hidden", axis=0)
@@ -168,11 +170,12 @@ def build_deberta(
 class _Shared:
     relative_embeddings: np.ndarray  # [2 * span, hidden], LayerNorm-ed
     window: tuple[str, str]  # int64 [1] each: the first and past-the-last relative position S tokens can reach
-    c2p_index: str  # int32 [B, heads, S, S] over [query, key]: bucket(query - key) + span, clipped, from its start
-    p2c_index: str  # int32 [B, heads, S, S] over [query, key]: span - bucket(key - query), clipped, from its start
-    c2p_first: str  # int64 [S]: c2p_index's row of the first query
-    p2c_first: str  # int64 [S]: p2c_index's row of the first query
-    tokens_3d: str  # [B, S, hidden]
+    # The relative position each [query, key] pair reads, from the window's start: bucket(query - key) + span,
+    # clipped. Both terms read it: content-to-position at its queries' keys, position-to-content at span -
+    # bucket(key - query), the same position, since buckets are odd in the distance.
+    index: str  # int32 [B, heads, S, S]
+    index_2d: str  # int64 [S, S]: before it is expanded (rows are read from it)
+    scores_shape: str  # [B, heads, S, S]
     rows_shape: str  # [-1, hidden]
     heads_shape: str  # [-1, S, heads, head_size]
     padding_bias: str  # [B, 1, 1, S]
@@ -199,31 +202,24 @@ def _shared(
     # Only the relative positions within the farthest bucket S tokens reach are read: the layers multiply by that
     # window of the 2·span positions, not by all of them (for GLiNER's prompts and texts, a few hundred tokens
     # against 512 positions, most of the attention's arithmetic). Buckets grow with distance and the clip is
-    # monotone, so both indices run from span - bucket(S - 1) to span + bucket(S - 1), each clipped.
+    # monotone, so the positions read run from span - bucket(S - 1) to span + bucket(S - 1), each clipped.
     farthest_index = b.op("Add", [sequence, b.const(MAX_DISTANCE - 2)], "rel.farthest_index")  # distance S - 1
     farthest = b.op("Gather", [bucket_table, farthest_index], "rel.farthest")
     start = b.op("Clip", [b.op("Sub", [b.const(span), farthest], "rel.start_raw"), low, high], "rel.start")
     end = b.op("Add", [b.op("Clip", [b.op("Add", [farthest, b.const(span)], "rel.end_raw"), low, high], "rel.last"),
                        b.const(1)], "rel.end")  # fmt: skip
-    c2p = b.op("Clip", [b.op("Add", [buckets, b.const(span)], "rel.c2p_raw"), low, high], "rel.c2p_clipped")
-    p2c = b.op("Clip", [b.op("Sub", [b.const(span), buckets], "rel.p2c_raw"), low, high], "rel.p2c_clipped")
-    c2p = b.op("Sub", [c2p, start], "rel.c2p")
-    # p2c is read at [key, query]: the index over [query, key] is its transpose
-    p2c = b.op("Transpose", [b.op("Sub", [p2c, start], "rel.p2c_kq")], "rel.p2c", perm=[1, 0])
-    c2p_first, p2c_first = (b.op("Gather", [index, b.const(0)], f"{index}_first", axis=0) for index in (c2p, p2c))
-    tokens_3d = b.op("Concat", [b.op("Shape", ["input_ids"], "shape.batch_sequence_3d"), b.const([hidden])],
-                     "shape.tokens_3d", axis=0)  # fmt: skip
-    # every layer's scores are [B, heads, S, S]: the indices are expanded to that once
+    position = b.op("Clip", [b.op("Add", [buckets, b.const(span)], "rel.position_raw"), low, high], "rel.clipped")
+    position = b.op("Sub", [position, start], "rel.position")
+    # every layer's scores are [B, heads, S, S]: the index is expanded to that once
     scores_shape = b.op("Concat", [b.op("Shape", ["input_ids"], "shape.batch", start=0, end=1),
                                    b.const([config.num_attention_heads]), sequence, sequence],
                         "shape.scores", axis=0)  # fmt: skip
     heads_shape = b.op("Concat", [b.const([-1]), sequence, b.const([config.num_attention_heads, config.head_size])],
                        "shape.heads", axis=0)  # fmt: skip
     bias = b.op("Unsqueeze", [padding_bias, b.const([1, 2])], "mask.bias_4d")
-    c2p, p2c = (b.op("Cast", [index], f"{index}_32", to=TensorProto.INT32) for index in (c2p, p2c))
-    return _Shared(normed, (start, end), b.op("Expand", [c2p, scores_shape], "rel.c2p_4d"),
-                   b.op("Expand", [p2c, scores_shape], "rel.p2c_4d"), c2p_first, p2c_first, tokens_3d,
-                   b.const([-1, hidden]), heads_shape, bias)  # fmt: skip
+    expanded = b.op("Expand", [b.op("Cast", [position], "rel.position_32", to=TensorProto.INT32), scores_shape],
+                    "rel.position_4d")  # fmt: skip
+    return _Shared(normed, (start, end), expanded, position, scores_shape, b.const([-1, hidden]), heads_shape, bias)
 
 
 def _heads(b: GraphBuilder, x: str, shared: _Shared, name: str) -> str:
@@ -239,10 +235,10 @@ def _layer(  # noqa: PLR0913 - one layer's parts
     index: int,
     x: str,
     shared: _Shared,
-    first_token_only: bool = False,
+    rows: str = "",
 ) -> str:
-    """One layer over [B*S, H] tokens; with `first_token_only`, for each sequence's first token alone (its query
-    against every token's keys and values): [B, H] out."""
+    """One layer over [B*S, H] tokens; with `rows` (int64 [B, P] positions), for those tokens alone (their queries
+    against every token's keys and values): [B*P, H] out."""
     family, hidden, heads, d = FAMILY, config.hidden_size, config.num_attention_heads, config.head_size
     name = family.layer.format(index=index)
     scale = np.float32(1.0 / math.sqrt(d * 3))  # content and both position terms
@@ -252,12 +248,22 @@ def _layer(  # noqa: PLR0913 - one layer's parts
 
     q_weight, q_bias = params(family.query)
     k_weight, k_bias = params(family.key)
-    residual = x
-    if first_token_only:
-        residual = b.op("Gather", [b.op("Reshape", [x, shared.tokens_3d], f"{name}.rows"), b.const(0)],
-                        f"{name}.first", axis=1)  # fmt: skip
-        query = b.op("Reshape", [linear(b, residual, (q_weight * scale, q_bias * scale), f"{name}.q"),
-                                 b.const([-1, heads, 1, d])], f"{name}.q.heads")  # fmt: skip
+    residual, index = x, shared.index
+    if rows:
+        residual = b.op("Reshape", [rows_of(b, x, rows, name), shared.rows_shape], f"{name}.selected")
+        query_shape = b.op("Concat", [b.op("Shape", [rows], f"{name}.rows_shape"), b.const([heads, d])],
+                           f"{name}.query_shape", axis=0)  # fmt: skip
+        query = linear(b, residual, (q_weight * scale, q_bias * scale), f"{name}.q")
+        query = b.op("Transpose", [b.op("Reshape", [query, query_shape], f"{name}.q.split")], f"{name}.q.heads",
+                     perm=[0, 2, 1, 3])  # [B, heads, P, d]  # fmt: skip
+        # the indices of those queries' rows, [B, heads, P, S]
+        rows_scores = b.op("Concat", [b.op("Slice", [shared.scores_shape, b.const([0]), b.const([2])],
+                                           f"{name}.batch_heads"), b.op("Shape", [rows], f"{name}.p", start=1),
+                                      b.op("Slice", [shared.scores_shape, b.const([3]), b.const([4])], f"{name}.s")],
+                           f"{name}.rows_scores_shape", axis=0)  # fmt: skip
+        gathered = b.op("Gather", [shared.index_2d, rows], f"{name}.position_rows", axis=0)  # [B, P, S]
+        index = b.op("Expand", [b.op("Unsqueeze", [gathered, b.const([1])], f"{name}.position_rows_4d"), rows_scores],
+                     f"{name}.position_index")  # fmt: skip
     else:
         query = _heads(b, linear(b, x, (q_weight * scale, q_bias * scale), f"{name}.q"), shared, f"{name}.q")
     key = _heads(b, linear(b, x, (k_weight, k_bias), f"{name}.k"), shared, f"{name}.k")
@@ -276,35 +282,24 @@ def _layer(  # noqa: PLR0913 - one layer's parts
                                       b.const([1])], f"{name}.position_queries_window")  # fmt: skip
     key_t = b.op("Transpose", [key], f"{name}.k_t", perm=[0, 1, 3, 2])
     scores = b.op("MatMul", [query, key_t], f"{name}.c2c")
-    if first_token_only:
-        # the first query's terms: its product with the window's position keys read at each key's position, and
-        # each key against the position query of its own position (gathered per key, not a product with all)
-        c2p = b.op("Gather", [b.op("MatMul", [query, position_keys], f"{name}.c2p_all"), shared.c2p_first],
-                   f"{name}.c2p", axis=3)  # fmt: skip
-        per_key = b.op("Gather", [position_queries, shared.p2c_first], f"{name}.p2c_queries", axis=1)
-        p2c = b.op("ReduceSum", [b.op("Mul", [key, per_key], f"{name}.p2c_products"), b.const([3])],
-                   f"{name}.p2c_keys", keepdims=0)  # fmt: skip
-        p2c = b.op("Unsqueeze", [p2c, b.const([2])], f"{name}.p2c")
-        return _output(b, config, weights, name, _attend(b, name, (scores, c2p, p2c), value, shared, True), residual)
     # content to position: [B, heads, S, window] read at each [query, key]'s position along the last axis
-    c2p = b.op("GatherElements", [b.op("MatMul", [query, position_keys], f"{name}.c2p_all"), shared.c2p_index],
+    c2p = b.op("GatherElements", [b.op("MatMul", [query, position_keys], f"{name}.c2p_all"), index],
                f"{name}.c2p", axis=3)  # fmt: skip
     # position to content: [B, heads, window, S] (positions × keys) read at each [query, key]'s position along the
     # third axis, so the result is over [query, key] without a transpose
-    p2c = b.op("GatherElements", [b.op("MatMul", [position_queries, key_t], f"{name}.p2c_all"), shared.p2c_index],
+    p2c = b.op("GatherElements", [b.op("MatMul", [position_queries, key_t], f"{name}.p2c_all"), index],
                f"{name}.p2c", axis=2)  # fmt: skip
-    return _output(b, config, weights, name, _attend(b, name, (scores, c2p, p2c), value, shared, False), residual)
+    return _output(b, config, weights, name, _attend(b, name, (scores, c2p, p2c), value, shared), residual)
 
 
-def _attend(b: GraphBuilder, name: str, terms: tuple[str, str, str], value: str, shared: _Shared, first: bool) -> str:
-    """The score terms (content, content to position, position to content) summed, masked and softmaxed, over the
-    values [B, heads, S, d]: [B * S, hidden], or [B, hidden] for the `first` token's query alone."""
+def _attend(b: GraphBuilder, name: str, terms: tuple[str, str, str], value: str, shared: _Shared) -> str:
+    """The score terms (content, content to position, position to content; [B, heads, queries, S]) summed, masked
+    and softmaxed, over the values [B, heads, S, d]: [B * queries, hidden]."""
     c2c, c2p, p2c = terms
     scores = b.op("Add", [b.op("Add", [c2c, c2p], f"{name}.with_c2p"), p2c], f"{name}.scores")
     probs = b.op("Softmax", [b.op("Add", [scores, shared.padding_bias], f"{name}.masked")], f"{name}.probs", axis=-1)
-    context = b.op("MatMul", [probs, value], f"{name}.context")  # [B, heads, queries, d]
-    if not first:
-        context = b.op("Transpose", [context], f"{name}.context_t", perm=[0, 2, 1, 3])
+    context = b.op("Transpose", [b.op("MatMul", [probs, value], f"{name}.context")], f"{name}.context_t",
+                   perm=[0, 2, 1, 3])  # fmt: skip
     return b.op("Reshape", [context, shared.rows_shape], f"{name}.merged")
 
 

@@ -143,17 +143,18 @@ def build_encoder(
     weights: EncoderWeights,
     hidden_name: str = "last_hidden_state",
     *,
-    first_token_only: bool = False,
+    rows: str = "",
 ) -> EncoderOutput:
     """Add embeddings and every layer; the final [B,S,H] hidden state is named `hidden_name`.
 
     Between embeddings and output the hidden state is a [B*S, H] matrix, so onnxruntime turns
     every MatMul + bias Add into one Gemm.
 
-    `first_token_only` (a head that reads the first token's state alone, as a cross-encoder's classifier does): the
-    last layer is computed for that token only, its query against every token's keys and values, so the hidden
-    state is [B,1,H] (and `tokens` [B,H]). The same values at that position; the last layer's attention output and
-    feed-forward products shrink from every token to one row per sequence.
+    `rows` (an int64 [B, P] tensor of positions, for a head that reads those tokens' states alone: a cross-encoder's
+    classifier its first token, GLiClass its first token and label markers): the last layer is computed at those
+    positions only, their queries against every token's keys and values, and the hidden state is [B, P, H] (`tokens`
+    [B*P, H]). The same values at those positions; the last layer's attention output and feed-forward products shrink
+    from every token to P rows per sequence.
     """
     shapes = layer_shapes(builder, config)
     word_table, embedded = _embeddings(builder, config, weights, shapes.sequence)
@@ -167,9 +168,11 @@ def build_encoder(
     last = config.num_hidden_layers - 1
     for index in range(config.num_hidden_layers):
         layer = EncoderLayer(builder, config, weights, index, shapes)
-        if first_token_only and index == last:
-            tokens = layer.feed_forward(layer.first_token_attention(tokens, position_bias, padding_bias))
-            hidden = builder.op("Unsqueeze", [tokens, builder.const([1])], hidden_name)
+        if rows and index == last:
+            tokens = layer.feed_forward(layer.rows_attention(tokens, rows, position_bias, padding_bias))
+            rows_shape = builder.op("Shape", [rows], "shape.rows")
+            shape = builder.op("Concat", [rows_shape, builder.const([config.hidden_size])], "shape.rows_hidden", axis=0)
+            hidden = builder.op("Reshape", [tokens, shape], hidden_name)
             return EncoderOutput(hidden=hidden, tokens=tokens, mask=mask, padding_bias=padding_bias,
                                  word_embeddings=word_table)  # fmt: skip
         tokens = layer.feed_forward(layer.attention(tokens, position_bias))
@@ -178,6 +181,25 @@ def build_encoder(
     )
     hidden = builder.op("Reshape", [tokens, hidden_shape], hidden_name)
     return EncoderOutput(hidden=hidden, tokens=tokens, mask=mask, padding_bias=padding_bias, word_embeddings=word_table)
+
+
+def first_rows(builder: GraphBuilder) -> str:
+    """The int64 [B, 1] positions of each sequence's first token: `rows` for a head that reads it alone."""
+    batch_one = builder.op("Concat", [builder.op("Shape", ["input_ids"], "shape.batch_only", start=0, end=1),
+                                      builder.const([1])], "shape.batch_one", axis=0)  # fmt: skip
+    return builder.op("Expand", [builder.const([[0]]), batch_one], "rows.first")
+
+
+def rows_of(builder: GraphBuilder, x: str, rows: str, name: str) -> str:
+    """The [B*S, H] tokens `x` (as [B, S, H] by `rows_shape`) at the int64 [B, P] `rows`: [B, P, H]."""
+    width = builder.op("Shape", [x], f"{name}.width", start=1, end=2)
+    index = builder.op("Expand", [builder.op("Unsqueeze", [rows, builder.const([2])], f"{name}.rows_3d"),
+                                  builder.op("Concat", [builder.op("Shape", [rows], f"{name}.rows_shape"), width],
+                                             f"{name}.index_shape", axis=0)], f"{name}.index")  # fmt: skip
+    batch_sequence_width = builder.op("Concat", [builder.op("Shape", ["input_ids"], f"{name}.batch_sequence"), width],
+                                      f"{name}.tokens_3d", axis=0)  # fmt: skip
+    tokens = builder.op("Reshape", [x, batch_sequence_width], f"{name}.tokens")
+    return builder.op("GatherElements", [tokens, index], f"{name}.rows", axis=1)
 
 
 def layer_shapes(builder: GraphBuilder, config: EncoderConfig) -> LayerShapes:
@@ -380,19 +402,21 @@ class EncoderLayer:
         out = linear(b, context, self._dense(output, cfg.hidden_size), output)
         return self._residual_norm(out, x, self._name(self.family.attention_norm))
 
-    def first_token_attention(self, x: str, position_bias: str, padding_bias: str) -> str:
-        """`attention` for each sequence's first token alone: its query against every token's keys and values (the
-        padding masked, `position_bias`'s first row added), then output dense, residual and LayerNorm; [B*S, H] in,
-        [B, H] out. The same math as the fused operator, in plain operators."""
+    def rows_attention(self, x: str, rows: str, position_bias: str, padding_bias: str) -> str:
+        """`attention` at the int64 [B, P] positions `rows` alone: their queries against every token's keys and values
+        (the padding masked, `position_bias`'s rows of those queries added), then output dense, residual and
+        LayerNorm; [B*S, H] in, [B*P, H] out. The same math as the fused operator, in plain operators."""
         b, cfg, name = self.builder, self.config, f"{self.prefix}.attention"
         width, heads = cfg.hidden_size, cfg.num_attention_heads
         head_size = width // heads
         weight, bias = self._qkv_params()
         scale = np.float32(1.0 / math.sqrt(head_size))
-        first = b.op("Gather", [b.op("Reshape", [x, self.shapes.tokens_3d], f"{name}.rows"), b.const(0)],
-                     f"{name}.first", axis=1)  # fmt: skip
-        query = linear(b, first, (weight[:, :width] * scale, bias[:width] * scale), f"{name}.first_query")
-        query = b.op("Reshape", [query, b.const([-1, heads, 1, head_size])], f"{name}.first_query_heads")
+        selected = b.op("Reshape", [rows_of(b, x, rows, name), b.const([-1, width])], f"{name}.selected")
+        query = linear(b, selected, (weight[:, :width] * scale, bias[:width] * scale), f"{name}.rows_query")
+        query_shape = b.op("Concat", [b.op("Shape", [rows], f"{name}.rows_shape"), b.const([heads, head_size])],
+                           f"{name}.query_shape", axis=0)  # fmt: skip
+        query = b.op("Transpose", [b.op("Reshape", [query, query_shape], f"{name}.query_split")],
+                     f"{name}.query_heads", perm=[0, 2, 1, 3])  # [B, heads, P, d]  # fmt: skip
         keys_values = linear(b, x, (weight[:, width:], bias[width:]), f"{name}.keys_values")
         split = b.op("Concat", [self.shapes.batch_sequence, b.const([2, heads, head_size])], f"{name}.kv_shape",
                      axis=0)  # fmt: skip
@@ -402,19 +426,21 @@ class EncoderLayer:
         keys = b.op("Transpose", [keys], f"{name}.keys", perm=[0, 2, 3, 1])  # [B, heads, d, S]
         values = b.op("Squeeze", [values, b.const([2])], f"{name}.v_rows")
         values = b.op("Transpose", [values], f"{name}.values", perm=[0, 2, 1, 3])  # [B, heads, S, d]
-        scores = b.op("MatMul", [query, keys], f"{name}.first_scores")  # [B, heads, 1, S]
+        scores = b.op("MatMul", [query, keys], f"{name}.rows_scores")  # [B, heads, P, S]
         scores = b.op("Add", [scores, b.op("Unsqueeze", [padding_bias, b.const([1, 2])], f"{name}.padding_4d")],
-                      f"{name}.first_masked")  # fmt: skip
-        if position_bias:
-            first_row = b.op("Slice", [position_bias, b.const([0]), b.const([1]), b.const([2])],
-                             f"{name}.first_position_bias")  # fmt: skip
-            scores = b.op("Add", [scores, first_row], f"{name}.first_biased")
-        probs = b.op("Softmax", [scores], f"{name}.first_probs", axis=-1)
-        context = b.op("MatMul", [probs, values], f"{name}.first_context")  # [B, heads, 1, d]
-        context = b.op("Reshape", [context, b.const([-1, width])], f"{name}.first_merged")
+                      f"{name}.rows_masked")  # fmt: skip
+        if position_bias:  # [1, heads, S, S]: each query's row, [heads, B, P, S], then [B, heads, P, S]
+            by_query = b.op("Gather", [b.op("Squeeze", [position_bias, b.const([0])], f"{name}.bias_3d"), rows],
+                            f"{name}.rows_bias", axis=1)  # fmt: skip
+            by_query = b.op("Transpose", [by_query], f"{name}.rows_bias_t", perm=[1, 0, 2, 3])
+            scores = b.op("Add", [scores, by_query], f"{name}.rows_biased")
+        probs = b.op("Softmax", [scores], f"{name}.rows_probs", axis=-1)
+        context = b.op("MatMul", [probs, values], f"{name}.rows_context")  # [B, heads, P, d]
+        context = b.op("Transpose", [context], f"{name}.rows_context_t", perm=[0, 2, 1, 3])
+        context = b.op("Reshape", [context, b.const([-1, width])], f"{name}.rows_merged")
         output = self._name(self.family.attention_output)
         out = linear(b, context, self._dense(output, width), output)
-        return self._residual_norm(out, first, self._name(self.family.attention_norm))
+        return self._residual_norm(out, selected, self._name(self.family.attention_norm))
 
     def feed_forward(self, x: str) -> str:
         b, cfg = self.builder, self.config

@@ -17,7 +17,7 @@ import attrs
 from sie.worker.convert.bart import HEADS_BUILT as BART_HEADS
 from sie.worker.convert.bart import BartConfig, build_bart, parse_bart_config
 from sie.worker.convert.deberta import DebertaConfig, build_deberta, parse_deberta_config
-from sie.worker.convert.encoder_graph import EncoderOutput, EncoderWeights, build_encoder, graph_inputs
+from sie.worker.convert.encoder_graph import EncoderOutput, EncoderWeights, build_encoder, first_rows, graph_inputs
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import EncoderConfig, parse_encoder_config, read_config_json
 from sie.worker.convert.graph_builder import GraphBuilder, save_graph
@@ -62,7 +62,9 @@ def convert_encoder(model_dir: Path, out_path: Path, head: str) -> ConversionRes
     checkpoint = Checkpoint(model_dir)  # after the config, so what is wrong in it is named first
     weights = EncoderWeights(FlashXlmRobertaTensors(checkpoint, is_rotary(raw)) if flash else checkpoint, config)
     builder = GraphBuilder()
-    encoder = build_backbone(builder, config, weights, first_token_only=head == "seq-cls")
+    # a sequence classifier reads the first token alone (BART's reads the decoder's last <eos>)
+    rows = first_rows(builder) if head == "seq-cls" and computes_rows(config) else ""
+    encoder = build_backbone(builder, config, weights, rows=rows)
     outputs = HEADS[head].build(HeadContext(builder, config, weights, encoder))
     model = builder.model(f"{config.family.name}_{head}", graph_inputs(), outputs)
     save_graph(model, out_path)
@@ -84,18 +86,25 @@ def parse_backbone_config(raw: dict[str, Any], source: str) -> BackboneConfig:
     return parse_encoder_config(raw, source=source)
 
 
+def computes_rows(config: BackboneConfig) -> bool:
+    """Whether `build_backbone` computes the last layer at given rows only for this family (BERT-like, DeBERTa)."""
+    return isinstance(config, EncoderConfig | DebertaConfig)
+
+
 def build_backbone(
-    builder: GraphBuilder, config: BackboneConfig, weights: EncoderWeights, *, first_token_only: bool = False
+    builder: GraphBuilder, config: BackboneConfig, weights: EncoderWeights, *, rows: str = ""
 ) -> EncoderOutput:
-    """The encoder graph of `config`'s family, up to its last hidden state. `first_token_only`: the head reads the
-    first token's state alone, and the BERT-like families and DeBERTa compute their last layer for it only (the
-    other families' graphs compute every token's)."""
+    """The encoder graph of `config`'s family, up to its last hidden state. `rows` (int64 [B, P] positions, where
+    `computes_rows`): the head reads those tokens' states alone, so the last layer is computed there only, giving
+    [B, P, H] (see `build_encoder`)."""
+    if rows and not computes_rows(config):
+        raise ValueError(f"{type(config).__name__} computes every token's last layer; rows are not built for it")
     if isinstance(config, ModernBertConfig):
         return build_modernbert(builder, config, weights)
     if isinstance(config, DebertaConfig):
-        return build_deberta(builder, config, weights, first_token_only=first_token_only)
+        return build_deberta(builder, config, weights, rows=rows)
     if isinstance(config, BartConfig):
         return build_bart(builder, config, weights)
     if isinstance(config, RotaryGluConfig):
         return build_rotary_glu(builder, config, weights)
-    return build_encoder(builder, config, weights, first_token_only=first_token_only)
+    return build_encoder(builder, config, weights, rows=rows)
