@@ -8,6 +8,9 @@ against its pipeline on random checkpoints (tests/integration/test_gliclass.py).
 backbone's inputs, `names.LABEL_WEIGHTS` [B, C, S]: which tokens each label's representation averages (one token for
 `first` pooling), found by the adapter, so label sets may differ from row to row. Text pooling reads real tokens only
 (gliclass pools padding too, so its scores move with the batch a text is padded in; ours equal its unpadded ones).
+A model that reads the first token and each label's marker alone (`first` text pooling, `first` class-token pooling,
+no LSTM) has its backbone's last layer computed at those tokens only (`build_backbone`'s rows: the markers are
+LABEL_WEIGHTS' one-hot positions).
 Other GLiClass architectures (bi-encoder, encoder-decoder, decoder-kv), scorers, poolings and layer choices fail the
 conversion naming what they are.
 """
@@ -21,8 +24,8 @@ import attrs
 import numpy as np
 from onnx import TensorProto
 
-from sie.worker.convert.encoder_graph import EncoderWeights, gelu, graph_inputs
-from sie.worker.convert.encoders import BackboneConfig, build_backbone, parse_backbone_config
+from sie.worker.convert.encoder_graph import EncoderWeights, first_rows, gelu, graph_inputs
+from sie.worker.convert.encoders import BackboneConfig, build_backbone, computes_rows, parse_backbone_config
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import read_config_json
 from sie.worker.convert.graph_builder import GraphBuilder, save_graph, tensor_info
@@ -59,6 +62,14 @@ class GliclassConfig:
     activation: str
     use_lstm: bool
     normalize_features: bool
+    class_token_pooling: str = "first"  # each label's marker ("first") or its tokens' mean ("average")
+
+    @property
+    def reads_rows(self) -> bool:
+        """Whether the head reads a few tokens' states only (the first token, each label's marker), so the
+        backbone's last layer need only be computed there."""
+        return (self.pooling == "first" and self.class_token_pooling == "first" and not self.use_lstm
+                and computes_rows(self.backbone))  # fmt: skip
 
 
 def parse_gliclass_config(raw: dict[str, Any], source: str) -> GliclassConfig:
@@ -86,6 +97,7 @@ def parse_gliclass_config(raw: dict[str, Any], source: str) -> GliclassConfig:
         activation=raw.get("projector_hidden_act", "gelu"),
         use_lstm=bool(raw.get("use_lstm", False)),
         normalize_features=bool(raw.get("normalize_features", False)),
+        class_token_pooling=raw.get("class_token_pooling", "first"),
     )
 
 
@@ -97,10 +109,13 @@ def convert_gliclass(model_dir: Path, out_path: Path) -> GliclassConfig:
     config = parse_gliclass_config(read_config_json(path), str(path))
     checkpoint = Checkpoint(model_dir)
     builder = GraphBuilder()
-    backbone = build_backbone(
-        builder, config.backbone, EncoderWeights(CheckpointPart(checkpoint, BACKBONE_PREFIX), config.backbone)
-    )
-    logits = _GliclassHead(builder, config, HeadWeights(checkpoint, HEAD_PREFIX)).build(backbone.hidden)
+    rows = ""
+    if config.reads_rows:  # the first token, then each label's marker (its one-hot row of LABEL_WEIGHTS)
+        markers = builder.op("ArgMax", [LABEL_WEIGHTS], "classes.markers", axis=2, keepdims=0)
+        rows = builder.op("Concat", [first_rows(builder), markers], "rows.read", axis=1)
+    weights = EncoderWeights(CheckpointPart(checkpoint, BACKBONE_PREFIX), config.backbone)
+    backbone = build_backbone(builder, config.backbone, weights, rows=rows)
+    logits = _GliclassHead(builder, config, HeadWeights(checkpoint, HEAD_PREFIX)).build(backbone.hidden, bool(rows))
     inputs = [*graph_inputs(), tensor_info(LABEL_WEIGHTS, _FLOAT, ["batch", "labels", "sequence"])]
     save_graph(builder.model("gliclass", inputs, [tensor_info(logits, _FLOAT, ["batch", "labels"])]), Path(out_path))
     return config
@@ -115,7 +130,9 @@ class _GliclassHead:
         self.weights = weights
         self.width = config.backbone.hidden_size
 
-    def build(self, hidden: str) -> str:
+    def build(self, hidden: str, at_rows: bool) -> str:
+        """`hidden` is [B, S, H], or with `at_rows` [B, 1 + C, H]: the first token's state, then each label
+        marker's."""
         b, width = self.b, self.width
         mask = b.op("Cast", ["attention_mask"], "text.mask", to=TensorProto.FLOAT)
         tokens = hidden
@@ -123,7 +140,11 @@ class _GliclassHead:
             lengths = b.op("ReduceSum", ["attention_mask", b.const([1])], "text.lengths", keepdims=0)
             tokens = bidirectional_lstm(b, self.weights, tokens, lengths, "lstm.lstm", width)
         text = self._project(self._pool(tokens, mask), "text_projector")
-        classes = b.op("MatMul", [LABEL_WEIGHTS, hidden], "classes.pooled")  # [B, C, S] x [B, S, H]
+        if at_rows:  # each label marker's state (a label slot the row leaves empty reads the first token's: its
+            # logit is never read)
+            classes = b.op("Slice", [hidden, b.const([1]), b.const([2**62]), b.const([1])], "classes.pooled")
+        else:
+            classes = b.op("MatMul", [LABEL_WEIGHTS, hidden], "classes.pooled")  # [B, C, S] x [B, S, H]
         classes = self._project(classes, "classes_projector")
         if self.config.normalize_features:
             text, classes = self._normalized(text, "text"), self._normalized(classes, "classes")
@@ -152,7 +173,7 @@ class _GliclassHead:
         if pooling == "max":
             filler = b.op("Mul", [b.op("Sub", [b.const(1.0, np.float32), mask_3d], "text.padding"),
                                   b.const(-1e30, np.float32)], "text.padding_bias")  # fmt: skip
-            return b.op("ReduceMax", [b.op("Add", [tokens, filler], "text.masked_max"), b.const([1])], "text.max",
+            return b.op("ReduceMax", [b.op("Add", [tokens, filler], "text.masked_max")], "text.max", axes=[1],
                         keepdims=0)  # fmt: skip
         summed = b.op("ReduceSum", [b.op("Mul", [tokens, mask_3d], "text.masked"), b.const([1])], "text.sum",
                       keepdims=0)  # fmt: skip
