@@ -5,6 +5,9 @@ of interleaved rounds. Prints milliseconds per batch and the speed-up (torch tim
 
     .venv/bin/python scripts/bench/families.py [--families bert,roberta,...] [--rounds 5] [--threads 2] [--served]
 
+With `--head seq-cls`, the same table for cross-encoders: each family's sequence classifier (one label) against
+transformers' `AutoModelForSequenceClassification`, our graph computing the last layer at the first token only.
+
 With `--served`, a second table: each family's checkpoint (with a word-level tokenizer) served by one
 `sie run --role all` from a local `weights_path` catalogue, 32 wrk connections × one text of `--tokens` tokens, against
 the same graph run in-process at batch 32 (tokens already made), interleaved rounds; the goal is ≥ 0.9.
@@ -127,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--head", choices=("none", "seq-cls"), default="none",
+                        help="the graph timed: hidden states, or a cross-encoder's sequence classifier")  # fmt: skip
     parser.add_argument("--served", action="store_true", help="also the served-vs-raw table (needs wrk)")
     parser.add_argument("--served-seconds", type=int, default=6, help="measured wrk seconds per family and round")
     parser.add_argument("--gliner", action="store_true", help="also GLiNER and GLiClass against their packages")
@@ -135,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only-images", action="store_true", help="CLIP and SigLIP image encode alone")
     parser.add_argument("--image-batch", type=int, default=16)
     args = parser.parse_args(argv)
+    if args.served and args.head != "none":
+        parser.error("--served measures the dense encoders (--head none)")
     torch.set_num_threads(args.threads)
     if args.gliner or args.only_gliner:
         zero_shot_speed(args)
@@ -151,13 +158,18 @@ def family_speeds(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         for family in args.families.split(","):
             torch.manual_seed(0)
-            model = transformers.AutoModel.from_config(sized_config(family)).eval()
+            config = sized_config(family)
+            if args.head == "seq-cls":
+                config.num_labels = 1
+                model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
+            else:
+                model = transformers.AutoModel.from_config(config).eval()
             directory = Path(scratch) / family
             model.save_pretrained(directory)
             if args.served:
                 write_tokenizer(directory, family)
                 write_served_yaml(Path(scratch) / "models", family, directory, args.tokens)
-            graph = convert_encoder(directory, Path(scratch) / f"{family}.onnx", "none").path
+            graph = convert_encoder(directory, Path(scratch) / f"{family}.onnx", args.head).path
             options = ort.SessionOptions()
             options.intra_op_num_threads = args.threads
             session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
@@ -482,8 +494,9 @@ def served_rounds(  # noqa: PLR0913 - the model served and the two sides measure
 
 
 def print_speed_table(rows: list[tuple[str, float, float, str]], args: argparse.Namespace) -> None:
-    print(f"batch {args.batch} x {args.tokens} tokens, {args.threads} threads, MiniLM-sized random models, "
-          f"medians of {args.rounds} interleaved rounds")  # fmt: skip
+    print(f"batch {args.batch} x {args.tokens} tokens, {args.threads} threads, MiniLM-sized random models "
+          f"({'hidden states' if args.head == 'none' else 'sequence classifiers'}), medians of {args.rounds} "
+          "interleaved rounds")  # fmt: skip
     print("| family | transformers (torch) ms | ours (onnxruntime) ms | speed-up | operators after fusions |")
     print("|---|---|---|---|---|")
     for family, theirs_ms, ours_ms, ops in rows:
