@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 
 from sie.worker.convert import ConversionError, conversion_cache_key, convert_encoder
-from support.encoder_checkpoints import FAMILIES, HEADS_BUILT, VOCAB, random_model
+from support.encoder_checkpoints import FAMILIES, HEADS_BUILT, VOCAB, family_config, random_model
 
 TOLERANCE = 1e-4
 # Three sequences of different lengths, right-padded as our tokenizer pads them.
@@ -172,3 +172,47 @@ def test_a_modernbert_config_in_the_hubs_older_layout_converts_to_the_same_model
     ours = run_graph(convert_encoder(tmp_path, tmp_path / "model.onnx", "none").path, feeds)[0]
     difference = compared(ours, reference(model, "none", feeds, False), "none", feeds["attention_mask"])
     assert difference <= TOLERANCE
+
+
+@pytest.mark.parametrize("layers", [3, 4], ids=["last-layer-sliding", "last-layer-global"])
+def test_a_modernbert_cls_classifier_and_its_rows_equal_transformers(layers: int, tmp_path: Path) -> None:
+    """A ModernBERT classifier with `cls` pooling computes its last layer at the first token alone (a sliding layer
+    reads its window's row there, a global one every key), and the backbone at arbitrary rows (a padding position
+    among them) gives transformers' hidden states there; the window (4 tokens) is shorter than the batch."""
+    import torch
+    import transformers
+    from onnx import TensorProto
+
+    from sie.worker.convert.encoder_graph import EncoderWeights, graph_inputs
+    from sie.worker.convert.encoders import build_backbone, parse_backbone_config
+    from sie.worker.convert.graph_builder import GraphBuilder, save_graph, tensor_info
+    from sie.worker.convert.safetensors_io import Checkpoint
+
+    torch.manual_seed(layers)
+    changes = {"num_hidden_layers": layers, "layer_types": None, "classifier_pooling": "cls", "num_labels": 3}
+    config = transformers.ModernBertConfig(**(family_config("modernbert").to_dict() | changes))
+    model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.2)
+    model.save_pretrained(tmp_path / "checkpoint")
+    feeds = padded_batch(model.config, with_types=False)
+    result = convert_encoder(tmp_path / "checkpoint", tmp_path / "model.onnx", "seq-cls")
+    difference = compared(run_graph(result.path, feeds)[-1], reference(model, "seq-cls", feeds, False), "seq-cls",
+                          feeds["attention_mask"])  # fmt: skip
+    assert difference <= TOLERANCE, f"classifier: max abs difference {difference:.2e}"
+
+    backbone = parse_backbone_config(model.config.to_dict(), "test")
+    positions = np.array([[8, 0, 4], [3, 1, 7], [0, 5, 2]])
+    builder = GraphBuilder()
+    encoder = build_backbone(builder, backbone, EncoderWeights(Checkpoint(tmp_path / "checkpoint"), backbone),
+                             rows=builder.const(positions))  # fmt: skip
+    output = tensor_info(encoder.hidden, TensorProto.FLOAT, ["batch", 3, backbone.hidden_size])
+    save_graph(builder.model("rows", graph_inputs(), [output]), tmp_path / "rows.onnx")
+    inputs = {name: torch.from_numpy(feeds[name]) for name in ("input_ids", "attention_mask")}
+    with torch.no_grad():
+        hidden = model.model(**inputs).last_hidden_state.numpy()
+    expected = np.take_along_axis(hidden, positions[..., None], axis=1)
+    real = np.take_along_axis(feeds["attention_mask"], positions, axis=1).astype(bool)
+    ours = run_graph(tmp_path / "rows.onnx", feeds)[-1]
+    assert float(np.abs(ours - expected)[real].max()) <= TOLERANCE

@@ -62,8 +62,10 @@ def convert_encoder(model_dir: Path, out_path: Path, head: str) -> ConversionRes
     checkpoint = Checkpoint(model_dir)  # after the config, so what is wrong in it is named first
     weights = EncoderWeights(FlashXlmRobertaTensors(checkpoint, is_rotary(raw)) if flash else checkpoint, config)
     builder = GraphBuilder()
-    # a sequence classifier reads the first token alone (BART's reads the decoder's last <eos>)
-    rows = first_rows(builder) if head == "seq-cls" and computes_rows(config) else ""
+    # a sequence classifier reads the first token alone (BART's the decoder's last <eos>, ModernBERT's with mean
+    # pooling every token)
+    first_only = head == "seq-cls" and getattr(config, "classifier_pooling", "cls") == "cls"
+    rows = first_rows(builder) if first_only and computes_rows(config) else ""
     encoder = build_backbone(builder, config, weights, rows=rows)
     outputs = HEADS[head].build(HeadContext(builder, config, weights, encoder))
     model = builder.model(f"{config.family.name}_{head}", graph_inputs(), outputs)
@@ -87,8 +89,9 @@ def parse_backbone_config(raw: dict[str, Any], source: str) -> BackboneConfig:
 
 
 def computes_rows(config: BackboneConfig) -> bool:
-    """Whether `build_backbone` computes the last layer at given rows only for this family (BERT-like, DeBERTa)."""
-    return isinstance(config, EncoderConfig | DebertaConfig)
+    """Whether `build_backbone` computes the last layer at given rows only for this family (BERT-like, DeBERTa,
+    ModernBERT)."""
+    return isinstance(config, EncoderConfig | DebertaConfig | ModernBertConfig)
 
 
 def build_backbone(
@@ -100,7 +103,7 @@ def build_backbone(
     if rows and not computes_rows(config):
         raise ValueError(f"{type(config).__name__} computes every token's last layer; rows are not built for it")
     if isinstance(config, ModernBertConfig):
-        return build_modernbert(builder, config, weights)
+        return build_modernbert(builder, config, weights, rows=rows)
     if isinstance(config, DebertaConfig):
         return build_deberta(builder, config, weights, rows=rows)
     if isinstance(config, BartConfig):

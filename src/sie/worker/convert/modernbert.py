@@ -25,6 +25,7 @@ from sie.worker.convert.encoder_graph import (
     layer_norm,
     linear,
     padding_biases,
+    rows_of,
 )
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import (
@@ -37,7 +38,13 @@ from sie.worker.convert.families import (
     shape_numbers,
 )
 from sie.worker.convert.graph_builder import GraphBuilder
-from sie.worker.convert.rotary import inverse_frequencies, qkv_heads_shape, rotary_attention, rotary_tables
+from sie.worker.convert.rotary import (
+    inverse_frequencies,
+    qkv_heads_shape,
+    rotary_attention,
+    rotary_rows_attention,
+    rotary_tables,
+)
 
 FAMILY = EncoderFamily(
     "modernbert", ("modernbert",), "model.", layer="layers.{index}", query="", key="", value="",
@@ -112,8 +119,13 @@ def parse_modernbert_config(raw: dict[str, Any], source: str) -> ModernBertConfi
     )
 
 
-def build_modernbert(builder: GraphBuilder, config: ModernBertConfig, weights: EncoderWeights) -> EncoderOutput:
-    """Embeddings, every layer and the final norm; the [B,S,H] output is `last_hidden_state`."""
+def build_modernbert(
+    builder: GraphBuilder, config: ModernBertConfig, weights: EncoderWeights, *, rows: str = ""
+) -> EncoderOutput:
+    """Embeddings, every layer and the final norm; the [B,S,H] output is `last_hidden_state`. `rows` (int64 [B, P]
+    positions the head reads alone, as `build_encoder` takes them): the last layer is computed at those positions
+    only (their queries against every token's keys and values, a sliding layer's window rows of them), and the
+    output is [B,P,H]."""
     b, cfg, width = builder, config, config.hidden_size
     base = weights.prefix
     word_table = b.weight(
@@ -137,20 +149,26 @@ def build_modernbert(builder: GraphBuilder, config: ModernBertConfig, weights: E
     )
     layers = _Layers(b, cfg, weights, shared)
     tokens = b.op("Reshape", [embedded, b.const([-1, width])], "embeddings.tokens")
+    last = len(cfg.layer_types) - 1
     for index, kind in enumerate(cfg.layer_types):
         prefix = f"{base}layers.{index}"
         normed = tokens
         if index:  # the first layer's attention norm is the identity (the embeddings were just normed)
             normed = layer_norm(b, tokens, weights.layer_norm(f"{prefix}.attn_norm", width, cfg.norm_bias),
                                 f"{prefix}.attn_norm", cfg.layer_norm_eps)  # fmt: skip
-        attended = layers.attention(prefix, normed, kind)
+        if rows and index == last:
+            tokens = b.op("Reshape", [rows_of(b, tokens, rows, f"{prefix}.residual"), b.const([-1, width])],
+                          f"{prefix}.residual_rows")  # fmt: skip
+            attended = layers.rows_attention(prefix, normed, rows, kind)
+        else:
+            attended = layers.attention(prefix, normed, kind)
         tokens = b.op("Add", [tokens, attended], f"{prefix}.attn.residual")
         normed = layer_norm(b, tokens, weights.layer_norm(f"{prefix}.mlp_norm", width, cfg.norm_bias),
                             f"{prefix}.mlp_norm", cfg.layer_norm_eps)  # fmt: skip
         tokens = b.op("Add", [tokens, layers.gated_mlp(prefix, normed)], f"{prefix}.mlp.residual")
     tokens = layer_norm(b, tokens, weights.layer_norm(f"{base}final_norm", width, cfg.norm_bias), "final_norm",
                         cfg.layer_norm_eps)  # fmt: skip
-    batch_sequence = b.op("Shape", ["input_ids"], "shape.batch_sequence")
+    batch_sequence = b.op("Shape", [rows or "input_ids"], "shape.batch_sequence")
     hidden_shape = b.op("Concat", [batch_sequence, b.const([width])], "shape.hidden", axis=0)
     hidden = b.op("Reshape", [tokens, hidden_shape], "last_hidden_state")
     return EncoderOutput(hidden=hidden, tokens=tokens, mask=mask, padding_bias=padding_bias, word_embeddings=word_table)
@@ -191,6 +209,24 @@ class _Layers:
         out = self.weights.linear(f"{prefix}.attn.Wo", width, width, cfg.attention_bias)
         return rotary_attention(self.b, x, qkv, out, shared.heads_shape, shared.rotary[kind], shared.biases[kind],
                                 cfg.head_size, f"{prefix}.attn")  # fmt: skip
+
+    def rows_attention(self, prefix: str, x: str, rows: str, kind: str) -> str:
+        """`attention` for the queries at `rows` alone: [B*P, H] out."""
+        b, cfg, width, shared = self.b, self.cfg, self.cfg.hidden_size, self.shared
+        qkv = self.weights.linear(f"{prefix}.attn.Wqkv", width, 3 * width, cfg.attention_bias)
+        out = self.weights.linear(f"{prefix}.attn.Wo", width, width, cfg.attention_bias)
+        bias = shared.biases[kind]  # [B, 1, 1, S], or a sliding layer's [B, 1, S, S]: the queries' rows of it
+        if kind == SLIDING:
+            keys = b.op("Shape", [bias], f"{prefix}.keys", start=3)
+            index_shape = b.op("Concat", [b.op("Shape", [rows], f"{prefix}.rows_shape"), keys],
+                               f"{prefix}.bias_rows_shape", axis=0)  # fmt: skip
+            index = b.op("Expand", [b.op("Unsqueeze", [rows, b.const([2])], f"{prefix}.rows_3d"), index_shape],
+                         f"{prefix}.bias_index")  # fmt: skip
+            index = b.op("Unsqueeze", [index, b.const([1])], f"{prefix}.bias_index_4d")
+            bias = b.op("GatherElements", [bias, index], f"{prefix}.bias_rows", axis=2)
+        selected = b.op("Reshape", [rows_of(b, x, rows, f"{prefix}.attn"), b.const([-1, width])], f"{prefix}.selected")
+        return rotary_rows_attention(b, x, selected, rows, qkv, out, shared.rotary[kind], bias, cfg.head_size,
+                                     f"{prefix}.attn")  # fmt: skip
 
     def gated_mlp(self, prefix: str, x: str) -> str:
         """`Wo(gelu(input) * gate)`, input and gate the two halves of `Wi(x)`."""

@@ -82,3 +82,47 @@ def rotary_attention(  # noqa: PLR0913 - one attention block's parts
                    perm=[0, 2, 1, 3])  # fmt: skip
     context = b.op("Reshape", [context, b.const([-1, width])], f"{name}.merged")
     return linear(b, context, out, f"{name}.out")
+
+
+def rotary_rows_attention(  # noqa: PLR0913 - one attention block's parts
+    b: GraphBuilder,
+    x: str,
+    selected: str,
+    rows: str,
+    qkv: tuple[np.ndarray, np.ndarray],
+    out: tuple[np.ndarray, np.ndarray],
+    rotary: tuple[str, str],
+    bias: str,
+    head_size: int,
+    name: str,
+) -> str:
+    """`rotary_attention` for the queries at the int64 [B, P] positions `rows` alone: `selected` is `x` there,
+    [B*P, H]; their queries (rotated at their positions) against every token's keys and values; `bias` is added to
+    the scores ([B, 1, 1 or P, S]); returns the output projection's [B*P, H]."""
+    width = qkv[0].shape[0]
+    heads = width // head_size
+    scale = np.float32(head_size**-0.5)
+    query = linear(b, selected, (qkv[0][:, :width] * scale, qkv[1][:width] * scale), f"{name}.q")
+    query_shape = b.op("Concat", [b.op("Shape", [rows], f"{name}.rows_shape"), b.const([heads, head_size])],
+                       f"{name}.q_shape", axis=0)  # fmt: skip
+    query = b.op("Transpose", [b.op("Reshape", [query, query_shape], f"{name}.q_split")], f"{name}.q_heads",
+                 perm=[0, 2, 1, 3])  # [B, heads, P, d]  # fmt: skip
+    keys_values = linear(b, x, (qkv[0][:, width:], qkv[1][width:]), f"{name}.kv")
+    kv_shape = b.op("Concat", [b.op("Shape", ["input_ids"], f"{name}.batch_sequence"), b.const([2, heads, head_size])],
+                    f"{name}.kv_shape", axis=0)  # fmt: skip
+    split = b.op("Transpose", [b.op("Reshape", [keys_values, kv_shape], f"{name}.kv_heads")], f"{name}.kv_t",
+                 perm=[2, 0, 3, 1, 4])  # [2, B, heads, S, d]  # fmt: skip
+    parts = b.op_multi("Split", [split], [f"{name}.k5d", f"{name}.v5d"], axis=0)
+    k, v = (b.op("Squeeze", [part, b.const([0])], f"{name}.{p}") for part, p in zip(parts, "kv", strict=True))
+    cos, sin = rotary  # [S, d]; the queries' rows of them, [B, 1, P, d]
+    row_cos, row_sin = (b.op("Unsqueeze", [b.op("Gather", [table, rows], f"{name}.{kind}_rows"), b.const([1])],
+                             f"{name}.{kind}_rows_4d") for kind, table in (("cos", cos), ("sin", sin)))  # fmt: skip
+    query = rotate_half(b, query, row_cos, row_sin, head_size, f"{name}.q_rot")
+    k = rotate_half(b, k, cos, sin, head_size, f"{name}.k_rot")
+    k_t = b.op("Transpose", [k], f"{name}.k_t", perm=[0, 1, 3, 2])
+    scores = b.op("Add", [b.op("MatMul", [query, k_t], f"{name}.scores"), bias], f"{name}.masked")
+    probs = b.op("Softmax", [scores], f"{name}.probs", axis=-1)
+    context = b.op("Transpose", [b.op("MatMul", [probs, v], f"{name}.context")], f"{name}.context_t",
+                   perm=[0, 2, 1, 3])  # fmt: skip
+    context = b.op("Reshape", [context, b.const([-1, width])], f"{name}.merged")
+    return linear(b, context, out, f"{name}.out")
