@@ -6,7 +6,8 @@ of interleaved rounds. Prints milliseconds per batch and the speed-up (torch tim
     .venv/bin/python scripts/bench/families.py [--families bert,roberta,...] [--rounds 5] [--threads 2] [--served]
 
 With `--head seq-cls`, the same table for cross-encoders: each family's sequence classifier (one label) against
-transformers' `AutoModelForSequenceClassification`, our graph computing the last layer at the first token only.
+transformers' `AutoModelForSequenceClassification`; where it reads the first token alone our graph computes the last
+layer there only (the test config's ModernBERT pools the mean, so its row computes every token's).
 
 With `--served`, a second table: each family's checkpoint (with a word-level tokenizer) served by one
 `sie run --role all` from a local `weights_path` catalogue, 32 wrk connections × one text of `--tokens` tokens, against
