@@ -74,13 +74,29 @@ def rotary_attention(  # noqa: PLR0913 - one attention block's parts
     q, k, v = (b.op("Squeeze", [part, b.const([0])], f"{name}.{p}") for part, p in zip(parts, "qkv", strict=True))
     cos, sin = rotary
     q = rotate_half(b, q, cos, sin, head_size, f"{name}.q_rot")
-    k = rotate_half(b, k, cos, sin, head_size, f"{name}.k_rot")
+    return _attend(b, q, (k, v), rotary, bias, head_size, out, name)
+
+
+def _attend(  # noqa: PLR0913 - one attention block's parts
+    b: GraphBuilder,
+    query: str,
+    keys_values: tuple[str, str],
+    rotary: tuple[str, str],
+    bias: str,
+    head_size: int,
+    out: tuple[np.ndarray, np.ndarray],
+    name: str,
+) -> str:
+    """The rotated queries [B, heads, Q, d] against the keys (rotated here) and values [B, heads, S, d], `bias` added
+    to the scores; the output projection's [B*Q, H]."""
+    k, v = keys_values
+    k = rotate_half(b, k, *rotary, head_size, f"{name}.k_rot")
     k_t = b.op("Transpose", [k], f"{name}.k_t", perm=[0, 1, 3, 2])
-    scores = b.op("Add", [b.op("MatMul", [q, k_t], f"{name}.scores"), bias], f"{name}.masked")
+    scores = b.op("Add", [b.op("MatMul", [query, k_t], f"{name}.scores"), bias], f"{name}.masked")
     probs = b.op("Softmax", [scores], f"{name}.probs", axis=-1)
     context = b.op("Transpose", [b.op("MatMul", [probs, v], f"{name}.context")], f"{name}.context_t",
                    perm=[0, 2, 1, 3])  # fmt: skip
-    context = b.op("Reshape", [context, b.const([-1, width])], f"{name}.merged")
+    context = b.op("Reshape", [context, b.const([-1, out[0].shape[0]])], f"{name}.merged")
     return linear(b, context, out, f"{name}.out")
 
 
@@ -118,11 +134,4 @@ def rotary_rows_attention(  # noqa: PLR0913 - one attention block's parts
     row_cos, row_sin = (b.op("Unsqueeze", [b.op("Gather", [table, rows], f"{name}.{kind}_rows"), b.const([1])],
                              f"{name}.{kind}_rows_4d") for kind, table in (("cos", cos), ("sin", sin)))  # fmt: skip
     query = rotate_half(b, query, row_cos, row_sin, head_size, f"{name}.q_rot")
-    k = rotate_half(b, k, cos, sin, head_size, f"{name}.k_rot")
-    k_t = b.op("Transpose", [k], f"{name}.k_t", perm=[0, 1, 3, 2])
-    scores = b.op("Add", [b.op("MatMul", [query, k_t], f"{name}.scores"), bias], f"{name}.masked")
-    probs = b.op("Softmax", [scores], f"{name}.probs", axis=-1)
-    context = b.op("Transpose", [b.op("MatMul", [probs, v], f"{name}.context")], f"{name}.context_t",
-                   perm=[0, 2, 1, 3])  # fmt: skip
-    context = b.op("Reshape", [context, b.const([-1, width])], f"{name}.merged")
-    return linear(b, context, out, f"{name}.out")
+    return _attend(b, query, (k, v), rotary, bias, head_size, out, name)
