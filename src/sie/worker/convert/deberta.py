@@ -28,6 +28,7 @@ from sie.worker.convert.encoder_graph import (
     layer_norm,
     linear,
     padding_biases,
+    row_heads,
     rows_of,
 )
 from sie.worker.convert.errors import ConversionError
@@ -176,7 +177,7 @@ class _Shared:
     index: str  # int32 [B, heads, S, S]
     index_2d: str  # int64 [S, S]: before it is expanded (rows are read from it)
     scores_shape: str  # [B, heads, S, S]
-    rows_shape: str  # [-1, hidden]
+    flat_shape: str  # [-1, hidden]: hidden states as rows
     heads_shape: str  # [-1, S, heads, head_size]
     padding_bias: str  # [B, 1, 1, S]
 
@@ -250,12 +251,9 @@ def _layer(  # noqa: PLR0913 - one layer's parts
     k_weight, k_bias = params(family.key)
     residual, index = x, shared.index
     if rows:
-        residual = b.op("Reshape", [rows_of(b, x, rows, name), shared.rows_shape], f"{name}.selected")
-        query_shape = b.op("Concat", [b.op("Shape", [rows], f"{name}.rows_shape"), b.const([heads, d])],
-                           f"{name}.query_shape", axis=0)  # fmt: skip
+        residual = b.op("Reshape", [rows_of(b, x, rows, name), shared.flat_shape], f"{name}.selected")
         query = linear(b, residual, (q_weight * scale, q_bias * scale), f"{name}.q")
-        query = b.op("Transpose", [b.op("Reshape", [query, query_shape], f"{name}.q.split")], f"{name}.q.heads",
-                     perm=[0, 2, 1, 3])  # [B, heads, P, d]  # fmt: skip
+        query = row_heads(b, query, rows, heads, d, f"{name}.q")  # [B, heads, P, d]
         # the indices of those queries' rows, [B, heads, P, S]
         rows_scores = b.op("Concat", [b.op("Slice", [shared.scores_shape, b.const([0]), b.const([2])],
                                            f"{name}.batch_heads"), b.op("Shape", [rows], f"{name}.p", start=1),
@@ -300,7 +298,7 @@ def _attend(b: GraphBuilder, name: str, terms: tuple[str, str, str], value: str,
     probs = b.op("Softmax", [b.op("Add", [scores, shared.padding_bias], f"{name}.masked")], f"{name}.probs", axis=-1)
     context = b.op("Transpose", [b.op("MatMul", [probs, value], f"{name}.context")], f"{name}.context_t",
                    perm=[0, 2, 1, 3])  # fmt: skip
-    return b.op("Reshape", [context, shared.rows_shape], f"{name}.merged")
+    return b.op("Reshape", [context, shared.flat_shape], f"{name}.merged")
 
 
 def _output(b: GraphBuilder, config: DebertaConfig, weights: EncoderWeights, name: str, context: str, x: str) -> str:

@@ -191,7 +191,7 @@ def first_rows(builder: GraphBuilder) -> str:
 
 
 def rows_of(builder: GraphBuilder, x: str, rows: str, name: str) -> str:
-    """The [B*S, H] tokens `x` (as [B, S, H] by `rows_shape`) at the int64 [B, P] `rows`: [B, P, H]."""
+    """The [B*S, H] tokens `x` at the int64 [B, P] `rows`: [B, P, H]."""
     width = builder.op("Shape", [x], f"{name}.width", start=1, end=2)
     index = builder.op("Expand", [builder.op("Unsqueeze", [rows, builder.const([2])], f"{name}.rows_3d"),
                                   builder.op("Concat", [builder.op("Shape", [rows], f"{name}.rows_shape"), width],
@@ -200,6 +200,15 @@ def rows_of(builder: GraphBuilder, x: str, rows: str, name: str) -> str:
                                       f"{name}.tokens_3d", axis=0)  # fmt: skip
     tokens = builder.op("Reshape", [x, batch_sequence_width], f"{name}.tokens")
     return builder.op("GatherElements", [tokens, index], f"{name}.rows", axis=1)
+
+
+def row_heads(builder: GraphBuilder, x: str, rows: str, heads: int, head_size: int, name: str) -> str:
+    """The [B*P, heads * head_size] projections of the tokens at the int64 [B, P] `rows`, split into heads:
+    [B, heads, P, head_size]."""
+    shape = builder.op("Concat", [builder.op("Shape", [rows], f"{name}.rows_shape"), builder.const([heads, head_size])],
+                       f"{name}.heads_shape", axis=0)  # fmt: skip
+    return builder.op("Transpose", [builder.op("Reshape", [x, shape], f"{name}.split")], f"{name}.heads",
+                      perm=[0, 2, 1, 3])  # fmt: skip
 
 
 def layer_shapes(builder: GraphBuilder, config: EncoderConfig) -> LayerShapes:
@@ -413,10 +422,7 @@ class EncoderLayer:
         scale = np.float32(1.0 / math.sqrt(head_size))
         selected = b.op("Reshape", [rows_of(b, x, rows, name), b.const([-1, width])], f"{name}.selected")
         query = linear(b, selected, (weight[:, :width] * scale, bias[:width] * scale), f"{name}.rows_query")
-        query_shape = b.op("Concat", [b.op("Shape", [rows], f"{name}.rows_shape"), b.const([heads, head_size])],
-                           f"{name}.query_shape", axis=0)  # fmt: skip
-        query = b.op("Transpose", [b.op("Reshape", [query, query_shape], f"{name}.query_split")],
-                     f"{name}.query_heads", perm=[0, 2, 1, 3])  # [B, heads, P, d]  # fmt: skip
+        query = row_heads(b, query, rows, heads, head_size, f"{name}.rows_query")  # [B, heads, P, d]
         keys_values = linear(b, x, (weight[:, width:], bias[width:]), f"{name}.keys_values")
         split = b.op("Concat", [self.shapes.batch_sequence, b.const([2, heads, head_size])], f"{name}.kv_shape",
                      axis=0)  # fmt: skip

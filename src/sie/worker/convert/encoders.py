@@ -21,7 +21,7 @@ from sie.worker.convert.encoder_graph import EncoderOutput, EncoderWeights, buil
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import EncoderConfig, parse_encoder_config, read_config_json
 from sie.worker.convert.graph_builder import GraphBuilder, save_graph
-from sie.worker.convert.heads import HEADS, HeadContext
+from sie.worker.convert.heads import HEADS, HeadContext, reads_first_token_only
 from sie.worker.convert.jina_flash import FlashXlmRobertaTensors, as_known_config, is_flash_xlm_roberta, is_rotary
 from sie.worker.convert.modernbert import ModernBertConfig, build_modernbert, parse_modernbert_config
 from sie.worker.convert.names import CONFIG_FILE
@@ -62,10 +62,7 @@ def convert_encoder(model_dir: Path, out_path: Path, head: str) -> ConversionRes
     checkpoint = Checkpoint(model_dir)  # after the config, so what is wrong in it is named first
     weights = EncoderWeights(FlashXlmRobertaTensors(checkpoint, is_rotary(raw)) if flash else checkpoint, config)
     builder = GraphBuilder()
-    # a sequence classifier reads the first token alone (BART's the decoder's last <eos>, ModernBERT's with mean
-    # pooling every token)
-    first_only = head == "seq-cls" and getattr(config, "classifier_pooling", "cls") == "cls"
-    rows = first_rows(builder) if first_only and computes_rows(config) else ""
+    rows = first_rows(builder) if reads_first_token_only(head, config) and computes_rows(config) else ""
     encoder = build_backbone(builder, config, weights, rows=rows)
     outputs = HEADS[head].build(HeadContext(builder, config, weights, encoder))
     model = builder.model(f"{config.family.name}_{head}", graph_inputs(), outputs)

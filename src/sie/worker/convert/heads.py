@@ -38,12 +38,16 @@ MIN_NORM = 1e-12
 _FLOAT = TensorProto.FLOAT
 
 
+# The configs of the backbones a head is built on.
+HeadConfig = EncoderConfig | ModernBertConfig | RotaryGluConfig | DebertaConfig | BartConfig
+
+
 @attrs.frozen
 class HeadContext:
     """Everything a head builder needs: the graph so far, the checkpoint and the encoder's tensors."""
 
     builder: GraphBuilder
-    config: EncoderConfig | ModernBertConfig | RotaryGluConfig | DebertaConfig | BartConfig
+    config: HeadConfig
     weights: EncoderWeights
     encoder: EncoderOutput
 
@@ -105,6 +109,14 @@ def _num_labels(ctx: HeadContext, classifier: str = "classifier") -> int:
     if entry is None or len(entry.shape) != 2:
         raise ConversionError("required 2-D classifier weight is missing", source=ctx.weights.source, tensor=name)
     return entry.shape[0]
+
+
+def reads_first_token_only(head: str, config: HeadConfig) -> bool:
+    """Whether `head` reads the backbone's first token alone, so its last layer need only be computed there: the
+    sequence classifier, except BART's (the decoder's last <eos>) and a mean-pooling ModernBERT's (every token)."""
+    if head != "seq-cls" or isinstance(config, BartConfig):
+        return False
+    return not isinstance(config, ModernBertConfig) or config.classifier_pooling == "cls"
 
 
 def _build_seq_cls(ctx: HeadContext) -> list[onnx.ValueInfoProto]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from sie.worker.convert.encoder_graph import linear
+from sie.worker.convert.encoder_graph import linear, row_heads
 from sie.worker.convert.graph_builder import GraphBuilder
 
 
@@ -119,10 +119,7 @@ def rotary_rows_attention(  # noqa: PLR0913 - one attention block's parts
     heads = width // head_size
     scale = np.float32(head_size**-0.5)
     query = linear(b, selected, (qkv[0][:, :width] * scale, qkv[1][:width] * scale), f"{name}.q")
-    query_shape = b.op("Concat", [b.op("Shape", [rows], f"{name}.rows_shape"), b.const([heads, head_size])],
-                       f"{name}.q_shape", axis=0)  # fmt: skip
-    query = b.op("Transpose", [b.op("Reshape", [query, query_shape], f"{name}.q_split")], f"{name}.q_heads",
-                 perm=[0, 2, 1, 3])  # [B, heads, P, d]  # fmt: skip
+    query = row_heads(b, query, rows, heads, head_size, f"{name}.q")  # [B, heads, P, d]
     keys_values = linear(b, x, (qkv[0][:, width:], qkv[1][width:]), f"{name}.kv")
     kv_shape = b.op("Concat", [b.op("Shape", ["input_ids"], f"{name}.batch_sequence"), b.const([2, heads, head_size])],
                     f"{name}.kv_shape", axis=0)  # fmt: skip
