@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import attrs
 import numpy as np
 import pytest
@@ -17,6 +21,7 @@ from sie.wire.ipc_batch import (
     ScoreBatchItem,
 )
 from sie.worker.manager import ModelManager
+from sie.worker.run_memory import PROCESS_HEAP
 from sie.worker.runner import BatchRunner, to_batch_outcome
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
@@ -133,3 +138,44 @@ async def test_an_item_that_cannot_allocate_alone_is_resource_exhausted_without_
         assert item.disposition == DISPOSITION_PUBLISH_ERROR_AND_ACK
         assert item.error_code == codes.RESOURCE_EXHAUSTED and item.retry_after_s == 5
         assert "ONNXRuntime" not in item.error and "Gemm" not in item.error and "out of memory" in item.error
+
+
+async def test_the_heap_a_large_batch_freed_goes_back_once_the_runner_is_idle_not_between_batches(
+    baseline_catalog, load_model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """32 texts of 128+ tokens are over the trim threshold: while batches keep coming (gaps shorter than the idle
+    delay) nothing is trimmed; a quiet spell trims once, on the runner's executor."""
+    released: list[str] = []
+    release = PROCESS_HEAP.release
+
+    def recorded() -> None:
+        released.append(threading.current_thread().name)
+        release()
+
+    monkeypatch.setattr(PROCESS_HEAP, "release", recorded)
+    heap = PROCESS_HEAP
+    heap.pending = False
+    executor = ThreadPoolExecutor(1, thread_name_prefix="runs")
+    long_text = " ".join(["river"] * 130)
+    large = request([encode(index, long_text) for index in range(32)])
+    try:
+        async with ModelManager(baseline_catalog, lambda model, profile, model_id: load_model(model_id)) as manager:
+            await manager.wait_ready(MINILM)
+            runner = BatchRunner(manager, executor, idle_trim_delay_s=0.3)
+            for _ in range(3):
+                executed = await runner.execute(large)
+                assert all(item.ok for item in executed.results.items)
+                assert heap.pending and released == []
+                await asyncio.sleep(0.05)
+            small = await runner.execute(request([encode(0, "short")]))
+            assert small.results.items[0].ok and released == []  # a small batch after a large one: still pending
+            for _ in range(40):
+                if released:
+                    break
+                await asyncio.sleep(0.05)
+            assert released == ["runs_0"] and not heap.pending
+            await runner.execute(request([encode(0, "short")]))
+            await asyncio.sleep(0.5)
+            assert released == ["runs_0"]  # nothing new was freed by a small batch: no second trim
+    finally:
+        executor.shutdown()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sie.worker.run_memory import FLOAT_BYTES, RunMemory, run_in_slices
+from sie.worker.run_memory import FLOAT_BYTES, TRIM_AFTER_BYTES, FreedHeap, RunMemory, run_in_slices
 
 MIB = 1024 * 1024
 
@@ -56,3 +56,26 @@ def test_a_single_row_or_a_batch_without_rows_runs_whole() -> None:
     run = RecordingRun()
     run_in_slices(run, {"input_ids": np.zeros((1, 4096), dtype=np.int64)}, memory, budget_bytes=1)
     assert run.sizes == [1]
+
+
+class CountingRelease:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> None:
+        self.calls += 1
+
+
+def test_a_large_batch_leaves_a_trim_to_make_and_does_not_trim_inline() -> None:
+    memory = RunMemory(12, 384, 1536)
+    released = CountingRelease()
+    heap = FreedHeap(release=released)
+    small = {"input_ids": np.zeros((2, 16), dtype=np.int64)}
+    run_in_slices(RecordingRun(), small, memory, budget_bytes=10**12, heap=heap)
+    assert not heap.pending
+    assert memory.bytes_for(32, 128) > TRIM_AFTER_BYTES
+    large = {"input_ids": np.zeros((32, 128), dtype=np.int64)}
+    run_in_slices(RecordingRun(), large, memory, budget_bytes=10**12, heap=heap)
+    assert heap.pending and released.calls == 0  # the runner trims once idle, not the run itself
+    heap.release()
+    assert not heap.pending and released.calls == 1

@@ -141,7 +141,8 @@ class WorkerSettings:
             byte_size(),
             "Most activation memory one onnxruntime run may take, estimated from the batch's shape and the "
             "model's config.json (attention heads, hidden and feed-forward sizes). A bigger batch runs in row "
-            "slices, with the same results; memory freed after a large run is handed back to the OS.",
+            "slices, with the same results; memory a large run freed is handed back to the OS once the worker has "
+            "been idle for a second.",
             roles=_MODEL_ROLES,
             read_by=("sie.worker.loading",),
         ),

@@ -6,7 +6,8 @@ expects, each item's result as a ResultBody value that is packed only if it cros
 `--role all` it never is). An adapter call that raises fails only the items that fail on their own (the
 batch runs again in halves, see `BatchRunner._run`). The runner also measures what each model's batches cost
 (ModelUsage), which the sidecar's placement reads through ModelControlStatus. With tracing on, each batch is a
-`worker.run_batch` span continuing the context its IPC items carry.
+`worker.run_batch` span continuing the context its IPC items carry. Memory a large run freed goes back to the OS
+once no batch has run for IDLE_TRIM_DELAY_S (`sie.worker.run_memory.FreedHeap`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from sie.wire.payload import ResultBody
 from sie.wire.queue import UnitCounts
 from sie.worker.adapters import BatchResult, ItemResult
 from sie.worker.manager import ModelManager
+from sie.worker.run_memory import PROCESS_HEAP
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +60,9 @@ def allocation_failure(exc: BaseException) -> bool:
 
 # Weight of the newest batch in a model's cost-per-item average: a few batches follow a change of load.
 COST_EMA_WEIGHT = 0.2
+# How long the runner waits without a batch, after a large run, before handing the freed heap back: longer than
+# the gap between batches under load (the next batch reuses those pages), short next to an operator's patience.
+IDLE_TRIM_DELAY_S = 1.0
 
 
 @attrs.frozen
@@ -132,13 +137,23 @@ class _Completed:
 
 class BatchRunner:
     """Runs batches on the manager's loaded models; the adapter call happens in `executor`. `usage` holds each
-    model's measured cost by model id."""
+    model's measured cost by model id. Once `idle_trim_delay_s` pass without a batch after a large run, the memory
+    it freed is handed back (`PROCESS_HEAP`), on `executor` between runs."""
 
-    def __init__(self, manager: ModelManager, executor: Executor | None = None, tracing: Tracing | None = None) -> None:
+    def __init__(
+        self,
+        manager: ModelManager,
+        executor: Executor | None = None,
+        tracing: Tracing | None = None,
+        idle_trim_delay_s: float = IDLE_TRIM_DELAY_S,
+    ) -> None:
         self.manager = manager
         self.executor = executor
         self.usage: dict[str, ModelUsage] = {}
         self._tracing = tracing or Tracing.off()
+        self._idle_trim_delay_s = idle_trim_delay_s
+        self._running = 0
+        self._idle_trim: asyncio.TimerHandle | None = None
 
     async def _run(
         self, method: Callable[[list[Any]], BatchResult], items: list[Any], request: RunBatchRequest
@@ -184,7 +199,11 @@ class BatchRunner:
             traced = span.is_recording()
             if traced:
                 span.set_attributes(_batch_attributes(request))
-            executed = await self._execute(request)
+            self._batch_started()
+            try:
+                executed = await self._execute(request)
+            finally:
+                self._batch_ended()
             results = executed.results
             if results is None:
                 mark_failed(span, "not run")
@@ -193,6 +212,27 @@ class BatchRunner:
                                      "sie.inference_ms": results.inference_ms,
                                      "sie.postprocessing_ms": results.postprocessing_ms})  # fmt: skip
             return executed
+
+    def _batch_started(self) -> None:
+        self._running += 1
+        if self._idle_trim is not None:
+            self._idle_trim.cancel()
+            self._idle_trim = None
+
+    def _batch_ended(self) -> None:
+        self._running -= 1
+        if self._running == 0 and PROCESS_HEAP.pending and self._idle_trim is None:
+            loop = asyncio.get_running_loop()
+            self._idle_trim = loop.call_later(self._idle_trim_delay_s, self._trim_when_idle)
+
+    def _trim_when_idle(self) -> None:
+        self._idle_trim = None
+        if self._running or not PROCESS_HEAP.pending:
+            return
+        try:
+            asyncio.get_running_loop().run_in_executor(self.executor, PROCESS_HEAP.release)
+        except RuntimeError:  # the executor has shut down: the process is exiting
+            logger.debug("no heap trim: the executor is shut down")
 
     async def _execute(self, request: RunBatchRequest) -> ExecutedBatch:
         ops = {item.op for item in request.items}
