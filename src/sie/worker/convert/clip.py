@@ -344,13 +344,16 @@ def _vision_graph(config: ClipConfig, weights: HeadWeights) -> onnx.ModelProto:
     if clip:
         tokens = layer_norm(b, weights, tokens, f"{prefix}.pre_layrnorm", width, eps)
     heads_shape = b.const([-1, sequence, tower.num_heads, tower.head_size])
-    tokens = encoder_layers(b, weights, tower, tokens, heads_shape, "", f"{prefix}.encoder", sequence=sequence)
     if clip:
-        hidden = b.op("Reshape", [tokens, b.const([-1, sequence, width])], "vision.hidden")
-        pooled = b.op("Gather", [hidden, b.const(0)], "vision.class_state", axis=1)  # [B, H]
+        # CLIP reads the class token alone: the last layer is computed at each image's first row only.
+        flat = b.op("Squeeze", [b.op("Shape", [tokens], "vision.flat_rows", start=0, end=1)], "vision.row_count")
+        class_rows = b.op("Range", [b.const(0), flat, b.const(sequence)], "vision.class_rows")  # [B]: b * sequence
+        pooled = encoder_layers(b, weights, tower, tokens, heads_shape, "", f"{prefix}.encoder", sequence=sequence,
+                                rows=class_rows)  # fmt: skip
         pooled = layer_norm(b, weights, pooled, f"{prefix}.post_layernorm", width, eps)
         embeds = projection(b, weights, pooled, "visual_projection", width, config.projection_dim)
     else:
+        tokens = encoder_layers(b, weights, tower, tokens, heads_shape, "", f"{prefix}.encoder", sequence=sequence)
         tokens = layer_norm(b, weights, tokens, f"{prefix}.post_layernorm", width, eps)
         embeds = attention_pooling(b, weights, tower, tokens, sequence, f"{prefix}.head")
     embeds = b.op("Identity", [embeds], IMAGE_EMBEDS)
