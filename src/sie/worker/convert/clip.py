@@ -46,7 +46,9 @@ from sie.worker.convert.names import (
 from sie.worker.convert.safetensors_io import Checkpoint
 from sie.worker.convert.vision_graph import (
     ACTIVATIONS,
+    MASKED_KEY_BIAS,
     KeyMask,
+    PooledRows,
     TowerConfig,
     attention_pooling,
     encoder_layers,
@@ -284,10 +286,12 @@ def _text_graph(config: ClipConfig, weights: HeadWeights) -> onnx.ModelProto:
     heads_shape = b.op("Concat", [batch_sequence, b.const([tower.num_heads, tower.head_size])], "text.heads_shape",
                        axis=0)  # fmt: skip
     rows_shape = b.op("Concat", [batch_sequence, b.const([width])], "text.rows_shape", axis=0)
-    key_mask = KeyMask(b.op("Cast", [ATTENTION_MASK], "text.mask", to=TensorProto.INT32), rows_shape,
-                       causal=config.model_type == "clip")  # fmt: skip
-    tokens = encoder_layers(b, weights, tower, tokens, heads_shape, "", "text_model.encoder", key_mask=key_mask)
-    pooled = b.op("Gather", [tokens, _pooled_rows(b, config, sequence)], "text.pooled", axis=0)  # [B, H]
+    causal = config.model_type == "clip"
+    key_mask = KeyMask(b.op("Cast", [ATTENTION_MASK], "text.mask", to=TensorProto.INT32), rows_shape, causal=causal)
+    # The tower's output is the pooled row's alone: the last layer is computed there only, [B, H].
+    pooled_rows = _pooled_rows(b, config, sequence, causal)
+    pooled = encoder_layers(b, weights, tower, tokens, heads_shape, "", "text_model.encoder", key_mask=key_mask,
+                            rows=pooled_rows)  # fmt: skip
     # LayerNorm is per row: normalizing the pooled rows alone equals transformers' whole last_hidden_state.
     pooled = layer_norm(b, weights, pooled, "text_model.final_layer_norm", width, tower.layer_norm_eps)
     if config.model_type == "clip":
@@ -299,23 +303,36 @@ def _text_graph(config: ClipConfig, weights: HeadWeights) -> onnx.ModelProto:
     return b.model(f"{config.model_type}_text", inputs, [tensor_info(embeds, _FLOAT, [BATCH, config.projection_dim])])
 
 
-def _pooled_rows(b: GraphBuilder, config: ClipConfig, sequence: str) -> str:
+def _pooled_rows(b: GraphBuilder, config: ClipConfig, sequence: str, causal: bool) -> PooledRows:
     """Each text's pooled token as a row of the [B*S, H] tokens: CLIP's EOS position (the largest id's first position
-    for legacy configs, else eos_token_id's first; 0 when a text has none, as torch's argmax), SigLIP's last."""
+    for legacy configs, else eos_token_id's first; 0 when a text has none, as torch's argmax), SigLIP's last; and
+    the bias of its query over the keys: the padding mask's, and under `causal` none past the row's own position."""
     length = b.op("Squeeze", [sequence, b.const([0])], "pool.length")
     batch = b.op("Squeeze", [b.op("Shape", [INPUT_IDS], "pool.batch_1d", start=0, end=1), b.const([0])],
                  "pool.batch")  # fmt: skip
     starts = b.op("Mul", [b.op("Range", [b.const(0), batch, b.const(1)], "pool.rows"), length], "pool.row_starts")
     if config.model_type == "siglip":
-        return b.op("Add", [starts, b.op("Sub", [length, b.const(1)], "pool.last")], "pool.index")
-    if config.legacy_eos_pooling:
-        # transformers casts the ids to int32 before argmax; ONNX's ArgMax keeps the first of equal maxima, as torch
-        ranked = b.op("Cast", [INPUT_IDS], "pool.ids_int32", to=TensorProto.INT32)
+        position = b.op("Sub", [length, b.const(1)], "pool.last")
     else:
-        is_eos = b.op("Equal", [INPUT_IDS, b.const(config.eos_token_id)], "pool.is_eos")
-        ranked = b.op("Cast", [is_eos], "pool.is_eos_int32", to=TensorProto.INT32)
-    position = b.op("ArgMax", [ranked], "pool.position", axis=1, keepdims=0)
-    return b.op("Add", [starts, position], "pool.index")
+        if config.legacy_eos_pooling:
+            # transformers casts the ids to int32 before argmax; ONNX's ArgMax keeps the first of equal maxima, as
+            # torch does
+            ranked = b.op("Cast", [INPUT_IDS], "pool.ids_int32", to=TensorProto.INT32)
+        else:
+            is_eos = b.op("Equal", [INPUT_IDS, b.const(config.eos_token_id)], "pool.is_eos")
+            ranked = b.op("Cast", [is_eos], "pool.is_eos_int32", to=TensorProto.INT32)
+        position = b.op("ArgMax", [ranked], "pool.position", axis=1, keepdims=0)
+    readable = b.op("Cast", [ATTENTION_MASK], "pool.key_mask", to=TensorProto.BOOL)  # [B, S]
+    if causal:
+        # keys [1, S] against each row's position [B, 1]: [B, S]
+        keys = b.op("Unsqueeze", [b.op("Range", [b.const(0), length, b.const(1)], "pool.keys"), b.const([0])],
+                    "pool.key_positions")  # fmt: skip
+        earlier = b.op("LessOrEqual", [keys, b.op("Unsqueeze", [position, b.const([1])], "pool.row_position")],
+                       "pool.earlier")  # fmt: skip
+        readable = b.op("And", [readable, earlier], "pool.readable")
+    bias = b.op("Where", [readable, b.const(0.0, np.float32), b.const(MASKED_KEY_BIAS, np.float32)], "pool.bias_2d")
+    bias = b.op("Unsqueeze", [bias, b.const([1, 2])], "pool.bias")  # [B, 1, 1, S]
+    return PooledRows(b.op("Add", [starts, position], "pool.index"), bias)
 
 
 # --- vision tower -----------------------------------------------------------------------------------------------------
@@ -349,7 +366,7 @@ def _vision_graph(config: ClipConfig, weights: HeadWeights) -> onnx.ModelProto:
         flat = b.op("Squeeze", [b.op("Shape", [tokens], "vision.flat_rows", start=0, end=1)], "vision.row_count")
         class_rows = b.op("Range", [b.const(0), flat, b.const(sequence)], "vision.class_rows")  # [B]: b * sequence
         pooled = encoder_layers(b, weights, tower, tokens, heads_shape, "", f"{prefix}.encoder", sequence=sequence,
-                                rows=class_rows)  # fmt: skip
+                                rows=PooledRows(class_rows))  # fmt: skip
         pooled = layer_norm(b, weights, pooled, f"{prefix}.post_layernorm", width, eps)
         embeds = projection(b, weights, pooled, "visual_projection", width, config.projection_dim)
     else:

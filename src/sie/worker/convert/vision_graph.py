@@ -72,15 +72,15 @@ def mlp(b: GraphBuilder, weights: HeadWeights, tower: TowerConfig, x: str, name:
 
 def encoder_layers(  # noqa: PLR0913 - the tower, its tokens and how to shape and mask them
     b: GraphBuilder, weights: HeadWeights, tower: TowerConfig, tokens: str, heads_shape: str, mask_bias: str,
-    prefix: str, sequence: int | None = None, key_mask: KeyMask | None = None, rows: str | None = None,
+    prefix: str, sequence: int | None = None, key_mask: KeyMask | None = None, rows: PooledRows | None = None,
 ) -> str:  # fmt: skip
     """Every layer `{prefix}.layers.{i}` (CLIPEncoderLayer / SiglipEncoderLayer: x + attention(LN1 x), then
     x + MLP(LN2 x)) over `tokens` [B*S, H]. `heads_shape` is the int64 [4] shape [B, S, heads, head size] the
     queries, keys and values take; `mask_bias` ("" for none) is added to every head's scores [B, heads, S, S].
     Attention runs as onnxruntime's fused `Attention` where it can: unmasked over a fixed `sequence` (a vision tower's
     patches), or under a `key_mask` (a text tower's padding, causal or not) over any sequence; else as plain ops.
-    With `rows` (int64 [B]: one row of the [B*S] tokens per item, unmasked and `heads_shape` given), the last layer
-    is computed at those rows only (`layer_at_rows`) and the result is [B, H]: the rows a pooled head reads."""
+    With `rows` (the rows a pooled head reads; `heads_shape` given), the last layer is computed at those rows only
+    (`layer_at_rows`) and the result is [B, H]."""
     width, eps = tower.hidden_size, tower.layer_norm_eps
     full_layers = tower.num_layers - 1 if rows is not None and tower.num_layers else tower.num_layers
     for index in range(full_layers):
@@ -100,17 +100,32 @@ def encoder_layers(  # noqa: PLR0913 - the tower, its tokens and how to shape an
     if rows is None:
         return tokens
     if not tower.num_layers:
-        return b.op("Gather", [tokens, rows], f"{prefix}.rows", axis=0)
+        return b.op("Gather", [tokens, rows.index], f"{prefix}.rows", axis=0)
     return layer_at_rows(b, weights, tower, tokens, rows, heads_shape, f"{prefix}.layers.{full_layers}")
 
 
+@attrs.frozen
+class PooledRows:
+    """The rows a pooled head reads: `index` int64 [B], one of the [B*S] tokens per item, and `bias` ("" for none)
+    the float [B, 1, 1, S] added to their queries' scores over the keys (a masked key: -10000, as onnxruntime's
+    fused `Attention` adds, whose softmax weight is 0 in float32)."""
+
+    index: str
+    bias: str = ""
+
+
+# What a masked key adds to a score, as the fused `Attention` kernel's mask filter value.
+MASKED_KEY_BIAS = -10000.0
+
+
 def layer_at_rows(  # noqa: PLR0913 - one layer's inputs and names
-    b: GraphBuilder, weights: HeadWeights, tower: TowerConfig, tokens: str, rows: str, heads_shape: str, name: str
-) -> str:
-    """Layer `name` of `encoder_layers`, unmasked, for `rows` (int64 [B], one of the [B*S, H] `tokens` per item)
-    only: every token's keys and values, the rows' queries (1/√head_size folded in), attention, `out_proj`, the
-    residual, LN2 and the MLP at the rows; out [B, H]. Rows do not interact past the keys and values, so each equals
-    that row of the whole layer's output, for an eighth to a twelfth less of a pooled tower's work."""
+    b: GraphBuilder, weights: HeadWeights, tower: TowerConfig, tokens: str, rows: PooledRows, heads_shape: str,
+    name: str,
+) -> str:  # fmt: skip
+    """Layer `name` of `encoder_layers` for `rows` only: every token's keys and values, the rows' queries
+    (1/√head_size folded in) under the rows' bias, attention, `out_proj`, the residual, LN2 and the MLP at the rows;
+    out [B, H]. Rows do not interact past the keys and values, so each equals that row of the whole layer's output,
+    for an eighth to a twelfth less of a pooled tower's work."""
     width, eps = tower.hidden_size, tower.layer_norm_eps
     attention = f"{name}.self_attn"
     normed = layer_norm(b, weights, tokens, f"{name}.layer_norm1", width, eps)
@@ -125,13 +140,13 @@ def layer_at_rows(  # noqa: PLR0913 - one layer's inputs and names
     scale = np.float32(tower.head_size**-0.5)
     query_kernel = weights.get(f"{attention}.q_proj.weight", (width, width)).T * scale
     query_bias = weights.get(f"{attention}.q_proj.bias", (width,)) * scale
-    query_rows = b.op("Gather", [normed, rows], f"{attention}.query_rows", axis=0)  # [B, H]
+    query_rows = b.op("Gather", [normed, rows.index], f"{attention}.query_rows", axis=0)  # [B, H]
     query = b.op("MatMul", [query_rows, b.weight(f"{attention}.q.weight", query_kernel)], f"{attention}.q_mm")
     query = b.op("Add", [query, b.weight(f"{attention}.q.bias", query_bias)], f"{attention}.q")
     query_shape = b.const([-1, 1, tower.num_heads, tower.head_size])
     query = _heads(b, query, query_shape, [0, 2, 1, 3], f"{attention}.q_heads")  # [B, heads, 1, d]
-    attended = _attend(b, weights, width, query, key, value, "", attention)  # [B, H]
-    state = b.op("Add", [b.op("Gather", [tokens, rows], f"{name}.rows", axis=0), attended],
+    attended = _attend(b, weights, width, query, key, value, rows.bias, attention)  # [B, H]
+    state = b.op("Add", [b.op("Gather", [tokens, rows.index], f"{name}.rows", axis=0), attended],
                  f"{name}.attention_residual")  # fmt: skip
     normed = layer_norm(b, weights, state, f"{name}.layer_norm2", width, eps)
     return b.op("Add", [state, mlp(b, weights, tower, normed, f"{name}.mlp")], f"{name}.output")
