@@ -39,6 +39,23 @@ def _import_gguf():  # noqa: ANN202 - returns the module
     return gguf
 
 
+# The `gguf` package dequantizes 16 rows of blocks per numpy call, in a Python loop: rows are joined up to this many
+# bytes first (each block carries its own scales, so a longer row of the same blocks dequantizes to the same values).
+# Reading every tensor of Gemma 3 270M Q4_K_M (a 262k-row embedding table): 3.6 -> 2.1 s of CPU.
+JOINED_ROW_BYTES: Final = 64 * 1024
+
+
+def _joined_rows(blocks: np.ndarray) -> np.ndarray:
+    """Quantized `blocks` [..., row bytes] as [rows / k, k * row bytes], k the most whole rows within JOINED_ROW_BYTES
+    that divides the row count."""
+    rows = blocks.reshape(-1, blocks.shape[-1])
+    count, width = rows.shape
+    joined = max(1, min(count, JOINED_ROW_BYTES // max(1, width)))
+    while count % joined:
+        joined -= 1
+    return rows.reshape(count // joined, joined * width)
+
+
 class GgufFile:
     """One GGUF file, memory-mapped: metadata and tensor infos are parsed on open (here, not by the `gguf` package,
     whose reader takes seconds over a 262k-token vocabulary), tensor data is read when `load` asks for it and
@@ -92,7 +109,7 @@ class GgufFile:
         if plain is not None:
             data = raw.view(plain)
         else:  # blocks of bytes, one row of blocks per output row
-            data = raw.reshape(self._gguf.quant_shape_to_byte_shape(expected, qtype))
+            data = _joined_rows(raw.reshape(self._gguf.quant_shape_to_byte_shape(expected, qtype)))
         try:
             array = self._gguf.quants.dequantize(data, qtype)
         except (NotImplementedError, ValueError) as exc:
