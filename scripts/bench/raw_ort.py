@@ -13,6 +13,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -46,11 +47,15 @@ def make_session(graph: Path, threads: int) -> ort.InferenceSession:
 
 
 def feeds_for(
-    session: ort.InferenceSession, tokenizer: TextTokenizer, batch: int, offset: int = 0
+    session: ort.InferenceSession,
+    tokenizer: TextTokenizer,
+    batch: int,
+    offset: int = 0,
+    texts: Sequence[str] = SENTENCES,
 ) -> dict[str, np.ndarray]:
-    """The session's inputs for `batch` benchmark sentences from `offset` on (rotating), tokenized and padded."""
-    texts = [SENTENCES[(offset + i) % len(SENTENCES)] for i in range(batch)]
-    tokens = tokenizer.encode_batch(texts)
+    """The session's inputs for `batch` of `texts` (the benchmark sentences) from `offset` on (rotating), tokenized
+    and padded."""
+    tokens = tokenizer.encode_batch([texts[(offset + i) % len(texts)] for i in range(batch)])
     padded = pad_batch([t.input_ids for t in tokens], [t.token_type_ids for t in tokens], tokenizer.pad_id)
     available = {
         "input_ids": padded.input_ids,
@@ -72,14 +77,18 @@ def sentences_per_second(session: ort.InferenceSession, feeds: dict[str, np.ndar
 
 
 def tokenized_runs(
-    session: ort.InferenceSession, tokenizer: TextTokenizer, batch: int, seconds: float
+    session: ort.InferenceSession,
+    tokenizer: TextTokenizer,
+    batch: int,
+    seconds: float,
+    texts: Sequence[str] = SENTENCES,
 ) -> tuple[float, list[float]]:
-    """What a server does at the least per request, timed: tokenize `batch` sentences (rotating through SENTENCES),
-    pad, run. Until `seconds` have passed (at least 3 runs) after one warm-up; returns (sentences/s, the seconds of
-    each run)."""
+    """What a server does at the least per request, timed: tokenize `batch` of `texts` (rotating; the benchmark
+    sentences), pad, run. Until `seconds` have passed (at least 3 runs) after one warm-up; returns (texts/s, the
+    seconds of each run)."""
 
     def run(offset: int) -> None:
-        session.run(None, feeds_for(session, tokenizer, batch, offset))
+        session.run(None, feeds_for(session, tokenizer, batch, offset, texts))
 
     run(0)
     durations: list[float] = []

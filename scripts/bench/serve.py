@@ -2,7 +2,7 @@
 `all` and `distributed` topologies over HTTP, interleaved for `--rounds` rounds, medians with ratios.
 
     .venv/bin/python scripts/bench/serve.py [--rounds 3] [--mode all|distributed|both] [--backend onnx|null]
-        [--http-server hypercorn|uvicorn|hypercorn,uvicorn] [--compare-ref REF | --compare-src OTHER/src]
+        [--http-server hypercorn|uvicorn|hypercorn,uvicorn] [--compare-ref REF | --compare-src OTHER/src] [--words N]
 
 The HTTP load comes from `wrk` (Debian package; `make bench-tools` installs it): about 1 % of a core, so the
 server keeps the machine's CPU. Per round: the raw in-process ceiling, tokenizer included (tokenize, pad, run:
@@ -19,7 +19,9 @@ on one machine at one time; `--compare-src` does the same with another checkout'
 Both run with this checkout's virtual environment. `--compare-arg` (repeatable) adds this checkout's `all`
 topology once more with extra `sie run` arguments (rows `compare/all/…`): a switch on vs off, e.g.
 `--compare-arg=--metrics-enabled --compare-arg=false`. Each round starts with another topology, so a slow spell
-on the shared machine hits them alike.
+on the shared machine hits them alike. `--words N` sends texts of N words (the benchmark sentences' words in turn)
+instead of the sentences, to the raw ceiling and to the server alike: batches whose run memory passes the worker's
+trim threshold (120 words on a MiniLM: 32 x ~130 tokens).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import argparse
 import statistics
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import orjson
@@ -41,44 +44,54 @@ REPO = Path(__file__).resolve().parents[2]
 WARM_UP_S = 1
 
 
-def encode_bodies(per_request: int) -> list[bytes]:
-    """One JSON body per rotation of the benchmark sentences, `per_request` items each."""
+def benchmark_texts(words: int) -> list[str]:
+    """The benchmark sentences, or (`words` > 0) as many texts of `words` words, each starting one word further into
+    the sentences' words."""
+    if words <= 0:
+        return list(SENTENCES)
+    vocabulary = " ".join(SENTENCES).split()
+    starts = range(len(SENTENCES))
+    return [" ".join(vocabulary[(start + k) % len(vocabulary)] for k in range(words)) for start in starts]
+
+
+def encode_bodies(per_request: int, texts: Sequence[str] = SENTENCES) -> list[bytes]:
+    """One JSON body per rotation of `texts` (the benchmark sentences), `per_request` items each."""
     return [
-        orjson.dumps({"items": [{"text": SENTENCES[(i + j) % len(SENTENCES)]} for j in range(per_request)]})
-        for i in range(len(SENTENCES))
+        orjson.dumps({"items": [{"text": texts[(i + j) % len(texts)]} for j in range(per_request)]})
+        for i in range(len(texts))
     ]
 
 
-def _steady(url: str, model: str, per_request: int, connections: int, seconds: int) -> WrkStats:
+def _steady(url: str, model: str, per_request: int, connections: int, seconds: int, texts: Sequence[str]) -> WrkStats:
     """Warm up, then measure: wrk's counts of the second part."""
     path = f"/v1/encode/{model}"
-    bodies = encode_bodies(per_request)
+    bodies = encode_bodies(per_request, texts)
     run_wrk(url, path, bodies, connections, WARM_UP_S, per_request)
     return run_wrk(url, path, bodies, connections, seconds, per_request)
 
 
-def model_scenarios(url: str, model: str, clients: int, seconds: int) -> dict[str, WrkStats]:
+def model_scenarios(url: str, model: str, clients: int, seconds: int, texts: Sequence[str]) -> dict[str, WrkStats]:
     return {
-        f"{clients} clients x 1 sentence": _steady(url, model, 1, clients, seconds),
-        "1 client x batch of 32": _steady(url, model, 32, 1, seconds),
-        "sequential single sentences": _steady(url, model, 1, 1, seconds),
+        f"{clients} clients x 1 sentence": _steady(url, model, 1, clients, seconds, texts),
+        "1 client x batch of 32": _steady(url, model, 32, 1, seconds, texts),
+        "sequential single sentences": _steady(url, model, 1, 1, seconds, texts),
     }
 
 
-def null_scenarios(url: str, model: str, clients: int, seconds: int) -> dict[str, WrkStats]:
+def null_scenarios(url: str, model: str, clients: int, seconds: int, texts: Sequence[str]) -> dict[str, WrkStats]:
     return {
-        f"{clients} clients x 32 items (null backend)": _steady(url, model, 32, clients, seconds),
-        f"{clients} clients x 1 item (null backend)": _steady(url, model, 1, clients, seconds),
+        f"{clients} clients x 32 items (null backend)": _steady(url, model, 32, clients, seconds, texts),
+        f"{clients} clients x 1 item (null backend)": _steady(url, model, 1, clients, seconds, texts),
     }
 
 
-def ceilings(graph: Path, tokenizer, seconds: float) -> dict[str, float]:
+def ceilings(graph: Path, tokenizer, seconds: float, texts: Sequence[str] = SENTENCES) -> dict[str, float]:
     """The raw figures, each the best of 1 and 2 intra-op threads (the server runs 2 on two cores)."""
     best32, best1, single_p50 = 0.0, 0.0, float("inf")
     for threads in (1, 2):
         session = make_session(graph, threads)
-        best32 = max(best32, tokenized_runs(session, tokenizer, 32, seconds)[0])
-        rate, durations = tokenized_runs(session, tokenizer, 1, seconds)
+        best32 = max(best32, tokenized_runs(session, tokenizer, 32, seconds, texts)[0])
+        rate, durations = tokenized_runs(session, tokenizer, 1, seconds, texts)
         best1, single_p50 = max(best1, rate), min(single_p50, statistics.median(durations))
     return {"raw ORT batch 32": best32, "raw ORT batch 1": best1, "raw ORT single p50": single_p50}
 
@@ -172,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-seconds", type=int, default=3, help="measured seconds per HTTP scenario (whole)")
     parser.add_argument("--seconds", type=float, default=2.0, help="time per raw onnxruntime measurement")
     parser.add_argument("--server-arg", action="append", default=[], help="extra `sie run` argument (repeatable)")
+    parser.add_argument("--words", type=int, default=0, help="texts of this many words instead of the sentences")
     compare = parser.add_mutually_exclusive_group()
     compare.add_argument("--compare-ref", help="a commit whose topologies run beside this checkout's (rows `REF/…`)")
     compare.add_argument(
@@ -200,16 +214,17 @@ def main(argv: list[str] | None = None) -> int:
     topologies = [topology for _, topology in labelled]
     labels = {id(topology): label for label, topology in labelled}
     scenarios = null_scenarios if args.backend == "null" else model_scenarios
+    texts = benchmark_texts(args.words)
     try:
         for topology in topologies:
             topology.wait_serving(args.model)
         rounds = []
         for index in range(args.rounds):
             print(f"round {index + 1}/{args.rounds}", file=sys.stderr)
-            measured: dict = dict(ceilings(graph, tokenizer, args.seconds))
+            measured: dict = dict(ceilings(graph, tokenizer, args.seconds, texts))
             shift = index % len(topologies)
             for topology in topologies[shift:] + topologies[:shift]:
-                runs = scenarios(topology.url, args.model, args.clients, args.load_seconds)
+                runs = scenarios(topology.url, args.model, args.clients, args.load_seconds, texts)
                 measured.update({f"{labels[id(topology)]}: {name}": stats for name, stats in runs.items()})
             rounds.append(measured)
         report(rounds)
