@@ -305,3 +305,45 @@ async def test_leaving_closes_the_inner_transport(broker: Broker) -> None:
         await inner.publish("sie.health.w-1", {})
     with pytest.raises(TransportUnavailable, match="closed"):
         await transport.consumer(LANE)
+
+
+class CancellationAsRefusal:
+    """An open that waits, and (`swallow`) turns a cancellation into a refusal, as asyncio.wait_for inside nats-py's
+    connect can (Python 3.11) when the cancel lands as the attempt fails: the connect task goes on as if the attempt
+    had failed."""
+
+    def __init__(self, swallow: bool) -> None:
+        self.swallow = swallow
+        self.waiting = asyncio.Event()
+
+    async def __aenter__(self) -> Any:
+        self.waiting.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            if self.swallow:
+                raise TransportUnavailable(REFUSAL) from None
+            raise
+        raise AssertionError("not reached")
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+
+async def test_exit_ends_the_connect_loop_even_when_an_attempt_swallows_the_cancellation() -> None:
+    opens: list[CancellationAsRefusal] = []
+
+    def open_transport() -> CancellationAsRefusal:
+        opens.append(CancellationAsRefusal(swallow=not opens))  # the race happens once; later opens cancel plainly
+        return opens[-1]
+
+    transport = ReconnectingTransport(open_transport, initial_backoff_s=0.01)
+    await transport.__aenter__()
+    for _ in range(500):  # the connect task's first attempt starts
+        if opens and opens[0].waiting.is_set():
+            break
+        await asyncio.sleep(0.01)
+    assert len(opens) == 1 and opens[0].waiting.is_set()
+    await asyncio.wait_for(transport.__aexit__(None, None, None), 5)  # before: retried for good, exit never returned
+    assert len(opens) == 1
+    assert transport.unavailable_reason() is not None

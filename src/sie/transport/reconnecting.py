@@ -113,15 +113,22 @@ class ReconnectingTransport:
     async def _connect(self) -> None:
         backoff = self._initial_backoff_s
         attempts = 0
-        while True:
+        # Until closed, not only until cancelled: a cancellation that lands as a connect attempt fails can come out
+        # as that failure instead (asyncio.wait_for inside nats-py's connect, Python 3.11), and a loop that retried
+        # then would keep `__aexit__` waiting for it for good (a config role stopped while NATS was down did).
+        while not self._closed:
             attempts += 1
             try:
                 await self._open_once()
             except TransportError as exc:
                 self._last_error = str(exc)
+                if self._closed:
+                    return
                 self._log_failure(attempts, backoff)
             except Exception as exc:  # noqa: BLE001 - any failed attempt is retried: a role must not stay unconnected
                 self._last_error = f"{type(exc).__name__}: {exc}"
+                if self._closed:
+                    return
                 logger.exception("connecting to %s failed unexpectedly; retrying in %.1f s", self._description, backoff)
             else:
                 logger.info("connected to %s", self._description)
