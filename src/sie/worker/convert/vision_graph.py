@@ -80,11 +80,12 @@ def encoder_layers(  # noqa: PLR0913 - the tower, its tokens and how to shape an
     Attention runs as onnxruntime's fused `Attention` where it can: unmasked over a fixed `sequence` (a vision tower's
     patches), or under a `key_mask` (a text tower's padding, causal or not) over any sequence; else as plain ops.
     With `rows` (the rows a pooled head reads; `heads_shape` given), the last layer is computed at those rows only
-    (`layer_at_rows`) and the result is [B, H]."""
+    (`layer_at_rows`) and the result is [B, H] (a tower has at least one layer: `clip._tower` checks it)."""
     width, eps = tower.hidden_size, tower.layer_norm_eps
-    full_layers = tower.num_layers - 1 if rows is not None and tower.num_layers else tower.num_layers
-    for index in range(full_layers):
+    for index in range(tower.num_layers):
         name = f"{prefix}.layers.{index}"
+        if rows is not None and index == tower.num_layers - 1:
+            return layer_at_rows(b, weights, tower, tokens, rows, heads_shape, name)
         normed = layer_norm(b, weights, tokens, f"{name}.layer_norm1", width, eps)
         if key_mask is not None:
             attended = _fused_self_attention(b, weights, tower, normed, key_mask.rows_shape, f"{name}.self_attn",
@@ -97,11 +98,7 @@ def encoder_layers(  # noqa: PLR0913 - the tower, its tokens and how to shape an
         tokens = b.op("Add", [tokens, attended], f"{name}.attention_residual")
         normed = layer_norm(b, weights, tokens, f"{name}.layer_norm2", width, eps)
         tokens = b.op("Add", [tokens, mlp(b, weights, tower, normed, f"{name}.mlp")], f"{name}.output")
-    if rows is None:
-        return tokens
-    if not tower.num_layers:
-        return b.op("Gather", [tokens, rows.index], f"{prefix}.rows", axis=0)
-    return layer_at_rows(b, weights, tower, tokens, rows, heads_shape, f"{prefix}.layers.{full_layers}")
+    return tokens
 
 
 @attrs.frozen
