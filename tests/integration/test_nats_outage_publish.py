@@ -50,7 +50,8 @@ async def test_a_publish_while_reconnecting_fails_at_once(tmp_path: Path) -> Non
             await transport.publish_work(SUBJECT, work_item(0))  # the stream exists and takes work
             await asyncio.to_thread(server.stop)
             started = time.monotonic()
-            with pytest.raises(TransportUnavailable, match="reconnecting|not connected|closed"):
+            # A publish sent just before the client read the EOF is failed by the drop itself, as fast and as retryable.
+            with pytest.raises(TransportUnavailable, match="reconnecting|not connected|closed|dropped before the ACK"):
                 async with asyncio.timeout(ACK_TIMEOUT_S):
                     while True:  # until the client has noticed the drop (it reads EOF within milliseconds)
                         await transport.publish_work(SUBJECT, work_item(1))
