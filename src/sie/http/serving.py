@@ -16,15 +16,16 @@ import functools
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import hypercorn.asyncio
-import hypercorn.config
 import uvicorn
 
 from sie.http.h2c import FirstBytes, H2cHandOff
 from sie.http.unread_body import CloseOnUnreadBody
+
+if TYPE_CHECKING:
+    import hypercorn.config
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ async def serve_until_signalled(app: App, listener: HttpListener, on_shutdown: C
 
 
 def hypercorn_config(listener: HttpListener) -> hypercorn.config.Config:
+    import hypercorn.config  # imported when hypercorn serves (SIE_HTTP_SERVER=hypercorn, or an h2c connection)
+
     config = hypercorn.config.Config()
     config.bind = [f"{listener.host}:{listener.port}"]
     config.graceful_timeout = listener.grace_s
@@ -95,6 +98,8 @@ def hypercorn_config(listener: HttpListener) -> hypercorn.config.Config:
 
 
 async def _serve_hypercorn(app: App, listener: HttpListener, stop: asyncio.Event) -> None:
+    import hypercorn.asyncio
+
     # hypercorn drops a kept-alive connection after an answer given before the body was read, without saying so.
     await hypercorn.asyncio.serve(CloseOnUnreadBody(app), hypercorn_config(listener), shutdown_trigger=stop.wait)
 
@@ -110,7 +115,7 @@ class _EmbeddedUvicorn(uvicorn.Server):
 
 def uvicorn_config(app: App, listener: HttpListener) -> uvicorn.Config:
     # Each new connection starts as FirstBytes: HTTP/1.1 becomes uvicorn's httptools protocol, h2c goes to hypercorn.
-    first_bytes = functools.partial(FirstBytes, h2c=H2cHandOff(app, hypercorn_config(listener)))
+    first_bytes = functools.partial(FirstBytes, h2c=H2cHandOff(app, functools.partial(hypercorn_config, listener)))
     return uvicorn.Config(
         app,
         host=listener.host,

@@ -31,7 +31,6 @@ from sie.stores.fsspec_store import open_config_store
 from sie.telemetry.http import HttpMetrics
 from sie.telemetry.metrics import ModelLabels, Telemetry
 from sie.transport.base import TransportUnavailable
-from sie.transport.nats import NatsTransport
 from sie.transport.reconnecting import ReconnectingTransport
 
 logger = logging.getLogger(__name__)
@@ -73,6 +72,8 @@ async def open_publisher(settings: Settings, stack: AsyncExitStack, telemetry: T
     if not settings.nats.url:
         logger.info("SIE_NATS_URL is unset: config deltas are not published (router_id 'standalone')")
         return None
+    from sie.transport.nats import NatsTransport  # not imported by `sie run --role all`, which never dials NATS
+
     nats, streams, name = settings.nats, settings.stream, f"sie-config-{config_router_id(settings)}"
     # Connects in the background: an unreachable broker blocks writes with 503, never start-up (seed 000 §13).
     bus = ReconnectingTransport(lambda: NatsTransport(nats, streams, name=name), description=f"NATS at {nats.url}")

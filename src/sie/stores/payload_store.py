@@ -28,9 +28,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Final
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
-
 SUPPORTED_PROTOCOLS: Final = frozenset({"file", "local", "s3", "gs", "gcs", "abfs", "abfss", "az"})
 MAX_KEY_CHARS: Final = 512
 # A plain name: no path separator, no control character, not starting with a dot (so never `.` or `..`).
@@ -69,6 +66,10 @@ class PayloadStore:
     """Payloads as whole objects `{base}/{key}` on one fsspec filesystem; put, bounded get, delete."""
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        # Imported here: a gateway or sidecar without a payload store (SIE_PAYLOAD_STORE_URL unset) never loads fsspec.
+        import fsspec
+        from fsspec.implementations.local import LocalFileSystem
+
         protocol = fsspec.core.split_protocol(url)[0] or "file"
         if not url or protocol not in SUPPORTED_PROTOCOLS:
             allowed = ", ".join(sorted(SUPPORTED_PROTOCOLS))

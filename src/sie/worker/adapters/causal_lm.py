@@ -8,7 +8,7 @@ sequences on the model's own thread. Encode, score and extract stay refused (the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import tokenizers
@@ -18,9 +18,11 @@ from sie.wire import codes
 from sie.wire.queue import GenerateParams
 from sie.worker.adapters.base import Adapter, AdapterContext
 from sie.worker.generation.batching_decoder import BatchingDecoder, SequenceStream
-from sie.worker.generation.chat_template import ChatTemplate, ChatTemplateError
 from sie.worker.generation.kv_cache import CacheShape
 from sie.worker.generation.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from sie.worker.generation.chat_template import ChatTemplate
 
 # Limits of a model whose catalogue entry names none (tasks.generate, max_sequence_length, config.json).
 DEFAULT_CONTEXT_LENGTH: Final = 2048
@@ -75,7 +77,12 @@ class CausalLMAdapter(Adapter):
         self._tokenizer = tokenizers.Tokenizer.from_file(str(context.tokenizer_path))
         config = context.tokenizer_config_json
         source = config.get("chat_template")
-        self._template = ChatTemplate(source) if isinstance(source, str) and source else None
+        self._template: ChatTemplate | None = None
+        if isinstance(source, str) and source:
+            # Jinja is imported with the first model that chats, not by every process that imports the adapters.
+            from sie.worker.generation.chat_template import ChatTemplate
+
+            self._template = ChatTemplate(source)
         self.bos_token = _token_text(config.get("bos_token"))
         self.eos_token = _token_text(config.get("eos_token"))
         # The tokenizer's end-of-sequence token and every id config.json lists (a chat model's end of turn and
@@ -118,6 +125,8 @@ class CausalLMAdapter(Adapter):
             return params.prompt
         if self._template is None:
             raise _invalid(f"Model '{self.model.sie_id}' has no chat template; send a 'prompt' instead")
+        from sie.worker.generation.chat_template import ChatTemplateError  # loaded with the template
+
         try:
             return self._template.render(params.messages, bos_token=self.bos_token, eos_token=self.eos_token)
         except ChatTemplateError as exc:

@@ -8,8 +8,6 @@ import posixpath
 from pathlib import Path
 from typing import Any
 
-import fsspec
-
 from sie.worker.artifacts.errors import ErrorClass, FetchError
 from sie.worker.artifacts.progress import STAGE_DOWNLOAD, ByteProgress
 
@@ -18,6 +16,8 @@ CHUNK_BYTES = 8 << 20
 
 def copy_url(url: str, destination: Path, on_progress: ByteProgress) -> None:
     """Copy what `url` names into `destination`: a directory keeps its layout, a file keeps its name."""
+    import fsspec  # only a model whose weights come from a URL needs it; a worker starts without it
+
     try:
         filesystem, root = fsspec.core.url_to_fs(url)
         listing = _listing(filesystem, root, url)
