@@ -121,7 +121,7 @@ def _clean(tally: Tally, cluster: Cluster) -> None:
 
 
 def test_every_request_is_answered_by_the_gateway_it_was_sent_to(cluster: Cluster) -> None:
-    for tally in _run(cluster, 3.0).values():
+    for tally in _run(cluster, 2.0).values():
         _clean(tally, cluster)
 
 
@@ -145,21 +145,21 @@ def test_a_sidecar_removed_and_added_again_under_load_loses_nothing(cluster: Clu
         cluster.stop("sidecar-4")  # SIGTERM: it drains, handing back what it has not run
         cluster.stop("worker-4")
 
-    for tally in _run(cluster, 3.0, remove).values():
+    for tally in _run(cluster, 2.0, remove).values():
         _clean(tally, cluster)
 
     def add() -> None:
         cluster.start("worker-4")
         cluster.start("sidecar-4")
 
-    for tally in _run(cluster, 4.0, add).values():
+    for tally in _run(cluster, 2.5, add).values():
         _clean(tally, cluster)
 
 
 def test_a_gateway_killed_loses_only_the_requests_sent_to_it(cluster: Cluster) -> None:
     survivor, killed = cluster.urls
     try:
-        tallies = _run(cluster, 3.0, lambda: cluster.kill("gateway-2"))
+        tallies = _run(cluster, 2.0, lambda: cluster.kill("gateway-2"))
     finally:
         cluster.start("gateway-2")
     _clean(tallies[survivor], cluster)
