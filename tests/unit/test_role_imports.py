@@ -2,7 +2,8 @@
 150 of them, a pod at every restart), so a package only some processes need is imported where it is used. The
 all-in-one role never dials NATS, so it loads neither the NATS client nor aiohttp (nats-py's WebSocket transport);
 hypercorn loads with the first HTTP/2 connection or SIE_HTTP_SERVER=hypercorn; Jinja with the first model that has
-a chat template; fsspec with a payload store or a weights URL (the config store still needs it)."""
+a chat template; fsspec with a payload store or a weights URL (the config store still needs it); protobuf with the
+KServe gRPC service (SIE_GATEWAY_GRPC_PORT)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 
 import pytest
 
-WATCHED = ("nats", "aiohttp", "hypercorn", "jinja2", "fsspec", "uvicorn")
+WATCHED = ("nats", "aiohttp", "hypercorn", "jinja2", "fsspec", "uvicorn", "google.protobuf")
 
 PROBE = """
 import json, sys

@@ -31,7 +31,6 @@ from sie.gateway.http.edge import reply_response
 from sie.gateway.http.generation import GenerationHandlers
 from sie.gateway.http.inference import InferenceHandlers
 from sie.gateway.http.kserve import KServeHandlers, kserve_routes
-from sie.gateway.http.kserve_grpc import KServeGrpc, grpc_authorizer
 from sie.gateway.http.pools import pool_routes
 from sie.gateway.http.reads import ReadHandlers
 from sie.gateway.http.replies import error_reply, route_error_reply, surface_for_path
@@ -169,6 +168,9 @@ def build_gateway_app(  # noqa: PLR0913 - the sources, the settings, and what ea
     traffic = TrafficWindow()  # inference requests per second and their latency, for the status page
     kserve_grpc = None
     if settings.grpc_port is not None:
+        # Imported only here: its protobuf messages are built at import, which a gateway without gRPC never needs.
+        from sie.gateway.http.kserve_grpc import KServeGrpc, grpc_authorizer
+
         authorize = grpc_authorizer(sources.auth)
         kserve_grpc = KServeGrpc(service, sources.catalog, serving, read.is_ready, authorize, settings.max_body_bytes,
                                  _request_observers(sources.metrics, traffic))  # fmt: skip
