@@ -339,6 +339,42 @@ def test_decoder_embeddings_equal_transformers_pooled(family: str, model_loader:
             assert float(np.abs(np.asarray(result.result["dense"]["values"]) - expected).max()) <= TOLERANCE
 
 
+def test_a_converted_graph_with_a_side_file_is_cached_with_it(
+    model_loader: ModelLoader, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graph converted to a file of its own (a decoder's hidden states, an encoder) is written in a scratch
+    directory and moved into the cache: its side file of tensors must move with it, or the cached graph names
+    tensors that are gone (every graph past SIDE_FILE_BYTES has one)."""
+    from sie.worker.convert import graph_builder
+
+    monkeypatch.setattr(graph_builder, "SIDE_FILE_BYTES", 0)
+    save_base_model(tmp_path / "model", "qwen2", end_with_eos=True)
+    adapter_path, pooling, _, _ = EMBEDDERS["qwen2"]
+    model = parse_model_config(
+        {
+            "sie_id": "acme/qwen2-embed", "weights_path": str(tmp_path / "model"), "max_sequence_length": 64,
+            "tasks": {"encode": {"dense": {"dim": 32}}},
+            "profiles": {"default": {"adapter_path": adapter_path, "max_batch_tokens": 1024, "adapter_options": {
+                "loadtime": {"causal": True}, "runtime": {"pooling": pooling}}}},
+        }
+    )  # fmt: skip
+    converted = tmp_path / "converted"
+    vectors = []
+    for _ in range(2):  # converted, then read back from the cache by another loader
+        loader = ModelLoader(model_loader.resolver, converted, SessionOptions(intra_op_threads=1))
+        loaded = loader.load(model, "default", model.sie_id)
+        try:
+            (result,) = loaded.adapter.encode(encode_items(["w1 w2 w3"])).items
+            assert result.ok, result.error
+            vectors.append(result.result["dense"]["values"])
+        finally:
+            loaded.close()
+    (graph,) = converted.glob("*.onnx")
+    assert (converted / f"{graph.name}.data").stat().st_size > 0
+    assert not list(converted.glob("tmp*"))  # the scratch directory is gone, and nothing else was needed from it
+    np.testing.assert_array_equal(vectors[0], vectors[1])
+
+
 SENTENCE_TRANSFORMER = "sie_server.adapters.sentence_transformer:SentenceTransformerDenseAdapter"
 
 

@@ -56,11 +56,11 @@ def test_a_builder_emits_one_model() -> None:
         builder.weight("late", np.ones(1, np.float32))
 
 
-@pytest.mark.parametrize("limit", [graph_builder.PROTOBUF_LIMIT, 8], ids=["inline", "side-file"])
+@pytest.mark.parametrize("limit", [graph_builder.SIDE_FILE_BYTES, 8], ids=["inline", "side-file"])
 def test_a_saved_graph_runs_in_onnxruntime_with_its_tensors_inline_or_in_a_side_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: int
 ) -> None:
-    monkeypatch.setattr(graph_builder, "PROTOBUF_LIMIT", limit)
+    monkeypatch.setattr(graph_builder, "SIDE_FILE_BYTES", limit)
     weight = np.arange(512, dtype=np.float32)  # onnx leaves tensors under 1 KiB inline even in a side-file graph
     model = doubled(weight).model(
         "g", [tensor_info("x", TensorProto.FLOAT, [512])], [tensor_info("y", TensorProto.FLOAT, [512])]

@@ -159,13 +159,13 @@ def test_a_row_of_only_padding_gives_finite_outputs(tmp_path: Path, head: str) -
     np.testing.assert_array_equal(pooled, np.zeros_like(pooled))  # nothing to pool: a zero vector
 
 
-def test_a_graph_over_the_protobuf_limit_keeps_its_tensors_in_a_side_file(
+def test_a_graph_over_the_side_file_size_keeps_its_tensors_in_a_side_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write_checkpoint(tmp_path, "F32")
     inline_path = convert_encoder(tmp_path, tmp_path / "inline.onnx", "mean").path
     inline = session(inline_path).run(None, padded_batch(SEQUENCES))
-    monkeypatch.setattr(graph_builder, "PROTOBUF_LIMIT", 0)
+    monkeypatch.setattr(graph_builder, "SIDE_FILE_BYTES", 0)
     result = convert_encoder(tmp_path, tmp_path / "external.onnx", "mean")
     assert (tmp_path / "external.onnx.data").stat().st_size > 0
     external = session(result.path).run(None, padded_batch(SEQUENCES))

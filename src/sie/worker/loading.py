@@ -71,6 +71,7 @@ from sie.worker.convert.names import (
     WEIGHTS_INDEX_FILE,
     is_decoder_config,
     labels_graph_path,
+    side_file,
     vision_graph_path,
 )
 from sie.worker.convert.safetensors_io import checkpoint_parameters, open_clip_weights_file
@@ -308,7 +309,7 @@ class ModelLoader:
             with tempfile.TemporaryDirectory(dir=self.converted_dir) as scratch:
                 staged = Path(scratch) / target.name
                 _write_graph(model_dir, staged, target, "hidden" if decoder else head, precision)
-                os.replace(staged, target)  # atomic: a reader sees no graph or the whole graph
+                move_graph(staged, target)  # atomic: a reader sees no graph or the whole graph
             _log_converted(model_id, target, time.perf_counter() - started)
             return target, precision
         except ConversionError as exc:
@@ -492,7 +493,7 @@ def _write_graph(model_dir: Path, staged: Path, target: Path, head: str, precisi
     elif head == GLINER_HEAD:
         convert_gliner(model_dir, staged)
         if labels_graph_path(staged).is_file():  # a bi-encoder's label graph
-            os.replace(labels_graph_path(staged), labels_graph_path(target))
+            move_graph(labels_graph_path(staged), labels_graph_path(target))
     elif head == GLINER2_HEAD:
         convert_gliner2(model_dir, staged)
     elif head == GLICLASS_HEAD:
@@ -501,7 +502,7 @@ def _write_graph(model_dir: Path, staged: Path, target: Path, head: str, precisi
         convert_glirel(model_dir, staged)
     elif head == CLIP_HEAD:
         convert_clip(model_dir, staged)
-        os.replace(vision_graph_path(staged), vision_graph_path(target))
+        move_graph(vision_graph_path(staged), vision_graph_path(target))
     else:
         convert_encoder(model_dir, staged, head)
 
@@ -511,6 +512,14 @@ def _convert_progress(on_progress: ProgressCallback | None, source: str) -> Call
     if on_progress is None:
         return None
     return lambda done, total: on_progress(ProgressEvent(STAGE_CONVERT, source, done, total))
+
+
+def move_graph(staged: Path, target: Path) -> None:
+    """Rename a graph file into place with its side file of tensors, if it has one; the side file goes first, so a
+    reader that finds the graph finds its tensors (the graph names them relative to its own directory)."""
+    if side_file(staged).is_file():
+        os.replace(side_file(staged), side_file(target))
+    os.replace(staged, target)
 
 
 def _publish_dir(staged: Path, target: Path) -> None:
@@ -530,9 +539,8 @@ def _log_converted(model_id: str, graph: Path, seconds: float) -> None:
 
 
 def graph_bytes(graph: Path) -> int:
-    """A converted graph's size on disk, its external tensor file (graphs over 2 GiB keep their weights in
-    `model.onnx.data`) included."""
-    data = graph.with_name(graph.name + ".data")
+    """A converted graph's size on disk, its side file of tensors (`model.onnx.data`, for large graphs) included."""
+    data = side_file(graph)
     return graph.stat().st_size + (data.stat().st_size if data.is_file() else 0)
 
 

@@ -28,6 +28,12 @@ DECODER_MODEL_TYPES: Final = frozenset(
 )
 
 
+def side_file(graph: Path) -> Path:
+    """Where the graph file `graph` keeps its large tensors, when it has them (`model.onnx.data`): the graph names it
+    relative to its own directory, so whoever moves a graph file moves this one with it (`move_graph`)."""
+    return graph.with_name(graph.name + ".data")
+
+
 def is_decoder_config(config_json: Mapping[str, Any]) -> bool:
     """Whether a checkpoint's config.json names a decoder family the converter builds."""
     return config_json.get("model_type") in DECODER_MODEL_TYPES
