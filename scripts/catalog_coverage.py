@@ -37,6 +37,7 @@ from sie.worker.convert.names import (  # noqa: E402
     DECODER_MODEL_TYPES,
     GLICLASS_MODEL_TYPE,
     GLINER_BI_SPAN_MODEL_TYPE,
+    GLINER_RELEX_MODEL_TYPE,
     GLINER_SPAN_MODEL_TYPE,
     GLINER_TOKEN_MODEL_TYPE,
     GLIREL_MODEL_TYPE,
@@ -94,6 +95,7 @@ ZERO_SHOT_MODEL_TYPES = (
     GLINER_SPAN_MODEL_TYPE,
     GLINER_BI_SPAN_MODEL_TYPE,
     GLINER_TOKEN_MODEL_TYPE,
+    GLINER_RELEX_MODEL_TYPE,
     GLICLASS_MODEL_TYPE,
     GLIREL_MODEL_TYPE,
 )
@@ -132,7 +134,7 @@ ARCHITECTURE_OF_MODEL = {
     "tencent/Hy-MT2-1.8B": "hunyuan_v1_dense",
     # GLiNER checkpoints of other architectures than the span model (the public adapter's own notes say which)
     "numind/NuNER_Zero": GLINER_TOKEN_MODEL_TYPE,  # token-level
-    "knowledgator/gliner-relex-large-v1.0": "gliner_uni_encoder_span_relex",  # joint entities and relations
+    "knowledgator/gliner-relex-large-v1.0": GLINER_RELEX_MODEL_TYPE,  # joint entities and relations
     # GLiNER2.5 boundary checkpoints (gliner2's model table): the converter builds GLiNER2's span architecture only
     "fastino/gliner2.5-small-v1": GLINER2_BOUNDARY,
     "fastino/gliner2.5-base-v1": GLINER2_BOUNDARY,

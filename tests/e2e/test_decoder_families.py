@@ -5,7 +5,8 @@ an embedder (`qwen2_flash`, last-token pooling with an instruction template) and
 streamed too, and the Responses API) and the public sie-sdk (encode, score); a chat model of every other decoder
 family (Llama, Mistral, Qwen2, Granite, Gemma 3) through chat completions, and the DeBERTa-v3 models: a
 cross-encoder through the SDK's score, and the zero-shot models in the public catalogue's YAML shapes through the
-SDK's extract with labels of each request's own: a GLiNER extractor, a GLiClass classifier (with label groups), an
+SDK's extract with labels of each request's own: a GLiNER extractor, a GLiNER relation extractor (relation types by
+option), a GLiClass classifier (with label groups), an
 NLI classifier, a GLiREL relation extractor over the entities each item names, a GLiNER2 model (entities, and a
 guard's classification), and a union of two GLiNER models
 (its member fetched from the offline Hub cache). Greedy text equals
@@ -38,6 +39,7 @@ CHAT, EMBED, RERANK = "tiny/qwen3-chat", "tiny/qwen3-embedding", "tiny/qwen3-rer
 OTHER_CHATS = {f"tiny/{family}-chat": family for family in ("llama", "mistral", "qwen2", "granite", "gemma3")}
 DEBERTA = "tiny/deberta-v3-reranker"
 GLINER = "tiny/gliner-deberta-v3"
+RELEX = "tiny/gliner-relex"  # the public knowledgator/gliner-relex-large-v1.0 YAML's shape
 GLICLASS = "tiny/gliclass-deberta-v3"
 NLI = "tiny/nli-deberta-v3"
 GLIREL = "tiny/glirel-deberta-v3"
@@ -89,6 +91,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     models[GLINER] = save_gliner(root / "weights" / "gliner")
     write_yaml(models_dir, GLINER, root / "weights" / "gliner" / "gliner", {"extract": {}},
                "sie_server.adapters.gliner:GLiNERAdapter", {"runtime": {"threshold": 0.27}})  # fmt: skip
+    models[RELEX] = save_gliner(root / "weights" / "relex", relations_layer="dot")
+    write_yaml(models_dir, RELEX, root / "weights" / "relex" / "gliner", {"extract": {}},
+               "sie_server.adapters.gliner:GLiNERAdapter", {"runtime": {"relation_threshold": 0.5}})  # fmt: skip
     models[GLICLASS] = save_gliclass(root / "weights" / "gliclass", pooling_strategy="first", prompt_first=True,
                                      embed_class_token=False)  # fmt: skip
     write_yaml(models_dir, GLICLASS, root / "weights" / "gliclass", {"extract": {}},
@@ -294,6 +299,43 @@ def test_a_gliner_model_extracts_the_labels_each_request_names(served: Served, p
     ]:
         response = httpx.post(url, json={"items": [{"text": texts[0]}], "params": params}, timeout=60)
         assert response.status_code == 400 and message in response.text, (params, response.text)
+
+
+def test_a_gliner_relation_model_extracts_entities_and_the_relations_asked_for(served: Served, public_sdk) -> None:
+    texts = ["Steve Jobs founded Apple in Cupertino California in 1976.", "Barack Obama was born in Honolulu, Hawaii."]
+    labels, relations = ["person", "organization", "city"], ["founded", "born in"]
+    client = public_sdk.SIEClient(served.url, timeout_s=120)
+    try:
+        results = client.extract(
+            RELEX,
+            [{"text": t} for t in texts],
+            labels=labels,
+            options={"threshold": 0.3, "relation_labels": relations},
+            wait_for_capacity=True,
+        )
+        (plain,) = client.extract(RELEX, [{"text": texts[0]}], labels=labels, options={"threshold": 0.3},
+                                  wait_for_capacity=True)  # fmt: skip
+    finally:
+        client.close()
+    # the YAML's runtime relation threshold; the adjacency threshold at the public server's floor
+    entities, found = served.models[RELEX].inference(texts, labels, relations=relations, threshold=0.3,
+                                                     adjacency_threshold=0.5, relation_threshold=0.5,
+                                                     return_relations=True)  # fmt: skip
+    assert any(found)
+    for result, their_entities, theirs in zip(results, entities, found, strict=True):
+        assert [(e["start"], e["end"], e["label"]) for e in result["entities"]] == [
+            (e["start"], e["end"], e["label"]) for e in their_entities
+        ]
+        ours = sorted((r["head"], r["tail"], r["relation"], r["score"]) for r in result["relations"])
+        expected = sorted((r["head"]["text"], r["tail"]["text"], r["relation"], r["score"]) for r in theirs)
+        assert [r[:3] for r in ours] == [r[:3] for r in expected]
+        assert np.allclose([r[3] for r in ours], [r[3] for r in expected], atol=TOLERANCE, rtol=0)
+    # without relation types the prompt names none (the entities' scores move with the prompt, as in gliner)
+    ((their_plain,), _) = served.models[RELEX].inference(texts[:1], labels, relations=[], threshold=0.3,
+                                                         return_relations=True)  # fmt: skip
+    assert plain["relations"] == [] and their_plain
+    assert np.allclose([e["score"] for e in plain["entities"]], [e["score"] for e in their_plain], atol=TOLERANCE,
+                       rtol=0)  # fmt: skip
 
 
 def test_a_gliner_union_extracts_as_the_study_composes_its_members(served: Served, public_sdk) -> None:

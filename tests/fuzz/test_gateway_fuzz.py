@@ -52,14 +52,16 @@ MINILM_L3: Final = "sentence-transformers/paraphrase-MiniLM-L3-v2"
 SPLADE: Final = "rasyosef/splade-tiny"
 RAMPART: Final = "nationaldesignstudio/rampart"
 # Tiny random zero-shot models (tests/support/zero_shot_checkpoints.py) beside the baseline catalogue: the labels of
-# each request reach a GLiNER extractor, a GLiClass classifier, an NLI classifier, a GLiREL relation extractor
-# (over the entities in each item's metadata) and a GLiNER2 extractor and classifier.
+# each request reach a GLiNER extractor, a GLiNER relation extractor (relation types by option), a GLiClass
+# classifier, an NLI classifier, a GLiREL relation extractor (over the entities in each item's metadata) and a GLiNER2
+# extractor and classifier.
 GLINER: Final = "fuzz/gliner"
+RELEX: Final = "fuzz/gliner-relex"
 GLICLASS: Final = "fuzz/gliclass"
 NLI: Final = "fuzz/nli"
 GLIREL: Final = "fuzz/glirel"
 GLINER2: Final = "fuzz/gliner2"
-ZERO_SHOT_MODELS: Final = (GLINER, GLICLASS, NLI, GLIREL, GLINER2)
+ZERO_SHOT_MODELS: Final = (GLINER, RELEX, GLICLASS, NLI, GLIREL, GLINER2)
 # A tiny random CLIP (tests/support/image_text_checkpoints.py) that reads images, scores too.
 CLIP: Final = "fuzz/clip"
 ENCODE_MODELS: Final = (MINILM, f"{MINILM}:int8", f"{MINILM}:multivector", MINILM_L3, SPLADE)
@@ -194,7 +196,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
 
 
 def zero_shot_catalogue(root: Path) -> Path:
-    """The baseline model YAMLs plus the five zero-shot models' and an image–text model's (in the public
+    """The baseline model YAMLs plus the six zero-shot models' and an image–text model's (in the public
     catalogue's shapes), over tiny random checkpoints saved under `root`."""
     from sie.catalog import dump_yaml
     from support.image_text_checkpoints import image_text_yaml, save_image_text_model
@@ -205,6 +207,7 @@ def zero_shot_catalogue(root: Path) -> Path:
     for path in (REPO / "config" / "models").glob("*.yaml"):
         shutil.copy(path, models / path.name)
     save_gliner(root / "gliner")
+    save_gliner(root / "relex", relations_layer="dot")
     save_gliclass(root / "gliclass")
     nli = root / "nli"
     save_nli_classifier(nli, "bert", {0: "entailment", 1: "not_entailment"})
@@ -218,6 +221,7 @@ def zero_shot_catalogue(root: Path) -> Path:
         shutil.copy(root / "glirel" / "backbone" / name, root / "glirel" / "glirel" / name)
     entries = {
         GLINER: (root / "gliner" / "gliner", "sie_server.adapters.gliner:GLiNERAdapter"),
+        RELEX: (root / "relex" / "gliner", "sie_server.adapters.gliner:GLiNERAdapter"),
         GLICLASS: (root / "gliclass", "sie_server.adapters.gliclass:GLiClassAdapter"),
         NLI: (nli, "sie_server.adapters.nli_classification_flash:NLIClassificationFlashAdapter"),
         GLIREL: (root / "glirel" / "glirel", "sie_server.adapters.glirel:GLiRELAdapter"),
@@ -579,6 +583,9 @@ zero_shot_options = st.one_of(
                                        max_size=3), hostile),
         "classification_task": st.one_of(st.sampled_from(("topic", "", " ")), scalars),
         "positive_label": st.one_of(st.sampled_from(("person", "city", "")), scalars),
+        "relation_labels": st.one_of(label_lists, hostile, st.integers(0, 120).map(
+            lambda count: [f"relation {index}" for index in range(count)])),
+        "relation_threshold": numbers,
     }),
 )  # fmt: skip
 # The entities a relation extractor reads from an item's metadata: spans of the sane texts below (some past a short

@@ -95,11 +95,14 @@ def save_gliner(  # noqa: PLR0913 - the checkpoint's shape
     size: dict[str, int] | None = None,
     words: Sequence[str] = (),
     labels_encoder: bool = False,
+    boost: dict[str, float] | None = None,
     **options: Any,
 ) -> Any:
     """A GLiNER span model on a random `backbone` (of `size`, its tokenizer reading `words` whole: see
     `write_backbone`), saved to `directory` (as `GLiNER.save_pretrained` does); returns the model. `options` go to
-    its GLiNERConfig (max_width, max_len, hidden_size, num_rnn_layers, ...); `labels_encoder` makes it a bi-encoder."""
+    its GLiNERConfig (max_width, max_len, hidden_size, num_rnn_layers, relations_layer, ...); `labels_encoder` makes
+    it a bi-encoder; `boost` multiplies the parameters under each name prefix (a layer whose random outputs would all
+    sit on one side of a threshold)."""
     import torch
     from gliner import GLiNER, GLiNERConfig
 
@@ -118,6 +121,7 @@ def save_gliner(  # noqa: PLR0913 - the checkpoint's shape
         for name, parameter in model.model.named_parameters():
             # the backbone away from its initial values, GLiNER's layers enough to spread the scores over (0, 1)
             parameter.add_(torch.randn_like(parameter) * (0.2 if "bert_layer" in name else 0.1))
+            parameter.mul_(next((factor for prefix, factor in (boost or {}).items() if name.startswith(prefix)), 1.0))
     model.eval()
     model.save_pretrained(directory / "gliner")
     return model

@@ -149,13 +149,16 @@ async def test_score_and_extract_are_costed_without_tokenizing(tokenizer_file: P
     score = item(0, "score", query_item={"text": "ab"}, score_items=[{"text": "c"}, {"text": "de"}])
     extract = item(1, "extract", item={"text": "hey"}, labels=["person"])
     long_extract = item(2, "extract", item={"text": "a long text " * 1000})
-    works = [Work(_Delivery(score), 0.0), Work(_Delivery(extract), 0.0), Work(_Delivery(long_extract), 0.0)]
+    relations = item(3, "extract", item={"text": "hey"}, labels=["person"], options={"relation_labels": ["born in"]})
+    works = [Work(_Delivery(one), 0.0) for one in (score, extract, long_extract, relations)]
     await prepare(ready(tokenizer_file), works)
     assert works[0].cost == 3 + 4 and works[0].run_item.score.score_items == [{"text": "c"}, {"text": "de"}]
     # Extract is costed by its characters up to the model's sequence length (6 here), what the graph reads, plus its
     # labels' (a zero-shot model reads them with the text).
     assert works[1].cost == 3 + len("person") + 1 and works[1].run_item.extract.labels == ["person"]
     assert works[2].cost == 6
+    # and a relation model's relation types, read with them
+    assert works[3].cost == 3 + len("person") + 1 + len("born in") + 1
 
 
 async def test_group_is_tokenized_in_one_call(tokenizer_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:

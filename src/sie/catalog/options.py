@@ -54,6 +54,9 @@ CLASSIFICATION_TYPES: Final = ("single-label", "multi-label", "single", "multi",
 # One extraction label (an entity type such as "drug dosage"): longer than this is no label (the public server's
 # limit too).
 MAX_LABEL_CHARS: Final = 128
+# Relation types one request may name (a GLiNER relation model reads them all with every text, and scores every kept
+# pair of entities against each).
+MAX_RELATION_LABELS: Final = 100
 
 
 @attrs.frozen
@@ -123,7 +126,9 @@ def _is_examples(value: Any) -> bool:
 
 
 def _is_label_list(value: Any) -> bool:
-    return value is None or (isinstance(value, list) and all(_is_label(label) for label in value))
+    return value is None or (
+        isinstance(value, list) and len(value) <= MAX_RELATION_LABELS and all(_is_label(label) for label in value)
+    )
 
 
 def _is_label(value: Any) -> bool:
@@ -203,10 +208,13 @@ RULES: Final[dict[str, OptionRule]] = {
     ),
     # Zero-shot classification by entailment: the hypothesis each label becomes.
     "hypothesis_template": OptionRule(f"{_TEXT} holding {LABEL_PLACEHOLDER} exactly once", _is_hypothesis_template),
-    # Relation types, read by relation-extraction models only (none is served yet: refused by every kind).
+    # A GLiNER relation-extraction model's relation types (another GLiNER refuses them per item), and the score a
+    # relation must pass (the entity threshold unless set).
     "relation_labels": OptionRule(
-        f"null or a list of non-blank strings of at most {MAX_LABEL_CHARS} characters", _is_label_list
+        f"null or a list of at most {MAX_RELATION_LABELS} non-blank strings of at most {MAX_LABEL_CHARS} characters",
+        _is_label_list,
     ),
+    "relation_threshold": OptionRule("a number from 0 to 1", _is_probability),
     # Token limits below the model's own: every text of a text encoder, and a multi-vector model's queries.
     "max_seq_length": OptionRule("null or a whole number of tokens (at least 1)", _is_count),
     "query_max_length": OptionRule("null or a whole number of tokens (at least 1)", _is_count),
@@ -236,7 +244,16 @@ READ_BY_KIND: Final[dict[str, frozenset[str]]] = {
     CROSS_ENCODER: _EVERY_KIND | {"instruction"},
     CAUSAL_RERANKER: _EVERY_KIND | {"instruction"},
     TOKEN_CLASSIFICATION: _EVERY_KIND | {"threshold"},
-    GLINER: _EVERY_KIND | {"threshold", "flat_ner", "multi_label", "max_width", "merge_adjacent_entities"},
+    GLINER: _EVERY_KIND
+    | {
+        "threshold",
+        "flat_ner",
+        "multi_label",
+        "max_width",
+        "merge_adjacent_entities",
+        "relation_labels",
+        "relation_threshold",
+    },
     NLI_CLASSIFICATION: _EVERY_KIND | {"hypothesis_template", "multi_label"},
     GLICLASS: _EVERY_KIND | {"threshold", "classification_type", "label_groups", "examples", "instruction"},
     GLIREL: _EVERY_KIND | {"threshold", "top_k"},

@@ -210,7 +210,10 @@ def prepare_unencoded(works: Sequence[Work], descriptor: ModelDescriptor) -> Non
             work.cost = score_cost(item.query_item, item.score_items)
             work.run_item = score_item(item)
         else:
-            work.cost = extract_cost(item.item, descriptor.max_seq_len, item.labels)
+            # a GLiNER relation model reads the relation types with every text, as it reads the labels
+            relation_labels = (item.options or {}).get("relation_labels")
+            labels = [*(item.labels or ()), *(relation_labels if isinstance(relation_labels, list) else ())]
+            work.cost = extract_cost(item.item, descriptor.max_seq_len, labels)
             work.run_item = extract_item(item)
 
 

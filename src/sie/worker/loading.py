@@ -71,6 +71,7 @@ from sie.worker.convert.names import (
     WEIGHTS_INDEX_FILE,
     is_decoder_config,
     labels_graph_path,
+    relations_graph_path,
     side_file,
     vision_graph_path,
 )
@@ -198,8 +199,8 @@ class ModelLoader:
             files = attrs.evolve(files, tokenizer_dir=self._end_token_tokenizer(model_id, files.tokenizer_dir))
         tokenizer = self._tokenizer(model_id, files.tokenizer_dir, model, config_json)
         session = create_session(files.graph, self.session_options)
-        labels_graph, vision_graph = labels_graph_path(files.graph), vision_graph_path(files.graph)
-        extra_graphs = {"labels": labels_graph, "vision": vision_graph}
+        extra_graphs = {"labels": labels_graph_path(files.graph), "vision": vision_graph_path(files.graph),
+                        "relations": relations_graph_path(files.graph)}  # fmt: skip
         extra_sessions = {
             role: create_session(graph, self.session_options) for role, graph in extra_graphs.items() if graph.is_file()
         }
@@ -492,8 +493,9 @@ def _write_graph(model_dir: Path, staged: Path, target: Path, head: str, precisi
         convert_decoder_hidden(model_dir, staged, precision)
     elif head == GLINER_HEAD:
         convert_gliner(model_dir, staged)
-        if labels_graph_path(staged).is_file():  # a bi-encoder's label graph
-            move_graph(labels_graph_path(staged), labels_graph_path(target))
+        for beside in (labels_graph_path, relations_graph_path):  # a bi-encoder's label graph, a relation graph
+            if beside(staged).is_file():
+                move_graph(beside(staged), beside(target))
     elif head == GLINER2_HEAD:
         convert_gliner2(model_dir, staged)
     elif head == GLICLASS_HEAD:

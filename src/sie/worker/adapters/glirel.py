@@ -178,7 +178,8 @@ class GlirelAdapter(Adapter):
     def _rows(self, requests: dict[int, _Request], results: list[ItemResult]) -> list[_Row]:
         """Each item's prompt and the words of its text that fit, encoded; an item whose relation types leave no
         room for its text gets its error instead."""
-        prompts = prompts_by_label_set(self.tokenizer, [r.labels for r in requests.values()], self._prompt)
+        prompts = prompts_by_label_set(self.tokenizer, [tuple(r.labels) for r in requests.values()],
+                                       lambda labels: self._prompt(list(labels)))  # fmt: skip
         all_words = {index: split_words(request.text) for index, request in requests.items()}
         counts = self.tokenizer.word_token_counts(
             [[word.text for word in words[: self.settings.max_len]] for words in all_words.values()]

@@ -3,7 +3,7 @@ run, before anything is tokenized; the gateway refuses the same first, this cove
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Final, TypeVar
 
 import attrs
@@ -18,6 +18,7 @@ from sie.worker.adapters.encoder import item_text
 MAX_ITEM_LABELS: Final = 1000
 
 Request = TypeVar("Request")
+LabelSet = TypeVar("LabelSet", bound=Hashable)
 
 
 def marked_prompt(labels: Sequence[str], marker: str, separator: str) -> list[str]:
@@ -45,11 +46,12 @@ class Prompt:
 
 
 def prompts_by_label_set(
-    tokenizer: TextTokenizer, label_sets: Sequence[Sequence[str]], prompt: Callable[[list[str]], list[str]]
-) -> dict[tuple[str, ...], Prompt]:
-    """Each distinct label set's `prompt`, encoded in one tokenizer call."""
-    distinct = list(dict.fromkeys(tuple(labels) for labels in label_sets))
-    words = [prompt(list(labels)) for labels in distinct]
+    tokenizer: TextTokenizer, label_sets: Sequence[LabelSet], prompt: Callable[[LabelSet], list[str]]
+) -> dict[LabelSet, Prompt]:
+    """Each distinct label set's `prompt`, encoded in one tokenizer call (a label set: any hashable key, a tuple of
+    labels or of several lists of them)."""
+    distinct = list(dict.fromkeys(label_sets))
+    words = [prompt(labels) for labels in distinct]
     encoded = tokenizer.encode_words(words)
     return {labels: Prompt(w, tokens, tokenizer.max_length - len(tokens))
             for labels, w, tokens in zip(distinct, words, encoded, strict=True)}  # fmt: skip

@@ -8,8 +8,11 @@ marker, through a sigmoid.
 Read from the `gliner` package (`modeling/base.py` UniEncoderSpanModel, `span_rep.py` SpanMarkerV0, `layers.py`) and
 checked against it on random checkpoints (tests/integration/test_gliner.py). The graph takes, beside the backbone's
 inputs, the positions the adapter found while building the prompt (`names.WORD_POSITIONS`, `WORD_COUNTS`,
-`LABEL_POSITIONS`), so label sets may differ from row to row of one batch. Other GLiNER architectures (token-level,
-bi-encoder, relation extraction, label decoders, other span modes) fail the conversion naming what they are.
+`LABEL_POSITIONS`), so label sets may differ from row to row of one batch. A relation-extraction model
+(`relations_layer` set) also reads its relation types' markers (`RELATION_POSITIONS`), puts out the words' and the
+relation types' embeddings, and has a relation graph beside it (`gliner_relations.py`). Other GLiNER architectures
+(label decoders, post-fusion, other span modes, token-level relation models) fail the conversion naming what they
+are.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from sie.worker.convert.encoder_graph import EncoderWeights, graph_inputs
 from sie.worker.convert.encoders import BackboneConfig, build_backbone, parse_backbone_config
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import read_config_json
+from sie.worker.convert.gliner_relations import check_relations_layer, convert_relations
 from sie.worker.convert.graph_builder import GraphBuilder, save_graph, tensor_info
 from sie.worker.convert.head_layers import (
     HeadWeights,
@@ -37,15 +41,20 @@ from sie.worker.convert.head_layers import (
 from sie.worker.convert.names import (
     GLINER_BI_SPAN_MODEL_TYPE,
     GLINER_CONFIG_FILE,
+    GLINER_RELEX_MODEL_TYPE,
     GLINER_SPAN_MODEL_TYPE,
     GLINER_TOKEN_MODEL_TYPE,
     LABEL_EMBEDDINGS,
     LABEL_POSITIONS,
+    RELATION_EMBEDDINGS,
+    RELATION_POSITIONS,
     SPAN_SCORES,
     TOKEN_SCORES,
     WORD_COUNTS,
+    WORD_EMBEDDINGS,
     WORD_POSITIONS,
     labels_graph_path,
+    relations_graph_path,
 )
 from sie.worker.convert.safetensors_io import Checkpoint, CheckpointPart
 
@@ -53,10 +62,10 @@ BACKBONE_PREFIX = "token_rep_layer.bert_layer.model."
 LABELS_ENCODER_PREFIX = "token_rep_layer.labels_encoder.model."
 SPAN_MODES = ("markerV0", "token_level")
 # `model_type`s of the GLiNER architectures this graph builds (older checkpoints name none).
-BUILT_MODEL_TYPES = (None, GLINER_SPAN_MODEL_TYPE, GLINER_BI_SPAN_MODEL_TYPE, GLINER_TOKEN_MODEL_TYPE)
+BUILT_MODEL_TYPES = (None, GLINER_SPAN_MODEL_TYPE, GLINER_BI_SPAN_MODEL_TYPE, GLINER_TOKEN_MODEL_TYPE,
+                     GLINER_RELEX_MODEL_TYPE)  # fmt: skip
 # What other GLiNER architectures set, and what they are, for the refusal.
 _OTHER_ARCHITECTURES = {
-    "relations_layer": "a GLiNER relation-extraction model",
     "labels_decoder": "a GLiNER with a label decoder",
     "post_fusion_schema": "a GLiNER with post-fusion layers",
     "span_encoder_config": "a GLiNER with a span context encoder",
@@ -78,6 +87,8 @@ class GlinerConfig:
     labels_encoder: BackboneConfig | None = None
     # A token-level model: start, end and inside scores per word and label instead of span scores.
     token_level: bool = False
+    # A relation-extraction model's relations layer (`gliner_relations.RELATIONS_LAYERS`); None: entities only.
+    relations_layer: str | None = None
 
 
 def load_gliner_config(model_dir: Path) -> GlinerConfig:
@@ -113,6 +124,11 @@ def parse_gliner_config(raw: dict[str, Any], source: str) -> GlinerConfig:
         rnn_layers=max(0, int(raw.get("num_rnn_layers", 1))),
         labels_encoder=labels_encoder,
         token_level=raw.get("span_mode") == "token_level",
+        relations_layer=(
+            check_relations_layer(raw["relations_layer"], raw.get("triples_layer"), source)
+            if raw.get("relations_layer") is not None
+            else None
+        ),
     )
 
 
@@ -133,6 +149,9 @@ def _check_built(raw: dict[str, Any], source: str) -> None:
     if span_mode == "token_level" and (raw.get("represent_spans") or raw.get("labels_encoder")):
         raise ConversionError("a token-level GLiNER that represents spans or encodes its labels apart is not built",
                               source=source)  # fmt: skip
+    if raw.get("relations_layer") is not None and (span_mode != "markerV0" or raw.get("labels_encoder")):
+        raise ConversionError("a GLiNER relation-extraction model is built with markerV0 spans and its labels read "
+                              "with the text only", source=source)  # fmt: skip
     if raw.get("subtoken_pooling", "first") != "first":
         raise ConversionError(f"subtoken_pooling {raw['subtoken_pooling']!r} is not built (only 'first')",
                               source=source)  # fmt: skip
@@ -173,10 +192,16 @@ def convert_gliner(model_dir: Path, out_path: Path) -> GlinerConfig:
         labels,
     ]
     shape = ["batch", "words", "labels", 3] if config.token_level else ["batch", "words", config.max_width, "labels"]
-    output = tensor_info(scores, _FLOAT, shape)
+    outputs = [tensor_info(scores, _FLOAT, shape)]
     if config.labels_encoder is not None:
         _convert_labels_encoder(checkpoint, config, config.labels_encoder, labels_graph_path(out_path))
-    save_graph(builder.model("gliner_span", inputs, [output]), out_path)
+    if config.relations_layer is not None:
+        inputs.append(tensor_info(RELATION_POSITIONS, TensorProto.INT64, ["batch", "types"]))
+        outputs += [tensor_info(WORD_EMBEDDINGS, _FLOAT, ["batch", "words", config.hidden_size]),
+                    tensor_info(RELATION_EMBEDDINGS, _FLOAT, ["batch", "types", config.hidden_size])]  # fmt: skip
+        convert_relations(HeadWeights(checkpoint), config.relations_layer, config.hidden_size,
+                          relations_graph_path(out_path))  # fmt: skip
+    save_graph(builder.model("gliner_span", inputs, outputs), out_path)
     return config
 
 
@@ -227,6 +252,11 @@ class _GlinerHead:
                 words = self._lstm(words, layer)
         else:  # a bi-encoder's labels come encoded; gliner runs no LSTM over its words
             labels = LABEL_EMBEDDINGS
+        if self.config.relations_layer is not None:
+            # The relation graph's inputs: the words as the span layer reads them, and each relation type's marker
+            # as the encoder (and its projection) left it.
+            b.op("Identity", [words], WORD_EMBEDDINGS)
+            self._gather(tokens, RELATION_POSITIONS, RELATION_EMBEDDINGS)
         if self.config.token_level:
             return self._token_scores(words, labels)
         queries = self._mlp(labels, "prompt_rep_layer", width, width)

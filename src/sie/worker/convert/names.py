@@ -84,6 +84,18 @@ WORD_POSITIONS: Final = "word_positions"
 WORD_COUNTS: Final = "word_counts"
 LABEL_POSITIONS: Final = "label_positions"
 SPAN_SCORES: Final = "span_scores"
+# A GLiNER relation-extraction model (`gliner_relations.py`): its span graph also reads each row's relation-type
+# marker positions and puts out the words' embeddings [rows, words, width] and the relation types' [rows, types,
+# width]; its relation graph (beside it: `relations_graph_path`) reads those with the entity candidates the adapter
+# picked (ENTITY_SPANS, ENTITY_MASK [rows, entities]) and each row's adjacency threshold, and puts out the kept pairs
+# [pairs, 3] (row, head, tail) and their sigmoid RELATION_SCORES [pairs, types].
+GLINER_RELEX_MODEL_TYPE: Final = "gliner_uni_encoder_span_relex"
+RELATION_POSITIONS: Final = "relation_positions"
+WORD_EMBEDDINGS: Final = "word_embeddings"
+RELATION_EMBEDDINGS: Final = "relation_embeddings"
+ENTITY_MASK: Final = "entity_mask"
+ADJACENCY_THRESHOLDS: Final = "adjacency_thresholds"
+PAIR_INDEX: Final = "pair_index"
 # A GLiNER2 span checkpoint (`gliner2.py`: config.json `model_type: extractor`, the encoder's config in
 # encoder_config/): beside WORD_POSITIONS and WORD_COUNTS, the token positions of each row's schemas' markers
 # ([rows, schemas, 1 + fields]: [P] then each field's [E], [L] or [R]), how many fields each schema has [rows,
@@ -137,6 +149,11 @@ MODEL_TYPE_KEY: Final = "sie.model_type"
 def vision_graph_path(graph: Path) -> Path:
     """Where an image–text model's vision graph sits beside its text graph `graph`."""
     return graph.with_name(f"{graph.stem}.vision.onnx")
+
+
+def relations_graph_path(graph: Path) -> Path:
+    """Where a GLiNER relation-extraction model's relation graph sits beside its span graph `graph`."""
+    return graph.with_name(f"{graph.stem}.relations.onnx")
 
 
 def labels_graph_path(graph: Path) -> Path:
