@@ -3,8 +3,9 @@ as `gliner` finds them: in each row (a window of a text) every span scored above
 is a candidate, in span order; the relation graph (`sie.worker.convert.gliner_relations`) keeps the ordered pairs of
 candidates its adjacency puts above the row's adjacency threshold and scores them against the row's relation types;
 a pair's relation is kept above the relation threshold when both its entities are among those the row's decoding
-kept. The candidates are capped per row (MAX_CANDIDATES, in span order) and the rows of one graph run by the pairs
-they can make (PAIR_BUDGET), so memory stays bounded whatever the threshold.
+kept. The candidates are capped per row (MAX_CANDIDATES, in span order) and the rows of one graph run bounded by the
+pairs they can make (PAIR_BUDGET) and the pair-type scores the graph holds (SCORE_BUDGET), so memory stays bounded
+whatever the threshold and the relation types.
 """
 
 from __future__ import annotations
@@ -28,8 +29,12 @@ from sie.worker.spans import Span, candidate_spans
 
 # Candidates one row's relations are read between (the first, in span order): 100 make 9,900 ordered pairs.
 MAX_CANDIDATES: Final = 100
-# Ordered pairs of candidates one relation-graph run may hold (a row alone may hold more: one always runs).
-PAIR_BUDGET: Final = 16384
+# One relation-graph run's rows x the most candidates' square (the pairs its adjacency tensors hold, padding
+# included, and the most it may keep), and its pairs x rows x the most relation types (the scores it holds before
+# each pair's own row's are taken). A row over either runs alone: 100 candidates make 9,900 pairs, whose [pairs,
+# 4 x width] projection is the largest tensor (160 MB at a large model's 1,024).
+PAIR_BUDGET: Final = 8192
+SCORE_BUDGET: Final = 1 << 22
 # The adjacency threshold is the entity threshold, never below this (the public server's floor).
 ADJACENCY_FLOOR: Final = 0.5
 
@@ -73,7 +78,7 @@ class RelationScorer:
         """Each row's relations, in gliner's order (pair by pair, head by head, then by type)."""
         found: list[list[Relation]] = [[] for _ in rows]
         scored = [number for number, row in enumerate(rows) if len(row.candidates) >= 2]
-        for run in _runs(scored, [len(rows[number].candidates) ** 2 for number in scored]):
+        for run in _runs(scored, rows):
             self._run([rows[number] for number in run], [found[number] for number in run])
         return found
 
@@ -106,14 +111,20 @@ class RelationScorer:
                                               float(valid[kind])))  # fmt: skip
 
 
-def _runs(numbers: list[int], costs: list[int]) -> list[list[int]]:
-    """`numbers` in runs of consecutive ones whose `costs` sum to at most PAIR_BUDGET (one at least per run)."""
+def _runs(numbers: list[int], rows: Sequence[RowRelations]) -> list[list[int]]:
+    """The rows `numbers` in runs within PAIR_BUDGET and SCORE_BUDGET (a row alone may pass them), fewest candidates
+    first so rows of a run pad little."""
     runs: list[list[int]] = []
-    total = 0
-    for number, cost in zip(numbers, costs, strict=True):
-        if not runs or total + cost > PAIR_BUDGET:
-            runs.append([])
-            total = 0
-        runs[-1].append(number)
-        total += cost
+    for number in sorted(numbers, key=lambda one: len(rows[one].candidates)):
+        grown = [*runs[-1], number] if runs else [number]
+        if runs and _within_budgets([rows[one] for one in grown]):
+            runs[-1] = grown
+        else:
+            runs.append([number])
     return runs
+
+
+def _within_budgets(rows: list[RowRelations]) -> bool:
+    square = max(len(row.candidates) for row in rows) ** 2
+    pairs = len(rows) * square
+    return pairs <= PAIR_BUDGET and pairs * len(rows) * max(row.type_count for row in rows) <= SCORE_BUDGET

@@ -144,11 +144,21 @@ class _RelationGraph:
                      "pairs.tails")  # fmt: skip
         joined = b.op("Concat", [heads, tails], "pairs.joined", axis=1)
         represented = projection_mlp(b, self.weights, joined, "pair_rep_layer", 2 * width, width)  # [N, D]
-        rows = b.op("Gather", [pairs, b.const(0)], "pairs.row", axis=1)
-        types = b.op("Gather", [RELATION_EMBEDDINGS, rows], "pairs.types", axis=0)  # [N, C, D]
-        logits = b.op("MatMul", [types, b.op("Unsqueeze", [represented, b.const([2])], "pairs.rep_col")],
-                      "pairs.logits_col")  # fmt: skip
-        logits = b.op("Squeeze", [logits, b.const([2])], "pairs.logits")
+        # Each pair against every row's types, [N, B x C], then its own row's taken: no [N, C, D] tensor is held
+        # (the adapter keeps N x B x C small; one row a run for the large ones).
+        types = b.op("Reshape", [RELATION_EMBEDDINGS, b.const([-1, width])], "pairs.all_types")
+        every = b.op("MatMul", [represented, b.op("Transpose", [types], "pairs.all_types_t", perm=[1, 0])],
+                     "pairs.every_logit")  # fmt: skip
+        grid = b.op("Concat", [b.const([0]), b.op("Shape", [RELATION_EMBEDDINGS], "pairs.rows_types", start=0, end=2)],
+                    "pairs.grid_shape", axis=0)  # fmt: skip
+        every = b.op("Reshape", [every, grid], "pairs.by_row")  # [N, B, C]
+        rows = b.op("Gather", [pairs, b.const([0])], "pairs.row", axis=1)  # [N, 1]
+        index_shape = b.op("Concat", [b.op("Shape", [rows], "pairs.count_shape"),
+                                      b.op("Shape", [RELATION_EMBEDDINGS], "pairs.type_count", start=1, end=2)],
+                           "pairs.index_shape", axis=0)  # fmt: skip
+        index = b.op("Expand", [b.op("Unsqueeze", [rows, b.const([2])], "pairs.row_3d"), index_shape], "pairs.index")
+        logits = b.op("GatherElements", [every, index], "pairs.own_row", axis=1)  # [N, 1, C]
+        logits = b.op("Squeeze", [logits, b.const([1])], "pairs.logits")
         return pairs, b.op("Sigmoid", [logits], RELATION_SCORES)
 
     def _self_similarity(self, x: str, name: str) -> str:
