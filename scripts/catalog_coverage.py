@@ -77,6 +77,9 @@ ARCHITECTURE_OF = {
     "sie_server.adapters.gliner2.adapter": GLINER2_SPAN,
     "sie_server.adapters.gliner2.classification": GLINER2_SPAN,
     "sie_server.adapters.gliner2.entities": GLINER2_SPAN,
+    # GLiNER2.5-Decide typed decisions: span checkpoints (DeBERTa-v3-large, Ettin's ModernBERT) but the multilingual
+    # boundary one ARCHITECTURE_OF_MODEL names
+    "sie_server.adapters.gliner2.decide": GLINER2_SPAN,
     # GLiClass checkpoints' config.json model_type; the graph builds uni-encoders on any backbone family converted
     # here (another architecture_type fails its load naming it)
     "sie_server.adapters.gliclass": GLICLASS_MODEL_TYPE,
@@ -138,6 +141,7 @@ ARCHITECTURE_OF_MODEL = {
     # GLiNER2.5 boundary checkpoints (gliner2's model table): the converter builds GLiNER2's span architecture only
     "fastino/gliner2.5-small-v1": GLINER2_BOUNDARY,
     "fastino/gliner2.5-base-v1": GLINER2_BOUNDARY,
+    "fastino/GLiNER2.5-multi-Decide": GLINER2_BOUNDARY,  # mDeBERTa-v3-base, boundary (its YAML says so)
     # the NLI zero-shot classifiers (nli_classification_flash serves several encoder architectures)
     "MoritzLaurer/ModernBERT-base-zeroshot-v2.0": "modernbert",
     "MoritzLaurer/deberta-v3-base-zeroshot-v2.0": "deberta-v2",

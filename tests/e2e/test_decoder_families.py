@@ -45,6 +45,7 @@ NLI = "tiny/nli-deberta-v3"
 GLIREL = "tiny/glirel-deberta-v3"
 # the public gliner2.adapter and gliner2.classification YAMLs' shapes (and the first reading 512 tokens at once)
 GLINER2, GLINER2_LONG, GUARD = "tiny/gliner2", "tiny/gliner2-long", "tiny/gliguard"
+DECIDE = "tiny/gliner2-decide"  # the public fastino/GLiNER2.5-Decide YAML's shape, over the GLiNER2 checkpoint
 UNION, MEMBER = "tiny/gliner-union", "tiny/token-gliner"  # the public superlinked/pii-redact YAML's shape
 MEMBER_REVISION = "c90187673f464518dca09f41689184ed6976242c"
 UNION_OPTIONS = {"score_floor": 0.45, "window_words": 12, "window_overlap": 3, "propagate_label": "person",
@@ -111,6 +112,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     models[GLINER2] = save_gliner2(root / "weights" / "gliner2", seed=3)
     write_yaml(models_dir, GLINER2, root / "weights" / "gliner2" / "gliner2", {"extract": {}},
                "sie_server.adapters.gliner2.adapter:GLiNER2Adapter", {})  # fmt: skip
+    write_yaml(models_dir, DECIDE, root / "weights" / "gliner2" / "gliner2", {"extract": {}},
+               "sie_server.adapters.gliner2.decide:GLiNER2DecideAdapter",
+               {"loadtime": {"cuda_graphs": "bucketed"}}, max_length=512)  # fmt: skip
     # the same weights reading 512 tokens at once: a structure's prompt and a sentence in one window, as gliner2 reads
     write_yaml(models_dir, GLINER2_LONG, root / "weights" / "gliner2" / "gliner2", {"extract": {}},
                "sie_server.adapters.gliner2.adapter:GLiNER2Adapter", {}, max_length=512)  # fmt: skip
@@ -336,6 +340,51 @@ def test_a_gliner_relation_model_extracts_entities_and_the_relations_asked_for(s
     assert plain["relations"] == [] and their_plain
     assert np.allclose([e["score"] for e in plain["entities"]], [e["score"] for e in their_plain], atol=TOLERANCE,
                        rtol=0)  # fmt: skip
+
+
+def test_a_typed_decision_model_answers_questions_and_label_groups(served: Served, public_sdk) -> None:
+    import httpx
+
+    text = "Apple released a new phone and fans loved it"
+    questions = {
+        "tone": {"type": "choice", "instructions": "What is the tone?",
+                 "criteria": {"happy": "the writer is pleased", "angry": "the writer is upset"}},
+        "bought": {"type": "noul", "instructions": "Did someone buy it?"},
+    }  # fmt: skip
+    client = public_sdk.SIEClient(served.url, timeout_s=120)
+    try:
+        (answered,) = client.extract(DECIDE, [{"text": text}], output_schema=questions, wait_for_capacity=True)
+        (grouped,) = client.extract(DECIDE, [{"text": text}], options={"label_groups": {"topic": ["tech", "sport"]}},
+                                    wait_for_capacity=True)  # fmt: skip
+    finally:
+        client.close()
+    # gliner2's logits for the same tasks read together (its multi-label sigmoids, turned back)
+    reference = served.models[GLINER2]
+    schema = reference.create_schema()
+    schema.classification("tone", {"happy": "the writer is pleased", "angry": "the writer is upset"},
+                          multi_label=True, cls_threshold=0.0, prompt="What is the tone?")  # fmt: skip
+    schema.classification("bought", ["yes", "no"], multi_label=True, cls_threshold=0.0, prompt="Did someone buy it?")
+    found = reference.extract(text, schema, threshold=0.0, include_confidence=True)
+
+    def softmax_of(task: str, labels: list[str]) -> np.ndarray:
+        sigmoid = {entry["label"]: entry["confidence"] for entry in found[task]}
+        logits = np.array([np.log(sigmoid[label] / (1 - sigmoid[label])) for label in labels])
+        return np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+
+    tone, bought = softmax_of("tone", ["happy", "angry"]), softmax_of("bought", ["yes", "no"])
+    data = answered["data"]
+    assert data["tone"]["choice"] == ["happy", "angry"][int(np.argmax(tone))]
+    assert np.allclose([data["tone"]["probabilities"][key] for key in ("happy", "angry")], tone, atol=TOLERANCE)
+    assert abs(data["bought"]["noul"] - bought[0]) <= TOLERANCE and answered["classifications"] == []
+    assert {entry["label"] for entry in grouped["classifications"]} == {"topic.tech", "topic.sport"}
+    assert grouped["data"]["topic"]["choice"] in ("tech", "sport")
+    # a question the model cannot read is a 400 before anything is queued
+    response = httpx.post(
+        f"{served.url}/v1/extract/{DECIDE}",
+        timeout=60,
+        json={"items": [{"text": text}], "params": {"output_schema": {"q": {"type": "guess", "instructions": "?"}}}},
+    )
+    assert response.status_code == 400 and "type must be one of" in response.text, response.text
 
 
 def test_a_gliner_union_extracts_as_the_study_composes_its_members(served: Served, public_sdk) -> None:

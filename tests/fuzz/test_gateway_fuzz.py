@@ -53,15 +53,16 @@ SPLADE: Final = "rasyosef/splade-tiny"
 RAMPART: Final = "nationaldesignstudio/rampart"
 # Tiny random zero-shot models (tests/support/zero_shot_checkpoints.py) beside the baseline catalogue: the labels of
 # each request reach a GLiNER extractor, a GLiNER relation extractor (relation types by option), a GLiClass
-# classifier, an NLI classifier, a GLiREL relation extractor (over the entities in each item's metadata) and a GLiNER2
-# extractor and classifier.
+# classifier, an NLI classifier, a GLiREL relation extractor (over the entities in each item's metadata), a GLiNER2
+# extractor and classifier, and a typed-decision model on the same GLiNER2 checkpoint.
 GLINER: Final = "fuzz/gliner"
 RELEX: Final = "fuzz/gliner-relex"
 GLICLASS: Final = "fuzz/gliclass"
 NLI: Final = "fuzz/nli"
 GLIREL: Final = "fuzz/glirel"
 GLINER2: Final = "fuzz/gliner2"
-ZERO_SHOT_MODELS: Final = (GLINER, RELEX, GLICLASS, NLI, GLIREL, GLINER2)
+DECIDE: Final = "fuzz/gliner2-decide"
+ZERO_SHOT_MODELS: Final = (GLINER, RELEX, GLICLASS, NLI, GLIREL, GLINER2, DECIDE)
 # A tiny random CLIP (tests/support/image_text_checkpoints.py) that reads images, scores too.
 CLIP: Final = "fuzz/clip"
 ENCODE_MODELS: Final = (MINILM, f"{MINILM}:int8", f"{MINILM}:multivector", MINILM_L3, SPLADE)
@@ -196,7 +197,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
 
 
 def zero_shot_catalogue(root: Path) -> Path:
-    """The baseline model YAMLs plus the six zero-shot models' and an image–text model's (in the public
+    """The baseline model YAMLs plus the seven zero-shot models' and an image–text model's (in the public
     catalogue's shapes), over tiny random checkpoints saved under `root`."""
     from sie.catalog import dump_yaml
     from support.image_text_checkpoints import image_text_yaml, save_image_text_model
@@ -226,6 +227,7 @@ def zero_shot_catalogue(root: Path) -> Path:
         NLI: (nli, "sie_server.adapters.nli_classification_flash:NLIClassificationFlashAdapter"),
         GLIREL: (root / "glirel" / "glirel", "sie_server.adapters.glirel:GLiRELAdapter"),
         GLINER2: (root / "gliner2" / "gliner2", "sie_server.adapters.gliner2.adapter:GLiNER2Adapter"),
+        DECIDE: (root / "gliner2" / "gliner2", "sie_server.adapters.gliner2.decide:GLiNER2DecideAdapter"),
     }
     for sie_id, (weights, adapter_path) in entries.items():
         data = {"sie_id": sie_id, "weights_path": str(weights), "tasks": {"extract": {}},
@@ -607,11 +609,18 @@ sane_zero_shot_bodies = st.fixed_dictionaries({
                             max_size=5)},
         optional={"options": zero_shot_options}),
 })  # fmt: skip
+# Typed questions as a typed-decision model reads them in `output_schema`, sane and hostile.
+typed_question = st.fixed_dictionaries({}, optional={
+    "type": st.sampled_from(("choice", "score", "noul", "guess")), "instructions": st.one_of(texts, hostile),
+    "criteria": st.one_of(hostile, st.lists(texts, max_size=3), st.dictionaries(short_texts, texts, max_size=3)),
+    "labels": st.one_of(hostile, st.just({"false": "nope", "true": "yep"}))})  # fmt: skip
+typed_questions = st.one_of(hostile, st.dictionaries(short_texts, st.one_of(hostile, typed_question), max_size=3))
 hostile_zero_shot_bodies = fuzzed(
     st.fixed_dictionaries(
         {"items": item_lists},
         optional={"params": st.fixed_dictionaries({}, optional={"labels": label_lists, "options": zero_shot_options,
-                                                                "instruction": texts})},
+                                                                "instruction": texts,
+                                                                "output_schema": typed_questions})},
     )
 )  # fmt: skip
 

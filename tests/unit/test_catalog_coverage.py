@@ -47,7 +47,12 @@ def test_the_public_catalogue_counts_every_yaml_once(capsys: pytest.CaptureFixtu
     assert table["sie_server.adapters.gliner2.classification"] == ["extractor (span)", "1", "1", "1"]
     assert table["sie_server.adapters.gliner2.entities"][1:] == ["3", "1", "1"]
     assert "fastino__gliner2.5-base-v1.yaml: the converter does not build model_type 'extractor (boundary)'" in output
-    assert "fastino__GLiNER2.5-Decide.yaml: GLiNER2.5 typed decisions" in output
+    # GLiNER2.5-Decide: the span checkpoints serve typed decisions, the multilingual boundary one is named
+    assert table["sie_server.adapters.gliner2.decide"][1:] == ["3", "2", "2"]
+    assert (
+        "fastino__GLiNER2.5-multi-Decide.yaml: the converter does not build model_type 'extractor (boundary)'" in output
+    )
+    assert "fastino__GLiNER2.5-Decide.yaml" not in output
 
 
 def test_a_directory_catalogue_reads_the_architecture_from_a_local_checkpoint(

@@ -81,12 +81,14 @@ def test_unknown_model(catalog: Catalog) -> None:
 
 
 def test_a_model_no_bundle_runs_is_refused_saying_why() -> None:
-    decide = _model("fastino/GLiNER2.5-Decide", default={"adapter_path": "sie_server.adapters.gliner2.decide:G",
-                                                         "max_batch_tokens": 1})  # fmt: skip
+    gliformer = _model(
+        "knowledgator/gliformer-base-v1",
+        default={"adapter_path": "sie_server.adapters.gliformer.adapter:G", "max_batch_tokens": 1},
+    )
     other = _model("acme/odd", default={"adapter_path": "acme.adapters.odd:O", "max_batch_tokens": 1})
-    catalog = Catalog(BUNDLES, [decide, other])
-    with pytest.raises(ModelNotFoundError, match="no routable bundle: its adapter .* is GLiNER2.5 typed decisions"):
-        catalog.resolve("fastino/GLiNER2.5-Decide")
+    catalog = Catalog(BUNDLES, [gliformer, other])
+    with pytest.raises(ModelNotFoundError, match="no routable bundle: its adapter .* is GLiFormer multi-task"):
+        catalog.resolve("knowledgator/gliformer-base-v1")
     with pytest.raises(ModelNotFoundError, match="no bundle runs its adapter module 'acme.adapters.odd'"):
         catalog.resolve("acme/odd")
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from sie.catalog.adapters import GLINER2, adapter_kind
+from sie.catalog.adapters import GLINER2, GLINER2_DECIDE, adapter_kind
 from sie.catalog.options import option_problem
 from sie.wire.queue import OPERATION_EXTRACT
 from sie.worker.adapters.gliner2 import Schema, Settings, _kept, model_text, row_prefix, schema_words, split_words
@@ -58,15 +58,15 @@ def test_the_public_modules_route_to_gliner2_and_its_options_are_checked() -> No
     for module in ("gliner2.adapter:GLiNER2Adapter", "gliner2.classification:GLiNER2ClassificationAdapter",
                    "gliner2.entities:GLiNER2EntitiesAdapter"):  # fmt: skip
         assert adapter_kind(f"sie_server.adapters.{module}") == GLINER2
-    assert adapter_kind("sie_server.adapters.gliner2.decide:GLiNER2DecideAdapter") is None
+    assert adapter_kind("sie_server.adapters.gliner2.decide:GLiNER2DecideAdapter") == GLINER2_DECIDE
     assert option_problem({"classification_task": "topic", "multi_label": True}, GLINER2, OPERATION_EXTRACT) is None
     assert "does not apply" in option_problem({"flat_ner": True}, GLINER2, OPERATION_EXTRACT)
 
 
 def _request(labels: list[str], **settings: object) -> object:
-    from sie.worker.adapters.gliner2 import _Request
+    from sie.worker.adapters.gliner2 import Gliner2Request
 
-    return _Request("t", "t.", [], labels, "task", Settings(**settings))  # type: ignore[arg-type]
+    return Gliner2Request("t", "t.", [], labels, "task", Settings(**settings))  # type: ignore[arg-type]
 
 
 def test_a_long_texts_classification_pools_its_windows() -> None:

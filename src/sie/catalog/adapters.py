@@ -26,6 +26,7 @@ IMAGE_TEXT: Final = "image_text"  # texts and images in one space (CLIP, SigLIP)
 GLIREL: Final = "glirel"  # zero-shot relations between the entities each item names, for the labels each request names
 GLINER2: Final = "gliner2"  # GLiNER2 span models: entities, or classifications of a task, for each request's labels
 GLINER_UNION: Final = "gliner_union"  # the union of several GLiNER models' spans, read in word windows
+GLINER2_DECIDE: Final = "gliner2_decide"  # GLiNER2.5-Decide: typed questions and label groups, answered in one row
 
 ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie.adapters.dense": DENSE,
@@ -42,6 +43,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie.adapters.glirel": GLIREL,
     "sie.adapters.gliner_union": GLINER_UNION,
     "sie.adapters.gliner2": GLINER2,
+    "sie.adapters.gliner2_decide": GLINER2_DECIDE,
     "sie.adapters.image_text": IMAGE_TEXT,
     # public SIE module names served by the kinds above
     "sie_server.adapters.sentence_transformer": DENSE,
@@ -78,6 +80,8 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie_server.adapters.gliner2.adapter": GLINER2,
     "sie_server.adapters.gliner2.classification": GLINER2,
     "sie_server.adapters.gliner2.entities": GLINER2,
+    # GLiNER2.5-Decide span checkpoints (a boundary one fails its load naming it)
+    "sie_server.adapters.gliner2.decide": GLINER2_DECIDE,
     # GLiNER span models; a checkpoint of another GLiNER architecture (token-level, bi-encoder, relations) fails its
     # load naming it
     "sie_server.adapters.gliner": GLINER,
@@ -103,7 +107,6 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
 # Public modules of architectures SIE does not build, with what they are: a model naming one is refused saying so.
 _NOT_BUILT = "which SIE does not build"
 UNSERVED_MODULES: Final[dict[str, str]] = {
-    "sie_server.adapters.gliner2.decide": f"GLiNER2.5 typed decisions (fastino gliner2 2.x), {_NOT_BUILT}",
     "sie_server.adapters.gliformer.adapter": f"GLiFormer multi-task extraction, {_NOT_BUILT}",
 }
 

@@ -26,6 +26,7 @@ from sie.catalog.adapters import (
     GLICLASS,
     GLINER,
     GLINER2,
+    GLINER2_DECIDE,
     GLINER_UNION,
     GLIREL,
     HYBRID,
@@ -35,6 +36,7 @@ from sie.catalog.adapters import (
     SPARSE,
     TOKEN_CLASSIFICATION,
 )
+from sie.catalog.decisions import read_decisions
 from sie.catalog.model import ENCODE_OUTPUTS
 from sie.catalog.output_schema import structure_fields
 from sie.wire.http import OUTPUT_DTYPES
@@ -258,6 +260,8 @@ READ_BY_KIND: Final[dict[str, frozenset[str]]] = {
     GLICLASS: _EVERY_KIND | {"threshold", "classification_type", "label_groups", "examples", "instruction"},
     GLIREL: _EVERY_KIND | {"threshold", "top_k"},
     GLINER2: _EVERY_KIND | {"threshold", "multi_label", "classification_task", "positive_label"},
+    GLINER2_DECIDE: _EVERY_KIND
+    | {"threshold", "multi_label", "classification_type", "label_groups", "classification_task", "instruction"},
     # Its members read at their own settings: only the composition is the request's to change.
     GLINER_UNION: _EVERY_KIND
     | {
@@ -287,6 +291,7 @@ _KIND_NAMES: Final = {
     GLIREL: "a zero-shot relation extraction model",
     GLINER_UNION: "a union of zero-shot entity extraction models",
     GLINER2: "a GLiNER2 extraction and classification model",
+    GLINER2_DECIDE: "a typed-decision model (GLiNER2.5-Decide)",
     IMAGE_TEXT: "an image–text embedding model",
 }
 
@@ -322,7 +327,7 @@ def _shown(value: Any) -> str:
 
 
 # Kinds of model that read the labels of each request (and need some), rather than filter their own.
-ZERO_SHOT_KINDS: Final = frozenset({GLINER, NLI_CLASSIFICATION, GLICLASS, GLIREL})
+ZERO_SHOT_KINDS: Final = frozenset({GLINER, NLI_CLASSIFICATION, GLICLASS, GLIREL, GLINER2_DECIDE})
 
 
 def labels_problem(
@@ -336,7 +341,7 @@ def labels_problem(
         # A union reads the request's default labels when it names none (and the profile's when neither does).
         labels = (options or {}).get("default_labels")
     if labels is None or labels == []:
-        grouped = kind == GLICLASS and bool((options or {}).get("label_groups"))
+        grouped = kind in (GLICLASS, GLINER2_DECIDE) and bool((options or {}).get("label_groups"))
         needed = kind in ZERO_SHOT_KINDS and not grouped
         return "Field 'labels' is required: a zero-shot model extracts the labels it is given" if needed else None
     if not isinstance(labels, list):
@@ -355,7 +360,14 @@ def structure_problem(
 ) -> str | None:
     """Why an extract request's `output_schema` cannot run on a model of adapter `kind`: only a GLiNER2 model fills
     one, without labels or a classification task beside it, its fields and enum values (which the model reads like
-    labels) at most `max_labels` and each a sane string (`sie.catalog.output_schema`); None when it can."""
+    labels) at most `max_labels` and each a sane string (`sie.catalog.output_schema`); a typed-decision model reads
+    it as typed questions (`sie.catalog.decisions`); None when it can."""
+    if kind == GLINER2_DECIDE:  # typed questions, not a structure
+        try:
+            read_decisions(labels, output_schema, None, options)
+        except ValueError as exc:
+            return str(exc)
+        return None
     if kind != GLINER2:
         return "Field 'output_schema' is read by GLiNER2 models only"
     if labels:

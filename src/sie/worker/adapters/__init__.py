@@ -15,6 +15,7 @@ from sie.worker.adapters.dense import DenseAdapter
 from sie.worker.adapters.gliclass import GliclassAdapter
 from sie.worker.adapters.gliner import GlinerAdapter
 from sie.worker.adapters.gliner2 import Gliner2Adapter
+from sie.worker.adapters.gliner2_decide import Gliner2DecideAdapter
 from sie.worker.adapters.gliner_union import GlinerUnionAdapter
 from sie.worker.adapters.glirel import GlirelAdapter
 from sie.worker.adapters.hybrid import HybridAdapter
@@ -39,6 +40,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
         GlinerAdapter,
         GlinerUnionAdapter,
         Gliner2Adapter,
+        Gliner2DecideAdapter,
         NliClassificationAdapter,
         GliclassAdapter,
         GlirelAdapter,
@@ -61,6 +63,7 @@ CONVERSION_HEADS: dict[type[Adapter], str] = {
     NliClassificationAdapter: "seq-cls",
     GlinerAdapter: GLINER_HEAD,
     Gliner2Adapter: GLINER2_HEAD,  # a GLiNER2 span checkpoint converts to its span, count and class outputs
+    Gliner2DecideAdapter: GLINER2_HEAD,  # and a GLiNER2.5-Decide one, read for its class outputs
     GliclassAdapter: GLICLASS_HEAD,  # a GLiClass checkpoint converts to its label logits (convert/gliclass.py)
     GlirelAdapter: GLIREL_HEAD,  # a GLiREL checkpoint converts to its relation scores (convert/glirel.py)
     ImageTextAdapter: CLIP_HEAD,  # a CLIP or SigLIP checkpoint converts to its two towers (convert/clip.py)

@@ -41,6 +41,7 @@ import attrs
 import numpy as np
 
 from sie.catalog.adapters import GLINER2
+from sie.catalog.decisions import DecisionRequest
 from sie.catalog.options import MAX_LABEL_CHARS, entities_problem, option_problem
 from sie.catalog.output_schema import StructureField, structure_fields
 from sie.tokenization import pad_batch
@@ -181,7 +182,7 @@ class Settings:
 
 
 @attrs.frozen
-class _Request:
+class Gliner2Request:
     """One valid item: its text as read, words, labels, what it asks and its settings."""
 
     text: str
@@ -193,6 +194,7 @@ class _Request:
     entities: list[dict[str, Any]] | None = None  # relations: the entities the item names (`metadata.entities`)
     structure: tuple[StructureField, ...] | None = None  # structured extraction: the output schema's fields
     lead: tuple[str, ...] = ()  # words read before the text's (`structure_lead`)
+    decision: DecisionRequest | None = None  # a typed-decision model's tasks (`gliner2_decide.py`)
 
     @property
     def counts_instances(self) -> bool:
@@ -201,6 +203,8 @@ class _Request:
 
     @property
     def schemas(self) -> list[Schema]:
+        if self.decision is not None:
+            return [Schema(task.schema_prompt, task.labels, LABEL_MARKER) for task in self.decision.tasks]
         if self.structure is not None:
             prompt = ROOT_STRUCTURE + "".join(f" {DESCRIPTION_MARKER} {field.name}: {field.description}"
                                               for field in self.structure if field.description)  # fmt: skip
@@ -263,7 +267,7 @@ class Gliner2Adapter(Adapter):
                     self._answer(requests, rows, outputs, instances, results)
         return watch.finish(results)
 
-    def _request(self, item: Any) -> _Request | ItemResult:
+    def _request(self, item: Any) -> Gliner2Request | ItemResult:
         refused = zero_shot_refusal(self, item)
         if refused is not None:
             return refused
@@ -288,10 +292,10 @@ class Gliner2Adapter(Adapter):
             problem = entities_problem(text, entities)
             if problem is not None:
                 return invalid(problem)
-            return _Request(text, read, split_words(read), labels, None, settings, entities)
-        return _Request(text, read, split_words(read), labels, settings.classification_task, settings)
+            return Gliner2Request(text, read, split_words(read), labels, None, settings, entities)
+        return Gliner2Request(text, read, split_words(read), labels, settings.classification_task, settings)
 
-    def _structure_request(self, item: Any, settings: Settings) -> _Request | ItemResult:
+    def _structure_request(self, item: Any, settings: Settings) -> Gliner2Request | ItemResult:
         """An item with an output schema (checked by `zero_shot_refusal`): its fields, read with no task."""
         if self.tokenizer.token_to_id(FIELD_MARKER) is None:
             return invalid(f"Model '{self.model.sie_id}': its tokenizer lacks {FIELD_MARKER}, the structure field "
@@ -300,10 +304,10 @@ class Gliner2Adapter(Adapter):
         text = item_text(item.item) or ""
         read = model_text(text)
         settings = attrs.evolve(settings, classification_task=None)  # a profile's task is not this request's
-        return _Request(text, read, split_words(read), [field.name for field in fields], None, settings,
+        return Gliner2Request(text, read, split_words(read), [field.name for field in fields], None, settings,
                         structure=fields, lead=structure_lead(fields))  # fmt: skip
 
-    def _rows(self, requests: dict[int, _Request], results: list[ItemResult]) -> list[_Row]:
+    def _rows(self, requests: dict[int, Gliner2Request], results: list[ItemResult]) -> list[_Row]:
         """Every item's windows behind its schemas; an item whose schemas leave no room for its words, or whose
         text needs more than MAX_WINDOWS windows, gets its error instead."""
         prefixes = {index: row_prefix(request.schemas) for index, request in requests.items()}
@@ -349,7 +353,7 @@ class Gliner2Adapter(Adapter):
                 rows.append(_Row(index, window, np.concatenate(ids), word_positions, marker_positions))
         return rows
 
-    def _windows(self, request: _Request, word_pieces: list[np.ndarray], room: int) -> list[Window]:
+    def _windows(self, request: Gliner2Request, word_pieces: list[np.ndarray], room: int) -> list[Window]:
         """The windows `room` tokens each that read the request's words; consecutive windows share words (a span or
         sentence cut at one edge is read whole by the next), at most half of the narrowest, so each moves on."""
         counts = np.array([max(len(ids), 1) for ids in word_pieces], dtype=np.int64)
@@ -388,7 +392,7 @@ class Gliner2Adapter(Adapter):
 
     def _answer(  # noqa: PLR0913 - the batch's requests, rows and outputs
         self,
-        requests: dict[int, _Request],
+        requests: dict[int, Gliner2Request],
         rows: list[_Row],
         outputs: tuple[np.ndarray, np.ndarray, np.ndarray],
         instances: int,
@@ -424,7 +428,7 @@ class Gliner2Adapter(Adapter):
             results[index] = ItemResult(result, input_tokens=tokens[index])
 
 
-def _spans_over(scores: np.ndarray, window: Window, request: _Request) -> Iterator[tuple[int, float, int, int]]:
+def _spans_over(scores: np.ndarray, window: Window, request: Gliner2Request) -> Iterator[tuple[int, float, int, int]]:
     """The spans of a window's [words, widths] scores at or above the threshold that end within it and cover some
     text, as (first word, score, start, end) in the read text's characters, in gliner2's order (by start word, then
     width)."""
@@ -439,7 +443,7 @@ def _spans_over(scores: np.ndarray, window: Window, request: _Request) -> Iterat
             yield first, float(scores[start, width]), begin, end
 
 
-def _candidates(scores: np.ndarray, window: Window, request: _Request) -> list[tuple[int, float, int, int]]:
+def _candidates(scores: np.ndarray, window: Window, request: Gliner2Request) -> list[tuple[int, float, int, int]]:
     """Each label's spans of one window whose first word the window owns, as (label, score, start, end)."""
     return [
         (label, score, begin, end)
@@ -449,7 +453,7 @@ def _candidates(scores: np.ndarray, window: Window, request: _Request) -> list[t
     ]
 
 
-def _decoded(candidates: list[tuple[int, float, int, int]], request: _Request) -> list[dict[str, Any]]:
+def _decoded(candidates: list[tuple[int, float, int, int]], request: Gliner2Request) -> list[dict[str, Any]]:
     """Each label's spans best-first, a span dropped where it overlaps one of the label's kept spans; the entities of
     the text as sent (a span in the added sentence end dropped, one reaching it cut), by start."""
     entities = []
@@ -465,7 +469,7 @@ def _decoded(candidates: list[tuple[int, float, int, int]], request: _Request) -
     return sorted(entities, key=lambda entity: entity["start"])
 
 
-def _classified(logits: np.ndarray, request: _Request) -> list[tuple[str, float]]:
+def _classified(logits: np.ndarray, request: Gliner2Request) -> list[tuple[str, float]]:
     """One window's classification as gliner2 returns it: the best label and its softmax probability, or with
     multi_label every label whose sigmoid reaches the threshold (else the best one)."""
     labels, threshold = request.labels, request.settings.threshold
@@ -480,7 +484,7 @@ def _classified(logits: np.ndarray, request: _Request) -> list[tuple[str, float]
     return [(labels[best], float(probabilities[best]))]
 
 
-def _pooled(windows: list[list[tuple[str, float]]], request: _Request) -> list[dict[str, Any]]:
+def _pooled(windows: list[list[tuple[str, float]]], request: Gliner2Request) -> list[dict[str, Any]]:
     """A text's classifications from its windows' (one window: as it is), those at or above the threshold, best
     first. Several windows: each label's best score (multi_label); else the window taking `positive_label` most
     surely — or, of two labels when none takes it, the window least sure of the other — else the surest window."""
@@ -507,7 +511,7 @@ def _pooled(windows: list[list[tuple[str, float]]], request: _Request) -> list[d
 
 
 def _relations(  # noqa: PLR0913 - one row's outputs and where its queries lie
-    spans: np.ndarray, counts: np.ndarray, window: Window, request: _Request, instances: int, fields: int
+    spans: np.ndarray, counts: np.ndarray, window: Window, request: Gliner2Request, instances: int, fields: int
 ) -> list[tuple[str, str, str, float]]:
     """One window's relations as (type, head, tail, score): for each type, each instance the count head predicts,
     the best head and tail span at or above the threshold; kept where both are texts of entities the item names,
@@ -527,7 +531,7 @@ def _relations(  # noqa: PLR0913 - one row's outputs and where its queries lie
     return found
 
 
-def _best_span(scores: np.ndarray, window: Window, request: _Request) -> tuple[str, float] | None:
+def _best_span(scores: np.ndarray, window: Window, request: Gliner2Request) -> tuple[str, float] | None:
     """The best-scoring span of a window's [words, widths] scores at or above the threshold, as (its text, score);
     None when there is none (the first of equal scores, as gliner2 keeps it)."""
     spans = list(_spans_over(scores, window, request))
@@ -547,7 +551,7 @@ def _best_relations(found: list[tuple[str, str, str, float]]) -> list[dict[str, 
             for (relation, head, tail), score in ordered]  # fmt: skip
 
 
-def _given_entities(request: _Request) -> list[dict[str, Any]]:
+def _given_entities(request: Gliner2Request) -> list[dict[str, Any]]:
     """The entities the item named, echoed as the answer's entities."""
     return [
         {"text": request.text[entity["start"] : entity["end"]], "label": entity.get("label") or "",
@@ -557,7 +561,7 @@ def _given_entities(request: _Request) -> list[dict[str, Any]]:
 
 
 def _structures(  # noqa: PLR0913 - one row's outputs and where its queries lie
-    spans: np.ndarray, counts: np.ndarray, window: Window, request: _Request, instances: int, fields: int
+    spans: np.ndarray, counts: np.ndarray, window: Window, request: Gliner2Request, instances: int, fields: int
 ) -> list[dict[str, Any]]:
     """One window's instances of the request's structure, as gliner2 decodes them: for each instance the count head
     predicts, each text field's spans at or above the threshold that no better one overlaps (`_kept`), each enum
@@ -620,7 +624,7 @@ def _chosen(
     return (best, best_score) if best and best_score >= threshold else None
 
 
-def _flat_structure(windows: list[list[dict[str, Any]]], request: _Request) -> dict[str, Any]:
+def _flat_structure(windows: list[list[dict[str, Any]]], request: Gliner2Request) -> dict[str, Any]:
     """The answer's `data` from each window's first instance: a text field's spans of every window ranked and kept
     as one window's are — an array their texts (each once, by case), a string the best one's (null: none) — and an
     enum field the best-scoring value of any window (null: none); {} when no window has an instance."""
