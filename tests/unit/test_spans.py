@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from sie.worker.spans import (
+    VECTORISED_CHECK,
     Span,
+    _conflict,
     candidate_spans,
     merge_adjacent,
     plan_windows,
@@ -113,3 +115,20 @@ def test_token_level_spans_pair_starts_and_ends_through_inside_words() -> None:
     ]
     assert token_spans(scores, words=5, labels=2, threshold=0.5, max_width=2) == [Span(0, 0, 1, pytest.approx(0.7))]
     assert token_spans(scores, words=5, labels=1, threshold=0.5, max_width=10) == [Span(1, 3, 0, pytest.approx(0.6))]
+
+
+@pytest.mark.parametrize(("flat", "multi_label"), [(True, False), (False, False), (False, True), (True, True)])
+def test_many_near_kept_spans_resolve_as_one_by_one(flat: bool, multi_label: bool) -> None:
+    """Wide spans near many kept ones (a token-level model's) are checked against them in one vectorised check: the
+    same spans are kept as when each is checked on its own, as gliner's greedy search checks them."""
+    rng = np.random.default_rng(3)
+    widest = 4 if flat else 40  # flat: narrow spans, so more than VECTORISED_CHECK of them are kept
+    spans = [Span(int(start), int(start + rng.integers(0, widest)), int(rng.integers(0, 3)), float(rng.random()))
+             for start in rng.integers(0, 400, 3000)]  # fmt: skip
+    one_by_one: list[Span] = []
+    for span in sorted(spans, key=lambda one: -one.score):
+        if not any(_conflict(span, other, flat, multi_label) for other in one_by_one):
+            one_by_one.append(span)
+    kept = resolve_overlaps(spans, flat, multi_label, max_width=60)
+    assert kept == sorted(one_by_one, key=lambda one: one.start)
+    assert len(kept) > VECTORISED_CHECK, "the vectorised check must be reached"

@@ -130,15 +130,30 @@ def resolve_overlaps(spans: Sequence[Span], flat: bool, multi_label: bool, max_w
     spans conflict when they overlap (`flat`) or cross without one holding the other (nested)."""
     kept: list[Span] = []
     by_start: dict[int, list[Span]] = {}
+    # The kept spans' words as arrays too, for a span near many of them (a token-level model's spans may be as wide
+    # as the text): one vectorised check instead of a Python call per kept span.
+    starts = np.empty(len(spans), dtype=np.int64)
+    ends = np.empty(len(spans), dtype=np.int64)
     for span in sorted(spans, key=lambda one: -one.score):
         # Any span this one could conflict with starts within max_width words before it, or inside it.
-        near = (other for first in range(span.start - max_width + 1, span.end + 1) for other in by_start.get(first, ()))
-        if any(_conflict(span, other, flat, multi_label) for other in near):
+        first = span.start - max_width + 1
+        if min(len(kept), span.end + 1 - first) > VECTORISED_CHECK:
+            conflict = _conflicts(span, starts[: len(kept)], ends[: len(kept)], flat, multi_label)
+        else:
+            near = kept if len(kept) <= span.end + 1 - first else (
+                other for start in range(first, span.end + 1) for other in by_start.get(start, ()))  # fmt: skip
+            conflict = any(_conflict(span, other, flat, multi_label) for other in near)
+        if conflict:
             continue
+        starts[len(kept)], ends[len(kept)] = span.start, span.end
         kept.append(span)
         by_start.setdefault(span.start, []).append(span)
     kept.sort(key=lambda one: one.start)
     return kept
+
+
+# Kept spans a span is checked against one by one; past this, in one vectorised check.
+VECTORISED_CHECK = 48
 
 
 def _conflict(span: Span, other: Span, flat: bool, multi_label: bool) -> bool:
@@ -151,6 +166,19 @@ def _conflict(span: Span, other: Span, flat: bool, multi_label: bool) -> bool:
         other.start <= span.start and other.end >= span.end
     )
     return overlapping and not nested
+
+
+def _conflicts(span: Span, starts: np.ndarray, ends: np.ndarray, flat: bool, multi_label: bool) -> bool:
+    """`_conflict` of `span` against every kept span at once (their first and last words)."""
+    same = (starts == span.start) & (ends == span.end)
+    if not multi_label and same.any():
+        return True
+    overlapping = (starts <= span.end) & (span.start <= ends) & ~same
+    if not flat:
+        holds = (span.start <= starts) & (ends <= span.end)
+        held = (starts <= span.start) & (span.end <= ends)
+        overlapping &= ~(holds | held)
+    return bool(overlapping.any())
 
 
 def merge_adjacent(entities: list[dict], text: str) -> list[dict]:
