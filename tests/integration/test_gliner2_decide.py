@@ -22,12 +22,13 @@ TOLERANCE = 1e-4
 TEXTS = ["Apple released a new phone and fans loved it", "The match ended in a draw after extra time."]
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, model_loader) -> tuple[Any, Any]:
-    directory = tmp_path_factory.mktemp("decide")
-    reference = save_gliner2(directory, seed=11)
+@pytest.fixture(scope="module", params=["deberta-v2", "modernbert"])
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, model_loader) -> tuple[Any, Any]:
+    """A Decide model on DeBERTa-v3's backbone (GLiNER2.5-Decide) and on ModernBERT's (Decide-1B's Ettin encoder)."""
+    directory = tmp_path_factory.mktemp(f"decide-{request.param}")
+    reference = save_gliner2(directory, seed=11, backbone=request.param)
     model = parse_model_config({
-        "sie_id": "acme/gliner2-decide", "weights_path": str(directory / "gliner2"), "tasks": {"extract": {}},
+        "sie_id": f"acme/gliner2-decide-{request.param}", "weights_path": str(directory / "gliner2"), "tasks": {"extract": {}},
         "profiles": {"default": {"adapter_path": "sie_server.adapters.gliner2.decide:GLiNER2DecideAdapter",
                                  "max_batch_tokens": 4096}},
     })  # fmt: skip

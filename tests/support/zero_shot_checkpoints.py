@@ -35,7 +35,11 @@ BART = {"model_type": "bart", "d_model": 32, "encoder_layers": 2, "decoder_layer
         "decoder_attention_heads": 2, "encoder_ffn_dim": 48, "decoder_ffn_dim": 40, "max_position_embeddings": 512,
         "scale_embedding": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
         "decoder_start_token_id": 2, "forced_eos_token_id": 2}  # fmt: skip
-BACKBONES = {"deberta-v2": DEBERTA, "bert": BERT, "bart": BART}
+# ModernBERT (as GLiNER2.5-Decide-1B's Ettin encoder): a global layer, then two local ones of a 4-token window.
+MODERNBERT = {"model_type": "modernbert", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 3,
+              "intermediate_size": 48, "max_position_embeddings": 512, "local_attention": 4, "pad_token_id": 0,
+              "bos_token_id": 1, "eos_token_id": 2, "cls_token_id": 1, "sep_token_id": 2}  # fmt: skip
+BACKBONES = {"deberta-v2": DEBERTA, "bert": BERT, "bart": BART, "modernbert": MODERNBERT}
 # The catalogue id the shared e2e cluster serves `save_gliner`'s default checkpoint under.
 TINY_GLINER = "tiny/gliner"
 
@@ -134,9 +138,10 @@ def save_gliner2(  # noqa: PLR0913 - the checkpoint's shape
     count: int | None = 1,
     size: dict[str, int] | None = None,
     words: Sequence[str] = (),
+    backbone: str = "deberta-v2",
     **options: Any,
 ) -> Any:
-    """A GLiNER2 span model (fastino's gliner2) on a random DeBERTa-v2 backbone, saved to `directory` as
+    """A GLiNER2 span model (fastino's gliner2) on a random `backbone` (DeBERTa-v2 unless said), saved to `directory` as
     `save_pretrained` does (config.json, encoder_config/, model.safetensors, the tokenizer with its markers); returns
     the model. Its count head is biased towards `count` instances (a random one mostly says none); the backbone is of
     `size` and reads `words` whole (see `write_backbone`); `options` go to its ExtractorConfig (max_width, ...)."""
@@ -144,7 +149,7 @@ def save_gliner2(  # noqa: PLR0913 - the checkpoint's shape
     from gliner2.configuration import ExtractorConfig
     from gliner2.inference.engine import GLiNER2
 
-    write_backbone(directory / "backbone", "deberta-v2", size, words)
+    write_backbone(directory / "backbone", backbone, size, words)
     config = ExtractorConfig(model_name=str(directory / "backbone"), counting_layer=counting_layer,
                              **{"max_width": 4} | options)  # fmt: skip
     with warnings.catch_warnings():  # transformers warns that it resizes the embeddings for the markers
