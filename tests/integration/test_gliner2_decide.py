@@ -28,7 +28,8 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     directory = tmp_path_factory.mktemp(f"decide-{request.param}")
     reference = save_gliner2(directory, seed=11, backbone=request.param)
     model = parse_model_config({
-        "sie_id": f"acme/gliner2-decide-{request.param}", "weights_path": str(directory / "gliner2"), "tasks": {"extract": {}},
+        "sie_id": f"acme/gliner2-decide-{request.param}", "weights_path": str(directory / "gliner2"),
+        "tasks": {"extract": {}},
         "profiles": {"default": {"adapter_path": "sie_server.adapters.gliner2.decide:GLiNER2DecideAdapter",
                                  "max_batch_tokens": 4096}},
     })  # fmt: skip
