@@ -23,6 +23,8 @@ from launcher import serving_all
 
 CONNECTIONS = 32
 WARM_UP_S = 2
+# Batches one measured window holds at least: the one still running when wrk stops goes uncounted (1/30 low at most).
+WINDOW_BATCHES = 30
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -38,13 +40,16 @@ def timed(run: Callable[[], object], repeats: int) -> float:
 
 def measured_window(url: str, path: str, bodies: list[bytes], batch_seconds: float, seconds: int) -> WrkStats:
     """One served measurement of `CONNECTIONS` wrk connections after a warm-up, in a window of at least `seconds` and
-    ten batches (a batch taking `batch_seconds` at the raw rate). The server is let go idle after the warm-up and
-    after the window: wrk drops its connections at the end of a run, but the batches their requests started still
-    run (up to two in flight per model), and would otherwise take the first seconds of the window or of the next
-    raw timing (up to ~10 % of a 10 s window of 1-second decoder batches)."""
+    WINDOW_BATCHES batches (a batch taking `batch_seconds` at the raw rate): wrk counts the requests answered within
+    its window, and every connection's last request, still running when it ends, goes uncounted — about one batch,
+    so a window of n batches reads up to 1/n low (GLiNER's 2.7-second batches: served / raw 0.79 in windows of ten
+    batches, 1.02 in windows of thirty, `families.py --only-gliner --served`). The server is let go idle after the
+    warm-up and after the window: wrk drops its connections at the end of a run, but the batches their requests
+    started still run (up to two in flight per model), and would otherwise take the first seconds of the window or of
+    the next raw timing."""
     run_wrk(url, path, bodies, CONNECTIONS, WARM_UP_S, 1)
     time.sleep(2 * batch_seconds)
-    stats = run_wrk(url, path, bodies, CONNECTIONS, max(seconds, math.ceil(10 * batch_seconds)), 1)
+    stats = run_wrk(url, path, bodies, CONNECTIONS, max(seconds, math.ceil(WINDOW_BATCHES * batch_seconds)), 1)
     time.sleep(2 * batch_seconds)
     return stats
 
