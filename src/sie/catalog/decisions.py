@@ -140,8 +140,8 @@ def _question_task(qid: str, definition: Any) -> DecisionTask:
 
 def _choice_task(name: str, prompt: str | None, definition: Mapping[str, Any], where: str) -> DecisionTask:
     criteria = definition.get("criteria")
-    if isinstance(criteria, list):
-        criteria = dict.fromkeys(criteria) if all(isinstance(key, str) for key in criteria) else None
+    if isinstance(criteria, list) and all(isinstance(label, str) for label in criteria):
+        criteria = dict.fromkeys(criteria)  # labels without descriptions
     if not isinstance(criteria, Mapping) or not criteria or not all(isinstance(key, str) for key in criteria):
         raise ValueError(f"{where}: a choice question takes 'criteria' as a non-empty object of label -> "
                          "description, or a list of labels")  # fmt: skip

@@ -124,6 +124,10 @@ def token_spans(scores: np.ndarray, words: int, labels: int, threshold: float, m
     return found
 
 
+# Kept spans a span is checked against one by one; past this, in one vectorised check.
+VECTORISED_CHECK = 48
+
+
 def resolve_overlaps(spans: Sequence[Span], flat: bool, multi_label: bool, max_width: int) -> list[Span]:
     """gliner's greedy search: spans by descending score (ties in the order given), each kept unless it conflicts
     with one kept before; returned by start word. Two spans over the same words conflict unless `multi_label`; other
@@ -135,13 +139,16 @@ def resolve_overlaps(spans: Sequence[Span], flat: bool, multi_label: bool, max_w
     starts = np.empty(len(spans), dtype=np.int64)
     ends = np.empty(len(spans), dtype=np.int64)
     for span in sorted(spans, key=lambda one: -one.score):
-        # Any span this one could conflict with starts within max_width words before it, or inside it.
+        # Any span this one could conflict with starts within max_width words before it, or inside it: the kept
+        # spans starting there are checked one by one, or every kept span is (fewer of them, or too many starts).
         first = span.start - max_width + 1
-        if min(len(kept), span.end + 1 - first) > VECTORISED_CHECK:
+        starts_near = span.end + 1 - first
+        if min(len(kept), starts_near) > VECTORISED_CHECK:
             conflict = _conflicts(span, starts[: len(kept)], ends[: len(kept)], flat, multi_label)
+        elif len(kept) <= starts_near:
+            conflict = any(_conflict(span, other, flat, multi_label) for other in kept)
         else:
-            near = kept if len(kept) <= span.end + 1 - first else (
-                other for start in range(first, span.end + 1) for other in by_start.get(start, ()))  # fmt: skip
+            near = (other for start in range(first, span.end + 1) for other in by_start.get(start, ()))
             conflict = any(_conflict(span, other, flat, multi_label) for other in near)
         if conflict:
             continue
@@ -150,10 +157,6 @@ def resolve_overlaps(spans: Sequence[Span], flat: bool, multi_label: bool, max_w
         by_start.setdefault(span.start, []).append(span)
     kept.sort(key=lambda one: one.start)
     return kept
-
-
-# Kept spans a span is checked against one by one; past this, in one vectorised check.
-VECTORISED_CHECK = 48
 
 
 def _conflict(span: Span, other: Span, flat: bool, multi_label: bool) -> bool:

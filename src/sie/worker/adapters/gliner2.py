@@ -305,7 +305,7 @@ class Gliner2Adapter(Adapter):
         read = model_text(text)
         settings = attrs.evolve(settings, classification_task=None)  # a profile's task is not this request's
         return Gliner2Request(text, read, split_words(read), [field.name for field in fields], None, settings,
-                        structure=fields, lead=structure_lead(fields))  # fmt: skip
+                              structure=fields, lead=structure_lead(fields))  # fmt: skip
 
     def _rows(self, requests: dict[int, Gliner2Request], results: list[ItemResult]) -> list[_Row]:
         """Every item's windows behind its schemas; an item whose schemas leave no room for its words, or whose
