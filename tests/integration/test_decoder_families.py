@@ -160,11 +160,14 @@ def test_a_sliding_window_is_applied(tmp_path: Path) -> None:
     assert float(np.abs(logits[0] - reference_logits(full, prompt)).max()) > 100 * TOLERANCE
 
 
-def test_the_hidden_state_graph_equals_transformers(checkpoint, tmp_path: Path) -> None:
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["causal", "both-ways"])
+def test_the_hidden_state_graph_equals_transformers(checkpoint, bidirectional: bool, tmp_path: Path) -> None:
+    """Causal, and attending both ways as transformers runs the model with `is_causal=False` (the public server's
+    forward argument for GritLM): the windows of Mistral, Qwen2 and Gemma 3 then reach both sides."""
     import torch
 
     family, directory, model = checkpoint
-    convert_decoder_hidden(directory, tmp_path / "hidden.onnx")
+    convert_decoder_hidden(directory, tmp_path / "hidden.onnx", bidirectional=bidirectional)
     rng = np.random.default_rng(2)
     width = max(LENGTHS)
     ids = np.zeros((len(LENGTHS), width), dtype=np.int64)
@@ -175,8 +178,41 @@ def test_the_hidden_state_graph_equals_transformers(checkpoint, tmp_path: Path) 
     (hidden,) = session(tmp_path / "hidden.onnx").run(None, {"input_ids": ids, "attention_mask": mask})
     for row, length in enumerate(LENGTHS):
         with torch.no_grad():
-            expected = model.model(torch.tensor(ids[row : row + 1, :length])).last_hidden_state[0].numpy()
+            inputs = torch.tensor(ids[row : row + 1, :length])
+            expected = model.model(inputs, is_causal=not bidirectional).last_hidden_state[0].numpy()
+            causal = model.model(inputs).last_hidden_state[0].numpy()
         assert float(np.abs(hidden[row, :length] - expected).max()) <= TOLERANCE, family
+        if bidirectional and length > 1:
+            assert float(np.abs(expected - causal).max()) > 100 * TOLERANCE  # the reference did attend both ways
+
+
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "gemma3", "llama_bidirec"])
+def test_a_config_that_is_not_causal_converts_attending_both_ways(family: str, tmp_path: Path) -> None:
+    """gte-Qwen2-7B-instruct's config.json says `is_causal: false` (its remote code reads it, and transformers now
+    does): the hidden-state graph of such a checkpoint equals transformers' bidirectional model, windows included;
+    its generation graph is refused, naming why. NVIDIA's `llama_bidirec` (llama-embed-nemotron-8b: Llama whose
+    remote code builds a padding-only mask) reads the same way."""
+    import torch
+
+    built = "llama" if family == "llama_bidirec" else family
+    config = family_config(built)
+    config.is_causal = False
+    base = random_causal_lm(built, config=config).model
+    base.save_pretrained(tmp_path / "model")
+    saved = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert saved["is_causal"] is False
+    if family == "llama_bidirec":  # its config as the remote code saves it: the model type, no is_causal
+        del saved["is_causal"]
+        saved |= {"model_type": "llama_bidirec", "architectures": ["LlamaBidirectionalModel"], "pooling": "avg"}
+        (tmp_path / "model" / "config.json").write_text(json.dumps(saved))
+    convert_decoder_hidden(tmp_path / "model", tmp_path / "hidden.onnx")
+    ids = np.random.default_rng(3).integers(4, VOCAB, size=(1, max(LENGTHS)))
+    (hidden,) = session(tmp_path / "hidden.onnx").run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+    with torch.no_grad():
+        expected = base(torch.tensor(ids)).last_hidden_state.numpy()
+    assert float(np.abs(hidden - expected).max()) <= TOLERANCE
+    with pytest.raises(ConversionError, match="attends both ways"):
+        convert_decoder_checkpoint(tmp_path / "model", tmp_path / "decoder")
 
 
 def generation_yaml(directory: Path, family: str) -> Any:
@@ -410,6 +446,76 @@ def test_an_embeddinggemma_stack_equals_sentence_transformers(model_loader: Mode
         with torch.no_grad():
             expected = reference({"input_ids": ids, "attention_mask": torch.ones_like(ids)})["sentence_embedding"][0]
         assert float(np.abs(np.asarray(vector) - expected.numpy()).max()) <= TOLERANCE
+
+
+# (family, config.json `is_causal`, loadtime options, public adapter module, pooling, query and document templates):
+# gte-Qwen2-7B-instruct, whose config says it attends both ways, through `sentence_transformer` with last-token pooling;
+# GritLM-7B, a causal config the public server runs with `forward_kwargs: {is_causal: false}`, mean pooling over its
+# templates (words of the test vocabulary stand for its `<|user|>` and `<|embed|>` markers)
+BOTH_WAYS_EMBEDDERS = {
+    "gte-qwen2": ("qwen2", False, {}, SENTENCE_TRANSFORMER, "last", "Instruct: {instruction}\nQuery: {text}", None),
+    "gritlm": ("mistral", True, {"forward_kwargs": {"is_causal": False}},
+               "sie_server.adapters.pytorch_embedding:PyTorchEmbeddingAdapter", "mean",
+               "w50\n{instruction}\nw51\n{text}", "w51\n{text}"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("recipe", sorted(BOTH_WAYS_EMBEDDERS))
+def test_a_decoder_embedder_that_attends_both_ways_equals_transformers(
+    recipe: str, model_loader: ModelLoader, tmp_path: Path
+) -> None:
+    """Served through the loader as the public YAMLs configure them, queries and documents of several lengths in one
+    batch (longer than the windows): each vector is transformers' bidirectional forward, pooled and normalized."""
+    import torch
+
+    family, causal, loadtime, adapter_path, pooling, query_template, doc_template = BOTH_WAYS_EMBEDDERS[recipe]
+    config = family_config(family)
+    config.is_causal = causal
+    base = random_causal_lm(family, config=config).model
+    base.save_pretrained(tmp_path / "model")
+    tokenizer = write_tokenizer(tmp_path / "model", end_with_eos=True, eos_token="<|endoftext|>")
+    runtime = {"pooling": pooling, "normalize": True, "default_instruction": "w7 w8", "query_template": query_template}
+    if doc_template:
+        runtime["doc_template"] = doc_template
+    model = parse_model_config(
+        {"sie_id": f"acme/{recipe}", "weights_path": str(tmp_path / "model"), "max_sequence_length": 64,
+         "tasks": {"encode": {"dense": {"dim": 32}}},
+         "profiles": {"default": {"adapter_path": adapter_path, "max_batch_tokens": 1024,
+                                  "adapter_options": {"loadtime": loadtime, "runtime": runtime}}}}
+    )  # fmt: skip
+    loaded = model_loader.load(model, "default", model.sie_id)
+    texts = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11"]
+    for is_query in (True, False):
+        results = loaded.adapter.encode(encode_items(texts, is_query=is_query)).items
+        template = query_template.replace("{instruction}", "w7 w8") if is_query else (doc_template or "{text}")
+        for text, result in zip(texts, results, strict=True):
+            assert result.ok, result.error
+            ids = torch.tensor([tokenizer.encode(template.replace("{text}", text)).ids])
+            with torch.no_grad():
+                hidden = base(ids, is_causal=False).last_hidden_state[0].numpy()
+            pooled = hidden.mean(0) if pooling == "mean" else hidden[-1]
+            expected = pooled / np.linalg.norm(pooled)
+            assert float(np.abs(np.asarray(result.result["dense"]["values"]) - expected).max()) <= TOLERANCE
+
+
+@pytest.mark.parametrize(
+    ("forward_kwargs", "named"),
+    [({"is_causal": "no"}, "is_causal must be true or false"), ({"use_cache": False}, "['use_cache'] are not"),
+     ([1], "must be a mapping")],
+)  # fmt: skip
+def test_forward_kwargs_the_graph_cannot_honour_fail_the_load_naming_them(
+    forward_kwargs: Any, named: str, model_loader: ModelLoader, tmp_path: Path
+) -> None:
+    save_base_model(tmp_path / "model", "mistral")
+    model = parse_model_config(
+        {"sie_id": "acme/gritlm", "weights_path": str(tmp_path / "model"), "tasks": {"encode": {"dense": {"dim": 32}}},
+         "profiles": {"default": {"adapter_path": "sie_server.adapters.pytorch_embedding:PyTorchEmbeddingAdapter",
+                                  "max_batch_tokens": 1024,
+                                  "adapter_options": {"loadtime": {"forward_kwargs": forward_kwargs}}}}}
+    )  # fmt: skip
+    with pytest.raises(ModelLoadError, match="forward_kwargs") as raised:
+        model_loader.load(model, "default", model.sie_id)
+    assert named in str(raised.value)
 
 
 def test_append_eos_needs_a_template_post_processor_or_none(model_loader: ModelLoader, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,13 @@ from sie.worker.session import SessionOptions, create_session
 
 DEFAULT_MAX_SEQUENCE_LENGTH = 512
 GRAPH_NAMES = ("model.onnx", "onnx/model.onnx")
+# A decoder checkpoint's graph for the embedding and reranker adapters: its last hidden states, causal or (a recipe
+# that runs the model with `is_causal=False`) attending both ways.
+HIDDEN = "hidden"
+BIDIRECTIONAL_HIDDEN = "hidden-bidirectional"
+# The keys of a profile's `loadtime.forward_kwargs` (what the public server passes to a model's forward) the
+# conversion honours; any other would change an answer in a way the graph does not, and fails the load naming it.
+FORWARD_KWARGS = ("is_causal",)
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +190,8 @@ class ModelLoader:
             converted = self._open_clip(model_id, model_dir, open_clip_weights, tokenizer_dir)
             return PreparedFiles(converted / GRAPH_FILE, converted, converted, "float32")
         graph, precision = self._graph(model_id, model_dir, artifacts.onnx_file, str(head),
-                                       self._decoder_precision(resolved, model_dir))  # fmt: skip
+                                       self._decoder_precision(resolved, model_dir),
+                                       _attends_both_ways(resolved, model_id))  # fmt: skip
         return PreparedFiles(graph, tokenizer_dir, model_dir, precision)
 
     def load(
@@ -265,11 +273,12 @@ class ModelLoader:
         except ArtifactError as exc:
             raise ModelLoadError(str(exc.error_class), str(exc)) from exc
 
-    def _graph(
-        self, model_id: str, model_dir: Path, onnx_file: str | None, head: str, precision: str
+    def _graph(  # noqa: PLR0913 - what the profile asks of the conversion
+        self, model_id: str, model_dir: Path, onnx_file: str | None, head: str, precision: str, bidirectional: bool
     ) -> tuple[Path, str | None]:
         """The ONNX graph and its precision: the named file or a shipped `model.onnx` (None: as exported), or a cached
-        conversion of the safetensors (a decoder's in `precision`; encoders convert to float32)."""
+        conversion of the safetensors (a decoder's in `precision`, attending both ways if `bidirectional`; encoders
+        convert to float32)."""
         if onnx_file:
             path = model_dir / onnx_file
             if not path.is_file():
@@ -284,9 +293,11 @@ class ModelLoader:
                 f"Model '{model_id}': no ONNX graph, no {WEIGHTS_FILE}, no {WEIGHTS_INDEX_FILE} and no "
                 f"{TORCH_WEIGHTS_FILE} in {model_dir}",
             )
-        return self._convert(model_id, model_dir, head, precision)
+        return self._convert(model_id, model_dir, head, precision, bidirectional)
 
-    def _convert(self, model_id: str, model_dir: Path, head: str, decoder_precision: str) -> tuple[Path, str]:
+    def _convert(
+        self, model_id: str, model_dir: Path, head: str, decoder_precision: str, bidirectional: bool
+    ) -> tuple[Path, str]:
         decoder = is_decoder_config(_read_json(model_dir / CONFIG_FILE))
         if decoder and head != "none":
             raise ModelLoadError(
@@ -295,10 +306,10 @@ class ModelLoader:
             )
         precision = decoder_precision if decoder else "float32"
         self._check_fits(model_id, model_dir, precision)
+        if decoder:  # an encoder attends both ways already
+            head = BIDIRECTIONAL_HIDDEN if bidirectional else HIDDEN
         try:
-            key = (
-                decoder_cache_key(model_dir, "hidden", precision) if decoder else conversion_cache_key(model_dir, head)
-            )
+            key = decoder_cache_key(model_dir, head, precision) if decoder else conversion_cache_key(model_dir, head)
             target = self.converted_dir / f"{key}.onnx"
             if target.is_file():
                 return target, precision
@@ -309,7 +320,7 @@ class ModelLoader:
             started = time.perf_counter()
             with tempfile.TemporaryDirectory(dir=self.converted_dir) as scratch:
                 staged = Path(scratch) / target.name
-                _write_graph(model_dir, staged, target, "hidden" if decoder else head, precision)
+                _write_graph(model_dir, staged, target, head, precision)
                 move_graph(staged, target)  # atomic: a reader sees no graph or the whole graph
             _log_converted(model_id, target, time.perf_counter() - started)
             return target, precision
@@ -464,6 +475,22 @@ class ModelLoader:
         return tokenizer
 
 
+def _attends_both_ways(profile: Profile, model_id: str) -> bool:
+    """Whether the profile runs its model with `forward_kwargs: {is_causal: false}` (GritLM's embedding recipe)."""
+    forward = profile.loadtime_options.get("forward_kwargs") or {}
+    field = f"profiles.{profile.name}.adapter_options.loadtime.forward_kwargs"
+    if not isinstance(forward, Mapping):
+        raise ModelLoadError("UNKNOWN", f"Model '{model_id}': {field} must be a mapping, got {forward!r}")
+    unknown = sorted(set(forward) - set(FORWARD_KWARGS))
+    if unknown:
+        raise ModelLoadError("UNKNOWN", f"Model '{model_id}': {field} {unknown} are not supported; "
+                                        f"expected only {list(FORWARD_KWARGS)}")  # fmt: skip
+    causal = forward.get("is_causal", True)
+    if not isinstance(causal, bool):
+        raise ModelLoadError("UNKNOWN", f"Model '{model_id}': {field}.is_causal must be true or false, got {causal!r}")
+    return not causal
+
+
 @contextlib.contextmanager
 def _union_member(model_id: str, member: str | None) -> Iterator[None]:
     """A member's load failure as the union's, naming the member (None: the union's own checkpoint, whose failures
@@ -477,7 +504,8 @@ def _union_member(model_id: str, member: str | None) -> Iterator[None]:
 
 
 def _write_graph(model_dir: Path, staged: Path, target: Path, head: str, precision: str) -> None:
-    """Convert the checkpoint in `model_dir` with `head` ("hidden": a decoder's hidden states) to `staged`; a graph
+    """Convert the checkpoint in `model_dir` with `head` (`HIDDEN`, `BIDIRECTIONAL_HIDDEN`: a decoder's hidden states)
+    to `staged`; a graph
     converted beside the main one (a bi-encoder's label graph, a vision tower) is moved beside `target` first, so the
     main graph's rename publishes a complete set."""
     # The converter imports `onnx` (about 1.4 s): only a cache miss pays for it.
@@ -489,8 +517,8 @@ def _write_graph(model_dir: Path, staged: Path, target: Path, head: str, precisi
     from sie.worker.convert.gliner2 import convert_gliner2
     from sie.worker.convert.glirel import convert_glirel
 
-    if head == "hidden":
-        convert_decoder_hidden(model_dir, staged, precision)
+    if head in (HIDDEN, BIDIRECTIONAL_HIDDEN):
+        convert_decoder_hidden(model_dir, staged, precision, bidirectional=head == BIDIRECTIONAL_HIDDEN)
     elif head == GLINER_HEAD:
         convert_gliner(model_dir, staged)
         for beside in (labels_graph_path, relations_graph_path):  # a bi-encoder's label graph, a relation graph

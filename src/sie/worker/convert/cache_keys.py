@@ -40,7 +40,8 @@ CONVERTER_VERSION = "sie-encoder-onnx/11"
 # 4: a file's rope_freqs factors applied (Llama 3.1's RoPE scaling; before, they were left out); llama.cpp's
 # end-of-generation tokens in config.json's eos_token_id
 GGUF_CONVERTER_VERSION: Final = "sie-llama-onnx/4"
-DECODER_CONVERTER_VERSION: Final = "sie-decoder-onnx/1"
+# 2: a config's `is_causal: false` attends both ways (before, gte-Qwen2-7B-instruct converted causal)
+DECODER_CONVERTER_VERSION: Final = "sie-decoder-onnx/2"
 # 2: open_clip's image order (resize in the image's mode, then RGB) in the converted preprocessor_config.json
 OPEN_CLIP_CONVERTER_VERSION: Final = "sie-open-clip/2"
 _HASH_CHUNK = 1 << 20
@@ -54,8 +55,8 @@ def conversion_cache_key(model_dir: Path, head: str) -> str:
 
 
 def decoder_cache_key(model_dir: Path, graph: str, precision: str) -> str:
-    """As `conversion_cache_key`, for a decoder checkpoint's `graph` shape (`generate`, `hidden`) in `precision`;
-    generation_config.json counts too (its end-of-sequence ids go into the converted config.json)."""
+    """As `conversion_cache_key`, for a decoder checkpoint's `graph` (`generate`, `hidden`, `hidden-bidirectional`) in
+    `precision`; generation_config.json counts too (its end-of-sequence ids go into the converted config.json)."""
     extra = [Path(model_dir) / GENERATION_CONFIG_FILE] if graph == "generate" else []
     return _checkpoint_key(model_dir, DECODER_CONVERTER_VERSION, f"{graph}/{precision}", extra)
 

@@ -23,6 +23,12 @@ own RoPE base (`rope_local_base_freq`, or `rope_parameters.sliding_attention`), 
 `use_bidirectional_attention` (embeddinggemma) every token sees every other, and a sliding layer those within
 `sliding_window // 2` tokens either side, as transformers reads that config.
 
+A config's `is_causal: false` (gte-Qwen2-7B-instruct's, which its remote code reads; transformers reads it too) makes
+any family attend both ways, a sliding window then reaching `sliding_window` tokens either side
+(`attending_both_ways`); NVIDIA's `llama_bidirec` is Llama read that way. `convert_decoder_hidden(bidirectional=True)`
+does the same for a checkpoint whose serving recipe asks for it (GritLM's `forward_kwargs: {is_causal: false}`).
+Such a model embeds; it cannot generate.
+
 HunYuan is Llama with a per-head RMSNorm on queries and keys after the rotation (`query_layernorm`,
 `key_layernorm`) and, for a `dynamic` RoPE with an `alpha`, a fixed NTK stretch of the base.
 
@@ -37,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+import attrs
 import numpy as np
 
 from sie.worker.convert.decoder_graph import DecoderConfig, DecoderWeights
@@ -56,6 +63,9 @@ TENSOR_RENAMES: Final = {
 # a `gemma3_text` decoder, described by the config's `text_config` and stored under one of these prefixes (the Hub's
 # layout, which transformers still saves; transformers' in-memory one), the vision tower beside it.
 GEMMA3_WITH_VISION: Final = "gemma3"
+# NVIDIA's bidirectional Llama (llama-embed-nemotron-8b, the NeMo retrievers' `LlamaBidirectionalModel` remote code):
+# Llama attending both ways, its config's `pooling` and `temperature` aside.
+LLAMA_BIDIRECTIONAL: Final = "llama_bidirec"
 HUB_LANGUAGE_MODEL: Final = "language_model."
 INNER_LANGUAGE_MODEL: Final = "model.language_model."
 # Gemma3TextConfig's defaults for what a `text_config` may leave out (the Hub's Gemma 3 configs name only what
@@ -81,8 +91,7 @@ def language_model_config(raw: Mapping[str, Any], source: str) -> dict[str, Any]
 
 def parse_decoder_config(raw: Mapping[str, Any], source: str) -> DecoderConfig:
     """The DecoderConfig of a decoder checkpoint's config.json; ConversionError names what is missing or unsupported."""
-    if raw.get("model_type") == GEMMA3_WITH_VISION:
-        raw = language_model_config(raw, source)
+    raw = _in_family_terms(raw, source)
     model_type = raw.get("model_type")
     if model_type not in DECODER_MODEL_TYPES:
         raise ConversionError(
@@ -99,8 +108,12 @@ def parse_decoder_config(raw: Mapping[str, Any], source: str) -> DecoderConfig:
 
     hidden, heads, layers = number("hidden_size"), number("num_attention_heads"), number("num_hidden_layers")
     kv_heads = number("num_key_value_heads", heads) if raw.get("num_key_value_heads") is not None else heads
+    causal = raw.get("is_causal", True)
+    if not isinstance(causal, bool):
+        raise ConversionError(f"is_causal must be true or false, got {causal!r}", source=source)
     if model_type == "gemma3_text":
-        return _gemma3(raw, hidden, heads, kv_heads, layers, source, number)
+        config = _gemma3(raw, hidden, heads, kv_heads, layers, source, number)
+        return config if causal else attending_both_ways(config)
     head_dim = number("head_dim") if raw.get("head_dim") is not None else hidden // heads
     if raw.get("head_dim") is None and hidden % heads:
         raise ConversionError(f"hidden size {hidden} does not split into {heads} heads", source=source)
@@ -133,7 +146,27 @@ def parse_decoder_config(raw: Mapping[str, Any], source: str) -> DecoderConfig:
         **(_granite_multipliers(raw, source) if model_type == "granite" else {}),
     )
     config.check(source)
-    return config
+    return config if causal else attending_both_ways(config)
+
+
+def _in_family_terms(raw: Mapping[str, Any], source: str) -> Mapping[str, Any]:
+    """A config that wraps or renames a family as that family's own: a Gemma 3 with its vision tower as its language
+    model's, NVIDIA's `llama_bidirec` as a Llama that is not causal."""
+    if raw.get("model_type") == GEMMA3_WITH_VISION:
+        return language_model_config(raw, source)
+    if raw.get("model_type") == LLAMA_BIDIRECTIONAL:
+        return {**raw, "model_type": "llama", "is_causal": False}
+    return raw
+
+
+def attending_both_ways(config: DecoderConfig) -> DecoderConfig:
+    """`config` with every token seeing every other, as transformers runs a decoder whose config (or forward call)
+    says `is_causal=False`: a sliding window then reaches `sliding_window` tokens either side, that one included. A
+    config that attends both ways already (embeddinggemma's) stays as it is."""
+    if not config.causal:
+        return config
+    windows = tuple(None if window is None else window + 1 for window in config.layer_windows)
+    return attrs.evolve(config, causal=False, layer_windows=windows)
 
 
 def _ntk_alpha(theta: float, scaling: Mapping[str, Any], head_dim: int) -> tuple[float, Mapping[str, Any]]:

@@ -3,7 +3,8 @@ the decoder graph with its key/value cache (`model.onnx`), the rebuilt tokenizer
 `tokenizer_config.json` with the chat template) and the `config.json` the causal-LM adapter reads.
 `convert_decoder_checkpoint`: a transformers checkpoint of a decoder family (`decoder_families`) in, the same directory
 out but for the tokenizer, which stays with the checkpoint. `convert_decoder_hidden`: the same checkpoint to one graph
-of its last hidden states, which the embedding and reranker adapters pool. Their cache keys and versions are in
+of its last hidden states, which the embedding and reranker adapters pool (causal, or both ways for an embedding
+recipe that asks for it). Their cache keys and versions are in
 `cache_keys`.
 
 They wire a source's config and weights (`gguf_decoders.py` for GGUF, `decoder_families.py` for checkpoints) to the
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import attrs
 
-from sie.worker.convert.decoder_families import checkpoint_weights, parse_decoder_config
+from sie.worker.convert.decoder_families import attending_both_ways, checkpoint_weights, parse_decoder_config
 from sie.worker.convert.decoder_graph import (
     DecoderConfig,
     DecoderShape,
@@ -92,10 +93,15 @@ def convert_decoder_checkpoint(model_dir: Path, out_dir: Path, precision: str = 
     return DecoderConversion(out_dir, config, chosen.name)
 
 
-def convert_decoder_hidden(model_dir: Path, out_path: Path, precision: str = "float32") -> DecoderConfig:
-    """Convert the checkpoint in `model_dir` into one graph of its last hidden states at `out_path`."""
+def convert_decoder_hidden(
+    model_dir: Path, out_path: Path, precision: str = "float32", bidirectional: bool = False
+) -> DecoderConfig:
+    """Convert the checkpoint in `model_dir` into one graph of its last hidden states at `out_path`; `bidirectional`
+    makes every token see every other whatever the config says (a recipe that embeds with `is_causal=False`)."""
     model_dir = Path(model_dir)
     config = parse_decoder_config(read_json(model_dir / CONFIG_FILE), str(model_dir / CONFIG_FILE))
+    if bidirectional:
+        config = attending_both_ways(config)
     weights = checkpoint_weights(Checkpoint(model_dir), config)
     _write_graph(config, weights, precision_named(precision), DecoderShape.HIDDEN, Path(out_path))
     return config

@@ -24,7 +24,7 @@ GLINER_CONFIG_FILE: Final = "gliner_config.json"  # a GLiNER checkpoint's own co
 # The `model_type`s of the decoder families converted from a checkpoint (`decoder_families`); `gemma3` is Gemma 3 with
 # its vision tower, of which the language model (a `gemma3_text`) converts.
 DECODER_MODEL_TYPES: Final = frozenset(
-    {"llama", "mistral", "qwen2", "qwen3", "granite", "gemma3_text", "gemma3", "hunyuan_v1_dense"}
+    {"llama", "mistral", "qwen2", "qwen3", "granite", "gemma3_text", "gemma3", "hunyuan_v1_dense", "llama_bidirec"}
 )
 
 
