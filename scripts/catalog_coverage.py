@@ -10,9 +10,10 @@ The architecture of a YAML's checkpoint is its `config.json` `model_type`, which
 from a local `weights_path`, else taken from what the public adapter module is written for (`ARCHITECTURE_OF`,
 from the module names of sie-server 0.10.1: `xlm_roberta_flash` serves XLM-R, ...), else, for the decoder models
 the public catalogue serves through modules of many architectures (`sglang.*`, `qwen2_flash`, ...), from the
-`model_type` each model's published `config.json` names (`ARCHITECTURE_OF_MODEL`). Other modules that serve many
-architectures (`sentence_transformer`, `pytorch_embedding`, the Rust `candle`) leave it unknown: such a YAML routes,
-and its family is decided when the worker reads its `config.json` (an unsupported one fails that load by name).
+`model_type` each model's published `config.json` names (`ARCHITECTURE_OF_MODEL`, which also names those of the
+encoder models behind modules of many architectures: `sentence_transformer`, `pytorch_embedding`, the Rust `candle`,
+`splade_flash`, `colbert`). A YAML none of these places routes, and its family is decided when the worker reads its
+`config.json` (an unsupported one fails that load by name).
 Each YAML is counted by its default profile, or its first one where it has no default (then it is served as the
 variant `model:profile` only, as the catalogue rules say).
 """
@@ -152,6 +153,48 @@ ARCHITECTURE_OF_MODEL = {
     # a timm SigLIP ViT and open_clip's text tower), no transformers config.json
     "Marqo/marqo-fashionSigLIP": "open_clip",
     "Marqo/marqo-ecommerce-embeddings-B": "open_clip",
+    # pytorch_embedding: GritLM is a Mistral its YAML runs with `is_causal: false`; NVIDIA's bidirectional Llama
+    # (`llama_bidirec`); NV-Embed-v2's own architecture (Mistral with latent-attention pooling) is not built
+    "GritLM/GritLM-7B": "mistral",
+    "nvidia/llama-embed-nemotron-8b": "llama_bidirec",
+    "Hyukkyu/nv-embed-v2": "nvembed",  # the YAML serves this mirror of nvidia/NV-Embed-v2
+    "answerdotai/ModernBERT-base": "modernbert",
+    # sentence_transformer's encoders (arctic-embed-m-v2.0: GTE "new" code under `model_type: gte`)
+    "Snowflake/snowflake-arctic-embed-m-v2.0": "gte",
+    "ibm-granite/granite-embedding-english-r2": "modernbert",
+    "sentence-transformers/all-MiniLM-L6-v2": "bert",
+    # the Rust candle module's encoders (JinaBERT v2 is `bert` with ALiBi positions)
+    "BAAI/bge-base-en-v1.5": "bert",
+    "BAAI/bge-large-en-v1.5": "bert",
+    "BAAI/bge-small-en-v1.5": "bert",
+    "BAAI/bge-small-zh-v1.5": "bert",
+    "WhereIsAI/UAE-Large-V1": "bert",
+    "answerdotai/ModernBERT-large": "modernbert",
+    "jinaai/jina-embeddings-v2-base-code": "bert",
+    "jinaai/jina-embeddings-v2-base-de": "bert",
+    "jinaai/jina-embeddings-v2-base-en": "bert",
+    "jinaai/jina-embeddings-v2-base-es": "bert",
+    "jinaai/jina-embeddings-v2-base-zh": "bert",
+    "jinaai/jina-embeddings-v2-small-en": "bert",
+    "nomic-ai/nomic-embed-text-v1.5": "nomic_bert",
+    "thenlper/gte-base": "bert",
+    "thenlper/gte-large": "bert",
+    "thenlper/gte-small": "bert",
+    # ColBERT checkpoints of the `colbert` module
+    "answerdotai/answerai-colbert-small-v1": "bert",
+    "colbert-ir/colbertv2.0": "bert",
+    "mixedbread-ai/mxbai-colbert-large-v1": "bert",
+    # SPLADE checkpoints of `splade_flash` (the OpenSearch distilled ones are DistilBERTs, granite's sparse a RoBERTa)
+    "naver/splade-cocondenser-selfdistil": "bert",
+    "naver/splade-v3": "bert",
+    "prithivida/Splade_PP_en_v2": "bert",
+    "rasyosef/splade-mini": "bert",
+    "ibm-granite/granite-embedding-30m-sparse": "roberta",
+    "opensearch-project/opensearch-neural-sparse-encoding-v1": "bert",
+    "opensearch-project/opensearch-neural-sparse-encoding-v2-distill": "distilbert",
+    "opensearch-project/opensearch-neural-sparse-encoding-doc-v2-distill": "distilbert",
+    "opensearch-project/opensearch-neural-sparse-encoding-doc-v2-mini": "bert",
+    "opensearch-project/opensearch-neural-sparse-encoding-doc-v3-distill": "distilbert",
 }
 
 

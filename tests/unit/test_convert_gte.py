@@ -228,18 +228,22 @@ def max_difference(path: Path, head: str, config: dict[str, Any], w: dict[str, n
 
 
 NTK = {"factor": 2.0, "type": "ntk"}
-CHECKPOINTS = {  # token types, rope_theta, rope_scaling, the encoder's name prefix
-    "en-v1.5": (0, 500_000.0, NTK, ""),  # gte-base-en-v1.5: no token types, NTK scaling
-    "multilingual": (1, 160_000.0, None, ""),  # gte-multilingual-base: one token type
-    "two-types-prefixed": (2, 10_000.0, NTK, "new."),  # saved from a NewFor* model: `new.` before the encoder
+CHECKPOINTS = {  # token types, rope_theta, rope_scaling, the encoder's name prefix, config.json's model_type
+    "en-v1.5": (0, 500_000.0, NTK, "", "new"),  # gte-base-en-v1.5: no token types, NTK scaling
+    "multilingual": (1, 160_000.0, None, "", "new"),  # gte-multilingual-base: one token type
+    "two-types-prefixed": (2, 10_000.0, NTK, "new.", "new"),  # saved from a NewFor* model: `new.` before the encoder
+    # snowflake-arctic-embed-m-v2.0: the same remote code, its config naming it `gte` (architecture GteModel)
+    "arctic-m-v2.0": (1, 160_000.0, None, "", "gte"),
 }
 
 
 @pytest.mark.parametrize("head", ["none", "mean"])
 @pytest.mark.parametrize("checkpoint", list(CHECKPOINTS))
 def test_the_pooled_and_per_token_outputs_equal_the_modeling_math(checkpoint: str, head: str, tmp_path: Path) -> None:
-    types, theta, scaling, prefix = CHECKPOINTS[checkpoint]
+    types, theta, scaling, prefix, model_type = CHECKPOINTS[checkpoint]
     config = hub_config(types, theta, scaling)
+    if model_type != "new":
+        config |= {"model_type": model_type, "architectures": ["GteModel"]}
     weights = write_checkpoint(tmp_path / "checkpoint", config, prefix)
     result = convert_encoder(tmp_path / "checkpoint", tmp_path / "model.onnx", head)
     difference = max_difference(result.path, head, config, weights)

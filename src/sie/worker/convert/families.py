@@ -173,7 +173,7 @@ FAMILY_OF_MODEL_TYPE: Mapping[str, EncoderFamily] = MappingProxyType(
 )
 # Encoder families with a graph of their own (`modernbert.py`, `rotary_glu.py`: GTE "new", NomicBERT; `deberta.py`;
 # `bart.py`: BART's sequence classifier), beside the BERT-like ones above.
-OWN_GRAPH_MODEL_TYPES = ("modernbert", "new", "nomic_bert", "deberta-v2", "bart")
+OWN_GRAPH_MODEL_TYPES = ("modernbert", "new", "gte", "nomic_bert", "deberta-v2", "bart")
 CONVERTED_MODEL_TYPES = tuple(sorted([*FAMILY_OF_MODEL_TYPE, *OWN_GRAPH_MODEL_TYPES]))
 
 

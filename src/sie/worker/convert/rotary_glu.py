@@ -1,14 +1,14 @@
 """The post-LayerNorm rotary encoders with a gated feed-forward, config + graph, as data per family:
 
-- GTE "new" (`model_type: new`, remote code `Alibaba-NLP/new-impl`: gte-*-v1.5, gte-multilingual, stella_en_400M_v5,
-  snowflake-arctic-embed-m-v2.0): word (+ token type) embeddings and `embeddings.LayerNorm`; rotary positions
-  (`rope_theta`, optional fixed NTK `rope_scaling`); layers `encoder.layer.{i}` with a fused Q/K/V projection
-  `attention.qkv_proj` (with bias), `attention.o_proj`, `attn_ln`, and `mlp.up_gate_proj` (no bias: its first half
-  `up`, its second the `gate` that goes through GELU) into `mlp.down_proj`, `mlp_ln`. Its task heads are BERT's
-  names under `new.`: the pooler (dense + tanh) and `classifier`, and the MLM head `lm_head` (dense, GELU, `norm`,
-  `decoder`). Read from `modeling.py`/`configuration.py` of `Alibaba-NLP/new-impl` (NewEmbeddings,
-  NTKScalingRotaryEmbedding, NewAttention, NewGatedMLP, NewLayer) and checked against text-embeddings-inference's
-  `gte.rs`.
+- GTE "new" (`model_type: new`, remote code `Alibaba-NLP/new-impl`: gte-*-v1.5, gte-multilingual, stella_en_400M_v5;
+  snowflake-arctic-embed-m-v2.0 names the same code `model_type: gte`, architecture `GteModel`): word (+ token type)
+  embeddings and `embeddings.LayerNorm`; rotary positions (`rope_theta`, optional fixed NTK `rope_scaling`); layers
+  `encoder.layer.{i}` with a fused Q/K/V projection `attention.qkv_proj` (with bias), `attention.o_proj`, `attn_ln`,
+  and `mlp.up_gate_proj` (no bias: its first half `up`, its second the `gate` that goes through GELU) into
+  `mlp.down_proj`, `mlp_ln`. Its task heads are BERT's names under `new.`: the pooler (dense + tanh) and `classifier`,
+  and the MLM head `lm_head` (dense, GELU, `norm`, `decoder`). Read from `modeling.py`/`configuration.py` of
+  `Alibaba-NLP/new-impl` (NewEmbeddings, NTKScalingRotaryEmbedding, NewAttention, NewGatedMLP, NewLayer) and checked
+  against text-embeddings-inference's `gte.rs`.
 - NomicBERT (`model_type: nomic_bert`, remote code `nomic-ai/nomic-bert-2048`: nomic-embed-text-v1/v1.5): GPT-2
   style config names (`n_embd`, `n_head`, ...); `emb_ln` after word (+ token type) embeddings; rotary positions
   (`rotary_emb_base`, the whole head, not interleaved); layers `encoder.layers.{i}` with `attn.Wqkv` and
@@ -61,7 +61,7 @@ from sie.worker.convert.graph_builder import GraphBuilder
 from sie.worker.convert.rotary import inverse_frequencies, qkv_heads_shape, rotary_attention, rotary_tables
 
 GTE = EncoderFamily(
-    "gte", ("new",), "new.", layer="encoder.layer.{index}", query="", key="", value="",
+    "gte", ("new", "gte"), "new.", layer="encoder.layer.{index}", query="", key="", value="",
     attention_output="attention.o_proj", attention_norm="attn_ln", ffn_in="mlp.up_gate_proj",
     ffn_out="mlp.down_proj", ffn_norm="mlp_ln", sequence_classifier="pooler",
     mlm=MlmHead("lm_head.dense", "lm_head.norm", "lm_head.decoder.weight", ("lm_head.decoder.bias",)),
@@ -71,7 +71,7 @@ NOMIC_BERT = EncoderFamily(
     attention_output="attn.out_proj", attention_norm="norm1", ffn_in="mlp.fc11", ffn_out="mlp.fc2", ffn_norm="norm2",
     sequence_classifier="pooler", mlm=None,
 )  # fmt: skip
-ROTARY_GLU_MODEL_TYPES = ("new", "nomic_bert")
+ROTARY_GLU_MODEL_TYPES = ("new", "gte", "nomic_bert")
 # Keys whose other values the graph does not build, with the modeling code's default (what a config.json that
 # leaves them out gets).
 GTE_ONLY: dict[str, Any] = {
