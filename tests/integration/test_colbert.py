@@ -193,6 +193,29 @@ def test_queries_and_documents_encode_as_the_checkpoint_was_trained(model_loader
         assert {len(vectors) for vectors in multivectors(loaded, QUERIES, True)} == {expansion}
 
 
+def test_documents_keep_the_profiles_doc_max_length(model_loader, tmp_path: Path) -> None:
+    """mxbai-colbert-large-v1's profile cuts documents at `doc_max_length` (256 of its 512 tokens); queries keep
+    their own limit; a request's `max_seq_length` still cuts below it."""
+    model, projection = save_stanford(tmp_path)
+    tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    profile = json.loads(json.dumps(STANFORD_PROFILE))
+    profile["adapter_options"]["loadtime"]["doc_max_length"] = 9
+    profile["adapter_options"]["runtime"] = {"query_max_length": 8}
+    config = model_yaml(tmp_path, profile)
+    loaded = model_loader.load(config, "default", config.sie_id)
+    marker = tokenizer.token_to_id("[unused1]")
+    for text, vectors in zip(DOCS, multivectors(loaded, DOCS, False), strict=True):
+        expected = reference_vectors(model, projection, tokenizer.encode(text).ids, False, 0, marker, 9)
+        assert vectors.shape == expected.shape
+        assert float(np.abs(vectors - expected).max()) <= 1e-4
+    assert max(len(tokenizer.encode(text).ids) for text in DOCS) + 1 > 9  # a document was cut
+    items = encode_items(DOCS, is_query=False, options={"max_seq_length": 5})
+    assert max(item.result["multivector"]["num_tokens"] for item in loaded.adapter.encode(items).items) <= 5
+    profile["adapter_options"]["loadtime"]["doc_max_length"] = 0
+    with pytest.raises(ModelLoadError, match="doc_max_length must be a whole number"):
+        model_loader.load(model_yaml(tmp_path, profile), "default", config.sie_id)
+
+
 def test_scores_are_maxsim_over_the_encoded_vectors(model_loader, tmp_path: Path) -> None:
     model, projection = save_stanford(tmp_path)
     config = model_yaml(tmp_path, STANFORD_PROFILE)

@@ -9,7 +9,8 @@ tokens a query or a document becomes, which token vectors an encode returns, and
   puts it; any other prefix is text put before the item's text.
 - Query expansion (`query_expansion`): a query is filled with the mask token up to its limit; the filled positions
   are not attended to, but their vectors are returned (ColBERT's query augmentation).
-- Limits: queries keep `query_max_length` tokens, documents `max_seq_length` (marker included).
+- Limits: queries keep `query_max_length` tokens, documents `doc_max_length` or `max_seq_length`, the smaller
+  (marker included).
 - Returned vectors: every attended token (and a query's expansion), less the tokenizer's special tokens when
   `skip_special_tokens` (the default), and for documents the single-character punctuation tokens when
   `doc_punctuation_skiplist`.

@@ -1,7 +1,8 @@
 """Multi-vector embeddings (ColBERT): one L2-normalised vector per returned token, projected to the model's token
 width; scoring is MaxSim. Markers, query expansion, token limits and the skiplist follow ColBERT's conventions
 (`sie.worker.late_interaction`), set by the profile's options (`query_prefix`, `doc_prefix`, `query_expansion`,
-`query_max_length`, `max_seq_length`, `skip_special_tokens`, `doc_punctuation_skiplist`, `normalize`)."""
+`query_max_length`, `doc_max_length`, `max_seq_length`, `skip_special_tokens`, `doc_punctuation_skiplist`,
+`normalize`)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class MultivectorAdapter(TextEncoderAdapter):
         super().__init__(context)
         loadtime = context.profile.loadtime_options
         self.runtime_options = {key: loadtime[key] for key in PER_REQUEST if key in loadtime} | self.runtime_options
+        self._doc_max_length = _doc_max_length(loadtime)
         self._token_states = first_output(self.session, rank=3, preferred=("last_hidden_state", "token_embeddings"))
         projection = read_projection(context.model_dir)
         hidden = output_width(self.session, self._token_states)
@@ -56,7 +58,8 @@ class MultivectorAdapter(TextEncoderAdapter):
         limit = options.get("query_max_length") if is_query else None
         if limit:
             return min(int(limit), self.tokenizer.max_length)
-        return super().token_limit(is_query, options)
+        limit = super().token_limit(is_query, options)
+        return limit if is_query or self._doc_max_length is None else min(limit, self._doc_max_length)
 
     def marked_text(self, text: str, is_query: bool) -> str:
         return self._late.marked_text(text, is_query)
@@ -104,3 +107,12 @@ class MultivectorAdapter(TextEncoderAdapter):
             best = (query_vectors @ doc_vectors.T).max(axis=1) if doc_vectors.size else np.zeros(len(query_vectors))
             scores.append(float(best.sum()))
         return np.asarray(scores, dtype=np.float32)
+
+
+def _doc_max_length(loadtime: Mapping[str, Any]) -> int | None:
+    """The documents' own token limit (PyLate's `document_length`: mxbai-colbert-large-v1 keeps 256 of its 512
+    tokens), None when the profile sets none; ValueError for anything but a positive whole number."""
+    limit = loadtime.get("doc_max_length")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"doc_max_length must be a whole number of tokens (at least 1), got {limit!r}")
+    return limit
