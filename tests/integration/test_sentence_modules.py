@@ -90,6 +90,38 @@ def stack_copy(dense_stack: Path, tmp_path: Path) -> Path:
     return tmp_path
 
 
+def test_a_profiles_dense_projection_path_picks_the_dense_layer(model_loader, stack_copy: Path) -> None:
+    """stella's layout: Dense directories of several widths beside the one modules.json names; the profile's
+    `dense_projection_path` (stella_en_1.5B_v5's YAML) picks one, and the vectors are what sentence-transformers
+    gives with that directory in its modules.json. A stack without exactly one Dense module refuses it."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules as models
+
+    tmp_path = stack_copy
+    torch.manual_seed(7)
+    (tmp_path / "st" / "2_Dense_8").mkdir()
+    models.Dense(32, 8, activation_function=torch.nn.Identity()).save(str(tmp_path / "st" / "2_Dense_8"))
+    yaml = model_yaml(tmp_path / "st", 8)
+    yaml["profiles"]["default"]["adapter_options"] = {"loadtime": {"dense_projection_path": "2_Dense_8"}}
+    model = parse_model_config(yaml)
+    loaded = model_loader.load(model, "default", model.sie_id)
+    ours = np.stack(
+        [np.asarray(item.result["dense"]["values"]) for item in loaded.adapter.encode(encode_items(TEXTS)).items]
+    )
+    modules_file = tmp_path / "st" / "modules.json"
+    modules = json.loads(modules_file.read_text())
+    (dense,) = [module for module in modules if module["type"].endswith("Dense")]
+    dense["path"] = "2_Dense_8"
+    modules_file.write_text(json.dumps(modules))
+    reference = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(TEXTS, convert_to_numpy=True)
+    assert ours.shape == reference.shape == (len(TEXTS), 8)
+    assert float(np.abs(ours - reference).max()) <= 1e-4
+    modules_file.write_text(json.dumps([module for module in modules if not module["type"].endswith("Dense")]))
+    with pytest.raises(ModelLoadError, match=r"dense_projection_path '2_Dense_8' replaces one Dense module; the stack"):
+        model_loader.load(parse_model_config(yaml), "default", model.sie_id)
+
+
 def test_a_width_the_yaml_does_not_declare_fails_the_load_naming_both(model_loader, stack_copy: Path) -> None:
     tmp_path = stack_copy
     model = parse_model_config(model_yaml(tmp_path / "st", 32))  # the Dense layer makes it 16

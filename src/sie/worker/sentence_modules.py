@@ -100,14 +100,16 @@ class SentenceModules:
         return self.dense[-1].out_features if self.dense else hidden_width
 
 
-def read_sentence_modules(model_dir: Path) -> SentenceModules | None:
-    """The module stack of `model_dir`, or None when it has no `modules.json` (a plain transformers checkpoint)."""
+def read_sentence_modules(model_dir: Path, dense_path: str | None = None) -> SentenceModules | None:
+    """The module stack of `model_dir`, or None when it has no `modules.json` (a plain transformers checkpoint).
+    `dense_path` (a profile's `dense_projection_path`) replaces the directory of the stack's one Dense module: stella
+    ships `2_Dense_256` … `2_Dense_8192` beside the one its modules.json names, one per output width."""
     path = Path(model_dir) / MODULES_FILE
     if not path.is_file():
+        if dense_path is not None:
+            raise SentenceModulesError(f"{path}: dense_projection_path {dense_path!r} needs a module stack")
         return None
-    entries = _json(path)
-    if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
-        raise SentenceModulesError(f"{path}: not a list of module objects")
+    entries = _entries(path, dense_path)
     pooling, dense, normalize = None, [], False
     for entry in sorted(entries, key=lambda entry: entry.get("idx", 0)):
         kind = str(entry.get("type", "")).rsplit(".", 1)[-1]
@@ -131,6 +133,25 @@ def read_sentence_modules(model_dir: Path) -> SentenceModules | None:
                 f"{path}: a Dense layer of {before.out_features} outputs feeds one of {after.in_features} inputs"
             )
     return stack
+
+
+def _entries(path: Path, dense_path: str | None) -> list[dict]:
+    """modules.json's entries, the one Dense module's directory replaced by `dense_path` when given."""
+    entries = _json(path)
+    if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+        raise SentenceModulesError(f"{path}: not a list of module objects")
+    if dense_path is None:
+        return entries
+    dense = [index for index, entry in enumerate(entries) if str(entry.get("type", "")).endswith(".Dense")]
+    if len(dense) != 1:
+        raise SentenceModulesError(
+            f"{path}: dense_projection_path {dense_path!r} replaces one Dense module; the stack has {len(dense)}"
+        )
+    if Path(dense_path).is_absolute() or ".." in Path(dense_path).parts:
+        raise SentenceModulesError(f"{path}: dense_projection_path {dense_path!r} must name a directory of the model")
+    entries = [dict(entry) for entry in entries]
+    entries[dense[0]]["path"] = dense_path
+    return entries
 
 
 def _pooling(config_path: Path) -> str:

@@ -1,6 +1,7 @@
 """Dense sentence embeddings: pooled token states (mean, cls or last), a sentence-transformers model's Dense layers,
 optional L2 normalisation. The model's own stack (`modules.json`) sets the default pooling and normalisation; the
-profile's and the request's options come before it."""
+profile's and the request's options come before it. A profile's `dense_projection_path` picks which of the
+checkpoint's Dense directories the stack's Dense module reads (stella's one per output width)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,10 @@ class DenseAdapter(TextEncoderAdapter):
     def __init__(self, context: AdapterContext) -> None:
         super().__init__(context)
         self._token_states = first_output(self.session, rank=3, preferred=("last_hidden_state", "token_embeddings"))
-        stack = read_sentence_modules(context.model_dir) if context.model_dir is not None else None
+        dense_path = context.profile.loadtime_options.get("dense_projection_path")
+        if dense_path is not None and not isinstance(dense_path, str):
+            raise ValueError(f"dense_projection_path must be a directory name, got {dense_path!r}")
+        stack = read_sentence_modules(context.model_dir, dense_path) if context.model_dir is not None else None
         self._stack = stack or SentenceModules()  # no stack: pool, then normalise as the options say
         if stack is not None:
             if stack.pooling is not None:
