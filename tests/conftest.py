@@ -52,6 +52,12 @@ def fetch_public_wheel() -> Path:
 
 
 @pytest.fixture(scope="session")
+def public_wheel() -> Path:
+    """The public sie-server 0.10.1 wheel (its pure-Python modules import from the zip: a reference to compare with)."""
+    return fetch_public_wheel()
+
+
+@pytest.fixture(scope="session")
 def public_catalog_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`bundles/` and `models/` of the public SIE 0.10.1 catalogue, read from the wheel's zip."""
     target = tmp_path_factory.mktemp("public-catalog")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import sys
 from pathlib import Path
 
 import httpx
@@ -150,6 +151,38 @@ def test_models_list_shows_states(all_server: str) -> None:
     assert one.status_code == 200 and one.json()["name"] == MINILM
     health = httpx.get(f"{all_server}/health", timeout=10).json()
     assert health["type"] == "gateway"
+
+
+def test_a_muvera_encoding_comes_back_as_the_public_server_computes_it(all_server: str, public_wheel: Path) -> None:
+    """`muvera: {}` on a multi-vector profile: over HTTP, `dense` is the public server's MUVERA encoding (its
+    defaults: 40 repetitions of 64 partitions, a Count Sketch to 10,240) of the token vectors returned beside it; a
+    dense model refuses the option, and without it the multi-vector profile refuses `dense`."""
+    sys.path.append(str(public_wheel))
+    try:
+        from sie_server.core.inference_output import EncodeOutput  # noqa: PLC0415 - the reference, from the wheel
+        from sie_server.core.postprocessor import MuveraConfig, MuveraPostprocessor  # noqa: PLC0415
+    finally:
+        sys.path.remove(str(public_wheel))
+    options = {"profile": "multivector", "muvera": {}, "is_query": True}
+    body = {"items": [{"text": "Hello world"}, {"text": "MUVERA folds token vectors into one"}],
+            "params": {"output_types": ["dense", "multivector"], "options": options}}  # fmt: skip
+    response = httpx.post(f"{all_server}/v1/encode/{MINILM}", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    items = response.json()["items"]
+    tokens = [np.asarray(item["multivector"]["values"], dtype=np.float32) for item in items]
+    reference = EncodeOutput(batch_size=len(tokens), multivector=tokens)
+    MuveraPostprocessor(token_dim=384, config=MuveraConfig()).transform(reference, is_query=True)
+    for item, expected in zip(items, reference.dense, strict=True):
+        assert item["dense"]["dims"] == 10240
+        assert float(np.abs(np.asarray(item["dense"]["values"], dtype=np.float32) - expected).max()) <= 1e-5
+    refused = {
+        "dense model": {"muvera": {}},
+        "multivector profile without muvera": {"profile": "multivector"},
+    }
+    for name, options in refused.items():
+        body = {"items": [{"text": "x"}], "params": {"output_types": ["dense"], "options": options}}
+        answer = httpx.post(f"{all_server}/v1/encode/{MINILM}", json=body, timeout=60)
+        assert answer.status_code == 400, (name, answer.text)
 
 
 def test_errors_from_the_real_stack(all_server: str) -> None:

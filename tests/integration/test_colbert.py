@@ -11,6 +11,7 @@ ours is the worker's adapter on a batch (≤ 1e-4). torch and transformers are i
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +215,47 @@ def test_documents_keep_the_profiles_doc_max_length(model_loader, tmp_path: Path
     profile["adapter_options"]["loadtime"]["doc_max_length"] = 0
     with pytest.raises(ModelLoadError, match="doc_max_length must be a whole number"):
         model_loader.load(model_yaml(tmp_path, profile), "default", config.sie_id)
+
+
+def test_the_muvera_profile_returns_the_public_servers_encoding_of_the_token_vectors(
+    model_loader, tmp_path: Path, public_wheel: Path
+) -> None:
+    """The public ColBERT YAMLs' `muvera` profile (`muvera: {}`, output_types [dense]) over the default's load-time
+    `muvera_config`: each item's dense vector is the public server's MuveraPostprocessor applied to the token vectors
+    this model returns (themselves checked against transformers above), queries summed and documents averaged;
+    both outputs may come together, and without `muvera` a dense output is refused."""
+    save_stanford(tmp_path)
+    settings = {"num_repetitions": 6, "num_simhash_projections": 3, "projection_dim": 4, "final_projection_dim": None}
+    default = json.loads(json.dumps(STANFORD_PROFILE))
+    default["adapter_options"]["loadtime"]["muvera_config"] = settings
+    raw = {"sie_id": "acme/colbert", "weights_path": str(tmp_path), "max_sequence_length": 64,
+           "tasks": {"encode": {"multivector": {"dim": TOKEN_DIM}}, "score": {}},
+           "profiles": {"default": {**default, "max_batch_tokens": 512},
+                        "muvera": {"extends": "default", "adapter_options": {"runtime": {
+                            "muvera": {}, "output_types": ["dense"], "query_max_length": 8}}}}}  # fmt: skip
+    config = parse_model_config(raw)
+    loaded = model_loader.load(config, "muvera", "acme/colbert:muvera")
+    sys.path.append(str(public_wheel))
+    try:
+        from sie_server.core.inference_output import EncodeOutput  # noqa: PLC0415 - the reference, from the wheel
+        from sie_server.core.postprocessor import MuveraConfig, MuveraPostprocessor  # noqa: PLC0415
+    finally:
+        sys.path.remove(str(public_wheel))
+    public = MuveraPostprocessor(token_dim=TOKEN_DIM, config=MuveraConfig(**settings))
+    for texts, is_query in ((QUERIES, True), (DOCS, False)):
+        items = encode_items(texts, is_query=is_query, output_types=["dense", "multivector"])
+        results = loaded.adapter.encode(items).items
+        assert all(result.ok for result in results), [result.error for result in results]
+        tokens = [np.asarray(result.result["multivector"]["values"]) for result in results]
+        reference = EncodeOutput(batch_size=len(tokens), multivector=tokens)
+        public.transform(reference, is_query=is_query)
+        for result, expected in zip(results, reference.dense, strict=True):
+            assert result.result["dense"]["dims"] == public.target_dim == 6 * 8 * 4
+            assert float(np.abs(np.asarray(result.result["dense"]["values"]) - expected).max()) <= 1e-5
+        only_dense = loaded.adapter.encode(encode_items(texts, is_query=is_query)).items  # the profile's output_types
+        assert all(set(result.result) == {"dense"} for result in only_dense)
+    refused = loaded.adapter.encode(encode_items(QUERIES[:1], options={"muvera": None}, output_types=["dense"]))
+    assert not refused.items[0].ok and "does not support output types: {'dense'}" in refused.items[0].error
 
 
 def test_scores_are_maxsim_over_the_encoded_vectors(model_loader, tmp_path: Path) -> None:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from sie.catalog import BundleConflictError, Catalog, ModelNotFoundError, load_catalog, parse_bundle
+from sie.catalog import (
+    BundleConflictError,
+    Catalog,
+    ModelNotFoundError,
+    load_catalog,
+    parse_bundle,
+    parse_model_config,
+)
 from sie.gateway.errors import InvalidRequestError, MachineProfileNotConfiguredError
 from sie.gateway.pools import PoolTarget
 from sie.gateway.router import (
@@ -163,6 +170,27 @@ def test_encode_outputs_default_and_validation(router: Router) -> None:
     assert caught.value.message == (
         f"Model '{MINILM}' does not support output types: {{'sparse'}}. Supported: {{'dense', 'multivector'}}"
     )
+
+
+def test_a_multivector_model_gives_dense_when_muvera_is_on(catalog: Catalog) -> None:
+    """The public ColBERT YAMLs' `muvera` profile (runtime `muvera: {}`, output_types [dense]) makes `dense` an
+    output of the variant; a request's own `muvera` option turns it on or off on any profile."""
+    colbert = parse_model_config(
+        {"sie_id": "acme/colbert", "hf_id": "acme/colbert", "tasks": {"encode": {"multivector": {"dim": 8}}},
+         "profiles": {"default": {"adapter_path": "sie_server.adapters.colbert:ColBERTAdapter", "max_batch_tokens": 64},
+                      "muvera": {"extends": "default", "adapter_options": {"runtime": {
+                          "muvera": {}, "output_types": ["dense"]}}}}}
+    )  # fmt: skip
+    router = Router(lambda: catalog.with_models([colbert]), LaneSettings())
+    variant = router.route("acme/colbert:muvera", None, NO_HINTS)
+    assert variant.muvera and encode_outputs(variant, None) == ["dense"]
+    assert encode_outputs(variant, ["dense", "multivector"]) == ["dense", "multivector"]
+    default = router.route("acme/colbert", None, NO_HINTS)
+    assert encode_outputs(default, None) == ["multivector"]
+    assert encode_outputs(default, ["dense"], {"muvera": {}}) == ["dense"]
+    for route, options in ((default, None), (variant, {"muvera": None})):
+        with pytest.raises(InvalidRequestError, match=r"does not support output types: \{'dense'\}"):
+            encode_outputs(route, ["dense"], options)
 
 
 def test_sparse_only_model_defaults_to_sparse(router: Router) -> None:

@@ -153,6 +153,16 @@ def _is_unset(value: Any) -> bool:
     return value is None or value is False or value == ""
 
 
+def muvera_on(value: Any) -> bool:
+    """Whether an options' `muvera` value asks for MUVERA's dense encoding: `{}` does (the public catalogue's
+    `muvera` profiles), null and false do not; the encoding's settings are the profile's load-time `muvera_config`."""
+    return isinstance(value, Mapping) and not value
+
+
+def _is_muvera(value: Any) -> bool:
+    return _is_unset(value) or muvera_on(value)
+
+
 _TEXT = f"null or a string of at most {MAX_OPTION_TEXT_CHARS} characters"
 RULES: Final[dict[str, OptionRule]] = {
     "profile": OptionRule("a profile name (string)", lambda value: isinstance(value, str)),
@@ -223,7 +233,10 @@ RULES: Final[dict[str, OptionRule]] = {
     # Features of the public server this one does not have: only their "off" values are accepted.
     "lora_id": OptionRule("null (LoRA adapters are not supported)", _is_unset),
     "lora": OptionRule("null (LoRA adapters are not supported)", _is_unset),
-    "muvera": OptionRule("null or false (MUVERA is not supported)", _is_unset),
+    # A multi-vector model's MUVERA encoding, returned as `dense` (sie.worker.muvera); its settings are load-time.
+    "muvera": OptionRule(
+        "null, false, or {} (MUVERA's dense encoding, as the profile's muvera_config sets it)", _is_muvera
+    ),
 }
 
 _EVERY_KIND: Final = frozenset({"profile", "is_query", "lora_id", "lora", "muvera"})
@@ -317,6 +330,8 @@ def option_problem(options: Mapping[str, Any] | None, kind: str | None, operatio
             return f"Option '{key}' does not apply to {model}{when}; it reads {sorted(read)}"
         if not rule.accepts(value):
             return f"Option '{key}' must be {rule.allows}; got {_shown(value)}"
+        if key == "muvera" and muvera_on(value) and kind is not None and kind != MULTIVECTOR:
+            return f"Option 'muvera' folds a multi-vector model's token vectors; this is {_KIND_NAMES[kind]}"
     return None
 
 

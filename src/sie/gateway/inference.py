@@ -76,7 +76,9 @@ class InferenceService:
         params = request.params
         route = await self._dispatcher.route(spec, _profile(params.options if params else None), hints)
         router.check_inputs(route, request.items)
-        outputs = router.encode_outputs(route, params.output_types if params else None)
+        outputs = router.encode_outputs(
+            route, params.output_types if params else None, params.options if params else None
+        )
         router.check_output_dtype(params)
         router.check_options(route, params.options if params else None, OPERATION_ENCODE, _instruction(params))
         if check is not None:

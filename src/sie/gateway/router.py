@@ -21,6 +21,7 @@ from sie.catalog.options import (
     MAX_OPTION_TEXT_CHARS,
     entities_problem,
     labels_problem,
+    muvera_on,
     option_problem,
     structure_problem,
 )
@@ -72,6 +73,8 @@ class Route:
     subject: str
     config: ModelConfig | None  # None only for the unseeded fallback (empty catalogue)
     default_outputs: tuple[str, ...] = ("dense",)
+    # The profile's runtime options ask for MUVERA's dense encoding of a multi-vector model (its `muvera` profile).
+    muvera: bool = False
     # The profile's kind of adapter (`sie.catalog.adapters`): which options the model reads; None when unknown.
     adapter_kind: str | None = None
     # The expected bundle_config_hash of (bundle, lane pool) in the snapshot this route was resolved from;
@@ -148,8 +151,10 @@ class Router:
         route = self._route(
             named, entry.model_id, entry.profile, resolution.bundle.name, model, machine_profile, target
         )
-        kind = adapter_kind(model.resolve_profile(entry.profile).adapter_path)
-        return attrs.evolve(route, default_outputs=_default_outputs(model, entry.profile), adapter_kind=kind)
+        resolved = model.resolve_profile(entry.profile)
+        return attrs.evolve(route, default_outputs=_default_outputs(model, entry.profile),
+                            muvera=muvera_on(resolved.runtime_options.get("muvera")),
+                            adapter_kind=adapter_kind(resolved.adapter_path))  # fmt: skip
 
     def _route(  # noqa: PLR0913 - the resolved parts of one route
         self,
@@ -217,12 +222,16 @@ def _set_text(names: Sequence[str]) -> str:
     return "{" + ", ".join(repr(name) for name in sorted(names)) + "}"
 
 
-def encode_outputs(route: Route, requested: list[str] | None) -> list[str]:
-    """The output types to compute: the request's, else the route's default; each must be a model output."""
+def encode_outputs(route: Route, requested: list[str] | None, options: dict[str, Any] | None = None) -> list[str]:
+    """The output types to compute: the request's, else the route's default; each must be a model output, or a
+    multi-vector model's `dense` MUVERA encoding when the request's options (else the profile's) turn it on."""
     wanted = list(requested) if requested else list(route.default_outputs)
     if route.config is None:
         return wanted
-    supported = route.config.tasks.encode
+    supported = list(route.config.tasks.encode)
+    muvera = muvera_on(options["muvera"]) if isinstance(options, dict) and "muvera" in options else route.muvera
+    if muvera and "multivector" in supported and "dense" not in supported:
+        supported.append("dense")
     if not supported:
         raise InvalidRequestError(f"Model '{route.model}' does not support encoding")
     unsupported = [kind for kind in wanted if kind not in supported]

@@ -100,11 +100,12 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
             return refused
         options = self.options_for(item.options)
         output_types = tuple(item.output_types or options.get("output_types") or (self.default_output,))
-        unsupported = sorted(set(output_types) - set(self.encode_outputs))
+        supported = self.supported_outputs(options)
+        unsupported = sorted(set(output_types) - set(supported))
         if unsupported:
             return invalid(
                 f"Model '{self.model.sie_id}' does not support output types: {set(unsupported)}. "
-                f"Supported: {set(self.encode_outputs)}"
+                f"Supported: {set(supported)}"
             )
         output_dtype = options.get("output_dtype") or "float32"
         prepared = self._prepared(item, options)
@@ -144,6 +145,10 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
             self.fit(spec.prepared if spec.prepared is not None else next(fresh), spec.is_query, spec.options)
             for spec in specs
         ]
+
+    def supported_outputs(self, options: Mapping[str, Any]) -> tuple[str, ...]:
+        """The output types an item with these (merged) options may ask for."""
+        return self.encode_outputs
 
     def token_limit(self, is_query: bool, options: Mapping[str, Any]) -> int:
         """The most tokens one text keeps: the options' `max_seq_length` when below the model's own limit."""

@@ -2,7 +2,8 @@
 width; scoring is MaxSim. Markers, query expansion, token limits and the skiplist follow ColBERT's conventions
 (`sie.worker.late_interaction`), set by the profile's options (`query_prefix`, `doc_prefix`, `query_expansion`,
 `query_max_length`, `doc_max_length`, `max_seq_length`, `skip_special_tokens`, `doc_punctuation_skiplist`,
-`normalize`)."""
+`normalize`). With the `muvera: {}` option an item may also ask for `dense`: the MUVERA encoding of its token vectors
+(`sie.worker.muvera`, settings from the load-time `muvera_config`)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from typing import Any, ClassVar, Final
 import numpy as np
 
 from sie.catalog.adapters import MULTIVECTOR
+from sie.catalog.options import muvera_on
 from sie.tokenization import PaddedBatch, TokenizedText
 from sie.worker.adapters.base import AdapterContext
 from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, check_width, first_output, output_width
 from sie.worker.adapters.feeds import bert_feeds
 from sie.worker.late_interaction import LateInteraction, read_projection
+from sie.worker.muvera import Muvera, MuveraConfig
 from sie.worker.outputs import l2_normalize, quantize
 
 # Public modules whose adapter expands queries when the YAML does not say (its generic ColBERT adapter: ColBERT v2
@@ -53,6 +56,13 @@ class MultivectorAdapter(TextEncoderAdapter):
         # A ColBERT checkpoint served without its projection gives hidden-size token vectors: refused, not served.
         width = None if hidden is None else self._late.width(hidden)
         check_width(self.model, "multivector", width, "the model gives")
+        self._muvera_config = MuveraConfig.read(loadtime.get("muvera_config"))
+        token_width = width or self.model.tasks.encode.get("multivector")
+        # Built here when the token width is known (its random structures are small), else at the first use.
+        self._muvera = Muvera(int(token_width), self._muvera_config) if token_width else None
+
+    def supported_outputs(self, options: Mapping[str, Any]) -> tuple[str, ...]:
+        return ("multivector", "dense") if muvera_on(options.get("muvera")) else self.encode_outputs
 
     def token_limit(self, is_query: bool, options: Mapping[str, Any]) -> int:
         limit = options.get("query_max_length") if is_query else None
@@ -87,16 +97,21 @@ class MultivectorAdapter(TextEncoderAdapter):
         results = []
         for row, spec in enumerate(specs):
             vectors = self._token_vectors(outputs[0], batch, row, spec.is_query, spec.options.get("normalize", True))
-            results.append(
-                {
-                    "multivector": {
-                        "token_dims": int(vectors.shape[1]),
-                        "num_tokens": int(vectors.shape[0]),
-                        "dtype": spec.output_dtype,
-                        "values": quantize(vectors, spec.output_dtype),
-                    }
+            result = {}
+            if "multivector" in spec.output_types:
+                result["multivector"] = {
+                    "token_dims": int(vectors.shape[1]),
+                    "num_tokens": int(vectors.shape[0]),
+                    "dtype": spec.output_dtype,
+                    "values": quantize(vectors, spec.output_dtype),
                 }
-            )
+            if "dense" in spec.output_types:  # MUVERA's encoding (supported_outputs allowed it)
+                if self._muvera is None:
+                    self._muvera = Muvera(int(vectors.shape[1]), self._muvera_config)
+                encoding = self._muvera.encode(vectors, spec.is_query)
+                result["dense"] = {"dims": self._muvera.dim, "dtype": spec.output_dtype,
+                                   "values": quantize(encoding, spec.output_dtype)}  # fmt: skip
+            results.append(result)
         return results
 
     def similarities(self, outputs: list[np.ndarray], batch: PaddedBatch, query: int, docs: range) -> np.ndarray:
