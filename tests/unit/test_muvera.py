@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from sie.worker import muvera
 from sie.worker.muvera import Muvera, MuveraConfig, MuveraConfigError
 
 TOKEN_DIM = 16
@@ -67,6 +68,17 @@ def test_encodings_equal_the_public_servers(public: ModuleType, name: str, is_qu
     assert float(np.abs(ours - expected).max()) <= 1e-5
     assert not ours[-1].any()
     assert float(np.abs(ours[:-1]).max()) > 0.01  # the comparison is of something
+
+
+def test_a_long_text_in_chunks_of_repetitions_encodes_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    tokens = np.random.default_rng(5).standard_normal((40, TOKEN_DIM)).astype(np.float32)
+    for name in ("ams-8", "count-sketch"):
+        encoder = Muvera(TOKEN_DIM, MuveraConfig.read(SETTINGS[name]))
+        whole = encoder.encode(tokens, is_query=False)
+        with monkeypatch.context() as patch:
+            patch.setattr(muvera, "ONE_HOT_CELLS", 100)  # one repetition per product
+            chunked = encoder.encode(tokens, is_query=False)
+        np.testing.assert_allclose(chunked, whole, rtol=0, atol=1e-6)
 
 
 def test_the_defaults_are_the_public_servers(public: ModuleType) -> None:

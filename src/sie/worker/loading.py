@@ -505,9 +505,8 @@ def _union_member(model_id: str, member: str | None) -> Iterator[None]:
 
 def _write_graph(model_dir: Path, staged: Path, target: Path, head: str, precision: str) -> None:
     """Convert the checkpoint in `model_dir` with `head` (`HIDDEN`, `BIDIRECTIONAL_HIDDEN`: a decoder's hidden states)
-    to `staged`; a graph
-    converted beside the main one (a bi-encoder's label graph, a vision tower) is moved beside `target` first, so the
-    main graph's rename publishes a complete set."""
+    to `staged`; a graph converted beside the main one (a bi-encoder's label graph, a vision tower) is moved beside
+    `target` first, so the main graph's rename publishes a complete set."""
     # The converter imports `onnx` (about 1.4 s): only a cache miss pays for it.
     from sie.worker.convert.clip import convert_clip
     from sie.worker.convert.decoders import convert_decoder_hidden

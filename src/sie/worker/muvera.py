@@ -15,6 +15,7 @@ public server's defaults for what it leaves out.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -35,6 +36,8 @@ DEFAULTS: Final[dict[str, Any]] = {
 # 2^k partitions per repetition: past this the encoding is too wide to serve.
 MAX_SIMHASH_PROJECTIONS: Final = 16
 MAX_ENCODING_DIM: Final = 1 << 24
+# Partitions × tokens of the one-hot matrices one product takes (a text's repetitions go in chunks of at most this).
+ONE_HOT_CELLS: Final = 1 << 22
 
 
 class MuveraConfigError(ValueError):
@@ -83,6 +86,14 @@ class MuveraConfig:
         return 1 << self.num_simhash_projections
 
 
+@attrs.frozen
+class _RandomStructures:
+    simhash: np.ndarray  # [token_dim, repetitions × k]
+    ams: np.ndarray | None  # [token_dim, repetitions × projection_dim]
+    sketch_index: np.ndarray | None  # [concatenated_dim]: each dimension's Count Sketch bucket
+    sketch_sign: np.ndarray | None
+
+
 class Muvera:
     """The encoding of one model's token vectors (`token_dim` wide)."""
 
@@ -100,48 +111,59 @@ class Muvera:
         # A Count Sketch to as many dimensions or more could only lose information: the public server skips it.
         self.sketched = final is not None and final < self.concatenated_dim
         self.dim = final if self.sketched else self.concatenated_dim
-        repetitions = range(config.num_repetitions)
+
+    @functools.cached_property
+    def _random(self) -> _RandomStructures:
+        """Drawn at the first encoding (a Count Sketch over a wide model's tokens takes tens of megabytes: a model
+        that is never asked for MUVERA does not hold them)."""
+        config, repetitions = self.config, range(self.config.num_repetitions)
         # [token_dim, repetitions × k]: every repetition's SimHash in one product.
-        self._simhash = np.concatenate([_simhash(token_dim, config.num_simhash_projections, config.seed + r)
-                                        for r in repetitions], axis=1)  # fmt: skip
-        self._ams = (
-            None
-            if config.projection_dim is None
-            else np.concatenate([_ams(token_dim, self.width, config.seed + r) for r in repetitions], axis=1)
-        )
+        simhash = np.concatenate([_simhash(self.token_dim, config.num_simhash_projections, config.seed + r)
+                                  for r in repetitions], axis=1)  # fmt: skip
+        ams = None
+        if config.projection_dim is not None:
+            ams = np.concatenate([_ams(self.token_dim, self.width, config.seed + r) for r in repetitions], axis=1)
+        sketch_index = sketch_sign = None
         if self.sketched:
             rng = np.random.default_rng(config.seed)
-            self._sketch_index = rng.integers(0, self.dim, size=self.concatenated_dim)
-            self._sketch_sign = rng.choice(np.array([-1.0, 1.0], dtype=np.float32), size=self.concatenated_dim)
+            sketch_index = rng.integers(0, self.dim, size=self.concatenated_dim)
+            sketch_sign = rng.choice(np.array([-1.0, 1.0], dtype=np.float32), size=self.concatenated_dim)
+        return _RandomStructures(simhash, ams, sketch_index, sketch_sign)
 
     def encode(self, tokens: np.ndarray, is_query: bool) -> np.ndarray:
         """The encoding of one text's token vectors `[tokens, token_dim]`: float32 `[dim]` (zeros for no tokens)."""
         config = self.config
         if len(tokens) == 0:
             return np.zeros(self.dim, dtype=np.float32)
+        random = self._random
         tokens = np.asarray(tokens, dtype=np.float32)
         if config.center_tokens:
             tokens = tokens - tokens.mean(axis=0, keepdims=True)
         repetitions, bits = config.num_repetitions, config.num_simhash_projections
-        signs = (tokens @ self._simhash > 0).reshape(len(tokens), repetitions, bits)
+        signs = (tokens @ random.simhash > 0).reshape(len(tokens), repetitions, bits)
         partition = np.zeros((len(tokens), repetitions), dtype=np.int64)
         for bit in range(bits):  # the sign bits as a Gray code, most significant first
             partition = (partition << 1) + (signs[:, :, bit] ^ (partition & 1))
-        projected = tokens if self._ams is None else tokens @ self._ams
-        projected = projected.reshape(len(tokens), -1, self.width)  # [tokens, 1 or repetitions, width]
-        cells = (np.arange(repetitions) * config.partitions + partition).reshape(-1)  # [tokens × repetitions]
-        rows = np.broadcast_to(projected, (len(tokens), repetitions, self.width)).reshape(-1, self.width)
-        sums = np.zeros((repetitions * config.partitions, self.width), dtype=np.float32)
-        np.add.at(sums, cells, rows)
+        # [repetitions, tokens, width], or [tokens, width] shared by every repetition (no AMS projection)
+        projected = tokens if random.ams is None else (tokens @ random.ams).reshape(len(tokens), repetitions, -1)
+        if random.ams is not None:
+            projected = projected.transpose(1, 0, 2)
+        sums = np.empty((repetitions, config.partitions, self.width), dtype=np.float32)
+        counts = np.empty((repetitions, config.partitions), dtype=np.float32)
+        step = max(1, ONE_HOT_CELLS // (config.partitions * len(tokens)))
+        for first in range(0, repetitions, step):  # each partition's sum as one product with its tokens' one-hot
+            block = slice(first, min(first + step, repetitions))
+            count = block.stop - block.start
+            one_hot = np.zeros((count, config.partitions, len(tokens)), dtype=np.float32)
+            one_hot[np.arange(count)[:, None], partition[:, block].T, np.arange(len(tokens))] = 1.0
+            sums[block] = one_hot @ (projected if random.ams is None else projected[block])
+            counts[block] = one_hot.sum(axis=2)
         if not is_query:
-            counts = np.bincount(cells, minlength=len(sums))
             filled = counts > 0
-            sums[filled] /= counts[filled, None].astype(np.float32)
+            sums[filled] /= counts[filled][:, None]
         encoding = sums.reshape(-1)
-        if self.sketched:
-            folded = np.zeros(self.dim, dtype=np.float32)
-            np.add.at(folded, self._sketch_index, self._sketch_sign * encoding)
-            encoding = folded
+        if self.sketched:  # summed in float64 (bincount is many times faster than a float32 add.at), then float32
+            encoding = np.bincount(random.sketch_index, weights=random.sketch_sign * encoding, minlength=self.dim)
         if config.normalize:
             norm = float(np.linalg.norm(encoding))
             if norm > 0:

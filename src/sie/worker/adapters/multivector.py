@@ -58,7 +58,7 @@ class MultivectorAdapter(TextEncoderAdapter):
         check_width(self.model, "multivector", width, "the model gives")
         self._muvera_config = MuveraConfig.read(loadtime.get("muvera_config"))
         token_width = width or self.model.tasks.encode.get("multivector")
-        # Built here when the token width is known (its random structures are small), else at the first use.
+        # Checked here when the token width is known, else at the first use; its random structures are drawn then.
         self._muvera = Muvera(int(token_width), self._muvera_config) if token_width else None
 
     def supported_outputs(self, options: Mapping[str, Any]) -> tuple[str, ...]:
