@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 from tokenizers import AddedToken, Tokenizer
@@ -269,6 +271,54 @@ async def test_greedy_generation_equals_transformers_generate_alone_and_in_a_bat
         assert await generate_all(adapter, [chat]) == await generate_all(adapter, [rendered])
     finally:
         loaded.close()
+
+
+async def test_a_profiles_default_sampling_and_stop_tokens_apply_to_requests_that_leave_them_out(
+    model_loader: ModelLoader, tmp_path: Path
+) -> None:
+    """The public generation YAMLs' runtime `default_sampling` (Qwen3Guard's temperature 0) and `stop_tokens`
+    (translategemma's `<end_of_turn>`): a request without a temperature decodes greedily, token for token as
+    transformers' greedy generate, and ends at the stop token (its text left out, finish reason stop); a request's
+    own settings still win; a default this engine does not apply, or a stop token that is not one, fails the load."""
+    import torch
+
+    model = save_causal_lm(tmp_path / "model", "qwen3")
+    raw = {"sie_id": "acme/guard", "weights_path": str(tmp_path / "model"),
+           "tasks": {"generate": {"max_output_tokens": 64}},
+           "profiles": {"default": {"adapter_path": "sie_server.adapters.sglang.generation:SGLangGenerationAdapter",
+                                    "max_batch_tokens": 1024}}}  # fmt: skip
+    tokenizer = Tokenizer.from_file(str(tmp_path / "model" / "tokenizer.json"))
+    ids = tokenizer.encode("w1 w2 w3").ids
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, min_new_tokens=24, pad_token_id=0)
+    greedy = out[0, len(ids) :].tolist()
+    cut = next(index for index in range(3, len(greedy)) if greedy[index] not in greedy[:index])
+    runtime = {"default_sampling": {"temperature": 0.0, "top_p": 1.0},
+               "stop_tokens": [tokenizer.id_to_token(greedy[cut])]}  # fmt: skip
+    raw["profiles"]["default"]["adapter_options"] = {"runtime": runtime}
+    loaded = model_loader.load(parse_model_config(raw), "default", "acme/guard")
+    try:
+        adapter = loaded.adapter
+        prepared = await asyncio.to_thread(adapter.prepare, GenerateParams(prompt="w1 w2 w3", max_new_tokens=24))
+        assert (prepared.params.temperature, prepared.params.top_p) == (0.0, 1.0)
+        assert greedy[cut] in prepared.params.stop_token_ids
+        stream = adapter.start(prepared, "r0", "s0")
+        texts = []
+        while not (event := await stream.next()).done:
+            texts.append(event.text)
+        assert event.error is None and event.finish_reason == "stop"
+        assert "".join(texts) + event.text == adapter.decode_text(greedy[:cut])
+        own = GenerateParams(prompt="w1", max_new_tokens=4, temperature=0.7, top_p=0.5, seed=3)
+        assert attrs.astuple(adapter.prepare(own).params)[:4] == (0.7, 0.5, 0, 3)
+    finally:
+        loaded.close()
+    refused = {"['presence_penalty'] are not applied": {"default_sampling": {"presence_penalty": 1.5}},
+               "temperature must be a finite number >= 0": {"default_sampling": {"temperature": -1}},
+               "['w1 w2'] are not tokens of the model's vocabulary": {"stop_tokens": ["w1 w2"]}}  # fmt: skip
+    for named, runtime in refused.items():
+        raw["profiles"]["default"]["adapter_options"] = {"runtime": runtime}
+        with pytest.raises(ModelLoadError, match=re.escape(named)):
+            model_loader.load(parse_model_config(raw), "default", "acme/guard")
 
 
 def test_a_sharded_checkpoint_converts_to_the_same_decoder(tmp_path: Path) -> None:

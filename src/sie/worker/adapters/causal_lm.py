@@ -3,6 +3,12 @@
 It turns a work item's GenerateParams into prompt token ids and SamplingParams (chat template, tokenizer, context
 length, stop tokens) and hands the sequence to its BatchingDecoder, which decodes it beside the model's other
 sequences on the model's own thread. Encode, score and extract stay refused (the base class).
+
+A profile's runtime options may set what a request leaves out, as the public catalogue's generation YAMLs do:
+`default_sampling` (`temperature`, `top_p`, `top_k`, `seed`: Qwen3Guard and granite-guardian decode greedily unless
+asked otherwise) and `stop_tokens` (vocabulary tokens that end a generation besides the end-of-sequence ids:
+translategemma's `<end_of_turn>`). A default this engine does not apply (a penalty, `min_p`, `min_new_tokens`) or a
+stop token that is not one token of the vocabulary fails the load naming it.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ if TYPE_CHECKING:
 # Limits of a model whose catalogue entry names none (tasks.generate, max_sequence_length, config.json).
 DEFAULT_CONTEXT_LENGTH: Final = 2048
 DEFAULT_MAX_OUTPUT_TOKENS: Final = 512
+# A profile's `default_sampling` keys this engine applies, as SamplingParams fields.
+DEFAULT_SAMPLING_FIELDS: Final = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
+                                  "sampling_seed": "seed"}  # fmt: skip
 
 
 class GenerationInputError(ValueError):
@@ -65,6 +74,37 @@ def _positive(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+def _default_sampling(value: Any) -> dict[str, Any]:
+    """A profile's `default_sampling` as SamplingParams fields; ValueError naming what this engine does not apply."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"default_sampling must be a mapping, got {value!r}")
+    unknown = sorted(set(value) - set(DEFAULT_SAMPLING_FIELDS))
+    if unknown:
+        raise ValueError(f"default_sampling {unknown} are not applied by this engine; it applies "
+                         f"{sorted(DEFAULT_SAMPLING_FIELDS)}")  # fmt: skip
+    fields = {DEFAULT_SAMPLING_FIELDS[key]: setting for key, setting in value.items()}
+    try:
+        SamplingParams(**fields)  # each value checked once, here, rather than blamed on every request
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"default_sampling: {exc}") from exc
+    return fields
+
+
+def _stop_token_ids(tokenizer: tokenizers.Tokenizer, value: Any) -> frozenset[int]:
+    """The ids of a profile's `stop_tokens`; ValueError for one that is not a single token of the vocabulary."""
+    if value is None:
+        return frozenset()
+    if not isinstance(value, list) or not all(isinstance(token, str) and token for token in value):
+        raise ValueError(f"stop_tokens must be a list of non-empty strings, got {value!r}")
+    ids = {token: tokenizer.token_to_id(token) for token in value}
+    missing = [token for token, token_id in ids.items() if token_id is None]
+    if missing:
+        raise ValueError(f"stop_tokens {missing} are not tokens of the model's vocabulary")
+    return frozenset(ids.values())
+
+
 class CausalLMAdapter(Adapter):
     """Generation on a converted decoder (`sie.adapters.causal_lm`)."""
 
@@ -101,6 +141,8 @@ class CausalLMAdapter(Adapter):
             or DEFAULT_CONTEXT_LENGTH
         )
         self.max_output_tokens = self.model.tasks.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS
+        self.default_sampling = _default_sampling(self.runtime_options.get("default_sampling"))
+        self.profile_stop_ids = _stop_token_ids(self._tokenizer, self.runtime_options.get("stop_tokens"))
         self.engine = BatchingDecoder(
             self.session,
             CacheShape.from_config(context.model_config_json),
@@ -158,12 +200,11 @@ class CausalLMAdapter(Adapter):
                 f"'{self.model.sie_id}''s context of {self.context_length} tokens",
             )
         stop_ids = set(params.stop_token_ids or ())
-        stop_ids.update(self.eos_token_ids)
-        chosen = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
+        stop_ids.update(self.eos_token_ids, self.profile_stop_ids)
+        chosen = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k, "seed": params.seed}
         try:
             return SamplingParams(
-                **{name: value for name, value in chosen.items() if value is not None},
-                seed=params.seed,
+                **{**self.default_sampling, **{name: value for name, value in chosen.items() if value is not None}},
                 max_tokens=max_new,
                 stop=tuple(params.stop or ()),
                 stop_token_ids=frozenset(stop_ids),
