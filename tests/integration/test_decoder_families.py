@@ -30,6 +30,7 @@ from sie.worker.loading import ModelLoader, graph_bytes
 from sie.worker.session import SessionOptions
 from support import llama_reference
 from support.decoder_checkpoints import (
+    CHAT_TEMPLATE,
     COMMON,
     FAMILIES,
     VOCAB,
@@ -319,6 +320,59 @@ async def test_a_profiles_default_sampling_and_stop_tokens_apply_to_requests_tha
         raw["profiles"]["default"]["adapter_options"] = {"runtime": runtime}
         with pytest.raises(ModelLoadError, match=re.escape(named)):
             model_loader.load(parse_model_config(raw), "default", "acme/guard")
+
+
+SWITCHED_TEMPLATE = CHAT_TEMPLATE + (
+    "{% if add_generation_prompt and enable_thinking is defined and not enable_thinking %} w40 w41{% endif %}"
+    "{% if guardian_config is defined %} risk {{ guardian_config.risk_name }}{% endif %}"
+)
+
+
+def test_chat_template_switches_of_the_entry_and_profile_render_as_transformers_does(
+    model_loader: ModelLoader, tmp_path: Path
+) -> None:
+    """Qwen3-0.6B's YAML turns thinking off in `tasks.generate.chat_template_kwargs` and its `thinking` profile on;
+    granite-guardian's names a risk: the prompt each profile renders is transformers' `apply_chat_template` with the
+    same keyword arguments; a switch the public server does not pass fails the load naming it."""
+    import transformers
+
+    save_causal_lm(tmp_path / "model", "qwen3")
+    config_file = tmp_path / "model" / "tokenizer_config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "chat_template": SWITCHED_TEMPLATE}))
+    reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "model"))
+    messages = [{"role": "user", "content": "w1 w2"}]
+    generation = "sie_server.adapters.sglang.generation:SGLangGenerationAdapter"
+
+    def entry(task_switches: Any, profile_switches: Any = None) -> Any:
+        thinking = {"extends": "default"} | ({"chat_template_kwargs": profile_switches} if profile_switches else {})
+        return parse_model_config(
+            {"sie_id": "acme/qwen3", "weights_path": str(tmp_path / "model"),
+             "tasks": {"generate": {"max_output_tokens": 8, "chat_template_kwargs": task_switches}},
+             "profiles": {"default": {"adapter_path": generation, "max_batch_tokens": 512}, "thinking": thinking}}
+        )  # fmt: skip
+
+    cases = [  # (task switches, profile switches, profile, what transformers is given)
+        ({"enable_thinking": False}, {"enable_thinking": True}, "default", {"enable_thinking": False}),
+        ({"enable_thinking": False}, {"enable_thinking": True}, "thinking", {"enable_thinking": True}),
+        ({"guardian_config": {"risk_name": "harm"}}, None, "default", {"guardian_config": {"risk_name": "harm"}}),
+        ({}, None, "default", {}),
+    ]
+    for task_switches, profile_switches, profile, switches in cases:
+        loaded = model_loader.load(entry(task_switches, profile_switches), profile, "acme/qwen3")
+        try:
+            ours = loaded.adapter.prompt_text(GenerateParams(messages=messages))
+        finally:
+            loaded.close()
+        expected = reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **switches)
+        assert ours == expected, (profile, switches)
+    off = reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    assert "w40 w41" in off  # the switch is in the template
+    refused = {"['tools'] are not chat template switches": {"tools": []},
+               "enable_thinking must be true or false": {"enable_thinking": "no"},
+               "guardian_config must be {risk_name": {"guardian_config": {"risk_name": ""}}}  # fmt: skip
+    for named, switches in refused.items():
+        with pytest.raises(ModelLoadError, match=re.escape(named)):
+            model_loader.load(entry(switches), "default", "acme/qwen3")
 
 
 def test_a_sharded_checkpoint_converts_to_the_same_decoder(tmp_path: Path) -> None:

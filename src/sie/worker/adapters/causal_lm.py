@@ -8,7 +8,10 @@ A profile's runtime options may set what a request leaves out, as the public cat
 `default_sampling` (`temperature`, `top_p`, `top_k`, `seed`: Qwen3Guard and granite-guardian decode greedily unless
 asked otherwise) and `stop_tokens` (vocabulary tokens that end a generation besides the end-of-sequence ids:
 translategemma's `<end_of_turn>`). A default this engine does not apply (a penalty, `min_p`, `min_new_tokens`) or a
-stop token that is not one token of the vocabulary fails the load naming it.
+stop token that is not one token of the vocabulary fails the load naming it. The catalogue entry's
+`tasks.generate.chat_template_kwargs`, with a profile's own `chat_template_kwargs` over them, are the chat template's
+switches (Qwen3's `enable_thinking`, granite-guardian's `guardian_config.risk_name`; no other keys, as the public
+server accepts none).
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ if TYPE_CHECKING:
 # Limits of a model whose catalogue entry names none (tasks.generate, max_sequence_length, config.json).
 DEFAULT_CONTEXT_LENGTH: Final = 2048
 DEFAULT_MAX_OUTPUT_TOKENS: Final = 512
+# The chat template switches a catalogue entry may set, and granite-guardian's one setting (the public server's bounds).
+CHAT_TEMPLATE_KWARGS: Final = ("enable_thinking", "guardian_config")
+GUARDIAN_CONFIG_KEYS: Final = ("risk_name",)
+MAX_RISK_NAME_CHARS: Final = 128
 # A profile's `default_sampling` keys this engine applies, as SamplingParams fields.
 DEFAULT_SAMPLING_FIELDS: Final = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
                                   "sampling_seed": "seed"}  # fmt: skip
@@ -72,6 +79,31 @@ def _is_id(value: Any) -> bool:
 
 def _positive(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _chat_template_kwargs(value: Any, where: str) -> dict[str, Any]:
+    """`chat_template_kwargs` of a catalogue entry (`where` it is written), checked; ValueError naming what is not
+    one of the switches SIE passes to a chat template."""
+    if value is None:
+        return {}
+    field = f"{where}.chat_template_kwargs"
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{field} must be a mapping, got {value!r}")
+    unknown = sorted(set(value) - set(CHAT_TEMPLATE_KWARGS))
+    if unknown:
+        raise ValueError(
+            f"{field} {unknown} are not chat template switches SIE passes; expected {list(CHAT_TEMPLATE_KWARGS)}"
+        )
+    if "enable_thinking" in value and not isinstance(value["enable_thinking"], bool):
+        raise ValueError(f"{field}.enable_thinking must be true or false, got {value['enable_thinking']!r}")
+    if "guardian_config" in value:
+        guardian = value["guardian_config"]
+        risk = guardian.get("risk_name") if isinstance(guardian, Mapping) else None
+        if (not isinstance(guardian, Mapping) or set(guardian) - set(GUARDIAN_CONFIG_KEYS) or not isinstance(risk, str)
+                or not 1 <= len(risk) <= MAX_RISK_NAME_CHARS):  # fmt: skip
+            raise ValueError(f"{field}.guardian_config must be {{risk_name: a string of 1 to {MAX_RISK_NAME_CHARS} "
+                             f"characters}}, got {guardian!r}")  # fmt: skip
+    return dict(value)
 
 
 def _default_sampling(value: Any) -> dict[str, Any]:
@@ -134,6 +166,9 @@ class CausalLMAdapter(Adapter):
             end_ids.add(tokenizer_end)
         self.eos_token_ids = frozenset(end_ids)
         generate = (self.model.raw.get("tasks") or {}).get("generate") or {}
+        self.template_variables = {**_chat_template_kwargs(generate.get("chat_template_kwargs"), "tasks.generate"),
+                                   **_chat_template_kwargs(self.profile.extra.get("chat_template_kwargs"),
+                                                           f"profiles.{self.profile.name}")}  # fmt: skip
         self.context_length = (
             _positive(generate.get("context_length"))
             or _positive(self.model.max_sequence_length)
@@ -170,7 +205,8 @@ class CausalLMAdapter(Adapter):
         from sie.worker.generation.chat_template import ChatTemplateError  # loaded with the template
 
         try:
-            return self._template.render(params.messages, bos_token=self.bos_token, eos_token=self.eos_token)
+            return self._template.render(params.messages, bos_token=self.bos_token, eos_token=self.eos_token,
+                                         variables=self.template_variables)  # fmt: skip
         except ChatTemplateError as exc:
             raise _invalid(str(exc)) from exc
 

@@ -112,15 +112,22 @@ class ChatTemplate:
         except TemplateError as exc:
             raise ChatTemplateError(f"the model's chat template does not compile: {exc}") from exc
 
-    def render(
-        self, messages: Any, add_generation_prompt: bool = True, bos_token: str = "", eos_token: str = ""
+    def render(  # noqa: PLR0913 - the template's variables
+        self,
+        messages: Any,
+        add_generation_prompt: bool = True,
+        bos_token: str = "",
+        eos_token: str = "",
+        variables: Mapping[str, Any] | None = None,
     ) -> str:
         """The prompt text of `messages` (checked by `normalize_messages`), ending with an open assistant turn
-        when `add_generation_prompt`."""
+        when `add_generation_prompt`; `variables` are the template's own switches (`apply_chat_template`'s extra
+        keyword arguments: Qwen3's `enable_thinking`, granite-guardian's `guardian_config`)."""
         turns = normalize_messages(messages)
         try:
             return self._template.render(
-                messages=turns, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token
-            )
+                **dict(variables or {}), messages=turns, add_generation_prompt=add_generation_prompt,
+                bos_token=bos_token, eos_token=eos_token,
+            )  # fmt: skip
         except (TemplateError, TypeError) as exc:  # TypeError: the template combined values it cannot
             raise ChatTemplateError(f"the model's chat template cannot render these messages: {exc}") from exc
