@@ -333,7 +333,8 @@ def test_chat_template_switches_of_the_entry_and_profile_render_as_transformers_
 ) -> None:
     """Qwen3-0.6B's YAML turns thinking off in `tasks.generate.chat_template_kwargs` and its `thinking` profile on;
     granite-guardian's names a risk: the prompt each profile renders is transformers' `apply_chat_template` with the
-    same keyword arguments; a switch the public server does not pass fails the load naming it."""
+    same keyword arguments, and a model whose thinking is switched hides its reasoning block; a switch the public
+    server does not pass fails the load naming it."""
     import transformers
 
     save_causal_lm(tmp_path / "model", "qwen3")
@@ -361,6 +362,8 @@ def test_chat_template_switches_of_the_entry_and_profile_render_as_transformers_
         loaded = model_loader.load(entry(task_switches, profile_switches), profile, "acme/qwen3")
         try:
             ours = loaded.adapter.prompt_text(GenerateParams(messages=messages))
+            # a model whose thinking is switched answers without its <think> block (tests/unit: the block's rules)
+            assert loaded.adapter.hides_reasoning == ("enable_thinking" in switches)
         finally:
             loaded.close()
         expected = reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **switches)

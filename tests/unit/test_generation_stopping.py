@@ -1,5 +1,6 @@
 """Stop/length/UTF-8 release rules of sie.worker.generation.stopping on token ids decoded by a real byte-level BPE
-decoder (`tokenizers`' ByteLevel, as the SmolLM2 tokenizer uses)."""
+decoder (`tokenizers`' ByteLevel, as the SmolLM2 tokenizer uses), and a thinking model's reasoning kept out of the
+released text (sie.worker.generation.reasoning)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from sie.wire.generate import FINISH_LENGTH, FINISH_STOP
+from sie.worker.generation.reasoning import answer_text
 from sie.worker.generation.sampling import SamplingParams
 from sie.worker.generation.stopping import StopChecker, StopStep
 
@@ -129,3 +131,42 @@ def test_a_stop_string_with_a_multi_byte_character_is_held_across_its_bytes() ->
     steps = run(SamplingParams(stop=["fé"], max_tokens=20), vocabulary, ids)
     assert released(steps) == "cafe ca"
     assert steps[-1].finish_reason == FINISH_STOP
+
+
+# --- a thinking model's reasoning (sie.worker.generation.reasoning) ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("", ""),
+        ("<th", ""),  # may still open a block
+        ("<think>\nplan", ""),  # inside the block
+        ("<think>\nplan\n</think>\n\nThe answer.", "The answer."),
+        ("\n<think></think>Yes", "Yes"),
+        ("No reasoning here", "No reasoning here"),
+        ("<b>bold</b>", "<b>bold</b>"),
+        ("An answer that mentions <think> later", "An answer that mentions <think> later"),
+    ],
+)
+def test_the_answer_leaves_out_a_leading_reasoning_block(text: str, answer: str) -> None:
+    assert answer_text(text) == answer
+
+
+def test_a_reasoning_block_streams_nothing_and_its_stop_strings_do_not_stop_the_answer() -> None:
+    """Token by token through the stop checker, as a thinking model's text arrives: the answer grows as a prefix,
+    nothing of the reasoning (where the stop string also appears) is released, and the stop string ends the answer."""
+    vocabulary = ByteVocabulary()
+    pieces = ["<", "think", ">", "\n", "Plan", ":", " END", " here", "\n", "</", "think", ">", "\n\n", "The",
+              " answer", " END", " more"]  # fmt: skip
+    ids = vocabulary.text_ids(*pieces)
+    decode = vocabulary.decoder()
+    checker = StopChecker(SamplingParams(stop=[" END"], max_tokens=50), lambda ids: answer_text(decode(ids)))
+    steps = []
+    for token_id in ids:
+        steps.append(checker.push(token_id))
+        if steps[-1].finished:
+            break
+    assert released(steps) == "The answer"
+    assert steps[-1].finish_reason == FINISH_STOP and len(steps) == len(pieces) - 1
+    assert not "".join(step.text for step in steps[:12])  # the reasoning: nothing released
