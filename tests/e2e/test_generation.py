@@ -38,6 +38,18 @@ def test_openai_chat_completion_answers_paris(client: openai.OpenAI) -> None:
     assert reply.model == MODEL and reply.object == "chat.completion"
 
 
+def test_chat_template_switches_go_through_the_openai_clients_extra_body(client: openai.OpenAI) -> None:
+    """vLLM's and sglang's `chat_template_kwargs`: the switches the public server passes reach the template (SmolLM2's
+    takes none, so the answer is the same), any other is a 400 naming the field."""
+    asked = {"model": MODEL, "messages": FRANCE, "temperature": 0, "max_tokens": 32}
+    plain = client.chat.completions.create(**asked)
+    switched = client.chat.completions.create(**asked, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert switched.choices[0].message.content == plain.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(**asked, extra_body={"chat_template_kwargs": {"tools": []}})
+    assert refused.value.body["param"] == "chat_template_kwargs"
+
+
 def test_openai_streamed_chat_completion(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
         model=MODEL, messages=FRANCE, temperature=0, max_tokens=32, stream=True, stream_options={"include_usage": True}

@@ -370,6 +370,18 @@ def test_chat_template_switches_of_the_entry_and_profile_render_as_transformers_
         assert ours == expected, (profile, switches)
     off = reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
     assert "w40 w41" in off  # the switch is in the template
+    # a chat request's own switches, the entry's winning where both set one (as the public server merges them)
+    on = reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=True)
+    for task_switches, asked, expected in (({}, {"enable_thinking": False}, off),
+                                           ({"enable_thinking": True}, {"enable_thinking": False}, on)):  # fmt: skip
+        loaded = model_loader.load(entry(task_switches), "default", "acme/qwen3")
+        try:
+            params = GenerateParams(messages=messages, chat_template_kwargs=asked)
+            assert loaded.adapter.prompt_text(params) == expected
+            with pytest.raises(ValueError, match="are not chat template switches"):
+                loaded.adapter.prompt_text(GenerateParams(messages=messages, chat_template_kwargs={"x": 1}))
+        finally:
+            loaded.close()
     refused = {"['tools'] are not chat template switches": {"tools": []},
                "enable_thinking must be true or false": {"enable_thinking": "no"},
                "guardian_config must be {risk_name": {"guardian_config": {"risk_name": ""}}}  # fmt: skip

@@ -48,6 +48,15 @@ def test_chat_request_maps_messages_and_max_tokens() -> None:
     assert (call.model, call.stream, call.include_usage) == ("m", True, True)
     assert call.params.messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     assert (call.params.max_new_tokens, call.params.stop, call.params.prompt) == (6, ["END"], None)
+    assert call.params.chat_template_kwargs is None
+
+
+def test_chat_template_switches_of_a_chat_request_are_passed_on() -> None:
+    """vLLM's and sglang's `chat_template_kwargs` (the OpenAI SDK's `extra_body`), within the public server's set."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "chat_template_kwargs": {"enable_thinking": False, "guardian_config": {"risk_name": "harm"}}}  # fmt: skip
+    call = parse_chat(body)
+    assert call.params.chat_template_kwargs == {"enable_thinking": False, "guardian_config": {"risk_name": "harm"}}
 
 
 def test_completions_default_to_16_tokens_and_take_a_one_string_list() -> None:
@@ -83,6 +92,10 @@ def test_completions_default_to_16_tokens_and_take_a_one_string_list() -> None:
         (parse_chat, {"model": "m", "messages": [{"role": "user", "content": "x"}],
                       "response_format": {"type": "json_object"}}, "response_format"),
         (parse_chat, {"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
+        (parse_chat, {"model": "m", "messages": [{"role": "user", "content": "x"}],
+                      "chat_template_kwargs": {"tools": []}}, "chat_template_kwargs"),
+        (parse_chat, {"model": "m", "messages": [{"role": "user", "content": "x"}],
+                      "chat_template_kwargs": {"enable_thinking": "no"}}, "chat_template_kwargs"),
         (parse_completion, {"model": "m", "prompt": ["a", "b"]}, "prompt"),
         (parse_completion, {"model": "m", "prompt": "a", "echo": True}, "echo"),
         (parse_completion, {"model": "m", "prompt": "a", "suffix": "z"}, "suffix"),

@@ -428,3 +428,31 @@ def entities_problem(text: str, entities: Any) -> str | None:
         if label is not None and not isinstance(label, str):
             return f"metadata.entities[{index}].label must be a string"
     return None
+
+
+# The chat template switches a catalogue entry (`tasks.generate.chat_template_kwargs`, a profile's) or a chat request
+# may set: the public server's bounded set, granite-guardian's one setting and its length.
+CHAT_TEMPLATE_SWITCHES: Final = ("enable_thinking", "guardian_config")
+GUARDIAN_CONFIG_KEYS: Final = ("risk_name",)
+MAX_RISK_NAME_CHARS: Final = 128
+
+
+def chat_template_problem(value: Any, field: str = "chat_template_kwargs") -> str | None:
+    """Why `value` cannot be a chat template's switches (named as `field`), or None when it can (None included)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        return f"{field} must be an object, got {_shown(value)}"
+    unknown = sorted(set(value) - set(CHAT_TEMPLATE_SWITCHES))
+    if unknown:
+        return f"{field} {unknown} are not chat template switches SIE passes; expected {list(CHAT_TEMPLATE_SWITCHES)}"
+    if "enable_thinking" in value and not isinstance(value["enable_thinking"], bool):
+        return f"{field}.enable_thinking must be true or false, got {_shown(value['enable_thinking'])}"
+    if "guardian_config" in value:
+        guardian = value["guardian_config"]
+        risk = guardian.get("risk_name") if isinstance(guardian, Mapping) else None
+        if (not isinstance(guardian, Mapping) or set(guardian) - set(GUARDIAN_CONFIG_KEYS) or not isinstance(risk, str)
+                or not 1 <= len(risk) <= MAX_RISK_NAME_CHARS):  # fmt: skip
+            return (f"{field}.guardian_config must be {{risk_name: a string of 1 to {MAX_RISK_NAME_CHARS} "
+                    f"characters}}, got {_shown(guardian)}")  # fmt: skip
+    return None

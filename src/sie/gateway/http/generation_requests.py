@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, Final
 
+from sie.catalog.options import chat_template_problem
 from sie.gateway.errors import InvalidRequestError
 from sie.gateway.generation import GenerateCall
 from sie.wire.queue import GenerateParams
@@ -57,7 +58,8 @@ _UNSUPPORTED_COMPLETIONS: Final = frozenset(
 )
 _SAMPLING: Final = frozenset({"temperature", "top_p", "top_k", "stop", "seed", "stream"})
 _NATIVE_FIELDS: Final = _SAMPLING | {"prompt", "max_new_tokens", "options"}
-_CHAT_FIELDS: Final = _SAMPLING | {"model", "messages", "max_tokens", "max_completion_tokens", "n", "stream_options"}
+_CHAT_FIELDS: Final = _SAMPLING | {"model", "messages", "max_tokens", "max_completion_tokens", "n", "stream_options",
+                                    "chat_template_kwargs"}  # fmt: skip
 _COMPLETIONS_FIELDS: Final = _SAMPLING | {"model", "prompt", "max_tokens", "n", "stream_options"}
 _RESPONSES_FIELDS: Final = frozenset({"model", "input", "instructions", "max_output_tokens", "temperature", "top_p",
                                       "stream"})  # fmt: skip
@@ -190,7 +192,12 @@ def parse_chat(data: Any) -> GenerateCall:
     if data.get("n") not in (None, 1):
         raise InvalidRequestError("Only n=1 is supported", param="n")
     field = "max_completion_tokens" if data.get("max_completion_tokens") is not None else "max_tokens"
-    params = _sampling(data, _int(data, field, 1), messages=_messages(data.get("messages")))
+    switches = data.get("chat_template_kwargs")
+    problem = chat_template_problem(switches)
+    if problem is not None:
+        raise InvalidRequestError(problem, param="chat_template_kwargs")
+    params = _sampling(data, _int(data, field, 1), messages=_messages(data.get("messages")),
+                       chat_template_kwargs=dict(switches) if switches else None)  # fmt: skip
     return GenerateCall(model, params, _stream(data), _include_usage(data), max_tokens_field=field)
 
 

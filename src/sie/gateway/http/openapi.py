@@ -630,6 +630,19 @@ _SCHEMAS: Final = {
             **_SAMPLING_FIELDS,
             "n": {"const": 1},
             "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+            "chat_template_kwargs": {
+                "type": "object",
+                "description": "the chat template's switches (the model's catalogue entry wins where both set one)",
+                "properties": {
+                    "enable_thinking": {"type": "boolean"},
+                    "guardian_config": {
+                        "type": "object",
+                        "properties": {"risk_name": {"type": "string", "minLength": 1, "maxLength": 128}},
+                        "additionalProperties": False,
+                    },
+                },
+                "additionalProperties": False,
+            },
         },
     },
     "CompletionRequest": {

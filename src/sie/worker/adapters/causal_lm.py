@@ -23,6 +23,7 @@ import attrs
 import tokenizers
 
 from sie.catalog.adapters import CAUSAL_LM
+from sie.catalog.options import chat_template_problem
 from sie.wire import codes
 from sie.wire.queue import GenerateParams
 from sie.worker.adapters.base import Adapter, AdapterContext
@@ -37,10 +38,6 @@ if TYPE_CHECKING:
 # Limits of a model whose catalogue entry names none (tasks.generate, max_sequence_length, config.json).
 DEFAULT_CONTEXT_LENGTH: Final = 2048
 DEFAULT_MAX_OUTPUT_TOKENS: Final = 512
-# The chat template switches a catalogue entry may set, and granite-guardian's one setting (the public server's bounds).
-CHAT_TEMPLATE_KWARGS: Final = ("enable_thinking", "guardian_config")
-GUARDIAN_CONFIG_KEYS: Final = ("risk_name",)
-MAX_RISK_NAME_CHARS: Final = 128
 # A profile's `default_sampling` keys this engine applies, as SamplingParams fields.
 DEFAULT_SAMPLING_FIELDS: Final = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
                                   "sampling_seed": "seed"}  # fmt: skip
@@ -84,27 +81,11 @@ def _positive(value: Any) -> int | None:
 
 def _chat_template_kwargs(value: Any, where: str) -> dict[str, Any]:
     """`chat_template_kwargs` of a catalogue entry (`where` it is written), checked; ValueError naming what is not
-    one of the switches SIE passes to a chat template."""
-    if value is None:
-        return {}
-    field = f"{where}.chat_template_kwargs"
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{field} must be a mapping, got {value!r}")
-    unknown = sorted(set(value) - set(CHAT_TEMPLATE_KWARGS))
-    if unknown:
-        raise ValueError(
-            f"{field} {unknown} are not chat template switches SIE passes; expected {list(CHAT_TEMPLATE_KWARGS)}"
-        )
-    if "enable_thinking" in value and not isinstance(value["enable_thinking"], bool):
-        raise ValueError(f"{field}.enable_thinking must be true or false, got {value['enable_thinking']!r}")
-    if "guardian_config" in value:
-        guardian = value["guardian_config"]
-        risk = guardian.get("risk_name") if isinstance(guardian, Mapping) else None
-        if (not isinstance(guardian, Mapping) or set(guardian) - set(GUARDIAN_CONFIG_KEYS) or not isinstance(risk, str)
-                or not 1 <= len(risk) <= MAX_RISK_NAME_CHARS):  # fmt: skip
-            raise ValueError(f"{field}.guardian_config must be {{risk_name: a string of 1 to {MAX_RISK_NAME_CHARS} "
-                             f"characters}}, got {guardian!r}")  # fmt: skip
-    return dict(value)
+    one of the switches SIE passes to a chat template (`sie.catalog.options`)."""
+    problem = chat_template_problem(value, f"{where}.chat_template_kwargs")
+    if problem is not None:
+        raise ValueError(problem)
+    return dict(value or {})
 
 
 def _default_sampling(value: Any) -> dict[str, Any]:
@@ -211,9 +192,16 @@ class CausalLMAdapter(Adapter):
 
         try:
             return self._template.render(params.messages, bos_token=self.bos_token, eos_token=self.eos_token,
-                                         variables=self.template_variables)  # fmt: skip
+                                         variables=self._switches(params))  # fmt: skip
         except ChatTemplateError as exc:
             raise _invalid(str(exc)) from exc
+
+    def _switches(self, params: GenerateParams) -> dict[str, Any]:
+        """The chat template's switches: the request's, the catalogue entry's over them (as the public server)."""
+        problem = chat_template_problem(params.chat_template_kwargs)
+        if problem is not None:
+            raise _invalid(problem)
+        return {**(params.chat_template_kwargs or {}), **self.template_variables}
 
     def prepare(self, params: GenerateParams) -> PreparedGeneration:
         """Render and tokenize the prompt and check the sampling settings and the context length; a request it
