@@ -154,7 +154,7 @@ ARCHITECTURE_OF_MODEL = {
     "Marqo/marqo-fashionSigLIP": "open_clip",
     "Marqo/marqo-ecommerce-embeddings-B": "open_clip",
     # pytorch_embedding: GritLM is a Mistral its YAML runs with `is_causal: false`; NVIDIA's bidirectional Llama
-    # (`llama_bidirec`); NV-Embed-v2's own architecture (Mistral with latent-attention pooling) is not built
+    # (`llama_bidirec`); NV-Embed-v2 (`nvembed`: a Mistral attending both ways, then latent-attention pooling)
     "GritLM/GritLM-7B": "mistral",
     "nvidia/llama-embed-nemotron-8b": "llama_bidirec",
     "Hyukkyu/nv-embed-v2": "nvembed",  # the YAML serves this mirror of nvidia/NV-Embed-v2

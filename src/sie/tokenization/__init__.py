@@ -15,6 +15,7 @@ from sie.tokenization.tokenizer import (
     length_groups,
     pad_batch,
     prepare_text,
+    text_prefix,
     tokenizer_id_for,
     with_end_token,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "length_groups",
     "pad_batch",
     "prepare_text",
+    "text_prefix",
     "tokenizer_id_for",
     "with_end_token",
 ]

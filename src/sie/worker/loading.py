@@ -64,6 +64,7 @@ from sie.worker.convert.names import (
     GLINER_HEAD,
     GLIREL_HEAD,
     GRAPH_FILE,
+    NVEMBED_MODEL_TYPE,
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
     TORCH_WEIGHTS_FILE,
@@ -203,7 +204,7 @@ class ModelLoader:
             return self._load_union(model, resolved, model_id, on_progress)
         files = self.prepare(model, profile, model_id, on_progress)
         config_json = _read_json(files.model_dir / "config.json")
-        if resolved.loadtime_options.get("append_eos"):
+        if resolved.loadtime_options.get("append_eos") or _appends_eos(config_json):
             files = attrs.evolve(files, tokenizer_dir=self._end_token_tokenizer(model_id, files.tokenizer_dir))
         tokenizer = self._tokenizer(model_id, files.tokenizer_dir, model, config_json)
         session = create_session(files.graph, self.session_options)
@@ -473,6 +474,12 @@ class ModelLoader:
                 f"but the model's vocabulary has {vocab_size}",
             )
         return tokenizer
+
+
+def _appends_eos(config_json: Mapping[str, Any]) -> bool:
+    """Whether the checkpoint's own config ends every text with its end-of-sequence token: NV-Embed's `add_eos`
+    (its remote code writes the token after each text)."""
+    return config_json.get("model_type") == NVEMBED_MODEL_TYPE and bool(config_json.get("add_eos", True))
 
 
 def _attends_both_ways(profile: Profile, model_id: str) -> bool:

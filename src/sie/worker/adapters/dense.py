@@ -1,7 +1,8 @@
 """Dense sentence embeddings: pooled token states (mean, cls or last), a sentence-transformers model's Dense layers,
 optional L2 normalisation. The model's own stack (`modules.json`) sets the default pooling and normalisation; the
 profile's and the request's options come before it. A profile's `dense_projection_path` picks which of the
-checkpoint's Dense directories the stack's Dense module reads (stella's one per output width)."""
+checkpoint's Dense directories the stack's Dense module reads (stella's one per output width). A model whose config.json
+says `is_mask_instruction` (NV-Embed) pools without the tokens of its instruction (`skips_prefix`)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ class DenseAdapter(TextEncoderAdapter):
     def __init__(self, context: AdapterContext) -> None:
         super().__init__(context)
         self._token_states = first_output(self.session, rank=3, preferred=("last_hidden_state", "token_embeddings"))
+        # NV-Embed's config: its mean leaves out the instruction's tokens (right padding, as batches are here)
+        config = context.model_config_json
+        self.skips_prefix = bool(config.get("is_mask_instruction")) and config.get("padding_side", "right") == "right"
         dense_path = context.profile.loadtime_options.get("dense_projection_path")
         if dense_path is not None and not isinstance(dense_path, str):
             raise ValueError(f"dense_projection_path must be a directory name, got {dense_path!r}")

@@ -18,6 +18,7 @@ from sie.tokenization import (
     length_groups,
     pad_batch,
     prepare_text,
+    text_prefix,
 )
 from sie.wire import codes
 from sie.wire.ipc_batch import OP_ENCODE, OP_SCORE
@@ -34,6 +35,7 @@ class EncodeSpec:
     options: dict[str, Any]
     is_query: bool = False
     prepared: TokenizedText | None = None
+    prefix: str = ""  # what the template and instruction put before the text (read where `skips_prefix`)
 
 
 def item_text(item: dict[str, Any] | None) -> str | None:
@@ -57,6 +59,9 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
     """Encodes texts with one forward pass; subclasses turn model outputs into their representation."""
 
     supports_score: ClassVar[bool] = True
+    # Whether the representation leaves out the tokens a row's template and instruction put before its text (NV-Embed
+    # pools so): `represent` and `similarities` then read a batch whose mask has them cleared (`read_batch`).
+    skips_prefix: bool = False
 
     def encode(self, items: Sequence[Any]) -> BatchResult:
         watch = Stopwatch()
@@ -87,7 +92,7 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
             with watch.stage("inference"):
                 outputs = self.forward(batch)
             with watch.stage("postprocessing"):
-                encoded = self.represent(outputs, batch, list(specs))
+                encoded = self.represent(outputs, self.read_batch(batch, [spec.prefix for spec in specs]), list(specs))
             for index, token_list, result in zip(indices, tokens, encoded, strict=True):
                 results[index] = ItemResult(result=result, input_tokens=len(token_list))
 
@@ -109,18 +114,19 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
             )
         output_dtype = options.get("output_dtype") or "float32"
         prepared = self._prepared(item, options)
-        text = prepare_text(
-            text,
-            is_query=item.is_query,
-            instruction=item.instruction or options.get("instruction"),
-            query_template=options.get("query_template"),
-            doc_template=options.get("doc_template"),
-            default_instruction=options.get("default_instruction"),
-        )
+        preparation = {
+            "is_query": item.is_query,
+            "instruction": item.instruction or options.get("instruction"),
+            "query_template": options.get("query_template"),
+            "doc_template": options.get("doc_template"),
+            "default_instruction": options.get("default_instruction"),
+        }
+        text = prepare_text(text, **preparation)
         marked = self.marked_text(text, item.is_query)
         if marked != text:
             prepared = None  # the sidecar tokenized the text without its marker
-        return EncodeSpec(marked, output_types, output_dtype, options, item.is_query, prepared)
+        prefix = text_prefix(**preparation) if self.skips_prefix else ""
+        return EncodeSpec(marked, output_types, output_dtype, options, item.is_query, prepared, prefix)
 
     def _prepared(self, item: Any, options: Mapping[str, Any]) -> TokenizedText | None:
         """Sidecar tokens are reused only when they come from this exact tokenizer and text preparation
@@ -181,10 +187,11 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
         results: list[ItemResult] = []
         texts: list[str] = []
         roles: list[tuple[bool, Mapping[str, Any]]] = []
+        prefixes: list[str] = []
         spans: list[tuple[int, range] | None] = []
         for item in items:
             refused = self.refused_options(item.options, OP_SCORE)
-            span = None if refused else self._score_texts(item, texts, roles)
+            span = None if refused else self._score_texts(item, texts, roles, prefixes)
             spans.append(span)
             results.append(refused or (ItemResult() if span else invalid("Score needs a text query and text items")))
         if texts:
@@ -195,15 +202,16 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
             with watch.stage("inference"):
                 outputs = self.forward(batch)
             with watch.stage("postprocessing"):
+                read = self.read_batch(batch, prefixes)
                 for index, (item, span) in enumerate(zip(items, spans, strict=True)):
                     if span is not None:
-                        scores = self.similarities(outputs, batch, span[0], span[1])
+                        scores = self.similarities(outputs, read, span[0], span[1])
                         n_tokens = sum(len(tokens[i]) for i in (span[0], *span[1]))
                         results[index] = ItemResult(ranked_scores(scores, item.score_items), input_tokens=n_tokens)
         return watch.finish(results)
 
     def _score_texts(
-        self, item: Any, texts: list[str], roles: list[tuple[bool, Mapping[str, Any]]]
+        self, item: Any, texts: list[str], roles: list[tuple[bool, Mapping[str, Any]]], prefixes: list[str]
     ) -> tuple[int, range] | None:
         query = item_text(item.query_item)
         docs = [item_text(doc) for doc in item.score_items]
@@ -212,18 +220,30 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
         options = self.options_for(item.options)
         instruction = item.instruction or options.get("instruction")
         query_index = len(texts)
-        query = prepare_text(
-            query,
-            is_query=True,
-            instruction=instruction,
-            query_template=options.get("query_template"),
-            default_instruction=options.get("default_instruction"),
-        )
-        texts.append(self.marked_text(query, True))
+        preparation = {"instruction": instruction, "query_template": options.get("query_template"),
+                       "default_instruction": options.get("default_instruction")}  # fmt: skip
+        texts.append(self.marked_text(prepare_text(query, is_query=True, **preparation), True))
         doc_template = options.get("doc_template")
         texts.extend(self.marked_text(prepare_text(doc, doc_template=doc_template), False) for doc in docs)
         roles.extend([(True, options)] + [(False, options)] * len(docs))
+        if self.skips_prefix:
+            prefixes.append(text_prefix(is_query=True, **preparation))
+            prefixes.extend([text_prefix(doc_template=doc_template)] * len(docs))
+        else:
+            prefixes.extend([""] * (1 + len(docs)))
         return query_index, range(query_index + 1, len(texts))
+
+    def read_batch(self, batch: PaddedBatch, prefixes: Sequence[str]) -> PaddedBatch:
+        """The batch `represent` and `similarities` read: `batch`, or (`skips_prefix`) with each row's first n
+        positions masked out, n the number of tokens its prefix makes alone, as NV-Embed's remote code counts them
+        (`len(tokenizer.tokenize(instruction))`; with the leading special token, the prefix's last token stays)."""
+        if not self.skips_prefix or not any(prefixes):
+            return batch
+        mask = batch.attention_mask.copy()
+        for row, prefix in enumerate(prefixes):
+            if prefix:
+                mask[row, : len(self.tokenizer.tokens(prefix, add_special_tokens=False))] = 0
+        return attrs.evolve(batch, attention_mask=mask)
 
     def marked_text(self, text: str, is_query: bool) -> str:
         """The text as tokenized, for adapters that mark queries or documents with a text prefix."""

@@ -48,7 +48,9 @@ import numpy as np
 
 from sie.worker.convert.decoder_graph import DecoderConfig, DecoderWeights
 from sie.worker.convert.errors import ConversionError
-from sie.worker.convert.names import DECODER_MODEL_TYPES
+from sie.worker.convert.latent_attention import DECODER_PREFIX as NVEMBED_DECODER_PREFIX
+from sie.worker.convert.latent_attention import decoder_config_of
+from sie.worker.convert.names import DECODER_MODEL_TYPES, NVEMBED_MODEL_TYPE
 from sie.worker.convert.safetensors_io import Checkpoint
 
 MODEL_PREFIX: Final = "model."
@@ -151,11 +153,13 @@ def parse_decoder_config(raw: Mapping[str, Any], source: str) -> DecoderConfig:
 
 def _in_family_terms(raw: Mapping[str, Any], source: str) -> Mapping[str, Any]:
     """A config that wraps or renames a family as that family's own: a Gemma 3 with its vision tower as its language
-    model's, NVIDIA's `llama_bidirec` as a Llama that is not causal."""
+    model's, NVIDIA's `llama_bidirec` as a Llama that is not causal, NV-Embed as its decoder (`latent_attention`)."""
     if raw.get("model_type") == GEMMA3_WITH_VISION:
         return language_model_config(raw, source)
     if raw.get("model_type") == LLAMA_BIDIRECTIONAL:
         return {**raw, "model_type": "llama", "is_causal": False}
+    if raw.get("model_type") == NVEMBED_MODEL_TYPE:
+        return decoder_config_of(raw, source)
     return raw
 
 
@@ -295,10 +299,11 @@ def _layer_windows(raw: Mapping[str, Any], model_type: str, layers: int, source:
 def checkpoint_weights(checkpoint: Checkpoint, config: DecoderConfig) -> DecoderWeights:
     """The checkpoint's tensors under the graph's names: a bare model's (`layers.0…`, `embed_tokens.weight`) get the
     `model.` prefix a causal LM's carry; a Gemma 3 with a vision tower serves its language model's (the tower and its
-    projector are never read)."""
+    projector are never read); NV-Embed's decoder is stored under `embedding_model.`."""
     bare = "model.embed_tokens.weight" not in checkpoint and "embed_tokens.weight" in checkpoint
     hub_layout = f"{HUB_LANGUAGE_MODEL}model.embed_tokens.weight" in checkpoint
     inner_layout = f"{INNER_LANGUAGE_MODEL}embed_tokens.weight" in checkpoint
+    nvembed_layout = f"{NVEMBED_DECODER_PREFIX}embed_tokens.weight" in checkpoint
 
     renames = TENSOR_RENAMES.get(config.model_type, ())
 
@@ -309,6 +314,8 @@ def checkpoint_weights(checkpoint: Checkpoint, config: DecoderConfig) -> Decoder
             return HUB_LANGUAGE_MODEL + name
         if inner_layout and name.startswith(MODEL_PREFIX):  # model.language_model.layers…, lm_head.weight
             return INNER_LANGUAGE_MODEL + name.removeprefix(MODEL_PREFIX)
+        if nvembed_layout and name.startswith(MODEL_PREFIX):  # embedding_model.layers…
+            return NVEMBED_DECODER_PREFIX + name.removeprefix(MODEL_PREFIX)
         return name.removeprefix(MODEL_PREFIX) if bare and name.startswith(MODEL_PREFIX) else name
 
     return DecoderWeights(

@@ -326,8 +326,10 @@ class _Decoder:
         weights: DecoderWeights,
         precision: Precision,
         shape: DecoderShape,
+        hidden_name: str = HIDDEN_STATE,
     ) -> None:
         self.b = builder
+        self.hidden_name = hidden_name
         self.config = config
         self.weights = weights
         self.precision = precision
@@ -336,7 +338,8 @@ class _Decoder:
         if self.cached and not config.causal:
             raise ConversionError("a model that attends both ways (an embedding model) cannot generate")
 
-    def build(self) -> None:
+    def build(self) -> str:
+        """The graph; returns its output's name (the hidden states, or the logits)."""
         b, cfg = self.b, self.config
         embeddings = self.weights.tensor("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
         table = b.weight("model.embed_tokens.weight", embeddings, self.precision.numpy)
@@ -356,9 +359,9 @@ class _Decoder:
             x = self._mlp(x, layer)
         final = self._norm_weight("model.norm.weight")
         hidden = b.op("Reshape", [self._rms_norm(x, final, "model.norm"), self._sequence_shape(cfg.hidden_size)],
-                      HIDDEN_STATE if not self.cached else "model.norm.sequences")  # fmt: skip
+                      self.hidden_name if not self.cached else "model.norm.sequences")  # fmt: skip
         if not self.cached:
-            return
+            return hidden
         hidden = self._to_compute(hidden, "model.norm.cast")
         if cfg.tie_word_embeddings:
             head = table
@@ -375,7 +378,7 @@ class _Decoder:
             cap = b.const(cfg.final_logit_softcap, np.float32)
             capped = b.op("Tanh", [b.op("Div", [logits, cap], "lm_head.cap_div")], "lm_head.cap_tanh")
             logits = b.op("Mul", [capped, cap], "lm_head.capped")
-        b.op("Reshape", [logits, b.const([-1, 1, cfg.vocab_size])], LOGITS)
+        return b.op("Reshape", [logits, b.const([-1, 1, cfg.vocab_size])], LOGITS)
 
     def _sequence_shape(self, *widths: int) -> str:
         """[-1, S, *widths]: rows of the residual stream back into sequences (S: this run's input length); one
@@ -614,6 +617,9 @@ def build_decoder(
     weights: DecoderWeights,
     precision: Precision,
     shape: DecoderShape = DecoderShape.GENERATE,
-) -> None:
-    """Add the whole decoder to `builder`; its outputs carry the names `decoder_outputs` declares."""
-    _Decoder(builder, config, weights, precision, shape).build()
+    hidden_name: str = HIDDEN_STATE,
+) -> str:
+    """Add the whole decoder to `builder`; its outputs carry the names `decoder_outputs` declares, but for a `hidden`
+    graph whose states a head reads on (`hidden_name`: NV-Embed's latent attention). Returns the hidden states' (or
+    the logits') tensor name."""
+    return _Decoder(builder, config, weights, precision, shape, hidden_name).build()

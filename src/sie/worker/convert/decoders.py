@@ -22,6 +22,7 @@ import attrs
 
 from sie.worker.convert.decoder_families import attending_both_ways, checkpoint_weights, parse_decoder_config
 from sie.worker.convert.decoder_graph import (
+    HIDDEN_STATE,
     DecoderConfig,
     DecoderShape,
     DecoderWeights,
@@ -36,7 +37,8 @@ from sie.worker.convert.gguf_decoders import gguf_config, gguf_weights
 from sie.worker.convert.gguf_io import GgufFile
 from sie.worker.convert.gguf_tokenizer import gguf_tokenizer
 from sie.worker.convert.graph_builder import GraphBuilder, save_graph
-from sie.worker.convert.names import CONFIG_FILE, GENERATION_CONFIG_FILE, GRAPH_FILE
+from sie.worker.convert.latent_attention import build_latent_attention, parse_latent_attention_config
+from sie.worker.convert.names import CONFIG_FILE, GENERATION_CONFIG_FILE, GRAPH_FILE, NVEMBED_MODEL_TYPE
 from sie.worker.convert.safetensors_io import Checkpoint, read_json
 
 # The special token ids a checkpoint's config.json carries, copied into the converted one.
@@ -97,13 +99,27 @@ def convert_decoder_hidden(
     model_dir: Path, out_path: Path, precision: str = "float32", bidirectional: bool = False
 ) -> DecoderConfig:
     """Convert the checkpoint in `model_dir` into one graph of its last hidden states at `out_path`; `bidirectional`
-    makes every token see every other whatever the config says (a recipe that embeds with `is_causal=False`)."""
+    makes every token see every other whatever the config says (a recipe that embeds with `is_causal=False`). An
+    NV-Embed checkpoint's states are its latent-attention block's, after its decoder."""
     model_dir = Path(model_dir)
-    config = parse_decoder_config(read_json(model_dir / CONFIG_FILE), str(model_dir / CONFIG_FILE))
+    raw = read_json(model_dir / CONFIG_FILE)
+    config = parse_decoder_config(raw, str(model_dir / CONFIG_FILE))
     if bidirectional:
         config = attending_both_ways(config)
-    weights = checkpoint_weights(Checkpoint(model_dir), config)
-    _write_graph(config, weights, precision_named(precision), DecoderShape.HIDDEN, Path(out_path))
+    checkpoint = Checkpoint(model_dir)
+    weights = checkpoint_weights(checkpoint, config)
+    chosen = precision_named(precision)
+    if raw.get("model_type") != NVEMBED_MODEL_TYPE:
+        _write_graph(config, weights, chosen, DecoderShape.HIDDEN, Path(out_path))
+        return config
+    # NV-Embed: the decoder's states through its latent-attention block (`latent_attention`)
+    latent = parse_latent_attention_config(raw, config.hidden_size, str(model_dir / CONFIG_FILE))
+    builder = GraphBuilder()
+    hidden = build_decoder(builder, config, weights, chosen, DecoderShape.HIDDEN, "embedding_model.last_hidden_state")
+    build_latent_attention(builder, latent, checkpoint, chosen, hidden, HIDDEN_STATE)
+    model = builder.model(f"{NVEMBED_MODEL_TYPE}_decoder", decoder_inputs(config, chosen, DecoderShape.HIDDEN),
+                          decoder_outputs(config, chosen, DecoderShape.HIDDEN))  # fmt: skip
+    save_graph(model, Path(out_path))
     return config
 
 

@@ -22,10 +22,13 @@ CHAT_TEMPLATE_FILE: Final = "chat_template.jinja"  # where transformers 5 saves 
 GLINER_CONFIG_FILE: Final = "gliner_config.json"  # a GLiNER checkpoint's own config (no config.json beside it)
 
 # The `model_type`s of the decoder families converted from a checkpoint (`decoder_families`); `gemma3` is Gemma 3 with
-# its vision tower, of which the language model (a `gemma3_text`) converts.
+# its vision tower, of which the language model (a `gemma3_text`) converts; `nvembed` is NV-Embed (a Mistral, then
+# its latent-attention block).
 DECODER_MODEL_TYPES: Final = frozenset(
-    {"llama", "mistral", "qwen2", "qwen3", "granite", "gemma3_text", "gemma3", "hunyuan_v1_dense", "llama_bidirec"}
-)
+    {"llama", "mistral", "qwen2", "qwen3", "granite", "gemma3_text", "gemma3", "hunyuan_v1_dense", "llama_bidirec",
+     "nvembed"}
+)  # fmt: skip
+NVEMBED_MODEL_TYPE: Final = "nvembed"
 
 
 def side_file(graph: Path) -> Path:
