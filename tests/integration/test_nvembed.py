@@ -110,6 +110,13 @@ def save_nvembed(directory: Path, seed: int = 0) -> tuple[Any, dict[str, Any]]:
         "padding_side": "right", "is_mask_instruction": True, "add_eos": True, "add_pad_token": True,
         "mask_type": "b", "hidden_size": WIDTH,
     }))  # fmt: skip
+    # sentence-transformers files that name another pooling: the recipe's mean wins
+    (directory / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))  # fmt: skip
+    (directory / "1_Pooling").mkdir()
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": WIDTH,
+                                                                     "pooling_mode_lasttoken": True}))  # fmt: skip
     write_tokenizer(directory, eos_token="<|endoftext|>")
     tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))  # <|im_start|> stands for Mistral's <s>
     tokenizer.post_processor = processors.TemplateProcessing(single="<|im_start|> $A",

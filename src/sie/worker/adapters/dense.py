@@ -28,9 +28,12 @@ class DenseAdapter(TextEncoderAdapter):
     def __init__(self, context: AdapterContext) -> None:
         super().__init__(context)
         self._token_states = first_output(self.session, rank=3, preferred=("last_hidden_state", "token_embeddings"))
-        # NV-Embed's config: its mean leaves out the instruction's tokens (right padding, as batches are here)
+        # NV-Embed's recipe (its config's `is_mask_instruction`): the mean over the text's tokens, the instruction's
+        # left out (right padding, as batches are here), whatever pooling its sentence-transformers files name
         config = context.model_config_json
         self.skips_prefix = bool(config.get("is_mask_instruction")) and config.get("padding_side", "right") == "right"
+        if self.skips_prefix:
+            self.runtime_options.setdefault("pooling", "mean")
         dense_path = context.profile.loadtime_options.get("dense_projection_path")
         if dense_path is not None and not isinstance(dense_path, str):
             raise ValueError(f"dense_projection_path must be a directory name, got {dense_path!r}")
