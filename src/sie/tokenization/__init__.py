@@ -15,7 +15,6 @@ from sie.tokenization.tokenizer import (
     length_groups,
     pad_batch,
     prepare_text,
-    text_prefix,
     tokenizer_id_for,
     with_end_token,
 )
@@ -30,7 +29,6 @@ __all__ = [
     "length_groups",
     "pad_batch",
     "prepare_text",
-    "text_prefix",
     "tokenizer_id_for",
     "with_end_token",
 ]

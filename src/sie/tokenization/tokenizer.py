@@ -368,21 +368,6 @@ def prepare_text(  # noqa: PLR0913 - the parts of one text's preparation
     return text
 
 
-def text_prefix(  # noqa: PLR0913 - prepare_text's arguments
-    *,
-    is_query: bool = False,
-    instruction: str | None = None,
-    query_template: str | None = None,
-    doc_template: str | None = None,
-    default_instruction: str | None = None,
-) -> str:
-    """What `prepare_text` with these arguments puts before the text: the instruction, the template's start."""
-    marker = "\x00"
-    prepared = prepare_text(marker, is_query=is_query, instruction=instruction, query_template=query_template,
-                            doc_template=doc_template, default_instruction=default_instruction)  # fmt: skip
-    return prepared.partition(marker)[0]
-
-
 def with_end_token(tokenizer_json: str, token: str) -> str:
     """`tokenizer_json` (a tokenizer.json's text) rewritten to end every text with `token`, a vocabulary entry (a
     decoder embedder's end of sequence, which its last-token pooling reads): appended to the post-processor's

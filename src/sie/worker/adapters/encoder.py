@@ -18,7 +18,6 @@ from sie.tokenization import (
     length_groups,
     pad_batch,
     prepare_text,
-    text_prefix,
 )
 from sie.wire import codes
 from sie.wire.ipc_batch import OP_ENCODE, OP_SCORE
@@ -125,7 +124,7 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
         marked = self.marked_text(text, item.is_query)
         if marked != text:
             prepared = None  # the sidecar tokenized the text without its marker
-        prefix = text_prefix(**preparation) if self.skips_prefix else ""
+        prefix = text_prefix(preparation) if self.skips_prefix else ""
         return EncodeSpec(marked, output_types, output_dtype, options, item.is_query, prepared, prefix)
 
     def _prepared(self, item: Any, options: Mapping[str, Any]) -> TokenizedText | None:
@@ -227,8 +226,8 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
         texts.extend(self.marked_text(prepare_text(doc, doc_template=doc_template), False) for doc in docs)
         roles.extend([(True, options)] + [(False, options)] * len(docs))
         if self.skips_prefix:
-            prefixes.append(text_prefix(is_query=True, **preparation))
-            prefixes.extend([text_prefix(doc_template=doc_template)] * len(docs))
+            prefixes.append(text_prefix({"is_query": True, **preparation}))
+            prefixes.extend([text_prefix({"doc_template": doc_template})] * len(docs))
         else:
             prefixes.extend([""] * (1 + len(docs)))
         return query_index, range(query_index + 1, len(texts))
@@ -248,6 +247,13 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
     def marked_text(self, text: str, is_query: bool) -> str:
         """The text as tokenized, for adapters that mark queries or documents with a text prefix."""
         return text
+
+
+def text_prefix(preparation: Mapping[str, Any]) -> str:
+    """What `prepare_text` with these keyword arguments puts before the text: the instruction, the template's
+    start."""
+    marker = "\x00"
+    return prepare_text(marker, **preparation).partition(marker)[0]
 
 
 def output_width(session: Any, name: str) -> int | None:
