@@ -35,7 +35,9 @@ from sie.worker.convert.safetensors_io import checkpoint_files, open_clip_weight
 # 7: the BERT-like families' sequence classifiers compute the last layer for the first token only; 8: DeBERTa's too
 # 9: GLiClass (first-token text pooling, marker label pooling) computes the last layer at those tokens only
 # 10: ModernBERT's too (its `cls`-pooled classifiers, GLiClass on it); 11: CLIP's vision tower at its class token
-CONVERTER_VERSION = "sie-encoder-onnx/11"
+# 12: the rotary families' Q, K and V as three projections, rotated by onnxruntime's fused RotaryEmbedding;
+# ModernBERT's gated MLP as two products
+CONVERTER_VERSION = "sie-encoder-onnx/12"
 # 2: logits of the last position only; 3: config.json in the decoder graph's terms (model_type, sie_graph);
 # 4: a file's rope_freqs factors applied (Llama 3.1's RoPE scaling; before, they were left out); llama.cpp's
 # end-of-generation tokens in config.json's eos_token_id

@@ -188,9 +188,10 @@ def _window_bias(b: GraphBuilder, cfg: ModernBertConfig, full_bias: str, steps: 
 
 @attrs.frozen
 class _Shared:
-    """Tensors every layer reads: the Q/K/V split shape, and per kind of layer its attention bias and rotary cos/sin."""
+    """Tensors every layer reads: the projections' shapes, and per kind of layer its attention bias and rotary
+    cos/sin."""
 
-    heads_shape: str
+    heads_shape: tuple[str, str]  # `qkv_heads_shape`'s
     biases: dict[str, str]
     rotary: dict[str, tuple[str, str]]
 
@@ -229,12 +230,12 @@ class _Layers:
                                      f"{prefix}.attn")  # fmt: skip
 
     def gated_mlp(self, prefix: str, x: str) -> str:
-        """`Wo(gelu(input) * gate)`, input and gate the two halves of `Wi(x)`."""
+        """`Wo(gelu(input) * gate)`, input and gate the two halves of `Wi(x)` (two products: no split of the
+        activations)."""
         b, cfg, inner = self.b, self.cfg, self.cfg.intermediate_size
-        wi = self.weights.linear(f"{prefix}.mlp.Wi", cfg.hidden_size, 2 * inner, cfg.mlp_bias)
-        both = linear(b, x, wi, f"{prefix}.mlp.Wi")
-        value, gate = b.op_multi("Split", [both, b.const([inner, inner])],
-                                 [f"{prefix}.mlp.input", f"{prefix}.mlp.gate"], axis=-1)  # fmt: skip
+        weight, bias = self.weights.linear(f"{prefix}.mlp.Wi", cfg.hidden_size, 2 * inner, cfg.mlp_bias)
+        value = linear(b, x, (weight[:, :inner], bias[:inner]), f"{prefix}.mlp.input")
+        gate = linear(b, x, (weight[:, inner:], bias[inner:]), f"{prefix}.mlp.gate")
         gated = b.op("Mul", [gelu(b, value, f"{prefix}.mlp.gelu"), gate], f"{prefix}.mlp.gated")
         out = self.weights.linear(f"{prefix}.mlp.Wo", inner, cfg.hidden_size, cfg.mlp_bias)
         return linear(b, gated, out, f"{prefix}.mlp.Wo")
