@@ -30,7 +30,8 @@ JPEGs (preprocessing included), interleaved rounds; the goal is ≥ 0.85.
 
 Needs the test extra (torch, transformers; gliner for `--gliner`). The operators after onnxruntime's load-time
 fusions are printed per family from the optimized graph (the BERT-like graphs carry the fused `Attention` and
-`SkipLayerNormalization` themselves; MatMul + bias become Gemm and the erf pattern Gelu at load).
+`SkipLayerNormalization` themselves, the rotary ones `RotaryEmbedding`; MatMul + bias become Gemm and the erf
+pattern Gelu at load).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ from support.encoder_checkpoints import FAMILIES, WORDS, family_config, write_to
 SIZE = {"hidden_size": 384, "num_attention_heads": 12, "num_hidden_layers": 6, "intermediate_size": 1536,
         "vocab_size": 30522, "max_position_embeddings": 514}  # fmt: skip
 FUSED = ("Gemm", "Gelu", "FastGelu", "BiasGelu", "LayerNormalization", "SkipLayerNormalization", "Attention",
-         "MultiHeadAttention", "MatMul", "Softmax")  # fmt: skip
+         "MultiHeadAttention", "RotaryEmbedding", "MatMul", "Softmax")  # fmt: skip
 
 
 def sized_config(family: str) -> transformers.PretrainedConfig:
