@@ -29,9 +29,8 @@ transformers' `get_image_features` on the same pixel values (goal ≥ 1.3×), an
 JPEGs (preprocessing included), interleaved rounds; the goal is ≥ 0.85.
 
 Needs the test extra (torch, transformers; gliner for `--gliner`). The operators after onnxruntime's load-time
-fusions are printed per family from the optimized graph (the BERT-like graphs carry the fused `Attention` and
-`SkipLayerNormalization` themselves, the rotary ones `RotaryEmbedding`; MatMul + bias become Gemm and the erf
-pattern Gelu at load).
+fusions are printed per family from the optimized graph (the BERT-like graphs carry the fused `Attention`
+themselves, the rotary ones `RotaryEmbedding`; MatMul + bias become Gemm and the erf pattern Gelu at load).
 """
 
 from __future__ import annotations

@@ -120,13 +120,15 @@ def test_graph_is_opset_17_with_dynamic_int64_inputs(tmp_path: Path) -> None:
     assert [o.name for o in model.graph.output] == ["last_hidden_state", "sentence_embedding"]
 
 
-def test_each_layer_is_one_fused_attention_and_two_fused_residual_norms(tmp_path: Path) -> None:
+def test_each_layer_is_one_fused_attention_and_two_residual_norms(tmp_path: Path) -> None:
     write_checkpoint(tmp_path, "F32")
     model = onnx.load(str(convert_encoder(tmp_path, tmp_path / "model.onnx", "none").path))
     ops = Counter((node.domain, node.op_type) for node in model.graph.node)
     assert ops["com.microsoft", "Attention"] == LAYERS
-    assert ops["com.microsoft", "SkipLayerNormalization"] == 2 * LAYERS
-    assert ops["", "LayerNormalization"] == 1  # the embeddings'
+    # the residual + LayerNorm pairs unfused (onnxruntime's SkipLayerNormalization is slower on CPU), the
+    # embeddings' LayerNorm beside them
+    assert ops["com.microsoft", "SkipLayerNormalization"] == 0
+    assert ops["", "LayerNormalization"] == 1 + 2 * LAYERS
     assert ops["", "Transpose"] == ops["", "Softmax"] == 0
 
 

@@ -5,7 +5,7 @@ and classifies the decoder's hidden state at the last `eos_token_id` of each row
 
 Both stacks are post-LayerNorm transformers over learned positions that start at row 2 of their tables, with
 embeddings (scaled by √d_model where `scale_embedding` says) LayerNorm-ed before the first layer. Encoder layers are
-`encoder_graph`'s (fused attention under the padding mask, SkipLayerNormalization); a decoder layer adds causal
+`encoder_graph`'s (fused attention under the padding mask, residual + LayerNorm); a decoder layer adds causal
 self-attention (no padding mask: the classifier passes none, and right padding comes after every position it
 reads) and cross-attention over the encoder under its padding mask.
 
@@ -33,7 +33,7 @@ from sie.worker.convert.encoder_graph import (
     layer_shapes,
     linear,
     padding_biases,
-    skip_layer_norm,
+    residual_layer_norm,
 )
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import EncoderFamily, EncoderShape, check_heads, labels_of, positive_int
@@ -225,4 +225,4 @@ def _cross_attention(  # noqa: PLR0913 - one layer's inputs
     context = b.op("Reshape", [context, b.const([-1, width])], f"{prefix}.context")
     out = linear(b, context, weights.linear(f"{prefix}.out_proj", width, width), f"{prefix}.out_proj")
     params = weights.layer_norm(f"{prefix}_layer_norm", width)
-    return skip_layer_norm(b, out, x, params, f"{prefix}_layer_norm", config.layer_norm_eps)
+    return residual_layer_norm(b, out, x, params, f"{prefix}_layer_norm", config.layer_norm_eps)

@@ -22,7 +22,7 @@ from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.names import side_file
 
 OPSET = 17
-# onnxruntime's contrib operators (fused Attention, SkipLayerNormalization), on CPU and CUDA alike.
+# onnxruntime's contrib operators (fused Attention, RotaryEmbedding), on CPU and CUDA alike.
 CONTRIB_DOMAIN = "com.microsoft"
 # IR 8 is the oldest IR that opset 17 allows; it keeps the file loadable by older onnxruntime builds.
 IR_VERSION = 8

@@ -43,7 +43,7 @@ from sie.worker.convert.encoder_graph import (
     layer_norm,
     linear,
     padding_biases,
-    skip_layer_norm,
+    residual_layer_norm,
 )
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import (
@@ -283,7 +283,7 @@ def _residual_norm(
     b: GraphBuilder, cfg: RotaryGluConfig, weights: EncoderWeights, out: str, residual: str, name: str
 ) -> str:
     params = weights.base_layer_norm(name, cfg.hidden_size)
-    return skip_layer_norm(b, out, residual, params, name, cfg.layer_norm_eps)
+    return residual_layer_norm(b, out, residual, params, name, cfg.layer_norm_eps)
 
 
 def _up_and_gate(cfg: RotaryGluConfig, weights: EncoderWeights, prefix: str) -> tuple[np.ndarray, np.ndarray]:
