@@ -1,6 +1,8 @@
 """Decoder families served end to end: `sie run --role all` over YAMLs shaped like the public catalogue's Qwen3
 ones, each pointing at a tiny random Qwen3 checkpoint in a local `weights_path` — a chat model (`sglang.generation`),
-an embedder (`qwen2_flash`, last-token pooling with an instruction template) and a reranker
+an embedder (`qwen2_flash`, last-token pooling with an instruction template), an NV-Embed (the public
+`pytorch_embedding` YAML's shape: a bidirectional Mistral, latent-attention pooling without the instruction) and a
+reranker
 (`qwen2_flash_cross_encoder`, the Qwen3-Reranker prompt) — asked through the `openai` client (chat completions,
 streamed too, and the Responses API) and the public sie-sdk (encode, score); a chat model of every other decoder
 family (Llama, Mistral, Qwen2, Granite, Gemma 3) through chat completions, and the DeBERTa-v3 models: a
@@ -30,11 +32,13 @@ from launcher import REPO, serving_all
 from sie.catalog import dump_yaml
 from support.decoder_checkpoints import save_base_model, save_causal_lm, write_tokenizer
 from support.gliner_union import reference_union, seed_hub_snapshot
+from support.nvembed_checkpoint import TEMPLATE, public_yaml, recipe_ids, reference_vector, save_nvembed
 from support.zero_shot_checkpoints import save_gliclass, save_gliner, save_gliner2, save_glirel, save_nli_classifier
 
 pytestmark = pytest.mark.slow
 
 CHAT, EMBED, RERANK = "tiny/qwen3-chat", "tiny/qwen3-embedding", "tiny/qwen3-reranker"
+NVEMBED = "tiny/nv-embed"
 # the other families' chat models, served and checked over HTTP like the Qwen3 one
 OTHER_CHATS = {f"tiny/{family}-chat": family for family in ("llama", "mistral", "qwen2", "granite", "gemma3")}
 DEBERTA = "tiny/deberta-v3-reranker"
@@ -86,6 +90,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             models[name] = save_causal_lm(directory, family)
         write_yaml(models_dir, name, directory, chat_tasks,
                    "sie_server.adapters.sglang.generation:SGLangGenerationAdapter", {})  # fmt: skip
+    models[NVEMBED] = save_nvembed(root / "weights" / "nvembed")
+    (models_dir / "tiny__nv-embed.yaml").write_text(dump_yaml(public_yaml(root / "weights" / "nvembed", NVEMBED)))
     models[DEBERTA] = save_deberta_cross_encoder(root / "weights" / "deberta")
     write_yaml(models_dir, DEBERTA, root / "weights" / "deberta", {"score": {}},
                "sie_server.adapters.cross_encoder:CrossEncoderAdapter", {})  # fmt: skip
@@ -215,6 +221,24 @@ def test_the_public_sdk_encodes_with_the_instruction_template_and_last_token(ser
                 hidden = served.models[EMBED](torch.tensor([tokenizer.encode(seen).ids])).last_hidden_state[0, -1]
             expected = torch.nn.functional.normalize(hidden, dim=-1).numpy()
             assert float(np.abs(np.asarray(result["dense"], dtype=np.float32) - expected).max()) <= TOLERANCE
+
+
+def test_the_public_sdk_encodes_with_nv_embeds_recipe(served: Served, public_sdk) -> None:
+    texts = ["w1 w2 w3", "w5 w6 w7 w8 w9 w10 w11"]
+    client = public_sdk.SIEClient(served.url, timeout_s=120)
+    try:
+        queries = client.encode(NVEMBED, [{"text": t} for t in texts], is_query=True, wait_for_capacity=True)
+        documents = client.encode(NVEMBED, [{"text": t} for t in texts], wait_for_capacity=True)
+    finally:
+        client.close()
+    reference, latent = served.models[NVEMBED]
+    directory = served.root / "weights" / "nvembed"
+    prefix = TEMPLATE.replace("{instruction}", INSTRUCTION).replace("{text}", "")
+    masked = len(prefix.split())  # len(tokenizer.tokenize(instruction)), as the model's own encode() counts
+    expected_queries = [reference_vector(reference, latent, recipe_ids(directory, prefix + t), masked) for t in texts]
+    expected_documents = [reference_vector(reference, latent, recipe_ids(directory, t), 0) for t in texts]
+    for result, expected in zip([*queries, *documents], [*expected_queries, *expected_documents], strict=True):
+        assert float(np.abs(np.asarray(result["dense"], dtype=np.float32) - expected).max()) <= TOLERANCE
 
 
 def test_the_public_sdk_scores_with_the_qwen3_reranker_prompt(served: Served, public_sdk) -> None:

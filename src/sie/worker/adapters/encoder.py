@@ -225,11 +225,9 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
         doc_template = options.get("doc_template")
         texts.extend(self.marked_text(prepare_text(doc, doc_template=doc_template), False) for doc in docs)
         roles.extend([(True, options)] + [(False, options)] * len(docs))
-        if self.skips_prefix:
+        if self.skips_prefix:  # else `prefixes` stays empty: `read_batch` reads none
             prefixes.append(text_prefix({"is_query": True, **preparation}))
             prefixes.extend([text_prefix({"doc_template": doc_template})] * len(docs))
-        else:
-            prefixes.extend([""] * (1 + len(docs)))
         return query_index, range(query_index + 1, len(texts))
 
     def read_batch(self, batch: PaddedBatch, prefixes: Sequence[str]) -> PaddedBatch:
@@ -238,10 +236,11 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
         (`len(tokenizer.tokenize(instruction))`; with the leading special token, the prefix's last token stays)."""
         if not self.skips_prefix or not any(prefixes):
             return batch
+        # a batch's rows share a few prefixes (one per instruction): each is tokenized once
+        lengths = {prefix: len(self.tokenizer.tokens(prefix, add_special_tokens=False)) for prefix in set(prefixes)}
         mask = batch.attention_mask.copy()
         for row, prefix in enumerate(prefixes):
-            if prefix:
-                mask[row, : len(self.tokenizer.tokens(prefix, add_special_tokens=False))] = 0
+            mask[row, : lengths[prefix]] = 0
         return attrs.evolve(batch, attention_mask=mask)
 
     def marked_text(self, text: str, is_query: bool) -> str:

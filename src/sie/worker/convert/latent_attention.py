@@ -106,6 +106,8 @@ def build_latent_attention(  # noqa: PLR0913 - the block's parts
 
 
 class _LatentBlock:
+    """Emits the block into a GraphBuilder; the checkpoint's tensors are read (shapes checked) as nodes are added."""
+
     def __init__(
         self, builder: GraphBuilder, config: LatentAttentionConfig, checkpoint: Checkpoint, precision: Precision
     ) -> None:
