@@ -150,6 +150,21 @@ class CountingSession:
 
 
 @pytest.mark.parametrize("served", ["bi-encoder"], indirect=True)
+def test_a_bi_encoder_scores_more_labels_than_its_span_width_as_gliner_does(served: tuple[Any, Any]) -> None:
+    """With fewer labels than 4/3 of the span width (24 here) the graph folds the labels through the span layer's
+    last projection; with more it projects the spans (`head_layers.marker_span_logits`): the same entities."""
+    reference, adapter = served
+    labels = LABELS + [f"kind {index}" for index in range(36)]
+    options = {"threshold": 0.27, "flat_ner": False, "multi_label": True}
+    results = adapter.extract(extract_items(TEXTS, labels, **options)).items
+    expected = reference.inference(TEXTS, labels, **options)
+    assert any(expected), "the threshold must find spans"
+    for result, theirs in zip(results, expected, strict=True):
+        assert result.ok, result.error
+        assert_same_entities(result.result["entities"], theirs)
+
+
+@pytest.mark.parametrize("served", ["bi-encoder"], indirect=True)
 def test_a_bi_encoder_encodes_each_label_once(served: tuple[Any, Any]) -> None:
     _, adapter = served
     encoder = adapter._label_encoder

@@ -56,6 +56,25 @@ def test_a_builder_emits_one_model() -> None:
         builder.weight("late", np.ones(1, np.float32))
 
 
+def test_branches_of_an_if_read_the_graph_around_them_and_its_weights(tmp_path: Path) -> None:
+    builder = GraphBuilder()
+    scale = builder.weight("scale", np.array([3.0], np.float32))
+    doubled = builder.op("Add", ["x", "x"], "doubled")  # outside the branches, read by one of them
+    total = builder.op("ReduceSum", ["x"], "total", keepdims=0)
+    positive = builder.op("Greater", [total, builder.const(0.0, np.float32)], "positive")
+    then_branch = builder.branch("scaled", lambda: builder.op("Mul", [doubled, scale], "scaled"))
+    else_branch = builder.branch("negated", lambda: builder.op("Neg", ["x"], "negated"))
+    builder.op("If", [positive], "y", then_branch=then_branch, else_branch=else_branch)
+    builder.op("Identity", [builder.const([1], np.int64)], "unused")  # the builder goes on after its branches
+    model = builder.model("g", [tensor_info("x", TensorProto.FLOAT, [2])], [tensor_info("y", TensorProto.FLOAT, [2])])
+    path = tmp_path / "if.onnx"
+    save_graph(model, path)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.array([1.0, 2.0], np.float32)
+    assert session.run(["y"], {"x": x})[0].tolist() == [6.0, 12.0]
+    assert session.run(["y"], {"x": -x})[0].tolist() == [1.0, 2.0]
+
+
 @pytest.mark.parametrize("limit", [graph_builder.SIDE_FILE_BYTES, 8], ids=["inline", "side-file"])
 def test_a_saved_graph_runs_in_onnxruntime_with_its_tensors_inline_or_in_a_side_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: int

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,20 @@ class GraphBuilder:
         outputs = [self.unique(name) for name in names]
         self.nodes.append(helper.make_node(op_type, list(inputs), outputs, name=outputs[0], **attrs))
         return outputs
+
+    def branch(self, name: str, build: Callable[[], str]) -> onnx.GraphProto:
+        """A subgraph for a control-flow node (`If`'s `then_branch`/`else_branch`): the nodes `build` adds, which
+        may read any tensor of the graph around it, with `build`'s returned tensor as its one float output. Its
+        weights and constants are the model's own."""
+        outer, self.nodes = self.nodes, []
+        try:
+            output = build()
+            nodes = self.nodes
+        finally:
+            self.nodes = outer
+        return helper.make_graph(
+            nodes, self.unique(name), [], [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)]
+        )
 
     def model(
         self, graph_name: str, inputs: Sequence[onnx.ValueInfoProto], outputs: Sequence[onnx.ValueInfoProto]

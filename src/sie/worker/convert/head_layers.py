@@ -89,19 +89,44 @@ def marker_span_logits(  # noqa: PLR0913 - the layer's inputs, name and widths
     padded = b.op("Pad", [end_part, b.const([0, 0, 0, 0, widths - 1, 0])], "span.end_padded")
     word_count = b.op("Shape", [words], "shape.words", start=1, end=2)
     second = b.weight("span.out3.weight", weights.get(f"{name}.out_project.3.weight", (width, 4 * width)).T)
-    second_bias = b.weight("span.out3.bias", weights.get(f"{name}.out_project.3.bias", (width,)))
-    queries_t = b.op("Transpose", [queries], "span.queries_t", perm=[0, 2, 1])
-    # One width at a time: the spans of width k are [B, W, D], scored against the queries into [B, W, Q]; no
-    # [B, W, K, 4D] tensor is ever held.
-    per_width = []
-    for k in range(widths):
+    second_bias = weights.get(f"{name}.out_project.3.bias", (width,))
+    queries_t = b.op("Transpose", [queries], "span.queries_t", perm=[0, 2, 1])  # [B, D, Q]
+
+    def hidden_of(k: int) -> str:
+        """The spans of width k before out_project's second layer, [B, W, 4D]."""
         stop = b.op("Add", [word_count, b.const([k])], f"span.stop{k}")
         shifted = b.op("Slice", [padded, b.const([k]), stop, b.const([1])], f"span.end{k}")
-        inner = b.op("Relu", [b.op("Add", [start_part, shifted], f"span.width{k}")], f"span.relu{k}")
-        spans = b.op("Add", [b.op("MatMul", [inner, second], f"span.projected{k}"), second_bias], f"span.rep{k}")
-        logits = b.op("MatMul", [spans, queries_t], f"span.logits{k}")
-        per_width.append(b.op("Unsqueeze", [logits, b.const([2])], f"span.logits{k}_4d"))
-    return b.op("Concat", per_width, "span.logits", axis=2) if widths > 1 else per_width[0]
+        return b.op("Relu", [b.op("Add", [start_part, shifted], f"span.width{k}")], f"span.relu{k}")
+
+    def stacked(per_width: list[str]) -> str:
+        per_width = [b.op("Unsqueeze", [logits, b.const([2])], f"span.logits{k}_4d") for k, logits in
+                     enumerate(per_width)]  # fmt: skip
+        return b.op("Concat", per_width, "span.logits", axis=2) if widths > 1 else per_width[0]
+
+    def projected_spans() -> str:
+        # the spans' representations, [B, W, D] one width at a time (no [B, W, K, 4D] tensor is held), each
+        # scored against the queries into [B, W, Q]
+        bias = b.weight("span.out3.bias", second_bias)
+        return stacked([b.op("MatMul", [b.op("Add", [b.op("MatMul", [hidden_of(k), second], f"span.projected{k}"),
+                                                     bias], f"span.rep{k}"), queries_t], f"span.scores{k}")
+                        for k in range(widths)])  # fmt: skip
+
+    def folded_queries() -> str:
+        # (h · W2 + b2) · q = h · (W2 · q) + b2 · q: the queries go through the second layer instead of the spans,
+        # [B, 4D, Q] once; each width is then one product of its [B, W, 4D] with it
+        folded = b.op("MatMul", [second, queries_t], "span.folded_queries")
+        offsets = b.op("MatMul", [b.weight("span.out3.bias_row", second_bias[None, :]), queries_t],
+                       "span.query_offsets")  # [B, 1, Q]  # fmt: skip
+        return stacked([b.op("Add", [b.op("MatMul", [hidden_of(k), folded], f"span.folded{k}"), offsets],
+                             f"span.scores{k}") for k in range(widths)])  # fmt: skip
+
+    # Per width, projecting the spans costs W·4D·D + W·D·Q multiply-adds, folding the queries W·4D·Q: folding is
+    # cheaper while Q < 4D/3 (a uni-encoder's labels sit in its prompt; a bi-encoder may send a thousand).
+    label_count = b.op("Shape", [queries], "span.label_count", start=1, end=2)
+    fold = b.op("Squeeze", [b.op("Less", [label_count, b.const([4 * width // 3])], "span.fold_1d"), b.const([0])],
+                "span.fold")  # fmt: skip
+    return b.op("If", [fold], "span.logits_chosen", then_branch=b.branch("span_folded", folded_queries),
+                else_branch=b.branch("span_projected", projected_spans))  # fmt: skip
 
 
 def bidirectional_lstm(  # noqa: PLR0913 - one layer's inputs and names
