@@ -228,8 +228,8 @@ def zero_shot_speed(args: argparse.Namespace) -> None:
             for _ in range(args.rounds):
                 ours_ms.append(timed(ours, args.repeats))
                 theirs_ms.append(timed(theirs, args.repeats))
-            if args.served and family == "gliner":
-                gliner_served(Path(scratch), ours, texts[0], args)
+            if args.served and family in ZERO_SHOT_SERVED:
+                zero_shot_served(family, Path(scratch), ours, texts[0], args)
         rows.append((family, statistics.median(theirs_ms), statistics.median(ours_ms)))
     print(f"{args.batch} texts of about 80 words x {len(GLINER_LABELS)} labels, DeBERTa-v3-small-sized backbones, "
           f"{args.threads} threads, medians of {args.rounds} interleaved rounds, texts to results")  # fmt: skip
@@ -307,26 +307,35 @@ def _zero_shot_pair(
     return ours, theirs
 
 
-def gliner_served(scratch: Path, raw: Callable[[], None], text: str, args: argparse.Namespace) -> None:
-    """The GLiNER checkpoint in `scratch` served to 32 wrk connections (one text and its labels per request) against
-    `raw`, the adapter on a batch of 32 texts in-process; interleaved rounds."""
+# The zero-shot models `--served` measures: where `_zero_shot_pair` saved the weights, their adapter, request options.
+ZERO_SHOT_SERVED = {
+    "gliner": ("gliner", "sie_server.adapters.gliner:GLiNERAdapter", {"threshold": 0.5}),
+    "gliclass": (".", "sie_server.adapters.gliclass:GLiClassAdapter",
+                 {"threshold": 0.5, "classification_type": "multi-label"}),
+}  # fmt: skip
+
+
+def zero_shot_served(family: str, scratch: Path, raw: Callable[[], None], text: str, args: argparse.Namespace) -> None:
+    """The `family` checkpoint in `scratch` served to 32 wrk connections (one text and its labels per request)
+    against `raw`, the adapter on a batch of 32 texts in-process; interleaved rounds."""
 
     from sie.catalog import dump_yaml
 
+    weights, adapter_path, options = ZERO_SHOT_SERVED[family]
     models = scratch / "models"
     models.mkdir(exist_ok=True)
-    data = {"sie_id": "bench/gliner", "weights_path": str(scratch / "gliner"), "tasks": {"extract": {}},
-            "profiles": {"default": {"adapter_path": "sie_server.adapters.gliner:GLiNERAdapter",
-                                     "max_batch_tokens": 65536}}}  # fmt: skip
-    (models / "bench__gliner.yaml").write_text(dump_yaml(data))
-    body = orjson.dumps({"items": [{"text": text}], "params": {"labels": GLINER_LABELS, "options": {"threshold": 0.5}}})
-    raw_rate, served_rate = served_rounds(scratch, models, "bench/gliner", "/v1/extract/bench/gliner", body, raw, args)
-    print(f"GLiNER served (`sie run --role all`, uvicorn, {CONNECTIONS} connections x 1 text + {len(GLINER_LABELS)} "
-          f"labels) against the adapter at batch {CONNECTIONS} in-process; medians of {args.rounds} interleaved "
-          "rounds")  # fmt: skip
+    data = {"sie_id": f"bench/{family}", "weights_path": str((scratch / weights).resolve()), "tasks": {"extract": {}},
+            "profiles": {"default": {"adapter_path": adapter_path, "max_batch_tokens": 65536}}}  # fmt: skip
+    (models / f"bench__{family}.yaml").write_text(dump_yaml(data))
+    body = orjson.dumps({"items": [{"text": text}], "params": {"labels": GLINER_LABELS, "options": options}})
+    path = f"/v1/extract/bench/{family}"
+    raw_rate, served_rate = served_rounds(scratch, models, f"bench/{family}", path, body, raw, args)
+    print(f"{family} served (`sie run --role all`, uvicorn, {CONNECTIONS} connections x 1 text + "
+          f"{len(GLINER_LABELS)} labels) against the adapter at batch {CONNECTIONS} in-process; medians of "
+          f"{args.rounds} interleaved rounds")  # fmt: skip
     print("| model | raw texts/s | served texts/s | served / raw |")
     print("|---|---|---|---|")
-    print(f"| gliner span | {raw_rate:.1f} | {served_rate:.1f} | {served_rate / raw_rate:.2f} |")
+    print(f"| {ZERO_SHOT_SHAPES[family]} | {raw_rate:.1f} | {served_rate:.1f} | {served_rate / raw_rate:.2f} |")
 
 
 # Vision towers of the catalogue's sizes (224 pixels): CLIP ViT-B/32 and SigLIP base/16; small text towers.
