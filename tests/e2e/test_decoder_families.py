@@ -7,8 +7,8 @@ reranker
 streamed too, and the Responses API) and the public sie-sdk (encode, score); a chat model of every other decoder
 family (Llama, Mistral, Qwen2, Granite, Gemma 3) through chat completions, and the DeBERTa-v3 models: a
 cross-encoder through the SDK's score, and the zero-shot models in the public catalogue's YAML shapes through the
-SDK's extract with labels of each request's own: a GLiNER extractor, a GLiNER relation extractor (relation types by
-option), a GLiClass classifier (with label groups), an
+SDK's extract with labels of each request's own: a GLiNER extractor (through this package's client too), a GLiNER
+relation extractor (relation types by option), a GLiClass classifier (with label groups), an
 NLI classifier, a GLiREL relation extractor over the entities each item names, a GLiNER2 model (entities, and a
 guard's classification), and a union of two GLiNER models
 (its member fetched from the offline Hub cache). Greedy text equals
@@ -30,6 +30,7 @@ import pytest
 
 from launcher import REPO, serving_all
 from sie.catalog import dump_yaml
+from sie.client import SIEClient
 from support.decoder_checkpoints import save_base_model, save_causal_lm, write_tokenizer
 from support.gliner_union import reference_union, seed_hub_snapshot
 from support.nvembed_checkpoint import TEMPLATE, public_yaml, recipe_ids, reference_vector, save_nvembed
@@ -308,6 +309,14 @@ def test_a_gliner_model_extracts_the_labels_each_request_names(served: Served, p
                                 options={"threshold": 0.25, "flat_ner": False}, wait_for_capacity=True)  # fmt: skip
     finally:
         client.close()
+    with SIEClient(served.url, timeout_s=120) as ours_client:  # our client: the same results, its own request id
+        mine = ours_client.extract(GLINER, [{"text": t} for t in texts], labels=labels)
+    assert mine[0]["request"]["id"] and mine[0]["request"]["id"] != results[0]["request"]["id"]
+
+    def without_request(listed: list[dict]) -> list[dict]:
+        return [{key: value for key, value in result.items() if key != "request"} for result in listed]
+
+    assert without_request(mine) == without_request(results)
     expected = served.models[GLINER].inference(texts, labels, threshold=0.27)  # the YAML's runtime threshold
     (expected_nested,) = served.models[GLINER].inference(texts[:1], labels[:2], threshold=0.25, flat_ner=False)
     assert any(expected) and expected_nested

@@ -332,6 +332,25 @@ async def test_extract_results_always_carry_the_four_lists(harness):
     assert "data" not in result
 
 
+async def test_each_result_carries_the_requests_id_and_metered_units_as_sie_sdk_does(harness):
+    entity = {"text": "Tim Cook", "label": "person", "score": 0.96, "start": 0, "end": 8}
+    extracted = {"model": "urchade/gliner_multi-v2.1", "items": [{"entities": [entity]}, {"entities": []}]}
+    meters = {"X-SIE-Request-ID": "req-7", "X-SIE-Units-Input-Tokens": "42", "X-SIE-Units-Pairs": "007"}
+    scored = {"model": "r", "query_id": "q", "scores": [{"item_id": "item-0", "score": 0.5, "rank": 0}]}
+    h = harness([
+        packed(extracted, **meters),
+        packed({"model": MODEL, "items": [{"dense": {"dims": 1, "dtype": "float32", "values": [1.0]}}]},
+               **{"X-SIE-Request-ID": " padded "}),
+        packed(scored, **{"X-SIE-Request-ID": "req-8", "X-SIE-Units-Pairs": "-1"}),
+    ])  # fmt: skip
+    first, second = await h.call("extract", "m", [{"text": "Tim Cook"}, {"text": "no one"}], labels=["person"])
+    assert first["request"] == second["request"] == {"id": "req-7", "usage": {"input_tokens": 42}}
+    assert first["request"] is not second["request"]  # each result its own copy
+    encoded_one = await h.call("encode", MODEL, {"text": "x"})
+    assert "request" not in encoded_one  # an id with surrounding spaces is not one
+    assert (await h.call("score", "r", {"id": "q", "text": "?"}, [{"text": "a"}]))["request"] == {"id": "req-8"}
+
+
 async def test_catalogue_reads_are_not_retried(harness):
     models = {"models": [{"name": MODEL, "state": "loaded"}]}
     h = harness([httpx.Response(200, json=models), httpx.Response(200, json=models["models"][0])])

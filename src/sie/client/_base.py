@@ -50,7 +50,14 @@ from sie.client._requests import (
     routing_headers,
     score_body,
 )
-from sie.client._results import decode_body, parse_encode, parse_extract, parse_models, parse_score
+from sie.client._results import (
+    attach_request_metadata,
+    decode_body,
+    parse_encode,
+    parse_extract,
+    parse_models,
+    parse_score,
+)
 from sie.client._retry import (
     DEFAULT_PROVISION_TIMEOUT_S,
     Outcome,
@@ -280,7 +287,16 @@ class BaseClient:
         # The model id goes into the path as it is: ids contain `/` and the server routes on `{model:path}`.
         path = f"/v1/{what}/{model}"
         headers = routing_headers(policy.gpu)
-        return Call(method="POST", path=path, headers=headers, policy=policy, parse=parse, what=what, content=content)
+        return Call(
+            method="POST",
+            path=path,
+            headers=headers,
+            policy=policy,
+            parse=parse,
+            what=what,
+            content=content,
+            request_metadata=True,
+        )
 
     def _generate_call(  # noqa: PLR0913 - one generate call's parts
         self,
@@ -310,6 +326,7 @@ class BaseClient:
             what="generate",
             content=content,
             read_timeout_s=read_timeout_s,
+            request_metadata=True,
         )
 
     def _policy(
@@ -378,11 +395,14 @@ class _CallRun(Generic[T]):
         return decision.delay
 
     def finish(self, response: httpx.Response) -> T:
-        """Parse the answer and note its model revision."""
+        """Parse the answer (each result stamped with the request's metadata) and note its model revision."""
         revision = response.headers.get(MODEL_REVISION_HEADER) or None
         self._client._set_evidence(_Evidence(self._state.retries, revision))
         data = decode_body(response.status_code, response.headers, response.content, what=self._call.what)
-        return self._call.parse(data)
+        result = self._call.parse(data)
+        if self._call.request_metadata:
+            attach_request_metadata(result, response.headers)
+        return result
 
 
 @attrs.frozen

@@ -75,6 +75,8 @@ class Call(Generic[T]):
     # Seconds to wait for the answer, as given (generation's per-call `read_timeout_s`); None: the client's,
     # capped by what is left of the budget.
     read_timeout_s: float | None = None
+    # Whether each result gets the request's id and metered units as `request` (inference calls, as sie-sdk does).
+    request_metadata: bool = False
 
 
 def merge_options(

@@ -1,4 +1,5 @@
-"""Turn successful encode, score, extract and model responses into sie-sdk's result dicts (contracts Part B §2.2).
+"""Turn successful encode, score, extract and model responses into sie-sdk's result dicts (contracts Part B §2.2),
+and stamp each result with the request-scoped metadata its response headers carry, as sie-sdk does.
 
 Bodies are msgpack (ndarrays from sentinel maps) or JSON (arrays become ndarrays here); pure, no I/O.
 """
@@ -24,6 +25,19 @@ _JSON_DTYPES: Mapping[str, Any] = {
     "ubinary": np.uint8,
 }
 _EXTRACT_LISTS = ("entities", "relations", "classifications", "objects")
+# The gateway's id for the request (the one its logs and traces carry), and the units it metered, each a header.
+REQUEST_ID_HEADER = "x-sie-request-id"
+USAGE_HEADERS: Mapping[str, str] = {
+    "input_tokens": "x-sie-units-input-tokens",
+    "pairs": "x-sie-units-pairs",
+    "content_input_tokens": "x-sie-units-content-input-tokens",
+    "images": "x-sie-units-images",
+    "pages": "x-sie-units-pages",
+    "output_tokens": "x-sie-units-output-tokens",
+    "audio_ms": "x-sie-units-audio-ms",
+}
+_MAX_REQUEST_ID_LENGTH = 256
+_MAX_METER = (1 << 64) - 1
 
 
 def decode_body(status_code: int, headers: Mapping[str, str], content: bytes, *, what: str) -> dict[str, Any]:
@@ -39,6 +53,37 @@ def decode_body(status_code: int, headers: Mapping[str, str], content: bytes, *,
         # The body itself stays out of the message: it may be large or hold user data.
         raise RequestError(f"Malformed {what} {kind} response ({len(content)} bytes)", status_code=status_code)
     return data
+
+
+def attach_request_metadata(results: Any, headers: Mapping[str, str]) -> None:
+    """Set `request` on each result dict (a list's or a single one) to what the response headers say of the whole
+    request: `id` (visible ASCII, at most 256 characters) and `usage` (each meter a plain non-negative integer); a
+    malformed value is left out, and with nothing left no `request` is set (sie-sdk's RequestMetadata)."""
+    metadata: dict[str, Any] = {}
+    request_id = headers.get(REQUEST_ID_HEADER)
+    if request_id and _is_request_id(request_id):
+        metadata["id"] = request_id
+    usage = {name: int(value) for name, header in USAGE_HEADERS.items() if _is_meter(value := headers.get(header))}
+    if usage:
+        metadata["usage"] = usage
+    if not metadata:
+        return
+    for result in results if isinstance(results, list) else [results]:
+        if isinstance(result, dict):  # each its own copy
+            result["request"] = {
+                key: dict(value) if isinstance(value, dict) else value for key, value in metadata.items()
+            }
+
+
+def _is_request_id(value: str) -> bool:
+    return len(value) <= _MAX_REQUEST_ID_LENGTH and value == value.strip() and value.isascii() and value.isprintable()
+
+
+def _is_meter(value: str | None) -> bool:
+    """A canonical non-negative decimal that fits 64 bits."""
+    if not value or not value.isascii() or not value.isdigit() or (value[0] == "0" and value != "0"):
+        return False
+    return int(value) <= _MAX_METER
 
 
 def parse_encode(data: Mapping[str, Any], *, model: str, submitted: int) -> list[dict[str, Any]]:
