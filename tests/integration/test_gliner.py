@@ -54,18 +54,24 @@ def assert_same_entities(ours: list[dict], theirs: list[dict]) -> None:
     assert np.allclose([e["score"] for e in ours], [e["score"] for e in theirs], atol=TOLERANCE, rtol=0)
 
 
-@pytest.mark.parametrize("threshold", [0.27, 0.3])
-@pytest.mark.parametrize(("flat_ner", "multi_label"), [(True, False), (False, False), (False, True), (True, True)])
-def test_entities_equal_gliner(served: tuple[Any, Any], threshold: float, flat_ner: bool, multi_label: bool) -> None:
-    reference, adapter = served
-    options = {"threshold": threshold, "flat_ner": flat_ner, "multi_label": multi_label}
-    results = adapter.extract(extract_items(TEXTS, LABELS, **options)).items
-    expected = reference.inference(TEXTS, LABELS, **options)
-    assert any(expected), "the thresholds must find spans"
+def assert_extracts_as_gliner(reference: Any, adapter: Any, labels: list[str], **options: Any) -> None:
+    """Our adapter's entities for TEXTS and `labels` under `options` equal the gliner package's (some found)."""
+    results = adapter.extract(extract_items(TEXTS, labels, **options)).items
+    expected = reference.inference(TEXTS, labels, **options)
+    assert any(expected), "the threshold must find spans"
     for result, theirs in zip(results, expected, strict=True):
         assert result.ok, result.error
         assert_same_entities(result.result["entities"], theirs)
         assert result.input_tokens > 0
+
+
+@pytest.mark.parametrize("threshold", [0.27, 0.3])
+@pytest.mark.parametrize(("flat_ner", "multi_label"), [(True, False), (False, False), (False, True), (True, True)])
+def test_entities_equal_gliner(served: tuple[Any, Any], threshold: float, flat_ner: bool, multi_label: bool) -> None:
+    reference, adapter = served
+    assert_extracts_as_gliner(
+        reference, adapter, LABELS, threshold=threshold, flat_ner=flat_ner, multi_label=multi_label
+    )
 
 
 def test_rows_with_label_sets_of_their_own_batch_together(served: tuple[Any, Any]) -> None:
@@ -155,13 +161,7 @@ def test_a_bi_encoder_scores_more_labels_than_its_span_width_as_gliner_does(serv
     last projection; with more it projects the spans (`head_layers.marker_span_logits`): the same entities."""
     reference, adapter = served
     labels = LABELS + [f"kind {index}" for index in range(36)]
-    options = {"threshold": 0.27, "flat_ner": False, "multi_label": True}
-    results = adapter.extract(extract_items(TEXTS, labels, **options)).items
-    expected = reference.inference(TEXTS, labels, **options)
-    assert any(expected), "the threshold must find spans"
-    for result, theirs in zip(results, expected, strict=True):
-        assert result.ok, result.error
-        assert_same_entities(result.result["entities"], theirs)
+    assert_extracts_as_gliner(reference, adapter, labels, threshold=0.27, flat_ner=False, multi_label=True)
 
 
 @pytest.mark.parametrize("served", ["bi-encoder"], indirect=True)
