@@ -38,8 +38,9 @@ from sie.worker.convert.safetensors_io import checkpoint_files, open_clip_weight
 # 12: the rotary families' Q, K and V as three projections, rotated by onnxruntime's fused RotaryEmbedding;
 # ModernBERT's gated MLP as two products; 13: each residual + LayerNorm as an Add and a LayerNormalization, not the
 # slower fused SkipLayerNormalization; 14: GLiNER's span scores with the queries folded through out_project's second
-# layer while that is the cheaper side (fewer queries than 4/3 of the width)
-CONVERTER_VERSION = "sie-encoder-onnx/14"
+# layer while that is the cheaper side (fewer queries than 4/3 of the width); 15: and only while there are no
+# more queries than words (the folded queries then take no more memory than a width's spans)
+CONVERTER_VERSION = "sie-encoder-onnx/15"
 # 2: logits of the last position only; 3: config.json in the decoder graph's terms (model_type, sie_graph);
 # 4: a file's rope_freqs factors applied (Llama 3.1's RoPE scaling; before, they were left out); llama.cpp's
 # end-of-generation tokens in config.json's eos_token_id

@@ -121,10 +121,13 @@ def marker_span_logits(  # noqa: PLR0913 - the layer's inputs, name and widths
                              f"span.scores{k}") for k in range(widths)])  # fmt: skip
 
     # Per width, projecting the spans costs W·4D·D + W·D·Q multiply-adds, folding the queries W·4D·Q: folding is
-    # cheaper while Q < 4D/3 (a uni-encoder's labels sit in its prompt; a bi-encoder may send a thousand).
+    # cheaper while Q < 4D/3 (a uni-encoder's labels sit in its prompt; a bi-encoder may send a thousand). It also
+    # holds the folded queries, [B, 4D, Q], beside each width's [B, W, 4D]: only while Q ≤ W, so that they take no
+    # more memory than one width's spans (short texts under many labels project).
     label_count = b.op("Shape", [queries], "span.label_count", start=1, end=2)
-    fold = b.op("Squeeze", [b.op("Less", [label_count, b.const([4 * width // 3])], "span.fold_1d"), b.const([0])],
-                "span.fold")  # fmt: skip
+    cheaper = b.op("Less", [label_count, b.const([4 * width // 3])], "span.fold_cheaper")
+    smaller = b.op("LessOrEqual", [label_count, word_count], "span.fold_smaller")
+    fold = b.op("Squeeze", [b.op("And", [cheaper, smaller], "span.fold_1d"), b.const([0])], "span.fold")
     return b.op("If", [fold], "span.logits_chosen", then_branch=b.branch("span_folded", folded_queries),
                 else_branch=b.branch("span_projected", projected_spans))  # fmt: skip
 
