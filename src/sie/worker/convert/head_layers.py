@@ -74,7 +74,8 @@ def marker_span_logits(  # noqa: PLR0913 - the layer's inputs, name and widths
     """GLiNER's `markerV0` span layer `name` scored against `queries` [B, Q, width]: every span of up to `widths`
     words of `words` [B, W, width] is its start word's and end word's projections, concatenated and projected again,
     and its logit against a query is their dot product; out [B, W, widths, Q] (a span running past the last word
-    reads zeros there and is never read)."""
+    reads zeros there and is never read). The last projection goes either through the spans or through the queries,
+    two equal forms an `If` picks between at run time by their cost (below)."""
     starts = projection_mlp(b, weights, words, f"{name}.project_start", width, width)
     ends = projection_mlp(b, weights, words, f"{name}.project_end", width, width)
     # out_project's first layer over [relu(start), relu(end)] is the sum of its two halves, each applied once per
