@@ -205,16 +205,22 @@ def test_the_openai_client_chats_as_transformers_generates(served: Served) -> No
     assert "".join(event.delta for event in streamed if event.type == "response.output_text.delta") == expected
 
 
+def queries_and_documents(public_sdk, url: str, model: str, texts: list[str]) -> tuple[list, list]:  # noqa: ANN001
+    """The public SDK's encode of `texts` as queries, then as documents."""
+    client = public_sdk.SIEClient(url, timeout_s=120)
+    try:
+        queries = client.encode(model, [{"text": t} for t in texts], is_query=True, wait_for_capacity=True)
+        documents = client.encode(model, [{"text": t} for t in texts], wait_for_capacity=True)
+    finally:
+        client.close()
+    return queries, documents
+
+
 def test_the_public_sdk_encodes_with_the_instruction_template_and_last_token(served: Served, public_sdk) -> None:
     import torch
 
     texts = ["w1 w2 w3", "w9"]
-    client = public_sdk.SIEClient(served.url, timeout_s=120)
-    try:
-        queries = client.encode(EMBED, [{"text": t} for t in texts], is_query=True, wait_for_capacity=True)
-        documents = client.encode(EMBED, [{"text": t} for t in texts], wait_for_capacity=True)
-    finally:
-        client.close()
+    queries, documents = queries_and_documents(public_sdk, served.url, EMBED, texts)
     tokenizer = write_tokenizer(served.root / "embed-tokenizer", end_with_eos=True)
     for text, query, document in zip(texts, queries, documents, strict=True):
         for seen, result in ((f"Instruct: {INSTRUCTION}\nQuery:{text}", query), (text, document)):
@@ -226,12 +232,7 @@ def test_the_public_sdk_encodes_with_the_instruction_template_and_last_token(ser
 
 def test_the_public_sdk_encodes_with_nv_embeds_recipe(served: Served, public_sdk) -> None:
     texts = ["w1 w2 w3", "w5 w6 w7 w8 w9 w10 w11"]
-    client = public_sdk.SIEClient(served.url, timeout_s=120)
-    try:
-        queries = client.encode(NVEMBED, [{"text": t} for t in texts], is_query=True, wait_for_capacity=True)
-        documents = client.encode(NVEMBED, [{"text": t} for t in texts], wait_for_capacity=True)
-    finally:
-        client.close()
+    queries, documents = queries_and_documents(public_sdk, served.url, NVEMBED, texts)
     reference, latent = served.models[NVEMBED]
     directory = served.root / "weights" / "nvembed"
     prefix = TEMPLATE.replace("{instruction}", INSTRUCTION).replace("{text}", "")

@@ -30,6 +30,7 @@ from sie.worker.convert.decoder_graph import Precision
 from sie.worker.convert.encoder_graph import gelu
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.graph_builder import GraphBuilder
+from sie.worker.convert.head_layers import HeadWeights
 from sie.worker.convert.safetensors_io import Checkpoint
 
 # Where an NV-Embed checkpoint keeps its decoder's and its latent block's tensors.
@@ -113,19 +114,8 @@ class _LatentBlock:
     ) -> None:
         self.b = builder
         self.config = config
-        self.checkpoint = checkpoint
+        self.weights = HeadWeights(checkpoint, LATENT_PREFIX)
         self.precision = precision
-
-    def tensor(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        stored = LATENT_PREFIX + name
-        if stored not in self.checkpoint:
-            raise ConversionError("the latent-attention block lacks a tensor", source=str(self.checkpoint.path),
-                                  tensor=stored)  # fmt: skip
-        array = self.checkpoint.load(stored)
-        if array.shape != shape:
-            raise ConversionError(f"shape {list(array.shape)} does not match the config's {list(shape)}",
-                                  source=str(self.checkpoint.path), tensor=stored)  # fmt: skip
-        return array
 
     def build(self, hidden: str, output: str) -> str:
         b, width = self.b, self.config.width
@@ -137,8 +127,8 @@ class _LatentBlock:
 
     def _norm(self, x: str, name: str) -> str:
         width = self.config.width
-        scale = self.b.weight(f"{name}.weight", self.tensor(f"{name}.weight", (width,)))
-        bias = self.b.weight(f"{name}.bias", self.tensor(f"{name}.bias", (width,)))
+        scale = self.b.weight(f"{name}.weight", self.weights.get(f"{name}.weight", (width,)))
+        bias = self.b.weight(f"{name}.bias", self.weights.get(f"{name}.bias", (width,)))
         return self.b.op("LayerNormalization", [x, scale, bias], name, axis=-1, epsilon=LAYER_NORM_EPS)
 
     def _product(self, x: str, matrix: np.ndarray, name: str, bias: np.ndarray | None = None) -> str:
@@ -156,12 +146,12 @@ class _LatentBlock:
         """Every token's queries against the latents' keys, over their values and out: [N, width]."""
         b, cfg = self.b, self.config
         block = "cross_attend_blocks.0"
-        latents = self.tensor("latents", (cfg.latents, cfg.width)).astype(np.float64)
-        context = _layer_norm(latents, self.tensor(f"{block}.norm_context.weight", (cfg.width,)),
-                              self.tensor(f"{block}.norm_context.bias", (cfg.width,)))  # fmt: skip
-        to_kv = self.tensor(f"{block}.fn.to_kv.weight", (2 * cfg.inner, cfg.width))
-        to_q = self.tensor(f"{block}.fn.to_q.weight", (cfg.inner, cfg.width))
-        to_out = self.tensor(f"{block}.fn.to_out.weight", (cfg.width, cfg.inner))
+        latents = self.weights.get("latents", (cfg.latents, cfg.width)).astype(np.float64)
+        context = _layer_norm(latents, self.weights.get(f"{block}.norm_context.weight", (cfg.width,)),
+                              self.weights.get(f"{block}.norm_context.bias", (cfg.width,)))  # fmt: skip
+        to_kv = self.weights.get(f"{block}.fn.to_kv.weight", (2 * cfg.inner, cfg.width))
+        to_q = self.weights.get(f"{block}.fn.to_q.weight", (cfg.inner, cfg.width))
+        to_out = self.weights.get(f"{block}.fn.to_out.weight", (cfg.width, cfg.inner))
         scale = 1.0 / math.sqrt(cfg.head_dim)
         # Each head folded in float64, a slice at a time: [width, latents], its query projection times its keys
         # (scaled); [latents, width], its values times its slice of the output projection.
@@ -183,14 +173,14 @@ class _LatentBlock:
         """GEGLU: the first half of the widened token times the GELU of the second, back to the width."""
         b, width = self.b, self.config.width
         block, inner = "cross_attend_blocks.1", width * FEED_FORWARD_MULTIPLIER
-        widen = self.tensor(f"{block}.fn.net.0.weight", (2 * inner, width))
-        narrow = self.tensor(f"{block}.fn.net.2.weight", (width, inner))
+        widen = self.weights.get(f"{block}.fn.net.0.weight", (2 * inner, width))
+        narrow = self.weights.get(f"{block}.fn.net.2.weight", (width, inner))
         widened = self._product(self._norm(x, f"{block}.norm"), widen.T,
-                                f"{block}.widen", self.tensor(f"{block}.fn.net.0.bias", (2 * inner,)))  # fmt: skip
+                                f"{block}.widen", self.weights.get(f"{block}.fn.net.0.bias", (2 * inner,)))  # fmt: skip
         value = b.op("Slice", [widened, b.const([0]), b.const([inner]), b.const([1])], f"{block}.value")
         gate = b.op("Slice", [widened, b.const([inner]), b.const([2 * inner]), b.const([1])], f"{block}.gate")
         gated = b.op("Mul", [value, gelu(b, gate, f"{block}.gelu")], f"{block}.gated")
-        return self._product(gated, narrow.T, f"{block}.narrow", self.tensor(f"{block}.fn.net.2.bias", (width,)))
+        return self._product(gated, narrow.T, f"{block}.narrow", self.weights.get(f"{block}.fn.net.2.bias", (width,)))
 
 
 def _layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> np.ndarray:
