@@ -90,15 +90,15 @@ def test_public_sdk_does_not_warn_about_the_server_version(
 def test_openai_client_embeddings(all_server: str) -> None:
     from openai import OpenAI
 
-    client = OpenAI(base_url=f"{all_server}/v1", api_key="unused", max_retries=0)
-    response = client.embeddings.create(model=MINILM, input=["Hello world", "Bye"])
-    assert [item.index for item in response.data] == [0, 1]
-    assert np.allclose(response.data[0].embedding[:4], HELLO_WORLD_PREFIX, atol=1e-5)
-    encoded = client.embeddings.create(model=MINILM, input="Hello world", encoding_format="base64")
-    vector = encoded.data[0].embedding
-    if isinstance(vector, str):
-        vector = np.frombuffer(base64.b64decode(vector), dtype="<f4")
-    assert np.allclose(np.asarray(vector)[:4], HELLO_WORLD_PREFIX, atol=1e-5)
+    with OpenAI(base_url=f"{all_server}/v1", api_key="unused", max_retries=0) as client:
+        response = client.embeddings.create(model=MINILM, input=["Hello world", "Bye"])
+        assert [item.index for item in response.data] == [0, 1]
+        assert np.allclose(response.data[0].embedding[:4], HELLO_WORLD_PREFIX, atol=1e-5)
+        encoded = client.embeddings.create(model=MINILM, input="Hello world", encoding_format="base64")
+        vector = encoded.data[0].embedding
+        if isinstance(vector, str):
+            vector = np.frombuffer(base64.b64decode(vector), dtype="<f4")
+        assert np.allclose(np.asarray(vector)[:4], HELLO_WORLD_PREFIX, atol=1e-5)
 
 
 def test_langchain_openai_embeddings_sends_token_ids_and_gets_the_text_vectors(
@@ -128,17 +128,17 @@ def test_langchain_openai_embeddings_sends_token_ids_and_gets_the_text_vectors(
 def test_openai_dimensions_truncate_and_renormalise_a_matryoshka_model(all_server: str) -> None:
     import openai
 
-    client = openai.OpenAI(base_url=f"{all_server}/v1", api_key="unused", max_retries=0)
-    full = np.asarray(client.embeddings.create(model=MATRYOSHKA, input="Hello world").data[0].embedding)
-    short = client.embeddings.create(model=MATRYOSHKA, input="Hello world", dimensions=64).data[0].embedding
-    assert np.allclose(short, full[:64] / np.linalg.norm(full[:64]), atol=1e-6)
-    assert np.linalg.norm(short) == pytest.approx(1.0, abs=1e-5)
-    native = client.embeddings.create(model=MINILM, input="Hello world", dimensions=full.size).data[0].embedding
-    assert len(native) == full.size
-    for model, dimensions in ((MINILM, 64), (MATRYOSHKA, full.size + 1), (MATRYOSHKA, 0)):
-        with pytest.raises(openai.BadRequestError) as refused:
-            client.embeddings.create(model=model, input="Hello world", dimensions=dimensions)
-        assert refused.value.body["param"] == "dimensions"
+    with openai.OpenAI(base_url=f"{all_server}/v1", api_key="unused", max_retries=0) as client:
+        full = np.asarray(client.embeddings.create(model=MATRYOSHKA, input="Hello world").data[0].embedding)
+        short = client.embeddings.create(model=MATRYOSHKA, input="Hello world", dimensions=64).data[0].embedding
+        assert np.allclose(short, full[:64] / np.linalg.norm(full[:64]), atol=1e-6)
+        assert np.linalg.norm(short) == pytest.approx(1.0, abs=1e-5)
+        native = client.embeddings.create(model=MINILM, input="Hello world", dimensions=full.size).data[0].embedding
+        assert len(native) == full.size
+        for model, dimensions in ((MINILM, 64), (MATRYOSHKA, full.size + 1), (MATRYOSHKA, 0)):
+            with pytest.raises(openai.BadRequestError) as refused:
+                client.embeddings.create(model=model, input="Hello world", dimensions=dimensions)
+            assert refused.value.body["param"] == "dimensions"
 
 
 def test_models_list_shows_states(all_server: str) -> None:

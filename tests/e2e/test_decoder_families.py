@@ -191,18 +191,22 @@ def reference_text(served: Served, prompt: str, tokens: int, name: str = CHAT) -
 def test_the_openai_client_chats_as_transformers_generates(served: Served) -> None:
     import openai
 
-    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", timeout=120, max_retries=3)
-    messages = [{"role": "user", "content": "w3 w4 w5"}]
-    # the checkpoint's chat template renders one user turn and opens the assistant's
-    expected = reference_text(served, "<|im_start|>user w3 w4 w5<|im_end|><|im_start|>assistant", 16)
-    reply = client.chat.completions.create(model=CHAT, messages=messages, temperature=0, max_tokens=16)
-    assert reply.choices[0].message.content == expected and reply.choices[0].finish_reason == "length"
-    stream = client.chat.completions.create(model=CHAT, messages=messages, temperature=0, max_tokens=16, stream=True)
-    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == expected
-    response = client.responses.create(model=CHAT, input="w3 w4 w5", temperature=0, max_output_tokens=16)
-    assert response.output_text == expected and response.status == "incomplete"
-    streamed = client.responses.create(model=CHAT, input="w3 w4 w5", temperature=0, max_output_tokens=16, stream=True)
-    assert "".join(event.delta for event in streamed if event.type == "response.output_text.delta") == expected
+    with openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", timeout=120, max_retries=3) as client:
+        messages = [{"role": "user", "content": "w3 w4 w5"}]
+        # the checkpoint's chat template renders one user turn and opens the assistant's
+        expected = reference_text(served, "<|im_start|>user w3 w4 w5<|im_end|><|im_start|>assistant", 16)
+        reply = client.chat.completions.create(model=CHAT, messages=messages, temperature=0, max_tokens=16)
+        assert reply.choices[0].message.content == expected and reply.choices[0].finish_reason == "length"
+        stream = client.chat.completions.create(
+            model=CHAT, messages=messages, temperature=0, max_tokens=16, stream=True
+        )
+        assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == expected
+        response = client.responses.create(model=CHAT, input="w3 w4 w5", temperature=0, max_output_tokens=16)
+        assert response.output_text == expected and response.status == "incomplete"
+        streamed = client.responses.create(
+            model=CHAT, input="w3 w4 w5", temperature=0, max_output_tokens=16, stream=True
+        )
+        assert "".join(event.delta for event in streamed if event.type == "response.output_text.delta") == expected
 
 
 def queries_and_documents(public_sdk, url: str, model: str, texts: list[str]) -> tuple[list, list]:  # noqa: ANN001
@@ -272,11 +276,11 @@ def test_the_public_sdk_scores_with_the_qwen3_reranker_prompt(served: Served, pu
 def test_every_decoder_family_chats_as_transformers_generates(served: Served, name: str) -> None:
     import openai
 
-    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", timeout=120, max_retries=3)
-    expected = reference_text(served, "<|im_start|>user w5 w6 w7 w8<|im_end|><|im_start|>assistant", 12, name)
-    reply = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "w5 w6 w7 w8"}],
-                                           temperature=0, max_tokens=12)  # fmt: skip
-    assert reply.choices[0].message.content == expected
+    with openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", timeout=120, max_retries=3) as client:
+        expected = reference_text(served, "<|im_start|>user w5 w6 w7 w8<|im_end|><|im_start|>assistant", 12, name)
+        reply = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "w5 w6 w7 w8"}],
+                                               temperature=0, max_tokens=12)  # fmt: skip
+        assert reply.choices[0].message.content == expected
 
 
 def test_a_deberta_cross_encoder_scores_as_transformers_does(served: Served, public_sdk) -> None:

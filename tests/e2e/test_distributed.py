@@ -210,23 +210,25 @@ def test_generation_streams_over_nats_and_a_client_leaving_cancels_it(cluster: C
     """Chat completions through gateway → JetStream → sidecar → worker IPC and back as streamed chunks on the
     gateway's inbox; a client that leaves mid-stream is cancelled through `cancel.{router}.{request}` →
     SignalGenerateCancel, and the worker frees the sequence (its gauge on the sidecar's /metrics)."""
-    client = openai.OpenAI(base_url=f"{cluster.url}/v1", api_key="unused", timeout=120, max_retries=0)
-    question = [{"role": "user", "content": "What is the capital of France?"}]
-    stream = client.chat.completions.create(model=SMOLLM, messages=question, temperature=0, max_tokens=32, stream=True)
-    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
-    assert "Paris" in text, cluster.logs()
-    buffered = client.chat.completions.create(model=SMOLLM, messages=question, temperature=0, max_tokens=32)
-    assert buffered.choices[0].message.content == text and buffered.choices[0].finish_reason == "stop"
-    story = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
-    decoding_while_read = 0.0
-    with client.chat.completions.create(model=SMOLLM, messages=story, max_tokens=800, stream=True) as long_stream:
-        for index, _chunk in enumerate(long_stream):
-            if index == 3:
-                decoding_while_read = generation_sequences(f"{cluster.probe_url}/metrics")
-                break
-    assert decoding_while_read >= 1
-    freed = holds_within(lambda: generation_sequences(f"{cluster.probe_url}/metrics") == 0, 15.0, interval_s=0.2)
-    assert freed, cluster.logs()
+    with openai.OpenAI(base_url=f"{cluster.url}/v1", api_key="unused", timeout=120, max_retries=0) as client:
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        stream = client.chat.completions.create(
+            model=SMOLLM, messages=question, temperature=0, max_tokens=32, stream=True
+        )
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+        assert "Paris" in text, cluster.logs()
+        buffered = client.chat.completions.create(model=SMOLLM, messages=question, temperature=0, max_tokens=32)
+        assert buffered.choices[0].message.content == text and buffered.choices[0].finish_reason == "stop"
+        story = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
+        decoding_while_read = 0.0
+        with client.chat.completions.create(model=SMOLLM, messages=story, max_tokens=800, stream=True) as long_stream:
+            for index, _chunk in enumerate(long_stream):
+                if index == 3:
+                    decoding_while_read = generation_sequences(f"{cluster.probe_url}/metrics")
+                    break
+        assert decoding_while_read >= 1
+        freed = holds_within(lambda: generation_sequences(f"{cluster.probe_url}/metrics") == 0, 15.0, interval_s=0.2)
+        assert freed, cluster.logs()
 
 
 def test_a_lane_without_workers_is_provisioning(cluster: Cluster) -> None:
@@ -300,25 +302,25 @@ def test_a_worker_killed_mid_generation_ends_the_stream_with_an_error_and_the_ne
     """A generation already streaming cannot be given to another worker (its client holds part of one answer, and a
     second attempt would write a different one): the sidecar ends it with an error event, so nothing hangs. The
     restarted worker serves the next generation."""
-    client = openai.OpenAI(base_url=f"{cluster.url}/v1", api_key="unused", timeout=60, max_retries=0)
-    story = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
-    received = 0
-    with (
-        pytest.raises(openai.APIError, match="the generation failed on the worker"),
-        client.chat.completions.create(model=SMOLLM, messages=story, max_tokens=800, stream=True) as stream,
-    ):
-        for _chunk in stream:
-            received += 1
-            if received == 3:
-                cluster.worker.process.kill()
-    assert 3 <= received < 800
-    cluster.worker.stop()  # reaps the killed process and closes its log
-    cluster.start("worker")
-    question = [{"role": "user", "content": "What is the capital of France?"}]
-    reply = client.with_options(timeout=120).chat.completions.create(
-        model=SMOLLM, messages=question, temperature=0, max_tokens=32
-    )
-    assert "Paris" in reply.choices[0].message.content, cluster.logs()
+    with openai.OpenAI(base_url=f"{cluster.url}/v1", api_key="unused", timeout=60, max_retries=0) as client:
+        story = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
+        received = 0
+        with (
+            pytest.raises(openai.APIError, match="the generation failed on the worker"),
+            client.chat.completions.create(model=SMOLLM, messages=story, max_tokens=800, stream=True) as stream,
+        ):
+            for _chunk in stream:
+                received += 1
+                if received == 3:
+                    cluster.worker.process.kill()
+        assert 3 <= received < 800
+        cluster.worker.stop()  # reaps the killed process and closes its log
+        cluster.start("worker")
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        reply = client.with_options(timeout=120).chat.completions.create(
+            model=SMOLLM, messages=question, temperature=0, max_tokens=32
+        )
+        assert "Paris" in reply.choices[0].message.content, cluster.logs()
 
 
 def test_losing_nats_answers_503(cluster: Cluster) -> None:

@@ -160,10 +160,10 @@ def test_the_public_sdk_gets_what_transformers_computes(served: Served, public_s
 def test_the_openai_client_gets_the_same_vectors(served: Served) -> None:
     import openai
 
-    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", timeout=120, max_retries=3)
-    response = client.embeddings.create(model=model_id("xlm-roberta"), input=TEXTS)
-    ours = np.asarray([item.embedding for item in response.data], dtype=np.float32)
-    assert float(np.abs(ours - reference_vectors(served, model_id("xlm-roberta"), TEXTS)).max()) <= TOLERANCE
+    with openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", timeout=120, max_retries=3) as client:
+        response = client.embeddings.create(model=model_id("xlm-roberta"), input=TEXTS)
+        ours = np.asarray([item.embedding for item in response.data], dtype=np.float32)
+        assert float(np.abs(ours - reference_vectors(served, model_id("xlm-roberta"), TEXTS)).max()) <= TOLERANCE
 
 
 def assert_scores_as_transformers(served: Served, public_sdk: Any, sie_id: str, tokenizer: Tokenizer) -> None:
@@ -231,13 +231,13 @@ def test_nomic_v2_moes_experts_give_their_reference_vectors_through_the_openai_c
 
     config, weights = served.models[NOMIC_MOE]
     texts = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11"]
-    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", timeout=120, max_retries=3)
-    ours = np.asarray([item.embedding for item in client.embeddings.create(model=NOMIC_MOE, input=texts).data])
-    tokenizer = Tokenizer.from_file(str(served.root / "weights" / NOMIC_MOE.replace("/", "__") / "tokenizer.json"))
-    for text, vector in zip(texts, ours, strict=True):
-        ids = np.asarray(tokenizer.encode(text).ids, dtype=np.int64)
-        pooled = nomic.reference(config, weights, ids, np.zeros_like(ids)).mean(0)
-        assert float(np.abs(vector - pooled / np.linalg.norm(pooled)).max()) <= TOLERANCE
+    with openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", timeout=120, max_retries=3) as client:
+        ours = np.asarray([item.embedding for item in client.embeddings.create(model=NOMIC_MOE, input=texts).data])
+        tokenizer = Tokenizer.from_file(str(served.root / "weights" / NOMIC_MOE.replace("/", "__") / "tokenizer.json"))
+        for text, vector in zip(texts, ours, strict=True):
+            ids = np.asarray(tokenizer.encode(text).ids, dtype=np.int64)
+            pooled = nomic.reference(config, weights, ids, np.zeros_like(ids)).mean(0)
+            assert float(np.abs(vector - pooled / np.linalg.norm(pooled)).max()) <= TOLERANCE
 
 
 def test_files_it_cannot_serve_are_listed_with_their_reason_and_the_rest_is_served(served: Served) -> None:

@@ -73,13 +73,13 @@ def test_our_sdk_sends_its_api_key(token_server: str) -> None:
 def test_the_openai_client_sends_its_api_key(token_server: str) -> None:
     from openai import AuthenticationError, OpenAI
 
-    client = OpenAI(base_url=f"{token_server}/v1", api_key=ENV_TOKEN, max_retries=0)
-    response = client.embeddings.create(model=MINILM, input=["Hello world"])
-    assert np.allclose(response.data[0].embedding[:4], HELLO_WORLD_PREFIX, atol=1e-5)
-    wrong = OpenAI(base_url=f"{token_server}/v1", api_key="wrong", max_retries=0)
-    with pytest.raises(AuthenticationError) as caught:
-        wrong.embeddings.create(model=MINILM, input=["Hello world"])
-    assert caught.value.status_code == 401 and caught.value.code == "invalid_api_key"
+    with OpenAI(base_url=f"{token_server}/v1", api_key=ENV_TOKEN, max_retries=0) as client:
+        response = client.embeddings.create(model=MINILM, input=["Hello world"])
+        assert np.allclose(response.data[0].embedding[:4], HELLO_WORLD_PREFIX, atol=1e-5)
+        with OpenAI(base_url=f"{token_server}/v1", api_key="wrong", max_retries=0) as wrong:
+            with pytest.raises(AuthenticationError) as caught:
+                wrong.embeddings.create(model=MINILM, input=["Hello world"])
+            assert caught.value.status_code == 401 and caught.value.code == "invalid_api_key"
 
 
 def test_probes_operational_and_admin_routes(token_server: str) -> None:

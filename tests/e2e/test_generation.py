@@ -6,6 +6,8 @@ sequence, and `/v1/models` listing the model's task. Marked slow: the first requ
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import httpx
 import openai
 import pytest
@@ -22,8 +24,9 @@ STORY_PROMPT = "<|im_start|>user\nWrite a long story about a lighthouse keeper.<
 
 
 @pytest.fixture(scope="module")
-def client(all_server: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{all_server}/v1", api_key="unused", timeout=120, max_retries=0)
+def client(all_server: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{all_server}/v1", api_key="unused", timeout=120, max_retries=0) as opened:
+        yield opened
 
 
 def test_openai_chat_completion_answers_paris(client: openai.OpenAI) -> None:
