@@ -6,7 +6,7 @@
 #                                     .ort-parts/ (both ignored through .git/info/exclude), and print the carry.
 #   scripts/device_check.sh [check]   THERE: install sie and its `gpu-cuda` extra from those files into the venv
 #                                     python3 runs in (DEVICE_CHECK_VENV), then prove the CUDA provider is used
-#                                     and print raw vs served throughput.
+#                                     and print raw vs served throughput, and float16 against float32.
 #
 # What `check` needs, carried into the repository root (run's `carry`):
 #   .whl/        cp312 wheels of sie's dependencies missing from the image (a few MiB; `prepare` fetches them)
@@ -174,6 +174,58 @@ with open("/tmp/sie-device-raw", "w") as out:
 EOF
 }
 
+half_precision() {
+  step "half precision on cuda:0: $MODEL with compute_precision float16 against float32, batch 32"
+  "$VENV/bin/python" - "$MODEL" "$SECONDS_PER_MEASURE" <<'EOF'
+import sys
+import time
+
+import attrs
+import numpy as np
+
+from sie.catalog import load_catalog
+from sie.settings import load_settings
+from sie.tokenization import pad_batch
+from sie.worker.devices import load_cuda_libraries
+from sie.worker.loading import ModelLoader
+
+model_id, seconds = sys.argv[1], float(sys.argv[2])
+load_cuda_libraries()
+settings = load_settings()
+entry = load_catalog(settings.catalog.bundles_dir, settings.catalog.models_dir).get(model_id)
+loader = ModelLoader.from_settings(settings.worker, "cuda:0")
+texts = [f"sentence {index} about the weather in a city by the sea" for index in range(32)]
+results, rates = {}, {}
+for precision in ("float32", "float16"):
+    profiles = {name: attrs.evolve(profile, compute_precision=precision)
+                for name, profile in entry.model.profiles.items()}
+    loaded = loader.load(attrs.evolve(entry.model, profiles=profiles), entry.profile, entry.model_id)
+    session = loaded.adapter.session
+    if loaded.precision != precision or session.get_providers()[0] != "CUDAExecutionProvider":
+        sys.exit(f"FAIL: asked for {precision} on cuda:0, got {loaded.precision} on {session.get_providers()}")
+    tokens = loaded.tokenizer.encode_batch(texts)
+    padded = pad_batch([t.input_ids for t in tokens], [t.token_type_ids for t in tokens], loaded.tokenizer.pad_id)
+    available = {"input_ids": padded.input_ids, "attention_mask": padded.attention_mask,
+                 "token_type_ids": padded.token_type_ids}
+    feeds = {node.name: available[node.name] for node in session.get_inputs()}
+    results[precision] = session.run(None, feeds)[-1]
+    for _ in range(5):
+        session.run(None, feeds)
+    runs, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds and runs < 100_000:
+        session.run(None, feeds)
+        runs += 1
+    rates[precision] = runs * 32 / (time.perf_counter() - started)
+    loaded.close()
+full, half = results["float32"], results["float16"]
+difference = float(np.abs(half - full).max()) / max(1.0, float(np.abs(full).max()))
+print(f"HALF {rates['float16']:.0f} items/s against float32 {rates['float32']:.0f} items/s "
+      f"({rates['float16'] / rates['float32']:.2f}x); max difference {difference:.1e} of the output's scale")
+if not difference < 1e-2:
+    sys.exit("FAIL: the float16 graph's output is not within float16's rounding of the float32 graph's")
+EOF
+}
+
 served_throughput() {
   step "served: sie run --role all --devices auto, 32 clients to 127.0.0.1:$PORT"
   local log=/tmp/sie-device-all.log
@@ -219,6 +271,7 @@ case "${1:-check}" in
     install_env
     check_devices
     raw_throughput
+    half_precision
     served_throughput
     echo; echo "device_check: OK" ;;
   *) echo "usage: $0 [prepare|check]" >&2; exit 2 ;;

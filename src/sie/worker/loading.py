@@ -188,10 +188,10 @@ class ModelLoader:
         if open_clip_weights is not None:
             # open_clip's layout converts to a directory holding the graphs and the files the adapter and the
             # sidecar read (config.json, preprocessor_config.json, the tokenizer with open_clip's text cleaning).
-            converted = self._open_clip(model_id, model_dir, open_clip_weights, tokenizer_dir)
-            return PreparedFiles(converted / GRAPH_FILE, converted, converted, "float32")
-        graph, precision = self._graph(model_id, model_dir, artifacts.onnx_file, str(head),
-                                       self._decoder_precision(resolved, model_dir),
+            precision = self._encoder_precision(resolved)
+            converted = self._open_clip(model_id, model_dir, open_clip_weights, tokenizer_dir, precision)
+            return PreparedFiles(converted / GRAPH_FILE, converted, converted, precision)
+        graph, precision = self._graph(model_id, model_dir, artifacts.onnx_file, str(head), resolved,
                                        _attends_both_ways(resolved, model_id))  # fmt: skip
         return PreparedFiles(graph, tokenizer_dir, model_dir, precision)
 
@@ -275,11 +275,11 @@ class ModelLoader:
             raise ModelLoadError(str(exc.error_class), str(exc)) from exc
 
     def _graph(  # noqa: PLR0913 - what the profile asks of the conversion
-        self, model_id: str, model_dir: Path, onnx_file: str | None, head: str, precision: str, bidirectional: bool
+        self, model_id: str, model_dir: Path, onnx_file: str | None, head: str, profile: Profile, bidirectional: bool
     ) -> tuple[Path, str | None]:
         """The ONNX graph and its precision: the named file or a shipped `model.onnx` (None: as exported), or a cached
-        conversion of the safetensors (a decoder's in `precision`, attending both ways if `bidirectional`; encoders
-        convert to float32)."""
+        conversion of the safetensors in the precision `profile` and the device ask for (a decoder's attending both
+        ways if `bidirectional`)."""
         if onnx_file:
             path = model_dir / onnx_file
             if not path.is_file():
@@ -294,10 +294,10 @@ class ModelLoader:
                 f"Model '{model_id}': no ONNX graph, no {WEIGHTS_FILE}, no {WEIGHTS_INDEX_FILE} and no "
                 f"{TORCH_WEIGHTS_FILE} in {model_dir}",
             )
-        return self._convert(model_id, model_dir, head, precision, bidirectional)
+        return self._convert(model_id, model_dir, head, profile, bidirectional)
 
     def _convert(
-        self, model_id: str, model_dir: Path, head: str, decoder_precision: str, bidirectional: bool
+        self, model_id: str, model_dir: Path, head: str, profile: Profile, bidirectional: bool
     ) -> tuple[Path, str]:
         decoder = is_decoder_config(_read_json(model_dir / CONFIG_FILE))
         if decoder and head != "none":
@@ -305,12 +305,15 @@ class ModelLoader:
                 "UNKNOWN",
                 f"Model '{model_id}': a decoder checkpoint converts to its hidden states, not a {head!r} head",
             )
-        precision = decoder_precision if decoder else "float32"
+        precision = self._decoder_precision(profile, model_dir) if decoder else self._encoder_precision(profile)
         self._check_fits(model_id, model_dir, precision)
         if decoder:  # an encoder attends both ways already
             head = BIDIRECTIONAL_HIDDEN if bidirectional else HIDDEN
         try:
-            key = decoder_cache_key(model_dir, head, precision) if decoder else conversion_cache_key(model_dir, head)
+            if decoder:
+                key = decoder_cache_key(model_dir, head, precision)
+            else:  # float32 keeps the key it had before encoders had a float16 form
+                key = conversion_cache_key(model_dir, head if precision == "float32" else f"{head}/{precision}")
             target = self.converted_dir / f"{key}.onnx"
             if target.is_file():
                 return target, precision
@@ -360,6 +363,14 @@ class ModelLoader:
         unsafe = model_type in FLOAT16_UNSAFE_MODEL_TYPES
         return "float32" if unsafe and requested != "float16" else "float16"
 
+    def _encoder_precision(self, profile: Profile) -> str:
+        """A converted encoder's precision: float32 on CPU, and on a GPU unless the profile's `compute_precision`
+        is float16 or bfloat16; then float16 matrix products and weights, the rest float32
+        (`convert/half_precision.py`). Unset stays float32: the reference's own numbers."""
+        if self.session_options.device == "cpu" or profile.compute_precision not in ("float16", "bfloat16"):
+            return "float32"
+        return "float16"
+
     def _decoder_checkpoint(self, model_id: str, model_dir: Path, precision: str) -> Path:
         """The cached conversion of a decoder family's checkpoint into a generation graph and its config.json."""
         self._check_fits(model_id, model_dir, precision)
@@ -372,17 +383,25 @@ class ModelLoader:
         return self._converted_directory(model_id, lambda: decoder_cache_key(model_dir, "generate", precision),
                                          "decoder", f"an ONNX decoder ({precision})", convert)  # fmt: skip
 
-    def _open_clip(self, model_id: str, model_dir: Path, weights: Path, tokenizer_dir: Path) -> Path:
-        """The cached conversion of an open_clip SigLIP checkpoint (`convert/open_clip.py`), its `weights` file."""
-        self._check_fits(model_id, model_dir, "float32", [weights])
+    def _open_clip(  # noqa: PLR0913 - the checkpoint's parts and the precision
+        self, model_id: str, model_dir: Path, weights: Path, tokenizer_dir: Path, precision: str
+    ) -> Path:
+        """The cached conversion of an open_clip checkpoint (`convert/open_clip.py`), its `weights` file, in
+        `precision` (float16: its graphs' products in half)."""
+        self._check_fits(model_id, model_dir, precision, [weights])
 
         def convert(staged: Path) -> None:
+            from sie.worker.convert.half_precision import products_in_half_file
             from sie.worker.convert.open_clip import convert_open_clip
 
             convert_open_clip(model_dir, tokenizer_dir, staged)
+            if precision == "float16":
+                for graph in (staged / GRAPH_FILE, vision_graph_path(staged / GRAPH_FILE)):
+                    products_in_half_file(graph)
 
-        return self._converted_directory(model_id, lambda: open_clip_cache_key(model_dir, tokenizer_dir),
-                                         "open_clip", "ONNX image and text towers (open_clip)", convert)  # fmt: skip
+        return self._converted_directory(model_id, lambda: open_clip_cache_key(model_dir, tokenizer_dir, precision),
+                                         "open_clip", f"ONNX image and text towers (open_clip, {precision})",
+                                         convert)  # fmt: skip
 
     def _decoder(
         self, model_id: str, model_dir: Path, gguf_file: str, precision: str, on_progress: ProgressCallback | None
@@ -512,8 +531,9 @@ def _union_member(model_id: str, member: str | None) -> Iterator[None]:
 
 def _write_graph(model_dir: Path, staged: Path, target: Path, head: str, precision: str) -> None:
     """Convert the checkpoint in `model_dir` with `head` (`HIDDEN`, `BIDIRECTIONAL_HIDDEN`: a decoder's hidden states)
-    to `staged`; a graph converted beside the main one (a bi-encoder's label graph, a vision tower) is moved beside
-    `target` first, so the main graph's rename publishes a complete set."""
+    to `staged` in `precision` (an encoder's float16: its float32 graphs with their products in half); a graph
+    converted beside the main one (a bi-encoder's label graph, a vision tower) is moved beside `target` first, so the
+    main graph's rename publishes a complete set."""
     # The converter imports `onnx` (about 1.4 s): only a cache miss pays for it.
     from sie.worker.convert.clip import convert_clip
     from sie.worker.convert.decoders import convert_decoder_hidden
@@ -522,14 +542,13 @@ def _write_graph(model_dir: Path, staged: Path, target: Path, head: str, precisi
     from sie.worker.convert.gliner import convert_gliner
     from sie.worker.convert.gliner2 import convert_gliner2
     from sie.worker.convert.glirel import convert_glirel
+    from sie.worker.convert.half_precision import products_in_half_file
 
     if head in (HIDDEN, BIDIRECTIONAL_HIDDEN):
         convert_decoder_hidden(model_dir, staged, precision, bidirectional=head == BIDIRECTIONAL_HIDDEN)
-    elif head == GLINER_HEAD:
+        return
+    if head == GLINER_HEAD:
         convert_gliner(model_dir, staged)
-        for beside in (labels_graph_path, relations_graph_path):  # a bi-encoder's label graph, a relation graph
-            if beside(staged).is_file():
-                move_graph(beside(staged), beside(target))
     elif head == GLINER2_HEAD:
         convert_gliner2(model_dir, staged)
     elif head == GLICLASS_HEAD:
@@ -538,9 +557,16 @@ def _write_graph(model_dir: Path, staged: Path, target: Path, head: str, precisi
         convert_glirel(model_dir, staged)
     elif head == CLIP_HEAD:
         convert_clip(model_dir, staged)
-        move_graph(vision_graph_path(staged), vision_graph_path(target))
     else:
         convert_encoder(model_dir, staged, head)
+    # a bi-encoder's label graph, a relation graph, an image–text model's vision graph
+    besides = [beside for beside in (labels_graph_path, relations_graph_path, vision_graph_path) if
+               beside(staged).is_file()]  # fmt: skip
+    if precision == "float16":
+        for graph in (staged, *(beside(staged) for beside in besides)):
+            products_in_half_file(graph)
+    for beside in besides:
+        move_graph(beside(staged), beside(target))
 
 
 def _convert_progress(on_progress: ProgressCallback | None, source: str) -> Callable[[int, int], None] | None:

@@ -66,11 +66,13 @@ def decoder_cache_key(model_dir: Path, graph: str, precision: str) -> str:
     return _checkpoint_key(model_dir, DECODER_CONVERTER_VERSION, f"{graph}/{precision}", extra)
 
 
-def open_clip_cache_key(model_dir: Path, tokenizer_dir: Path) -> str:
-    """As `conversion_cache_key`, for an open_clip checkpoint converted to a directory (`open_clip.py`): its
-    open_clip_config.json, its weights and the tokenizer files the directory's tokenizer is made from."""
+def open_clip_cache_key(model_dir: Path, tokenizer_dir: Path, precision: str = "float32") -> str:
+    """As `conversion_cache_key`, for an open_clip checkpoint converted to a directory (`open_clip.py`) in
+    `precision`: its open_clip_config.json, its weights and the tokenizer files the directory's tokenizer is made
+    from."""
     digest = hashlib.sha256()
-    for part in (CONVERTER_VERSION.encode(), OPEN_CLIP_CONVERTER_VERSION.encode()):
+    variant = [] if precision == "float32" else [precision.encode()]  # float32 keeps its key from before float16
+    for part in (CONVERTER_VERSION.encode(), OPEN_CLIP_CONVERTER_VERSION.encode(), *variant):
         digest.update(len(part).to_bytes(8, "little") + part)
     weights = open_clip_weights_file(model_dir)
     if weights is None:
