@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("all", "distributed"), default="all")
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--load-seconds", type=int, default=4)
-    parser.add_argument("--http-server", choices=("hypercorn", "uvicorn"), default="hypercorn")
+    parser.add_argument("--http-server", choices=("hypercorn", "uvicorn"), default="uvicorn")
     parser.add_argument("--backend", choices=("null", "onnx"), default="null", help="the worker's backend")
     parser.add_argument("--variant", action="append", default=[], help="NAME=ARG,ARG: extra `sie run` arguments")
     parser.add_argument("--compare-ref", help="a commit whose default topology runs beside (row REF)")

@@ -122,12 +122,14 @@ def test_image_and_text_towers_in_float16_equal_the_float32_reference(
     assert_close(dense(loaded.adapter.encode(batch).items), dense(full.adapter.encode(batch).items))
 
 
+@pytest.mark.parametrize("bi_encoder", [False, True], ids=["uni-encoder", "bi-encoder"])
 def test_gliner_in_float16_scores_spans_as_its_float32_graph_does(
-    gpu_loader: ModelLoader, model_loader: ModelLoader, tmp_path: Path
+    bi_encoder: bool, gpu_loader: ModelLoader, model_loader: ModelLoader, tmp_path: Path
 ) -> None:
-    """A DeBERTa GLiNER with its LSTM: the span layer's `If` branches (their products) convert too. Every span
-    either side finds clear of the threshold, the other finds, with the same score within float16's rounding."""
-    save_gliner(tmp_path)
+    """A DeBERTa GLiNER with its LSTM: the span layer's `If` branches (their products) convert too, and so does a
+    bi-encoder's label graph beside the span graph. Every span either side finds clear of the threshold, the other
+    finds, with the same score within float16's rounding."""
+    save_gliner(tmp_path, labels_encoder=bi_encoder)
     document = {
         "sie_id": "acme/gliner", "weights_path": str(tmp_path / "gliner"), "tasks": {"extract": {}},
         "profiles": {"default": {"adapter_path": "sie_server.adapters.gliner:GLiNERAdapter",
@@ -146,6 +148,9 @@ def test_gliner_in_float16_scores_spans_as_its_float32_graph_does(
         spans.append({(row, e["start"], e["end"], e["label"]): e["score"] for row, result in enumerate(results)
                       for e in result.result["entities"]})  # fmt: skip
     half_spans, full_spans = spans
+    if bi_encoder:
+        labels_graph = loading.labels_graph_path(gpu_loader.prepare(half, "default", half.sie_id).graph)
+        assert product_weights(labels_graph) == {onnx.TensorProto.FLOAT16}
     assert len(full_spans) > 5
     for ours, theirs in ((half_spans, full_spans), (full_spans, half_spans)):
         for key, score in theirs.items():
