@@ -23,8 +23,9 @@ import attrs
 import numpy as np
 
 from sie.wire.generate import FINISH_CANCELLED, FINISH_ERROR
-from sie.worker.convert.names import ATTENTION_MASK, LOGITS
-from sie.worker.generation.kv_cache import BatchCache, CacheShape, bytes_per_cached_token, next_cache
+from sie.worker.convert.names import ATTENTION_MASK
+from sie.worker.generation.decoder_run import DecoderRun
+from sie.worker.generation.kv_cache import BatchCache, CacheShape, bytes_per_cached_token
 from sie.worker.generation.sampling import Sampler, SamplingParams
 from sie.worker.generation.stopping import StopChecker, TokenDecoder
 
@@ -149,14 +150,12 @@ class BatchingDecoder:
         limits: DecoderLimits | None = None,
         name: str = "decoder",
     ) -> None:
-        self._session = session
+        self._run_graph = DecoderRun(session)
         self._shape = shape
         self._decode = decode
         self._limits = limits or DecoderLimits()
         self._token_bytes = bytes_per_cached_token(shape)
         self._name = name
-        self._output_names = [output.name for output in session.get_outputs()]
-        self._logits_index = self._output_names.index(LOGITS)
         self._lock = threading.RLock()  # re-entered when a sequence ends while the lock is held
         # Shared with the event loop, under `_lock`: sequences not yet admitted, those the thread decodes (its
         # rows, plus ones it is admitting), running ones to drop at the next step boundary, whether to end every
@@ -305,13 +304,12 @@ class BatchingDecoder:
         """Run the prompts together and sample each one's first token; the sequences still going, and their cache."""
         feeds = BatchCache.prompt_feeds([sequence.prompt_ids for sequence in sequences], self._shape)
         try:
-            outputs = self._session.run(None, feeds)
-            logits = outputs[self._logits_index]
+            logits, present = self._run_graph(feeds)
             kept = [row for row, sequence in enumerate(sequences) if not sequence.take(logits[row, -1])]
         except Exception as exc:  # noqa: BLE001 - a failed prefill ends its sequences, never the thread
             self._fail(sequences, exc)
             return [], BatchCache.empty(self._shape)
-        cache = BatchCache(next_cache(self._output_names, outputs), feeds[ATTENTION_MASK])
+        cache = BatchCache(present, feeds[ATTENTION_MASK])
         if len(kept) < len(sequences):
             cache = cache.keep(kept)
         return [sequences[row] for row in kept], cache
@@ -319,9 +317,8 @@ class BatchingDecoder:
     def _step(self, rows: list[_Sequence], batch: BatchCache) -> tuple[list[_Sequence], BatchCache]:
         """One decode step over every row; rows whose sequence ended leave the batch."""
         try:
-            outputs = self._session.run(None, batch.step_feeds([sequence.last_token for sequence in rows]))
-            logits = outputs[self._logits_index]
-            batch = batch.advanced(next_cache(self._output_names, outputs))
+            logits, present = self._run_graph(batch.step_feeds([sequence.last_token for sequence in rows]))
+            batch = batch.advanced(present)
             kept = [index for index, sequence in enumerate(rows) if not sequence.take(logits[index, -1])]
         except Exception as exc:  # noqa: BLE001 - a failed step ends the batch's sequences, never the thread
             self._fail(rows, exc)

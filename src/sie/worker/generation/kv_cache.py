@@ -1,7 +1,9 @@
 """The key/value cache of a converted decoder graph (the names of `sie.worker.convert.names`): its CacheShape (from
 the converter's config.json), empty caches, a run's `present.*` outputs as the next run's `past_key_values.*` feeds,
 and BatchCache, the running rows' cache left-padded to one length with the mask of their real positions, with the
-feeds of one prefill or decode step. Pure numpy: no onnxruntime, no threads.
+feeds of one prefill or decode step. Pure numpy, no threads: a cache a run left on its device (an onnxruntime
+OrtValue, `decoder_run.py`) passes through a decode step as it is, and comes to the host (its `numpy()`) only when
+rows join or leave.
 """
 
 from __future__ import annotations
@@ -68,6 +70,11 @@ def bytes_per_cached_token(shape: CacheShape) -> int:
     return shape.layers * 2 * shape.kv_heads * shape.head_dim * np.dtype(shape.dtype).itemsize
 
 
+def _host(value: Any) -> np.ndarray:
+    """A cache tensor as a numpy array: itself, or a copy of a device-resident OrtValue."""
+    return value if isinstance(value, np.ndarray) else value.numpy()
+
+
 def _left_pad(array: np.ndarray, length: int, axis: int) -> np.ndarray:
     missing = length - array.shape[axis]
     if missing == 0:
@@ -79,10 +86,11 @@ def _left_pad(array: np.ndarray, length: int, axis: int) -> np.ndarray:
 
 @attrs.frozen
 class BatchCache:
-    """The running rows' key/value cache (`past_key_values.*`, `[rows, kv_heads, T, head_dim]`), left-padded to
-    one length T, and the int64 mask `[rows, T]` of the positions that hold real tokens."""
+    """The running rows' key/value cache (`past_key_values.*`, `[rows, kv_heads, T, head_dim]`: numpy arrays, or
+    OrtValues a run left on its device), left-padded to one length T, and the int64 mask `[rows, T]` of the
+    positions that hold real tokens."""
 
-    past: Mapping[str, np.ndarray]
+    past: Mapping[str, Any]
     mask: np.ndarray
 
     @classmethod
@@ -121,9 +129,11 @@ class BatchCache:
 
     def join(self, other: BatchCache) -> BatchCache:
         """Both batches' rows (ours first), the shorter left-padded with zeros the mask leaves out."""
+        if not self.rows:
+            return other  # its cache stays where it is
         length = max(self.length, other.length)
         past = {
-            name: np.concatenate([_left_pad(value, length, 2), _left_pad(other.past[name], length, 2)])
+            name: np.concatenate([_left_pad(_host(value), length, 2), _left_pad(_host(other.past[name]), length, 2)])
             for name, value in self.past.items()
         }
         mask = np.concatenate([_left_pad(self.mask, length, 1), _left_pad(other.mask, length, 1)])
@@ -135,7 +145,7 @@ class BatchCache:
         mask = self.mask[index]
         used = np.flatnonzero(mask.any(axis=0))
         start = int(used[0]) if used.size else mask.shape[1]
-        past = {name: np.ascontiguousarray(value[index, :, start:]) for name, value in self.past.items()}
+        past = {name: np.ascontiguousarray(_host(value)[index, :, start:]) for name, value in self.past.items()}
         return BatchCache(past, np.ascontiguousarray(mask[:, start:]))
 
     def step_feeds(self, last_tokens: Sequence[int]) -> dict[str, np.ndarray]:
