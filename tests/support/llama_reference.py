@@ -197,3 +197,20 @@ def reference_logits(model: TinyLlama, input_ids: np.ndarray, attention_mask: np
         gate = h @ layer.gate.T
         x = x + (gate / (1.0 + np.exp(-gate)) * (h @ layer.up.T)) @ layer.down.T
     return _rms(x, model.final_norm) @ model.embeddings.T
+
+
+def tiny_decoder_session(directory: Path) -> tuple[Any, Any]:
+    """`random_llama` converted to the decoder graph in `directory`, in an onnxruntime session on one CPU thread, with
+    its CacheShape."""
+    import json
+
+    import onnxruntime as ort
+
+    from sie.worker.convert import CONFIG_FILE, convert_gguf
+    from sie.worker.generation.kv_cache import CacheShape
+
+    converted = convert_gguf(write_gguf(random_llama(), directory / "tiny.gguf"), directory / "decoder")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(converted.graph), options, providers=["CPUExecutionProvider"])
+    return session, CacheShape.from_config(json.loads((converted.directory / CONFIG_FILE).read_text()))

@@ -4,7 +4,6 @@ llama decoder, against the plain greedy loop of sie.worker.generation.greedy_loo
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import threading
 from types import SimpleNamespace
@@ -13,7 +12,6 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from sie.worker.convert import CONFIG_FILE, convert_gguf
 from sie.worker.generation.batching_decoder import (
     BatchingDecoder,
     DecodeEvent,
@@ -24,19 +22,13 @@ from sie.worker.generation.batching_decoder import (
 from sie.worker.generation.greedy_loop import greedy_decode
 from sie.worker.generation.kv_cache import CacheShape, bytes_per_cached_token
 from sie.worker.generation.sampling import SamplingParams
-from support.llama_reference import random_llama, write_gguf
+from support.llama_reference import tiny_decoder_session
 from support.polling import eventually
 
 
 @pytest.fixture(scope="module")
 def decoder(tmp_path_factory: pytest.TempPathFactory) -> tuple[ort.InferenceSession, CacheShape]:
-    directory = tmp_path_factory.mktemp("tiny")
-    converted = convert_gguf(write_gguf(random_llama(), directory / "tiny.gguf"), directory / "decoder")
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(converted.graph), options, providers=["CPUExecutionProvider"])
-    config = json.loads((converted.directory / CONFIG_FILE).read_text())
-    return session, CacheShape.from_config(config)
+    return tiny_decoder_session(tmp_path_factory.mktemp("tiny"))
 
 
 def as_text(ids: object) -> str:

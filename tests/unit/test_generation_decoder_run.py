@@ -4,26 +4,18 @@ stays there until rows join or leave (kv_cache.BatchCache)."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import onnxruntime as ort
 import pytest
 
-from sie.worker.convert import CONFIG_FILE, convert_gguf
 from sie.worker.generation.decoder_run import DecoderRun, device_of
 from sie.worker.generation.kv_cache import BatchCache, CacheShape, next_cache
-from support.llama_reference import random_llama, write_gguf
+from support.llama_reference import tiny_decoder_session
 
 
 @pytest.fixture(scope="module")
 def decoder(tmp_path_factory: pytest.TempPathFactory) -> tuple[ort.InferenceSession, CacheShape]:
-    directory = tmp_path_factory.mktemp("tiny")
-    converted = convert_gguf(write_gguf(random_llama(), directory / "tiny.gguf"), directory / "decoder")
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(converted.graph), options, providers=["CPUExecutionProvider"])
-    return session, CacheShape.from_config(json.loads((converted.directory / CONFIG_FILE).read_text()))
+    return tiny_decoder_session(tmp_path_factory.mktemp("tiny"))
 
 
 def plain_run(session: ort.InferenceSession, feeds: dict) -> tuple[np.ndarray, dict[str, np.ndarray]]:
