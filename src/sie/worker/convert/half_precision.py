@@ -97,9 +97,9 @@ class _Rewrite:
             for index in HALF_OUTPUTS[kind]:
                 if index < len(node.output) and node.output[index]:
                     full = node.output[index]
-                    node.output[index] = halves[full] = self.unique(full + SUFFIX)
-                    rewritten.append(helper.make_node("Cast", [node.output[index]], [full], name=self.unique(
-                        f"{full}.float32"), to=TensorProto.FLOAT))  # fmt: skip
+                    half = node.output[index] = halves[full] = self.unique(full + SUFFIX)
+                    back = self.unique(f"{full}.float32")
+                    rewritten.append(helper.make_node("Cast", [half], [full], name=back, to=TensorProto.FLOAT))
         del graph.node[:]
         graph.node.extend(rewritten)
 
@@ -110,9 +110,9 @@ class _Rewrite:
             return halves[name]
         weight = self.weights.get(name)
         if weight is not None and weight.data_type == TensorProto.FLOAT:
+            values = numpy_helper.to_array(weight).astype(np.float16)
             half = self.top.initializer.add()
-            half.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight).astype(np.float16), self.unique(
-                name + SUFFIX)))  # fmt: skip
+            half.CopyFrom(numpy_helper.from_array(values, self.unique(name + SUFFIX)))
             halves.maps[-1][name] = half.name  # a weight's twin serves every graph: recorded at the outermost level
             return half.name
         half_name = self.unique(name + SUFFIX)
