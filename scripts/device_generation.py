@@ -1,0 +1,158 @@
+"""Generation's device path, checked where it runs: a random Llama checkpoint written here (safetensors by hand, no
+torch), converted in the precision a GPU profile gets, and its decode steps run two ways on the same batch of rows:
+through the engine's IO-bound runs (`sie.worker.generation.decoder_run`: the key/value cache fed back as the device
+values the last run returned) and through plain `session.run` (the cache copied to the host and back every step).
+Both must give the same logits step by step; the decode steps per second of each are printed side by side, medians
+of interleaved rounds. `scripts/device_check.sh` runs it on cuda:0 in float16; the test suite on the CPU.
+
+    python scripts/device_generation.py [--device cuda:0|cpu] [--precision float16|float32] [--rows 8]
+        [--prompt 512] [--steps 64] [--rounds 3] [--hidden 1024] [--layers 8]
+
+Exit status 1 when the two ways' logits differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sie.worker.convert.decoders import convert_decoder_checkpoint
+from sie.worker.convert.names import CONFIG_FILE, GRAPH_FILE
+from sie.worker.generation.decoder_run import DecoderRun
+from sie.worker.generation.kv_cache import BatchCache, CacheShape, next_cache
+from sie.worker.session import SessionOptions, create_session
+
+VOCAB = 4096
+# logits of the two ways, as a share of the logits' scale: the same graph on the same inputs
+TOLERANCE = 1e-3
+
+
+def write_llama(directory: Path, hidden: int, layers: int, seed: int = 0) -> None:
+    """A Llama checkpoint with random weights: config.json and model.safetensors (header, then the tensors)."""
+    heads, kv_heads, intermediate = max(1, hidden // 64), max(1, hidden // 256), hidden * 11 // 4
+    head_dim = hidden // heads
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": hidden,
+              "intermediate_size": intermediate, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+              "num_hidden_layers": layers, "vocab_size": VOCAB, "max_position_embeddings": 4096,
+              "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True, "hidden_act": "silu",
+              "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
+    rng = np.random.default_rng(seed)
+    shapes = {"model.embed_tokens.weight": (VOCAB, hidden), "model.norm.weight": (hidden,)}
+    for layer in range(layers):
+        prefix = f"model.layers.{layer}."
+        shapes |= {
+            prefix + "self_attn.q_proj.weight": (heads * head_dim, hidden),
+            prefix + "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+            prefix + "self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+            prefix + "self_attn.o_proj.weight": (hidden, heads * head_dim),
+            prefix + "mlp.gate_proj.weight": (intermediate, hidden),
+            prefix + "mlp.up_proj.weight": (intermediate, hidden),
+            prefix + "mlp.down_proj.weight": (hidden, intermediate),
+            prefix + "input_layernorm.weight": (hidden,),
+            prefix + "post_attention_layernorm.weight": (hidden,),
+        }
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, shape in shapes.items():
+        size = int(np.prod(shape)) * 4
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header).encode()
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / CONFIG_FILE).write_text(json.dumps(config))
+    with (directory / "model.safetensors").open("wb") as out:
+        out.write(struct.pack("<Q", len(encoded)) + encoded)
+        for shape in shapes.values():
+            norm = len(shape) == 1
+            values = np.ones(shape) if norm else rng.normal(0.0, 0.5 / np.sqrt(shape[-1]), shape)
+            out.write(values.astype("<f4").tobytes())
+
+
+def prompts(rows: int, longest: int, seed: int = 1) -> list[np.ndarray]:
+    """`rows` prompts of different lengths, the longest `longest` tokens."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, VOCAB, longest - (row * longest) // (2 * rows)) for row in range(rows)]
+
+
+def plain_step(session: Any, names: list[str]) -> Callable[[dict], tuple[np.ndarray, dict]]:
+    def run(feeds: dict) -> tuple[np.ndarray, dict]:
+        outputs = session.run(None, feeds)
+        return outputs[names.index("logits")], next_cache(names, outputs)
+
+    return run
+
+
+def decode(run: Callable[[dict], tuple[np.ndarray, dict]], feeds: dict, steps: int) -> list[np.ndarray]:
+    """A prefill of `feeds`, then `steps` greedy steps of every row: the logits of each run."""
+    logits, present = run(feeds)
+    batch, seen = BatchCache(present, feeds["attention_mask"]), [logits]
+    for _ in range(steps):
+        logits, present = run(batch.step_feeds(logits[:, -1].argmax(axis=-1).tolist()))
+        batch = batch.advanced(present)
+        seen.append(logits)
+    return seen
+
+
+def steps_per_second(run: Callable[[dict], tuple[np.ndarray, dict]], feeds: dict, steps: int) -> float:
+    started = time.perf_counter()
+    decode(run, feeds, steps)
+    return (steps + 1) / (time.perf_counter() - started)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--precision", default="float16", choices=("float16", "float32"))
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--prompt", type=int, default=512, help="the longest prompt's tokens")
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=8)
+    args = parser.parse_args(argv)
+    if args.device.startswith("cuda"):
+        from sie.worker.devices import load_cuda_libraries
+
+        load_cuda_libraries()  # as `sie run` does before its first CUDA session
+    with tempfile.TemporaryDirectory(prefix="sie-device-generation-") as scratch:
+        write_llama(Path(scratch) / "checkpoint", args.hidden, args.layers)
+        convert_decoder_checkpoint(Path(scratch) / "checkpoint", Path(scratch) / "decoder", args.precision)
+        session = create_session(Path(scratch) / "decoder" / GRAPH_FILE, SessionOptions(device=args.device))
+        config = json.loads((Path(scratch) / "decoder" / CONFIG_FILE).read_text())
+    shape = CacheShape.from_config(config)
+    feeds = BatchCache.prompt_feeds(prompts(args.rows, args.prompt), shape)
+    names = [output.name for output in session.get_outputs()]
+    ways = {"io-bound": DecoderRun(session), "session.run": plain_step(session, names)}
+    print(f"{args.hidden} wide, {args.layers} layers, {args.precision} on {session.get_providers()[0]}; "
+          f"{args.rows} rows, prompts up to {args.prompt} tokens, {args.steps} decode steps")  # fmt: skip
+    bound, plain = (decode(run, feeds, 4) for run in ways.values())
+    scale = max(1.0, float(np.abs(plain[0]).max()))
+    difference = max(float(np.abs(ours - theirs).max()) for ours, theirs in zip(bound, plain, strict=True)) / scale
+    print(f"logits of the two ways, prefill and 4 steps: max difference {difference:.1e} of their scale")
+    rates: dict[str, list[float]] = {name: [] for name in ways}
+    for _ in range(args.rounds):
+        for name, run in ways.items():
+            rates[name].append(steps_per_second(run, feeds, args.steps))
+    medians = {name: statistics.median(values) for name, values in rates.items()}
+    print(
+        f"decode steps/s (medians of {args.rounds}): io-bound {medians['io-bound']:.1f}, session.run "
+        f"{medians['session.run']:.1f}: {medians['io-bound'] / medians['session.run']:.2f}x"
+    )
+    if not difference <= TOLERANCE:
+        print("FAIL: the io-bound runs' logits differ from session.run's", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
