@@ -65,3 +65,21 @@ def test_rows_joining_and_leaving_bring_the_cache_to_the_host(decoder) -> None:
 def test_a_cpu_session_keeps_its_cache_in_host_memory(decoder) -> None:
     session, _ = decoder
     assert device_of(session) == ("cpu", 0)
+
+
+class _CudaSession:
+    """What device_of reads of a session on the CUDA provider (none runs here)."""
+
+    def __init__(self, options: dict) -> None:
+        self._options = options
+
+    def get_providers(self) -> list[str]:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+    def get_provider_options(self) -> dict:
+        return {"CUDAExecutionProvider": self._options, "CPUExecutionProvider": {}}
+
+
+def test_a_cuda_session_keeps_its_cache_on_its_own_gpu() -> None:
+    assert device_of(_CudaSession({"device_id": "1"})) == ("cuda", 1)  # onnxruntime reports options as strings
+    assert device_of(_CudaSession({})) == ("cuda", 0)
