@@ -319,7 +319,7 @@ class ModelLoader:
                 return target, precision
             self.converted_dir.mkdir(parents=True, exist_ok=True)
             shown = "decoder hidden states" if decoder else f"{head} head"
-            logger.info("converting model %s to ONNX (%s)", model_id, shown,
+            logger.info("converting model %s to ONNX (%s, %s)", model_id, shown, precision,
                         extra=log_fields(event="model_converting", model=model_id, head=head))  # fmt: skip
             started = time.perf_counter()
             with tempfile.TemporaryDirectory(dir=self.converted_dir) as scratch:
