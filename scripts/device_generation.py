@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import struct
 import sys
 import tempfile
 import time
@@ -32,13 +31,16 @@ from sie.worker.generation.decoder_run import DecoderRun
 from sie.worker.generation.kv_cache import BatchCache, CacheShape, next_cache
 from sie.worker.session import SessionOptions, create_session
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.bert_reference import write_safetensors  # noqa: E402
+
 VOCAB = 4096
 # logits of the two ways, as a share of the logits' scale: the same graph on the same inputs
 TOLERANCE = 1e-3
 
 
 def write_llama(directory: Path, hidden: int, layers: int, seed: int = 0) -> None:
-    """A Llama checkpoint with random weights: config.json and model.safetensors (header, then the tensors)."""
+    """A Llama checkpoint with random weights: config.json and model.safetensors."""
     heads, kv_heads, intermediate = max(1, hidden // 64), max(1, hidden // 256), hidden * 11 // 4
     head_dim = hidden // heads
     config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": hidden,
@@ -47,6 +49,7 @@ def write_llama(directory: Path, hidden: int, layers: int, seed: int = 0) -> Non
               "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True, "hidden_act": "silu",
               "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
     rng = np.random.default_rng(seed)
+    directory.mkdir(parents=True, exist_ok=True)
     shapes = {"model.embed_tokens.weight": (VOCAB, hidden), "model.norm.weight": (hidden,)}
     for layer in range(layers):
         prefix = f"model.layers.{layer}."
@@ -61,21 +64,12 @@ def write_llama(directory: Path, hidden: int, layers: int, seed: int = 0) -> Non
             prefix + "input_layernorm.weight": (hidden,),
             prefix + "post_attention_layernorm.weight": (hidden,),
         }
-    header: dict[str, Any] = {}
-    offset = 0
-    for name, shape in shapes.items():
-        size = int(np.prod(shape)) * 4
-        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
-        offset += size
-    encoded = json.dumps(header).encode()
-    directory.mkdir(parents=True, exist_ok=True)
     (directory / CONFIG_FILE).write_text(json.dumps(config))
-    with (directory / "model.safetensors").open("wb") as out:
-        out.write(struct.pack("<Q", len(encoded)) + encoded)
-        for shape in shapes.values():
-            norm = len(shape) == 1
-            values = np.ones(shape) if norm else rng.normal(0.0, 0.5 / np.sqrt(shape[-1]), shape)
-            out.write(values.astype("<f4").tobytes())
+    tensors = {
+        name: (np.ones(shape) if len(shape) == 1 else rng.normal(0.0, 0.5 / np.sqrt(shape[-1]), shape), "F32")
+        for name, shape in shapes.items()
+    }
+    write_safetensors(directory / "model.safetensors", tensors)
 
 
 def prompts(rows: int, longest: int, seed: int = 1) -> list[np.ndarray]:

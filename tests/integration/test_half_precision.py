@@ -19,7 +19,7 @@ import pytest
 from integration.test_gliner import LABELS
 from integration.test_gliner import TEXTS as SENTENCES
 from integration.test_image_text import encode_items as image_items
-from integration.test_image_text import picture
+from integration.test_image_text import picture, vectors
 from integration.test_sentence_modules import model_yaml, save_stack
 from sie.catalog import parse_model_config
 from sie.worker import loading
@@ -65,12 +65,6 @@ def product_weights(graph: Path) -> set[int]:
     return {weights[name] for node in products for name in node.input if name in weights}
 
 
-def dense(results: list[Any]) -> np.ndarray:
-    for result in results:
-        assert result.ok, result.error
-    return np.stack([np.asarray(result.result["dense"]["values"], dtype=np.float32) for result in results])
-
-
 def test_a_sentence_transformer_in_float16_encodes_as_sentence_transformers_does(
     gpu_loader: ModelLoader, model_loader: ModelLoader, tmp_path: Path
 ) -> None:
@@ -84,7 +78,7 @@ def test_a_sentence_transformer_in_float16_encodes_as_sentence_transformers_does
     assert product_weights(files.graph) == {onnx.TensorProto.FLOAT16}
     loaded = gpu_loader.load(half, "default", half.sie_id)
     assert loaded.precision == "float16"
-    assert_close(dense(loaded.adapter.encode(encode_items(TEXTS)).items), reference)
+    assert_close(vectors(loaded.adapter.encode(encode_items(TEXTS)).items), reference)
     # float32 where the profile asks for it or says nothing, and on a CPU whatever it says
     for precision in ("float32", None):
         kept = with_precision(model_yaml(tmp_path / "st", 16), precision)
@@ -119,7 +113,7 @@ def test_image_and_text_towers_in_float16_equal_the_float32_reference(
         onnx.TensorProto.FLOAT16
     }
     full = model_loader.load(half, "default", half.sie_id)
-    assert_close(dense(loaded.adapter.encode(batch).items), dense(full.adapter.encode(batch).items))
+    assert_close(vectors(loaded.adapter.encode(batch).items), vectors(full.adapter.encode(batch).items))
 
 
 @pytest.mark.parametrize("bi_encoder", [False, True], ids=["uni-encoder", "bi-encoder"])

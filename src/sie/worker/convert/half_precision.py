@@ -26,19 +26,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from sie.worker.convert.graph_builder import CONTRIB_DOMAIN, save_graph
 
-# The operators computed in float16: which of their inputs and outputs are the float tensors they compute on (the
-# fused Attention's mask index, input 3, is int32 and stays as it is).
-HALF_INPUTS: dict[tuple[str, str], tuple[int, ...]] = {
-    ("", "MatMul"): (0, 1),
-    ("", "Gemm"): (0, 1, 2),
-    ("", "Conv"): (0, 1, 2),
-    (CONTRIB_DOMAIN, "Attention"): (0, 1, 2, 4, 5),
-}
-HALF_OUTPUTS: dict[tuple[str, str], tuple[int, ...]] = {
-    ("", "MatMul"): (0,),
-    ("", "Gemm"): (0,),
-    ("", "Conv"): (0,),
-    (CONTRIB_DOMAIN, "Attention"): (0, 1),
+# The operators computed in float16: which of their inputs and which of their outputs are the float tensors they
+# compute on (the fused Attention's mask index, input 3, is int32 and stays as it is).
+HALF_OPERATORS: dict[tuple[str, str], tuple[tuple[int, ...], tuple[int, ...]]] = {
+    ("", "MatMul"): ((0, 1), (0,)),
+    ("", "Gemm"): ((0, 1, 2), (0,)),
+    ("", "Conv"): ((0, 1, 2), (0,)),
+    (CONTRIB_DOMAIN, "Attention"): ((0, 1, 2, 4, 5), (0, 1)),
 }
 SUFFIX = ".float16"
 
@@ -87,14 +81,15 @@ class _Rewrite:
                 if attribute.type == onnx.AttributeProto.GRAPH:
                     self.graph(attribute.g, halves.new_child())
             kind = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
-            if kind not in HALF_INPUTS:
+            if kind not in HALF_OPERATORS:
                 rewritten.append(node)
                 continue
-            for index in HALF_INPUTS[kind]:
+            inputs, outputs = HALF_OPERATORS[kind]
+            for index in inputs:
                 if index < len(node.input) and node.input[index]:
                     node.input[index] = self._half_input(node.input[index], halves, rewritten)
             rewritten.append(node)
-            for index in HALF_OUTPUTS[kind]:
+            for index in outputs:
                 if index < len(node.output) and node.output[index]:
                     full = node.output[index]
                     half = node.output[index] = halves[full] = self.unique(full + SUFFIX)

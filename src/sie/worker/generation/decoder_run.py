@@ -26,6 +26,7 @@ class DecoderRun:
     def __init__(self, session: Any) -> None:
         self._session = session
         self._output_names = [output.name for output in session.get_outputs()]
+        self._logits_index = self._output_names.index(LOGITS)
         self._device = device_of(session)
 
     def __call__(self, feeds: Mapping[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
@@ -45,7 +46,7 @@ class DecoderRun:
                 binding.bind_output(name, device_type, device_id)
         self._session.run_with_iobinding(binding)
         values = binding.get_outputs()
-        logits = values[self._output_names.index(LOGITS)].numpy()
+        logits = values[self._logits_index].numpy()
         cache = {
             PAST_PREFIX + name.removeprefix(PRESENT_PREFIX): value
             for name, value in zip(self._output_names, values, strict=True)
