@@ -112,18 +112,33 @@ def run_in_slices(
     """`run(feeds)`, or, when the batch's estimate is over `budget_bytes`, `run` over row slices of the feeds
     with the outputs concatenated in order (each row's result is the same: rows do not interact). Feeds are
     [rows, tokens, ...] arrays; a batch without one is run whole. A large batch leaves `heap` a trim to make."""
+    parts = run_slices(run, feeds, memory, budget_bytes, heap)
+    if len(parts) == 1:
+        return parts[0]
+    outputs = [np.concatenate([part[index] for part in parts]) for index in range(len(parts[0]))]
+    del parts
+    return outputs
+
+
+def run_slices(
+    run: Callable[[Mapping[str, np.ndarray]], list[Any]],
+    feeds: Mapping[str, np.ndarray],
+    memory: RunMemory,
+    budget_bytes: int,
+    heap: FreedHeap = PROCESS_HEAP,
+) -> list[list[Any]]:
+    """Each run's outputs, in row order: `[run(feeds)]`, or one per row slice of the feeds when the batch's
+    estimate is over `budget_bytes` (the outputs need not be host arrays: `device_pooling` leaves them on a GPU)."""
     rows, tokens = _batch_shape(feeds)
     estimate = memory.bytes_for(rows, tokens)
     if estimate <= budget_bytes or rows <= 1:
-        outputs = run(feeds)
+        parts = [run(feeds)]
     else:
         step = memory.rows_per_run(tokens, budget_bytes)
         parts = [run(_rows(feeds, start, start + step)) for start in range(0, rows, step)]
-        outputs = [np.concatenate([part[index] for part in parts]) for index in range(len(parts[0]))]
-        del parts
     if estimate > TRIM_AFTER_BYTES:
         heap.note_large_run()
-    return outputs
+    return parts
 
 
 def _rows(feeds: Mapping[str, np.ndarray], start: int, stop: int) -> dict[str, np.ndarray]:

@@ -8,7 +8,7 @@ numpy. Results are public result objects (dicts holding ndarrays); framing happe
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -19,8 +19,9 @@ from sie.catalog.model import ModelConfig, Profile
 from sie.catalog.options import option_problem
 from sie.tokenization import TextTokenizer
 from sie.wire import codes
+from sie.worker.device_pooling import PoolingGraph
 from sie.worker.generation.batching_decoder import DecoderLimits
-from sie.worker.run_memory import DEFAULT_RUN_MEMORY_BYTES, RunMemory, run_in_slices
+from sie.worker.run_memory import DEFAULT_RUN_MEMORY_BYTES, RunMemory, run_in_slices, run_slices
 
 ENCODE_OUTPUTS = ("dense", "sparse", "multivector")
 
@@ -107,6 +108,9 @@ class AdapterContext:
     extra_sessions: Mapping[str, Any] = attrs.field(factory=dict)
     # The models a composite adapter serves as one (a GLiNER union's members, its own checkpoint first).
     members: Sequence[Adapter] = ()
+    # Where sessions run on a GPU: the builder of the graph that pools token states there (`device_pooling`);
+    # None on the CPU, where numpy pools them.
+    pooling_graph: PoolingGraph | None = None
 
 
 class Adapter:
@@ -160,6 +164,13 @@ class Adapter:
             lambda part: self.session.run(outputs, {**part, **shared}), declared, self._run_memory,
             self.context.run_memory_bytes,
         )  # fmt: skip
+
+    def run_session_parts(self, run: Callable[[dict[str, np.ndarray]], list[Any]], feeds: Mapping[str, np.ndarray]
+                          ) -> list[list[Any]]:  # fmt: skip
+        """`run` (the adapter's own call of the session: `device_pooling` binds its outputs on the device) over the
+        feeds the graph declares, in the row slices `run_session` would run: each slice's outputs, in row order."""
+        declared = {name: feeds[name] for name in self._input_names}
+        return run_slices(run, declared, self._run_memory, self.context.run_memory_bytes)
 
     def close(self) -> None:
         """Release what the adapter runs beside its session (a causal LM's decode thread); called on unload."""
