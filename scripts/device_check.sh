@@ -6,8 +6,9 @@
 #                                     .ort-parts/ (both ignored through .git/info/exclude), and print the carry.
 #   scripts/device_check.sh [check]   THERE: install sie and its `gpu-cuda` extra from those files into the venv
 #                                     python3 runs in (DEVICE_CHECK_VENV), then prove the CUDA provider is used
-#                                     and print raw vs served throughput, float16 against float32, and
-#                                     generation's device-resident cache against session.run.
+#                                     and print raw vs served throughput, float16 against float32,
+#                                     generation's device-resident cache against session.run, and
+#                                     embeddings pooled on the device against pooling on the host.
 #
 # What `check` needs, carried into the repository root (run's `carry`):
 #   .whl/        cp312 wheels of sie's dependencies missing from the image (a few MiB; `prepare` fetches them)
@@ -235,6 +236,12 @@ generation() {
     || fail "the io-bound decode steps differ from session.run's"
 }
 
+pooling() {
+  step "pooling on cuda:0: an embedder's vectors pooled on the device against session.run and numpy"
+  "$VENV/bin/python" scripts/device_pooling.py --device cuda:0 --precision float16 --seconds 2 \
+    || fail "the vectors pooled on the device differ from the host's"
+}
+
 served_throughput() {
   step "served: sie run --role all --devices auto, 32 clients to 127.0.0.1:$PORT"
   local log=/tmp/sie-device-all.log
@@ -282,6 +289,7 @@ case "${1:-check}" in
     raw_throughput
     half_precision
     generation
+    pooling
     served_throughput
     echo; echo "device_check: OK" ;;
   *) echo "usage: $0 [prepare|check]" >&2; exit 2 ;;

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 
 from sie.catalog import Catalog, load_catalog
+from sie.worker import loading
 from sie.worker.artifacts import ArtifactResolver
 from sie.worker.loading import LoadedModel, ModelLoader
-from sie.worker.session import SessionOptions
+from sie.worker.session import SessionOptions, create_session
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,6 +29,17 @@ def model_loader() -> ModelLoader:
     cache = REPO / ".cache" / "models"
     resolver = ArtifactResolver(cache, hf_offline=True, wheel_dir=REPO / ".cache" / "wheels")
     return ModelLoader(resolver, cache / "converted", SessionOptions(intra_op_threads=1))
+
+
+@pytest.fixture
+def gpu_loader(model_loader: ModelLoader, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModelLoader:
+    """A loader for cuda:0 whose sessions open on the CPU provider: there is no GPU in CI, so the device is the seam
+    (what a GPU loader converts and hands its adapters, run where the CPU provider runs it)."""
+    monkeypatch.setattr(loading, "create_session",
+                        lambda path, options: create_session(path, attrs.evolve(options, device="cpu")))  # fmt: skip
+    return ModelLoader(
+        model_loader.resolver, tmp_path / "converted", SessionOptions(device="cuda:0", intra_op_threads=1)
+    )
 
 
 @pytest.fixture(scope="session")

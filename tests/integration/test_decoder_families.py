@@ -703,8 +703,10 @@ def mxbai_ids(tokenizer: Any, query: str, document: str, context: int) -> list[i
     return head + ids(f"document: {document}")[: context - len(head) - len(tail)] + tail
 
 
-def load_reranker(model_loader: ModelLoader, weights: Path, adapter_path: str, loadtime: dict[str, Any]) -> Any:
-    """A decoder reranker over the checkpoint at `weights`, through the public module `adapter_path`."""
+def load_reranker(model_loader: ModelLoader, weights: Path, adapter_path: str, loadtime: dict[str, Any],
+                  precision: str | None = None) -> Any:  # fmt: skip
+    """A decoder reranker over the checkpoint at `weights`, through the public module `adapter_path`, its profile's
+    compute_precision `precision`."""
     entry = parse_model_config(
         {
             "sie_id": "acme/decoder-rerank",
@@ -712,6 +714,7 @@ def load_reranker(model_loader: ModelLoader, weights: Path, adapter_path: str, l
             "max_sequence_length": RERANK_CONTEXT,
             "tasks": {"score": {}},
             "profiles": {"default": {"adapter_path": adapter_path, "max_batch_tokens": 4096,
+                                     "compute_precision": precision,
                                      "adapter_options": {"loadtime": loadtime, "runtime": {}}}},
         }
     )  # fmt: skip
@@ -739,7 +742,7 @@ RERANKERS = {
 
 @pytest.mark.parametrize("variant", sorted(RERANKERS))
 def test_a_decoder_reranker_scores_as_its_model_card_computes(
-    variant: str, model_loader: ModelLoader, tmp_path: Path
+    variant: str, model_loader: ModelLoader, gpu_loader: ModelLoader, tmp_path: Path
 ) -> None:
     import torch
 
@@ -763,6 +766,10 @@ def test_a_decoder_reranker_scores_as_its_model_card_computes(
         )
         assert abs(scores[f"item-{index}"] - expected) <= TOLERANCE
     assert len(loaded.adapter.pair_ids(query, documents[2], None)) == RERANK_CONTEXT
+    # a GPU loader's picks each pair's last hidden state on the device (whose sessions run on the CPU provider here)
+    on_device = load_reranker(gpu_loader, tmp_path / "model", RERANKER, loadtime, precision="float32")
+    assert on_device.adapter._device_pooling is not None and loaded.adapter._device_pooling is None
+    assert reranker_scores(on_device, query, documents) == pytest.approx(scores, abs=1e-6)
 
 
 NATIVE_RERANKER = "sie_server.adapters.native_causal_cross_encoder.adapter:NativeCausalCrossEncoderAdapter"

@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import attrs
 import numpy as np
 import onnx
 import pytest
@@ -24,7 +23,6 @@ from integration.test_sentence_modules import model_yaml, save_stack
 from sie.catalog import parse_model_config
 from sie.worker import loading
 from sie.worker.loading import ModelLoader
-from sie.worker.session import SessionOptions, create_session
 from support.image_text_checkpoints import image_text_yaml, save_image_text_model
 from support.open_clip_checkpoints import open_clip_yaml, save_open_clip_siglip
 from support.worker_items import encode_items, extract_items
@@ -33,16 +31,6 @@ from support.zero_shot_checkpoints import save_gliner
 # float16 keeps 11 significant bits: each product's operands and result round by up to 2^-11 relative
 RELATIVE = 3e-3
 TEXTS = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11", "w12 w13"]
-
-
-@pytest.fixture
-def gpu_loader(model_loader: ModelLoader, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModelLoader:
-    """A loader for cuda:0 whose sessions open on the CPU provider."""
-    monkeypatch.setattr(loading, "create_session",
-                        lambda path, options: create_session(path, attrs.evolve(options, device="cpu")))  # fmt: skip
-    return ModelLoader(
-        model_loader.resolver, tmp_path / "converted", SessionOptions(device="cuda:0", intra_op_threads=1)
-    )
 
 
 def with_precision(document: dict[str, Any], precision: str | None) -> Any:

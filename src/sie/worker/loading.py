@@ -76,6 +76,7 @@ from sie.worker.convert.names import (
     side_file,
     vision_graph_path,
 )
+from sie.worker.convert.pooling import pooling_graph
 from sie.worker.convert.safetensors_io import checkpoint_parameters, open_clip_weights_file
 from sie.worker.errors import ModelLoadError
 from sie.worker.generation.batching_decoder import DecoderLimits
@@ -225,6 +226,7 @@ class ModelLoader:
             generation_limits=self.generation_limits,
             model_dir=files.model_dir,
             extra_sessions=extra_sessions,
+            pooling_graph=None if self.session_options.device == "cpu" else pooling_graph,
         )
         try:
             adapter = adapter_class(resolved.adapter_path)(context)

@@ -19,7 +19,8 @@ joined, so a part's first token never merges with the one before it:
   pair longer than the context is that item's refusal (invalid input), never cut.
 
 The two tokens' rows of the output head (`lm_head.weight`, or the tied embeddings) are read from the checkpoint at
-load, and nothing else of it.
+load, and nothing else of it. On a GPU the hidden states stay on the device: only each pair's last one comes to the
+host (`device_pooling`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemR
 from sie.worker.adapters.encoder import first_output, item_text, ranked_scores
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.safetensors_io import Checkpoint
+from sie.worker.device_pooling import DevicePooling
 
 QWEN3_JUDGE: Final = (
     "Judge whether the Document meets the requirements based on the Query and the Instruct provided. Note that the "
@@ -77,6 +79,8 @@ class CausalRerankerAdapter(Adapter):
         if context.tokenizer_path is None or context.model_dir is None:
             raise ValueError("a decoder reranker needs its tokenizer.json and checkpoint")
         self._hidden = first_output(self.session, rank=3, preferred=("last_hidden_state",))
+        graph = context.pooling_graph
+        self._device_pooling = None if graph is None else DevicePooling(self.session, self._hidden, graph)
         self._tokenizer = tokenizers.Tokenizer.from_file(str(context.tokenizer_path))
         options = {**context.profile.loadtime_options}
         default_format = "native" if context.profile.adapter_module == NATIVE_MODULE else "mxbai"
@@ -162,10 +166,8 @@ class CausalRerankerAdapter(Adapter):
         if rows:
             with watch.stage("inference"):
                 batch = pad_batch(rows, None, 0)
-                (hidden,) = self.run_session({"input_ids": batch.input_ids, "attention_mask": batch.attention_mask},
-                                             [self._hidden])  # fmt: skip
+                last = self._last_states(batch.input_ids, batch.attention_mask)
             with watch.stage("postprocessing"):
-                last = hidden[np.arange(len(rows)), batch.attention_mask.sum(axis=1) - 1].astype(np.float32)
                 logits = last @ self._rows.T  # [pairs, (no, yes)], or [pairs, (token,)] for `logit`
                 if self.score_mode == "logit":
                     scores = logits[:, 0]
@@ -180,6 +182,16 @@ class CausalRerankerAdapter(Adapter):
                             ranked_scores(scores[span], item.score_items), input_tokens=n_tokens
                         )
         return watch.finish(results)
+
+    def _last_states(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """Each row's hidden state at its last token (right padding), [rows, hidden] float32; on a GPU picked
+        there, so the rest of the hidden states never leave the device."""
+        feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if self._device_pooling is not None:
+            runs = self.run_session_parts(self._device_pooling.run, feeds)
+            return self._device_pooling.token_states(runs).pooled(attention_mask, "last")
+        (hidden,) = self.run_session(feeds, [self._hidden])
+        return hidden[np.arange(len(input_ids)), attention_mask.sum(axis=1) - 1].astype(np.float32)
 
 
 def _head_rows(model_dir: Path, config_json: Any, token_ids: list[int]) -> np.ndarray:

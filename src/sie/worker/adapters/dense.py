@@ -2,7 +2,8 @@
 optional L2 normalisation. The model's own stack (`modules.json`) sets the default pooling and normalisation; the
 profile's and the request's options come before it. A profile's `dense_projection_path` picks which of the
 checkpoint's Dense directories the stack's Dense module reads (stella's one per output width). A model whose config.json
-says `is_mask_instruction` (NV-Embed) pools without the tokens of its instruction (`skips_prefix`)."""
+says `is_mask_instruction` (NV-Embed) pools without the tokens of its instruction (`skips_prefix`). On a GPU the
+token states stay on the device and are pooled there (`device_pooling`); only the vectors come to the host."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from sie.tokenization import PaddedBatch
 from sie.worker.adapters.base import AdapterContext
 from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, check_width, first_output, output_width
 from sie.worker.adapters.feeds import bert_feeds
+from sie.worker.device_pooling import DevicePooling, DeviceTokenStates
 from sie.worker.outputs import l2_normalize, pool, quantize
 from sie.worker.sentence_modules import SentenceModules, read_sentence_modules
 
@@ -49,26 +51,42 @@ class DenseAdapter(TextEncoderAdapter):
                 f"the first Dense layer takes {self._stack.dense[0].in_features} inputs; the graph gives {hidden}"
             )
         check_width(self.model, "dense", None if hidden is None else self._stack.width(hidden), "the model gives")
+        graph = context.pooling_graph
+        self._device_pooling = None if graph is None else DevicePooling(self.session, self._token_states, graph)
 
-    def forward(self, batch: PaddedBatch) -> list[np.ndarray]:
-        return self.run_session(bert_feeds(batch), [self._token_states])
+    def forward(self, batch: PaddedBatch) -> list[np.ndarray] | list[DeviceTokenStates]:
+        """The batch's token states: a host array, or (on a GPU) left on the device to be pooled there."""
+        if self._device_pooling is None:
+            return self.run_session(bert_feeds(batch), [self._token_states])
+        runs = self.run_session_parts(self._device_pooling.run, bert_feeds(batch))
+        return [self._device_pooling.token_states(runs)]
 
-    def _vectors(self, hidden: np.ndarray, mask: np.ndarray, options: dict) -> np.ndarray:
-        vectors = self._stack.project(pool(hidden, mask, str(options.get("pooling") or "mean")))
+    def _vectors(self, states: np.ndarray | DeviceTokenStates, mask: np.ndarray, options: dict,
+                 rows: list[int] | None = None) -> np.ndarray:  # fmt: skip
+        """The vectors of `rows` (every row when None), pooled under `mask` as `options` say."""
+        mode = str(options.get("pooling") or "mean")
+        if isinstance(states, DeviceTokenStates):
+            pooled = states.pooled(mask, mode)
+            pooled = pooled if rows is None else pooled[rows]
+        else:
+            pooled = pool(states, mask, mode) if rows is None else pool(states[rows], mask[rows], mode)
+        vectors = self._stack.project(pooled)
         return l2_normalize(vectors) if options.get("normalize", True) else vectors
 
-    def represent(self, outputs: list[np.ndarray], batch: PaddedBatch, specs: list[EncodeSpec]) -> list[dict]:
-        hidden = outputs[0]
+    def represent(self, outputs: list, batch: PaddedBatch, specs: list[EncodeSpec]) -> list[dict]:
+        states = outputs[0]
         groups: dict[tuple, list[int]] = {}
         for row, spec in enumerate(specs):
             key = (spec.options.get("pooling"), spec.options.get("normalize", True))
             groups.setdefault(key, []).append(row)
         if len(groups) == 1:  # the usual batch: one set of options, no row gathering and scattering
-            vectors = self._vectors(hidden, batch.attention_mask, specs[0].options)
+            vectors = self._vectors(states, batch.attention_mask, specs[0].options)
         else:
-            vectors = np.empty((len(specs), self._stack.width(hidden.shape[-1])), dtype=np.float32)
-            for rows in groups.values():
-                vectors[rows] = self._vectors(hidden[rows], batch.attention_mask[rows], specs[rows[0]].options)
+            parts = {tuple(rows): self._vectors(states, batch.attention_mask, specs[rows[0]].options, rows)
+                     for rows in groups.values()}  # fmt: skip
+            vectors = np.empty((len(specs), next(iter(parts.values())).shape[1]), dtype=np.float32)
+            for rows, part in parts.items():
+                vectors[list(rows)] = part
         return [
             {
                 "dense": {
@@ -80,8 +98,7 @@ class DenseAdapter(TextEncoderAdapter):
             for vector, spec in zip(vectors, specs, strict=True)
         ]
 
-    def similarities(self, outputs: list[np.ndarray], batch: PaddedBatch, query: int, docs: range) -> np.ndarray:
-        rows = [query, *docs]
-        pooling = str(self.runtime_options.get("pooling") or "mean")
-        vectors = l2_normalize(self._stack.project(pool(outputs[0][rows], batch.attention_mask[rows], pooling)))
+    def similarities(self, outputs: list, batch: PaddedBatch, query: int, docs: range) -> np.ndarray:
+        options = {"pooling": self.runtime_options.get("pooling"), "normalize": True}
+        vectors = self._vectors(outputs[0], batch.attention_mask, options, [query, *docs])
         return vectors[1:] @ vectors[0]

@@ -1,0 +1,26 @@
+"""`scripts/device_pooling.py`, the pooling step of `scripts/device_check.sh`, run on the CPU so that it keeps working
+between GPU loans: a random Llama's hidden states pooled through `sie.worker.device_pooling` (bound on the session's
+device, a pooling graph beside it) equal numpy's pooling of `session.run`'s states, in float16 (the precision a GPU
+profile gets) and float32."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "device_pooling.py"
+
+
+@pytest.mark.parametrize("precision", ["float16", "float32"])
+def test_the_device_pooling_check_passes_on_the_cpu(precision: str) -> None:
+    command = [sys.executable, str(SCRIPT), "--device", "cpu", "--precision", precision, "--hidden", "128",
+               "--layers", "2", "--tokens", "48", "--rows", "8", "--rounds", "1", "--seconds", "0.2"]  # fmt: skip
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert finished.returncode == 0, finished.stderr
+    assert f"{precision} on CPUExecutionProvider" in finished.stdout
+    difference = float(finished.stdout.split("max difference ")[1].split()[0])
+    assert difference <= 1e-5
+    assert "batches/s" in finished.stdout
