@@ -14,12 +14,13 @@ Exit status 1 when the two ways' logits differ.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,21 @@ def steps_per_second(run: Callable[[dict], tuple[np.ndarray, dict]], feeds: dict
     return (steps + 1) / (time.perf_counter() - started)
 
 
+def interleaved_medians(rates: Mapping[str, Callable[[], float]], rounds: int) -> dict[str, float]:
+    """Each way's rate, measured in turn in each of `rounds` rounds: the medians, by way."""
+    measured: dict[str, list[float]] = {name: [] for name in rates}
+    for _ in range(rounds):
+        for name, rate in rates.items():
+            measured[name].append(rate())
+    return {name: statistics.median(values) for name, values in measured.items()}
+
+
+def print_side_by_side(unit: str, medians: Mapping[str, float], rounds: int) -> None:
+    """One line: each way's median rate, and the first's over the second's."""
+    (first, ours), (second, theirs) = list(medians.items())[:2]
+    print(f"{unit} (medians of {rounds}): {first} {ours:.2f}, {second} {theirs:.2f}: {ours / theirs:.2f}x")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda:0")
@@ -133,15 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     scale = max(1.0, float(np.abs(plain[0]).max()))
     difference = max(float(np.abs(ours - theirs).max()) for ours, theirs in zip(bound, plain, strict=True)) / scale
     print(f"logits of the two ways, prefill and 4 steps: max difference {difference:.1e} of their scale")
-    rates: dict[str, list[float]] = {name: [] for name in ways}
-    for _ in range(args.rounds):
-        for name, run in ways.items():
-            rates[name].append(steps_per_second(run, feeds, args.steps))
-    medians = {name: statistics.median(values) for name, values in rates.items()}
-    print(
-        f"decode steps/s (medians of {args.rounds}): io-bound {medians['io-bound']:.1f}, session.run "
-        f"{medians['session.run']:.1f}: {medians['io-bound'] / medians['session.run']:.2f}x"
-    )
+    rates = {name: functools.partial(steps_per_second, run, feeds, args.steps) for name, run in ways.items()}
+    print_side_by_side("decode steps/s", interleaved_medians(rates, args.rounds), args.rounds)
     if not difference <= TOLERANCE:
         print("FAIL: the io-bound runs' logits differ from session.run's", file=sys.stderr)
         return 1

@@ -15,7 +15,7 @@ Exit status 1 when the two ways' vectors differ.
 from __future__ import annotations
 
 import argparse
-import statistics
+import functools
 import sys
 import tempfile
 import time
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from device_generation import VOCAB, write_llama
+from device_generation import VOCAB, interleaved_medians, print_side_by_side, write_llama
 
 from sie.worker.convert.decoder_graph import HIDDEN_STATE
 from sie.worker.convert.decoders import convert_decoder_hidden
@@ -93,15 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     difference = max(float(np.abs(pooled[mode] - host[mode]).max()) for mode in MODES) / scale
     print(f"vectors of the two ways ({', '.join(MODES)}): max difference {difference:.1e} of their scale")
     ways = {"device pooling": on_device, "host pooling": on_host}
-    rates: dict[str, list[float]] = {name: [] for name in ways}
-    for _ in range(args.rounds):
-        for name, run in ways.items():
-            rates[name].append(per_second(run, args.seconds))
-    medians = {name: statistics.median(values) for name, values in rates.items()}
-    print(
-        f"batches/s (medians of {args.rounds}): device pooling {medians['device pooling']:.2f}, host pooling "
-        f"{medians['host pooling']:.2f}: {medians['device pooling'] / medians['host pooling']:.2f}x"
-    )
+    rates = {name: functools.partial(per_second, run, args.seconds) for name, run in ways.items()}
+    print_side_by_side("batches/s", interleaved_medians(rates, args.rounds), args.rounds)
     if not difference <= TOLERANCE:
         print("FAIL: the vectors pooled on the device differ from the host's", file=sys.stderr)
         return 1

@@ -53,8 +53,8 @@ class DevicePooling:
         )
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[Any]:
-        """One run of the model over `feeds`: its token states as an OrtValue on the device (a one-item list, the
-        shape `run_in_slices` passes along)."""
+        """One run of the model over `feeds`: its token states as an OrtValue on the device (a one-item list, as
+        `run_memory.run_slices` collects each slice's outputs)."""
         binding = self._session.io_binding()
         for name, value in feeds.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(value))
@@ -93,10 +93,6 @@ class DeviceTokenStates:
         self._pooling = pooling
         self._rows = [int(part.shape()[0]) for part in self._parts]
         self._pooled: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self._parts[0].shape()[2])
 
     def pooled(self, attention_mask: np.ndarray, mode: str) -> np.ndarray:
         """[batch, hidden] float32: every row pooled under `attention_mask` (the batch's, or one with tokens

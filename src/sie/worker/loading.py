@@ -76,7 +76,6 @@ from sie.worker.convert.names import (
     side_file,
     vision_graph_path,
 )
-from sie.worker.convert.pooling import pooling_graph
 from sie.worker.convert.safetensors_io import checkpoint_parameters, open_clip_weights_file
 from sie.worker.errors import ModelLoadError
 from sie.worker.generation.batching_decoder import DecoderLimits
@@ -226,7 +225,7 @@ class ModelLoader:
             generation_limits=self.generation_limits,
             model_dir=files.model_dir,
             extra_sessions=extra_sessions,
-            pooling_graph=None if self.session_options.device == "cpu" else pooling_graph,
+            pooling_graph=None if self.session_options.device == "cpu" else _pooling_graph,
         )
         try:
             adapter = adapter_class(resolved.adapter_path)(context)
@@ -633,3 +632,11 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
+
+
+def _pooling_graph(states_type: str) -> bytes:
+    """`convert.pooling.pooling_graph`, imported when a GPU model first pools: the converter's onnx loads only for
+    work that needs it (a worker starts without it)."""
+    from sie.worker.convert.pooling import pooling_graph
+
+    return pooling_graph(states_type)
