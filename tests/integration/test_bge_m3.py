@@ -15,6 +15,7 @@ import pytest
 
 from sie.catalog import parse_model_config
 from sie.wire.ipc_batch import ScoreBatchItem
+from sie.worker.device_pooling import DeviceTokenStates
 from sie.worker.errors import ModelLoadError
 from support.encoder_checkpoints import BGE_M3_COLBERT_DIM, HIDDEN, VOCAB, bge_m3_reference, save_bge_m3
 from support.worker_items import encode_items
@@ -39,12 +40,19 @@ def model_yaml(directory: Path, multivector_dim: int = COLBERT_DIM) -> Any:
     )  # fmt: skip
 
 
-def test_dense_sparse_and_multivector_equal_bge_m3s_own_math(model_loader, tmp_path: Path) -> None:
+# A GPU loader's adapter keeps the token states on the device (the device is the seam: its sessions run on the CPU
+# provider here, tests/integration/conftest.py) and pools the dense vectors there.
+LOADERS = ["model_loader", "gpu_loader"]
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+def test_dense_sparse_and_multivector_equal_bge_m3s_own_math(loader: str, request, tmp_path: Path) -> None:
     from tokenizers import Tokenizer
 
     model, sparse, colbert = save_bge_m3(tmp_path)
     config = model_yaml(tmp_path)
-    loaded = model_loader.load(config, "default", config.sie_id)
+    loaded = request.getfixturevalue(loader).load(config, "default", config.sie_id)
+    assert (loaded.adapter._device_pooling is not None) == (loader == "gpu_loader")
     tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
     results = loaded.adapter.encode(encode_items(TEXTS, output_types=["dense", "sparse", "multivector"])).items
     expected_all = [bge_m3_reference(model, sparse, colbert, tokenizer.encode(text).ids) for text in TEXTS]
@@ -63,13 +71,20 @@ def test_dense_sparse_and_multivector_equal_bge_m3s_own_math(model_loader, tmp_p
         assert float(np.abs(vectors - expected["multivector"]).max()) <= 1e-4
 
 
-def test_each_output_alone_and_dense_scoring(model_loader, tmp_path: Path) -> None:
+@pytest.mark.parametrize("loader", LOADERS)
+def test_each_output_alone_and_dense_scoring(
+    loader: str, request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     save_bge_m3(tmp_path)
     config = model_yaml(tmp_path)
-    loaded = model_loader.load(config, "default", config.sie_id)
+    loaded = request.getfixturevalue(loader).load(config, "default", config.sie_id)
     (only_sparse,) = loaded.adapter.encode(encode_items(TEXTS[:1], output_types=["sparse"])).items
     assert set(only_sparse.result) == {"sparse"}
+    copies: list[int] = []
+    to_host = DeviceTokenStates.to_host
+    monkeypatch.setattr(DeviceTokenStates, "to_host", lambda states: copies.append(1) or to_host(states))
     encoded = loaded.adapter.encode(encode_items(TEXTS, output_types=["dense"])).items
+    assert copies == []  # dense alone: the token states never leave the device
     dense = [np.asarray(result.result["dense"]["values"]) for result in encoded]
     item = ScoreBatchItem(work_item_id="s.0", request_id="s", item_index=0, total_items=1, timestamp=0.0,
                           query_item={"text": TEXTS[0]}, score_items=[{"text": t} for t in TEXTS[1:]])  # fmt: skip

@@ -93,6 +93,7 @@ class DeviceTokenStates:
         self._pooling = pooling
         self._rows = [int(part.shape()[0]) for part in self._parts]
         self._pooled: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._host: np.ndarray | None = None
 
     def pooled(self, attention_mask: np.ndarray, mode: str) -> np.ndarray:
         """[batch, hidden] float32: every row pooled under `attention_mask` (the batch's, or one with tokens
@@ -109,3 +110,11 @@ class DeviceTokenStates:
         joined = vectors[0] if len(vectors) == 1 else np.concatenate(vectors)
         self._pooled[key] = (attention_mask, joined)
         return joined
+
+    def to_host(self) -> np.ndarray:
+        """Every row's token states on the host, `[batch, sequence, hidden]`: for outputs made per token (BGE-M3's
+        sparse and multi-vector heads), copied once, and only when a row asks for one."""
+        if self._host is None:
+            parts = [part.numpy() for part in self._parts]
+            self._host = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return self._host

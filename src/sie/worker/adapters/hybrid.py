@@ -4,6 +4,8 @@ is false. Sparse: `relu(sparse_linear(state))` of each token, the largest weight
 tokens left out, over the vocabulary. Multi-vector: `colbert_linear(state)` of every real token after the first,
 L2-normalised. The two heads are the checkpoint's `sparse_linear.pt` and `colbert_linear.pt` (torch zips, read
 without torch); a checkpoint without them fails to load naming them. Scoring compares the dense vectors (cosine).
+On a GPU the token states stay on the device and the dense vectors are pooled there (`device_pooling`); the states
+come to the host only for a batch with a row that asks for sparse or multi-vector output.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, check_wi
 from sie.worker.adapters.feeds import bert_feeds
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.torch_zip import TorchZipFile
+from sie.worker.device_pooling import DevicePooling, DeviceTokenStates
 from sie.worker.outputs import l2_normalize, pool, quantize, sparse_dtype
 
 SPARSE_HEAD: Final = "sparse_linear.pt"
@@ -70,23 +73,32 @@ class HybridAdapter(TextEncoderAdapter):
         self._colbert = read_linear(directory / COLBERT_HEAD, hidden)
         self._special = np.fromiter(sorted(self.tokenizer.special_ids), dtype=np.int64)
         self.runtime_options.setdefault("pooling", "cls")
+        graph = context.pooling_graph
+        self._device_pooling = None if graph is None else DevicePooling(self.session, self._token_states, graph)
         check_width(self.model, "dense", hidden, "the model gives")
         check_width(self.model, "sparse", self.tokenizer.vocab_size, "the tokenizer gives")
         check_width(self.model, "multivector", self._colbert.weight.shape[1], "its colbert_linear gives")
 
-    def forward(self, batch: PaddedBatch) -> list[np.ndarray]:
-        return self.run_session(bert_feeds(batch), [self._token_states])
+    def forward(self, batch: PaddedBatch) -> list[np.ndarray] | list[DeviceTokenStates]:
+        """The batch's token states: a host array, or (on a GPU) left on the device, where the dense vectors are
+        pooled; they come to the host only for a row that asks for sparse or multi-vector output."""
+        if self._device_pooling is None:
+            return self.run_session(bert_feeds(batch), [self._token_states])
+        runs = self.run_session_parts(self._device_pooling.run, bert_feeds(batch))
+        return [self._device_pooling.token_states(runs)]
 
-    def represent(self, outputs: list[np.ndarray], batch: PaddedBatch, specs: list[EncodeSpec]) -> list[dict]:
-        hidden = outputs[0]
+    def represent(self, outputs: list, batch: PaddedBatch, specs: list[EncodeSpec]) -> list[dict]:
+        states = outputs[0]
+        per_token = any("sparse" in spec.output_types or "multivector" in spec.output_types for spec in specs)
+        hidden = (states.to_host() if isinstance(states, DeviceTokenStates) else states) if per_token else None
         results = []
         for row, spec in enumerate(specs):
             result: dict = {}
             if "dense" in spec.output_types:
-                result["dense"] = self._dense(hidden, batch, row, spec)
-            if "sparse" in spec.output_types:
+                result["dense"] = self._dense(states, batch, row, spec)
+            if hidden is not None and "sparse" in spec.output_types:
                 result["sparse"] = self._sparse_vector(hidden, batch, row, spec)
-            if "multivector" in spec.output_types:
+            if hidden is not None and "multivector" in spec.output_types:
                 vectors = self._token_vectors(hidden, batch, row)
                 result["multivector"] = {
                     "token_dims": int(vectors.shape[1]),
@@ -97,12 +109,18 @@ class HybridAdapter(TextEncoderAdapter):
             results.append(result)
         return results
 
-    def _dense_vectors(self, hidden: np.ndarray, mask: np.ndarray, options: dict) -> np.ndarray:
-        vectors = pool(hidden, mask, str(options.get("pooling") or "cls"))
+    def _dense_vectors(self, states: np.ndarray | DeviceTokenStates, mask: np.ndarray, options: dict,
+                       rows: list[int]) -> np.ndarray:  # fmt: skip
+        """The dense vectors of `rows`, pooled under `mask` as `options` say."""
+        mode = str(options.get("pooling") or "cls")
+        if isinstance(states, DeviceTokenStates):
+            vectors = states.pooled(mask, mode)[rows]
+        else:
+            vectors = pool(states[rows], mask[rows], mode)
         return l2_normalize(vectors) if options.get("normalize", True) else vectors
 
-    def _dense(self, hidden: np.ndarray, batch: PaddedBatch, row: int, spec: EncodeSpec) -> dict:
-        vector = self._dense_vectors(hidden[row : row + 1], batch.attention_mask[row : row + 1], spec.options)[0]
+    def _dense(self, states: np.ndarray | DeviceTokenStates, batch: PaddedBatch, row: int, spec: EncodeSpec) -> dict:
+        vector = self._dense_vectors(states, batch.attention_mask, spec.options, [row])[0]
         return {"dims": int(vector.shape[0]), "dtype": spec.output_dtype, "values": quantize(vector, spec.output_dtype)}
 
     def _sparse_vector(self, hidden: np.ndarray, batch: PaddedBatch, row: int, spec: EncodeSpec) -> dict:
@@ -123,7 +141,6 @@ class HybridAdapter(TextEncoderAdapter):
         length = int(batch.attention_mask[row].sum())
         return l2_normalize(self._colbert(hidden[row, 1:length]))
 
-    def similarities(self, outputs: list[np.ndarray], batch: PaddedBatch, query: int, docs: range) -> np.ndarray:
-        rows = [query, *docs]
-        vectors = l2_normalize(pool(outputs[0][rows], batch.attention_mask[rows], "cls"))
+    def similarities(self, outputs: list, batch: PaddedBatch, query: int, docs: range) -> np.ndarray:
+        vectors = self._dense_vectors(outputs[0], batch.attention_mask, {"pooling": "cls"}, [query, *docs])
         return vectors[1:] @ vectors[0]
