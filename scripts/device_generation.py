@@ -119,13 +119,19 @@ def print_side_by_side(unit: str, medians: Mapping[str, float], rounds: int) -> 
     print(f"{unit} (medians of {rounds}): {first} {ours:.2f}, {second} {theirs:.2f}: {ours / theirs:.2f}x")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def verdict(difference: float, tolerance: float, failure: str) -> int:
+    """The exit status: 1, with `failure` on stderr, when the two ways differ by more than `tolerance`; else 0."""
+    if difference <= tolerance:
+        return 0
+    print(f"FAIL: {failure}", file=sys.stderr)
+    return 1
+
+
+def parsed_on_device(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """`parser`'s arguments with the ones every device script takes (where, in what precision, the random model's
+    size, the rounds), the device's libraries loaded."""
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--precision", default="float16", choices=("float16", "float32"))
-    parser.add_argument("--rows", type=int, default=8)
-    parser.add_argument("--prompt", type=int, default=512, help="the longest prompt's tokens")
-    parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=8)
@@ -134,6 +140,15 @@ def main(argv: list[str] | None = None) -> int:
         from sie.worker.devices import load_cuda_libraries
 
         load_cuda_libraries()  # as `sie run` does before its first CUDA session
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--prompt", type=int, default=512, help="the longest prompt's tokens")
+    parser.add_argument("--steps", type=int, default=64)
+    args = parsed_on_device(parser, argv)
     with tempfile.TemporaryDirectory(prefix="sie-device-generation-") as scratch:
         write_llama(Path(scratch) / "checkpoint", args.hidden, args.layers)
         convert_decoder_checkpoint(Path(scratch) / "checkpoint", Path(scratch) / "decoder", args.precision)
@@ -151,10 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"logits of the two ways, prefill and 4 steps: max difference {difference:.1e} of their scale")
     rates = {name: functools.partial(steps_per_second, run, feeds, args.steps) for name, run in ways.items()}
     print_side_by_side("decode steps/s", interleaved_medians(rates, args.rounds), args.rounds)
-    if not difference <= TOLERANCE:
-        print("FAIL: the io-bound runs' logits differ from session.run's", file=sys.stderr)
-        return 1
-    return 0
+    return verdict(difference, TOLERANCE, "the io-bound runs' logits differ from session.run's")
 
 
 if __name__ == "__main__":

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from device_generation import VOCAB, interleaved_medians, print_side_by_side, write_llama
+from device_generation import VOCAB, interleaved_medians, parsed_on_device, print_side_by_side, verdict, write_llama
 
 from sie.worker.convert.decoder_graph import HIDDEN_STATE
 from sie.worker.convert.decoders import convert_decoder_hidden
@@ -58,19 +57,10 @@ def per_second(run: Callable[[], object], seconds: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda:0")
-    parser.add_argument("--precision", default="float16", choices=("float16", "float32"))
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=256, help="the longest row's tokens")
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per way and round")
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--layers", type=int, default=8)
-    args = parser.parse_args(argv)
-    if args.device.startswith("cuda"):
-        from sie.worker.devices import load_cuda_libraries
-
-        load_cuda_libraries()  # as `sie run` does before its first CUDA session
+    args = parsed_on_device(parser, argv)
     with tempfile.TemporaryDirectory(prefix="sie-device-pooling-") as scratch:
         write_llama(Path(scratch) / "checkpoint", args.hidden, args.layers)
         convert_decoder_hidden(Path(scratch) / "checkpoint", Path(scratch) / "hidden.onnx", args.precision)
@@ -95,10 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     ways = {"device pooling": on_device, "host pooling": on_host}
     rates = {name: functools.partial(per_second, run, args.seconds) for name, run in ways.items()}
     print_side_by_side("batches/s", interleaved_medians(rates, args.rounds), args.rounds)
-    if not difference <= TOLERANCE:
-        print("FAIL: the vectors pooled on the device differ from the host's", file=sys.stderr)
-        return 1
-    return 0
+    return verdict(difference, TOLERANCE, "the vectors pooled on the device differ from the host's")
 
 
 if __name__ == "__main__":
