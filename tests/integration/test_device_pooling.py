@@ -20,7 +20,7 @@ from sie.catalog import parse_model_config
 from sie.wire.ipc_batch import ScoreBatchItem
 from sie.worker.adapters import dense
 from sie.worker.convert.pooling import pooling_graph
-from sie.worker.device_pooling import DevicePooling, DeviceTokenStates
+from sie.worker.device_pooling import DevicePooling, DeviceTokenStates, device_pooling_for
 from sie.worker.loading import ModelLoader
 from sie.worker.outputs import pool
 from support.worker_items import encode_items
@@ -119,3 +119,29 @@ def test_token_states_in_row_slices_pool_each_slice_under_its_rows_of_the_mask()
     for mode in ("mean", "last"):
         np.testing.assert_allclose(token_states.pooled(mask, mode), pool(states, mask, mode), atol=TOLERANCE)
     assert token_states.pooled(mask, "mean") is token_states.pooled(mask, "mean")  # pooled once per mask and mode
+
+
+def test_states_the_pooling_graph_cannot_read_or_a_pooling_session_that_fails_leave_pooling_on_the_host(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A model loads either way: token states of another type (here int64), or a provider that will not open the
+    pooling graph (here bytes that are no model), keep numpy's pooling, with the reason logged."""
+    import onnx
+    import onnxruntime
+    from onnx import TensorProto, helper
+
+    def session_with(element_type: int) -> onnxruntime.InferenceSession:
+        states = helper.make_tensor_value_info("states", element_type, ["batch", "sequence", "hidden"])
+        out = helper.make_tensor_value_info("out", element_type, ["batch", "sequence", "hidden"])
+        graph = helper.make_graph([helper.make_node("Identity", ["states"], ["out"])], "g", [states], [out])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+        onnx.checker.check_model(model)
+        return onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+    assert device_pooling_for(session_with(TensorProto.FLOAT), "out", None) is None  # a CPU loader gives no graph
+    assert isinstance(device_pooling_for(session_with(TensorProto.FLOAT), "out", pooling_graph), DevicePooling)
+    with caplog.at_level("WARNING", logger="sie.worker.device_pooling"):
+        assert device_pooling_for(session_with(TensorProto.INT64), "out", pooling_graph) is None
+        assert device_pooling_for(session_with(TensorProto.FLOAT), "out", lambda states_type: b"no model") is None
+    reasons = [record.getMessage() for record in caplog.records]
+    assert len(reasons) == 2 and "tensor(int64)" in reasons[0] and "stay pooled on the host" in reasons[1]

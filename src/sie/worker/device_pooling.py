@@ -13,6 +13,7 @@ keeps `session.run` and numpy: there is no copy to save.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -21,12 +22,27 @@ import numpy as np
 from sie.worker.convert.names import POOLED_MODES, POOLING_ATTENTION_MASK, POOLING_TOKEN_STATES
 from sie.worker.generation.decoder_run import device_of
 
+logger = logging.getLogger(__name__)
+
 # The pooling modes' other names (`outputs.pool` reads `last_token` as `last`).
 MODE_ALIASES: Final = {"last_token": "last"}
 # The token states' types the pooling graph reads (onnxruntime's names).
 POOLED_TYPES: Final = ("tensor(float)", "tensor(float16)")
 # Builds the pooling graph for token states of one of POOLED_TYPES (`sie.worker.convert.pooling.pooling_graph`).
 PoolingGraph = Callable[[str], bytes]
+
+
+def device_pooling_for(session: Any, token_output: str, pooling_graph: PoolingGraph | None) -> DevicePooling | None:
+    """A DevicePooling for `session`'s `token_output` where the loader gave a pooling graph (a GPU), else None. Token
+    states of a type the graph cannot read, or a pooling session the provider will not open, leave the model pooling
+    on the host (logged once): the model serves either way."""
+    if pooling_graph is None:
+        return None
+    try:
+        return DevicePooling(session, token_output, pooling_graph)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own untyped pybind exceptions
+        logger.warning("token states %r stay pooled on the host: %s", token_output, exc)
+        return None
 
 
 class DevicePooling:

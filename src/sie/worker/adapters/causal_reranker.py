@@ -39,7 +39,7 @@ from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemR
 from sie.worker.adapters.encoder import first_output, item_text, ranked_scores
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.safetensors_io import Checkpoint
-from sie.worker.device_pooling import DevicePooling
+from sie.worker.device_pooling import device_pooling_for
 
 QWEN3_JUDGE: Final = (
     "Judge whether the Document meets the requirements based on the Query and the Instruct provided. Note that the "
@@ -79,8 +79,7 @@ class CausalRerankerAdapter(Adapter):
         if context.tokenizer_path is None or context.model_dir is None:
             raise ValueError("a decoder reranker needs its tokenizer.json and checkpoint")
         self._hidden = first_output(self.session, rank=3, preferred=("last_hidden_state",))
-        graph = context.pooling_graph
-        self._device_pooling = None if graph is None else DevicePooling(self.session, self._hidden, graph)
+        self._device_pooling = device_pooling_for(self.session, self._hidden, context.pooling_graph)
         self._tokenizer = tokenizers.Tokenizer.from_file(str(context.tokenizer_path))
         options = {**context.profile.loadtime_options}
         default_format = "native" if context.profile.adapter_module == NATIVE_MODULE else "mxbai"

@@ -16,7 +16,7 @@ from sie.tokenization import PaddedBatch
 from sie.worker.adapters.base import AdapterContext
 from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, check_width, first_output, output_width
 from sie.worker.adapters.feeds import bert_feeds
-from sie.worker.device_pooling import DevicePooling, DeviceTokenStates
+from sie.worker.device_pooling import DeviceTokenStates, device_pooling_for
 from sie.worker.outputs import l2_normalize, pool, quantize
 from sie.worker.sentence_modules import SentenceModules, read_sentence_modules
 
@@ -51,8 +51,7 @@ class DenseAdapter(TextEncoderAdapter):
                 f"the first Dense layer takes {self._stack.dense[0].in_features} inputs; the graph gives {hidden}"
             )
         check_width(self.model, "dense", None if hidden is None else self._stack.width(hidden), "the model gives")
-        graph = context.pooling_graph
-        self._device_pooling = None if graph is None else DevicePooling(self.session, self._token_states, graph)
+        self._device_pooling = device_pooling_for(self.session, self._token_states, context.pooling_graph)
 
     def forward(self, batch: PaddedBatch) -> list[np.ndarray] | list[DeviceTokenStates]:
         """The batch's token states: a host array, or (on a GPU) left on the device to be pooled there."""

@@ -23,7 +23,7 @@ from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, check_wi
 from sie.worker.adapters.feeds import bert_feeds
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.torch_zip import TorchZipFile
-from sie.worker.device_pooling import DevicePooling, DeviceTokenStates
+from sie.worker.device_pooling import DeviceTokenStates, device_pooling_for
 from sie.worker.outputs import l2_normalize, pool, quantize, sparse_dtype
 
 SPARSE_HEAD: Final = "sparse_linear.pt"
@@ -73,8 +73,7 @@ class HybridAdapter(TextEncoderAdapter):
         self._colbert = read_linear(directory / COLBERT_HEAD, hidden)
         self._special = np.fromiter(sorted(self.tokenizer.special_ids), dtype=np.int64)
         self.runtime_options.setdefault("pooling", "cls")
-        graph = context.pooling_graph
-        self._device_pooling = None if graph is None else DevicePooling(self.session, self._token_states, graph)
+        self._device_pooling = device_pooling_for(self.session, self._token_states, context.pooling_graph)
         check_width(self.model, "dense", hidden, "the model gives")
         check_width(self.model, "sparse", self.tokenizer.vocab_size, "the tokenizer gives")
         check_width(self.model, "multivector", self._colbert.weight.shape[1], "its colbert_linear gives")
