@@ -21,6 +21,7 @@ import numpy as np
 
 from sie.worker.convert.names import POOLED_MODES, POOLING_ATTENTION_MASK, POOLING_TOKEN_STATES
 from sie.worker.generation.decoder_run import device_of
+from sie.worker.outputs import pool
 
 logger = logging.getLogger(__name__)
 
@@ -134,3 +135,16 @@ class DeviceTokenStates:
             parts = [part.numpy() for part in self._parts]
             self._host = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return self._host
+
+
+def pooled_rows(
+    states: np.ndarray | DeviceTokenStates, attention_mask: np.ndarray, mode: str, rows: list[int] | None = None
+) -> np.ndarray:
+    """The sentence vectors of `rows` (every row when None) pooled by `mode` under `attention_mask`: numpy's pooling
+    of a host array of token states (`outputs.pool`), or the device's of states left there."""
+    if isinstance(states, DeviceTokenStates):
+        vectors = states.pooled(attention_mask, mode)
+        return vectors if rows is None else vectors[rows]
+    if rows is None:
+        return pool(states, attention_mask, mode)
+    return pool(states[rows], attention_mask[rows], mode)

@@ -8,7 +8,7 @@ numpy. Results are public result objects (dicts holding ndarrays); framing happe
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -19,7 +19,7 @@ from sie.catalog.model import ModelConfig, Profile
 from sie.catalog.options import option_problem
 from sie.tokenization import TextTokenizer
 from sie.wire import codes
-from sie.worker.device_pooling import PoolingGraph
+from sie.worker.device_pooling import DevicePooling, DeviceTokenStates, PoolingGraph
 from sie.worker.generation.batching_decoder import DecoderLimits
 from sie.worker.run_memory import DEFAULT_RUN_MEMORY_BYTES, RunMemory, run_in_slices, run_slices
 
@@ -165,12 +165,16 @@ class Adapter:
             self.context.run_memory_bytes,
         )  # fmt: skip
 
-    def run_session_parts(self, run: Callable[[dict[str, np.ndarray]], list[Any]], feeds: Mapping[str, np.ndarray]
-                          ) -> list[list[Any]]:  # fmt: skip
-        """`run` (the adapter's own call of the session: `device_pooling` binds its outputs on the device) over the
-        feeds the graph declares, in the row slices `run_session` would run: each slice's outputs, in row order."""
+    def run_token_states(
+        self, feeds: Mapping[str, np.ndarray], output: str, pooling: DevicePooling | None
+    ) -> np.ndarray | DeviceTokenStates:
+        """The graph's token states `output` over the batch: a host array (`run_session`), or with `pooling` (a GPU)
+        left on the session's device, run in the same row slices, to be pooled there (`device_pooling.pooled_rows`
+        reads either)."""
+        if pooling is None:
+            return self.run_session(feeds, [output])[0]
         declared = {name: feeds[name] for name in self._input_names}
-        return run_slices(run, declared, self._run_memory, self.context.run_memory_bytes)
+        return pooling.token_states(run_slices(pooling.run, declared, self._run_memory, self.context.run_memory_bytes))
 
     def close(self) -> None:
         """Release what the adapter runs beside its session (a causal LM's decode thread); called on unload."""

@@ -39,7 +39,7 @@ from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemR
 from sie.worker.adapters.encoder import first_output, item_text, ranked_scores
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.safetensors_io import Checkpoint
-from sie.worker.device_pooling import device_pooling_for
+from sie.worker.device_pooling import device_pooling_for, pooled_rows
 
 QWEN3_JUDGE: Final = (
     "Judge whether the Document meets the requirements based on the Query and the Instruct provided. Note that the "
@@ -186,11 +186,8 @@ class CausalRerankerAdapter(Adapter):
         """Each row's hidden state at its last token (right padding), [rows, hidden] float32; on a GPU picked
         there, so the rest of the hidden states never leave the device."""
         feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if self._device_pooling is not None:
-            runs = self.run_session_parts(self._device_pooling.run, feeds)
-            return self._device_pooling.token_states(runs).pooled(attention_mask, "last")
-        (hidden,) = self.run_session(feeds, [self._hidden])
-        return hidden[np.arange(len(input_ids)), attention_mask.sum(axis=1) - 1].astype(np.float32)
+        states = self.run_token_states(feeds, self._hidden, self._device_pooling)
+        return pooled_rows(states, attention_mask, "last").astype(np.float32, copy=False)
 
 
 def _head_rows(model_dir: Path, config_json: Any, token_ids: list[int]) -> np.ndarray:

@@ -16,8 +16,8 @@ from sie.tokenization import PaddedBatch
 from sie.worker.adapters.base import AdapterContext
 from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, check_width, first_output, output_width
 from sie.worker.adapters.feeds import bert_feeds
-from sie.worker.device_pooling import DeviceTokenStates, device_pooling_for
-from sie.worker.outputs import l2_normalize, pool, quantize
+from sie.worker.device_pooling import DeviceTokenStates, device_pooling_for, pooled_rows
+from sie.worker.outputs import l2_normalize, quantize
 from sie.worker.sentence_modules import SentenceModules, read_sentence_modules
 
 
@@ -53,23 +53,14 @@ class DenseAdapter(TextEncoderAdapter):
         check_width(self.model, "dense", None if hidden is None else self._stack.width(hidden), "the model gives")
         self._device_pooling = device_pooling_for(self.session, self._token_states, context.pooling_graph)
 
-    def forward(self, batch: PaddedBatch) -> list[np.ndarray] | list[DeviceTokenStates]:
+    def forward(self, batch: PaddedBatch) -> list[np.ndarray | DeviceTokenStates]:
         """The batch's token states: a host array, or (on a GPU) left on the device to be pooled there."""
-        if self._device_pooling is None:
-            return self.run_session(bert_feeds(batch), [self._token_states])
-        runs = self.run_session_parts(self._device_pooling.run, bert_feeds(batch))
-        return [self._device_pooling.token_states(runs)]
+        return [self.run_token_states(bert_feeds(batch), self._token_states, self._device_pooling)]
 
     def _vectors(self, states: np.ndarray | DeviceTokenStates, mask: np.ndarray, options: dict,
                  rows: list[int] | None = None) -> np.ndarray:  # fmt: skip
         """The vectors of `rows` (every row when None), pooled under `mask` as `options` say."""
-        mode = str(options.get("pooling") or "mean")
-        if isinstance(states, DeviceTokenStates):
-            pooled = states.pooled(mask, mode)
-            pooled = pooled if rows is None else pooled[rows]
-        else:
-            pooled = pool(states, mask, mode) if rows is None else pool(states[rows], mask[rows], mode)
-        vectors = self._stack.project(pooled)
+        vectors = self._stack.project(pooled_rows(states, mask, str(options.get("pooling") or "mean"), rows))
         return l2_normalize(vectors) if options.get("normalize", True) else vectors
 
     def represent(self, outputs: list, batch: PaddedBatch, specs: list[EncodeSpec]) -> list[dict]:

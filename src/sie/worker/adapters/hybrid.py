@@ -23,8 +23,8 @@ from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, check_wi
 from sie.worker.adapters.feeds import bert_feeds
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.torch_zip import TorchZipFile
-from sie.worker.device_pooling import DeviceTokenStates, device_pooling_for
-from sie.worker.outputs import l2_normalize, pool, quantize, sparse_dtype
+from sie.worker.device_pooling import DeviceTokenStates, device_pooling_for, pooled_rows
+from sie.worker.outputs import l2_normalize, quantize, sparse_dtype
 
 SPARSE_HEAD: Final = "sparse_linear.pt"
 COLBERT_HEAD: Final = "colbert_linear.pt"
@@ -78,13 +78,10 @@ class HybridAdapter(TextEncoderAdapter):
         check_width(self.model, "sparse", self.tokenizer.vocab_size, "the tokenizer gives")
         check_width(self.model, "multivector", self._colbert.weight.shape[1], "its colbert_linear gives")
 
-    def forward(self, batch: PaddedBatch) -> list[np.ndarray] | list[DeviceTokenStates]:
+    def forward(self, batch: PaddedBatch) -> list[np.ndarray | DeviceTokenStates]:
         """The batch's token states: a host array, or (on a GPU) left on the device, where the dense vectors are
         pooled; they come to the host only for a row that asks for sparse or multi-vector output."""
-        if self._device_pooling is None:
-            return self.run_session(bert_feeds(batch), [self._token_states])
-        runs = self.run_session_parts(self._device_pooling.run, bert_feeds(batch))
-        return [self._device_pooling.token_states(runs)]
+        return [self.run_token_states(bert_feeds(batch), self._token_states, self._device_pooling)]
 
     def represent(self, outputs: list, batch: PaddedBatch, specs: list[EncodeSpec]) -> list[dict]:
         states = outputs[0]
@@ -111,11 +108,7 @@ class HybridAdapter(TextEncoderAdapter):
     def _dense_vectors(self, states: np.ndarray | DeviceTokenStates, mask: np.ndarray, options: dict,
                        rows: list[int]) -> np.ndarray:  # fmt: skip
         """The dense vectors of `rows`, pooled under `mask` as `options` say."""
-        mode = str(options.get("pooling") or "cls")
-        if isinstance(states, DeviceTokenStates):
-            vectors = states.pooled(mask, mode)[rows]
-        else:
-            vectors = pool(states[rows], mask[rows], mode)
+        vectors = pooled_rows(states, mask, str(options.get("pooling") or "cls"), rows)
         return l2_normalize(vectors) if options.get("normalize", True) else vectors
 
     def _dense(self, states: np.ndarray | DeviceTokenStates, batch: PaddedBatch, row: int, spec: EncodeSpec) -> dict:
