@@ -41,18 +41,22 @@ def model_yaml(directory: Path, multivector_dim: int = COLBERT_DIM) -> Any:
 
 
 # A GPU loader's adapter keeps the token states on the device (the device is the seam: its sessions run on the CPU
-# provider here, tests/integration/conftest.py) and pools the dense vectors there.
+# provider here, tests/integration/conftest.py), pools the dense vectors and runs both heads there: the token states
+# themselves never reach the host.
 LOADERS = ["model_loader", "gpu_loader"]
 
 
 @pytest.mark.parametrize("loader", LOADERS)
-def test_dense_sparse_and_multivector_equal_bge_m3s_own_math(loader: str, request, tmp_path: Path) -> None:
+def test_dense_sparse_and_multivector_equal_bge_m3s_own_math(
+    loader: str, request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tokenizers import Tokenizer
 
     model, sparse, colbert = save_bge_m3(tmp_path)
     config = model_yaml(tmp_path)
     loaded = request.getfixturevalue(loader).load(config, "default", config.sie_id)
     assert (loaded.adapter._device_pooling is not None) == (loader == "gpu_loader")
+    monkeypatch.setattr(DeviceTokenStates, "to_host", lambda states: pytest.fail("token states copied to the host"))
     tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
     results = loaded.adapter.encode(encode_items(TEXTS, output_types=["dense", "sparse", "multivector"])).items
     expected_all = [bge_m3_reference(model, sparse, colbert, tokenizer.encode(text).ids) for text in TEXTS]
@@ -78,13 +82,15 @@ def test_each_output_alone_and_dense_scoring(
     save_bge_m3(tmp_path)
     config = model_yaml(tmp_path)
     loaded = request.getfixturevalue(loader).load(config, "default", config.sie_id)
+    heads: list[str] = []
+    through_head = DeviceTokenStates.through_head
+    monkeypatch.setattr(DeviceTokenStates, "through_head", lambda states, head: heads.append(head)
+                        or through_head(states, head))  # fmt: skip
     (only_sparse,) = loaded.adapter.encode(encode_items(TEXTS[:1], output_types=["sparse"])).items
     assert set(only_sparse.result) == {"sparse"}
-    copies: list[int] = []
-    to_host = DeviceTokenStates.to_host
-    monkeypatch.setattr(DeviceTokenStates, "to_host", lambda states: copies.append(1) or to_host(states))
+    assert heads == (["sparse"] if loader == "gpu_loader" else [])  # the head asked for, alone
     encoded = loaded.adapter.encode(encode_items(TEXTS, output_types=["dense"])).items
-    assert copies == []  # dense alone: the token states never leave the device
+    assert heads == (["sparse"] if loader == "gpu_loader" else [])  # dense alone: pooled, no head run
     dense = [np.asarray(result.result["dense"]["values"]) for result in encoded]
     item = ScoreBatchItem(work_item_id="s.0", request_id="s", item_index=0, total_items=1, timestamp=0.0,
                           query_item={"text": TEXTS[0]}, score_items=[{"text": t} for t in TEXTS[1:]])  # fmt: skip

@@ -22,6 +22,7 @@ from tokenizers import models as tokenizer_models
 
 from sie.catalog import parse_model_config
 from sie.wire.ipc_batch import ScoreBatchItem
+from sie.worker.device_pooling import DeviceTokenStates
 from sie.worker.errors import ModelLoadError
 from support.worker_items import encode_items
 
@@ -169,13 +170,23 @@ LAYOUTS = {
 }
 
 
+# A GPU loader's adapter keeps the token states on the device and projects them there (the device is the seam: its
+# sessions run on the CPU provider here, tests/integration/conftest.py); only the projected vectors reach the host.
+LOADERS = ["model_loader", "gpu_loader"]
+
+
+@pytest.mark.parametrize("loader", LOADERS)
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_queries_and_documents_encode_as_the_checkpoint_was_trained(model_loader, tmp_path: Path, layout: str) -> None:
+def test_queries_and_documents_encode_as_the_checkpoint_was_trained(
+    loader: str, request: pytest.FixtureRequest, tmp_path: Path, layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     save, profile, query_marker, doc_marker, expansion = LAYOUTS[layout]
     model, projection = save(tmp_path)
     tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
     config = model_yaml(tmp_path, profile)
-    loaded = model_loader.load(config, "default", config.sie_id)
+    loaded = request.getfixturevalue(loader).load(config, "default", config.sie_id)
+    assert (loaded.adapter._device is not None) == (loader == "gpu_loader")
+    monkeypatch.setattr(DeviceTokenStates, "to_host", lambda states: pytest.fail("token states copied to the host"))
     runtime = profile["adapter_options"]["runtime"]
     for texts, is_query, marker, limit in (
         (QUERIES, True, query_marker, runtime["query_max_length"]),
@@ -258,10 +269,13 @@ def test_the_muvera_profile_returns_the_public_servers_encoding_of_the_token_vec
     assert not refused.items[0].ok and "does not support output types: {'dense'}" in refused.items[0].error
 
 
-def test_scores_are_maxsim_over_the_encoded_vectors(model_loader, tmp_path: Path) -> None:
+@pytest.mark.parametrize("loader", LOADERS)
+def test_scores_are_maxsim_over_the_encoded_vectors(
+    loader: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     model, projection = save_stanford(tmp_path)
     config = model_yaml(tmp_path, STANFORD_PROFILE)
-    loaded = model_loader.load(config, "default", config.sie_id)
+    loaded = request.getfixturevalue(loader).load(config, "default", config.sie_id)
     query = multivectors(loaded, QUERIES[:1], True)[0]
     docs = multivectors(loaded, DOCS, False)
     item = ScoreBatchItem(work_item_id="s.0", request_id="s", item_index=0, total_items=1, timestamp=0.0,

@@ -1,10 +1,12 @@
-"""Dense vectors pooled where the model ran (`sie.worker.device_pooling`): on a GPU the token states stay on the
-device and a small pooling graph runs there, so only the vectors come to the host. No GPU in CI: the device is the
-seam, so the loader here is a GPU loader whose sessions (the model's and the pooling graph, on the same provider)
-run on onnxruntime's CPU provider — every binding call is the one a GPU run makes. Its vectors and
-scores equal the host path's (numpy pooling of `session.run`'s token states) for each pooling mode, a batch that
-mixes modes, and a batch cut into row slices by the run-memory budget. (The GPU loader's other tests, in half
-precision, pool this way too: tests/integration/test_half_precision.py.)"""
+"""Dense vectors pooled and token heads run where the model ran (`sie.worker.device_pooling`): on a GPU the token
+states stay on the device and small graphs run there (pooling, a model's per-token Dense layers), so only their
+results come to the host. No GPU in CI: the device is the seam, so the loader here is a GPU loader whose sessions
+(the model's and the graphs beside it, on the same provider) run on onnxruntime's CPU provider — every binding call
+is the one a GPU run makes. Its vectors and scores equal the host path's (numpy pooling of `session.run`'s token
+states) for each pooling mode, a batch that mixes modes, and a batch cut into row slices by the run-memory budget; a
+token head's graph equals sentence-transformers' Dense layers as numpy applies them. (The GPU loader's other tests
+pool and run heads this way too: BGE-M3's and ColBERT's, tests/integration/test_bge_m3.py and test_colbert.py; in half
+precision, tests/integration/test_half_precision.py.)"""
 
 from __future__ import annotations
 
@@ -13,16 +15,18 @@ from pathlib import Path
 import attrs
 import numpy as np
 import pytest
+from onnx import TensorProto
 
 from integration.test_image_text import vectors
 from integration.test_sentence_modules import model_yaml, save_stack
 from sie.catalog import parse_model_config
 from sie.wire.ipc_batch import ScoreBatchItem
 from sie.worker.adapters import dense
-from sie.worker.convert.pooling import pooling_graph
-from sie.worker.device_pooling import DevicePooling, DeviceTokenStates, device_pooling_for
-from sie.worker.loading import ModelLoader
+from sie.worker.convert.device_graphs import pooling_graph, token_head_graph
+from sie.worker.device_pooling import DeviceGraphs, DevicePooling, DeviceTokenStates, device_pooling_for, head_rows
+from sie.worker.loading import DEVICE_GRAPHS, ModelLoader
 from sie.worker.outputs import pool
+from sie.worker.sentence_modules import DenseStage
 from support.worker_items import encode_items
 
 TEXTS = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11", "w12 w13", "w14 w15 w16 w17"]
@@ -45,6 +49,67 @@ def test_the_pooling_graph_equals_numpy_pooling(dtype: type) -> None:
     np.testing.assert_allclose(mean, pool(reference, mask, "mean"), atol=TOLERANCE)
     assert np.array_equal(cls, pool(reference, mask, "cls")) and np.array_equal(last, pool(reference, mask, "last"))
     assert mean.dtype == cls.dtype == last.dtype == np.float32
+
+
+def identity_session(element_type: int):  # noqa: ANN201 - onnxruntime.InferenceSession
+    """A model whose token states `out` are its input `states`, on the CPU provider."""
+    import onnx
+    import onnxruntime
+    from onnx import helper
+
+    states = helper.make_tensor_value_info("states", element_type, ["batch", "sequence", "hidden"])
+    out = helper.make_tensor_value_info("out", element_type, ["batch", "sequence", "hidden"])
+    graph = helper.make_graph([helper.make_node("Identity", ["states"], ["out"])], "g", [states], [out])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    return onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["float32", "float16"])
+def test_a_token_head_graph_equals_the_dense_stages_numpy_applies(dtype: type) -> None:
+    """Each activation a sentence-transformers Dense layer names, with and without a bias, and PyLate's residual."""
+    import onnxruntime
+
+    rng = np.random.default_rng(4)
+    states = rng.standard_normal((3, 5, 8)).astype(dtype)
+
+    def weights(width_in: int, width_out: int) -> np.ndarray:
+        return rng.standard_normal((width_in, width_out)).astype(np.float32)
+
+    stages = [
+        DenseStage(weights(8, 6), weights(1, 6)[0], "GELU"),
+        DenseStage(weights(6, 6), None, "Tanh", residual=np.eye(6, dtype=np.float32)),
+        DenseStage(weights(6, 4), weights(1, 4)[0], "Sigmoid"),
+        DenseStage(weights(4, 4), weights(1, 4)[0], "ReLU"),
+        DenseStage(weights(4, 3), None, "Identity"),
+    ]
+    states_type = "tensor(float)" if dtype == np.float32 else "tensor(float16)"
+    session = onnxruntime.InferenceSession(token_head_graph(states_type, stages), providers=["CPUExecutionProvider"])
+    (ours,) = session.run(["token_vectors"], {"token_states": states})
+    expected = states
+    for stage in stages:
+        expected = stage(expected)
+    assert ours.dtype == np.float32 and ours.shape == (3, 5, 3)
+    np.testing.assert_allclose(ours, expected, atol=1e-5)
+    with pytest.raises(ValueError, match="activation 'Softplus'"):
+        token_head_graph(states_type, [DenseStage(weights(8, 2), None, "Softplus")])
+
+
+def test_a_head_the_device_does_not_run_is_applied_by_numpy_on_the_host() -> None:
+    """`head_rows` reads the device's head where it runs, else the host's states through the stages."""
+    states = np.random.default_rng(5).standard_normal((2, 4, 6)).astype(np.float32)
+    stages = (DenseStage(np.random.default_rng(6).standard_normal((6, 3)).astype(np.float32), None, "Identity"),)
+
+    session = identity_session(TensorProto.FLOAT)
+    with_head = DevicePooling(session, "out", DEVICE_GRAPHS, {"projection": stages})
+    without = DevicePooling(session, "out", DEVICE_GRAPHS, {})
+    kept = np.array([True, False, True, True])
+    expected = states[1][kept] @ stages[0].weight
+    for device in (with_head, without):
+        on_device = device.token_states([device.run({"states": states})])
+        assert on_device.has_head("projection") == (device is with_head)
+        np.testing.assert_allclose(head_rows(on_device, "projection", stages, 1, kept), expected, atol=1e-5)
+    np.testing.assert_allclose(head_rows(states, "projection", stages, 1, kept), expected, atol=1e-5)
 
 
 @pytest.fixture
@@ -126,22 +191,11 @@ def test_states_the_pooling_graph_cannot_read_or_a_pooling_session_that_fails_le
 ) -> None:
     """A model loads either way: token states of another type (here int64), or a provider that will not open the
     pooling graph (here bytes that are no model), keep numpy's pooling, with the reason logged."""
-    import onnx
-    import onnxruntime
-    from onnx import TensorProto, helper
-
-    def session_with(element_type: int) -> onnxruntime.InferenceSession:
-        states = helper.make_tensor_value_info("states", element_type, ["batch", "sequence", "hidden"])
-        out = helper.make_tensor_value_info("out", element_type, ["batch", "sequence", "hidden"])
-        graph = helper.make_graph([helper.make_node("Identity", ["states"], ["out"])], "g", [states], [out])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-        onnx.checker.check_model(model)
-        return onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-
-    assert device_pooling_for(session_with(TensorProto.FLOAT), "out", None) is None  # a CPU loader gives no graph
-    assert isinstance(device_pooling_for(session_with(TensorProto.FLOAT), "out", pooling_graph), DevicePooling)
+    broken = DeviceGraphs(lambda states_type: b"no model", token_head_graph)
+    assert device_pooling_for(identity_session(TensorProto.FLOAT), "out", None) is None  # a CPU loader gives no graph
+    assert isinstance(device_pooling_for(identity_session(TensorProto.FLOAT), "out", DEVICE_GRAPHS), DevicePooling)
     with caplog.at_level("WARNING", logger="sie.worker.device_pooling"):
-        assert device_pooling_for(session_with(TensorProto.INT64), "out", pooling_graph) is None
-        assert device_pooling_for(session_with(TensorProto.FLOAT), "out", lambda states_type: b"no model") is None
+        assert device_pooling_for(identity_session(TensorProto.INT64), "out", DEVICE_GRAPHS) is None
+        assert device_pooling_for(identity_session(TensorProto.FLOAT), "out", broken) is None
     reasons = [record.getMessage() for record in caplog.records]
     assert len(reasons) == 2 and "tensor(int64)" in reasons[0] and "stay pooled on the host" in reasons[1]

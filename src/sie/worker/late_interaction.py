@@ -138,8 +138,3 @@ class LateInteraction:
         if is_query and self.expands_queries:
             keep |= ids == self.mask_id
         return keep & ~np.isin(ids, self._query_drop if is_query else self._doc_drop)
-
-    def project(self, vectors: np.ndarray) -> np.ndarray:
-        for stage in self.projection:
-            vectors = stage(vectors)
-        return vectors

@@ -17,9 +17,9 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -77,8 +77,10 @@ from sie.worker.convert.names import (
     vision_graph_path,
 )
 from sie.worker.convert.safetensors_io import checkpoint_parameters, open_clip_weights_file
+from sie.worker.device_pooling import DeviceGraphs
 from sie.worker.errors import ModelLoadError
 from sie.worker.generation.batching_decoder import DecoderLimits
+from sie.worker.sentence_modules import DenseStage
 from sie.worker.session import SessionOptions, create_session
 
 DEFAULT_MAX_SEQUENCE_LENGTH = 512
@@ -225,7 +227,7 @@ class ModelLoader:
             generation_limits=self.generation_limits,
             model_dir=files.model_dir,
             extra_sessions=extra_sessions,
-            pooling_graph=None if self.session_options.device == "cpu" else _pooling_graph,
+            device_graphs=None if self.session_options.device == "cpu" else DEVICE_GRAPHS,
         )
         try:
             adapter = adapter_class(resolved.adapter_path)(context)
@@ -635,8 +637,19 @@ def _read_json(path: Path) -> dict:
 
 
 def _pooling_graph(states_type: str) -> bytes:
-    """`convert.pooling.pooling_graph`, imported when a GPU model first pools: the converter's onnx loads only for
-    work that needs it (a worker starts without it)."""
-    from sie.worker.convert.pooling import pooling_graph
+    """`convert.device_graphs.pooling_graph`, imported when a GPU model first pools: the converter's onnx loads only
+    for work that needs it (a worker starts without it)."""
+    from sie.worker.convert.device_graphs import pooling_graph
 
     return pooling_graph(states_type)
+
+
+def _token_head_graph(states_type: str, stages: Sequence[DenseStage]) -> bytes:
+    """`convert.device_graphs.token_head_graph`, imported as `_pooling_graph` is."""
+    from sie.worker.convert.device_graphs import token_head_graph
+
+    return token_head_graph(states_type, stages)
+
+
+# What a GPU loader hands its adapters (AdapterContext.device_graphs).
+DEVICE_GRAPHS: Final = DeviceGraphs(_pooling_graph, _token_head_graph)

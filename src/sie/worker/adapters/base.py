@@ -19,7 +19,7 @@ from sie.catalog.model import ModelConfig, Profile
 from sie.catalog.options import option_problem
 from sie.tokenization import TextTokenizer
 from sie.wire import codes
-from sie.worker.device_pooling import DevicePooling, DeviceTokenStates, PoolingGraph
+from sie.worker.device_pooling import DeviceGraphs, DevicePooling, DeviceTokenStates
 from sie.worker.generation.batching_decoder import DecoderLimits
 from sie.worker.run_memory import DEFAULT_RUN_MEMORY_BYTES, RunMemory, run_in_slices, run_slices
 
@@ -108,9 +108,9 @@ class AdapterContext:
     extra_sessions: Mapping[str, Any] = attrs.field(factory=dict)
     # The models a composite adapter serves as one (a GLiNER union's members, its own checkpoint first).
     members: Sequence[Adapter] = ()
-    # Where sessions run on a GPU: the builder of the graph that pools token states there (`device_pooling`);
-    # None on the CPU, where numpy pools them.
-    pooling_graph: PoolingGraph | None = None
+    # Where sessions run on a GPU: the builders of the graphs that pool token states and run token heads there
+    # (`device_pooling`); None on the CPU, where numpy does both.
+    device_graphs: DeviceGraphs | None = None
 
 
 class Adapter:

@@ -79,7 +79,7 @@ class CausalRerankerAdapter(Adapter):
         if context.tokenizer_path is None or context.model_dir is None:
             raise ValueError("a decoder reranker needs its tokenizer.json and checkpoint")
         self._hidden = first_output(self.session, rank=3, preferred=("last_hidden_state",))
-        self._device_pooling = device_pooling_for(self.session, self._hidden, context.pooling_graph)
+        self._device_pooling = device_pooling_for(self.session, self._hidden, context.device_graphs)
         self._tokenizer = tokenizers.Tokenizer.from_file(str(context.tokenizer_path))
         options = {**context.profile.loadtime_options}
         default_format = "native" if context.profile.adapter_module == NATIVE_MODULE else "mxbai"

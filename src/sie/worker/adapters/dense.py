@@ -51,7 +51,7 @@ class DenseAdapter(TextEncoderAdapter):
                 f"the first Dense layer takes {self._stack.dense[0].in_features} inputs; the graph gives {hidden}"
             )
         check_width(self.model, "dense", None if hidden is None else self._stack.width(hidden), "the model gives")
-        self._device_pooling = device_pooling_for(self.session, self._token_states, context.pooling_graph)
+        self._device_pooling = device_pooling_for(self.session, self._token_states, context.device_graphs)
 
     def forward(self, batch: PaddedBatch) -> list[np.ndarray | DeviceTokenStates]:
         """The batch's token states: a host array, or (on a GPU) left on the device to be pooled there."""

@@ -4,8 +4,8 @@ is false. Sparse: `relu(sparse_linear(state))` of each token, the largest weight
 tokens left out, over the vocabulary. Multi-vector: `colbert_linear(state)` of every real token after the first,
 L2-normalised. The two heads are the checkpoint's `sparse_linear.pt` and `colbert_linear.pt` (torch zips, read
 without torch); a checkpoint without them fails to load naming them. Scoring compares the dense vectors (cosine).
-On a GPU the token states stay on the device and the dense vectors are pooled there (`device_pooling`); the states
-come to the host only for a batch with a row that asks for sparse or multi-vector output.
+On a GPU the token states stay on the device: the dense vectors are pooled there and the two heads run there
+(`device_pooling`), so only vectors and token weights come to the host.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar, Final
 
-import attrs
 import numpy as np
 
 from sie.catalog.adapters import HYBRID
@@ -23,27 +22,20 @@ from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, check_wi
 from sie.worker.adapters.feeds import bert_feeds
 from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.torch_zip import TorchZipFile
-from sie.worker.device_pooling import DeviceTokenStates, device_pooling_for, pooled_rows
+from sie.worker.device_pooling import DeviceTokenStates, device_pooling_for, head_rows, pooled_rows
 from sie.worker.outputs import l2_normalize, quantize, sparse_dtype
+from sie.worker.sentence_modules import DenseStage
 
 SPARSE_HEAD: Final = "sparse_linear.pt"
 COLBERT_HEAD: Final = "colbert_linear.pt"
+# The heads' names where they run on the device (`device_pooling`).
+SPARSE: Final = "sparse"
+MULTIVECTOR: Final = "multivector"
 
 
-@attrs.frozen
-class Linear:
-    """One head: `x @ weight + bias`."""
-
-    weight: np.ndarray  # [in, out]
-    bias: np.ndarray
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return x @ self.weight + self.bias
-
-
-def read_linear(path: Path, in_features: int | None) -> Linear:
-    """A torch `Linear` state dict saved by `torch.save`; ValueError naming the file when it is missing or of another
-    input width."""
+def read_linear(path: Path, in_features: int | None, activation: str = "Identity") -> DenseStage:
+    """A torch `Linear` state dict saved by `torch.save`, followed by `activation`; ValueError naming the file when
+    it is missing or of another input width."""
     if not path.is_file():
         found = sorted(child.name for child in path.parent.iterdir()) if path.parent.is_dir() else []
         raise ValueError(f"BGE-M3 head {path.name} is not in {path.parent} (found {found})")
@@ -54,7 +46,7 @@ def read_linear(path: Path, in_features: int | None) -> Linear:
         raise ValueError(str(exc)) from exc
     if weight.ndim != 2 or bias.shape != (weight.shape[0],) or (in_features and weight.shape[1] != in_features):
         raise ValueError(f"{path}: a Linear of {list(weight.shape)} does not fit the {in_features}-wide model")
-    return Linear(np.ascontiguousarray(weight.T), bias)
+    return DenseStage(np.ascontiguousarray(weight.T), bias, activation)
 
 
 class HybridAdapter(TextEncoderAdapter):
@@ -69,33 +61,33 @@ class HybridAdapter(TextEncoderAdapter):
         self._token_states = first_output(self.session, rank=3, preferred=("last_hidden_state", "token_embeddings"))
         hidden = output_width(self.session, self._token_states)
         directory = context.model_dir if context.model_dir is not None else Path(".")
-        self._sparse = read_linear(directory / SPARSE_HEAD, hidden)
-        self._colbert = read_linear(directory / COLBERT_HEAD, hidden)
+        self._sparse = (read_linear(directory / SPARSE_HEAD, hidden, "ReLU"),)  # relu(sparse_linear(state))
+        self._colbert = (read_linear(directory / COLBERT_HEAD, hidden),)
         self._special = np.fromiter(sorted(self.tokenizer.special_ids), dtype=np.int64)
         self.runtime_options.setdefault("pooling", "cls")
-        self._device_pooling = device_pooling_for(self.session, self._token_states, context.pooling_graph)
+        self._device_pooling = device_pooling_for(
+            self.session, self._token_states, context.device_graphs, {SPARSE: self._sparse, MULTIVECTOR: self._colbert}
+        )
         check_width(self.model, "dense", hidden, "the model gives")
         check_width(self.model, "sparse", self.tokenizer.vocab_size, "the tokenizer gives")
-        check_width(self.model, "multivector", self._colbert.weight.shape[1], "its colbert_linear gives")
+        check_width(self.model, "multivector", self._colbert[0].out_features, "its colbert_linear gives")
 
     def forward(self, batch: PaddedBatch) -> list[np.ndarray | DeviceTokenStates]:
         """The batch's token states: a host array, or (on a GPU) left on the device, where the dense vectors are
-        pooled; they come to the host only for a row that asks for sparse or multi-vector output."""
+        pooled and the heads run."""
         return [self.run_token_states(bert_feeds(batch), self._token_states, self._device_pooling)]
 
     def represent(self, outputs: list, batch: PaddedBatch, specs: list[EncodeSpec]) -> list[dict]:
         states = outputs[0]
-        per_token = any("sparse" in spec.output_types or "multivector" in spec.output_types for spec in specs)
-        hidden = (states.to_host() if isinstance(states, DeviceTokenStates) else states) if per_token else None
         results = []
         for row, spec in enumerate(specs):
             result: dict = {}
             if "dense" in spec.output_types:
                 result["dense"] = self._dense(states, batch, row, spec)
-            if hidden is not None and "sparse" in spec.output_types:
-                result["sparse"] = self._sparse_vector(hidden, batch, row, spec)
-            if hidden is not None and "multivector" in spec.output_types:
-                vectors = self._token_vectors(hidden, batch, row)
+            if "sparse" in spec.output_types:
+                result["sparse"] = self._sparse_vector(states, batch, row, spec)
+            if "multivector" in spec.output_types:
+                vectors = self._token_vectors(states, batch, row)
                 result["multivector"] = {
                     "token_dims": int(vectors.shape[1]),
                     "num_tokens": int(vectors.shape[0]),
@@ -115,11 +107,13 @@ class HybridAdapter(TextEncoderAdapter):
         vector = self._dense_vectors(states, batch.attention_mask, spec.options, [row])[0]
         return {"dims": int(vector.shape[0]), "dtype": spec.output_dtype, "values": quantize(vector, spec.output_dtype)}
 
-    def _sparse_vector(self, hidden: np.ndarray, batch: PaddedBatch, row: int, spec: EncodeSpec) -> dict:
+    def _sparse_vector(
+        self, states: np.ndarray | DeviceTokenStates, batch: PaddedBatch, row: int, spec: EncodeSpec
+    ) -> dict:
         """The largest relu(sparse_linear) weight of each token id among the row's real, non-special tokens."""
         ids = batch.input_ids[row]
         keep = (batch.attention_mask[row] == 1) & ~np.isin(ids, self._special)
-        weights = np.maximum(self._sparse(hidden[row][keep])[:, 0], 0.0)
+        weights = head_rows(states, SPARSE, self._sparse, row, keep)[:, 0]
         ids = ids[keep]
         best = np.zeros(self.tokenizer.vocab_size, dtype=np.float32)
         np.maximum.at(best, ids, weights)
@@ -128,10 +122,10 @@ class HybridAdapter(TextEncoderAdapter):
         values = quantize(best[indices], dtype)
         return {"dims": int(best.shape[0]), "dtype": dtype, "indices": indices, "values": values}
 
-    def _token_vectors(self, hidden: np.ndarray, batch: PaddedBatch, row: int) -> np.ndarray:
+    def _token_vectors(self, states: np.ndarray | DeviceTokenStates, batch: PaddedBatch, row: int) -> np.ndarray:
         """colbert_linear of the real tokens after the first, L2-normalised."""
         length = int(batch.attention_mask[row].sum())
-        return l2_normalize(self._colbert(hidden[row, 1:length]))
+        return l2_normalize(head_rows(states, MULTIVECTOR, self._colbert, row, slice(1, length)))
 
     def similarities(self, outputs: list, batch: PaddedBatch, query: int, docs: range) -> np.ndarray:
         vectors = self._dense_vectors(outputs[0], batch.attention_mask, {"pooling": "cls"}, [query, *docs])

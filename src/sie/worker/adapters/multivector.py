@@ -3,7 +3,8 @@ width; scoring is MaxSim. Markers, query expansion, token limits and the skiplis
 (`sie.worker.late_interaction`), set by the profile's options (`query_prefix`, `doc_prefix`, `query_expansion`,
 `query_max_length`, `doc_max_length`, `max_seq_length`, `skip_special_tokens`, `doc_punctuation_skiplist`,
 `normalize`). With the `muvera: {}` option an item may also ask for `dense`: the MUVERA encoding of its token vectors
-(`sie.worker.muvera`, settings from the load-time `muvera_config`)."""
+(`sie.worker.muvera`, settings from the load-time `muvera_config`). On a GPU the token states stay on the device and
+the projection runs there (`device_pooling`): the host gets the projected vectors."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from sie.tokenization import PaddedBatch, TokenizedText
 from sie.worker.adapters.base import AdapterContext
 from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, check_width, first_output, output_width
 from sie.worker.adapters.feeds import bert_feeds
+from sie.worker.device_pooling import DeviceTokenStates, device_pooling_for, head_rows
 from sie.worker.late_interaction import LateInteraction, read_projection
 from sie.worker.muvera import Muvera, MuveraConfig
 from sie.worker.outputs import l2_normalize, quantize
@@ -27,6 +29,8 @@ from sie.worker.outputs import l2_normalize, quantize
 EXPANDING_MODULES: Final = frozenset({"sie_server.adapters.colbert"})
 # Load-time options that requests may also set per call: the load-time value is the default.
 PER_REQUEST: Final = ("query_max_length", "max_seq_length", "normalize")
+# The projection's name where it runs on the device (`device_pooling`).
+PROJECTION: Final = "projection"
 
 
 class MultivectorAdapter(TextEncoderAdapter):
@@ -60,6 +64,10 @@ class MultivectorAdapter(TextEncoderAdapter):
         token_width = width or self.model.tasks.encode.get("multivector")
         # Checked here when the token width is known, else at the first use; its random structures are drawn then.
         self._muvera = Muvera(int(token_width), self._muvera_config) if token_width else None
+        heads = {PROJECTION: self._late.projection} if self._late.projection else None
+        self._device = (
+            device_pooling_for(self.session, self._token_states, context.device_graphs, heads) if heads else None
+        )
 
     def supported_outputs(self, options: Mapping[str, Any]) -> tuple[str, ...]:
         return ("multivector", "dense") if muvera_on(options.get("muvera")) else self.encode_outputs
@@ -84,16 +92,19 @@ class MultivectorAdapter(TextEncoderAdapter):
         ]
         return self._late.pad(tokens, expand_to)
 
-    def forward(self, batch: PaddedBatch) -> list[np.ndarray]:
-        return self.run_session(bert_feeds(batch), [self._token_states])
+    def forward(self, batch: PaddedBatch) -> list[np.ndarray | DeviceTokenStates]:
+        """The batch's token states: a host array, or (on a GPU, for a model with a projection) left on the device,
+        where the projection runs."""
+        return [self.run_token_states(bert_feeds(batch), self._token_states, self._device)]
 
     def _token_vectors(
-        self, hidden: np.ndarray, batch: PaddedBatch, row: int, is_query: bool, normalize: bool
+        self, states: np.ndarray | DeviceTokenStates, batch: PaddedBatch, row: int, is_query: bool, normalize: bool
     ) -> np.ndarray:
-        vectors = self._late.project(hidden[row][self._late.kept(batch, row, is_query)])
+        kept = self._late.kept(batch, row, is_query)
+        vectors = head_rows(states, PROJECTION, self._late.projection, row, kept)
         return l2_normalize(vectors) if normalize else vectors
 
-    def represent(self, outputs: list[np.ndarray], batch: PaddedBatch, specs: list[EncodeSpec]) -> list[dict]:
+    def represent(self, outputs: list, batch: PaddedBatch, specs: list[EncodeSpec]) -> list[dict]:
         results = []
         for row, spec in enumerate(specs):
             vectors = self._token_vectors(outputs[0], batch, row, spec.is_query, spec.options.get("normalize", True))
@@ -114,7 +125,7 @@ class MultivectorAdapter(TextEncoderAdapter):
             results.append(result)
         return results
 
-    def similarities(self, outputs: list[np.ndarray], batch: PaddedBatch, query: int, docs: range) -> np.ndarray:
+    def similarities(self, outputs: list, batch: PaddedBatch, query: int, docs: range) -> np.ndarray:
         query_vectors = self._token_vectors(outputs[0], batch, query, True, True)
         scores = []
         for row in docs:

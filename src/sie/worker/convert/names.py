@@ -143,10 +143,12 @@ OPEN_CLIP_WEIGHTS_FILES: Final = ("open_clip_model.safetensors", "open_clip_pyto
 SPECIAL_TOKENS_MAP_FILE: Final = (
     "special_tokens_map.json"  # a tokenizer's special tokens (pad_token), beside its config
 )
-# The pooling graph's inputs and outputs (`pooling.py`, run by `sie.worker.device_pooling` on a GPU).
+# The inputs and outputs of the graphs run beside a model on its GPU (`device_graphs.py`, run by
+# `sie.worker.device_pooling`): the pooling graph's, and a token head's output.
 POOLING_TOKEN_STATES: Final = "token_states"
 POOLING_ATTENTION_MASK: Final = "attention_mask"
 POOLED_MODES: Final = ("mean", "cls", "last")
+TOKEN_HEAD_OUTPUT: Final = "token_vectors"
 # The text graph's metadata: the model's similarity for scoring (the stored logit scale, before exp; SigLIP's bias).
 LOGIT_SCALE_KEY: Final = "sie.logit_scale"
 LOGIT_BIAS_KEY: Final = "sie.logit_bias"
