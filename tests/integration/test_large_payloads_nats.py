@@ -6,7 +6,8 @@ gateway app and a sidecar serving the real MiniLM, each on its own NATS connecti
   to publish until its deliveries run out.
 - payload offload: items too large for a broker message go through the payload store (a local directory, S3 on a
   real SeaweedFS, GCS on a real fake-gcs-server, Azure Blob on a real Azurite), and their keys are gone once the
-  request is answered; without a store such a request is refused with 413.
+  request is answered; without a store such a request is refused with 413. So does a chat generation's prompt
+  (the real SmolLM2 answers it).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from support.object_stores import BUCKET, AzuriteBlob, object_store
 from support.polling import eventually
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
 MAX_PAYLOAD = 64 * 1024
 LANE = Lane("large", "default", "default")
 ROUTER = "gw-large"
@@ -205,6 +207,30 @@ async def test_without_a_store_an_item_over_the_broker_limit_is_refused_with_413
     assert response.json()["detail"]["code"] == "PAYLOAD_TOO_LARGE"
     assert "SIE_PAYLOAD_STORE_URL" in response.json()["detail"]["message"]
     assert await deployment.transport.pending(LANE.pool) == 0  # nothing was queued
+
+
+# 60 KB of '=' is about 940 of SmolLM2's tokens (it has a token for 64 of them): over the broker's limit, quick to read.
+LONG_PROMPT = "Count the signs: " + "=" * 60_000
+
+
+async def test_a_chat_prompt_over_the_broker_limit_goes_through_the_payload_store(
+    small_nats: NatsServer, service: WorkerService, tmp_path: Path
+) -> None:
+    store = StoreBase(str(tmp_path / "payloads"))
+    chat = {"model": SMOLLM, "messages": [{"role": "user", "content": LONG_PROMPT}], "max_tokens": 2}
+    async with Deployment(small_nats.url, service, service.manager.catalog, store.store) as running:
+        answered = await running.client.post("/v1/chat/completions", json=chat)
+        assert answered.status_code == 200, answered.text
+        body = answered.json()
+        assert body["choices"][0]["message"]["role"] == "assistant"
+        assert 900 < body["usage"]["prompt_tokens"] < 2000 and body["usage"]["completion_tokens"] <= 2
+        await running.offload.aclose()
+        assert store.keys() == []  # deleted once the stream ended
+    async with Deployment(small_nats.url, service, service.manager.catalog, None) as without_store:
+        refused = await without_store.client.post("/v1/chat/completions", json=chat)
+        assert refused.status_code == 413, refused.text
+        assert "The prompt is" in refused.text and "SIE_PAYLOAD_STORE_URL" in refused.text
+        assert await without_store.transport.pending(LANE.pool) == 0
 
 
 async def test_the_store_round_trips_with_a_bounded_read_on_every_backend(store_base: StoreBase) -> None:

@@ -14,9 +14,9 @@ from sie.gateway.offload import WORK_ITEM_HEADROOM_BYTES, PayloadOffload, size_b
 from sie.stores.payload_store import PayloadStore
 from sie.telemetry.gateway import StoreMetrics
 from sie.telemetry.metrics import Telemetry
-from sie.wire import packb, unpackb
+from sie.wire import packb, to_msgpack, unpackb
 from sie.wire.offload import payload_ref, restored
-from sie.wire.queue import WorkItem
+from sie.wire.queue import GenerateParams, WorkItem
 from support.prometheus import counts_by
 
 BROKER_LIMIT = 64 * 1024
@@ -88,6 +88,23 @@ async def test_a_score_request_stores_its_query_and_candidates_together(store: P
     hooks.close()
     await offload.aclose()
     assert not await store.exists("gw-3_score.bin")
+
+
+async def test_a_generations_prompt_is_its_payload(store: PayloadStore) -> None:
+    """The chat messages go through the store, the generation's settings stay in the item; read back, the item is
+    what the gateway built. Without a store the refusal names the prompt."""
+    params = GenerateParams(messages=[{"role": "user", "content": "w" * BROKER_LIMIT}], max_new_tokens=8, top_k=4)
+    item = work(0, "generate", total_items=1, generate=params)
+    hooks = Hooks()
+    (published,) = await PayloadOffload(store, lambda: BROKER_LIMIT).prepare([item], hooks)
+    assert published.payload_ref == "gw-3_0.bin"
+    assert published.generate == GenerateParams(max_new_tokens=8, top_k=4) and published.item is None
+    assert len(to_msgpack(published)) < 1024  # what the broker carries
+    assert restored(published, await store.get("gw-3_0.bin", max_bytes=1 << 20)) == item
+    with pytest.raises(PayloadTooLargeError, match="The prompt is"):
+        await PayloadOffload(None, lambda: BROKER_LIMIT).prepare([item], Hooks())
+    small = work(0, "generate", total_items=1, generate=GenerateParams(prompt="short"))
+    assert await PayloadOffload(store, lambda: BROKER_LIMIT).prepare([small], Hooks()) == [small]
 
 
 async def test_the_broker_limit_lowers_the_inline_limit(store: PayloadStore) -> None:

@@ -1,21 +1,28 @@
 """The generation stage: a scripted worker's events become chunks on the reply inbox and settlements of the delivery
 in the order the worker says (publish, flush before ACK, NAK with its delay, progress ACKs); failures NAK before the
 ACK and end the stream with an error chunk after it; `cancel.{router}.{request}` reaches a running stream and drops a
-queued one; closing gives back or ends what runs; generate work is split off after readiness."""
+queued one; closing gives back or ends what runs; generate work is split off after readiness; a prompt the gateway
+offloaded is read back from the payload store before the worker sees it, and a read that fails ends the stream."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+
+import attrs
 
 from sie.sidecar.abandonment import Abandonment, Tombstones
 from sie.sidecar.admission import Admission
 from sie.sidecar.generation import GenerateSplit, Generations
+from sie.sidecar.payloads import PayloadResolver
 from sie.sidecar.settlement import Settler
 from sie.sidecar.work import BatchLimits, ReadyModel, Work
+from sie.stores.payload_store import PayloadStore
 from sie.wire import codes
 from sie.wire.generate import FINISH_CANCELLED, FINISH_ERROR, FINISH_STOP, GenerateChunk
 from sie.wire.ipc_control import ModelDescriptor
-from sie.wire.queue import WorkItem
+from sie.wire.offload import offloaded, packed_payload, payload_key
+from sie.wire.queue import GenerateParams, WorkItem
 from support.polling import eventually
 from support.sidecar_fakes import (
     ACK,
@@ -48,28 +55,31 @@ class FakeBus:
         self.log.append(("flush",))
 
 
-def item(request_id: str = "r1", operation: str = "generate") -> WorkItem:
+def item(request_id: str = "r1", operation: str = "generate", generate: GenerateParams | None = None) -> WorkItem:
     return WorkItem(
         work_item_id=f"{request_id}.0", request_id=request_id, item_index=0, total_items=1, operation=operation,
         model_id="m", profile_id="default", pool_name="default", machine_profile="default", router_id="gw",
-        reply_subject=f"_INBOX.gw.{request_id}", timestamp=0.0,
+        reply_subject=f"_INBOX.gw.{request_id}", timestamp=0.0, generate=generate,
     )  # fmt: skip
 
 
 class Stage:
     """The generation stage over real settlement, admission and abandonment, a recording bus and deliveries."""
 
-    def __init__(self, script) -> None:
+    def __init__(self, script, store: PayloadStore | None = None) -> None:
         self.log: list = []
         self.bus = FakeBus(self.log)
         self.admission = Admission(100)
         self.abandonment = Abandonment(Tombstones(60.0))
         self.settler = Settler(self.bus, self.admission, self.abandonment)
         self.worker = ScriptedGenerateWorker(script)
-        self.generations = Generations(self.worker, self.settler, self.abandonment, "worker-test", NAK_DELAY_S)
+        payloads = PayloadResolver(store, self.settler.live, self.settler.reply, "worker-test")
+        self.generations = Generations(
+            self.worker, self.settler, self.abandonment, "worker-test", NAK_DELAY_S, payloads
+        )
 
-    def start(self, request_id: str = "r1") -> Work:
-        work = Work(RecordingDelivery(item(request_id), self.log), 0.0)
+    def start(self, request_id: str = "r1", work_item: WorkItem | None = None) -> Work:
+        work = Work(RecordingDelivery(work_item or item(request_id), self.log), 0.0)
         admitted, _ = self.admission.admit("m", [work])
         assert admitted
         self.generations.start(work)
@@ -244,3 +254,35 @@ async def test_the_split_sends_generate_work_to_generations_and_the_rest_on() ->
     await split.put((model, [only_generate]))  # nothing left for preparation: nothing passed on
     assert len(passed) == 1
     await stage.generations.close()
+
+
+CHAT = GenerateParams(messages=[{"role": "user", "content": "a long question " * 50}], max_new_tokens=3, seed=7)
+
+
+async def test_an_offloaded_prompt_is_read_back_before_the_worker_generates(tmp_path: Path) -> None:
+    store = PayloadStore(str(tmp_path / "payloads"))
+    original = item("r1", generate=CHAT)
+    await store.put(payload_key(original), packed_payload(original))
+    sent = offloaded(original, payload_key(original))
+    assert sent.payload_ref == "r1_0.bin" and sent.generate == attrs.evolve(CHAT, messages=None)
+    stage = Stage(lambda item, call: [Publish("ok", done=True, finish_reason=FINISH_STOP), DONE], store)
+    stage.start(work_item=sent)
+    await stage.ended()
+    (generated,) = stage.worker.calls
+    assert generated.generate == CHAT and generated.payload_ref is None  # prompt and settings whole again
+    assert stage.texts() == ["ok"] and stage.log[-1] == ("ack", "r1.0")
+
+
+async def test_an_offloaded_prompt_that_cannot_be_read_ends_the_stream_and_is_acked(tmp_path: Path) -> None:
+    """Gone from the store (or no store at all): the gateway hears why at once; a retry would fail the same way."""
+    sent = offloaded(item("r1", generate=CHAT), "r1_0.bin")
+    for store, reason in ((PayloadStore(str(tmp_path / "empty")), "gone from the payload store"),
+                          (None, "no SIE_PAYLOAD_STORE_URL")):  # fmt: skip
+        stage = Stage(lambda item, call: [Publish("never"), DONE], store)
+        stage.start(work_item=sent)
+        await stage.ended()
+        assert stage.worker.calls == []
+        ((_, terminal),) = stage.bus.chunks
+        assert terminal.done and terminal.finish_reason == FINISH_ERROR and terminal.seq == 0
+        assert terminal.error_code == codes.INTERNAL_ERROR and reason in (terminal.error or "")
+        assert stage.log == [("publish", 0), ("flush",), ("flush",), ("ack", "r1.0")]

@@ -99,6 +99,10 @@ class Streamed:
         """Keep `held` entered until the stream is closed."""
         self._exits.enter_context(held)
 
+    def at_close(self, hook: Callable[[], None]) -> None:
+        """Call `hook()` once the stream is closed (the deletion of an offloaded prompt)."""
+        self._exits.callback(hook)
+
     def close(self) -> None:
         """Stop reading; if the done chunk never came, tell the worker to stop (best effort). Idempotent."""
         if self._closed:
@@ -181,6 +185,7 @@ class Dispatcher:
         started = time.perf_counter()
         try:
             streamed.hold(self.publisher.in_flight(route.lane, 1))
+            (item,) = await self.offload.prepare([item], streamed.at_close)  # a prompt too large: via the store
             # A generation under way cannot be duplicated safely: only a refused direct publish goes on the lane.
             direct = target.subject if target is not None else None
             stored = await self.publisher.publish(route.lane, route.subject, [item], direct)

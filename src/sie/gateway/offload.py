@@ -1,6 +1,7 @@
 """Payload offload on the gateway (seed 000 §16.2, contracts Part B §4.1): a work item whose encoded payload is
 over the inline limit is written to the payload store under its exact key and published with `payload_ref` (score:
-`query_payload_ref`) instead; the keys are deleted once nobody waits for the request any more.
+`query_payload_ref`) instead; the keys are deleted once nobody waits for the request any more. A generation's prompt
+(or chat messages) is its payload (`sie.wire.offload`).
 
 Without a store nothing is offloaded: an item that fits the broker's max_payload still goes inline, one that does
 not is refused with 413 PAYLOAD_TOO_LARGE naming SIE_PAYLOAD_STORE_URL. A transport without a message limit
@@ -20,7 +21,7 @@ from sie.runtime.periodic import Outage, PeriodicTask
 from sie.stores.payload_store import PayloadStore, PayloadStoreError
 from sie.telemetry.gateway import OffloadOutcome, StoreMetrics
 from sie.wire.offload import inline_payload, offloaded, packed_payload, payload_key
-from sie.wire.queue import OPERATION_SCORE, WorkItem
+from sie.wire.queue import OPERATION_GENERATE, OPERATION_SCORE, WorkItem
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,11 @@ def size_bound(value: Any) -> int:
 
 
 def _what(item: WorkItem) -> str:
-    return "The score request's query and items" if item.operation == OPERATION_SCORE else f"Item {item.item_index}"
+    if item.operation == OPERATION_SCORE:
+        return "The score request's query and items"
+    if item.operation == OPERATION_GENERATE:
+        return "The prompt"
+    return f"Item {item.item_index}"
 
 
 class PayloadOffload:

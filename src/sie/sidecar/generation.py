@@ -6,7 +6,9 @@ progress-ACKing it), `nak` gives it back after the event's delay, `in_progress` 
 ACKs what is not settled yet. The work keeps its admission slot until its stream ends, so drain waits for it.
 
 Failures: before the ACK the delivery is NAKed (redelivered as a new attempt); after it nobody will retry, so the
-gateway gets one terminal chunk (`finish_reason: "error"`, INFERENCE_ERROR) after the last one it saw.
+gateway gets one terminal chunk (`finish_reason: "error"`, INFERENCE_ERROR) after the last one it saw. A prompt the
+gateway offloaded (too large for a broker message) is read back from the payload store first (`PayloadResolver`); a
+read that fails ends the stream with a terminal chunk naming why, and ACKs it (another attempt would fail the same way).
 `cancel.{router_id}.{request_id}` tombstones the request (a generation still queued here is ACK-dropped by
 `Settler.live` before it reaches the worker) and is forwarded through SignalGenerateCancel to a stream running here.
 Leaving the sidecar stops every stream: one not yet ACKed is given back (NAK, no delay), one ACKed is cancelled on
@@ -25,10 +27,11 @@ import attrs
 
 from sie.ipc.client import WorkerClient, close_events
 from sie.sidecar.abandonment import Abandonment
+from sie.sidecar.payloads import PayloadResolver
 from sie.sidecar.settlement import Settler, is_safe_reply_subject
 from sie.sidecar.work import Outbox, ReadyGroup, Work
 from sie.wire import from_msgpack, to_msgpack
-from sie.wire.codes import INFERENCE_ERROR
+from sie.wire.codes import INFERENCE_ERROR, INTERNAL_ERROR
 from sie.wire.generate import (
     EVENT_ACK,
     EVENT_DONE,
@@ -41,6 +44,7 @@ from sie.wire.generate import (
     ProcessGenerateRequest,
 )
 from sie.wire.ipc_control import SignalGenerateCancelRequest
+from sie.wire.offload import payload_ref
 from sie.wire.queue import OPERATION_GENERATE
 
 logger = logging.getLogger(__name__)
@@ -74,21 +78,23 @@ class _Stream:
 
 class Generations:
     """The generation stage: `start(work)` runs one stream; `on_cancel` hears `cancel.>`; `close()` stops them all.
-    `calls` counts ProcessGenerate calls."""
+    `calls` counts ProcessGenerate calls; `payloads` reads offloaded prompts back."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the stage's collaborators
         self,
         worker: WorkerClient,
         settler: Settler,
         abandonment: Abandonment,
         worker_id: str,
         nak_delay_s: float,
+        payloads: PayloadResolver | None = None,
     ) -> None:
         self._worker = worker
         self._settler = settler
         self._abandonment = abandonment
         self._worker_id = worker_id
         self._nak_delay_s = nak_delay_s
+        self._payloads = payloads
         self._streams: dict[_Stream, asyncio.Task[None]] = {}
         self.calls = 0
 
@@ -129,7 +135,7 @@ class Generations:
         stream.begun = True
         work = stream.work
         try:
-            if await self._settler.live([work]):
+            if await self._settler.live([work]) and await self._inline_prompt(stream):
                 await self._stream(stream)
         except asyncio.CancelledError:
             await self._stop(stream)
@@ -139,6 +145,22 @@ class Generations:
             await self._fail(stream)
         finally:
             self._settler.release([work])
+
+    async def _inline_prompt(self, stream: _Stream) -> bool:
+        """Whether the work's prompt is in its item: it was, or it is now, read back from the payload store. When
+        the read fails the stream is ended (a terminal chunk naming why, then the ACK) and False returned."""
+        if payload_ref(stream.work.item) is None:
+            return True
+        if self._payloads is None:
+            failure = (INTERNAL_ERROR, "The prompt was offloaded, but this sidecar reads no payload store")
+        else:
+            failure = await self._payloads.inline(stream.work)
+        if failure is None:
+            return True
+        code, message = failure
+        await self._terminate(stream, message, code)
+        await self._ack(stream)
+        return False
 
     async def _stream(self, stream: _Stream) -> None:
         work = stream.work
@@ -216,8 +238,8 @@ class Generations:
         elif stream.acked:
             await self._terminate(stream, STOPPED_MESSAGE)
 
-    async def _terminate(self, stream: _Stream, message: str) -> None:
-        """Publish the terminal error chunk after the last chunk of this attempt, then flush."""
+    async def _terminate(self, stream: _Stream, message: str, code: str = INFERENCE_ERROR) -> None:
+        """Publish the terminal error chunk (`code`) after the last chunk of this attempt, then flush."""
         item = stream.work.item
         last = stream.last
         chunk = GenerateChunk(
@@ -230,7 +252,7 @@ class Generations:
             done=True,
             finish_reason=FINISH_ERROR,
             error=message,
-            error_code=INFERENCE_ERROR,
+            error_code=code,
             worker_id=self._worker_id,
         )
         try:

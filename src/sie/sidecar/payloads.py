@@ -57,44 +57,47 @@ class PayloadResolver:
         offloaded = [work for work in works if payload_ref(work.item) is not None]
         if not offloaded:
             return works
-        failures = await asyncio.gather(*(self._fetch(work) for work in offloaded))
-        failed = [(work, failure) for work, failure in zip(offloaded, failures, strict=True) if failure is not None]
+        failures = await asyncio.gather(*(self.inline(work) for work in offloaded))
+        failed = [
+            (work, error_result(work.item, *failure, self._worker_id))
+            for work, failure in zip(offloaded, failures, strict=True)
+            if failure is not None
+        ]
         if failed:
             await self._reply(failed)
             answered = {id(work) for work, _ in failed}
             works = [work for work in works if id(work) not in answered]
         return await self._live(works)  # a cancel may have come while the payloads were read
 
-    async def _fetch(self, work: Work) -> WorkResult | None:
-        """Inline the work's payload; the error result to answer it with when that fails."""
+    async def inline(self, work: Work) -> tuple[str, str] | None:
+        """Put the work's offloaded payload back into its item; the error code and message to answer it with when
+        that fails."""
         item = work.item
         key = payload_ref(item) or ""
         if self._store is None:
             reason = f"the item's payload was offloaded, but this worker has no {STORE_SETTING}"
-            return self._failure(work, FetchOutcome.NO_STORE, codes.INTERNAL_ERROR, reason)
+            return self._failure(FetchOutcome.NO_STORE, codes.INTERNAL_ERROR, reason)
         try:
             data = await self._store.get(key, self._max_bytes)
             work.item = restored(item, data)
         except PayloadOverLimitError:
-            return self._failure(work, FetchOutcome.OVER_LIMIT, codes.PAYLOAD_TOO_LARGE,
+            return self._failure(FetchOutcome.OVER_LIMIT, codes.PAYLOAD_TOO_LARGE,
                                  f"the offloaded payload is over the {self._max_bytes}-byte fetch limit")  # fmt: skip
         except PayloadNotFoundError:
-            return self._failure(work, FetchOutcome.MISSING, codes.INTERNAL_ERROR,
+            return self._failure(FetchOutcome.MISSING, codes.INTERNAL_ERROR,
                                  "the offloaded payload is gone from the payload store")  # fmt: skip
         except PayloadStoreError as exc:
             logger.warning("fetching the payload of %s failed: %s", item.work_item_id, exc)
-            return self._failure(work, FetchOutcome.STORE_ERROR, codes.INTERNAL_ERROR,
-                                 "the payload store could not be read")  # fmt: skip
+            return self._failure(FetchOutcome.STORE_ERROR, codes.INTERNAL_ERROR, "the payload store could not be read")
         except DecodeError as exc:
             logger.warning("the payload of %s is malformed: %s", item.work_item_id, exc)
-            return self._failure(work, FetchOutcome.MALFORMED, codes.INTERNAL_ERROR,
-                                 "the offloaded payload is malformed")  # fmt: skip
+            return self._failure(FetchOutcome.MALFORMED, codes.INTERNAL_ERROR, "the offloaded payload is malformed")
         self.fetched += 1
         if self._metrics is not None:
             self._metrics.payload_fetch(FetchOutcome.FETCHED)
         return None
 
-    def _failure(self, work: Work, outcome: FetchOutcome, code: str, message: str) -> WorkResult:
+    def _failure(self, outcome: FetchOutcome, code: str, message: str) -> tuple[str, str]:
         if self._metrics is not None:
             self._metrics.payload_fetch(outcome)
-        return error_result(work.item, code, message[:1].upper() + message[1:], self._worker_id)
+        return code, message[:1].upper() + message[1:]

@@ -196,12 +196,12 @@ def build_pipeline(
     if local is not None:  # work sent to this worker itself: no logical pool's gate applies
         local_consumer = Consumer(local, admission, settler, worker_hash, admitted, attrs.evolve(options, pools=None))
     readiness_options = ReadinessOptions.from_settings(stream, config.sidecar, config.worker_id)
-    generations = Generations(worker, settler, abandonment, config.worker_id, stream.nak_delay_s)
-    readiness = Readiness(worker, settler, models, GenerateSplit(generations, ready), readiness_options)
     payloads = PayloadResolver(
         config.payload_store, settler.live, settler.reply, config.worker_id, config.payload_fetch_max_bytes,
         config.metrics,
     )  # fmt: skip
+    generations = Generations(worker, settler, abandonment, config.worker_id, stream.nak_delay_s, payloads)
+    readiness = Readiness(worker, settler, models, GenerateSplit(generations, ready), readiness_options)
 
     async def preparation_failed(works: list[Work]) -> None:
         await settler.reply([(work, preparation_failed_result(work.item, config.worker_id)) for work in works])
