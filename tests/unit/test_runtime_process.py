@@ -13,6 +13,7 @@ import pytest
 import uvloop
 
 from sie.runtime import event_loop_factory, freeze_startup_heap, run_event_loop
+from sie.runtime.process import YOUNG_GC_THRESHOLD
 from sie.settings import SettingsError, load_settings
 
 
@@ -52,8 +53,10 @@ class Node:
 
 @pytest.fixture()
 def unfrozen() -> Iterator[None]:
+    thresholds = gc.get_threshold()
     yield
     gc.unfreeze()
+    gc.set_threshold(*thresholds)
 
 
 def tracked(obj: object) -> bool:
@@ -66,6 +69,7 @@ def test_startup_objects_are_frozen_and_later_cycles_are_still_collected(unfroze
     freeze_startup_heap()
     assert gc.get_freeze_count() > 0
     assert not tracked(startup)  # in the permanent generation: no collection scans it again
+    assert gc.get_threshold()[0] == YOUNG_GC_THRESHOLD
 
     later = Node()
     alive = weakref.ref(later)
