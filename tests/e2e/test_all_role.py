@@ -32,6 +32,7 @@ def test_curl_encode_returns_the_384_dim_vector(all_server: str) -> None:
     assert np.allclose(dense["values"][:4], HELLO_WORLD_PREFIX, atol=1e-5)
     for header in ("x-sie-request-id", "x-inference-time", "x-queue-time", "x-sie-server-version"):
         assert header in response.headers
+    assert response.headers["x-sie-units-input-tokens"] == "4"  # [CLS] hello world [SEP]
 
 
 def test_our_client_encode_score_extract(all_server: str) -> None:
@@ -56,6 +57,7 @@ def test_public_sdk_works_unchanged(all_server: str, public_sdk) -> None:
     try:
         result = client.encode(MINILM, {"text": "Hello world"})
         assert np.allclose(np.asarray(result["dense"])[:4], HELLO_WORLD_PREFIX, atol=1e-5)
+        assert result["request"]["usage"] == {"input_tokens": 4}  # metered: [CLS] hello world [SEP]
         sparse = client.encode("rasyosef/splade-tiny", {"text": "capital of France"}, output_types=["sparse"])
         assert len(sparse["sparse"]["indices"]) == len(sparse["sparse"]["values"]) > 5
         scored = client.score(MINILM, {"text": "a cat"}, [{"text": "stocks fell"}, {"text": "a kitten"}])

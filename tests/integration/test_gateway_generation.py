@@ -156,6 +156,8 @@ async def test_native_buffered_has_the_sdk_generate_result_shape(gw: Gateway) ->
     }  # fmt: skip
     assert response.headers["x-sie-request-id"] and response.headers["x-sie-worker"] == "w-1"
     assert "x-total-time" in response.headers and "x-sie-version" in response.headers
+    # metered as the public SDK reads it: the prompt's tokens in, the completion's out
+    assert (response.headers["x-sie-units-input-tokens"], response.headers["x-sie-units-output-tokens"]) == ("5", "2")
     (item,) = gw.worker.items
     assert (item.operation, item.item_index, item.total_items, item.model_id) == ("generate", 0, 1, SMOL)
     assert (item.generate.prompt, item.generate.max_new_tokens, item.generate.seed) == ("Once upon", 8, 7)

@@ -13,6 +13,7 @@ import numpy as np
 
 from sie.client.errors import IncompleteBatchError, RequestError
 from sie.wire import DecodeError, loads_json, unpackb
+from sie.wire.http import UNIT_HEADERS
 
 # JSON carries numbers without a dtype; the entry's `dtype` field names it (binary values are packed bytes).
 _JSON_DTYPES: Mapping[str, Any] = {
@@ -25,17 +26,8 @@ _JSON_DTYPES: Mapping[str, Any] = {
     "ubinary": np.uint8,
 }
 _EXTRACT_LISTS = ("entities", "relations", "classifications", "objects")
-# The gateway's id for the request (the one its logs and traces carry), and the units it metered, each a header.
+# The gateway's id for the request (the one its logs and traces carry); the units it metered are `UNIT_HEADERS`.
 REQUEST_ID_HEADER = "x-sie-request-id"
-USAGE_HEADERS: Mapping[str, str] = {
-    "input_tokens": "x-sie-units-input-tokens",
-    "pairs": "x-sie-units-pairs",
-    "content_input_tokens": "x-sie-units-content-input-tokens",
-    "images": "x-sie-units-images",
-    "pages": "x-sie-units-pages",
-    "output_tokens": "x-sie-units-output-tokens",
-    "audio_ms": "x-sie-units-audio-ms",
-}
 _MAX_REQUEST_ID_LENGTH = 256
 _MAX_METER = (1 << 64) - 1
 
@@ -63,7 +55,7 @@ def attach_request_metadata(results: Any, headers: Mapping[str, str]) -> None:
     request_id = headers.get(REQUEST_ID_HEADER)
     if request_id and _is_request_id(request_id):
         metadata["id"] = request_id
-    usage = {name: int(value) for name, header in USAGE_HEADERS.items() if _is_meter(value := headers.get(header))}
+    usage = {name: int(value) for name, header in UNIT_HEADERS.items() if _is_meter(value := headers.get(header))}
     if usage:
         metadata["usage"] = usage
     if not metadata:

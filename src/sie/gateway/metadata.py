@@ -1,15 +1,19 @@
 """What the gateway learnt about one served request on its way: the stage timings (its own publish and wait, the
-workers' queue, tokenization, inference and post-processing, the max over the items) and the model revision that
-executed it (seed 000 §2, §16.2). The HTTP surface renders it as headers; nothing here knows a header name.
+workers' queue, tokenization, inference and post-processing, the max over the items), the units the workers metered
+(summed over the items) and the model revision that executed it (seed 000 §2, §16.2). The HTTP surface renders it
+as headers; nothing here knows a header name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Final
 
 import attrs
 
-from sie.wire.queue import WorkResult
+from sie.wire.queue import UnitCounts, WorkResult
+
+UNIT_FIELDS: Final = tuple(field.name for field in attrs.fields(UnitCounts))
 
 
 @attrs.define(slots=True)
@@ -27,6 +31,7 @@ class ResponseMetadata:
     worker_id: str | None = None
     model_revision: str | None = None
     trace_id: str | None = None  # the request's trace, when tracing recorded it
+    units: UnitCounts | None = None  # what the workers metered, summed over the items; None when none did
 
 
 def model_revision(expected: str, results: Iterable[WorkResult]) -> str | None:
@@ -45,9 +50,13 @@ def model_revision(expected: str, results: Iterable[WorkResult]) -> str | None:
 def collect_metadata(
     request_id: str, results: Iterable[WorkResult], publish_ms: float, wait_ms: float
 ) -> ResponseMetadata:
-    """Gateway timings as measured, worker timings as the max over the items (one pass)."""
+    """Gateway timings as measured, worker timings as the max over the items, units their sum (one pass)."""
     meta = ResponseMetadata(request_id, publish_ms, wait_ms)
+    units: list[int] | None = None
     for result in results:
+        if result.units is not None:
+            counted = [getattr(result.units, name) for name in UNIT_FIELDS]
+            units = counted if units is None else [total + count for total, count in zip(units, counted, strict=True)]
         meta.queue_ms = max(meta.queue_ms, result.queue_ms or 0.0)
         meta.tokenization_ms = max(meta.tokenization_ms, result.tokenization_ms or 0.0)
         meta.inference_ms = max(meta.inference_ms, result.inference_ms or 0.0)
@@ -55,4 +64,6 @@ def collect_metadata(
         meta.payload_fetch_ms = max(meta.payload_fetch_ms, result.payload_fetch_ms or 0.0)
         if meta.worker_id is None:
             meta.worker_id = result.worker_id
+    if units is not None:
+        meta.units = UnitCounts(**dict(zip(UNIT_FIELDS, units, strict=True)))
     return meta

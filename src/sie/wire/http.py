@@ -16,6 +16,18 @@ from sie.wire._fields import array, non_empty, omittable
 # Raw media bytes: msgpack bin, or a base64 string in a JSON body (seed 000 §2, gateway JSON edge).
 MediaBytes = NewType("MediaBytes", bytes)
 
+# The response header of each unit a request is metered in (`sie.wire.queue.UnitCounts`' fields), which clients
+# read into a result's `request.usage`; HTTP header names are case-insensitive, these are sent lowercase.
+UNIT_HEADERS: Final = {
+    "input_tokens": "x-sie-units-input-tokens",
+    "pairs": "x-sie-units-pairs",
+    "content_input_tokens": "x-sie-units-content-input-tokens",
+    "images": "x-sie-units-images",
+    "pages": "x-sie-units-pages",
+    "output_tokens": "x-sie-units-output-tokens",
+    "audio_ms": "x-sie-units-audio-ms",
+}
+
 
 @attrs.frozen(kw_only=True)
 class ImageInput:

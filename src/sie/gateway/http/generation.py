@@ -45,6 +45,7 @@ from sie.telemetry.tracing import (
 )
 from sie.wire import dumps_json
 from sie.wire.generate import GenerateChunk, GenerationUsage
+from sie.wire.queue import UnitCounts
 
 EVENT_STREAM: Final = "text/event-stream"
 DONE_EVENT: Final = b"data: [DONE]\n\n"
@@ -64,6 +65,13 @@ class Outcome:
     ttft_ms: float | None
     tpot_ms: float | None
     worker_id: str | None = None
+
+
+def _units(usage: GenerationUsage | None) -> UnitCounts | None:
+    """A finished generation's metered units: its prompt's tokens in, its completion's out."""
+    if usage is None:
+        return None
+    return UnitCounts(input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens)
 
 
 def _usage(usage: GenerationUsage | None) -> dict[str, int]:
@@ -412,7 +420,8 @@ class GenerationHandlers:
             running.close()
         total_ms = (time.perf_counter() - started) * 1e3
         meta = ResponseMetadata(running.request_id, running.publish_ms, total_ms - running.publish_ms,
-                                worker_id=outcome.worker_id, trace_id=trace_id_of(span))  # fmt: skip
+                                worker_id=outcome.worker_id, trace_id=trace_id_of(span),
+                                units=_units(outcome.usage))  # fmt: skip
         span.end()
         headers = response_headers(meta, total_ms)
         return Response(dumps_json(shape.body(outcome)), media_type=JSON_MEDIA_TYPE, headers=headers)

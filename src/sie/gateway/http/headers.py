@@ -1,6 +1,7 @@
-"""Response headers in one place: the header names, the version headers (the SIE wire level) on every answer, and
-a served request's stage timings rendered as `x-*-time` headers (TEI ResponseMetadata; seed 000 §16.2, contracts
-Part B §1.8).
+"""Response headers in one place: the header names, the version headers (the SIE wire level) on every answer, a
+served request's stage timings rendered as `x-*-time` headers (TEI ResponseMetadata; seed 000 §16.2, contracts
+Part B §1.8), and the units it was metered in as `x-sie-units-*` (what the public SDK reads into a result's
+`request.usage`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import importlib.metadata
 from typing import Final
 
 from sie.gateway.metadata import ResponseMetadata
+from sie.wire.http import UNIT_HEADERS
 
 
 def _version() -> str:
@@ -33,7 +35,7 @@ VERSION_HEADERS: Final = {"x-sie-version": SIE_WIRE_LEVEL, "x-sie-server-version
 
 
 def response_headers(meta: ResponseMetadata, total_ms: float) -> dict[str, str]:
-    """Version, request id and timing headers (ms, two decimals); optional stages only when they ran."""
+    """Version, request id, timing (ms, two decimals) and unit headers; optional stages only when they ran."""
     headers = {
         **VERSION_HEADERS,
         REQUEST_ID: meta.request_id,
@@ -54,4 +56,9 @@ def response_headers(meta: ResponseMetadata, total_ms: float) -> dict[str, str]:
         headers[MODEL_REVISION] = meta.model_revision
     if meta.trace_id:
         headers[TRACE_ID] = meta.trace_id
+    if meta.units is not None:  # each unit sent when not 0; the input tokens whenever a worker metered the request
+        for name, header in UNIT_HEADERS.items():
+            value = getattr(meta.units, name)
+            if value or name == "input_tokens":
+                headers[header] = str(value)
     return headers
