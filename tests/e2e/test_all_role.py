@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import platform
 import sys
 from pathlib import Path
 
@@ -255,6 +256,35 @@ def test_uvicorn_serves_the_same_api_and_stops_cleanly(tmp_path: Path) -> None:
         response = httpx.post(f"http://127.0.0.1:{port}/v1/encode/{MINILM}", json={"items": []}, timeout=30)
         assert response.status_code == 400 and response.headers["server"] == "uvicorn"
         assert response.json()["detail"]["code"] == "INVALID_INPUT"
+    finally:
+        code = server.stop()
+    assert code == 0, server.log()
+
+
+@pytest.mark.parametrize(
+    ("env", "present", "absent"),
+    [
+        ({}, ["glibc.malloc.hugetlb=1"], []),
+        ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}, ["glibc.malloc.arena_max=4", "glibc.malloc.hugetlb=1"], []),
+        ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, ["glibc.malloc.hugetlb=0"], ["hugetlb=1"]),  # the operator's
+        ({"SIE_MALLOC_HUGE_PAGES": "false"}, [], ["hugetlb"]),
+    ],
+    ids=["default", "other-tunables", "operator-choice", "off"],
+)
+def test_sie_run_re_executes_itself_with_malloc_huge_pages(
+    tmp_path: Path, env: dict, present: list[str], absent: list[str]
+) -> None:
+    """SIE_MALLOC_HUGE_PAGES: the same process (its id kept) serves with the tunables glibc read at its start. The
+    environment is read from /proc as the process started, raw: glibc splits GLIBC_TUNABLES there as it parses it."""
+    if not Path("/proc/self/environ").exists() or platform.libc_ver()[0] != "glibc":
+        pytest.skip("reads a glibc process's start-up environment from /proc")
+    port = free_port()
+    server = RoleProcess("all", ["--host", "127.0.0.1", "--port", str(port)], env, tmp_path / "server.log")
+    try:
+        server.wait_http_ready(f"http://127.0.0.1:{port}/readyz")
+        started_with = Path(f"/proc/{server.pid}/environ").read_bytes().decode(errors="replace")
+        assert all(tunable in started_with for tunable in present), started_with
+        assert not any(tunable in started_with for tunable in absent), started_with
     finally:
         code = server.stop()
     assert code == 0, server.log()

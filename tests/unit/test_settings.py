@@ -20,6 +20,7 @@ from sie.settings import (
     describe_settings,
     flag_paths,
     format_settings_error,
+    huge_pages_environment,
     ignored_variables,
     ignored_variables_note,
     load_role_settings,
@@ -431,3 +432,18 @@ def test_flags_map_to_setting_paths() -> None:
     }
     with pytest.raises(SettingsError, match="needs a value"):
         parse_flags(["--port"], "all")
+
+
+def test_the_huge_pages_environment_adds_the_tunable_once_and_only_on_glibc() -> None:
+    """What `sie run` re-executes itself in: GLIBC_TUNABLES with malloc's huge-page tunable added to the operator's
+    own tunables; nothing to do on another C library, or where a `glibc.malloc.hugetlb` value is set already (the
+    re-executed process itself, or an operator's choice, kept)."""
+    assert huge_pages_environment("glibc", {"PATH": "/bin"}) == {
+        "PATH": "/bin",
+        "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1",
+    }
+    merged = huge_pages_environment("glibc", {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+    assert merged == {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"}
+    assert huge_pages_environment("glibc", merged) is None
+    assert huge_pages_environment("glibc", {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) is None
+    assert huge_pages_environment("", {}) is None  # musl, macOS: no glibc to tune

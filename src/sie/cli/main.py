@@ -81,7 +81,7 @@ def _root(
 
 
 def main() -> None:
-    app()
+    app(obj=run.COMMAND_PROCESS)
 
 
 if __name__ == "__main__":

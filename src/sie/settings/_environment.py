@@ -1,12 +1,13 @@
 """The environment of a child `sie run --role ROLE` that must run with this process's settings: the flags this
 process was given reach the child as the variables they stand for, so the child needs no command line of its own.
+And the environment `sie run` re-executes itself in for malloc's huge pages (SIE_MALLOC_HUGE_PAGES).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -44,3 +45,21 @@ def child_environment(
     if given:
         raise SettingsError([f"unknown setting {path!r} in a child's overrides" for path in sorted(given)])
     return child
+
+
+# The glibc tunable that makes malloc advise transparent huge pages for what it maps (glibc 2.35+; older ones ignore
+# it), and the environment variable glibc reads tunables from, once, as a process starts.
+HUGE_PAGES_TUNABLE: Final = "glibc.malloc.hugetlb=1"
+TUNABLES_VARIABLE: Final = "GLIBC_TUNABLES"
+
+
+def huge_pages_environment(libc: str, environ: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """The environment (default: this process's) to re-execute in so that malloc uses huge pages: GLIBC_TUNABLES
+    with HUGE_PAGES_TUNABLE added to what it holds. None when there is nothing to do: the C library is not glibc
+    (`libc`, as `platform.libc_ver` names it), or a `glibc.malloc.hugetlb` value is set already (the re-executed
+    process itself, or the operator's own choice, which is kept)."""
+    environ = os.environ if environ is None else environ
+    tunables = environ.get(TUNABLES_VARIABLE, "")
+    if libc != "glibc" or "glibc.malloc.hugetlb=" in tunables:
+        return None
+    return {**environ, TUNABLES_VARIABLE: f"{tunables}:{HUGE_PAGES_TUNABLE}" if tunables else HUGE_PAGES_TUNABLE}
