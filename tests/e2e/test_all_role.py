@@ -264,17 +264,21 @@ def test_uvicorn_serves_the_same_api_and_stops_cleanly(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("env", "present", "absent"),
     [
-        ({}, ["glibc.malloc.hugetlb=1"], []),
-        ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}, ["glibc.malloc.arena_max=4", "glibc.malloc.hugetlb=1"], []),
-        ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, ["glibc.malloc.hugetlb=0"], ["hugetlb=1"]),  # the operator's
-        ({"SIE_MALLOC_HUGE_PAGES": "false"}, [], ["hugetlb"]),
+        ({"SIE_MALLOC_HUGE_PAGES": "on"}, ["glibc.malloc.hugetlb=1"], []),
+        (
+            {"SIE_MALLOC_HUGE_PAGES": "on", "GLIBC_TUNABLES": "glibc.malloc.arena_max=4"},
+            ["glibc.malloc.arena_max=4", "glibc.malloc.hugetlb=1"],
+            [],
+        ),
+        ({"SIE_MALLOC_HUGE_PAGES": "on", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, ["hugetlb=0"], ["hugetlb=1"]),
+        ({}, [], ["hugetlb"]),  # `auto`: huge pages in the worker role only
     ],
-    ids=["default", "other-tunables", "operator-choice", "off"],
+    ids=["on", "other-tunables", "operator-choice", "default-off-in-all"],
 )
 def test_sie_run_re_executes_itself_with_malloc_huge_pages(
     tmp_path: Path, env: dict, present: list[str], absent: list[str]
 ) -> None:
-    """SIE_MALLOC_HUGE_PAGES: the same process (its id kept) serves with the tunables glibc read at its start. The
+    """SIE_MALLOC_HUGE_PAGES=on: the same process (its id kept) serves with the tunables glibc read at its start. The
     environment is read from /proc as the process started, raw: glibc splits GLIBC_TUNABLES there as it parses it."""
     if not Path("/proc/self/environ").exists() or platform.libc_ver()[0] != "glibc":
         pytest.skip("reads a glibc process's start-up environment from /proc")

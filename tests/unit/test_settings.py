@@ -29,6 +29,7 @@ from sie.settings import (
     render_settings_markdown,
     setting_paths,
     unrecognised_variables,
+    wants_huge_pages,
 )
 from sie.settings._spec import ROLES
 
@@ -447,3 +448,10 @@ def test_the_huge_pages_environment_adds_the_tunable_once_and_only_on_glibc() ->
     assert huge_pages_environment("glibc", merged) is None
     assert huge_pages_environment("glibc", {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) is None
     assert huge_pages_environment("", {}) is None  # musl, macOS: no glibc to tune
+
+
+def test_huge_pages_are_asked_for_by_the_worker_role_unless_told_otherwise() -> None:
+    """`auto` (the default): the worker role only (it runs models and serves no HTTP); `on` and `off` for every role."""
+    assert load_settings({}).process.malloc_huge_pages == "auto"
+    assert [role for role in ROLES if wants_huge_pages("auto", role)] == ["worker"]
+    assert all(wants_huge_pages("on", role) and not wants_huge_pages("off", role) for role in ROLES)

@@ -3,8 +3,9 @@
 The role's flags win over its environment variables (docs/settings.md lists both, with the roles that read
 each); boolean flags take `--flag` / `--flag=false`. A flag the role does not read is refused with exit
 status 2, and so is an `SIE_*` variable that is no setting (a typo); `SIE_*` variables of other roles are ignored and
-named in one start-up log line. With SIE_MALLOC_HUGE_PAGES (the default) on glibc, the command re-executes itself
-once, before any role starts, with malloc's huge-page tunable in GLIBC_TUNABLES (glibc reads it only at start).
+named in one start-up log line. Where SIE_MALLOC_HUGE_PAGES asks for huge pages (by default, the worker role) on
+glibc, the command re-executes itself once, before the role starts, with malloc's huge-page tunable in GLIBC_TUNABLES
+(glibc reads it only at start).
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ import typer
 from sie.cli.checks import EnvironmentProblem, check_onnxruntime_builds
 from sie.cli.run_help import render_run_help
 from sie.roles import run_role
-from sie.settings import ROLES, SettingsError, huge_pages_environment, load_role_settings, requested_role
+from sie.settings import (
+    ROLES,
+    SettingsError,
+    huge_pages_environment,
+    load_role_settings,
+    requested_role,
+    wants_huge_pages,
+)
 
 RUN_HELP = (
     "Run one SIE role: "
@@ -44,7 +52,7 @@ def run(ctx: typer.Context) -> None:
     except (EnvironmentProblem, SettingsError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    if settings.process.malloc_huge_pages and ctx.obj == COMMAND_PROCESS:
+    if wants_huge_pages(settings.process.malloc_huge_pages, settings.process.role) and ctx.obj == COMMAND_PROCESS:
         environment = huge_pages_environment(platform.libc_ver()[0])
         if environment is not None:  # the same command line, the same process id, the tunable read at its start
             sys.stdout.flush()

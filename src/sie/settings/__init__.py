@@ -11,7 +11,7 @@ from sie.settings._docs import (
     describe_settings,
     render_settings_markdown,
 )
-from sie.settings._environment import child_environment, huge_pages_environment
+from sie.settings._environment import child_environment, huge_pages_environment, wants_huge_pages
 from sie.settings._load import (
     Settings,
     SettingsError,
@@ -65,6 +65,7 @@ __all__ = [
     "WorkerSettings",
     "child_environment",
     "huge_pages_environment",
+    "wants_huge_pages",
     "describe_groups",
     "describe_settings",
     "format_settings_error",

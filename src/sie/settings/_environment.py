@@ -53,6 +53,15 @@ HUGE_PAGES_TUNABLE: Final = "glibc.malloc.hugetlb=1"
 TUNABLES_VARIABLE: Final = "GLIBC_TUNABLES"
 
 
+# The roles SIE_MALLOC_HUGE_PAGES=auto turns huge pages on for: the one that only runs models.
+HUGE_PAGES_ROLES: Final = ("worker",)
+
+
+def wants_huge_pages(setting: str, role: str) -> bool:
+    """Whether a process of `role` asks malloc for huge pages under SIE_MALLOC_HUGE_PAGES `setting`."""
+    return setting == "on" or (setting == "auto" and role in HUGE_PAGES_ROLES)
+
+
 def huge_pages_environment(libc: str, environ: Mapping[str, str] | None = None) -> dict[str, str] | None:
     """The environment (default: this process's) to re-execute in so that malloc uses huge pages: GLIBC_TUNABLES
     with HUGE_PAGES_TUNABLE added to what it holds. None when there is nothing to do: the C library is not glibc

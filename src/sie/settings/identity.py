@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from sie.settings._parsers import boolean, choice, name_token, seconds, text
+from sie.settings._parsers import choice, name_token, seconds, text
 from sie.settings._spec import ROLES, Env, setting
 
 
@@ -79,23 +79,25 @@ class ProcessSettings:
         ),
         "auto",
     )
-    malloc_huge_pages: bool = setting(
+    malloc_huge_pages: str = setting(
         Env(
             "SIE_MALLOC_HUGE_PAGES",
-            boolean(),
-            "On Linux with glibc: let malloc back its large blocks with transparent huge pages "
+            choice("auto", "on", "off"),
+            "On Linux with glibc: whether malloc backs its large blocks with transparent huge pages "
             "(`glibc.malloc.hugetlb=1`, added to GLIBC_TUNABLES by re-executing `sie run` once as it starts; "
-            "worker processes it spawns inherit it). onnxruntime allocates a run's activations as one block, which "
-            "glibc maps and unmaps at every run: in 4 KiB pages that is tens of thousands of page faults a batch "
-            "(an 8-layer decoder embedder at 32 x 128 tokens: 28,000 faults and 3 % of its run; 81 faults with "
-            "huge pages). Measured with scripts/bench/memory.py (20 MB bodies): those requests 3-30 % faster and "
-            "the peak 50-130 MiB lower, for 17-42 MiB more held after them (2 MiB pages give back less finely). "
-            "Needs the kernel's transparent huge pages in `madvise` or `always` mode; otherwise, or off, malloc "
-            "runs as it would. An operator's own `glibc.malloc.hugetlb` in GLIBC_TUNABLES is kept.",
+            "worker processes it spawns inherit it). `auto`: in the `worker` role only. onnxruntime allocates a "
+            "run's activations as one block, which glibc maps and unmaps at every run: in 4 KiB pages that is tens "
+            "of thousands of page faults a batch (an 8-layer decoder embedder at 32 x 128 tokens: 28,000 faults and "
+            "3 % of its run; 81 with huge pages). `on` in `--role all`, measured with scripts/bench/memory.py (20 MB "
+            "bodies): those requests 3-30 % faster and the peak 50-130 MiB lower, for 17-42 MiB more held after "
+            "them (2 MiB pages give back less finely). Not the default there: with the kernel's THP defrag in "
+            "`madvise` mode a page fault may wait for memory compaction, a pause the HTTP side of the process would "
+            "see. Needs transparent huge pages in `madvise` or `always` mode; otherwise, or off, malloc runs as it "
+            "would. An operator's own `glibc.malloc.hugetlb` in GLIBC_TUNABLES is kept.",
             roles=ROLES,
             read_by=("sie.cli.run",),
         ),
-        True,
+        "auto",
     )
     http_server: str = setting(
         Env(
