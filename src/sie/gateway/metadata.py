@@ -52,11 +52,10 @@ def collect_metadata(
 ) -> ResponseMetadata:
     """Gateway timings as measured, worker timings as the max over the items, units their sum (one pass)."""
     meta = ResponseMetadata(request_id, publish_ms, wait_ms)
-    units: list[int] | None = None
+    metered: list[UnitCounts] = []
     for result in results:
         if result.units is not None:
-            counted = [getattr(result.units, name) for name in UNIT_FIELDS]
-            units = counted if units is None else [total + count for total, count in zip(units, counted, strict=True)]
+            metered.append(result.units)
         meta.queue_ms = max(meta.queue_ms, result.queue_ms or 0.0)
         meta.tokenization_ms = max(meta.tokenization_ms, result.tokenization_ms or 0.0)
         meta.inference_ms = max(meta.inference_ms, result.inference_ms or 0.0)
@@ -64,6 +63,8 @@ def collect_metadata(
         meta.payload_fetch_ms = max(meta.payload_fetch_ms, result.payload_fetch_ms or 0.0)
         if meta.worker_id is None:
             meta.worker_id = result.worker_id
-    if units is not None:
-        meta.units = UnitCounts(**dict(zip(UNIT_FIELDS, units, strict=True)))
+    if len(metered) == 1:
+        meta.units = metered[0]
+    elif metered:
+        meta.units = UnitCounts(**{name: sum(getattr(units, name) for units in metered) for name in UNIT_FIELDS})
     return meta

@@ -64,9 +64,12 @@ class MultivectorAdapter(TextEncoderAdapter):
         token_width = width or self.model.tasks.encode.get("multivector")
         # Checked here when the token width is known, else at the first use; its random structures are drawn then.
         self._muvera = Muvera(int(token_width), self._muvera_config) if token_width else None
-        heads = {PROJECTION: self._late.projection} if self._late.projection else None
+        # On a GPU the projection runs beside the model; without one, the states are the vectors (`session.run`).
+        projection = {PROJECTION: self._late.projection}
         self._device = (
-            device_pooling_for(self.session, self._token_states, context.device_graphs, heads) if heads else None
+            device_pooling_for(self.session, self._token_states, context.device_graphs, projection)
+            if self._late.projection
+            else None
         )
 
     def supported_outputs(self, options: Mapping[str, Any]) -> tuple[str, ...]:
