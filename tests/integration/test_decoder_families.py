@@ -71,7 +71,7 @@ def test_the_generation_graph_equals_transformers(checkpoint, tmp_path: Path) ->
     assert runs == 5
     reference = family_config(family)
     head_dim = getattr(reference, "head_dim", None) or reference.hidden_size // reference.num_attention_heads
-    model_type = {"gemma3": "gemma3_text", "hunyuan": "hunyuan_v1_dense"}.get(family, family)
+    model_type = {"gemma3": "gemma3_text", "hunyuan": "hunyuan_v1_dense", "qwen3_5": "qwen3_5_text"}.get(family, family)
     assert (config["model_type"], config["sie_graph"], config["head_dim"]) == (model_type, "generate", head_dim)
 
 
@@ -140,6 +140,55 @@ async def test_a_gemma3_with_a_vision_tower_generates_as_transformers(
         assert await generate_all(loaded.adapter, [request]) == [expected]
     finally:
         loaded.close()
+
+
+async def test_a_qwen3_5_with_a_vision_tower_converts_and_generates_as_its_language_model(
+    model_loader: ModelLoader, tmp_path: Path
+) -> None:
+    """Qwen3.5-4B's class (Qwen3_5ForConditionalGeneration: config `qwen3_5` with a `text_config`, the language model
+    under `model.language_model.`, the vision tower beside it): its language model converts, the tower is never
+    read, and greedy text through the model loader equals transformers' whole model on text."""
+    import torch
+    import transformers
+
+    from support.decoder_checkpoints import qwen3_5_config
+
+    vision = transformers.Qwen3_5VisionConfig(
+        depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=14,
+        num_position_embeddings=16,
+    )  # fmt: skip
+    config = transformers.Qwen3_5Config(text_config=qwen3_5_config().to_dict(), vision_config=vision.to_dict())
+    torch.manual_seed(5)
+    model = transformers.Qwen3_5ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.2)
+    model.save_pretrained(tmp_path / "model")
+    write_tokenizer(tmp_path / "model")
+    converted = convert_decoder_checkpoint(tmp_path / "model", tmp_path / "decoder")
+    saved = json.loads((converted.directory / "config.json").read_text())
+    assert (saved["model_type"], saved["linear_attention_layers"]) == ("qwen3_5_text", [0, 2])
+    prompts = [[5, 9, 11, 4, 30], [7, 8]]
+    for seen, logits in run_generation_graph(session(converted.graph), CacheShape.from_config(saved), prompts, 2):
+        for row, ids in enumerate(seen):
+            assert float(np.abs(logits[row] - reference_logits(model, ids)).max()) <= TOLERANCE, ids
+    loaded = model_loader.load(generation_yaml(tmp_path / "model", "qwen3_5"), "default", "acme/qwen3_5-chat")
+    try:
+        ids = loaded.tokenizer.encode_batch(["w1 w2 w3"])[0].input_ids.tolist()
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=12, min_new_tokens=12, do_sample=False,
+                                 pad_token_id=0)  # fmt: skip
+        expected = loaded.adapter.decode_text(out[0, len(ids) :].tolist())
+        request = GenerateParams(prompt="w1 w2 w3", max_new_tokens=12, temperature=0.0)
+        assert await generate_all(loaded.adapter, [request]) == [expected]
+    finally:
+        loaded.close()
+
+
+def test_a_qwen3_5_config_without_its_text_config_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "vision_config": {}}))
+    with pytest.raises(ConversionError, match="a qwen3_5 config needs a qwen3_5_text text_config"):
+        convert_decoder_checkpoint(tmp_path, tmp_path / "decoder")
 
 
 def test_a_gemma3_config_without_a_text_config_is_refused(tmp_path: Path) -> None:
@@ -841,6 +890,25 @@ def test_a_gpu_loader_converts_float16_weights_and_cache(model_loader: ModelLoad
     exact_files = gpu_loader.prepare(exact, "default", exact.sie_id)
     assert json.loads((exact_files.model_dir / "config.json").read_text())["torch_dtype"] == "float32"
     assert exact_files.precision == "float32"
+
+
+def test_a_qwen3_5_float16_graph_keeps_its_linear_attention_states_in_float32(
+    model_loader: ModelLoader, tmp_path: Path
+) -> None:
+    """On a GPU a hybrid decoder's keys and values are float16 like any decoder's, its convolution and recurrent states
+    float32 (the delta rule runs in float32, as transformers runs it); the graph follows transformers within float16's
+    precision, step by step through both caches."""
+    model = save_causal_lm(tmp_path / "model", "qwen3_5")
+    gpu_loader = ModelLoader(model_loader.resolver, tmp_path / "converted", SessionOptions(device="cuda:0"))
+    files = gpu_loader.prepare(generation_yaml(tmp_path / "model", "qwen3_5"), "default", "acme/qwen3_5-chat")
+    config = json.loads((files.model_dir / "config.json").read_text())
+    graph = session(files.graph)
+    types = {i.name.rsplit(".", 1)[1]: i.type for i in graph.get_inputs() if i.name.startswith("past_key_values.")}
+    assert types == {"key": "tensor(float16)", "value": "tensor(float16)", "conv": "tensor(float)",
+                     "recurrent": "tensor(float)"}  # fmt: skip
+    prompt = list(range(4, 4 + LENGTHS[0]))
+    for seen, logits in run_generation_graph(graph, CacheShape.from_config(config), [prompt], 3):
+        assert float(np.abs(logits[0] - reference_logits(model, seen[0])).max()) <= 3e-2
 
 
 def test_a_checkpoint_over_the_memory_budget_is_refused_before_it_is_converted(

@@ -1,9 +1,9 @@
-"""Tiny random checkpoints of each decoder family (Llama, Mistral, Qwen2, Qwen3, Granite, Gemma 3, HunYuan), built and
-saved by transformers itself with the family's real options switched on (biases, q/k norms, sliding windows shorter
-than the test prompts, explicit head sizes, tied embeddings, each RoPE scaling type, Granite's multipliers, Gemma's
-norms, HunYuan's NTK alpha), and a word-level `tokenizer.json` with a ChatML template. torch and transformers (the
-test extra) are imported when a model is built, not when this module is imported: pytest-xdist collects every module
-on every worker."""
+"""Tiny random checkpoints of each decoder family (Llama, Mistral, Qwen2, Qwen3, Granite, Gemma 3, HunYuan, Qwen3.5),
+built and saved by transformers itself with the family's real options switched on (biases, q/k norms, sliding windows
+shorter than the test prompts, explicit head sizes, tied embeddings, each RoPE scaling type, Granite's multipliers,
+Gemma's norms, HunYuan's NTK alpha, Qwen3.5's linear attention), and a word-level `tokenizer.json` with a ChatML
+template. torch and transformers (the test extra) are imported when a model is built, not when this module is
+imported: pytest-xdist collects every module on every worker."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ CHAT_TEMPLATE = (
 COMMON = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
           "num_key_value_heads": 2, "vocab_size": VOCAB, "max_position_embeddings": 128,
           "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}  # fmt: skip
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "gemma3", "hunyuan")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "gemma3", "hunyuan", "qwen3_5")
 WINDOW = 3  # tokens: shorter than the test prompts, so a window that is not applied changes the answer
 
 
@@ -73,8 +73,22 @@ def family_config(family: str) -> Any:
             **COMMON, head_dim=8, attention_bias=True,
             rope_parameters={"rope_type": "dynamic", "alpha": 50.0, "factor": 1.0, "rope_theta": 100.0},
         ),
+        "qwen3_5": lambda: qwen3_5_config(),
     }  # fmt: skip
     return configs[family]()
+
+
+def qwen3_5_config() -> Any:
+    """Qwen3.5's text config, tiny: gated delta-rule layers (two key heads serving four value heads, key and value
+    sizes apart) around attention layers with RoPE on half of each head and their output gate."""
+    import transformers
+
+    return transformers.Qwen3_5TextConfig(
+        **COMMON | {"num_hidden_layers": 4}, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=8, linear_value_head_dim=6, linear_conv_kernel_dim=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.5},
+    )  # fmt: skip
 
 
 def gemma3_config(bidirectional: bool = False) -> Any:

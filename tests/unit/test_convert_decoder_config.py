@@ -128,6 +128,31 @@ def test_rope_frequencies_of_each_type() -> None:
     assert math.isclose(yarn_factor, 0.1 * math.log(4.0) + 1.0)
 
 
+def test_qwen3_5_reads_its_layer_types_partial_rotary_and_linear_attention_sizes() -> None:
+    """Qwen3.5-4B's config as the Hub has it: `qwen3_5` with the language model in `text_config` (multimodal RoPE
+    sections, a quarter of each head rotated), every fourth layer attending when no `layer_types` are listed."""
+    text = {"model_type": "qwen3_5_text", **BASE, "num_hidden_layers": 8, "head_dim": 16, "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 12,
+            "full_attention_interval": 4,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                "mrope_section": [11, 11, 10], "mrope_interleaved": True}}  # fmt: skip
+    config = parse_decoder_config({"model_type": "qwen3_5", "tie_word_embeddings": True, "text_config": text}, "c")
+    assert (config.model_type, config.rotary_width, config.rope_theta, dict(config.rope_scaling)) == (
+        "qwen3_5_text", 4, 1e7, {},
+    )  # fmt: skip
+    assert config.linear_attention.layers == (0, 1, 2, 4, 5, 6)
+    assert [config.attends(layer) for layer in (2, 3, 7)] == [False, True, True]
+    assert config.linear_attention.conv_channels == 2 * 2 * 8 + 4 * 12 and config.linear_attention.conv_kernel == 4
+    assert (config.qk_norm, config.norm_offset, config.attention_output_gate, config.tie_word_embeddings) == (
+        True, 1.0, True, True,
+    )  # fmt: skip
+    for refused, message in [({"linear_num_value_heads": 3}, "3 linear-attention value heads do not group over 2"),
+                             ({"attention_bias": True}, "attention_bias is not supported"),
+                             ({"layer_types": ["full_attention"]}, "layer_types must list")]:  # fmt: skip
+        with pytest.raises(ConversionError, match=message):
+            parse_decoder_config({**text, **refused}, "config.json")
+
+
 @pytest.mark.parametrize(
     ("config", "message"),
     [

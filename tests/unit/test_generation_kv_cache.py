@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from sie.worker.generation.kv_cache import BatchCache, CacheShape
+from sie.worker.generation.kv_cache import (
+    BatchCache,
+    CacheShape,
+    bytes_per_cached_token,
+    bytes_per_row_state,
+    empty_cache,
+)
 
 SHAPE = CacheShape(layers=1, kv_heads=1, head_dim=1)
 KEY, VALUE = "past_key_values.0.key", "past_key_values.0.value"
@@ -45,3 +51,44 @@ def test_a_step_feeds_each_row_its_last_token_at_its_own_position() -> None:
     assert feeds["attention_mask"].tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
     present = {name: np.concatenate([value, value[:, :, -1:]], axis=2) for name, value in batch.past.items()}
     assert batch.advanced(present).mask.tolist() == feeds["attention_mask"].tolist()
+
+
+HYBRID = CacheShape(layers=2, kv_heads=1, head_dim=1, state_layers=(0,), conv_state=(3, 2), recurrent_state=(1, 2, 2))
+CONV, RECURRENT = "past_key_values.0.conv", "past_key_values.0.recurrent"
+LAYER_KEY = "past_key_values.1.key"
+
+
+def hybrid_rows(values: list[list[float]]) -> BatchCache:
+    """`rows_of` for a hybrid decoder (layer 0 linear attention, layer 1 attention): each row's states filled with
+    its first value."""
+    batch = rows_of(values)
+    rows = len(values)
+    first = np.asarray([row[0] for row in values], dtype=np.float32)
+    states = {CONV: np.ones((rows, 3, 2), np.float32) * first[:, None, None],
+              RECURRENT: np.ones((rows, 1, 2, 2), np.float32) * first[:, None, None, None]}  # fmt: skip
+    return BatchCache({LAYER_KEY: batch.past[KEY], "past_key_values.1.value": batch.past[VALUE], **states}, batch.mask)
+
+
+def test_a_hybrid_decoders_states_join_and_leave_with_their_rows_unpadded() -> None:
+    """Qwen3.5's linear-attention states have no token axis: joining batches stacks them, keeping rows picks them,
+    whatever the key/value columns do."""
+    joined = BatchCache.empty(HYBRID).join(hybrid_rows([[1, 2]])).join(hybrid_rows([[3, 4, 5, 6], [7]]))
+    assert joined.past[LAYER_KEY][:, 0, :, 0].tolist() == [[0, 0, 1, 2], [3, 4, 5, 6], [0, 0, 0, 7]]
+    assert joined.past[CONV].shape == (3, 3, 2) and joined.past[CONV][:, 0, 0].tolist() == [1, 3, 7]
+    kept = joined.keep([2, 0])
+    assert kept.past[LAYER_KEY][:, 0, :, 0].tolist() == [[0, 7], [1, 2]]
+    assert kept.past[RECURRENT].shape == (2, 1, 2, 2) and kept.past[RECURRENT][:, 0, 0, 0].tolist() == [7, 1]
+
+
+def test_a_hybrid_decoders_empty_cache_and_bytes_count_its_states_apart() -> None:
+    feeds = empty_cache(HYBRID, batch=2)
+    assert set(feeds) == {CONV, RECURRENT, LAYER_KEY, "past_key_values.1.value"}
+    assert feeds[CONV].shape == (2, 3, 2) and not feeds[RECURRENT].any()
+    assert feeds[LAYER_KEY].shape == (2, 1, 0, 1)
+    # one attention layer's key and value per token; 6 + 4 float32 numbers of state per row
+    assert (bytes_per_cached_token(HYBRID), bytes_per_row_state(HYBRID), bytes_per_row_state(SHAPE)) == (8, 40, 0)
+    config = {"num_hidden_layers": 4, "num_key_value_heads": 2, "head_dim": 8, "linear_attention_layers": [0, 1, 2],
+              "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8,
+              "linear_value_head_dim": 6, "linear_conv_kernel_dim": 4}  # fmt: skip
+    shape = CacheShape.from_config(config)
+    assert (shape.attention_layers, shape.conv_state, shape.recurrent_state) == ([3], (56, 3), (4, 8, 6))

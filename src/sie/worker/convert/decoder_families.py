@@ -1,5 +1,5 @@
-"""The decoder families read from a transformers checkpoint: Llama, Mistral, Qwen2, Qwen3, Granite, Gemma 3 (text) and
-HunYuan (dense v1).
+"""The decoder families read from a transformers checkpoint: Llama, Mistral, Qwen2, Qwen3, Granite, Gemma 3 (text),
+HunYuan (dense v1) and Qwen3.5 (text).
 `parse_decoder_config` reads `config.json` (either RoPE layout: transformers 5's `rope_parameters` or the Hub's
 `rope_theta` + `rope_scaling`) into the `DecoderConfig` the graph builds from, with each family's differences:
 
@@ -29,6 +29,12 @@ any family attend both ways, a sliding window then reaching `sliding_window` tok
 does the same for a checkpoint whose serving recipe asks for it (GritLM's `forward_kwargs: {is_causal: false}`).
 Such a model embeds; it cannot generate.
 
+Qwen3.5 (`qwen3_5_text`, or `qwen3_5` with its vision tower: the language model under `model.language_model.`, the
+tower never read) puts a gated delta-rule layer (`gated_delta`) in three of every four layers' place
+(`layer_types`, or every `full_attention_interval`-th layer attending); its attention layers have per-head q/k norms,
+RoPE on the first `partial_rotary_factor` of each head (its multimodal RoPE sections coincide for text) and a
+sigmoid gate from `q_proj` on their output; every norm but the delta rule's own scales by 1 + weight.
+
 HunYuan is Llama with a per-head RMSNorm on queries and keys after the rotation (`query_layernorm`,
 `key_layernorm`) and, for a `dynamic` RoPE with an `alpha`, a fixed NTK stretch of the base.
 
@@ -48,6 +54,7 @@ import numpy as np
 
 from sie.worker.convert.decoder_graph import DecoderConfig, DecoderWeights
 from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.gated_delta import GatedDelta
 from sie.worker.convert.latent_attention import DECODER_PREFIX as NVEMBED_DECODER_PREFIX
 from sie.worker.convert.latent_attention import decoder_config_of
 from sie.worker.convert.names import DECODER_MODEL_TYPES, NVEMBED_MODEL_TYPE
@@ -72,6 +79,15 @@ HUB_LANGUAGE_MODEL: Final = "language_model."
 INNER_LANGUAGE_MODEL: Final = "model.language_model."
 # Gemma3TextConfig's defaults for what a `text_config` may leave out (the Hub's Gemma 3 configs name only what
 # differs); the other keys' defaults are the parser's own.
+# Qwen3.5 with its vision tower (Qwen3_5ForConditionalGeneration): its language model is a `qwen3_5_text` decoder.
+QWEN3_5_WITH_VISION: Final = "qwen3_5"
+QWEN3_5_TEXT: Final = "qwen3_5_text"
+# Qwen3_5TextConfig's defaults for what a config may leave out.
+QWEN3_5_TEXT_DEFAULTS: Final = {"vocab_size": 248_320, "hidden_size": 4096, "intermediate_size": 12_288,
+                                "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4,
+                                "head_dim": 256, "max_position_embeddings": 32_768, "linear_conv_kernel_dim": 4,
+                                "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+                                "linear_num_value_heads": 32}  # fmt: skip
 GEMMA3_TEXT_DEFAULTS: Final = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
                                "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4}  # fmt: skip
 
@@ -116,6 +132,9 @@ def parse_decoder_config(raw: Mapping[str, Any], source: str) -> DecoderConfig:
     if model_type == "gemma3_text":
         config = _gemma3(raw, hidden, heads, kv_heads, layers, source, number)
         return config if causal else attending_both_ways(config)
+    if model_type == QWEN3_5_TEXT:
+        config = _qwen3_5({**QWEN3_5_TEXT_DEFAULTS, **raw}, source)
+        return config if causal else attending_both_ways(config)
     head_dim = number("head_dim") if raw.get("head_dim") is not None else hidden // heads
     if raw.get("head_dim") is None and hidden % heads:
         raise ConversionError(f"hidden size {hidden} does not split into {heads} heads", source=source)
@@ -156,6 +175,13 @@ def _in_family_terms(raw: Mapping[str, Any], source: str) -> Mapping[str, Any]:
     model's, NVIDIA's `llama_bidirec` as a Llama that is not causal, NV-Embed as its decoder (`latent_attention`)."""
     if raw.get("model_type") == GEMMA3_WITH_VISION:
         return language_model_config(raw, source)
+    if raw.get("model_type") == QWEN3_5_WITH_VISION:
+        text = raw.get("text_config")
+        if not isinstance(text, Mapping) or text.get("model_type", QWEN3_5_TEXT) != QWEN3_5_TEXT:
+            raise ConversionError("a qwen3_5 config needs a qwen3_5_text text_config (its language model)",
+                                  source=source)  # fmt: skip
+        tied = {"tie_word_embeddings": raw["tie_word_embeddings"]} if "tie_word_embeddings" in raw else {}
+        return {**text, "model_type": QWEN3_5_TEXT, **tied}
     if raw.get("model_type") == LLAMA_BIDIRECTIONAL:
         return {**raw, "model_type": "llama", "is_causal": False}
     if raw.get("model_type") == NVEMBED_MODEL_TYPE:
@@ -249,6 +275,62 @@ def _gemma3(  # noqa: PLR0913 - the numbers parse_decoder_config read already
         local_rope_theta=float(local_rope.get("rope_theta", 10_000.0)),
         final_logit_softcap=raw.get("final_logit_softcapping"),
         causal=not bidirectional,
+    )
+    config.check(source)
+    return config
+
+
+def _qwen3_5(raw: Mapping[str, Any], source: str) -> DecoderConfig:
+    def number(key: str) -> int:
+        value = raw.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConversionError(f"{key} must be a positive integer, got {value!r}", source=source)
+        return value
+
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ConversionError(f"hidden_act {raw.get('hidden_act')!r} is not supported; expected 'silu'", source=source)
+    if raw.get("attention_bias", False):
+        raise ConversionError("attention_bias is not supported on a gated Qwen3.5 attention", source=source)
+    layers, head_dim = number("num_hidden_layers"), number("head_dim")
+    types = raw.get("layer_types")
+    if types is None:
+        interval = raw.get("full_attention_interval", 4)
+        types = ["linear_attention" if (index + 1) % interval else "full_attention" for index in range(layers)]
+    if not isinstance(types, list) or len(types) != layers or set(types) - {"linear_attention", "full_attention"}:
+        raise ConversionError(f"layer_types must list linear_attention or full_attention for each of the {layers} "
+                              "layers", source=source)  # fmt: skip
+    parameters = dict(raw.get("rope_parameters") or {})
+    factor = parameters.pop("partial_rotary_factor", raw.get("partial_rotary_factor", 0.25))
+    for multimodal in ("mrope_section", "mrope_interleaved"):  # positions of text: every section reads the same one
+        parameters.pop(multimodal, None)
+    theta, scaling = _rope({"rope_parameters": parameters, "rope_theta": raw.get("rope_theta", 10_000.0)}, source)
+    linear = GatedDelta(
+        layers=tuple(index for index, kind in enumerate(types) if kind == "linear_attention"),
+        num_key_heads=number("linear_num_key_heads"),
+        num_value_heads=number("linear_num_value_heads"),
+        key_head_dim=number("linear_key_head_dim"),
+        value_head_dim=number("linear_value_head_dim"),
+        conv_kernel=number("linear_conv_kernel_dim"),
+    )
+    config = DecoderConfig(
+        model_type=QWEN3_5_TEXT,
+        hidden_size=number("hidden_size"),
+        intermediate_size=number("intermediate_size"),
+        num_hidden_layers=layers,
+        num_attention_heads=number("num_attention_heads"),
+        num_key_value_heads=number("num_key_value_heads"),
+        head_dim=head_dim,
+        vocab_size=number("vocab_size"),
+        max_position_embeddings=number("max_position_embeddings"),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        qk_norm=True,
+        norm_offset=1.0,
+        rotary_dim=int(head_dim * float(factor)),
+        attention_output_gate=True,
+        linear_attention=linear,
     )
     config.check(source)
     return config

@@ -6,14 +6,17 @@ layout, whatever file they come from) and the opset-17 ONNX graph, in one of two
   padding allowed), `position_ids [batch, sequence]`, `past_key_values.{i}.key|value [batch, kv_heads, past,
   head_dim]`; outputs `logits [batch, 1, vocab]` (float32) of the last position only (all a decoder samples from:
   a prefill pays the output head once per prompt) and `present.{i}.key|value [batch, kv_heads, past + sequence,
-  head_dim]`.
+  head_dim]`; a linear-attention layer (Qwen3.5's, `gated_delta`) carries its two fixed-size states instead,
+  `past_key_values.{i}.conv|recurrent` in and `present.{i}.conv|recurrent` out.
 - `hidden`: inputs `input_ids`, `attention_mask [batch, sequence]` (right padding: a causal decoder's real tokens
   never see the padding after them, so they keep positions 0…n−1 and the states they have unpadded); output
   `last_hidden_state [batch, sequence, hidden]` after the final norm, which the embedding and reranker adapters pool.
 
 Each layer: RMSNorm, grouped-query attention with rotary positions (rotate-half; the inverse frequencies of the
 config's RoPE type, `rope_frequencies`), optional q/k/v biases (Qwen2), per-head q/k RMSNorm (Qwen3), a sliding
-window per layer (Mistral, Qwen2's `layer_types`), then RMSNorm and a SwiGLU MLP. In a float16 graph the weights,
+window per layer (Mistral, Qwen2's `layer_types`), RoPE on part of each head and a sigmoid gate on the attention's
+output (Qwen3.5), or a gated delta-rule layer in its place (Qwen3.5's linear attention), then RMSNorm and a SwiGLU
+MLP. In a float16 graph the weights,
 matrix products and cache are float16 while the residual stream, norms, softmax and logits stay float32. Standard
 ONNX operators only; onnxruntime fuses the RMSNorm and the transposed-key product at load time.
 """
@@ -31,6 +34,7 @@ import onnx
 from onnx import TensorProto
 
 from sie.worker.convert.errors import ConversionError
+from sie.worker.convert.gated_delta import GatedDelta, gated_delta_layer, row_mask, state_inputs
 from sie.worker.convert.graph_builder import GraphBuilder, tensor_info
 from sie.worker.convert.names import (
     ATTENTION_MASK,
@@ -96,6 +100,12 @@ class DecoderConfig:
     # attention_scale above are its embedding and attention multipliers)
     residual_multiplier: float = 1.0
     logits_divisor: float = 1.0
+    # Qwen3.5's: RoPE on the first `rotary_dim` dimensions of each head only (0: all of them), a gate from q_proj
+    # (each head's query followed by its gate) that scales the attention's output by sigmoid(gate) before o_proj, and
+    # gated delta-rule layers in place of attention on `linear_attention.layers` (`gated_delta`)
+    rotary_dim: int = 0
+    attention_output_gate: bool = False
+    linear_attention: GatedDelta | None = None
 
     @property
     def query_groups(self) -> int:
@@ -106,6 +116,15 @@ class DecoderConfig:
     def query_scale(self) -> float:
         return self.attention_scale if self.attention_scale is not None else self.head_dim**-0.5
 
+    @property
+    def rotary_width(self) -> int:
+        """The head dimensions RoPE rotates."""
+        return self.rotary_dim or self.head_dim
+
+    def attends(self, layer: int) -> bool:
+        """Whether `layer` is an attention layer (with a key/value cache), not a linear-attention one."""
+        return self.linear_attention is None or layer not in self.linear_attention.layers
+
     def window(self, layer: int) -> int | None:
         return self.layer_windows[layer] if self.layer_windows else None
 
@@ -115,8 +134,11 @@ class DecoderConfig:
 
     def check(self, source: str) -> None:
         """ConversionError for shapes the graph cannot build."""
-        if self.head_dim % 2:
-            raise ConversionError(f"head size {self.head_dim} is odd; rotary positions need pairs", source=source)
+        if self.rotary_width % 2 or self.rotary_width > self.head_dim:
+            raise ConversionError(f"RoPE over {self.rotary_width} of a head's {self.head_dim} dimensions: rotary "
+                                  "positions need pairs, within the head", source=source)  # fmt: skip
+        if self.linear_attention is not None:
+            self.linear_attention.check(source)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConversionError(
                 f"{self.num_attention_heads} query heads do not group over {self.num_key_value_heads} key/value heads",
@@ -129,7 +151,7 @@ class DecoderConfig:
         if self.activation not in ACTIVATIONS:
             raise ConversionError(f"activation {self.activation!r} is not one of {sorted(ACTIVATIONS)}", source=source)
         factors = self.rope_frequency_factors
-        if factors and (len(factors) != self.head_dim // 2 or min(factors) <= 0):
+        if factors and (len(factors) != self.rotary_width // 2 or min(factors) <= 0):
             raise ConversionError(f"{len(factors)} RoPE frequency factors for {self.head_dim // 2} pairs of head "
                                   "dimensions, or one not positive", source=source)  # fmt: skip
         rope_type = self.rope_scaling.get("rope_type", "default")
@@ -156,6 +178,7 @@ class DecoderConfig:
             "tie_word_embeddings": self.tie_word_embeddings,
             "torch_dtype": dtype,
             "sie_graph": shape.value,
+            **(self.linear_attention.to_json() if self.linear_attention is not None else {}),
             **special_ids,
         }
 
@@ -167,7 +190,7 @@ def rope_frequencies(config: DecoderConfig, table: str = "global") -> tuple[np.n
     parameters = config.rope_scaling if table == "global" else {}
     theta = config.rope_theta if table == "global" else float(config.local_rope_theta or config.rope_theta)
     rope_type = parameters.get("rope_type", "default")
-    dim = config.head_dim
+    dim = config.rotary_width
     inverse = _inverse_frequencies(config, table, theta)
     if rope_type == "default":
         return inverse, 1.0
@@ -213,8 +236,9 @@ def rope_frequencies(config: DecoderConfig, table: str = "global") -> tuple[np.n
 
 
 def _inverse_frequencies(config: DecoderConfig, table: str, theta: float) -> np.ndarray:
-    """theta ** (-2i / head_dim) for each pair i, divided by llama.cpp's frequency factors in the global table."""
-    dim = config.head_dim
+    """theta ** (-2i / d) for each pair i of the d rotated dimensions, divided by llama.cpp's frequency factors in the
+    global table."""
+    dim = config.rotary_width
     inverse = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
     if table == "global" and config.rope_frequency_factors:
         return inverse / np.asarray(config.rope_frequency_factors, dtype=np.float64)
@@ -290,6 +314,9 @@ def decoder_inputs(config: DecoderConfig, precision: Precision, shape: DecoderSh
         tensor_info(POSITION_IDS, TensorProto.INT64, [BATCH, SEQUENCE]),
     ]
     for layer in range(config.num_hidden_layers):
+        if not config.attends(layer):
+            inputs.extend(state_inputs(config.linear_attention, layer, past=True))
+            continue
         inputs.append(tensor_info(past_key_name(layer), precision.onnx, cache_shape))
         inputs.append(tensor_info(past_value_name(layer), precision.onnx, cache_shape))
     return inputs
@@ -301,6 +328,9 @@ def decoder_outputs(config: DecoderConfig, precision: Precision, shape: DecoderS
     cache_shape = [BATCH, config.num_key_value_heads, TOTAL, config.head_dim]
     outputs = [tensor_info(LOGITS, TensorProto.FLOAT, [BATCH, 1, config.vocab_size])]
     for layer in range(config.num_hidden_layers):
+        if not config.attends(layer):
+            outputs.extend(state_inputs(config.linear_attention, layer, past=False))
+            continue
         outputs.append(tensor_info(present_key_name(layer), precision.onnx, cache_shape))
         outputs.append(tensor_info(present_value_name(layer), precision.onnx, cache_shape))
     return outputs
@@ -343,7 +373,7 @@ class _Decoder:
         b, cfg = self.b, self.config
         embeddings = self.weights.tensor("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
         table = b.weight("model.embed_tokens.weight", embeddings, self.precision.numpy)
-        x = self._to_float(b.op("Gather", [table, INPUT_IDS], "model.embed_tokens"), "model.embed_tokens.float")
+        x = self.to_float(b.op("Gather", [table, INPUT_IDS], "model.embed_tokens"), "model.embed_tokens.float")
         if cfg.embedding_multiplier != 1.0:
             x = b.op("Mul", [x, b.const(cfg.embedding_multiplier, np.float32)], "model.embed_tokens.scaled")
         # The residual stream is a [B*S, hidden] matrix: every projection is one 2-D product (a Gemm with its bias),
@@ -351,27 +381,32 @@ class _Decoder:
         x = b.op("Reshape", [x, b.const([-1, cfg.hidden_size])], "model.embed_tokens.rows")
         positions = POSITION_IDS if self.cached else self._positions()
         layers = range(cfg.num_hidden_layers)
-        rotary = {table: self._rotary(positions, table) for table in {cfg.rope_of(layer) for layer in layers}}
-        biases = {window: self._attention_bias(window) for window in {cfg.window(layer) for layer in layers}}
+        attending = [layer for layer in layers if cfg.attends(layer)]
+        rotary = {table: self._rotary(positions, table) for table in {cfg.rope_of(layer) for layer in attending}}
+        biases = {window: self._attention_bias(window) for window in {cfg.window(layer) for layer in attending}}
         shared = _Shared(rotary, biases)
+        unpadded = row_mask(b) if cfg.linear_attention is not None else ""
         for layer in layers:
-            x = self._attention(x, layer, shared)
+            if cfg.attends(layer):
+                x = self._attention(x, layer, shared)
+            else:
+                x = gated_delta_layer(self, x, layer, cfg.linear_attention, unpadded)
             x = self._mlp(x, layer)
-        final = self._norm_weight("model.norm.weight")
-        hidden = b.op("Reshape", [self._rms_norm(x, final, "model.norm"), self._sequence_shape(cfg.hidden_size)],
+        final = self.norm_weight("model.norm.weight")
+        hidden = b.op("Reshape", [self.rms_norm(x, final, "model.norm"), self.sequence_shape(cfg.hidden_size)],
                       self.hidden_name if not self.cached else "model.norm.sequences")  # fmt: skip
         if not self.cached:
             return hidden
-        hidden = self._to_compute(hidden, "model.norm.cast")
+        hidden = self.to_compute(hidden, "model.norm.cast")
         if cfg.tie_word_embeddings:
             head = table
         else:
             output = self.weights.tensor("lm_head.weight", (cfg.vocab_size, cfg.hidden_size))
-            head = self._weight("lm_head.weight", output)
+            head = self.weight("lm_head.weight", output)
         # The last position only (left padding keeps every row's last token there).
         last = b.op("Slice", [hidden, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1])], "lm_head.last")
         rows = b.op("Reshape", [last, b.const([-1, cfg.hidden_size])], "lm_head.rows")
-        logits = self._to_float(b.op("Gemm", [rows, head], "lm_head", transB=1), "lm_head.float")
+        logits = self.to_float(b.op("Gemm", [rows, head], "lm_head", transB=1), "lm_head.float")
         if cfg.logits_divisor != 1.0:
             logits = b.op("Div", [logits, b.const(cfg.logits_divisor, np.float32)], "lm_head.divided")
         if cfg.final_logit_softcap is not None:  # cap * tanh(logits / cap)
@@ -380,7 +415,7 @@ class _Decoder:
             logits = b.op("Mul", [capped, cap], "lm_head.capped")
         return b.op("Reshape", [logits, b.const([-1, 1, cfg.vocab_size])], LOGITS)
 
-    def _sequence_shape(self, *widths: int) -> str:
+    def sequence_shape(self, *widths: int) -> str:
         """[-1, S, *widths]: rows of the residual stream back into sequences (S: this run's input length); one
         tensor per shape, shared by every layer."""
         if widths not in self._shapes:
@@ -390,23 +425,23 @@ class _Decoder:
                                         axis=0)  # fmt: skip
         return self._shapes[widths]
 
-    def _norm_weight(self, name: str, size: int | None = None) -> np.ndarray:
+    def norm_weight(self, name: str, size: int | None = None) -> np.ndarray:
         """A norm's scale as the graph multiplies by it: Gemma's (1 + weight), everyone else's weight."""
         scale = self.weights.tensor(name, (size or self.config.hidden_size,))
         return scale + np.float32(self.config.norm_offset) if self.config.norm_offset else scale
 
-    def _to_compute(self, x: str, name: str) -> str:
+    def to_compute(self, x: str, name: str) -> str:
         """`x` (float32) in the graph's precision: a Cast in a float16 graph, nothing in a float32 one."""
         if self.precision.onnx == TensorProto.FLOAT:
             return x
         return self.b.op("Cast", [x], name, to=self.precision.onnx)
 
-    def _to_float(self, x: str, name: str) -> str:
+    def to_float(self, x: str, name: str) -> str:
         if self.precision.onnx == TensorProto.FLOAT:
             return x
         return self.b.op("Cast", [x], name, to=TensorProto.FLOAT)
 
-    def _rms_norm(self, x: str, scale: np.ndarray, name: str) -> str:
+    def rms_norm(self, x: str, scale: np.ndarray, name: str) -> str:
         """x / sqrt(mean(x²) + eps) * scale in float32, spelled as onnxruntime's SimplifiedLayerNormFusion expects."""
         b = self.b
         squared = b.op("Pow", [x, b.const(2.0, np.float32)], f"{name}.pow")
@@ -428,7 +463,7 @@ class _Decoder:
         """cos and (half-negated) sin of position × inverse frequency, duplicated over both halves (HF layout)."""
         b, cfg = self.b, self.config
         name = f"rotary_{table}"
-        half = cfg.head_dim // 2
+        half = cfg.rotary_width // 2
         inverse, attention_factor = rope_frequencies(cfg, table)
         # transformers computes the frequencies in float32 and the angles from them
         inverse = inverse.astype(np.float32)
@@ -442,8 +477,8 @@ class _Decoder:
             cos = b.op("Mul", [cos, b.const(attention_factor, np.float32)], f"{name}.cos_scaled")
             sin = b.op("Mul", [sin, b.const(attention_factor, np.float32)], f"{name}.sin_scaled")
         sin = b.op("Mul", [sin, b.const(sign, np.float32)], f"{name}.sin_3d")
-        cos = self._to_compute(b.op("Unsqueeze", [cos, b.const([1])], f"{name}.cos_f32"), f"{name}.cos")
-        sin = self._to_compute(b.op("Unsqueeze", [sin, b.const([1])], f"{name}.sin_f32"), f"{name}.sin")
+        cos = self.to_compute(b.op("Unsqueeze", [cos, b.const([1])], f"{name}.cos_f32"), f"{name}.cos")
+        sin = self.to_compute(b.op("Unsqueeze", [sin, b.const([1])], f"{name}.sin_f32"), f"{name}.sin")
         return cos, sin
 
     def _attention_bias(self, window: int | None) -> str:
@@ -485,7 +520,11 @@ class _Decoder:
         d, hidden = cfg.head_dim, cfg.hidden_size
         widths = {"q": cfg.num_attention_heads * d, "k": cfg.num_key_value_heads * d, "v": cfg.num_key_value_heads * d}
         query_scale = np.float32(1.0) if cfg.qk_norm else np.float32(cfg.query_scale)
-        weights = [w.tensor(f"{prefix}.{p}_proj.weight", (width, hidden)) for p, width in widths.items()]
+        weights = [w.tensor(f"{prefix}.{p}_proj.weight", (width, hidden)) for p, width in widths.items()
+                   if p != "q" or not cfg.attention_output_gate]  # fmt: skip
+        if cfg.attention_output_gate:  # q_proj holds each head's query then its gate: the queries here
+            query_and_gate = w.tensor(f"{prefix}.q_proj.weight", (2 * widths["q"], hidden))
+            weights.insert(0, query_and_gate.reshape(cfg.num_attention_heads, 2, d, hidden)[:, 0].reshape(-1, hidden))
         weights[0] = weights[0] * query_scale
         bias = None
         if cfg.qkv_bias:
@@ -497,19 +536,19 @@ class _Decoder:
     def _attention(self, x: str, layer: int, shared: _Shared) -> str:
         b, cfg, name = self.b, self.config, f"model.layers.{layer}.self_attn"
         heads, kv_heads, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        norm = self._norm_weight(f"model.layers.{layer}.input_layernorm.weight")
-        hidden = self._to_compute(self._rms_norm(x, norm, f"model.layers.{layer}.input_layernorm"), f"{name}.input")
+        norm = self.norm_weight(f"model.layers.{layer}.input_layernorm.weight")
+        hidden = self.to_compute(self.rms_norm(x, norm, f"model.layers.{layer}.input_layernorm"), f"{name}.input")
         weight, bias = self._projections(layer)
-        qkv = b.op("MatMul", [hidden, self._weight(f"{name}.qkv_proj.weight", weight)], f"{name}.qkv")
+        qkv = b.op("MatMul", [hidden, self.weight(f"{name}.qkv_proj.weight", weight)], f"{name}.qkv")
         if bias is not None:
-            qkv = b.op("Add", [qkv, self._weight(f"{name}.qkv_proj.bias", bias)], f"{name}.qkv_biased")
-        qkv = b.op("Reshape", [qkv, self._sequence_shape(heads + 2 * kv_heads, d)], f"{name}.qkv_heads")  # [B, S, ., d]
+            qkv = b.op("Add", [qkv, self.weight(f"{name}.qkv_proj.bias", bias)], f"{name}.qkv_biased")
+        qkv = b.op("Reshape", [qkv, self.sequence_shape(heads + 2 * kv_heads, d)], f"{name}.qkv_heads")  # [B, S, ., d]
         if cfg.qk_norm and not cfg.qk_norm_after_rotation:
             query, key, value = b.op_multi("Split", [qkv, b.const([heads, kv_heads, kv_heads])],
                                            [f"{name}.q_raw", f"{name}.k_raw", f"{name}.v_raw"], axis=2)  # fmt: skip
             scale = np.float32(cfg.query_scale)
-            query = self._head_norm(query, self._norm_weight(f"{name}.q_norm.weight", d) * scale, f"{name}.q_norm")
-            key = self._head_norm(key, self._norm_weight(f"{name}.k_norm.weight", d), f"{name}.k_norm")
+            query = self._head_norm(query, self.norm_weight(f"{name}.q_norm.weight", d) * scale, f"{name}.q_norm")
+            key = self._head_norm(key, self.norm_weight(f"{name}.k_norm.weight", d), f"{name}.k_norm")
             qk = b.op("Concat", [query, key], f"{name}.qk_normed", axis=2)
         else:
             qk, value = b.op_multi("Split", [qkv, b.const([heads + kv_heads, kv_heads])], [f"{name}.qk_raw",
@@ -520,8 +559,8 @@ class _Decoder:
         query, key = b.op_multi("Split", [qk, b.const([heads, kv_heads])], [f"{name}.q", f"{name}.k"], axis=1)
         if cfg.qk_norm_after_rotation:  # [B, heads, S, d]: the same per-head norm, on rotated heads
             scale = np.float32(cfg.query_scale)
-            query = self._head_norm(query, self._norm_weight(f"{name}.q_norm.weight", d) * scale, f"{name}.q_norm")
-            key = self._head_norm(key, self._norm_weight(f"{name}.k_norm.weight", d), f"{name}.k_norm")
+            query = self._head_norm(query, self.norm_weight(f"{name}.q_norm.weight", d) * scale, f"{name}.q_norm")
+            key = self._head_norm(key, self.norm_weight(f"{name}.k_norm.weight", d), f"{name}.k_norm")
         if self.cached:
             key = b.op("Concat", [past_key_name(layer), key], present_key_name(layer), axis=2)
             value = b.op("Concat", [past_value_name(layer), value], present_value_name(layer), axis=2)
@@ -530,22 +569,33 @@ class _Decoder:
         grouped = b.op("Reshape", [query, b.const([0, kv_heads, cfg.query_groups, -1, d])], f"{name}.q_groups")
         key_t = b.op("Transpose", [b.op("Unsqueeze", [key, b.const([2])], f"{name}.k_5d")], f"{name}.k_t",
                      perm=[0, 1, 2, 4, 3])  # fmt: skip
-        scores = self._to_float(b.op("MatMul", [grouped, key_t], f"{name}.scores"), f"{name}.scores_f32")
+        scores = self.to_float(b.op("MatMul", [grouped, key_t], f"{name}.scores"), f"{name}.scores_f32")
         scores = b.op("Add", [scores, shared.biases[cfg.window(layer)]], f"{name}.masked_scores")
-        probs = self._to_compute(b.op("Softmax", [scores], f"{name}.probs", axis=-1), f"{name}.probs_cast")
+        probs = self.to_compute(b.op("Softmax", [scores], f"{name}.probs", axis=-1), f"{name}.probs_cast")
         value_5d = b.op("Unsqueeze", [value, b.const([2])], f"{name}.v_5d")
         context = b.op("MatMul", [probs, value_5d], f"{name}.context")  # [B, kv, groups, S, d]
         context = b.op("Reshape", [context, b.const([0, heads, -1, d])], f"{name}.context_heads")
         context = b.op("Transpose", [context], f"{name}.context_t", perm=[0, 2, 1, 3])
         context = b.op("Reshape", [context, b.const([-1, heads * d])], f"{name}.context_merged")
-        out = self._projection(context, f"{name}.o_proj", cfg.hidden_size, heads * d, cfg.output_bias)
-        out = self._to_float(out, f"{name}.o_proj_f32")
+        if cfg.attention_output_gate:
+            context = b.op("Mul", [context, self._output_gate(hidden, layer)], f"{name}.context_gated")
+        out = self.projection(context, f"{name}.o_proj", cfg.hidden_size, heads * d, cfg.output_bias)
+        out = self.to_float(out, f"{name}.o_proj_f32")
         if cfg.sandwich_norms:
             norm_name = f"model.layers.{layer}.post_attention_layernorm"
-            out = self._rms_norm(out, self._norm_weight(f"{norm_name}.weight"), norm_name)
-        return self._residual(x, out, f"model.layers.{layer}.attn_residual")
+            out = self.rms_norm(out, self.norm_weight(f"{norm_name}.weight"), norm_name)
+        return self.residual(x, out, f"model.layers.{layer}.attn_residual")
 
-    def _residual(self, x: str, out: str, name: str) -> str:
+    def _output_gate(self, hidden: str, layer: int) -> str:
+        """sigmoid(gate) [B*S, heads * head_dim]: the second half of each head's q_proj rows (Qwen3.5)."""
+        cfg, name = self.config, f"model.layers.{layer}.self_attn"
+        heads, d = cfg.num_attention_heads, cfg.head_dim
+        query_and_gate = self.weights.tensor(f"{name}.q_proj.weight", (2 * heads * d, cfg.hidden_size))
+        gate_weight = query_and_gate.reshape(heads, 2, d, cfg.hidden_size)[:, 1].reshape(-1, cfg.hidden_size).T
+        gate = self.b.op("MatMul", [hidden, self.weight(f"{name}.gate_proj.weight", gate_weight)], f"{name}.gate")
+        return self.b.op("Sigmoid", [gate], f"{name}.gate_sigmoid")
+
+    def residual(self, x: str, out: str, name: str) -> str:
         """x + out (Granite: x + out × residual_multiplier)."""
         if self.config.residual_multiplier != 1.0:
             out = self.b.op("Mul", [out, self.b.const(self.config.residual_multiplier, np.float32)], f"{name}.scaled")
@@ -553,44 +603,51 @@ class _Decoder:
 
     def _head_norm(self, x: str, scale: np.ndarray, name: str) -> str:
         """RMSNorm over each head's `head_dim` values of [B, S, heads, d], in float32."""
-        normed = self._rms_norm(self._to_float(x, f"{name}.f32"), scale, name)
-        return self._to_compute(normed, f"{name}.cast")
+        normed = self.rms_norm(self.to_float(x, f"{name}.f32"), scale, name)
+        return self.to_compute(normed, f"{name}.cast")
 
     def _rotate(self, x: str, rotary: tuple[str, str], name: str) -> str:
-        """x * cos + rotate_half(x) * sin, with the sign of rotate_half already in the sin table."""
-        b, half = self.b, self.config.head_dim // 2
+        """x * cos + rotate_half(x) * sin, with the sign of rotate_half already in the sin table; where RoPE
+        rotates part of each head (`rotary_dim`), the rest passes as it is."""
+        b, cfg = self.b, self.config
+        half, rest = cfg.rotary_width // 2, cfg.head_dim - cfg.rotary_width
         cos, sin = rotary
+        passed = None
+        if rest:
+            x, passed = b.op_multi("Split", [x, b.const([cfg.rotary_width, rest])],
+                                   [f"{name}.rot_part", f"{name}.rot_pass"], axis=-1)  # fmt: skip
         first, second = b.op_multi("Split", [x, b.const([half, half])], [f"{name}.rot_a", f"{name}.rot_b"], axis=-1)
         swapped = b.op("Concat", [second, first], f"{name}.rot_swapped", axis=-1)
-        return b.op("Add", [b.op("Mul", [x, cos], f"{name}.rot_cos"),
-                            b.op("Mul", [swapped, sin], f"{name}.rot_sin")], f"{name}.rotated")  # fmt: skip
+        rotated = b.op("Add", [b.op("Mul", [x, cos], f"{name}.rot_cos"),
+                               b.op("Mul", [swapped, sin], f"{name}.rot_sin")], f"{name}.rotated")  # fmt: skip
+        return rotated if passed is None else b.op("Concat", [rotated, passed], f"{name}.rotated_all", axis=-1)
 
     def _mlp(self, x: str, layer: int) -> str:
         b, cfg, name = self.b, self.config, f"model.layers.{layer}.mlp"
         # the norm before the MLP: Llama's post_attention_layernorm, Gemma's pre_feedforward_layernorm
         norm_name = f"model.layers.{layer}." + ("pre_feedforward_layernorm" if cfg.sandwich_norms
                                                 else "post_attention_layernorm")  # fmt: skip
-        normed = self._rms_norm(x, self._norm_weight(f"{norm_name}.weight"), norm_name)
-        hidden = self._to_compute(normed, f"{name}.input")
+        normed = self.rms_norm(x, self.norm_weight(f"{norm_name}.weight"), norm_name)
+        hidden = self.to_compute(normed, f"{name}.input")
         size, width = cfg.intermediate_size, cfg.hidden_size
         # gate and up as two products, not one split afterwards: the split would copy [B*S, 2 * intermediate]
         gate, up = (
-            self._projection(hidden, f"{name}.{part}_proj", size, width, cfg.mlp_bias) for part in ("gate", "up")
+            self.projection(hidden, f"{name}.{part}_proj", size, width, cfg.mlp_bias) for part in ("gate", "up")
         )
         activated = b.op("Mul", [self._activation(gate, name), up], f"{name}.act")
-        out = self._projection(activated, f"{name}.down_proj", width, size, cfg.mlp_bias)
-        out = self._to_float(out, f"{name}.down_f32")
+        out = self.projection(activated, f"{name}.down_proj", width, size, cfg.mlp_bias)
+        out = self.to_float(out, f"{name}.down_f32")
         if cfg.sandwich_norms:
             norm_name = f"model.layers.{layer}.post_feedforward_layernorm"
-            out = self._rms_norm(out, self._norm_weight(f"{norm_name}.weight"), norm_name)
-        return self._residual(x, out, f"model.layers.{layer}.mlp_residual")
+            out = self.rms_norm(out, self.norm_weight(f"{norm_name}.weight"), norm_name)
+        return self.residual(x, out, f"model.layers.{layer}.mlp_residual")
 
-    def _projection(self, x: str, name: str, out_features: int, in_features: int, bias: bool) -> str:
+    def projection(self, x: str, name: str, out_features: int, in_features: int, bias: bool) -> str:
         """x @ weight.T (+ its bias, where the config gives the layer one) for the linear layer `name`."""
         weight = self.weights.tensor(f"{name}.weight", (out_features, in_features)).T
-        out = self.b.op("MatMul", [x, self._weight(f"{name}.weight", weight)], name)
+        out = self.b.op("MatMul", [x, self.weight(f"{name}.weight", weight)], name)
         if bias:
-            bias = self._weight(f"{name}.bias", self.weights.tensor(f"{name}.bias", (out_features,)))
+            bias = self.weight(f"{name}.bias", self.weights.tensor(f"{name}.bias", (out_features,)))
             out = self.b.op("Add", [out, bias], f"{name}.biased")
         return out
 
@@ -607,7 +664,7 @@ class _Decoder:
         half = b.op("Mul", [gate, b.const(0.5, dtype)], f"{name}.half")
         return b.op("Mul", [half, b.op("Add", [tanh, b.const(1.0, dtype)], f"{name}.one_plus")], f"{name}.gelu")
 
-    def _weight(self, name: str, array: np.ndarray) -> str:
+    def weight(self, name: str, array: np.ndarray) -> str:
         return self.b.weight(name, array, self.precision.numpy)
 
 

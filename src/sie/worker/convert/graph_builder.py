@@ -93,15 +93,22 @@ class GraphBuilder:
         """A subgraph for a control-flow node (`If`'s `then_branch`/`else_branch`): the nodes `build` adds, which
         may read any tensor of the graph around it, with `build`'s returned tensor as its one float output. Its
         weights and constants are the model's own."""
+        return self.subgraph(name, [], lambda: [build()])
+
+    def subgraph(
+        self, name: str, inputs: Sequence[onnx.ValueInfoProto], build: Callable[[], list[str]]
+    ) -> onnx.GraphProto:
+        """A subgraph with inputs of its own (a `Scan` body: its state and one slice of each scanned tensor) and
+        `build`'s returned tensors as its float outputs; the nodes `build` adds may read the inputs by name and
+        any tensor of the graph around it."""
         outer, self.nodes = self.nodes, []
         try:
-            output = build()
+            outputs = build()
             nodes = self.nodes
         finally:
             self.nodes = outer
-        return helper.make_graph(
-            nodes, self.unique(name), [], [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)]
-        )
+        declared = [helper.make_tensor_value_info(output, TensorProto.FLOAT, None) for output in outputs]
+        return helper.make_graph(nodes, self.unique(name), list(inputs), declared)
 
     def model(
         self, graph_name: str, inputs: Sequence[onnx.ValueInfoProto], outputs: Sequence[onnx.ValueInfoProto]

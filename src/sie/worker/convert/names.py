@@ -23,10 +23,11 @@ GLINER_CONFIG_FILE: Final = "gliner_config.json"  # a GLiNER checkpoint's own co
 
 # The `model_type`s of the decoder families converted from a checkpoint (`decoder_families`); `gemma3` is Gemma 3 with
 # its vision tower, of which the language model (a `gemma3_text`) converts; `nvembed` is NV-Embed (a Mistral, then
-# its latent-attention block).
+# its latent-attention block); `qwen3_5` is Qwen3.5 with its vision tower, whose language model (a `qwen3_5_text`:
+# gated delta-rule layers between attention layers) converts.
 DECODER_MODEL_TYPES: Final = frozenset(
     {"llama", "mistral", "qwen2", "qwen3", "granite", "gemma3_text", "gemma3", "hunyuan_v1_dense", "llama_bidirec",
-     "nvembed"}
+     "nvembed", "qwen3_5", "qwen3_5_text"}
 )  # fmt: skip
 NVEMBED_MODEL_TYPE: Final = "nvembed"
 
@@ -68,6 +69,25 @@ def present_key_name(layer: int) -> str:
 
 def present_value_name(layer: int) -> str:
     return f"{PRESENT_PREFIX}{layer}.value"
+
+
+# A linear-attention layer's cache (Qwen3.5's gated delta rule) is two states of a fixed size per row, not a tensor
+# that grows a token at a time: the last inputs of its causal convolution and its recurrent state.
+CONV_STATE: Final = "conv"
+RECURRENT_STATE: Final = "recurrent"
+
+
+def past_state_name(layer: int, state: str) -> str:
+    return f"{PAST_PREFIX}{layer}.{state}"
+
+
+def present_state_name(layer: int, state: str) -> str:
+    return f"{PRESENT_PREFIX}{layer}.{state}"
+
+
+def is_state_name(name: str) -> bool:
+    """Whether a cache feed or output is a fixed-size state (no token axis) rather than keys or values."""
+    return name.endswith((f".{CONV_STATE}", f".{RECURRENT_STATE}"))
 
 
 # The extra inputs and the output of a converted GLiNER span graph (`gliner.py`), fed and read by its adapter: per

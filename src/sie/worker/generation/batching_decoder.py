@@ -25,7 +25,7 @@ import numpy as np
 from sie.wire.generate import FINISH_CANCELLED, FINISH_ERROR
 from sie.worker.convert.names import ATTENTION_MASK
 from sie.worker.generation.decoder_run import DecoderRun
-from sie.worker.generation.kv_cache import BatchCache, CacheShape, bytes_per_cached_token
+from sie.worker.generation.kv_cache import BatchCache, CacheShape, bytes_per_cached_token, bytes_per_row_state
 from sie.worker.generation.sampling import Sampler, SamplingParams
 from sie.worker.generation.stopping import StopChecker, TokenDecoder
 
@@ -155,6 +155,7 @@ class BatchingDecoder:
         self._decode = decode
         self._limits = limits or DecoderLimits()
         self._token_bytes = bytes_per_cached_token(shape)
+        self._row_bytes = bytes_per_row_state(shape)
         self._name = name
         self._lock = threading.RLock()  # re-entered when a sequence ends while the lock is held
         # Shared with the event loop, under `_lock`: sequences not yet admitted, those the thread decodes (its
@@ -279,7 +280,7 @@ class BatchingDecoder:
             while self._waiting and count < self._limits.max_sequences:
                 candidate = self._waiting[0]
                 wider = max(span, candidate.span)
-                if count and (count + 1) * wider * self._token_bytes > self._limits.cache_bytes:
+                if count and (count + 1) * (wider * self._token_bytes + self._row_bytes) > self._limits.cache_bytes:
                     break  # it waits for rows to leave; the ones behind it wait too (arrival order)
                 joining.append(self._waiting.popleft())
                 count, span = count + 1, wider

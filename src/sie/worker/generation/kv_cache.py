@@ -1,9 +1,10 @@
 """The key/value cache of a converted decoder graph (the names of `sie.worker.convert.names`): its CacheShape (from
 the converter's config.json), empty caches, a run's `present.*` outputs as the next run's `past_key_values.*` feeds,
 and BatchCache, the running rows' cache left-padded to one length with the mask of their real positions, with the
-feeds of one prefill or decode step. Pure numpy, no threads: a cache a run left on its device (an onnxruntime
-OrtValue, `decoder_run.py`) passes through a decode step as it is, and comes to the host (its `numpy()`) only when
-rows join or leave.
+feeds of one prefill or decode step. A hybrid decoder's linear-attention layers (Qwen3.5) keep two fixed-size states
+per row instead of keys and values: rows join and leave with them, nothing to pad. Pure numpy, no threads: a cache a
+run left on its device (an onnxruntime OrtValue, `decoder_run.py`) passes through a decode step as it is, and comes
+to the host (its `numpy()`) only when rows join or leave.
 """
 
 from __future__ import annotations
@@ -16,43 +17,69 @@ import numpy as np
 
 from sie.worker.convert.names import (
     ATTENTION_MASK,
+    CONV_STATE,
     INPUT_IDS,
     PAST_PREFIX,
     POSITION_IDS,
     PRESENT_PREFIX,
+    RECURRENT_STATE,
+    is_state_name,
     past_key_name,
+    past_state_name,
     past_value_name,
 )
 
 
 @attrs.frozen
 class CacheShape:
-    """What an empty key/value cache needs: layers, key/value heads, head size and the cache dtype."""
+    """What an empty key/value cache needs: layers, key/value heads, head size and the cache dtype; for a hybrid
+    decoder (Qwen3.5), which layers are linear-attention ones and the per-row shapes of their two states (float32)."""
 
     layers: int
     kv_heads: int
     head_dim: int
     dtype: type[np.floating] = np.float32
+    state_layers: tuple[int, ...] = ()
+    conv_state: tuple[int, ...] = ()  # [channels, conv_kernel - 1]
+    recurrent_state: tuple[int, ...] = ()  # [value_heads, key_dim, value_dim]
 
     @classmethod
     def from_config(cls, config_json: Mapping[str, Any]) -> CacheShape:
         """From the converter's config.json (`torch_dtype` names the cache dtype)."""
         dtype = np.float16 if config_json.get("torch_dtype") == "float16" else np.float32
+        states: dict[str, Any] = {}
+        if config_json.get("linear_attention_layers"):
+            key_heads, value_heads = config_json["linear_num_key_heads"], config_json["linear_num_value_heads"]
+            key_dim, value_dim = config_json["linear_key_head_dim"], config_json["linear_value_head_dim"]
+            channels = 2 * key_heads * key_dim + value_heads * value_dim
+            states = {"state_layers": tuple(config_json["linear_attention_layers"]),
+                      "conv_state": (channels, config_json["linear_conv_kernel_dim"] - 1),
+                      "recurrent_state": (value_heads, key_dim, value_dim)}  # fmt: skip
         return cls(
             layers=int(config_json["num_hidden_layers"]),
             kv_heads=int(config_json["num_key_value_heads"]),
             head_dim=int(config_json["head_dim"]),
             dtype=dtype,
+            **states,
         )
+
+    @property
+    def attention_layers(self) -> list[int]:
+        """The layers with a key/value cache."""
+        return [layer for layer in range(self.layers) if layer not in self.state_layers]
 
 
 def empty_cache(shape: CacheShape, batch: int = 1) -> dict[str, np.ndarray]:
-    """`past_key_values.{i}.key|value` feeds with no past: `[batch, kv_heads, 0, head_dim]`."""
+    """`past_key_values.{i}.key|value` feeds with no past, `[batch, kv_heads, 0, head_dim]`, and a linear-attention
+    layer's `past_key_values.{i}.conv|recurrent` states before any token: zeros."""
     empty = np.zeros((batch, shape.kv_heads, 0, shape.head_dim), dtype=shape.dtype)
     feeds = {}
-    for layer in range(shape.layers):
+    for layer in shape.attention_layers:
         feeds[past_key_name(layer)] = empty
         feeds[past_value_name(layer)] = empty
+    for layer in shape.state_layers:
+        feeds[past_state_name(layer, CONV_STATE)] = np.zeros((batch, *shape.conv_state), dtype=np.float32)
+        feeds[past_state_name(layer, RECURRENT_STATE)] = np.zeros((batch, *shape.recurrent_state), dtype=np.float32)
     return feeds
 
 
@@ -66,8 +93,14 @@ def next_cache(output_names: Sequence[str], outputs: Sequence[np.ndarray]) -> di
 
 
 def bytes_per_cached_token(shape: CacheShape) -> int:
-    """Key and value cache bytes one token of one row holds, over every layer."""
-    return shape.layers * 2 * shape.kv_heads * shape.head_dim * np.dtype(shape.dtype).itemsize
+    """Key and value cache bytes one token of one row holds, over every attention layer."""
+    return len(shape.attention_layers) * 2 * shape.kv_heads * shape.head_dim * np.dtype(shape.dtype).itemsize
+
+
+def bytes_per_row_state(shape: CacheShape) -> int:
+    """The linear-attention states' bytes of one row, whatever its length (float32)."""
+    per_layer = int(np.prod(shape.conv_state, dtype=np.int64)) + int(np.prod(shape.recurrent_state, dtype=np.int64))
+    return len(shape.state_layers) * per_layer * 4 if shape.state_layers else 0
 
 
 def _host(value: Any) -> np.ndarray:
@@ -133,9 +166,10 @@ class BatchCache:
             return other  # its cache stays where it is
         length = max(self.length, other.length)
         past = {
-            name: np.concatenate([_left_pad(_host(value), length, 2), _left_pad(_host(other.past[name]), length, 2)])
+            name: np.concatenate([_host(value), _host(other.past[name])]) if is_state_name(name)
+            else np.concatenate([_left_pad(_host(value), length, 2), _left_pad(_host(other.past[name]), length, 2)])
             for name, value in self.past.items()
-        }
+        }  # fmt: skip
         mask = np.concatenate([_left_pad(self.mask, length, 1), _left_pad(other.mask, length, 1)])
         return BatchCache(past, mask)
 
@@ -145,7 +179,10 @@ class BatchCache:
         mask = self.mask[index]
         used = np.flatnonzero(mask.any(axis=0))
         start = int(used[0]) if used.size else mask.shape[1]
-        past = {name: np.ascontiguousarray(_host(value)[index, :, start:]) for name, value in self.past.items()}
+        past = {
+            name: np.ascontiguousarray(_host(value)[index] if is_state_name(name) else _host(value)[index, :, start:])
+            for name, value in self.past.items()
+        }
         return BatchCache(past, np.ascontiguousarray(mask[:, start:]))
 
     def step_feeds(self, last_tokens: Sequence[int]) -> dict[str, np.ndarray]:
