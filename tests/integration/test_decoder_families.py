@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from tokenizers import AddedToken, Tokenizer
 
-from sie.catalog import parse_model_config
+from sie.catalog import load_yaml, parse_model_config
 from sie.wire.queue import GenerateParams
 from sie.worker.convert import convert_decoder_checkpoint, convert_decoder_hidden, convert_gguf
 from sie.worker.convert.cache_keys import decoder_cache_key
@@ -142,12 +142,11 @@ async def test_a_gemma3_with_a_vision_tower_generates_as_transformers(
         loaded.close()
 
 
-async def test_a_qwen3_5_with_a_vision_tower_converts_and_generates_as_its_language_model(
-    model_loader: ModelLoader, tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def qwen3_5_with_vision(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     """Qwen3.5-4B's class (Qwen3_5ForConditionalGeneration: config `qwen3_5` with a `text_config`, the language model
-    under `model.language_model.`, the vision tower beside it): its language model converts, the tower is never
-    read, and greedy text through the model loader equals transformers' whole model on text."""
+    under `model.language_model.`, a one-layer vision tower beside it), tiny and random, saved with the test
+    tokenizer; returns its directory and the model (the reference)."""
     import torch
     import transformers
 
@@ -163,16 +162,28 @@ async def test_a_qwen3_5_with_a_vision_tower_converts_and_generates_as_its_langu
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.2)
-    model.save_pretrained(tmp_path / "model")
-    write_tokenizer(tmp_path / "model")
-    converted = convert_decoder_checkpoint(tmp_path / "model", tmp_path / "decoder")
+    directory = tmp_path_factory.mktemp("qwen3_5-vision")
+    model.save_pretrained(directory)
+    write_tokenizer(directory)
+    return directory, model
+
+
+async def test_a_qwen3_5_with_a_vision_tower_converts_and_generates_as_its_language_model(
+    qwen3_5_with_vision: tuple[Path, Any], model_loader: ModelLoader, tmp_path: Path
+) -> None:
+    """The language model of a Qwen3_5ForConditionalGeneration checkpoint converts (the tower is never read), and
+    greedy text through the model loader equals transformers' whole model on text."""
+    import torch
+
+    directory, model = qwen3_5_with_vision
+    converted = convert_decoder_checkpoint(directory, tmp_path / "decoder")
     saved = json.loads((converted.directory / "config.json").read_text())
     assert (saved["model_type"], saved["linear_attention_layers"]) == ("qwen3_5_text", [0, 2])
     prompts = [[5, 9, 11, 4, 30], [7, 8]]
     for seen, logits in run_generation_graph(session(converted.graph), CacheShape.from_config(saved), prompts, 2):
         for row, ids in enumerate(seen):
             assert float(np.abs(logits[row] - reference_logits(model, ids)).max()) <= TOLERANCE, ids
-    loaded = model_loader.load(generation_yaml(tmp_path / "model", "qwen3_5"), "default", "acme/qwen3_5-chat")
+    loaded = model_loader.load(generation_yaml(directory, "qwen3_5"), "default", "acme/qwen3_5-chat")
     try:
         ids = loaded.tokenizer.encode_batch(["w1 w2 w3"])[0].input_ids.tolist()
         with torch.no_grad():
@@ -181,6 +192,28 @@ async def test_a_qwen3_5_with_a_vision_tower_converts_and_generates_as_its_langu
         expected = loaded.adapter.decode_text(out[0, len(ids) :].tolist())
         request = GenerateParams(prompt="w1 w2 w3", max_new_tokens=12, temperature=0.0)
         assert await generate_all(loaded.adapter, [request]) == [expected]
+    finally:
+        loaded.close()
+
+
+def test_the_public_qwen3_5_yaml_serves_a_qwen3_5_checkpoint(
+    qwen3_5_with_vision: tuple[Path, Any], public_wheel: Path, model_loader: ModelLoader
+) -> None:
+    """The public catalogue's Qwen/Qwen3.5-4B YAML as it is (sglang.generation, its NEXTN and SGLang launch options
+    aside) loads a checkpoint of its class: its default sampling (0.7 / 0.8, presence penalty 1.5), its stop token
+    and its chat template switch apply."""
+    import zipfile
+
+    directory, _ = qwen3_5_with_vision
+    with zipfile.ZipFile(public_wheel) as wheel:
+        text = wheel.read("sie_server/models/Qwen__Qwen3.5-4B.yaml").decode()
+    data = load_yaml(text, "Qwen__Qwen3.5-4B.yaml") | {"weights_path": str(directory)}
+    loaded = model_loader.load(parse_model_config(data), "default", "Qwen/Qwen3.5-4B")
+    try:
+        prepared = loaded.adapter.prepare(GenerateParams(messages=[{"role": "user", "content": "w1"}]))
+        params = prepared.params
+        assert (params.temperature, params.top_p, params.presence_penalty) == (0.7, 0.8, 1.5)
+        assert loaded.tokenizer.encode_batch(["<|im_end|>"])[0].input_ids.tolist()[-1] in params.stop_token_ids
     finally:
         loaded.close()
 
@@ -362,13 +395,72 @@ async def test_a_profiles_default_sampling_and_stop_tokens_apply_to_requests_tha
         assert attrs.astuple(adapter.prepare(own).params)[:4] == (0.7, 0.5, 0, 3)
     finally:
         loaded.close()
-    refused = {"['presence_penalty'] are not applied": {"default_sampling": {"presence_penalty": 1.5}},
+    refused = {"['repetition_penalty'] are not applied": {"default_sampling": {"repetition_penalty": 1.05}},
+               "presence_penalty must be a number from -2 to 2": {"default_sampling": {"presence_penalty": 3}},
                "temperature must be a finite number >= 0": {"default_sampling": {"temperature": -1}},
                "['w1 w2'] are not tokens of the model's vocabulary": {"stop_tokens": ["w1 w2"]}}  # fmt: skip
     for named, runtime in refused.items():
         raw["profiles"]["default"]["adapter_options"] = {"runtime": runtime}
         with pytest.raises(ModelLoadError, match=re.escape(named)):
             model_loader.load(parse_model_config(raw), "default", "acme/guard")
+
+
+async def test_a_profiles_presence_penalty_decodes_as_transformers_with_openais_penalty(
+    model_loader: ModelLoader, tmp_path: Path
+) -> None:
+    """Qwen3.5-4B's YAML samples with `presence_penalty: 1.5`: greedy decoding with a profile's presence and frequency
+    penalties equals transformers' greedy generate with OpenAI's penalty on the generated tokens as a logits
+    processor, and differs from it without (the penalty changed the text); a request's own penalties win."""
+    import torch
+    import transformers
+
+    model = save_causal_lm(tmp_path / "model", "qwen3")
+    tokenizer = Tokenizer.from_file(str(tmp_path / "model" / "tokenizer.json"))
+    ids = tokenizer.encode("w1 w2 w3").ids
+
+    class OpenAIPenalty(transformers.LogitsProcessor):
+        def __init__(self, presence: float, frequency: float) -> None:
+            self.presence, self.frequency = presence, frequency
+
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            generated = input_ids[0, len(ids) :]
+            counts = torch.bincount(generated, minlength=scores.shape[-1]).to(scores.dtype)
+            return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+
+    def greedy(presence: float, frequency: float) -> list[int]:
+        processors = transformers.LogitsProcessorList([OpenAIPenalty(presence, frequency)])
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=20, min_new_tokens=20, do_sample=False,
+                                 pad_token_id=0, logits_processor=processors)  # fmt: skip
+        return out[0, len(ids) :].tolist()
+
+    raw = {
+        "sie_id": "acme/penalised",
+        "weights_path": str(tmp_path / "model"),
+        "tasks": {"generate": {"max_output_tokens": 64}},
+        "profiles": {
+            "default": {
+                "adapter_path": "sie_server.adapters.sglang.generation:SGLangGenerationAdapter",
+                "max_batch_tokens": 1024,
+                "adapter_options": {
+                    "runtime": {
+                        "default_sampling": {"temperature": 0.0, "presence_penalty": 1.5, "frequency_penalty": 0.5}
+                    }
+                },
+            }
+        },
+    }
+    loaded = model_loader.load(parse_model_config(raw), "default", "acme/penalised")
+    try:
+        adapter = loaded.adapter
+        penalised, own = greedy(1.5, 0.5), greedy(-1.0, 0.0)
+        assert penalised != greedy(0.0, 0.0)
+        by_default = await generate_all(adapter, [GenerateParams(prompt="w1 w2 w3", max_new_tokens=20)])
+        assert by_default == [adapter.decode_text(penalised)]
+        request = GenerateParams(prompt="w1 w2 w3", max_new_tokens=20, presence_penalty=-1.0, frequency_penalty=0.0)
+        assert await generate_all(adapter, [request]) == [adapter.decode_text(own)]
+    finally:
+        loaded.close()
 
 
 SWITCHED_TEMPLATE = CHAT_TEMPLATE + (

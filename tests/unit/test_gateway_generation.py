@@ -32,11 +32,16 @@ def chunk(seq: int, text: str = "", attempt: str = "a1", **fields: object) -> Ge
 def test_native_request_with_every_sampling_field() -> None:
     body = {"prompt": "Once", "max_new_tokens": 8, "temperature": 0, "top_p": 0.9, "top_k": 5, "stop": ["\n"],
             "seed": -3, "stream": True, "options": {"profile": "default"}, "routing_key": "k",
-            "prompt_cache_key": "c", "safety_identifier": "s", "frequency_penalty": 0, "logprobs": False}  # fmt: skip
+            "prompt_cache_key": "c", "safety_identifier": "s", "frequency_penalty": 0, "presence_penalty": 1.5,
+            "logprobs": False}  # fmt: skip
     call = parse_native("org/m", body)
     assert call.model == "org/m" and call.stream and call.profile == "default"
     assert call.params == GenerateParams(prompt="Once", max_new_tokens=8, temperature=0.0, top_p=0.9, top_k=5,
-                                         stop=["\n"], seed=-3)  # fmt: skip
+                                         stop=["\n"], seed=-3, presence_penalty=1.5, frequency_penalty=0.0)  # fmt: skip
+    # OpenAI's chat and completions requests carry the penalties too
+    chat = parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}], "frequency_penalty": -0.5})
+    completion = parse_completion({"model": "m", "prompt": "hi", "presence_penalty": 2})
+    assert (chat.params.frequency_penalty, completion.params.presence_penalty) == (-0.5, 2.0)
 
 
 def test_chat_request_maps_messages_and_max_tokens() -> None:
@@ -76,8 +81,10 @@ def test_completions_default_to_16_tokens_and_take_a_one_string_list() -> None:
         (lambda b: parse_native("m", b), {"prompt": "x", "max_new_tokens": 2, "logprobs": True}, "logprobs"),
         (lambda b: parse_native("m", b), {"prompt": "x", "max_new_tokens": 2, "lora_adapter": "a"}, "lora_adapter"),
         (lambda b: parse_native("m", b), {"prompt": "x", "max_new_tokens": 2, "logit_bias": {"1": 2}}, "logit_bias"),
-        (lambda b: parse_native("m", b), {"prompt": "x", "max_new_tokens": 2, "presence_penalty": 0.5},
+        (lambda b: parse_native("m", b), {"prompt": "x", "max_new_tokens": 2, "presence_penalty": 2.5},
          "presence_penalty"),
+        (lambda b: parse_native("m", b), {"prompt": "x", "max_new_tokens": 2, "frequency_penalty": "high"},
+         "frequency_penalty"),
         (lambda b: parse_native("m", b), {"prompt": "x", "max_new_tokens": 2, "temperature": -1}, "temperature"),
         (lambda b: parse_native("m", b), {"prompt": "x", "max_new_tokens": 2, "top_p": 0}, "top_p"),
         (lambda b: parse_native("m", b), {"prompt": "x", "max_new_tokens": 2, "stop": ["a"] * 5}, "stop"),

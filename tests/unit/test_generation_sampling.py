@@ -1,5 +1,5 @@
 """How the next token is chosen (sie.worker.generation.sampling): SamplingParams' checks, and the Sampler's rules on
-logits (greedy, seeds, temperature, top-k, top-p, a stable softmax)."""
+logits (greedy, seeds, temperature, top-k, top-p, a stable softmax, presence and frequency penalties)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ from sie.worker.generation.sampling import Sampler, SamplingParams
         ("stop", ["a", "b", "c", "d", "e"]),
         ("stop", ["ok", ""]),
         ("stop_token_ids", [-1]),
+        ("presence_penalty", 2.5),
+        ("frequency_penalty", float("inf")),
     ],
 )
 def test_invalid_params_name_their_field(field: str, value: object) -> None:
@@ -110,3 +112,16 @@ def test_the_softmax_is_stable_for_huge_logits() -> None:
 def test_logits_without_a_finite_maximum_are_refused() -> None:
     with pytest.raises(ValueError, match="finite"):
         Sampler(SamplingParams(seed=1)).next_token(np.full(4, -np.inf, dtype=np.float32))
+
+
+def test_penalties_lower_the_logits_of_generated_tokens_by_presence_and_count() -> None:
+    """OpenAI's definition: logit − count × frequency_penalty − (count > 0) × presence_penalty, over the tokens the
+    sequence generated; greedy decoding moves off a token once its penalty outweighs its lead."""
+    logits = np.asarray([5.0, 4.0, 3.5, 0.0], dtype=np.float32)
+    sampler = Sampler(SamplingParams(temperature=0, presence_penalty=0.75, frequency_penalty=0.5))
+    assert draws(sampler, logits, 4) == [0, 1, 0, 2]
+    # token 0 twice: 5 − 0.75 − 2 × 0.5; token 1 once: 4 − 1.25; token 2 once: 3.5 − 1.25
+    assert sampler.penalised(logits).tolist() == [3.25, 2.75, 2.25, 0.0]
+    assert Sampler(SamplingParams(temperature=0)).penalised(logits) is logits
+    # a negative presence penalty favours what was said: greedy then repeats itself
+    assert draws(Sampler(SamplingParams(temperature=0, presence_penalty=-2)), logits, 3) == [0, 0, 0]

@@ -49,6 +49,8 @@ class GenerateParams:
     top_k: int | None = omittable()
     seed: int | None = omittable()
     stop_token_ids: list[int] | None = omittable()
+    presence_penalty: float | None = omittable()
+    frequency_penalty: float | None = omittable()
     # A chat request's template switches (`sie.catalog.options.CHAT_TEMPLATE_SWITCHES`); the entry's win over them.
     chat_template_kwargs: dict[str, Any] | None = omittable()
 

@@ -30,7 +30,7 @@ _IGNORED_OPENAI: Final = frozenset(
 # The values of fields SIE does not serve that ask for nothing (OpenAI's defaults); an empty list or map, and
 # None, ask for nothing either.
 _NEUTRAL: Final[dict[str, tuple[Any, ...]]] = {
-    "frequency_penalty": (0,), "presence_penalty": (0,), "repetition_penalty": (1,), "n": (1,), "best_of": (1,),
+    "repetition_penalty": (1,), "n": (1,), "best_of": (1,),
     "logprobs": (False, 0), "top_logprobs": (0,), "echo": (False,), "include_reasoning": (False,),
     "tool_choice": ("none", "auto"), "function_call": ("none", "auto"), "modalities": (["text"],),
     "response_format": ({"type": "text"},),
@@ -44,19 +44,15 @@ def _unsupported(name: str, value: Any, neutral: dict[str, tuple[Any, ...]] = _N
     return value not in neutral.get(name, ())
 
 
-_UNSUPPORTED_NATIVE: Final = frozenset(
-    {"images", "grammar", "logit_bias", "lora_adapter", "logprobs", "top_logprobs", "frequency_penalty",
-     "presence_penalty"}
-)  # fmt: skip
+_UNSUPPORTED_NATIVE: Final = frozenset({"images", "grammar", "logit_bias", "lora_adapter", "logprobs", "top_logprobs"})
 _UNSUPPORTED_CHAT: Final = frozenset(
     {"tools", "tool_choice", "functions", "function_call", "response_format", "logprobs",
-     "top_logprobs", "logit_bias", "frequency_penalty", "presence_penalty", "repetition_penalty", "best_of",
+     "top_logprobs", "logit_bias", "repetition_penalty", "best_of",
      "lora_adapter", "audio", "modalities", "prediction", "include_reasoning"}
 )  # fmt: skip
-_UNSUPPORTED_COMPLETIONS: Final = frozenset(
-    {"echo", "suffix", "best_of", "logprobs", "logit_bias", "frequency_penalty", "presence_penalty", "lora_adapter"}
-)
-_SAMPLING: Final = frozenset({"temperature", "top_p", "top_k", "stop", "seed", "stream"})
+_UNSUPPORTED_COMPLETIONS: Final = frozenset({"echo", "suffix", "best_of", "logprobs", "logit_bias", "lora_adapter"})
+_PENALTIES: Final = ("presence_penalty", "frequency_penalty")  # OpenAI's, from -2 to 2
+_SAMPLING: Final = frozenset({"temperature", "top_p", "top_k", "stop", "seed", "stream", *_PENALTIES})
 _NATIVE_FIELDS: Final = _SAMPLING | {"prompt", "max_new_tokens", "options"}
 _CHAT_FIELDS: Final = _SAMPLING | {"model", "messages", "max_tokens", "max_completion_tokens", "n", "stream_options",
                                     "chat_template_kwargs"}  # fmt: skip
@@ -125,9 +121,13 @@ def _sampling(data: dict[str, Any], max_tokens: int | None, **prompt: Any) -> Ge
     seed = data.get("seed")
     if seed is not None and (type(seed) is not int or not -_INT64 <= seed < _INT64):
         raise InvalidRequestError(f"Field 'seed' must be a 64-bit integer, got {seed!r}", param="seed")
+    penalties = {name: _number(data, name) for name in _PENALTIES}
+    for name, penalty in penalties.items():
+        if penalty is not None and not -2 <= penalty <= 2:
+            raise InvalidRequestError(f"Field '{name}' must be from -2 to 2, got {penalty!r}", param=name)
     return GenerateParams(
         max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=_int(data, "top_k", 0),
-        seed=seed, stop=_stop(data.get("stop")), **prompt,
+        seed=seed, stop=_stop(data.get("stop")), **penalties, **prompt,
     )  # fmt: skip
 
 
@@ -166,8 +166,8 @@ def _model(data: dict[str, Any]) -> str:
 
 
 def parse_native(model: str, data: Any) -> GenerateCall:
-    """`POST /v1/generate/{model}`: `{prompt, max_new_tokens, temperature?, top_p?, top_k?, stop?, seed?, stream?,
-    options?}`; each refusal names its field."""
+    """`POST /v1/generate/{model}`: `{prompt, max_new_tokens, temperature?, top_p?, top_k?, stop?, seed?,
+    presence_penalty?, frequency_penalty?, stream?, options?}`; each refusal names its field."""
     data = _object(data)
     _check_fields(data, _NATIVE_FIELDS, _IGNORED_NATIVE, _UNSUPPORTED_NATIVE)
     prompt = data.get("prompt")

@@ -40,7 +40,11 @@ DEFAULT_CONTEXT_LENGTH: Final = 2048
 DEFAULT_MAX_OUTPUT_TOKENS: Final = 512
 # A profile's `default_sampling` keys this engine applies, as SamplingParams fields.
 DEFAULT_SAMPLING_FIELDS: Final = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
-                                  "sampling_seed": "seed"}  # fmt: skip
+                                  "sampling_seed": "seed", "presence_penalty": "presence_penalty",
+                                  "frequency_penalty": "frequency_penalty"}  # fmt: skip
+
+# The GenerateParams fields a request may set over the profile's defaults, as SamplingParams fields of the same name.
+REQUEST_SAMPLING_FIELDS: Final = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty")
 
 
 class GenerationInputError(ValueError):
@@ -230,7 +234,7 @@ class CausalLMAdapter(Adapter):
             )
         stop_ids = set(params.stop_token_ids or ())
         stop_ids.update(self.eos_token_ids, self.profile_stop_ids)
-        chosen = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k, "seed": params.seed}
+        chosen = {name: getattr(params, name) for name in REQUEST_SAMPLING_FIELDS}
         try:
             return SamplingParams(
                 **{**self.default_sampling, **{name: value for name, value in chosen.items() if value is not None}},

@@ -1,6 +1,7 @@
 """How the next token of a sequence is chosen: SamplingParams (how one sequence is decoded and when it ends, each
-value checked) and the Sampler (greedy, or a seeded draw after temperature, top-k and top-p). Pure numpy over one
-sequence's logits: no onnxruntime, no I/O; `stopping` applies the params' stop rules.
+value checked) and the Sampler (greedy, or a seeded draw after temperature, top-k and top-p; OpenAI's presence and
+frequency penalties on the tokens generated so far first). Pure numpy over one sequence's logits: no onnxruntime, no
+I/O; `stopping` applies the params' stop rules.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import attrs
 import numpy as np
 
 MAX_STOP_STRINGS: Final = 4
+MAX_PENALTY: Final = 2.0  # OpenAI's range for presence_penalty and frequency_penalty: [-2, 2]
 
 
 def _stop_strings(value: Iterable[str]) -> tuple[str, ...]:
@@ -33,6 +35,11 @@ def _check_top_p(_instance: object, _attribute: object, value: float) -> None:
 def _check_top_k(_instance: object, _attribute: object, value: int) -> None:
     if not _is_int(value) or value < 0:
         raise ValueError(f"top_k must be an integer >= 0 (0 is off), got {value!r}")
+
+
+def _check_penalty(_instance: object, attribute: attrs.Attribute, value: float) -> None:
+    if not (np.isfinite(value) and -MAX_PENALTY <= value <= MAX_PENALTY):
+        raise ValueError(f"{attribute.name} must be a number from {-MAX_PENALTY:g} to {MAX_PENALTY:g}, got {value!r}")
 
 
 def _check_seed(_instance: object, _attribute: object, value: int | None) -> None:
@@ -74,24 +81,47 @@ class SamplingParams:
     stop_token_ids: frozenset[int] = attrs.field(
         default=frozenset(), converter=frozenset, validator=_check_stop_token_ids
     )
+    # subtracted from a generated token's logit once it has appeared (presence), and per appearance (frequency)
+    presence_penalty: float = attrs.field(default=0.0, validator=_check_penalty)
+    frequency_penalty: float = attrs.field(default=0.0, validator=_check_penalty)
 
 
 class Sampler:
-    """Picks each next token of one sequence; its own random generator makes a seeded sequence reproducible."""
+    """Picks each next token of one sequence; its own random generator makes a seeded sequence reproducible. It
+    counts the tokens it picked, which the penalties read (the prompt's tokens are not penalised, as in OpenAI's
+    definition)."""
 
     def __init__(self, params: SamplingParams) -> None:
         self._params = params
         self._rng = np.random.default_rng(params.seed)
+        self._penalised = params.presence_penalty != 0 or params.frequency_penalty != 0
+        self._counts: dict[int, int] = {}
 
     def next_token(self, logits: np.ndarray) -> int:
         """The next token id from the last position's logits (shape `[vocab]`)."""
-        logits = _vector(logits)
+        logits = self.penalised(_vector(logits))
         if self._params.temperature == 0:
-            return int(np.argmax(logits))
-        probabilities = self.probabilities(logits)
-        candidates = np.flatnonzero(probabilities)
-        weights = probabilities[candidates]
-        return int(candidates[self._rng.choice(len(candidates), p=weights / weights.sum())])
+            token = int(np.argmax(logits))
+        else:
+            probabilities = self.probabilities(logits)
+            candidates = np.flatnonzero(probabilities)
+            weights = probabilities[candidates]
+            token = int(candidates[self._rng.choice(len(candidates), p=weights / weights.sum())])
+        if self._penalised:
+            self._counts[token] = self._counts.get(token, 0) + 1
+        return token
+
+    def penalised(self, logits: np.ndarray) -> np.ndarray:
+        """`logits` less, for each token picked so far, presence_penalty + frequency_penalty × its count (a copy;
+        `logits` itself when no penalty is set or nothing was picked yet)."""
+        if not self._counts:
+            return logits
+        tokens = np.fromiter(self._counts, dtype=np.int64, count=len(self._counts))
+        counts = np.fromiter(self._counts.values(), dtype=np.float64, count=len(self._counts))
+        penalties = self._params.presence_penalty + self._params.frequency_penalty * counts
+        adjusted = logits.astype(np.float64 if logits.dtype == np.float64 else np.float32, copy=True)
+        adjusted[tokens] -= penalties.astype(adjusted.dtype)
+        return adjusted
 
     def probabilities(self, logits: np.ndarray) -> np.ndarray:
         """The distribution a token is drawn from: softmax of `logits / temperature`, zero outside the top-k and
