@@ -121,6 +121,8 @@ ARCHITECTURE_OF_MODEL = {
     "tencent/R3-rerank-0.6b": "qwen3",
     "Qwen/Qwen3-VL-8B-Instruct": "qwen3_vl",  # a vision-language model
     "Qwen/Qwen3.5-4B": "qwen3_5",  # hybrid linear attention
+    "topk-io/topk-embed-v1-small": "qwen3_5",  # TopK-Embed: Qwen3.5-2B attending both ways, a token projection
+    "topk-io/topk-embed-v1-xsmall": "qwen3_5",  # on Qwen3.5-0.8B
     "NovaSearch/stella_en_1.5B_v5": "qwen2",
     "Alibaba-NLP/gte-Qwen2-1.5B-instruct": "qwen2",
     "Alibaba-NLP/gte-Qwen2-7B-instruct": "qwen2",

@@ -58,7 +58,13 @@ def sized_model(family: str, layers: int) -> torch.nn.Module:
     config.num_hidden_layers = layers
     if hasattr(config, "head_dim"):
         config.head_dim = 64
-    if hasattr(config, "layer_types") and config.layer_types is not None:
+    if family == "qwen3_5":  # three linear-attention layers to each attention one, Qwen3.5-0.8B's ratio of heads
+        config.layer_types = [
+            "full_attention" if (index + 1) % 4 == 0 else "linear_attention" for index in range(layers)
+        ]
+        config.linear_num_key_heads, config.linear_num_value_heads = 4, 8
+        config.linear_key_head_dim = config.linear_value_head_dim = 64
+    elif hasattr(config, "layer_types") and config.layer_types is not None:
         config.layer_types = config.layer_types[:1] * layers
     if getattr(config, "sliding_window", None):
         config.sliding_window = 4096  # longer than the bench's sequences: the mask is built, nothing is cut

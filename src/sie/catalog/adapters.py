@@ -69,6 +69,9 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie_server.adapters.colbert": MULTIVECTOR,
     "sie_server.adapters.colbert_modernbert_flash.adapter": MULTIVECTOR,
     "sie_server.adapters.colbert_rotary_flash": MULTIVECTOR,  # jina-colbert-v2: rotary flash XLM-R (jina_flash.py)
+    # TopK-Embed: a Qwen3.5 language model attending both ways, each token's state projected by its `head.weight`;
+    # text queries and documents (page images are not served: the vision tower is not built)
+    "sie_server.adapters.topk_embed.adapter": MULTIVECTOR,
     "sie_server.adapters.bge_m3_flash": HYBRID,
     "sie_server.adapters.bge_m3": HYBRID,
     "sie_server.adapters.bge_m3_flag": HYBRID,
@@ -102,6 +105,11 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     # and one whose model_type it does not build fails that load naming it
     "sie_server_rust.adapters.candle": DENSE,
 }
+
+
+# Public modules whose recipe runs a decoder attending both ways (its full-attention layers; the public adapter sets
+# `is_causal = False`), as a profile's `forward_kwargs: {is_causal: false}` asks.
+BIDIRECTIONAL_MODULES: Final = frozenset({"sie_server.adapters.topk_embed.adapter"})
 
 
 # Public modules of architectures SIE does not build, with what they are: a model naming one is refused saying so.

@@ -13,11 +13,18 @@ tokens a query or a document becomes, which token vectors an encode returns, and
   (marker included).
 - Returned vectors: every attended token (and a query's expansion), less the tokenizer's special tokens when
   `skip_special_tokens` (the default), and for documents the single-character punctuation tokens when
-  `doc_punctuation_skiplist`.
+  `doc_punctuation_skiplist` and the ids of `doc_skip_ids`.
+
+TopK-Embed checkpoints (a Qwen3.5 language model with a `head.weight` projection) carry their own recipe in
+`config.json` (`query_template`, `document_prompt`, `scoring_skip_ids`, `output_dim`) and `sentence_bert_config.json`
+(`query_length`, `document_length`); `checkpoint_recipe` reads it as these options: the prompts are text before the
+text (`prefix_as_text`; a query's text stripped first, a document's prompt and text stripped together:
+`strip_text`), nothing skipped but a document's `scoring_skip_ids`, the projection cut to `output_dim` outputs.
 """
 
 from __future__ import annotations
 
+import json
 import string
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,6 +40,12 @@ from sie.worker.sentence_modules import DenseStage, read_sentence_modules
 
 MASK_TOKENS = ("[MASK]", "<mask>")
 STANFORD_PROJECTION = "linear.weight"
+SENTENCE_CONFIG_FILE = "sentence_bert_config.json"
+TOPK_PROJECTION = "head.weight"  # TopK-Embed's, beside its backbone's `model.*` tensors
+# TopK-Embed's config.json keys (its remote code's) and its reference adapter's defaults.
+TOPK_KEYS = ("query_template", "document_prompt", "scoring_skip_ids", "output_dim")
+TOPK_QUERY_PROMPT, TOPK_DOCUMENT_PROMPT = "Query: ", "Document: "
+TOPK_QUERY_LENGTH, TOPK_DOCUMENT_LENGTH = 1024, 8192
 
 
 @attrs.frozen
@@ -51,8 +64,28 @@ def resolve_marker(tokenizer: TextTokenizer, prefix: str) -> Marker:
     return Marker(text=prefix)
 
 
-def read_projection(model_dir: Path | None) -> tuple[DenseStage, ...]:
-    """The checkpoint's projection of token vectors, in order; `()` when it has none."""
+def checkpoint_recipe(config_json: Mapping[str, Any], model_dir: Path | None) -> dict[str, Any]:
+    """The late-interaction options a TopK-Embed checkpoint's own files set ({} for any other checkpoint); a
+    profile's options win over them."""
+    if not any(key in config_json for key in TOPK_KEYS):
+        return {}
+    sentence_file = model_dir / SENTENCE_CONFIG_FILE if model_dir is not None else None
+    sentence_config = json.loads(sentence_file.read_text()) if sentence_file and sentence_file.is_file() else {}
+    return {
+        "query_prefix": config_json.get("query_template", TOPK_QUERY_PROMPT),
+        "doc_prefix": config_json.get("document_prompt", TOPK_DOCUMENT_PROMPT),
+        "prefix_as_text": True,
+        "strip_text": True,
+        "skip_special_tokens": False,
+        "doc_skip_ids": list(config_json.get("scoring_skip_ids") or ()),
+        "query_max_length": int(sentence_config.get("query_length", TOPK_QUERY_LENGTH)),
+        "doc_max_length": int(sentence_config.get("document_length", TOPK_DOCUMENT_LENGTH)),
+    }
+
+
+def read_projection(model_dir: Path | None, outputs: int | None = None) -> tuple[DenseStage, ...]:
+    """The checkpoint's projection of token vectors, in order; `()` when it has none. `outputs` keeps the first so
+    many of a TopK-Embed head's (its `output_dim`: Matryoshka)."""
     if model_dir is None:
         return ()
     stack = read_sentence_modules(model_dir)
@@ -62,6 +95,11 @@ def read_projection(model_dir: Path | None) -> tuple[DenseStage, ...]:
         checkpoint = Checkpoint(model_dir)
     except ConversionError:  # an ONNX-only model directory: no checkpoint to look in
         return ()
+    if TOPK_PROJECTION in checkpoint:
+        head = checkpoint.load(TOPK_PROJECTION)
+        if head.ndim != 2 or not 0 < (outputs or head.shape[0]) <= head.shape[0]:
+            raise ValueError(f"{checkpoint.path}: head.weight {list(head.shape)} cannot give {outputs} outputs")
+        return (DenseStage(np.ascontiguousarray(head[: outputs or head.shape[0]].T), None, "Identity"),)
     if STANFORD_PROJECTION not in checkpoint:
         return ()
     weight = checkpoint.load(STANFORD_PROJECTION)
@@ -84,8 +122,10 @@ class LateInteraction:
     ) -> None:
         self._tokenizer = tokenizer
         self.projection = tuple(projection)
-        self.query_marker = resolve_marker(tokenizer, str(options.get("query_prefix") or ""))
-        self.doc_marker = resolve_marker(tokenizer, str(options.get("doc_prefix") or ""))
+        marker = (lambda _tokenizer, prefix: Marker(text=prefix)) if options.get("prefix_as_text") else resolve_marker
+        self.query_marker = marker(tokenizer, str(options.get("query_prefix") or ""))
+        self.doc_marker = marker(tokenizer, str(options.get("doc_prefix") or ""))
+        self._strips = bool(options.get("strip_text", False))
         self.mask_id = next((i for token in MASK_TOKENS if (i := tokenizer.token_to_id(token)) is not None), None)
         self.expands_queries = bool(options.get("query_expansion", expands_queries)) and self.mask_id is not None
         specials = set(tokenizer.special_ids) if options.get("skip_special_tokens", True) else set()
@@ -95,14 +135,19 @@ class LateInteraction:
             ids = (tokenizer.token_to_id(character) for character in string.punctuation)
             punctuation = {token_id for token_id in ids if token_id is not None}
         self._query_drop = np.fromiter(sorted(query_drop), dtype=np.int64)
-        self._doc_drop = np.fromiter(sorted(specials | punctuation), dtype=np.int64)
+        listed = {int(token_id) for token_id in options.get("doc_skip_ids") or ()}
+        self._doc_drop = np.fromiter(sorted(specials | punctuation | listed), dtype=np.int64)
 
     def width(self, hidden_width: int) -> int:
         """The width of a returned vector for a transformer of `hidden_width`."""
         return self.projection[-1].out_features if self.projection else hidden_width
 
     def marked_text(self, text: str, is_query: bool) -> str:
-        return (self.query_marker if is_query else self.doc_marker).text + text
+        if not self._strips:
+            return (self.query_marker if is_query else self.doc_marker).text + text
+        if is_query:  # TopK-Embed's: the query stripped, the document's prompt and text stripped together
+            return self.query_marker.text + text.strip()
+        return (self.doc_marker.text + text).strip()
 
     def fit(self, tokenized: TokenizedText, is_query: bool, limit: int) -> TokenizedText:
         """The tokens the model reads: the marker id inserted after the first token, all of it cut to `limit`."""

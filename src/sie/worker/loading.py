@@ -23,6 +23,7 @@ from typing import Any, Final
 
 import attrs
 
+from sie.catalog.adapters import BIDIRECTIONAL_MODULES
 from sie.catalog.errors import ConfigError
 from sie.catalog.model import DEFAULT_PROFILE, ModelConfig, Profile
 from sie.settings import WorkerSettings
@@ -505,7 +506,10 @@ def _appends_eos(config_json: Mapping[str, Any]) -> bool:
 
 
 def _attends_both_ways(profile: Profile, model_id: str) -> bool:
-    """Whether the profile runs its model with `forward_kwargs: {is_causal: false}` (GritLM's embedding recipe)."""
+    """Whether the profile runs its model with `forward_kwargs: {is_causal: false}` (GritLM's embedding recipe), or
+    names a public module whose recipe does (TopK-Embed's)."""
+    if profile.adapter_module in BIDIRECTIONAL_MODULES:
+        return True
     forward = profile.loadtime_options.get("forward_kwargs") or {}
     field = f"profiles.{profile.name}.adapter_options.loadtime.forward_kwargs"
     if not isinstance(forward, Mapping):

@@ -96,6 +96,8 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
                 results[index] = ItemResult(result=result, input_tokens=len(token_list))
 
     def _encode_spec(self, item: Any) -> EncodeSpec | ItemResult:
+        if (item.item or {}).get("images"):  # never encode the text of an item and leave out its images
+            return invalid("Item has images; this model reads text only (its image inputs are not served)")
         text = item_text(item.item)
         if text is None:
             return invalid("Item has no text; this model accepts text input only")

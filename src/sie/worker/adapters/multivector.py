@@ -20,7 +20,7 @@ from sie.worker.adapters.base import AdapterContext
 from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, check_width, first_output, output_width
 from sie.worker.adapters.feeds import bert_feeds
 from sie.worker.device_pooling import DeviceTokenStates, device_pooling_for, head_rows
-from sie.worker.late_interaction import LateInteraction, read_projection
+from sie.worker.late_interaction import LateInteraction, checkpoint_recipe, read_projection
 from sie.worker.muvera import Muvera, MuveraConfig
 from sie.worker.outputs import l2_normalize, quantize
 
@@ -41,11 +41,13 @@ class MultivectorAdapter(TextEncoderAdapter):
 
     def __init__(self, context: AdapterContext) -> None:
         super().__init__(context)
-        loadtime = context.profile.loadtime_options
+        # a TopK-Embed checkpoint's own recipe, under the profile's options
+        loadtime = {**checkpoint_recipe(context.model_config_json, context.model_dir),
+                    **context.profile.loadtime_options}  # fmt: skip
         self.runtime_options = {key: loadtime[key] for key in PER_REQUEST if key in loadtime} | self.runtime_options
         self._doc_max_length = _doc_max_length(loadtime)
         self._token_states = first_output(self.session, rank=3, preferred=("last_hidden_state", "token_embeddings"))
-        projection = read_projection(context.model_dir)
+        projection = read_projection(context.model_dir, context.model_config_json.get("output_dim"))
         hidden = output_width(self.session, self._token_states)
         if projection and hidden is not None and projection[0].in_features != hidden:
             raise ValueError(

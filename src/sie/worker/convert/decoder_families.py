@@ -30,10 +30,11 @@ does the same for a checkpoint whose serving recipe asks for it (GritLM's `forwa
 Such a model embeds; it cannot generate.
 
 Qwen3.5 (`qwen3_5_text`, or `qwen3_5` with its vision tower: the language model under `model.language_model.`, the
-tower never read) puts a gated delta-rule layer (`gated_delta`) in three of every four layers' place
-(`layer_types`, or every `full_attention_interval`-th layer attending); its attention layers have per-head q/k norms,
-RoPE on the first `partial_rotary_factor` of each head (its multimodal RoPE sections coincide for text) and a
-sigmoid gate from `q_proj` on their output; every norm but the delta rule's own scales by 1 + weight.
+tower never read; any config whose `text_config` is a `qwen3_5_text` reads the same, as TopK-Embed's remote code's)
+puts a gated delta-rule layer (`gated_delta`) in three of every four layers' place (`layer_types`, or every
+`full_attention_interval`-th layer attending); its attention layers have per-head q/k norms, RoPE on the first
+`partial_rotary_factor` of each head (its multimodal RoPE sections coincide for text) and a sigmoid gate from
+`q_proj` on their output; every norm but the delta rule's own scales by 1 + weight.
 
 HunYuan is Llama with a per-head RMSNorm on queries and keys after the rotation (`query_layernorm`,
 `key_layernorm`) and, for a `dynamic` RoPE with an `alpha`, a fixed NTK stretch of the base.
@@ -57,7 +58,7 @@ from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.gated_delta import GatedDelta
 from sie.worker.convert.latent_attention import DECODER_PREFIX as NVEMBED_DECODER_PREFIX
 from sie.worker.convert.latent_attention import decoder_config_of
-from sie.worker.convert.names import DECODER_MODEL_TYPES, NVEMBED_MODEL_TYPE
+from sie.worker.convert.names import DECODER_MODEL_TYPES, NVEMBED_MODEL_TYPE, QWEN3_5_TEXT_MODEL_TYPE, wraps_qwen3_5
 from sie.worker.convert.safetensors_io import Checkpoint
 
 MODEL_PREFIX: Final = "model."
@@ -81,7 +82,7 @@ INNER_LANGUAGE_MODEL: Final = "model.language_model."
 # differs); the other keys' defaults are the parser's own.
 # Qwen3.5 with its vision tower (Qwen3_5ForConditionalGeneration): its language model is a `qwen3_5_text` decoder.
 QWEN3_5_WITH_VISION: Final = "qwen3_5"
-QWEN3_5_TEXT: Final = "qwen3_5_text"
+QWEN3_5_TEXT: Final = QWEN3_5_TEXT_MODEL_TYPE
 # Qwen3_5TextConfig's defaults for what a config may leave out.
 QWEN3_5_TEXT_DEFAULTS: Final = {"vocab_size": 248_320, "hidden_size": 4096, "intermediate_size": 12_288,
                                 "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4,
@@ -175,7 +176,7 @@ def _in_family_terms(raw: Mapping[str, Any], source: str) -> Mapping[str, Any]:
     model's, NVIDIA's `llama_bidirec` as a Llama that is not causal, NV-Embed as its decoder (`latent_attention`)."""
     if raw.get("model_type") == GEMMA3_WITH_VISION:
         return language_model_config(raw, source)
-    if raw.get("model_type") == QWEN3_5_WITH_VISION:
+    if raw.get("model_type") == QWEN3_5_WITH_VISION or wraps_qwen3_5(raw):
         text = raw.get("text_config")
         if not isinstance(text, Mapping) or text.get("model_type", QWEN3_5_TEXT) != QWEN3_5_TEXT:
             raise ConversionError("a qwen3_5 config needs a qwen3_5_text text_config (its language model)",

@@ -30,6 +30,7 @@ DECODER_MODEL_TYPES: Final = frozenset(
      "nvembed", "qwen3_5", "qwen3_5_text"}
 )  # fmt: skip
 NVEMBED_MODEL_TYPE: Final = "nvembed"
+QWEN3_5_TEXT_MODEL_TYPE: Final = "qwen3_5_text"
 
 
 def side_file(graph: Path) -> Path:
@@ -39,8 +40,15 @@ def side_file(graph: Path) -> Path:
 
 
 def is_decoder_config(config_json: Mapping[str, Any]) -> bool:
-    """Whether a checkpoint's config.json names a decoder family the converter builds."""
-    return config_json.get("model_type") in DECODER_MODEL_TYPES
+    """Whether a checkpoint's config.json names a decoder family the converter builds (or wraps a Qwen3.5 language
+    model under a `model_type` of its own remote code: TopK-Embed's)."""
+    return config_json.get("model_type") in DECODER_MODEL_TYPES or wraps_qwen3_5(config_json)
+
+
+def wraps_qwen3_5(config_json: Mapping[str, Any]) -> bool:
+    """Whether the config's `text_config` is a Qwen3.5 language model's, whatever the top level calls itself."""
+    text = config_json.get("text_config")
+    return isinstance(text, Mapping) and text.get("model_type") == QWEN3_5_TEXT_MODEL_TYPE
 
 
 # Families whose activations overflow float16 (Gemma 3's model cards: float32 or bfloat16 only): on a GPU they convert
