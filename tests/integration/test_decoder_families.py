@@ -218,6 +218,41 @@ def test_the_public_qwen3_5_yaml_serves_a_qwen3_5_checkpoint(
         loaded.close()
 
 
+def test_qwen3_5_prompts_over_several_chunks_equal_transformers(tmp_path: Path) -> None:
+    """A prompt runs the delta rule in chunks of 64 tokens (`gated_delta.CHUNK`), a decode step one token at a time:
+    prompts of one, two and three chunks (one exactly 64, one a token over) and a token repeated 150 times (keys
+    alike: the chunks' triangular systems at their least well-conditioned) equal transformers, left-padded together
+    and then step by step; the hidden-state graph too, right-padded. One linear-attention layer and one attention
+    layer: over 150 tokens a deeper random model amplifies float32 rounding past 1e-4 in transformers itself (its
+    float32 states differ from its float64 ones by up to 1e-4 at four layers)."""
+    import torch
+
+    from support.decoder_checkpoints import qwen3_5_config
+
+    config = qwen3_5_config()
+    config.num_hidden_layers, config.layer_types = 2, ["linear_attention", "full_attention"]
+    model = random_causal_lm("qwen3_5", config=config)
+    model.save_pretrained(tmp_path / "model")
+    write_tokenizer(tmp_path / "model")
+    converted = convert_decoder_checkpoint(tmp_path / "model", tmp_path / "decoder")
+    shape = CacheShape.from_config(json.loads((converted.directory / "config.json").read_text()))
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(4, VOCAB, size=length).tolist() for length in (130, 64, 65)] + [[7] * 150]
+    for seen, logits in run_generation_graph(session(converted.graph), shape, prompts, 2):
+        for row, ids in enumerate(seen):
+            assert float(np.abs(logits[row] - reference_logits(model, ids)).max()) <= TOLERANCE, len(ids)
+    convert_decoder_hidden(tmp_path / "model", tmp_path / "hidden.onnx")
+    ids = np.zeros((len(prompts), 150), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, : len(prompt)], mask[row, : len(prompt)] = prompt, 1
+    (hidden,) = session(tmp_path / "hidden.onnx").run(None, {"input_ids": ids, "attention_mask": mask})
+    for row, prompt in enumerate(prompts):
+        with torch.no_grad():
+            expected = model.model(torch.tensor([prompt])).last_hidden_state[0].numpy()
+        assert float(np.abs(hidden[row, : len(prompt)] - expected).max()) <= TOLERANCE, len(prompt)
+
+
 def test_a_qwen3_5_config_without_its_text_config_is_refused(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "vision_config": {}}))
     with pytest.raises(ConversionError, match="a qwen3_5 config needs a qwen3_5_text text_config"):

@@ -10,8 +10,11 @@ scaled by 1/sqrt(key_dim)) and repeated over the value heads they serve; each to
     S ← S · exp(g_t);  S ← S + k_t ⊗ β_t (v_t − Sᵀk_t);  o_t = Sᵀq_t
 
 with β = sigmoid(b) and g = −exp(A_log) · softplus(a + dt_bias), and the output is RMSNorm(o) · weight · SiLU(z),
-projected back to the hidden size. The recurrence is an ONNX `Scan` over the run's tokens in float32 (transformers
-runs the same rule chunked for a prompt and token by token with a cache; the two agree to rounding).
+projected back to the hidden size. The rule runs in float32 in every precision, in one of two forms chosen per run
+by an ONNX `If` on its length, as transformers chooses: a decode step's one token is the rule once
+(`single_step_rule`); a prompt's tokens go in chunks of CHUNK (`chunked_rule`: within a chunk the updates fold into
+matrix products by the inverse of a unit lower-triangular system, inverted by blocks; an ONNX `Scan` carries the
+state from chunk to chunk).
 
 Padding is zeroed at the layer's input, as transformers does: a left-padded row's pads then leave the convolution's
 window and the recurrent state at zero, so its real tokens see what they would unpadded; a right-padded row's pads
@@ -44,6 +47,7 @@ from sie.worker.convert.names import (
 )
 
 L2_EPSILON = 1e-6  # transformers' l2norm (the FLA library's)
+CHUNK = 64  # tokens per chunk of a prompt's run (transformers' chunk_size)
 
 
 class DecoderNodes(Protocol):
@@ -162,10 +166,16 @@ def gated_delta_layer(decoder: DecoderNodes, x: str, layer: int, spec: GatedDelt
     shifted = b.op("Add", [per_head_a, b.weight(f"{name}.dt_bias", dt_bias)], f"{name}.a_shifted")
     rate = b.op("Mul", [b.op("Softplus", [shifted], f"{name}.softplus"),
                         b.weight(f"{name}.neg_A", -np.exp(a_log.astype(np.float32)))], f"{name}.g")  # fmt: skip
-    decay = b.op("Exp", [rate], f"{name}.decay")  # [B, S, value_heads]
 
     initial = past_state_name(layer, RECURRENT_STATE) if decoder.cached else _zero_state(decoder, spec, name)
-    final, outputs = _recurrence(decoder, initial, (query, key, value, decay, beta), spec, name)
+    sequence = b.op("Squeeze", [b.op("Shape", [INPUT_IDS], f"{name}.s_1d", start=1, end=2), b.const([0])],
+                    f"{name}.s")  # fmt: skip
+    inputs = (query, key, value, rate, beta)
+    final, outputs = b.op_multi(
+        "If", [b.op("Greater", [sequence, b.const(1)], f"{name}.several")], [f"{name}.state", f"{name}.o"],
+        then_branch=b.subgraph(f"{name}.chunked", [], lambda: chunked_rule(b, initial, inputs, spec, name)),
+        else_branch=b.subgraph(f"{name}.single", [], lambda: single_step_rule(b, initial, inputs, name)),
+    )  # fmt: skip
     if decoder.cached:
         b.op("Identity", [final], present_state_name(layer, RECURRENT_STATE))
 
@@ -245,42 +255,167 @@ def _zero_state(decoder: DecoderNodes, spec: GatedDelta, name: str) -> str:
                 value=helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0]))  # fmt: skip
 
 
-def _recurrence(
-    decoder: DecoderNodes, initial: str, sequences: Sequence[str], spec: GatedDelta, name: str
+def _delta_step(b: GraphBuilder, state: str, token: Sequence[str], name: str) -> tuple[str, str]:
+    """One token of the rule on its [B, H, …] query, key, value, log decay and beta: the new state [B, H, dk, dv] and
+    the read [B, H, dv]."""
+    query, key, value, rate, beta = token
+    per_head = b.const([2, 3])
+    decay = b.op("Exp", [b.op("Unsqueeze", [rate, per_head], f"{name}.rate_4d")], f"{name}.decay")
+    decayed = b.op("Mul", [state, decay], f"{name}.decayed")
+    key_row = b.op("Unsqueeze", [key, b.const([2])], f"{name}.k_row")  # [B, H, 1, dk]
+    remembered = b.op("MatMul", [key_row, decayed], f"{name}.remembered")  # Sᵀk: [B, H, 1, dv]
+    value_row = b.op("Unsqueeze", [value, b.const([2])], f"{name}.v_row")
+    delta = b.op("Mul", [b.op("Sub", [value_row, remembered], f"{name}.error"),
+                         b.op("Unsqueeze", [beta, per_head], f"{name}.beta_4d")], f"{name}.delta")  # fmt: skip
+    key_column = b.op("Unsqueeze", [key, b.const([3])], f"{name}.k_column")  # [B, H, dk, 1]
+    updated = b.op("Add", [decayed, b.op("MatMul", [key_column, delta], f"{name}.update")], f"{name}.updated")
+    query_row = b.op("Unsqueeze", [query, b.const([2])], f"{name}.q_row")
+    read = b.op("MatMul", [query_row, updated], f"{name}.read")  # [B, H, 1, dv]
+    return updated, b.op("Squeeze", [read, b.const([2])], f"{name}.read_rows")
+
+
+def single_step_rule(b: GraphBuilder, initial: str, inputs: Sequence[str], name: str) -> list[str]:
+    """A run of one token (a decode step) of queries, keys, values, log decays and betas ([B, 1, H, …]) from the
+    state `initial`: the rule once, no loop. Returns the new state and the read [B, 1, H, dv]."""
+    sliced = [b.op("Squeeze", [x, b.const([1])], f"{name}.one.{index}") for index, x in enumerate(inputs)]
+    state, read = _delta_step(b, initial, sliced, f"{name}.one")
+    return [state, b.op("Unsqueeze", [read, b.const([1])], f"{name}.one.out")]
+
+
+def chunked_rule(b: GraphBuilder, initial: str, inputs: Sequence[str], spec: GatedDelta, name: str) -> list[str]:
+    """A run of several tokens (a prompt) of queries, keys, values, log decays and betas ([B, S, H, …]) from the
+    state `initial`, as transformers' `torch_chunk_gated_delta_rule` computes it: the tokens in
+    chunks of CHUNK (the last padded with tokens that change nothing: no key, no value, no decay), each chunk's
+    updates folded into products by the inverse of its unit lower-triangular system (`_unit_lower_inverse`), then a
+    Scan over the chunks carries the state. Returns the final state and the reads [B, S, H, dv]."""
+    name = f"{name}.chunks"
+    query, key, value, rate, beta = inputs
+    sequence = b.op("Shape", [query], f"{name}.s", start=1, end=2)
+    padding = b.op("Mod", [b.op("Sub", [b.const([CHUNK]), b.op("Mod", [sequence, b.const([CHUNK])], f"{name}.rem")],
+                                f"{name}.short"), b.const([CHUNK])], f"{name}.pad")  # fmt: skip
+
+    def chunked(x: str, part: str, width: int | None = None) -> str:
+        """[B, S, H(, width)] → [B, H, N, CHUNK(, width)], the tokens padded to whole chunks with zeros."""
+        rank = 3 if width is None else 4
+        moved = b.op("Transpose", [x], f"{name}.{part}_t", perm=[0, 2, 1, 3][:rank])
+        ends = [b.const([0] * (rank + 2)), padding] + ([b.const([0])] if width else [])
+        padded = b.op("Pad", [moved, b.op("Concat", ends, f"{name}.{part}_pads", axis=0)], f"{name}.{part}_padded")
+        shape = [0, 0, -1, CHUNK] + ([width] if width else [])
+        return b.op("Reshape", [padded, b.const(shape)], f"{name}.{part}")
+
+    q, k = chunked(query, "q", spec.key_head_dim), chunked(key, "k", spec.key_head_dim)
+    v = chunked(value, "v", spec.value_head_dim)
+    g, beta_c = chunked(rate, "g"), chunked(beta, "beta")
+    beta_col = b.op("Unsqueeze", [beta_c, b.const([-1])], f"{name}.beta_col")
+    v_beta = b.op("Mul", [v, beta_col], f"{name}.v_beta")
+    k_beta = b.op("Mul", [k, beta_col], f"{name}.k_beta")
+    cumulative = b.op("CumSum", [g, b.const(-1)], f"{name}.cum")  # [B, H, N, C]: log decay from the chunk's start
+    cum_i = b.op("Unsqueeze", [cumulative, b.const([-1])], f"{name}.cum_i")
+    growth = b.op("Exp", [cum_i], f"{name}.growth")
+    # exp(cum_i − cum_j) where j ≤ i, else 0
+    cum_j = b.op("Unsqueeze", [cumulative, b.const([-2])], f"{name}.cum_j")
+    differences = b.op("Sub", [cum_i, cum_j], f"{name}.diff")
+    causal = b.const(np.tril(np.ones((CHUNK, CHUNK), dtype=bool)), np.bool_)
+    pairwise = b.op("Exp", [b.op("Where", [causal, differences, b.const(-np.inf, np.float32)], f"{name}.diff_masked")],
+                    f"{name}.pairwise")  # fmt: skip
+    k_t = b.op("Transpose", [k], f"{name}.k_tr", perm=[0, 1, 2, 4, 3])
+    system = b.op("Mul", [b.op("MatMul", [k_beta, k_t], f"{name}.kk"), pairwise], f"{name}.system")
+    strictly_lower = b.const(np.tril(np.ones((CHUNK, CHUNK), dtype=np.float32), -1), np.float32)
+    identity = b.const(np.eye(CHUNK, dtype=np.float32), np.float32)
+    unit_lower = b.op("Add", [identity, b.op("Mul", [system, strictly_lower], f"{name}.lower")], f"{name}.unit_lower")
+    inverse = _unit_lower_inverse(b, unit_lower, f"{name}.inverse")
+    new_values = b.op("MatMul", [inverse, v_beta], f"{name}.new_values")  # [B, H, N, C, dv]
+    decayed_keys = b.op("MatMul", [inverse, b.op("Mul", [k_beta, growth], f"{name}.k_beta_grown")],
+                        f"{name}.k_cumdecay")  # fmt: skip
+    intra = b.op("Mul", [b.op("MatMul", [q, k_t], f"{name}.qk"), pairwise], f"{name}.intra")
+    q_grown = b.op("Mul", [q, growth], f"{name}.q_grown")
+    last = b.op("Slice", [cumulative, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([-1])],
+                f"{name}.cum_last")  # fmt: skip
+    k_to_end = b.op("Mul", [k, b.op("Exp", [b.op("Unsqueeze", [b.op("Sub", [last, cumulative], f"{name}.to_end"),
+                                                               b.const([-1])], f"{name}.to_end_col")],
+                                     f"{name}.to_end_exp")], f"{name}.k_to_end")  # fmt: skip
+    chunk_decay = b.op("Exp", [last], f"{name}.chunk_decay")  # [B, H, N, 1]
+
+    per_chunk = (new_values, decayed_keys, q_grown, intra, k_to_end, chunk_decay)
+    final, reads = _across_chunks(b, initial, per_chunk, spec, name)
+    dv = spec.value_head_dim
+    flat = b.op("Reshape", [reads, b.const([0, 0, -1, dv])], f"{name}.reads_flat")  # [B, H, N*C, dv]
+    cut = b.op("Slice", [flat, b.const([0]), sequence, b.const([2])], f"{name}.reads_cut")
+    return [final, b.op("Transpose", [cut], f"{name}.out", perm=[0, 2, 1, 3])]
+
+
+def _across_chunks(
+    b: GraphBuilder, initial: str, per_chunk: Sequence[str], spec: GatedDelta, name: str
 ) -> tuple[str, str]:
-    """The gated delta rule token by token (an ONNX Scan over axis 1 of queries, keys, values, decays and betas):
-    the final state [B, H, dk, dv] and the outputs [B, S, H, dv]."""
-    b = decoder.b
+    """The Scan over the chunks (axis 2 of each of `per_chunk`: the folded values, the decayed keys the state
+    corrects, the grown queries, the intra-chunk attention, the keys decayed to the chunk's end, the chunk's decay):
+    the final state and the reads [B, H, N, CHUNK, dv]."""
     heads, dk, dv = spec.recurrent_state_shape()
-    state_in, q_t, k_t, v_t, decay_t, beta_t = (f"{name}.step.{part}" for part in ("state_in", "q", "k", "v", "decay",
-                                                                                   "beta"))  # fmt: skip
-    step_inputs = [
+    parts = ("new_values", "k_cumdecay", "q", "intra", "k", "decay")
+    state_in, *slices = (b.unique(f"{name}.scan.{part}_in") for part in ("state", *parts))
+    body_inputs = [
         helper.make_tensor_value_info(state_in, TensorProto.FLOAT, ["batch", heads, dk, dv]),
-        helper.make_tensor_value_info(q_t, TensorProto.FLOAT, ["batch", heads, dk]),
-        helper.make_tensor_value_info(k_t, TensorProto.FLOAT, ["batch", heads, dk]),
-        helper.make_tensor_value_info(v_t, TensorProto.FLOAT, ["batch", heads, dv]),
-        helper.make_tensor_value_info(decay_t, TensorProto.FLOAT, ["batch", heads]),
-        helper.make_tensor_value_info(beta_t, TensorProto.FLOAT, ["batch", heads]),
+        helper.make_tensor_value_info(slices[0], TensorProto.FLOAT, ["batch", heads, CHUNK, dv]),
+        helper.make_tensor_value_info(slices[1], TensorProto.FLOAT, ["batch", heads, CHUNK, dk]),
+        helper.make_tensor_value_info(slices[2], TensorProto.FLOAT, ["batch", heads, CHUNK, dk]),
+        helper.make_tensor_value_info(slices[3], TensorProto.FLOAT, ["batch", heads, CHUNK, CHUNK]),
+        helper.make_tensor_value_info(slices[4], TensorProto.FLOAT, ["batch", heads, CHUNK, dk]),
+        helper.make_tensor_value_info(slices[5], TensorProto.FLOAT, ["batch", heads, 1]),
     ]
 
-    def step() -> list[str]:
-        per_head, step = b.const([2, 3]), f"{name}.step"
-        decayed = b.op("Mul", [state_in, b.op("Unsqueeze", [decay_t, per_head], f"{step}.decay_4d")],
-                       f"{step}.decayed")  # fmt: skip
-        key_row = b.op("Unsqueeze", [k_t, b.const([2])], f"{step}.k_row")  # [B, H, 1, dk]
-        remembered = b.op("MatMul", [key_row, decayed], f"{step}.remembered")  # Sᵀk: [B, H, 1, dv]
-        value_row = b.op("Unsqueeze", [v_t, b.const([2])], f"{step}.v_row")
-        delta = b.op("Mul", [b.op("Sub", [value_row, remembered], f"{step}.error"),
-                             b.op("Unsqueeze", [beta_t, per_head], f"{step}.beta_4d")], f"{step}.delta")  # fmt: skip
-        key_column = b.op("Unsqueeze", [k_t, b.const([3])], f"{step}.k_column")  # [B, H, dk, 1]
-        state = b.op("Add", [decayed, b.op("MatMul", [key_column, delta], f"{step}.update")], f"{step}.state")
-        query_row = b.op("Unsqueeze", [q_t, b.const([2])], f"{step}.q_row")
-        read = b.op("MatMul", [query_row, state], f"{step}.read")  # [B, H, 1, dv]
-        return [state, b.op("Squeeze", [read, b.const([2])], f"{step}.out")]
+    def chunk_step() -> list[str]:
+        values_i, cumdecay_i, q_i, intra_i, k_i, decay_i = slices
+        step = f"{name}.scan"
+        v_new = b.op("Sub", [values_i, b.op("MatMul", [cumdecay_i, state_in], f"{step}.predicted")], f"{step}.v_new")
+        out = b.op("Add", [b.op("MatMul", [q_i, state_in], f"{step}.inter"),
+                           b.op("MatMul", [intra_i, v_new], f"{step}.intra_read")], f"{step}.out")  # fmt: skip
+        kept = b.op("Mul", [state_in, b.op("Unsqueeze", [decay_i, b.const([-1])], f"{step}.decay_4d")],
+                    f"{step}.kept")  # fmt: skip
+        written = b.op("MatMul", [b.op("Transpose", [k_i], f"{step}.k_t", perm=[0, 1, 3, 2]), v_new],
+                       f"{step}.written")  # fmt: skip
+        return [b.op("Add", [kept, written], f"{step}.state"), out]
 
-    body = b.subgraph(f"{name}.step", step_inputs, step)
-    final, outputs = b.op_multi(
-        "Scan", [initial, *sequences], [f"{name}.state", f"{name}.o"], body=body, num_scan_inputs=len(sequences),
-        scan_input_axes=[1] * len(sequences), scan_output_axes=[1],
+    body = b.subgraph(f"{name}.step", body_inputs, chunk_step)
+    final, reads = b.op_multi(
+        "Scan", [initial, *per_chunk], [f"{name}.final", f"{name}.reads"], body=body, num_scan_inputs=len(per_chunk),
+        scan_input_axes=[2] * len(per_chunk), scan_output_axes=[2],
     )  # fmt: skip
-    return final, outputs
+    return final, reads
+
+
+def _unit_lower_inverse(b: GraphBuilder, matrix: str, name: str) -> str:
+    """The inverse of unit lower-triangular [B, H, N, CHUNK, CHUNK] matrices, by blocks: the 2×2 diagonal blocks'
+    are 2I − M; then each level pairs the inverses A⁻¹, B⁻¹ of two neighbouring diagonal blocks with the block X below
+    the first into the inverse of their union, [[A⁻¹, 0], [−B⁻¹ X A⁻¹, B⁻¹]] (log₂ CHUNK levels of batched products,
+    as stable as forward substitution)."""
+    two = b.const(2 * np.eye(2, dtype=np.float32), np.float32)
+    inverses = b.op("Sub", [two, _diagonal_blocks(b, matrix, 2, f"{name}.b1")], f"{name}.b2")  # [.., C/2, 2, 2]
+    size = 2
+    while size < CHUNK:
+        pairs = CHUNK // (2 * size)
+        level = f"{name}.b{size}"
+        # −X: the block below each pair's first (rows (2p + 1)·size…, columns 2p·size…), negated
+        grid = b.op("Reshape", [matrix, b.const([0, 0, 0, pairs, 2, size, pairs, 2, size])], f"{level}.grid")
+        rows = b.op("Gather", [grid, b.const(1)], f"{level}.rows", axis=4)  # [.., p, size, q, 2, size]
+        below = b.op("Gather", [rows, b.const(0)], f"{level}.below_all", axis=-2)  # [.., p, size, q, size]
+        own = b.const(-np.eye(pairs, dtype=np.float32).reshape(pairs, 1, pairs, 1), np.float32)
+        below = b.op("ReduceSum", [b.op("Mul", [below, own], f"{level}.own"), b.const([-2])], f"{level}.below",
+                     keepdims=0)  # fmt: skip
+        paired = b.op("Reshape", [inverses, b.const([0, 0, 0, pairs, 2, size, size])], f"{level}.paired")
+        first = b.op("Gather", [paired, b.const(0)], f"{level}.first", axis=-3)
+        second = b.op("Gather", [paired, b.const(1)], f"{level}.second", axis=-3)
+        corner = b.op("MatMul", [b.op("MatMul", [second, below], f"{level}.bx"), first], f"{level}.corner")
+        top = b.op("Pad", [first, b.const([0] * 11 + [size])], f"{level}.top")  # [A⁻¹, 0]
+        bottom = b.op("Concat", [corner, second], f"{level}.bottom", axis=-1)
+        inverses = b.op("Concat", [top, bottom], f"{level}.inverses", axis=-2)  # [.., pairs, 2·size, 2·size]
+        size *= 2
+    return b.op("Reshape", [inverses, b.const([0, 0, 0, CHUNK, CHUNK])], f"{name}.result")
+
+
+def _diagonal_blocks(b: GraphBuilder, matrix: str, size: int, name: str) -> str:
+    """The size × size blocks on the diagonal of [B, H, N, CHUNK, CHUNK] matrices: [B, H, N, CHUNK / size, size,
+    size]."""
+    count = CHUNK // size
+    grid = b.op("Reshape", [matrix, b.const([0, 0, 0, count, size, count, size])], f"{name}.grid")
+    own = b.const(np.eye(count, dtype=np.float32).reshape(count, 1, count, 1), np.float32)
+    return b.op("ReduceSum", [b.op("Mul", [grid, own], f"{name}.own"), b.const([-2])], f"{name}.diagonal", keepdims=0)
