@@ -7,7 +7,7 @@
 #   scripts/device_check.sh [check]   THERE: install sie and its `gpu-cuda` extra from those files into the venv
 #                                     python3 runs in (DEVICE_CHECK_VENV), then prove the CUDA provider is used
 #                                     and print raw vs served throughput, float16 against float32,
-#                                     generation's device-resident cache against session.run, and
+#                                     generation's device-resident cache (a Llama's, a Qwen3.5's) against session.run, and
 #                                     embeddings pooled and token vectors projected on the device
 #                                     against the same on the host.
 #
@@ -235,6 +235,10 @@ generation() {
   step "generation on cuda:0: decode steps with the key/value cache left on the device against session.run"
   "$VENV/bin/python" scripts/device_generation.py --device cuda:0 --precision float16 \
     || fail "the io-bound decode steps differ from session.run's"
+  step "generation on cuda:0, Qwen3.5: linear-attention states on the device beside the keys and values"
+  "$VENV/bin/python" scripts/device_generation.py --device cuda:0 --precision float16 --family qwen3_5 \
+    --hidden 1024 --layers 4 --prompt 256 --steps 16 \
+    || fail "the io-bound Qwen3.5 decode steps differ from session.run's"
 }
 
 pooling() {

@@ -1,4 +1,5 @@
-"""Generation's device path, checked where it runs: a random Llama checkpoint written here (safetensors by hand, no
+"""Generation's device path, checked where it runs: a random Llama (or, `--family qwen3_5`, a Qwen3.5: linear-attention
+layers whose states ride in the cache beside the keys and values) checkpoint written here (safetensors by hand, no
 torch), converted in the precision a GPU profile gets, and its decode steps run two ways on the same batch of rows:
 through the engine's IO-bound runs (`sie.worker.generation.decoder_run`: the key/value cache fed back as the device
 values the last run returned) and through plain `session.run` (the cache copied to the host and back every step).
@@ -6,7 +7,7 @@ Both must give the same logits step by step; the decode steps per second of each
 of interleaved rounds. `scripts/device_check.sh` runs it on cuda:0 in float16; the test suite on the CPU.
 
     python scripts/device_generation.py [--device cuda:0|cpu] [--precision float16|float32] [--rows 8]
-        [--prompt 512] [--steps 64] [--rounds 3] [--hidden 1024] [--layers 8]
+        [--prompt 512] [--steps 64] [--rounds 3] [--hidden 1024] [--layers 8] [--family llama|qwen3_5]
 
 Exit status 1 when the two ways' logits differ.
 """
@@ -40,8 +41,70 @@ VOCAB = 4096
 TOLERANCE = 1e-3
 
 
-def write_llama(directory: Path, hidden: int, layers: int, seed: int = 0) -> None:
-    """A Llama checkpoint with random weights: config.json and model.safetensors."""
+def write_checkpoint(directory: Path, family: str, hidden: int, layers: int, seed: int = 0) -> None:
+    """A `family` checkpoint with random weights: config.json and model.safetensors."""
+    config, shapes = (llama_shapes if family == "llama" else qwen3_5_shapes)(hidden, layers)
+    rng = np.random.default_rng(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / CONFIG_FILE).write_text(json.dumps(config))
+    tensors = {
+        name: (np.ones(shape) if len(shape) == 1 else rng.normal(0.0, 0.5 / np.sqrt(shape[-1]), shape), "F32")
+        for name, shape in shapes.items()
+    }
+    write_safetensors(directory / "model.safetensors", tensors)
+
+
+def qwen3_5_shapes(hidden: int, layers: int) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
+    """A Qwen3.5 text model's config and tensor shapes: every fourth layer attends (gated, a quarter of each 256-wide
+    head rotated), the others run the gated delta rule (16 key heads serving 32 value heads of 128)."""
+    heads, kv_heads, head_dim, intermediate = max(1, hidden // 256), 1, 256, hidden * 3
+    key_heads, value_heads, key_dim, value_dim, kernel = 16, 32, 128, 128, 4
+    channels = 2 * key_heads * key_dim + value_heads * value_dim
+    types = ["full_attention" if (index + 1) % 4 == 0 else "linear_attention" for index in range(layers)]
+    config = {"model_type": "qwen3_5_text", "hidden_size": hidden, "intermediate_size": intermediate,
+              "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
+              "num_hidden_layers": layers, "layer_types": types, "vocab_size": VOCAB, "max_position_embeddings": 4096,
+              "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "hidden_act": "silu",
+              "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+              "linear_num_key_heads": key_heads, "linear_num_value_heads": value_heads,
+              "linear_key_head_dim": key_dim, "linear_value_head_dim": value_dim, "linear_conv_kernel_dim": kernel,
+              "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (VOCAB, hidden), "model.norm.weight": (hidden,)}
+    for layer, kind in enumerate(types):
+        prefix = f"model.layers.{layer}."
+        shapes |= {
+            prefix + "mlp.gate_proj.weight": (intermediate, hidden),
+            prefix + "mlp.up_proj.weight": (intermediate, hidden),
+            prefix + "mlp.down_proj.weight": (hidden, intermediate),
+            prefix + "input_layernorm.weight": (hidden,),
+            prefix + "post_attention_layernorm.weight": (hidden,),
+        }
+        if kind == "full_attention":
+            shapes |= {
+                prefix + "self_attn.q_proj.weight": (2 * heads * head_dim, hidden),
+                prefix + "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+                prefix + "self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+                prefix + "self_attn.o_proj.weight": (hidden, heads * head_dim),
+                prefix + "self_attn.q_norm.weight": (head_dim,),
+                prefix + "self_attn.k_norm.weight": (head_dim,),
+            }
+        else:
+            shapes |= {
+                prefix + "linear_attn.in_proj_qkv.weight": (channels, hidden),
+                prefix + "linear_attn.in_proj_z.weight": (value_heads * value_dim, hidden),
+                prefix + "linear_attn.in_proj_b.weight": (value_heads, hidden),
+                prefix + "linear_attn.in_proj_a.weight": (value_heads, hidden),
+                prefix + "linear_attn.conv1d.weight": (channels, 1, kernel),
+                prefix + "linear_attn.dt_bias": (value_heads,),
+                prefix + "linear_attn.A_log": (value_heads,),
+                prefix + "linear_attn.norm.weight": (value_dim,),
+                prefix + "linear_attn.out_proj.weight": (hidden, value_heads * value_dim),
+            }
+    return config, shapes
+
+
+def llama_shapes(hidden: int, layers: int) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
+    """A Llama's config and tensor shapes."""
     heads, kv_heads, intermediate = max(1, hidden // 64), max(1, hidden // 256), hidden * 11 // 4
     head_dim = hidden // heads
     config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": hidden,
@@ -49,8 +112,6 @@ def write_llama(directory: Path, hidden: int, layers: int, seed: int = 0) -> Non
               "num_hidden_layers": layers, "vocab_size": VOCAB, "max_position_embeddings": 4096,
               "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True, "hidden_act": "silu",
               "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
-    rng = np.random.default_rng(seed)
-    directory.mkdir(parents=True, exist_ok=True)
     shapes = {"model.embed_tokens.weight": (VOCAB, hidden), "model.norm.weight": (hidden,)}
     for layer in range(layers):
         prefix = f"model.layers.{layer}."
@@ -65,12 +126,7 @@ def write_llama(directory: Path, hidden: int, layers: int, seed: int = 0) -> Non
             prefix + "input_layernorm.weight": (hidden,),
             prefix + "post_attention_layernorm.weight": (hidden,),
         }
-    (directory / CONFIG_FILE).write_text(json.dumps(config))
-    tensors = {
-        name: (np.ones(shape) if len(shape) == 1 else rng.normal(0.0, 0.5 / np.sqrt(shape[-1]), shape), "F32")
-        for name, shape in shapes.items()
-    }
-    write_safetensors(directory / "model.safetensors", tensors)
+    return config, shapes
 
 
 def prompts(rows: int, longest: int, seed: int = 1) -> list[np.ndarray]:
@@ -148,9 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=512, help="the longest prompt's tokens")
     parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--family", default="llama", choices=("llama", "qwen3_5"))
     args = parsed_on_device(parser, argv)
     with tempfile.TemporaryDirectory(prefix="sie-device-generation-") as scratch:
-        write_llama(Path(scratch) / "checkpoint", args.hidden, args.layers)
+        write_checkpoint(Path(scratch) / "checkpoint", args.family, args.hidden, args.layers)
         convert_decoder_checkpoint(Path(scratch) / "checkpoint", Path(scratch) / "decoder", args.precision)
         session = create_session(Path(scratch) / "decoder" / GRAPH_FILE, SessionOptions(device=args.device))
         config = json.loads((Path(scratch) / "decoder" / CONFIG_FILE).read_text())
@@ -158,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     feeds = BatchCache.prompt_feeds(prompts(args.rows, args.prompt), shape)
     names = [output.name for output in session.get_outputs()]
     ways = {"io-bound": DecoderRun(session), "session.run": plain_step(session, names)}
-    print(f"{args.hidden} wide, {args.layers} layers, {args.precision} on {session.get_providers()[0]}; "
+    print(f"{args.family}, {args.hidden} wide, {args.layers} layers, {args.precision} on {session.get_providers()[0]}; "
           f"{args.rows} rows, prompts up to {args.prompt} tokens, {args.steps} decode steps")  # fmt: skip
     bound, plain = (decode(run, feeds, 4) for run in ways.values())
     scale = max(1.0, float(np.abs(plain[0]).max()))

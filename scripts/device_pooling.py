@@ -1,8 +1,8 @@
-"""Token states' device path, checked where it runs: the hidden-state graph of a random Llama checkpoint (written by
-`device_generation.write_llama`, converted in the precision a GPU profile gets, as a decoder embedder serves it) run
-two ways on the same batch: the host path (`session.run` copies every token's hidden state to the host, numpy works
-on them) and the device path (`sie.worker.device_pooling`: the states stay where onnxruntime computed them and small
-graphs on the same device return only what is made of them). Two uses, each way:
+"""Token states' device path, checked where it runs: the hidden-state graph of a random Llama checkpoint (written
+by `device_generation.write_checkpoint`, converted in the precision a GPU profile gets, as a decoder embedder serves
+it) run two ways on the same batch: the host path (`session.run` copies every token's hidden state to the host,
+numpy works on them) and the device path (`sie.worker.device_pooling`: the states stay where onnxruntime computed
+them and small graphs on the same device return only what is made of them). Two uses, each way:
 
 - pooling: mean and last-token vectors (the host's `sie.worker.outputs.pool`);
 - a token head: a ColBERT-style projection of every real token to `--head-width` numbers (the host's numpy
@@ -27,7 +27,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from device_generation import VOCAB, interleaved_medians, parsed_on_device, print_side_by_side, verdict, write_llama
+from device_generation import (
+    VOCAB,
+    interleaved_medians,
+    parsed_on_device,
+    print_side_by_side,
+    verdict,
+    write_checkpoint,
+)
 
 from sie.worker.convert.decoder_graph import HIDDEN_STATE
 from sie.worker.convert.decoders import convert_decoder_hidden
@@ -70,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per way and round")
     args = parsed_on_device(parser, argv)
     with tempfile.TemporaryDirectory(prefix="sie-device-pooling-") as scratch:
-        write_llama(Path(scratch) / "checkpoint", args.hidden, args.layers)
+        write_checkpoint(Path(scratch) / "checkpoint", "llama", args.hidden, args.layers)
         convert_decoder_hidden(Path(scratch) / "checkpoint", Path(scratch) / "hidden.onnx", args.precision)
         session = create_session(Path(scratch) / "hidden.onnx", SessionOptions(device=args.device))
     feeds = batch(args.rows, args.tokens)
