@@ -150,15 +150,10 @@ def qwen3_5_with_vision(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path,
     import torch
     import transformers
 
-    from support.decoder_checkpoints import qwen3_5_config
+    from support.decoder_checkpoints import qwen3_5_vision_config
 
-    vision = transformers.Qwen3_5VisionConfig(
-        depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=14,
-        num_position_embeddings=16,
-    )  # fmt: skip
-    config = transformers.Qwen3_5Config(text_config=qwen3_5_config().to_dict(), vision_config=vision.to_dict())
     torch.manual_seed(5)
-    model = transformers.Qwen3_5ForConditionalGeneration(config).eval()
+    model = transformers.Qwen3_5ForConditionalGeneration(qwen3_5_vision_config()).eval()
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.2)

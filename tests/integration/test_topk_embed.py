@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 from sie.catalog import load_yaml, parse_model_config
 from sie.wire.ipc_batch import EncodeBatchItem
 from sie.worker.loading import ModelLoader
-from support.decoder_checkpoints import qwen3_5_config, write_tokenizer
+from support.decoder_checkpoints import qwen3_5_vision_config, write_tokenizer
 from support.worker_items import encode_items
 
 TOLERANCE = 1e-4
@@ -40,11 +40,7 @@ def topk(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
 
     directory = tmp_path_factory.mktemp("topk")
     tokenizer = write_tokenizer(directory)
-    vision = transformers.Qwen3_5VisionConfig(
-        depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=14,
-        num_position_embeddings=16,
-    )  # fmt: skip
-    config = transformers.Qwen3_5Config(text_config=qwen3_5_config().to_dict(), vision_config=vision.to_dict())
+    config = qwen3_5_vision_config()
     torch.manual_seed(7)
     backbone = transformers.Qwen3_5Model(config).eval()
     head = torch.nn.Linear(config.text_config.hidden_size, HEAD_WIDTH, bias=False)

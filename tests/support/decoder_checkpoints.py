@@ -91,6 +91,18 @@ def qwen3_5_config() -> Any:
     )  # fmt: skip
 
 
+def qwen3_5_vision_config() -> Any:
+    """Qwen3.5 with its vision tower (Qwen3_5Config: Qwen3.5-4B's and TopK-Embed's), the text config above beside a
+    one-layer vision tower."""
+    import transformers
+
+    vision = transformers.Qwen3_5VisionConfig(
+        depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=COMMON["hidden_size"],
+        patch_size=14, num_position_embeddings=16,
+    )  # fmt: skip
+    return transformers.Qwen3_5Config(text_config=qwen3_5_config().to_dict(), vision_config=vision.to_dict())
+
+
 def gemma3_config(bidirectional: bool = False) -> Any:
     """Gemma 3's text config, tiny; `bidirectional` as embeddinggemma's (no logit cap there)."""
     import transformers
