@@ -625,6 +625,9 @@ EMBEDDERS = {
     "mistral": ("sie_server.adapters.sglang.embedding:SGLangEmbeddingAdapter", "last_token",
                 "Instruct: {instruction}\nQuery: {text}", True),
     "qwen2": ("sie_server.adapters.pytorch_embedding:PyTorchEmbeddingAdapter", "mean", None, False),
+    # a Qwen3.5 backbone (its linear-attention layers right-padded) in Qwen3-Embedding's recipe
+    "qwen3_5": ("sie_server.adapters.qwen2_flash:Qwen2FlashAdapter", "last", "Instruct: {instruction}\nQuery:{text}",
+                False),
 }  # fmt: skip
 
 
@@ -908,6 +911,9 @@ RERANKERS = {
                         "default_instruction": "w9 w10"}, ("no", "yes")),
     # mxbai-rerank-v2's YAML (no options: its format, "1"/"0" and yes − no are the defaults); an untied head
     "mxbai": ("qwen2", {}, ("0", "1")),
+    # Qwen3-Reranker's recipe on a Qwen3.5 (the pairs' last hidden states through linear-attention layers)
+    "qwen3_5": ("qwen3_5", {"yes_token": "yes", "no_token": "no", "input_format": "qwen3", "score_mode": "log_softmax",
+                            "default_instruction": "w9 w10"}, ("no", "yes")),
 }  # fmt: skip
 
 
@@ -924,17 +930,16 @@ def test_a_decoder_reranker_scores_as_its_model_card_computes(
     no_id, yes_id = tokenizer.token_to_id(no_word), tokenizer.token_to_id(yes_word)
     query, documents = "w1 w2 w3", ["w4 w5", "w6", " ".join(f"w{i % 50}" for i in range(80))]  # the last one is cut
     scores = reranker_scores(loaded, query, documents)
+    qwen3_format = loadtime.get("input_format") == "qwen3"
     for index, document in enumerate(documents):
-        if variant == "qwen3":
+        if qwen3_format:
             fixed = len(tokenizer.encode(QWEN3_PREFIX).ids) + len(tokenizer.encode(QWEN3_SUFFIX).ids)
             ids = qwen3_card_ids(tokenizer, "w9 w10", query, document, RERANK_CONTEXT - fixed)
         else:
             ids = mxbai_ids(tokenizer, query, document, RERANK_CONTEXT)
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0, -1, [no_id, yes_id]]
-        expected = (
-            torch.log_softmax(logits, -1)[1].exp().item() if variant == "qwen3" else (logits[1] - logits[0]).item()
-        )
+        expected = torch.log_softmax(logits, -1)[1].exp().item() if qwen3_format else (logits[1] - logits[0]).item()
         assert abs(scores[f"item-{index}"] - expected) <= TOLERANCE
     assert len(loaded.adapter.pair_ids(query, documents[2], None)) == RERANK_CONTEXT
     # a GPU loader's picks each pair's last hidden state on the device (whose sessions run on the CPU provider here)
