@@ -191,23 +191,78 @@ async def test_a_qwen3_5_with_a_vision_tower_converts_and_generates_as_its_langu
         loaded.close()
 
 
-def test_the_public_qwen3_5_yaml_serves_a_qwen3_5_checkpoint(
-    qwen3_5_with_vision: tuple[Path, Any], public_wheel: Path, model_loader: ModelLoader
+@pytest.fixture(scope="module")
+def qwen3_vl(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """Qwen3-VL-8B-Instruct's class (Qwen3VLForConditionalGeneration), tiny and random, saved with the test
+    tokenizer; returns its directory and the model (the reference)."""
+    import torch
+    import transformers
+
+    from support.decoder_checkpoints import qwen3_vl_config
+
+    torch.manual_seed(6)
+    model = transformers.Qwen3VLForConditionalGeneration(qwen3_vl_config()).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.2)
+    directory = tmp_path_factory.mktemp("qwen3-vl")
+    model.save_pretrained(directory)
+    write_tokenizer(directory)
+    return directory, model
+
+
+async def test_a_qwen3_vl_converts_and_generates_as_its_language_model(
+    qwen3_vl: tuple[Path, Any], model_loader: ModelLoader, tmp_path: Path
 ) -> None:
-    """The public catalogue's Qwen/Qwen3.5-4B YAML as it is (sglang.generation, its NEXTN and SGLang launch options
-    aside) loads a checkpoint of its class: its default sampling (0.7 / 0.8, presence penalty 1.5), its stop token
-    and its chat template switch apply."""
+    """Qwen3-VL's language model is a Qwen3 (per-head q/k norms; its multimodal RoPE sections coincide for text, and
+    its deepstack features come from images only): the converted decoder equals transformers' whole model on text,
+    left-padded and step by step, and greedy text through the model loader equals its generate."""
+    import torch
+
+    directory, model = qwen3_vl
+    converted = convert_decoder_checkpoint(directory, tmp_path / "decoder")
+    saved = json.loads((converted.directory / "config.json").read_text())
+    assert (saved["model_type"], saved["head_dim"]) == ("qwen3", 16)
+    prompts = [[5, 9, 11, 4, 30], [7, 8]]
+    for seen, logits in run_generation_graph(session(converted.graph), CacheShape.from_config(saved), prompts, 2):
+        for row, ids in enumerate(seen):
+            assert float(np.abs(logits[row] - reference_logits(model, ids)).max()) <= TOLERANCE, ids
+    loaded = model_loader.load(generation_yaml(directory, "qwen3_vl"), "default", "acme/qwen3_vl-chat")
+    try:
+        ids = loaded.tokenizer.encode_batch(["w1 w2 w3"])[0].input_ids.tolist()
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=12, min_new_tokens=12, do_sample=False,
+                                 pad_token_id=0)  # fmt: skip
+        expected = loaded.adapter.decode_text(out[0, len(ids) :].tolist())
+        request = GenerateParams(prompt="w1 w2 w3", max_new_tokens=12, temperature=0.0)
+        assert await generate_all(loaded.adapter, [request]) == [expected]
+    finally:
+        loaded.close()
+
+
+@pytest.mark.parametrize(
+    ("yaml_file", "checkpoint", "sampling"),
+    [("Qwen__Qwen3.5-4B.yaml", "qwen3_5_with_vision", (0.7, 0.8, 0, 1.5, 0)),
+     ("Qwen__Qwen3-VL-8B-Instruct.yaml", "qwen3_vl", (0.7, 0.8, 20, 1.5, 1))],
+)  # fmt: skip
+def test_a_public_generation_yaml_serves_a_checkpoint_of_its_class(
+    yaml_file: str, checkpoint: str, sampling: tuple, public_wheel: Path, model_loader: ModelLoader,
+    request: pytest.FixtureRequest,
+) -> None:  # fmt: skip
+    """The public catalogue's Qwen3.5-4B and Qwen3-VL-8B-Instruct YAMLs as they are (sglang.generation; their NEXTN
+    and SGLang launch options aside) load a checkpoint of their class: their default sampling (temperature, top-p,
+    top-k, presence penalty, min_new_tokens), stop token and chat template switch apply."""
     import zipfile
 
-    directory, _ = qwen3_5_with_vision
+    directory, _ = request.getfixturevalue(checkpoint)
     with zipfile.ZipFile(public_wheel) as wheel:
-        text = wheel.read("sie_server/models/Qwen__Qwen3.5-4B.yaml").decode()
-    data = load_yaml(text, "Qwen__Qwen3.5-4B.yaml") | {"weights_path": str(directory)}
-    loaded = model_loader.load(parse_model_config(data), "default", "Qwen/Qwen3.5-4B")
+        text = wheel.read(f"sie_server/models/{yaml_file}").decode()
+    data = load_yaml(text, yaml_file) | {"weights_path": str(directory)}
+    model = parse_model_config(data)
+    loaded = model_loader.load(model, "default", model.sie_id)
     try:
-        prepared = loaded.adapter.prepare(GenerateParams(messages=[{"role": "user", "content": "w1"}]))
-        params = prepared.params
-        assert (params.temperature, params.top_p, params.presence_penalty) == (0.7, 0.8, 1.5)
+        params = loaded.adapter.prepare(GenerateParams(messages=[{"role": "user", "content": "w1"}])).params
+        assert (params.temperature, params.top_p, params.top_k, params.presence_penalty, params.min_tokens) == sampling
         assert loaded.tokenizer.encode_batch(["<|im_end|>"])[0].input_ids.tolist()[-1] in params.stop_token_ids
     finally:
         loaded.close()

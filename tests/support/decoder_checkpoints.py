@@ -103,6 +103,21 @@ def qwen3_5_vision_config() -> Any:
     return transformers.Qwen3_5Config(text_config=qwen3_5_config().to_dict(), vision_config=vision.to_dict())
 
 
+def qwen3_vl_config() -> Any:
+    """Qwen3-VL (Qwen3VLConfig: Qwen3-VL-8B-Instruct's class): a tiny Qwen3 language model (its multimodal RoPE
+    sections over the head's 8 pairs) beside a one-layer vision tower with one deepstack layer."""
+    import transformers
+
+    text = {**COMMON, "model_type": "qwen3_vl_text", "head_dim": 16, "tie_word_embeddings": False,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10_000.0, "mrope_section": [4, 2, 2],
+                                "mrope_interleaved": True}}  # fmt: skip
+    vision = transformers.Qwen3VLVisionConfig(
+        depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=COMMON["hidden_size"],
+        patch_size=14, num_position_embeddings=16, deepstack_visual_indexes=[0],
+    )  # fmt: skip
+    return transformers.Qwen3VLConfig(text_config=text, vision_config=vision.to_dict())
+
+
 def gemma3_config(bidirectional: bool = False) -> Any:
     """Gemma 3's text config, tiny; `bidirectional` as embeddinggemma's (no logit cap there)."""
     import transformers

@@ -153,6 +153,20 @@ def test_qwen3_5_reads_its_layer_types_partial_rotary_and_linear_attention_sizes
             parse_decoder_config({**text, **refused}, "config.json")
 
 
+def test_qwen3_vl_reads_its_text_config_as_a_qwen3() -> None:
+    """Qwen3-VL-8B-Instruct's config: `qwen3_vl`, the language model in a `qwen3_vl_text` text_config over its class's
+    defaults, multimodal RoPE sections in `rope_parameters` (they coincide for text), untied unless the top says."""
+    text = {"model_type": "qwen3_vl_text", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+            "num_key_value_heads": 8, "vocab_size": 151936,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5e6, "mrope_section": [24, 20, 20],
+                                "mrope_interleaved": True}}  # fmt: skip
+    config = parse_decoder_config({"model_type": "qwen3_vl", "text_config": text, "vision_config": {}}, "c")
+    assert (config.model_type, config.num_attention_heads, config.head_dim, config.qk_norm) == ("qwen3", 32, 128, True)
+    assert (config.rope_theta, dict(config.rope_scaling), config.tie_word_embeddings) == (5e6, {}, False)
+    with pytest.raises(ConversionError, match="a qwen3_vl config needs a qwen3_vl_text text_config"):
+        parse_decoder_config({"model_type": "qwen3_vl", "text_config": {"model_type": "qwen2"}}, "c")
+
+
 @pytest.mark.parametrize(
     ("config", "message"),
     [

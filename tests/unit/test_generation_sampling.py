@@ -125,3 +125,14 @@ def test_penalties_lower_the_logits_of_generated_tokens_by_presence_and_count() 
     assert Sampler(SamplingParams(temperature=0)).penalised(logits) is logits
     # a negative presence penalty favours what was said: greedy then repeats itself
     assert draws(Sampler(SamplingParams(temperature=0, presence_penalty=-2)), logits, 3) == [0, 0, 0]
+
+
+def test_min_tokens_keeps_stop_tokens_out_of_the_first_tokens() -> None:
+    """vLLM's `min_tokens` (a profile's `min_new_tokens`, Qwen3-VL's YAML sets 1): the stop tokens cannot be chosen
+    before that many tokens were generated, and can after."""
+    logits = np.asarray([1.0, 9.0, 2.0, 5.0], dtype=np.float32)  # token 1, the stop token, is the most likely
+    sampler = Sampler(SamplingParams(temperature=0, stop_token_ids=[1, 99], min_tokens=2))
+    assert draws(sampler, logits, 3) == [3, 3, 1]
+    assert Sampler(SamplingParams(temperature=0, stop_token_ids=[1])).next_token(logits) == 1
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(min_tokens=-1)

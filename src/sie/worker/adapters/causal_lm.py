@@ -41,7 +41,7 @@ DEFAULT_MAX_OUTPUT_TOKENS: Final = 512
 # A profile's `default_sampling` keys this engine applies, as SamplingParams fields.
 DEFAULT_SAMPLING_FIELDS: Final = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
                                   "sampling_seed": "seed", "presence_penalty": "presence_penalty",
-                                  "frequency_penalty": "frequency_penalty"}  # fmt: skip
+                                  "frequency_penalty": "frequency_penalty", "min_new_tokens": "min_tokens"}  # fmt: skip
 
 # The GenerateParams fields a request may set over the profile's defaults, as SamplingParams fields of the same name.
 REQUEST_SAMPLING_FIELDS: Final = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty")

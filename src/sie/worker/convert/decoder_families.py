@@ -83,6 +83,13 @@ INNER_LANGUAGE_MODEL: Final = "model.language_model."
 # Qwen3.5 with its vision tower (Qwen3_5ForConditionalGeneration): its language model is a `qwen3_5_text` decoder.
 QWEN3_5_WITH_VISION: Final = "qwen3_5"
 QWEN3_5_TEXT: Final = QWEN3_5_TEXT_MODEL_TYPE
+# Qwen3-VL (Qwen3VLForConditionalGeneration): its language model is a Qwen3 (`qwen3_vl_text`) whose multimodal RoPE
+# sections coincide for text; the deepstack features it adds to its first layers come from images only.
+QWEN3_VL: Final = "qwen3_vl"
+QWEN3_VL_TEXT: Final = "qwen3_vl_text"
+QWEN3_VL_TEXT_DEFAULTS: Final = {"vocab_size": 151_936, "hidden_size": 4096, "intermediate_size": 22_016,
+                                 "num_hidden_layers": 32, "num_attention_heads": 32, "head_dim": 128,
+                                 "max_position_embeddings": 128_000}  # fmt: skip
 # Qwen3_5TextConfig's defaults for what a config may leave out.
 QWEN3_5_TEXT_DEFAULTS: Final = {"vocab_size": 248_320, "hidden_size": 4096, "intermediate_size": 12_288,
                                 "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4,
@@ -172,22 +179,34 @@ def parse_decoder_config(raw: Mapping[str, Any], source: str) -> DecoderConfig:
 
 
 def _in_family_terms(raw: Mapping[str, Any], source: str) -> Mapping[str, Any]:
-    """A config that wraps or renames a family as that family's own: a Gemma 3 with its vision tower as its language
-    model's, NVIDIA's `llama_bidirec` as a Llama that is not causal, NV-Embed as its decoder (`latent_attention`)."""
+    """A config that wraps or renames a family as that family's own: a Gemma 3, a Qwen3.5 or a Qwen3-VL with its
+    vision tower as its language model's, NVIDIA's `llama_bidirec` as a Llama that is not causal, NV-Embed as its
+    decoder (`latent_attention`)."""
     if raw.get("model_type") == GEMMA3_WITH_VISION:
         return language_model_config(raw, source)
     if raw.get("model_type") == QWEN3_5_WITH_VISION or wraps_qwen3_5(raw):
-        text = raw.get("text_config")
-        if not isinstance(text, Mapping) or text.get("model_type", QWEN3_5_TEXT) != QWEN3_5_TEXT:
-            raise ConversionError("a qwen3_5 config needs a qwen3_5_text text_config (its language model)",
-                                  source=source)  # fmt: skip
-        tied = {"tie_word_embeddings": raw["tie_word_embeddings"]} if "tie_word_embeddings" in raw else {}
-        return {**text, "model_type": QWEN3_5_TEXT, **tied}
+        return _text_model(raw, QWEN3_5_TEXT, QWEN3_5_TEXT, {}, source)
+    if raw.get("model_type") == QWEN3_VL:
+        return _text_model(raw, QWEN3_VL_TEXT, "qwen3", QWEN3_VL_TEXT_DEFAULTS, source)
     if raw.get("model_type") == LLAMA_BIDIRECTIONAL:
         return {**raw, "model_type": "llama", "is_causal": False}
     if raw.get("model_type") == NVEMBED_MODEL_TYPE:
         return decoder_config_of(raw, source)
     return raw
+
+
+def _text_model(
+    raw: Mapping[str, Any], text_type: str, family: str, defaults: Mapping[str, Any], source: str
+) -> dict[str, Any]:
+    """The language model's config of a checkpoint with a vision tower: its `text_config` (of `text_type`) over the
+    text config class's `defaults`, read as `family`; the top level's `tie_word_embeddings` (what the wrapper ties)
+    wins over the text config's."""
+    text = raw.get("text_config")
+    if not isinstance(text, Mapping) or text.get("model_type", text_type) != text_type:
+        raise ConversionError(f"a {raw.get('model_type')} config needs a {text_type} text_config (its language model)",
+                              source=source)  # fmt: skip
+    tied = {"tie_word_embeddings": raw["tie_word_embeddings"]} if "tie_word_embeddings" in raw else {}
+    return {**defaults, **text, "model_type": family, **tied}
 
 
 def attending_both_ways(config: DecoderConfig) -> DecoderConfig:

@@ -24,10 +24,10 @@ GLINER_CONFIG_FILE: Final = "gliner_config.json"  # a GLiNER checkpoint's own co
 # The `model_type`s of the decoder families converted from a checkpoint (`decoder_families`); `gemma3` is Gemma 3 with
 # its vision tower, of which the language model (a `gemma3_text`) converts; `nvembed` is NV-Embed (a Mistral, then
 # its latent-attention block); `qwen3_5` is Qwen3.5 with its vision tower, whose language model (a `qwen3_5_text`:
-# gated delta-rule layers between attention layers) converts.
+# gated delta-rule layers between attention layers) converts, and so does the Qwen3 language model of `qwen3_vl`.
 DECODER_MODEL_TYPES: Final = frozenset(
     {"llama", "mistral", "qwen2", "qwen3", "granite", "gemma3_text", "gemma3", "hunyuan_v1_dense", "llama_bidirec",
-     "nvembed", "qwen3_5", "qwen3_5_text"}
+     "nvembed", "qwen3_5", "qwen3_5_text", "qwen3_vl"}
 )  # fmt: skip
 NVEMBED_MODEL_TYPE: Final = "nvembed"
 QWEN3_5_TEXT_MODEL_TYPE: Final = "qwen3_5_text"

@@ -42,6 +42,11 @@ def _check_penalty(_instance: object, attribute: attrs.Attribute, value: float) 
         raise ValueError(f"{attribute.name} must be a number from {-MAX_PENALTY:g} to {MAX_PENALTY:g}, got {value!r}")
 
 
+def _check_min_tokens(_instance: object, _attribute: object, value: int) -> None:
+    if not _is_int(value) or value < 0:
+        raise ValueError(f"min_tokens must be an integer >= 0, got {value!r}")
+
+
 def _check_seed(_instance: object, _attribute: object, value: int | None) -> None:
     if value is not None and not _is_int(value):
         raise ValueError(f"seed must be an integer or None, got {value!r}")
@@ -84,6 +89,8 @@ class SamplingParams:
     # subtracted from a generated token's logit once it has appeared (presence), and per appearance (frequency)
     presence_penalty: float = attrs.field(default=0.0, validator=_check_penalty)
     frequency_penalty: float = attrs.field(default=0.0, validator=_check_penalty)
+    # no stop token (`stop_token_ids`) is chosen before this many tokens were generated
+    min_tokens: int = attrs.field(default=0, validator=_check_min_tokens)
 
 
 class Sampler:
@@ -96,10 +103,15 @@ class Sampler:
         self._rng = np.random.default_rng(params.seed)
         self._penalised = params.presence_penalty != 0 or params.frequency_penalty != 0
         self._counts: dict[int, int] = {}
+        self._generated = 0
+        self._stop_ids = np.fromiter(sorted(params.stop_token_ids), dtype=np.int64)
 
     def next_token(self, logits: np.ndarray) -> int:
         """The next token id from the last position's logits (shape `[vocab]`)."""
         logits = self.penalised(_vector(logits))
+        if self._generated < self._params.min_tokens:
+            logits = self.without_stops(logits)
+        self._generated += 1
         if self._params.temperature == 0:
             token = int(np.argmax(logits))
         else:
@@ -110,6 +122,13 @@ class Sampler:
         if self._penalised:
             self._counts[token] = self._counts.get(token, 0) + 1
         return token
+
+    def without_stops(self, logits: np.ndarray) -> np.ndarray:
+        """`logits` with the stop tokens' (those within the vocabulary) at -inf: a copy."""
+        blocked = self._stop_ids[self._stop_ids < logits.size]
+        kept = logits.astype(np.float64 if logits.dtype == np.float64 else np.float32, copy=True)
+        kept[blocked] = -np.inf
+        return kept
 
     def penalised(self, logits: np.ndarray) -> np.ndarray:
         """`logits` less, for each token picked so far, presence_penalty + frequency_penalty × its count (a copy;
