@@ -119,7 +119,8 @@ ARCHITECTURE_OF_MODEL = {
     "Qwen/Qwen3-Reranker-4B": "qwen3",
     "tencent/R3-embedding-0.6b": "qwen3",
     "tencent/R3-rerank-0.6b": "qwen3",
-    "Qwen/Qwen3-VL-8B-Instruct": "qwen3_vl",  # a vision-language model
+    "Qwen/Qwen3-VL-8B-Instruct": "qwen3_vl",  # a vision-language model: its Qwen3 language model, for text
+    "Qwen/Qwen3-VL-Embedding-2B": "qwen3_vl",  # the same, each text written into its chat template
     "Qwen/Qwen3.5-4B": "qwen3_5",  # hybrid linear attention
     "topk-io/topk-embed-v1-small": "qwen3_5",  # TopK-Embed: Qwen3.5-2B attending both ways, a token projection
     "topk-io/topk-embed-v1-xsmall": "qwen3_5",  # on Qwen3.5-0.8B

@@ -20,6 +20,7 @@ import pytest
 from tokenizers import AddedToken, Tokenizer
 
 from sie.catalog import load_yaml, parse_model_config
+from sie.wire.ipc_batch import EncodeBatchItem
 from sie.wire.queue import GenerateParams
 from sie.worker.convert import convert_decoder_checkpoint, convert_decoder_hidden, convert_gguf
 from sie.worker.convert.cache_keys import decoder_cache_key
@@ -236,6 +237,66 @@ async def test_a_qwen3_vl_converts_and_generates_as_its_language_model(
         expected = loaded.adapter.decode_text(out[0, len(ids) :].tolist())
         request = GenerateParams(prompt="w1 w2 w3", max_new_tokens=12, temperature=0.0)
         assert await generate_all(loaded.adapter, [request]) == [expected]
+    finally:
+        loaded.close()
+
+
+# a Qwen-VL-like chat template: a turn's content is a string or a list of text parts
+VL_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }} {% if message['content'] is string %}"
+    "{{ message['content'] }}{% else %}{% for part in message['content'] %}{{ part['text'] }}{% endfor %}{% endif %}"
+    "<|im_end|>{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant{% endif %}"
+)
+
+
+def test_qwen3_vl_embedding_writes_each_text_into_its_chat_template(
+    qwen3_vl: tuple[Path, Any], public_wheel: Path, model_loader: ModelLoader, tmp_path: Path
+) -> None:
+    """Qwen3-VL-Embedding-2B's public YAML (its module's recipe, text only): each text is the user turn of the
+    checkpoint's chat template (here in the processor's chat_template.json), the instruction its system turn —
+    the request's, a full stop added, or "Represent the user's input." —, the assistant's turn opened; the last
+    token's state, normalised. Equal to the public adapter's recipe run with transformers; images are refused."""
+    import shutil
+    import zipfile
+
+    import torch
+    import transformers
+
+    source, model = qwen3_vl
+    directory = tmp_path / "model"
+    shutil.copytree(source, directory)
+    tokenizer_config = json.loads((directory / "tokenizer_config.json").read_text())
+    del tokenizer_config["chat_template"]
+    (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    (directory / "chat_template.json").write_text(json.dumps({"chat_template": VL_CHAT_TEMPLATE}))
+    with zipfile.ZipFile(public_wheel) as wheel:
+        text = wheel.read("sie_server/models/Qwen__Qwen3-VL-Embedding-2B.yaml").decode()
+    data = load_yaml(text, "Qwen__Qwen3-VL-Embedding-2B.yaml") | {"weights_path": str(directory)}
+    data["tasks"]["encode"]["dense"]["dim"] = 32
+    loaded = model_loader.load(parse_model_config(data), "default", "Qwen/Qwen3-VL-Embedding-2B")
+    reference = transformers.PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"),
+                                                     chat_template=VL_CHAT_TEMPLATE)  # fmt: skip
+
+    def expected(text: str, instruction: str) -> np.ndarray:
+        conversation = [{"role": "system", "content": [{"type": "text", "text": instruction}]},
+                        {"role": "user", "content": [{"type": "text", "text": text}]}]  # fmt: skip
+        prompt = reference.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+        with torch.no_grad():
+            hidden = model.model(input_ids=torch.tensor([reference(prompt)["input_ids"]])).last_hidden_state[0, -1]
+        return (hidden / hidden.norm()).numpy()
+
+    try:
+        texts = ["w1 w2 w3", "w4"]
+        for instruction, written in ((None, "Represent the user's input."), ("find w3", "find w3."),
+                                     ("  find w5?", "find w5?")):  # fmt: skip
+            items = encode_items(texts, is_query=True, instruction=instruction)
+            for text, result in zip(texts, loaded.adapter.encode(items).items, strict=True):
+                assert result.ok, result.error
+                ours = np.asarray(result.result["dense"]["values"])
+                assert float(np.abs(ours - expected(text, written)).max()) <= TOLERANCE, (text, instruction)
+        pictured = EncodeBatchItem(work_item_id="e.0", request_id="e", item_index=0, total_items=1, timestamp=0.0,
+                                   item={"text": "w1", "images": [{"data": b"\x89PNG", "format": "png"}]})  # fmt: skip
+        assert "image inputs are not served" in str(loaded.adapter.encode([pictured]).items[0].error)
     finally:
         loaded.close()
 

@@ -34,6 +34,7 @@ def test_the_public_catalogue_counts_every_yaml_once(capsys: pytest.CaptureFixtu
     # generation: Qwen3.5-4B (hybrid linear attention) and Qwen3-VL-8B (its Qwen3 language model, for text) are built
     assert table["sie_server.adapters.sglang.generation"][1:] == ["11", "11", "10"]
     assert "Qwen__Qwen3.5-4B.yaml" not in output and "Qwen__Qwen3-VL-8B-Instruct.yaml" not in output
+    assert table["sie_server.adapters.qwen3_vl_embedding"] == ["qwen3_vl", "1", "1", "1"]
     # TopK-Embed's text path on Qwen3.5 (its page images are refused per item)
     assert table["sie_server.adapters.topk_embed.adapter"] == ["qwen3_5", "2", "2", "2"]
     assert table["sie_server.adapters.gliner_bi"] == ["gliner_bi_encoder_span", "5", "5", "5"]

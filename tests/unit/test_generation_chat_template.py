@@ -97,3 +97,16 @@ def test_the_environment_is_hugging_faces_loop_controls_tojson_strftime_now_and_
     rendered = ChatTemplate(source).render(messages)
     # JSON as json.dumps writes it (Jinja's own filter would escape <, >, & and '), non-ASCII kept
     assert rendered == f'"<a & \'é\'>""two"|{datetime.now().year}'
+
+
+def test_an_instructed_prompt_leaves_the_system_and_user_text_as_placeholders() -> None:
+    """An embedder's recipe that writes each text into the chat template (Qwen3-VL-Embedding's) reads the prompt once,
+    with its placeholders; a template that drops a turn's text cannot give one."""
+    prompt = ChatTemplate(CHATML).instructed_prompt("{instruction}", "{text}")
+    assert (
+        prompt
+        == "<|im_start|>system\n{instruction}<|im_end|>\n<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+    )
+    without_system = "{% for m in messages if m['role'] == 'user' %}{{ m['content'] }}{% endfor %}"
+    with pytest.raises(ChatTemplateError, match="does not show a system turn's and a user turn's text once each"):
+        ChatTemplate(without_system).instructed_prompt("{instruction}", "{text}")

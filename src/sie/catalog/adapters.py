@@ -72,6 +72,9 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     # TopK-Embed: a Qwen3.5 language model attending both ways, each token's state projected by its `head.weight`;
     # text queries and documents (page images are not served: the vision tower is not built)
     "sie_server.adapters.topk_embed.adapter": MULTIVECTOR,
+    # Qwen3-VL-Embedding: its Qwen3 language model, each text written into its chat template (text only; images and
+    # video are not served)
+    "sie_server.adapters.qwen3_vl_embedding": DENSE,
     "sie_server.adapters.bge_m3_flash": HYBRID,
     "sie_server.adapters.bge_m3": HYBRID,
     "sie_server.adapters.bge_m3_flag": HYBRID,

@@ -7,6 +7,7 @@ padding to the batch's longest item (rows of very different lengths split into r
 
 from sie.tokenization.tokenizer import (
     INSTRUCTION_PLACEHOLDER,
+    TEXT_PLACEHOLDER,
     PaddedBatch,
     TextTokenizer,
     TokenizedText,
@@ -21,6 +22,7 @@ from sie.tokenization.tokenizer import (
 
 __all__ = [
     "INSTRUCTION_PLACEHOLDER",
+    "TEXT_PLACEHOLDER",
     "PaddedBatch",
     "TextTokenizer",
     "TokenizedText",

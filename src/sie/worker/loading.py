@@ -66,6 +66,7 @@ from sie.worker.convert.names import (
     GLIREL_HEAD,
     GRAPH_FILE,
     NVEMBED_MODEL_TYPE,
+    PROCESSOR_CHAT_TEMPLATE_FILE,
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
     TORCH_WEIGHTS_FILE,
@@ -614,11 +615,15 @@ def graph_bytes(graph: Path) -> int:
 
 
 def _tokenizer_config(directory: Path) -> dict:
-    """tokenizer_config.json, with the chat template from chat_template.jinja where transformers 5 saved it."""
+    """tokenizer_config.json, with the chat template from chat_template.jinja where transformers 5 saved it, or from
+    a processor's chat_template.json (the vision-language checkpoints')."""
     config = _read_json(directory / TOKENIZER_CONFIG_FILE)
     template = directory / CHAT_TEMPLATE_FILE
     if not config.get("chat_template") and template.is_file():
         config["chat_template"] = template.read_text(encoding="utf-8")
+    processor_template = _read_json(directory / PROCESSOR_CHAT_TEMPLATE_FILE).get("chat_template")
+    if not config.get("chat_template") and isinstance(processor_template, str):
+        config["chat_template"] = processor_template
     return config
 
 

@@ -2,23 +2,42 @@
 optional L2 normalisation. The model's own stack (`modules.json`) sets the default pooling and normalisation; the
 profile's and the request's options come before it. A profile's `dense_projection_path` picks which of the
 checkpoint's Dense directories the stack's Dense module reads (stella's one per output width). A model whose config.json
-says `is_mask_instruction` (NV-Embed) pools without the tokens of its instruction (`skips_prefix`). On a GPU the
-token states stay on the device and are pooled there (`device_pooling`); only the vectors come to the host."""
+says `is_mask_instruction` (NV-Embed) pools without the tokens of its instruction (`skips_prefix`). A public module
+whose recipe writes each text into the checkpoint's chat template (Qwen3-VL-Embedding: `CHAT_PROMPT_MODULES`) gets
+that prompt as its query and document template: the instruction (ending with a punctuation mark, a full stop added)
+as the system turn, the text as the user's, the assistant's turn opened. On a GPU the token states stay on the device
+and are pooled there (`device_pooling`); only the vectors come to the host."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+import unicodedata
+from typing import ClassVar, Final
 
 import numpy as np
 
 from sie.catalog.adapters import DENSE
-from sie.tokenization import PaddedBatch
+from sie.tokenization import INSTRUCTION_PLACEHOLDER, TEXT_PLACEHOLDER, PaddedBatch
 from sie.worker.adapters.base import AdapterContext
 from sie.worker.adapters.encoder import EncodeSpec, TextEncoderAdapter, check_width, first_output, output_width
 from sie.worker.adapters.feeds import bert_feeds
 from sie.worker.device_pooling import DeviceTokenStates, device_pooling_for, pooled_rows
 from sie.worker.outputs import l2_normalize, quantize
 from sie.worker.sentence_modules import SentenceModules, read_sentence_modules
+
+# Public modules whose recipe writes each text into the checkpoint's chat template, and the system turn they write
+# when a request names no instruction.
+CHAT_PROMPT_MODULES: Final = {"sie_server.adapters.qwen3_vl_embedding": "Represent the user's input."}
+
+
+def full_stopped(instruction: str | None) -> str | None:
+    """An instruction stripped, a full stop added unless it ends with a punctuation mark (Qwen3-VL-Embedding's
+    `format_model_input`)."""
+    if instruction is None:
+        return None
+    shaped = instruction.strip()
+    if shaped and not unicodedata.category(shaped[-1]).startswith("P"):
+        shaped += "."
+    return shaped
 
 
 class DenseAdapter(TextEncoderAdapter):
@@ -52,6 +71,29 @@ class DenseAdapter(TextEncoderAdapter):
             )
         check_width(self.model, "dense", None if hidden is None else self._stack.width(hidden), "the model gives")
         self._device_pooling = device_pooling_for(self.session, self._token_states, context.device_graphs)
+        self._chat_prompt = self.profile.adapter_module in CHAT_PROMPT_MODULES
+        if self._chat_prompt:
+            self._write_into_chat_template(context, CHAT_PROMPT_MODULES[self.profile.adapter_module])
+
+    def _write_into_chat_template(self, context: AdapterContext, default_instruction: str) -> None:
+        """The query and document template of a chat-prompt recipe, from the checkpoint's own chat template."""
+        source = context.tokenizer_config_json.get("chat_template")
+        if not isinstance(source, str) or not source:
+            raise ValueError(
+                f"{self.profile.adapter_module} writes each text into the model's chat template; the checkpoint has "
+                "none (tokenizer_config.json, chat_template.jinja, chat_template.json)"
+            )
+        # Jinja is imported with the first model that needs it, not by every process that imports the adapters.
+        from sie.worker.generation.chat_template import ChatTemplate
+
+        prompt = ChatTemplate(source).instructed_prompt(INSTRUCTION_PLACEHOLDER, TEXT_PLACEHOLDER)
+        self.runtime_options.setdefault("query_template", prompt)
+        self.runtime_options.setdefault("doc_template", prompt)
+        shaped = full_stopped(str(self.runtime_options.get("default_instruction") or default_instruction))
+        self.runtime_options["default_instruction"] = shaped
+
+    def shaped_instruction(self, instruction: str | None) -> str | None:
+        return full_stopped(instruction) if self._chat_prompt else instruction
 
     def forward(self, batch: PaddedBatch) -> list[np.ndarray | DeviceTokenStates]:
         """The batch's token states: a host array, or (on a GPU) left on the device to be pooled there."""

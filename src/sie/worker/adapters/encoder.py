@@ -117,7 +117,7 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
         prepared = self._prepared(item, options)
         preparation = {
             "is_query": item.is_query,
-            "instruction": item.instruction or options.get("instruction"),
+            "instruction": self.shaped_instruction(item.instruction or options.get("instruction")),
             "query_template": options.get("query_template"),
             "doc_template": options.get("doc_template"),
             "default_instruction": options.get("default_instruction"),
@@ -128,6 +128,10 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
             prepared = None  # the sidecar tokenized the text without its marker
         prefix = text_prefix(preparation) if self.skips_prefix else ""
         return EncodeSpec(marked, output_types, output_dtype, options, item.is_query, prepared, prefix)
+
+    def shaped_instruction(self, instruction: str | None) -> str | None:
+        """A request's instruction as the model's recipe writes it (as given, unless an adapter says otherwise)."""
+        return instruction
 
     def _prepared(self, item: Any, options: Mapping[str, Any]) -> TokenizedText | None:
         """Sidecar tokens are reused only when they come from this exact tokenizer and text preparation
@@ -219,7 +223,7 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
         if query is None or not docs or any(doc is None for doc in docs):
             return None
         options = self.options_for(item.options)
-        instruction = item.instruction or options.get("instruction")
+        instruction = self.shaped_instruction(item.instruction or options.get("instruction"))
         query_index = len(texts)
         preparation = {"instruction": instruction, "query_template": options.get("query_template"),
                        "default_instruction": options.get("default_instruction")}  # fmt: skip

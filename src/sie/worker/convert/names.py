@@ -19,6 +19,7 @@ TOKENIZER_FILE: Final = "tokenizer.json"
 TOKENIZER_CONFIG_FILE: Final = "tokenizer_config.json"
 GENERATION_CONFIG_FILE: Final = "generation_config.json"
 CHAT_TEMPLATE_FILE: Final = "chat_template.jinja"  # where transformers 5 saves a chat template
+PROCESSOR_CHAT_TEMPLATE_FILE: Final = "chat_template.json"  # a processor's, `{"chat_template": ...}`
 GLINER_CONFIG_FILE: Final = "gliner_config.json"  # a GLiNER checkpoint's own config (no config.json beside it)
 
 # The `model_type`s of the decoder families converted from a checkpoint (`decoder_families`); `gemma3` is Gemma 3 with

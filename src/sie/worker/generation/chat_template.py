@@ -131,3 +131,17 @@ class ChatTemplate:
             )  # fmt: skip
         except (TemplateError, TypeError) as exc:  # TypeError: the template combined values it cannot
             raise ChatTemplateError(f"the model's chat template cannot render these messages: {exc}") from exc
+
+    def instructed_prompt(self, instruction: str, text: str) -> str:
+        """The prompt of a system turn `instruction` and a user turn `text`, the assistant's turn opened, with the two
+        left as the placeholders given (an embedder's recipe that writes each text into its chat template, as
+        Qwen3-VL-Embedding's does); ChatTemplateError when the template does not show each turn's text once."""
+        marks = {instruction: "SIEMARKINSTRUCTION", text: "SIEMARKTEXT"}
+        prompt = self.render([{"role": "system", "content": marks[instruction]},
+                              {"role": "user", "content": marks[text]}])  # fmt: skip
+        for placeholder, mark in marks.items():
+            if prompt.count(mark) != 1:
+                raise ChatTemplateError("the model's chat template does not show a system turn's and a user turn's "
+                                        "text once each")  # fmt: skip
+            prompt = prompt.replace(mark, placeholder)
+        return prompt
