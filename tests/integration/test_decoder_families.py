@@ -10,6 +10,7 @@ import asyncio
 import json
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -143,92 +144,60 @@ async def test_a_gemma3_with_a_vision_tower_generates_as_transformers(
         loaded.close()
 
 
+# Vision-language checkpoints whose language model converts, for text: the transformers class and config builder, and
+# the decoder family it converts as.
+WITH_VISION = {"qwen3_5": ("Qwen3_5ForConditionalGeneration", "qwen3_5_vision_config", "qwen3_5_text"),
+               "qwen3_vl": ("Qwen3VLForConditionalGeneration", "qwen3_vl_config", "qwen3")}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def qwen3_5_with_vision(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    """Qwen3.5-4B's class (Qwen3_5ForConditionalGeneration: config `qwen3_5` with a `text_config`, the language model
-    under `model.language_model.`, a one-layer vision tower beside it), tiny and random, saved with the test
-    tokenizer; returns its directory and the model (the reference)."""
+def with_vision(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Any]]:
+    """A tiny random checkpoint of a WITH_VISION family (Qwen3.5-4B's, Qwen3-VL-8B's class: config with a
+    `text_config`, the language model under `model.language_model.`, a one-layer vision tower beside it), saved with
+    the test tokenizer once per module: its directory and the model (the reference)."""
     import torch
     import transformers
 
-    from support.decoder_checkpoints import qwen3_5_vision_config
+    from support import decoder_checkpoints
 
-    torch.manual_seed(5)
-    model = transformers.Qwen3_5ForConditionalGeneration(qwen3_5_vision_config()).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.2)
-    directory = tmp_path_factory.mktemp("qwen3_5-vision")
-    model.save_pretrained(directory)
-    write_tokenizer(directory)
-    return directory, model
+    built: dict[str, tuple[Path, Any]] = {}
+
+    def checkpoint(family: str) -> tuple[Path, Any]:
+        if family not in built:
+            model_class, config_of, _ = WITH_VISION[family]
+            torch.manual_seed(5)
+            model = getattr(transformers, model_class)(getattr(decoder_checkpoints, config_of)()).eval()
+            with torch.no_grad():
+                for parameter in model.parameters():
+                    parameter.add_(torch.randn_like(parameter) * 0.2)
+            directory = tmp_path_factory.mktemp(f"{family}-vision")
+            model.save_pretrained(directory)
+            write_tokenizer(directory)
+            built[family] = (directory, model)
+        return built[family]
+
+    return checkpoint
 
 
-async def test_a_qwen3_5_with_a_vision_tower_converts_and_generates_as_its_language_model(
-    qwen3_5_with_vision: tuple[Path, Any], model_loader: ModelLoader, tmp_path: Path
+@pytest.mark.parametrize("family", sorted(WITH_VISION))
+async def test_a_vision_language_checkpoint_converts_and_generates_as_its_language_model(
+    family: str, with_vision: Callable[[str], tuple[Path, Any]], model_loader: ModelLoader, tmp_path: Path
 ) -> None:
-    """The language model of a Qwen3_5ForConditionalGeneration checkpoint converts (the tower is never read), and
-    greedy text through the model loader equals transformers' whole model on text."""
+    """The language model of a Qwen3.5 or a Qwen3-VL with its vision tower converts (the tower is never read; a
+    Qwen3-VL's is a Qwen3: its multimodal RoPE sections coincide for text, its deepstack features come from images
+    only): the decoder equals transformers' whole model on text, left-padded and step by step, and greedy text
+    through the model loader equals its generate."""
     import torch
 
-    directory, model = qwen3_5_with_vision
+    directory, model = with_vision(family)
     converted = convert_decoder_checkpoint(directory, tmp_path / "decoder")
     saved = json.loads((converted.directory / "config.json").read_text())
-    assert (saved["model_type"], saved["linear_attention_layers"]) == ("qwen3_5_text", [0, 2])
+    assert saved["model_type"] == WITH_VISION[family][2]
     prompts = [[5, 9, 11, 4, 30], [7, 8]]
     for seen, logits in run_generation_graph(session(converted.graph), CacheShape.from_config(saved), prompts, 2):
         for row, ids in enumerate(seen):
             assert float(np.abs(logits[row] - reference_logits(model, ids)).max()) <= TOLERANCE, ids
-    loaded = model_loader.load(generation_yaml(directory, "qwen3_5"), "default", "acme/qwen3_5-chat")
-    try:
-        ids = loaded.tokenizer.encode_batch(["w1 w2 w3"])[0].input_ids.tolist()
-        with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=12, min_new_tokens=12, do_sample=False,
-                                 pad_token_id=0)  # fmt: skip
-        expected = loaded.adapter.decode_text(out[0, len(ids) :].tolist())
-        request = GenerateParams(prompt="w1 w2 w3", max_new_tokens=12, temperature=0.0)
-        assert await generate_all(loaded.adapter, [request]) == [expected]
-    finally:
-        loaded.close()
-
-
-@pytest.fixture(scope="module")
-def qwen3_vl(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    """Qwen3-VL-8B-Instruct's class (Qwen3VLForConditionalGeneration), tiny and random, saved with the test
-    tokenizer; returns its directory and the model (the reference)."""
-    import torch
-    import transformers
-
-    from support.decoder_checkpoints import qwen3_vl_config
-
-    torch.manual_seed(6)
-    model = transformers.Qwen3VLForConditionalGeneration(qwen3_vl_config()).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.2)
-    directory = tmp_path_factory.mktemp("qwen3-vl")
-    model.save_pretrained(directory)
-    write_tokenizer(directory)
-    return directory, model
-
-
-async def test_a_qwen3_vl_converts_and_generates_as_its_language_model(
-    qwen3_vl: tuple[Path, Any], model_loader: ModelLoader, tmp_path: Path
-) -> None:
-    """Qwen3-VL's language model is a Qwen3 (per-head q/k norms; its multimodal RoPE sections coincide for text, and
-    its deepstack features come from images only): the converted decoder equals transformers' whole model on text,
-    left-padded and step by step, and greedy text through the model loader equals its generate."""
-    import torch
-
-    directory, model = qwen3_vl
-    converted = convert_decoder_checkpoint(directory, tmp_path / "decoder")
-    saved = json.loads((converted.directory / "config.json").read_text())
-    assert (saved["model_type"], saved["head_dim"]) == ("qwen3", 16)
-    prompts = [[5, 9, 11, 4, 30], [7, 8]]
-    for seen, logits in run_generation_graph(session(converted.graph), CacheShape.from_config(saved), prompts, 2):
-        for row, ids in enumerate(seen):
-            assert float(np.abs(logits[row] - reference_logits(model, ids)).max()) <= TOLERANCE, ids
-    loaded = model_loader.load(generation_yaml(directory, "qwen3_vl"), "default", "acme/qwen3_vl-chat")
+    loaded = model_loader.load(generation_yaml(directory, family), "default", f"acme/{family}-chat")
     try:
         ids = loaded.tokenizer.encode_batch(["w1 w2 w3"])[0].input_ids.tolist()
         with torch.no_grad():
@@ -250,7 +219,7 @@ VL_CHAT_TEMPLATE = (
 
 
 def test_qwen3_vl_embedding_writes_each_text_into_its_chat_template(
-    qwen3_vl: tuple[Path, Any], public_wheel: Path, model_loader: ModelLoader, tmp_path: Path
+    with_vision: Callable[[str], tuple[Path, Any]], public_wheel: Path, model_loader: ModelLoader, tmp_path: Path
 ) -> None:
     """Qwen3-VL-Embedding-2B's public YAML (its module's recipe, text only): each text is the user turn of the
     checkpoint's chat template (here in the processor's chat_template.json), the instruction its system turn —
@@ -262,7 +231,7 @@ def test_qwen3_vl_embedding_writes_each_text_into_its_chat_template(
     import torch
     import transformers
 
-    source, model = qwen3_vl
+    source, model = with_vision("qwen3_vl")
     directory = tmp_path / "model"
     shutil.copytree(source, directory)
     tokenizer_config = json.loads((directory / "tokenizer_config.json").read_text())
@@ -303,19 +272,19 @@ def test_qwen3_vl_embedding_writes_each_text_into_its_chat_template(
 
 @pytest.mark.parametrize(
     ("yaml_file", "checkpoint", "sampling"),
-    [("Qwen__Qwen3.5-4B.yaml", "qwen3_5_with_vision", (0.7, 0.8, 0, 1.5, 0)),
+    [("Qwen__Qwen3.5-4B.yaml", "qwen3_5", (0.7, 0.8, 0, 1.5, 0)),
      ("Qwen__Qwen3-VL-8B-Instruct.yaml", "qwen3_vl", (0.7, 0.8, 20, 1.5, 1))],
 )  # fmt: skip
 def test_a_public_generation_yaml_serves_a_checkpoint_of_its_class(
     yaml_file: str, checkpoint: str, sampling: tuple, public_wheel: Path, model_loader: ModelLoader,
-    request: pytest.FixtureRequest,
+    with_vision: Callable[[str], tuple[Path, Any]],
 ) -> None:  # fmt: skip
     """The public catalogue's Qwen3.5-4B and Qwen3-VL-8B-Instruct YAMLs as they are (sglang.generation; their NEXTN
     and SGLang launch options aside) load a checkpoint of their class: their default sampling (temperature, top-p,
     top-k, presence penalty, min_new_tokens), stop token and chat template switch apply."""
     import zipfile
 
-    directory, _ = request.getfixturevalue(checkpoint)
+    directory, _ = with_vision(checkpoint)
     with zipfile.ZipFile(public_wheel) as wheel:
         text = wheel.read(f"sie_server/models/{yaml_file}").decode()
     data = load_yaml(text, yaml_file) | {"weights_path": str(directory)}
