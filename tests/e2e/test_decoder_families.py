@@ -5,7 +5,7 @@ an embedder (`qwen2_flash`, last-token pooling with an instruction template), an
 reranker
 (`qwen2_flash_cross_encoder`, the Qwen3-Reranker prompt) — asked through the `openai` client (chat completions,
 streamed too, and the Responses API) and the public sie-sdk (encode, score); a chat model of every other decoder
-family (Llama, Mistral, Qwen2, Granite, Gemma 3) through chat completions, and the DeBERTa-v3 models: a
+family (Llama, Mistral, Qwen2, Granite, Gemma 3, Qwen3.5) through chat completions, and the DeBERTa-v3 models: a
 cross-encoder through the SDK's score, and the zero-shot models in the public catalogue's YAML shapes through the
 SDK's extract with labels of each request's own: a GLiNER extractor (through this package's client too), a GLiNER
 relation extractor (relation types by option), a GLiClass classifier (with label groups), an
@@ -41,7 +41,8 @@ pytestmark = pytest.mark.slow
 CHAT, EMBED, RERANK = "tiny/qwen3-chat", "tiny/qwen3-embedding", "tiny/qwen3-reranker"
 NVEMBED = "tiny/nv-embed"
 # the other families' chat models, served and checked over HTTP like the Qwen3 one
-OTHER_CHATS = {f"tiny/{family}-chat": family for family in ("llama", "mistral", "qwen2", "granite", "gemma3")}
+OTHER_CHATS = {f"tiny/{family}-chat": family for family in ("llama", "mistral", "qwen2", "granite", "gemma3",
+                                                            "qwen3_5")}  # fmt: skip
 DEBERTA = "tiny/deberta-v3-reranker"
 GLINER = "tiny/gliner-deberta-v3"
 RELEX = "tiny/gliner-relex"  # the public knowledgator/gliner-relex-large-v1.0 YAML's shape

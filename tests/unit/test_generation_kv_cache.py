@@ -88,7 +88,6 @@ def test_a_hybrid_decoders_empty_cache_and_bytes_count_its_states_apart() -> Non
     # one attention layer's key and value per token; 6 + 4 float32 numbers of state per row
     assert (bytes_per_cached_token(HYBRID), bytes_per_row_state(HYBRID), bytes_per_row_state(SHAPE)) == (8, 40, 0)
     config = {"num_hidden_layers": 4, "num_key_value_heads": 2, "head_dim": 8, "linear_attention_layers": [0, 1, 2],
-              "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8,
-              "linear_value_head_dim": 6, "linear_conv_kernel_dim": 4}  # fmt: skip
+              "linear_conv_state_shape": [56, 3], "linear_recurrent_state_shape": [4, 8, 6]}  # fmt: skip
     shape = CacheShape.from_config(config)
     assert (shape.attention_layers, shape.conv_state, shape.recurrent_state) == ([3], (56, 3), (4, 8, 6))

@@ -56,8 +56,11 @@ class Marker:
     text: str = ""
 
 
-def resolve_marker(tokenizer: TextTokenizer, prefix: str) -> Marker:
-    """The marker a configured prefix stands for (see the module docstring)."""
+def resolve_marker(tokenizer: TextTokenizer, prefix: str, as_text: bool = False) -> Marker:
+    """The marker a configured prefix stands for (see the module docstring); text, whatever the vocabulary holds,
+    when `as_text`."""
+    if as_text:
+        return Marker(text=prefix)
     for candidate in dict.fromkeys((prefix, prefix.strip())):
         if candidate and (token_id := tokenizer.token_to_id(candidate)) is not None:
             return Marker(token_id=token_id)
@@ -122,9 +125,9 @@ class LateInteraction:
     ) -> None:
         self._tokenizer = tokenizer
         self.projection = tuple(projection)
-        marker = (lambda _tokenizer, prefix: Marker(text=prefix)) if options.get("prefix_as_text") else resolve_marker
-        self.query_marker = marker(tokenizer, str(options.get("query_prefix") or ""))
-        self.doc_marker = marker(tokenizer, str(options.get("doc_prefix") or ""))
+        as_text = bool(options.get("prefix_as_text", False))
+        self.query_marker = resolve_marker(tokenizer, str(options.get("query_prefix") or ""), as_text)
+        self.doc_marker = resolve_marker(tokenizer, str(options.get("doc_prefix") or ""), as_text)
         self._strips = bool(options.get("strip_text", False))
         self.mask_id = next((i for token in MASK_TOKENS if (i := tokenizer.token_to_id(token)) is not None), None)
         self.expands_queries = bool(options.get("query_expansion", expands_queries)) and self.mask_id is not None

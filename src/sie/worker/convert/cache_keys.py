@@ -45,8 +45,9 @@ CONVERTER_VERSION = "sie-encoder-onnx/15"
 # 4: a file's rope_freqs factors applied (Llama 3.1's RoPE scaling; before, they were left out); llama.cpp's
 # end-of-generation tokens in config.json's eos_token_id
 GGUF_CONVERTER_VERSION: Final = "sie-llama-onnx/4"
-# 2: a config's `is_causal: false` attends both ways (before, gte-Qwen2-7B-instruct converted causal)
-DECODER_CONVERTER_VERSION: Final = "sie-decoder-onnx/2"
+# 2: a config's `is_causal: false` attends both ways (before, gte-Qwen2-7B-instruct converted causal); 3: Qwen3.5,
+# its config.json naming its linear-attention layers' state shapes
+DECODER_CONVERTER_VERSION: Final = "sie-decoder-onnx/3"
 # 2: open_clip's image order (resize in the image's mode, then RGB) in the converted preprocessor_config.json
 OPEN_CLIP_CONVERTER_VERSION: Final = "sie-open-clip/2"
 _HASH_CHUNK = 1 << 20

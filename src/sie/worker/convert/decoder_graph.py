@@ -512,9 +512,10 @@ class _Decoder:
         zero, negative = b.const(0.0, np.float32), b.const(MASK_NEGATIVE, np.float32)
         return b.op("Where", [visible, zero, negative], f"{name}.bias")
 
-    def _projections(self, layer: int) -> tuple[np.ndarray, np.ndarray | None]:
+    def _projections(self, layer: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """The fused q/k/v projection `[hidden, (heads + 2 * kv_heads) * head_dim]` and its bias, 1/sqrt(head_dim)
-        folded into the query (RoPE is linear, so the scale commutes) unless a q norm follows, which takes it."""
+        folded into the query (RoPE is linear, so the scale commutes) unless a q norm follows, which takes it; and
+        the output gate's projection `[hidden, heads * head_dim]` where q_proj carries one (Qwen3.5), else None."""
         cfg, w = self.config, self.weights
         prefix = f"model.layers.{layer}.self_attn"
         d, hidden = cfg.head_dim, cfg.hidden_size
@@ -522,23 +523,26 @@ class _Decoder:
         query_scale = np.float32(1.0) if cfg.qk_norm else np.float32(cfg.query_scale)
         weights = [w.tensor(f"{prefix}.{p}_proj.weight", (width, hidden)) for p, width in widths.items()
                    if p != "q" or not cfg.attention_output_gate]  # fmt: skip
-        if cfg.attention_output_gate:  # q_proj holds each head's query then its gate: the queries here
+        gate = None
+        if cfg.attention_output_gate:  # q_proj holds each head's query then its gate
             query_and_gate = w.tensor(f"{prefix}.q_proj.weight", (2 * widths["q"], hidden))
-            weights.insert(0, query_and_gate.reshape(cfg.num_attention_heads, 2, d, hidden)[:, 0].reshape(-1, hidden))
+            query_and_gate = query_and_gate.reshape(cfg.num_attention_heads, 2, d, hidden)
+            weights.insert(0, query_and_gate[:, 0].reshape(-1, hidden))
+            gate = query_and_gate[:, 1].reshape(-1, hidden).T
         weights[0] = weights[0] * query_scale
         bias = None
         if cfg.qkv_bias:
             biases = [w.tensor(f"{prefix}.{p}_proj.bias", (width,)) for p, width in widths.items()]
             biases[0] = biases[0] * query_scale
             bias = np.concatenate(biases)
-        return np.concatenate(weights, axis=0).T, bias
+        return np.concatenate(weights, axis=0).T, bias, gate
 
     def _attention(self, x: str, layer: int, shared: _Shared) -> str:
         b, cfg, name = self.b, self.config, f"model.layers.{layer}.self_attn"
         heads, kv_heads, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         norm = self.norm_weight(f"model.layers.{layer}.input_layernorm.weight")
         hidden = self.to_compute(self.rms_norm(x, norm, f"model.layers.{layer}.input_layernorm"), f"{name}.input")
-        weight, bias = self._projections(layer)
+        weight, bias, gate = self._projections(layer)
         qkv = b.op("MatMul", [hidden, self.weight(f"{name}.qkv_proj.weight", weight)], f"{name}.qkv")
         if bias is not None:
             qkv = b.op("Add", [qkv, self.weight(f"{name}.qkv_proj.bias", bias)], f"{name}.qkv_biased")
@@ -577,23 +581,16 @@ class _Decoder:
         context = b.op("Reshape", [context, b.const([0, heads, -1, d])], f"{name}.context_heads")
         context = b.op("Transpose", [context], f"{name}.context_t", perm=[0, 2, 1, 3])
         context = b.op("Reshape", [context, b.const([-1, heads * d])], f"{name}.context_merged")
-        if cfg.attention_output_gate:
-            context = b.op("Mul", [context, self._output_gate(hidden, layer)], f"{name}.context_gated")
+        if gate is not None:  # sigmoid(hidden @ gate): Qwen3.5's gate on each head's output
+            gate_logits = b.op("MatMul", [hidden, self.weight(f"{name}.gate_proj.weight", gate)], f"{name}.gate")
+            gate_values = b.op("Sigmoid", [gate_logits], f"{name}.gate_sigmoid")
+            context = b.op("Mul", [context, gate_values], f"{name}.context_gated")
         out = self.projection(context, f"{name}.o_proj", cfg.hidden_size, heads * d, cfg.output_bias)
         out = self.to_float(out, f"{name}.o_proj_f32")
         if cfg.sandwich_norms:
             norm_name = f"model.layers.{layer}.post_attention_layernorm"
             out = self.rms_norm(out, self.norm_weight(f"{norm_name}.weight"), norm_name)
         return self.residual(x, out, f"model.layers.{layer}.attn_residual")
-
-    def _output_gate(self, hidden: str, layer: int) -> str:
-        """sigmoid(gate) [B*S, heads * head_dim]: the second half of each head's q_proj rows (Qwen3.5)."""
-        cfg, name = self.config, f"model.layers.{layer}.self_attn"
-        heads, d = cfg.num_attention_heads, cfg.head_dim
-        query_and_gate = self.weights.tensor(f"{name}.q_proj.weight", (2 * heads * d, cfg.hidden_size))
-        gate_weight = query_and_gate.reshape(heads, 2, d, cfg.hidden_size)[:, 1].reshape(-1, cfg.hidden_size).T
-        gate = self.b.op("MatMul", [hidden, self.weight(f"{name}.gate_proj.weight", gate_weight)], f"{name}.gate")
-        return self.b.op("Sigmoid", [gate], f"{name}.gate_sigmoid")
 
     def residual(self, x: str, out: str, name: str) -> str:
         """x + out (Granite: x + out × residual_multiplier)."""

@@ -40,8 +40,11 @@ from sie.worker.convert.graph_builder import GraphBuilder
 from sie.worker.convert.names import (
     ATTENTION_MASK,
     CONV_STATE,
+    CONV_STATE_SHAPE,
     INPUT_IDS,
+    LINEAR_ATTENTION_LAYERS,
     RECURRENT_STATE,
+    RECURRENT_STATE_SHAPE,
     past_state_name,
     present_state_name,
 )
@@ -108,10 +111,9 @@ class GatedDelta:
             raise ConversionError(f"linear_conv_kernel_dim {self.conv_kernel} is below 2", source=source)
 
     def to_json(self) -> dict[str, Any]:
-        """transformers' names, as `config.json` keeps them for the generation engine's cache."""
-        return {"linear_attention_layers": list(self.layers), "linear_num_key_heads": self.num_key_heads,
-                "linear_num_value_heads": self.num_value_heads, "linear_key_head_dim": self.key_head_dim,
-                "linear_value_head_dim": self.value_head_dim, "linear_conv_kernel_dim": self.conv_kernel}  # fmt: skip
+        """What `config.json` keeps for the generation engine's cache: the layers and each row's two state shapes."""
+        return {LINEAR_ATTENTION_LAYERS: list(self.layers), CONV_STATE_SHAPE: list(self.conv_state_shape()),
+                RECURRENT_STATE_SHAPE: list(self.recurrent_state_shape())}  # fmt: skip
 
 
 def state_inputs(spec: GatedDelta, layer: int, past: bool) -> list[onnx.ValueInfoProto]:

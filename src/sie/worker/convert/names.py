@@ -84,6 +84,10 @@ def present_value_name(layer: int) -> str:
 # that grows a token at a time: the last inputs of its causal convolution and its recurrent state.
 CONV_STATE: Final = "conv"
 RECURRENT_STATE: Final = "recurrent"
+# The converted config.json's keys for them: which layers hold them and each row's state shapes.
+LINEAR_ATTENTION_LAYERS: Final = "linear_attention_layers"
+CONV_STATE_SHAPE: Final = "linear_conv_state_shape"  # [channels, conv_kernel − 1]
+RECURRENT_STATE_SHAPE: Final = "linear_recurrent_state_shape"  # [value_heads, key_dim, value_dim]
 
 
 def past_state_name(layer: int, state: str) -> str:

@@ -18,11 +18,14 @@ import numpy as np
 from sie.worker.convert.names import (
     ATTENTION_MASK,
     CONV_STATE,
+    CONV_STATE_SHAPE,
     INPUT_IDS,
+    LINEAR_ATTENTION_LAYERS,
     PAST_PREFIX,
     POSITION_IDS,
     PRESENT_PREFIX,
     RECURRENT_STATE,
+    RECURRENT_STATE_SHAPE,
     is_state_name,
     past_key_name,
     past_state_name,
@@ -48,13 +51,10 @@ class CacheShape:
         """From the converter's config.json (`torch_dtype` names the cache dtype)."""
         dtype = np.float16 if config_json.get("torch_dtype") == "float16" else np.float32
         states: dict[str, Any] = {}
-        if config_json.get("linear_attention_layers"):
-            key_heads, value_heads = config_json["linear_num_key_heads"], config_json["linear_num_value_heads"]
-            key_dim, value_dim = config_json["linear_key_head_dim"], config_json["linear_value_head_dim"]
-            channels = 2 * key_heads * key_dim + value_heads * value_dim
-            states = {"state_layers": tuple(config_json["linear_attention_layers"]),
-                      "conv_state": (channels, config_json["linear_conv_kernel_dim"] - 1),
-                      "recurrent_state": (value_heads, key_dim, value_dim)}  # fmt: skip
+        if config_json.get(LINEAR_ATTENTION_LAYERS):
+            states = {"state_layers": tuple(config_json[LINEAR_ATTENTION_LAYERS]),
+                      "conv_state": tuple(config_json[CONV_STATE_SHAPE]),
+                      "recurrent_state": tuple(config_json[RECURRENT_STATE_SHAPE])}  # fmt: skip
         return cls(
             layers=int(config_json["num_hidden_layers"]),
             kv_heads=int(config_json["num_key_value_heads"]),
@@ -100,7 +100,7 @@ def bytes_per_cached_token(shape: CacheShape) -> int:
 def bytes_per_row_state(shape: CacheShape) -> int:
     """The linear-attention states' bytes of one row, whatever its length (float32)."""
     per_layer = int(np.prod(shape.conv_state, dtype=np.int64)) + int(np.prod(shape.recurrent_state, dtype=np.int64))
-    return len(shape.state_layers) * per_layer * 4 if shape.state_layers else 0
+    return len(shape.state_layers) * per_layer * np.dtype(np.float32).itemsize
 
 
 def _host(value: Any) -> np.ndarray:
