@@ -35,6 +35,7 @@ from support.decoder_checkpoints import (
     CHAT_TEMPLATE,
     COMMON,
     FAMILIES,
+    IM_END,
     VOCAB,
     family_config,
     gemma3_config,
@@ -477,7 +478,8 @@ async def test_a_profiles_default_sampling_and_stop_tokens_apply_to_requests_tha
     """The public generation YAMLs' runtime `default_sampling` (Qwen3Guard's temperature 0) and `stop_tokens`
     (translategemma's `<end_of_turn>`): a request without a temperature decodes greedily, token for token as
     transformers' greedy generate, and ends at the stop token (its text left out, finish reason stop); a request's
-    own settings still win; a default this engine does not apply, or a stop token that is not one, fails the load."""
+    own settings still win; a stop token that is not one token stops as a stop string; a default this engine does
+    not apply fails the load."""
     import torch
 
     model = save_causal_lm(tmp_path / "model", "qwen3")
@@ -510,10 +512,18 @@ async def test_a_profiles_default_sampling_and_stop_tokens_apply_to_requests_tha
         assert attrs.astuple(adapter.prepare(own).params)[:4] == (0.7, 0.5, 0, 3)
     finally:
         loaded.close()
+    # a stop token that is not one token of the vocabulary stops as text, as the public server's engine reads it
+    raw["profiles"]["default"]["adapter_options"] = {"runtime": {"stop_tokens": ["w1 w2", "<|im_end|>"]}}
+    loaded = model_loader.load(parse_model_config(raw), "default", "acme/guard")
+    try:
+        params = loaded.adapter.prepare(GenerateParams(prompt="w1", max_new_tokens=4, stop=["w3"])).params
+        assert params.stop == ("w3", "w1 w2") and IM_END in params.stop_token_ids
+    finally:
+        loaded.close()
     refused = {"['repetition_penalty'] are not applied": {"default_sampling": {"repetition_penalty": 1.05}},
                "presence_penalty must be a number from -2 to 2": {"default_sampling": {"presence_penalty": 3}},
                "temperature must be a finite number >= 0": {"default_sampling": {"temperature": -1}},
-               "['w1 w2'] are not tokens of the model's vocabulary": {"stop_tokens": ["w1 w2"]}}  # fmt: skip
+               "at most 4 stop strings": {"stop_tokens": ["a b", "b c", "c d", "d e", "e f"]}}  # fmt: skip
     for named, runtime in refused.items():
         raw["profiles"]["default"]["adapter_options"] = {"runtime": runtime}
         with pytest.raises(ModelLoadError, match=re.escape(named)):

@@ -22,7 +22,7 @@ from sie.worker.generation.sampling import Sampler, SamplingParams
         ("top_k", 2.5),
         ("seed", "7"),
         ("max_tokens", 0),
-        ("stop", ["a", "b", "c", "d", "e"]),
+        ("stop", [f"s{index}" for index in range(9)]),  # a request's four and a profile's four at most
         ("stop", ["ok", ""]),
         ("stop_token_ids", [-1]),
         ("presence_penalty", 2.5),

@@ -14,7 +14,7 @@ from sie.gateway.errors import InvalidRequestError
 from sie.gateway.generation import GenerateCall
 from sie.wire.queue import GenerateParams
 
-MAX_STOP_STRINGS: Final = 4  # as the worker's StopChecker allows
+MAX_STOP_STRINGS: Final = 4  # as OpenAI allows (the worker adds a model profile's own to them)
 CHAT_ROLES: Final = frozenset({"system", "user", "assistant", "developer"})
 COMPLETIONS_DEFAULT_MAX_TOKENS: Final = 16  # OpenAI's default for /v1/completions
 _INT64: Final = 2**63

@@ -7,8 +7,8 @@ sequences on the model's own thread. Encode, score and extract stay refused (the
 A profile's runtime options may set what a request leaves out, as the public catalogue's generation YAMLs do:
 `default_sampling` (`temperature`, `top_p`, `top_k`, `seed`: Qwen3Guard and granite-guardian decode greedily unless
 asked otherwise) and `stop_tokens` (vocabulary tokens that end a generation besides the end-of-sequence ids:
-translategemma's `<end_of_turn>`). A default this engine does not apply (a penalty, `min_p`, `min_new_tokens`) or a
-stop token that is not one token of the vocabulary fails the load naming it. The catalogue entry's
+translategemma's `<end_of_turn>`; one that is not a single token of the vocabulary stops as a stop string). A
+default this engine does not apply (`repetition_penalty`, `min_p`) fails the load naming it. The catalogue entry's
 `tasks.generate.chat_template_kwargs`, with a profile's own `chat_template_kwargs` over them, are the chat template's
 switches (Qwen3's `enable_thinking`, granite-guardian's `guardian_config.risk_name`; no other keys, as the public
 server accepts none); a model whose thinking they switch answers without its `<think>` block.
@@ -30,7 +30,7 @@ from sie.worker.adapters.base import Adapter, AdapterContext
 from sie.worker.generation.batching_decoder import BatchingDecoder, SequenceStream
 from sie.worker.generation.kv_cache import CacheShape
 from sie.worker.generation.reasoning import answer_text
-from sie.worker.generation.sampling import SamplingParams
+from sie.worker.generation.sampling import MAX_REQUEST_STOP_STRINGS, SamplingParams
 
 if TYPE_CHECKING:
     from sie.worker.generation.chat_template import ChatTemplate
@@ -110,17 +110,20 @@ def _default_sampling(value: Any) -> dict[str, Any]:
     return fields
 
 
-def _stop_token_ids(tokenizer: tokenizers.Tokenizer, value: Any) -> frozenset[int]:
-    """The ids of a profile's `stop_tokens`; ValueError for one that is not a single token of the vocabulary."""
+def _profile_stops(tokenizer: tokenizers.Tokenizer, value: Any) -> tuple[frozenset[int], tuple[str, ...]]:
+    """A profile's `stop_tokens`: the ids of those that are one token of the vocabulary, and the others as stop
+    strings (the public server's engine matches them as text: Gemma 4's YAMLs name Gemma 3's `<end_of_turn>`);
+    ValueError for a value that is not a list of non-empty strings."""
     if value is None:
-        return frozenset()
+        return frozenset(), ()
     if not isinstance(value, list) or not all(isinstance(token, str) and token for token in value):
         raise ValueError(f"stop_tokens must be a list of non-empty strings, got {value!r}")
     ids = {token: tokenizer.token_to_id(token) for token in value}
-    missing = [token for token, token_id in ids.items() if token_id is None]
-    if missing:
-        raise ValueError(f"stop_tokens {missing} are not tokens of the model's vocabulary")
-    return frozenset(ids.values())
+    strings = tuple(token for token, token_id in ids.items() if token_id is None)
+    if len(strings) > MAX_REQUEST_STOP_STRINGS:
+        raise ValueError(f"stop_tokens {list(strings)} are not tokens of the model's vocabulary, and at most "
+                         f"{MAX_REQUEST_STOP_STRINGS} stop strings may take their place")  # fmt: skip
+    return frozenset(token_id for token_id in ids.values() if token_id is not None), strings
 
 
 class CausalLMAdapter(Adapter):
@@ -166,7 +169,8 @@ class CausalLMAdapter(Adapter):
         )
         self.max_output_tokens = self.model.tasks.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS
         self.default_sampling = _default_sampling(self.runtime_options.get("default_sampling"))
-        self.profile_stop_ids = _stop_token_ids(self._tokenizer, self.runtime_options.get("stop_tokens"))
+        stop_tokens = self.runtime_options.get("stop_tokens")
+        self.profile_stop_ids, self.profile_stops = _profile_stops(self._tokenizer, stop_tokens)
         self.engine = BatchingDecoder(
             self.session,
             CacheShape.from_config(context.model_config_json),
@@ -239,7 +243,7 @@ class CausalLMAdapter(Adapter):
             return SamplingParams(
                 **{**self.default_sampling, **{name: value for name, value in chosen.items() if value is not None}},
                 max_tokens=max_new,
-                stop=tuple(params.stop or ()),
+                stop=(*(params.stop or ()), *self.profile_stops),
                 stop_token_ids=frozenset(stop_ids),
             )
         except (TypeError, ValueError) as exc:

@@ -12,7 +12,9 @@ from typing import Final
 import attrs
 import numpy as np
 
-MAX_STOP_STRINGS: Final = 4
+# a request's four stop strings (OpenAI's limit, which the gateway applies) and up to four of its model profile's own
+MAX_REQUEST_STOP_STRINGS: Final = 4
+MAX_STOP_STRINGS: Final = 2 * MAX_REQUEST_STOP_STRINGS
 MAX_PENALTY: Final = 2.0  # OpenAI's range for presence_penalty and frequency_penalty: [-2, 2]
 
 
