@@ -73,8 +73,9 @@ def test_the_generation_graph_equals_transformers(checkpoint, tmp_path: Path) ->
         runs += 1
     assert runs == 5
     reference = family_config(family)
-    head_dim = getattr(reference, "head_dim", None) or reference.hidden_size // reference.num_attention_heads
-    model_type = {"gemma3": "gemma3_text", "hunyuan": "hunyuan_v1_dense", "qwen3_5": "qwen3_5_text"}.get(family, family)
+    head_dim = reference.to_dict().get("head_dim") or reference.hidden_size // reference.num_attention_heads
+    model_type = {"gemma3": "gemma3_text", "hunyuan": "hunyuan_v1_dense", "qwen3_5": "qwen3_5_text",
+                  "gemma4": "gemma4_text"}.get(family, family)  # fmt: skip
     assert (config["model_type"], config["sie_graph"], config["head_dim"]) == (model_type, "generate", head_dim)
 
 
@@ -148,7 +149,8 @@ async def test_a_gemma3_with_a_vision_tower_generates_as_transformers(
 # Vision-language checkpoints whose language model converts, for text: the transformers class and config builder, and
 # the decoder family it converts as.
 WITH_VISION = {"qwen3_5": ("Qwen3_5ForConditionalGeneration", "qwen3_5_vision_config", "qwen3_5_text"),
-               "qwen3_vl": ("Qwen3VLForConditionalGeneration", "qwen3_vl_config", "qwen3")}  # fmt: skip
+               "qwen3_vl": ("Qwen3VLForConditionalGeneration", "qwen3_vl_config", "qwen3"),
+               "gemma4": ("Gemma4ForConditionalGeneration", "gemma4_vision_config", "gemma4_text")}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -168,9 +170,7 @@ def with_vision(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tup
             model_class, config_of, _ = WITH_VISION[family]
             torch.manual_seed(5)
             model = getattr(transformers, model_class)(getattr(decoder_checkpoints, config_of)()).eval()
-            with torch.no_grad():
-                for parameter in model.parameters():
-                    parameter.add_(torch.randn_like(parameter) * 0.2)
+            decoder_checkpoints.perturb(model)
             directory = tmp_path_factory.mktemp(f"{family}-vision")
             model.save_pretrained(directory)
             write_tokenizer(directory)
@@ -274,15 +274,19 @@ def test_qwen3_vl_embedding_writes_each_text_into_its_chat_template(
 @pytest.mark.parametrize(
     ("yaml_file", "checkpoint", "sampling"),
     [("Qwen__Qwen3.5-4B.yaml", "qwen3_5", (0.7, 0.8, 0, 1.5, 0)),
-     ("Qwen__Qwen3-VL-8B-Instruct.yaml", "qwen3_vl", (0.7, 0.8, 20, 1.5, 1))],
+     ("Qwen__Qwen3-VL-8B-Instruct.yaml", "qwen3_vl", (0.7, 0.8, 20, 1.5, 1)),
+     ("google__gemma-4-E2B-it.yaml", "gemma4", (1.0, 0.95, 64, 0.0, 1)),
+     ("google__gemma-4-E4B-it.yaml", "gemma4", (1.0, 0.95, 64, 0.0, 1))],
 )  # fmt: skip
 def test_a_public_generation_yaml_serves_a_checkpoint_of_its_class(
     yaml_file: str, checkpoint: str, sampling: tuple, public_wheel: Path, model_loader: ModelLoader,
     with_vision: Callable[[str], tuple[Path, Any]],
 ) -> None:  # fmt: skip
-    """The public catalogue's Qwen3.5-4B and Qwen3-VL-8B-Instruct YAMLs as they are (sglang.generation; their NEXTN
-    and SGLang launch options aside) load a checkpoint of their class: their default sampling (temperature, top-p,
-    top-k, presence penalty, min_new_tokens), stop token and chat template switch apply."""
+    """The public catalogue's Qwen3.5-4B, Qwen3-VL-8B-Instruct and Gemma 4 E2B/E4B YAMLs as they are
+    (sglang.generation, sglang.gemma; their NEXTN/MTP and SGLang launch options aside) load a checkpoint of their
+    class: their default sampling (temperature, top-p, top-k, presence penalty, min_new_tokens), stop token (Gemma
+    4's names Gemma 3's `<end_of_turn>`, not a token of this vocabulary: it stops as text) and chat template switch
+    apply."""
     import zipfile
 
     directory, _ = with_vision(checkpoint)
@@ -294,7 +298,10 @@ def test_a_public_generation_yaml_serves_a_checkpoint_of_its_class(
     try:
         params = loaded.adapter.prepare(GenerateParams(messages=[{"role": "user", "content": "w1"}])).params
         assert (params.temperature, params.top_p, params.top_k, params.presence_penalty, params.min_tokens) == sampling
-        assert loaded.tokenizer.encode_batch(["<|im_end|>"])[0].input_ids.tolist()[-1] in params.stop_token_ids
+        if checkpoint == "gemma4":
+            assert params.stop == ("<end_of_turn>",)
+        else:
+            assert IM_END in params.stop_token_ids
     finally:
         loaded.close()
 
@@ -1128,6 +1135,30 @@ def test_a_qwen3_5_float16_graph_keeps_its_linear_attention_states_in_float32(
     types = {i.name.rsplit(".", 1)[1]: i.type for i in graph.get_inputs() if i.name.startswith("past_key_values.")}
     assert types == {"key": "tensor(float16)", "value": "tensor(float16)", "conv": "tensor(float)",
                      "recurrent": "tensor(float)"}  # fmt: skip
+    prompt = list(range(4, 4 + LENGTHS[0]))
+    for seen, logits in run_generation_graph(graph, CacheShape.from_config(config), [prompt], 3):
+        assert float(np.abs(logits[0] - reference_logits(model, seen[0])).max()) <= 3e-2
+
+
+def test_a_gemma4_float16_graph_caches_its_own_layers_only_and_follows_transformers(
+    model_loader: ModelLoader, tmp_path: Path
+) -> None:
+    """Gemma 4 on a GPU (float16 where its profile names it, as for Gemma 3): a float16 cache per layer that computes
+    its keys and values, in that layer's shape (the full-attention layers' heads twice as wide), none for the layers
+    that read an earlier one's; the graph follows transformers within float16's precision, step by step."""
+    model = save_causal_lm(tmp_path / "model", "gemma4")
+    entry = parse_model_config(
+        {"sie_id": "acme/gemma4-chat", "weights_path": str(tmp_path / "model"), "tasks": {"generate": {}},
+         "profiles": {"default": {"adapter_path": "sie_server.adapters.sglang.gemma:SGLangGemmaAdapter",
+                                  "max_batch_tokens": 1024, "compute_precision": "float16"}}}
+    )  # fmt: skip
+    gpu_loader = ModelLoader(model_loader.resolver, tmp_path / "converted", SessionOptions(device="cuda:0"))
+    files = gpu_loader.prepare(entry, "default", entry.sie_id)
+    config = json.loads((files.model_dir / "config.json").read_text())
+    graph = session(files.graph)
+    caches = {i.name: (i.type, i.shape[1], i.shape[3]) for i in graph.get_inputs() if i.name.endswith(".key")}
+    assert caches == {f"past_key_values.{layer}.key": ("tensor(float16)", 2, 16 if layer % 2 else 8)
+                      for layer in range(4)}  # fmt: skip
     prompt = list(range(4, 4 + LENGTHS[0]))
     for seen, logits in run_generation_graph(graph, CacheShape.from_config(config), [prompt], 3):
         assert float(np.abs(logits[0] - reference_logits(model, seen[0])).max()) <= 3e-2

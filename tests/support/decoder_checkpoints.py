@@ -35,7 +35,7 @@ CHAT_TEMPLATE = (
 COMMON = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
           "num_key_value_heads": 2, "vocab_size": VOCAB, "max_position_embeddings": 128,
           "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}  # fmt: skip
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "gemma3", "hunyuan", "qwen3_5")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "gemma3", "hunyuan", "qwen3_5", "gemma4")
 WINDOW = 3  # tokens: shorter than the test prompts, so a window that is not applied changes the answer
 
 
@@ -74,6 +74,7 @@ def family_config(family: str) -> Any:
             rope_parameters={"rope_type": "dynamic", "alpha": 50.0, "factor": 1.0, "rope_theta": 100.0},
         ),
         "qwen3_5": lambda: qwen3_5_config(),
+        "gemma4": lambda: gemma4_config(),
     }  # fmt: skip
     return configs[family]()
 
@@ -118,6 +119,31 @@ def qwen3_vl_config() -> Any:
     return transformers.Qwen3VLConfig(text_config=text, vision_config=vision.to_dict())
 
 
+def gemma4_config(**options: Any) -> Any:
+    """Gemma 4's text config, tiny, as E2B's: windowed layers around full-attention ones with heads twice as wide and
+    RoPE on a quarter of them (proportional), the last two layers reading the cache of the last earlier layer of
+    their kind with double-wide MLPs, per-layer inputs, a soft cap on the logits; `options` over it."""
+    import transformers
+
+    return transformers.Gemma4TextConfig(**COMMON | {
+        "num_hidden_layers": 6, "head_dim": 8, "global_head_dim": 16, "sliding_window": WINDOW + 1,
+        "layer_types": ["sliding_attention", "full_attention"] * 3, "num_kv_shared_layers": 2,
+        "use_double_wide_mlp": True, "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": VOCAB,
+        "final_logit_softcapping": 5.0,
+    } | options)  # fmt: skip
+
+
+def gemma4_vision_config() -> Any:
+    """Gemma 4 with its vision tower (Gemma4Config: gemma-4-E2B-it's class), the text config above with keys as the
+    full-attention layers' values (the 31B's) beside a one-layer vision tower."""
+    import transformers
+
+    text = gemma4_config(attention_k_eq_v=True, num_global_key_value_heads=1, pad_token_id=END_OF_TEXT)
+    vision = transformers.Gemma4VisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, num_key_value_heads=2, head_dim=8)  # fmt: skip
+    return transformers.Gemma4Config(text_config=text.to_dict(), vision_config=vision.to_dict(), audio_config=None)
+
+
 def gemma3_config(bidirectional: bool = False) -> Any:
     """Gemma 3's text config, tiny; `bidirectional` as embeddinggemma's (no logit cap there)."""
     import transformers
@@ -160,10 +186,20 @@ def random_causal_lm(family: str, seed: int = 0, config: Any = None) -> torch.nn
 
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config or family_config(family)).eval()
+    perturb(model)
+    return model
+
+
+def perturb(model: torch.nn.Module) -> None:
+    """Every parameter moved well away from its initial value, and Gemma 4's stored layer scalars off 1."""
+    import torch
+
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.2)
-    return model
+        for name, buffer in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                buffer.copy_(0.5 + torch.rand_like(buffer))
 
 
 def write_tokenizer(directory: Path, end_with_eos: bool = False, eos_token: str | None = None) -> Tokenizer:

@@ -189,3 +189,53 @@ def test_what_is_not_built_is_named(config: dict, message: str) -> None:
 
 def test_decoder_configs_are_told_from_encoder_ones() -> None:
     assert is_decoder_config({"model_type": "qwen2"}) and not is_decoder_config({"model_type": "bert"})
+
+
+# gemma-4-E2B-it's config.json as the Hub writes it: the language model in `text_config`, the full-attention layers'
+# head size as `global_head_dim` (no per_layer_config), 20 of 35 layers reading an earlier layer's cache
+E2B_TEXT = {"model_type": "gemma4_text", "hidden_size": 1536, "intermediate_size": 6144, "num_hidden_layers": 35,
+            "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256, "global_head_dim": 512,
+            "sliding_window": 512, "layer_types": (["sliding_attention"] * 4 + ["full_attention"]) * 7,
+            "num_kv_shared_layers": 20, "use_double_wide_mlp": True, "hidden_size_per_layer_input": 256,
+            "vocab_size": 262_144, "vocab_size_per_layer_input": 262_144, "final_logit_softcapping": 30.0,
+            "hidden_activation": "gelu_pytorch_tanh", "attention_k_eq_v": False, "enable_moe_block": False,
+            "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                   "rope_theta": 1_000_000.0}}}  # fmt: skip
+
+
+def test_gemma4_reads_its_layers_heads_shared_caches_and_per_layer_inputs() -> None:
+    raw = {"model_type": "gemma4", "tie_word_embeddings": True, "text_config": E2B_TEXT,
+           "vision_config": {"model_type": "gemma4_vision"},
+           "audio_config": {"model_type": "gemma4_audio"}}  # fmt: skip
+    config = parse_decoder_config(raw, "config.json")
+    assert is_decoder_config(raw) and config.model_type == "gemma4_text"
+    assert [config.head_dim_of(layer) for layer in range(5)] == [256, 256, 256, 256, 512]
+    assert config.kv_heads_of(4) == 1 and not config.values_from_keys(4)
+    # layers 15… read the last of layers 0–14 of their kind: 13 (sliding) or 14 (full), and keep no cache
+    assert [config.kv_source(layer) for layer in (14, 15, 19, 34)] == [14, 13, 14, 14]
+    assert sorted(config.cache_layers()) == list(range(15))
+    assert [config.intermediate_size_of(layer) for layer in (14, 15)] == [6144, 12_288]
+    ple = (config.per_layer_input_size, config.per_layer_vocab_size, config.final_logit_softcap)
+    assert ple == (256, 262_144, 30.0)
+    assert config.attention_scale == 1.0 and config.norm_offset == 0.0 and config.value_norm and config.layer_scalars
+    # proportional RoPE: the full layers' first quarter of pairs rotate with the whole head's exponents, the rest not
+    inverse, factor = rope_frequencies(config, "global", 512)
+    assert inverse.shape == (256,) and factor == 1.0 and not inverse[64:].any()
+    assert np.allclose(inverse[:64], 1e6 ** (-np.arange(0, 128, 2) / 512))
+    local, _ = rope_frequencies(config, "local", 256)
+    assert np.allclose(local, 1e4 ** (-np.arange(0, 256, 2) / 256))
+
+
+def test_gemma4_keys_as_values_and_what_is_not_built() -> None:
+    """The 31B's full-attention layers use their keys as values with their own key/value head count; the 26B-A4B's
+    mixture-of-experts blocks are not built, and a shared layer with no earlier layer of its kind is refused."""
+    dense = parse_decoder_config({**E2B_TEXT, "attention_k_eq_v": True, "num_global_key_value_heads": 4,
+                                  "num_kv_shared_layers": 0}, "config.json")  # fmt: skip
+    assert dense.values_from_keys(4) and not dense.values_from_keys(3)
+    assert (dense.kv_heads_of(4), dense.kv_heads_of(3), dense.kv_sources) == (4, 1, ())
+    with pytest.raises(ConversionError, match=r"mixture-of-experts blocks \(enable_moe_block\) are not built"):
+        parse_decoder_config({**E2B_TEXT, "enable_moe_block": True}, "config.json")
+    with pytest.raises(ConversionError, match="none comes before the shared ones"):
+        parse_decoder_config({**E2B_TEXT, "layer_types": ["sliding_attention"] * 34 + ["full_attention"]},
+                             "config.json")  # fmt: skip

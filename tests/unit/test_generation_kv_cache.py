@@ -91,3 +91,18 @@ def test_a_hybrid_decoders_empty_cache_and_bytes_count_its_states_apart() -> Non
               "linear_conv_state_shape": [56, 3], "linear_recurrent_state_shape": [4, 8, 6]}  # fmt: skip
     shape = CacheShape.from_config(config)
     assert (shape.attention_layers, shape.conv_state, shape.recurrent_state) == ([3], (56, 3), (4, 8, 6))
+
+
+def test_a_decoder_whose_layers_caches_differ_gets_each_layers_own_or_none() -> None:
+    """Gemma 4: wider heads and fewer key/value heads on the full-attention layers, and layers that read an earlier
+    layer's cache keep none."""
+    config = {"num_hidden_layers": 4, "num_key_value_heads": 2, "head_dim": 8, "torch_dtype": "float16",
+              "kv_cache_layers": {"0": [2, 8], "1": [1, 16]}}  # fmt: skip
+    shape = CacheShape.from_config(config)
+    assert shape.attention_layers == [0, 1]
+    feeds = empty_cache(shape, batch=3)
+    assert {name: value.shape for name, value in feeds.items()} == {
+        "past_key_values.0.key": (3, 2, 0, 8), "past_key_values.0.value": (3, 2, 0, 8),
+        "past_key_values.1.key": (3, 1, 0, 16), "past_key_values.1.value": (3, 1, 0, 16),
+    }  # fmt: skip
+    assert bytes_per_cached_token(shape) == (2 * 2 * 8 + 2 * 1 * 16) * 2  # float16

@@ -1,5 +1,5 @@
 """The decoder families read from a transformers checkpoint: Llama, Mistral, Qwen2, Qwen3, Granite, Gemma 3 (text),
-HunYuan (dense v1) and Qwen3.5 (text).
+HunYuan (dense v1), Qwen3.5 (text) and Gemma 4 (text).
 `parse_decoder_config` reads `config.json` (either RoPE layout: transformers 5's `rope_parameters` or the Hub's
 `rope_theta` + `rope_scaling`) into the `DecoderConfig` the graph builds from, with each family's differences:
 
@@ -36,6 +36,14 @@ puts a gated delta-rule layer (`gated_delta`) in three of every four layers' pla
 `partial_rotary_factor` of each head (its multimodal RoPE sections coincide for text) and a sigmoid gate from
 `q_proj` on their output; every norm but the delta rule's own scales by 1 + weight.
 
+Gemma 4 (`gemma4_text`, or `gemma4` with its vision and audio towers: the language model under
+`model.language_model.`, the towers never read) is Gemma 3's layout with norms that scale by their weight, unscaled
+queries, values RMS-normed without a scale, wider heads on the full-attention layers (`global_head_dim` or
+`per_layer_config`; `num_global_key_value_heads` where `attention_k_eq_v` makes their keys the values) rotated by a
+`proportional` RoPE, the last `num_kv_shared_layers` layers attending over the cache of the last earlier layer of
+their kind (with `use_double_wide_mlp`, their MLPs twice as wide), per-layer inputs (`hidden_size_per_layer_input`)
+and a stored scalar per layer. Its mixture-of-experts blocks (`enable_moe_block`, the 26B-A4B) are not built.
+
 HunYuan is Llama with a per-head RMSNorm on queries and keys after the rotation (`query_layernorm`,
 `key_layernorm`) and, for a `dynamic` RoPE with an `alpha`, a fixed NTK stretch of the base.
 
@@ -47,7 +55,7 @@ checkpoints that name it take text only (translategemma).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import attrs
@@ -96,6 +104,14 @@ QWEN3_5_TEXT_DEFAULTS: Final = {"vocab_size": 248_320, "hidden_size": 4096, "int
                                 "head_dim": 256, "max_position_embeddings": 32_768, "linear_conv_kernel_dim": 4,
                                 "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
                                 "linear_num_value_heads": 32}  # fmt: skip
+# Gemma 4 (Gemma4ForConditionalGeneration: its language model a `gemma4_text` under `model.language_model.`, vision
+# and audio towers beside it) and Gemma4TextConfig's defaults for what a config may leave out.
+GEMMA4: Final = "gemma4"
+GEMMA4_TEXT: Final = "gemma4_text"
+GEMMA4_TEXT_DEFAULTS: Final = {"vocab_size": 262_144, "hidden_size": 2304, "intermediate_size": 9216,
+                               "num_hidden_layers": 30, "num_attention_heads": 8, "num_key_value_heads": 4,
+                               "head_dim": 256, "max_position_embeddings": 131_072, "sliding_window": 512,
+                               "vocab_size_per_layer_input": 262_144, "hidden_size_per_layer_input": 256}  # fmt: skip
 GEMMA3_TEXT_DEFAULTS: Final = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
                                "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4}  # fmt: skip
 
@@ -140,8 +156,9 @@ def parse_decoder_config(raw: Mapping[str, Any], source: str) -> DecoderConfig:
     if model_type == "gemma3_text":
         config = _gemma3(raw, hidden, heads, kv_heads, layers, source, number)
         return config if causal else attending_both_ways(config)
-    if model_type == QWEN3_5_TEXT:
-        config = _qwen3_5({**QWEN3_5_TEXT_DEFAULTS, **raw}, source)
+    if model_type in OWN_PARSERS:
+        parse, defaults = OWN_PARSERS[model_type]
+        config = parse({**defaults, **raw}, source)
         return config if causal else attending_both_ways(config)
     head_dim = number("head_dim") if raw.get("head_dim") is not None else hidden // heads
     if raw.get("head_dim") is None and hidden % heads:
@@ -186,6 +203,8 @@ def _in_family_terms(raw: Mapping[str, Any], source: str) -> Mapping[str, Any]:
         return language_model_config(raw, source)
     if raw.get("model_type") == QWEN3_5_WITH_VISION or wraps_qwen3_5(raw):
         return _text_model(raw, QWEN3_5_TEXT, QWEN3_5_TEXT, {}, source)
+    if raw.get("model_type") == GEMMA4:
+        return _text_model(raw, GEMMA4_TEXT, GEMMA4_TEXT, {}, source)
     if raw.get("model_type") == QWEN3_VL:
         return _text_model(raw, QWEN3_VL_TEXT, "qwen3", QWEN3_VL_TEXT_DEFAULTS, source)
     if raw.get("model_type") == LLAMA_BIDIRECTIONAL:
@@ -354,6 +373,136 @@ def _qwen3_5(raw: Mapping[str, Any], source: str) -> DecoderConfig:
     )
     config.check(source)
     return config
+
+
+def _gemma4(raw: Mapping[str, Any], source: str) -> DecoderConfig:
+    def number(key: str) -> int:
+        value = raw.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConversionError(f"{key} must be a positive integer, got {value!r}", source=source)
+        return value
+
+    if raw.get("enable_moe_block"):
+        raise ConversionError("Gemma 4's mixture-of-experts blocks (enable_moe_block) are not built", source=source)
+    activation = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
+    if activation not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ConversionError(f"hidden_activation {activation!r} is not supported; expected a tanh GELU", source=source)
+    layers = number("num_hidden_layers")
+    types = raw.get("layer_types")
+    if types is None:  # five sliding layers to one full one, as Gemma4TextConfig fills them in
+        types = ["sliding_attention" if (index + 1) % 6 else "full_attention" for index in range(layers)]
+    if not isinstance(types, list) or len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
+        raise ConversionError(f"layer_types must list sliding_attention or full_attention for each of the {layers} "
+                              "layers", source=source)  # fmt: skip
+    types = [*types[:-1], "full_attention"]  # transformers forces the last layer to attend fully
+    bidirectional = raw.get("use_bidirectional_attention") == "all"  # "vision": images only, text stays causal
+    window = raw.get("sliding_window")
+    if isinstance(window, int) and not isinstance(window, bool) and bidirectional:
+        window = window // 2 + 1
+    theta, scaling, local_theta = _gemma4_rope(raw, source)
+    ple_size = raw.get("hidden_size_per_layer_input") or 0
+    attention_bias = bool(raw.get("attention_bias", False))
+    config = DecoderConfig(
+        model_type=GEMMA4_TEXT,
+        hidden_size=number("hidden_size"),
+        intermediate_size=number("intermediate_size"),
+        num_hidden_layers=layers,
+        num_attention_heads=number("num_attention_heads"),
+        num_key_value_heads=number("num_key_value_heads"),
+        head_dim=number("head_dim"),
+        vocab_size=number("vocab_size"),
+        max_position_embeddings=number("max_position_embeddings"),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
+        qkv_bias=attention_bias,
+        output_bias=attention_bias,
+        qk_norm=True,
+        layer_windows=_windows_of_types(types, window, layers, source),
+        embedding_multiplier=float(np.float32(number("hidden_size") ** 0.5)),
+        attention_scale=1.0,
+        sandwich_norms=True,
+        activation="gelu_tanh",
+        local_rope_theta=local_theta,
+        final_logit_softcap=raw.get("final_logit_softcapping"),
+        causal=not bidirectional,
+        value_norm=True,
+        keys_as_values=bool(raw.get("attention_k_eq_v", False)),
+        per_layer_input_size=number("hidden_size_per_layer_input") if ple_size else 0,
+        per_layer_vocab_size=number("vocab_size_per_layer_input") if ple_size else 0,
+        layer_scalars=True,
+        **_gemma4_layers(raw, types, source),
+    )
+    config.check(source)
+    return config
+
+
+def _gemma4_layers(raw: Mapping[str, Any], types: list[str], source: str) -> dict[str, tuple[int, ...]]:
+    """Gemma 4's per-layer shapes, as DecoderConfig fields (left out where every layer has the same): the full-attention
+    layers' head size and key/value heads (per_layer_config's, which transformers 5 saves; else `global_head_dim` and,
+    where the keys are the values, `num_global_key_value_heads`), the layer whose cache each reads (the last
+    `num_kv_shared_layers` read the last earlier layer of their kind) and, with `use_double_wide_mlp`, those shared
+    layers' MLPs twice as wide."""
+    layers = len(types)
+    per_layer = raw.get("per_layer_config")
+    if isinstance(per_layer, Mapping) and per_layer:
+        overrides = {int(index): dict(values) for index, values in per_layer.items()}
+    else:
+        full = {"head_dim": raw.get("global_head_dim", 512)}
+        if raw.get("attention_k_eq_v") and raw.get("num_global_key_value_heads") is not None:
+            full["num_key_value_heads"] = raw["num_global_key_value_heads"]
+        overrides = {index: full for index, kind in enumerate(types) if kind == "full_attention"}
+    head_dims = tuple(int(overrides.get(index, {}).get("head_dim", raw["head_dim"])) for index in range(layers))
+    kv_heads = tuple(int(overrides.get(index, {}).get("num_key_value_heads", raw["num_key_value_heads"]))
+                     for index in range(layers))  # fmt: skip
+    shared = raw.get("num_kv_shared_layers") or 0
+    if isinstance(shared, bool) or not isinstance(shared, int) or not 0 <= shared < layers:
+        raise ConversionError(f"num_kv_shared_layers must be an integer from 0 to {layers - 1}, got {shared!r}",
+                              source=source)  # fmt: skip
+    first_shared = layers - shared
+    sources = list(range(layers))
+    for index in range(first_shared, layers):
+        earlier = [layer for layer in range(first_shared) if types[layer] == types[index]]
+        if not earlier:
+            raise ConversionError(f"layer {index} shares the cache of a {types[index]} layer, and none comes before "
+                                  "the shared ones", source=source)  # fmt: skip
+        sources[index] = earlier[-1]
+    wide = bool(raw.get("use_double_wide_mlp", False)) and shared > 0
+    intermediate = raw["intermediate_size"]
+    return {
+        "layer_head_dims": head_dims if len(set(head_dims)) > 1 else (),
+        "layer_kv_heads": kv_heads if len(set(kv_heads)) > 1 else (),
+        "kv_sources": tuple(sources) if shared else (),
+        "layer_intermediate_sizes": tuple(2 * intermediate if index >= first_shared else intermediate
+                                          for index in range(layers)) if wide else (),
+    }  # fmt: skip
+
+
+def _gemma4_rope(raw: Mapping[str, Any], source: str) -> tuple[float, dict[str, Any], float]:
+    """Gemma 4's RoPE per layer kind: the full-attention layers' base and scaling (`proportional`: a quarter of the
+    pairs, by default) and the sliding layers' base (unscaled)."""
+    parameters = raw.get("rope_parameters") or {}
+    local_rope = dict(parameters.get("sliding_attention") or {"rope_theta": 10_000.0})
+    global_rope = dict(parameters.get("full_attention") or {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                            "rope_theta": 1_000_000.0})  # fmt: skip
+    if local_rope.get("rope_type", "default") != "default":
+        raise ConversionError("a scaled RoPE on the sliding layers is not supported", source=source)
+    local_theta = float(local_rope.get("rope_theta", 10_000.0))
+    if global_rope.get("rope_type") == "proportional":
+        kept = ("rope_type", "partial_rotary_factor", "factor")
+        return float(global_rope.get("rope_theta", 10_000.0)), {key: global_rope[key] for key in kept
+                                                                 if key in global_rope}, local_theta  # fmt: skip
+    global_rope.pop("partial_rotary_factor", None)  # Gemma 4's default RoPE rotates the whole head
+    theta, scaling = _rope({"rope_parameters": global_rope}, source)
+    return theta, scaling, local_theta
+
+
+# The families read by a parser of their own, each over its config class's defaults.
+OWN_PARSERS: Final[dict[str, tuple[Callable[[Mapping[str, Any], str], DecoderConfig], Mapping[str, Any]]]] = {
+    QWEN3_5_TEXT: (_qwen3_5, QWEN3_5_TEXT_DEFAULTS),
+    GEMMA4_TEXT: (_gemma4, GEMMA4_TEXT_DEFAULTS),
+}
 
 
 def _windows_of_types(types: Any, window: Any, layers: int, source: str) -> tuple[int | None, ...]:

@@ -7,7 +7,9 @@ layout, whatever file they come from) and the opset-17 ONNX graph, in one of two
   head_dim]`; outputs `logits [batch, 1, vocab]` (float32) of the last position only (all a decoder samples from:
   a prefill pays the output head once per prompt) and `present.{i}.key|value [batch, kv_heads, past + sequence,
   head_dim]`; a linear-attention layer (Qwen3.5's, `gated_delta`) carries its two fixed-size states instead,
-  `past_key_values.{i}.conv|recurrent` in and `present.{i}.conv|recurrent` out.
+  `past_key_values.{i}.conv|recurrent` in and `present.{i}.conv|recurrent` out; a layer that attends over an earlier
+  layer's keys and values (Gemma 4's last layers) carries none, and as nothing after it is cached, the layers from
+  the first of them on run the last position only.
 - `hidden`: inputs `input_ids`, `attention_mask [batch, sequence]` (right padding: a causal decoder's real tokens
   never see the padding after them, so they keep positions 0…n−1 and the states they have unpadded); output
   `last_hidden_state [batch, sequence, hidden]` after the final norm, which the embedding and reranker adapters pool.
@@ -16,7 +18,8 @@ Each layer: RMSNorm, grouped-query attention with rotary positions (rotate-half;
 config's RoPE type, `rope_frequencies`), optional q/k/v biases (Qwen2), per-head q/k RMSNorm (Qwen3), a sliding
 window per layer (Mistral, Qwen2's `layer_types`), RoPE on part of each head and a sigmoid gate on the attention's
 output (Qwen3.5), or a gated delta-rule layer in its place (Qwen3.5's linear attention), then RMSNorm and a SwiGLU
-MLP. In a float16 graph the weights,
+MLP. Gemma 4 adds per-layer head sizes, unscaled value norms, keys as values, shared caches, per-layer inputs and
+layer scalars (`DecoderConfig`). In a float16 graph the weights,
 matrix products and cache are float16 while the residual stream, norms, softmax and logits stay float32. Standard
 ONNX operators only; onnxruntime fuses the RMSNorm and the transposed-key product at load time.
 """
@@ -39,6 +42,7 @@ from sie.worker.convert.graph_builder import GraphBuilder, tensor_info
 from sie.worker.convert.names import (
     ATTENTION_MASK,
     INPUT_IDS,
+    KV_CACHE_LAYERS,
     LOGITS,
     POSITION_IDS,
     past_key_name,
@@ -48,7 +52,7 @@ from sie.worker.convert.names import (
 )
 
 HIDDEN_STATE: Final = "last_hidden_state"
-ROPE_TYPES: Final = frozenset({"default", "linear", "llama3", "yarn"})
+ROPE_TYPES: Final = frozenset({"default", "linear", "llama3", "yarn", "proportional"})
 ACTIVATIONS: Final = frozenset({"silu", "gelu_tanh"})
 
 
@@ -106,6 +110,21 @@ class DecoderConfig:
     rotary_dim: int = 0
     attention_output_gate: bool = False
     linear_attention: GatedDelta | None = None
+    # Gemma 4's: per layer, the head size and key/value heads where layers differ (its full-attention layers' wider
+    # heads; () = head_dim and num_key_value_heads everywhere), the MLP width (its double-wide MLPs), and the layer
+    # whose keys and values it attends over (its shared-cache layers read an earlier layer's; () = its own); values
+    # RMS-normalised without a scale; keys as the values on the full-attention layers (no v_proj); a per-layer input
+    # of `per_layer_input_size` values per token from its own embedding table and the residual stream, gated into
+    # each layer's output; each layer's output scaled by its stored `layer_scalar`
+    layer_head_dims: tuple[int, ...] = ()
+    layer_kv_heads: tuple[int, ...] = ()
+    layer_intermediate_sizes: tuple[int, ...] = ()
+    kv_sources: tuple[int, ...] = ()
+    value_norm: bool = False
+    keys_as_values: bool = False
+    per_layer_input_size: int = 0
+    per_layer_vocab_size: int = 0
+    layer_scalars: bool = False
 
     @property
     def query_groups(self) -> int:
@@ -118,8 +137,34 @@ class DecoderConfig:
 
     @property
     def rotary_width(self) -> int:
-        """The head dimensions RoPE rotates."""
+        """The head dimensions RoPE rotates (of a layer with `head_dim`-wide heads)."""
         return self.rotary_dim or self.head_dim
+
+    def head_dim_of(self, layer: int) -> int:
+        return self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
+
+    def kv_heads_of(self, layer: int) -> int:
+        return self.layer_kv_heads[layer] if self.layer_kv_heads else self.num_key_value_heads
+
+    def intermediate_size_of(self, layer: int) -> int:
+        return self.layer_intermediate_sizes[layer] if self.layer_intermediate_sizes else self.intermediate_size
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose keys and values `layer` attends over: itself, or (Gemma 4) the earlier one it shares."""
+        return self.kv_sources[layer] if self.kv_sources else layer
+
+    def caches(self, layer: int) -> bool:
+        """Whether `layer` keeps a key/value cache: an attention layer with keys and values of its own."""
+        return self.attends(layer) and self.kv_source(layer) == layer
+
+    def values_from_keys(self, layer: int) -> bool:
+        """Whether `layer`'s values are its keys before their norm and rotation (Gemma 4's full-attention layers)."""
+        return self.keys_as_values and self.window(layer) is None
+
+    def cache_layers(self) -> dict[int, tuple[int, int]]:
+        """Each caching layer's key/value heads and head size."""
+        layers = range(self.num_hidden_layers)
+        return {layer: (self.kv_heads_of(layer), self.head_dim_of(layer)) for layer in layers if self.caches(layer)}
 
     def attends(self, layer: int) -> bool:
         """Whether `layer` is an attention layer (with a key/value cache), not a linear-attention one."""
@@ -144,10 +189,7 @@ class DecoderConfig:
                 f"{self.num_attention_heads} query heads do not group over {self.num_key_value_heads} key/value heads",
                 source=source,
             )
-        if self.layer_windows and len(self.layer_windows) != self.num_hidden_layers:
-            raise ConversionError(
-                f"{len(self.layer_windows)} layer types for {self.num_hidden_layers} layers", source=source
-            )
+        self._check_layers(source)
         if self.activation not in ACTIVATIONS:
             raise ConversionError(f"activation {self.activation!r} is not one of {sorted(ACTIVATIONS)}", source=source)
         factors = self.rope_frequency_factors
@@ -159,6 +201,26 @@ class DecoderConfig:
             raise ConversionError(
                 f"RoPE type {rope_type!r} is not supported; expected one of {sorted(ROPE_TYPES)}", source=source
             )
+
+    def _check_layers(self, source: str) -> None:
+        """ConversionError for per-layer options that do not fit the layers: one value per layer, query heads that
+        group over each layer's key/value heads, a layer sharing the cache of an earlier one of its shape."""
+        for per_layer in (self.layer_windows, self.layer_head_dims, self.layer_kv_heads, self.layer_intermediate_sizes,
+                          self.kv_sources):  # fmt: skip
+            if per_layer and len(per_layer) != self.num_hidden_layers:
+                raise ConversionError(f"{len(per_layer)} per-layer values for {self.num_hidden_layers} layers",
+                                      source=source)  # fmt: skip
+        for layer in range(self.num_hidden_layers):
+            if self.num_attention_heads % self.kv_heads_of(layer):
+                raise ConversionError(f"layer {layer}: {self.num_attention_heads} query heads do not group over "
+                                      f"{self.kv_heads_of(layer)} key/value heads", source=source)  # fmt: skip
+            shared = self.kv_source(layer)
+            if shared != layer and not (
+                shared < layer and self.caches(shared) and self.head_dim_of(shared) == self.head_dim_of(layer)
+                and self.kv_heads_of(shared) == self.kv_heads_of(layer)
+            ):  # fmt: skip
+                raise ConversionError(f"layer {layer} cannot share the keys and values of layer {shared}",
+                                      source=source)  # fmt: skip
 
     def to_json(self, special_ids: Mapping[str, Any], dtype: str, shape: DecoderShape) -> dict[str, Any]:
         """The converted directory's `config.json`: transformers' names, the dtype of the graph's key/value cache and
@@ -179,19 +241,26 @@ class DecoderConfig:
             "torch_dtype": dtype,
             "sie_graph": shape.value,
             **(self.linear_attention.to_json() if self.linear_attention is not None else {}),
+            **({KV_CACHE_LAYERS: {str(layer): list(shape) for layer, shape in self.cache_layers().items()}}
+               if self.layer_head_dims or self.layer_kv_heads or self.kv_sources else {}),
             **special_ids,
-        }
+        }  # fmt: skip
 
 
-def rope_frequencies(config: DecoderConfig, table: str = "global") -> tuple[np.ndarray, float]:
+def rope_frequencies(
+    config: DecoderConfig, table: str = "global", head_dim: int | None = None
+) -> tuple[np.ndarray, float]:
     """The inverse frequency of each pair of head dimensions ([head_dim / 2], float64) and the factor cos and sin are
     scaled by, for the config's RoPE type, as transformers' `modeling_rope_utils` computes them; the `local` table
-    (the windowed layers', where they have their own base) is unscaled."""
+    (the windowed layers', where they have their own base) is unscaled. `head_dim`: the heads of the layers reading
+    the table, where they differ from the config's (Gemma 4's full-attention layers)."""
     parameters = config.rope_scaling if table == "global" else {}
     theta = config.rope_theta if table == "global" else float(config.local_rope_theta or config.rope_theta)
     rope_type = parameters.get("rope_type", "default")
-    dim = config.rotary_width
-    inverse = _inverse_frequencies(config, table, theta)
+    dim = config.rotary_dim or head_dim or config.head_dim
+    if rope_type == "proportional":
+        return _proportional_frequencies(parameters, theta, dim), 1.0
+    inverse = _inverse_frequencies(config, table, theta, dim)
     if rope_type == "default":
         return inverse, 1.0
     factor = float(parameters["factor"])
@@ -206,7 +275,15 @@ def rope_frequencies(config: DecoderConfig, table: str = "global") -> tuple[np.n
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelength >= original / high) & (wavelength <= original / low)
         return np.where(medium, smoothed, scaled), 1.0
-    # yarn: interpolation below a band of dimensions, extrapolation above it, a linear ramp between
+    return _yarn_frequencies(parameters, inverse, theta, dim, original)
+
+
+def _yarn_frequencies(
+    parameters: Mapping[str, Any], inverse: np.ndarray, theta: float, dim: int, original: float
+) -> tuple[np.ndarray, float]:
+    """YaRN: interpolation below a band of dimensions, extrapolation above it, a linear ramp between; and the factor
+    cos and sin are scaled by."""
+    factor = float(parameters["factor"])
     attention_factor = parameters.get("attention_factor")
     if attention_factor is None:
         mscale, mscale_all_dim = parameters.get("mscale"), parameters.get("mscale_all_dim")
@@ -235,10 +312,18 @@ def rope_frequencies(config: DecoderConfig, table: str = "global") -> tuple[np.n
     return inverse / factor * (1 - extrapolation) + inverse * extrapolation, float(attention_factor)
 
 
-def _inverse_frequencies(config: DecoderConfig, table: str, theta: float) -> np.ndarray:
+def _proportional_frequencies(parameters: Mapping[str, Any], theta: float, dim: int) -> np.ndarray:
+    """Gemma 4's `proportional` RoPE: the first `partial_rotary_factor` of the pairs rotate at the whole head's
+    frequencies theta ** (-2i / d), the others not at all (frequency 0); all divided by `factor`."""
+    angles = int(float(parameters.get("partial_rotary_factor", 1.0)) * dim // 2)
+    inverse = np.zeros(dim // 2, dtype=np.float64)
+    inverse[:angles] = 1.0 / theta ** (np.arange(0, 2 * angles, 2, dtype=np.float64) / dim)
+    return inverse / float(parameters.get("factor", 1.0))
+
+
+def _inverse_frequencies(config: DecoderConfig, table: str, theta: float, dim: int) -> np.ndarray:
     """theta ** (-2i / d) for each pair i of the d rotated dimensions, divided by llama.cpp's frequency factors in the
     global table."""
-    dim = config.rotary_width
     inverse = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
     if table == "global" and config.rope_frequency_factors:
         return inverse / np.asarray(config.rope_frequency_factors, dtype=np.float64)
@@ -307,7 +392,6 @@ def decoder_inputs(config: DecoderConfig, precision: Precision, shape: DecoderSh
     if shape is DecoderShape.HIDDEN:
         return [tensor_info(INPUT_IDS, TensorProto.INT64, [BATCH, SEQUENCE]),
                 tensor_info(ATTENTION_MASK, TensorProto.INT64, [BATCH, SEQUENCE])]  # fmt: skip
-    cache_shape = [BATCH, config.num_key_value_heads, PAST, config.head_dim]
     inputs = [
         tensor_info(INPUT_IDS, TensorProto.INT64, [BATCH, SEQUENCE]),
         tensor_info(ATTENTION_MASK, TensorProto.INT64, [BATCH, TOTAL]),
@@ -316,23 +400,24 @@ def decoder_inputs(config: DecoderConfig, precision: Precision, shape: DecoderSh
     for layer in range(config.num_hidden_layers):
         if not config.attends(layer):
             inputs.extend(state_inputs(config.linear_attention, layer, past=True))
-            continue
-        inputs.append(tensor_info(past_key_name(layer), precision.onnx, cache_shape))
-        inputs.append(tensor_info(past_value_name(layer), precision.onnx, cache_shape))
+        elif config.caches(layer):
+            cache_shape = [BATCH, config.kv_heads_of(layer), PAST, config.head_dim_of(layer)]
+            inputs.append(tensor_info(past_key_name(layer), precision.onnx, cache_shape))
+            inputs.append(tensor_info(past_value_name(layer), precision.onnx, cache_shape))
     return inputs
 
 
 def decoder_outputs(config: DecoderConfig, precision: Precision, shape: DecoderShape) -> list[onnx.ValueInfoProto]:
     if shape is DecoderShape.HIDDEN:
         return [tensor_info(HIDDEN_STATE, TensorProto.FLOAT, [BATCH, SEQUENCE, config.hidden_size])]
-    cache_shape = [BATCH, config.num_key_value_heads, TOTAL, config.head_dim]
     outputs = [tensor_info(LOGITS, TensorProto.FLOAT, [BATCH, 1, config.vocab_size])]
     for layer in range(config.num_hidden_layers):
         if not config.attends(layer):
             outputs.extend(state_inputs(config.linear_attention, layer, past=False))
-            continue
-        outputs.append(tensor_info(present_key_name(layer), precision.onnx, cache_shape))
-        outputs.append(tensor_info(present_value_name(layer), precision.onnx, cache_shape))
+        elif config.caches(layer):
+            cache_shape = [BATCH, config.kv_heads_of(layer), TOTAL, config.head_dim_of(layer)]
+            outputs.append(tensor_info(present_key_name(layer), precision.onnx, cache_shape))
+            outputs.append(tensor_info(present_value_name(layer), precision.onnx, cache_shape))
     return outputs
 
 
@@ -340,10 +425,13 @@ def decoder_outputs(config: DecoderConfig, precision: Precision, shape: DecoderS
 class _Shared:
     """Tensors computed once per run and read by every layer."""
 
-    # per rotary table (`global`, `local`): cos and sin [B or 1, 1, S, head_dim], sin's first half negated
-    # (rotate_half(x) * sin == swap_halves(x) * sin)
-    rotary: dict[str, tuple[str, str]]
+    # per rotary table (`global`, `local`) and head size: cos and sin [B or 1, 1, S, head_dim], sin's first half
+    # negated (rotate_half(x) * sin == swap_halves(x) * sin)
+    rotary: dict[tuple[str, int], tuple[str, str]]
     biases: dict[int | None, str]  # float32 [B, 1, 1, S, T] per window: 0 where a query sees a key, else negative
+    # per caching layer, its keys and values [B, kv_heads, T, head_dim], as the layers sharing them read them
+    keys_values: dict[int, tuple[str, str]] = attrs.field(factory=dict)
+    per_layer_inputs: str = ""  # Gemma 4's [B*S, layers, per_layer_input_size] float32, where the model has them
 
 
 class _Decoder:
@@ -365,6 +453,7 @@ class _Decoder:
         self.precision = precision
         self.cached = shape is DecoderShape.GENERATE
         self._shapes: dict[tuple[int, ...], str] = {}
+        self._last_only = False  # the run's last position only, from the first layer that shares a cache on
         if self.cached and not config.causal:
             raise ConversionError("a model that attends both ways (an embedding model) cannot generate")
 
@@ -382,16 +471,16 @@ class _Decoder:
         positions = POSITION_IDS if self.cached else self._positions()
         layers = range(cfg.num_hidden_layers)
         attending = [layer for layer in layers if cfg.attends(layer)]
-        rotary = {table: self._rotary(positions, table) for table in {cfg.rope_of(layer) for layer in attending}}
+        tables = {(cfg.rope_of(layer), cfg.head_dim_of(layer)) for layer in attending}
+        rotary = {(table, d): self._rotary(positions, table, d) for table, d in sorted(tables)}
         biases = {window: self._attention_bias(window) for window in {cfg.window(layer) for layer in attending}}
-        shared = _Shared(rotary, biases)
+        per_layer_inputs = self._per_layer_inputs(x) if cfg.per_layer_input_size else ""
+        shared = _Shared(rotary, biases, per_layer_inputs=per_layer_inputs)
         unpadded = row_mask(b) if cfg.linear_attention is not None else ""
         for layer in layers:
-            if cfg.attends(layer):
-                x = self._attention(x, layer, shared)
-            else:
-                x = gated_delta_layer(self, x, layer, cfg.linear_attention, unpadded)
-            x = self._mlp(x, layer)
+            if self.cached and layer == self._first_of_shared_tail():
+                x, shared = self._last_positions(x, shared)
+            x = self._layer(x, layer, shared, unpadded)
         final = self.norm_weight("model.norm.weight")
         hidden = b.op("Reshape", [self.rms_norm(x, final, "model.norm"), self.sequence_shape(cfg.hidden_size)],
                       self.hidden_name if not self.cached else "model.norm.sequences")  # fmt: skip
@@ -415,15 +504,65 @@ class _Decoder:
             logits = b.op("Mul", [capped, cap], "lm_head.capped")
         return b.op("Reshape", [logits, b.const([-1, 1, cfg.vocab_size])], LOGITS)
 
+    def _layer(self, x: str, layer: int, shared: _Shared, unpadded: str) -> str:
+        """One decoder layer: attention (or a gated delta rule) and the MLP, each with its residual; Gemma 4's
+        per-layer input block and layer scalar after them."""
+        b, cfg = self.b, self.config
+        if cfg.attends(layer):
+            x = self._attention(x, layer, shared)
+        else:
+            x = gated_delta_layer(self, x, layer, cfg.linear_attention, unpadded)
+        x = self._mlp(x, layer)
+        if cfg.per_layer_input_size:
+            x = self._per_layer_input(x, layer, shared.per_layer_inputs)
+        if cfg.layer_scalars:
+            scalar = self.weights.tensor(f"model.layers.{layer}.layer_scalar", (1,)).astype(np.float32)
+            x = b.op("Mul", [x, b.weight(f"model.layers.{layer}.layer_scalar", scalar)], f"model.layers.{layer}.scaled")
+        return x
+
     def sequence_shape(self, *widths: int) -> str:
-        """[-1, S, *widths]: rows of the residual stream back into sequences (S: this run's input length); one
-        tensor per shape, shared by every layer."""
+        """[-1, S, *widths]: rows of the residual stream back into sequences (S: this run's input length, or 1 once
+        only the last position goes on); one tensor per shape, shared by every layer."""
+        if self._last_only:
+            return self.b.const([-1, 1, *widths])
         if widths not in self._shapes:
             b = self.b
             sequence = b.op("Shape", [INPUT_IDS], "shape.sequence", start=1, end=2)
             self._shapes[widths] = b.op("Concat", [b.const([-1]), sequence, b.const(list(widths))], "shape.sequences",
                                         axis=0)  # fmt: skip
         return self._shapes[widths]
+
+    def _first_of_shared_tail(self) -> int | None:
+        """The first of the last layers that all read earlier layers' caches (Gemma 4's), None without them: past
+        it, only the run's last position matters to a generation graph (nothing after it is cached)."""
+        cfg, first = self.config, None
+        for layer in reversed(range(cfg.num_hidden_layers)):
+            if not cfg.attends(layer) or cfg.caches(layer):
+                break
+            first = layer
+        return first
+
+    def _last_positions(self, x: str, shared: _Shared) -> tuple[str, _Shared]:
+        """The residual stream and the per-run tensors cut to each row's last position (left padding puts every
+        row's last token there), as transformers runs Gemma 4's shared layers on the positions it keeps."""
+        b, cfg, name = self.b, self.config, "last_positions"
+        end = b.const([np.iinfo(np.int64).max])
+
+        def last(tensor: str, axis: int, label: str) -> str:
+            return b.op("Slice", [tensor, b.const([-1]), end, b.const([axis])], f"{name}.{label}")
+
+        rows = last(b.op("Reshape", [x, self.sequence_shape(cfg.hidden_size)], f"{name}.x_seq"), 1, "x")
+        x = b.op("Reshape", [rows, b.const([-1, cfg.hidden_size])], f"{name}.x_rows")
+        per_layer = shared.per_layer_inputs
+        if per_layer:
+            layers, size = cfg.num_hidden_layers, cfg.per_layer_input_size
+            sequences = b.op("Reshape", [per_layer, self.sequence_shape(layers * size)], f"{name}.ple_seq")
+            per_layer = b.op("Reshape", [last(sequences, 1, "ple"), b.const([-1, layers, size])], f"{name}.ple_rows")
+        rotary = {key: (last(cos, 2, f"cos_{key[0]}_{key[1]}"), last(sin, 2, f"sin_{key[0]}_{key[1]}"))
+                  for key, (cos, sin) in shared.rotary.items()}  # fmt: skip
+        biases = {window: last(bias, 3, f"bias_{window}") for window, bias in shared.biases.items()}
+        self._last_only = True
+        return x, _Shared(rotary, biases, shared.keys_values, per_layer)
 
     def norm_weight(self, name: str, size: int | None = None) -> np.ndarray:
         """A norm's scale as the graph multiplies by it: Gemma's (1 + weight), everyone else's weight."""
@@ -459,12 +598,13 @@ class _Decoder:
         steps = b.op("Range", [b.const(0), length, b.const(1)], "positions.range")
         return b.op("Unsqueeze", [steps, b.const([0])], "positions")
 
-    def _rotary(self, positions: str, table: str) -> tuple[str, str]:
-        """cos and (half-negated) sin of position × inverse frequency, duplicated over both halves (HF layout)."""
+    def _rotary(self, positions: str, table: str, head_dim: int) -> tuple[str, str]:
+        """cos and (half-negated) sin of position × inverse frequency, duplicated over both halves (HF layout), for
+        heads of `head_dim`."""
         b, cfg = self.b, self.config
-        name = f"rotary_{table}"
-        half = cfg.rotary_width // 2
-        inverse, attention_factor = rope_frequencies(cfg, table)
+        name = f"rotary_{table}" if head_dim == cfg.head_dim else f"rotary_{table}_{head_dim}"
+        half = (cfg.rotary_dim or head_dim) // 2
+        inverse, attention_factor = rope_frequencies(cfg, table, head_dim)
         # transformers computes the frequencies in float32 and the angles from them
         inverse = inverse.astype(np.float32)
         positions = b.op("Cast", [positions], f"{name}.positions", to=TensorProto.FLOAT)
@@ -513,15 +653,19 @@ class _Decoder:
         return b.op("Where", [visible, zero, negative], f"{name}.bias")
 
     def _projections(self, layer: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """The fused q/k/v projection `[hidden, (heads + 2 * kv_heads) * head_dim]` and its bias, 1/sqrt(head_dim)
-        folded into the query (RoPE is linear, so the scale commutes) unless a q norm follows, which takes it; and
-        the output gate's projection `[hidden, heads * head_dim]` where q_proj carries one (Qwen3.5), else None."""
+        """The fused q/k/v projection `[hidden, (heads + 2 * kv_heads) * head_dim]` (q alone on a layer that shares
+        another's keys and values; k twice where the values are the keys) and its bias, 1/sqrt(head_dim) folded
+        into the query (RoPE is linear, so the scale commutes) unless a q norm follows, which takes it; and the
+        output gate's projection `[hidden, heads * head_dim]` where q_proj carries one (Qwen3.5), else None."""
         cfg, w = self.config, self.weights
         prefix = f"model.layers.{layer}.self_attn"
-        d, hidden = cfg.head_dim, cfg.hidden_size
-        widths = {"q": cfg.num_attention_heads * d, "k": cfg.num_key_value_heads * d, "v": cfg.num_key_value_heads * d}
+        d, hidden, kv_heads = cfg.head_dim_of(layer), cfg.hidden_size, cfg.kv_heads_of(layer)
+        widths = {"q": cfg.num_attention_heads * d, "k": kv_heads * d, "v": kv_heads * d}
+        if not cfg.caches(layer):
+            del widths["k"], widths["v"]
+        stored = {part: "k" if part == "v" and cfg.values_from_keys(layer) else part for part in widths}
         query_scale = np.float32(1.0) if cfg.qk_norm else np.float32(cfg.query_scale)
-        weights = [w.tensor(f"{prefix}.{p}_proj.weight", (width, hidden)) for p, width in widths.items()
+        weights = [w.tensor(f"{prefix}.{stored[p]}_proj.weight", (width, hidden)) for p, width in widths.items()
                    if p != "q" or not cfg.attention_output_gate]  # fmt: skip
         gate = None
         if cfg.attention_output_gate:  # q_proj holds each head's query then its gate
@@ -532,45 +676,37 @@ class _Decoder:
         weights[0] = weights[0] * query_scale
         bias = None
         if cfg.qkv_bias:
-            biases = [w.tensor(f"{prefix}.{p}_proj.bias", (width,)) for p, width in widths.items()]
+            biases = [w.tensor(f"{prefix}.{stored[p]}_proj.bias", (width,)) for p, width in widths.items()]
             biases[0] = biases[0] * query_scale
             bias = np.concatenate(biases)
         return np.concatenate(weights, axis=0).T, bias, gate
 
     def _attention(self, x: str, layer: int, shared: _Shared) -> str:
         b, cfg, name = self.b, self.config, f"model.layers.{layer}.self_attn"
-        heads, kv_heads, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        heads, kv_heads, d = cfg.num_attention_heads, cfg.kv_heads_of(layer), cfg.head_dim_of(layer)
         norm = self.norm_weight(f"model.layers.{layer}.input_layernorm.weight")
         hidden = self.to_compute(self.rms_norm(x, norm, f"model.layers.{layer}.input_layernorm"), f"{name}.input")
         weight, bias, gate = self._projections(layer)
-        qkv = b.op("MatMul", [hidden, self.weight(f"{name}.qkv_proj.weight", weight)], f"{name}.qkv")
+        projected = b.op("MatMul", [hidden, self.weight(f"{name}.qkv_proj.weight", weight)], f"{name}.qkv")
         if bias is not None:
-            qkv = b.op("Add", [qkv, self.weight(f"{name}.qkv_proj.bias", bias)], f"{name}.qkv_biased")
-        qkv = b.op("Reshape", [qkv, self.sequence_shape(heads + 2 * kv_heads, d)], f"{name}.qkv_heads")  # [B, S, ., d]
-        if cfg.qk_norm and not cfg.qk_norm_after_rotation:
-            query, key, value = b.op_multi("Split", [qkv, b.const([heads, kv_heads, kv_heads])],
-                                           [f"{name}.q_raw", f"{name}.k_raw", f"{name}.v_raw"], axis=2)  # fmt: skip
-            scale = np.float32(cfg.query_scale)
-            query = self._head_norm(query, self.norm_weight(f"{name}.q_norm.weight", d) * scale, f"{name}.q_norm")
-            key = self._head_norm(key, self.norm_weight(f"{name}.k_norm.weight", d), f"{name}.k_norm")
-            qk = b.op("Concat", [query, key], f"{name}.qk_normed", axis=2)
-        else:
-            qk, value = b.op_multi("Split", [qkv, b.const([heads + kv_heads, kv_heads])], [f"{name}.qk_raw",
-                                   f"{name}.v_raw"], axis=2)  # fmt: skip
-        qk = b.op("Transpose", [qk], f"{name}.qk", perm=[0, 2, 1, 3])  # [B, heads + kv_heads, S, d]
-        value = b.op("Transpose", [value], f"{name}.v", perm=[0, 2, 1, 3])
-        qk = self._rotate(qk, shared.rotary[cfg.rope_of(layer)], name)
-        query, key = b.op_multi("Split", [qk, b.const([heads, kv_heads])], [f"{name}.q", f"{name}.k"], axis=1)
-        if cfg.qk_norm_after_rotation:  # [B, heads, S, d]: the same per-head norm, on rotated heads
-            scale = np.float32(cfg.query_scale)
-            query = self._head_norm(query, self.norm_weight(f"{name}.q_norm.weight", d) * scale, f"{name}.q_norm")
-            key = self._head_norm(key, self.norm_weight(f"{name}.k_norm.weight", d), f"{name}.k_norm")
-        if self.cached:
-            key = b.op("Concat", [past_key_name(layer), key], present_key_name(layer), axis=2)
-            value = b.op("Concat", [past_value_name(layer), value], present_value_name(layer), axis=2)
+            projected = b.op("Add", [projected, self.weight(f"{name}.qkv_proj.bias", bias)], f"{name}.qkv_biased")
+        rotary = shared.rotary[(cfg.rope_of(layer), d)]
+        if cfg.caches(layer):
+            query, key, value = self._query_key_value(projected, layer, rotary)
+            if self.cached:
+                key = b.op("Concat", [past_key_name(layer), key], present_key_name(layer), axis=2)
+                value = b.op("Concat", [past_value_name(layer), value], present_value_name(layer), axis=2)
+            shared.keys_values[layer] = (key, value)
+        else:  # the keys and values of the earlier layer it shares (Gemma 4), its own query
+            query = b.op("Reshape", [projected, self.sequence_shape(heads, d)], f"{name}.q_heads")  # [B, S, heads, d]
+            query = self._head_norm(query, self.norm_weight(f"{name}.q_norm.weight", d) * np.float32(cfg.query_scale),
+                                    f"{name}.q_norm")  # fmt: skip
+            query = self._rotate(b.op("Transpose", [query], f"{name}.q_t", perm=[0, 2, 1, 3]), rotary, name, d)
+            key, value = shared.keys_values[cfg.kv_source(layer)]
         # Grouped-query attention without copying the cache: the query heads of one key/value head form a group
         # axis, and MatMul broadcasts each key/value head over its group.
-        grouped = b.op("Reshape", [query, b.const([0, kv_heads, cfg.query_groups, -1, d])], f"{name}.q_groups")
+        groups = heads // kv_heads
+        grouped = b.op("Reshape", [query, b.const([0, kv_heads, groups, -1, d])], f"{name}.q_groups")
         key_t = b.op("Transpose", [b.op("Unsqueeze", [key, b.const([2])], f"{name}.k_5d")], f"{name}.k_t",
                      perm=[0, 1, 2, 4, 3])  # fmt: skip
         scores = self.to_float(b.op("MatMul", [grouped, key_t], f"{name}.scores"), f"{name}.scores_f32")
@@ -592,6 +728,35 @@ class _Decoder:
             out = self.rms_norm(out, self.norm_weight(f"{norm_name}.weight"), norm_name)
         return self.residual(x, out, f"model.layers.{layer}.attn_residual")
 
+    def _query_key_value(self, qkv: str, layer: int, rotary: tuple[str, str]) -> tuple[str, str, str]:
+        """The fused projection's queries, keys and values as heads `[B, heads or kv_heads, S, d]`: q/k normed
+        (before the rotation, or after it: HunYuan) where the family does, rotated, values normed where the family
+        does (Gemma 4)."""
+        b, cfg, name = self.b, self.config, f"model.layers.{layer}.self_attn"
+        heads, kv_heads, d = cfg.num_attention_heads, cfg.kv_heads_of(layer), cfg.head_dim_of(layer)
+        qkv = b.op("Reshape", [qkv, self.sequence_shape(heads + 2 * kv_heads, d)], f"{name}.qkv_heads")  # [B, S, ., d]
+        if cfg.qk_norm and not cfg.qk_norm_after_rotation:
+            query, key, value = b.op_multi("Split", [qkv, b.const([heads, kv_heads, kv_heads])],
+                                           [f"{name}.q_raw", f"{name}.k_raw", f"{name}.v_raw"], axis=2)  # fmt: skip
+            scale = np.float32(cfg.query_scale)
+            query = self._head_norm(query, self.norm_weight(f"{name}.q_norm.weight", d) * scale, f"{name}.q_norm")
+            key = self._head_norm(key, self.norm_weight(f"{name}.k_norm.weight", d), f"{name}.k_norm")
+            qk = b.op("Concat", [query, key], f"{name}.qk_normed", axis=2)
+        else:
+            qk, value = b.op_multi("Split", [qkv, b.const([heads + kv_heads, kv_heads])], [f"{name}.qk_raw",
+                                   f"{name}.v_raw"], axis=2)  # fmt: skip
+        if cfg.value_norm:  # an RMSNorm with no scale of its own
+            value = self._head_norm(value, np.ones(d, dtype=np.float32), f"{name}.v_norm")
+        qk = b.op("Transpose", [qk], f"{name}.qk", perm=[0, 2, 1, 3])  # [B, heads + kv_heads, S, d]
+        value = b.op("Transpose", [value], f"{name}.v", perm=[0, 2, 1, 3])
+        qk = self._rotate(qk, rotary, name, d)
+        query, key = b.op_multi("Split", [qk, b.const([heads, kv_heads])], [f"{name}.q", f"{name}.k"], axis=1)
+        if cfg.qk_norm_after_rotation:  # [B, heads, S, d]: the same per-head norm, on rotated heads
+            scale = np.float32(cfg.query_scale)
+            query = self._head_norm(query, self.norm_weight(f"{name}.q_norm.weight", d) * scale, f"{name}.q_norm")
+            key = self._head_norm(key, self.norm_weight(f"{name}.k_norm.weight", d), f"{name}.k_norm")
+        return query, key, value
+
     def residual(self, x: str, out: str, name: str) -> str:
         """x + out (Granite: x + out × residual_multiplier)."""
         if self.config.residual_multiplier != 1.0:
@@ -603,15 +768,16 @@ class _Decoder:
         normed = self.rms_norm(self.to_float(x, f"{name}.f32"), scale, name)
         return self.to_compute(normed, f"{name}.cast")
 
-    def _rotate(self, x: str, rotary: tuple[str, str], name: str) -> str:
+    def _rotate(self, x: str, rotary: tuple[str, str], name: str, head_dim: int) -> str:
         """x * cos + rotate_half(x) * sin, with the sign of rotate_half already in the sin table; where RoPE
         rotates part of each head (`rotary_dim`), the rest passes as it is."""
         b, cfg = self.b, self.config
-        half, rest = cfg.rotary_width // 2, cfg.head_dim - cfg.rotary_width
+        width = cfg.rotary_dim or head_dim
+        half, rest = width // 2, head_dim - width
         cos, sin = rotary
         passed = None
         if rest:
-            x, passed = b.op_multi("Split", [x, b.const([cfg.rotary_width, rest])],
+            x, passed = b.op_multi("Split", [x, b.const([width, rest])],
                                    [f"{name}.rot_part", f"{name}.rot_pass"], axis=-1)  # fmt: skip
         first, second = b.op_multi("Split", [x, b.const([half, half])], [f"{name}.rot_a", f"{name}.rot_b"], axis=-1)
         swapped = b.op("Concat", [second, first], f"{name}.rot_swapped", axis=-1)
@@ -626,7 +792,7 @@ class _Decoder:
                                                 else "post_attention_layernorm")  # fmt: skip
         normed = self.rms_norm(x, self.norm_weight(f"{norm_name}.weight"), norm_name)
         hidden = self.to_compute(normed, f"{name}.input")
-        size, width = cfg.intermediate_size, cfg.hidden_size
+        size, width = cfg.intermediate_size_of(layer), cfg.hidden_size
         # gate and up as two products, not one split afterwards: the split would copy [B*S, 2 * intermediate]
         gate, up = (
             self.projection(hidden, f"{name}.{part}_proj", size, width, cfg.mlp_bias) for part in ("gate", "up")
@@ -638,6 +804,42 @@ class _Decoder:
             norm_name = f"model.layers.{layer}.post_feedforward_layernorm"
             out = self.rms_norm(out, self.norm_weight(f"{norm_name}.weight"), norm_name)
         return self.residual(x, out, f"model.layers.{layer}.mlp_residual")
+
+    def _per_layer_inputs(self, embedded: str) -> str:
+        """Gemma 4's per-layer inputs `[B*S, layers, size]` (float32): each token's row of their own table × sqrt(size),
+        plus the RMS-normed projection of its scaled embedding (`embedded`, `[B*S, hidden]`) × hidden^-1/2, the sum
+        over sqrt(2)."""
+        b, cfg, name = self.b, self.config, "model.per_layer_inputs"
+        layers, size = cfg.num_hidden_layers, cfg.per_layer_input_size
+        table = self.weights.tensor("model.embed_tokens_per_layer.weight", (cfg.per_layer_vocab_size, layers * size))
+        rows = b.op("Gather", [self.weight("model.embed_tokens_per_layer.weight", table), INPUT_IDS], f"{name}.rows")
+        rows = b.op("Mul", [self.to_float(rows, f"{name}.rows_f32"), b.const(float(np.float32(size**0.5)), np.float32)],
+                    f"{name}.rows_scaled")  # fmt: skip
+        rows = b.op("Reshape", [rows, b.const([-1, layers, size])], f"{name}.token")
+        projected = self.projection(self.to_compute(embedded, f"{name}.input"), "model.per_layer_model_projection",
+                                    layers * size, cfg.hidden_size, False)  # fmt: skip
+        projected = b.op("Mul", [self.to_float(projected, f"{name}.projected_f32"),
+                                 b.const(cfg.hidden_size**-0.5, np.float32)], f"{name}.projected_scaled")  # fmt: skip
+        projected = b.op("Reshape", [projected, b.const([-1, layers, size])], f"{name}.projected")
+        norm = self.norm_weight("model.per_layer_projection_norm.weight", size)
+        context = self.rms_norm(projected, norm, "model.per_layer_projection_norm")
+        summed = b.op("Add", [context, rows], f"{name}.sum")
+        return b.op("Mul", [summed, b.const(2.0**-0.5, np.float32)], name)
+
+    def _per_layer_input(self, x: str, layer: int, inputs: str) -> str:
+        """Gemma 4's per-layer input block: x + norm(project(act(gate(x)) × this layer's input))."""
+        b, cfg, name = self.b, self.config, f"model.layers.{layer}"
+        size = cfg.per_layer_input_size
+        own = self.to_compute(b.op("Gather", [inputs, b.const(layer)], f"{name}.per_layer_input", axis=1),
+                              f"{name}.per_layer_input_cast")  # fmt: skip
+        hidden = self.to_compute(x, f"{name}.per_layer_input_gate.input")
+        gate = self.projection(hidden, f"{name}.per_layer_input_gate", size, cfg.hidden_size, False)
+        gated = b.op("Mul", [self._activation(gate, f"{name}.per_layer_input_gate"), own], f"{name}.per_layer_gated")
+        out = self.projection(gated, f"{name}.per_layer_projection", cfg.hidden_size, size, False)
+        norm_name = f"{name}.post_per_layer_input_norm"
+        out = self.rms_norm(self.to_float(out, f"{name}.per_layer_projection_f32"),
+                            self.norm_weight(f"{norm_name}.weight"), norm_name)  # fmt: skip
+        return b.op("Add", [x, out], f"{name}.per_layer_residual")
 
     def projection(self, x: str, name: str, out_features: int, in_features: int, bias: bool) -> str:
         """x @ weight.T (+ its bias, where the config gives the layer one) for the linear layer `name`."""

@@ -28,7 +28,7 @@ GLINER_CONFIG_FILE: Final = "gliner_config.json"  # a GLiNER checkpoint's own co
 # gated delta-rule layers between attention layers) converts, and so does the Qwen3 language model of `qwen3_vl`.
 DECODER_MODEL_TYPES: Final = frozenset(
     {"llama", "mistral", "qwen2", "qwen3", "granite", "gemma3_text", "gemma3", "hunyuan_v1_dense", "llama_bidirec",
-     "nvembed", "qwen3_5", "qwen3_5_text", "qwen3_vl"}
+     "nvembed", "qwen3_5", "qwen3_5_text", "qwen3_vl", "gemma4", "gemma4_text"}
 )  # fmt: skip
 NVEMBED_MODEL_TYPE: Final = "nvembed"
 QWEN3_5_TEXT_MODEL_TYPE: Final = "qwen3_5_text"
@@ -54,7 +54,7 @@ def wraps_qwen3_5(config_json: Mapping[str, Any]) -> bool:
 
 # Families whose activations overflow float16 (Gemma 3's model cards: float32 or bfloat16 only): on a GPU they convert
 # to float32 unless a profile asks for float16 by name.
-FLOAT16_UNSAFE_MODEL_TYPES: Final = frozenset({"gemma3_text", "gemma3"})
+FLOAT16_UNSAFE_MODEL_TYPES: Final = frozenset({"gemma3_text", "gemma3", "gemma4_text", "gemma4"})
 
 INPUT_IDS: Final = "input_ids"
 ATTENTION_MASK: Final = "attention_mask"
@@ -88,6 +88,11 @@ RECURRENT_STATE: Final = "recurrent"
 LINEAR_ATTENTION_LAYERS: Final = "linear_attention_layers"
 CONV_STATE_SHAPE: Final = "linear_conv_state_shape"  # [channels, conv_kernel − 1]
 RECURRENT_STATE_SHAPE: Final = "linear_recurrent_state_shape"  # [value_heads, key_dim, value_dim]
+
+
+# The converted config.json's key for a decoder whose layers' caches differ (Gemma 4): each caching layer's key/value
+# heads and head size, `{"0": [kv_heads, head_dim], …}`; a layer it leaves out keeps no cache.
+KV_CACHE_LAYERS: Final = "kv_cache_layers"
 
 
 def past_state_name(layer: int, state: str) -> str:

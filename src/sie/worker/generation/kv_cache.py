@@ -20,6 +20,7 @@ from sie.worker.convert.names import (
     CONV_STATE,
     CONV_STATE_SHAPE,
     INPUT_IDS,
+    KV_CACHE_LAYERS,
     LINEAR_ATTENTION_LAYERS,
     PAST_PREFIX,
     POSITION_IDS,
@@ -36,7 +37,8 @@ from sie.worker.convert.names import (
 @attrs.frozen
 class CacheShape:
     """What an empty key/value cache needs: layers, key/value heads, head size and the cache dtype; for a hybrid
-    decoder (Qwen3.5), which layers are linear-attention ones and the per-row shapes of their two states (float32)."""
+    decoder (Qwen3.5), which layers are linear-attention ones and the per-row shapes of their two states (float32);
+    for one whose layers' caches differ or are shared (Gemma 4), each caching layer's shape."""
 
     layers: int
     kv_heads: int
@@ -45,6 +47,8 @@ class CacheShape:
     state_layers: tuple[int, ...] = ()
     conv_state: tuple[int, ...] = ()  # [channels, conv_kernel - 1]
     recurrent_state: tuple[int, ...] = ()  # [value_heads, key_dim, value_dim]
+    # where layers' caches differ (Gemma 4): each caching layer's (kv_heads, head_dim); a layer left out keeps none
+    layer_caches: Mapping[int, tuple[int, int]] = attrs.field(factory=dict)
 
     @classmethod
     def from_config(cls, config_json: Mapping[str, Any]) -> CacheShape:
@@ -55,6 +59,9 @@ class CacheShape:
             states = {"state_layers": tuple(config_json[LINEAR_ATTENTION_LAYERS]),
                       "conv_state": tuple(config_json[CONV_STATE_SHAPE]),
                       "recurrent_state": tuple(config_json[RECURRENT_STATE_SHAPE])}  # fmt: skip
+        if config_json.get(KV_CACHE_LAYERS):
+            states["layer_caches"] = {int(layer): (int(heads), int(size))
+                                      for layer, (heads, size) in config_json[KV_CACHE_LAYERS].items()}  # fmt: skip
         return cls(
             layers=int(config_json["num_hidden_layers"]),
             kv_heads=int(config_json["num_key_value_heads"]),
@@ -66,17 +73,23 @@ class CacheShape:
     @property
     def attention_layers(self) -> list[int]:
         """The layers with a key/value cache."""
+        if self.layer_caches:
+            return sorted(self.layer_caches)
         return [layer for layer in range(self.layers) if layer not in self.state_layers]
+
+    def cache_of(self, layer: int) -> tuple[int, int]:
+        """A caching layer's key/value heads and head size."""
+        return self.layer_caches.get(layer, (self.kv_heads, self.head_dim))
 
 
 def empty_cache(shape: CacheShape, batch: int = 1) -> dict[str, np.ndarray]:
     """`past_key_values.{i}.key|value` feeds with no past, `[batch, kv_heads, 0, head_dim]`, and a linear-attention
     layer's `past_key_values.{i}.conv|recurrent` states before any token: zeros."""
-    empty = np.zeros((batch, shape.kv_heads, 0, shape.head_dim), dtype=shape.dtype)
     feeds = {}
     for layer in shape.attention_layers:
-        feeds[past_key_name(layer)] = empty
-        feeds[past_value_name(layer)] = empty
+        kv_heads, head_dim = shape.cache_of(layer)
+        feeds[past_key_name(layer)] = feeds[past_value_name(layer)] = np.zeros((batch, kv_heads, 0, head_dim),
+                                                                               dtype=shape.dtype)  # fmt: skip
     for layer in shape.state_layers:
         feeds[past_state_name(layer, CONV_STATE)] = np.zeros((batch, *shape.conv_state), dtype=np.float32)
         feeds[past_state_name(layer, RECURRENT_STATE)] = np.zeros((batch, *shape.recurrent_state), dtype=np.float32)
@@ -94,7 +107,8 @@ def next_cache(output_names: Sequence[str], outputs: Sequence[np.ndarray]) -> di
 
 def bytes_per_cached_token(shape: CacheShape) -> int:
     """Key and value cache bytes one token of one row holds, over every attention layer."""
-    return len(shape.attention_layers) * 2 * shape.kv_heads * shape.head_dim * np.dtype(shape.dtype).itemsize
+    per_token = sum(2 * kv_heads * head_dim for kv_heads, head_dim in map(shape.cache_of, shape.attention_layers))
+    return per_token * np.dtype(shape.dtype).itemsize
 
 
 def bytes_per_row_state(shape: CacheShape) -> int:
