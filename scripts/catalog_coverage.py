@@ -138,6 +138,11 @@ ARCHITECTURE_OF_MODEL = {
     "google/embeddinggemma-300m": "gemma3_text",
     "google/translategemma-4b-it": "gemma3",  # Gemma 3 with its vision tower
     "ibm-granite/granite-guardian-3.0-2b": "granite",
+    # Gemma 4 (sglang.gemma): its language model, for text; the 26B-A4B's mixture-of-experts blocks are not built
+    "google/gemma-4-E2B-it": "gemma4",
+    "google/gemma-4-E4B-it": "gemma4",
+    "google/gemma-4-31B-it": "gemma4",
+    "google/gemma-4-26B-A4B-it": "gemma4 (mixture of experts)",
     "tencent/Hy-MT2-1.8B": "hunyuan_v1_dense",
     # GLiNER checkpoints of other architectures than the span model (the public adapter's own notes say which)
     "numind/NuNER_Zero": GLINER_TOKEN_MODEL_TYPE,  # token-level

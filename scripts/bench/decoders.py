@@ -43,7 +43,7 @@ from served_vs_raw import CONNECTIONS, served_vs_raw, timed  # noqa: E402
 from sie.catalog import dump_yaml  # noqa: E402
 from sie.worker.convert import convert_decoder_checkpoint, convert_decoder_hidden  # noqa: E402
 from sie.worker.generation.kv_cache import CacheShape, empty_cache, next_cache  # noqa: E402
-from support.decoder_checkpoints import FAMILIES, WORDS, family_config, write_tokenizer  # noqa: E402
+from support.decoder_checkpoints import FAMILIES, WORDS, family_config, gemma4_config, write_tokenizer  # noqa: E402
 
 EMBEDDER = "sie_server.adapters.qwen2_flash:Qwen2FlashAdapter"
 
@@ -52,6 +52,14 @@ SIZE = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3, 
 
 
 def sized_model(family: str, layers: int) -> torch.nn.Module:
+    if family == "gemma4":  # E2B's proportions: windowed layers around full ones with heads twice as wide, the last
+        # half reading earlier layers' caches with double-wide MLPs, per-layer inputs of 64 values per layer
+        config = gemma4_config(**SIZE, num_hidden_layers=layers, head_dim=64, global_head_dim=128,
+                               layer_types=(["sliding_attention"] * 3 + ["full_attention"]) * (layers // 4),
+                               num_kv_shared_layers=layers // 2, hidden_size_per_layer_input=64,
+                               vocab_size_per_layer_input=SIZE["vocab_size"], sliding_window=4096)  # fmt: skip
+        torch.manual_seed(0)
+        return transformers.AutoModelForCausalLM.from_config(config).eval()
     config = family_config(family)
     for key, value in SIZE.items():
         setattr(config, key, value)

@@ -42,7 +42,10 @@ CHAT, EMBED, RERANK = "tiny/qwen3-chat", "tiny/qwen3-embedding", "tiny/qwen3-rer
 NVEMBED = "tiny/nv-embed"
 # the other families' chat models, served and checked over HTTP like the Qwen3 one
 OTHER_CHATS = {f"tiny/{family}-chat": family for family in ("llama", "mistral", "qwen2", "granite", "gemma3",
-                                                            "qwen3_5")}  # fmt: skip
+                                                            "qwen3_5", "gemma4")}  # fmt: skip
+# the public module each chat model's YAML names: Gemma 4's own (sglang.gemma), sglang.generation for the others
+GENERATION_MODULES = {"gemma4": "sie_server.adapters.sglang.gemma:SGLangGemmaAdapter"}
+GENERATION_MODULE = "sie_server.adapters.sglang.generation:SGLangGenerationAdapter"
 DEBERTA = "tiny/deberta-v3-reranker"
 GLINER = "tiny/gliner-deberta-v3"
 RELEX = "tiny/gliner-relex"  # the public knowledgator/gliner-relex-large-v1.0 YAML's shape
@@ -90,8 +93,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         directory = root / "weights" / name.replace("/", "__")
         if name != CHAT:
             models[name] = save_causal_lm(directory, family)
-        write_yaml(models_dir, name, directory, chat_tasks,
-                   "sie_server.adapters.sglang.generation:SGLangGenerationAdapter", {})  # fmt: skip
+        write_yaml(models_dir, name, directory, chat_tasks, GENERATION_MODULES.get(family, GENERATION_MODULE), {})
     models[NVEMBED] = save_nvembed(root / "weights" / "nvembed")
     (models_dir / "tiny__nv-embed.yaml").write_text(dump_yaml(public_yaml(root / "weights" / "nvembed", NVEMBED)))
     models[DEBERTA] = save_deberta_cross_encoder(root / "weights" / "deberta")

@@ -81,6 +81,7 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     # generation of the decoder families the converter builds; a checkpoint of another architecture fails its load
     # naming it
     "sie_server.adapters.sglang.generation": CAUSAL_LM,
+    "sie_server.adapters.sglang.gemma": CAUSAL_LM,
     # GLiNER2 (fastino gliner2) span checkpoints: entities and classification (a boundary checkpoint, GLiNER2.5, fails
     # its load naming it; relations and structured output are refused per request)
     "sie_server.adapters.gliner2.adapter": GLINER2,
