@@ -121,7 +121,9 @@ ARCHITECTURE_OF_MODEL = {
     "tencent/R3-rerank-0.6b": "qwen3",
     "Qwen/Qwen3-VL-8B-Instruct": "qwen3_vl",  # a vision-language model: its Qwen3 language model, for text
     "Qwen/Qwen3-VL-Embedding-2B": "qwen3_vl",  # the same, each text written into its chat template
+    "Qwen/Qwen3-VL-Reranker-2B": "qwen3_vl",  # its language model scoring text pairs
     "Qwen/Qwen3.5-4B": "qwen3_5",  # hybrid linear attention
+    "Qwen/Qwen3.6-27B": "qwen3_5",  # the same hybrid family, scaled up (its YAML says so)
     "topk-io/topk-embed-v1-small": "qwen3_5",  # TopK-Embed: Qwen3.5-2B attending both ways, a token projection
     "topk-io/topk-embed-v1-xsmall": "qwen3_5",  # on Qwen3.5-0.8B
     "NovaSearch/stella_en_1.5B_v5": "qwen2",

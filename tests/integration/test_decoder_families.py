@@ -271,6 +271,71 @@ def test_qwen3_vl_embedding_writes_each_text_into_its_chat_template(
         loaded.close()
 
 
+def test_qwen3_vl_reranker_scores_text_pairs_as_its_public_recipe(
+    with_vision: Callable[[str], tuple[Path, Any]], public_wheel: Path, model_loader: ModelLoader, tmp_path: Path
+) -> None:
+    """Qwen3-VL-Reranker-2B's public YAML (text pairs): the judge's system turn and a user turn of text parts
+    (`<Instruct>: …`, `<Query>:`, the query, `\n<Document>:`, the document) rendered by the checkpoint's chat
+    template, the assistant's turn opened, tokenized whole; sigmoid(yes − no) at the last position, equal to the
+    public adapter's recipe run with transformers. A pair over the context loses its document's last tokens."""
+    import shutil
+    import zipfile
+
+    import torch
+    import transformers
+
+    from sie.worker.adapters.causal_reranker import QWEN3_JUDGE
+
+    source, model = with_vision("qwen3_vl")
+    directory = tmp_path / "model"
+    shutil.copytree(source, directory)
+    tokenizer_config = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config | {"chat_template": VL_CHAT_TEMPLATE}))
+    with zipfile.ZipFile(public_wheel) as wheel:
+        text = wheel.read("sie_server/models/Qwen__Qwen3-VL-Reranker-2B.yaml").decode()
+    data = load_yaml(text, "Qwen__Qwen3-VL-Reranker-2B.yaml") | {"weights_path": str(directory),
+                                                                  "max_sequence_length": 80}  # fmt: skip
+    loaded = model_loader.load(parse_model_config(data), "default", "Qwen/Qwen3-VL-Reranker-2B")
+    reference = transformers.PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"),
+                                                     chat_template=VL_CHAT_TEMPLATE)  # fmt: skip
+    yes, no = reference.convert_tokens_to_ids("yes"), reference.convert_tokens_to_ids("no")
+
+    def expected(query: str, document: str, instruction: str) -> float:
+        parts = [f"<Instruct>: {instruction}", "<Query>:", query, "\n<Document>:", document]
+        conversation = [{"role": "system", "content": [{"type": "text", "text": QWEN3_JUDGE}]},
+                        {"role": "user", "content": [{"type": "text", "text": part} for part in parts]}]  # fmt: skip
+        prompt = reference.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([reference(prompt)["input_ids"]])).logits[0, -1]
+        return torch.sigmoid(logits[yes] - logits[no]).item()
+
+    try:
+        query, documents = "w1 w2", ["w1 w2 w3", "w20 w21", "w5"]
+        ours = reranker_scores(loaded, query, documents)
+        for index, document in enumerate(documents):
+            want = expected(query, document, "Retrieve relevant documents for the query.")
+            assert abs(ours[f"item-{index}"] - want) <= TOLERANCE, document
+        # over the 80-token context: the document keeps as many of its first words as fit
+        long_document = " ".join(f"w{index % 50}" for index in range(90))
+        assert len(loaded.adapter.pair_ids(query, long_document, None)) == 80
+        kept = 80 - (len(loaded.adapter.pair_ids(query, "", None)) - 1)  # "NULL" is one (unknown) token
+        cut = " ".join(long_document.split()[:kept])
+        assert abs(reranker_scores(loaded, query, [long_document])["item-0"] - expected(query, cut, "Retrieve "
+                   "relevant documents for the query.")) <= TOLERANCE  # fmt: skip
+        with pytest.raises(ValueError, match="the instruction, query and template take 1[0-9][0-9] tokens of the "
+                                             "model's 80"):  # fmt: skip
+            loaded.adapter.pair_ids(" ".join(["w1"] * 100), "w2", None)
+        pictured = SimpleNamespace(
+            query_item={"text": "w1"},
+            options=None,
+            instruction=None,
+            score_items=[{"text": "w2", "images": [{"data": b"\x89PNG", "format": "png"}]}],
+        )
+        assert "image inputs are not served" in str(loaded.adapter.score([pictured]).items[0].error)
+    finally:
+        loaded.close()
+
+
 @pytest.mark.parametrize(
     ("yaml_file", "checkpoint", "sampling"),
     [("Qwen__Qwen3.5-4B.yaml", "qwen3_5", (0.7, 0.8, 0, 1.5, 0)),

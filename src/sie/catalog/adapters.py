@@ -66,6 +66,8 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie_server.adapters.modernbert_flash_cross_encoder": CROSS_ENCODER,
     "sie_server.adapters.qwen2_flash_cross_encoder.adapter": CAUSAL_RERANKER,
     "sie_server.adapters.native_causal_cross_encoder.adapter": CAUSAL_RERANKER,  # zerank: its raw positive logit
+    # Qwen3-VL-Reranker, text pairs only: its chat template's prompt, sigmoid(yes − no)
+    "sie_server.adapters.qwen3_vl_reranker.adapter": CAUSAL_RERANKER,
     "sie_server.adapters.colbert": MULTIVECTOR,
     "sie_server.adapters.colbert_modernbert_flash.adapter": MULTIVECTOR,
     "sie_server.adapters.colbert_rotary_flash": MULTIVECTOR,  # jina-colbert-v2: rotary flash XLM-R (jina_flash.py)

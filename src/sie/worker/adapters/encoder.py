@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 import attrs
 import numpy as np
@@ -37,9 +37,17 @@ class EncodeSpec:
     prefix: str = ""  # what the template and instruction put before the text (read where `skips_prefix`)
 
 
+IMAGES_NOT_SERVED: Final = "Item has images; this model reads text only (its image inputs are not served)"
+
+
 def item_text(item: dict[str, Any] | None) -> str | None:
     text = (item or {}).get("text")
     return text if isinstance(text, str) else None
+
+
+def has_images(*items: dict[str, Any] | None) -> bool:
+    """Whether any of the items carries images (a text model refuses it rather than reading its text alone)."""
+    return any((item or {}).get("images") for item in items)
 
 
 def ranked_scores(scores: Sequence[float], items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -96,8 +104,8 @@ class TextEncoderAdapter(Adapter, metaclass=ABCMeta):
                 results[index] = ItemResult(result=result, input_tokens=len(token_list))
 
     def _encode_spec(self, item: Any) -> EncodeSpec | ItemResult:
-        if (item.item or {}).get("images"):  # never encode the text of an item and leave out its images
-            return invalid("Item has images; this model reads text only (its image inputs are not served)")
+        if has_images(item.item):  # never encode the text of an item and leave out its images
+            return invalid(IMAGES_NOT_SERVED)
         text = item_text(item.item)
         if text is None:
             return invalid("Item has no text; this model accepts text input only")

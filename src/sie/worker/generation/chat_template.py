@@ -132,6 +132,16 @@ class ChatTemplate:
         except (TemplateError, TypeError) as exc:  # TypeError: the template combined values it cannot
             raise ChatTemplateError(f"the model's chat template cannot render these messages: {exc}") from exc
 
+    def render_parts(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The prompt of a recipe's own turns, whose content may be a list of text parts (`{type: text, text}`),
+        passed to the template as they are: each template joins the parts its own way, as the Qwen-VL processors'
+        templates do (the request path's `render` joins them with newlines first, as OpenAI's chat reads them)."""
+        try:
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         bos_token="", eos_token="")  # fmt: skip
+        except (TemplateError, TypeError) as exc:
+            raise ChatTemplateError(f"the model's chat template cannot render these messages: {exc}") from exc
+
     def instructed_prompt(self, instruction: str, text: str) -> str:
         """The prompt of a system turn `instruction` and a user turn `text`, the assistant's turn opened, with the two
         left as the placeholders given (an embedder's recipe that writes each text into its chat template, as
