@@ -56,6 +56,7 @@ ARCHITECTURE_OF = {
     "sie_server.adapters.bert_flash": "bert",
     "sie_server.adapters.bert_flash_cross_encoder": "bert",  # and XLM-R (bge-reranker-v2-m3): read config.json
     "sie_server.adapters.xlm_roberta_flash": "xlm-roberta",
+    "sie_server.adapters.stablebridge_pruner": "xlm-roberta",  # bge-reranker-v2-m3 and its pruning head
     "sie_server.adapters.modernbert_flash": "modernbert",
     "sie_server.adapters.modernbert_flash_cross_encoder": "modernbert",
     "sie_server.adapters.colbert_modernbert_flash.adapter": "modernbert",

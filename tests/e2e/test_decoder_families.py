@@ -31,6 +31,7 @@ import pytest
 from launcher import REPO, serving_all
 from sie.catalog import dump_yaml
 from sie.client import SIEClient
+from support.context_pruner import HIDDEN, INTERMEDIATE, save_pruner
 from support.decoder_checkpoints import save_base_model, save_causal_lm, write_tokenizer
 from support.gliner_union import reference_union, seed_hub_snapshot
 from support.nvembed_checkpoint import TEMPLATE, public_yaml, recipe_ids, reference_vector, save_nvembed
@@ -47,6 +48,7 @@ OTHER_CHATS = {f"tiny/{family}-chat": family for family in ("llama", "mistral", 
 GENERATION_MODULES = {"gemma4": "sie_server.adapters.sglang.gemma:SGLangGemmaAdapter"}
 GENERATION_MODULE = "sie_server.adapters.sglang.generation:SGLangGenerationAdapter"
 DEBERTA = "tiny/deberta-v3-reranker"
+PRUNER = "tiny/stablebridge-pruner"  # the public stablebridge_pruner module: a cross-encoder and its pruning head
 GLINER = "tiny/gliner-deberta-v3"
 RELEX = "tiny/gliner-relex"  # the public knowledgator/gliner-relex-large-v1.0 YAML's shape
 GLICLASS = "tiny/gliclass-deberta-v3"
@@ -99,6 +101,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     models[DEBERTA] = save_deberta_cross_encoder(root / "weights" / "deberta")
     write_yaml(models_dir, DEBERTA, root / "weights" / "deberta", {"score": {}},
                "sie_server.adapters.cross_encoder:CrossEncoderAdapter", {})  # fmt: skip
+    models[PRUNER] = save_pruner(root / "weights" / "pruner")
+    write_yaml(models_dir, PRUNER, root / "weights" / "pruner" / "model", {"score": {}, "extract": {}},
+               "sie_server.adapters.stablebridge_pruner:StablebridgePrunerAdapter",
+               {"loadtime": {"pruning_head_path": str(root / "weights" / "pruner" / "head"), "hidden_size": HIDDEN,
+                             "intermediate_size": INTERMEDIATE}, "runtime": {"prune_threshold": 0.5}})  # fmt: skip
     models[GLINER] = save_gliner(root / "weights" / "gliner")
     write_yaml(models_dir, GLINER, root / "weights" / "gliner" / "gliner", {"extract": {}},
                "sie_server.adapters.gliner:GLiNERAdapter", {"runtime": {"threshold": 0.27}})  # fmt: skip
@@ -284,6 +291,36 @@ def test_every_decoder_family_chats_as_transformers_generates(served: Served, na
         reply = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "w5 w6 w7 w8"}],
                                                temperature=0, max_tokens=12)  # fmt: skip
         assert reply.choices[0].message.content == expected
+
+
+def test_a_context_pruner_scores_and_prunes_through_the_public_sdk(served: Served, public_sdk) -> None:
+    """The public SDK's score and extract on a stablebridge context pruner: scores as its cross-encoder, and per
+    passage a summary and its spans with the profile's prune threshold, or the request's own, equal to the public
+    recipe (the request's instruction is the query)."""
+    passages = ["w3 w9 w14 w2 w33 w7 w61 w5", "w40 w41 w42 w43 w44"]
+    client = public_sdk.SIEClient(served.url, timeout_s=120)
+    try:
+        scored = client.score(PRUNER, {"text": "w1 w2"}, [{"text": p} for p in passages], wait_for_capacity=True)
+        pruned = client.extract(PRUNER, [{"text": p} for p in passages], instruction="w1 w2", wait_for_capacity=True)
+        own = client.extract(
+            PRUNER,
+            [{"text": passages[0]}],
+            instruction="w1 w2",
+            options={"prune_threshold": 0.2, "highlight_threshold": 0.6},
+            wait_for_capacity=True,
+        )
+    finally:
+        client.close()
+    reference = served.models[PRUNER]
+    ours = {row["item_id"]: row["score"] for row in scored["scores"]}
+    for index, expected in enumerate(reference.scores("w1 w2", passages)):
+        assert abs(ours[f"item-{index}"] - expected) <= TOLERANCE
+    for result, passage, thresholds in ((pruned[0], passages[0], (0.5, 0.9)), (pruned[1], passages[1], (0.5, 0.9)),
+                                        (own[0], passages[0], (0.2, 0.6))):  # fmt: skip
+        expected = reference.entities("w1 w2", passage, *thresholds)
+        got = [(e["label"], e["start"], e["end"], e["text"]) for e in result["entities"]]
+        assert got == [(e["label"], e["start"], e["end"], e["text"]) for e in expected]
+        assert max(abs(a["score"] - b["score"]) for a, b in zip(result["entities"], expected, strict=True)) <= TOLERANCE
 
 
 def test_a_deberta_cross_encoder_scores_as_transformers_does(served: Served, public_sdk) -> None:

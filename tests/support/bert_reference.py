@@ -199,9 +199,10 @@ def reference_outputs(head: str, w: dict, ids: list[int], types: list[int]) -> d
     if head in ("mean", "cls"):
         pooled = hidden.mean(0) if head == "mean" else hidden[0]
         return {"last_hidden_state": hidden, "sentence_embedding": l2_normalize(pooled)}
-    if head == "seq-cls":
+    if head in ("seq-cls", "seq-cls-states"):
         pooled = np.tanh(dense(hidden[0], w, "pooler.dense"))
-        return {"logits": dense(pooled, w, "classifier")}
+        logits = {"logits": dense(pooled, w, "classifier")}
+        return logits if head == "seq-cls" else {"last_hidden_state": hidden, **logits}
     if head == "token-cls":
         return {"logits": dense(hidden, w, "classifier")}
     transformed = layer_norm(

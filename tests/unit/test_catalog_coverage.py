@@ -36,6 +36,7 @@ def test_the_public_catalogue_counts_every_yaml_once(capsys: pytest.CaptureFixtu
     # Gemma 4: E2B, E4B and 31B; the 26B-A4B's mixture-of-experts blocks are not built
     assert table["sie_server.adapters.sglang.gemma"] == ["gemma4, gemma4 (mixture of experts)", "4", "3", "3"]
     assert table["sie_server.adapters.qwen3_vl_reranker.adapter"] == ["qwen3_vl", "1", "1", "1"]
+    assert table["sie_server.adapters.stablebridge_pruner"] == ["xlm-roberta", "1", "1", "1"]
     assert "Qwen__Qwen3.5-4B.yaml" not in output and "Qwen__Qwen3-VL-8B-Instruct.yaml" not in output
     assert table["sie_server.adapters.qwen3_vl_embedding"] == ["qwen3_vl", "1", "1", "1"]
     # TopK-Embed's text path on Qwen3.5 (its page images are refused per item)

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from sie.catalog.adapters import CROSS_ENCODER, DENSE, MULTIVECTOR, SPARSE, TOKEN_CLASSIFICATION, adapter_kind
+from sie.catalog.adapters import (
+    CONTEXT_PRUNER,
+    CROSS_ENCODER,
+    DENSE,
+    MULTIVECTOR,
+    SPARSE,
+    TOKEN_CLASSIFICATION,
+    adapter_kind,
+)
 from sie.catalog.options import MAX_OPTION_TEXT_CHARS, option_problem
 from sie.wire.queue import OPERATION_ENCODE, OPERATION_EXTRACT, OPERATION_SCORE
 
@@ -14,6 +22,7 @@ def test_adapter_paths_name_kinds_by_module() -> None:
     assert adapter_kind("sie_server.adapters.sentence_transformer:SentenceTransformerDenseAdapter") == DENSE
     assert adapter_kind("sie_server.adapters.splade_flash:SpladeFlashAdapter") == SPARSE
     assert adapter_kind("sie_server.adapters.colbert") == MULTIVECTOR
+    assert adapter_kind("sie_server.adapters.stablebridge_pruner:StablebridgePrunerAdapter") == CONTEXT_PRUNER
     # one public module, two kinds: the class decides
     assert adapter_kind("sie_server.adapters.sentence_transformer:SentenceTransformerSparseAdapter") == SPARSE
     assert adapter_kind("nowhere.adapters:X") is None
@@ -31,6 +40,7 @@ def test_adapter_paths_name_kinds_by_module() -> None:
         ({"instruction": "rank:"}, CROSS_ENCODER, OPERATION_SCORE),
         ({"threshold": 0, "muvera": False}, TOKEN_CLASSIFICATION, OPERATION_EXTRACT),
         ({"threshold": 1.0}, TOKEN_CLASSIFICATION, OPERATION_EXTRACT),
+        ({"prune_threshold": 0.4, "highlight_threshold": 0.8}, CONTEXT_PRUNER, OPERATION_EXTRACT),
         # Keys SIE does not read pass: a newer client's, or the SDK's client-level options merged in.
         ({"score_weights": [1, 2], "newer_client_flag": {"x": 1}}, DENSE, OPERATION_ENCODE),
         # An unknown kind still has its values checked, but not their applicability.
@@ -62,6 +72,8 @@ def test_options_a_model_reads_pass(options, kind, operation) -> None:
         ({"threshold": True}, TOKEN_CLASSIFICATION, OPERATION_EXTRACT, "Option 'threshold' must be a number from 0"),
         ({"threshold": float("nan")}, TOKEN_CLASSIFICATION, OPERATION_EXTRACT, "Option 'threshold' must be a number"),
         ({"threshold": 1.5}, TOKEN_CLASSIFICATION, OPERATION_EXTRACT, "Option 'threshold' must be a number from 0"),
+        ({"prune_threshold": 2}, CONTEXT_PRUNER, OPERATION_EXTRACT, "Option 'prune_threshold' must be a number from 0"),
+        ({"threshold": 0.5}, CONTEXT_PRUNER, OPERATION_EXTRACT, "Option 'threshold' does not apply to a context"),
         ({"lora_id": "my-lora"}, DENSE, OPERATION_ENCODE,
          "Option 'lora_id' must be null (LoRA adapters are not supported); got 'my-lora'"),
         ({"muvera": True}, MULTIVECTOR, OPERATION_ENCODE, "Option 'muvera' must be null, false, or {} (MUVERA's"),

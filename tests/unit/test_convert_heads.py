@@ -63,6 +63,7 @@ CASES = [  # head, dtype, name prefix, gamma/beta LayerNorm names, untied decode
     pytest.param("mlm-splade-sum", "F32", "bert.", False, False, id="mlm-splade-sum-f32"),
     pytest.param("mlm-splade-sum-log1p", "F16", "bert.", False, True, id="mlm-splade-sum-log1p-f16-untied"),
     pytest.param("seq-cls", "BF16", "", True, False, id="seq-cls-bf16-gamma-beta"),
+    pytest.param("seq-cls-states", "F32", "bert.", False, False, id="seq-cls-states-f32-prefixed"),
 ]
 
 

@@ -51,6 +51,21 @@ def test_a_module_state_dict_with_parameters_reads(tmp_path: Path) -> None:
     assert np.array_equal(reader.load("bias"), layer.bias.detach().numpy())
 
 
+def test_a_training_checkpoints_nested_state_dicts_read_by_dotted_path(tmp_path: Path) -> None:
+    """A training checkpoint (`{"pruning_head": state_dict, "epoch": 3, …}`): its tensors under their path, the
+    numbers and strings beside them passed over; a file holding no tensor at all is refused."""
+    import torch
+
+    layer = torch.nn.Linear(4, 2)
+    torch.save({"pruning_head": layer.state_dict(), "epoch": 3, "best_f1": 0.5, "note": "best"}, tmp_path / "best.pt")
+    reader = TorchZipFile(tmp_path / "best.pt")
+    assert reader.names() == ["pruning_head.bias", "pruning_head.weight"]
+    assert np.array_equal(reader.load("pruning_head.weight"), layer.weight.detach().numpy())
+    torch.save({"epoch": 3}, tmp_path / "empty.pt")
+    with pytest.raises(ConversionError, match="holds no tensors"):
+        TorchZipFile(tmp_path / "empty.pt")
+
+
 class _RunsACommand:
     def __reduce__(self) -> tuple:
         return (print, ("the checkpoint ran code",))

@@ -25,6 +25,7 @@ GLICLASS: Final = "gliclass"  # zero-shot classification reading the labels with
 IMAGE_TEXT: Final = "image_text"  # texts and images in one space (CLIP, SigLIP)
 GLIREL: Final = "glirel"  # zero-shot relations between the entities each item names, for the labels each request names
 GLINER2: Final = "gliner2"  # GLiNER2 span models: entities, or classifications of a task, for each request's labels
+CONTEXT_PRUNER: Final = "context_pruner"  # a cross-encoder with a token head keeping or pruning a passage's spans
 GLINER_UNION: Final = "gliner_union"  # the union of several GLiNER models' spans, read in word windows
 GLINER2_DECIDE: Final = "gliner2_decide"  # GLiNER2.5-Decide: typed questions and label groups, answered in one row
 
@@ -66,6 +67,8 @@ ADAPTER_KINDS: Final[dict[str, str]] = {
     "sie_server.adapters.modernbert_flash_cross_encoder": CROSS_ENCODER,
     "sie_server.adapters.qwen2_flash_cross_encoder.adapter": CAUSAL_RERANKER,
     "sie_server.adapters.native_causal_cross_encoder.adapter": CAUSAL_RERANKER,  # zerank: its raw positive logit
+    # stablebridge: bge-reranker-v2-m3 scoring, its pruning head (a file of its own) keeping a passage's spans
+    "sie_server.adapters.stablebridge_pruner": CONTEXT_PRUNER,
     # Qwen3-VL-Reranker, text pairs only: its chat template's prompt, sigmoid(yes − no)
     "sie_server.adapters.qwen3_vl_reranker.adapter": CAUSAL_RERANKER,
     "sie_server.adapters.colbert": MULTIVECTOR,

@@ -21,6 +21,7 @@ import attrs
 
 from sie.catalog.adapters import (
     CAUSAL_RERANKER,
+    CONTEXT_PRUNER,
     CROSS_ENCODER,
     DENSE,
     GLICLASS,
@@ -176,6 +177,8 @@ RULES: Final[dict[str, OptionRule]] = {
     "pooling": _one_of(POOLING_MODES),
     "normalize": OptionRule("true or false", _is_bool),
     "threshold": OptionRule("a number from 0 to 1", _is_probability),
+    "prune_threshold": OptionRule("a number from 0 to 1", _is_probability),
+    "highlight_threshold": OptionRule("a number from 0 to 1", _is_probability),
     # Zero-shot span extraction (GLiNER): overlapping spans, several labels per span, shorter spans than the model's.
     "flat_ner": OptionRule("true or false", _is_bool),
     "multi_label": OptionRule("true or false", _is_bool),
@@ -258,6 +261,7 @@ READ_BY_KIND: Final[dict[str, frozenset[str]]] = {
     HYBRID: _TEXT_ENCODER | {"pooling", "normalize"},
     CROSS_ENCODER: _EVERY_KIND | {"instruction"},
     CAUSAL_RERANKER: _EVERY_KIND | {"instruction"},
+    CONTEXT_PRUNER: _EVERY_KIND | {"instruction", "prune_threshold", "highlight_threshold"},
     TOKEN_CLASSIFICATION: _EVERY_KIND | {"threshold"},
     GLINER: _EVERY_KIND
     | {
@@ -297,6 +301,7 @@ _KIND_NAMES: Final = {
     HYBRID: "a dense, sparse and multi-vector model",
     CROSS_ENCODER: "a cross-encoder",
     CAUSAL_RERANKER: "a decoder reranker",
+    CONTEXT_PRUNER: "a context pruner",
     TOKEN_CLASSIFICATION: "an entity extraction model",
     GLINER: "a zero-shot entity extraction model",
     NLI_CLASSIFICATION: "a zero-shot classification model",

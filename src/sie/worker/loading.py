@@ -107,6 +107,8 @@ class PreparedFiles:
     model_dir: Path
     # The graph's precision when this project converted it (float32, float16); None for a shipped ONNX file.
     precision: str | None = None
+    # A head trained apart from the model, fetched from where the profile names it (stablebridge's pruning head).
+    head_file: Path | None = None
 
 
 @attrs.frozen
@@ -197,7 +199,13 @@ class ModelLoader:
             return PreparedFiles(converted / GRAPH_FILE, converted, converted, precision)
         graph, precision = self._graph(model_id, model_dir, artifacts.onnx_file, str(head), resolved,
                                        _attends_both_ways(resolved, model_id))  # fmt: skip
-        return PreparedFiles(graph, tokenizer_dir, model_dir, precision)
+        head_file = None
+        if artifacts.head is not None:
+            head_file = self._fetch(artifacts.head, on_progress) / str(artifacts.head_file)
+            if not head_file.is_file():
+                message = f"no {artifacts.head_file} in {head_file.parent} (the profile's separately trained head)"
+                raise ModelLoadError("NOT_FOUND", f"Model '{model_id}': {message}")
+        return PreparedFiles(graph, tokenizer_dir, model_dir, precision, head_file)
 
     def load(
         self, model: ModelConfig, profile: str, model_id: str, on_progress: ProgressCallback | None = None
@@ -228,6 +236,7 @@ class ModelLoader:
             tokenizer_path=files.tokenizer_dir / TOKENIZER_FILE,
             generation_limits=self.generation_limits,
             model_dir=files.model_dir,
+            head_file=files.head_file,
             extra_sessions=extra_sessions,
             device_graphs=None if self.session_options.device == "cpu" else DEVICE_GRAPHS,
         )

@@ -10,6 +10,7 @@ from sie.catalog.adapters import ADAPTER_KINDS, adapter_kind, adapter_module
 from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult
 from sie.worker.adapters.causal_lm import CausalLMAdapter, GenerationInputError, PreparedGeneration
 from sie.worker.adapters.causal_reranker import CausalRerankerAdapter
+from sie.worker.adapters.context_pruner import ContextPrunerAdapter
 from sie.worker.adapters.cross_encoder import CrossEncoderAdapter
 from sie.worker.adapters.dense import DenseAdapter
 from sie.worker.adapters.gliclass import GliclassAdapter
@@ -24,7 +25,14 @@ from sie.worker.adapters.multivector import MultivectorAdapter
 from sie.worker.adapters.nli_classification import NliClassificationAdapter
 from sie.worker.adapters.sparse import SpladeAdapter, read_splade_stack
 from sie.worker.adapters.token_classification import TokenClassificationAdapter
-from sie.worker.convert.names import CLIP_HEAD, GLICLASS_HEAD, GLINER2_HEAD, GLINER_HEAD, GLIREL_HEAD
+from sie.worker.convert.names import (
+    CLIP_HEAD,
+    GLICLASS_HEAD,
+    GLINER2_HEAD,
+    GLINER_HEAD,
+    GLIREL_HEAD,
+    SEQ_CLS_WITH_STATES,
+)
 from sie.worker.errors import ModelLoadError
 
 # The class that runs each kind of model (`sie.catalog.adapters` maps adapter modules to kinds).
@@ -36,6 +44,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
         MultivectorAdapter,
         HybridAdapter,
         CrossEncoderAdapter,
+        ContextPrunerAdapter,
         TokenClassificationAdapter,
         GlinerAdapter,
         GlinerUnionAdapter,
@@ -58,6 +67,7 @@ CONVERSION_HEADS: dict[type[Adapter], str] = {
     HybridAdapter: "none",
     SpladeAdapter: "mlm-splade",
     CrossEncoderAdapter: "seq-cls",
+    ContextPrunerAdapter: SEQ_CLS_WITH_STATES,  # the logits and every token's state, which its pruning head reads
     TokenClassificationAdapter: "token-cls",
     CausalRerankerAdapter: "none",  # a decoder checkpoint converts to its hidden states
     NliClassificationAdapter: "seq-cls",

@@ -104,6 +104,8 @@ class AdapterContext:
     generation_limits: DecoderLimits = attrs.Factory(DecoderLimits)
     # The checkpoint's directory: where a sentence-transformers model keeps its module stack (`modules.json`).
     model_dir: Path | None = None
+    # A head trained apart from the model, from where its profile names it (stablebridge's pruning head).
+    head_file: Path | None = None
     # Sessions of a model's other graphs, by role (a bi-encoder GLiNER's "labels" graph).
     extra_sessions: Mapping[str, Any] = attrs.field(factory=dict)
     # The models a composite adapter serves as one (a GLiNER union's members, its own checkpoint first).

@@ -9,7 +9,7 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -123,11 +123,21 @@ def entry_name(source: Source) -> str:
 
 @attrs.frozen
 class ProfileArtifacts:
-    """What one profile loads: the model files, an optional separate tokenizer, and the ONNX file name."""
+    """What one profile loads: the model files, an optional separate tokenizer, the ONNX file name, and a head trained
+    apart from the model with the name of its file (`HEAD_PATH_OPTION`)."""
 
     model: ArtifactSpec
     tokenizer: ArtifactSpec | None = None
     onnx_file: str | None = None
+    head: ArtifactSpec | None = None
+    head_file: str | None = None
+
+
+# A head trained apart from its model, in a repository (or a local directory or file) of its own, that a recipe reads
+# beside the model: stablebridge's pruning head (`pruning_head_path`, `pruning_head_file`, default `best.pt`).
+HEAD_PATH_OPTION: Final = "pruning_head_path"
+HEAD_FILE_OPTION: Final = "pruning_head_file"
+DEFAULT_HEAD_FILE: Final = "best.pt"
 
 
 def profile_artifacts(config: ModelConfig, profile: str = DEFAULT_PROFILE) -> ProfileArtifacts:
@@ -152,7 +162,23 @@ def profile_artifacts(config: ModelConfig, profile: str = DEFAULT_PROFILE) -> Pr
         package = _package(config, f"{field}.tokenizer_package", loadtime["tokenizer_package"])
         tokenizer = ArtifactSpec(config.sie_id, package=package)
     onnx_file = loadtime.get("onnx_file")
-    return ProfileArtifacts(model, tokenizer, str(onnx_file) if onnx_file else None)
+    head, head_file = _head(config, loadtime)
+    return ProfileArtifacts(model, tokenizer, str(onnx_file) if onnx_file else None, head, head_file)
+
+
+def _head(config: ModelConfig, loadtime: Mapping[str, Any]) -> tuple[ArtifactSpec | None, str | None]:
+    """Where a head trained apart from the model lives, as the public recipe looks for it: a local file, a local
+    directory holding `HEAD_FILE_OPTION`, else a Hub repository holding it."""
+    location = loadtime.get(HEAD_PATH_OPTION)
+    if not location:
+        return None, None
+    location, name = str(location), str(loadtime.get(HEAD_FILE_OPTION) or DEFAULT_HEAD_FILE)
+    local = Path(location)
+    if local.is_file():
+        return ArtifactSpec(config.sie_id, weights_path=str(local.parent)), local.name
+    if local.is_dir():
+        return ArtifactSpec(config.sie_id, weights_path=location), name
+    return ArtifactSpec(config.sie_id, hf_id=location), name
 
 
 def _package(config: ModelConfig, field: str, value: Any) -> PackageSource:

@@ -30,6 +30,7 @@ from sie.worker.convert.errors import ConversionError
 from sie.worker.convert.families import EncoderConfig, MlmHead
 from sie.worker.convert.graph_builder import GraphBuilder, tensor_info
 from sie.worker.convert.modernbert import ModernBertConfig
+from sie.worker.convert.names import SEQ_CLS_WITH_STATES
 from sie.worker.convert.rotary_glu import RotaryGluConfig
 
 # sentence-transformers clamps the token count at 1e-9 and F.normalize clamps the norm at 1e-12.
@@ -280,6 +281,12 @@ def _build_mlm_splade(ctx: HeadContext) -> list[onnx.ValueInfoProto]:
     return [tensor_info("sparse_embedding", _FLOAT, [BATCH, ctx.config.vocab_size])]
 
 
+def _build_seq_cls_with_states(ctx: HeadContext) -> list[onnx.ValueInfoProto]:
+    """The sequence classifier's logits and every token's last hidden state beside them, for a head trained apart
+    that reads the states (a context pruner's token head, on the host)."""
+    return [_hidden_output(ctx), *_build_seq_cls(ctx)]
+
+
 HEADS: Mapping[str, Head] = MappingProxyType(
     {
         head.name: head
@@ -288,6 +295,7 @@ HEADS: Mapping[str, Head] = MappingProxyType(
             Head("mean", ("last_hidden_state", "sentence_embedding"), _build_mean),
             Head("cls", ("last_hidden_state", "sentence_embedding"), _build_cls),
             Head("seq-cls", ("logits",), _build_seq_cls),
+            Head(SEQ_CLS_WITH_STATES, ("last_hidden_state", "logits"), _build_seq_cls_with_states),
             Head("token-cls", ("logits",), _build_token_cls),
             Head("mlm-splade", ("sparse_embedding",), _build_mlm_splade),
             Head("mlm-splade-sum", ("sparse_embedding",), _splade_sum(double_log=False)),

@@ -52,6 +52,10 @@ def wraps_qwen3_5(config_json: Mapping[str, Any]) -> bool:
     return isinstance(text, Mapping) and text.get("model_type") == QWEN3_5_TEXT_MODEL_TYPE
 
 
+# The encoder head giving the sequence classifier's logits and every token's last state beside them (heads.py): the
+# context pruner's graph, whose token head is trained apart and runs on the host.
+SEQ_CLS_WITH_STATES: Final = "seq-cls-states"
+
 # Families whose activations overflow float16 (Gemma 3's model cards: float32 or bfloat16 only): on a GPU they convert
 # to float32 unless a profile asks for float16 by name.
 FLOAT16_UNSAFE_MODEL_TYPES: Final = frozenset({"gemma3_text", "gemma3", "gemma4_text", "gemma4"})

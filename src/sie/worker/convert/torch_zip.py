@@ -4,7 +4,8 @@ without torch and without running the pickle's code.
 Such a file is a zip of `<archive>/data.pkl` (the state dict's structure) and `<archive>/data/<key>` (each storage's
 raw little-endian bytes). The pickle is read by an unpickler that knows exactly the few callables a state dict of
 tensors uses (`OrderedDict`, `torch._utils._rebuild_tensor_v2` / `_rebuild_parameter`, the storage types) and
-refuses any other, so a checkpoint that asks to run something else fails to load instead of running it. A tensor is
+refuses any other, so a checkpoint that asks to run something else fails to load instead of running it. A training
+checkpoint's nested state dicts name their tensors by dotted path (`pruning_head.classifier.0.weight`). A tensor is
 read from its storage when `load` asks, as a float32 array (float16 and bfloat16 widened).
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import collections
 import pickle
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +96,16 @@ class _StateDictUnpickler(pickle.Unpickler):
         return _Storage(kind.name, str(pid[2]))
 
 
+def _tensors(state: dict, prefix: str = "") -> Iterator[tuple[str, TorchTensorEntry]]:
+    """The tensors of a state dict, nested ones (a training checkpoint's `{"pruning_head": {...}, "epoch": 3}`) under
+    their dotted path; numbers, strings and the like beside them are not tensors and are passed over."""
+    for name, value in state.items():
+        if isinstance(value, TorchTensorEntry):
+            yield f"{prefix}{name}", value
+        elif isinstance(value, dict):
+            yield from _tensors(value, f"{prefix}{name}.")
+
+
 class TorchZipFile:
     """The tensors of one `torch.save` zip; the same interface as `SafetensorsFile` (`entries`, `load`)."""
 
@@ -112,9 +124,11 @@ class TorchZipFile:
             ) from exc
         except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as exc:
             raise ConversionError(f"not a state dict of tensors: {exc}", source=str(self.path)) from exc
-        if not isinstance(state, dict) or not all(isinstance(value, TorchTensorEntry) for value in state.values()):
-            raise ConversionError("does not hold a flat state dict of tensors", source=str(self.path))
-        self.entries: dict[str, TorchTensorEntry] = {str(name): entry for name, entry in state.items()}
+        if not isinstance(state, dict):
+            raise ConversionError("does not hold a state dict of tensors", source=str(self.path))
+        self.entries: dict[str, TorchTensorEntry] = dict(_tensors(state))
+        if not self.entries:
+            raise ConversionError("holds no tensors", source=str(self.path))
 
     def names(self) -> list[str]:
         return sorted(self.entries)
