@@ -336,6 +336,43 @@ def test_qwen3_vl_reranker_scores_text_pairs_as_its_public_recipe(
         loaded.close()
 
 
+def test_gemma4s_thought_channel_is_left_out_of_its_answers(
+    with_vision: Callable[[str], tuple[Path, Any]], public_wheel: Path, model_loader: ModelLoader, tmp_path: Path
+) -> None:
+    """Gemma 4 E2B's public YAML switches thinking off; the model may still open its thought channel
+    (`<|channel>thought…<channel|>`, special tokens of its vocabulary): the answer leaves it out, as the public
+    server's gemma4 reasoning parser does, and what follows the channel is the answer."""
+    import shutil
+    import zipfile
+
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    source, _ = with_vision("gemma4")
+    directory = tmp_path / "model"
+    shutil.copytree(source, directory)
+    vocabulary = Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab()
+    renamed = {"w54": "<|channel>", "w55": "<channel|>"}  # the markers in place of two words: the model's 64 ids
+    tokenizer = Tokenizer(WordLevel({renamed.get(word, word): index for word, index in vocabulary.items()},
+                                    unk_token="<unk>"))  # fmt: skip
+    tokenizer.pre_tokenizer = Whitespace()
+    tokenizer.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>", *renamed.values()])
+    tokenizer.save(str(directory / "tokenizer.json"))
+    opened, closed = tokenizer.token_to_id("<|channel>"), tokenizer.token_to_id("<channel|>")
+    with zipfile.ZipFile(public_wheel) as wheel:
+        text = wheel.read("sie_server/models/google__gemma-4-E2B-it.yaml").decode()
+    data = load_yaml(text, "google__gemma-4-E2B-it.yaml") | {"weights_path": str(directory)}
+    loaded = model_loader.load(parse_model_config(data), "default", "google/gemma-4-E2B-it")
+    try:
+        words = tokenizer.encode("w1 w2 w3 w4", add_special_tokens=False).ids
+        channel = [opened, *words[:2], closed]
+        assert loaded.adapter.decode_text([*channel, *words[2:]]) == "w3 w4"
+        assert loaded.adapter.decode_text(channel[:3]) == ""  # inside the channel: nothing yet
+        assert loaded.adapter.decode_text(words) == "w1 w2 w3 w4"
+    finally:
+        loaded.close()
+
+
 @pytest.mark.parametrize(
     ("yaml_file", "checkpoint", "sampling"),
     [("Qwen__Qwen3.5-4B.yaml", "qwen3_5", (0.7, 0.8, 0, 1.5, 0)),

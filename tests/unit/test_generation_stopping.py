@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from sie.wire.generate import FINISH_LENGTH, FINISH_STOP
-from sie.worker.generation.reasoning import answer_text
+from sie.worker.generation.reasoning import CHANNEL, THINK, ReasoningMarkers, answer_text, decoded_with_markers
 from sie.worker.generation.sampling import SamplingParams
 from sie.worker.generation.stopping import StopChecker, StopStep
 
@@ -151,6 +152,28 @@ def test_a_stop_string_with_a_multi_byte_character_is_held_across_its_bytes() ->
 )
 def test_the_answer_leaves_out_a_leading_reasoning_block(text: str, answer: str) -> None:
     assert answer_text(text) == answer
+
+
+def test_gemma4s_thought_channel_is_found_among_special_tokens_and_left_out() -> None:
+    """Gemma 4's markers are special tokens, which decoding drops: they are kept as text where the vocabulary has
+    them, so the thought channel leaves the answer (with thinking off, an empty channel before the answer too)."""
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers import models as tokenizer_models
+
+    words = ["<|channel>", "<channel|>", "<turn|>", "thought", "plan", "The", "answer"]
+    tokenizer = Tokenizer(tokenizer_models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<turn|>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens(words[:3])
+    markers = ReasoningMarkers.of(tokenizer)
+    assert markers == attrs.evolve(CHANNEL, special_ids=(0, 1))
+    assert ReasoningMarkers.of(Tokenizer(tokenizer_models.WordLevel({"a": 0}, unk_token="a"))) == THINK
+    ids = [0, 3, 4, 1, 5, 6, 2]  # <|channel> thought plan <channel|> The answer <turn|>
+    text = decoded_with_markers(tokenizer, ids, markers)
+    assert text == "<|channel>thought plan<channel|>The answer"
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "thought plan The answer"  # why they are kept
+    assert [answer_text(decoded_with_markers(tokenizer, ids[:n], markers), markers) for n in (1, 3, 4, 6)] == [
+        "", "", "", "The answer",
+    ]  # fmt: skip
 
 
 def test_a_reasoning_block_streams_nothing_and_its_stop_strings_do_not_stop_the_answer() -> None:

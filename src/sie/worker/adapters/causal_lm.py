@@ -11,7 +11,8 @@ translategemma's `<end_of_turn>`; one that is not a single token of the vocabula
 default this engine does not apply (`repetition_penalty`, `min_p`) fails the load naming it. The catalogue entry's
 `tasks.generate.chat_template_kwargs`, with a profile's own `chat_template_kwargs` over them, are the chat template's
 switches (Qwen3's `enable_thinking`, granite-guardian's `guardian_config.risk_name`; no other keys, as the public
-server accepts none); a model whose thinking they switch answers without its `<think>` block.
+server accepts none); a model whose thinking they switch answers without its `<think>` block (Gemma 4: without its
+thought channel, `<|channel>thought…<channel|>`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from sie.wire.queue import GenerateParams
 from sie.worker.adapters.base import Adapter, AdapterContext
 from sie.worker.generation.batching_decoder import BatchingDecoder, SequenceStream
 from sie.worker.generation.kv_cache import CacheShape
-from sie.worker.generation.reasoning import answer_text
+from sie.worker.generation.reasoning import ReasoningMarkers, answer_text, decoded_with_markers
 from sie.worker.generation.sampling import MAX_REQUEST_STOP_STRINGS, SamplingParams
 
 if TYPE_CHECKING:
@@ -158,9 +159,11 @@ class CausalLMAdapter(Adapter):
         self.template_variables = {**_chat_template_kwargs(generate.get("chat_template_kwargs"), "tasks.generate"),
                                    **_chat_template_kwargs(self.profile.extra.get("chat_template_kwargs"),
                                                            f"profiles.{self.profile.name}")}  # fmt: skip
-        # A model whose thinking the entry switches (on or off) is a thinking model: its `<think>` block is not
-        # part of the answer, as the public server returns none (`sie.worker.generation.reasoning`).
+        # A model whose thinking the entry switches (on or off) is a thinking model: its `<think>` block (Gemma 4's
+        # thought channel) is not part of the answer, as the public server returns none
+        # (`sie.worker.generation.reasoning`).
         self.hides_reasoning = "enable_thinking" in self.template_variables
+        self.reasoning = ReasoningMarkers.of(self._tokenizer)
         self.context_length = (
             _positive(generate.get("context_length"))
             or _positive(self.model.max_sequence_length)
@@ -184,8 +187,9 @@ class CausalLMAdapter(Adapter):
 
     def decode_text(self, token_ids: Any) -> str:
         """The text of generated ids, special tokens left out, and for a thinking model its reasoning block."""
-        text = self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
-        return answer_text(text) if self.hides_reasoning else text
+        if not self.hides_reasoning:
+            return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        return answer_text(decoded_with_markers(self._tokenizer, token_ids, self.reasoning), self.reasoning)
 
     def prompt_text(self, params: GenerateParams) -> str:
         """The raw prompt as is, or the chat messages rendered with the model's template and an open assistant
