@@ -239,6 +239,10 @@ generation() {
   "$VENV/bin/python" scripts/device_generation.py --device cuda:0 --precision float16 --family qwen3_5 \
     --hidden 1024 --layers 4 --prompt 256 --steps 16 \
     || fail "the io-bound Qwen3.5 decode steps differ from session.run's"
+  step "generation on cuda:0, Gemma 4: caches of two head sizes, shared-cache layers on the last position only"
+  "$VENV/bin/python" scripts/device_generation.py --device cuda:0 --precision float16 --family gemma4 \
+    --hidden 1024 --layers 8 --prompt 256 --steps 16 \
+    || fail "the io-bound Gemma 4 decode steps differ from session.run's"
 }
 
 pooling() {

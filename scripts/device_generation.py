@@ -1,13 +1,14 @@
 """Generation's device path, checked where it runs: a random Llama (or, `--family qwen3_5`, a Qwen3.5: linear-attention
-layers whose states ride in the cache beside the keys and values) checkpoint written here (safetensors by hand, no
-torch), converted in the precision a GPU profile gets, and its decode steps run two ways on the same batch of rows:
+layers whose states ride in the cache beside the keys and values; `--family gemma4`, a Gemma 4: caches of two head
+sizes, and layers that keep none) checkpoint written here (safetensors by hand, no torch), converted in the
+precision a GPU profile gets, and its decode steps run two ways on the same batch of rows:
 through the engine's IO-bound runs (`sie.worker.generation.decoder_run`: the key/value cache fed back as the device
 values the last run returned) and through plain `session.run` (the cache copied to the host and back every step).
 Both must give the same logits step by step; the decode steps per second of each are printed side by side, medians
 of interleaved rounds. `scripts/device_check.sh` runs it on cuda:0 in float16; the test suite on the CPU.
 
     python scripts/device_generation.py [--device cuda:0|cpu] [--precision float16|float32] [--rows 8]
-        [--prompt 512] [--steps 64] [--rounds 3] [--hidden 1024] [--layers 8] [--family llama|qwen3_5]
+        [--prompt 512] [--steps 64] [--rounds 3] [--hidden 1024] [--layers 8] [--family llama|qwen3_5|gemma4]
 
 Exit status 1 when the two ways' logits differ.
 """
@@ -23,7 +24,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -43,7 +44,7 @@ TOLERANCE = 1e-3
 
 def write_checkpoint(directory: Path, family: str, hidden: int, layers: int, seed: int = 0) -> None:
     """A `family` checkpoint with random weights: config.json and model.safetensors."""
-    config, shapes = (llama_shapes if family == "llama" else qwen3_5_shapes)(hidden, layers)
+    config, shapes = FAMILY_SHAPES[family](hidden, layers)
     rng = np.random.default_rng(seed)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / CONFIG_FILE).write_text(json.dumps(config))
@@ -103,6 +104,51 @@ def qwen3_5_shapes(hidden: int, layers: int) -> tuple[dict[str, Any], dict[str, 
     return config, shapes
 
 
+def gemma4_shapes(hidden: int, layers: int) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
+    """A Gemma 4 text model's config and tensor shapes, E2B's parts: windowed layers (256-wide heads) between full
+    ones (512-wide), the second half reading the first half's caches with double-wide MLPs, per-layer inputs of 64
+    values per layer."""
+    heads, kv_heads, intermediate, per_layer = max(1, hidden // 256), 1, hidden * 4, 64
+    types = ["full_attention" if index % 2 else "sliding_attention" for index in range(layers)]
+    shared = layers // 2
+    config = {"model_type": "gemma4_text", "hidden_size": hidden, "intermediate_size": intermediate,
+              "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": 256, "global_head_dim": 512,
+              "num_hidden_layers": layers, "layer_types": types, "sliding_window": 512, "vocab_size": VOCAB,
+              "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": per_layer,
+              "num_kv_shared_layers": shared, "use_double_wide_mlp": True, "max_position_embeddings": 4096,
+              "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "final_logit_softcapping": 30.0,
+              "bos_token_id": 2, "eos_token_id": 1}  # fmt: skip
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (VOCAB, hidden), "model.norm.weight": (hidden,),
+        "model.embed_tokens_per_layer.weight": (VOCAB, layers * per_layer),
+        "model.per_layer_model_projection.weight": (layers * per_layer, hidden),
+        "model.per_layer_projection_norm.weight": (per_layer,),
+    }  # fmt: skip
+    for layer, kind in enumerate(types):
+        prefix, head_dim = f"model.layers.{layer}.", 512 if kind == "full_attention" else 256
+        width = 2 * intermediate if layer >= layers - shared else intermediate
+        shapes |= {
+            prefix + "self_attn.q_proj.weight": (heads * head_dim, hidden),
+            prefix + "self_attn.q_norm.weight": (head_dim,),
+            prefix + "self_attn.o_proj.weight": (hidden, heads * head_dim),
+            prefix + "mlp.gate_proj.weight": (width, hidden),
+            prefix + "mlp.up_proj.weight": (width, hidden),
+            prefix + "mlp.down_proj.weight": (hidden, width),
+            prefix + "per_layer_input_gate.weight": (per_layer, hidden),
+            prefix + "per_layer_projection.weight": (hidden, per_layer),
+            prefix + "layer_scalar": (1,),
+            **{prefix + f"{norm}.weight": (hidden,) for norm in ("input_layernorm", "post_attention_layernorm",
+               "pre_feedforward_layernorm", "post_feedforward_layernorm", "post_per_layer_input_norm")},
+        }  # fmt: skip
+        if layer < layers - shared:
+            shapes |= {
+                prefix + "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+                prefix + "self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+                prefix + "self_attn.k_norm.weight": (head_dim,),
+            }
+    return config, shapes
+
+
 def llama_shapes(hidden: int, layers: int) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
     """A Llama's config and tensor shapes."""
     heads, kv_heads, intermediate = max(1, hidden // 64), max(1, hidden // 256), hidden * 11 // 4
@@ -127,6 +173,9 @@ def llama_shapes(hidden: int, layers: int) -> tuple[dict[str, Any], dict[str, tu
             prefix + "post_attention_layernorm.weight": (hidden,),
         }
     return config, shapes
+
+
+FAMILY_SHAPES: Final = {"llama": llama_shapes, "qwen3_5": qwen3_5_shapes, "gemma4": gemma4_shapes}
 
 
 def prompts(rows: int, longest: int, seed: int = 1) -> list[np.ndarray]:
@@ -204,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=512, help="the longest prompt's tokens")
     parser.add_argument("--steps", type=int, default=64)
-    parser.add_argument("--family", default="llama", choices=("llama", "qwen3_5"))
+    parser.add_argument("--family", default="llama", choices=sorted(FAMILY_SHAPES))
     args = parsed_on_device(parser, argv)
     with tempfile.TemporaryDirectory(prefix="sie-device-generation-") as scratch:
         write_checkpoint(Path(scratch) / "checkpoint", args.family, args.hidden, args.layers)
