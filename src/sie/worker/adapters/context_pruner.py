@@ -32,7 +32,6 @@ import numpy as np
 import tokenizers
 
 from sie.catalog.adapters import CONTEXT_PRUNER
-from sie.tokenization import pad_batch
 from sie.wire.ipc_batch import OP_EXTRACT
 from sie.worker.adapters.base import AdapterContext, BatchResult, ItemResult, Stopwatch, entity_result, invalid
 from sie.worker.adapters.cross_encoder import CrossEncoderAdapter
@@ -146,10 +145,7 @@ class ContextPrunerAdapter(CrossEncoderAdapter):
                 rows.append(index)
         if pairs:
             with watch.stage("tokenization"):
-                tokens = self.tokenizer.encode_batch(pairs)
-                batch = pad_batch(
-                    [t.input_ids for t in tokens], [t.token_type_ids for t in tokens], self.tokenizer.pad_id
-                )
+                tokens, batch = self.pair_batch(pairs)
             with watch.stage("inference"):
                 states, logits = self.run_session(bert_feeds(batch), [self._states, self._logits])
             with watch.stage("postprocessing"):

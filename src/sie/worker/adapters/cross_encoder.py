@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from sie.catalog.adapters import CROSS_ENCODER
-from sie.tokenization import pad_batch, prepare_text
+from sie.tokenization import PaddedBatch, pad_batch, prepare_text
 from sie.wire.ipc_batch import OP_SCORE
 from sie.worker.adapters.base import Adapter, AdapterContext, BatchResult, ItemResult, Stopwatch, invalid
 from sie.worker.adapters.encoder import first_output, item_text, ranked_scores
@@ -82,6 +82,12 @@ class CrossEncoderAdapter(Adapter):
         self._logits = first_output(self.session, rank=2, preferred=("logits",))
         self._activation = activation_named(saved_activation(context.model_config_json, context.model_dir))
 
+    def pair_batch(self, pairs: Sequence[tuple[str, str]]) -> tuple[list[Any], PaddedBatch]:
+        """The (query, document) pairs tokenized together, and padded into one batch."""
+        tokens = self.tokenizer.encode_batch(list(pairs))
+        batch = pad_batch([t.input_ids for t in tokens], [t.token_type_ids for t in tokens], self.tokenizer.pad_id)
+        return tokens, batch
+
     def score(self, items: Sequence[Any]) -> BatchResult:
         watch = Stopwatch()
         pairs: list[tuple[str, str]] = []
@@ -103,10 +109,7 @@ class CrossEncoderAdapter(Adapter):
         ]
         if pairs:
             with watch.stage("tokenization"):
-                tokens = self.tokenizer.encode_batch(pairs)
-                batch = pad_batch(
-                    [t.input_ids for t in tokens], [t.token_type_ids for t in tokens], self.tokenizer.pad_id
-                )
+                tokens, batch = self.pair_batch(pairs)
             with watch.stage("inference"):
                 (logits,) = self.run_session(bert_feeds(batch), [self._logits])
             with watch.stage("postprocessing"):

@@ -55,6 +55,7 @@ checkpoints that name it take text only (translategemma).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -264,9 +265,6 @@ def _granite_multipliers(raw: Mapping[str, Any], source: str) -> dict[str, float
 def _gemma3(  # noqa: PLR0913 - the numbers parse_decoder_config read already
     raw: Mapping[str, Any], hidden: int, heads: int, kv_heads: int, layers: int, source: str, number: Any
 ) -> DecoderConfig:
-    activation = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
-    if activation not in ("gelu_pytorch_tanh", "gelu_tanh"):
-        raise ConversionError(f"hidden_activation {activation!r} is not supported; expected a tanh GELU", source=source)
     if raw.get("attn_logit_softcapping") is not None:
         raise ConversionError("attn_logit_softcapping is not supported", source=source)
     parameters = raw.get("rope_parameters") or {}
@@ -279,15 +277,11 @@ def _gemma3(  # noqa: PLR0913 - the numbers parse_decoder_config read already
     if local_rope.get("rope_type", "default") != "default":
         raise ConversionError("a scaled RoPE on the sliding layers is not supported", source=source)
     theta, scaling = _rope({"rope_parameters": global_rope}, source)
-    bidirectional = bool(raw.get("use_bidirectional_attention", False))
-    window = raw.get("sliding_window", 4096)
-    if isinstance(window, int) and not isinstance(window, bool) and bidirectional:
-        window = window // 2 + 1  # transformers' reading: |query - key| < window // 2 + 1
     types = raw.get("layer_types")
     if types is None:
         pattern = raw.get("sliding_window_pattern", 6)
         types = ["sliding_attention" if (index + 1) % pattern else "full_attention" for index in range(layers)]
-    attention_bias = bool(raw.get("attention_bias", False))
+    bidirectional = bool(raw.get("use_bidirectional_attention", False))
     config = DecoderConfig(
         model_type="gemma3_text",
         hidden_size=hidden,
@@ -300,32 +294,45 @@ def _gemma3(  # noqa: PLR0913 - the numbers parse_decoder_config read already
         max_position_embeddings=number("max_position_embeddings", 131_072),
         rope_theta=theta,
         rope_scaling=scaling,
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
-        qkv_bias=attention_bias,
-        output_bias=attention_bias,
-        qk_norm=True,
-        layer_windows=_windows_of_types(types, window, layers, source),
         norm_offset=1.0,
-        embedding_multiplier=float(np.float32(hidden**0.5)),
         attention_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5,
-        sandwich_norms=True,
-        activation="gelu_tanh",
+        **_gemma_layout(raw, hidden, types, raw.get("sliding_window", 4096), bidirectional, source),
         local_rope_theta=float(local_rope.get("rope_theta", 10_000.0)),
-        final_logit_softcap=raw.get("final_logit_softcapping"),
-        causal=not bidirectional,
     )
     config.check(source)
     return config
 
 
-def _qwen3_5(raw: Mapping[str, Any], source: str) -> DecoderConfig:
-    def number(key: str) -> int:
-        value = raw.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConversionError(f"{key} must be a positive integer, got {value!r}", source=source)
-        return value
+def _gemma_layout(  # noqa: PLR0913 - what each Gemma parser read its own way
+    raw: Mapping[str, Any], hidden: int, types: list[str], window: Any, bidirectional: bool, source: str
+) -> dict[str, Any]:
+    """What Gemma 3 and Gemma 4 share, as DecoderConfig fields: a tanh-GELU MLP, norms before and after attention and
+    the MLP, per-head q/k norms, embeddings times sqrt(hidden), windowed layers (a model attending both ways sees
+    |query − key| < window // 2 + 1, as transformers reads its config), biases as `attention_bias` says, a soft cap
+    on the logits."""
+    activation = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
+    if activation not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ConversionError(f"hidden_activation {activation!r} is not supported; expected a tanh GELU", source=source)
+    if isinstance(window, int) and not isinstance(window, bool) and bidirectional:
+        window = window // 2 + 1
+    attention_bias = bool(raw.get("attention_bias", False))
+    return {
+        "rms_norm_eps": float(raw.get("rms_norm_eps", 1e-6)),
+        "tie_word_embeddings": bool(raw.get("tie_word_embeddings", True)),
+        "qkv_bias": attention_bias,
+        "output_bias": attention_bias,
+        "qk_norm": True,
+        "layer_windows": _windows_of_types(types, window, len(types), source),
+        "embedding_multiplier": float(np.float32(hidden**0.5)),
+        "sandwich_norms": True,
+        "activation": "gelu_tanh",
+        "final_logit_softcap": raw.get("final_logit_softcapping"),
+        "causal": not bidirectional,
+    }
 
+
+def _qwen3_5(raw: Mapping[str, Any], source: str) -> DecoderConfig:
+    number = functools.partial(_positive, raw, source=source)
     if raw.get("hidden_act", "silu") != "silu":
         raise ConversionError(f"hidden_act {raw.get('hidden_act')!r} is not supported; expected 'silu'", source=source)
     if raw.get("attention_bias", False):
@@ -353,14 +360,7 @@ def _qwen3_5(raw: Mapping[str, Any], source: str) -> DecoderConfig:
     )
     config = DecoderConfig(
         model_type=QWEN3_5_TEXT,
-        hidden_size=number("hidden_size"),
-        intermediate_size=number("intermediate_size"),
-        num_hidden_layers=layers,
-        num_attention_heads=number("num_attention_heads"),
-        num_key_value_heads=number("num_key_value_heads"),
-        head_dim=head_dim,
-        vocab_size=number("vocab_size"),
-        max_position_embeddings=number("max_position_embeddings"),
+        **_shape_numbers(raw, source),
         rope_theta=theta,
         rope_scaling=scaling,
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
@@ -376,17 +376,9 @@ def _qwen3_5(raw: Mapping[str, Any], source: str) -> DecoderConfig:
 
 
 def _gemma4(raw: Mapping[str, Any], source: str) -> DecoderConfig:
-    def number(key: str) -> int:
-        value = raw.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConversionError(f"{key} must be a positive integer, got {value!r}", source=source)
-        return value
-
+    number = functools.partial(_positive, raw, source=source)
     if raw.get("enable_moe_block"):
         raise ConversionError("Gemma 4's mixture-of-experts blocks (enable_moe_block) are not built", source=source)
-    activation = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
-    if activation not in ("gelu_pytorch_tanh", "gelu_tanh"):
-        raise ConversionError(f"hidden_activation {activation!r} is not supported; expected a tanh GELU", source=source)
     layers = number("num_hidden_layers")
     types = raw.get("layer_types")
     if types is None:  # five sliding layers to one full one, as Gemma4TextConfig fills them in
@@ -396,37 +388,16 @@ def _gemma4(raw: Mapping[str, Any], source: str) -> DecoderConfig:
                               "layers", source=source)  # fmt: skip
     types = [*types[:-1], "full_attention"]  # transformers forces the last layer to attend fully
     bidirectional = raw.get("use_bidirectional_attention") == "all"  # "vision": images only, text stays causal
-    window = raw.get("sliding_window")
-    if isinstance(window, int) and not isinstance(window, bool) and bidirectional:
-        window = window // 2 + 1
     theta, scaling, local_theta = _gemma4_rope(raw, source)
     ple_size = raw.get("hidden_size_per_layer_input") or 0
-    attention_bias = bool(raw.get("attention_bias", False))
     config = DecoderConfig(
         model_type=GEMMA4_TEXT,
-        hidden_size=number("hidden_size"),
-        intermediate_size=number("intermediate_size"),
-        num_hidden_layers=layers,
-        num_attention_heads=number("num_attention_heads"),
-        num_key_value_heads=number("num_key_value_heads"),
-        head_dim=number("head_dim"),
-        vocab_size=number("vocab_size"),
-        max_position_embeddings=number("max_position_embeddings"),
+        **_shape_numbers(raw, source),
         rope_theta=theta,
         rope_scaling=scaling,
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
-        qkv_bias=attention_bias,
-        output_bias=attention_bias,
-        qk_norm=True,
-        layer_windows=_windows_of_types(types, window, layers, source),
-        embedding_multiplier=float(np.float32(number("hidden_size") ** 0.5)),
         attention_scale=1.0,
-        sandwich_norms=True,
-        activation="gelu_tanh",
+        **_gemma_layout(raw, number("hidden_size"), types, raw.get("sliding_window"), bidirectional, source),
         local_rope_theta=local_theta,
-        final_logit_softcap=raw.get("final_logit_softcapping"),
-        causal=not bidirectional,
         value_norm=True,
         keys_as_values=bool(raw.get("attention_k_eq_v", False)),
         per_layer_input_size=number("hidden_size_per_layer_input") if ple_size else 0,
@@ -503,6 +474,20 @@ OWN_PARSERS: Final[dict[str, tuple[Callable[[Mapping[str, Any], str], DecoderCon
     QWEN3_5_TEXT: (_qwen3_5, QWEN3_5_TEXT_DEFAULTS),
     GEMMA4_TEXT: (_gemma4, GEMMA4_TEXT_DEFAULTS),
 }
+
+
+def _positive(raw: Mapping[str, Any], key: str, source: str) -> int:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConversionError(f"{key} must be a positive integer, got {value!r}", source=source)
+    return value
+
+
+def _shape_numbers(raw: Mapping[str, Any], source: str) -> dict[str, int]:
+    """A decoder's sizes, as DecoderConfig fields of the same names, each a positive integer of the config."""
+    keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "vocab_size", "max_position_embeddings")  # fmt: skip
+    return {key: _positive(raw, key, source) for key in keys}
 
 
 def _windows_of_types(types: Any, window: Any, layers: int, source: str) -> tuple[int | None, ...]:
