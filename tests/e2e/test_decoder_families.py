@@ -35,6 +35,8 @@ from support.context_pruner import HIDDEN, INTERMEDIATE, save_pruner
 from support.decoder_checkpoints import save_base_model, save_causal_lm, write_tokenizer
 from support.gliner_union import reference_union, seed_hub_snapshot
 from support.nvembed_checkpoint import TEMPLATE, public_yaml, recipe_ids, reference_vector, save_nvembed
+from support.qwen3_vl_recipes import RERANK_INSTRUCTION, embedding, reference_tokenizer, rerank_score, save_qwen3_vl
+from support.topk_checkpoint import OUTPUT_DIM, save_topk
 from support.zero_shot_checkpoints import save_gliclass, save_gliner, save_gliner2, save_glirel, save_nli_classifier
 
 pytestmark = pytest.mark.slow
@@ -48,6 +50,8 @@ OTHER_CHATS = {f"tiny/{family}-chat": family for family in ("llama", "mistral", 
 GENERATION_MODULES = {"gemma4": "sie_server.adapters.sglang.gemma:SGLangGemmaAdapter"}
 GENERATION_MODULE = "sie_server.adapters.sglang.generation:SGLangGenerationAdapter"
 DEBERTA = "tiny/deberta-v3-reranker"
+QWEN3_VL_EMBED, QWEN3_VL_RERANK = "tiny/qwen3-vl-embedding", "tiny/qwen3-vl-reranker"  # one Qwen3-VL checkpoint
+TOPK = "tiny/topk-embed"
 PRUNER = "tiny/stablebridge-pruner"  # the public stablebridge_pruner module: a cross-encoder and its pruning head
 GLINER = "tiny/gliner-deberta-v3"
 RELEX = "tiny/gliner-relex"  # the public knowledgator/gliner-relex-large-v1.0 YAML's shape
@@ -79,6 +83,29 @@ class Served:
         self.url, self.root, self.models = url, root, models
 
 
+def write_recipe_models(root: Path, models_dir: Path) -> dict[str, Any]:
+    """The models of the public modules with recipes of their own (Qwen3-VL embedding and reranker on one checkpoint,
+    TopK-Embed, the stablebridge context pruner) and their YAMLs; their references by name."""
+    models: dict[str, Any] = {}
+    models[QWEN3_VL_EMBED] = save_qwen3_vl(root / "weights" / "qwen3-vl")
+    write_yaml(models_dir, QWEN3_VL_EMBED, root / "weights" / "qwen3-vl", {"encode": {"dense": {"dim": 32}}},
+               "sie_server.adapters.qwen3_vl_embedding:Qwen3VLEmbeddingAdapter", {})  # fmt: skip
+    write_yaml(models_dir, QWEN3_VL_RERANK, root / "weights" / "qwen3-vl", {"score": {}},
+               "sie_server.adapters.qwen3_vl_reranker.adapter:Qwen3VLRerankerAdapter",
+               {"loadtime": {"default_instruction": RERANK_INSTRUCTION}})  # fmt: skip
+    (root / "weights" / "topk").mkdir(parents=True)
+    models[TOPK] = save_topk(root / "weights" / "topk")
+    topk_tasks = {"encode": {"multivector": {"dim": OUTPUT_DIM}}, "score": {}}
+    write_yaml(models_dir, TOPK, root / "weights" / "topk", topk_tasks,
+               "sie_server.adapters.topk_embed.adapter:TopkEmbedAdapter", {})  # fmt: skip
+    models[PRUNER] = save_pruner(root / "weights" / "pruner")
+    write_yaml(models_dir, PRUNER, root / "weights" / "pruner" / "model", {"score": {}, "extract": {}},
+               "sie_server.adapters.stablebridge_pruner:StablebridgePrunerAdapter",
+               {"loadtime": {"pruning_head_path": str(root / "weights" / "pruner" / "head"), "hidden_size": HIDDEN,
+                             "intermediate_size": INTERMEDIATE}, "runtime": {"prune_threshold": 0.5}})  # fmt: skip
+    return models
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     root = tmp_path_factory.mktemp("decoders")
@@ -101,11 +128,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     models[DEBERTA] = save_deberta_cross_encoder(root / "weights" / "deberta")
     write_yaml(models_dir, DEBERTA, root / "weights" / "deberta", {"score": {}},
                "sie_server.adapters.cross_encoder:CrossEncoderAdapter", {})  # fmt: skip
-    models[PRUNER] = save_pruner(root / "weights" / "pruner")
-    write_yaml(models_dir, PRUNER, root / "weights" / "pruner" / "model", {"score": {}, "extract": {}},
-               "sie_server.adapters.stablebridge_pruner:StablebridgePrunerAdapter",
-               {"loadtime": {"pruning_head_path": str(root / "weights" / "pruner" / "head"), "hidden_size": HIDDEN,
-                             "intermediate_size": INTERMEDIATE}, "runtime": {"prune_threshold": 0.5}})  # fmt: skip
+    models |= write_recipe_models(root, models_dir)
     models[GLINER] = save_gliner(root / "weights" / "gliner")
     write_yaml(models_dir, GLINER, root / "weights" / "gliner" / "gliner", {"extract": {}},
                "sie_server.adapters.gliner:GLiNERAdapter", {"runtime": {"threshold": 0.27}})  # fmt: skip
@@ -291,6 +314,52 @@ def test_every_decoder_family_chats_as_transformers_generates(served: Served, na
         reply = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "w5 w6 w7 w8"}],
                                                temperature=0, max_tokens=12)  # fmt: skip
         assert reply.choices[0].message.content == expected
+
+
+def test_qwen3_vl_embeds_and_reranks_text_through_the_public_sdk(served: Served, public_sdk) -> None:
+    """The public qwen3_vl_embedding and qwen3_vl_reranker modules over HTTP on one Qwen3-VL checkpoint: each text
+    written into the chat template and its last token's state, each pair's sigmoid(yes − no), as their recipes."""
+    texts, documents = ["w1 w2 w3", "w9"], ["w1 w2 w3", "w20 w21", "w5"]
+    queries, passages = queries_and_documents(public_sdk, served.url, QWEN3_VL_EMBED, texts)
+    client = public_sdk.SIEClient(served.url, timeout_s=120)
+    try:
+        scored = client.score(QWEN3_VL_RERANK, {"text": "w1 w2"}, [{"text": d} for d in documents],
+                              wait_for_capacity=True)  # fmt: skip
+    finally:
+        client.close()
+    model, tokenizer = served.models[QWEN3_VL_EMBED], reference_tokenizer(served.root / "weights" / "qwen3-vl")
+    for text, query, passage in zip(texts, queries, passages, strict=True):
+        expected = embedding(model, tokenizer, text, "Represent the user's input.")
+        for result in (query, passage):  # no instruction: queries and documents alike
+            assert float(np.abs(np.asarray(result["dense"], dtype=np.float32) - expected).max()) <= TOLERANCE
+    ours = {row["item_id"]: row["score"] for row in scored["scores"]}
+    for index, document in enumerate(documents):
+        assert abs(ours[f"item-{index}"] - rerank_score(model, tokenizer, "w1 w2", document)) <= TOLERANCE
+
+
+def test_topk_embed_gives_token_vectors_and_maxsim_scores_through_the_public_sdk(served: Served, public_sdk) -> None:
+    """TopK-Embed over HTTP: each text's token vectors as its recipe gives them (queries and documents prompted
+    apart, documents without their skip ids), and a query's MaxSim score against each document."""
+    texts, documents = ["w1 w2 w3", "w4 w9"], ["w5 w3 w6 w7", "w11 w12"]
+    client = public_sdk.SIEClient(served.url, timeout_s=120)
+    try:
+        queries = client.encode(TOPK, [{"text": t} for t in texts], output_types=["multivector"], is_query=True,
+                                wait_for_capacity=True)  # fmt: skip
+        passages = client.encode(TOPK, [{"text": d} for d in documents], output_types=["multivector"],
+                                 wait_for_capacity=True)  # fmt: skip
+        scored = client.score(TOPK, {"text": texts[0]}, [{"text": d} for d in documents], wait_for_capacity=True)
+    finally:
+        client.close()
+    reference = served.models[TOPK]
+    for results, inputs, is_query in ((queries, texts, True), (passages, documents, False)):
+        for result, text in zip(results, inputs, strict=True):
+            ours, expected = np.asarray(result["multivector"], dtype=np.float32), reference.vectors(text, is_query)
+            assert ours.shape == expected.shape and float(np.abs(ours - expected).max()) <= TOLERANCE
+    query = reference.vectors(texts[0], True)
+    ours = {row["item_id"]: row["score"] for row in scored["scores"]}
+    for index, document in enumerate(documents):
+        maxsim = float((query @ reference.vectors(document, False).T).max(axis=1).sum())
+        assert abs(ours[f"item-{index}"] - maxsim) <= TOLERANCE
 
 
 def test_a_context_pruner_scores_and_prunes_through_the_public_sdk(served: Served, public_sdk) -> None:

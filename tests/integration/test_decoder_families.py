@@ -30,7 +30,7 @@ from sie.worker.errors import ModelLoadError
 from sie.worker.generation.kv_cache import CacheShape
 from sie.worker.loading import ModelLoader, graph_bytes
 from sie.worker.session import SessionOptions
-from support import llama_reference
+from support import llama_reference, qwen3_vl_recipes
 from support.decoder_checkpoints import (
     CHAT_TEMPLATE,
     COMMON,
@@ -211,14 +211,6 @@ async def test_a_vision_language_checkpoint_converts_and_generates_as_its_langua
         loaded.close()
 
 
-# a Qwen-VL-like chat template: a turn's content is a string or a list of text parts
-VL_CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }} {% if message['content'] is string %}"
-    "{{ message['content'] }}{% else %}{% for part in message['content'] %}{{ part['text'] }}{% endfor %}{% endif %}"
-    "<|im_end|>{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant{% endif %}"
-)
-
-
 def test_qwen3_vl_embedding_writes_each_text_into_its_chat_template(
     with_vision: Callable[[str], tuple[Path, Any]], public_wheel: Path, model_loader: ModelLoader, tmp_path: Path
 ) -> None:
@@ -229,32 +221,19 @@ def test_qwen3_vl_embedding_writes_each_text_into_its_chat_template(
     import shutil
     import zipfile
 
-    import torch
-    import transformers
-
     source, model = with_vision("qwen3_vl")
     directory = tmp_path / "model"
     shutil.copytree(source, directory)
     tokenizer_config = json.loads((directory / "tokenizer_config.json").read_text())
     del tokenizer_config["chat_template"]
     (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
-    (directory / "chat_template.json").write_text(json.dumps({"chat_template": VL_CHAT_TEMPLATE}))
+    (directory / "chat_template.json").write_text(json.dumps({"chat_template": qwen3_vl_recipes.VL_CHAT_TEMPLATE}))
     with zipfile.ZipFile(public_wheel) as wheel:
         text = wheel.read("sie_server/models/Qwen__Qwen3-VL-Embedding-2B.yaml").decode()
     data = load_yaml(text, "Qwen__Qwen3-VL-Embedding-2B.yaml") | {"weights_path": str(directory)}
     data["tasks"]["encode"]["dense"]["dim"] = 32
     loaded = model_loader.load(parse_model_config(data), "default", "Qwen/Qwen3-VL-Embedding-2B")
-    reference = transformers.PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"),
-                                                     chat_template=VL_CHAT_TEMPLATE)  # fmt: skip
-
-    def expected(text: str, instruction: str) -> np.ndarray:
-        conversation = [{"role": "system", "content": [{"type": "text", "text": instruction}]},
-                        {"role": "user", "content": [{"type": "text", "text": text}]}]  # fmt: skip
-        prompt = reference.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
-        with torch.no_grad():
-            hidden = model.model(input_ids=torch.tensor([reference(prompt)["input_ids"]])).last_hidden_state[0, -1]
-        return (hidden / hidden.norm()).numpy()
-
+    reference = qwen3_vl_recipes.reference_tokenizer(directory)
     try:
         texts = ["w1 w2 w3", "w4"]
         for instruction, written in ((None, "Represent the user's input."), ("find w3", "find w3."),
@@ -263,7 +242,8 @@ def test_qwen3_vl_embedding_writes_each_text_into_its_chat_template(
             for text, result in zip(texts, loaded.adapter.encode(items).items, strict=True):
                 assert result.ok, result.error
                 ours = np.asarray(result.result["dense"]["values"])
-                assert float(np.abs(ours - expected(text, written)).max()) <= TOLERANCE, (text, instruction)
+                expected = qwen3_vl_recipes.embedding(model, reference, text, written)
+                assert float(np.abs(ours - expected).max()) <= TOLERANCE, (text, instruction)
         pictured = EncodeBatchItem(work_item_id="e.0", request_id="e", item_index=0, total_items=1, timestamp=0.0,
                                    item={"text": "w1", "images": [{"data": b"\x89PNG", "format": "png"}]})  # fmt: skip
         assert "image inputs are not served" in str(loaded.adapter.encode([pictured]).items[0].error)
@@ -281,47 +261,33 @@ def test_qwen3_vl_reranker_scores_text_pairs_as_its_public_recipe(
     import shutil
     import zipfile
 
-    import torch
-    import transformers
-
-    from sie.worker.adapters.causal_reranker import QWEN3_JUDGE
-
     source, model = with_vision("qwen3_vl")
     directory = tmp_path / "model"
     shutil.copytree(source, directory)
     tokenizer_config = json.loads((directory / "tokenizer_config.json").read_text())
-    (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config | {"chat_template": VL_CHAT_TEMPLATE}))
+    template = {"chat_template": qwen3_vl_recipes.VL_CHAT_TEMPLATE}
+    (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config | template))
     with zipfile.ZipFile(public_wheel) as wheel:
         text = wheel.read("sie_server/models/Qwen__Qwen3-VL-Reranker-2B.yaml").decode()
     data = load_yaml(text, "Qwen__Qwen3-VL-Reranker-2B.yaml") | {"weights_path": str(directory),
                                                                   "max_sequence_length": 80}  # fmt: skip
     loaded = model_loader.load(parse_model_config(data), "default", "Qwen/Qwen3-VL-Reranker-2B")
-    reference = transformers.PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"),
-                                                     chat_template=VL_CHAT_TEMPLATE)  # fmt: skip
-    yes, no = reference.convert_tokens_to_ids("yes"), reference.convert_tokens_to_ids("no")
+    reference = qwen3_vl_recipes.reference_tokenizer(directory)
 
-    def expected(query: str, document: str, instruction: str) -> float:
-        parts = [f"<Instruct>: {instruction}", "<Query>:", query, "\n<Document>:", document]
-        conversation = [{"role": "system", "content": [{"type": "text", "text": QWEN3_JUDGE}]},
-                        {"role": "user", "content": [{"type": "text", "text": part} for part in parts]}]  # fmt: skip
-        prompt = reference.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([reference(prompt)["input_ids"]])).logits[0, -1]
-        return torch.sigmoid(logits[yes] - logits[no]).item()
+    def expected(query: str, document: str) -> float:
+        return qwen3_vl_recipes.rerank_score(model, reference, query, document)
 
     try:
         query, documents = "w1 w2", ["w1 w2 w3", "w20 w21", "w5"]
         ours = reranker_scores(loaded, query, documents)
         for index, document in enumerate(documents):
-            want = expected(query, document, "Retrieve relevant documents for the query.")
-            assert abs(ours[f"item-{index}"] - want) <= TOLERANCE, document
+            assert abs(ours[f"item-{index}"] - expected(query, document)) <= TOLERANCE, document
         # over the 80-token context: the document keeps as many of its first words as fit
         long_document = " ".join(f"w{index % 50}" for index in range(90))
         assert len(loaded.adapter.pair_ids(query, long_document, None)) == 80
         kept = 80 - (len(loaded.adapter.pair_ids(query, "", None)) - 1)  # "NULL" is one (unknown) token
         cut = " ".join(long_document.split()[:kept])
-        assert abs(reranker_scores(loaded, query, [long_document])["item-0"] - expected(query, cut, "Retrieve "
-                   "relevant documents for the query.")) <= TOLERANCE  # fmt: skip
+        assert abs(reranker_scores(loaded, query, [long_document])["item-0"] - expected(query, cut)) <= TOLERANCE
         with pytest.raises(ValueError, match="the instruction, query and template take 1[0-9][0-9] tokens of the "
                                              "model's 80"):  # fmt: skip
             loaded.adapter.pair_ids(" ".join(["w1"] * 100), "w2", None)

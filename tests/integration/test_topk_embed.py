@@ -6,78 +6,35 @@ public YAML as the wheel has it, and page images refused by name."""
 
 from __future__ import annotations
 
-import json
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer
 
 from sie.catalog import load_yaml, parse_model_config
 from sie.wire.ipc_batch import EncodeBatchItem
 from sie.worker.loading import ModelLoader
-from support.decoder_checkpoints import qwen3_5_vision_config, write_tokenizer
+from support.topk_checkpoint import OUTPUT_DIM, TopkReference, save_topk
 from support.worker_items import encode_items
 
 TOLERANCE = 1e-4
-HEAD_WIDTH, OUTPUT_DIM = 48, 40
 QUERIES = ["w1 w2 w3", "  w4 w3 w9  "]
 DOCS = ["w5 w3 w6 w7 w8 w9 w10", "w3", "w11 w12  "]
-SKIPPED = ("w3", "w8")  # the checkpoint's scoring_skip_ids
 
 
 @pytest.fixture(scope="module")
 def topk(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
-    """A TopK-Embed checkpoint as its remote code saves one: config.json is a Qwen3.5 config (text and vision) under
-    the remote `model_type`, with TopK's keys; `model.*` is the Qwen3_5Model, `head.weight` the projection; its
-    sentence_bert_config.json gives the token caps. Returns the directory, the backbone (attending both ways, as the
-    reference adapter runs it) and the head."""
-    import torch
-    import transformers
-    from safetensors.torch import save_file
-
-    directory = tmp_path_factory.mktemp("topk")
-    tokenizer = write_tokenizer(directory)
-    config = qwen3_5_vision_config()
-    torch.manual_seed(7)
-    backbone = transformers.Qwen3_5Model(config).eval()
-    head = torch.nn.Linear(config.text_config.hidden_size, HEAD_WIDTH, bias=False)
-    with torch.no_grad():
-        for parameter in [*backbone.parameters(), *head.parameters()]:
-            parameter.add_(torch.randn_like(parameter) * 0.2)
-    tensors = {f"model.{name}": value.contiguous() for name, value in backbone.state_dict().items()}
-    save_file({**tensors, "head.weight": head.weight.detach().contiguous()}, directory / "model.safetensors")
-    saved = config.to_dict() | {
-        "model_type": "topk_embed", "architectures": ["TopkEmbedModel"],
-        "auto_map": {"AutoModel": "modeling_topk.TopkEmbedModel"}, "dim": HEAD_WIDTH, "output_dim": OUTPUT_DIM,
-        "normalize": True, "query_template": "Query: ", "document_prompt": "Document: ", "image_token_budget": 1280,
-        "scoring_skip_ids": [tokenizer.token_to_id(word) for word in SKIPPED],
-    }  # fmt: skip
-    (directory / "config.json").write_text(json.dumps(saved))
-    (directory / "sentence_bert_config.json").write_text(json.dumps({"query_length": 6, "document_length": 64}))
-    # the reference adapter's load: full-attention layers attend both ways
-    backbone.config.text_config.is_causal = False
-    for layer in backbone.language_model.layers:
-        if hasattr(layer, "self_attn"):
-            layer.self_attn.is_causal = False
-    return directory, backbone, head
+    """A TopK-Embed checkpoint as its remote code saves one (`support.topk_checkpoint`): its directory, the backbone
+    (attending both ways, as the reference adapter runs it) and the head."""
+    saved = save_topk(tmp_path_factory.mktemp("topk"))
+    return saved.directory, saved.backbone, saved.head
 
 
 def reference(topk: tuple[Path, Any, Any], text: str, is_query: bool) -> np.ndarray:
-    """The public adapter's text recipe (`_encode_texts`, `_forward_padded`, `_project`) for one text."""
-    import torch
-
-    directory, backbone, head = topk
-    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-    payload = "Query: " + text.strip() if is_query else ("Document: " + text).strip()
-    ids = tokenizer.encode(payload).ids[: 6 if is_query else 64]
-    with torch.no_grad():
-        hidden = backbone.language_model(input_ids=torch.tensor([ids])).last_hidden_state[0]
-        vectors = torch.nn.functional.normalize(head(hidden)[:, :OUTPUT_DIM], dim=-1).numpy()
-    skipped = {tokenizer.token_to_id(word) for word in SKIPPED}
-    return vectors if is_query else vectors[[token not in skipped for token in ids]]
+    """The public adapter's text recipe for one text."""
+    return TopkReference(*topk).vectors(text, is_query)
 
 
 def entry(directory: Path, **profile: Any) -> Any:

@@ -5,7 +5,8 @@ checkpoint's Dense directories the stack's Dense module reads (stella's one per 
 says `is_mask_instruction` (NV-Embed) pools without the tokens of its instruction (`skips_prefix`). A public module
 whose recipe writes each text into the checkpoint's chat template (Qwen3-VL-Embedding: `CHAT_PROMPT_MODULES`) gets
 that prompt as its query and document template: the instruction (ending with a punctuation mark, a full stop added)
-as the system turn, the text as the user's, the assistant's turn opened. On a GPU the token states stay on the device
+as the system turn, the text as the user's, the assistant's turn opened; its last token pooled unless the profile
+says otherwise. On a GPU the token states stay on the device
 and are pooled there (`device_pooling`); only the vectors come to the host."""
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class DenseAdapter(TextEncoderAdapter):
         prompt = ChatTemplate(source).instructed_prompt(INSTRUCTION_PLACEHOLDER, TEXT_PLACEHOLDER)
         self.runtime_options.setdefault("query_template", prompt)
         self.runtime_options.setdefault("doc_template", prompt)
+        self.runtime_options.setdefault("pooling", "last")  # the recipe's: the open assistant turn's last token
         shaped = full_stopped(str(self.runtime_options.get("default_instruction") or default_instruction))
         self.runtime_options["default_instruction"] = shaped
 
