@@ -229,13 +229,17 @@ def test_gemma4_reads_its_layers_heads_shared_caches_and_per_layer_inputs() -> N
 
 def test_gemma4_keys_as_values_and_what_is_not_built() -> None:
     """The 31B's full-attention layers use their keys as values with their own key/value head count; the 26B-A4B's
-    mixture-of-experts blocks are not built, and a shared layer with no earlier layer of its kind is refused."""
+    mixture-of-experts blocks are not built, nor text attending both ways (no catalogue Gemma 4 asks for it; images
+    only, `vision`, leaves text causal), and a shared layer with no earlier layer of its kind is refused."""
     dense = parse_decoder_config({**E2B_TEXT, "attention_k_eq_v": True, "num_global_key_value_heads": 4,
                                   "num_kv_shared_layers": 0}, "config.json")  # fmt: skip
     assert dense.values_from_keys(4) and not dense.values_from_keys(3)
     assert (dense.kv_heads_of(4), dense.kv_heads_of(3), dense.kv_sources) == (4, 1, ())
     with pytest.raises(ConversionError, match=r"mixture-of-experts blocks \(enable_moe_block\) are not built"):
         parse_decoder_config({**E2B_TEXT, "enable_moe_block": True}, "config.json")
+    with pytest.raises(ConversionError, match=r"use_bidirectional_attention: all\) is not built"):
+        parse_decoder_config({**E2B_TEXT, "use_bidirectional_attention": "all"}, "config.json")
+    assert parse_decoder_config({**E2B_TEXT, "use_bidirectional_attention": "vision"}, "config.json").causal
     with pytest.raises(ConversionError, match="none comes before the shared ones"):
         parse_decoder_config({**E2B_TEXT, "layer_types": ["sliding_attention"] * 34 + ["full_attention"]},
                              "config.json")  # fmt: skip

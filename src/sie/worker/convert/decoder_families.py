@@ -42,7 +42,8 @@ queries, values RMS-normed without a scale, wider heads on the full-attention la
 `per_layer_config`; `num_global_key_value_heads` where `attention_k_eq_v` makes their keys the values) rotated by a
 `proportional` RoPE, the last `num_kv_shared_layers` layers attending over the cache of the last earlier layer of
 their kind (with `use_double_wide_mlp`, their MLPs twice as wide), per-layer inputs (`hidden_size_per_layer_input`)
-and a stored scalar per layer. Its mixture-of-experts blocks (`enable_moe_block`, the 26B-A4B) are not built.
+and a stored scalar per layer. Its mixture-of-experts blocks (`enable_moe_block`, the 26B-A4B) are not built, nor
+text attending both ways (`use_bidirectional_attention: all`; `vision` leaves text causal).
 
 HunYuan is Llama with a per-head RMSNorm on queries and keys after the rotation (`query_layernorm`,
 `key_layernorm`) and, for a `dynamic` RoPE with an `alpha`, a fixed NTK stretch of the base.
@@ -387,7 +388,9 @@ def _gemma4(raw: Mapping[str, Any], source: str) -> DecoderConfig:
         raise ConversionError(f"layer_types must list sliding_attention or full_attention for each of the {layers} "
                               "layers", source=source)  # fmt: skip
     types = [*types[:-1], "full_attention"]  # transformers forces the last layer to attend fully
-    bidirectional = raw.get("use_bidirectional_attention") == "all"  # "vision": images only, text stays causal
+    if raw.get("use_bidirectional_attention") == "all":  # "vision" is images only: text stays causal
+        raise ConversionError("Gemma 4 attending both ways (use_bidirectional_attention: all) is not built",
+                              source=source)  # fmt: skip
     theta, scaling, local_theta = _gemma4_rope(raw, source)
     ple_size = raw.get("hidden_size_per_layer_input") or 0
     config = DecoderConfig(
@@ -396,7 +399,7 @@ def _gemma4(raw: Mapping[str, Any], source: str) -> DecoderConfig:
         rope_theta=theta,
         rope_scaling=scaling,
         attention_scale=1.0,
-        **_gemma_layout(raw, number("hidden_size"), types, raw.get("sliding_window"), bidirectional, source),
+        **_gemma_layout(raw, number("hidden_size"), types, raw.get("sliding_window"), False, source),
         local_rope_theta=local_theta,
         value_norm=True,
         keys_as_values=bool(raw.get("attention_k_eq_v", False)),
