@@ -392,33 +392,35 @@ def decoder_inputs(config: DecoderConfig, precision: Precision, shape: DecoderSh
     if shape is DecoderShape.HIDDEN:
         return [tensor_info(INPUT_IDS, TensorProto.INT64, [BATCH, SEQUENCE]),
                 tensor_info(ATTENTION_MASK, TensorProto.INT64, [BATCH, SEQUENCE])]  # fmt: skip
-    inputs = [
+    return [
         tensor_info(INPUT_IDS, TensorProto.INT64, [BATCH, SEQUENCE]),
         tensor_info(ATTENTION_MASK, TensorProto.INT64, [BATCH, TOTAL]),
         tensor_info(POSITION_IDS, TensorProto.INT64, [BATCH, SEQUENCE]),
+        *_cache_infos(config, precision, past=True),
     ]
-    for layer in range(config.num_hidden_layers):
-        if not config.attends(layer):
-            inputs.extend(state_inputs(config.linear_attention, layer, past=True))
-        elif config.caches(layer):
-            cache_shape = [BATCH, config.kv_heads_of(layer), PAST, config.head_dim_of(layer)]
-            inputs.append(tensor_info(past_key_name(layer), precision.onnx, cache_shape))
-            inputs.append(tensor_info(past_value_name(layer), precision.onnx, cache_shape))
-    return inputs
 
 
 def decoder_outputs(config: DecoderConfig, precision: Precision, shape: DecoderShape) -> list[onnx.ValueInfoProto]:
     if shape is DecoderShape.HIDDEN:
         return [tensor_info(HIDDEN_STATE, TensorProto.FLOAT, [BATCH, SEQUENCE, config.hidden_size])]
-    outputs = [tensor_info(LOGITS, TensorProto.FLOAT, [BATCH, 1, config.vocab_size])]
+    return [tensor_info(LOGITS, TensorProto.FLOAT, [BATCH, 1, config.vocab_size]),
+            *_cache_infos(config, precision, past=False)]  # fmt: skip
+
+
+def _cache_infos(config: DecoderConfig, precision: Precision, past: bool) -> list[onnx.ValueInfoProto]:
+    """The cache a generation graph takes (`past`: `past_key_values.*`, `past` tokens long) or gives (`present.*`,
+    `past + sequence`), layer by layer: a caching layer's keys and values, a linear-attention layer's two states."""
+    length = PAST if past else TOTAL
+    key_name, value_name = (past_key_name, past_value_name) if past else (present_key_name, present_value_name)
+    infos = []
     for layer in range(config.num_hidden_layers):
         if not config.attends(layer):
-            outputs.extend(state_inputs(config.linear_attention, layer, past=False))
+            infos.extend(state_inputs(config.linear_attention, layer, past=past))
         elif config.caches(layer):
-            cache_shape = [BATCH, config.kv_heads_of(layer), TOTAL, config.head_dim_of(layer)]
-            outputs.append(tensor_info(present_key_name(layer), precision.onnx, cache_shape))
-            outputs.append(tensor_info(present_value_name(layer), precision.onnx, cache_shape))
-    return outputs
+            shape = [BATCH, config.kv_heads_of(layer), length, config.head_dim_of(layer)]
+            infos += [tensor_info(key_name(layer), precision.onnx, shape),
+                      tensor_info(value_name(layer), precision.onnx, shape)]  # fmt: skip
+    return infos
 
 
 @attrs.frozen
@@ -477,8 +479,9 @@ class _Decoder:
         per_layer_inputs = self._per_layer_inputs(x) if cfg.per_layer_input_size else ""
         shared = _Shared(rotary, biases, per_layer_inputs=per_layer_inputs)
         unpadded = row_mask(b) if cfg.linear_attention is not None else ""
+        last_only_from = self._first_of_shared_tail() if self.cached else None
         for layer in layers:
-            if self.cached and layer == self._first_of_shared_tail():
+            if layer == last_only_from:
                 x, shared = self._last_positions(x, shared)
             x = self._layer(x, layer, shared, unpadded)
         final = self.norm_weight("model.norm.weight")
